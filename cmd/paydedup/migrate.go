@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/dedup"
+)
+
+// databaseFlag binds --database-url with DATABASE_URL as its default.
+type databaseFlag struct{ url string }
+
+func (d *databaseFlag) bind(cmd *cobra.Command, a *app) {
+	cmd.Flags().StringVar(&d.url, "database-url", a.getenv("DATABASE_URL"), "PostgreSQL URL (DATABASE_URL), e.g. postgres://user@host:5432/db?sslmode=disable")
+}
+
+func (d *databaseFlag) validate() error {
+	if d.url == "" {
+		return errors.New("no database: set DATABASE_URL or --database-url (e.g. postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable)")
+	}
+	return nil
+}
+
+type migrateCmd struct {
+	app *app
+	db  databaseFlag
+}
+
+func newMigrateCmd(a *app) *cobra.Command {
+	m := &migrateCmd{app: a}
+	cmd := &cobra.Command{
+		Use:   "migrate up|down|status",
+		Short: "Apply, roll back or list the database migrations",
+		Long: `migrate applies paydedup's embedded schema migrations (goose). Many pods may run
+"migrate up" at once: a Postgres advisory lock serialises them, and "up" on an
+up-to-date database does nothing. Run it as the schema owner.`,
+		Example: `  DATABASE_URL=postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable paydedup migrate up
+  paydedup migrate status --database-url postgres://postgres@db:5432/paydedup`,
+		Args:      cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs),
+		ValidArgs: []string{"up", "down", "status"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return m.Run(cmd.Context(), args[0])
+		},
+	}
+	m.db.bind(cmd, a)
+	return cmd
+}
+
+func (m *migrateCmd) Run(ctx context.Context, action string) error {
+	if err := m.db.validate(); err != nil {
+		return err
+	}
+	pool, err := dedup.Connect(ctx, m.db.url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	mig, err := dedup.NewMigrator(ctx, pool, m.app.logger)
+	if err != nil {
+		return err
+	}
+	defer mig.Close()
+	switch action {
+	case "up":
+		applied, err := mig.Up(ctx)
+		if err != nil {
+			return err
+		}
+		if len(applied) == 0 {
+			fmt.Fprintln(m.app.out, "migrate: database is up to date")
+		}
+		for _, v := range applied {
+			fmt.Fprintf(m.app.out, "migrate: applied %05d\n", v)
+		}
+	case "down":
+		v, err := mig.Down(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(m.app.out, "migrate: rolled back %05d\n", v)
+	case "status":
+		st, err := mig.Status(ctx)
+		if err != nil {
+			return err
+		}
+		w := tabwriter.NewWriter(m.app.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "VERSION\tSTATE\tAPPLIED AT\tFILE")
+		for _, s := range st {
+			state, at := "pending", "-"
+			if s.Applied {
+				state, at = "applied", s.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
+			}
+			fmt.Fprintf(w, "%05d\t%s\t%s\t%s\n", s.Version, state, at, s.Name)
+		}
+		return w.Flush()
+	default:
+		return fmt.Errorf("migrate: unknown action %q: use up, down or status", action)
+	}
+	return nil
+}

@@ -1,0 +1,203 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// claimSQL claims a whole batch in one statement, one round trip:
+//   - ins inserts every key that has no row (in key order, so concurrent
+//     batches take index locks in the same order);
+//   - upd re-acquires, with one conditional UPDATE, rows that are `failed`
+//     or pending with an expired lease still inside the provider key window,
+//     when the fingerprint matches; attempts+1 fences out the old holder;
+//   - the final SELECT returns the row each input now has: inserted,
+//     re-acquired, or found untouched (from the statement's snapshot).
+//
+// An input with no output row met a row committed by a concurrent claim
+// after this statement's snapshot: it is in flight.
+var claimSQL = `
+WITH input AS (
+    SELECT * FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @provider_keys::text[],
+                         @amounts::bigint[], @currencies::text[], @ords::int[])
+        AS t(merchant_id, idempotency_key, request_hash, provider_key, amount, currency, ord)
+),
+ins AS (
+    INSERT INTO idempotency_keys AS k (merchant_id, idempotency_key, request_hash, status, provider_key,
+        amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at)
+    SELECT merchant_id, idempotency_key, request_hash, 'pending', provider_key,
+        amount, currency, 1, @holder, @lease_until, @now, @now, @now, @expires_at
+    FROM input ORDER BY merchant_id, idempotency_key
+    ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+    RETURNING ` + recordColumns + `
+),
+upd AS (
+    UPDATE idempotency_keys AS k
+    SET status = 'pending', locked_by = @holder, locked_until = @lease_until, attempts = k.attempts + 1,
+        maybe_charged = k.maybe_charged OR k.status = 'pending',
+        key_window_start = CASE WHEN k.status = 'failed' THEN @now ELSE k.key_window_start END,
+        updated_at = @now, expires_at = greatest(k.expires_at, @expires_at)
+    FROM input i
+    WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key
+      AND k.request_hash = i.request_hash
+      AND (k.status = 'failed'
+           OR (k.status = 'pending' AND k.locked_until <= @now AND k.key_window_start > @window_floor))
+    RETURNING ` + qualified("k") + `
+)
+SELECT i.ord, 1, ` + qualified("r") + ` FROM input i JOIN ins r USING (merchant_id, idempotency_key)
+UNION ALL
+SELECT i.ord, 2, ` + qualified("r") + ` FROM input i JOIN upd r USING (merchant_id, idempotency_key)
+UNION ALL
+SELECT i.ord, 3, ` + qualified("r") + ` FROM input i JOIN idempotency_keys r USING (merchant_id, idempotency_key)
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.merchant_id = i.merchant_id AND ins.idempotency_key = i.idempotency_key)
+  AND NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = i.merchant_id AND upd.idempotency_key = i.idempotency_key)`
+
+// Claim claims one command for holder, with a lease of the given length. The
+// claim is committed before Claim returns.
+func (s *Store) Claim(ctx context.Context, holder string, lease time.Duration, req ClaimRequest) (ClaimResult, error) {
+	res, err := s.ClaimBatch(ctx, holder, lease, []ClaimRequest{req})
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	return res[0], nil
+}
+
+// ClaimBatch claims a slice of commands in one round trip and returns one
+// result per request, in order. The outcomes are those of claiming the
+// requests one by one in order: a key repeated inside the batch is judged
+// against the row its first occurrence left (in flight, duplicate or
+// mismatch), and only when that row could still be acquired does the batch
+// take a second round trip for it.
+func (s *Store) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ClaimRequest) ([]ClaimResult, error) {
+	if holder == "" {
+		return nil, errors.New("claim keys: empty holder")
+	}
+	if lease <= 0 {
+		return nil, fmt.Errorf("claim keys: lease must be positive, got %v", lease)
+	}
+	for i := range reqs {
+		if err := reqs[i].validate(); err != nil {
+			return nil, fmt.Errorf("claim keys: request %d: %w", i, err)
+		}
+	}
+	results := make([]ClaimResult, len(reqs))
+	pending := make([]int, len(reqs)) // indexes still to claim
+	for i := range pending {
+		pending[i] = i
+	}
+	for len(pending) > 0 {
+		next, err := s.claimRound(ctx, holder, lease, reqs, pending, results)
+		if err != nil {
+			return nil, err
+		}
+		pending = next
+	}
+	return results, nil
+}
+
+type rowKey struct{ merchant, key string }
+
+// claimRound claims the first occurrence of each key among idx in one
+// statement, judges later occurrences against the row it left, and returns
+// the indexes that need another round.
+func (s *Store) claimRound(ctx context.Context, holder string, lease time.Duration, reqs []ClaimRequest, idx []int, results []ClaimResult) ([]int, error) {
+	first := make(map[rowKey]int, len(idx))
+	var unique, repeats []int
+	for _, i := range idx {
+		k := rowKey{reqs[i].MerchantID, reqs[i].IdempotencyKey}
+		if _, seen := first[k]; seen {
+			repeats = append(repeats, i)
+			continue
+		}
+		first[k] = i
+		unique = append(unique, i)
+	}
+
+	n := len(unique)
+	merchants, keys, providerKeys, currencies := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	hashes, amounts, ords := make([][]byte, n), make([]int64, n), make([]int32, n)
+	for j, i := range unique {
+		r := reqs[i]
+		merchants[j], keys[j], hashes[j] = r.MerchantID, r.IdempotencyKey, r.RequestHash
+		providerKeys[j], amounts[j], currencies[j], ords[j] = ProviderKey(r.MerchantID, r.IdempotencyKey), r.Amount, r.Currency, int32(i)
+	}
+	now := s.clock.Now()
+	args := pgx.NamedArgs{
+		"merchants": merchants, "keys": keys, "hashes": hashes, "provider_keys": providerKeys,
+		"amounts": amounts, "currencies": currencies, "ords": ords,
+		"holder": holder, "now": now, "lease_until": now.Add(lease), "expires_at": now.Add(s.retention),
+		"window_floor": now.Add(-s.window),
+	}
+
+	done := make(map[int]bool, n)
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		clear(done)
+		rows, err := s.pool.Query(ctx, claimSQL, args)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var ord, kind int32
+			rec, err := scanRecord(rows, &ord, &kind)
+			if err != nil {
+				return err
+			}
+			i := int(ord)
+			switch kind {
+			case 1, 2:
+				out := Claimed
+				if kind == 2 {
+					out = Reacquired
+				}
+				results[i] = ClaimResult{Outcome: out, Record: rec, Lease: &Lease{
+					MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey, ProviderKey: rec.ProviderKey,
+					Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: rec.MaybeCharged,
+				}}
+			default:
+				results[i], _ = s.evaluate(rec, reqs[i].RequestHash, now)
+			}
+			done[i] = true
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError("claim keys", err)
+	}
+	for _, i := range unique {
+		if !done[i] {
+			// A concurrent claim committed the row after our snapshot.
+			results[i] = ClaimResult{Outcome: InFlight, RetryIn: max(lease, MinRetry)}
+		}
+	}
+
+	// Later occurrences of a key, in order: once one of them could still
+	// acquire the row, it and every occurrence after it wait for the next
+	// round, which sees the row that occurrence leaves.
+	var again []int
+	deferred := map[rowKey]bool{}
+	for _, i := range repeats {
+		k := rowKey{reqs[i].MerchantID, reqs[i].IdempotencyKey}
+		f := results[first[k]]
+		if deferred[k] {
+			again = append(again, i)
+			continue
+		}
+		if f.Record.MerchantID == "" { // first met an invisible concurrent claim
+			results[i] = f
+			continue
+		}
+		res, acquirable := s.evaluate(f.Record, reqs[i].RequestHash, now)
+		if acquirable && f.Outcome != InFlight {
+			deferred[k] = true
+			again = append(again, i)
+			continue
+		}
+		results[i] = res
+	}
+	return again, nil
+}

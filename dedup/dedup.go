@@ -1,0 +1,224 @@
+// Package dedup owns the Postgres idempotency store: one row per
+// (merchant_id, idempotency_key) that records who may call the provider for
+// it (a fenced lease), under which provider key, and what the outcome was.
+//
+// The store is the source of truth for "has this payment been charged". Its
+// rules:
+//
+//   - A claim is committed in its own transaction before the provider is
+//     called, so a crash after the call always leaves a row to find.
+//   - Only the holder of the current lease (holder id and attempt number)
+//     may heartbeat, complete, fail or release a row. A worker whose lease
+//     expired and was re-acquired by another changes nothing: fencing.
+//   - Completing writes the key's outcome and the ledger row in one
+//     transaction.
+//   - A row on which a provider call may have charged without us learning
+//     the answer is marked maybe_charged; it never becomes `failed` until a
+//     provider lookup proves nothing was charged.
+//   - A pending row whose key window (the provider's own idempotency-key
+//     retention) has passed is never handed out for a blind re-call: only a
+//     lookup may resolve it.
+//
+// pgx is used only here; its errors never leave the package.
+package dedup
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/paydedup/paydedup/payment"
+)
+
+// Sentinel errors. Callers test them with errors.Is.
+var (
+	// ErrNotFound means no row exists for the key.
+	ErrNotFound = errors.New("idempotency key not found")
+	// ErrLeaseLost means the caller no longer holds the row's lease: it
+	// expired and another holder re-acquired it, or the row was finished.
+	// Nothing was changed.
+	ErrLeaseLost = errors.New("lease lost")
+	// ErrLedgerConflict means the ledger already holds the provider charge id
+	// under another key, or a payment for this key: the last net against a
+	// double charge being recorded. Nothing was changed.
+	ErrLedgerConflict = errors.New("ledger conflict")
+	// ErrUnavailable means the database could not be reached or the
+	// statement did not finish; the operation may be retried.
+	ErrUnavailable = errors.New("database unavailable")
+)
+
+// Status is the state of an idempotency record.
+type Status string
+
+// The record states; the schema's CHECK constraints enforce them.
+const (
+	StatusPending   Status = "pending"
+	StatusCompleted Status = "completed"
+	StatusFailed    Status = "failed"
+)
+
+// Record is one row of idempotency_keys.
+type Record struct {
+	MerchantID     string
+	IdempotencyKey string
+	RequestHash    []byte
+	Status         Status
+	ProviderKey    string
+	Amount         int64
+	Currency       string
+	Attempts       int
+	LockedBy       string
+	LockedUntil    time.Time // zero unless pending
+	MaybeCharged   bool
+	KeyWindowStart time.Time
+	ChargeID       string
+	ResponseStatus int
+	Response       json.RawMessage
+	LastError      string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	CompletedAt    time.Time
+	ExpiresAt      time.Time
+}
+
+// Lease is the right to call the provider for one key, held by one holder at
+// one attempt number. Every write after the claim presents it.
+type Lease struct {
+	MerchantID     string
+	IdempotencyKey string
+	ProviderKey    string
+	Holder         string
+	Attempt        int
+	Until          time.Time
+	// MaybeCharged is true when an earlier holder may already have charged
+	// under ProviderKey: the call must reuse the key (it does) and a
+	// known-not-charged failure of this call proves nothing.
+	MaybeCharged bool
+}
+
+// Fingerprint returns the SHA-256 of the command's canonical encoding: the
+// same request always has the same fingerprint, whatever its JSON looked like.
+func Fingerprint(c *payment.Command) []byte {
+	sum := sha256.Sum256(c.Canonical())
+	return sum[:]
+}
+
+// ProviderKey derives the idempotency key sent to the provider for our
+// (merchant, key). It is deterministic, never equal to our key, and safe as
+// a provider key (ASCII, 68 characters) whatever our key contains.
+func ProviderKey(merchantID, idempotencyKey string) string {
+	h := sha256.New()
+	h.Write([]byte("paydedup/provider-key/v1\x00"))
+	h.Write([]byte(merchantID))
+	h.Write([]byte{0})
+	h.Write([]byte(idempotencyKey))
+	return "pdk_" + hex.EncodeToString(h.Sum(nil))
+}
+
+// ClaimRequest is what the store needs to claim one command.
+type ClaimRequest struct {
+	MerchantID     string
+	IdempotencyKey string
+	RequestHash    []byte
+	Amount         int64
+	Currency       string
+}
+
+// NewClaimRequest builds the claim for a validated command.
+func NewClaimRequest(c *payment.Command) ClaimRequest {
+	return ClaimRequest{
+		MerchantID:     c.MerchantID,
+		IdempotencyKey: c.IdempotencyKey,
+		RequestHash:    Fingerprint(c),
+		Amount:         c.Amount,
+		Currency:       c.Currency,
+	}
+}
+
+func (r ClaimRequest) validate() error {
+	if err := payment.ValidateMerchant(r.MerchantID); err != nil {
+		return err
+	}
+	if err := payment.ValidateKey(r.IdempotencyKey); err != nil {
+		return err
+	}
+	if len(r.RequestHash) != sha256.Size {
+		return &payment.ValidationError{Reason: payment.ReasonMalformedJSON, Field: "request_hash", Msg: "must be a SHA-256 digest"}
+	}
+	if r.Amount <= 0 {
+		return &payment.ValidationError{Reason: payment.ReasonInvalidAmount, Field: "amount", Msg: "must be positive"}
+	}
+	if !payment.ValidCurrency(r.Currency) {
+		return &payment.ValidationError{Reason: payment.ReasonInvalidCurrency, Field: "currency", Msg: "must be an ISO 4217 code"}
+	}
+	return nil
+}
+
+// Outcome is what a claim found.
+type Outcome int
+
+// Claim outcomes.
+const (
+	// Claimed: a new row was inserted; the caller holds its lease.
+	Claimed Outcome = iota + 1
+	// Reacquired: a `failed` row, or a pending row whose lease expired, was
+	// taken over (attempts+1); the caller holds the lease.
+	Reacquired
+	// Duplicate: the key is completed; Record holds the stored response.
+	Duplicate
+	// InFlight: another holder has a live lease (or just won a race for it);
+	// RetryIn says when it is worth looking again.
+	InFlight
+	// Mismatch: the key exists with another request fingerprint: a client
+	// reused a key for a different payment. Nothing was changed.
+	Mismatch
+	// NeedsLookup: the row is pending, its lease expired, and its first
+	// provider call is older than the provider's key window: a blind re-call
+	// could charge again, so only a provider lookup may resolve it.
+	NeedsLookup
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Claimed:
+		return "claimed"
+	case Reacquired:
+		return "reacquired"
+	case Duplicate:
+		return "duplicate"
+	case InFlight:
+		return "in_flight"
+	case Mismatch:
+		return "mismatch"
+	case NeedsLookup:
+		return "needs_lookup"
+	}
+	return "unknown"
+}
+
+// ClaimResult is the result of claiming one command.
+type ClaimResult struct {
+	Outcome Outcome
+	// Record is the row as the claim left it (for Claimed and Reacquired,
+	// the row now held) or found it. It is zero only for an InFlight result
+	// caused by a concurrent claim this statement could not see.
+	Record Record
+	// Lease is set for Claimed and Reacquired.
+	Lease *Lease
+	// RetryIn is set for InFlight and NeedsLookup.
+	RetryIn time.Duration
+}
+
+// Completion is a definitive provider outcome to record.
+type Completion struct {
+	// ChargeID is the provider's object id; required when charged.
+	ChargeID string
+	// Declined records a definitive business failure (card declined,
+	// invalid payment details), stored and replayed like a success.
+	Declined bool
+	// ResponseStatus and Response are stored and replayed to duplicates.
+	ResponseStatus int
+	Response       json.RawMessage
+}

@@ -1,0 +1,112 @@
+package dedup_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+)
+
+const baseJSON = `{"merchant_id":"m_1","idempotency_key":"k-1","amount":1999,"currency":"usd",` +
+	`"payment_method":"pm_card_visa","description":"order 42","metadata":{"a":"1","b":"2"}}`
+
+func fingerprintOf(t *testing.T, body string) []byte {
+	t.Helper()
+	c, err := payment.Decode([]byte(body), payment.Envelope{}, payment.Limits{})
+	if err != nil {
+		t.Fatalf("decode %s: %v", body, err)
+	}
+	return dedup.Fingerprint(c)
+}
+
+func TestFingerprintIgnoresEncoding(t *testing.T) {
+	t.Parallel()
+	want := fingerprintOf(t, baseJSON)
+	if len(want) != 32 {
+		t.Fatalf("fingerprint is %d bytes, want 32", len(want))
+	}
+	same := map[string]string{
+		"field order": `{"metadata":{"b":"2","a":"1"},"currency":"usd","amount":1999,"idempotency_key":"k-1",` +
+			`"merchant_id":"m_1","description":"order 42","payment_method":"pm_card_visa"}`,
+		"whitespace": "{\n  \"merchant_id\" : \"m_1\",\t\"idempotency_key\":\"k-1\", \"amount\": 1999,\n" +
+			"\"currency\":\"usd\",\"payment_method\":\"pm_card_visa\",\"description\":\"order 42\",\n\"metadata\":{ \"a\":\"1\" , \"b\":\"2\" }}\n",
+		"escaped characters": `{"merchant_id":"m_1","idempotency_key":"k-1","amount":1999,"currency":"usd",` +
+			`"payment_method":"pm_card_visa","description":"order \u0034\u0032","metadata":{"a":"1","b":"2"}}`,
+	}
+	for name, body := range same {
+		if got := fingerprintOf(t, body); !bytes.Equal(got, want) {
+			t.Errorf("%s changed the fingerprint", name)
+		}
+	}
+}
+
+func TestFingerprintChangesWithAnyValue(t *testing.T) {
+	t.Parallel()
+	base := fingerprintOf(t, baseJSON)
+	changes := map[string][2]string{
+		"merchant":        {`"merchant_id":"m_1"`, `"merchant_id":"m_2"`},
+		"key":             {`"idempotency_key":"k-1"`, `"idempotency_key":"k-2"`},
+		"amount":          {`"amount":1999`, `"amount":1998`},
+		"currency":        {`"currency":"usd"`, `"currency":"eur"`},
+		"payment method":  {`"pm_card_visa"`, `"pm_card_mastercard"`},
+		"description":     {`"order 42"`, `"order 43"`},
+		"metadata value":  {`"b":"2"`, `"b":"3"`},
+		"metadata key":    {`"b":"2"`, `"c":"2"`},
+		"metadata extra":  {`"b":"2"`, `"b":"2","c":""`},
+		"metadata moved":  {`"a":"1","b":"2"`, `"a":"1b","":"2"`},
+		"no metadata":     {`,"metadata":{"a":"1","b":"2"}`, ``},
+		"key/value shift": {`"a":"1","b":"2"`, `"a":"","1b":"2"`},
+	}
+	seen := map[string]string{string(base): "base"}
+	for name, ch := range changes {
+		body := strings.Replace(baseJSON, ch[0], ch[1], 1)
+		if body == baseJSON {
+			t.Fatalf("%s: replacement did not apply", name)
+		}
+		c, err := payment.Decode([]byte(body), payment.Envelope{}, payment.Limits{})
+		if err != nil {
+			// Some changes are invalid commands (an empty metadata key); the
+			// canonical encoding must still tell them apart.
+			c = mustLoose(t, body)
+		}
+		got := string(dedup.Fingerprint(c))
+		if prev, dup := seen[got]; dup {
+			t.Errorf("%s has the same fingerprint as %s", name, prev)
+		}
+		seen[got] = name
+	}
+}
+
+func TestProviderKey(t *testing.T) {
+	t.Parallel()
+	a := dedup.ProviderKey("m_1", "k")
+	if a != dedup.ProviderKey("m_1", "k") {
+		t.Fatal("provider key is not deterministic")
+	}
+	if a == "k" || a == dedup.ProviderKey("m_2", "k") || a == dedup.ProviderKey("m_1", "k2") {
+		t.Fatal("provider key is not specific to (merchant, key)")
+	}
+	// The separator keeps ("m_1", "2k") and ("m_12", "k") apart.
+	if dedup.ProviderKey("m_1", "2k") == dedup.ProviderKey("m_12", "k") {
+		t.Fatal("provider key is ambiguous across the merchant/key boundary")
+	}
+	if len(a) > 255 || !strings.HasPrefix(a, "pdk_") {
+		t.Fatalf("provider key %q is not a valid provider key", a)
+	}
+}
+
+// mustLoose decodes without validation, for commands the canonical encoding
+// must still distinguish.
+func mustLoose(t *testing.T, body string) *payment.Command {
+	t.Helper()
+	var c payment.Command
+	if err := jsonUnmarshal([]byte(body), &c); err != nil {
+		t.Fatalf("decode %s: %v", body, err)
+	}
+	return &c
+}
+
+var jsonUnmarshal = json.Unmarshal

@@ -1,0 +1,340 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// fenced is the condition every write after the claim carries: the row is
+// still pending under this holder at this attempt.
+const fenced = `merchant_id = @merchant AND idempotency_key = @key AND status = 'pending'
+	AND locked_by = @holder AND attempts = @attempt`
+
+func leaseArgs(l Lease) pgx.NamedArgs {
+	return pgx.NamedArgs{"merchant": l.MerchantID, "key": l.IdempotencyKey, "holder": l.Holder, "attempt": int32(l.Attempt)}
+}
+
+// Heartbeat extends a held lease to now+d and returns it. ErrLeaseLost means
+// another holder took the row: the caller must stop and not record anything.
+func (s *Store) Heartbeat(ctx context.Context, l Lease, d time.Duration) (Lease, error) {
+	now := s.clock.Now()
+	args := leaseArgs(l)
+	args["now"], args["until"] = now, now.Add(d)
+	var until time.Time
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys SET locked_until = @until, updated_at = @now
+			WHERE `+fenced+` RETURNING locked_until`, args).Scan(&until)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, fmt.Errorf("heartbeat lease: %w", ErrLeaseLost)
+	}
+	if err != nil {
+		return l, interpretError("heartbeat lease", err)
+	}
+	l.Until = until
+	return l, nil
+}
+
+// completeSQL finishes the key and writes the ledger row in one statement
+// (one transaction): both or neither.
+const completeSQL = `
+WITH done AS (
+    UPDATE idempotency_keys
+    SET status = 'completed', response_status = @response_status, response = @response, charge_id = @charge_id,
+        completed_at = @now, updated_at = @now, expires_at = @expires_at, locked_until = NULL, last_error = NULL
+    WHERE ` + fenced + `
+    RETURNING merchant_id, idempotency_key, provider_key, amount, currency
+), ledger AS (
+    INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
+    SELECT merchant_id, idempotency_key, provider_key, @charge_id, @payment_status, amount, currency, @now FROM done
+    RETURNING 1
+)
+SELECT count(*) FROM done`
+
+// Complete records a definitive outcome: the key becomes `completed` with
+// its response, and the ledger gets its row, in one transaction. Completing
+// again with the same lease is a no-op; with a lost lease it is ErrLeaseLost
+// and changes nothing.
+func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
+	if len(c.Response) == 0 {
+		return errors.New("complete key: empty response")
+	}
+	if !c.Declined && c.ChargeID == "" {
+		return errors.New("complete key: a charge needs its provider charge id")
+	}
+	if c.ResponseStatus < 100 || c.ResponseStatus > 599 {
+		return fmt.Errorf("complete key: response status %d is not an HTTP status", c.ResponseStatus)
+	}
+	now := s.clock.Now()
+	args := leaseArgs(l)
+	paymentStatus := "succeeded"
+	if c.Declined {
+		paymentStatus = "declined"
+	}
+	args["now"], args["expires_at"] = now, now.Add(s.retention)
+	args["response_status"], args["response"], args["charge_id"] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
+	args["payment_status"] = paymentStatus
+	var n int64
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, completeSQL, args).Scan(&n)
+	})
+	if err != nil {
+		return interpretError("complete key", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	rec, err := s.Get(ctx, l.MerchantID, l.IdempotencyKey)
+	if err != nil {
+		return fmt.Errorf("complete key: %w", err)
+	}
+	if rec.Status == StatusCompleted && rec.LockedBy == l.Holder && rec.Attempts == l.Attempt {
+		return nil // already completed by this very lease: a retried call
+	}
+	return fmt.Errorf("complete key: %w", ErrLeaseLost)
+}
+
+// Fail records a failure known not to have charged. The row becomes
+// `failed` (re-acquirable by the next delivery) unless an earlier holder may
+// have charged (MaybeCharged): then this failure proves nothing, and the row
+// stays pending with its lease released so a redelivery or the reconciler
+// resolves it. It returns the row's new status.
+func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error) {
+	now := s.clock.Now()
+	args := leaseArgs(l)
+	args["now"], args["reason"] = now, clipError(reason)
+	var status string
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+			SET status = CASE WHEN maybe_charged THEN 'pending' ELSE 'failed' END,
+			    locked_until = CASE WHEN maybe_charged THEN @now::timestamptz ELSE NULL END,
+			    last_error = @reason, updated_at = @now
+			WHERE `+fenced+` RETURNING status`, args).Scan(&status)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("fail key: %w", ErrLeaseLost)
+	}
+	if err != nil {
+		return "", interpretError("fail key", err)
+	}
+	return Status(status), nil
+}
+
+// Release gives up a held lease without an outcome: the provider call's
+// result is unknown, or the worker is shutting down. The row stays pending,
+// is marked maybe_charged, and can be re-acquired at once by a redelivery
+// (which re-calls with the same provider key) or resolved by the reconciler.
+func (s *Store) Release(ctx context.Context, l Lease, reason string) error {
+	now := s.clock.Now()
+	args := leaseArgs(l)
+	args["now"], args["reason"] = now, clipError(reason)
+	var one int
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+			SET locked_until = least(locked_until, @now), maybe_charged = true, last_error = @reason, updated_at = @now
+			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("release key: %w", ErrLeaseLost)
+	}
+	return interpretError("release key", err)
+}
+
+// Stuck is a pending row the reconciler has leased to resolve.
+type Stuck struct {
+	Record Record
+	Lease  Lease
+}
+
+// AcquireStuck leases up to limit pending rows whose lease expired more than
+// grace ago, oldest first, for holder. Rows another reconciler is leasing at
+// the same moment are skipped (FOR UPDATE SKIP LOCKED), and the new lease
+// (attempts+1) fences out both them and any late worker.
+func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]Stuck, error) {
+	if holder == "" || lease <= 0 || limit <= 0 || grace < 0 {
+		return nil, fmt.Errorf("acquire stuck keys: need a holder, a positive lease and limit, and a non-negative grace")
+	}
+	now := s.clock.Now()
+	args := pgx.NamedArgs{"holder": holder, "now": now, "until": now.Add(lease), "cutoff": now.Add(-grace), "limit": int32(limit)}
+	var out []Stuck
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		out = out[:0]
+		rows, err := s.pool.Query(ctx, `UPDATE idempotency_keys AS k
+			SET locked_by = @holder, locked_until = @until, attempts = k.attempts + 1, maybe_charged = true, updated_at = @now
+			FROM (SELECT merchant_id, idempotency_key FROM idempotency_keys
+			      WHERE status = 'pending' AND locked_until < @cutoff
+			      ORDER BY locked_until LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
+			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key
+			RETURNING `+qualified("k"), args)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			rec, err := scanRecord(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, Stuck{Record: rec, Lease: Lease{
+				MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey, ProviderKey: rec.ProviderKey,
+				Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: true,
+			}})
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError("acquire stuck keys", err)
+	}
+	return out, nil
+}
+
+// ResolveNotCharged marks a leased row `failed` after a provider lookup
+// proved nothing was charged under its key; it clears maybe_charged, so the
+// next delivery may call the provider again.
+func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) error {
+	now := s.clock.Now()
+	args := leaseArgs(l)
+	args["now"], args["reason"] = now, clipError(reason)
+	var one int
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+			SET status = 'failed', locked_until = NULL, maybe_charged = false, last_error = @reason, updated_at = @now
+			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("resolve key: %w", ErrLeaseLost)
+	}
+	return interpretError("resolve key", err)
+}
+
+// Purge deletes up to limit finished rows (completed or failed) whose
+// expires_at has passed, and returns how many it deleted. Pending rows are
+// never purged: they are unresolved payments. Call it in a loop for more.
+func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("purge keys: limit must be positive, got %d", limit)
+	}
+	var n int64
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys AS k USING (
+				SELECT merchant_id, idempotency_key FROM idempotency_keys
+				WHERE status <> 'pending' AND expires_at <= @now
+				ORDER BY expires_at LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
+			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key AND k.status <> 'pending'`,
+			pgx.NamedArgs{"now": s.clock.Now(), "limit": int32(limit)})
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, interpretError("purge keys", err)
+	}
+	return int(n), nil
+}
+
+// clipError bounds what is stored in last_error.
+func clipError(s string) string {
+	const n = 1000
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// completeBatchSQL is completeSQL for many leases in one statement: a group
+// commit. Rows whose lease was lost are simply not updated.
+const completeBatchSQL = `
+WITH input AS (
+    SELECT * FROM unnest(@merchants::text[], @keys::text[], @holders::text[], @attempts::int[],
+                         @response_statuses::int[], @responses::jsonb[], @charge_ids::text[], @payment_statuses::text[])
+        AS t(merchant_id, idempotency_key, holder, attempt, response_status, response, charge_id, payment_status)
+), done AS (
+    UPDATE idempotency_keys AS k
+    SET status = 'completed', response_status = i.response_status, response = i.response, charge_id = i.charge_id,
+        completed_at = @now, updated_at = @now, expires_at = @expires_at, locked_until = NULL, last_error = NULL
+    FROM input i
+    WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.status = 'pending'
+      AND k.locked_by = i.holder AND k.attempts = i.attempt
+    RETURNING k.merchant_id, k.idempotency_key, k.provider_key, k.amount, k.currency, i.charge_id, i.payment_status
+), ledger AS (
+    INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
+    SELECT merchant_id, idempotency_key, provider_key, charge_id, payment_status, amount, currency, @now FROM done
+)
+SELECT merchant_id, idempotency_key FROM done`
+
+// CompleteItem is one completion of a batch.
+type CompleteItem struct {
+	Lease      Lease
+	Completion Completion
+}
+
+// CompleteBatch completes many leases in one transaction (a group commit)
+// and returns one error per item: nil, or ErrLeaseLost. If the batch as a
+// whole fails on a ledger conflict, it falls back to completing the items
+// one by one so that one bad item cannot hold back the others.
+func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]error, error) {
+	n := len(items)
+	if n == 0 {
+		return nil, nil
+	}
+	merchants, keys, holders, chargeIDs, paymentStatuses := make([]string, n), make([]string, n), make([]string, n), make([]*string, n), make([]string, n)
+	attempts, statuses, responses := make([]int32, n), make([]int32, n), make([][]byte, n)
+	for i, it := range items {
+		c := it.Completion
+		if len(c.Response) == 0 || (!c.Declined && c.ChargeID == "") || c.ResponseStatus < 100 || c.ResponseStatus > 599 {
+			return nil, fmt.Errorf("complete keys: item %d: a completion needs a response, an HTTP status and, when charged, a charge id", i)
+		}
+		merchants[i], keys[i], holders[i], attempts[i] = it.Lease.MerchantID, it.Lease.IdempotencyKey, it.Lease.Holder, int32(it.Lease.Attempt)
+		statuses[i], responses[i], chargeIDs[i] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
+		paymentStatuses[i] = "succeeded"
+		if c.Declined {
+			paymentStatuses[i] = "declined"
+		}
+	}
+	now := s.clock.Now()
+	args := pgx.NamedArgs{
+		"merchants": merchants, "keys": keys, "holders": holders, "attempts": attempts,
+		"response_statuses": statuses, "responses": responses, "charge_ids": chargeIDs, "payment_statuses": paymentStatuses,
+		"now": now, "expires_at": now.Add(s.retention),
+	}
+	completed := make(map[rowKey]bool, n)
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		clear(completed)
+		rows, err := s.pool.Query(ctx, completeBatchSQL, args)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k rowKey
+			if err := rows.Scan(&k.merchant, &k.key); err != nil {
+				return err
+			}
+			completed[k] = true
+		}
+		return rows.Err()
+	})
+	if err = interpretError("complete keys", err); errors.Is(err, ErrLedgerConflict) {
+		errs := make([]error, n)
+		for i, it := range items {
+			errs[i] = s.Complete(ctx, it.Lease, it.Completion)
+			if errs[i] != nil && !errors.Is(errs[i], ErrLeaseLost) && !errors.Is(errs[i], ErrLedgerConflict) {
+				return nil, errs[i]
+			}
+		}
+		return errs, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]error, n)
+	for i, it := range items {
+		if !completed[rowKey{it.Lease.MerchantID, it.Lease.IdempotencyKey}] {
+			errs[i] = s.Complete(ctx, it.Lease, it.Completion) // no-op or ErrLeaseLost: tells which
+		}
+	}
+	return errs, nil
+}

@@ -1,0 +1,122 @@
+package dedup
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/crc64"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/paydedup/paydedup/migrations"
+)
+
+// MigrationStatus is one migration's state.
+type MigrationStatus struct {
+	Version   int64
+	Name      string
+	Applied   bool
+	AppliedAt time.Time
+}
+
+// Migrator applies the embedded goose migrations over a pgx pool. Many pods
+// may migrate at once: goose takes a Postgres session advisory lock, keyed
+// by the target schema so separate schemas (tests) do not wait on each other.
+type Migrator struct {
+	db       *sql.DB
+	provider *goose.Provider
+}
+
+// NewMigrator prepares migrations for the pool's current schema.
+func NewMigrator(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (*Migrator, error) {
+	var schema string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&schema); err != nil {
+		return nil, interpretError("read current schema", err)
+	}
+	if schema == "" {
+		return nil, errors.New("migrate: the connection has no current schema: check search_path in DATABASE_URL")
+	}
+	lockID := int64(crc64.Checksum([]byte("paydedup-migrations:"+schema), crc64.MakeTable(crc64.ECMA)) & (1<<62 - 1))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, 300))
+	if err != nil {
+		return nil, fmt.Errorf("migrate: session locker: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	opts := []goose.ProviderOption{goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true)}
+	if logger != nil {
+		opts = append(opts, goose.WithSlog(logger))
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, opts...)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	return &Migrator{db: db, provider: p}, nil
+}
+
+// Close releases the migrator's database handle (not the pool).
+func (m *Migrator) Close() error { return m.db.Close() }
+
+// Up applies every pending migration and returns the versions applied. A
+// database already up to date is left alone.
+func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
+	res, err := m.provider.Up(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate up: %w", err)
+	}
+	var versions []int64
+	for _, r := range res {
+		versions = append(versions, r.Source.Version)
+	}
+	return versions, nil
+}
+
+// Down rolls back the most recent migration and returns its version.
+func (m *Migrator) Down(ctx context.Context) (int64, error) {
+	res, err := m.provider.Down(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("migrate down: %w", err)
+	}
+	return res.Source.Version, nil
+}
+
+// Status reports every known migration.
+func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
+	st, err := m.provider.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate status: %w", err)
+	}
+	out := make([]MigrationStatus, 0, len(st))
+	for _, s := range st {
+		out = append(out, MigrationStatus{
+			Version: s.Source.Version, Name: s.Source.Path,
+			Applied: s.State == goose.StateApplied, AppliedAt: s.AppliedAt,
+		})
+	}
+	return out, nil
+}
+
+// Connect opens a pgx pool for a database URL and checks that it answers.
+func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, interpretError("connect to database", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, interpretError(fmt.Sprintf("connect to database %s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database), err)
+	}
+	return pool, nil
+}

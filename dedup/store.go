@@ -1,0 +1,257 @@
+package dedup
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults for Config.
+const (
+	// DefaultRetention is how long a finished key is kept. It must outlive
+	// every copy of its message: the stream's and the DLQ's MaxAge.
+	DefaultRetention = 48 * time.Hour
+	// DefaultProviderKeyWindow is how long the provider is trusted to replay
+	// a key: Stripe keeps keys at least 24 h; we keep a margin.
+	DefaultProviderKeyWindow = 23 * time.Hour
+	// DefaultStatementTimeout bounds every statement the store runs.
+	DefaultStatementTimeout = 10 * time.Second
+	// MinRetry is the shortest RetryIn a claim reports, so a lease that is
+	// about to expire is not polled in a tight loop.
+	MinRetry = 250 * time.Millisecond
+	// maxStatementRetries bounds retries of a statement that failed with a
+	// deadlock or serialization failure (safe: each statement is atomic).
+	maxStatementRetries = 5
+	// LookupRetry is the RetryIn of a NeedsLookup result: the reconciler,
+	// not a redelivery, resolves such a row.
+	LookupRetry = time.Minute
+)
+
+// Clock tells the time. Time that matters to logic is passed into SQL from
+// it, so tests move time instead of sleeping.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config configures a Store. Zero values take the defaults.
+type Config struct {
+	Retention         time.Duration
+	ProviderKeyWindow time.Duration
+	StatementTimeout  time.Duration
+	Clock             Clock
+}
+
+// Store is the Postgres idempotency store. It is safe for concurrent use.
+type Store struct {
+	pool      *pgxpool.Pool
+	clock     Clock
+	retention time.Duration
+	window    time.Duration
+	timeout   time.Duration
+}
+
+// New returns a store on pool. The schema must be migrated (see Migrate).
+func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("dedup: nil pool")
+	}
+	s := &Store{
+		pool:      pool,
+		clock:     cmp.Or[Clock](cfg.Clock, systemClock{}),
+		retention: cmp.Or(cfg.Retention, DefaultRetention),
+		window:    cmp.Or(cfg.ProviderKeyWindow, DefaultProviderKeyWindow),
+		timeout:   cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout),
+	}
+	switch {
+	case s.retention < 0 || s.window < 0 || s.timeout < 0:
+		return nil, errors.New("dedup: durations must not be negative")
+	case s.window >= s.retention:
+		return nil, fmt.Errorf("dedup: key retention %v must exceed the provider key window %v", s.retention, s.window)
+	}
+	return s, nil
+}
+
+// Retention returns the configured key retention.
+func (s *Store) Retention() time.Duration { return s.retention }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.pool.Ping(ctx); err != nil {
+		return interpretError("ping database", err)
+	}
+	return nil
+}
+
+const recordColumns = `merchant_id, idempotency_key, request_hash, status, provider_key, amount, currency,
+	attempts, locked_by, locked_until, maybe_charged, key_window_start, charge_id, response_status,
+	response, last_error, created_at, updated_at, completed_at, expires_at`
+
+func qualified(alias string) string {
+	return alias + `.merchant_id, ` + alias + `.idempotency_key, ` + alias + `.request_hash, ` + alias + `.status, ` +
+		alias + `.provider_key, ` + alias + `.amount, ` + alias + `.currency, ` + alias + `.attempts, ` +
+		alias + `.locked_by, ` + alias + `.locked_until, ` + alias + `.maybe_charged, ` + alias + `.key_window_start, ` +
+		alias + `.charge_id, ` + alias + `.response_status, ` + alias + `.response, ` + alias + `.last_error, ` +
+		alias + `.created_at, ` + alias + `.updated_at, ` + alias + `.completed_at, ` + alias + `.expires_at`
+}
+
+// scanRecord scans recordColumns, after any leading destinations.
+func scanRecord(row pgx.Row, lead ...any) (Record, error) {
+	var (
+		r                           Record
+		status                      string
+		lockedBy, chargeID, lastErr *string
+		lockedUntil, completedAt    *time.Time
+		responseStatus              *int32
+		response                    []byte
+		attempts                    int32
+	)
+	dest := append(lead,
+		&r.MerchantID, &r.IdempotencyKey, &r.RequestHash, &status, &r.ProviderKey, &r.Amount, &r.Currency,
+		&attempts, &lockedBy, &lockedUntil, &r.MaybeCharged, &r.KeyWindowStart, &chargeID, &responseStatus,
+		&response, &lastErr, &r.CreatedAt, &r.UpdatedAt, &completedAt, &r.ExpiresAt)
+	if err := row.Scan(dest...); err != nil {
+		return Record{}, err
+	}
+	r.Status = Status(status)
+	r.Attempts = int(attempts)
+	r.LockedBy = deref(lockedBy)
+	r.ChargeID = deref(chargeID)
+	r.LastError = deref(lastErr)
+	if lockedUntil != nil {
+		r.LockedUntil = *lockedUntil
+	}
+	if completedAt != nil {
+		r.CompletedAt = *completedAt
+	}
+	if responseStatus != nil {
+		r.ResponseStatus = int(*responseStatus)
+	}
+	if response != nil {
+		r.Response = json.RawMessage(response)
+	}
+	return r, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// withRetry runs fn under the statement timeout and retries it when
+// Postgres broke a deadlock or a serialization conflict: every statement
+// the store runs is atomic, so a retry is safe.
+func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) error) error {
+	var err error
+	for range maxStatementRetries {
+		sctx, cancel := context.WithTimeout(ctx, s.timeout)
+		err = fn(sctx)
+		cancel()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+			continue
+		}
+		return err
+	}
+	return err
+}
+
+// interpretError maps pgx errors to the package's errors; pgx types never
+// leave the package.
+func interpretError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", op, ErrNotFound)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "23505" && (pgErr.ConstraintName == "payments_charge_unique" || pgErr.ConstraintName == "payments_key_unique"):
+			return fmt.Errorf("%s: %w: %s (%s)", op, ErrLedgerConflict, pgErr.ConstraintName, pgErr.Detail)
+		case pgErr.Code == "57014": // query_canceled: statement timeout
+			return fmt.Errorf("%s: %w: statement timed out", op, ErrUnavailable)
+		case pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57" || pgErr.Code == "53300":
+			return fmt.Errorf("%s: %w: %s", op, ErrUnavailable, pgErr.Message)
+		}
+		return fmt.Errorf("%s: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, context.DeadlineExceeded) ||
+		isConnectError(err) {
+		return fmt.Errorf("%s: %w: %v", op, ErrUnavailable, err)
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return fmt.Errorf("%s: %v", op, err)
+}
+
+func isConnectError(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
+}
+
+// Get returns the record for a key.
+func (s *Store) Get(ctx context.Context, merchantID, key string) (Record, error) {
+	var rec Record
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		var err error
+		rec, err = scanRecord(s.pool.QueryRow(ctx,
+			`SELECT `+recordColumns+` FROM idempotency_keys WHERE merchant_id = $1 AND idempotency_key = $2`,
+			merchantID, key))
+		return err
+	})
+	if err != nil {
+		return Record{}, interpretError("get key", err)
+	}
+	return rec, nil
+}
+
+// evaluate decides what a claim finds in an existing row it did not take.
+// acquirable reports a row the claim could have taken but did not: another
+// claim won it in the meantime.
+func (s *Store) evaluate(rec Record, hash []byte, now time.Time) (res ClaimResult, acquirable bool) {
+	res.Record = rec
+	switch {
+	case !bytes.Equal(rec.RequestHash, hash):
+		res.Outcome = Mismatch
+	case rec.Status == StatusCompleted:
+		res.Outcome = Duplicate
+	case rec.Status == StatusPending && rec.LockedUntil.After(now):
+		res.Outcome = InFlight
+		res.RetryIn = max(rec.LockedUntil.Sub(now), MinRetry)
+	case rec.Status == StatusPending && !rec.KeyWindowStart.After(now.Add(-s.window)):
+		res.Outcome = NeedsLookup
+		res.RetryIn = LookupRetry
+	default:
+		res.Outcome = InFlight
+		res.RetryIn = MinRetry
+		acquirable = true
+	}
+	return res, acquirable
+}

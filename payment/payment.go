@@ -1,0 +1,390 @@
+// Package payment owns the payment command: its fields, its strict decoding
+// and validation, and the canonical encoding its fingerprint is computed over.
+//
+// It has no dependencies beyond the standard library, so every other package
+// (the store, the worker, the CLI) can share one definition of a valid
+// command and one definition of "the same request".
+package payment
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// Limits on a command. They follow the provider's own limits where it has
+// them (Stripe: 50 metadata keys, 40-character keys, 500-character values).
+const (
+	DefaultMaxBodyBytes   = 64 << 10
+	DefaultMaxAmount      = 99_999_999 // Stripe's largest amount in minor units
+	MaxKeyLen             = 255
+	MaxMerchantLen        = 64
+	MaxPaymentMethodLen   = 255
+	MaxDescriptionLen     = 1000
+	MaxMetadataEntries    = 50
+	MaxMetadataKeyLen     = 40
+	MaxMetadataValueLen   = 500
+	maxJSONNestingAllowed = 3 // object → metadata object → string
+)
+
+// Command is one payment command as published on the queue.
+type Command struct {
+	MerchantID     string            `json:"merchant_id"`
+	IdempotencyKey string            `json:"idempotency_key"`
+	Amount         int64             `json:"amount"`
+	Currency       string            `json:"currency"`
+	PaymentMethod  string            `json:"payment_method"`
+	Description    string            `json:"description,omitempty"`
+	Metadata       map[string]string `json:"metadata,omitempty"`
+}
+
+// Reason names why a command was rejected. Reasons are stable strings: they
+// become dead-letter subjects (payments.dlq.<reason>) and metric labels.
+type Reason string
+
+// The reasons a command can be rejected before any claim is made.
+const (
+	ReasonBodyTooLarge     Reason = "body_too_large"
+	ReasonInvalidEncoding  Reason = "invalid_encoding"
+	ReasonMalformedJSON    Reason = "malformed_json"
+	ReasonUnknownField     Reason = "unknown_field"
+	ReasonDuplicateField   Reason = "duplicate_field"
+	ReasonMissingKey       Reason = "missing_key"
+	ReasonInvalidKey       Reason = "invalid_key"
+	ReasonKeyMismatch      Reason = "key_mismatch"
+	ReasonInvalidMerchant  Reason = "invalid_merchant"
+	ReasonMerchantMismatch Reason = "merchant_mismatch"
+	ReasonInvalidAmount    Reason = "invalid_amount"
+	ReasonAmountOverLimit  Reason = "amount_over_limit"
+	ReasonInvalidCurrency  Reason = "invalid_currency"
+	ReasonInvalidMethod    Reason = "invalid_payment_method"
+	ReasonInvalidDesc      Reason = "invalid_description"
+	ReasonInvalidMetadata  Reason = "invalid_metadata"
+)
+
+// InputReasons lists every Reason: all of them mean the message itself is
+// wrong, so replaying it unchanged cannot succeed.
+var InputReasons = []Reason{
+	ReasonBodyTooLarge, ReasonInvalidEncoding, ReasonMalformedJSON, ReasonUnknownField,
+	ReasonDuplicateField, ReasonMissingKey, ReasonInvalidKey, ReasonKeyMismatch,
+	ReasonInvalidMerchant, ReasonMerchantMismatch, ReasonInvalidAmount, ReasonAmountOverLimit,
+	ReasonInvalidCurrency, ReasonInvalidMethod, ReasonInvalidDesc, ReasonInvalidMetadata,
+}
+
+// IsInputReason reports whether r is one of the bad-input reasons.
+func IsInputReason(r string) bool { return slices.Contains(InputReasons, Reason(r)) }
+
+// ValidationError is returned for a command that must not be processed. It
+// names the field at fault so an operator can fix the publisher.
+type ValidationError struct {
+	Reason Reason
+	Field  string
+	Msg    string
+}
+
+func (e *ValidationError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("%s: %s", e.Reason, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s: %s", e.Reason, e.Field, e.Msg)
+}
+
+func invalid(r Reason, field, format string, args ...any) *ValidationError {
+	return &ValidationError{Reason: r, Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Limits configures decoding. The zero value means the defaults.
+type Limits struct {
+	MaxBodyBytes int
+	MaxAmount    int64
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxBodyBytes <= 0 {
+		l.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if l.MaxAmount <= 0 {
+		l.MaxAmount = DefaultMaxAmount
+	}
+	return l
+}
+
+// Envelope is what arrives with a command besides its body: the subject's
+// merchant token and the optional Idempotency-Key header.
+type Envelope struct {
+	SubjectMerchant string // last token of payments.requests.<merchant_id>; empty to skip the check
+	HeaderKey       string // Idempotency-Key header; empty when absent
+	HeaderKeySet    bool   // the header was present (even if empty)
+}
+
+var merchantRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Decode strictly decodes and validates a command body. Any problem is a
+// *ValidationError; Decode never panics on hostile input.
+func Decode(body []byte, env Envelope, lim Limits) (*Command, error) {
+	lim = lim.withDefaults()
+	if len(body) > lim.MaxBodyBytes {
+		return nil, invalid(ReasonBodyTooLarge, "", "body is %d bytes, limit is %d", len(body), lim.MaxBodyBytes)
+	}
+	if !utf8.Valid(body) {
+		return nil, invalid(ReasonInvalidEncoding, "", "body is not valid UTF-8")
+	}
+	if err := checkStructure(body); err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var c Command
+	if err := dec.Decode(&c); err != nil {
+		return nil, decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, invalid(ReasonMalformedJSON, "", "trailing data after the JSON object")
+	}
+	if env.HeaderKeySet {
+		if c.IdempotencyKey == "" {
+			c.IdempotencyKey = env.HeaderKey
+		} else if env.HeaderKey != c.IdempotencyKey {
+			return nil, invalid(ReasonKeyMismatch, "idempotency_key", "Idempotency-Key header %q differs from the body's %q", clip(env.HeaderKey), clip(c.IdempotencyKey))
+		}
+	}
+	if err := c.Validate(lim); err != nil {
+		return nil, err
+	}
+	if env.SubjectMerchant != "" && env.SubjectMerchant != c.MerchantID {
+		return nil, invalid(ReasonMerchantMismatch, "merchant_id", "subject merchant %q differs from the body's %q", clip(env.SubjectMerchant), c.MerchantID)
+	}
+	return &c, nil
+}
+
+// Validate checks the fields of a decoded command.
+func (c *Command) Validate(lim Limits) error {
+	lim = lim.withDefaults()
+	if c == nil {
+		return invalid(ReasonMalformedJSON, "", "no command")
+	}
+	if err := ValidateKey(c.IdempotencyKey); err != nil {
+		return err
+	}
+	if err := ValidateMerchant(c.MerchantID); err != nil {
+		return err
+	}
+	switch {
+	case c.Amount <= 0:
+		return invalid(ReasonInvalidAmount, "amount", "must be a positive integer in minor units, got %d", c.Amount)
+	case c.Amount > lim.MaxAmount:
+		return invalid(ReasonAmountOverLimit, "amount", "%d exceeds the limit of %d", c.Amount, lim.MaxAmount)
+	}
+	if !ValidCurrency(c.Currency) {
+		return invalid(ReasonInvalidCurrency, "currency", "%q is not a lower-case ISO 4217 code", clip(c.Currency))
+	}
+	if c.PaymentMethod == "" || len(c.PaymentMethod) > MaxPaymentMethodLen || !printableASCII(c.PaymentMethod) {
+		return invalid(ReasonInvalidMethod, "payment_method", "must be 1..%d printable ASCII characters", MaxPaymentMethodLen)
+	}
+	if utf8.RuneCountInString(c.Description) > MaxDescriptionLen || hasControl(c.Description) {
+		return invalid(ReasonInvalidDesc, "description", "must be at most %d characters without control characters", MaxDescriptionLen)
+	}
+	if len(c.Metadata) > MaxMetadataEntries {
+		return invalid(ReasonInvalidMetadata, "metadata", "%d entries, limit is %d", len(c.Metadata), MaxMetadataEntries)
+	}
+	for k, v := range c.Metadata {
+		if k == "" || len(k) > MaxMetadataKeyLen || hasControl(k) || strings.ContainsAny(k, "[]") {
+			return invalid(ReasonInvalidMetadata, "metadata", "key %q must be 1..%d characters without control characters or brackets", clip(k), MaxMetadataKeyLen)
+		}
+		if utf8.RuneCountInString(v) > MaxMetadataValueLen || hasControl(v) {
+			return invalid(ReasonInvalidMetadata, "metadata", "value of %q must be at most %d characters without control characters", clip(k), MaxMetadataValueLen)
+		}
+		if k == "merchant_id" || k == "idempotency_key" {
+			return invalid(ReasonInvalidMetadata, "metadata", "key %q is reserved", k)
+		}
+	}
+	return nil
+}
+
+// ValidateKey checks an idempotency key: 1..255 printable ASCII characters.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return invalid(ReasonMissingKey, "idempotency_key", "is required")
+	case len(key) > MaxKeyLen:
+		return invalid(ReasonInvalidKey, "idempotency_key", "is %d characters, limit is %d", len(key), MaxKeyLen)
+	case !printableASCII(key):
+		return invalid(ReasonInvalidKey, "idempotency_key", "must be printable ASCII")
+	}
+	return nil
+}
+
+// ValidateMerchant checks a merchant id: 1..64 of [A-Za-z0-9_-], since it is
+// also a subject token.
+func ValidateMerchant(m string) error {
+	if !merchantRE.MatchString(m) {
+		return invalid(ReasonInvalidMerchant, "merchant_id", "%q must be 1..%d of [A-Za-z0-9_-]", clip(m), MaxMerchantLen)
+	}
+	return nil
+}
+
+// decodeError turns encoding/json's errors into reasons.
+func decodeError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	var synErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		switch typeErr.Field {
+		case "amount":
+			return invalid(ReasonInvalidAmount, "amount", "must be an integer in minor units within int64, got JSON %s", typeErr.Value)
+		case "idempotency_key":
+			return invalid(ReasonInvalidKey, "idempotency_key", "must be a string")
+		case "merchant_id":
+			return invalid(ReasonInvalidMerchant, "merchant_id", "must be a string")
+		case "currency":
+			return invalid(ReasonInvalidCurrency, "currency", "must be a string")
+		case "payment_method":
+			return invalid(ReasonInvalidMethod, "payment_method", "must be a string")
+		case "description":
+			return invalid(ReasonInvalidDesc, "description", "must be a string")
+		}
+		if strings.HasPrefix(typeErr.Field, "metadata") {
+			return invalid(ReasonInvalidMetadata, "metadata", "must be an object of strings")
+		}
+		return invalid(ReasonMalformedJSON, typeErr.Field, "wrong JSON type %s", typeErr.Value)
+	case errors.As(err, &synErr), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return invalid(ReasonMalformedJSON, "", "%v", err)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return invalid(ReasonUnknownField, clip(field), "is not a field of a payment command")
+	}
+	return invalid(ReasonMalformedJSON, "", "%v", err)
+}
+
+// checkStructure walks the JSON tokens once to reject what encoding/json
+// accepts silently: duplicate keys (the last would win) and deep nesting.
+func checkStructure(body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	type frame struct {
+		obj     bool
+		keys    map[string]struct{}
+		wantKey bool
+		path    string
+		lastKey string
+	}
+	var stack []*frame
+	valueDone := func() {
+		if n := len(stack); n > 0 && stack[n-1].obj {
+			stack[n-1].wantKey = true
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return invalid(ReasonMalformedJSON, "", "%v", err)
+		}
+		if n := len(stack); n > 0 && stack[n-1].obj && stack[n-1].wantKey {
+			top := stack[n-1]
+			if tok == json.Delim('}') {
+				stack = stack[:n-1]
+				valueDone()
+				continue
+			}
+			key, _ := tok.(string)
+			if _, dup := top.keys[key]; dup {
+				return invalid(ReasonDuplicateField, clip(joinPath(top.path, key)), "appears more than once")
+			}
+			top.keys[key] = struct{}{}
+			top.lastKey = key
+			top.wantKey = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			if len(stack) >= maxJSONNestingAllowed {
+				return invalid(ReasonMalformedJSON, "", "JSON nested deeper than %d levels", maxJSONNestingAllowed)
+			}
+			path := ""
+			if n := len(stack); n > 0 {
+				path = joinPath(stack[n-1].path, stack[n-1].lastKey)
+			}
+			obj := tok == json.Delim('{')
+			stack = append(stack, &frame{obj: obj, keys: map[string]struct{}{}, wantKey: obj, path: path})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			valueDone()
+		default:
+			valueDone()
+		}
+	}
+}
+
+func joinPath(p, k string) string {
+	if p == "" {
+		return k
+	}
+	return p + "." + k
+}
+
+// Canonical returns the canonical encoding of the command that its
+// fingerprint is computed over: a version tag, then every field in a fixed
+// order, each length-prefixed so no two commands share an encoding, with
+// metadata sorted by key. JSON field order and whitespace do not reach it.
+func (c *Command) Canonical() []byte {
+	var b bytes.Buffer
+	b.WriteString("paydedup.command.v1")
+	put := func(s string) {
+		b.Write(binary.BigEndian.AppendUint32(nil, uint32(len(s))))
+		b.WriteString(s)
+	}
+	put(c.MerchantID)
+	put(c.IdempotencyKey)
+	b.Write(binary.BigEndian.AppendUint64(nil, uint64(c.Amount)))
+	put(c.Currency)
+	put(c.PaymentMethod)
+	put(c.Description)
+	keys := make([]string, 0, len(c.Metadata))
+	for k := range c.Metadata {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	b.Write(binary.BigEndian.AppendUint32(nil, uint32(len(keys))))
+	for _, k := range keys {
+		put(k)
+		put(c.Metadata[k])
+	}
+	return b.Bytes()
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func hasControl(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return true
+		}
+	}
+	return false
+}
+
+// clip keeps hostile values short in error messages.
+func clip(s string) string {
+	const n = 64
+	if len(s) <= n {
+		return strings.ToValidUTF8(s, "?")
+	}
+	return strings.ToValidUTF8(s[:n], "?") + "…"
+}
