@@ -1,0 +1,42 @@
+// Package provider owns everything paydedup says to a payment provider: the
+// [Provider] interface with its request and outcome types, the classification
+// of every failure into a [Class], a retry helper ([ChargeWithRetry]) built on
+// backoff/v4, the Stripe adapter ([Stripe], on stripe-go) and a
+// Stripe-compatible [Simulator] with fault injection for tests and demos.
+// No other package speaks HTTP to a provider.
+//
+// # The provider contract
+//
+// A charge is always sent with a provider idempotency key
+// ([ChargeRequest.ProviderKey]) that the caller derived from its own key and
+// persisted before the first call. The provider remembers the first response
+// it produced for a key and replays it, byte for byte, to every later request
+// with the same key and the same parameters; that is what makes a blind retry
+// safe. The provider keeps a key for a limited window (Stripe: at least 24 h);
+// after it, the same key is a new request and can charge again, so callers must
+// not retry blind once the window may have passed: they ask [Provider.Lookup]
+// instead.
+//
+// [Provider.Charge] returns either a definitive [Outcome] (charged, or declined:
+// a decline is an outcome, not an error) or an [*Error] carrying a [Class]:
+//
+//   - [ClassUnknown] (“unknown_outcome”): the provider may have charged —
+//     timeouts, a connection dropped after the request was written, 5xx. The
+//     caller must keep the key pending and re-call with the same provider key
+//     (the provider replays) or resolve it with a lookup. This is also the
+//     answer for anything unrecognised, because it is the only safe one.
+//   - [ClassRetryable] (“retryable”): the provider provably did not charge —
+//     429, 409 idempotency_key_in_use, connection refused or any failure
+//     before the request left this process, 401/403. Safe to retry later.
+//   - [ClassDeclined] (“declined”): a definitive business failure (card_error,
+//     invalid_request_error on the parameters). Charge reports it as an
+//     Outcome with Declined set, to be stored and replayed like a success.
+//   - [ClassMismatch] (“idempotency_mismatch”): the provider saw this key with
+//     other parameters (idempotency_error), or the request cannot be sent as
+//     it is. It is a bug and is never retried.
+//
+// [Provider.Lookup] asks, without charging, what happened under a key. Stripe's
+// search is eventually consistent (new objects usually appear within a
+// minute), so a not-found answer is only evidence: the caller decides how long
+// it must persist before it treats the key as never charged.
+package provider

@@ -1,0 +1,242 @@
+package provider
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Class says what a failed provider call tells us about the money.
+type Class int
+
+// The classes, from the safest answer to the most specific.
+const (
+	// ClassUnknown means the provider may have charged: a timeout, a
+	// connection dropped after the request was written, a 5xx, or anything
+	// unrecognised. Keep the key pending; re-call with the same provider key
+	// or look it up.
+	ClassUnknown Class = iota
+	// ClassRetryable means the provider provably did not charge: 429, 409
+	// idempotency_key_in_use, connection refused or a failure before the
+	// request was sent, 401/403.
+	ClassRetryable
+	// ClassDeclined is a definitive business failure (card_error, or
+	// invalid_request_error on the parameters); Charge reports it as an
+	// Outcome with Declined set rather than as an error.
+	ClassDeclined
+	// ClassMismatch is the provider's idempotency_error (same key, other
+	// parameters) or a request that cannot be sent as it is: a bug, never
+	// retried.
+	ClassMismatch
+)
+
+// String returns the class's stable name, used in logs, metrics and
+// dead-letter reasons.
+func (c Class) String() string {
+	switch c {
+	case ClassUnknown:
+		return "unknown_outcome"
+	case ClassRetryable:
+		return "retryable"
+	case ClassDeclined:
+		return "declined"
+	case ClassMismatch:
+		return "idempotency_mismatch"
+	default:
+		return fmt.Sprintf("class(%d)", int(c))
+	}
+}
+
+// ErrInvalidRequest is wrapped, in an *Error of ClassMismatch, when a request
+// cannot be sent as it is (an empty or over-long ProviderKey, a lookup with no
+// key): a bug that no retry fixes.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// Error is every non-definitive failure returned by Charge and Lookup.
+type Error struct {
+	// Class decides what the caller may do next.
+	Class Class
+	// HTTPStatus is the provider's status code, 0 when no response arrived.
+	HTTPStatus int
+	// Type, Code and Message are the provider's error fields when present.
+	Type, Code, Message string
+	// RetryAfter is the provider's Retry-After hint, 0 when none.
+	RetryAfter time.Duration
+	// Err is the underlying transport (or local) error, if any.
+	Err error
+}
+
+// Error describes the failure without request data; payment method ids in
+// provider messages are redacted.
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("provider: ")
+	b.WriteString(e.Class.String())
+	if e.HTTPStatus != 0 {
+		fmt.Fprintf(&b, ": status %d", e.HTTPStatus)
+	}
+	if e.Type != "" {
+		b.WriteString(" ")
+		b.WriteString(e.Type)
+	}
+	if e.Code != "" {
+		b.WriteString("/")
+		b.WriteString(e.Code)
+	}
+	if e.Message != "" {
+		b.WriteString(": ")
+		b.WriteString(redactPaymentMethods(e.Message))
+	}
+	if e.RetryAfter > 0 {
+		fmt.Fprintf(&b, " (retry after %s)", e.RetryAfter)
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(redactPaymentMethods(e.Err.Error()))
+	}
+	return b.String()
+}
+
+// Unwrap returns the underlying error so errors.Is sees through an *Error.
+func (e *Error) Unwrap() error { return e.Err }
+
+// ClassOf returns the Class of err: the Class of the first *Error in its
+// chain, else ClassUnknown — context.DeadlineExceeded, context.Canceled and
+// anything unrecognised may hide a charge. ClassOf(nil) is ClassUnknown too;
+// check for nil first.
+func ClassOf(err error) Class {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe.Class
+	}
+	return ClassUnknown
+}
+
+// asError returns err as an *Error, wrapping anything else as ClassUnknown.
+func asError(err error) *Error {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return &Error{Class: ClassUnknown, Err: err}
+}
+
+// Classify maps what came back from a provider call to a Class. httpStatus is
+// 0 when no response arrived; errType and errCode are the provider's error
+// fields (Stripe's "type" and "code"); transportErr is the error from the HTTP
+// client, if any. A transport error that arrives after a status line (e.g. a
+// body cut short) is ClassUnknown unless the status alone proves nothing was
+// charged (401, 403, 409, 429). Classify is meant for failures: a 2xx without
+// an error is not one and yields ClassUnknown.
+func Classify(httpStatus int, errType, errCode string, transportErr error) Class {
+	if httpStatus == 0 {
+		if transportErr == nil {
+			return ClassUnknown
+		}
+		return classifyTransport(transportErr)
+	}
+	notCharged := httpStatus == http.StatusTooManyRequests ||
+		httpStatus == http.StatusConflict ||
+		httpStatus == http.StatusUnauthorized ||
+		httpStatus == http.StatusForbidden
+	if transportErr != nil && !notCharged {
+		return ClassUnknown
+	}
+	switch {
+	case httpStatus >= 500 || errType == "api_error":
+		// The provider may have done the work before failing.
+		return ClassUnknown
+	case errType == "idempotency_error":
+		return ClassMismatch
+	case errCode == "idempotency_key_in_use" || errCode == "lock_timeout" ||
+		httpStatus == http.StatusConflict:
+		return ClassRetryable
+	case httpStatus == http.StatusTooManyRequests || errCode == "rate_limit" ||
+		errType == "rate_limit_error":
+		return ClassRetryable
+	case httpStatus == http.StatusUnauthorized || httpStatus == http.StatusForbidden ||
+		errType == "authentication_error":
+		return ClassRetryable
+	case errType == "card_error" || httpStatus == http.StatusPaymentRequired:
+		return ClassDeclined
+	case errType == "invalid_request_error" && httpStatus == http.StatusBadRequest:
+		// Stripe validated the parameters and refused them: definitive.
+		return ClassDeclined
+	case errType != "" && httpStatus >= 400 && httpStatus < 500:
+		// The provider answered with its own error (e.g. 404 resource_missing)
+		// and never charges on one of these.
+		return ClassRetryable
+	default:
+		// A 2xx passed here, or a 4xx without a provider error body (a proxy,
+		// a wrong base URL): we cannot prove the provider never saw it.
+		return ClassUnknown
+	}
+}
+
+// classifyTransport classifies an error that arrived instead of a response.
+// Only failures that provably happened before the request left this process
+// (dialing, DNS, the TLS handshake) are ClassRetryable; everything else —
+// timeouts, EOF, resets, context ends — is ClassUnknown.
+func classifyTransport(err error) Class {
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return ClassRetryable
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		return ClassRetryable
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return ClassRetryable
+	}
+	var certErr *tls.CertificateVerificationError
+	var unknownAuth x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var recErr tls.RecordHeaderError
+	if errors.As(err, &certErr) || errors.As(err, &unknownAuth) ||
+		errors.As(err, &hostErr) || errors.As(err, &recErr) {
+		return ClassRetryable
+	}
+	// Timeouts, context.DeadlineExceeded/Canceled, EOF and resets all land
+	// here: the request may have been written and processed.
+	return ClassUnknown
+}
+
+// redactPaymentMethods replaces payment method ids ("pm_...") in s, so that an
+// error string never carries one into a log.
+func redactPaymentMethods(s string) string {
+	if !strings.Contains(s, "pm_") {
+		return s
+	}
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "pm_")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		// Only a token start counts: "pm_" inside a word ("xpm_") is kept.
+		if i > 0 && isIDByte(s[i-1]) {
+			b.WriteString(s[:i+3])
+			s = s[i+3:]
+			continue
+		}
+		b.WriteString(s[:i])
+		b.WriteString("pm_[redacted]")
+		j := i + 3
+		for j < len(s) && isIDByte(s[j]) {
+			j++
+		}
+		s = s[j:]
+	}
+}
+
+func isIDByte(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+}

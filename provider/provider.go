@@ -1,0 +1,116 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+)
+
+// Metadata keys the adapters always set on a charge; they win over the
+// command's own metadata so that a lookup can find the charge again.
+const (
+	MetadataMerchantID     = "merchant_id"
+	MetadataIdempotencyKey = "idempotency_key"
+)
+
+// MaxProviderKeyLen is the longest provider idempotency key Stripe accepts.
+const MaxProviderKeyLen = 255
+
+// ChargeRequest is what paydedup asks the provider to do for one command.
+type ChargeRequest struct {
+	// ProviderKey is sent as the provider's idempotency key (Stripe's
+	// Idempotency-Key header). It must be the same on every call for one
+	// command.
+	ProviderKey string
+	// MerchantID scopes IdempotencyKey; it goes in metadata["merchant_id"].
+	MerchantID string
+	// IdempotencyKey is paydedup's own key; it goes in
+	// metadata["idempotency_key"].
+	IdempotencyKey string
+	// Amount is in minor units (cents).
+	Amount int64
+	// Currency is a three-letter lower-case ISO code such as "usd".
+	Currency string
+	// PaymentMethod is the provider's payment method id, e.g. "pm_card_visa".
+	PaymentMethod string
+	// Description is shown on the provider's dashboard; optional.
+	Description string
+	// Metadata is the command's own metadata; merchant_id and idempotency_key
+	// are added and override keys of the same name.
+	Metadata map[string]string
+}
+
+// chargeMetadata returns the metadata actually sent: the command's metadata
+// plus merchant_id and idempotency_key, which win.
+func (r ChargeRequest) chargeMetadata() map[string]string {
+	md := make(map[string]string, len(r.Metadata)+2)
+	for k, v := range r.Metadata {
+		md[k] = v
+	}
+	md[MetadataMerchantID] = r.MerchantID
+	md[MetadataIdempotencyKey] = r.IdempotencyKey
+	return md
+}
+
+// Outcome is a definitive result of a charge: charged, or declined.
+type Outcome struct {
+	// ChargeID is the provider's object id ("pi_..."); it may be empty for a
+	// rejection that created no object (HTTPStatus 400).
+	ChargeID string
+	// Status is the provider's status ("succeeded",
+	// "requires_payment_method", ...), empty when no object exists.
+	Status string
+	// Declined reports a definitive business failure; the charge did not
+	// happen and must not be retried.
+	Declined bool
+	// DeclineCode is the provider's reason ("generic_decline",
+	// "card_declined", "parameter_invalid_integer", ...) when Declined.
+	DeclineCode string
+	// HTTPStatus is the status to store and replay: 200 for charged, 402 for
+	// declined, 400 for invalid-request rejections.
+	HTTPStatus int
+	// Response is the provider's exact response body, stored and replayed to
+	// duplicates.
+	Response json.RawMessage
+	// Replayed reports that the provider answered from its idempotency cache
+	// (Idempotent-Replayed: true): an earlier call with this key already ran.
+	Replayed bool
+}
+
+// LookupRequest names the key whose fate Lookup should find.
+type LookupRequest struct {
+	// ProviderKey is the provider idempotency key used for the charge; kept
+	// for logging and for providers that can search by it (Stripe cannot).
+	ProviderKey string
+	// MerchantID and IdempotencyKey are searched in the charge's metadata.
+	MerchantID     string
+	IdempotencyKey string
+	// ChargeID, when known, is retrieved directly instead of searching.
+	ChargeID string
+}
+
+// LookupResult is what the provider knows about a key.
+type LookupResult struct {
+	// Found is false when the provider has no charge under the key as far as
+	// its (eventually consistent) search knows now.
+	Found bool
+	// Outcome is set when Found: a charge (Declined false) or a declined
+	// intent (Declined true).
+	Outcome *Outcome
+}
+
+// Charger is the one method ChargeWithRetry needs; every Provider is one.
+type Charger interface {
+	// Charge asks the provider to charge once; see Provider.Charge.
+	Charge(ctx context.Context, req ChargeRequest) (*Outcome, error)
+}
+
+// Provider charges and looks up charges at a payment provider.
+type Provider interface {
+	// Charge asks the provider to charge req under req.ProviderKey. It
+	// returns an Outcome when the result is definitive (charged or declined)
+	// and an *Error otherwise.
+	Charge(ctx context.Context, req ChargeRequest) (*Outcome, error)
+	// Lookup reports, without charging, what the provider has under the key.
+	// It returns an *Error when it could not tell.
+	Lookup(ctx context.Context, req LookupRequest) (LookupResult, error)
+}

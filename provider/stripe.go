@@ -1,0 +1,438 @@
+package provider
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/stripe/stripe-go/v82"
+)
+
+// DefaultStripeAPIBase is Stripe's API root; STRIPE_API_BASE overrides it (the
+// simulator, a proxy).
+const DefaultStripeAPIBase = "https://api.stripe.com"
+
+// DefaultStripeTimeout bounds one Stripe call when StripeConfig.Timeout is 0.
+// A RetryPolicy's shorter AttemptTimeout binds first when ChargeWithRetry is
+// used.
+const DefaultStripeTimeout = 30 * time.Second
+
+// ErrInvalidConfig is wrapped by the configuration errors of NewStripe and
+// SimConfig.Validate.
+var ErrInvalidConfig = errors.New("invalid config")
+
+// StripeConfig configures the Stripe adapter.
+type StripeConfig struct {
+	// SecretKey is the API key (STRIPE_SECRET_KEY); required.
+	SecretKey string
+	// APIBase is the API root (STRIPE_API_BASE); DefaultStripeAPIBase when
+	// empty.
+	APIBase string
+	// HTTPClient is used for every call when set; otherwise the adapter owns
+	// a client with its own transport.
+	HTTPClient *http.Client
+	// Timeout bounds each Charge or Lookup call; DefaultStripeTimeout when 0.
+	Timeout time.Duration
+}
+
+// Stripe is the Provider for Stripe's PaymentIntents API, on stripe-go. It
+// never retries by itself (stripe-go's network retries are off): retries
+// belong to ChargeWithRetry and the worker. (net/http may still resend a
+// request once when a reused keep-alive connection turns out closed; that is
+// safe, since the resend carries the same Idempotency-Key.)
+type Stripe struct {
+	client     *stripe.Client
+	httpClient *http.Client
+	timeout    time.Duration
+	now        func() time.Time
+}
+
+var _ Provider = (*Stripe)(nil)
+
+// NewStripe validates cfg and returns a Stripe adapter.
+func NewStripe(cfg StripeConfig) (*Stripe, error) {
+	if strings.TrimSpace(cfg.SecretKey) == "" {
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_SECRET_KEY is empty", ErrInvalidConfig)
+	}
+	if strings.ContainsAny(cfg.SecretKey, " \t\r\n") {
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_SECRET_KEY contains white space", ErrInvalidConfig)
+	}
+	base := cfg.APIBase
+	if base == "" {
+		base = DefaultStripeAPIBase
+	}
+	u, err := url.Parse(base)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: %v", ErrInvalidConfig, base, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: scheme must be http or https", ErrInvalidConfig, base)
+	case u.Host == "":
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: no host", ErrInvalidConfig, base)
+	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: must be a plain base URL", ErrInvalidConfig, base)
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("new stripe: %w: timeout %s is negative", ErrInvalidConfig, cfg.Timeout)
+	}
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
+		URL:               stripe.String(base),
+		HTTPClient:        hc,
+		MaxNetworkRetries: stripe.Int64(0),
+		EnableTelemetry:   stripe.Bool(false),
+		// stripe-go's debug log prints request and response bodies, which
+		// hold payment method ids: keep it silent.
+		LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull},
+	})
+	return &Stripe{
+		client:     stripe.NewClient(cfg.SecretKey, stripe.WithBackends(backends)),
+		httpClient: hc,
+		timeout:    cmp.Or(cfg.Timeout, DefaultStripeTimeout),
+		now:        time.Now,
+	}, nil
+}
+
+// CloseIdleConnections closes the idle connections of the adapter's HTTP
+// client; tests call it so that no connection goroutine outlives them.
+func (s *Stripe) CloseIdleConnections() { s.httpClient.CloseIdleConnections() }
+
+// Charge creates and confirms a PaymentIntent under req.ProviderKey. A decline
+// (402 card_error, or 400 invalid_request_error on the parameters) is an
+// Outcome with Declined set; every other failure is an *Error.
+func (s *Stripe) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error) {
+	if err := checkProviderKey(req.ProviderKey); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+
+	params := &stripe.PaymentIntentCreateParams{
+		Amount:        stripe.Int64(req.Amount),
+		Currency:      stripe.String(req.Currency),
+		PaymentMethod: stripe.String(req.PaymentMethod),
+		// A card-only intent confirms server-side without a return_url.
+		PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
+		Confirm:            stripe.Bool(true),
+		Metadata:           req.chargeMetadata(),
+	}
+	if req.Description != "" {
+		params.Description = stripe.String(req.Description)
+	}
+	params.SetIdempotencyKey(req.ProviderKey)
+
+	pi, err := s.client.V1PaymentIntents.Create(ctx, params)
+	if err != nil {
+		return s.chargeError(err)
+	}
+	raw, hdr := lastResponse(pi.LastResponse)
+	if raw == nil {
+		return nil, &Error{Class: ClassUnknown, Message: "charge response has no body"}
+	}
+	out, err := intentOutcome(pi, raw)
+	if err != nil {
+		return nil, err
+	}
+	out.Replayed = replayed(hdr)
+	return out, nil
+}
+
+// chargeError turns a failed Create into a declined Outcome or an *Error.
+func (s *Stripe) chargeError(err error) (*Outcome, error) {
+	var se *stripe.Error
+	if !errors.As(err, &se) {
+		return nil, &Error{Class: Classify(0, "", "", err), Err: err}
+	}
+	raw, hdr := lastResponse(se.LastResponse)
+	class := Classify(se.HTTPStatusCode, string(se.Type), string(se.Code), nil)
+	if class != ClassDeclined {
+		return nil, s.apiError(class, se, hdr)
+	}
+	out := &Outcome{
+		Declined:    true,
+		DeclineCode: firstNonEmpty(string(se.DeclineCode), string(se.Code), string(se.Type)),
+		HTTPStatus:  se.HTTPStatusCode,
+		Response:    raw,
+		Replayed:    replayed(hdr),
+	}
+	if pi := se.PaymentIntent; pi != nil {
+		out.ChargeID = pi.ID
+		out.Status = string(pi.Status)
+	}
+	return out, nil
+}
+
+func (s *Stripe) apiError(class Class, se *stripe.Error, hdr http.Header) *Error {
+	return &Error{
+		Class:      class,
+		HTTPStatus: se.HTTPStatusCode,
+		Type:       string(se.Type),
+		Code:       string(se.Code),
+		Message:    se.Msg,
+		RetryAfter: parseRetryAfter(hdr.Get("Retry-After"), s.now()),
+	}
+}
+
+// lookupError maps a failed retrieve or search to an *Error. A lookup cannot
+// be declined, so a 4xx the charge path would call definitive means "could not
+// tell" here.
+func (s *Stripe) lookupError(err error) error {
+	var se *stripe.Error
+	if !errors.As(err, &se) {
+		return &Error{Class: Classify(0, "", "", err), Err: err}
+	}
+	_, hdr := lastResponse(se.LastResponse)
+	class := Classify(se.HTTPStatusCode, string(se.Type), string(se.Code), nil)
+	if class != ClassRetryable {
+		class = ClassUnknown
+	}
+	return s.apiError(class, se, hdr)
+}
+
+// Lookup finds what Stripe has under the key without charging: it retrieves
+// req.ChargeID when given (falling back to search if Stripe has no such
+// intent), else searches PaymentIntents by metadata merchant_id and
+// idempotency_key. A succeeded intent is a charge; one that ended needing a
+// new payment method (or canceled, or needing customer action) is a decline;
+// none is Found=false. Several charges under one key, or an intent still
+// processing, are reported as a ClassUnknown error, never hidden.
+//
+// Search is eventually consistent (Stripe: usually under a minute), so
+// Found=false means "not yet seen": callers decide how long it must persist.
+func (s *Stripe) Lookup(ctx context.Context, req LookupRequest) (LookupResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+
+	if req.ChargeID != "" {
+		pi, err := s.client.V1PaymentIntents.Retrieve(ctx, req.ChargeID, nil)
+		switch {
+		case err == nil:
+			return s.lookupByID(pi, req)
+		case !isResourceMissing(err):
+			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", s.lookupError(err))
+		}
+	}
+	if req.MerchantID == "" || req.IdempotencyKey == "" {
+		return LookupResult{}, &Error{Class: ClassMismatch, Message: "lookup needs merchant id and idempotency key", Err: ErrInvalidRequest}
+	}
+
+	params := &stripe.PaymentIntentSearchParams{}
+	params.Query = SearchQuery(req.MerchantID, req.IdempotencyKey)
+	params.Limit = stripe.Int64(100)
+	var charged, declined []*Outcome
+	var processing []string
+	for pi, err := range s.client.V1PaymentIntents.Search(ctx, params) {
+		if err != nil {
+			return LookupResult{}, fmt.Errorf("search payment intents: %w", s.lookupError(err))
+		}
+		raw, _ := lastResponse(pi.LastResponse)
+		if raw == nil {
+			if raw, err = json.Marshal(pi); err != nil {
+				return LookupResult{}, fmt.Errorf("encode payment intent: %w", err)
+			}
+		}
+		out, oerr := intentOutcome(pi, raw)
+		switch {
+		case oerr != nil:
+			processing = append(processing, pi.ID)
+		case out.Declined:
+			declined = append(declined, out)
+		default:
+			charged = append(charged, out)
+		}
+	}
+	switch {
+	case len(charged)+len(processing) > 1 && len(charged) > 0:
+		ids := append(outcomeIDs(charged), processing...)
+		return LookupResult{}, &Error{Class: ClassUnknown, Message: "multiple charges under one key: " + strings.Join(ids, ", ")}
+	case len(processing) > 0:
+		return LookupResult{}, &Error{Class: ClassUnknown, Message: "payment intent still processing: " + strings.Join(processing, ", ")}
+	case len(charged) == 1:
+		return LookupResult{Found: true, Outcome: charged[0]}, nil
+	case len(declined) > 0:
+		// Search returns newest first: the latest attempt is the answer.
+		return LookupResult{Found: true, Outcome: declined[0]}, nil
+	default:
+		return LookupResult{}, nil
+	}
+}
+
+func (s *Stripe) lookupByID(pi *stripe.PaymentIntent, req LookupRequest) (LookupResult, error) {
+	if (req.IdempotencyKey != "" && pi.Metadata[MetadataIdempotencyKey] != req.IdempotencyKey) ||
+		(req.MerchantID != "" && pi.Metadata[MetadataMerchantID] != req.MerchantID) {
+		return LookupResult{}, &Error{Class: ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", pi.ID)}
+	}
+	raw, _ := lastResponse(pi.LastResponse)
+	if raw == nil {
+		return LookupResult{}, &Error{Class: ClassUnknown, Message: "lookup response has no body"}
+	}
+	out, err := intentOutcome(pi, raw)
+	if err != nil {
+		return LookupResult{}, err
+	}
+	return LookupResult{Found: true, Outcome: out}, nil
+}
+
+// SearchQuery returns the Stripe search query that finds the intents charged
+// for (merchantID, idempotencyKey). Values are single-quoted with backslash
+// escapes for ' and \, so no key can change the query's meaning.
+func SearchQuery(merchantID, idempotencyKey string) string {
+	return fmt.Sprintf("metadata['%s']:'%s' AND metadata['%s']:'%s'",
+		MetadataIdempotencyKey, quoteSearchValue(idempotencyKey),
+		MetadataMerchantID, quoteSearchValue(merchantID))
+}
+
+func quoteSearchValue(v string) string {
+	return strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v)
+}
+
+// intentOutcome classifies a PaymentIntent object: charged, declined, or a
+// ClassUnknown error while it is still moving (processing).
+func intentOutcome(pi *stripe.PaymentIntent, raw []byte) (*Outcome, error) {
+	switch pi.Status {
+	case stripe.PaymentIntentStatusSucceeded, stripe.PaymentIntentStatusRequiresCapture:
+		return &Outcome{ChargeID: pi.ID, Status: string(pi.Status), HTTPStatus: http.StatusOK, Response: raw}, nil
+	case stripe.PaymentIntentStatusRequiresPaymentMethod, stripe.PaymentIntentStatusCanceled,
+		stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
+		// No customer is present to complete an action, so an intent that
+		// stopped short of succeeding is a definitive decline for us.
+		return declinedIntent(pi, raw), nil
+	default:
+		return nil, &Error{Class: ClassUnknown, HTTPStatus: http.StatusOK,
+			Message: fmt.Sprintf("payment intent %s is %s", pi.ID, statusOr(pi.Status))}
+	}
+}
+
+// declinedIntent builds the declined Outcome for an intent object. Its
+// Response has the shape of the 402 error Stripe sends for a decline
+// ({"error":{..., "payment_intent":{...}}}), so a decline found by lookup is
+// stored and replayed like one seen by Charge.
+func declinedIntent(pi *stripe.PaymentIntent, raw []byte) *Outcome {
+	body := struct {
+		Error struct {
+			Type          string          `json:"type"`
+			Code          string          `json:"code,omitempty"`
+			DeclineCode   string          `json:"decline_code,omitempty"`
+			Message       string          `json:"message"`
+			PaymentIntent json.RawMessage `json:"payment_intent"`
+		} `json:"error"`
+	}{}
+	body.Error.Type = "card_error"
+	body.Error.Message = "The payment intent is " + string(pi.Status) + "."
+	body.Error.PaymentIntent = raw
+	code := string(pi.Status)
+	if lpe := pi.LastPaymentError; lpe != nil {
+		if lpe.Type != "" {
+			body.Error.Type = string(lpe.Type)
+		}
+		body.Error.Code = string(lpe.Code)
+		body.Error.DeclineCode = string(lpe.DeclineCode)
+		if lpe.Msg != "" {
+			body.Error.Message = lpe.Msg
+		}
+		code = firstNonEmpty(string(lpe.DeclineCode), string(lpe.Code), code)
+	}
+	resp, err := json.Marshal(body)
+	if err != nil {
+		// Marshalling strings and valid JSON cannot fail; keep the intent.
+		resp = raw
+	}
+	return &Outcome{
+		ChargeID:    pi.ID,
+		Status:      string(pi.Status),
+		Declined:    true,
+		DeclineCode: code,
+		HTTPStatus:  http.StatusPaymentRequired,
+		Response:    resp,
+	}
+}
+
+// checkProviderKey rejects keys Stripe would refuse or silently alter
+// (stripe-go trims spaces).
+func checkProviderKey(k string) error {
+	switch {
+	case k == "":
+		return &Error{Class: ClassMismatch, Message: "provider key is empty", Err: ErrInvalidRequest}
+	case len(k) > MaxProviderKeyLen:
+		return &Error{Class: ClassMismatch, Message: fmt.Sprintf("provider key is longer than %d bytes", MaxProviderKeyLen), Err: ErrInvalidRequest}
+	case strings.TrimSpace(k) != k:
+		return &Error{Class: ClassMismatch, Message: "provider key has leading or trailing space", Err: ErrInvalidRequest}
+	}
+	return nil
+}
+
+func isResourceMissing(err error) bool {
+	var se *stripe.Error
+	return errors.As(err, &se) && (se.HTTPStatusCode == http.StatusNotFound || se.Code == stripe.ErrorCodeResourceMissing)
+}
+
+func lastResponse(r *stripe.APIResponse) (json.RawMessage, http.Header) {
+	if r == nil {
+		return nil, http.Header{}
+	}
+	var raw json.RawMessage
+	if r.RawJSON != nil {
+		raw = append(json.RawMessage(nil), r.RawJSON...)
+	}
+	hdr := r.Header
+	if hdr == nil {
+		hdr = http.Header{}
+	}
+	return raw, hdr
+}
+
+func replayed(h http.Header) bool {
+	return strings.EqualFold(h.Get("Idempotent-Replayed"), "true")
+}
+
+// parseRetryAfter reads a Retry-After value: delay-seconds or an HTTP date.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs <= 0 {
+			return 0
+		}
+		return time.Duration(secs) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+func firstNonEmpty(candidates ...string) string {
+	for _, c := range candidates {
+		if c != "" {
+			return c
+		}
+	}
+	return ""
+}
+
+func outcomeIDs(outs []*Outcome) []string {
+	ids := make([]string, len(outs))
+	for i, o := range outs {
+		ids[i] = o.ChargeID
+	}
+	return ids
+}
+
+func statusOr(s stripe.PaymentIntentStatus) string {
+	if s == "" {
+		return "without status"
+	}
+	return string(s)
+}
