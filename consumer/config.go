@@ -1,0 +1,170 @@
+// Package consumer owns paydedup's JetStream side: stream and consumer
+// setup, the fetch loop, the per-message decision (ack, nak with delay, or
+// dead-letter then term), dead-letter publishing, the MAX_DELIVERIES
+// advisory listener, and graceful drain.
+//
+// The business step, claim → provider → complete, lives in Processor and
+// never sees a jetstream.Msg; Worker is the adapter around it. One function,
+// decide, maps every result to the message's fate.
+//
+// The rules it keeps (DESIGN.md, "Per-message flow"):
+//   - a message is acked only after its outcome is committed in Postgres;
+//   - every message ends acked, dead-lettered with a reason (the dead letter's
+//     PubAck awaited before Term), or nakked to be redelivered; never dropped;
+//   - timeouts nest: the provider's retry budget < the lease < AckWait, so a
+//     lease cannot expire while its holder may still be calling the provider,
+//     and JetStream cannot redeliver while the lease is held.
+//
+// It works with nats-server 2.9: Term (never TermWithReason), one filter
+// subject, no 2.10 features.
+package consumer
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// Defaults. Names match DESIGN.md; durations nest as the package doc says.
+const (
+	DefaultStream          = "PAYMENTS"
+	DefaultSubjectPrefix   = "payments.requests"
+	DefaultDLQStream       = "PAYMENTS_DLQ"
+	DefaultDLQPrefix       = "payments.dlq"
+	DefaultDurable         = "paydedup-worker"
+	DefaultDuplicateWindow = 2 * time.Minute
+	DefaultStreamMaxAge    = 24 * time.Hour
+	DefaultDLQMaxAge       = 14 * 24 * time.Hour
+	DefaultLease           = 45 * time.Second
+	DefaultAckWait         = 60 * time.Second
+	DefaultMaxDeliver      = 20
+	DefaultMaxAckPending   = 1000
+	DefaultConcurrency     = 64
+	DefaultFetchBatch      = 100
+	DefaultDrainTimeout    = 20 * time.Second
+	DefaultKeyRetention    = 48 * time.Hour
+	DefaultRetryBase       = time.Second
+	DefaultRetryMax        = time.Minute
+)
+
+// Config configures streams, the consumer and the worker. Zero values take
+// the defaults; Validate reports contradictions by the setting's name.
+type Config struct {
+	Stream          string
+	SubjectPrefix   string // publishers use <prefix>.<merchant_id>
+	DLQStream       string
+	DLQPrefix       string // dead letters go to <prefix>.<reason>
+	Durable         string
+	DuplicateWindow time.Duration
+	StreamMaxAge    time.Duration
+	DLQMaxAge       time.Duration
+	Replicas        int
+
+	AckWait       time.Duration
+	MaxDeliver    int
+	BackOff       []time.Duration // optional redelivery schedule after AckWait timeouts
+	MaxAckPending int
+
+	// Lease is how long a claim lets this worker call the provider before
+	// another may take over. It must exceed the provider retry budget and be
+	// shorter than AckWait (and every BackOff step).
+	Lease       time.Duration
+	ProviderTry provider.RetryPolicy
+
+	Concurrency  int // messages in flight per process (provider calls)
+	FetchBatch   int // messages per fetch; claimed in one round trip
+	DrainTimeout time.Duration
+
+	// KeyRetention is the store's retention of finished keys. It must
+	// outlive the stream's MaxAge, or a late redelivery could find its key
+	// purged and charge again.
+	KeyRetention time.Duration
+
+	// RetryBase and RetryMax shape the nak delay after a failure that is
+	// safe to retry: RetryBase doubling per delivery, capped at RetryMax.
+	RetryBase time.Duration
+	RetryMax  time.Duration
+
+	Limits payment.Limits
+	Holder string // lease holder id; default host name + random suffix
+}
+
+// WithDefaults returns c with every zero value replaced by its default.
+func (c Config) WithDefaults() Config {
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.SubjectPrefix = cmp.Or(c.SubjectPrefix, DefaultSubjectPrefix)
+	c.DLQStream = cmp.Or(c.DLQStream, DefaultDLQStream)
+	c.DLQPrefix = cmp.Or(c.DLQPrefix, DefaultDLQPrefix)
+	c.Durable = cmp.Or(c.Durable, DefaultDurable)
+	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
+	c.StreamMaxAge = cmp.Or(c.StreamMaxAge, DefaultStreamMaxAge)
+	c.DLQMaxAge = cmp.Or(c.DLQMaxAge, DefaultDLQMaxAge)
+	c.Replicas = cmp.Or(c.Replicas, 1)
+	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
+	c.MaxDeliver = cmp.Or(c.MaxDeliver, DefaultMaxDeliver)
+	c.MaxAckPending = cmp.Or(c.MaxAckPending, DefaultMaxAckPending)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.ProviderTry = c.ProviderTry.WithDefaults()
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.FetchBatch = cmp.Or(c.FetchBatch, DefaultFetchBatch)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
+	c.KeyRetention = cmp.Or(c.KeyRetention, DefaultKeyRetention)
+	c.RetryBase = cmp.Or(c.RetryBase, DefaultRetryBase)
+	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
+	if c.Holder == "" {
+		host, _ := os.Hostname()
+		c.Holder = fmt.Sprintf("%s-%d-%x", cmp.Or(host, "worker"), os.Getpid(), time.Now().UnixNano()&0xffffff)
+	}
+	return c
+}
+
+// Validate checks that the configuration is coherent: the timeouts nest and
+// keys outlive their messages. Errors name the setting to fix.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for name, d := range map[string]time.Duration{
+		"duplicate window": c.DuplicateWindow, "stream max age": c.StreamMaxAge, "DLQ max age": c.DLQMaxAge,
+		"ack wait": c.AckWait, "lease": c.Lease, "drain timeout": c.DrainTimeout, "key retention": c.KeyRetention,
+		"retry base": c.RetryBase, "retry max": c.RetryMax,
+	} {
+		if d <= 0 {
+			bad("%s must be positive, got %v", name, d)
+		}
+	}
+	if c.MaxDeliver < 2 {
+		bad("max deliver must be at least 2 (the last delivery is used to dead-letter), got %d", c.MaxDeliver)
+	}
+	if c.Concurrency < 1 || c.FetchBatch < 1 || c.MaxAckPending < 1 {
+		bad("concurrency, fetch batch and max ack pending must be at least 1 (got %d, %d, %d)", c.Concurrency, c.FetchBatch, c.MaxAckPending)
+	}
+	if c.MaxAckPending < c.Concurrency {
+		bad("max ack pending (%d) must be at least the concurrency (%d), or workers starve", c.MaxAckPending, c.Concurrency)
+	}
+	if budget := c.ProviderTry.Budget(); budget >= c.Lease {
+		bad("lease %v must exceed the provider retry budget %v (attempt timeout × tries + backoff): raise the lease or lower the provider timeout/tries", c.Lease, budget)
+	}
+	if c.Lease >= c.AckWait {
+		bad("ack wait %v must exceed the lease %v, or JetStream redelivers while the lease is held", c.AckWait, c.Lease)
+	}
+	for i, b := range c.BackOff {
+		if b <= c.Lease {
+			bad("backoff step %d (%v) must exceed the lease %v", i, b, c.Lease)
+		}
+	}
+	if len(c.BackOff) > 0 && c.MaxDeliver <= len(c.BackOff) {
+		bad("max deliver (%d) must exceed the number of backoff steps (%d)", c.MaxDeliver, len(c.BackOff))
+	}
+	if c.KeyRetention <= c.StreamMaxAge {
+		bad("key retention %v must exceed the stream max age %v, or a late redelivery could find its key purged and charge again", c.KeyRetention, c.StreamMaxAge)
+	}
+	if c.DuplicateWindow > c.StreamMaxAge {
+		bad("duplicate window %v must not exceed the stream max age %v", c.DuplicateWindow, c.StreamMaxAge)
+	}
+	return errors.Join(errs...)
+}

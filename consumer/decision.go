@@ -1,0 +1,125 @@
+package consumer
+
+import (
+	"time"
+)
+
+// Kind is what processing one message came to.
+type Kind int
+
+// Result kinds.
+const (
+	// Completed: charged now, outcome committed.
+	Completed Kind = iota + 1
+	// Declined: a definitive decline, committed; never retried.
+	Declined
+	// Duplicate: the key was already completed; the stored outcome stands.
+	Duplicate
+	// InFlight: another holder has the key's lease.
+	InFlight
+	// Retry: no outcome committed; safe to try again later (known not
+	// charged, unknown outcome left pending, or a store/provider outage).
+	Retry
+	// DeadLetter: the message can never succeed as it is.
+	DeadLetter
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Completed:
+		return "completed"
+	case Declined:
+		return "declined"
+	case Duplicate:
+		return "duplicate"
+	case InFlight:
+		return "in_flight"
+	case Retry:
+		return "retry"
+	case DeadLetter:
+		return "dead_letter"
+	}
+	return "unknown"
+}
+
+// Dead-letter reasons besides payment.Reason's bad-input reasons.
+const (
+	ReasonKeyReused        = "key_reused"
+	ReasonProviderMismatch = "provider_idempotency_mismatch"
+	ReasonLedgerConflict   = "ledger_conflict"
+	ReasonMaxDeliveries    = "max_deliveries"
+)
+
+// Result is the outcome of processing one command.
+type Result struct {
+	Kind Kind
+	// Delay is when retrying is worthwhile (InFlight, Retry); zero lets the
+	// worker choose by the delivery count.
+	Delay time.Duration
+	// Reason is the dead-letter reason (DeadLetter).
+	Reason string
+	// Err says what went wrong, for logs and the dead letter's Dlq-Error.
+	Err error
+	// Attempt is the lease's attempt number when the key was claimed.
+	Attempt int
+}
+
+// ActionKind is the fate of a message.
+type ActionKind int
+
+// Actions.
+const (
+	Ack ActionKind = iota + 1
+	Nak
+	DeadLetterTerm
+)
+
+func (a ActionKind) String() string {
+	switch a {
+	case Ack:
+		return "ack"
+	case Nak:
+		return "nak"
+	case DeadLetterTerm:
+		return "dead_letter"
+	}
+	return "unknown"
+}
+
+// Action is what the worker does with a message.
+type Action struct {
+	Kind   ActionKind
+	Delay  time.Duration // for Nak, before jitter
+	Reason string        // for DeadLetterTerm
+}
+
+// decide maps a result to the message's fate. It is the one place that does:
+// committed outcomes and duplicates are acked; results that can never
+// succeed are dead-lettered; everything else is nakked with a delay, except
+// on the last allowed delivery, where it is dead-lettered as max_deliveries
+// so it is never silently dropped by the server.
+func decide(r Result, deliveries uint64, maxDeliver int, base, maxDelay time.Duration) Action {
+	switch r.Kind {
+	case Completed, Declined, Duplicate:
+		return Action{Kind: Ack}
+	case DeadLetter:
+		return Action{Kind: DeadLetterTerm, Reason: r.Reason}
+	}
+	if maxDeliver > 0 && deliveries >= uint64(maxDeliver) {
+		return Action{Kind: DeadLetterTerm, Reason: ReasonMaxDeliveries}
+	}
+	delay := r.Delay
+	if delay <= 0 {
+		delay = backoff(deliveries, base, maxDelay)
+	}
+	return Action{Kind: Nak, Delay: min(delay, maxDelay)}
+}
+
+// backoff is base doubling per delivery, capped at maxDelay.
+func backoff(deliveries uint64, base, maxDelay time.Duration) time.Duration {
+	d := base
+	for i := uint64(1); i < deliveries && d < maxDelay; i++ {
+		d *= 2
+	}
+	return min(d, maxDelay)
+}

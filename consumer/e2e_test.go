@@ -1,0 +1,395 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// env is one test's world: its own Postgres schema, its own streams on the
+// shared NATS server, its own simulator.
+type env struct {
+	t      *testing.T
+	ctx    context.Context
+	pool   *pgxpool.Pool
+	store  *dedup.Store
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	sim    *provider.Simulator
+	stripe *provider.Stripe
+	cfg    consumer.Config
+	prefix string
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	pool := testenv.Pool(t)
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := testenv.NATSConn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := provider.NewSimulator(provider.SimConfig{Seed: 7})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := testenv.Unique(t)
+	name := strings.ToUpper(u)
+	cfg := consumer.Config{
+		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
+		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
+		Lease: 3 * time.Second, AckWait: 5 * time.Second, MaxDeliver: 6,
+		ProviderTry:  provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond},
+		RetryBase:    50 * time.Millisecond, RetryMax: 500 * time.Millisecond,
+		DrainTimeout: 2 * time.Second, Concurrency: 16, FetchBatch: 50,
+	}
+	e := &env{t: t, ctx: context.Background(), pool: pool, store: store, nc: nc, js: js, sim: sim, stripe: stripe, cfg: cfg, prefix: u}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, cfg.Stream)
+		_ = js.DeleteStream(ctx, cfg.DLQStream)
+	})
+	return e
+}
+
+// startWorker runs a worker until the returned stop is called (or the test
+// ends); stop waits for the drain.
+func (e *env) startWorker(holder string, charger consumer.Charger) (stop func()) {
+	e.t.Helper()
+	cfg := e.cfg
+	cfg.Holder = holder
+	if charger == nil {
+		charger = e.stripe
+	}
+	proc := consumer.NewProcessor(e.store, charger, cfg, nil)
+	w, err := consumer.NewWorker(e.nc, proc, cfg, nil, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("worker %s: %v", holder, err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	e.waitStreams()
+	return stop
+}
+
+func (e *env) waitStreams() {
+	e.t.Helper()
+	e.eventually("streams exist", func() bool {
+		_, err1 := e.js.Stream(e.ctx, e.cfg.Stream)
+		_, err2 := e.js.Stream(e.ctx, e.cfg.DLQStream)
+		return err1 == nil && err2 == nil
+	})
+}
+
+type cmdJSON struct {
+	MerchantID     string            `json:"merchant_id"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	Amount         int64             `json:"amount"`
+	Currency       string            `json:"currency"`
+	PaymentMethod  string            `json:"payment_method"`
+	Description    string            `json:"description,omitempty"`
+	Metadata       map[string]string `json:"metadata,omitempty"`
+}
+
+func body(merchant, key string, amount int64) []byte {
+	b, _ := json.Marshal(cmdJSON{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"})
+	return b
+}
+
+// publish sends a raw message; msgID "" leaves Nats-Msg-Id unset.
+func (e *env) publish(merchant string, data []byte, msgID string, hdr map[string]string) {
+	e.t.Helper()
+	m := nats.NewMsg(e.cfg.SubjectPrefix + "." + merchant)
+	m.Data = data
+	for k, v := range hdr {
+		m.Header.Set(k, v)
+	}
+	if msgID != "" {
+		m.Header.Set(nats.MsgIdHdr, msgID)
+	}
+	if _, err := e.js.PublishMsg(e.ctx, m); err != nil {
+		e.t.Fatalf("publish: %v", err)
+	}
+}
+
+func (e *env) eventually(what string, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (e *env) count(sql string, args ...any) int {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(e.ctx, sql, args...).Scan(&n); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// quiescent waits until the consumer has nothing pending or unacked.
+func (e *env) quiescent() {
+	e.t.Helper()
+	e.eventually("consumer quiescent", func() bool {
+		c, err := e.js.Consumer(e.ctx, e.cfg.Stream, e.cfg.Durable)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(e.ctx)
+		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+	})
+}
+
+func (e *env) deadLetters() []*jetstream.RawStreamMsg {
+	e.t.Helper()
+	s, err := e.js.Stream(e.ctx, e.cfg.DLQStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(e.ctx, seq)
+		if err == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (e *env) charges(merchant, key string) int {
+	return e.sim.ChargesByKey()[merchant+":"+key]
+}
+
+func TestSameCommandFiveTimesChargedOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.startWorker("w1", nil)
+	b := body("m_1", "five", 1500)
+	for range 5 {
+		e.publish("m_1", b, "", nil) // no Nats-Msg-Id: all five reach the stream
+	}
+	e.eventually("row completed", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == 1
+	})
+	e.quiescent()
+	if n := e.charges("m_1", "five"); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+	if n := e.count(`SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d ledger rows, want 1", n)
+	}
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+	s, _ := e.js.Stream(e.ctx, e.cfg.Stream)
+	info, _ := s.Info(e.ctx)
+	if info.State.Msgs != 5 {
+		t.Fatalf("stream holds %d messages, want 5", info.State.Msgs)
+	}
+}
+
+func TestTwoWorkersThirtyPercentDuplicates(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.startWorker("w1", nil)
+	e.startWorker("w2", nil)
+	const n = 1000
+	for i := range n {
+		b := body("m_1", fmt.Sprintf("k-%d", i), int64(100+i))
+		e.publish("m_1", b, "", nil)
+		if i%10 < 3 {
+			e.publish("m_1", b, "", nil)
+		}
+	}
+	e.eventually("all completed", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == n
+	})
+	e.quiescent()
+	byKey := e.sim.ChargesByKey()
+	for i := range n {
+		if c := byKey[fmt.Sprintf("m_1:k-%d", i)]; c != 1 {
+			t.Errorf("k-%d charged %d times", i, c)
+		}
+	}
+	if len(byKey) != n {
+		t.Fatalf("%d keys charged, want %d", len(byKey), n)
+	}
+	if n2 := e.count(`SELECT count(*) FROM payments`); n2 != n {
+		t.Fatalf("%d ledger rows, want %d", n2, n)
+	}
+}
+
+func TestDeclineCompletedNotRetried(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.startWorker("w1", nil)
+	b, _ := json.Marshal(cmdJSON{MerchantID: "m_1", IdempotencyKey: "dec", Amount: 500, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined"})
+	e.publish("m_1", b, "", nil)
+	e.eventually("decline recorded", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed' AND response_status = 402`) == 1
+	})
+	e.quiescent()
+	if n := e.count(`SELECT count(*) FROM payments WHERE status = 'declined'`); n != 1 {
+		t.Fatalf("%d declined ledger rows, want 1", n)
+	}
+	rec, err := e.store.Get(e.ctx, "m_1", "dec")
+	if err != nil || rec.Attempts != 1 {
+		t.Fatalf("record %+v %v: want one attempt", rec, err)
+	}
+	if e.charges("m_1", "dec") != 0 {
+		t.Fatal("a declined payment shows a charge")
+	}
+}
+
+func TestBadInputDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.startWorker("w1", nil)
+	good := string(body("m_1", "k", 100))
+	cases := []struct {
+		name, merchant, data, reason string
+		hdr                          map[string]string
+	}{
+		{"malformed", "m_1", `{"merchant_id":`, "malformed_json", nil},
+		{"unknown field", "m_1", strings.Replace(good, `"amount"`, `"extra":1,"amount"`, 1), "unknown_field", nil},
+		{"missing key", "m_1", strings.Replace(good, `"idempotency_key":"k",`, "", 1), "missing_key", nil},
+		{"empty key", "m_1", strings.Replace(good, `"idempotency_key":"k"`, `"idempotency_key":""`, 1), "missing_key", nil},
+		{"header disagrees", "m_1", good, "key_mismatch", map[string]string{"Idempotency-Key": "other"}},
+		{"zero amount", "m_1", strings.Replace(good, `"amount":100`, `"amount":0`, 1), "invalid_amount", nil},
+		{"over limit", "m_1", strings.Replace(good, `"amount":100`, `"amount":100000000000`, 1), "amount_over_limit", nil},
+		{"bad currency", "m_1", strings.Replace(good, `"usd"`, `"US"`, 1), "invalid_currency", nil},
+		{"oversize", "m_1", strings.Replace(good, `"pm_card_visa"`, `"pm_card_visa","description":"`+strings.Repeat("x", 70<<10)+`"`, 1), "body_too_large", nil},
+		{"subject merchant differs", "m_2", good, "merchant_mismatch", nil},
+		{"invalid utf-8", "m_1", strings.Replace(good, `"pm_card_visa"`, "\"pm_\xff\"", 1), "invalid_encoding", nil},
+	}
+	for i, c := range cases {
+		h := map[string]string{"X-Case": c.name}
+		for k, v := range c.hdr {
+			h[k] = v
+		}
+		e.publish(c.merchant, []byte(c.data), fmt.Sprintf("bad-%d", i), h)
+	}
+	// The worker keeps running: a good command after them is charged.
+	e.publish("m_1", body("m_1", "after", 100), "", nil)
+	e.eventually("dead letters filed", func() bool { return len(e.deadLetters()) == len(cases) })
+	e.eventually("good command completed", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'after' AND status = 'completed'`) == 1
+	})
+	byCase := map[string]*jetstream.RawStreamMsg{}
+	for _, m := range e.deadLetters() {
+		byCase[m.Header.Get("X-Case")] = m
+	}
+	for i, c := range cases {
+		m := byCase[c.name]
+		if m == nil {
+			t.Errorf("%s: no dead letter", c.name)
+			continue
+		}
+		p, err := consumer.ParseDeadLetter(m.Header)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if p.Reason != c.reason || m.Subject != e.cfg.DLQPrefix+"."+c.reason {
+			t.Errorf("%s: reason %q on %s, want %q", c.name, p.Reason, m.Subject, c.reason)
+		}
+		if string(m.Data) != c.data {
+			t.Errorf("%s: body not kept byte for byte", c.name)
+		}
+		if p.OrigSubject != e.cfg.SubjectPrefix+"."+c.merchant || p.OrigStream != e.cfg.Stream || p.OrigSeq == 0 || p.Deliveries != 1 || p.Error == "" {
+			t.Errorf("%s: headers %+v", c.name, p)
+		}
+		if got := m.Header.Get("Dlq-Orig-Msg-Id"); got != fmt.Sprintf("bad-%d", i) {
+			t.Errorf("%s: Dlq-Orig-Msg-Id %q", c.name, got)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM idempotency_keys`); n != 1 {
+		t.Fatalf("%d rows: bad input must never be claimed", n)
+	}
+}
+
+func TestKeyReusedDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.startWorker("w1", nil)
+	e.publish("m_1", body("m_1", "reuse", 100), "", nil)
+	e.eventually("original completed", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == 1
+	})
+	e.publish("m_1", body("m_1", "reuse", 999), "", nil)
+	e.eventually("key_reused dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	dl := e.deadLetters()[0]
+	if dl.Header.Get("Dlq-Reason") != "key_reused" {
+		t.Fatalf("reason %q", dl.Header.Get("Dlq-Reason"))
+	}
+	rec, _ := e.store.Get(e.ctx, "m_1", "reuse")
+	if rec.Amount != 100 || e.charges("m_1", "reuse") != 1 {
+		t.Fatalf("original disturbed: amount %d, charges %d", rec.Amount, e.charges("m_1", "reuse"))
+	}
+}
+
+func TestProviderDownMaxDeliveries(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	if err := e.sim.SetFaults(provider.Faults{Rate5xx: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker("w1", nil)
+	e.publish("m_1", body("m_1", "down", 100), "", nil)
+	e.eventually("max_deliveries dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	dl := e.deadLetters()[0]
+	p, err := consumer.ParseDeadLetter(dl.Header)
+	if err != nil || p.Reason != consumer.ReasonMaxDeliveries || p.Deliveries != uint64(e.cfg.MaxDeliver) {
+		t.Fatalf("dead letter %+v %v", p, err)
+	}
+	e.quiescent()
+	rec, _ := e.store.Get(e.ctx, "m_1", "down")
+	if rec.Status == dedup.StatusCompleted {
+		t.Fatal("row completed although the provider never answered")
+	}
+	if !rec.MaybeCharged {
+		t.Fatal("a row whose calls all ended in 5xx must stay maybe_charged")
+	}
+}

@@ -1,0 +1,234 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// Store is what the processor needs from the idempotency store.
+type Store interface {
+	ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error)
+	Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error)
+	Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error
+	Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error)
+	Release(ctx context.Context, l dedup.Lease, reason string) error
+}
+
+// Charger is what the processor needs from the payment provider.
+type Charger interface {
+	Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error)
+}
+
+// settleTimeout bounds the store writes that record a result; they run even
+// when the work context was cancelled by a drain, so an outcome the provider
+// gave is not thrown away.
+const settleTimeout = 10 * time.Second
+
+// Processor is the business step: claim the key, call the provider with the
+// stored provider key, record the outcome. It never sees a message.
+type Processor struct {
+	store   Store
+	charger Charger
+	cfg     Config
+	logger  *slog.Logger
+}
+
+// NewProcessor returns a processor. cfg must have passed Validate.
+func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger) *Processor {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Processor{store: store, charger: charger, cfg: cfg.WithDefaults(), logger: logger}
+}
+
+// Process claims and handles one command: the whole business step for a
+// single message.
+func (p *Processor) Process(ctx context.Context, cmd *payment.Command, progress func()) Result {
+	claims, err := p.Claim(ctx, []*payment.Command{cmd})
+	if err != nil {
+		return Result{Kind: Retry, Err: err}
+	}
+	return p.Handle(ctx, cmd, claims[0], progress)
+}
+
+// Claim claims a batch of commands in one round trip.
+func (p *Processor) Claim(ctx context.Context, cmds []*payment.Command) ([]dedup.ClaimResult, error) {
+	reqs := make([]dedup.ClaimRequest, len(cmds))
+	for i, c := range cmds {
+		reqs[i] = dedup.NewClaimRequest(c)
+	}
+	res, err := p.store.ClaimBatch(ctx, p.cfg.Holder, p.cfg.Lease, reqs)
+	if err != nil {
+		return nil, fmt.Errorf("claim batch: %w", err)
+	}
+	return res, nil
+}
+
+// Handle acts on one claim result. Only a claimed or re-acquired key calls
+// the provider; progress is called while the call runs (the worker uses it
+// to tell JetStream the message is still being worked on).
+func (p *Processor) Handle(ctx context.Context, cmd *payment.Command, claim dedup.ClaimResult, progress func()) Result {
+	switch claim.Outcome {
+	case dedup.Claimed, dedup.Reacquired:
+		return p.charge(ctx, cmd, *claim.Lease, progress)
+	case dedup.Duplicate:
+		return Result{Kind: Duplicate, Attempt: claim.Record.Attempts}
+	case dedup.InFlight:
+		return Result{Kind: InFlight, Delay: claim.RetryIn, Err: errors.New("another worker holds the key's lease")}
+	case dedup.Mismatch:
+		return Result{Kind: DeadLetter, Reason: ReasonKeyReused,
+			Err: errors.New("idempotency key reused with a different payment: the request fingerprint differs from the stored one")}
+	case dedup.NeedsLookup:
+		return Result{Kind: Retry, Delay: claim.RetryIn,
+			Err: errors.New("pending past the provider's key window: only a provider lookup (the reconciler) may resolve it")}
+	}
+	return Result{Kind: Retry, Err: fmt.Errorf("unexpected claim outcome %v", claim.Outcome)}
+}
+
+// charge calls the provider under a held lease and records the outcome.
+func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress func()) Result {
+	log := p.logger.With("merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey, "attempt", lease.Attempt)
+	callCtx, cancel := context.WithTimeout(ctx, p.cfg.Lease-p.cfg.Lease/10)
+	defer cancel()
+
+	lost := p.heartbeat(callCtx, cancel, lease, progress, log)
+	out, err := provider.ChargeWithRetry(callCtx, p.charger, provider.ChargeRequest{
+		ProviderKey:    lease.ProviderKey,
+		MerchantID:     cmd.MerchantID,
+		IdempotencyKey: cmd.IdempotencyKey,
+		Amount:         cmd.Amount,
+		Currency:       cmd.Currency,
+		PaymentMethod:  cmd.PaymentMethod,
+		Description:    cmd.Description,
+		Metadata:       cmd.Metadata,
+	}, p.cfg.ProviderTry)
+	cancel()
+	leaseLost := lost()
+
+	// Writes below must happen even if ctx was cancelled by a drain.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer scancel()
+	res := Result{Attempt: lease.Attempt}
+
+	if err == nil {
+		c := dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined, ResponseStatus: out.HTTPStatus, Response: out.Response}
+		if c.ResponseStatus == 0 {
+			c.ResponseStatus = 200
+			if out.Declined {
+				c.ResponseStatus = 402
+			}
+		}
+		if len(c.Response) == 0 {
+			c.Response, _ = json.Marshal(map[string]any{"id": out.ChargeID, "status": out.Status, "declined": out.Declined})
+		}
+		switch cerr := p.store.Complete(sctx, lease, c); {
+		case cerr == nil:
+			res.Kind = Completed
+			if out.Declined {
+				res.Kind = Declined
+			}
+			log.Info("payment completed", "charge_id", out.ChargeID, "declined", out.Declined, "replayed", out.Replayed)
+			return res
+		case errors.Is(cerr, dedup.ErrLeaseLost):
+			// Another holder took over; it calls with the same provider key,
+			// gets this same outcome replayed, and completes the row.
+			log.Warn("lease lost before completing; the new holder will record the outcome", "charge_id", out.ChargeID)
+			return Result{Kind: Retry, Delay: time.Second, Err: cerr, Attempt: lease.Attempt}
+		case errors.Is(cerr, dedup.ErrLedgerConflict):
+			log.Error("ledger conflict: provider charge already recorded under another key", "charge_id", out.ChargeID, "error", cerr)
+			p.release(sctx, lease, cerr.Error(), log)
+			return Result{Kind: DeadLetter, Reason: ReasonLedgerConflict, Err: cerr, Attempt: lease.Attempt}
+		default:
+			// The provider charged but we could not record it. The row stays
+			// pending; the redelivery re-calls with the same key and gets the
+			// outcome replayed.
+			log.Error("could not record the outcome; the redelivery will replay it", "charge_id", out.ChargeID, "error", cerr)
+			p.release(sctx, lease, cerr.Error(), log)
+			return Result{Kind: Retry, Err: cerr, Attempt: lease.Attempt}
+		}
+	}
+
+	if leaseLost {
+		return Result{Kind: Retry, Delay: time.Second, Err: fmt.Errorf("lease lost during the provider call: %w", err), Attempt: lease.Attempt}
+	}
+	var perr *provider.Error
+	errors.As(err, &perr)
+	switch provider.ClassOf(err) {
+	case provider.ClassMismatch:
+		p.release(sctx, lease, err.Error(), log)
+		return Result{Kind: DeadLetter, Reason: ReasonProviderMismatch, Err: err, Attempt: lease.Attempt}
+	case provider.ClassRetryable:
+		status, ferr := p.store.Fail(sctx, lease, err.Error())
+		if ferr != nil {
+			log.Warn("could not record a known-not-charged failure", "error", ferr)
+		}
+		res.Kind, res.Err = Retry, err
+		if perr != nil {
+			res.Delay = perr.RetryAfter
+		}
+		log.Info("provider refused the charge before processing; will retry", "status", status, "error", err)
+		return res
+	default: // unknown outcome: it may have charged
+		p.release(sctx, lease, err.Error(), log)
+		log.Warn("provider outcome unknown; row left pending for a redelivery or the reconciler", "error", err)
+		return Result{Kind: Retry, Err: err, Attempt: lease.Attempt}
+	}
+}
+
+func (p *Processor) release(ctx context.Context, lease dedup.Lease, reason string, log *slog.Logger) {
+	if err := p.store.Release(ctx, lease, reason); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+		log.Warn("could not release the lease; it will expire", "error", err)
+	}
+}
+
+// heartbeat extends the lease and reports progress every third of the lease
+// while the provider call runs. If the lease is lost it cancels the call:
+// another holder now owns the key. The returned func reports whether the
+// lease was lost; it waits for the heartbeat to stop.
+func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, lease dedup.Lease, progress func(), log *slog.Logger) func() bool {
+	var (
+		wg   sync.WaitGroup
+		lost bool
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(p.cfg.Lease / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if progress != nil {
+				progress()
+			}
+			l, err := p.store.Heartbeat(ctx, lease, p.cfg.Lease)
+			switch {
+			case errors.Is(err, dedup.ErrLeaseLost):
+				log.Warn("lease lost during the provider call; cancelling it")
+				lost = true
+				cancel()
+				return
+			case err != nil:
+				log.Warn("lease heartbeat failed", "error", err)
+			default:
+				lease = l
+			}
+		}
+	}()
+	return func() bool {
+		wg.Wait()
+		return lost
+	}
+}

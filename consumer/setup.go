@@ -1,0 +1,59 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// EnsureStreams creates or updates the payments stream, the dead-letter
+// stream and the durable pull consumer, and returns the payments stream and
+// the consumer.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, jetstream.Consumer, error) {
+	cfg = cfg.WithDefaults()
+	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.Stream,
+		Description: "paydedup payment commands",
+		Subjects:    []string{cfg.SubjectPrefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.StreamMaxAge,
+		Duplicates:  cfg.DuplicateWindow,
+		Replicas:    cfg.Replicas,
+		Discard:     jetstream.DiscardOld,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.Stream, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.DLQStream,
+		Description: "paydedup dead letters: payment commands that could not be processed, with the reason",
+		Subjects:    []string{cfg.DLQPrefix + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      cfg.DLQMaxAge,
+		// Dead letters carry Nats-Msg-Id dlq:<stream>:<seq>, so the worker
+		// and the MAX_DELIVERIES listener never file one message twice.
+		Duplicates: min(cfg.DLQMaxAge, dlqDuplicateWindow),
+		Replicas:   cfg.Replicas,
+	}); err != nil {
+		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.DLQStream, err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
+		Durable:       cfg.Durable,
+		Description:   "paydedup workers",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    cfg.MaxDeliver,
+		BackOff:       cfg.BackOff,
+		MaxAckPending: cfg.MaxAckPending,
+		FilterSubject: cfg.SubjectPrefix + ".>",
+		Replicas:      cfg.Replicas,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, cfg.Stream, err)
+	}
+	return stream, cons, nil
+}

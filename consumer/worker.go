@@ -1,0 +1,323 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// fetchWait is how long an idle fetch waits for a message. It bounds how
+// long a stop takes to be noticed.
+const fetchWait = time.Second
+
+// Observer receives the fate of every message; metrics implement it. nil
+// methods are never called on a nil Observer.
+type Observer interface {
+	Settled(kind Kind, action Action)
+	InFlight(delta int)
+}
+
+// Worker is the JetStream adapter around a Processor: it fetches batches,
+// decodes and validates, claims each batch in one round trip, runs provider
+// calls on a bounded pool, and acks, naks or dead-letters each message by
+// decide. Run it once.
+type Worker struct {
+	cfg      Config
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	proc     *Processor
+	logger   *slog.Logger
+	observer Observer
+
+	draining atomic.Bool
+}
+
+// NewWorker validates cfg and returns a worker on the connection.
+func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, obs Observer) (*Worker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("worker configuration: %w", err)
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Worker{cfg: cfg, nc: nc, js: js, proc: proc, logger: logger, observer: obs}, nil
+}
+
+// Draining reports whether the worker has stopped fetching to shut down.
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// Run sets up the streams and the consumer, then processes messages until
+// ctx is cancelled. Then it drains: it stops fetching, lets in-flight work
+// finish within DrainTimeout, cancels what is still running (those rows are
+// released and their messages nakked, never acked), and returns nil.
+func (w *Worker) Run(ctx context.Context) error {
+	stream, cons, err := EnsureStreams(ctx, w.js, w.cfg)
+	if err != nil {
+		return err
+	}
+	sub, err := listenMaxDeliveries(w.nc, w.js, stream, w.cfg, w.logger)
+	if err != nil {
+		return fmt.Errorf("subscribe to MAX_DELIVERIES advisories: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	// Work runs on its own context: a stop must not cut a provider call
+	// short before the drain deadline.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	slots := make(chan struct{}, w.cfg.Concurrency)
+	var wg sync.WaitGroup
+
+	w.logger.Info("worker started", "stream", w.cfg.Stream, "consumer", w.cfg.Durable, "holder", w.cfg.Holder,
+		"concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease.String())
+	for ctx.Err() == nil {
+		n := w.reserve(ctx, slots)
+		if n == 0 {
+			break
+		}
+		msgs, err := w.fetch(ctx, cons, n)
+		if err != nil && ctx.Err() == nil {
+			w.logger.Warn("fetch failed", "error", err)
+		}
+		for range n - len(msgs) {
+			<-slots
+		}
+		if len(msgs) > 0 {
+			w.handleBatch(workCtx, msgs, slots, &wg)
+		}
+	}
+
+	w.draining.Store(true)
+	w.logger.Info("draining", "timeout", w.cfg.DrainTimeout.String())
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(w.cfg.DrainTimeout):
+		w.logger.Warn("drain deadline reached; cancelling in-flight work (rows released, messages nakked)")
+		cancelWork()
+		<-done
+	}
+	w.logger.Info("worker stopped")
+	return nil
+}
+
+// reserve takes at least one free slot (waiting for it) and as many more as
+// are free, up to the fetch batch. It returns 0 when ctx ends first.
+func (w *Worker) reserve(ctx context.Context, slots chan struct{}) int {
+	select {
+	case slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 1
+	for n < w.cfg.FetchBatch {
+		select {
+		case slots <- struct{}{}:
+			n++
+		default:
+			return n
+		}
+	}
+	return n
+}
+
+// fetch returns up to n messages: what is there at once, or else the first
+// to arrive within fetchWait and what is there right after it.
+func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, n int) ([]jetstream.Msg, error) {
+	collect := func(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+		if err != nil {
+			return nil, err
+		}
+		var out []jetstream.Msg
+		for m := range b.Messages() {
+			out = append(out, m)
+		}
+		if err := b.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			return out, err
+		}
+		return out, nil
+	}
+	msgs, err := collect(cons.FetchNoWait(n))
+	if err != nil || len(msgs) > 0 || ctx.Err() != nil {
+		return msgs, err
+	}
+	msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(fetchWait)))
+	if err != nil || len(msgs) == 0 || n == 1 {
+		return msgs, err
+	}
+	more, err := collect(cons.FetchNoWait(n - 1))
+	return append(msgs, more...), err
+}
+
+// inbound is one fetched message on its way through the batch.
+type inbound struct {
+	msg  jetstream.Msg
+	meta *jetstream.MsgMetadata
+	cmd  *payment.Command
+	log  *slog.Logger
+}
+
+// handleBatch decodes the batch, dead-letters bad input, claims the rest in
+// one round trip, settles duplicates and in-flight keys at once, and hands
+// claimed keys to the pool. Every message's slot is freed when it settles.
+func (w *Worker) handleBatch(ctx context.Context, msgs []jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup) {
+	var good []inbound
+	for _, m := range msgs {
+		in := inbound{msg: m, log: w.logger}
+		meta, err := m.Metadata()
+		if err != nil {
+			// Not a JetStream message: nothing to ack. Cannot happen on a
+			// pull consumer; logged so it would be seen.
+			w.logger.Error("message without JetStream metadata", "subject", m.Subject(), "error", err)
+			<-slots
+			continue
+		}
+		in.meta = meta
+		in.log = w.logger.With("stream_seq", meta.Sequence.Stream, "deliveries", meta.NumDelivered)
+		cmd, err := w.decode(m)
+		if err != nil {
+			var ve *payment.ValidationError
+			reason := string(payment.ReasonMalformedJSON)
+			if errors.As(err, &ve) {
+				reason = string(ve.Reason)
+			}
+			w.settle(ctx, in, Result{Kind: DeadLetter, Reason: reason, Err: err})
+			<-slots
+			continue
+		}
+		in.cmd = cmd
+		in.log = in.log.With("merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey)
+		good = append(good, in)
+	}
+	if len(good) == 0 {
+		return
+	}
+	cmds := make([]*payment.Command, len(good))
+	for i, in := range good {
+		cmds[i] = in.cmd
+	}
+	claims, err := w.proc.Claim(ctx, cmds)
+	if err != nil {
+		w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
+		for _, in := range good {
+			w.settle(ctx, in, Result{Kind: Retry, Delay: 2 * time.Second, Err: err})
+			<-slots
+		}
+		return
+	}
+	for i, in := range good {
+		claim := claims[i]
+		if claim.Outcome != dedup.Claimed && claim.Outcome != dedup.Reacquired {
+			w.settle(ctx, in, w.proc.Handle(ctx, in.cmd, claim, nil))
+			<-slots
+			continue
+		}
+		wg.Add(1)
+		if w.observer != nil {
+			w.observer.InFlight(1)
+		}
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if w.observer != nil {
+				defer w.observer.InFlight(-1)
+			}
+			res := w.proc.Handle(ctx, in.cmd, claim, func() { _ = in.msg.InProgress() })
+			w.settle(ctx, in, res)
+		}()
+	}
+}
+
+// decode reads the command from a message: strict JSON, the subject's
+// merchant token, and the optional Idempotency-Key header.
+func (w *Worker) decode(m jetstream.Msg) (*payment.Command, error) {
+	env := payment.Envelope{}
+	if tok, ok := strings.CutPrefix(m.Subject(), w.cfg.SubjectPrefix+"."); ok {
+		env.SubjectMerchant = tok
+		if tok == "" || strings.Contains(tok, ".") {
+			return nil, &payment.ValidationError{Reason: payment.ReasonMerchantMismatch, Field: "subject",
+				Msg: fmt.Sprintf("subject %q must be %s.<merchant_id>", m.Subject(), w.cfg.SubjectPrefix)}
+		}
+	}
+	if vals, ok := m.Headers()[HeaderIdempotencyKey]; ok {
+		env.HeaderKeySet = true
+		if len(vals) > 0 {
+			env.HeaderKey = vals[0]
+		}
+	}
+	return payment.Decode(m.Data(), env, w.cfg.Limits)
+}
+
+// settle carries out decide's verdict on one message.
+func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
+	act := decide(res, in.meta.NumDelivered, w.cfg.MaxDeliver, w.cfg.RetryBase, w.cfg.RetryMax)
+	log := in.log
+	if res.Attempt > 0 {
+		log = log.With("attempt", res.Attempt)
+	}
+	// Settling must happen even when the work context was cancelled.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	switch act.Kind {
+	case Ack:
+		if err := in.msg.DoubleAck(sctx); err != nil {
+			// The outcome is committed: the redelivery finds it and acks.
+			log.Warn("ack not confirmed; the redelivery will be acked as a duplicate", "error", err)
+		}
+		log.Debug("message acked", "result", res.Kind.String())
+	case Nak:
+		delay := act.Delay + time.Duration(rand.Int64N(int64(act.Delay)/5+1))
+		if err := in.msg.NakWithDelay(delay); err != nil {
+			log.Warn("nak failed; the message will be redelivered after AckWait", "error", err)
+		}
+		log.Debug("message nakked", "result", res.Kind.String(), "delay", delay.String(), "error", errString(res.Err))
+	case DeadLetterTerm:
+		errForDLQ := res.Err
+		if act.Reason == ReasonMaxDeliveries && res.Kind != DeadLetter {
+			errForDLQ = fmt.Errorf("last allowed delivery (%d) ended %s: %v", in.meta.NumDelivered, res.Kind, res.Err)
+		}
+		d := Letter{
+			Reason: act.Reason, Err: errForDLQ, OrigSubject: in.msg.Subject(), OrigStream: in.meta.Stream,
+			OrigSeq: in.meta.Sequence.Stream, Deliveries: in.meta.NumDelivered,
+			Header: in.msg.Headers(), Data: in.msg.Data(), FailedAt: time.Now(),
+		}
+		if err := publishDeadLetter(sctx, w.js, w.cfg.DLQPrefix, d); err != nil {
+			// Never drop: leave the message to be redelivered.
+			log.Error("dead-letter publish failed; message nakked instead", "reason", act.Reason, "error", err)
+			_ = in.msg.NakWithDelay(w.cfg.RetryBase)
+			return
+		}
+		if err := in.msg.Term(); err != nil {
+			log.Warn("term failed after dead-lettering; a redelivery would be filed again and deduplicated", "error", err)
+		}
+		log.Warn("message dead-lettered", "reason", act.Reason, "error", errString(errForDLQ))
+	}
+	if w.observer != nil {
+		w.observer.Settled(res.Kind, act)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
