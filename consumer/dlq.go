@@ -165,14 +165,18 @@ type maxDeliveriesAdvisory struct {
 // AdvisorySubject is where the server announces that a message of the
 // consumer ran out of deliveries.
 func AdvisorySubject(stream, durable string) string {
-	return fmt.Sprintf("%s.%s.%s", jetstream.DefaultAPIPrefix+"EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES", stream, durable)
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + durable
 }
 
-// listenMaxDeliveries copies into the dead-letter stream every message that
+// ListenMaxDeliveries copies into the dead-letter stream every message that
 // ran out of deliveries without a worker filing it (a worker that died on
 // every attempt never got to). Pods share a queue group so one copies each;
 // the dead letter's Nats-Msg-Id makes a second copy a no-op.
-func listenMaxDeliveries(nc *nats.Conn, js jetstream.JetStream, stream jetstream.Stream, cfg Config, logger *slog.Logger) (*nats.Subscription, error) {
+func ListenMaxDeliveries(nc *nats.Conn, js jetstream.JetStream, stream jetstream.Stream, cfg Config, logger *slog.Logger) (*nats.Subscription, error) {
+	cfg = cfg.WithDefaults()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
 	return nc.QueueSubscribe(AdvisorySubject(cfg.Stream, cfg.Durable), "paydedup-advisory", func(m *nats.Msg) {
 		var adv maxDeliveriesAdvisory
 		if err := json.Unmarshal(m.Data, &adv); err != nil || adv.StreamSeq == 0 {

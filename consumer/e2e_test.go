@@ -60,8 +60,8 @@ func setup(t *testing.T) *env {
 		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
 		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
 		Lease: 3 * time.Second, AckWait: 5 * time.Second, MaxDeliver: 6,
-		ProviderTry:  provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond},
-		RetryBase:    50 * time.Millisecond, RetryMax: 500 * time.Millisecond,
+		ProviderTry: provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond},
+		RetryBase:   50 * time.Millisecond, RetryMax: 500 * time.Millisecond,
 		DrainTimeout: 2 * time.Second, Concurrency: 16, FetchBatch: 50,
 	}
 	e := &env{t: t, ctx: context.Background(), pool: pool, store: store, nc: nc, js: js, sim: sim, stripe: stripe, cfg: cfg, prefix: u}

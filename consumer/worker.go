@@ -72,7 +72,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	sub, err := listenMaxDeliveries(w.nc, w.js, stream, w.cfg, w.logger)
+	sub, err := ListenMaxDeliveries(w.nc, w.js, stream, w.cfg, w.logger)
 	if err != nil {
 		return fmt.Errorf("subscribe to MAX_DELIVERIES advisories: %w", err)
 	}

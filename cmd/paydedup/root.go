@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +20,7 @@ type app struct {
 
 	logFormat string
 	logLevel  string
+	envErrs   []error
 }
 
 func newRootCmd(out, errOut io.Writer, getenv func(string) string) *cobra.Command {
@@ -33,6 +35,9 @@ never charge twice.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := errors.Join(a.envErrs...); err != nil {
+				return err
+			}
 			return a.setupLogger()
 		},
 	}
@@ -40,7 +45,7 @@ never charge twice.`,
 	root.SetErr(errOut)
 	root.PersistentFlags().StringVar(&a.logFormat, "log-format", envOr(getenv, "PAYDEDUP_LOG_FORMAT", "json"), "log format: json or text (PAYDEDUP_LOG_FORMAT)")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", envOr(getenv, "PAYDEDUP_LOG_LEVEL", "info"), "log level: debug, info, warn or error (PAYDEDUP_LOG_LEVEL)")
-	root.AddCommand(newMigrateCmd(a))
+	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a), newProviderSimCmd(a))
 	return root
 }
 

@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// natsFlags are the NATS connection settings every command shares.
+type natsFlags struct {
+	url      string
+	creds    string
+	user     string
+	password string
+	tlsCA    string
+	tlsCert  string
+	tlsKey   string
+}
+
+func (n *natsFlags) bind(cmd *cobra.Command, a *app) {
+	f := cmd.Flags()
+	f.StringVar(&n.url, "nats-url", envOr(a.getenv, "NATS_URL", nats.DefaultURL), "NATS server URL(s), comma-separated (NATS_URL)")
+	f.StringVar(&n.creds, "nats-creds", a.getenv("NATS_CREDS"), "path of a NATS credentials file (NATS_CREDS)")
+	f.StringVar(&n.user, "nats-user", a.getenv("NATS_USER"), "NATS user (NATS_USER); the password comes from NATS_PASSWORD only")
+	f.StringVar(&n.tlsCA, "nats-tls-ca", a.getenv("NATS_TLS_CA"), "CA file to verify the NATS server (NATS_TLS_CA)")
+	f.StringVar(&n.tlsCert, "nats-tls-cert", a.getenv("NATS_TLS_CERT"), "client certificate file for NATS (NATS_TLS_CERT)")
+	f.StringVar(&n.tlsKey, "nats-tls-key", a.getenv("NATS_TLS_KEY"), "client key file for NATS (NATS_TLS_KEY)")
+	n.password = a.getenv("NATS_PASSWORD")
+}
+
+func (n *natsFlags) validate() error {
+	if n.url == "" {
+		return errors.New("NATS_URL / --nats-url is empty")
+	}
+	if n.creds != "" {
+		if _, err := os.Stat(n.creds); err != nil {
+			return fmt.Errorf("NATS_CREDS / --nats-creds: %w", err)
+		}
+	}
+	if (n.tlsCert == "") != (n.tlsKey == "") {
+		return errors.New("NATS_TLS_CERT and NATS_TLS_KEY must be set together")
+	}
+	if n.password != "" && n.user == "" {
+		return errors.New("NATS_PASSWORD is set without NATS_USER")
+	}
+	return nil
+}
+
+// connect opens the NATS connection; name identifies it in server monitoring.
+func (n *natsFlags) connect(name string, opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, opts...)
+	if n.creds != "" {
+		opts = append(opts, nats.UserCredentials(n.creds))
+	}
+	if n.user != "" {
+		opts = append(opts, nats.UserInfo(n.user, n.password))
+	}
+	if n.tlsCA != "" {
+		opts = append(opts, nats.RootCAs(n.tlsCA))
+	}
+	if n.tlsCert != "" {
+		opts = append(opts, nats.ClientCert(n.tlsCert, n.tlsKey))
+	}
+	nc, err := nats.Connect(n.url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(n.url), err)
+	}
+	return nc, nil
+}
+
+// redactURL hides a password embedded in a URL.
+func redactURL(u string) string {
+	if i := strings.Index(u, "@"); i >= 0 {
+		if j := strings.Index(u, "://"); j >= 0 && j < i {
+			return u[:j+3] + "***" + u[i:]
+		}
+	}
+	return u
+}
+
+// providerFlags choose and configure the payment provider.
+type providerFlags struct {
+	kind      string
+	secretKey string
+	apiBase   string
+	timeout   time.Duration
+}
+
+func (p *providerFlags) bind(cmd *cobra.Command, a *app) {
+	f := cmd.Flags()
+	f.StringVar(&p.kind, "provider", envOr(a.getenv, "PAYDEDUP_PROVIDER", "stripe"), "payment provider: stripe, or sim for the in-process simulator (PAYDEDUP_PROVIDER)")
+	f.StringVar(&p.apiBase, "stripe-api-base", a.getenv("STRIPE_API_BASE"), "Stripe API base URL, to point at a proxy or the simulator (STRIPE_API_BASE)")
+	f.DurationVar(&p.timeout, "provider-timeout", a.envDuration("PAYDEDUP_PROVIDER_TIMEOUT", provider.DefaultAttemptTimeout), "timeout of one provider call (PAYDEDUP_PROVIDER_TIMEOUT)")
+	p.secretKey = a.getenv("STRIPE_SECRET_KEY") // never a flag: flags show in process listings
+}
+
+func (p *providerFlags) validate() error {
+	switch p.kind {
+	case "stripe":
+		if p.secretKey == "" {
+			return errors.New("PAYDEDUP_PROVIDER=stripe needs STRIPE_SECRET_KEY (or use PAYDEDUP_PROVIDER=sim for the simulator)")
+		}
+	case "sim":
+	default:
+		return fmt.Errorf("PAYDEDUP_PROVIDER / --provider: %q is not stripe or sim", p.kind)
+	}
+	if p.timeout <= 0 {
+		return fmt.Errorf("PAYDEDUP_PROVIDER_TIMEOUT / --provider-timeout must be positive, got %v", p.timeout)
+	}
+	return nil
+}
+
+// build returns the provider and, for sim, the simulator serving it on a
+// loopback port; stop shuts the simulator down.
+func (p *providerFlags) build(ctx context.Context, simCfg provider.SimConfig) (prov *provider.Stripe, sim *provider.Simulator, stop func(), err error) {
+	base, key := p.apiBase, p.secretKey
+	stop = func() {}
+	if p.kind == "sim" {
+		sim = provider.NewSimulator(simCfg)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("start the simulator: %w", err)
+		}
+		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := sim.ServeListener(sctx, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				fmt.Fprintln(os.Stderr, "simulator:", err)
+			}
+		}()
+		stop = func() { cancel(); <-done }
+		base, key = "http://"+ln.Addr().String(), "sk_test_paydedup_sim"
+	}
+	prov, err = provider.NewStripe(provider.StripeConfig{SecretKey: key, APIBase: base, Timeout: p.timeout})
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return prov, sim, stop, nil
+}
+
+// workerFlags are the consumer settings of `worker`.
+type workerFlags struct {
+	cfg        consumer.Config
+	maxTries   int
+	backoffRaw string
+}
+
+func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
+	f := cmd.Flags()
+	c := &w.cfg
+	f.IntVar(&c.Concurrency, "concurrency", a.envInt("PAYDEDUP_CONCURRENCY", consumer.DefaultConcurrency), "payments in flight per process (PAYDEDUP_CONCURRENCY)")
+	f.IntVar(&c.FetchBatch, "fetch-batch", a.envInt("PAYDEDUP_FETCH_BATCH", consumer.DefaultFetchBatch), "messages per fetch, claimed in one round trip (PAYDEDUP_FETCH_BATCH)")
+	f.DurationVar(&c.Lease, "lease", a.envDuration("PAYDEDUP_LEASE", consumer.DefaultLease), "claim lease; must exceed the provider retry budget (PAYDEDUP_LEASE)")
+	f.DurationVar(&c.AckWait, "ack-wait", a.envDuration("PAYDEDUP_ACK_WAIT", consumer.DefaultAckWait), "JetStream AckWait; must exceed the lease (PAYDEDUP_ACK_WAIT)")
+	f.IntVar(&c.MaxDeliver, "max-deliver", a.envInt("PAYDEDUP_MAX_DELIVER", consumer.DefaultMaxDeliver), "deliveries before a message is dead-lettered as max_deliveries (PAYDEDUP_MAX_DELIVER)")
+	f.IntVar(&c.MaxAckPending, "max-ack-pending", a.envInt("PAYDEDUP_MAX_ACK_PENDING", consumer.DefaultMaxAckPending), "JetStream MaxAckPending of the consumer (PAYDEDUP_MAX_ACK_PENDING)")
+	f.StringVar(&w.backoffRaw, "backoff", a.getenv("PAYDEDUP_BACKOFF"), "optional JetStream redelivery backoff, e.g. 1m,2m,5m; each step must exceed the lease (PAYDEDUP_BACKOFF)")
+	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", consumer.DefaultDrainTimeout), "on SIGTERM, how long in-flight work may finish before it is released and nakked (PAYDEDUP_DRAIN_TIMEOUT)")
+	f.DurationVar(&c.StreamMaxAge, "stream-max-age", a.envDuration("PAYDEDUP_STREAM_MAX_AGE", consumer.DefaultStreamMaxAge), "MaxAge of the PAYMENTS stream; must be below key retention (PAYDEDUP_STREAM_MAX_AGE)")
+	f.DurationVar(&c.DLQMaxAge, "dlq-max-age", a.envDuration("PAYDEDUP_DLQ_MAX_AGE", consumer.DefaultDLQMaxAge), "MaxAge of the PAYMENTS_DLQ stream (PAYDEDUP_DLQ_MAX_AGE)")
+	f.DurationVar(&c.DuplicateWindow, "duplicate-window", a.envDuration("PAYDEDUP_DUPLICATE_WINDOW", consumer.DefaultDuplicateWindow), "duplicate window of the PAYMENTS stream (PAYDEDUP_DUPLICATE_WINDOW)")
+	f.DurationVar(&c.KeyRetention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys are kept (PAYDEDUP_KEY_RETENTION)")
+	f.Int64Var(&c.Limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", 99_999_999), "largest accepted amount in minor units (PAYDEDUP_MAX_AMOUNT)")
+	f.IntVar(&c.Limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", 64<<10), "largest accepted message body (PAYDEDUP_MAX_BODY_BYTES)")
+	f.IntVar(&w.maxTries, "provider-tries", a.envInt("PAYDEDUP_PROVIDER_TRIES", provider.DefaultMaxTries), "provider attempts per delivery (PAYDEDUP_PROVIDER_TRIES)")
+	f.StringVar(&c.Holder, "holder", a.getenv("PAYDEDUP_HOLDER"), "lease holder id; default host name, pid and a random suffix (PAYDEDUP_HOLDER)")
+}
+
+// config returns the validated consumer configuration.
+func (w *workerFlags) config(p providerFlags) (consumer.Config, error) {
+	c := w.cfg
+	c.ProviderTry = provider.RetryPolicy{MaxTries: w.maxTries, AttemptTimeout: p.timeout}
+	if w.maxTries < 1 {
+		return c, fmt.Errorf("PAYDEDUP_PROVIDER_TRIES / --provider-tries must be at least 1, got %d", w.maxTries)
+	}
+	if w.backoffRaw != "" {
+		for _, s := range strings.Split(w.backoffRaw, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(s))
+			if err != nil {
+				return c, fmt.Errorf("PAYDEDUP_BACKOFF / --backoff: %w", err)
+			}
+			c.BackOff = append(c.BackOff, d)
+		}
+	}
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("invalid worker configuration (see paydedup worker --help):\n%w", err)
+	}
+	return c, nil
+}
+
+// Environment parsing: a malformed variable keeps the flag's default and is
+// remembered in app.envErrs, which the root command reports before any
+// subcommand runs.
+
+func (a *app) envDuration(key string, def time.Duration) time.Duration {
+	v := a.getenv(key)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not a duration (e.g. 30s, 2m)", key, v))
+		return def
+	}
+	return d
+}
+
+func (a *app) envInt(key string, def int) int {
+	v := a.getenv(key)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not an integer", key, v))
+		return def
+	}
+	return n
+}
+
+func (a *app) envInt64(key string, def int64) int64 {
+	v := a.getenv(key)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not an integer", key, v))
+		return def
+	}
+	return n
+}
+
+func (a *app) envBool(key string, def bool) bool {
+	v := a.getenv(key)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not a boolean", key, v))
+		return def
+	}
+	return b
+}

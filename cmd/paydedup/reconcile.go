@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/reconciler"
+)
+
+type reconcileCmd struct {
+	app       *app
+	db        databaseFlag
+	prov      providerFlags
+	once      bool
+	interval  time.Duration
+	grace     time.Duration
+	searchLag time.Duration
+	retention time.Duration
+	adminAddr string
+}
+
+func newReconcileCmd(a *app) *cobra.Command {
+	r := &reconcileCmd{app: a}
+	cmd := &cobra.Command{
+		Use:   "reconcile",
+		Short: "Resolve payments a crash left pending, and purge expired keys",
+		Long: `reconcile finds idempotency rows left pending (their lease expired more than a
+grace period ago), asks the provider what happened under the row's provider
+key with a non-charging lookup, and completes the row (charged or declined),
+marks it failed when the provider provably has nothing, or leaves it for the
+next pass. It also purges finished rows past their retention. Any number may
+run at once. paydedup worker runs it in-process by default; this command runs
+it alone.`,
+		Example: `  paydedup reconcile --once            # one pass, then exit
+  PAYDEDUP_PROVIDER=stripe STRIPE_SECRET_KEY=sk_... paydedup reconcile --interval 30s`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return r.Run(cmd.Context()) },
+	}
+	r.db.bind(cmd, a)
+	r.prov.bind(cmd, a)
+	f := cmd.Flags()
+	f.BoolVar(&r.once, "once", false, "run one pass and exit")
+	f.DurationVar(&r.interval, "interval", a.envDuration("PAYDEDUP_RECONCILE_INTERVAL", reconciler.DefaultInterval), "pause between passes (PAYDEDUP_RECONCILE_INTERVAL)")
+	f.DurationVar(&r.grace, "grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "how long a lease must have expired before a row is reconciled (PAYDEDUP_RECONCILE_GRACE)")
+	f.DurationVar(&r.searchLag, "search-lag", a.envDuration("PAYDEDUP_SEARCH_LAG", reconciler.DefaultSearchLag), "how long a provider's not-found must be allowed to settle before it counts (PAYDEDUP_SEARCH_LAG)")
+	f.DurationVar(&r.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys are kept (PAYDEDUP_KEY_RETENTION)")
+	f.StringVar(&r.adminAddr, "admin-addr", a.getenv("PAYDEDUP_ADMIN_ADDR"), "address of the /metrics, /livez, /readyz listener; empty disables it (PAYDEDUP_ADMIN_ADDR)")
+	return cmd
+}
+
+// Run runs one pass (--once) or passes until ctx ends.
+func (r *reconcileCmd) Run(ctx context.Context) error {
+	if err := errors.Join(r.db.validate(), r.prov.validate()); err != nil {
+		return err
+	}
+	store, closeDB, err := openStore(ctx, r.db.url, r.retention)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	prov, _, stopSim, err := r.prov.build(ctx, provider.SimConfig{})
+	if err != nil {
+		return err
+	}
+	defer stopSim()
+	reg := prometheus.NewRegistry()
+	metrics := ops.NewMetrics(reg, version)
+	rec, err := reconciler.New(store, prov, reconciler.Config{
+		Interval: r.interval, Grace: r.grace, SearchLag: r.searchLag, Logger: r.app.logger, Metrics: metrics,
+	})
+	if err != nil {
+		return err
+	}
+	if r.once {
+		res, err := rec.RunOnce(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(r.app.out, "reconcile: examined=%d completed=%d declined=%d failed=%d left=%d lease_lost=%d errors=%d purged=%d\n",
+			res.Examined, res.Completed, res.Declined, res.Failed, res.Left, res.LeaseLost, res.Errors, res.Purged)
+		return nil
+	}
+	if r.adminAddr != "" {
+		admin, err := ops.NewAdmin(r.adminAddr, reg, r.app.logger)
+		if err != nil {
+			return err
+		}
+		admin.AddCheck("postgres", store.Ping)
+		go func() { _ = admin.Serve(ctx) }()
+	}
+	if err := rec.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	rec.Stop()
+	return nil
+}

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/reconciler"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+type workerCmd struct {
+	app       *app
+	db        databaseFlag
+	nats      natsFlags
+	prov      providerFlags
+	worker    workerFlags
+	reconcile bool
+	adminAddr string
+}
+
+func newWorkerCmd(a *app) *cobra.Command {
+	w := &workerCmd{app: a}
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Consume payment commands and charge each exactly once",
+		Long: `worker consumes the PAYMENTS stream with the durable pull consumer
+paydedup-worker (created or updated at start, with PAYMENTS_DLQ), claims each
+command's idempotency key in PostgreSQL before calling the provider, and acks
+only after the outcome is committed. Run as many as you like: they share the
+consumer. The reconciler runs inside it unless --reconcile=false.
+
+Every setting comes from the environment and can be overridden by its flag.
+A contradictory configuration (e.g. a lease shorter than the provider retry
+budget) is refused at start with the setting named. On SIGTERM or SIGINT it
+stops fetching, lets in-flight payments finish within --drain-timeout,
+releases and naks what is left (never acks unfinished work) and exits 0.`,
+		Example: `  DATABASE_URL=postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable \
+  PAYDEDUP_PROVIDER=sim PAYDEDUP_ADMIN_ADDR=127.0.0.1:9090 paydedup worker
+
+  STRIPE_SECRET_KEY=sk_live_... paydedup worker --concurrency 128 --lease 60s --ack-wait 90s`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return w.Run(cmd.Context()) },
+	}
+	w.db.bind(cmd, a)
+	w.nats.bind(cmd, a)
+	w.prov.bind(cmd, a)
+	w.worker.bind(cmd, a)
+	cmd.Flags().BoolVar(&w.reconcile, "reconcile", a.envBool("PAYDEDUP_RECONCILE", true), "run the reconciler in this process (PAYDEDUP_RECONCILE)")
+	cmd.Flags().StringVar(&w.adminAddr, "admin-addr", a.getenv("PAYDEDUP_ADMIN_ADDR"), "address of the /metrics, /livez, /readyz listener; empty disables it (PAYDEDUP_ADMIN_ADDR)")
+	return cmd
+}
+
+func (w *workerCmd) validate() (consumer.Config, error) {
+	var errs []error
+	for _, err := range []error{w.db.validate(), w.nats.validate(), w.prov.validate()} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	cfg, err := w.worker.config(w.prov)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return cfg, errors.Join(errs...)
+}
+
+// Run starts the worker (and the reconciler and admin listener) and blocks
+// until ctx ends and the drain is over.
+func (w *workerCmd) Run(ctx context.Context) error {
+	cfg, err := w.validate()
+	if err != nil {
+		return err
+	}
+	log := w.app.logger
+	store, closeDB, err := openStore(ctx, w.db.url, cfg.KeyRetention)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	nc, err := w.nats.connect("paydedup-worker " + cfg.Holder)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	prov, _, stopSim, err := w.prov.build(ctx, provider.SimConfig{})
+	if err != nil {
+		return err
+	}
+	defer stopSim()
+
+	reg := prometheus.NewRegistry()
+	metrics := ops.NewMetrics(reg, version)
+	proc := consumer.NewProcessor(store, prov, cfg, log)
+	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics)
+	if err != nil {
+		return err
+	}
+
+	// The admin listener outlives the worker's drain, so /readyz can say 503
+	// while in-flight payments finish.
+	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAdmin()
+	g, gctx := errgroup.WithContext(ctx)
+	if w.adminAddr != "" {
+		admin, err := ops.NewAdmin(w.adminAddr, reg, log)
+		if err != nil {
+			return err
+		}
+		admin.AddCheck("nats", func(context.Context) error {
+			if !nc.IsConnected() {
+				return fmt.Errorf("not connected (%s)", nc.Status())
+			}
+			return nil
+		})
+		admin.AddCheck("postgres", store.Ping)
+		admin.AddCheck("draining", func(context.Context) error {
+			if worker.Draining() {
+				return errors.New("shutting down")
+			}
+			return nil
+		})
+		log.Info("admin listener", "addr", admin.Addr())
+		g.Go(func() error { return admin.Serve(adminCtx) })
+	}
+	if w.reconcile {
+		rec, err := reconciler.New(store, prov, reconciler.Config{Logger: log, Metrics: metrics})
+		if err != nil {
+			return err
+		}
+		if err := rec.Start(gctx); err != nil {
+			return err
+		}
+		defer rec.Stop()
+	}
+	g.Go(func() error {
+		defer stopAdmin()
+		return worker.Run(gctx)
+	})
+	return g.Wait()
+}
+
+// openStore connects to Postgres and returns the store.
+func openStore(ctx context.Context, url string, retention time.Duration) (*dedup.Store, func(), error) {
+	pool, err := dedup.Connect(ctx, url)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := dedup.New(pool, dedup.Config{Retention: retention})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return store, pool.Close, nil
+}

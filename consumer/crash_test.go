@@ -1,0 +1,299 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/reconciler"
+)
+
+// hangingStore makes the first Complete hang until released, and every
+// claim after it too: a worker that charged and then died before its commit,
+// and does nothing more.
+type hangingStore struct {
+	*dedup.Store
+	once    sync.Once
+	hung    chan struct{}
+	release chan struct{}
+}
+
+func (h *hangingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+	select {
+	case <-h.hung:
+		<-h.release
+		return nil, fmt.Errorf("worker is dead")
+	default:
+	}
+	return h.Store.ClaimBatch(ctx, holder, lease, reqs)
+}
+
+func (h *hangingStore) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+	hang := false
+	h.once.Do(func() { hang = true })
+	if hang {
+		close(h.hung)
+		<-h.release
+	}
+	return h.Store.Complete(ctx, l, c)
+}
+
+func TestCrashAfterChargeBeforeCommit(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	hs := &hangingStore{Store: e.store, hung: make(chan struct{}), release: make(chan struct{})}
+	cfg := e.cfg
+	cfg.Holder = "dies"
+	w, err := consumer.NewWorker(e.nc, consumer.NewProcessor(hs, e.stripe, cfg, nil), cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	e.waitStreams()
+	e.publish("m_1", body("m_1", "crash", 4200), "", nil)
+	select {
+	case <-hs.hung:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the charge never reached the commit")
+	}
+	if n := e.charges("m_1", "crash"); n != 1 {
+		t.Fatalf("%d charges before the crash, want 1", n)
+	}
+	chargeID := e.sim.Charges()[0].ID
+
+	// A healthy worker takes over once the lease expires and JetStream
+	// redelivers (AckWait): it re-calls with the same provider key, the
+	// provider replays, and the row completes with the original charge.
+	e.startWorker("healthy", nil)
+	e.eventually("row completed by the healthy worker", func() bool {
+		rec, err := e.store.Get(e.ctx, "m_1", "crash")
+		return err == nil && rec.Status == dedup.StatusCompleted
+	})
+	rec, _ := e.store.Get(e.ctx, "m_1", "crash")
+	if rec.ChargeID != chargeID || rec.LockedBy != "healthy" {
+		t.Fatalf("completed with %s by %s, want the original charge %s by another holder", rec.ChargeID, rec.LockedBy, chargeID)
+	}
+	// The dead worker wakes up: its stale commit is fenced out.
+	close(hs.release)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	e.quiescent()
+	if n := e.charges("m_1", "crash"); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+	if n := e.count(`SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d ledger rows, want 1", n)
+	}
+}
+
+func TestChargeThenDropRedeliveryReplays(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	if err := e.sim.SetFaults(provider.Faults{RateDropAfterCharge: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker("w1", nil)
+	e.publish("m_1", body("m_1", "drop", 777), "", nil)
+	e.eventually("charged at the provider", func() bool { return e.charges("m_1", "drop") == 1 })
+	e.eventually("outcome unknown, row released", func() bool {
+		rec, err := e.store.Get(e.ctx, "m_1", "drop")
+		return err == nil && rec.Status == dedup.StatusPending && rec.MaybeCharged
+	})
+	if err := e.sim.SetFaults(provider.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("completed from the provider's replay", func() bool {
+		rec, err := e.store.Get(e.ctx, "m_1", "drop")
+		return err == nil && rec.Status == dedup.StatusCompleted
+	})
+	e.quiescent()
+	rec, _ := e.store.Get(e.ctx, "m_1", "drop")
+	if n := e.charges("m_1", "drop"); n != 1 || rec.ChargeID != e.sim.Charges()[0].ID {
+		t.Fatalf("%d charges, completed with %s: want the one original charge", n, rec.ChargeID)
+	}
+}
+
+func TestReconcilerCompletesAbandonedCharge(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// The state a worker leaves when it dies between the provider's charge
+	// and the commit, with its message already gone (acked by a bug, or
+	// dead-lettered): a pending row and a charge at the provider.
+	cmd := &cmdJSON{MerchantID: "m_1", IdempotencyKey: "orphan", Amount: 900, Currency: "usd", PaymentMethod: "pm_card_visa"}
+	b, _ := json.Marshal(cmd)
+	_ = b
+	res, err := e.store.Claim(e.ctx, "dead-worker", time.Second, dedup.ClaimRequest{
+		MerchantID: "m_1", IdempotencyKey: "orphan", RequestHash: make([]byte, 32), Amount: 900, Currency: "usd",
+	})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("claim: %v", err)
+	}
+	out, err := e.stripe.Charge(e.ctx, provider.ChargeRequest{
+		ProviderKey: res.Lease.ProviderKey, MerchantID: "m_1", IdempotencyKey: "orphan",
+		Amount: 900, Currency: "usd", PaymentMethod: "pm_card_visa",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := reconciler.New(e.store, e.stripe, reconciler.Config{Grace: time.Millisecond, SearchLag: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("lease expired", func() bool {
+		r, err := rec.RunOnce(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Completed == 1
+	})
+	got, _ := e.store.Get(e.ctx, "m_1", "orphan")
+	if got.Status != dedup.StatusCompleted || got.ChargeID != out.ChargeID {
+		t.Fatalf("row %s with %s, want completed with %s", got.Status, got.ChargeID, out.ChargeID)
+	}
+	if n := e.charges("m_1", "orphan"); n != 1 {
+		t.Fatalf("%d charges, want 1: the reconciler must never charge", n)
+	}
+}
+
+func TestMaxDeliveriesAdvisoryCopiesUnsettledMessage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.cfg
+	cfg.MaxDeliver = 2
+	cfg.AckWait = 500 * time.Millisecond
+	stream, cons, err := consumer.EnsureStreams(e.ctx, e.js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := consumer.ListenMaxDeliveries(e.nc, e.js, stream, cfg.WithDefaults(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	data := body("m_1", "never-settled", 100)
+	e.publish("m_1", data, "orig-id", nil)
+	// A worker that dies on every delivery: fetch and never settle.
+	var deliveries atomic.Int32
+	for deliveries.Load() < 2 {
+		b, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range b.Messages() {
+			deliveries.Add(1)
+		}
+	}
+	// The server announces the exhausted message when it next tries to
+	// deliver, so something must keep pulling, as live workers do.
+	e.eventually("advisory copied the message", func() bool {
+		b, err := cons.Fetch(1, jetstream.FetchMaxWait(200*time.Millisecond))
+		if err == nil {
+			for range b.Messages() {
+				deliveries.Add(1)
+			}
+		}
+		return len(e.deadLetters()) == 1
+	})
+	if deliveries.Load() != 2 {
+		t.Fatalf("%d deliveries, want 2", deliveries.Load())
+	}
+	dl := e.deadLetters()[0]
+	p, err := consumer.ParseDeadLetter(dl.Header)
+	if err != nil || p.Reason != consumer.ReasonMaxDeliveries || p.Deliveries != 2 || string(dl.Data) != string(data) {
+		t.Fatalf("dead letter %+v %v, body %q", p, err, dl.Data)
+	}
+	if dl.Header.Get("Dlq-Orig-Msg-Id") != "orig-id" {
+		t.Fatalf("original message id not kept: %v", dl.Header)
+	}
+	// A repeated advisory (another pod, a retry) files nothing new.
+	adv, _ := json.Marshal(map[string]any{"stream": cfg.Stream, "consumer": cfg.Durable, "stream_seq": p.OrigSeq, "deliveries": 2})
+	if err := e.nc.Publish(consumer.AdvisorySubject(cfg.Stream, cfg.Durable), adv); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the listener to have handled it: a marker message published
+	// after it is dead-lettered... the listener is sequential, so poll the
+	// DLQ's last sequence for a while instead of sleeping blindly.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := len(e.deadLetters()); n != 1 {
+			t.Fatalf("%d dead letters after a repeated advisory, want 1", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestSIGTERMDrainNeverAcksUnfinished(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// Slow provider: every charge takes 1.5 s, longer than the drain allows.
+	if err := e.sim.SetFaults(provider.Faults{Latency: 1500 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.cfg
+	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 2 * time.Second}
+	cfg.DrainTimeout = 200 * time.Millisecond
+	e.cfg = cfg
+	stop := e.startWorker("w1", nil)
+	const n = 20
+	for i := range n {
+		e.publish("m_1", body("m_1", fmt.Sprintf("t-%d", i), 100), "", nil)
+	}
+	e.eventually("payments in flight", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'pending'`) > 0
+	})
+	stop() // SIGTERM: drain deadline passes with calls in flight
+	// Nothing unfinished was acked: every message not completed is pending
+	// redelivery in the consumer.
+	completed := e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`)
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream, e.cfg.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each unfinished payment's message must still be owed: nakked back to
+	// pending, or awaiting its delayed redelivery. An acked one would be
+	// missing from these counts.
+	if unacked := int(info.NumPending) + info.NumAckPending; unacked < n-completed {
+		t.Fatalf("%d messages still owed but %d payments unfinished: unfinished work was acked", unacked, n-completed)
+	}
+	if completed == n {
+		t.Fatal("every payment finished before the drain deadline: the test proves nothing")
+	}
+	// After a restart every command is charged exactly once.
+	if err := e.sim.SetFaults(provider.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.cfg.DrainTimeout = 2 * time.Second
+	e.startWorker("w2", nil)
+	e.eventually("all completed after restart", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == n
+	})
+	e.quiescent()
+	for i := range n {
+		if c := e.charges("m_1", fmt.Sprintf("t-%d", i)); c != 1 {
+			t.Errorf("t-%d charged %d times", i, c)
+		}
+	}
+}
+
+var _ = nats.MsgIdHdr

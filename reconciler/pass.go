@@ -1,0 +1,241 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// RunResult counts what one pass did. Every examined row ends in exactly one
+// of Completed, Declined, Failed, Left and LeaseLost.
+type RunResult struct {
+	// Examined is how many stuck rows the pass leased.
+	Examined int
+	// Completed is how many rows were completed with a provider charge.
+	Completed int
+	// Declined is how many rows were completed as declined.
+	Declined int
+	// Failed is how many rows were marked `failed`: the provider has no
+	// charge under their key.
+	Failed int
+	// Left is how many rows were left pending for a later pass.
+	Left int
+	// LeaseLost is how many rows another holder took or finished first.
+	LeaseLost int
+	// Errors counts failed lookups and writes; those rows are in Left.
+	Errors int
+	// Purged is how many expired finished rows were deleted.
+	Purged int
+}
+
+func (res RunResult) changed() bool {
+	return res.Examined > 0 || res.Purged > 0 || res.Errors > 0
+}
+
+// fate is what happened to one leased row.
+type fate int
+
+const (
+	left fate = iota
+	completed
+	declined
+	failed
+	leaseLost
+)
+
+// verdict is one row's fate, whether an error was met on the way, and
+// whether the database stopped answering (the rest of the pass is skipped).
+type verdict struct {
+	fate    fate
+	errored bool
+	dbDown  bool
+}
+
+func (res *RunResult) add(v verdict) {
+	switch v.fate {
+	case completed:
+		res.Completed++
+	case declined:
+		res.Declined++
+	case failed:
+		res.Failed++
+	case leaseLost:
+		res.LeaseLost++
+	default:
+		res.Left++
+	}
+	if v.errored {
+		res.Errors++
+	}
+}
+
+// RunOnce runs one pass: it leases up to BatchSize stuck rows, resolves each
+// with a provider lookup, then purges expired finished rows. It returns an
+// error only when the pass could not run at all; failures on single rows are
+// counted in the result and logged.
+func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
+	if r.cfg.Metrics != nil {
+		defer func() { r.cfg.Metrics.ObserveRun(res, err) }()
+	}
+	stuck, err := r.store.AcquireStuck(ctx, r.cfg.Holder, r.acquireAfter, r.cfg.Lease, r.cfg.BatchSize)
+	if err != nil {
+		return res, fmt.Errorf("lease stuck payments: %w", err)
+	}
+	res.Examined = len(stuck)
+	dbDown := false
+	for _, s := range stuck {
+		var v verdict
+		switch {
+		case dbDown:
+			v = verdict{fate: left} // its lease lapses by itself
+		case ctx.Err() != nil:
+			v = r.release(ctx, s, "reconciler stopped before the lookup")
+		default:
+			v = r.resolve(ctx, s)
+		}
+		dbDown = dbDown || v.dbDown
+		res.add(v)
+	}
+	if !dbDown && ctx.Err() == nil {
+		r.purge(ctx, &res)
+	}
+	if res.changed() {
+		r.log.Info("reconciler pass",
+			"examined", res.Examined, "completed", res.Completed, "declined", res.Declined,
+			"failed", res.Failed, "left", res.Left, "lease_lost", res.LeaseLost,
+			"errors", res.Errors, "purged", res.Purged)
+	}
+	return res, nil
+}
+
+// resolve looks one leased row up at the provider and records the answer.
+func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck) verdict {
+	l := s.Lease
+	log := r.log.With("merchant_id", l.MerchantID, "idempotency_key", l.IdempotencyKey,
+		"provider_key", l.ProviderKey, "attempt", l.Attempt)
+
+	// A long batch could outlast the lease taken at its start; a lapsed
+	// lease would let a redelivery take the row while we look it up.
+	if l.Until.Sub(r.cfg.Clock.Now()) < r.renewBelow {
+		renewed, err := r.store.Heartbeat(ctx, l, r.cfg.Lease)
+		if err != nil {
+			return r.writeFailed(ctx, s, "renew lease", err)
+		}
+		l = renewed
+		s.Lease = l
+	}
+
+	lctx, cancel := context.WithTimeout(ctx, r.cfg.LookupTimeout)
+	found, err := r.looker.Lookup(lctx, provider.LookupRequest{
+		ProviderKey:    l.ProviderKey,
+		MerchantID:     l.MerchantID,
+		IdempotencyKey: l.IdempotencyKey,
+		ChargeID:       s.Record.ChargeID,
+	})
+	cancel()
+	if err == nil && found.Found && found.Outcome == nil {
+		err = errors.New("lookup found a charge without an outcome")
+	}
+	if err != nil {
+		v := r.release(ctx, s, "provider lookup: "+err.Error())
+		if ctx.Err() != nil {
+			return v // stopping: not the provider's failure
+		}
+		log.Warn("provider lookup failed; payment left pending", "error", err)
+		v.errored = true
+		return v
+	}
+
+	// Once the provider has answered, the answer is recorded even if the
+	// pass is being stopped: the write is short and bounded by the store.
+	wctx := context.WithoutCancel(ctx)
+	if !found.Found {
+		// Every row this pass leased had its lease expire more than
+		// SearchLag ago, so the provider's search would show a charge.
+		err := r.store.ResolveNotCharged(wctx, l, "reconciler: provider has no charge under the key")
+		if err != nil {
+			return r.writeFailed(ctx, s, "mark not charged", err)
+		}
+		log.Info("stuck payment resolved: not charged")
+		return verdict{fate: failed}
+	}
+
+	out := found.Outcome
+	c := dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined, ResponseStatus: out.HTTPStatus, Response: out.Response}
+	if c.ResponseStatus == 0 {
+		c.ResponseStatus = http.StatusOK
+		if out.Declined {
+			c.ResponseStatus = http.StatusPaymentRequired
+		}
+	}
+	if err := r.store.Complete(wctx, l, c); err != nil {
+		return r.writeFailed(ctx, s, "complete", err)
+	}
+	if out.Declined {
+		log.Info("stuck payment resolved: declined", "charge_id", out.ChargeID, "decline_code", out.DeclineCode)
+		return verdict{fate: declined}
+	}
+	log.Info("stuck payment resolved: charged", "charge_id", out.ChargeID)
+	return verdict{fate: completed}
+}
+
+// writeFailed classifies a failed store write on a leased row.
+func (r *Reconciler) writeFailed(ctx context.Context, s dedup.Stuck, op string, err error) verdict {
+	log := r.log.With("merchant_id", s.Lease.MerchantID, "idempotency_key", s.Lease.IdempotencyKey,
+		"provider_key", s.Lease.ProviderKey)
+	switch {
+	case errors.Is(err, dedup.ErrLeaseLost):
+		log.Debug("lease lost; another holder resolved the payment", "op", op)
+		return verdict{fate: leaseLost}
+	case errors.Is(err, dedup.ErrUnavailable):
+		log.Error("database unavailable; pass cut short", "op", op, "error", err)
+		return verdict{fate: left, errored: true, dbDown: true}
+	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+		return r.release(ctx, s, "reconciler stopped")
+	}
+	// A ledger conflict, or a provider answer the store refuses: the row
+	// needs a person, and stays pending (and counted) until one looks.
+	log.Error("could not record the provider's answer; payment left pending", "op", op, "error", err)
+	v := r.release(ctx, s, op+": "+err.Error())
+	v.errored = true
+	return v
+}
+
+// release gives a leased row back, still pending, even when ctx is done.
+func (r *Reconciler) release(ctx context.Context, s dedup.Stuck, reason string) verdict {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	err := r.store.Release(ctx, s.Lease, reason)
+	switch {
+	case err == nil:
+		return verdict{fate: left}
+	case errors.Is(err, dedup.ErrLeaseLost):
+		return verdict{fate: leaseLost}
+	}
+	r.log.Error("could not release a stuck payment; its lease will lapse", "merchant_id", s.Lease.MerchantID,
+		"idempotency_key", s.Lease.IdempotencyKey, "provider_key", s.Lease.ProviderKey, "error", err)
+	return verdict{fate: left, errored: true, dbDown: errors.Is(err, dedup.ErrUnavailable)}
+}
+
+// purge deletes expired finished rows in batches until a batch comes back
+// short or MaxPurgeBatches ran.
+func (r *Reconciler) purge(ctx context.Context, res *RunResult) {
+	for range r.cfg.MaxPurgeBatches {
+		n, err := r.store.Purge(ctx, r.cfg.PurgeBatch)
+		res.Purged += n
+		if err != nil {
+			if ctx.Err() == nil {
+				res.Errors++
+				r.log.Error("purge expired keys", "error", err)
+			}
+			return
+		}
+		if n < r.cfg.PurgeBatch {
+			return
+		}
+	}
+}
