@@ -50,6 +50,8 @@ const (
 	DefaultKeyRetention    = 48 * time.Hour
 	DefaultRetryBase       = time.Second
 	DefaultRetryMax        = time.Minute
+	DefaultCommitBatch     = 100
+	DefaultCommitWait      = 5 * time.Millisecond
 )
 
 // Config configures streams, the consumer and the worker. Zero values take
@@ -75,6 +77,12 @@ type Config struct {
 	// shorter than AckWait (and every BackOff step).
 	Lease       time.Duration
 	ProviderTry provider.RetryPolicy
+
+	// CommitBatch and CommitWait shape the group commit of completions: a
+	// transaction is flushed at CommitBatch rows or CommitWait after its
+	// first row, whichever comes first. CommitBatch 1 commits each alone.
+	CommitBatch int
+	CommitWait  time.Duration
 
 	Concurrency  int // messages in flight per process (provider calls)
 	FetchBatch   int // messages per fetch; claimed in one round trip
@@ -112,6 +120,8 @@ func (c Config) WithDefaults() Config {
 	c.ProviderTry = c.ProviderTry.WithDefaults()
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.FetchBatch = cmp.Or(c.FetchBatch, DefaultFetchBatch)
+	c.CommitBatch = cmp.Or(c.CommitBatch, DefaultCommitBatch)
+	c.CommitWait = cmp.Or(c.CommitWait, DefaultCommitWait)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	c.KeyRetention = cmp.Or(c.KeyRetention, DefaultKeyRetention)
 	c.RetryBase = cmp.Or(c.RetryBase, DefaultRetryBase)
@@ -142,6 +152,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 1 || c.FetchBatch < 1 || c.MaxAckPending < 1 {
 		bad("concurrency, fetch batch and max ack pending must be at least 1 (got %d, %d, %d)", c.Concurrency, c.FetchBatch, c.MaxAckPending)
+	}
+	if c.CommitBatch < 1 || c.CommitWait < 0 || c.CommitWait > time.Second {
+		bad("commit batch must be at least 1 and commit wait within 0..1s (got %d, %v)", c.CommitBatch, c.CommitWait)
 	}
 	if c.MaxAckPending < c.Concurrency {
 		bad("max ack pending (%d) must be at least the concurrency (%d), or workers starve", c.MaxAckPending, c.Concurrency)

@@ -38,14 +38,23 @@ func (h *hangingStore) ClaimBatch(ctx context.Context, holder string, lease time
 	return h.Store.ClaimBatch(ctx, holder, lease, reqs)
 }
 
-func (h *hangingStore) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+func (h *hangingStore) hangOnce() {
 	hang := false
 	h.once.Do(func() { hang = true })
 	if hang {
 		close(h.hung)
 		<-h.release
 	}
+}
+
+func (h *hangingStore) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+	h.hangOnce()
 	return h.Store.Complete(ctx, l, c)
+}
+
+func (h *hangingStore) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+	h.hangOnce()
+	return h.Store.CompleteBatch(ctx, items)
 }
 
 func TestCrashAfterChargeBeforeCommit(t *testing.T) {

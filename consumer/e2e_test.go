@@ -78,12 +78,32 @@ func setup(t *testing.T) *env {
 // ends); stop waits for the drain.
 func (e *env) startWorker(holder string, charger consumer.Charger) (stop func()) {
 	e.t.Helper()
+	return e.run(holder, e.store, charger)
+}
+
+// startWorkerOn runs a worker on another Store (a fault-injecting wrapper).
+func (e *env) startWorkerOn(holder string, store consumer.Store) (stop func()) {
+	e.t.Helper()
+	return e.run(holder, store, nil)
+}
+
+// waitStreamsCreate creates the streams and the consumer without a worker,
+// so a test can fill the stream first.
+func (e *env) waitStreamsCreate() {
+	e.t.Helper()
+	if _, _, err := consumer.EnsureStreams(e.ctx, e.js, e.cfg); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) run(holder string, store consumer.Store, charger consumer.Charger) (stop func()) {
+	e.t.Helper()
 	cfg := e.cfg
 	cfg.Holder = holder
 	if charger == nil {
 		charger = e.stripe
 	}
-	proc := consumer.NewProcessor(e.store, charger, cfg, nil)
+	proc := consumer.NewProcessor(store, charger, cfg, nil)
 	w, err := consumer.NewWorker(e.nc, proc, cfg, nil, nil)
 	if err != nil {
 		e.t.Fatal(err)

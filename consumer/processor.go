@@ -19,6 +19,7 @@ type Store interface {
 	ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error)
 	Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error)
 	Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error
+	CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error)
 	Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error)
 	Release(ctx context.Context, l dedup.Lease, reason string) error
 }
@@ -36,10 +37,11 @@ const settleTimeout = 10 * time.Second
 // Processor is the business step: claim the key, call the provider with the
 // stored provider key, record the outcome. It never sees a message.
 type Processor struct {
-	store   Store
-	charger Charger
-	cfg     Config
-	logger  *slog.Logger
+	store     Store
+	charger   Charger
+	cfg       Config
+	logger    *slog.Logger
+	committer *committer
 }
 
 // NewProcessor returns a processor. cfg must have passed Validate.
@@ -47,7 +49,9 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Processor{store: store, charger: charger, cfg: cfg.WithDefaults(), logger: logger}
+	cfg = cfg.WithDefaults()
+	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger,
+		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait)}
 }
 
 // Process claims and handles one command: the whole business step for a
@@ -130,7 +134,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		if len(c.Response) == 0 {
 			c.Response, _ = json.Marshal(map[string]any{"id": out.ChargeID, "status": out.Status, "declined": out.Declined})
 		}
-		switch cerr := p.store.Complete(sctx, lease, c); {
+		switch cerr := p.committer.Complete(sctx, lease, c); {
 		case cerr == nil:
 			res.Kind = Completed
 			if out.Declined {

@@ -1,0 +1,80 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+)
+
+// committer group-commits completions: concurrent Complete calls within
+// CommitWait of each other (or until CommitBatch of them) share one
+// transaction. The first caller of a batch leads it: it waits, flushes with
+// the store's CompleteBatch, and hands every caller its own result. No
+// message is acked before the commit that covers it, because each caller
+// returns only after its batch is flushed.
+type committer struct {
+	store    Store
+	maxBatch int
+	maxWait  time.Duration
+
+	mu  sync.Mutex
+	cur *commitBatch
+}
+
+type commitBatch struct {
+	items []dedup.CompleteItem
+	full  chan struct{} // closed when the batch reaches maxBatch
+	done  chan struct{} // closed when the flush is over
+	errs  []error
+	err   error
+}
+
+func newCommitter(store Store, maxBatch int, maxWait time.Duration) *committer {
+	return &committer{store: store, maxBatch: max(maxBatch, 1), maxWait: maxWait}
+}
+
+// Complete records one completion and returns its own result: nil,
+// dedup.ErrLeaseLost, dedup.ErrLedgerConflict, or the flush's error.
+func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Completion) error {
+	if c.maxBatch == 1 {
+		return c.store.Complete(ctx, l, comp)
+	}
+	c.mu.Lock()
+	b, leader := c.cur, false
+	if b == nil {
+		b = &commitBatch{full: make(chan struct{}), done: make(chan struct{})}
+		c.cur, leader = b, true
+	}
+	idx := len(b.items)
+	b.items = append(b.items, dedup.CompleteItem{Lease: l, Completion: comp})
+	if len(b.items) >= c.maxBatch {
+		c.cur = nil
+		close(b.full)
+	}
+	c.mu.Unlock()
+
+	if leader {
+		if c.maxWait > 0 {
+			t := time.NewTimer(c.maxWait)
+			select {
+			case <-b.full:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		c.mu.Lock()
+		if c.cur == b {
+			c.cur = nil
+		}
+		c.mu.Unlock()
+		b.errs, b.err = c.store.CompleteBatch(ctx, b.items)
+		close(b.done)
+	}
+	<-b.done
+	if b.err != nil {
+		return b.err
+	}
+	return b.errs[idx]
+}
