@@ -83,4 +83,3 @@ func TestGroupCommitFailureRetriesItsPayments(t *testing.T) {
 		t.Fatalf("%d ledger rows, want %d", n2, n)
 	}
 }
-
