@@ -18,6 +18,7 @@ type committer struct {
 	store    Store
 	maxBatch int
 	maxWait  time.Duration
+	observer Observer // may be nil
 
 	mu  sync.Mutex
 	cur *commitBatch
@@ -39,7 +40,12 @@ func newCommitter(store Store, maxBatch int, maxWait time.Duration) *committer {
 // dedup.ErrLeaseLost, dedup.ErrLedgerConflict, or the flush's error.
 func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Completion) error {
 	if c.maxBatch == 1 {
-		return c.store.Complete(ctx, l, comp)
+		start := time.Now()
+		err := c.store.Complete(ctx, l, comp)
+		if c.observer != nil {
+			c.observer.Committed(time.Since(start), 1)
+		}
+		return err
 	}
 	c.mu.Lock()
 	b, leader := c.cur, false
@@ -69,7 +75,11 @@ func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Comp
 			c.cur = nil
 		}
 		c.mu.Unlock()
+		start := time.Now()
 		b.errs, b.err = c.store.CompleteBatch(ctx, b.items)
+		if c.observer != nil {
+			c.observer.Committed(time.Since(start), len(b.items))
+		}
 		close(b.done)
 	}
 	<-b.done

@@ -42,6 +42,7 @@ type Processor struct {
 	cfg       Config
 	logger    *slog.Logger
 	committer *committer
+	observer  Observer // set by NewWorker; may be nil
 }
 
 // NewProcessor returns a processor. cfg must have passed Validate.
@@ -66,13 +67,25 @@ func (p *Processor) Process(ctx context.Context, cmd *payment.Command, progress 
 
 // Claim claims a batch of commands in one round trip.
 func (p *Processor) Claim(ctx context.Context, cmds []*payment.Command) ([]dedup.ClaimResult, error) {
+	return p.claim(ctx, cmds, nil)
+}
+
+// claim is Claim with the messages' trace ids (nil or one per command).
+func (p *Processor) claim(ctx context.Context, cmds []*payment.Command, traceIDs []string) ([]dedup.ClaimResult, error) {
 	reqs := make([]dedup.ClaimRequest, len(cmds))
 	for i, c := range cmds {
 		reqs[i] = dedup.NewClaimRequest(c)
+		if traceIDs != nil {
+			reqs[i].TraceID = traceIDs[i]
+		}
 	}
+	start := time.Now()
 	res, err := p.store.ClaimBatch(ctx, p.cfg.Holder, p.cfg.Lease, reqs)
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
+	}
+	if p.observer != nil {
+		p.observer.Claimed(time.Since(start), len(reqs))
 	}
 	return res, nil
 }
@@ -81,9 +94,13 @@ func (p *Processor) Claim(ctx context.Context, cmds []*payment.Command) ([]dedup
 // the provider; progress is called while the call runs (the worker uses it
 // to tell JetStream the message is still being worked on).
 func (p *Processor) Handle(ctx context.Context, cmd *payment.Command, claim dedup.ClaimResult, progress func()) Result {
+	return p.handle(ctx, cmd, claim, progress, p.logger.With("merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey))
+}
+
+func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedup.ClaimResult, progress func(), log *slog.Logger) Result {
 	switch claim.Outcome {
 	case dedup.Claimed, dedup.Reacquired:
-		return p.charge(ctx, cmd, *claim.Lease, progress)
+		return p.charge(ctx, cmd, *claim.Lease, progress, log)
 	case dedup.Duplicate:
 		return Result{Kind: Duplicate, Attempt: claim.Record.Attempts}
 	case dedup.InFlight:
@@ -99,12 +116,13 @@ func (p *Processor) Handle(ctx context.Context, cmd *payment.Command, claim dedu
 }
 
 // charge calls the provider under a held lease and records the outcome.
-func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress func()) Result {
-	log := p.logger.With("merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey, "attempt", lease.Attempt)
+func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress func(), log *slog.Logger) Result {
+	log = log.With("attempt", lease.Attempt)
 	callCtx, cancel := context.WithTimeout(ctx, p.cfg.Lease-p.cfg.Lease/10)
 	defer cancel()
 
 	lost := p.heartbeat(callCtx, cancel, lease, progress, log)
+	start := time.Now()
 	out, err := provider.ChargeWithRetry(callCtx, p.charger, provider.ChargeRequest{
 		ProviderKey:    lease.ProviderKey,
 		MerchantID:     cmd.MerchantID,
@@ -113,9 +131,19 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		Currency:       cmd.Currency,
 		PaymentMethod:  cmd.PaymentMethod,
 		Description:    cmd.Description,
-		Metadata:       cmd.Metadata,
+		Metadata:       providerMetadata(cmd.Metadata, lease.TraceID),
 	}, p.cfg.ProviderTry)
 	cancel()
+	if p.observer != nil {
+		result := "charged"
+		switch {
+		case err != nil:
+			result = provider.ClassOf(err).String()
+		case out.Declined:
+			result = "declined"
+		}
+		p.observer.ProviderCalled(time.Since(start), result)
+	}
 	leaseLost := lost()
 
 	// Writes below must happen even if ctx was cancelled by a drain.
@@ -235,4 +263,19 @@ func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, le
 		wg.Wait()
 		return lost
 	}
+}
+
+// providerMetadata is the command's metadata plus the trace id stored with
+// the claim. It must be identical on every call under one provider key: the
+// provider compares a replayed request's parameters with the first.
+func providerMetadata(md map[string]string, traceID string) map[string]string {
+	if traceID == "" {
+		return md
+	}
+	out := make(map[string]string, len(md)+1)
+	for k, v := range md {
+		out[k] = v
+	}
+	out[MetadataTraceID] = traceID
+	return out
 }

@@ -13,6 +13,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
@@ -22,11 +26,20 @@ import (
 // long a stop takes to be noticed.
 const fetchWait = time.Second
 
-// Observer receives the fate of every message; metrics implement it. nil
-// methods are never called on a nil Observer.
+// Observer receives what the worker does; metrics implement it. A nil
+// Observer is never called.
 type Observer interface {
+	// Settled reports one message's result and fate.
 	Settled(kind Kind, action Action)
+	// InFlight moves the count of payments in their provider call and commit.
 	InFlight(delta int)
+	// Claimed reports one batch claim: its duration and size.
+	Claimed(d time.Duration, n int)
+	// Committed reports one group commit: its duration and size.
+	Committed(d time.Duration, n int)
+	// ProviderCalled reports one ChargeWithRetry: its duration and result
+	// ("charged", "declined", or the provider.Class name of the error).
+	ProviderCalled(d time.Duration, result string)
 }
 
 // Worker is the JetStream adapter around a Processor: it fetches batches,
@@ -40,11 +53,14 @@ type Worker struct {
 	proc     *Processor
 	logger   *slog.Logger
 	observer Observer
+	tracer   trace.Tracer
 
 	draining atomic.Bool
 }
 
-// NewWorker validates cfg and returns a worker on the connection.
+// NewWorker validates cfg and returns a worker on the connection. obs may
+// be nil. Spans are created with the global-free tracer set by SetTracer;
+// without one, a no-op tracer costs nothing.
 func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, obs Observer) (*Worker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -57,7 +73,16 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	return &Worker{cfg: cfg, nc: nc, js: js, proc: proc, logger: logger, observer: obs}, nil
+	proc.observer = obs
+	proc.committer.observer = obs
+	return &Worker{cfg: cfg, nc: nc, js: js, proc: proc, logger: logger, observer: obs,
+		tracer: noop.NewTracerProvider().Tracer("paydedup")}, nil
+}
+
+// SetTracer makes the worker create a span per message with tp, as a child
+// of the message's traceparent. Call it before Run.
+func (w *Worker) SetTracer(tp trace.TracerProvider) {
+	w.tracer = tp.Tracer("github.com/paydedup/paydedup/consumer")
 }
 
 // Draining reports whether the worker has stopped fetching to shut down.
@@ -169,10 +194,13 @@ func (w *Worker) fetch(ctx context.Context, cons jetstream.Consumer, n int) ([]j
 
 // inbound is one fetched message on its way through the batch.
 type inbound struct {
-	msg  jetstream.Msg
-	meta *jetstream.MsgMetadata
-	cmd  *payment.Command
-	log  *slog.Logger
+	msg     jetstream.Msg
+	meta    *jetstream.MsgMetadata
+	cmd     *payment.Command
+	log     *slog.Logger
+	ctx     context.Context // carries the message's span
+	span    trace.Span
+	traceID string
 }
 
 // handleBatch decodes the batch, dead-letters bad input, claims the rest in
@@ -191,7 +219,14 @@ func (w *Worker) handleBatch(ctx context.Context, msgs []jetstream.Msg, slots ch
 			continue
 		}
 		in.meta = meta
+		in.ctx, in.traceID = extractTrace(ctx, m.Headers())
+		in.ctx, in.span = w.tracer.Start(in.ctx, "paydedup.payment", trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(attribute.Int64("messaging.message.stream_seq", int64(meta.Sequence.Stream)),
+				attribute.Int64("messaging.message.deliveries", int64(meta.NumDelivered))))
 		in.log = w.logger.With("stream_seq", meta.Sequence.Stream, "deliveries", meta.NumDelivered)
+		if in.traceID != "" {
+			in.log = in.log.With("trace_id", in.traceID)
+		}
 		cmd, err := w.decode(m)
 		if err != nil {
 			var ve *payment.ValidationError
@@ -211,10 +246,11 @@ func (w *Worker) handleBatch(ctx context.Context, msgs []jetstream.Msg, slots ch
 		return
 	}
 	cmds := make([]*payment.Command, len(good))
+	traces := make([]string, len(good))
 	for i, in := range good {
-		cmds[i] = in.cmd
+		cmds[i], traces[i] = in.cmd, in.traceID
 	}
-	claims, err := w.proc.Claim(ctx, cmds)
+	claims, err := w.proc.claim(ctx, cmds, traces)
 	if err != nil {
 		w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
 		for _, in := range good {
@@ -226,7 +262,7 @@ func (w *Worker) handleBatch(ctx context.Context, msgs []jetstream.Msg, slots ch
 	for i, in := range good {
 		claim := claims[i]
 		if claim.Outcome != dedup.Claimed && claim.Outcome != dedup.Reacquired {
-			w.settle(ctx, in, w.proc.Handle(ctx, in.cmd, claim, nil))
+			w.settle(ctx, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
 			<-slots
 			continue
 		}
@@ -240,7 +276,7 @@ func (w *Worker) handleBatch(ctx context.Context, msgs []jetstream.Msg, slots ch
 			if w.observer != nil {
 				defer w.observer.InFlight(-1)
 			}
-			res := w.proc.Handle(ctx, in.cmd, claim, func() { _ = in.msg.InProgress() })
+			res := w.proc.handle(in.ctx, in.cmd, claim, func() { _ = in.msg.InProgress() }, in.log)
 			w.settle(ctx, in, res)
 		}()
 	}
@@ -312,6 +348,13 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 	}
 	if w.observer != nil {
 		w.observer.Settled(res.Kind, act)
+	}
+	if in.span != nil {
+		in.span.SetAttributes(attribute.String("paydedup.result", res.Kind.String()), attribute.String("paydedup.action", act.Kind.String()))
+		if act.Kind == DeadLetterTerm {
+			in.span.SetStatus(codes.Error, act.Reason)
+		}
+		in.span.End()
 	}
 }
 

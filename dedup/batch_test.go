@@ -208,8 +208,10 @@ func TestMigrateUpTwiceAndDown(t *testing.T) {
 	if err != nil || len(st) == 0 || !st[0].Applied {
 		t.Fatalf("status %+v %v", st, err)
 	}
-	if _, err := m.Down(ctx); err != nil {
-		t.Fatal(err)
+	for range st { // roll every migration back, newest first
+		if _, err := m.Down(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var exists bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass('idempotency_keys') IS NOT NULL`).Scan(&exists); err != nil || exists {

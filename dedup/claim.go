@@ -23,14 +23,14 @@ import (
 var claimSQL = `
 WITH input AS (
     SELECT * FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @provider_keys::text[],
-                         @amounts::bigint[], @currencies::text[], @ords::int[])
-        AS t(merchant_id, idempotency_key, request_hash, provider_key, amount, currency, ord)
+                         @amounts::bigint[], @currencies::text[], @trace_ids::text[], @ords::int[])
+        AS t(merchant_id, idempotency_key, request_hash, provider_key, amount, currency, trace_id, ord)
 ),
 ins AS (
     INSERT INTO idempotency_keys AS k (merchant_id, idempotency_key, request_hash, status, provider_key,
-        amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at)
+        amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at, trace_id)
     SELECT merchant_id, idempotency_key, request_hash, 'pending', provider_key,
-        amount, currency, 1, @holder, @lease_until, @now, @now, @now, @expires_at
+        amount, currency, 1, @holder, @lease_until, @now, @now, @now, @expires_at, nullif(trace_id, '')
     FROM input ORDER BY merchant_id, idempotency_key
     ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
     RETURNING ` + recordColumns + `
@@ -119,16 +119,17 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 
 	n := len(unique)
 	merchants, keys, providerKeys, currencies := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	hashes, amounts, ords := make([][]byte, n), make([]int64, n), make([]int32, n)
+	hashes, amounts, ords, traces := make([][]byte, n), make([]int64, n), make([]int32, n), make([]string, n)
 	for j, i := range unique {
 		r := reqs[i]
 		merchants[j], keys[j], hashes[j] = r.MerchantID, r.IdempotencyKey, r.RequestHash
 		providerKeys[j], amounts[j], currencies[j], ords[j] = ProviderKey(r.MerchantID, r.IdempotencyKey), r.Amount, r.Currency, int32(i)
+		traces[j] = r.TraceID
 	}
 	now := s.clock.Now()
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "hashes": hashes, "provider_keys": providerKeys,
-		"amounts": amounts, "currencies": currencies, "ords": ords,
+		"amounts": amounts, "currencies": currencies, "trace_ids": traces, "ords": ords,
 		"holder": holder, "now": now, "lease_until": now.Add(lease), "expires_at": now.Add(s.retention),
 		"window_floor": now.Add(-s.window),
 	}
@@ -157,6 +158,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 				results[i] = ClaimResult{Outcome: out, Record: rec, Lease: &Lease{
 					MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey, ProviderKey: rec.ProviderKey,
 					Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: rec.MaybeCharged,
+					TraceID: rec.TraceID,
 				}}
 			default:
 				results[i], _ = s.evaluate(rec, reqs[i].RequestHash, now)

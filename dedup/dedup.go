@@ -77,6 +77,7 @@ type Record struct {
 	ResponseStatus int
 	Response       json.RawMessage
 	LastError      string
+	TraceID        string // W3C trace id of the message that first claimed the key; may be empty
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 	CompletedAt    time.Time
@@ -92,6 +93,9 @@ type Lease struct {
 	Holder         string
 	Attempt        int
 	Until          time.Time
+	// TraceID is the trace id stored with the claim: the one every provider
+	// call under ProviderKey carries, so the request never changes.
+	TraceID string
 	// MaybeCharged is true when an earlier holder may already have charged
 	// under ProviderKey: the call must reuse the key (it does) and a
 	// known-not-charged failure of this call proves nothing.
@@ -124,6 +128,9 @@ type ClaimRequest struct {
 	RequestHash    []byte
 	Amount         int64
 	Currency       string
+	// TraceID is the W3C trace id (32 lower-case hex digits) of the message,
+	// or empty. Only the first claim's is kept.
+	TraceID string
 }
 
 // NewClaimRequest builds the claim for a validated command.
@@ -152,6 +159,9 @@ func (r ClaimRequest) validate() error {
 	}
 	if !payment.ValidCurrency(r.Currency) {
 		return &payment.ValidationError{Reason: payment.ReasonInvalidCurrency, Field: "currency", Msg: "must be an ISO 4217 code"}
+	}
+	if r.TraceID != "" && !validTraceID(r.TraceID) {
+		return &payment.ValidationError{Reason: payment.ReasonMalformedJSON, Field: "trace_id", Msg: "must be 32 lower-case hex digits"}
 	}
 	return nil
 }
@@ -221,4 +231,16 @@ type Completion struct {
 	// ResponseStatus and Response are stored and replayed to duplicates.
 	ResponseStatus int
 	Response       json.RawMessage
+}
+
+func validTraceID(s string) bool {
+	if len(s) != 32 || s == "00000000000000000000000000000000" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if (s[i] < '0' || s[i] > '9') && (s[i] < 'a' || s[i] > 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -181,7 +181,7 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 			}
 			out = append(out, Stuck{Record: rec, Lease: Lease{
 				MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey, ProviderKey: rec.ProviderKey,
-				Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: true,
+				Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: true, TraceID: rec.TraceID,
 			}})
 		}
 		return rows.Err()

@@ -99,31 +99,32 @@ func (s *Store) Ping(ctx context.Context) error {
 
 const recordColumns = `merchant_id, idempotency_key, request_hash, status, provider_key, amount, currency,
 	attempts, locked_by, locked_until, maybe_charged, key_window_start, charge_id, response_status,
-	response, last_error, created_at, updated_at, completed_at, expires_at`
+	response, last_error, created_at, updated_at, completed_at, expires_at, trace_id`
 
 func qualified(alias string) string {
 	return alias + `.merchant_id, ` + alias + `.idempotency_key, ` + alias + `.request_hash, ` + alias + `.status, ` +
 		alias + `.provider_key, ` + alias + `.amount, ` + alias + `.currency, ` + alias + `.attempts, ` +
 		alias + `.locked_by, ` + alias + `.locked_until, ` + alias + `.maybe_charged, ` + alias + `.key_window_start, ` +
 		alias + `.charge_id, ` + alias + `.response_status, ` + alias + `.response, ` + alias + `.last_error, ` +
-		alias + `.created_at, ` + alias + `.updated_at, ` + alias + `.completed_at, ` + alias + `.expires_at`
+		alias + `.created_at, ` + alias + `.updated_at, ` + alias + `.completed_at, ` + alias + `.expires_at, ` +
+		alias + `.trace_id`
 }
 
 // scanRecord scans recordColumns, after any leading destinations.
 func scanRecord(row pgx.Row, lead ...any) (Record, error) {
 	var (
-		r                           Record
-		status                      string
-		lockedBy, chargeID, lastErr *string
-		lockedUntil, completedAt    *time.Time
-		responseStatus              *int32
-		response                    []byte
-		attempts                    int32
+		r                                  Record
+		status                             string
+		lockedBy, chargeID, lastErr, trace *string
+		lockedUntil, completedAt           *time.Time
+		responseStatus                     *int32
+		response                           []byte
+		attempts                           int32
 	)
 	dest := append(lead,
 		&r.MerchantID, &r.IdempotencyKey, &r.RequestHash, &status, &r.ProviderKey, &r.Amount, &r.Currency,
 		&attempts, &lockedBy, &lockedUntil, &r.MaybeCharged, &r.KeyWindowStart, &chargeID, &responseStatus,
-		&response, &lastErr, &r.CreatedAt, &r.UpdatedAt, &completedAt, &r.ExpiresAt)
+		&response, &lastErr, &r.CreatedAt, &r.UpdatedAt, &completedAt, &r.ExpiresAt, &trace)
 	if err := row.Scan(dest...); err != nil {
 		return Record{}, err
 	}
@@ -132,6 +133,7 @@ func scanRecord(row pgx.Row, lead ...any) (Record, error) {
 	r.LockedBy = deref(lockedBy)
 	r.ChargeID = deref(chargeID)
 	r.LastError = deref(lastErr)
+	r.TraceID = deref(trace)
 	if lockedUntil != nil {
 		r.LockedUntil = *lockedUntil
 	}

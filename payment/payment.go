@@ -28,7 +28,7 @@ const (
 	MaxMerchantLen        = 64
 	MaxPaymentMethodLen   = 255
 	MaxDescriptionLen     = 1000
-	MaxMetadataEntries    = 50
+	MaxMetadataEntries    = 47 // Stripe allows 50; paydedup adds merchant_id, idempotency_key and trace_id
 	MaxMetadataKeyLen     = 40
 	MaxMetadataValueLen   = 500
 	maxJSONNestingAllowed = 3 // object → metadata object → string
@@ -201,7 +201,7 @@ func (c *Command) Validate(lim Limits) error {
 		if utf8.RuneCountInString(v) > MaxMetadataValueLen || hasControl(v) {
 			return invalid(ReasonInvalidMetadata, "metadata", "value of %q must be at most %d characters without control characters", clip(k), MaxMetadataValueLen)
 		}
-		if k == "merchant_id" || k == "idempotency_key" {
+		if k == "merchant_id" || k == "idempotency_key" || k == "trace_id" {
 			return invalid(ReasonInvalidMetadata, "metadata", "key %q is reserved", k)
 		}
 	}
@@ -238,7 +238,7 @@ func decodeError(err error) error {
 	case errors.As(err, &typeErr):
 		switch typeErr.Field {
 		case "amount":
-			return invalid(ReasonInvalidAmount, "amount", "must be an integer in minor units within int64, got JSON %s", typeErr.Value)
+			return invalid(ReasonInvalidAmount, "amount", "must be an integer in minor units within int64, got JSON %s", clip(typeErr.Value))
 		case "idempotency_key":
 			return invalid(ReasonInvalidKey, "idempotency_key", "must be a string")
 		case "merchant_id":
@@ -253,7 +253,7 @@ func decodeError(err error) error {
 		if strings.HasPrefix(typeErr.Field, "metadata") {
 			return invalid(ReasonInvalidMetadata, "metadata", "must be an object of strings")
 		}
-		return invalid(ReasonMalformedJSON, typeErr.Field, "wrong JSON type %s", typeErr.Value)
+		return invalid(ReasonMalformedJSON, typeErr.Field, "wrong JSON type %s", clip(typeErr.Value))
 	case errors.As(err, &synErr), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return invalid(ReasonMalformedJSON, "", "%v", err)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):

@@ -31,6 +31,11 @@ type Metrics struct {
 	reconRows     *prometheus.CounterVec
 	purged        prometheus.Counter
 	lastReconPass prometheus.Gauge
+	claimDur      prometheus.Histogram
+	commitDur     prometheus.Histogram
+	commitSize    prometheus.Histogram
+	providerDur   *prometheus.HistogramVec
+	providerErrs  *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics on reg.
@@ -65,11 +70,32 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 			Help: "Unix time of the last reconciler pass that ran.",
 		}),
 	}
+	m.claimDur = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "paydedup_claim_duration_seconds", Help: "Duration of one batch claim (one round trip to Postgres).",
+		Buckets: dbBuckets,
+	})
+	m.commitDur = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "paydedup_complete_duration_seconds", Help: "Duration of one group commit of completions (key and ledger).",
+		Buckets: dbBuckets,
+	})
+	m.commitSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "paydedup_complete_batch_size", Help: "Completions per group commit.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+	})
+	m.providerDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "paydedup_provider_call_duration_seconds", Help: "Duration of one provider charge, retries included, by result.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	}, []string{"result"})
+	m.providerErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "paydedup_provider_errors_total",
+		Help: "Provider charges that ended without a definitive outcome, by class (unknown_outcome, retryable, idempotency_mismatch).",
+	}, []string{"class"})
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "paydedup_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version},
 	})
 	build.Set(1)
 	reg.MustRegister(m.messages, m.deadLettered, m.inFlight, m.reconRuns, m.reconRows, m.purged, m.lastReconPass, build,
+		m.claimDur, m.commitDur, m.commitSize, m.providerDur, m.providerErrs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -90,6 +116,26 @@ func (m *Metrics) Settled(kind consumer.Kind, act consumer.Action) {
 		m.messages.WithLabelValues("in_flight_nak").Inc()
 	default:
 		m.messages.WithLabelValues("retry_nak").Inc()
+	}
+}
+
+// dbBuckets suit single Postgres round trips: 0.5 ms to 4 s.
+var dbBuckets = prometheus.ExponentialBuckets(0.0005, 2, 14)
+
+// Claimed implements consumer.Observer.
+func (m *Metrics) Claimed(d time.Duration, _ int) { m.claimDur.Observe(d.Seconds()) }
+
+// Committed implements consumer.Observer.
+func (m *Metrics) Committed(d time.Duration, n int) {
+	m.commitDur.Observe(d.Seconds())
+	m.commitSize.Observe(float64(n))
+}
+
+// ProviderCalled implements consumer.Observer.
+func (m *Metrics) ProviderCalled(d time.Duration, result string) {
+	m.providerDur.WithLabelValues(result).Observe(d.Seconds())
+	if result != "charged" && result != "declined" {
+		m.providerErrs.WithLabelValues(result).Inc()
 	}
 }
 
@@ -133,6 +179,9 @@ type Admin struct {
 // NewAdmin listens on addr and serves /metrics from gatherer, /livez, and
 // /readyz running the checks.
 func NewAdmin(addr string, gatherer prometheus.Gatherer, logger *slog.Logger) (*Admin, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listener on %s (PAYDEDUP_ADMIN_ADDR): %w", addr, err)
