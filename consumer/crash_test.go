@@ -31,7 +31,10 @@ type hangingStore struct {
 func (h *hangingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
 	select {
 	case <-h.hung:
-		<-h.release
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
 		return nil, fmt.Errorf("worker is dead")
 	default:
 	}
@@ -81,6 +84,9 @@ func TestCrashAfterChargeBeforeCommit(t *testing.T) {
 		t.Fatalf("%d charges before the crash, want 1", n)
 	}
 	chargeID := e.sim.Charges()[0].ID
+	// The process is dead: it fetches nothing more. (Its drain gives up on
+	// the hung commit; Run returns once the test releases it.)
+	cancel()
 
 	// A healthy worker takes over once the lease expires and JetStream
 	// redelivers (AckWait): it re-calls with the same provider key, the
@@ -96,7 +102,6 @@ func TestCrashAfterChargeBeforeCommit(t *testing.T) {
 	}
 	// The dead worker wakes up: its stale commit is fenced out.
 	close(hs.release)
-	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -125,7 +125,14 @@ func (w *Worker) Run(ctx context.Context) error {
 			<-slots
 		}
 		if len(msgs) > 0 {
-			w.handleBatch(workCtx, msgs, slots, &wg)
+			// The batch is claimed while the next one is fetched: claims
+			// are round trips, and pipelining them keeps Postgres busy.
+			// The slots bound how much is in flight.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				w.handleBatch(workCtx, msgs, slots, &wg)
+			}()
 		}
 	}
 

@@ -107,6 +107,18 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	tp, shutdownTracing, err := w.app.tracerProvider(ctx, "paydedup-worker")
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		worker.SetTracer(tp)
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = shutdownTracing(sctx)
+		}()
+	}
 
 	// The admin listener outlives the worker's drain, so /readyz can say 503
 	// while in-flight payments finish.
