@@ -1,0 +1,112 @@
+package consumer_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestLogsCarryContextAndNoCardData(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// One unknown outcome, so retries and lease handling are logged too.
+	if err := e.sim.SetFaults(provider.Faults{RateDropAfterCharge: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var buf syncBuffer
+	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg := e.cfg
+	cfg.Holder = "logger"
+	w, err := consumer.NewWorker(e.nc, consumer.NewProcessor(e.store, e.stripe, cfg, logger), cfg, logger, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	e.waitStreams()
+
+	const traceID, retryTraceID = "4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c"
+	tp := map[string]string{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"}
+	e.publish("m_1", body("m_1", "logged", 100), "", tp)
+	declined, _ := json.Marshal(cmdJSON{MerchantID: "m_1", IdempotencyKey: "declined", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_chargeDeclined"})
+	e.publish("m_1", declined, "", nil)
+	bad := strings.Replace(string(body("m_1", "bad", 100)), `"amount":100`, `"amount":-1`, 1)
+	e.publish("m_1", []byte(bad), "", nil)
+	e.eventually("charged and left pending", func() bool { return e.charges("m_1", "logged") == 1 })
+	// The client retries with its own new traceparent: the re-call must
+	// still send the first trace id, or the provider would see other
+	// parameters under the same key (idempotency_error).
+	e.publish("m_1", body("m_1", "logged", 100), "", map[string]string{"traceparent": "00-" + retryTraceID + "-b7ad6b7169203331-01"})
+	if err := e.sim.SetFaults(provider.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("both completed", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == 2
+	})
+	e.quiescent()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	for _, dl := range e.deadLetters() {
+		if r := dl.Header.Get("Dlq-Reason"); r != "invalid_amount" {
+			t.Errorf("unexpected dead letter %s: %s", r, dl.Header.Get("Dlq-Error"))
+		}
+	}
+	out := buf.String()
+	if strings.Contains(out, "pm_card") || strings.Contains(out, "pm_") {
+		t.Fatalf("logs contain a payment method:\n%s", out)
+	}
+	// The trace id reached the provider's metadata, stored with the claim.
+	rec, err := e.store.Get(e.ctx, "m_1", "logged")
+	if err != nil || rec.TraceID != traceID {
+		t.Fatalf("stored trace id %q (%v), want %s", rec.TraceID, err, traceID)
+	}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var rec map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("log line is not JSON: %s", sc.Text())
+		}
+		for k := range rec {
+			seen[k] = true
+		}
+		if tid := rec["trace_id"]; rec["idempotency_key"] == "logged" && tid != traceID && tid != retryTraceID {
+			t.Errorf("log line of the traced payment without its trace_id: %s", sc.Text())
+		}
+	}
+	for _, k := range []string{"merchant_id", "idempotency_key", "stream_seq", "deliveries", "attempt", "trace_id"} {
+		if !seen[k] {
+			t.Errorf("no log line has %q", k)
+		}
+	}
+}
