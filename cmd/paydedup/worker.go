@@ -102,6 +102,10 @@ func (w *workerCmd) Run(ctx context.Context) error {
 
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
+	ops.WatchPending(reg, func(ctx context.Context) (int64, int64, error) {
+		c, err := store.CountPending(ctx, store.Now(), reconciler.DefaultGrace)
+		return c.Pending, c.Stuck, err
+	})
 	proc := consumer.NewProcessor(store, prov, cfg, log)
 	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics)
 	if err != nil {

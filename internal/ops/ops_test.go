@@ -15,8 +15,10 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -124,4 +126,42 @@ func TestMetricsExposed(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+}
+
+func TestStuckPendingGauge(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	store, err := dedup.New(testenv.Pool(t), dedup.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	ops.WatchPending(reg, func(ctx context.Context) (int64, int64, error) {
+		c, err := store.CountPending(ctx, store.Now(), time.Minute)
+		return c.Pending, c.Stuck, err
+	})
+	a := serve(t, reg)
+	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_x"}
+	if _, err := store.Claim(context.Background(), "w", 30*time.Second, dedup.NewClaimRequest(cmd)); err != nil {
+		t.Fatal(err)
+	}
+	_, body := get(t, "http://"+a.Addr()+"/metrics")
+	if !strings.Contains(body, "paydedup_pending_rows 1") || !strings.Contains(body, "paydedup_stuck_pending_rows 0") {
+		t.Fatalf("live lease: %s", grep(body, "pending_rows"))
+	}
+	clk.Advance(2 * time.Minute)
+	_, body = get(t, "http://"+a.Addr()+"/metrics")
+	if !strings.Contains(body, "paydedup_stuck_pending_rows 1") {
+		t.Fatalf("expired lease past the grace: %s", grep(body, "pending_rows"))
+	}
+}
+
+func grep(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "; ")
 }
