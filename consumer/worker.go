@@ -42,6 +42,12 @@ type Observer interface {
 	ProviderCalled(d time.Duration, result string)
 }
 
+// LatencyObserver is an optional extension of Observer: it also receives
+// how long each message took from its fetch to its settling.
+type LatencyObserver interface {
+	SettledIn(kind Kind, d time.Duration)
+}
+
 // Worker is the JetStream adapter around a Processor: it fetches batches,
 // decodes and validates, claims each batch in one round trip, runs provider
 // calls on a bounded pool, and acks, naks or dead-letters each message by
@@ -208,6 +214,7 @@ type inbound struct {
 	ctx     context.Context // carries the message's span
 	span    trace.Span
 	traceID string
+	fetched time.Time
 }
 
 // handleBatch decodes the batch, dead-letters bad input, claims the rest in
@@ -215,8 +222,9 @@ type inbound struct {
 // claimed keys to the pool. Every message's slot is freed when it settles.
 func (w *Worker) handleBatch(ctx context.Context, msgs []jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup) {
 	var good []inbound
+	fetched := time.Now()
 	for _, m := range msgs {
-		in := inbound{msg: m, log: w.logger}
+		in := inbound{msg: m, log: w.logger, fetched: fetched}
 		meta, err := m.Metadata()
 		if err != nil {
 			// Not a JetStream message: nothing to ack. Cannot happen on a
@@ -355,6 +363,9 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 	}
 	if w.observer != nil {
 		w.observer.Settled(res.Kind, act)
+		if lo, ok := w.observer.(LatencyObserver); ok {
+			lo.SettledIn(res.Kind, time.Since(in.fetched))
+		}
 	}
 	if in.span != nil {
 		in.span.SetAttributes(attribute.String("paydedup.result", res.Kind.String()), attribute.String("paydedup.action", act.Kind.String()))
