@@ -26,6 +26,13 @@ import (
 // long a stop takes to be noticed.
 const fetchWait = time.Second
 
+// A failed fetch is retried after fetchRetryBase, doubling up to
+// fetchRetryMax while failures continue.
+const (
+	fetchRetryBase = 100 * time.Millisecond
+	fetchRetryMax  = 3 * time.Second
+)
+
 // Observer receives what the worker does; metrics implement it. A nil
 // Observer is never called.
 type Observer interface {
@@ -116,6 +123,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	slots := make(chan struct{}, w.cfg.Concurrency)
 	var wg sync.WaitGroup
 
+	fetchFailures := 0
 	w.logger.Info("worker started", "stream", w.cfg.Stream, "consumer", w.cfg.Durable, "holder", w.cfg.Holder,
 		"concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease.String())
 	for ctx.Err() == nil {
@@ -124,12 +132,21 @@ func (w *Worker) Run(ctx context.Context) error {
 			break
 		}
 		msgs, err := w.fetch(ctx, cons, n)
-		if err != nil && ctx.Err() == nil {
-			w.logger.Warn("fetch failed", "error", err)
-		}
 		for range n - len(msgs) {
 			<-slots
 		}
+		if err != nil && ctx.Err() == nil && len(msgs) == 0 {
+			// NATS is down or reconnecting: back off instead of spinning.
+			fetchFailures++
+			wait := min(fetchRetryBase<<min(fetchFailures-1, 5), fetchRetryMax)
+			w.logger.Warn("fetch failed; retrying", "error", err, "retry_in", wait.String())
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			continue
+		}
+		fetchFailures = 0
 		if len(msgs) > 0 {
 			// The batch is claimed while the next one is fetched: claims
 			// are round trips, and pipelining them keeps Postgres busy.

@@ -84,7 +84,12 @@ func NewStripe(cfg StripeConfig) (*Stripe, error) {
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// A worker runs many charges at once against one host: keep their
+		// connections (the default keeps 2 idle per host, so most calls
+		// would pay a new TCP and TLS handshake).
+		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 256
+		hc = &http.Client{Transport: tr}
 	}
 	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
 		URL:               stripe.String(base),

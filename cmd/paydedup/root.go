@@ -45,7 +45,8 @@ never charge twice.`,
 	root.SetErr(errOut)
 	root.PersistentFlags().StringVar(&a.logFormat, "log-format", envOr(getenv, "PAYDEDUP_LOG_FORMAT", "json"), "log format: json or text (PAYDEDUP_LOG_FORMAT)")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", envOr(getenv, "PAYDEDUP_LOG_LEVEL", "info"), "log level: debug, info, warn or error (PAYDEDUP_LOG_LEVEL)")
-	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a), newProviderSimCmd(a))
+	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a), newProviderSimCmd(a),
+		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newDemoCmd(a), newBenchCmd(a))
 	return root
 }
 

@@ -25,6 +25,7 @@ type workerCmd struct {
 	db        databaseFlag
 	nats      natsFlags
 	prov      providerFlags
+	streams   streamFlags
 	worker    workerFlags
 	reconcile bool
 	adminAddr string
@@ -56,6 +57,7 @@ releases and naks what is left (never acks unfinished work) and exits 0.`,
 	w.db.bind(cmd, a)
 	w.nats.bind(cmd, a)
 	w.prov.bind(cmd, a)
+	w.streams.bind(cmd, a)
 	w.worker.bind(cmd, a)
 	cmd.Flags().BoolVar(&w.reconcile, "reconcile", a.envBool("PAYDEDUP_RECONCILE", true), "run the reconciler in this process (PAYDEDUP_RECONCILE)")
 	cmd.Flags().StringVar(&w.adminAddr, "admin-addr", a.getenv("PAYDEDUP_ADMIN_ADDR"), "address of the /metrics, /livez, /readyz listener; empty disables it (PAYDEDUP_ADMIN_ADDR)")
@@ -64,11 +66,14 @@ releases and naks what is left (never acks unfinished work) and exits 0.`,
 
 func (w *workerCmd) validate() (consumer.Config, error) {
 	var errs []error
-	for _, err := range []error{w.db.validate(), w.nats.validate(), w.prov.validate()} {
+	for _, err := range []error{w.db.validate(), w.nats.validate(), w.prov.validate(), w.streams.validate()} {
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
+	s := w.streams.cfg
+	w.worker.cfg.Stream, w.worker.cfg.SubjectPrefix, w.worker.cfg.DLQStream = s.Stream, s.SubjectPrefix, s.DLQStream
+	w.worker.cfg.DLQPrefix, w.worker.cfg.Durable = s.DLQPrefix, s.Durable
 	cfg, err := w.worker.config(w.prov)
 	if err != nil {
 		errs = append(errs, err)

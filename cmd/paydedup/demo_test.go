@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/paydedup/paydedup/internal/testenv"
+)
+
+// TestDemoSmall runs the real demo, reduced, on the test's own schema and
+// streams: its report must say no double charge and no lost payment.
+func TestDemoSmall(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, testenv.PostgresURL(t), false)
+	out, errOut, err := w.run("", "demo", "--payments", "300", "--workers", "2", "--seed", "42")
+	if err != nil {
+		t.Fatalf("demo failed: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	last := lines[len(lines)-1]
+	m := regexp.MustCompile(`^demo: 300 payments, (\d+) duplicates, (\d+) charged once, (\d+) declined, 0 double charges, 0 lost, (\d+) dead letters, \d+\.\d s$`).FindStringSubmatch(last)
+	if m == nil {
+		t.Fatalf("last line %q\nstdout:\n%s", last, out)
+	}
+	dups, _ := strconv.Atoi(m[1])
+	charged, _ := strconv.Atoi(m[2])
+	declined, _ := strconv.Atoi(m[3])
+	dead, _ := strconv.Atoi(m[4])
+	if dups != 120 || charged+declined != 300 || declined != 15 || dead < 2 {
+		t.Fatalf("figures: %d duplicates, %d charged, %d declined, %d dead letters\n%s", dups, charged, declined, dead, out)
+	}
+	if !strings.Contains(errOut, "killed demo-") || !strings.Contains(out, "one worker was killed") {
+		t.Errorf("no worker was killed:\n%s\n%s", errOut, out)
+	}
+	if !strings.Contains(errOut, "completed") {
+		t.Errorf("no progress shown:\n%s", errOut)
+	}
+}
+
+func TestDemoBadFlags(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, "", false)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"demo", "--workers", "1"}, "--workers must be at least 2"},
+		{[]string{"demo", "--payments", "0"}, "--payments must be at least 1"},
+		{[]string{"demo", "--declines", "2"}, "--declines must be a fraction"},
+	} {
+		if _, _, err := w.run("", c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
+		}
+	}
+}
+
+func TestDemoWithoutPostgresSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	var out, errOut lockedBuffer
+	a := &app{out: &out, errOut: &errOut, getenv: func(string) string { return "" }}
+	d := &demoCmd{app: a, localPG: "postgres://postgres@" + freePort(t) + "/postgres?sslmode=disable&connect_timeout=2"}
+	_, err := d.database(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "no PostgreSQL answers") || !strings.Contains(err.Error(), "DATABASE_URL=") {
+		t.Fatalf("error %v: it must say that no Postgres answers and how to set DATABASE_URL", err)
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+}

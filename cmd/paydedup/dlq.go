@@ -1,0 +1,406 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/consumer"
+)
+
+func newDLQCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dlq list|show|replay",
+		Short: "List, show and replay dead letters",
+		Long: `dlq works on the dead-letter stream (PAYMENTS_DLQ): payment commands a worker
+could not process, each kept with its original body and headers and the
+Dlq-Reason, Dlq-Error, Dlq-Orig-Subject, Dlq-Orig-Seq, Dlq-Deliveries and
+Dlq-Failed-At headers. A dead letter is named by its sequence in that stream.
+
+Reasons: bad input (malformed_json, missing_key, invalid_amount, ...: the
+publisher must fix the message), key_reused (the same key with another
+payment: a client bug), max_deliveries (ran out of deliveries, e.g. the
+provider was down: replay it once the cause is fixed), and the rare
+provider_idempotency_mismatch and ledger_conflict (investigate).`,
+		Example: `  paydedup dlq list --reason max_deliveries --since 2h
+  paydedup dlq show 42
+  paydedup dlq replay --all --reason max_deliveries --dry-run`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(newDLQListCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a))
+	return cmd
+}
+
+// dlqBase is what every dlq subcommand shares: the connection and the
+// stream names.
+type dlqBase struct {
+	app     *app
+	nats    natsFlags
+	streams streamFlags
+}
+
+func (b *dlqBase) bind(cmd *cobra.Command) {
+	b.nats.bind(cmd, b.app)
+	b.streams.bind(cmd, b.app)
+}
+
+func (b *dlqBase) connect() (*nats.Conn, jetstream.JetStream, error) {
+	if err := errors.Join(b.nats.validate(), b.streams.validate()); err != nil {
+		return nil, nil, err
+	}
+	nc, err := b.nats.connect("paydedup-dlq")
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+func (b *dlqBase) printJSON(v any) error {
+	enc := json.NewEncoder(b.app.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// ---------------------------------------------------------------------------
+
+type dlqListCmd struct {
+	dlqBase
+	reason string
+	since  time.Duration
+	limit  int
+	json   bool
+}
+
+func newDLQListCmd(a *app) *cobra.Command {
+	l := &dlqListCmd{dlqBase: dlqBase{app: a}}
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List dead letters, oldest first",
+		Long: `list prints one line per dead letter, oldest first: its sequence (for dlq show
+and dlq replay), reason, merchant, idempotency key, deliveries, when it failed,
+and the error. Merchant and key are read best effort: a malformed message may
+not have them.`,
+		Example: `  paydedup dlq list
+  paydedup dlq list --reason max_deliveries --since 1h --limit 20
+  paydedup dlq list --json | jq -r '.[].seq'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return l.Run(cmd.Context()) },
+	}
+	l.bind(cmd)
+	f := cmd.Flags()
+	f.StringVar(&l.reason, "reason", "", "only dead letters with this reason, e.g. max_deliveries")
+	f.DurationVar(&l.since, "since", 0, "only dead letters filed within this long, e.g. 2h (0: all)")
+	f.IntVar(&l.limit, "limit", 100, "at most this many (0: all)")
+	f.BoolVar(&l.json, "json", false, "print a JSON array")
+	return cmd
+}
+
+// dlqEntry is the JSON shape of one listed dead letter.
+type dlqEntry struct {
+	Seq            uint64    `json:"seq"`
+	Reason         string    `json:"reason"`
+	MerchantID     string    `json:"merchant_id"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	Deliveries     uint64    `json:"deliveries"`
+	FailedAt       time.Time `json:"failed_at"`
+	Error          string    `json:"error"`
+	OrigSubject    string    `json:"orig_subject"`
+	OrigSeq        uint64    `json:"orig_seq"`
+	Invalid        string    `json:"invalid,omitempty"`
+}
+
+func entry(d consumer.DeadLetterInfo) dlqEntry {
+	return dlqEntry{
+		Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey,
+		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: d.Error,
+		OrigSubject: d.OrigSubject, OrigSeq: d.OrigSeq, Invalid: d.Invalid,
+	}
+}
+
+// Run lists the dead letters.
+func (l *dlqListCmd) Run(ctx context.Context) error {
+	if l.limit < 0 {
+		return fmt.Errorf("--limit must not be negative, got %d", l.limit)
+	}
+	if l.since < 0 {
+		return fmt.Errorf("--since must be a positive duration such as 2h, got %v", l.since)
+	}
+	nc, js, err := l.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	f := consumer.DLQFilter{Reason: l.reason, Limit: l.limit}
+	if l.since > 0 {
+		f.Since = time.Now().Add(-l.since)
+	}
+	letters, err := consumer.ListDeadLetters(ctx, js, l.streams.cfg, f)
+	if err != nil {
+		return err
+	}
+	if l.json {
+		out := make([]dlqEntry, len(letters))
+		for i, d := range letters {
+			out[i] = entry(d)
+		}
+		return l.printJSON(out)
+	}
+	if len(letters) == 0 {
+		fmt.Fprintf(l.app.out, "no dead letters in %s matching\n", l.streams.cfg.DLQStream)
+		return nil
+	}
+	w := tabwriter.NewWriter(l.app.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SEQ\tREASON\tMERCHANT\tKEY\tDELIVERIES\tFAILED AT\tERROR")
+	for _, d := range letters {
+		failed := "-"
+		if !d.FailedAt.IsZero() {
+			failed = d.FailedAt.UTC().Format("2006-01-02 15:04:05Z")
+		}
+		errText := d.Error
+		if d.Invalid != "" {
+			errText = "unreadable dead letter: " + d.Invalid
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Seq, d.Reason, dash(d.MerchantID), dash(d.IdempotencyKey), d.Deliveries, failed, clipText(errText, 100))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if l.limit > 0 && len(letters) == l.limit {
+		fmt.Fprintf(l.app.out, "(first %d shown; --limit 0 shows all)\n", l.limit)
+	}
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
+
+// ---------------------------------------------------------------------------
+
+type dlqShowCmd struct {
+	dlqBase
+	json bool
+}
+
+func newDLQShowCmd(a *app) *cobra.Command {
+	s := &dlqShowCmd{dlqBase: dlqBase{app: a}}
+	cmd := &cobra.Command{
+		Use:   "show SEQ",
+		Short: "Show one dead letter's headers and body",
+		Long:  `show prints a dead letter's headers (the original ones and the Dlq-* ones) and its body, byte for byte.`,
+		Example: `  paydedup dlq show 42
+  paydedup dlq show 42 --json | jq -r .body`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			seq, err := parseSeq(args[0])
+			if err != nil {
+				return err
+			}
+			return s.Run(cmd.Context(), seq)
+		},
+	}
+	s.bind(cmd)
+	cmd.Flags().BoolVar(&s.json, "json", false, "print a JSON object (headers, body as a string)")
+	return cmd
+}
+
+func parseSeq(s string) (uint64, error) {
+	seq, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || seq == 0 {
+		return 0, fmt.Errorf("%q is not a dead-letter sequence: use the SEQ column of paydedup dlq list", s)
+	}
+	return seq, nil
+}
+
+// Run shows the dead letter.
+func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
+	nc, js, err := s.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	d, err := consumer.GetDeadLetter(ctx, js, s.streams.cfg, seq)
+	if err != nil {
+		return err
+	}
+	if s.json {
+		return s.printJSON(struct {
+			dlqEntry
+			Subject string              `json:"subject"`
+			Stored  time.Time           `json:"stored"`
+			Headers map[string][]string `json:"headers"`
+			Body    string              `json:"body"`
+		}{entry(d), d.Subject, d.Stored.UTC(), d.Header, string(d.Data)})
+	}
+	out := s.app.out
+	fmt.Fprintf(out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, s.streams.cfg.DLQStream, d.Subject, d.Stored.UTC().Format(time.RFC3339Nano))
+	keys := make([]string, 0, len(d.Header))
+	for k := range d.Header {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, v := range d.Header[k] {
+			fmt.Fprintf(out, "  %s: %s\n", k, v)
+		}
+	}
+	fmt.Fprintf(out, "\nbody (%d bytes):\n%s\n", len(d.Data), d.Data)
+	if d.Invalid != "" {
+		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", d.Invalid)
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+
+type dlqReplayCmd struct {
+	dlqBase
+	seqs      []uint
+	all       bool
+	reason    string
+	dryRun    bool
+	force     bool
+	retention time.Duration
+	json      bool
+}
+
+func newDLQReplayCmd(a *app) *cobra.Command {
+	r := &dlqReplayCmd{dlqBase: dlqBase{app: a}}
+	cmd := &cobra.Command{
+		Use:   "replay (--seq N... | --all) [--reason R] [--dry-run] [--force]",
+		Short: "Republish dead letters to their original subject",
+		Long: `replay republishes dead letters to their original subject, with their original
+body and headers and a new Nats-Msg-Id (the old one may still be inside the
+stream's duplicate window), waits for the PubAck, and only then deletes the
+dead letter. The workers then process it as any message: PostgreSQL still
+guards the charge, so replaying a payment that was completed in the meantime
+is acked as a duplicate and never charged twice.
+
+It refuses dead letters that failed longer ago than the key retention
+(PAYDEDUP_KEY_RETENTION): their key may have been purged, and a replay could
+charge again. It skips reasons that cannot succeed unchanged (bad input, and
+key_reused) unless --force. --dry-run shows what would be replayed and
+changes nothing. It exits non-zero if a replay failed, or if a dead letter
+named with --seq was not replayed.`,
+		Example: `  paydedup dlq replay --all --reason max_deliveries --dry-run
+  paydedup dlq replay --all --reason max_deliveries
+  paydedup dlq replay --seq 42 --seq 43`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return r.Run(cmd.Context()) },
+	}
+	r.bind(cmd)
+	f := cmd.Flags()
+	f.UintSliceVar(&r.seqs, "seq", nil, "dead-letter sequence to replay; repeat or comma-separate for more")
+	f.BoolVar(&r.all, "all", false, "replay every dead letter (with --reason: every one with that reason)")
+	f.StringVar(&r.reason, "reason", "", "only dead letters with this reason")
+	f.BoolVar(&r.dryRun, "dry-run", false, "show what would be replayed; change nothing")
+	f.BoolVar(&r.force, "force", false, "also replay reasons that cannot succeed unchanged (bad input, key_reused)")
+	f.DurationVar(&r.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "the store's key retention: older dead letters are refused (PAYDEDUP_KEY_RETENTION)")
+	f.BoolVar(&r.json, "json", false, "print the report as JSON")
+	return cmd
+}
+
+func (r *dlqReplayCmd) validate() error {
+	var errs []error
+	if r.all == (len(r.seqs) > 0) {
+		errs = append(errs, errors.New("say which dead letters to replay: --seq N (repeatable) or --all"))
+	}
+	for _, s := range r.seqs {
+		if s == 0 {
+			errs = append(errs, errors.New("--seq 0 is not a dead-letter sequence: use the SEQ column of paydedup dlq list"))
+		}
+	}
+	if r.retention <= 0 {
+		errs = append(errs, fmt.Errorf("--key-retention / PAYDEDUP_KEY_RETENTION must be positive, got %v", r.retention))
+	}
+	return errors.Join(errs...)
+}
+
+// Run replays and prints what happened to each dead letter.
+func (r *dlqReplayCmd) Run(ctx context.Context) error {
+	if err := r.validate(); err != nil {
+		return err
+	}
+	nc, js, err := r.connect()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	opts := consumer.ReplayOptions{All: r.all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention}
+	for _, s := range r.seqs {
+		opts.Seqs = append(opts.Seqs, uint64(s))
+	}
+	rep, err := consumer.ReplayDeadLetters(ctx, js, r.streams.cfg, opts)
+	if err != nil {
+		return err
+	}
+	for _, res := range rep.Results {
+		if res.Outcome == consumer.Replayed {
+			r.app.logger.Info("dead letter replayed", "dlq_seq", res.Seq, "reason", res.Reason, "merchant_id", res.MerchantID,
+				"idempotency_key", res.IdempotencyKey, "subject", res.Subject, "stream_seq", res.StreamSeq, "msg_id", res.MsgID)
+		}
+	}
+	if r.json {
+		if err := r.printJSON(rep); err != nil {
+			return err
+		}
+	} else {
+		r.print(rep)
+	}
+	notDone := rep.Failed
+	if !r.all {
+		notDone += rep.Skipped + rep.Refused + rep.NotFound
+	}
+	if notDone > 0 {
+		return fmt.Errorf("dlq replay: %d dead letter(s) not replayed (see above)", notDone)
+	}
+	return nil
+}
+
+func (r *dlqReplayCmd) print(rep consumer.ReplayReport) {
+	out := r.app.out
+	for _, res := range rep.Results {
+		who := strings.Trim(dash(res.MerchantID)+" "+dash(res.IdempotencyKey), " ")
+		switch res.Outcome {
+		case consumer.Replayed:
+			fmt.Fprintf(out, "replayed     %d  %s  %s -> %s #%d (Nats-Msg-Id %s)\n", res.Seq, res.Reason, who, res.Subject, res.StreamSeq, res.MsgID)
+		case consumer.WouldReplay:
+			fmt.Fprintf(out, "would replay %d  %s  %s -> %s\n", res.Seq, res.Reason, who, res.Subject)
+		default:
+			fmt.Fprintf(out, "%-12s %d  %s  %s: %s\n", strings.ReplaceAll(string(res.Outcome), "_", " "), res.Seq, dash(res.Reason), who, res.Detail)
+		}
+	}
+	if r.dryRun {
+		fmt.Fprintf(out, "dlq replay (dry run): %d would be replayed, %d skipped, %d refused, %d not found; nothing changed\n",
+			rep.WouldReplay, rep.Skipped, rep.Refused, rep.NotFound)
+		return
+	}
+	fmt.Fprintf(out, "dlq replay: %d replayed, %d skipped, %d refused, %d not found, %d failed\n",
+		rep.Replayed, rep.Skipped, rep.Refused, rep.NotFound, rep.Failed)
+}

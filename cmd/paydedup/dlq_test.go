@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func paymentLine(key string, amount int64) string {
+	return fmt.Sprintf(`{"merchant_id":"m_1","idempotency_key":%q,"amount":%d,"currency":"usd","payment_method":"pm_card_visa"}`, key, amount)
+}
+
+func TestDLQListShowReplay(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.PostgresURL(t)
+	w := newCLIWorld(t, dbURL, false)
+	ctx := context.Background()
+
+	// A worker on the test's streams, charging at a simulator we can break.
+	pool, err := dedup.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := provider.NewSimulator(provider.SimConfig{Seed: 5})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_dlq", APIBase: srv.URL, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := w.cfg
+	cfg.MaxDeliver, cfg.Lease, cfg.AckWait = 2, 2*time.Second, 3*time.Second
+	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 500 * time.Millisecond}
+	cfg.RetryBase, cfg.RetryMax, cfg.DrainTimeout = 50*time.Millisecond, 200*time.Millisecond, time.Second
+	cfg.Concurrency, cfg.FetchBatch, cfg.Holder = 4, 10, "dlq-test-worker"
+	worker, err := consumer.NewWorker(testenv.NATSConn(t), consumer.NewProcessor(store, stripe, cfg, nil), cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- worker.Run(wctx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("worker: %v", err)
+		}
+	})
+	eventually(t, "streams created", func() bool {
+		_, err := consumer.ConsumerState(ctx, w.js, w.cfg)
+		return err == nil
+	})
+	status := func(key string) dedup.Record {
+		rec, err := store.Get(ctx, "m_1", key)
+		if err != nil && !errors.Is(err, dedup.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	deadLetters := func() []consumer.DeadLetterInfo {
+		l, err := consumer.ListDeadLetters(ctx, w.js, w.cfg, consumer.DLQFilter{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	quiescent := func() bool {
+		st, err := consumer.ConsumerState(ctx, w.js, w.cfg)
+		return err == nil && st.NumPending == 0 && st.NumAckPending == 0
+	}
+
+	// "done" is charged; then the provider fails every call and "down" runs
+	// out of deliveries.
+	if _, _, err := w.run(paymentLine("done", 100)+"\n", "publish"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "done completed", func() bool { return status("done").Status == dedup.StatusCompleted })
+	if err := sim.SetFaults(provider.Faults{Rate5xx: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w.run(paymentLine("down", 200)+"\n", "publish"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "down dead-lettered", func() bool { return len(deadLetters()) == 1 })
+	eventually(t, "quiescent", quiescent)
+
+	// Three more dead letters: a copy of the completed "done" (a duplicate
+	// that ran out of deliveries), a reused key, and one older than the key
+	// retention.
+	file := func(reason, key string, amount int64, failedAt time.Time) uint64 {
+		h := nats.Header{}
+		h.Set(consumer.HeaderIdempotencyKey, key)
+		d := consumer.Letter{Reason: reason, Err: errors.New("filed by the test"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
+			OrigStream: w.cfg.Stream, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: h,
+			Data: []byte(paymentLine(key, amount)), FailedAt: failedAt}
+		ack, err := w.js.PublishMsg(ctx, d.Msg(w.cfg.DLQPrefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	downSeq := deadLetters()[0].Seq
+	file(consumer.ReasonMaxDeliveries, "done", 100, time.Now())
+	reusedSeq := file(consumer.ReasonKeyReused, "done", 999, time.Now())
+	file(consumer.ReasonMaxDeliveries, "ancient", 300, time.Now().Add(-72*time.Hour))
+
+	// list
+	out, _, err := w.run("", "dlq", "list", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []dlqEntry
+	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 4 {
+		t.Fatalf("list --json: %v\n%s", err, out)
+	}
+	if l := listed[0]; l.Seq != downSeq || l.Reason != consumer.ReasonMaxDeliveries || l.MerchantID != "m_1" || l.IdempotencyKey != "down" || l.Deliveries != 2 || l.Error == "" {
+		t.Fatalf("first dead letter %+v", l)
+	}
+	out, _, err = w.run("", "dlq", "list", "--reason", "max_deliveries", "--since", "1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^SEQ\s+REASON\s+MERCHANT\s+KEY\s+DELIVERIES\s+FAILED AT\s+ERROR`).MatchString(out) ||
+		!regexp.MustCompile(fmt.Sprintf(`(?m)^%d\s+max_deliveries\s+m_1\s+down\s+2\s`, downSeq)).MatchString(out) ||
+		strings.Contains(out, "key_reused") || strings.Count(out, "max_deliveries") != 3 {
+		t.Fatalf("list --reason:\n%s", out)
+	}
+	out, _, err = w.run("", "dlq", "list", "--limit", "1")
+	if err != nil || strings.Count(out, "m_1") != 1 || !strings.Contains(out, "--limit 0 shows all") {
+		t.Fatalf("list --limit 1: %v\n%s", err, out)
+	}
+
+	// show
+	out, _, err = w.run("", "dlq", "show", fmt.Sprint(downSeq))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Dlq-Reason: max_deliveries", "Idempotency-Key: down", "Dlq-Orig-Subject: " + w.cfg.SubjectPrefix + ".m_1", paymentLine("down", 200)} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show does not contain %q:\n%s", want, out)
+		}
+	}
+	if _, _, err := w.run("", "dlq", "show", "99999"); err == nil || !strings.Contains(err.Error(), "no dead letter 99999") {
+		t.Errorf("show of a missing sequence: %v", err)
+	}
+	if _, _, err := w.run("", "dlq", "show", "abc"); err == nil || !strings.Contains(err.Error(), "dlq list") {
+		t.Errorf("show abc: %v", err)
+	}
+
+	// replay --dry-run changes nothing.
+	streamBefore, _ := consumer.ConsumerState(ctx, w.js, w.cfg)
+	out, _, err = w.run("", "dlq", "replay", "--all", "--dry-run")
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "2 would be replayed, 1 skipped, 1 refused") || !strings.Contains(out, "nothing changed") {
+		t.Fatalf("dry run:\n%s", out)
+	}
+	streamAfter, _ := consumer.ConsumerState(ctx, w.js, w.cfg)
+	if len(deadLetters()) != 4 || streamAfter.StreamMessages != streamBefore.StreamMessages {
+		t.Fatalf("the dry run changed something: %d dead letters, stream %d → %d messages",
+			len(deadLetters()), streamBefore.StreamMessages, streamAfter.StreamMessages)
+	}
+
+	// The provider recovers: replay the max_deliveries dead letters.
+	if err := sim.SetFaults(provider.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = w.run("", "dlq", "replay", "--all", "--reason", "max_deliveries")
+	if err != nil {
+		t.Fatalf("replay: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "dlq replay: 2 replayed, 0 skipped, 1 refused, 0 not found, 0 failed") || !strings.Contains(out, "key retention") {
+		t.Fatalf("replay:\n%s", out)
+	}
+	eventually(t, "down completed", func() bool { return status("down").Status == dedup.StatusCompleted })
+	eventually(t, "quiescent after the replay", quiescent)
+	charges := sim.ChargesByKey()
+	if charges["m_1:down"] != 1 {
+		t.Errorf("down charged %d times after the replay, want 1", charges["m_1:down"])
+	}
+	if charges["m_1:done"] != 1 || status("done").Attempts != 1 {
+		t.Errorf("the replayed copy of a completed key was charged again: %d charges, %d attempts", charges["m_1:done"], status("done").Attempts)
+	}
+	left := deadLetters()
+	if len(left) != 2 || left[0].Seq != reusedSeq || left[1].IdempotencyKey != "ancient" {
+		t.Fatalf("dead letters left: %+v", left)
+	}
+
+	// key_reused is skipped without --force, and says how to override.
+	out, _, err = w.run("", "dlq", "replay", "--seq", fmt.Sprint(reusedSeq))
+	if err == nil || !strings.Contains(out, "--force") {
+		t.Fatalf("replay of key_reused: %v\n%s", err, out)
+	}
+	if _, _, err := w.run("", "dlq", "replay"); err == nil || !strings.Contains(err.Error(), "--seq N") {
+		t.Fatalf("replay without a selection: %v", err)
+	}
+}

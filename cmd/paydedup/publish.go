@@ -1,0 +1,358 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// streamFlags name the streams, subjects and consumer every NATS-facing
+// command works on; tests point them at per-test names.
+type streamFlags struct{ cfg consumer.Config }
+
+func (s *streamFlags) bind(cmd *cobra.Command, a *app) {
+	s.bindDefaults(cmd, a, consumer.Config{}.WithDefaults())
+}
+
+// bindDefaults binds the flags with other defaults than the worker's.
+func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def consumer.Config) {
+	f := cmd.Flags()
+	c := &s.cfg
+	f.StringVar(&c.Stream, "stream", envOr(a.getenv, "PAYDEDUP_STREAM", def.Stream), "payments stream (PAYDEDUP_STREAM)")
+	f.StringVar(&c.SubjectPrefix, "subject-prefix", envOr(a.getenv, "PAYDEDUP_SUBJECT_PREFIX", def.SubjectPrefix), "payment commands go to <prefix>.<merchant_id> (PAYDEDUP_SUBJECT_PREFIX)")
+	f.StringVar(&c.DLQStream, "dlq-stream", envOr(a.getenv, "PAYDEDUP_DLQ_STREAM", def.DLQStream), "dead-letter stream (PAYDEDUP_DLQ_STREAM)")
+	f.StringVar(&c.DLQPrefix, "dlq-prefix", envOr(a.getenv, "PAYDEDUP_DLQ_PREFIX", def.DLQPrefix), "dead letters go to <prefix>.<reason> (PAYDEDUP_DLQ_PREFIX)")
+	f.StringVar(&c.Durable, "durable", envOr(a.getenv, "PAYDEDUP_DURABLE", def.Durable), "the workers' durable consumer (PAYDEDUP_DURABLE)")
+}
+
+func (s *streamFlags) validate() error {
+	var errs []error
+	for _, v := range []struct{ flag, env, val string }{
+		{"--stream", "PAYDEDUP_STREAM", s.cfg.Stream}, {"--dlq-stream", "PAYDEDUP_DLQ_STREAM", s.cfg.DLQStream},
+		{"--durable", "PAYDEDUP_DURABLE", s.cfg.Durable},
+	} {
+		if v.val == "" || strings.ContainsAny(v.val, ". *>\t") {
+			errs = append(errs, fmt.Errorf("%s / %s: %q must be a non-empty name without '.', '*', '>' or spaces", v.env, v.flag, v.val))
+		}
+	}
+	for _, v := range []struct{ flag, env, val string }{
+		{"--subject-prefix", "PAYDEDUP_SUBJECT_PREFIX", s.cfg.SubjectPrefix}, {"--dlq-prefix", "PAYDEDUP_DLQ_PREFIX", s.cfg.DLQPrefix},
+	} {
+		if v.val == "" || strings.ContainsAny(v.val, " *>\t") || strings.HasPrefix(v.val, ".") || strings.HasSuffix(v.val, ".") {
+			errs = append(errs, fmt.Errorf("%s / %s: %q must be a subject prefix such as payments.requests", v.env, v.flag, v.val))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type publishCmd struct {
+	app     *app
+	nats    natsFlags
+	streams streamFlags
+	stdin   io.Reader
+
+	file       string
+	generate   int
+	duplicates float64
+	declines   float64
+	merchant   string
+	seed       uint64
+	window     int
+	ackTimeout time.Duration
+	limits     payment.Limits
+}
+
+func newPublishCmd(a *app) *cobra.Command {
+	p := &publishCmd{app: a}
+	cmd := &cobra.Command{
+		Use:   "publish",
+		Short: "Publish payment commands (JSON lines, or generated ones)",
+		Long: `publish sends payment commands to <subject-prefix>.<merchant_id> with the
+Idempotency-Key and Nats-Msg-Id (<merchant_id>:<idempotency_key>) headers, and
+waits for every PubAck (asynchronously, a bounded window of messages in flight).
+
+Input is one JSON payment command per line, from stdin or --file; each line is
+validated as a worker would, and a malformed line is reported with its line
+number and skipped (the command then exits non-zero at the end). Blank lines
+and lines starting with # are ignored. Or --generate N makes N distinct
+payments; --duplicates 0.5 additionally republishes half of them (same
+Nats-Msg-Id, interleaved), which the stream's duplicate window drops.
+
+The summary counts messages stored, duplicates dropped by the stream's
+duplicate window (PubAck.Duplicate) and failures (no PubAck). Progress is
+shown when stderr is a terminal.`,
+		Example: `  paydedup publish --file payments.jsonl
+  echo '{"merchant_id":"m_1","idempotency_key":"order-42","amount":1999,"currency":"usd","payment_method":"pm_card_visa"}' | paydedup publish
+  paydedup publish --generate 10000 --duplicates 0.3 --declines 0.05 --merchant m_1`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p.stdin = cmd.InOrStdin()
+			return p.Run(cmd.Context())
+		},
+	}
+	p.nats.bind(cmd, a)
+	p.streams.bind(cmd, a)
+	f := cmd.Flags()
+	f.StringVar(&p.file, "file", "", "read JSON lines from this file instead of stdin")
+	f.IntVar(&p.generate, "generate", 0, "generate N distinct payments instead of reading input")
+	f.Float64Var(&p.duplicates, "duplicates", 0, "with --generate: fraction of payments published a second time, e.g. 0.5 sends 1.5×N messages")
+	f.Float64Var(&p.declines, "declines", 0, "with --generate: fraction of payments with a card that is declined (pm_card_chargeDeclined)")
+	f.StringVar(&p.merchant, "merchant", "", "with --generate: merchant id of every payment (default: spread over m_acme, m_globex, m_initech)")
+	f.Uint64Var(&p.seed, "seed", 0, "with --generate: random seed; the same seed makes the same keys (0: random)")
+	f.IntVar(&p.window, "window", consumer.DefaultPublishWindow, "messages awaiting their PubAck at most")
+	f.DurationVar(&p.ackTimeout, "ack-timeout", consumer.DefaultPublishAckTimeout, "how long one PubAck may take before the message counts as failed")
+	f.Int64Var(&p.limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", payment.DefaultMaxAmount), "largest accepted amount in minor units, as the worker checks it (PAYDEDUP_MAX_AMOUNT)")
+	f.IntVar(&p.limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", payment.DefaultMaxBodyBytes), "largest accepted line, as the worker checks it (PAYDEDUP_MAX_BODY_BYTES)")
+	return cmd
+}
+
+func (p *publishCmd) validate() error {
+	errs := []error{p.nats.validate(), p.streams.validate()}
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if p.generate < 0 {
+		bad("--generate must be positive, got %d", p.generate)
+	}
+	if p.generate > 0 && p.file != "" {
+		bad("--generate and --file exclude each other: publish generated payments or a file's lines")
+	}
+	if p.generate == 0 && (p.duplicates != 0 || p.declines != 0 || p.merchant != "" || p.seed != 0) {
+		bad("--duplicates, --declines, --merchant and --seed only apply with --generate N")
+	}
+	for _, v := range []struct {
+		name string
+		val  float64
+	}{{"--duplicates", p.duplicates}, {"--declines", p.declines}} {
+		if math.IsNaN(v.val) || v.val < 0 || v.val > 1 {
+			bad("%s must be a fraction between 0 and 1, got %v", v.name, v.val)
+		}
+	}
+	if p.merchant != "" {
+		if err := payment.ValidateMerchant(p.merchant); err != nil {
+			bad("--merchant: %v", err)
+		}
+	}
+	if p.window < 1 {
+		bad("--window must be at least 1, got %d", p.window)
+	}
+	if p.ackTimeout <= 0 {
+		bad("--ack-timeout must be positive, got %v", p.ackTimeout)
+	}
+	return errors.Join(errs...)
+}
+
+// Run publishes and prints the summary. It fails if any line was malformed
+// or any message got no PubAck.
+func (p *publishCmd) Run(ctx context.Context) error {
+	if err := p.validate(); err != nil {
+		return err
+	}
+	nc, err := p.nats.connect("paydedup-publish")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	start := time.Now()
+	var failures []string
+	pub, err := consumer.NewPublisher(nc, consumer.PublisherConfig{
+		Window: p.window, AckTimeout: p.ackTimeout,
+		OnResult: func(r consumer.PublishResult) {
+			if r.Err != nil && len(failures) < 10 {
+				failures = append(failures, fmt.Sprintf("%s (%s): %v", r.Msg.Subject, r.Msg.Header.Get(nats.MsgIdHdr), r.Err))
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	prog := newProgress(p.app.errOut, "publish", func() string {
+		s := pub.Stats()
+		return fmt.Sprintf("%d sent, %d stored, %d duplicates, %d failed", s.Sent, s.Stored, s.Duplicates, s.Failed)
+	})
+
+	var malformed int
+	var runErr error
+	if p.generate > 0 {
+		runErr = p.publishGenerated(ctx, pub)
+	} else {
+		malformed, runErr = p.publishLines(ctx, pub)
+	}
+	st := pub.Close()
+	prog.stop()
+
+	fmt.Fprintf(p.app.out, "publish: %d published, %d duplicates dropped by the stream's window, %d failed, %d malformed lines skipped (%.1f s)\n",
+		st.Stored, st.Duplicates, st.Failed, malformed, time.Since(start).Seconds())
+	for _, f := range failures {
+		fmt.Fprintln(p.app.errOut, "publish: no PubAck:", f)
+	}
+	switch {
+	case runErr != nil:
+		return runErr
+	case malformed > 0 || st.Failed > 0:
+		return fmt.Errorf("publish: %d malformed lines, %d messages failed", malformed, st.Failed)
+	}
+	return nil
+}
+
+// maxLine bounds one input line; the worker's body limit applies after.
+const maxLine = 4 << 20
+
+// publishLines publishes each valid line and reports malformed ones.
+func (p *publishCmd) publishLines(ctx context.Context, pub *consumer.Publisher) (malformed int, err error) {
+	in := p.stdin
+	if p.file != "" {
+		f, err := os.Open(p.file)
+		if err != nil {
+			return 0, fmt.Errorf("publish: --file: %w", err)
+		}
+		defer f.Close()
+		in = f
+	}
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), maxLine)
+	line := 0
+	for sc.Scan() {
+		line++
+		raw := strings.TrimSpace(sc.Text())
+		if raw == "" || strings.HasPrefix(raw, "#") {
+			continue
+		}
+		c, err := payment.Decode([]byte(raw), payment.Envelope{}, p.limits)
+		if err != nil {
+			malformed++
+			fmt.Fprintf(p.app.errOut, "publish: line %d skipped: %v\n", line, err)
+			continue
+		}
+		if err := pub.Publish(ctx, consumer.CommandMsg(p.streams.cfg, c.MerchantID, c.IdempotencyKey, []byte(raw))); err != nil {
+			return malformed, err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return malformed, fmt.Errorf("publish: reading line %d: %w", line+1, err)
+	}
+	return malformed, nil
+}
+
+// publishGenerated publishes N generated payments and the duplicates, each
+// duplicate a few messages after its original.
+func (p *publishCmd) publishGenerated(ctx context.Context, pub *consumer.Publisher) error {
+	seed := p.seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	merchants := []string{"m_acme", "m_globex", "m_initech"}
+	if p.merchant != "" {
+		merchants = []string{p.merchant}
+	}
+	cmds := make([]generated, p.generate)
+	for i := range cmds {
+		cmds[i] = generate(rng, fmt.Sprintf("gen-%016x-%07d", seed, i), merchants[rng.IntN(len(merchants))], rng.Float64() < p.declines)
+	}
+	for _, i := range withDuplicates(rng, p.generate, p.duplicates) {
+		if err := pub.Publish(ctx, consumer.CommandMsg(p.streams.cfg, cmds[i].cmd.MerchantID, cmds[i].cmd.IdempotencyKey, cmds[i].body)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// generated is one generated payment command and its encoded body.
+type generated struct {
+	cmd  payment.Command
+	body []byte
+}
+
+// generate makes a valid payment command.
+func generate(rng *rand.Rand, key, merchant string, declined bool) generated {
+	pm := "pm_card_visa"
+	if declined {
+		pm = "pm_card_chargeDeclined"
+	}
+	c := payment.Command{
+		MerchantID: merchant, IdempotencyKey: key, Amount: 100 + rng.Int64N(99_900), Currency: "usd",
+		PaymentMethod: pm, Description: "generated by paydedup", Metadata: map[string]string{"order_id": key},
+	}
+	body, _ := json.Marshal(c)
+	return generated{cmd: c, body: body}
+}
+
+// withDuplicates returns the publish order of n payments in which a
+// fraction of them appears a second time, 1 to 64 places after the first.
+func withDuplicates(rng *rand.Rand, n int, fraction float64) []int {
+	dups := int(math.Round(fraction * float64(n)))
+	extra := make(map[int][]int, dups) // position → payments duplicated right after it
+	for _, i := range rng.Perm(n)[:dups] {
+		at := min(i+1+rng.IntN(64), n-1)
+		extra[at] = append(extra[at], i)
+	}
+	order := make([]int, 0, n+dups)
+	for i := range n {
+		order = append(order, i)
+		order = append(order, extra[i]...)
+	}
+	return order
+}
+
+// progress rewrites one status line on a terminal every 200 ms; elsewhere
+// it prints nothing.
+type progress struct {
+	done chan struct{}
+	exit chan struct{}
+	w    io.Writer
+}
+
+func newProgress(w io.Writer, name string, line func() string) *progress {
+	p := &progress{done: make(chan struct{}), exit: make(chan struct{}), w: w}
+	if !isTerminal(w) {
+		close(p.exit)
+		return p
+	}
+	go func() {
+		defer close(p.exit)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.done:
+				fmt.Fprintf(w, "\r\033[K")
+				return
+			case <-t.C:
+				fmt.Fprintf(w, "\r\033[K%s: %s", name, line())
+			}
+		}
+	}()
+	return p
+}
+
+func (p *progress) stop() {
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+	<-p.exit
+}
+
+// isTerminal reports whether w is a character device (a terminal).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

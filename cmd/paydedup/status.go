@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/reconciler"
+)
+
+type statusCmd struct {
+	app     *app
+	db      databaseFlag
+	nats    natsFlags
+	streams streamFlags
+	grace   time.Duration
+	json    bool
+}
+
+func newStatusCmd(a *app) *cobra.Command {
+	s := &statusCmd{app: a}
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show idempotency rows by status, stuck payments, dead letters and the consumer backlog",
+		Long: `status reads PostgreSQL and NATS and shows:
+
+  - idempotency rows by status (pending, completed, failed);
+  - the oldest pending row, and how many are stuck: pending with a lease that
+    expired more than --grace ago (their worker is gone; a redelivery or the
+    reconciler should resolve them soon: if the number stays up, look at the
+    reconciler's logs and at the provider);
+  - outcomes committed in the last minute and the last hour;
+  - dead letters by reason;
+  - the workers' consumer: messages not yet delivered (pending) and delivered
+    but not yet acked (ack pending).
+
+--json prints one JSON object instead of the tables. When NATS cannot be read,
+the database figures are still printed and the command exits non-zero.`,
+		Example: `  paydedup status
+  paydedup status --json | jq .dead_letters
+  watch -n 5 paydedup status`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return s.Run(cmd.Context()) },
+	}
+	s.db.bind(cmd, a)
+	s.nats.bind(cmd, a)
+	s.streams.bind(cmd, a)
+	cmd.Flags().DurationVar(&s.grace, "grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "a pending row is stuck when its lease expired longer ago than this (PAYDEDUP_RECONCILE_GRACE)")
+	cmd.Flags().BoolVar(&s.json, "json", false, "print one JSON object")
+	return cmd
+}
+
+// statusReport is the JSON shape of `status --json`.
+type statusReport struct {
+	Time    time.Time `json:"time"`
+	Keys    keyCounts `json:"keys"`
+	Pending struct {
+		OldestPending           *time.Time `json:"oldest_pending"`
+		OldestPendingAgeSeconds float64    `json:"oldest_pending_age_seconds"`
+		Stuck                   int64      `json:"stuck"`
+		GraceSeconds            float64    `json:"grace_seconds"`
+		MaybeCharged            int64      `json:"maybe_charged"`
+	} `json:"pending"`
+	Completed struct {
+		LastMinute       int64 `json:"last_minute"`
+		LastHour         int64 `json:"last_hour"`
+		DeclinedLastHour int64 `json:"declined_last_hour"`
+	} `json:"completed"`
+	DeadLetters *deadLetterCounts       `json:"dead_letters"`
+	Consumer    *consumer.ConsumerStats `json:"consumer"`
+	Errors      []string                `json:"errors,omitempty"`
+}
+
+type keyCounts struct {
+	Pending   int64 `json:"pending"`
+	Completed int64 `json:"completed"`
+	Failed    int64 `json:"failed"`
+	Total     int64 `json:"total"`
+}
+
+type deadLetterCounts struct {
+	Stream   string            `json:"stream"`
+	Total    uint64            `json:"total"`
+	ByReason map[string]uint64 `json:"by_reason"`
+}
+
+func (s *statusCmd) validate() error {
+	errs := []error{s.db.validate(), s.nats.validate(), s.streams.validate()}
+	if s.grace < 0 {
+		errs = append(errs, fmt.Errorf("--grace / PAYDEDUP_RECONCILE_GRACE must not be negative, got %v", s.grace))
+	}
+	return errors.Join(errs...)
+}
+
+// Run gathers the figures and prints them.
+func (s *statusCmd) Run(ctx context.Context) error {
+	if err := s.validate(); err != nil {
+		return err
+	}
+	store, closeDB, err := openStore(ctx, s.db.url, 0)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	now := time.Now()
+	st, err := store.Stats(ctx, now, s.grace)
+	if err != nil {
+		return err
+	}
+	var rep statusReport
+	rep.Time = now.UTC()
+	rep.Keys = keyCounts{Pending: st.Pending, Completed: st.Completed, Failed: st.Failed, Total: st.Total()}
+	if !st.OldestPending.IsZero() {
+		t := st.OldestPending.UTC()
+		rep.Pending.OldestPending = &t
+		rep.Pending.OldestPendingAgeSeconds = now.Sub(t).Round(time.Millisecond).Seconds()
+	}
+	rep.Pending.Stuck, rep.Pending.GraceSeconds, rep.Pending.MaybeCharged = st.Stuck, s.grace.Seconds(), st.MaybeCharged
+	rep.Completed.LastMinute, rep.Completed.LastHour, rep.Completed.DeclinedLastHour = st.CompletedLastMinute, st.CompletedLastHour, st.DeclinedLastHour
+
+	if nc, err := s.nats.connect("paydedup-status"); err != nil {
+		rep.Errors = append(rep.Errors, err.Error())
+	} else {
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		if counts, err := consumer.DeadLetterCounts(ctx, js, s.streams.cfg); err != nil {
+			rep.Errors = append(rep.Errors, "dead letters: "+err.Error())
+		} else {
+			dl := &deadLetterCounts{Stream: s.streams.cfg.DLQStream, ByReason: counts}
+			for _, n := range counts {
+				dl.Total += n
+			}
+			rep.DeadLetters = dl
+		}
+		if cs, err := consumer.ConsumerState(ctx, js, s.streams.cfg); err != nil {
+			rep.Errors = append(rep.Errors, "consumer: "+err.Error())
+		} else {
+			rep.Consumer = &cs
+		}
+	}
+
+	if s.json {
+		enc := json.NewEncoder(s.app.out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else if err := s.print(s.app.out, rep); err != nil {
+		return err
+	}
+	if len(rep.Errors) > 0 {
+		return fmt.Errorf("status: incomplete: %d part(s) could not be read", len(rep.Errors))
+	}
+	return nil
+}
+
+func (s *statusCmd) print(out io.Writer, rep statusReport) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "paydedup status at %s\n\n", rep.Time.Format(time.RFC3339))
+	fmt.Fprintln(w, "IDEMPOTENCY KEYS\tROWS")
+	fmt.Fprintf(w, "completed\t%d\n", rep.Keys.Completed)
+	fmt.Fprintf(w, "pending\t%d\n", rep.Keys.Pending)
+	fmt.Fprintf(w, "failed\t%d\n", rep.Keys.Failed)
+	fmt.Fprintf(w, "total\t%d\n\n", rep.Keys.Total)
+
+	fmt.Fprintln(w, "PENDING\t")
+	if rep.Pending.OldestPending == nil {
+		fmt.Fprintln(w, "oldest pending\tnone")
+	} else {
+		age := time.Duration(rep.Pending.OldestPendingAgeSeconds * float64(time.Second)).Round(time.Second)
+		fmt.Fprintf(w, "oldest pending\t%s ago (created %s)\n", age, rep.Pending.OldestPending.Format(time.RFC3339))
+	}
+	fmt.Fprintf(w, "stuck\t%d\t(lease expired more than %s ago)\n", rep.Pending.Stuck, s.grace)
+	fmt.Fprintf(w, "maybe charged\t%d\t(outcome unknown; a redelivery or the reconciler resolves them)\n\n", rep.Pending.MaybeCharged)
+
+	fmt.Fprintln(w, "COMPLETED\tOUTCOMES")
+	fmt.Fprintf(w, "last minute\t%d\n", rep.Completed.LastMinute)
+	fmt.Fprintf(w, "last hour\t%d\t(%d declined)\n\n", rep.Completed.LastHour, rep.Completed.DeclinedLastHour)
+
+	if dl := rep.DeadLetters; dl != nil {
+		fmt.Fprintf(w, "DEAD LETTERS (%s)\tMESSAGES\n", dl.Stream)
+		reasons := make([]string, 0, len(dl.ByReason))
+		for r := range dl.ByReason {
+			reasons = append(reasons, r)
+		}
+		slices.Sort(reasons)
+		for _, r := range reasons {
+			fmt.Fprintf(w, "%s\t%d\n", r, dl.ByReason[r])
+		}
+		fmt.Fprintf(w, "total\t%d\n\n", dl.Total)
+	}
+	if c := rep.Consumer; c != nil {
+		fmt.Fprintf(w, "CONSUMER %s ON %s\tMESSAGES\n", c.Durable, c.Stream)
+		fmt.Fprintf(w, "pending\t%d\t(not yet delivered)\n", c.NumPending)
+		fmt.Fprintf(w, "ack pending\t%d\t(delivered, not yet acked: in work or waiting for a redelivery)\n", c.NumAckPending)
+		fmt.Fprintf(w, "redelivered\t%d\n", c.NumRedelivered)
+		fmt.Fprintf(w, "stream holds\t%d\n", c.StreamMessages)
+	}
+	for _, e := range rep.Errors {
+		fmt.Fprintf(w, "\nerror: %s\n", e)
+	}
+	return w.Flush()
+}

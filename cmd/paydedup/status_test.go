@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// seedStore writes rows at known times relative to now (status reads the
+// wall clock): 2 pending (one stuck for two hours), 4 completed (3 of them
+// in the last hour, one declined, 1 in the last minute), 1 failed.
+func seedStore(t *testing.T, dbURL string, now time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := dedup.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	clk := clock.NewFake(now.Add(-2 * time.Hour))
+	store, err := dedup.New(pool, dedup.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(holder, key string, lease time.Duration) dedup.Lease {
+		t.Helper()
+		c := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+		res, err := store.Claim(ctx, holder, lease, dedup.NewClaimRequest(c))
+		if err != nil || res.Lease == nil {
+			t.Fatalf("claim %s: %v %+v", key, err, res)
+		}
+		return *res.Lease
+	}
+	complete := func(l dedup.Lease, declined bool) {
+		t.Helper()
+		c := dedup.Completion{ChargeID: "pi_" + l.IdempotencyKey, ResponseStatus: 200, Response: json.RawMessage(`{"ok":true}`)}
+		if declined {
+			c = dedup.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{"declined":true}`)}
+		}
+		if err := store.Complete(ctx, l, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	complete(claim("w", "old", time.Minute), false)
+	claim("gone", "stuck", 30*time.Second)
+	clk.Set(now.Add(-30 * time.Minute))
+	complete(claim("w", "half-hour", time.Minute), false)
+	complete(claim("w", "half-hour-declined", time.Minute), true)
+	if _, err := store.Fail(ctx, claim("w", "failed", time.Minute), "429"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(now.Add(-5 * time.Second))
+	complete(claim("w", "recent", time.Minute), false)
+	claim("w", "live", time.Hour)
+}
+
+func TestStatusJSON(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.PostgresURL(t)
+	w := newCLIWorld(t, dbURL, true)
+	now := time.Now()
+	seedStore(t, dbURL, now)
+	ctx := context.Background()
+	for i := range 3 {
+		key := fmt.Sprintf("queued-%d", i)
+		if _, err := w.js.PublishMsg(ctx, consumer.CommandMsg(w.cfg, "m_1", key, []byte(`{}`))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, reason := range []string{consumer.ReasonMaxDeliveries, consumer.ReasonMaxDeliveries, consumer.ReasonKeyReused} {
+		d := consumer.Letter{Reason: reason, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1", OrigStream: w.cfg.Stream,
+			OrigSeq: uint64(i + 1), Deliveries: 1, Header: nats.Header{}, Data: []byte(`{}`), FailedAt: now}
+		if _, err := w.js.PublishMsg(ctx, d.Msg(w.cfg.DLQPrefix)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	out, errOut, err := w.run("", "status", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	var rep statusReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not one JSON object: %v\n%s", err, out)
+	}
+	if rep.Keys != (keyCounts{Pending: 2, Completed: 4, Failed: 1, Total: 7}) {
+		t.Errorf("keys %+v", rep.Keys)
+	}
+	p := rep.Pending
+	if p.OldestPending == nil || p.OldestPending.Sub(now.Add(-2*time.Hour)).Abs() > time.Second ||
+		p.OldestPendingAgeSeconds < 7200 || p.OldestPendingAgeSeconds > 7260 {
+		t.Errorf("oldest pending %v, age %v s", p.OldestPending, p.OldestPendingAgeSeconds)
+	}
+	if p.Stuck != 1 || p.GraceSeconds != 30 || p.MaybeCharged != 0 {
+		t.Errorf("pending %+v", p)
+	}
+	if c := rep.Completed; c.LastMinute != 1 || c.LastHour != 3 || c.DeclinedLastHour != 1 {
+		t.Errorf("completed %+v", c)
+	}
+	if dl := rep.DeadLetters; dl == nil || dl.Total != 3 || dl.ByReason["max_deliveries"] != 2 || dl.ByReason["key_reused"] != 1 || dl.Stream != w.cfg.DLQStream {
+		t.Errorf("dead letters %+v", dl)
+	}
+	if c := rep.Consumer; c == nil || c.NumPending != 3 || c.NumAckPending != 0 || c.Durable != "w" || c.Stream != w.cfg.Stream {
+		t.Errorf("consumer %+v", c)
+	}
+	if len(rep.Errors) != 0 {
+		t.Errorf("errors %v", rep.Errors)
+	}
+
+	// The human table says the same.
+	out, _, err = w.run("", "status", "--grace", "1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, re := range []string{`completed\s+4`, `pending\s+2`, `stuck\s+1\s+\(lease expired more than 1h0m0s ago\)`, `oldest pending\s+2h0m\d+s ago`,
+		`max_deliveries\s+2`, `key_reused\s+1`, `last hour\s+3\s+\(1 declined\)`, `pending\s+3\s+\(not yet delivered\)`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("status output does not match %q:\n%s", re, out)
+		}
+	}
+}
+
+func TestStatusWithoutStreams(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.PostgresURL(t)
+	w := newCLIWorld(t, dbURL, false) // no worker ever started: no streams
+	out, _, err := w.run("", "status", "--json")
+	if err == nil {
+		t.Fatal("status without streams exited zero")
+	}
+	var rep statusReport
+	if jerr := json.Unmarshal([]byte(out), &rep); jerr != nil {
+		t.Fatalf("database figures not printed: %v\n%s", jerr, out)
+	}
+	if rep.Keys.Total != 0 || len(rep.Errors) != 2 || !strings.Contains(strings.Join(rep.Errors, " "), "start a worker") {
+		t.Fatalf("report %+v", rep)
+	}
+	if _, _, err := w.run("", "status", "--grace", "-1s"); err == nil || !strings.Contains(err.Error(), "--grace") {
+		t.Fatalf("negative grace: %v", err)
+	}
+}

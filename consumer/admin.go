@@ -1,0 +1,710 @@
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/payment"
+)
+
+// This file is the NATS side of the operator commands (publish, status,
+// dlq list/show/replay) and of the demo: only this package speaks to NATS.
+
+// HeaderReplayOf marks a message republished from the dead-letter stream:
+// <dlq stream>:<dead letter sequence>. It is not a Dlq- header, so it
+// survives if the replayed message is dead-lettered again.
+const HeaderReplayOf = "Paydedup-Replay-Of"
+
+// ErrNotSetUp means a stream or the durable consumer does not exist yet:
+// no worker has started against this configuration.
+var ErrNotSetUp = errors.New("not set up: start a worker (paydedup worker) to create the streams and the consumer")
+
+// adminTimeout bounds one admin request to the server.
+const adminTimeout = 10 * time.Second
+
+// MsgID is the Nats-Msg-Id publishers set for a payment command, so the
+// stream's duplicate window drops quick double-publishes.
+func MsgID(merchantID, idempotencyKey string) string { return merchantID + ":" + idempotencyKey }
+
+// CommandMsg builds the message for a payment command body: subject
+// <SubjectPrefix>.<merchant_id>, the Idempotency-Key header and Nats-Msg-Id
+// <merchant_id>:<idempotency_key>. The body is sent byte for byte.
+func CommandMsg(cfg Config, merchantID, idempotencyKey string, body []byte) *nats.Msg {
+	cfg = cfg.WithDefaults()
+	m := nats.NewMsg(cfg.SubjectPrefix + "." + merchantID)
+	m.Data = body
+	if idempotencyKey != "" {
+		m.Header.Set(HeaderIdempotencyKey, idempotencyKey)
+		m.Header.Set(nats.MsgIdHdr, MsgID(merchantID, idempotencyKey))
+	}
+	return m
+}
+
+// ---------------------------------------------------------------------------
+// Consumer and stream state
+
+// ConsumerStats is what the durable consumer and the streams say about the
+// backlog.
+type ConsumerStats struct {
+	Stream  string `json:"stream"`
+	Durable string `json:"durable"`
+	// NumPending is how many messages wait to be delivered for the first time.
+	NumPending uint64 `json:"num_pending"`
+	// NumAckPending is how many were delivered and not yet acked (in work,
+	// or nakked with a delay and waiting for their redelivery).
+	NumAckPending int `json:"num_ack_pending"`
+	// NumRedelivered is how many of those were delivered more than once.
+	NumRedelivered int `json:"num_redelivered"`
+	// NumWaiting is how many pull requests (idle workers) wait for messages.
+	NumWaiting int `json:"num_waiting"`
+	// StreamMessages is how many messages the payments stream holds.
+	StreamMessages uint64 `json:"stream_messages"`
+}
+
+// ConsumerState reports the durable consumer's backlog. It wraps ErrNotSetUp
+// when the stream or the consumer does not exist.
+func ConsumerState(ctx context.Context, js jetstream.JetStream, cfg Config) (ConsumerStats, error) {
+	cfg = cfg.WithDefaults()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	st := ConsumerStats{Stream: cfg.Stream, Durable: cfg.Durable}
+	stream, err := js.Stream(ctx, cfg.Stream)
+	if err != nil {
+		return st, notSetUp("stream "+cfg.Stream, err)
+	}
+	sinfo, err := stream.Info(ctx)
+	if err != nil {
+		return st, fmt.Errorf("stream %s info: %w", cfg.Stream, err)
+	}
+	st.StreamMessages = sinfo.State.Msgs
+	cons, err := stream.Consumer(ctx, cfg.Durable)
+	if err != nil {
+		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Stream, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Stream, err)
+	}
+	st.NumPending, st.NumAckPending = info.NumPending, info.NumAckPending
+	st.NumRedelivered, st.NumWaiting = info.NumRedelivered, info.NumWaiting
+	return st, nil
+}
+
+func notSetUp(what string, err error) error {
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("%s: %w", what, ErrNotSetUp)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// DeadLetterCounts returns how many dead letters the DLQ stream holds per
+// reason (the last token of the subject). It wraps ErrNotSetUp when the
+// stream does not exist.
+func DeadLetterCounts(ctx context.Context, js jetstream.JetStream, cfg Config) (map[string]uint64, error) {
+	cfg = cfg.WithDefaults()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	stream, err := js.Stream(ctx, cfg.DLQStream)
+	if err != nil {
+		return nil, notSetUp("stream "+cfg.DLQStream, err)
+	}
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(cfg.DLQPrefix+".>"))
+	if err != nil {
+		return nil, fmt.Errorf("stream %s info: %w", cfg.DLQStream, err)
+	}
+	counts := make(map[string]uint64, len(info.State.Subjects))
+	for subj, n := range info.State.Subjects {
+		counts[strings.TrimPrefix(subj, cfg.DLQPrefix+".")] += n
+	}
+	return counts, nil
+}
+
+// ---------------------------------------------------------------------------
+// Reading dead letters
+
+// DeadLetterInfo is one dead letter as stored in the DLQ stream.
+type DeadLetterInfo struct {
+	// Seq is the dead letter's sequence in the DLQ stream: the handle
+	// `dlq show` and `dlq replay --seq` take.
+	Seq     uint64    `json:"seq"`
+	Subject string    `json:"subject"`
+	Stored  time.Time `json:"stored"`
+	ParsedDeadLetter
+	// MerchantID and IdempotencyKey are read, best effort, from the body,
+	// the Idempotency-Key header and the original subject; empty when the
+	// message does not say (it may be malformed: that may be why it is here).
+	MerchantID     string `json:"merchant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	// Invalid says why the Dlq-* headers could not be read; such a message
+	// is listed but never replayed.
+	Invalid string      `json:"invalid,omitempty"`
+	Header  nats.Header `json:"header,omitempty"`
+	Data    []byte      `json:"-"`
+}
+
+// DLQFilter selects dead letters.
+type DLQFilter struct {
+	// Reason keeps only dead letters with this reason; empty keeps all.
+	Reason string
+	// Since keeps only dead letters stored at or after this time; zero
+	// keeps all.
+	Since time.Time
+	// Limit stops after this many; 0 means no limit.
+	Limit int
+}
+
+// dlqFetchBatch is how many dead letters one fetch asks for.
+const dlqFetchBatch = 256
+
+// ListDeadLetters returns the dead letters matching f, oldest first. It
+// reads them with a short-lived ephemeral consumer (no acks, one filter
+// subject, so it works with nats-server 2.9) and deletes it afterwards.
+func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f DLQFilter) ([]DeadLetterInfo, error) {
+	cfg = cfg.WithDefaults()
+	if f.Limit < 0 {
+		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
+	}
+	filter := cfg.DLQPrefix + ".>"
+	if f.Reason != "" {
+		filter = cfg.DLQPrefix + "." + subjectToken(f.Reason)
+	}
+	cc := jetstream.ConsumerConfig{
+		Description:       "paydedup dlq reader",
+		AckPolicy:         jetstream.AckNonePolicy,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		FilterSubject:     filter,
+		InactiveThreshold: time.Minute, // removed by the server if we die before deleting it
+		MemoryStorage:     true,
+	}
+	if !f.Since.IsZero() {
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &f.Since
+	}
+	cctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	cons, err := js.CreateConsumer(cctx, cfg.DLQStream, cc)
+	cancel()
+	if err != nil {
+		return nil, notSetUp("read stream "+cfg.DLQStream, err)
+	}
+	name := cons.CachedInfo().Name
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
+		defer cancel()
+		_ = js.DeleteConsumer(dctx, cfg.DLQStream, name)
+	}()
+
+	want := cons.CachedInfo().NumPending
+	if f.Limit > 0 {
+		want = min(want, uint64(f.Limit))
+	}
+	out := make([]DeadLetterInfo, 0, want)
+	for uint64(len(out)) < want {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		batch, err := cons.Fetch(min(int(want)-len(out), dlqFetchBatch), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return out, fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			meta, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			n++
+			out = append(out, deadLetterInfo(cfg, meta.Sequence.Stream, m.Subject(), meta.Timestamp, m.Headers(), m.Data()))
+			if meta.NumPending == 0 {
+				want = uint64(len(out)) // the rest were deleted meanwhile
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			return out, fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
+		}
+		if n == 0 {
+			break // dead letters deleted (replayed) while we read
+		}
+	}
+	return out, nil
+}
+
+// GetDeadLetter returns one dead letter by its DLQ sequence. It wraps
+// jetstream.ErrMsgNotFound when there is none.
+func GetDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, seq uint64) (DeadLetterInfo, error) {
+	cfg = cfg.WithDefaults()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	stream, err := js.Stream(ctx, cfg.DLQStream)
+	if err != nil {
+		return DeadLetterInfo{}, notSetUp("stream "+cfg.DLQStream, err)
+	}
+	raw, err := stream.GetMsg(ctx, seq)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return DeadLetterInfo{}, fmt.Errorf("no dead letter %d in %s: %w", seq, cfg.DLQStream, ErrDeadLetterNotFound)
+		}
+		return DeadLetterInfo{}, fmt.Errorf("get dead letter %d from %s: %w", seq, cfg.DLQStream, err)
+	}
+	return deadLetterInfo(cfg, raw.Sequence, raw.Subject, raw.Time, raw.Header, raw.Data), nil
+}
+
+// ErrDeadLetterNotFound means the DLQ stream has no message at the sequence.
+var ErrDeadLetterNotFound = errors.New("dead letter not found")
+
+func deadLetterInfo(cfg Config, seq uint64, subject string, stored time.Time, h nats.Header, data []byte) DeadLetterInfo {
+	d := DeadLetterInfo{Seq: seq, Subject: subject, Stored: stored, Header: h, Data: data}
+	p, err := ParseDeadLetter(h)
+	d.ParsedDeadLetter = p
+	if err != nil {
+		d.Invalid = err.Error()
+		if d.Reason == "" {
+			d.Reason = strings.TrimPrefix(subject, cfg.DLQPrefix+".")
+		}
+	}
+	d.MerchantID, d.IdempotencyKey = identify(h, data, p.OrigSubject)
+	return d
+}
+
+// identify reads merchant and key from whatever the message offers, without
+// validating it: the body's fields, else the Idempotency-Key header and the
+// subject's last token.
+func identify(h nats.Header, data []byte, origSubject string) (merchant, key string) {
+	var body struct {
+		MerchantID     any `json:"merchant_id"`
+		IdempotencyKey any `json:"idempotency_key"`
+	}
+	if json.Unmarshal(data, &body) == nil {
+		merchant, _ = body.MerchantID.(string)
+		key, _ = body.IdempotencyKey.(string)
+	}
+	key = cmp.Or(key, h.Get(HeaderIdempotencyKey))
+	if merchant == "" {
+		if i := strings.LastIndexByte(origSubject, '.'); i >= 0 {
+			merchant = origSubject[i+1:]
+		}
+	}
+	return clipField(merchant), clipField(key)
+}
+
+func clipField(s string) string {
+	s = sanitizeHeader(s)
+	if len(s) > 80 {
+		return s[:77] + "..."
+	}
+	return s
+}
+
+// ---------------------------------------------------------------------------
+// Replay
+
+// ReplayOptions chooses the dead letters to replay.
+type ReplayOptions struct {
+	// Seqs are the DLQ sequences to replay. Either Seqs or All.
+	Seqs []uint64
+	// All replays every dead letter (matching Reason).
+	All bool
+	// Reason keeps only dead letters with this reason.
+	Reason string
+	// DryRun reports what would be replayed and changes nothing.
+	DryRun bool
+	// Force also replays reasons that cannot succeed unchanged: bad input
+	// (payment.IsInputReason) and key_reused. It never overrides the key
+	// retention rule.
+	Force bool
+	// KeyRetention is the idempotency store's key retention: a dead letter
+	// that failed longer ago than this is refused, because its key may be
+	// purged and a replay could charge again. DefaultKeyRetention when 0.
+	KeyRetention time.Duration
+	// Now is the time the retention rule is judged at; time.Now() when zero.
+	Now time.Time
+}
+
+// ReplayOutcome is what happened to one dead letter.
+type ReplayOutcome string
+
+// Replay outcomes.
+const (
+	// Replayed: republished (PubAck received), then deleted from the DLQ.
+	Replayed ReplayOutcome = "replayed"
+	// WouldReplay: a dry run would have replayed it.
+	WouldReplay ReplayOutcome = "would_replay"
+	// Skipped: its reason cannot succeed on replay; Force replays it.
+	Skipped ReplayOutcome = "skipped"
+	// Refused: older than the key retention, or not a readable dead letter.
+	Refused ReplayOutcome = "refused"
+	// NotFound: no dead letter at that sequence.
+	NotFound ReplayOutcome = "not_found"
+	// Failed: the republish or the delete failed; Detail says which.
+	Failed ReplayOutcome = "failed"
+)
+
+// ReplayResult is the fate of one dead letter.
+type ReplayResult struct {
+	Seq            uint64        `json:"seq"`
+	Reason         string        `json:"reason,omitempty"`
+	MerchantID     string        `json:"merchant_id,omitempty"`
+	IdempotencyKey string        `json:"idempotency_key,omitempty"`
+	Subject        string        `json:"subject,omitempty"` // where it was (or would be) republished
+	Outcome        ReplayOutcome `json:"outcome"`
+	MsgID          string        `json:"msg_id,omitempty"`     // the new Nats-Msg-Id
+	StreamSeq      uint64        `json:"stream_seq,omitempty"` // its sequence in the payments stream
+	Detail         string        `json:"detail,omitempty"`
+}
+
+// ReplayReport lists every dead letter considered, in order, and counts
+// them by outcome.
+type ReplayReport struct {
+	Results     []ReplayResult `json:"results"`
+	Replayed    int            `json:"replayed"`
+	WouldReplay int            `json:"would_replay"`
+	Skipped     int            `json:"skipped"`
+	Refused     int            `json:"refused"`
+	NotFound    int            `json:"not_found"`
+	Failed      int            `json:"failed"`
+}
+
+func (r *ReplayReport) add(res ReplayResult) {
+	r.Results = append(r.Results, res)
+	switch res.Outcome {
+	case Replayed:
+		r.Replayed++
+	case WouldReplay:
+		r.WouldReplay++
+	case Skipped:
+		r.Skipped++
+	case Refused:
+		r.Refused++
+	case NotFound:
+		r.NotFound++
+	case Failed:
+		r.Failed++
+	}
+}
+
+// ReplayableReason reports whether a dead letter with this reason can
+// succeed when replayed unchanged: not bad input, not a reused key.
+func ReplayableReason(reason string) bool {
+	return !payment.IsInputReason(reason) && reason != ReasonKeyReused
+}
+
+// ReplayDeadLetters republishes dead letters to their original subject and
+// deletes each from the DLQ stream only after the republish's PubAck.
+//
+// The republished message carries the dead letter's original headers and
+// body, a new Nats-Msg-Id replay:<dlq seq>:<unix nanos> (the original id may
+// still be inside the stream's duplicate window) and Paydedup-Replay-Of.
+// Postgres still guards the charge: a replay of a completed key is acked as
+// a duplicate, and a crash between the PubAck and the delete at worst
+// publishes it twice. Dead letters older than opts.KeyRetention are refused;
+// reasons that cannot succeed are skipped unless opts.Force.
+//
+// The error is for failures that stop the whole replay (bad options, the
+// DLQ stream unreachable); per-letter failures are in the report.
+func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, opts ReplayOptions) (ReplayReport, error) {
+	cfg = cfg.WithDefaults()
+	var rep ReplayReport
+	if opts.All == (len(opts.Seqs) > 0) {
+		return rep, errors.New("replay dead letters: give either sequences or All")
+	}
+	retention := cmp.Or(opts.KeyRetention, DefaultKeyRetention)
+	now := opts.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+
+	// Each sequence is either a dead letter to judge or an outcome already
+	// known (not found, other reason); the report keeps sequence order.
+	type item struct {
+		d    DeadLetterInfo
+		done *ReplayResult
+	}
+	var items []item
+	if opts.All {
+		letters, err := ListDeadLetters(ctx, js, cfg, DLQFilter{Reason: opts.Reason})
+		if err != nil {
+			return rep, fmt.Errorf("replay dead letters: %w", err)
+		}
+		for _, d := range letters {
+			items = append(items, item{d: d})
+		}
+	} else {
+		seqs := slices.Clone(opts.Seqs)
+		slices.Sort(seqs)
+		for _, seq := range slices.Compact(seqs) {
+			d, err := GetDeadLetter(ctx, js, cfg, seq)
+			switch {
+			case errors.Is(err, ErrDeadLetterNotFound):
+				items = append(items, item{done: &ReplayResult{Seq: seq, Outcome: NotFound,
+					Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)}})
+			case err != nil:
+				return rep, fmt.Errorf("replay dead letters: %w", err)
+			case opts.Reason != "" && d.Reason != opts.Reason:
+				items = append(items, item{done: &ReplayResult{Seq: seq, Reason: d.Reason, MerchantID: d.MerchantID,
+					IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)}})
+			default:
+				items = append(items, item{d: d})
+			}
+		}
+	}
+
+	var stream jetstream.Stream
+	for _, it := range items {
+		if it.done != nil {
+			rep.add(*it.done)
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		d := it.d
+		res := ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey, Subject: d.OrigSubject}
+		switch {
+		case d.Invalid != "":
+			res.Outcome, res.Detail = Refused, "not a readable dead letter: "+d.Invalid
+		case now.Sub(d.FailedAt) > retention:
+			res.Outcome = Refused
+			res.Detail = fmt.Sprintf("failed %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
+				now.Sub(d.FailedAt).Round(time.Second), retention)
+		case !opts.Force && d.Reason == ReasonKeyReused:
+			res.Outcome = Skipped
+			res.Detail = "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"
+		case !opts.Force && !ReplayableReason(d.Reason):
+			res.Outcome = Skipped
+			res.Detail = fmt.Sprintf("bad input (%s): a replay is dead-lettered again; fix the message and publish it anew, or use --force", d.Reason)
+		case opts.DryRun:
+			res.Outcome = WouldReplay
+		default:
+			if stream == nil {
+				var err error
+				sctx, cancel := context.WithTimeout(ctx, adminTimeout)
+				stream, err = js.Stream(sctx, cfg.DLQStream)
+				cancel()
+				if err != nil {
+					return rep, fmt.Errorf("replay dead letters: %w", notSetUp("stream "+cfg.DLQStream, err))
+				}
+			}
+			replayOne(ctx, js, stream, cfg, d, &res)
+		}
+		rep.add(res)
+	}
+	return rep, nil
+}
+
+// replayOne republishes d and then deletes it.
+func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, cfg Config, d DeadLetterInfo, res *ReplayResult) {
+	m := nats.NewMsg(d.OrigSubject)
+	m.Data = d.Data
+	for k, vs := range d.Header {
+		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") || k == HeaderReplayOf {
+			continue
+		}
+		m.Header[k] = append([]string(nil), vs...)
+	}
+	res.MsgID = fmt.Sprintf("replay:%d:%d", d.Seq, time.Now().UnixNano())
+	m.Header.Set(nats.MsgIdHdr, res.MsgID)
+	m.Header.Set(HeaderReplayOf, cfg.DLQStream+":"+strconv.FormatUint(d.Seq, 10))
+
+	pctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	ack, err := js.PublishMsg(pctx, m)
+	cancel()
+	if err != nil {
+		res.Outcome, res.Detail = Failed, fmt.Sprintf("republish to %s: %v; the dead letter is kept", d.OrigSubject, err)
+		return
+	}
+	res.StreamSeq = ack.Sequence
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
+	err = stream.DeleteMsg(dctx, d.Seq)
+	cancel()
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		res.Outcome = Failed
+		res.Detail = fmt.Sprintf("republished as %s #%d, but deleting the dead letter failed: %v; delete it, or a later replay publishes it again (harmless: Postgres guards the charge)",
+			ack.Stream, ack.Sequence, err)
+		return
+	}
+	res.Outcome = Replayed
+}
+
+// ---------------------------------------------------------------------------
+// Async publisher
+
+// Defaults for PublisherConfig.
+const (
+	DefaultPublishWindow     = 256
+	DefaultPublishAckTimeout = 10 * time.Second
+)
+
+// PublishResult is the fate of one published message.
+type PublishResult struct {
+	Msg *nats.Msg
+	// Seq is the message's stream sequence (for a duplicate, the sequence of
+	// the message it duplicates).
+	Seq uint64
+	// Duplicate: the stream's duplicate window dropped it (same Nats-Msg-Id).
+	Duplicate bool
+	// Err is set when no PubAck came.
+	Err error
+}
+
+// PublishStats counts results so far.
+type PublishStats struct {
+	Sent       int `json:"sent"`       // handed to the server
+	Stored     int `json:"stored"`     // PubAck, new message
+	Duplicates int `json:"duplicates"` // PubAck.Duplicate: dropped by the duplicate window
+	Failed     int `json:"failed"`     // no PubAck (error or timeout)
+}
+
+// Outstanding is how many messages still wait for their PubAck.
+func (s PublishStats) Outstanding() int { return s.Sent - s.Stored - s.Duplicates - s.Failed }
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// Window bounds the messages awaiting their PubAck; Publish blocks while
+	// it is full. DefaultPublishWindow when 0.
+	Window int
+	// AckTimeout is how long one PubAck may take. DefaultPublishAckTimeout
+	// when 0.
+	AckTimeout time.Duration
+	// OnResult, when set, is called for every message, in publish order,
+	// from one goroutine.
+	OnResult func(PublishResult)
+}
+
+// Publisher publishes asynchronously with a bounded window of messages in
+// flight, instead of one round trip per message, and awaits every PubAck.
+// Publish from one goroutine; Stats may be read from any.
+type Publisher struct {
+	js       jetstream.JetStream
+	onResult func(PublishResult)
+	slots    chan struct{}               // one per message awaiting its PubAck
+	inflight chan jetstream.PubAckFuture // in publish order; never fuller than slots
+	done     chan struct{}
+
+	mu     sync.Mutex
+	stats  PublishStats
+	closed bool
+}
+
+// NewPublisher returns a publisher on nc. Close it to await the last acks.
+func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
+	window := cmp.Or(cfg.Window, DefaultPublishWindow)
+	if window < 1 {
+		return nil, fmt.Errorf("publisher: window must be at least 1, got %d", window)
+	}
+	// The client's own pending limit sits above our window, so it never
+	// stalls: we block first.
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(window+1),
+		jetstream.WithPublishAsyncTimeout(cmp.Or(cfg.AckTimeout, DefaultPublishAckTimeout)))
+	if err != nil {
+		return nil, fmt.Errorf("publisher: %w", err)
+	}
+	p := &Publisher{
+		js: js, onResult: cfg.OnResult,
+		slots: make(chan struct{}, window), inflight: make(chan jetstream.PubAckFuture, window),
+		done: make(chan struct{}),
+	}
+	go p.collect()
+	return p, nil
+}
+
+// Publish sends m, first waiting while the window is full. A message the
+// client cannot even send is counted as failed (and reported to OnResult);
+// the error is only for ctx ending before m was sent, or a closed publisher.
+func (p *Publisher) Publish(ctx context.Context, m *nats.Msg) error {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return errors.New("publish: publisher closed")
+	}
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p.mu.Lock()
+	p.stats.Sent++
+	p.mu.Unlock()
+	f, err := p.js.PublishMsgAsync(m)
+	if err != nil {
+		f = failedFuture(m, err) // reported in order, like the others
+	}
+	p.inflight <- f // never blocks: we hold one of its slots
+	return nil
+}
+
+// unsent is the future of a message the client could not send.
+type unsent struct {
+	msg *nats.Msg
+	err chan error
+}
+
+func failedFuture(m *nats.Msg, err error) jetstream.PubAckFuture {
+	u := unsent{msg: m, err: make(chan error, 1)}
+	u.err <- err
+	return u
+}
+
+func (u unsent) Ok() <-chan *jetstream.PubAck { return nil }
+func (u unsent) Err() <-chan error            { return u.err }
+func (u unsent) Msg() *nats.Msg               { return u.msg }
+
+// collect resolves futures in publish order and frees their slots.
+func (p *Publisher) collect() {
+	defer close(p.done)
+	for f := range p.inflight {
+		select {
+		case ack := <-f.Ok():
+			p.record(PublishResult{Msg: f.Msg(), Seq: ack.Sequence, Duplicate: ack.Duplicate})
+		case err := <-f.Err():
+			p.record(PublishResult{Msg: f.Msg(), Err: err})
+		}
+		<-p.slots
+	}
+}
+
+func (p *Publisher) record(r PublishResult) {
+	p.mu.Lock()
+	switch {
+	case r.Err != nil:
+		p.stats.Failed++
+	case r.Duplicate:
+		p.stats.Duplicates++
+	default:
+		p.stats.Stored++
+	}
+	p.mu.Unlock()
+	if p.onResult != nil {
+		p.onResult(r)
+	}
+}
+
+// Stats returns the counts so far.
+func (p *Publisher) Stats() PublishStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+// Close waits for the PubAck (or its timeout) of every message sent and
+// returns the final counts. Publish must not be running.
+func (p *Publisher) Close() PublishStats {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.inflight)
+	}
+	p.mu.Unlock()
+	<-p.done
+	return p.Stats()
+}

@@ -1,0 +1,133 @@
+package dedup
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Stats is the store's state as an operator reads it (paydedup status).
+type Stats struct {
+	// Pending, Completed and Failed count rows by status.
+	Pending   int64
+	Completed int64
+	Failed    int64
+	// OldestPending is the creation time of the oldest pending row; zero
+	// when none is pending.
+	OldestPending time.Time
+	// Stuck counts pending rows whose lease expired more than the grace ago:
+	// their holder is gone and neither a redelivery nor the reconciler has
+	// resolved them yet.
+	Stuck int64
+	// MaybeCharged counts pending rows on which a provider call may have
+	// charged without us learning the answer.
+	MaybeCharged int64
+	// CompletedLastMinute and CompletedLastHour count outcomes committed in
+	// that window (charged or declined), from the ledger.
+	CompletedLastMinute int64
+	CompletedLastHour   int64
+	// DeclinedLastHour is the part of CompletedLastHour that was declined.
+	DeclinedLastHour int64
+}
+
+// Total is the number of rows.
+func (s Stats) Total() int64 { return s.Pending + s.Completed + s.Failed }
+
+// statsSQL reads every figure in one statement. Counting by status scans the
+// table (it is an operator's query, not the hot path); the pending figures
+// use the partial index on pending rows, the windows the ledger's index on
+// created_at (a ledger row is written in the transaction that completes the
+// key, with the same time).
+const statsSQL = `
+SELECT
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending'),
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'completed'),
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'failed'),
+    (SELECT min(created_at) FROM idempotency_keys WHERE status = 'pending'),
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND locked_until < @stuck_before),
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND maybe_charged),
+    (SELECT count(*) FROM payments WHERE created_at > @minute_ago AND created_at <= @now),
+    (SELECT count(*) FROM payments WHERE created_at > @hour_ago AND created_at <= @now),
+    (SELECT count(*) FROM payments WHERE created_at > @hour_ago AND created_at <= @now AND status = 'declined')`
+
+// Stats reads the store's figures as of now. A pending row counts as stuck
+// when its lease expired more than grace before now.
+func (s *Store) Stats(ctx context.Context, now time.Time, grace time.Duration) (Stats, error) {
+	var (
+		st     Stats
+		oldest *time.Time
+	)
+	args := pgx.NamedArgs{
+		"now": now, "stuck_before": now.Add(-grace),
+		"minute_ago": now.Add(-time.Minute), "hour_ago": now.Add(-time.Hour),
+	}
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, statsSQL, args).Scan(&st.Pending, &st.Completed, &st.Failed, &oldest,
+			&st.Stuck, &st.MaybeCharged, &st.CompletedLastMinute, &st.CompletedLastHour, &st.DeclinedLastHour)
+	})
+	if err != nil {
+		return Stats{}, interpretError("read store stats", err)
+	}
+	if oldest != nil {
+		st.OldestPending = *oldest
+	}
+	return st, nil
+}
+
+// KeyRef names one idempotency record.
+type KeyRef struct {
+	MerchantID     string
+	IdempotencyKey string
+}
+
+// lookupBatch bounds the keys one GetMany statement asks for.
+const lookupBatch = 5000
+
+// GetMany returns the records of the keys that exist, once each, in no
+// particular order; keys without a row are simply absent. It takes one round
+// trip per few thousand keys.
+func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
+	seen := make(map[KeyRef]bool, len(refs))
+	uniq := make([]KeyRef, 0, len(refs))
+	for _, r := range refs {
+		if !seen[r] {
+			seen[r] = true
+			uniq = append(uniq, r)
+		}
+	}
+	refs = uniq
+	out := make([]Record, 0, len(refs))
+	for start := 0; start < len(refs); start += lookupBatch {
+		part := refs[start:min(start+lookupBatch, len(refs))]
+		merchants, keys := make([]string, len(part)), make([]string, len(part))
+		for i, r := range part {
+			merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
+		}
+		n := len(out)
+		err := s.withRetry(ctx, func(ctx context.Context) error {
+			out = out[:n]
+			rows, err := s.pool.Query(ctx, `SELECT `+qualified("k")+`
+				FROM idempotency_keys k
+				JOIN unnest(@merchants::text[], @keys::text[]) AS i(merchant_id, idempotency_key)
+				  ON k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key`,
+				pgx.NamedArgs{"merchants": merchants, "keys": keys})
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				rec, err := scanRecord(rows)
+				if err != nil {
+					return err
+				}
+				out = append(out, rec)
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, interpretError("get keys", err)
+		}
+	}
+	return out, nil
+}

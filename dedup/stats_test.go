@@ -1,0 +1,127 @@
+package dedup_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+)
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	start := b.clock.Now()
+
+	// Two hours ago: one charged, one declined.
+	old := b.claim(t, "w", req("m_1", "old", 100)).Lease
+	if err := b.store.Complete(b.ctx, *old, charged("pi_old")); err != nil {
+		t.Fatal(err)
+	}
+	oldDecl := b.claim(t, "w", req("m_1", "old-declined", 100)).Lease
+	if err := b.store.Complete(b.ctx, *oldDecl, dedup.Completion{Declined: true, ResponseStatus: 402, Response: []byte(`{"declined":true}`)}); err != nil {
+		t.Fatal(err)
+	}
+	// The oldest pending row: claimed now, its holder vanished.
+	stuck := b.claim(t, "gone", req("m_1", "stuck", 100)).Lease
+	_ = stuck
+	b.clock.Advance(90 * time.Minute)
+	// Thirty minutes ago: a charge and a decline.
+	l := b.claim(t, "w", req("m_1", "half-hour", 100)).Lease
+	if err := b.store.Complete(b.ctx, *l, charged("pi_half")); err != nil {
+		t.Fatal(err)
+	}
+	l = b.claim(t, "w", req("m_2", "half-hour-declined", 100)).Lease
+	if err := b.store.Complete(b.ctx, *l, dedup.Completion{Declined: true, ResponseStatus: 402, Response: []byte(`{"declined":true}`)}); err != nil {
+		t.Fatal(err)
+	}
+	// A failed row (known not charged).
+	l = b.claim(t, "w", req("m_1", "failed", 100)).Lease
+	if _, err := b.store.Fail(b.ctx, *l, "429"); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(29*time.Minute + 30*time.Second)
+	// Seconds ago: one charge; one released after an unknown outcome (maybe
+	// charged, lease expired but within the grace); one live lease.
+	l = b.claim(t, "w", req("m_1", "recent", 100)).Lease
+	if err := b.store.Complete(b.ctx, *l, charged("pi_recent")); err != nil {
+		t.Fatal(err)
+	}
+	l = b.claim(t, "w", req("m_1", "released", 100)).Lease
+	if err := b.store.Release(b.ctx, *l, "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	b.claim(t, "w", req("m_1", "live", 100))
+	now := b.clock.Now()
+
+	st, err := b.store.Stats(b.ctx, now, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dedup.Stats{
+		Pending: 3, Completed: 5, Failed: 1,
+		OldestPending:       start,
+		Stuck:               1, // "stuck": its lease expired two hours ago; "released" only just
+		MaybeCharged:        1,
+		CompletedLastMinute: 1,
+		CompletedLastHour:   3,
+		DeclinedLastHour:    1,
+	}
+	if !st.OldestPending.Equal(want.OldestPending) {
+		t.Errorf("oldest pending %v, want %v", st.OldestPending, want.OldestPending)
+	}
+	st.OldestPending = want.OldestPending
+	if st != want {
+		t.Errorf("stats\n got %+v\nwant %+v", st, want)
+	}
+	if st.Total() != 9 {
+		t.Errorf("total %d, want 9", st.Total())
+	}
+
+	// With no grace the released row is stuck too; an empty window is empty.
+	st, err = b.store.Stats(b.ctx, now.Add(time.Hour+time.Minute), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Stuck != 3 || st.CompletedLastHour != 0 || st.CompletedLastMinute != 0 {
+		t.Errorf("an hour later: stuck %d, last hour %d, last minute %d; want 3, 0, 0", st.Stuck, st.CompletedLastHour, st.CompletedLastMinute)
+	}
+}
+
+func TestStatsEmpty(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st, err := b.store.Stats(b.ctx, b.clock.Now(), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != (dedup.Stats{}) {
+		t.Fatalf("empty store: %+v", st)
+	}
+}
+
+func TestGetMany(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, k := range []string{"a", "b", "c"} {
+		b.claim(t, "w", req("m_1", k, 100))
+	}
+	b.claim(t, "w", req("m_2", "a", 100))
+	recs, err := b.store.GetMany(b.ctx, []dedup.KeyRef{
+		{MerchantID: "m_1", IdempotencyKey: "a"}, {MerchantID: "m_1", IdempotencyKey: "a"},
+		{MerchantID: "m_2", IdempotencyKey: "a"}, {MerchantID: "m_1", IdempotencyKey: "missing"},
+		{MerchantID: "m_1", IdempotencyKey: "c"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[dedup.KeyRef]dedup.Status{}
+	for _, r := range recs {
+		got[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r.Status
+	}
+	if len(recs) != 3 || len(got) != 3 || got[dedup.KeyRef{MerchantID: "m_2", IdempotencyKey: "a"}] != dedup.StatusPending {
+		t.Fatalf("GetMany returned %d records: %v", len(recs), got)
+	}
+	if recs, err := b.store.GetMany(b.ctx, nil); err != nil || len(recs) != 0 {
+		t.Fatalf("no keys: %v %v", recs, err)
+	}
+}
