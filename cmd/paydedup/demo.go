@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -18,7 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
@@ -38,7 +35,6 @@ const (
 	demoLease          = 3 * time.Second
 	demoAckWait        = 5 * time.Second
 	demoDatabase       = "paydedup_demo"
-	demoLocalPostgres  = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 )
 
 type demoCmd struct {
@@ -57,7 +53,7 @@ type demoCmd struct {
 }
 
 func newDemoCmd(a *app) *cobra.Command {
-	d := &demoCmd{app: a, localPG: demoLocalPostgres}
+	d := &demoCmd{app: a, localPG: localPostgres}
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the whole system on this machine and prove no payment is charged twice or lost",
@@ -265,29 +261,12 @@ func (d *demoCmd) startNATS() (string, func(), error) {
 	if d.natsURL != "" {
 		return d.natsURL, func() {}, nil
 	}
-	dir, err := os.MkdirTemp("", "paydedup-demo-nats-")
+	u, stop, err := startEmbeddedNATS()
 	if err != nil {
-		return "", nil, fmt.Errorf("demo: temporary NATS store: %w", err)
+		return "", nil, fmt.Errorf("demo: %w", err)
 	}
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
-	})
-	if err != nil {
-		os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("demo: embedded NATS: %w", err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		os.RemoveAll(dir)
-		return "", nil, errors.New("demo: the embedded NATS server did not start within 10s")
-	}
-	d.say("no NATS_URL: started an embedded JetStream server at %s", srv.ClientURL())
-	return srv.ClientURL(), func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-		os.RemoveAll(dir)
-	}, nil
+	d.say("no NATS_URL: started an embedded JetStream server at %s", u)
+	return u, stop, nil
 }
 
 // database returns the database URL: DATABASE_URL, or the local server's
@@ -296,40 +275,14 @@ func (d *demoCmd) database(ctx context.Context) (string, error) {
 	if d.dbURL != "" {
 		return d.dbURL, nil
 	}
-	admin, err := dedup.Connect(ctx, d.localPG)
+	u, created, err := localDatabase(ctx, d.localPG, demoDatabase, 16)
 	if err != nil {
-		return "", fmt.Errorf(`demo: no DATABASE_URL, and no PostgreSQL answers at %s (%v).
-Start one (Debian: apt-get install postgresql; or docker compose -f deploy/compose.yaml up -d),
-or point the demo at yours:
-  DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/DB?sslmode=disable' go run ./cmd/paydedup demo`, redactURL(d.localPG), err)
+		return "", fmt.Errorf("demo: %w", err)
 	}
-	defer admin.Close()
-	var exists bool
-	check := func() error {
-		return admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, demoDatabase).Scan(&exists)
+	if created {
+		d.say("created database %s", demoDatabase)
 	}
-	if err := check(); err != nil {
-		return "", fmt.Errorf("demo: look for database %s: %w", demoDatabase, err)
-	}
-	if !exists {
-		if _, err := admin.Exec(ctx, `CREATE DATABASE `+demoDatabase); err != nil {
-			// Another demo may have created it meanwhile.
-			if cerr := check(); cerr != nil || !exists {
-				return "", fmt.Errorf("demo: create database %s: %w (or set DATABASE_URL to a database you may use)", demoDatabase, err)
-			}
-		} else {
-			d.say("created database %s", demoDatabase)
-		}
-	}
-	u, err := url.Parse(d.localPG)
-	if err != nil {
-		return "", err
-	}
-	u.Path = "/" + demoDatabase
-	q := u.Query()
-	q.Set("pool_max_conns", "16")
-	u.RawQuery = q.Encode()
-	return u.String(), nil
+	return u, nil
 }
 
 // migrateUp applies the schema migrations.
