@@ -16,7 +16,13 @@ import (
 //     or pending with an expired lease still inside the provider key window,
 //     when the fingerprint matches; attempts+1 fences out the old holder;
 //   - the final SELECT returns the row each input now has: inserted,
-//     re-acquired, or found untouched (from the statement's snapshot).
+//     re-acquired, or found untouched (from the statement's snapshot);
+//   - a key whose row was purged after its retention but whose payment is
+//     in the ledger (never purged) is not inserted again: it comes back as
+//     a completed duplicate built from the ledger row. So a message of a
+//     payment that completed long ago can never charge again, however late
+//     it arrives (its fingerprint is no longer known: key reuse is not
+//     detected then).
 //
 // An input with no output row met a row committed by a concurrent claim
 // after this statement's snapshot: it is in flight.
@@ -31,7 +37,10 @@ ins AS (
         amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at, trace_id)
     SELECT merchant_id, idempotency_key, request_hash, 'pending', provider_key,
         amount, currency, 1, @holder, @lease_until, @now, @now, @now, @expires_at, nullif(trace_id, '')
-    FROM input ORDER BY merchant_id, idempotency_key
+    FROM input
+    WHERE NOT EXISTS (SELECT 1 FROM payments p
+                      WHERE p.merchant_id = input.merchant_id AND p.idempotency_key = input.idempotency_key)
+    ORDER BY merchant_id, idempotency_key
     ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
     RETURNING ` + recordColumns + `
 ),
@@ -54,7 +63,15 @@ SELECT i.ord, 2, ` + qualified("r") + ` FROM input i JOIN upd r USING (merchant_
 UNION ALL
 SELECT i.ord, 3, ` + qualified("r") + ` FROM input i JOIN idempotency_keys r USING (merchant_id, idempotency_key)
 WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.merchant_id = i.merchant_id AND ins.idempotency_key = i.idempotency_key)
-  AND NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = i.merchant_id AND upd.idempotency_key = i.idempotency_key)`
+  AND NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = i.merchant_id AND upd.idempotency_key = i.idempotency_key)
+UNION ALL
+SELECT i.ord, 4, p.merchant_id, p.idempotency_key, i.request_hash, 'completed', p.provider_key, p.amount, p.currency,
+    1, NULL::text, NULL::timestamptz, false, p.created_at, p.charge_id,
+    CASE WHEN p.status = 'declined' THEN 402 ELSE 200 END,
+    jsonb_build_object('id', p.charge_id, 'status', p.status, 'note', 'idempotency key purged; outcome from the ledger'),
+    NULL::text, p.created_at, p.created_at, p.created_at, p.created_at, NULL::text
+FROM input i JOIN payments p USING (merchant_id, idempotency_key)
+WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys r WHERE r.merchant_id = i.merchant_id AND r.idempotency_key = i.idempotency_key)`
 
 // Claim claims one command for holder, with a lease of the given length. The
 // claim is committed before Claim returns.

@@ -465,3 +465,30 @@ func TestBadInputBeforeSQL(t *testing.T) {
 		t.Fatalf("get with database down: %v, want ErrUnavailable", err)
 	}
 }
+
+func TestLedgerGuardsPurgedKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := req("m_1", "old", 1000)
+	l := b.claim(t, "a", r).Lease
+	if err := b.store.Complete(b.ctx, *l, charged("pi_old")); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(dedup.DefaultRetention + time.Hour)
+	if n, err := b.store.Purge(b.ctx, 10); err != nil || n != 1 {
+		t.Fatalf("purge: %d %v", n, err)
+	}
+	// A very late copy of the message: the key row is gone, the ledger is not.
+	res := b.claim(t, "b", r)
+	if res.Outcome != dedup.Duplicate || res.Lease != nil || res.Record.ChargeID != "pi_old" {
+		t.Fatalf("late copy after purge: %+v, want a duplicate of pi_old", res)
+	}
+	if _, err := b.store.Get(b.ctx, "m_1", "old"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("the guard must not recreate the key row: %v", err)
+	}
+	// In a batch, beside a new key, the same.
+	got, err := b.store.ClaimBatch(b.ctx, "b", lease, []dedup.ClaimRequest{r, req("m_1", "new", 1000)})
+	if err != nil || got[0].Outcome != dedup.Duplicate || got[1].Outcome != dedup.Claimed {
+		t.Fatalf("batch: %v %v %v", got[0].Outcome, got[1].Outcome, err)
+	}
+}
