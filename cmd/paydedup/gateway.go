@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// defaultHTTPAddr is where the gateway listens unless told otherwise.
+const defaultHTTPAddr = ":8080"
+
+type gatewayCmd struct {
+	app       *app
+	db        databaseFlag
+	nats      natsFlags
+	streams   streamFlags
+	httpAddr  string
+	adminAddr string
+	retention time.Duration
+	pubWait   time.Duration
+	cfg       gateway.Config
+}
+
+func newGatewayCmd(a *app) *cobra.Command {
+	g := &gatewayCmd{app: a}
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Serve the HTTP API: POST /v1/payments with Idempotency-Key",
+		Long: `gateway serves paydedup's HTTP ingress. POST /v1/payments takes a payment
+command as JSON (without merchant_id: the merchant is the API key's) and an
+Idempotency-Key header, publishes it to the workers' stream once, and answers
+202 Accepted (or, with Prefer: wait=N, the outcome once a worker completed
+it). Retries with the same key replay the stored outcome (Idempotent-Replayed:
+true), 409 while it is in flight, 422 when the payload differs.
+GET /v1/payments/{idempotency_key} shows a payment's state and outcome.
+
+Requests authenticate with Authorization: Bearer <API key>; create keys with
+"paydedup apikey create". The gateway does not charge: run "paydedup worker"
+against the same database and stream. It needs migration 00003 (run
+"paydedup migrate up"). On SIGTERM it fails /readyz, lets requests finish
+within --drain-timeout (waiting requests answer 202) and exits 0.`,
+		Example: `  DATABASE_URL=postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable \
+  PAYDEDUP_HTTP_ADDR=:8080 PAYDEDUP_ADMIN_ADDR=:9091 paydedup gateway`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return g.Run(cmd.Context()) },
+	}
+	g.db.bind(cmd, a)
+	g.nats.bind(cmd, a)
+	g.streams.bind(cmd, a)
+	f := cmd.Flags()
+	c := &g.cfg
+	f.StringVar(&g.httpAddr, "http-addr", envOr(a.getenv, "PAYDEDUP_HTTP_ADDR", defaultHTTPAddr), "address of the HTTP API (PAYDEDUP_HTTP_ADDR)")
+	f.StringVar(&g.adminAddr, "admin-addr", a.getenv("PAYDEDUP_ADMIN_ADDR"), "address of the /metrics, /livez, /readyz listener; empty disables it (PAYDEDUP_ADMIN_ADDR)")
+	f.IntVar(&c.Limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", payment.DefaultMaxBodyBytes), "largest accepted request body (PAYDEDUP_MAX_BODY_BYTES)")
+	f.Int64Var(&c.Limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", payment.DefaultMaxAmount), "largest accepted amount in minor units (PAYDEDUP_MAX_AMOUNT)")
+	f.IntVar(&c.MaxHeaderBytes, "max-header-bytes", a.envInt("PAYDEDUP_HTTP_MAX_HEADER_BYTES", gateway.DefaultMaxHeaderBytes), "largest accepted request header block (PAYDEDUP_HTTP_MAX_HEADER_BYTES)")
+	f.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", a.envDuration("PAYDEDUP_HTTP_READ_HEADER_TIMEOUT", gateway.DefaultReadHeaderTimeout), "time to read a request's headers (PAYDEDUP_HTTP_READ_HEADER_TIMEOUT)")
+	f.DurationVar(&c.ReadTimeout, "read-timeout", a.envDuration("PAYDEDUP_HTTP_READ_TIMEOUT", gateway.DefaultReadTimeout), "time to read a whole request (PAYDEDUP_HTTP_READ_TIMEOUT)")
+	f.DurationVar(&c.RequestTimeout, "request-timeout", a.envDuration("PAYDEDUP_HTTP_REQUEST_TIMEOUT", gateway.DefaultRequestTimeout), "time to handle a request, not counting Prefer: wait (PAYDEDUP_HTTP_REQUEST_TIMEOUT)")
+	f.DurationVar(&c.MaxWait, "max-wait", a.envDuration("PAYDEDUP_HTTP_MAX_WAIT", gateway.DefaultMaxWait), "longest Prefer: wait honoured (PAYDEDUP_HTTP_MAX_WAIT)")
+	f.DurationVar(&c.RepublishAfter, "republish-after", a.envDuration("PAYDEDUP_REPUBLISH_AFTER", gateway.DefaultRepublishAfter), "after a publish, how long a retry that finds no worker record answers 409 instead of publishing again; keep it above the stream's duplicate window (PAYDEDUP_REPUBLISH_AFTER)")
+	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", gateway.DefaultDrainTimeout), "on SIGTERM, how long in-flight requests may finish (PAYDEDUP_DRAIN_TIMEOUT)")
+	f.DurationVar(&g.pubWait, "publish-timeout", a.envDuration("PAYDEDUP_PUBLISH_TIMEOUT", consumer.DefaultPublishTimeout), "time to wait for the stream's PubAck (PAYDEDUP_PUBLISH_TIMEOUT)")
+	f.DurationVar(&g.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys (and the gateway's intake rows) are kept (PAYDEDUP_KEY_RETENTION)")
+	return cmd
+}
+
+func (g *gatewayCmd) validate() (gateway.Config, error) {
+	cfg := g.cfg
+	cfg.IntakeRetention = g.retention
+	cfg.PublishLease = max(gateway.DefaultPublishLease, 2*g.pubWait)
+	cfg.Logger = g.app.logger
+	cfg = cfg.WithDefaults()
+	errs := []error{g.db.validate(), g.nats.validate(), g.streams.validate()}
+	if g.httpAddr == "" {
+		errs = append(errs, errors.New("PAYDEDUP_HTTP_ADDR / --http-addr is empty"))
+	}
+	if g.pubWait <= 0 {
+		errs = append(errs, fmt.Errorf("PAYDEDUP_PUBLISH_TIMEOUT / --publish-timeout must be positive, got %v", g.pubWait))
+	}
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("invalid gateway configuration (see paydedup gateway --help):\n%w", err))
+	}
+	return cfg, errors.Join(errs...)
+}
+
+// Run serves the API (and the admin listener) until ctx ends and the drain
+// is over.
+func (g *gatewayCmd) Run(ctx context.Context) error {
+	cfg, err := g.validate()
+	if err != nil {
+		return err
+	}
+	log := g.app.logger
+	pool, err := dedup.Connect(ctx, g.db.url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store, err := dedup.New(pool, dedup.Config{Retention: g.retention})
+	if err != nil {
+		return err
+	}
+	comp, err := dedup.NewCompletions(pool, dedup.CompletionsConfig{Logger: log})
+	if err != nil {
+		return err
+	}
+	nc, err := g.nats.connect("paydedup-gateway")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	pub, err := consumer.NewCommandPublisher(nc, g.streams.cfg, g.pubWait)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "paydedup_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version},
+	})
+	build.Set(1)
+	reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Registerer = reg
+	gw, err := gateway.New(store, comp, pub, cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", g.httpAddr)
+	if err != nil {
+		return fmt.Errorf("listen on PAYDEDUP_HTTP_ADDR / --http-addr %s: %w", g.httpAddr, err)
+	}
+
+	// The completion listener and the admin listener outlive the drain:
+	// waiting requests still hear completions, and /readyz says 503.
+	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBg()
+	var bg errgroup.Group
+	bg.Go(func() error { return comp.Run(bgCtx) })
+	if g.adminAddr != "" {
+		admin, err := ops.NewAdmin(g.adminAddr, reg, log)
+		if err != nil {
+			_ = ln.Close()
+			stopBg()
+			_ = bg.Wait()
+			return err
+		}
+		admin.AddCheck("postgres", store.Ping)
+		admin.AddCheck("nats", func(context.Context) error {
+			if !nc.IsConnected() {
+				return fmt.Errorf("not connected (%s)", nc.Status())
+			}
+			return nil
+		})
+		admin.AddCheck("stream", pub.Ready)
+		admin.AddCheck("completions", comp.Ready)
+		admin.AddCheck("draining", func(context.Context) error {
+			if gw.Draining() {
+				return errors.New("shutting down")
+			}
+			return nil
+		})
+		log.Info("admin listener", "addr", admin.Addr())
+		bg.Go(func() error { return admin.Serve(bgCtx) })
+	}
+	serveErr := gw.Serve(ctx, ln)
+	stopBg()
+	return errors.Join(serveErr, bg.Wait())
+}

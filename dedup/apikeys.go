@@ -1,0 +1,155 @@
+package dedup
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paydedup/paydedup/payment"
+)
+
+// ErrUnauthenticated means an API key is malformed, unknown or revoked. The
+// three are deliberately not told apart.
+var ErrUnauthenticated = errors.New("invalid API key")
+
+// APIKeyPrefix starts every API key, so a leaked key is recognisable (and
+// secret scanners can be taught to find it).
+const APIKeyPrefix = "pd_"
+
+// maxLabelLen bounds an API key's label (the schema checks it too).
+const maxLabelLen = 200
+
+// apiKeyRE is the shape of a key: prefix, 12 hex characters of public id,
+// underscore, 43 base64url characters (256 random bits).
+var apiKeyRE = regexp.MustCompile(`^pd_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$`)
+
+// APIKey describes a stored API key. The key itself is never stored: only
+// its SHA-256.
+type APIKey struct {
+	ID         string
+	MerchantID string
+	Label      string
+	CreatedAt  time.Time
+	RevokedAt  time.Time // zero while active
+}
+
+// HashAPIKey returns what is stored for a key: its SHA-256. A key carries
+// 256 random bits, so no salt or slow hash is needed.
+func HashAPIKey(key string) []byte {
+	sum := sha256.Sum256([]byte(key))
+	return sum[:]
+}
+
+// CreateAPIKey creates a key for a merchant and returns it with its
+// description. The key is returned once and cannot be recovered.
+func (s *Store) CreateAPIKey(ctx context.Context, merchantID, label string) (string, APIKey, error) {
+	if err := payment.ValidateMerchant(merchantID); err != nil {
+		return "", APIKey{}, fmt.Errorf("create API key: %w", err)
+	}
+	if len(label) > maxLabelLen {
+		return "", APIKey{}, fmt.Errorf("create API key: label is %d bytes, limit is %d", len(label), maxLabelLen)
+	}
+	var id [6]byte
+	var secret [32]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return "", APIKey{}, fmt.Errorf("create API key: %w", err)
+	}
+	if _, err := rand.Read(secret[:]); err != nil {
+		return "", APIKey{}, fmt.Errorf("create API key: %w", err)
+	}
+	k := APIKey{ID: hex.EncodeToString(id[:]), MerchantID: merchantID, Label: label, CreatedAt: s.clock.Now()}
+	token := APIKeyPrefix + k.ID + "_" + base64.RawURLEncoding.EncodeToString(secret[:])
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (id, merchant_id, key_hash, label, created_at)
+			VALUES ($1, $2, $3, $4, $5)`, k.ID, k.MerchantID, HashAPIKey(token), k.Label, k.CreatedAt)
+		return err
+	})
+	if err != nil {
+		return "", APIKey{}, interpretError("create API key", err)
+	}
+	return token, k, nil
+}
+
+// Authenticate returns the merchant an active key belongs to, or
+// ErrUnauthenticated.
+func (s *Store) Authenticate(ctx context.Context, key string) (string, error) {
+	if !apiKeyRE.MatchString(key) {
+		return "", ErrUnauthenticated
+	}
+	var merchant string
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL`,
+			HashAPIKey(key)).Scan(&merchant)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrUnauthenticated
+	}
+	if err != nil {
+		return "", interpretError("authenticate", err)
+	}
+	return merchant, nil
+}
+
+// RevokeAPIKey revokes a key by its id (or by the key itself) and returns
+// it. Revoking a revoked key keeps its first revocation time. An unknown id
+// is ErrNotFound.
+func (s *Store) RevokeAPIKey(ctx context.Context, idOrKey string) (APIKey, error) {
+	id := idOrKey
+	if m := apiKeyRE.FindStringSubmatch(idOrKey); m != nil {
+		id = m[1]
+	}
+	var k APIKey
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		var revoked *time.Time
+		err := s.pool.QueryRow(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2)
+			WHERE id = $1 RETURNING id, merchant_id, label, created_at, revoked_at`, id, s.clock.Now()).
+			Scan(&k.ID, &k.MerchantID, &k.Label, &k.CreatedAt, &revoked)
+		if revoked != nil {
+			k.RevokedAt = *revoked
+		}
+		return err
+	})
+	if err != nil {
+		return APIKey{}, interpretError("revoke API key", err)
+	}
+	return k, nil
+}
+
+// ListAPIKeys lists a merchant's keys (all merchants' when merchantID is
+// empty), newest first.
+func (s *Store) ListAPIKeys(ctx context.Context, merchantID string) ([]APIKey, error) {
+	var out []APIKey
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		out = out[:0]
+		rows, err := s.pool.Query(ctx, `SELECT id, merchant_id, label, created_at, revoked_at FROM api_keys
+			WHERE $1 = '' OR merchant_id = $1 ORDER BY created_at DESC, id`, merchantID)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k APIKey
+			var revoked *time.Time
+			if err := rows.Scan(&k.ID, &k.MerchantID, &k.Label, &k.CreatedAt, &revoked); err != nil {
+				return err
+			}
+			if revoked != nil {
+				k.RevokedAt = *revoked
+			}
+			out = append(out, k)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError("list API keys", err)
+	}
+	return out, nil
+}

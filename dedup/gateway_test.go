@@ -1,0 +1,438 @@
+package dedup_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/testenv"
+)
+
+// listen opens a connection LISTENing on the completion channel.
+func listen(t *testing.T, b *bundle) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(b.ctx, `LISTEN `+dedup.CompletedChannel); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// drain returns the keys notified before a sentinel NOTIFY sent now:
+// notifications arrive in commit order, so the sentinel proves that
+// nothing else is on its way.
+func drain(t *testing.T, b *bundle, conn *pgx.Conn) []string {
+	t.Helper()
+	if _, err := b.pool.Exec(b.ctx, `SELECT pg_notify($1, 'sentinel')`, dedup.CompletedChannel); err != nil {
+		t.Fatal(err)
+	}
+	var schema string
+	if err := b.pool.QueryRow(b.ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for {
+		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+		n, err := conn.WaitForNotification(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("no sentinel: %v", err)
+		}
+		if n.Payload == "sentinel" {
+			return keys
+		}
+		var p struct{ S, M, K string }
+		if err := json.Unmarshal([]byte(n.Payload), &p); err != nil {
+			t.Fatalf("payload %q: %v", n.Payload, err)
+		}
+		if p.S == schema { // other tests' schemas notify on the same channel
+			keys = append(keys, p.M+":"+p.K)
+		}
+	}
+}
+
+// TestCompletionNotifiedOncePerRow: the statement-level trigger notifies
+// each row that became completed, once, at commit, when the gateway took
+// the key in; other updates, and keys only the queue knows, are quiet.
+func TestCompletionNotifiedOncePerRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn := listen(t, b)
+	var leases []dedup.Lease
+	for _, k := range []string{"a", "b", "c", "d", "queue-only"} {
+		if k != "queue-only" { // only keys the gateway took in can have waiters
+			if _, err := b.store.AcquireIntake(b.ctx, req("m_1", k, 100), time.Second, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		leases = append(leases, *b.claim(t, "h", req("m_1", k, 100)).Lease)
+	}
+	if _, err := b.store.Heartbeat(b.ctx, leases[0], lease); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Fail(b.ctx, leases[3], "503"); err != nil {
+		t.Fatal(err)
+	}
+	if got := drain(t, b, conn); len(got) != 0 {
+		t.Fatalf("claims, heartbeats and failures notified %v", got)
+	}
+	errs, err := b.store.CompleteBatch(b.ctx, []dedup.CompleteItem{
+		{Lease: leases[0], Completion: charged("ch_a")}, {Lease: leases[1], Completion: charged("ch_b")},
+		{Lease: leases[4], Completion: charged("ch_q")},
+	})
+	if err != nil || errs[0] != nil || errs[1] != nil || errs[2] != nil {
+		t.Fatalf("complete batch: %v %v", err, errs)
+	}
+	if err := b.store.Complete(b.ctx, leases[2], dedup.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	// Completing again with the same lease is a no-op and must not notify.
+	if err := b.store.Complete(b.ctx, leases[2], dedup.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(drain(t, b, conn), " ")
+	if got != "m_1:a m_1:b m_1:c" {
+		t.Fatalf("notified %q, want each completed gateway row once", got)
+	}
+}
+
+// TestCompletionsWakeSubscribers: a subscriber of a key is woken when it
+// completes, and only then.
+func TestCompletionsWakeSubscribers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	comp, err := dedup.NewCompletions(b.pool, dedup.CompletionsConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- comp.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !comp.Listening() {
+		if time.Now().After(deadline) {
+			t.Fatal("not listening")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	x, y := comp.Subscribe("m_1", "x"), comp.Subscribe("m_1", "y")
+	defer x.Close()
+	defer y.Close()
+	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", "x", 100), time.Second, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	l := b.claim(t, "h", req("m_1", "x", 100)).Lease
+	if err := b.store.Complete(b.ctx, *l, charged("ch_x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-x.C:
+	case <-time.After(10 * time.Second):
+		t.Fatal("subscriber not woken by the completion")
+	}
+	select {
+	case <-y.C:
+		t.Fatal("a subscriber of another key was woken")
+	default:
+	}
+	y.Close()
+	y.Close() // idempotent
+}
+
+// TestIntakeGuard: one publisher among concurrent first requests; the row
+// is held while publishing and after, taken over when its lock passes, and
+// fenced by attempt.
+func TestIntakeGuard(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const publishLease, retention = 10 * time.Second, 48 * time.Hour
+	r := req("m_1", "k", 100)
+
+	const racers = 20
+	outcomes := make([]dedup.IntakeOutcome, racers)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range racers {
+		wg.Go(func() {
+			<-start
+			res, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention)
+			if err != nil {
+				t.Error(err)
+			}
+			outcomes[i] = res.Outcome
+		})
+	}
+	close(start)
+	wg.Wait()
+	acquired := 0
+	for _, o := range outcomes {
+		switch o {
+		case dedup.IntakeAcquired:
+			acquired++
+		case dedup.IntakeHeld:
+		default:
+			t.Fatalf("outcome %v", o)
+		}
+	}
+	if acquired != 1 {
+		t.Fatalf("%d publishers, want 1", acquired)
+	}
+	in, err := b.store.GetIntake(b.ctx, "m_1", "k")
+	if err != nil || in.Attempt != 1 || !in.PublishedAt.IsZero() {
+		t.Fatalf("intake %+v %v", in, err)
+	}
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != dedup.IntakeMismatch {
+		t.Fatalf("other payload: %v", res.Outcome)
+	}
+	if err := b.store.IntakePublished(b.ctx, in, 10*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(5 * time.Minute)
+	if res, _ := b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != dedup.IntakeHeld || res.Intake.PublishedAt.IsZero() {
+		t.Fatalf("published row: %+v", res)
+	}
+	b.clock.Advance(6 * time.Minute)
+	res, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention)
+	if err != nil || res.Outcome != dedup.IntakeAcquired || res.Intake.Attempt != 2 {
+		t.Fatalf("takeover after the hold: %+v %v", res, err)
+	}
+	if err := b.store.IntakePublished(b.ctx, in, time.Minute); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("stale publisher: %v", err)
+	}
+	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ = b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != dedup.IntakeAcquired || res.Intake.Attempt != 3 {
+		t.Fatalf("after abandon: %+v", res)
+	}
+	// Past retention the row is purged, or taken over by any payload.
+	b.clock.Advance(retention + time.Hour)
+	if n, err := b.store.PurgeIntakes(b.ctx, 10); err != nil || n != 1 {
+		t.Fatalf("purge: %d %v", n, err)
+	}
+	if _, err := b.store.GetIntake(b.ctx, "m_1", "k"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("after purge: %v", err)
+	}
+	if _, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(retention + time.Hour)
+	if res, _ = b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != dedup.IntakeAcquired || res.Intake.Amount != 999 {
+		t.Fatalf("expired row not reusable: %+v", res)
+	}
+}
+
+func TestAPIKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key, k, err := b.store.CreateAPIKey(b.ctx, "m_1", "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(key, dedup.APIKeyPrefix+k.ID+"_") || k.MerchantID != "m_1" {
+		t.Fatalf("key %q, %+v", key, k)
+	}
+	if m, err := b.store.Authenticate(b.ctx, key); err != nil || m != "m_1" {
+		t.Fatalf("authenticate: %q %v", m, err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM api_keys WHERE key_hash = $1`, dedup.HashAPIKey(key)); n != 1 {
+		t.Fatal("the key's hash is not what is stored")
+	}
+	for _, bad := range []string{"", key + "x", key[:len(key)-1] + "A", strings.ToUpper(key)} {
+		if _, err := b.store.Authenticate(b.ctx, bad); !errors.Is(err, dedup.ErrUnauthenticated) {
+			t.Fatalf("%q: %v", bad, err)
+		}
+	}
+	if _, _, err := b.store.CreateAPIKey(b.ctx, "m.bad", ""); err == nil {
+		t.Fatal("invalid merchant accepted")
+	}
+	key2, k2, err := b.store.CreateAPIKey(b.ctx, "m_2", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := b.store.ListAPIKeys(b.ctx, "m_1")
+	if err != nil || len(list) != 1 || list[0].ID != k.ID {
+		t.Fatalf("list: %+v %v", list, err)
+	}
+	if all, _ := b.store.ListAPIKeys(b.ctx, ""); len(all) != 2 {
+		t.Fatalf("list all: %+v", all)
+	}
+	rk, err := b.store.RevokeAPIKey(b.ctx, k.ID)
+	if err != nil || rk.RevokedAt.IsZero() {
+		t.Fatalf("revoke by id: %+v %v", rk, err)
+	}
+	if _, err := b.store.Authenticate(b.ctx, key); !errors.Is(err, dedup.ErrUnauthenticated) {
+		t.Fatalf("revoked key: %v", err)
+	}
+	if _, err := b.store.RevokeAPIKey(b.ctx, key2); err != nil { // by the key itself
+		t.Fatal(err)
+	}
+	if _, err := b.store.Authenticate(b.ctx, key2); !errors.Is(err, dedup.ErrUnauthenticated) {
+		t.Fatalf("key revoked by value: %v (id %s)", err, k2.ID)
+	}
+	if _, err := b.store.RevokeAPIKey(b.ctx, "000000000000"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("unknown id: %v", err)
+	}
+}
+
+func TestResponseStore(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const lease, retention = 30 * time.Second, 24 * time.Hour
+	h1, h2 := make([]byte, 32), make([]byte, 32)
+	h2[0] = 1
+	claim := func(key string, hash []byte) dedup.ResponseClaimResult {
+		t.Helper()
+		res, err := b.store.ClaimResponse(b.ctx, "POST /x", key, hash, lease, retention)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	res := claim("k", h1)
+	if res.Outcome != dedup.ResponseClaimed || res.Claim.Attempt != 1 {
+		t.Fatalf("first claim %+v", res)
+	}
+	if r := claim("k", h1); r.Outcome != dedup.ResponseInFlight || r.RetryIn <= 0 {
+		t.Fatalf("second claim %+v", r)
+	}
+	if r := claim("k", h2); r.Outcome != dedup.ResponseMismatch {
+		t.Fatalf("other request %+v", r)
+	}
+	body := []byte("{\"id\": 1}\n\x00\xff")
+	stored := dedup.StoredResponse{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}}, Body: body}
+	if err := b.store.CompleteResponse(b.ctx, *res.Claim, stored); err != nil {
+		t.Fatal(err)
+	}
+	r := claim("k", h1)
+	if r.Outcome != dedup.ResponseReplay || r.Response.Status != 201 || string(r.Response.Body) != string(body) ||
+		strings.Join(r.Response.Header["X-Multi"], ",") != "a,b" {
+		t.Fatalf("replay %+v", r.Response)
+	}
+
+	// A released claim lets the next request run, whatever its payload.
+	res = claim("rel", h1)
+	if err := b.store.ReleaseResponse(b.ctx, *res.Claim, "503"); err != nil {
+		t.Fatal(err)
+	}
+	if r := claim("rel", h2); r.Outcome != dedup.ResponseClaimed || r.Claim.Attempt != 2 {
+		t.Fatalf("after release %+v", r)
+	}
+
+	// A claim whose lease passed is taken over by the same request; the
+	// old holder is fenced out.
+	old := claim("exp", h1).Claim
+	b.clock.Advance(lease + time.Second)
+	if r := claim("exp", h2); r.Outcome != dedup.ResponseMismatch {
+		t.Fatalf("expired lease, other request: %+v", r)
+	}
+	taken := claim("exp", h1)
+	if taken.Outcome != dedup.ResponseClaimed {
+		t.Fatalf("takeover %+v", taken)
+	}
+	if err := b.store.CompleteResponse(b.ctx, *old, stored); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("stale complete: %v", err)
+	}
+	if err := b.store.ReleaseResponse(b.ctx, *old, "x"); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("stale release: %v", err)
+	}
+
+	// Past retention a stored response is forgotten.
+	b.clock.Advance(retention + time.Hour)
+	if n, err := b.store.PurgeResponses(b.ctx, 10); err != nil || n != 1 { // "k"; "rel" and "exp" are pending
+		t.Fatalf("purge: %d %v (pending rows are kept)", n, err)
+	}
+	if r := claim("k", h2); r.Outcome != dedup.ResponseClaimed {
+		t.Fatalf("after retention %+v", r)
+	}
+}
+
+// TestGatewayTablesAsWorkerRole: the gateway and the middleware can run as
+// migration 00002's runtime role; creating API keys stays an owner's job.
+func TestGatewayTablesAsWorkerRole(t *testing.T) {
+	t.Parallel()
+	ownerURL := testenv.PostgresURL(t)
+	ctx := context.Background()
+	owner, err := dedup.Connect(ctx, ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	ownerStore, err := dedup.New(owner, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := ownerStore.CreateAPIKey(ctx, "m_1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User("paydedup_worker")
+	pool, err := dedup.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatalf("connect as paydedup_worker: %v", err)
+	}
+	defer pool.Close()
+	s, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.Authenticate(ctx, key); err != nil || m != "m_1" {
+		t.Fatalf("authenticate as worker role: %q %v", m, err)
+	}
+	if _, _, err := s.CreateAPIKey(ctx, "m_1", ""); err == nil {
+		t.Fatal("the runtime role may create API keys")
+	} else {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			t.Fatalf("a pgx error left dedup: %v", err)
+		}
+	}
+	res, err := s.AcquireIntake(ctx, req("m_1", "k", 100), time.Second, time.Hour)
+	if err != nil || res.Outcome != dedup.IntakeAcquired {
+		t.Fatalf("intake as worker role: %+v %v", res, err)
+	}
+	if err := s.IntakePublished(ctx, res.Intake, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PurgeIntakes(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.ClaimResponse(ctx, "POST /x", "k", make([]byte, 32), time.Second, time.Hour)
+	if err != nil || rc.Outcome != dedup.ResponseClaimed {
+		t.Fatalf("response claim as worker role: %+v %v", rc, err)
+	}
+	if err := s.CompleteResponse(ctx, *rc.Claim, dedup.StoredResponse{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	// The worker role completing a key fires the trigger without error.
+	cl, err := s.Claim(ctx, "h", time.Minute, req("m_1", "n", 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Complete(ctx, *cl.Lease, charged("ch_n")); err != nil {
+		t.Fatalf("complete as worker role (trigger): %v", err)
+	}
+}

@@ -1,0 +1,318 @@
+// Package gateway owns paydedup's HTTP ingress: POST /v1/payments with an
+// Idempotency-Key header (the IETF draft "The Idempotency-Key HTTP Header
+// Field", and Stripe's semantics), GET /v1/payments/{idempotency_key}, and
+// API-key authentication.
+//
+// The gateway does not charge. It validates a command, publishes it to the
+// worker's stream, and answers from the worker's idempotency records:
+//
+//   - a completed key with the same fingerprint is replayed (Idempotent-
+//     Replayed: true); another fingerprint is 422; a key in flight is 409
+//     with Retry-After;
+//   - a new key is published once and answered 202 Accepted, or, with
+//     Prefer: wait=N, with its outcome once the worker completes it (woken by
+//     Postgres LISTEN/NOTIFY, not polling), or 202 when N runs out.
+//
+// The worker's claim happens later, when it consumes the message, so the
+// gateway guards concurrent first requests with its own short-lived intake
+// row (dedup.Intake): one INSERT … ON CONFLICT decides which request
+// publishes; the others see it and answer 409 until the worker's record
+// exists. The gateway never writes idempotency_keys: a pending claim there
+// would be a lease the worker could not take until it expired.
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// Defaults for Config.
+const (
+	DefaultMaxHeaderBytes    = 16 << 10
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 15 * time.Second
+	DefaultRequestTimeout    = 10 * time.Second
+	DefaultIdleTimeout       = 60 * time.Second
+	// DefaultMaxWait is the longest Prefer: wait honoured; longer asks are
+	// cut to it (RFC 7240 lets a server apply less than preferred).
+	DefaultMaxWait = 30 * time.Second
+	// DefaultPublishLease is how long a request holds the intake while it
+	// publishes; a request that died while publishing is taken over after it.
+	DefaultPublishLease = 10 * time.Second
+	// DefaultRepublishAfter is how long after a publish a retry that still
+	// finds no idempotency record answers 409 rather than publishing again
+	// (the message may have been dead-lettered before any claim). It should
+	// exceed the stream's duplicate window, or the republish is dropped.
+	DefaultRepublishAfter = 10 * time.Minute
+	// DefaultIntakeRetention keeps intake rows as long as keys are kept.
+	DefaultIntakeRetention = dedup.DefaultRetention
+	// DefaultQueuedRetryAfter is the Retry-After of a key that is published
+	// but not yet claimed by a worker.
+	DefaultQueuedRetryAfter = time.Second
+	DefaultDrainTimeout     = 20 * time.Second
+	DefaultPurgeInterval    = time.Minute
+	purgeBatch              = 1000
+)
+
+// Store is what the gateway needs from the idempotency store.
+type Store interface {
+	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
+	GetIntake(ctx context.Context, merchantID, key string) (dedup.Intake, error)
+	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (dedup.IntakeResult, error)
+	IntakePublished(ctx context.Context, in dedup.Intake, holdFor time.Duration) error
+	AbandonIntake(ctx context.Context, in dedup.Intake) error
+	PurgeIntakes(ctx context.Context, limit int) (int, error)
+	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
+}
+
+// Completions wakes a waiter when a key may have completed.
+type Completions interface {
+	Subscribe(merchantID, key string) *dedup.Subscription
+}
+
+// Publisher publishes a validated command to the worker's stream and
+// returns after the PubAck. extra holds headers to add (trace context).
+type Publisher interface {
+	Publish(ctx context.Context, cmd *payment.Command, extra map[string]string) error
+}
+
+// Clock tells the time (for Retry-After).
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config configures a Gateway. Zero values take the defaults.
+type Config struct {
+	// Limits bound a command (body size, largest amount), as in the worker.
+	Limits payment.Limits
+
+	MaxHeaderBytes    int
+	ReadHeaderTimeout time.Duration
+	ReadTimeout       time.Duration // reading the whole request
+	// RequestTimeout bounds the work of one request, not counting a
+	// Prefer: wait; the write deadline is RequestTimeout + MaxWait + 5 s.
+	RequestTimeout time.Duration
+	IdleTimeout    time.Duration
+	MaxWait        time.Duration
+
+	PublishLease     time.Duration
+	RepublishAfter   time.Duration
+	IntakeRetention  time.Duration
+	QueuedRetryAfter time.Duration
+
+	// DrainTimeout bounds a graceful shutdown: in-flight requests finish
+	// (waiters answer 202 at once), then connections are closed.
+	DrainTimeout  time.Duration
+	PurgeInterval time.Duration
+
+	Clock      Clock
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer // nil: metrics go to a private registry
+}
+
+// WithDefaults returns c with every zero value replaced by its default.
+func (c Config) WithDefaults() Config {
+	c.MaxHeaderBytes = cmp.Or(c.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	c.ReadTimeout = cmp.Or(c.ReadTimeout, DefaultReadTimeout)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
+	c.PublishLease = cmp.Or(c.PublishLease, DefaultPublishLease)
+	c.RepublishAfter = cmp.Or(c.RepublishAfter, DefaultRepublishAfter)
+	c.IntakeRetention = cmp.Or(c.IntakeRetention, DefaultIntakeRetention)
+	c.QueuedRetryAfter = cmp.Or(c.QueuedRetryAfter, DefaultQueuedRetryAfter)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
+	if c.Limits.MaxBodyBytes <= 0 {
+		c.Limits.MaxBodyBytes = payment.DefaultMaxBodyBytes
+	}
+	if c.Limits.MaxAmount <= 0 {
+		c.Limits.MaxAmount = payment.DefaultMaxAmount
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports contradictions, naming the setting.
+func (c Config) Validate() error {
+	var errs []error
+	for name, d := range map[string]time.Duration{
+		"read header timeout": c.ReadHeaderTimeout, "read timeout": c.ReadTimeout, "request timeout": c.RequestTimeout,
+		"idle timeout": c.IdleTimeout, "max wait": c.MaxWait, "publish lease": c.PublishLease,
+		"republish after": c.RepublishAfter, "intake retention": c.IntakeRetention,
+		"queued retry after": c.QueuedRetryAfter, "drain timeout": c.DrainTimeout, "purge interval": c.PurgeInterval,
+	} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %v", name, d))
+		}
+	}
+	if c.MaxHeaderBytes < 1<<10 {
+		errs = append(errs, fmt.Errorf("max header bytes must be at least 1 KiB, got %d", c.MaxHeaderBytes))
+	}
+	if c.MaxWait > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("max wait %v is longer than any client or proxy waits", c.MaxWait))
+	}
+	if c.RepublishAfter < c.PublishLease {
+		errs = append(errs, fmt.Errorf("republish after %v must be at least the publish lease %v", c.RepublishAfter, c.PublishLease))
+	}
+	if c.IntakeRetention <= c.RepublishAfter {
+		errs = append(errs, fmt.Errorf("intake retention %v must exceed republish after %v", c.IntakeRetention, c.RepublishAfter))
+	}
+	return errors.Join(errs...)
+}
+
+// Gateway is the HTTP ingress. Serve it, or mount Handler on a server of
+// your own.
+type Gateway struct {
+	cfg     Config
+	store   Store
+	comp    Completions
+	pub     Publisher
+	log     *slog.Logger
+	metrics *metrics
+	handler http.Handler
+
+	draining  atomic.Bool
+	drain     chan struct{} // closed when shutdown begins
+	drainOnce sync.Once
+}
+
+// New validates cfg and returns a gateway.
+func New(store Store, comp Completions, pub Publisher, cfg Config) (*Gateway, error) {
+	if store == nil || comp == nil || pub == nil {
+		return nil, errors.New("gateway: store, completions and publisher are required")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("gateway configuration: %w", err)
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{cfg: cfg, store: store, comp: comp, pub: pub, log: cfg.Logger, metrics: m, drain: make(chan struct{})}
+	g.handler = g.routes()
+	return g, nil
+}
+
+// Handler is the gateway's HTTP handler.
+func (g *Gateway) Handler() http.Handler { return g.handler }
+
+// Draining reports whether a shutdown has begun; readiness should fail.
+func (g *Gateway) Draining() bool { return g.draining.Load() }
+
+// beginDrain makes waiting requests answer 202 at once.
+func (g *Gateway) beginDrain() {
+	g.drainOnce.Do(func() {
+		g.draining.Store(true)
+		close(g.drain)
+	})
+}
+
+// Server returns an http.Server for the handler with the configured limits.
+func (g *Gateway) Server() *http.Server {
+	return &http.Server{
+		Handler:           g.handler,
+		MaxHeaderBytes:    g.cfg.MaxHeaderBytes,
+		ReadHeaderTimeout: g.cfg.ReadHeaderTimeout,
+		ReadTimeout:       g.cfg.ReadTimeout,
+		WriteTimeout:      g.cfg.RequestTimeout + g.cfg.MaxWait + 5*time.Second,
+		IdleTimeout:       g.cfg.IdleTimeout,
+		ErrorLog:          slog.NewLogLogger(g.log.Handler(), slog.LevelWarn),
+	}
+}
+
+// Serve serves on ln until ctx ends, and purges expired intake rows. Then it
+// drains: readiness fails, waiting requests answer 202, in-flight requests
+// finish within DrainTimeout, and remaining connections are closed. It
+// returns nil after a drain.
+func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
+	srv := g.Server()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	purgeCtx, stopPurge := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { g.purgeLoop(purgeCtx) })
+	defer func() {
+		stopPurge()
+		wg.Wait()
+	}()
+	g.log.Info("gateway listening", "addr", ln.Addr().String())
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("gateway: %w", err)
+	case <-ctx.Done():
+	}
+	g.log.Info("gateway draining", "timeout", g.cfg.DrainTimeout.String())
+	g.beginDrain()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.DrainTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		g.log.Warn("drain deadline reached; closing connections", "error", err)
+		_ = srv.Close()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("gateway: %w", err)
+	}
+	g.log.Info("gateway stopped")
+	return nil
+}
+
+// PurgeOnce deletes expired intake rows in batches and returns how many.
+func (g *Gateway) PurgeOnce(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, err := g.store.PurgeIntakes(ctx, purgeBatch)
+		total += n
+		if err != nil || n < purgeBatch {
+			return total, err
+		}
+	}
+}
+
+func (g *Gateway) purgeLoop(ctx context.Context) {
+	t := time.NewTicker(g.cfg.PurgeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := g.PurgeOnce(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			g.log.Warn("purge of expired intake rows failed", "error", err)
+		case n > 0:
+			g.log.Info("purged expired intake rows", "rows", n)
+		}
+	}
+}

@@ -1,0 +1,243 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/dedup/httpidem"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// Header names.
+const (
+	HeaderIdempotencyKey    = httpidem.HeaderIdempotencyKey
+	HeaderIdempotentReplay  = httpidem.HeaderIdempotentReplay
+	HeaderPrefer            = "Prefer"
+	HeaderPreferenceApplied = "Preference-Applied"
+)
+
+// problemTypePrefix starts every problem type URI. They are URNs: stable
+// identifiers, not links (RFC 9457 allows non-dereferenceable types).
+const problemTypePrefix = "urn:paydedup:problem:"
+
+// Problem types.
+const (
+	ProblemUnauthenticated     = problemTypePrefix + "unauthenticated"
+	ProblemMissingKey          = problemTypePrefix + "missing-idempotency-key"
+	ProblemInvalidKey          = problemTypePrefix + "invalid-idempotency-key"
+	ProblemInvalidRequest      = problemTypePrefix + "invalid-request"
+	ProblemTooLarge            = problemTypePrefix + "request-too-large"
+	ProblemUnsupportedMedia    = problemTypePrefix + "unsupported-media-type"
+	ProblemKeyReused           = problemTypePrefix + "idempotency-key-reused"
+	ProblemKeyInUse            = problemTypePrefix + "idempotency-key-in-use"
+	ProblemNotFound            = problemTypePrefix + "not-found"
+	ProblemUnavailable         = problemTypePrefix + "unavailable"
+	ProblemMethodNotAllowed    = problemTypePrefix + "method-not-allowed"
+	problemContentType         = "application/problem+json"
+	jsonContentType            = "application/json"
+	maxRetryAfter              = time.Minute
+	bearerRealm                = `Bearer realm="paydedup"`
+	bearerInvalid              = `Bearer realm="paydedup", error="invalid_token"`
+	unavailableRetryAfter      = 1 * time.Second
+	problemDetailUnauthorized  = "Send a valid API key as Authorization: Bearer <key>."
+	problemDetailNotFound      = "No payment with this idempotency key exists for your account."
+	problemDetailUnavailable   = "The service cannot take the request now; retry with the same Idempotency-Key."
+	problemDetailKeyReused     = "This Idempotency-Key was already used with a different request; use a new key for a new payment."
+	problemDetailKeyInUse      = "A request with this Idempotency-Key is being processed; retry later with the same key."
+	problemDetailMissingKey    = "Send an Idempotency-Key header (for example a UUID) and reuse it for every retry of this payment."
+	problemDetailUnsupported   = "Send the payment as application/json."
+	problemDetailMethodAllowed = "This method is not allowed on this resource."
+)
+
+// Problem is an RFC 9457 problem detail. Field and Reason name what was
+// wrong with an invalid request (payment.ValidationError).
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Field  string `json:"field,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+func writeProblem(w http.ResponseWriter, p Problem) {
+	if p.Title == "" {
+		p.Title = http.StatusText(p.Status)
+	}
+	b, _ := json.Marshal(p)
+	h := w.Header()
+	h.Set("Content-Type", problemContentType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeProblem(w, Problem{Type: ProblemUnavailable, Status: http.StatusInternalServerError})
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", jsonContentType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func setRetryAfter(w http.ResponseWriter, d time.Duration) {
+	secs := int((min(max(d, time.Second), maxRetryAfter) + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+}
+
+func unavailable(w http.ResponseWriter) {
+	setRetryAfter(w, unavailableRetryAfter)
+	writeProblem(w, Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: problemDetailUnavailable})
+}
+
+func notFound(w http.ResponseWriter) {
+	writeProblem(w, Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Detail: problemDetailNotFound})
+}
+
+// parseIdempotencyKey reads the Idempotency-Key header (httpidem.ParseKey:
+// a quoted sf-string or a bare value, once, 1..255 printable ASCII).
+func parseIdempotencyKey(h http.Header) (string, *Problem) {
+	key, err := httpidem.ParseKey(h)
+	switch {
+	case errors.Is(err, httpidem.ErrMissingKey):
+		return "", &Problem{Type: ProblemMissingKey, Status: http.StatusBadRequest, Detail: problemDetailMissingKey}
+	case err != nil:
+		return "", &Problem{Type: ProblemInvalidKey, Status: http.StatusBadRequest,
+			Detail: "The Idempotency-Key must be sent once, with 1 to 255 printable ASCII characters (" + err.Error() + ").",
+			Field:  "Idempotency-Key", Reason: string(payment.ReasonInvalidKey)}
+	}
+	return key, nil
+}
+
+// parseWait returns the Prefer: wait=N preference (RFC 7240), in seconds,
+// cut to limit; 0 when absent or malformed.
+func parseWait(h http.Header, limit time.Duration) time.Duration {
+	var wait time.Duration
+	for _, line := range h.Values(HeaderPrefer) {
+		for pref := range strings.SplitSeq(line, ",") {
+			tok, _, _ := strings.Cut(pref, ";") // parameters do not apply to wait
+			name, val, ok := strings.Cut(strings.TrimSpace(tok), "=")
+			if !ok || !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			n, err := strconv.Atoi(strings.Trim(strings.TrimSpace(val), `"`))
+			if err != nil || n < 0 {
+				continue
+			}
+			wait = time.Duration(min(n, 1<<20)) * time.Second
+		}
+	}
+	return min(wait, limit)
+}
+
+// jsonBody reports whether a Content-Type is acceptable: absent, JSON, or a
+// +json type.
+func jsonBody(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == jsonContentType || strings.HasSuffix(mt, "+json"))
+}
+
+type merchantKey struct{}
+
+func merchantFrom(ctx context.Context) string {
+	m, _ := ctx.Value(merchantKey{}).(string)
+	return m
+}
+
+// authenticate resolves the bearer API key to its merchant. A missing key
+// and a wrong key are both 401; nothing tells a revoked key from an unknown
+// one.
+func (g *Gateway) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		token = strings.TrimSpace(token)
+		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+			w.Header().Set("WWW-Authenticate", bearerRealm)
+			writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout)
+		merchant, err := g.store.Authenticate(ctx, token)
+		cancel()
+		switch {
+		case errors.Is(err, dedup.ErrUnauthenticated):
+			g.metrics.authFailures.Inc()
+			w.Header().Set("WWW-Authenticate", bearerInvalid)
+			writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})
+			return
+		case err != nil:
+			g.log.Error("authentication failed", "error", err)
+			unavailable(w)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), merchantKey{}, merchant)))
+	})
+}
+
+// routes builds the mux: every API route is authenticated; anything else is
+// a problem+json 404 or 405.
+func (g *Gateway) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/payments", g.instrument("post_payment", g.authenticate(http.HandlerFunc(g.postPayment))))
+	mux.Handle("GET /v1/payments/{key}", g.instrument("get_payment", g.authenticate(http.HandlerFunc(g.getPayment))))
+	mux.Handle("/v1/payments", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", http.MethodPost)
+		writeProblem(w, Problem{Type: ProblemMethodNotAllowed, Status: http.StatusMethodNotAllowed, Detail: problemDetailMethodAllowed})
+	})))
+	mux.Handle("/v1/payments/{key}", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", http.MethodGet+", "+http.MethodHead)
+		writeProblem(w, Problem{Type: ProblemMethodNotAllowed, Status: http.StatusMethodNotAllowed, Detail: problemDetailMethodAllowed})
+	})))
+	mux.Handle("/", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, Problem{Type: ProblemNotFound, Status: http.StatusNotFound})
+	})))
+	return mux
+}
+
+// statusRecorder remembers the status for metrics.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (g *Gateway) instrument(route string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r)
+		g.metrics.observe(route, rec.status, time.Since(start))
+	})
+}

@@ -1,0 +1,70 @@
+package gateway
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the gateway's Prometheus metrics. Labels are low-cardinality:
+// route, status code class and result names, never a key or a merchant.
+type metrics struct {
+	requests        *prometheus.CounterVec
+	duration        *prometheus.HistogramVec
+	idempotency     *prometheus.CounterVec
+	publishes       *prometheus.CounterVec
+	publishDuration prometheus.Histogram
+	waits           *prometheus.CounterVec
+	authFailures    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paydedup_gateway_requests_total",
+			Help: "HTTP requests answered by the gateway, by route and status code.",
+		}, []string{"route", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "paydedup_gateway_request_duration_seconds",
+			Help:    "Time to answer an HTTP request, Prefer: wait included, by route.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"route"}),
+		idempotency: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paydedup_gateway_idempotency_total",
+			Help: "POST /v1/payments by what the Idempotency-Key found: new, replayed, in_flight, mismatch.",
+		}, []string{"result"}),
+		publishes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paydedup_gateway_publishes_total",
+			Help: "Commands published to JetStream by the gateway, by result (ok, error).",
+		}, []string{"result"}),
+		publishDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "paydedup_gateway_publish_duration_seconds",
+			Help:    "Time from publish to PubAck.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paydedup_gateway_waits_total",
+			Help: "Prefer: wait requests by how the wait ended: completed, timeout, shutdown, cancelled.",
+		}, []string{"result"}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paydedup_gateway_auth_failures_total",
+			Help: "Requests with an invalid or revoked API key.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.idempotency, m.publishes, m.publishDuration, m.waits, m.authFailures} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("gateway metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observe(route string, code int, d time.Duration) {
+	if code == 0 {
+		code = 200
+	}
+	m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+	m.duration.WithLabelValues(route).Observe(d.Seconds())
+}

@@ -1,0 +1,384 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// Payment states shown to clients.
+const (
+	StateQueued     = "queued"     // published; no worker has claimed it yet
+	StateProcessing = "processing" // a worker holds the key (provider call under way or outcome unknown)
+	StateRetrying   = "retrying"   // known not charged; the queue retries it
+	StateSucceeded  = "succeeded"  // charged
+	StateDeclined   = "declined"   // definitively refused by the provider
+)
+
+// Payment is the gateway's representation of a payment. For a completed
+// payment it is built only from the stored record, so every replay is the
+// same bytes.
+type Payment struct {
+	Object         string     `json:"object"`
+	IdempotencyKey string     `json:"idempotency_key"`
+	Status         string     `json:"status"`
+	Amount         int64      `json:"amount"`
+	Currency       string     `json:"currency"`
+	ChargeID       string     `json:"charge_id,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	CompletedAt    *time.Time `json:"completed_at,omitempty"`
+	// Outcome is the provider's stored answer, once completed.
+	Outcome *Outcome `json:"outcome,omitempty"`
+}
+
+// Outcome is the stored provider response of a completed payment.
+type Outcome struct {
+	Status int             `json:"status"`
+	Body   json.RawMessage `json:"body"`
+}
+
+func paymentFromRecord(rec dedup.Record) Payment {
+	p := Payment{Object: "payment", IdempotencyKey: rec.IdempotencyKey, Amount: rec.Amount, Currency: rec.Currency,
+		ChargeID: rec.ChargeID, CreatedAt: rec.CreatedAt.UTC()}
+	switch rec.Status {
+	case dedup.StatusCompleted:
+		p.Status = StateDeclined
+		if rec.ResponseStatus >= 200 && rec.ResponseStatus < 300 {
+			p.Status = StateSucceeded
+		}
+		at := rec.CompletedAt.UTC()
+		p.CompletedAt = &at
+		p.Outcome = &Outcome{Status: rec.ResponseStatus, Body: rec.Response}
+	case dedup.StatusFailed:
+		p.Status = StateRetrying
+	default:
+		p.Status = StateProcessing
+	}
+	return p
+}
+
+func paymentFromIntake(in dedup.Intake) Payment {
+	return Payment{Object: "payment", IdempotencyKey: in.IdempotencyKey, Status: StateQueued,
+		Amount: in.Amount, Currency: in.Currency, CreatedAt: in.CreatedAt.UTC()}
+}
+
+// outcomeStatus is the HTTP status of a completed payment: 201 Created for
+// a charge, 402 Payment Required for any definitive refusal (a card decline,
+// or parameters the provider rejected: the gateway validated the request,
+// so a 400 here would blame the client's syntax). The provider's own status
+// is in Outcome.Status.
+func outcomeStatus(rec dedup.Record) int {
+	if rec.ResponseStatus >= 200 && rec.ResponseStatus < 300 {
+		return http.StatusCreated
+	}
+	return http.StatusPaymentRequired
+}
+
+func location(key string) string { return "/v1/payments/" + url.PathEscape(key) }
+
+// writeOutcome answers with a completed payment. replayed marks an answer
+// to a retry (the IETF draft's and Stripe's Idempotent-Replayed).
+func writeOutcome(w http.ResponseWriter, rec dedup.Record, replayed bool) {
+	w.Header().Set("Location", location(rec.IdempotencyKey))
+	if replayed {
+		w.Header().Set(HeaderIdempotentReplay, "true")
+	}
+	writeJSON(w, outcomeStatus(rec), paymentFromRecord(rec))
+}
+
+func (g *Gateway) keyReused(w http.ResponseWriter) {
+	g.metrics.idempotency.WithLabelValues("mismatch").Inc()
+	writeProblem(w, Problem{Type: ProblemKeyReused, Status: http.StatusUnprocessableEntity, Detail: problemDetailKeyReused})
+}
+
+func (g *Gateway) keyInUse(w http.ResponseWriter, retry time.Duration) {
+	g.metrics.idempotency.WithLabelValues("in_flight").Inc()
+	setRetryAfter(w, retry)
+	writeProblem(w, Problem{Type: ProblemKeyInUse, Status: http.StatusConflict, Detail: problemDetailKeyInUse})
+}
+
+// postPayment is POST /v1/payments.
+func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
+	merchant := merchantFrom(r.Context())
+	key, prob := parseIdempotencyKey(r.Header)
+	if prob != nil {
+		writeProblem(w, *prob)
+		return
+	}
+	if !jsonBody(r.Header.Get("Content-Type")) {
+		writeProblem(w, Problem{Type: ProblemUnsupportedMedia, Status: http.StatusUnsupportedMediaType, Detail: problemDetailUnsupported})
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(g.cfg.Limits.MaxBodyBytes)))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeProblem(w, Problem{Type: ProblemTooLarge, Status: http.StatusRequestEntityTooLarge,
+				Detail: "The body exceeds " + strconv.Itoa(g.cfg.Limits.MaxBodyBytes) + " bytes.", Reason: string(payment.ReasonBodyTooLarge)})
+			return
+		}
+		writeProblem(w, Problem{Type: ProblemInvalidRequest, Status: http.StatusBadRequest, Detail: "The body could not be read."})
+		return
+	}
+	cmd, err := decodeCommand(body, merchant, key, g.cfg.Limits)
+	if err != nil {
+		var ve *payment.ValidationError
+		if !errors.As(err, &ve) {
+			ve = &payment.ValidationError{Reason: payment.ReasonMalformedJSON, Msg: err.Error()}
+		}
+		status := http.StatusBadRequest
+		typ := ProblemInvalidRequest
+		if ve.Reason == payment.ReasonBodyTooLarge {
+			status, typ = http.StatusRequestEntityTooLarge, ProblemTooLarge
+		}
+		writeProblem(w, Problem{Type: typ, Status: status, Detail: ve.Msg, Field: ve.Field, Reason: string(ve.Reason)})
+		return
+	}
+	wait := parseWait(r.Header, g.cfg.MaxWait)
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
+	defer cancel()
+	log := g.log.With("merchant_id", merchant, "idempotency_key", key)
+	fp := dedup.Fingerprint(cmd)
+
+	// A waiter subscribes before anything is read or published, so a
+	// completion committed after any read below wakes it.
+	var sub *dedup.Subscription
+	if wait > 0 {
+		sub = g.comp.Subscribe(merchant, key)
+		defer sub.Close()
+	}
+
+	rec, err := g.store.Get(ctx, merchant, key)
+	switch {
+	case err == nil && !bytes.Equal(rec.RequestHash, fp):
+		g.keyReused(w)
+		return
+	case err == nil && rec.Status == dedup.StatusCompleted:
+		g.metrics.idempotency.WithLabelValues("replayed").Inc()
+		writeOutcome(w, rec, true)
+		return
+	case err == nil && rec.Status == dedup.StatusPending:
+		g.keyInUse(w, rec.LockedUntil.Sub(g.cfg.Clock.Now()))
+		return
+	case err == nil, errors.Is(err, dedup.ErrNotFound):
+		// New, or `failed` (known not charged, retried by the queue; its
+		// message may have been dead-lettered): publish if nobody is.
+	default:
+		log.Error("read idempotency record", "error", err)
+		unavailable(w)
+		return
+	}
+
+	res, err := g.store.AcquireIntake(ctx, dedup.NewClaimRequest(cmd), g.cfg.PublishLease, g.cfg.IntakeRetention)
+	if err != nil {
+		log.Error("acquire intake", "error", err)
+		unavailable(w)
+		return
+	}
+	switch res.Outcome {
+	case dedup.IntakeMismatch:
+		g.keyReused(w)
+		return
+	case dedup.IntakeHeld:
+		// Another request published it (or is publishing it). The worker
+		// may have finished since the read above.
+		if rec, err := g.store.Get(ctx, merchant, key); err == nil {
+			switch {
+			case !bytes.Equal(rec.RequestHash, fp):
+				g.keyReused(w)
+				return
+			case rec.Status == dedup.StatusCompleted:
+				g.metrics.idempotency.WithLabelValues("replayed").Inc()
+				writeOutcome(w, rec, true)
+				return
+			case rec.Status == dedup.StatusPending:
+				g.keyInUse(w, rec.LockedUntil.Sub(g.cfg.Clock.Now()))
+				return
+			}
+		}
+		g.keyInUse(w, g.cfg.QueuedRetryAfter)
+		return
+	}
+
+	if !g.publish(ctx, r, cmd, res.Intake, log) {
+		unavailable(w)
+		return
+	}
+	g.metrics.idempotency.WithLabelValues("new").Inc()
+	w.Header().Set("Location", location(key))
+	if wait == 0 {
+		writeJSON(w, http.StatusAccepted, paymentFromIntake(res.Intake))
+		return
+	}
+	w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
+	rec, ok := g.waitCompleted(ctx, sub, merchant, key, wait)
+	switch {
+	case ok && !bytes.Equal(rec.RequestHash, fp): // a queue publisher won the key with another payload
+		g.keyReused(w)
+	case ok:
+		writeOutcome(w, rec, false)
+	default:
+		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentFromIntake(res.Intake))
+	}
+}
+
+// publish publishes a command whose intake the caller holds, and records
+// the publish. A client that hangs up meanwhile does not cut it short.
+func (g *Gateway) publish(ctx context.Context, r *http.Request, cmd *payment.Command, in dedup.Intake, log *slog.Logger) bool {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.PublishLease)
+	defer cancel()
+	extra := map[string]string{"traceparent": r.Header.Get("Traceparent"), "tracestate": r.Header.Get("Tracestate")}
+	start := time.Now()
+	err := g.pub.Publish(pctx, cmd, extra)
+	g.metrics.publishDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		g.metrics.publishes.WithLabelValues("error").Inc()
+		log.Error("publish failed; the client's retry will publish again", "error", err)
+		if aerr := g.store.AbandonIntake(pctx, in); aerr != nil && !errors.Is(aerr, dedup.ErrLeaseLost) {
+			log.Warn("could not release the intake; it expires with its lease", "error", aerr)
+		}
+		return false
+	}
+	g.metrics.publishes.WithLabelValues("ok").Inc()
+	if err := g.store.IntakePublished(pctx, in, g.cfg.RepublishAfter); err != nil {
+		// The message is in the stream; at worst a retry after the publish
+		// lease publishes again, which the worker's claim makes harmless.
+		log.Warn("could not record the publish", "error", err)
+	}
+	log.Info("payment accepted", "attempt", in.Attempt)
+	return true
+}
+
+// waitCompleted waits up to wait for the key to complete: it reads the
+// record, then sleeps until a completion notification, the end of the wait,
+// the client leaving or a shutdown. No polling.
+func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, merchant, key string, wait time.Duration) (dedup.Record, bool) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		rec, err := g.store.Get(ctx, merchant, key)
+		if err == nil && rec.Status == dedup.StatusCompleted {
+			g.metrics.waits.WithLabelValues("completed").Inc()
+			return rec, true
+		}
+		select {
+		case <-sub.C:
+		case <-timer.C:
+			g.metrics.waits.WithLabelValues("timeout").Inc()
+			return dedup.Record{}, false
+		case <-g.drain:
+			g.metrics.waits.WithLabelValues("shutdown").Inc()
+			return dedup.Record{}, false
+		case <-ctx.Done():
+			g.metrics.waits.WithLabelValues("cancelled").Inc()
+			return dedup.Record{}, false
+		}
+	}
+}
+
+// writeCurrent answers with the payment as it stands: the worker's record
+// when there is one, else fallback.
+func (g *Gateway) writeCurrent(ctx context.Context, w http.ResponseWriter, status int, merchant, key string, fallback Payment) {
+	p := fallback
+	if rec, err := g.store.Get(ctx, merchant, key); err == nil {
+		p = paymentFromRecord(rec)
+	}
+	writeJSON(w, status, p)
+}
+
+// getPayment is GET /v1/payments/{key}: the payment's state and stored
+// outcome, for its own merchant only. Another merchant's key and an unknown
+// key get the same 404. Prefer: wait=N waits for the completion of a
+// payment taken in by the gateway.
+func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
+	merchant := merchantFrom(r.Context())
+	key := r.PathValue("key")
+	if payment.ValidateKey(key) != nil {
+		notFound(w)
+		return
+	}
+	wait := parseWait(r.Header, g.cfg.MaxWait)
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
+	defer cancel()
+	var sub *dedup.Subscription
+	if wait > 0 {
+		sub = g.comp.Subscribe(merchant, key)
+		defer sub.Close()
+	}
+	rec, err := g.store.Get(ctx, merchant, key)
+	var p Payment
+	switch {
+	case err == nil:
+		p = paymentFromRecord(rec)
+	case errors.Is(err, dedup.ErrNotFound):
+		in, ierr := g.store.GetIntake(ctx, merchant, key)
+		if errors.Is(ierr, dedup.ErrNotFound) {
+			notFound(w)
+			return
+		}
+		if ierr != nil {
+			g.log.Error("read intake", "error", ierr)
+			unavailable(w)
+			return
+		}
+		p = paymentFromIntake(in)
+	default:
+		g.log.Error("read idempotency record", "error", err)
+		unavailable(w)
+		return
+	}
+	if wait > 0 && p.CompletedAt == nil && p.Status != StateQueued {
+		// Only keys the gateway took in notify on completion; a payment
+		// that came straight from the queue is answered at once.
+		if _, err := g.store.GetIntake(ctx, merchant, key); err != nil {
+			wait = 0
+		}
+	}
+	if wait > 0 && p.CompletedAt == nil {
+		w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
+		if rec, ok := g.waitCompleted(ctx, sub, merchant, key, wait); ok {
+			p = paymentFromRecord(rec)
+		}
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// decodeCommand decodes a POST body, which is a payment command without
+// merchant_id: the merchant comes from the API key. It is put in front of
+// the body's fields and payment.Decode does the strict decoding, so the
+// gateway accepts exactly what the worker accepts. A merchant_id in the
+// body is an unknown field here.
+func decodeCommand(body []byte, merchant, key string, lim payment.Limits) (*payment.Command, error) {
+	env := payment.Envelope{HeaderKey: key, HeaderKeySet: true}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return payment.Decode(body, env, lim) // fails: not an object
+	}
+	rest := trimmed[1:]
+	m, _ := json.Marshal(merchant)
+	full := append([]byte(`{"merchant_id":`), m...)
+	if r := bytes.TrimLeft(rest, " \t\r\n"); len(r) > 0 && r[0] != '}' {
+		full = append(full, ',')
+	}
+	full = append(full, rest...)
+	if lim.MaxBodyBytes > 0 {
+		lim.MaxBodyBytes += len(full) - len(trimmed)
+	}
+	cmd, err := payment.Decode(full, env, lim)
+	var ve *payment.ValidationError
+	if errors.As(err, &ve) && ve.Field == "merchant_id" && ve.Reason == payment.ReasonDuplicateField {
+		return nil, &payment.ValidationError{Reason: payment.ReasonUnknownField, Field: "merchant_id",
+			Msg: "must not be sent: the merchant comes from the API key"}
+	}
+	return cmd, err
+}

@@ -1,0 +1,351 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// world is one test's world: its own schema, streams, simulator, gateway
+// (served on a real listener) and, once started, a real worker.
+type world struct {
+	t      *testing.T
+	ctx    context.Context
+	pool   *pgxpool.Pool
+	store  *dedup.Store
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	sim    *provider.Simulator
+	gate   *gatedCharger
+	cfg    consumer.Config
+	gw     *gateway.Gateway
+	base   string
+	client *http.Client
+
+	stopServe func() error
+	keyA      string // API key of merchant m_a
+	keyB      string // API key of merchant m_b
+}
+
+// gatedCharger holds the provider call of chosen keys until released.
+type gatedCharger struct {
+	next consumer.Charger
+	mu   sync.Mutex
+	held map[string]chan struct{}
+}
+
+func (g *gatedCharger) hold(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held[key] = make(chan struct{})
+}
+
+func (g *gatedCharger) release(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if ch, ok := g.held[key]; ok {
+		close(ch)
+		delete(g.held, key)
+	}
+}
+
+func (g *gatedCharger) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	g.mu.Lock()
+	ch := g.held[req.IdempotencyKey]
+	g.mu.Unlock()
+	if ch != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return g.next.Charge(ctx, req)
+}
+
+func setup(t *testing.T, gcfg gateway.Config) *world {
+	t.Helper()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := testenv.NATSConn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := provider.NewSimulator(provider.SimConfig{Seed: 9})
+	simSrv := httptest.NewServer(sim)
+	t.Cleanup(simSrv.Close)
+	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: simSrv.URL, Timeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stripe.CloseIdleConnections)
+	u := testenv.Unique(t)
+	name := strings.ToUpper(u)
+	cfg := consumer.Config{
+		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
+		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
+		Lease: 10 * time.Second, AckWait: 15 * time.Second, MaxDeliver: 6,
+		ProviderTry: provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 4 * time.Second, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond},
+		RetryBase:   50 * time.Millisecond, RetryMax: 500 * time.Millisecond,
+		DrainTimeout: 2 * time.Second, Concurrency: 8, FetchBatch: 20,
+	}
+	// The streams exist before the gateway publishes (the worker would
+	// create them too when it starts).
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, _, err := consumer.EnsureStreams(sctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, cfg.Stream)
+		_ = js.DeleteStream(ctx, cfg.DLQStream)
+	})
+
+	comp, err := dedup.NewCompletions(pool, dedup.CompletionsConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	compCtx, stopComp := context.WithCancel(ctx)
+	compDone := make(chan struct{})
+	go func() { defer close(compDone); _ = comp.Run(compCtx) }()
+	t.Cleanup(func() { stopComp(); <-compDone })
+
+	pub, err := consumer.NewCommandPublisher(nc, cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := gateway.New(store, comp, pub, gcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveCtx, stopServe := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- gw.Serve(serveCtx, ln) }()
+	var stopOnce sync.Once
+	var serveErr error
+	stop := func() error {
+		stopOnce.Do(func() { stopServe(); serveErr = <-served })
+		return serveErr
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	w := &world{t: t, ctx: ctx, pool: pool, store: store, nc: nc, js: js, sim: sim,
+		gate: &gatedCharger{next: stripe, held: map[string]chan struct{}{}},
+		cfg:  cfg, gw: gw, base: "http://" + ln.Addr().String(), client: client, stopServe: stop}
+	w.keyA = w.apiKey("m_a")
+	w.keyB = w.apiKey("m_b")
+	w.eventually("completion listener up", comp.Listening)
+	return w
+}
+
+func (w *world) apiKey(merchant string) string {
+	w.t.Helper()
+	key, _, err := w.store.CreateAPIKey(w.ctx, merchant, "test")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return key
+}
+
+// startWorker runs a real worker (charging through the gate) until the test
+// ends.
+func (w *world) startWorker() {
+	w.t.Helper()
+	cfg := w.cfg
+	cfg.Holder = "w1"
+	proc := consumer.NewProcessor(w.store, w.gate, cfg, nil)
+	wk, err := consumer.NewWorker(w.nc, proc, cfg, nil, nil)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- wk.Run(ctx) }()
+	w.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			w.t.Errorf("worker: %v", err)
+		}
+	})
+}
+
+// response is one HTTP answer, read whole.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) problem(t *testing.T) gateway.Problem {
+	t.Helper()
+	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("status %d: Content-Type %q, want application/problem+json (body %s)", r.status, ct, r.body)
+	}
+	var p gateway.Problem
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatalf("problem body %s: %v", r.body, err)
+	}
+	if p.Status != r.status || p.Type == "" || p.Title == "" {
+		t.Fatalf("problem %+v does not match status %d", p, r.status)
+	}
+	return p
+}
+
+func (r response) payment(t *testing.T) gateway.Payment {
+	t.Helper()
+	var p gateway.Payment
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatalf("payment body %s: %v", r.body, err)
+	}
+	return p
+}
+
+// req sends one request. apiKey "" sends no Authorization; hdr may hold
+// Idempotency-Key, Prefer, Content-Type...
+func (w *world) req(ctx context.Context, method, path, apiKey, body string, hdr map[string]string) (response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	r, err := http.NewRequestWithContext(ctx, method, w.base+path, rd)
+	if err != nil {
+		return response{}, err
+	}
+	if apiKey != "" {
+		r.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	if body != "" {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		r.Header.Set(k, v)
+	}
+	resp, err := w.client.Do(r)
+	if err != nil {
+		return response{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return response{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+func (w *world) do(method, path, apiKey, body string, hdr map[string]string) response {
+	w.t.Helper()
+	r, err := w.req(w.ctx, method, path, apiKey, body, hdr)
+	if err != nil {
+		w.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return r
+}
+
+// post sends POST /v1/payments as merchant A with an Idempotency-Key.
+func (w *world) post(key, body string, hdr ...string) response {
+	w.t.Helper()
+	h := map[string]string{"Idempotency-Key": key}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		h[hdr[i]] = hdr[i+1]
+	}
+	return w.do(http.MethodPost, "/v1/payments", w.keyA, body, h)
+}
+
+func payBody(amount int64, method string) string {
+	return fmt.Sprintf(`{"amount":%d,"currency":"usd","payment_method":%q,"description":"order","metadata":{"order_id":"42"}}`, amount, method)
+}
+
+func (w *world) eventually(what string, cond func() bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			w.t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (w *world) record(merchant, key string) (dedup.Record, bool) {
+	rec, err := w.store.Get(w.ctx, merchant, key)
+	if errors.Is(err, dedup.ErrNotFound) {
+		return rec, false
+	}
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return rec, true
+}
+
+func (w *world) waitStatus(merchant, key string, st dedup.Status) {
+	w.t.Helper()
+	w.eventually(fmt.Sprintf("%s/%s %s", merchant, key, st), func() bool {
+		rec, ok := w.record(merchant, key)
+		return ok && rec.Status == st
+	})
+}
+
+func (w *world) streamMsgs() uint64 {
+	w.t.Helper()
+	s, err := w.js.Stream(w.ctx, w.cfg.Stream)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	info, err := s.Info(w.ctx)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func (w *world) count(sql string, args ...any) int {
+	w.t.Helper()
+	var n int
+	if err := w.pool.QueryRow(w.ctx, sql, args...).Scan(&n); err != nil {
+		w.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func (w *world) charges(merchant, key string) int { return w.sim.ChargesByKey()[merchant+":"+key] }
+
+func wantStatus(t *testing.T, r response, want int) {
+	t.Helper()
+	if r.status != want {
+		t.Fatalf("status %d, want %d; body %s", r.status, want, bytes.TrimSpace(r.body))
+	}
+}
