@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build bench
+.PHONY: test lint build bench deploy-test
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -15,3 +15,8 @@ build:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The deploy tree, rendered and checked offline (its own module, so the
+# Kubernetes libraries stay out of the main one).
+deploy-test:
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 ./...

@@ -1,0 +1,740 @@
+package deploy
+
+import (
+	"cmp"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// drainMargin is what the grace period must leave after the drain deadline:
+// releasing and nakking unfinished work, then closing the pools and the
+// admin listener.
+const drainMargin = 5 * time.Second
+
+// sensitiveEnv are the variables that carry credentials: they come from a
+// Secret by reference, never as a value in a manifest or a ConfigMap.
+var sensitiveEnv = []string{"DATABASE_URL", "STRIPE_SECRET_KEY", "NATS_PASSWORD"}
+
+// credentialPattern catches a credential pasted where configuration goes: a
+// Stripe key, or a URL with user information (postgres://u:p@, nats://token@).
+var credentialPattern = regexp.MustCompile(`\b[sr]k_(live|test)_|://[^/\s@]+@`)
+
+// overlayWant is what each shipped overlay promises beyond the checks every
+// rendering passes.
+var overlayWant = map[string]struct {
+	replicas     int32 // fixed replica count; 0 when KEDA owns it
+	scaledObject bool
+	pdb          bool
+	pinnedImage  bool
+}{
+	"dev":  {replicas: 1},
+	"prod": {scaledObject: true, pdb: true, pinnedImage: true},
+}
+
+func TestOverlays(t *testing.T) {
+	b := readBinary(t)
+	overlays := dirs(t, overlaysDir)
+	for name := range overlayWant {
+		if !slices.Contains(overlays, name) {
+			t.Errorf("overlay %s is missing from %s", name, overlaysDir)
+		}
+	}
+	for _, o := range overlays {
+		t.Run(o, func(t *testing.T) {
+			r := render(t, "overlays/"+o, filepath.Join(overlaysDir, o))
+			checkRendering(t, b, r)
+			want, ok := overlayWant[o]
+			if !ok {
+				return
+			}
+			w := worker(t, r)
+			if want.replicas > 0 && (w.Spec.Replicas == nil || *w.Spec.Replicas != want.replicas) {
+				t.Errorf("worker replicas = %v, want %d", ptrString(w.Spec.Replicas), want.replicas)
+			}
+			if want.scaledObject && len(r.scaledObjects) == 0 {
+				t.Error("no KEDA ScaledObject")
+			}
+			if want.pdb && len(r.pdbs) == 0 {
+				t.Error("no PodDisruptionBudget")
+			}
+			if want.pinnedImage {
+				img := w.Spec.Template.Spec.Containers[0].Image
+				if !pinned(img) {
+					t.Errorf("image %q is not pinned to a release tag or digest", img)
+				}
+			}
+		})
+	}
+}
+
+// TestComponents renders every component on top of every overlay, and all of
+// them together on prod, as a user's overlay would include them.
+func TestComponents(t *testing.T) {
+	b := readBinary(t)
+	components := dirs(t, componentsDir)
+	if len(components) == 0 {
+		t.Fatal("no components")
+	}
+	for _, o := range dirs(t, overlaysDir) {
+		for _, c := range components {
+			t.Run(o+"+"+c, func(t *testing.T) {
+				checkRendering(t, b, render(t, o+"+"+c, withComponents(t, o, c)))
+			})
+		}
+	}
+	t.Run("prod+all", func(t *testing.T) {
+		r := render(t, "prod+all", withComponents(t, "prod", components...))
+		checkRendering(t, b, r)
+		if len(r.podMonitors) == 0 || len(r.prometheusRules) == 0 {
+			t.Error("components/monitoring: no PodMonitor or PrometheusRule")
+		}
+		if reconcilers(r) == nil {
+			t.Error("components/reconciler: no reconciler Deployment")
+		}
+	})
+}
+
+// checkRendering asserts what every rendering must hold.
+func checkRendering(t *testing.T, b *binary, r *rendering) {
+	t.Helper()
+	w := worker(t, r)
+	wc := w.Spec.Template.Spec.Containers[0]
+	wenv := effectiveEnv(t, r, wc)
+
+	t.Run("security", func(t *testing.T) { checkSecurity(t, r) })
+	t.Run("secrets", func(t *testing.T) { checkSecrets(t, r) })
+	t.Run("env names", func(t *testing.T) { checkEnvNames(t, b, r) })
+	t.Run("one image", func(t *testing.T) { checkOneImage(t, r) })
+
+	t.Run("probes", func(t *testing.T) {
+		for _, d := range append([]*appsv1.Deployment{w}, reconcilers(r)...) {
+			c := d.Spec.Template.Spec.Containers[0]
+			checkProbes(t, b, d.Name, c, effectiveEnv(t, r, c))
+		}
+	})
+
+	t.Run("drain", func(t *testing.T) {
+		raw, ok := wenv["PAYDEDUP_DRAIN_TIMEOUT"]
+		if !ok {
+			t.Fatalf("worker: PAYDEDUP_DRAIN_TIMEOUT is not set (the binary's default is %v): set it explicitly so the grace period can be checked against it", b.drainTimeout)
+		}
+		drain, err := time.ParseDuration(raw)
+		if err != nil || drain <= 0 {
+			t.Fatalf("worker: PAYDEDUP_DRAIN_TIMEOUT=%q is not a positive duration", raw)
+		}
+		g := w.Spec.Template.Spec.TerminationGracePeriodSeconds
+		if g == nil {
+			t.Fatal("worker: terminationGracePeriodSeconds is not set (Kubernetes' default is 30s)")
+		}
+		if grace := time.Duration(*g) * time.Second; grace <= drain+drainMargin {
+			t.Errorf("worker: terminationGracePeriodSeconds %v must exceed PAYDEDUP_DRAIN_TIMEOUT %v + %v, or the kubelet kills the drain", grace, drain, drainMargin)
+		}
+		if lc := wc.Lifecycle; lc != nil && lc.PreStop != nil {
+			t.Error("worker: a preStop hook delays SIGTERM and eats into the grace period; the binary drains on SIGTERM itself")
+		}
+	})
+
+	t.Run("retention", func(t *testing.T) {
+		keys := envDuration(t, wenv, "PAYDEDUP_KEY_RETENTION", b.keyRetention)
+		stream := envDuration(t, wenv, "PAYDEDUP_STREAM_MAX_AGE", b.streamMaxAge)
+		if keys <= stream {
+			t.Errorf("PAYDEDUP_KEY_RETENTION %v must exceed PAYDEDUP_STREAM_MAX_AGE %v (the worker refuses to start otherwise)", keys, stream)
+		}
+	})
+
+	t.Run("reconciler", func(t *testing.T) {
+		inWorker := true
+		if v, ok := wenv["PAYDEDUP_RECONCILE"]; ok {
+			var err error
+			if inWorker, err = strconv.ParseBool(v); err != nil {
+				t.Fatalf("PAYDEDUP_RECONCILE=%q is not a boolean", v)
+			}
+		}
+		apart := len(reconcilers(r)) > 0
+		switch {
+		case apart && inWorker:
+			t.Error("a reconciler Deployment runs and the workers still reconcile: set PAYDEDUP_RECONCILE=false")
+		case !apart && !inWorker:
+			t.Error("PAYDEDUP_RECONCILE=false but no reconciler Deployment: pending rows would never be resolved")
+		}
+		for _, d := range reconcilers(r) {
+			c := d.Spec.Template.Spec.Containers[0]
+			if !slices.Equal(c.Args, []string{"reconcile"}) {
+				t.Errorf("%s: args %q, want [reconcile]", d.Name, c.Args)
+			}
+		}
+	})
+
+	t.Run("migrate job", func(t *testing.T) {
+		var found bool
+		for _, j := range r.jobs {
+			c := j.Spec.Template.Spec.Containers[0]
+			if !slices.Equal(c.Args, []string{"migrate", "up"}) {
+				continue
+			}
+			found = true
+			owner, worker := secretRef(c, "DATABASE_URL"), secretRef(wc, "DATABASE_URL")
+			if owner == nil || worker == nil {
+				t.Fatal("migrate Job and worker must both take DATABASE_URL from a secretKeyRef")
+			}
+			if owner.Name == worker.Name && owner.Key == worker.Key {
+				t.Errorf("migrate Job uses the worker's DATABASE_URL (%s/%s): it must run as the schema owner", owner.Name, owner.Key)
+			}
+			if p := j.Spec.Template.Spec.RestartPolicy; p != corev1.RestartPolicyNever && p != corev1.RestartPolicyOnFailure {
+				t.Errorf("migrate Job restartPolicy %q", p)
+			}
+		}
+		if !found {
+			t.Error("no Job runs [migrate up]")
+		}
+	})
+
+	t.Run("pdb", func(t *testing.T) {
+		for _, p := range r.pdbs {
+			if p.Spec.MaxUnavailable == nil || *p.Spec.MaxUnavailable != intstr.FromInt32(1) {
+				t.Errorf("%s: maxUnavailable %v, want 1", p.Name, p.Spec.MaxUnavailable)
+			}
+			if !selects(t, p.Spec.Selector, w) {
+				t.Errorf("%s: selector %v does not select the worker pods", p.Name, p.Spec.Selector)
+			}
+		}
+	})
+
+	t.Run("keda", func(t *testing.T) { checkScaledObjects(t, b, r, w, wenv) })
+
+	t.Run("monitoring", func(t *testing.T) {
+		for _, pm := range r.podMonitors {
+			if !selects(t, &pm.Spec.Selector, w) {
+				t.Errorf("PodMonitor %s does not select the worker pods", pm.Name)
+			}
+			for _, ep := range pm.Spec.PodMetricsEndpoints {
+				if !slices.ContainsFunc(wc.Ports, func(p corev1.ContainerPort) bool { return p.Name == ep.Port }) {
+					t.Errorf("PodMonitor %s scrapes port %q, which the worker does not name", pm.Name, ep.Port)
+				}
+				if path := cmp.Or(ep.Path, "/metrics"); !b.literals["GET "+path] {
+					t.Errorf("PodMonitor %s scrapes %s, which the binary does not serve", pm.Name, path)
+				}
+			}
+		}
+		for _, pr := range r.prometheusRules {
+			checkRules(t, pr.Spec)
+		}
+	})
+}
+
+// worker returns the Deployment that runs `paydedup worker`.
+func worker(t *testing.T, r *rendering) *appsv1.Deployment {
+	t.Helper()
+	var ws []*appsv1.Deployment
+	for _, d := range r.deployments {
+		if c := d.Spec.Template.Spec.Containers; len(c) > 0 && len(c[0].Args) > 0 && c[0].Args[0] == "worker" {
+			ws = append(ws, d)
+		}
+	}
+	if len(ws) != 1 {
+		t.Fatalf("%s: %d Deployments run `paydedup worker`, want 1", r.name, len(ws))
+	}
+	return ws[0]
+}
+
+// reconcilers returns the Deployments that run `paydedup reconcile`.
+func reconcilers(r *rendering) []*appsv1.Deployment {
+	var out []*appsv1.Deployment
+	for _, d := range r.deployments {
+		if c := d.Spec.Template.Spec.Containers; len(c) > 0 && len(c[0].Args) > 0 && c[0].Args[0] == "reconcile" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// podSpecs returns every pod template of the rendering, by owner.
+func podSpecs(r *rendering) map[string]*corev1.PodSpec {
+	out := map[string]*corev1.PodSpec{}
+	for _, d := range r.deployments {
+		out["Deployment/"+d.Name] = &d.Spec.Template.Spec
+	}
+	for _, j := range r.jobs {
+		out["Job/"+j.Name] = &j.Spec.Template.Spec
+	}
+	return out
+}
+
+func allContainers(p *corev1.PodSpec) []corev1.Container {
+	return append(slices.Clone(p.InitContainers), p.Containers...)
+}
+
+// effectiveEnv is the container's environment as the binary sees it, for
+// the variables with a literal value (envFrom ConfigMaps, then env).
+func effectiveEnv(t *testing.T, r *rendering, c corev1.Container) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, from := range c.EnvFrom {
+		if from.ConfigMapRef == nil {
+			continue
+		}
+		cm, ok := r.configMaps[from.ConfigMapRef.Name]
+		if !ok {
+			if from.ConfigMapRef.Optional == nil || !*from.ConfigMapRef.Optional {
+				t.Errorf("container %s: envFrom ConfigMap %q is not in the rendering", c.Name, from.ConfigMapRef.Name)
+			}
+			continue
+		}
+		for k, v := range cm.Data {
+			env[from.Prefix+k] = v
+		}
+	}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.ConfigMapKeyRef != nil:
+			ref := e.ValueFrom.ConfigMapKeyRef
+			if cm, ok := r.configMaps[ref.Name]; ok {
+				env[e.Name] = cm.Data[ref.Key]
+			} else {
+				t.Errorf("container %s: %s refers to ConfigMap %q, not in the rendering", c.Name, e.Name, ref.Name)
+			}
+		default:
+			delete(env, e.Name) // a Secret or field reference wins over envFrom
+		}
+	}
+	return env
+}
+
+func envDuration(t *testing.T, env map[string]string, key string, def time.Duration) time.Duration {
+	t.Helper()
+	v, ok := env[key]
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s=%q is not a duration", key, v)
+	}
+	return d
+}
+
+func envInt(t *testing.T, env map[string]string, key string, def int) int {
+	t.Helper()
+	v, ok := env[key]
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s=%q is not an integer", key, v)
+	}
+	return n
+}
+
+func secretRef(c corev1.Container, name string) *corev1.SecretKeySelector {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom != nil {
+			return e.ValueFrom.SecretKeyRef
+		}
+	}
+	return nil
+}
+
+// checkProbes: liveness on /livez and readiness on /readyz, both on the port
+// the binary's admin listener binds (PAYDEDUP_ADMIN_ADDR).
+func checkProbes(t *testing.T, b *binary, owner string, c corev1.Container, env map[string]string) {
+	t.Helper()
+	addr, ok := env["PAYDEDUP_ADMIN_ADDR"]
+	if !ok || addr == "" {
+		t.Errorf("%s: PAYDEDUP_ADMIN_ADDR is not set: the admin listener (and the probes' target) is off", owner)
+		return
+	}
+	_, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Errorf("%s: PAYDEDUP_ADMIN_ADDR=%q: %v", owner, addr, err)
+		return
+	}
+	adminPort, err := strconv.Atoi(portStr)
+	if err != nil || adminPort == 0 {
+		t.Errorf("%s: PAYDEDUP_ADMIN_ADDR=%q: the port must be fixed for probes", owner, addr)
+		return
+	}
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "admin" && int(p.ContainerPort) == adminPort }) {
+		t.Errorf("%s: no container port named admin on %d", owner, adminPort)
+	}
+	for _, p := range []struct {
+		kind  string
+		probe *corev1.Probe
+		path  string
+	}{
+		{"liveness", c.LivenessProbe, "/livez"},
+		{"readiness", c.ReadinessProbe, "/readyz"},
+	} {
+		if !b.literals["GET "+p.path] {
+			t.Errorf("the binary no longer serves GET %s: update the probes and this test", p.path)
+		}
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			t.Errorf("%s: no HTTP %s probe", owner, p.kind)
+			continue
+		}
+		g := p.probe.HTTPGet
+		if g.Path != p.path {
+			t.Errorf("%s: %s probe path %q, want %q", owner, p.kind, g.Path, p.path)
+		}
+		if port := resolvePort(c, g.Port); port != adminPort {
+			t.Errorf("%s: %s probe port %s resolves to %d, want the admin port %d (PAYDEDUP_ADMIN_ADDR=%s)", owner, p.kind, g.Port.String(), port, adminPort, addr)
+		}
+	}
+}
+
+func resolvePort(c corev1.Container, p intstr.IntOrString) int {
+	if p.Type == intstr.Int {
+		return p.IntValue()
+	}
+	for _, cp := range c.Ports {
+		if cp.Name == p.StrVal {
+			return int(cp.ContainerPort)
+		}
+	}
+	return -1
+}
+
+// checkSecurity: non-root, read-only root, no privilege escalation, every
+// capability dropped, RuntimeDefault seccomp, no API token; and resources.
+func checkSecurity(t *testing.T, r *rendering) {
+	for owner, p := range podSpecs(r) {
+		if p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken {
+			t.Errorf("%s: automountServiceAccountToken must be false (paydedup never calls the API)", owner)
+		}
+		if p.HostNetwork || p.HostPID || p.HostIPC {
+			t.Errorf("%s: shares a host namespace", owner)
+		}
+		psc := p.SecurityContext
+		if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
+			t.Errorf("%s: pod securityContext.runAsNonRoot must be true", owner)
+		}
+		if psc != nil && psc.RunAsUser != nil && *psc.RunAsUser == 0 {
+			t.Errorf("%s: runAsUser 0", owner)
+		}
+		podSeccomp := psc != nil && psc.SeccompProfile != nil && psc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault
+		for _, c := range allContainers(p) {
+			id := owner + "/" + c.Name
+			sc := c.SecurityContext
+			if sc == nil {
+				t.Errorf("%s: no securityContext", id)
+				continue
+			}
+			if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("%s: readOnlyRootFilesystem must be true", id)
+			}
+			if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				t.Errorf("%s: allowPrivilegeEscalation must be false", id)
+			}
+			if sc.Privileged != nil && *sc.Privileged {
+				t.Errorf("%s: privileged", id)
+			}
+			if sc.RunAsUser != nil && *sc.RunAsUser == 0 {
+				t.Errorf("%s: runAsUser 0", id)
+			}
+			if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) > 0 {
+				t.Errorf("%s: capabilities must drop ALL and add none", id)
+			}
+			if !podSeccomp && (sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault) {
+				t.Errorf("%s: seccompProfile must be RuntimeDefault", id)
+			}
+			req, lim := c.Resources.Requests, c.Resources.Limits
+			if req.Cpu().IsZero() || req.Memory().IsZero() || lim.Memory().IsZero() {
+				t.Errorf("%s: needs cpu and memory requests and a memory limit", id)
+			}
+			for _, m := range c.VolumeMounts {
+				if !m.ReadOnly && isSecretVolume(p, m.Name) {
+					t.Errorf("%s: secret volume %s mounted read-write", id, m.Name)
+				}
+			}
+		}
+		for _, v := range p.Volumes {
+			if v.Secret == nil || v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o004 != 0 {
+				continue
+			}
+			// Not world-readable: only the group can let uid 65532 read it.
+			if psc == nil || psc.FSGroup == nil {
+				t.Errorf("%s: secret volume %s (mode %#o) needs securityContext.fsGroup to be readable", owner, v.Name, *v.Secret.DefaultMode)
+			}
+		}
+	}
+}
+
+func isSecretVolume(p *corev1.PodSpec, name string) bool {
+	for _, v := range p.Volumes {
+		if v.Name == name {
+			return v.Secret != nil || v.Projected != nil
+		}
+	}
+	return false
+}
+
+// checkSecrets: credentials only by reference, to documented Secret keys.
+func checkSecrets(t *testing.T, r *rendering) {
+	for _, s := range r.secrets {
+		if len(s.Data) > 0 || len(s.StringData) > 0 {
+			t.Errorf("Secret %s carries data: secrets are created out of band, never in this tree", s.Name)
+		}
+	}
+	for name, cm := range r.configMaps {
+		for k, v := range cm.Data {
+			if slices.Contains(sensitiveEnv, k) {
+				t.Errorf("ConfigMap %s sets %s: it must come from a Secret", name, k)
+			}
+			if credentialPattern.MatchString(v) {
+				t.Errorf("ConfigMap %s: %s looks like it carries a credential", name, k)
+			}
+		}
+	}
+	doc, err := os.ReadFile(filepath.Join(kustomizeDir, "base", "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := func(secret, key string) bool {
+		return strings.Contains(string(doc), `"`+secret+`"`) && strings.Contains(string(doc), " "+key+" ")
+	}
+	for owner, p := range podSpecs(r) {
+		for _, c := range allContainers(p) {
+			id := owner + "/" + c.Name
+			for _, e := range c.Env {
+				if e.ValueFrom == nil {
+					if slices.Contains(sensitiveEnv, e.Name) {
+						t.Errorf("%s: %s has an inline value: use valueFrom.secretKeyRef", id, e.Name)
+					}
+					if credentialPattern.MatchString(e.Value) {
+						t.Errorf("%s: %s looks like it carries a credential", id, e.Name)
+					}
+					continue
+				}
+				if slices.Contains(sensitiveEnv, e.Name) && e.ValueFrom.SecretKeyRef == nil {
+					t.Errorf("%s: %s must come from a secretKeyRef", id, e.Name)
+				}
+				if ref := e.ValueFrom.SecretKeyRef; ref != nil {
+					if !documented(ref.Name, ref.Key) {
+						t.Errorf("%s: %s uses Secret %q key %q, not documented in base/kustomization.yaml", id, e.Name, ref.Name, ref.Key)
+					}
+					if ref.Optional != nil && *ref.Optional && e.Name == "DATABASE_URL" {
+						t.Errorf("%s: DATABASE_URL must not be optional", id)
+					}
+				}
+			}
+		}
+		for _, v := range p.Volumes {
+			if v.Secret != nil {
+				for _, key := range secretVolumeKeys(t, r, v) {
+					if !documented(v.Secret.SecretName, key) {
+						t.Errorf("%s: volume %s uses Secret %q key %q, not documented in base/kustomization.yaml", owner, v.Name, v.Secret.SecretName, key)
+					}
+				}
+			}
+		}
+		// A credentials file named in the environment must be a mounted secret.
+		for _, c := range p.Containers {
+			path, ok := effectiveEnv(t, r, c)["NATS_CREDS"]
+			if !ok {
+				continue
+			}
+			if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+				return isSecretVolume(p, m.Name) && strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")
+			}) {
+				t.Errorf("%s/%s: NATS_CREDS=%s is not under a mounted secret volume", owner, c.Name, path)
+			}
+		}
+	}
+}
+
+// secretVolumeKeys returns the keys a secret volume projects: its items, or
+// the file names its mounts' users expect.
+func secretVolumeKeys(t *testing.T, r *rendering, v corev1.Volume) []string {
+	t.Helper()
+	var keys []string
+	for _, it := range v.Secret.Items {
+		keys = append(keys, it.Key)
+	}
+	if len(keys) > 0 {
+		return keys
+	}
+	// Without items every key becomes a file: the ones the tree relies on are
+	// those NATS_CREDS names.
+	for _, d := range r.deployments {
+		for _, c := range d.Spec.Template.Spec.Containers {
+			for _, m := range c.VolumeMounts {
+				if m.Name != v.Name {
+					continue
+				}
+				if path, ok := effectiveEnv(t, r, c)["NATS_CREDS"]; ok && strings.HasPrefix(path, m.MountPath) {
+					keys = append(keys, filepath.Base(path))
+				}
+			}
+		}
+	}
+	return keys
+}
+
+// checkEnvNames: every paydedup variable the tree sets is one the binary
+// reads, so a typo (PAYDEDUP_DRAIN_TIMOUT) does not silently keep a default.
+func checkEnvNames(t *testing.T, b *binary, r *rendering) {
+	for name, cm := range r.configMaps {
+		for k := range cm.Data {
+			if !b.readsEnv(k) {
+				t.Errorf("ConfigMap %s sets %s, which paydedup does not read", name, k)
+			}
+		}
+	}
+	for owner, p := range podSpecs(r) {
+		for _, c := range allContainers(p) {
+			for _, e := range c.Env {
+				if !b.readsEnv(e.Name) {
+					t.Errorf("%s/%s sets %s, which paydedup does not read", owner, c.Name, e.Name)
+				}
+			}
+		}
+	}
+}
+
+// checkOneImage: the migrate Job and the Deployments run the same build, so
+// the schema and the code that uses it move together.
+func checkOneImage(t *testing.T, r *rendering) {
+	images := map[string][]string{}
+	for owner, p := range podSpecs(r) {
+		for _, c := range allContainers(p) {
+			images[c.Image] = append(images[c.Image], owner+"/"+c.Name)
+		}
+	}
+	if len(images) != 1 {
+		t.Errorf("want one image for every workload, got %v", images)
+	}
+	for img := range images {
+		if img == "" || strings.HasSuffix(img, ":latest") {
+			t.Errorf("image %q: name a tag or digest", img)
+		}
+	}
+}
+
+// pinned reports whether an image names a release: a digest, or a tag other
+// than latest and dev.
+func pinned(image string) bool {
+	if strings.Contains(image, "@sha256:") {
+		return true
+	}
+	i := strings.LastIndex(image, ":")
+	if i < 0 || strings.Contains(image[i:], "/") {
+		return false
+	}
+	tag := image[i+1:]
+	return tag != "" && tag != "latest" && tag != "dev"
+}
+
+// checkScaledObjects: KEDA watches the worker's own stream and durable
+// consumer, never scales it to zero, owns its replica count, and adds no pod
+// that MaxAckPending would leave idle.
+func checkScaledObjects(t *testing.T, b *binary, r *rendering, w *appsv1.Deployment, wenv map[string]string) {
+	for _, so := range r.scaledObjects {
+		id := "ScaledObject " + so.Name
+		ref := so.Spec.ScaleTargetRef
+		if ref.Name != w.Name || (ref.Kind != "" && ref.Kind != "Deployment") {
+			t.Errorf("%s: scales %s %q, want the worker Deployment %q", id, cmp.Or(ref.Kind, "Deployment"), ref.Name, w.Name)
+		}
+		if w.Spec.Replicas != nil {
+			t.Errorf("%s: the worker Deployment sets replicas (%d): every apply would fight KEDA's HPA", id, *w.Spec.Replicas)
+		}
+		minR, maxR := so.Spec.MinReplicaCount, so.Spec.MaxReplicaCount
+		if minR == nil || *minR < 1 {
+			t.Errorf("%s: minReplicaCount %s, want at least 1 (workers create the consumer and run the reconciler)", id, ptrString(minR))
+		}
+		if maxR == nil || (minR != nil && *maxR < *minR) {
+			t.Errorf("%s: maxReplicaCount %s must be set and at least minReplicaCount", id, ptrString(maxR))
+		} else {
+			conc := envInt(t, wenv, "PAYDEDUP_CONCURRENCY", b.concurrency)
+			pending := envInt(t, wenv, "PAYDEDUP_MAX_ACK_PENDING", b.maxAckPending)
+			if int(*maxR)*conc > pending {
+				t.Errorf("%s: maxReplicaCount %d × PAYDEDUP_CONCURRENCY %d > PAYDEDUP_MAX_ACK_PENDING %d: the consumer's MaxAckPending caps in-flight messages across all pods, so the extra pods would sit idle", id, *maxR, conc, pending)
+			}
+		}
+		if len(so.Spec.Triggers) == 0 {
+			t.Errorf("%s: no triggers", id)
+		}
+		for _, tr := range so.Spec.Triggers {
+			if tr.Type != "nats-jetstream" {
+				t.Errorf("%s: trigger type %q, want nats-jetstream", id, tr.Type)
+				continue
+			}
+			md := tr.Metadata
+			// The worker's own names: its environment if it sets them, else
+			// consumer/config.go's defaults.
+			for key, want := range map[string]string{
+				"stream":   cmp.Or(wenv["PAYDEDUP_STREAM"], b.stream),
+				"consumer": cmp.Or(wenv["PAYDEDUP_DURABLE"], b.durable),
+			} {
+				if md[key] != want {
+					t.Errorf("%s: %s %q, want the worker's %q", id, key, md[key], want)
+				}
+			}
+			if md["account"] == "" {
+				t.Errorf("%s: no account ($G without accounts)", id)
+			}
+			if _, _, err := net.SplitHostPort(md["natsServerMonitoringEndpoint"]); err != nil {
+				t.Errorf("%s: natsServerMonitoringEndpoint %q must be host:port of the monitoring listener: %v", id, md["natsServerMonitoringEndpoint"], err)
+			}
+			if n, err := strconv.Atoi(md["lagThreshold"]); err != nil || n < 1 {
+				t.Errorf("%s: lagThreshold %q must be a positive integer", id, md["lagThreshold"])
+			}
+			for k := range md {
+				if !slices.Contains([]string{"natsServerMonitoringEndpoint", "account", "stream", "consumer", "lagThreshold", "activationLagThreshold", "useHttps"}, k) {
+					t.Errorf("%s: unknown nats-jetstream metadata %q", id, k)
+				}
+			}
+		}
+	}
+}
+
+func selects(t *testing.T, sel *metav1.LabelSelector, d *appsv1.Deployment) bool {
+	t.Helper()
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		t.Errorf("selector %v: %v", sel, err)
+		return false
+	}
+	return !s.Empty() && s.Matches(labels.Set(d.Spec.Template.Labels))
+}
+
+func ptrString[T any](p *T) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*p)
+}
+
+func TestPinned(t *testing.T) {
+	tests := []struct {
+		image string
+		want  bool
+	}{
+		{"ghcr.io/paydedup/paydedup:v0.1.0", true},
+		{"ghcr.io/paydedup/paydedup@sha256:0123", true},
+		{"registry:5000/paydedup", false},
+		{"paydedup:dev", false},
+		{"paydedup:latest", false},
+		{"paydedup", false},
+	}
+	for _, tt := range tests {
+		if got := pinned(tt.image); got != tt.want {
+			t.Errorf("pinned(%q) = %v, want %v", tt.image, got, tt.want)
+		}
+	}
+}
