@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,14 +16,33 @@ import (
 	"github.com/paydedup/paydedup/reconciler"
 )
 
+// reconcileFlags configure the reconciler, in `reconcile` and in `worker`.
+type reconcileFlags struct {
+	interval  time.Duration
+	grace     time.Duration
+	searchLag time.Duration
+}
+
+// bind binds the flags, named with prefix ("" in reconcile, "reconcile-"
+// in worker).
+func (r *reconcileFlags) bind(cmd *cobra.Command, a *app, prefix string) {
+	f := cmd.Flags()
+	f.DurationVar(&r.interval, prefix+"interval", a.envDuration("PAYDEDUP_RECONCILE_INTERVAL", reconciler.DefaultInterval), "pause between reconciler passes (PAYDEDUP_RECONCILE_INTERVAL)")
+	f.DurationVar(&r.grace, prefix+"grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "how long a lease must have expired before the reconciler takes the row (PAYDEDUP_RECONCILE_GRACE)")
+	f.DurationVar(&r.searchLag, prefix+"search-lag", a.envDuration("PAYDEDUP_SEARCH_LAG", reconciler.DefaultSearchLag), "how long a provider's not-found must be allowed to settle before it counts (PAYDEDUP_SEARCH_LAG)")
+}
+
+// config is the reconciler configuration with the given logger and metrics.
+func (r *reconcileFlags) config(log *slog.Logger, m reconciler.Metrics) reconciler.Config {
+	return reconciler.Config{Interval: r.interval, Grace: r.grace, SearchLag: r.searchLag, Logger: log, Metrics: m}
+}
+
 type reconcileCmd struct {
 	app       *app
 	db        databaseFlag
 	prov      providerFlags
+	rec       reconcileFlags
 	once      bool
-	interval  time.Duration
-	grace     time.Duration
-	searchLag time.Duration
 	retention time.Duration
 	adminAddr string
 }
@@ -47,10 +67,8 @@ it alone.`,
 	r.db.bind(cmd, a)
 	r.prov.bind(cmd, a)
 	f := cmd.Flags()
+	r.rec.bind(cmd, a, "")
 	f.BoolVar(&r.once, "once", false, "run one pass and exit")
-	f.DurationVar(&r.interval, "interval", a.envDuration("PAYDEDUP_RECONCILE_INTERVAL", reconciler.DefaultInterval), "pause between passes (PAYDEDUP_RECONCILE_INTERVAL)")
-	f.DurationVar(&r.grace, "grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "how long a lease must have expired before a row is reconciled (PAYDEDUP_RECONCILE_GRACE)")
-	f.DurationVar(&r.searchLag, "search-lag", a.envDuration("PAYDEDUP_SEARCH_LAG", reconciler.DefaultSearchLag), "how long a provider's not-found must be allowed to settle before it counts (PAYDEDUP_SEARCH_LAG)")
 	f.DurationVar(&r.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys are kept (PAYDEDUP_KEY_RETENTION)")
 	f.StringVar(&r.adminAddr, "admin-addr", a.getenv("PAYDEDUP_ADMIN_ADDR"), "address of the /metrics, /livez, /readyz listener; empty disables it (PAYDEDUP_ADMIN_ADDR)")
 	return cmd
@@ -73,9 +91,7 @@ func (r *reconcileCmd) Run(ctx context.Context) error {
 	defer stopSim()
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
-	rec, err := reconciler.New(store, prov, reconciler.Config{
-		Interval: r.interval, Grace: r.grace, SearchLag: r.searchLag, Logger: r.app.logger, Metrics: metrics,
-	})
+	rec, err := reconciler.New(store, prov, r.rec.config(r.app.logger, metrics))
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,7 @@ type workerCmd struct {
 	prov      providerFlags
 	streams   streamFlags
 	worker    workerFlags
+	rec       reconcileFlags
 	reconcile bool
 	adminAddr string
 }
@@ -59,6 +60,7 @@ releases and naks what is left (never acks unfinished work) and exits 0.`,
 	w.prov.bind(cmd, a)
 	w.streams.bind(cmd, a)
 	w.worker.bind(cmd, a)
+	w.rec.bind(cmd, a, "reconcile-")
 	cmd.Flags().BoolVar(&w.reconcile, "reconcile", a.envBool("PAYDEDUP_RECONCILE", true), "run the reconciler in this process (PAYDEDUP_RECONCILE)")
 	cmd.Flags().StringVar(&w.adminAddr, "admin-addr", a.getenv("PAYDEDUP_ADMIN_ADDR"), "address of the /metrics, /livez, /readyz listener; empty disables it (PAYDEDUP_ADMIN_ADDR)")
 	return cmd
@@ -108,7 +110,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
 	ops.WatchPending(reg, func(ctx context.Context) (int64, int64, error) {
-		c, err := store.CountPending(ctx, store.Now(), reconciler.DefaultGrace)
+		c, err := store.CountPending(ctx, store.Now(), w.rec.grace)
 		return c.Pending, c.Stuck, err
 	})
 	proc := consumer.NewProcessor(store, prov, cfg, log)
@@ -156,7 +158,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		g.Go(func() error { return admin.Serve(adminCtx) })
 	}
 	if w.reconcile {
-		rec, err := reconciler.New(store, prov, reconciler.Config{Logger: log, Metrics: metrics})
+		rec, err := reconciler.New(store, prov, w.rec.config(log, metrics))
 		if err != nil {
 			return err
 		}
