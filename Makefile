@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build bench deploy-test
+.PHONY: test lint build bench deploy-test chaos chaos-short fuzz fuzz-short
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -20,3 +20,24 @@ bench:
 # Kubernetes libraries stay out of the main one).
 deploy-test:
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# The chaos harness: the real binary as separate processes, with worker
+# kills, NATS kill -9 restarts and Postgres immediate stops (see README).
+chaos:
+	$(GO) run ./internal/chaos -payments 20000
+chaos-short:
+	$(GO) run ./internal/chaos -payments 2000
+
+# Fuzz targets. -fuzzminimizetime bounds minimisation, which can otherwise
+# stall a short run on a busy machine.
+FUZZTIME ?= 10s
+FUZZFLAGS = -run='^$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=100x
+fuzz-short:
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecode$$' ./payment
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecodeMetadata$$' ./payment
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprint$$' ./dedup
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprintReencode$$' ./dedup
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzParseDeadLetter$$' ./consumer
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzLetterRoundTrip$$' ./consumer
+fuzz:
+	$(MAKE) fuzz-short FUZZTIME=1100000x

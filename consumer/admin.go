@@ -471,6 +471,12 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 		switch {
 		case d.Invalid != "":
 			res.Outcome, res.Detail = Refused, "not a readable dead letter: "+d.Invalid
+		case !replayTarget(cfg, d):
+			// Anyone who may publish on the DLQ's subjects could forge a
+			// dead letter; replay only ever publishes payment commands.
+			res.Outcome = Refused
+			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
+				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Stream)
 		case now.Sub(d.FailedAt) > retention:
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("failed %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
@@ -498,6 +504,13 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 		rep.add(res)
 	}
 	return rep, nil
+}
+
+// replayTarget reports whether d's original subject is a payment subject of
+// the configured stream: <SubjectPrefix>.<merchant_id>.
+func replayTarget(cfg Config, d DeadLetterInfo) bool {
+	merchant, ok := strings.CutPrefix(d.OrigSubject, cfg.SubjectPrefix+".")
+	return ok && d.OrigStream == cfg.Stream && payment.ValidateMerchant(merchant) == nil
 }
 
 // replayOne republishes d and then deletes it.

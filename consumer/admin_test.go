@@ -280,3 +280,44 @@ func TestConsumerState(t *testing.T) {
 		t.Fatalf("missing DLQ stream: %v", err)
 	}
 }
+
+func TestReplayRefusesForgedDeadLetters(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	forge := func(subject, stream string) uint64 {
+		m := nats.NewMsg(cfg.DLQPrefix + "." + consumer.ReasonMaxDeliveries)
+		m.Data = body("m_1", "forged", 100)
+		for k, v := range map[string]string{
+			consumer.HeaderDLQReason: consumer.ReasonMaxDeliveries, consumer.HeaderDLQError: "x",
+			consumer.HeaderDLQOrigSubject: subject, consumer.HeaderDLQOrigStream: stream,
+			consumer.HeaderDLQOrigSeq: "1", consumer.HeaderDLQDeliveries: "5",
+			consumer.HeaderDLQFailedAt: time.Now().UTC().Format(time.RFC3339Nano),
+		} {
+			m.Header.Set(k, v)
+		}
+		ack, err := js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	seqs := []uint64{
+		forge("$JS.API.STREAM.PURGE."+cfg.Stream, cfg.Stream), // an API call, not a payment
+		forge("other.subject.m_1", cfg.Stream),                // outside the payments prefix
+		forge(cfg.SubjectPrefix+".m_1.extra", cfg.Stream),     // not a merchant token
+		forge(cfg.SubjectPrefix+".m_1", "SOME_OTHER_STREAM"),  // another stream's letter
+	}
+	rep, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{Seqs: seqs, Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Refused != len(seqs) || rep.Replayed != 0 {
+		t.Fatalf("forged dead letters: %+v", rep)
+	}
+	for _, r := range rep.Results {
+		if !strings.Contains(r.Detail, "not a payment subject") {
+			t.Errorf("refusal of %s does not say why: %q", r.Subject, r.Detail)
+		}
+	}
+}

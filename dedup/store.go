@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -203,8 +204,10 @@ func interpretError(op string, err error) error {
 		return fmt.Errorf("%s: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
 	}
 	var netErr net.Error
+	// A connection dropped mid-statement (the server restarted or stopped
+	// in immediate mode) surfaces as an unexpected EOF.
 	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, context.DeadlineExceeded) ||
-		isConnectError(err) {
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || isConnectError(err) {
 		return fmt.Errorf("%s: %w: %v", op, ErrUnavailable, err)
 	}
 	if errors.Is(err, context.Canceled) {

@@ -124,6 +124,12 @@ type Envelope struct {
 	HeaderKeySet    bool   // the header was present (even if empty)
 }
 
+// commandFields are the JSON names of Command's fields, exactly.
+var commandFields = map[string]bool{
+	"merchant_id": true, "idempotency_key": true, "amount": true, "currency": true,
+	"payment_method": true, "description": true, "metadata": true,
+}
+
 var merchantRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // Decode strictly decodes and validates a command body. Any problem is a
@@ -188,17 +194,17 @@ func (c *Command) Validate(lim Limits) error {
 	if c.PaymentMethod == "" || len(c.PaymentMethod) > MaxPaymentMethodLen || !printableASCII(c.PaymentMethod) {
 		return invalid(ReasonInvalidMethod, "payment_method", "must be 1..%d printable ASCII characters", MaxPaymentMethodLen)
 	}
-	if utf8.RuneCountInString(c.Description) > MaxDescriptionLen || hasControl(c.Description) {
+	if !utf8.ValidString(c.Description) || utf8.RuneCountInString(c.Description) > MaxDescriptionLen || hasControl(c.Description) {
 		return invalid(ReasonInvalidDesc, "description", "must be at most %d characters without control characters", MaxDescriptionLen)
 	}
 	if len(c.Metadata) > MaxMetadataEntries {
 		return invalid(ReasonInvalidMetadata, "metadata", "%d entries, limit is %d", len(c.Metadata), MaxMetadataEntries)
 	}
 	for k, v := range c.Metadata {
-		if k == "" || len(k) > MaxMetadataKeyLen || hasControl(k) || strings.ContainsAny(k, "[]") {
+		if k == "" || !utf8.ValidString(k) || len(k) > MaxMetadataKeyLen || hasControl(k) || strings.ContainsAny(k, "[]") {
 			return invalid(ReasonInvalidMetadata, "metadata", "key %q must be 1..%d characters without control characters or brackets", clip(k), MaxMetadataKeyLen)
 		}
-		if utf8.RuneCountInString(v) > MaxMetadataValueLen || hasControl(v) {
+		if !utf8.ValidString(v) || utf8.RuneCountInString(v) > MaxMetadataValueLen || hasControl(v) {
 			return invalid(ReasonInvalidMetadata, "metadata", "value of %q must be at most %d characters without control characters", clip(k), MaxMetadataValueLen)
 		}
 		if k == "merchant_id" || k == "idempotency_key" || k == "trace_id" {
@@ -297,6 +303,13 @@ func checkStructure(body []byte) error {
 				continue
 			}
 			key, _ := tok.(string)
+			// encoding/json matches field names case-insensitively, with
+			// Unicode folding ("AMOUNT", or "idempotency_\u212aey" with a
+			// Kelvin sign, fill the same field): only the exact names are
+			// fields, or one body could mean two commands to two parsers.
+			if n == 1 && top.path == "" && !commandFields[key] {
+				return invalid(ReasonUnknownField, clip(key), "is not a field of a payment command (names are case-sensitive)")
+			}
 			if _, dup := top.keys[key]; dup {
 				return invalid(ReasonDuplicateField, clip(joinPath(top.path, key)), "appears more than once")
 			}

@@ -106,3 +106,20 @@ func TestDecodeRejects(t *testing.T) {
 		})
 	}
 }
+
+func TestValidateRejectsInvalidUTF8(t *testing.T) {
+	t.Parallel()
+	base := payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 1, Currency: "usd", PaymentMethod: "pm_card_visa"}
+	cases := map[string]func(c *payment.Command){
+		"description":    func(c *payment.Command) { c.Description = "bad \xff" },
+		"metadata key":   func(c *payment.Command) { c.Metadata = map[string]string{"k\xfe": "v"} },
+		"metadata value": func(c *payment.Command) { c.Metadata = map[string]string{"k": "v\xc3"} },
+	}
+	for name, mutate := range cases {
+		c := base
+		mutate(&c)
+		if err := c.Validate(payment.Limits{}); err == nil {
+			t.Errorf("%s with invalid UTF-8 accepted: a command built in Go would fingerprint differently after a JSON round trip", name)
+		}
+	}
+}

@@ -18,7 +18,10 @@ import (
 	"github.com/paydedup/paydedup/provider"
 )
 
-// natsFlags are the NATS connection settings every command shares.
+// natsFlags are the NATS connection settings every command shares. Secrets
+// come from the environment or files only: NATS_PASSWORD has no flag, and
+// NATS_URL (which may carry user:password@ or a token) is read after
+// parsing rather than as --nats-url's default, which --help would print.
 type natsFlags struct {
 	url      string
 	creds    string
@@ -27,11 +30,13 @@ type natsFlags struct {
 	tlsCA    string
 	tlsCert  string
 	tlsKey   string
+	getenv   func(string) string
 }
 
 func (n *natsFlags) bind(cmd *cobra.Command, a *app) {
 	f := cmd.Flags()
-	f.StringVar(&n.url, "nats-url", envOr(a.getenv, "NATS_URL", nats.DefaultURL), "NATS server URL(s), comma-separated (NATS_URL)")
+	n.getenv = a.getenv
+	f.StringVar(&n.url, "nats-url", "", "NATS server URL(s), comma-separated (default: $NATS_URL, else "+nats.DefaultURL+")")
 	f.StringVar(&n.creds, "nats-creds", a.getenv("NATS_CREDS"), "path of a NATS credentials file (NATS_CREDS)")
 	f.StringVar(&n.user, "nats-user", a.getenv("NATS_USER"), "NATS user (NATS_USER); the password comes from NATS_PASSWORD only")
 	f.StringVar(&n.tlsCA, "nats-tls-ca", a.getenv("NATS_TLS_CA"), "CA file to verify the NATS server (NATS_TLS_CA)")
@@ -40,10 +45,18 @@ func (n *natsFlags) bind(cmd *cobra.Command, a *app) {
 	n.password = a.getenv("NATS_PASSWORD")
 }
 
-func (n *natsFlags) validate() error {
-	if n.url == "" {
-		return errors.New("NATS_URL / --nats-url is empty")
+// resolve fills the URL from NATS_URL, else the default, when no flag set it.
+func (n *natsFlags) resolve() {
+	if n.url == "" && n.getenv != nil {
+		n.url = n.getenv("NATS_URL")
 	}
+	if n.url == "" {
+		n.url = nats.DefaultURL
+	}
+}
+
+func (n *natsFlags) validate() error {
+	n.resolve()
 	if n.creds != "" {
 		if _, err := os.Stat(n.creds); err != nil {
 			return fmt.Errorf("NATS_CREDS / --nats-creds: %w", err)
@@ -60,6 +73,7 @@ func (n *natsFlags) validate() error {
 
 // connect opens the NATS connection; name identifies it in server monitoring.
 func (n *natsFlags) connect(name string, opts ...nats.Option) (*nats.Conn, error) {
+	n.resolve()
 	opts = append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, opts...)
 	if n.creds != "" {
 		opts = append(opts, nats.UserCredentials(n.creds))
@@ -80,14 +94,20 @@ func (n *natsFlags) connect(name string, opts ...nats.Option) (*nats.Conn, error
 	return nc, nil
 }
 
-// redactURL hides a password embedded in a URL.
-func redactURL(u string) string {
-	if i := strings.Index(u, "@"); i >= 0 {
-		if j := strings.Index(u, "://"); j >= 0 && j < i {
-			return u[:j+3] + "***" + u[i:]
+// redactURL hides the user information (a password, or a token) of every
+// URL in a comma-separated NATS server list.
+func redactURL(list string) string {
+	parts := strings.Split(list, ",")
+	for i, u := range parts {
+		if at := strings.LastIndex(u, "@"); at >= 0 {
+			start := 0
+			if j := strings.Index(u, "://"); j >= 0 && j < at {
+				start = j + 3
+			}
+			parts[i] = u[:start] + "***" + u[at:]
 		}
 	}
-	return u
+	return strings.Join(parts, ",")
 }
 
 // providerFlags choose and configure the payment provider.
@@ -164,6 +184,8 @@ func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 	c := &w.cfg
 	f.IntVar(&c.Concurrency, "concurrency", a.envInt("PAYDEDUP_CONCURRENCY", consumer.DefaultConcurrency), "payments in flight per process (PAYDEDUP_CONCURRENCY)")
 	f.IntVar(&c.FetchBatch, "fetch-batch", a.envInt("PAYDEDUP_FETCH_BATCH", consumer.DefaultFetchBatch), "messages per fetch, claimed in one round trip (PAYDEDUP_FETCH_BATCH)")
+	f.IntVar(&c.CommitBatch, "commit-batch", a.envInt("PAYDEDUP_COMMIT_BATCH", consumer.DefaultCommitBatch), "completions per group commit at most; 1 commits each alone (PAYDEDUP_COMMIT_BATCH)")
+	f.DurationVar(&c.CommitWait, "commit-wait", a.envDuration("PAYDEDUP_COMMIT_WAIT", consumer.DefaultCommitWait), "how long a group commit waits for more completions (PAYDEDUP_COMMIT_WAIT)")
 	f.DurationVar(&c.Lease, "lease", a.envDuration("PAYDEDUP_LEASE", consumer.DefaultLease), "claim lease; must exceed the provider retry budget (PAYDEDUP_LEASE)")
 	f.DurationVar(&c.AckWait, "ack-wait", a.envDuration("PAYDEDUP_ACK_WAIT", consumer.DefaultAckWait), "JetStream AckWait; must exceed the lease (PAYDEDUP_ACK_WAIT)")
 	f.IntVar(&c.MaxDeliver, "max-deliver", a.envInt("PAYDEDUP_MAX_DELIVER", consumer.DefaultMaxDeliver), "deliveries before a message is dead-lettered as max_deliveries (PAYDEDUP_MAX_DELIVER)")

@@ -11,14 +11,25 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 )
 
-// databaseFlag binds --database-url with DATABASE_URL as its default.
-type databaseFlag struct{ url string }
-
-func (d *databaseFlag) bind(cmd *cobra.Command, a *app) {
-	cmd.Flags().StringVar(&d.url, "database-url", a.getenv("DATABASE_URL"), "PostgreSQL URL (DATABASE_URL), e.g. postgres://user@host:5432/db?sslmode=disable")
+// databaseFlag binds --database-url, falling back to DATABASE_URL. The
+// environment value is read after parsing, never as the flag's default: a
+// default is printed by --help, and a database URL may hold a password.
+type databaseFlag struct {
+	url    string
+	getenv func(string) string
 }
 
+func (d *databaseFlag) bind(cmd *cobra.Command, a *app) {
+	d.getenv = a.getenv
+	cmd.Flags().StringVar(&d.url, "database-url", "", "PostgreSQL URL, e.g. postgres://user@host:5432/db?sslmode=disable (default: $DATABASE_URL)")
+}
+
+// validate resolves the URL (the flag, else DATABASE_URL) and checks it is
+// set. Call it before reading url.
 func (d *databaseFlag) validate() error {
+	if d.url == "" && d.getenv != nil {
+		d.url = d.getenv("DATABASE_URL")
+	}
 	if d.url == "" {
 		return errors.New("no database: set DATABASE_URL or --database-url (e.g. postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable)")
 	}

@@ -1,0 +1,235 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/reconciler"
+)
+
+// workerRole is the role migration 00002 creates.
+const workerRole = "paydedup_worker"
+
+// asWorker returns a pool on the schema of ownerURL, logged in as the
+// worker role (the local Postgres trusts loopback, so no password).
+func asWorker(t *testing.T, ownerURL string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(workerRole)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := dedup.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatalf("connect as %s: %v", workerRole, err)
+	}
+	t.Cleanup(pool.Close)
+	var who string
+	if err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&who); err != nil || who != workerRole {
+		t.Fatalf("connected as %q (%v), want %s", who, err, workerRole)
+	}
+	return pool
+}
+
+// denied asserts that sql fails for lack of privilege (SQLSTATE 42501).
+func denied(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), sql)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Errorf("%s: got %v, want permission denied (42501)", sql, err)
+	}
+}
+
+// TestWorkerRoleRunsTheWorker runs the business step (claim → provider →
+// complete, the failure paths, and a reconciler pass) on a pool logged in as
+// paydedup_worker, then shows that the role can do nothing else.
+func TestWorkerRoleRunsTheWorker(t *testing.T) {
+	t.Parallel()
+	ownerURL := testenv.PostgresURL(t)
+	pool := asWorker(t, ownerURL)
+	ctx := context.Background()
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := provider.NewSimulator(provider.SimConfig{Seed: 3})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_role", APIBase: srv.URL, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := consumer.Config{
+		Holder: "role-test", Lease: 5 * time.Second, AckWait: 10 * time.Second,
+		ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: time.Second},
+	}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	proc := consumer.NewProcessor(store, stripe, cfg, nil)
+	cmd := func(key, method string) *payment.Command {
+		return &payment.Command{MerchantID: "m_role", IdempotencyKey: key, Amount: 1200, Currency: "eur", PaymentMethod: method}
+	}
+	process := func(c *payment.Command, want consumer.Kind) {
+		t.Helper()
+		if res := proc.Process(ctx, c, nil); res.Kind != want {
+			t.Fatalf("%s: %s (%v), want %s", c.IdempotencyKey, res.Kind, res.Err, want)
+		}
+	}
+
+	// Claim → charge → complete, then the duplicate, then a decline.
+	process(cmd("charged", "pm_card_visa"), consumer.Completed)
+	process(cmd("charged", "pm_card_visa"), consumer.Duplicate)
+	process(cmd("declined", "pm_card_chargeDeclined"), consumer.Declined)
+
+	// Known not charged (429): the row becomes failed, then re-acquired.
+	must(t, sim.SetFaults(provider.Faults{Rate429: 1}))
+	process(cmd("limited", "pm_card_visa"), consumer.Retry)
+	must(t, sim.SetFaults(provider.Faults{}))
+	process(cmd("limited", "pm_card_visa"), consumer.Completed)
+
+	// Unknown outcome (500): the row is released pending; the reconciler,
+	// on the same role, resolves it by lookup and purges nothing yet.
+	must(t, sim.SetFaults(provider.Faults{Rate5xx: 1}))
+	process(cmd("unknown", "pm_card_visa"), consumer.Retry)
+	must(t, sim.SetFaults(provider.Faults{}))
+	rec, err := reconciler.New(store, stripe, reconciler.Config{Grace: time.Millisecond, SearchLag: time.Millisecond, Holder: "role-reconciler"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res, err := rec.RunOnce(ctx)
+		if err != nil {
+			t.Fatalf("reconciler as %s: %v", workerRole, err)
+		}
+		if res.Failed == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reconciler never resolved the pending row: %+v", res)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	process(cmd("unknown", "pm_card_visa"), consumer.Completed)
+	if n, err := store.Purge(ctx, 10); err != nil || n != 0 {
+		t.Fatalf("purge as %s: %d %v", workerRole, n, err)
+	}
+
+	var ledger int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&ledger); err != nil || ledger != 4 {
+		t.Fatalf("%d ledger rows (%v), want 4", ledger, err)
+	}
+	if got := len(sim.Charges()); got != 3 {
+		t.Fatalf("%d charges at the provider, want 3", got)
+	}
+
+	// No DDL, no grants, nothing outside its two tables.
+	owner, err := dedup.Connect(ctx, ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	if _, err := owner.Exec(ctx, `CREATE TABLE not_for_workers (secret text)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`CREATE TABLE evil (i int)`,
+		`CREATE INDEX evil ON idempotency_keys (amount)`,
+		`ALTER TABLE payments ADD COLUMN evil int`,
+		`ALTER TABLE idempotency_keys DROP CONSTRAINT amount_positive`,
+		`DROP TABLE payments`,
+		`TRUNCATE idempotency_keys`,
+		`CREATE FUNCTION evil() RETURNS int LANGUAGE sql AS 'SELECT 1'`,
+		`CREATE VIEW evil AS SELECT 1`,
+		`CREATE SCHEMA evil`,
+		`SELECT * FROM goose_db_version`,
+		`SELECT * FROM not_for_workers`,
+		`CREATE ROLE evil`,
+	} {
+		denied(t, pool, sql)
+	}
+	// A GRANT without the grant option is a warning, not an error, in
+	// Postgres: check that it granted nothing.
+	if _, err := pool.Exec(ctx, `GRANT SELECT, INSERT ON payments, idempotency_keys TO PUBLIC`); err != nil {
+		t.Logf("grant refused: %v", err)
+	}
+	var granted int
+	must(t, owner.QueryRow(ctx, `SELECT count(*) FROM information_schema.role_table_grants
+		WHERE grantee = 'PUBLIC' AND table_schema = current_schema()`).Scan(&granted))
+	if granted != 0 {
+		t.Fatalf("the worker role passed on %d privileges to PUBLIC", granted)
+	}
+}
+
+// TestWorkerRoleDownKeepsASharedRole rolls migration 00002 back in one
+// schema while another schema still grants the role: this schema's grants
+// go, the role and the other schema's grants stay, and up restores them.
+func TestWorkerRoleDownKeepsASharedRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	urlA, urlB := testenv.PostgresURL(t), testenv.PostgresURL(t)
+	ownerA, err := dedup.Connect(ctx, urlA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ownerA.Close()
+	m, err := dedup.NewMigrator(ctx, ownerA, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for {
+		v, err := m.Down(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v <= 2 {
+			break
+		}
+	}
+	var exists bool
+	must(t, ownerA.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, workerRole).Scan(&exists))
+	if !exists {
+		t.Fatal("the down migration dropped a role another schema still uses")
+	}
+	workerA, workerB := asWorker(t, urlA), asWorker(t, urlB)
+	u, err := url.Parse(urlA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schemaA := pgx.Identifier{u.Query().Get("search_path")}.Sanitize()
+	denied(t, workerA, `SELECT count(*) FROM `+schemaA+`.idempotency_keys`)
+	if _, err := workerB.Exec(ctx, `SELECT count(*) FROM idempotency_keys`); err != nil {
+		t.Fatalf("the other schema lost its grants: %v", err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := workerA.Exec(ctx, `SELECT count(*) FROM idempotency_keys`); err != nil {
+		t.Fatalf("up did not restore the grants: %v", err)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,342 @@
+// Command chaos is paydedup's fault harness. It runs the real binary as
+// separate processes (three workers, the provider simulator) against its
+// own nats-server and its own Postgres cluster, publishes a workload of
+// payments with duplicates, malformed messages and key reuses, and while it
+// runs SIGKILLs a worker every 1-3 s, kills NATS (-9) and restarts it with
+// its store twice, and stops Postgres in immediate mode and restarts it
+// twice. Then it waits for quiescence, replays the max_deliveries dead
+// letters once, and checks the provider's ledger and the database: no key
+// charged twice, no valid payment lost, nothing left pending.
+//
+//	go run ./internal/chaos -payments 2000     # CI (make chaos-short)
+//	go run ./internal/chaos -payments 20000    # make chaos
+//
+// The last line is the summary; the exit status is non-zero on any
+// violation, with the offending keys listed above it. Every process and
+// temporary directory it starts is removed on exit, on failure and on
+// SIGINT (-keep keeps the directory and its logs).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+)
+
+type config struct {
+	payments   int
+	workers    int
+	duration   time.Duration // the fault phase; 0: from the payment count
+	quiesce    time.Duration // how long to wait for quiescence after the faults
+	seed       uint64
+	bin        string
+	keep       bool
+	natsServer string
+	pgBin      string
+
+	lease, ackWait, providerTimeout time.Duration
+	maxDeliver                      int
+
+	rate5xx, rate429, dropAfterCharge float64
+	latency, jitter                   time.Duration
+
+	natsRestarts, pgRestarts int
+	replay                   string // auto, cli or self
+}
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.payments, "payments", 20000, "valid unique payments to publish")
+	flag.IntVar(&cfg.workers, "workers", 3, "worker processes")
+	flag.DurationVar(&cfg.duration, "duration", 0, "length of the fault phase (default: 40s, or payments/100 seconds if longer)")
+	flag.DurationVar(&cfg.quiesce, "quiesce-timeout", 0, "how long to wait for quiescence after the faults (default: 2m + payments/100 seconds)")
+	flag.Uint64Var(&cfg.seed, "seed", 0, "random seed (0: from the clock); printed, so a run can be repeated")
+	flag.StringVar(&cfg.bin, "bin", "", "paydedup binary to run (default: go build ./cmd/paydedup into the work directory)")
+	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (logs, stores) instead of removing it")
+	flag.StringVar(&cfg.natsServer, "nats-server", "/usr/sbin/nats-server", "nats-server binary")
+	flag.StringVar(&cfg.pgBin, "pg-bin", "/usr/lib/postgresql/15/bin", "directory of initdb, postgres and pg_ctl")
+	flag.DurationVar(&cfg.lease, "lease", 5*time.Second, "worker lease (PAYDEDUP_LEASE)")
+	flag.DurationVar(&cfg.ackWait, "ack-wait", 8*time.Second, "JetStream AckWait (PAYDEDUP_ACK_WAIT)")
+	flag.DurationVar(&cfg.providerTimeout, "provider-timeout", time.Second, "one provider call (PAYDEDUP_PROVIDER_TIMEOUT); two tries per delivery")
+	flag.IntVar(&cfg.maxDeliver, "max-deliver", 5, "deliveries before a message is dead-lettered max_deliveries (PAYDEDUP_MAX_DELIVER)")
+	flag.Float64Var(&cfg.rate5xx, "rate-5xx", 0.05, "simulator: fraction of requests answered 500")
+	flag.Float64Var(&cfg.rate429, "rate-429", 0.05, "simulator: fraction of requests answered 429")
+	flag.Float64Var(&cfg.dropAfterCharge, "drop-after-charge", 0.1, "simulator: fraction of charges whose connection is dropped")
+	flag.DurationVar(&cfg.latency, "latency", 2*time.Millisecond, "simulator: latency of every request")
+	flag.DurationVar(&cfg.jitter, "jitter", 10*time.Millisecond, "simulator: random extra latency")
+	flag.IntVar(&cfg.natsRestarts, "nats-restarts", 2, "times NATS is killed (-9) and restarted")
+	flag.IntVar(&cfg.pgRestarts, "pg-restarts", 2, "times Postgres is stopped (immediate) and restarted")
+	flag.StringVar(&cfg.replay, "replay", "auto", "how to replay max_deliveries dead letters: cli (paydedup dlq replay), self (the harness), auto (cli when the binary has it)")
+	flag.Parse()
+	if cfg.seed == 0 {
+		cfg.seed = uint64(time.Now().UnixNano())
+	}
+	if cfg.duration == 0 {
+		cfg.duration = max(40*time.Second, time.Duration(cfg.payments/100)*time.Second)
+	}
+	if cfg.quiesce == 0 {
+		cfg.quiesce = 2*time.Minute + time.Duration(cfg.payments/100)*time.Second
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, cfg, os.Stdout)
+	stop()
+	os.Exit(code)
+}
+
+// harness holds one run's processes and connections.
+type harness struct {
+	cfg   config
+	out   io.Writer
+	work  string // temporary directory: stores, logs, binary
+	logs  string
+	bin   string
+	procs registry
+
+	pg       *pgCluster
+	nats     *proc
+	natsAddr string
+	sim      *proc
+	simAddr  string
+	slots    []*slot
+
+	nc *nats.Conn
+	js jetstream.JetStream
+
+	outMu sync.Mutex
+	start time.Time
+
+	kills, natsRestarts, pgRestarts atomic.Int64
+	published                       atomic.Int64
+}
+
+func (h *harness) logf(format string, args ...any) {
+	h.outMu.Lock()
+	defer h.outMu.Unlock()
+	fmt.Fprintf(h.out, "chaos: %6.1fs "+format+"\n", append([]any{time.Since(h.start).Seconds()}, args...)...)
+}
+
+// streamConfig is the consumer configuration the workers run with, so the
+// harness's EnsureStreams and the workers' agree.
+func (h *harness) streamConfig() consumer.Config {
+	return consumer.Config{AckWait: h.cfg.ackWait, MaxDeliver: h.cfg.maxDeliver, Lease: h.cfg.lease}.WithDefaults()
+}
+
+// run is the whole harness; it returns the exit status.
+func run(ctx context.Context, cfg config, out io.Writer) int {
+	h := &harness{cfg: cfg, out: out, start: time.Now()}
+	work, err := os.MkdirTemp("", "paydedup-chaos-")
+	if err != nil {
+		fmt.Fprintln(out, "chaos:", err)
+		return 2
+	}
+	h.work, h.logs = work, filepath.Join(work, "logs")
+	// Cleanup runs on every path out, a failure or SIGINT included.
+	defer func() {
+		if h.nc != nil {
+			h.nc.Close()
+		}
+		h.procs.killAll()
+		if cfg.keep {
+			fmt.Fprintf(out, "chaos: kept %s (logs in %s)\n", work, h.logs)
+			return
+		}
+		if err := os.RemoveAll(work); err != nil {
+			fmt.Fprintln(out, "chaos: remove work directory:", err)
+		}
+	}()
+	// Postgres, running as its own user, must be able to reach its data
+	// directory inside ours.
+	if err := os.Chmod(work, 0o755); err != nil {
+		fmt.Fprintln(out, "chaos:", err)
+		return 2
+	}
+	if err := os.Mkdir(h.logs, 0o755); err != nil {
+		fmt.Fprintln(out, "chaos:", err)
+		return 2
+	}
+	h.logf("seed %d, %d payments, %d workers, fault phase %v, work directory %s", cfg.seed, cfg.payments, cfg.workers, cfg.duration, work)
+	v, err := h.execute(ctx)
+	if err != nil {
+		h.logf("aborted: %v", err)
+		if ctx.Err() != nil {
+			return 130
+		}
+		return 2
+	}
+	return h.report(v)
+}
+
+func (h *harness) execute(ctx context.Context) (Verdict, error) {
+	if err := h.build(ctx); err != nil {
+		return Verdict{}, err
+	}
+	if err := h.initPostgres(ctx); err != nil {
+		return Verdict{}, err
+	}
+	if err := h.migrate(ctx); err != nil {
+		return Verdict{}, err
+	}
+	if err := h.initNATS(ctx); err != nil {
+		return Verdict{}, err
+	}
+	if err := h.startSim(ctx); err != nil {
+		return Verdict{}, err
+	}
+	if err := h.connectNATS(ctx); err != nil {
+		return Verdict{}, err
+	}
+	w := Generate(WorkloadConfig{
+		Payments: h.cfg.payments, Seed: h.cfg.seed, Run: fmt.Sprintf("r%x", h.cfg.seed&0xffffff),
+		Subject: consumer.DefaultSubjectPrefix, DuplicateRate: 0.3, MalformedRate: 0.02, ReuseRate: 0.01,
+		DeclineRate: 0.05, HeaderOnly: 0.1,
+	})
+	h.logf("workload: %d payments, %d duplicates, %d key reuses, %d malformed: %d publishes",
+		len(w.Payments), w.Duplicates, w.Reuses, len(w.Malformed), len(w.Publishes))
+
+	// Workers run until the harness ends; the faults until the phase ends.
+	workCtx, stopWorkers := context.WithCancel(ctx)
+	defer stopWorkers()
+	var wg sync.WaitGroup
+	for i := range h.cfg.workers {
+		s := &slot{proc: h.procs.add(&proc{
+			name: fmt.Sprintf("worker-%d", i), path: h.bin, args: []string{"worker"}, env: h.workerEnv(),
+			log: filepath.Join(h.logs, fmt.Sprintf("worker-%d.log", i)),
+		})}
+		h.slots = append(h.slots, s)
+		wg.Add(1)
+		go func() { defer wg.Done(); h.superviseWorker(workCtx, s) }()
+	}
+	defer wg.Wait()
+	defer stopWorkers()
+
+	faultCtx, stopFaults := context.WithTimeout(ctx, h.cfg.duration)
+	defer stopFaults()
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- h.publishAll(ctx, w.Publishes, h.cfg.duration*8/10) }()
+	faultsDone := make(chan struct{})
+	go func() { defer close(faultsDone); h.faults(faultCtx) }()
+	if err := <-pubDone; err != nil {
+		return Verdict{}, fmt.Errorf("publish: %w", err)
+	}
+	h.logf("published %d messages (all PubAcked)", h.published.Load())
+	<-faultsDone
+	if ctx.Err() != nil {
+		return Verdict{}, ctx.Err()
+	}
+	h.logf("faults over: %d worker kills, %d NATS restarts, %d Postgres restarts", h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load())
+
+	replayed, err := h.settle(ctx)
+	if err != nil {
+		return Verdict{}, err
+	}
+	ev, err := h.collect(ctx)
+	if err != nil {
+		return Verdict{}, err
+	}
+	ev.Replayed = replayed
+	return Verify(w, ev), nil
+}
+
+// faults runs the fault schedule until ctx ends: a worker SIGKILLed every
+// 1-3 s, NATS and Postgres restarts spread over the phase, never at once.
+func (h *harness) faults(ctx context.Context) {
+	rng := rand.New(rand.NewPCG(h.cfg.seed, 0xfa17))
+	type event struct {
+		at time.Duration
+		fn func(context.Context) error
+		kd string
+	}
+	// Alternate NATS and Postgres restarts, evenly spread over the first
+	// 85 % of the phase, so that one is always over before the next.
+	var events []event
+	for i, j := 0, 0; i < h.cfg.natsRestarts || j < h.cfg.pgRestarts; {
+		if i < h.cfg.natsRestarts && (i <= j || j >= h.cfg.pgRestarts) {
+			events = append(events, event{kd: "nats", fn: h.restartNATS})
+			i++
+		} else {
+			events = append(events, event{kd: "postgres", fn: h.restartPostgres})
+			j++
+		}
+	}
+	for k := range events {
+		events[k].at = h.cfg.duration * 85 / 100 * time.Duration(k+1) / time.Duration(len(events)+1)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the service restarts, in their own time line
+		defer wg.Done()
+		start := time.Now()
+		for _, e := range events {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Until(start.Add(e.at))):
+			}
+			// A restart is finished even if the phase ends meanwhile.
+			if err := e.fn(context.WithoutCancel(ctx)); err != nil {
+				h.logf("%s restart failed: %v", e.kd, err)
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-time.After(time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))):
+		}
+		s := h.slots[rng.IntN(len(h.slots))]
+		select {
+		case <-s.proc.exited():
+			continue // already down (e.g. cannot start while NATS is down)
+		default:
+		}
+		s.proc.kill()
+		h.kills.Add(1)
+	}
+}
+
+// restartNATS kills nats-server with SIGKILL and starts it again on the same
+// port with the same store, after a second of downtime.
+func (h *harness) restartNATS(ctx context.Context) error {
+	h.logf("NATS: kill -9")
+	h.nats.kill()
+	time.Sleep(time.Second)
+	if err := h.startNATS(ctx); err != nil {
+		return err
+	}
+	h.natsRestarts.Add(1)
+	h.logf("NATS: restarted with its store")
+	return nil
+}
+
+// restartPostgres stops Postgres in immediate mode and starts it again
+// after a second of downtime (crash recovery replays the WAL).
+func (h *harness) restartPostgres(ctx context.Context) error {
+	h.logf("Postgres: pg_ctl stop -m immediate")
+	if err := h.stopPostgresImmediate(ctx); err != nil {
+		h.logf("Postgres: stop: %v", err)
+	}
+	time.Sleep(time.Second)
+	if err := h.startPostgres(ctx); err != nil {
+		return err
+	}
+	h.pgRestarts.Add(1)
+	h.logf("Postgres: restarted")
+	return nil
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proc is one child process the harness can start, kill and start again
+// with the same command line. Each runs in its own process group (so a
+// SIGINT at the terminal reaches only the harness, which then cleans up in
+// order) and dies with the harness (Pdeathsig) if the harness is killed.
+type proc struct {
+	name string
+	path string
+	args []string
+	env  []string
+	cred *syscall.Credential // run as another user (Postgres refuses root)
+	log  string              // stdout and stderr are appended here
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// start starts the process; it must not be running.
+func (p *proc) start() error {
+	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "---- %s: start %s\n", time.Now().Format(time.RFC3339Nano), p.name)
+	cmd := exec.Command(p.path, p.args...)
+	cmd.Env = p.env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: p.cred}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.cmd, p.done, p.err = cmd, done, nil
+	p.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(done)
+	}()
+	return nil
+}
+
+// running reports whether the process is alive, and its exit channel.
+func (p *proc) exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done == nil {
+		c := make(chan struct{})
+		close(c)
+		return c
+	}
+	return p.done
+}
+
+func (p *proc) exitErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// signal sends sig to the process (not its group).
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		_ = cmd.Process.Signal(sig)
+	}
+}
+
+// kill sends SIGKILL to the whole process group and waits for the exit.
+func (p *proc) kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// wait waits for the process to exit, at most d.
+func (p *proc) wait(d time.Duration) error {
+	select {
+	case <-p.exited():
+		return nil
+	case <-time.After(d):
+		return fmt.Errorf("%s did not exit within %v", p.name, d)
+	}
+}
+
+// registry remembers every process so cleanup can reach them all.
+type registry struct {
+	mu    sync.Mutex
+	procs []*proc
+}
+
+func (r *registry) add(p *proc) *proc {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.procs = append(r.procs, p)
+	return p
+}
+
+// killAll kills every process group, newest first.
+func (r *registry) killAll() {
+	r.mu.Lock()
+	ps := append([]*proc(nil), r.procs...)
+	r.mu.Unlock()
+	for i := len(ps) - 1; i >= 0; i-- {
+		ps[i].kill()
+	}
+}
+
+// postgresUser returns the credentials to run Postgres with: the postgres
+// OS user when the harness runs as root (initdb and postgres refuse root),
+// else nil (run as ourselves).
+func postgresUser() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root, Postgres needs the postgres OS user: %w", err)
+	}
+	uid, err1 := strconv.Atoi(u.Uid)
+	gid, err2 := strconv.Atoi(u.Gid)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// runOnce runs a command to completion (initdb, pg_ctl, go build), with its
+// output in the log.
+func runOnce(ctx context.Context, name, log string, cred *syscall.Credential, env []string, path string, args ...string) error {
+	logf, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s: %w (see %s)", name, err, log)
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+)
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitFor polls cond every 100 ms until it holds, ctx ends or d passes.
+func waitFor(ctx context.Context, d time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %v waiting for %s", d, what)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+func tcpUp(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// pgCluster is a throw-away Postgres cluster in the work directory.
+type pgCluster struct {
+	bin  string
+	dir  string
+	port int
+	cred *syscall.Credential
+	log  string
+	proc *proc
+}
+
+func (h *harness) initPostgres(ctx context.Context) error {
+	cred, err := postgresUser()
+	if err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(h.work, "pg")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return err
+		}
+	}
+	pg := &pgCluster{bin: h.cfg.pgBin, dir: dir, port: port, cred: cred, log: filepath.Join(h.logs, "postgres.log")}
+	env := []string{"PATH=/usr/bin:/bin", "LANG=C", "LC_ALL=C"}
+	if err := runOnce(ctx, "initdb", pg.log, cred, env, filepath.Join(pg.bin, "initdb"),
+		"-D", dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
+		return err
+	}
+	pg.proc = h.procs.add(&proc{
+		name: "postgres", path: filepath.Join(pg.bin, "postgres"), env: env, cred: cred, log: pg.log,
+		args: []string{"-D", dir, "-p", strconv.Itoa(port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
+			// A process crash (immediate stop) loses nothing the kernel has:
+			// fsync matters only for a machine crash, which we do not test.
+			"-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
+			"-c", "shared_buffers=64MB", "-c", "log_min_messages=warning"},
+	})
+	h.pg = pg
+	return h.startPostgres(ctx)
+}
+
+// ownerURL is the superuser's URL; database "" means the default.
+func (pg *pgCluster) url(user, database string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", user, pg.port, database)
+}
+
+func (h *harness) startPostgres(ctx context.Context) error {
+	if err := h.pg.proc.start(); err != nil {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, "postgres to accept connections", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		pool, err := dedup.Connect(cctx, h.pg.url("postgres", "postgres"))
+		if err != nil {
+			return false
+		}
+		pool.Close()
+		return true
+	})
+}
+
+// stopPostgresImmediate is `pg_ctl stop -m immediate`: the postmaster and
+// every backend quit at once, with no checkpoint; the next start replays WAL.
+func (h *harness) stopPostgresImmediate(ctx context.Context) error {
+	env := []string{"PATH=/usr/bin:/bin", "LANG=C"}
+	err := runOnce(ctx, "pg_ctl stop -m immediate", h.pg.log, h.pg.cred, env, filepath.Join(h.pg.bin, "pg_ctl"),
+		"stop", "-D", h.pg.dir, "-m", "immediate", "-w", "-t", "30")
+	if err != nil {
+		h.pg.proc.kill()
+		return err
+	}
+	return h.pg.proc.wait(30 * time.Second)
+}
+
+// initNATS prepares the NATS server process with its own store directory.
+func (h *harness) initNATS(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	store := filepath.Join(h.work, "nats")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		return err
+	}
+	h.natsAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	h.nats = h.procs.add(&proc{
+		name: "nats-server", path: h.cfg.natsServer, env: []string{"PATH=/usr/bin:/bin"},
+		log:  filepath.Join(h.logs, "nats-server.log"),
+		args: []string{"-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", store},
+	})
+	return h.startNATS(ctx)
+}
+
+func (h *harness) startNATS(ctx context.Context) error {
+	if err := h.nats.start(); err != nil {
+		return err
+	}
+	return waitFor(ctx, 30*time.Second, "nats-server to listen", func() bool {
+		select {
+		case <-h.nats.exited():
+			return true // reported below
+		default:
+		}
+		return tcpUp(h.natsAddr)
+	})
+}
+
+// startSim starts the provider simulator process with the faults of the
+// run and waits for its ledger to answer.
+func (h *harness) startSim(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	h.simAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	f := h.cfg
+	h.sim = h.procs.add(&proc{
+		name: "provider-sim", path: h.bin, env: []string{"PAYDEDUP_LOG_LEVEL=warn"},
+		log: filepath.Join(h.logs, "provider-sim.log"),
+		args: []string{"provider-sim", "--addr", h.simAddr,
+			"--rate-5xx", fmt.Sprint(f.rate5xx), "--rate-429", fmt.Sprint(f.rate429),
+			"--drop-after-charge", fmt.Sprint(f.dropAfterCharge), "--latency", f.latency.String(),
+			"--jitter", f.jitter.String(), "--seed", strconv.FormatUint(f.seed, 10)},
+	})
+	if err := h.sim.start(); err != nil {
+		return err
+	}
+	return waitFor(ctx, 30*time.Second, "the simulator's ledger", func() bool {
+		resp, err := http.Get("http://" + h.simAddr + "/_sim/ledger")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// workerEnv is the environment of every worker (and of the reconcile and
+// dlq commands the harness runs): short timeouts that still nest,
+// provider-timeout × tries + backoff < lease < ack wait.
+func (h *harness) workerEnv() []string {
+	return []string{
+		"PATH=/usr/bin:/bin",
+		"DATABASE_URL=" + h.pg.url("paydedup_worker", "paydedup"),
+		"NATS_URL=nats://" + h.natsAddr,
+		"PAYDEDUP_PROVIDER=stripe",
+		"STRIPE_SECRET_KEY=sk_test_x",
+		"STRIPE_API_BASE=http://" + h.simAddr,
+		"PAYDEDUP_LEASE=" + h.cfg.lease.String(),
+		"PAYDEDUP_ACK_WAIT=" + h.cfg.ackWait.String(),
+		"PAYDEDUP_PROVIDER_TIMEOUT=" + h.cfg.providerTimeout.String(),
+		"PAYDEDUP_PROVIDER_TRIES=2",
+		"PAYDEDUP_MAX_DELIVER=" + strconv.Itoa(h.cfg.maxDeliver),
+		"PAYDEDUP_CONCURRENCY=32",
+		"PAYDEDUP_FETCH_BATCH=50",
+		"PAYDEDUP_DRAIN_TIMEOUT=2s",
+		"PAYDEDUP_LOG_LEVEL=warn",
+	}
+}
+
+// slot is one worker position: a supervisor keeps a worker process running
+// in it, and the killer SIGKILLs whatever process it holds.
+type slot struct {
+	proc     *proc
+	restarts int
+}
+
+// superviseWorker keeps slot i running until ctx ends: a worker that dies
+// (killed, or failing to start while NATS or Postgres is down) is started
+// again after a short pause.
+func (h *harness) superviseWorker(ctx context.Context, s *slot) {
+	for ctx.Err() == nil {
+		if err := s.proc.start(); err != nil {
+			h.logf("worker %s: %v", s.proc.name, err)
+		} else {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.proc.exited():
+			}
+			s.restarts++
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
