@@ -108,13 +108,6 @@ func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
 	}
-	// The store's statements are prepared once per connection; their plans
-	// do not depend on the parameters (batches of keys looked up by primary
-	// key), and re-planning the claim statement for every batch costs more
-	// than running it. A URL that sets plan_cache_mode keeps its choice.
-	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
-		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, interpretError("connect to database", err)
