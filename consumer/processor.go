@@ -42,7 +42,8 @@ type Processor struct {
 	cfg       Config
 	logger    *slog.Logger
 	committer *committer
-	observer  Observer // set by NewWorker; may be nil
+	observer  Observer      // set by NewWorker; may be nil
+	calls     chan struct{} // the provider call pool: Concurrency calls at once
 }
 
 // NewProcessor returns a processor. cfg must have passed Validate.
@@ -52,7 +53,8 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 	}
 	cfg = cfg.WithDefaults()
 	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger,
-		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait)}
+		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait),
+		calls:     make(chan struct{}, cfg.Concurrency)}
 }
 
 // Process claims and handles one command: the whole business step for a
@@ -121,7 +123,16 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	callCtx, cancel := context.WithTimeout(ctx, p.cfg.Lease-p.cfg.Lease/10)
 	defer cancel()
 
+	// The heartbeat starts before the wait for a call slot, so the lease
+	// cannot run out while the payment queues for the provider.
 	lost := p.heartbeat(callCtx, cancel, lease, progress, log)
+	select {
+	case p.calls <- struct{}{}:
+	case <-callCtx.Done():
+		lost()
+		p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
+		return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", callCtx.Err()), Attempt: lease.Attempt}
+	}
 	start := time.Now()
 	out, err := provider.ChargeWithRetry(callCtx, p.charger, provider.ChargeRequest{
 		ProviderKey:    lease.ProviderKey,
@@ -133,6 +144,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		Description:    cmd.Description,
 		Metadata:       providerMetadata(cmd.Metadata, lease.TraceID),
 	}, p.cfg.ProviderTry)
+	<-p.calls
 	cancel()
 	if p.observer != nil {
 		result := "charged"

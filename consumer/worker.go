@@ -120,7 +120,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	// short before the drain deadline.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	slots := make(chan struct{}, w.cfg.Concurrency)
+	// Slots bound the messages between fetch and settle; the processor's
+	// call pool bounds the provider calls among them (Concurrency). The
+	// extra slots keep claims and commits of other messages overlapping
+	// with the calls, so the provider pool does not idle while a batch is
+	// claimed or committed. MaxAckPending caps them consumer-wide anyway.
+	slots := make(chan struct{}, min(w.cfg.Concurrency+2*w.cfg.FetchBatch, max(w.cfg.MaxAckPending, w.cfg.Concurrency)))
 	var wg sync.WaitGroup
 
 	fetchFailures := 0
@@ -294,8 +299,14 @@ func (w *Worker) handleBatch(ctx context.Context, msgs []jetstream.Msg, slots ch
 	for i, in := range good {
 		claim := claims[i]
 		if claim.Outcome != dedup.Claimed && claim.Outcome != dedup.Reacquired {
-			w.settle(ctx, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
-			<-slots
+			// Duplicates and in-flight keys settle at once, concurrently:
+			// each ack is a round trip to the server.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				w.settle(ctx, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
+			}()
 			continue
 		}
 		wg.Add(1)

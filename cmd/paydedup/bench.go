@@ -41,6 +41,7 @@ type benchCmd struct {
 	mode        string
 	fetchBatch  int
 	commitBatch int
+	commitWait  time.Duration
 	completed   bool
 	jsonOut     bool
 	timeout     time.Duration
@@ -87,6 +88,7 @@ The last line with --json is one JSON object.`,
 	f.StringVar(&b.mode, "mode", "batched", "batched or naive")
 	f.IntVar(&b.fetchBatch, "fetch-batch", consumer.DefaultFetchBatch, "messages per fetch and claim (batched mode)")
 	f.IntVar(&b.commitBatch, "commit-batch", consumer.DefaultCommitBatch, "completions per group commit (batched mode)")
+	f.DurationVar(&b.commitWait, "commit-wait", consumer.DefaultCommitWait, "how long a group commit waits for more completions (batched mode)")
 	f.BoolVar(&b.completed, "completed-duplicates", false, "afterwards, republish every payment (all completed) and time the duplicates")
 	f.BoolVar(&b.jsonOut, "json", false, "print one JSON object on the last line")
 	f.DurationVar(&b.timeout, "timeout", 10*time.Minute, "give up after this long")
@@ -315,7 +317,7 @@ func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 		Stream: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
 		DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
 		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
-		Concurrency: b.concurrency, FetchBatch: b.fetchBatch, CommitBatch: b.commitBatch,
+		Concurrency: b.concurrency, FetchBatch: b.fetchBatch, CommitBatch: b.commitBatch, CommitWait: b.commitWait,
 		Holder: "bench-" + suffix,
 	}
 	if b.mode == "naive" {
@@ -604,3 +606,4 @@ func peakRSSMB() float64 {
 	}
 	return 0
 }
+
