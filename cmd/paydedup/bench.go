@@ -606,4 +606,3 @@ func peakRSSMB() float64 {
 	}
 	return 0
 }
-
