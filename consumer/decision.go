@@ -109,8 +109,14 @@ func decide(r Result, deliveries uint64, maxDeliver int, base, maxDelay time.Dur
 		return Action{Kind: DeadLetterTerm, Reason: ReasonMaxDeliveries}
 	}
 	delay := r.Delay
-	if delay <= 0 {
+	switch {
+	case delay <= 0:
 		delay = backoff(deliveries, base, maxDelay)
+	case r.Kind == InFlight:
+		// The holder usually finishes long before its lease ends: look
+		// again soon, backing off per delivery, but never later than the
+		// lease's end (when the key may be taken over).
+		delay = min(delay, backoff(deliveries, base, maxDelay))
 	}
 	return Action{Kind: Nak, Delay: min(delay, maxDelay)}
 }
