@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -46,6 +47,7 @@ type benchCmd struct {
 	jsonOut     bool
 	timeout     time.Duration
 	cpuProfile  string
+	memProfile  string
 }
 
 func newBenchCmd(a *app) *cobra.Command {
@@ -93,6 +95,7 @@ The last line with --json is one JSON object.`,
 	f.BoolVar(&b.jsonOut, "json", false, "print one JSON object on the last line")
 	f.DurationVar(&b.timeout, "timeout", 10*time.Minute, "give up after this long")
 	f.StringVar(&b.cpuProfile, "cpuprofile", "", "write a CPU profile of the consumption phase to this file (go tool pprof)")
+	f.StringVar(&b.memProfile, "memprofile", "", "write a heap profile at the end to this file (go tool pprof)")
 	b.dbURL = a.getenv("DATABASE_URL")
 	b.natsURL = a.getenv("NATS_URL")
 	return cmd
@@ -285,6 +288,18 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		return err
 	}
 	res.RSSMB = peakRSSMB()
+	if b.memProfile != "" {
+		f, err := os.Create(b.memProfile)
+		if err != nil {
+			return fmt.Errorf("bench: --memprofile: %w", err)
+		}
+		runtime.GC()
+		err = pprof.WriteHeapProfile(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("bench: --memprofile: %w", err)
+		}
+	}
 	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim, b.payments)
 	if err != nil {
 		return err
