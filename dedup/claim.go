@@ -44,13 +44,19 @@ ins AS (
     ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
     RETURNING ` + recordColumns + `
 ),
+rest AS (
+    -- Inputs the insert did not take: usually none, and then the
+    -- re-acquire and the lookups below probe nothing.
+    SELECT i.* FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.merchant_id = i.merchant_id AND ins.idempotency_key = i.idempotency_key)
+),
 upd AS (
     UPDATE idempotency_keys AS k
     SET status = 'pending', locked_by = @holder, locked_until = @lease_until, attempts = k.attempts + 1,
         maybe_charged = k.maybe_charged OR k.status = 'pending',
         key_window_start = CASE WHEN k.status = 'failed' THEN @now ELSE k.key_window_start END,
         updated_at = @now, expires_at = greatest(k.expires_at, @expires_at)
-    FROM input i
+    FROM rest i
     WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key
       AND k.request_hash = i.request_hash
       AND (k.status = 'failed'
@@ -59,18 +65,17 @@ upd AS (
 )
 SELECT i.ord, 1, ` + qualified("r") + ` FROM input i JOIN ins r USING (merchant_id, idempotency_key)
 UNION ALL
-SELECT i.ord, 2, ` + qualified("r") + ` FROM input i JOIN upd r USING (merchant_id, idempotency_key)
+SELECT i.ord, 2, ` + qualified("r") + ` FROM rest i JOIN upd r USING (merchant_id, idempotency_key)
 UNION ALL
-SELECT i.ord, 3, ` + qualified("r") + ` FROM input i JOIN idempotency_keys r USING (merchant_id, idempotency_key)
-WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.merchant_id = i.merchant_id AND ins.idempotency_key = i.idempotency_key)
-  AND NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = i.merchant_id AND upd.idempotency_key = i.idempotency_key)
+SELECT i.ord, 3, ` + qualified("r") + ` FROM rest i JOIN idempotency_keys r USING (merchant_id, idempotency_key)
+WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = i.merchant_id AND upd.idempotency_key = i.idempotency_key)
 UNION ALL
 SELECT i.ord, 4, p.merchant_id, p.idempotency_key, i.request_hash, 'completed', p.provider_key, p.amount, p.currency,
     1, NULL::text, NULL::timestamptz, false, p.created_at, p.charge_id,
     CASE WHEN p.status = 'declined' THEN 402 ELSE 200 END,
     jsonb_build_object('id', p.charge_id, 'status', p.status, 'note', 'idempotency key purged; outcome from the ledger'),
     NULL::text, p.created_at, p.created_at, p.created_at, p.created_at, NULL::text
-FROM input i JOIN payments p USING (merchant_id, idempotency_key)
+FROM rest i JOIN payments p USING (merchant_id, idempotency_key)
 WHERE NOT EXISTS (SELECT 1 FROM idempotency_keys r WHERE r.merchant_id = i.merchant_id AND r.idempotency_key = i.idempotency_key)`
 
 // Claim claims one command for holder, with a lease of the given length. The
