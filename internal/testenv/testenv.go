@@ -3,7 +3,8 @@
 //
 // Where each comes from, in order: the TEST_DATABASE_URL / TEST_NATS_URL
 // environment variables; the machine's local servers at 127.0.0.1:5432 and
-// 127.0.0.1:4222; for NATS, an embedded nats-server. When no Postgres
+// 127.0.0.1:4222; then, for Postgres, a testcontainers-go container when a
+// Docker engine answers, and for NATS an embedded nats-server. When no Postgres
 // answers the test is skipped, except under CI=true, where a missing
 // service fails the run: CI must never pass by skipping.
 package testenv
@@ -59,12 +60,22 @@ func databaseURL() (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, u)
-		if err != nil {
-			baseErr = fmt.Errorf("no Postgres answers at %s: %w", redact(u), err)
+		if err == nil {
+			conn.Close(ctx)
+			baseURL = u
 			return
 		}
-		conn.Close(ctx)
-		baseURL = u
+		localErr := fmt.Errorf("no Postgres answers at %s: %w", redact(u), err)
+		if os.Getenv("TEST_DATABASE_URL") != "" {
+			baseErr = localErr
+			return
+		}
+		cu, cerr := postgresContainer()
+		if cerr != nil {
+			baseErr = fmt.Errorf("%w; and %v", localErr, cerr)
+			return
+		}
+		baseURL = cu
 	})
 	return baseURL, baseErr
 }
