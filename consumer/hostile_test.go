@@ -8,31 +8,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/payment"
 )
-
-// lockedBuffer collects log lines from the worker's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // hostileCase is one kind of hostile message and the one reason it must be
 // dead-lettered with.
@@ -112,7 +94,7 @@ func hostileCases() []hostileCase {
 func TestHostileInput(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := e.cfg
 	cfg.Holder = "hostile"

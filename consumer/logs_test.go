@@ -2,35 +2,16 @@ package consumer_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
 )
-
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestLogsCarryContextAndNoCardData(t *testing.T) {
 	t.Parallel()
@@ -39,7 +20,7 @@ func TestLogsCarryContextAndNoCardData(t *testing.T) {
 	if err := e.sim.SetFaults(provider.Faults{RateDropAfterCharge: 1}); err != nil {
 		t.Fatal(err)
 	}
-	var buf syncBuffer
+	var buf testenv.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := e.cfg
 	cfg.Holder = "logger"

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -109,17 +110,17 @@ func TestSimKeyExpiresAfterTTL(t *testing.T) {
 	t.Parallel()
 	// Stripe forgets an idempotency key after its window (24 h); the same key
 	// then charges again. paydedup must never re-call blind past the window.
-	clock := newFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	sim, srv := simServer(t, provider.SimConfig{Now: clock.Now})
+	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	sim, srv := simServer(t, provider.SimConfig{Now: clk.Now})
 	s := newStripe(t, provider.StripeConfig{APIBase: srv.URL})
 	req := chargeReq("k-ttl")
 
 	first := mustCharge(t, s, req)
-	clock.Advance(provider.DefaultSimKeyTTL - time.Second)
+	clk.Advance(provider.DefaultSimKeyTTL - time.Second)
 	if again := mustCharge(t, s, req); !again.Replayed || again.ChargeID != first.ChargeID {
 		t.Fatalf("inside the window: %+v, want replay of %s", again, first.ChargeID)
 	}
-	clock.Advance(time.Second)
+	clk.Advance(time.Second)
 	after := mustCharge(t, s, req)
 	if after.Replayed || after.ChargeID == first.ChargeID {
 		t.Fatalf("after the window: %+v, want a new charge", after)
@@ -129,11 +130,11 @@ func TestSimKeyExpiresAfterTTL(t *testing.T) {
 
 func TestSimConfigurableKeyTTL(t *testing.T) {
 	t.Parallel()
-	clock := newFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	sim, srv := simServer(t, provider.SimConfig{Now: clock.Now, KeyTTL: time.Hour})
+	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
+	sim, srv := simServer(t, provider.SimConfig{Now: clk.Now, KeyTTL: time.Hour})
 	s := newStripe(t, provider.StripeConfig{APIBase: srv.URL})
 	mustCharge(t, s, chargeReq("k-ttl-1h"))
-	clock.Advance(time.Hour)
+	clk.Advance(time.Hour)
 	mustCharge(t, s, chargeReq("k-ttl-1h"))
 	wantCharges(t, sim, "k-ttl-1h", 2)
 }

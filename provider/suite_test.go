@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -521,8 +522,8 @@ func testLookupQuotedKey(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupSearchLag(t *testing.T, newProvider newProviderFunc) {
-	clock := newFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	env := setupSuite(t, newProvider, provider.SimConfig{SearchLag: time.Minute, Now: clock.Now})
+	clk := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	env := setupSuite(t, newProvider, provider.SimConfig{SearchLag: time.Minute, Now: clk.Now})
 	charged := mustCharge(t, env.p, chargeReq("k-lag"))
 	lookup := provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-lag"}
 
@@ -535,29 +536,9 @@ func testLookupSearchLag(t *testing.T, newProvider newProviderFunc) {
 		t.Fatalf("lookup by id = %+v, %v; retrieval is never lagged", res, err)
 	}
 	lookup.ChargeID = ""
-	clock.Advance(time.Minute)
+	clk.Advance(time.Minute)
 	if res, err = env.p.Lookup(context.Background(), lookup); err != nil || !res.Found ||
 		res.Outcome.ChargeID != charged.ChargeID {
 		t.Fatalf("lookup after the lag = %+v, %v", res, err)
 	}
-}
-
-// fakeClock is a settable clock for the simulator.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock(t time.Time) *fakeClock { return &fakeClock{now: t} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
 }

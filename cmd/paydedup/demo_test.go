@@ -59,7 +59,7 @@ func TestDemoBadFlags(t *testing.T) {
 
 func TestDemoWithoutPostgresSaysWhatToDo(t *testing.T) {
 	t.Parallel()
-	var out, errOut lockedBuffer
+	var out, errOut testenv.Buffer
 	a := &app{out: &out, errOut: &errOut, getenv: func(string) string { return "" }}
 	d := &demoCmd{app: a, localPG: "postgres://postgres@" + freePort(t) + "/postgres?sslmode=disable&connect_timeout=2"}
 	_, err := d.database(context.Background())

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -67,28 +65,10 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 	return w
 }
 
-// lockedBuffer is a bytes.Buffer that loggers may write while a test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // run runs the real command tree with the world's environment.
 func (w *cliWorld) run(stdin string, args ...string) (stdout, stderr string, err error) {
 	w.t.Helper()
-	var out, errOut lockedBuffer
+	var out, errOut testenv.Buffer
 	root := newRootCmd(&out, &errOut, func(k string) string { return w.env[k] })
 	root.SetArgs(args)
 	root.SetIn(strings.NewReader(stdin))

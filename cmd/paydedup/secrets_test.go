@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -42,24 +41,6 @@ const (
 )
 
 var markers = []string{markDB, markNATS, markNATS2, markStripe, markNatsPW}
-
-// syncBuffer is a bytes.Buffer safe for a logger writing while a test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func envFunc(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
@@ -130,7 +111,7 @@ func TestHelpNeverShowsSecrets(t *testing.T) {
 // run executes the command tree with args and env until it returns or the
 // context ends, and returns everything it said.
 func run(ctx context.Context, env map[string]string, args ...string) (string, error) {
-	var out, errOut syncBuffer
+	var out, errOut testenv.Buffer
 	root := newRootCmd(&out, &errOut, envFunc(env))
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
@@ -216,7 +197,7 @@ func TestRunningWorkerNeverLogsSecrets(t *testing.T) {
 		"STRIPE_API_BASE":    sim.URL,
 		"PAYDEDUP_LOG_LEVEL": "debug",
 	}
-	var out, errOut syncBuffer
+	var out, errOut testenv.Buffer
 	root := newRootCmd(&out, &errOut, envFunc(env))
 	root.SetArgs([]string{"worker"})
 	ctx, cancel := context.WithCancel(context.Background())
