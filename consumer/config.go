@@ -84,7 +84,7 @@ type Config struct {
 	CommitBatch int
 	CommitWait  time.Duration
 
-	Concurrency  int // messages in flight per process (provider calls)
+	Concurrency  int // provider calls in flight per process
 	FetchBatch   int // messages per fetch; claimed in one round trip
 	DrainTimeout time.Duration
 
