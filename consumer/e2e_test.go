@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +32,6 @@ type env struct {
 	sim    *provider.Simulator
 	stripe *provider.Stripe
 	cfg    consumer.Config
-	prefix string
 }
 
 func setup(t *testing.T) *env {
@@ -47,30 +46,13 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := provider.NewSimulator(provider.SimConfig{Seed: 7})
-	srv := httptest.NewServer(sim)
-	t.Cleanup(srv.Close)
-	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := testenv.Unique(t)
-	name := strings.ToUpper(u)
-	cfg := consumer.Config{
-		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
-		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
-		Lease: 3 * time.Second, AckWait: 5 * time.Second, MaxDeliver: 6,
-		ProviderTry: provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond},
-		RetryBase:   50 * time.Millisecond, RetryMax: 500 * time.Millisecond,
-		DrainTimeout: 2 * time.Second, Concurrency: 16, FetchBatch: 50,
-	}
-	e := &env{t: t, ctx: context.Background(), pool: pool, store: store, nc: nc, js: js, sim: sim, stripe: stripe, cfg: cfg, prefix: u}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = js.DeleteStream(ctx, cfg.Stream)
-		_ = js.DeleteStream(ctx, cfg.DLQStream)
-	})
+	sim, stripe := testenv.Provider(t, 7, 2*time.Second)
+	cfg := testenv.Streams(t, js)
+	cfg.Lease, cfg.AckWait, cfg.MaxDeliver = 3*time.Second, 5*time.Second, 6
+	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
+	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
+	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 16, 50
+	e := &env{t: t, ctx: context.Background(), pool: pool, store: store, nc: nc, js: js, sim: sim, stripe: stripe, cfg: cfg}
 	return e
 }
 
@@ -78,13 +60,19 @@ func setup(t *testing.T) *env {
 // ends); stop waits for the drain.
 func (e *env) startWorker(holder string, charger consumer.Charger) (stop func()) {
 	e.t.Helper()
-	return e.run(holder, e.store, charger)
+	return e.run(holder, e.store, charger, nil)
+}
+
+// startWorkerLogged runs a worker that logs to logger.
+func (e *env) startWorkerLogged(holder string, logger *slog.Logger) (stop func()) {
+	e.t.Helper()
+	return e.run(holder, e.store, nil, logger)
 }
 
 // startWorkerOn runs a worker on another Store (a fault-injecting wrapper).
 func (e *env) startWorkerOn(holder string, store consumer.Store) (stop func()) {
 	e.t.Helper()
-	return e.run(holder, store, nil)
+	return e.run(holder, store, nil, nil)
 }
 
 // waitStreamsCreate creates the streams and the consumer without a worker,
@@ -96,15 +84,15 @@ func (e *env) waitStreamsCreate() {
 	}
 }
 
-func (e *env) run(holder string, store consumer.Store, charger consumer.Charger) (stop func()) {
+func (e *env) run(holder string, store consumer.Store, charger consumer.Charger, logger *slog.Logger) (stop func()) {
 	e.t.Helper()
 	cfg := e.cfg
 	cfg.Holder = holder
 	if charger == nil {
 		charger = e.stripe
 	}
-	proc := consumer.NewProcessor(store, charger, cfg, nil)
-	w, err := consumer.NewWorker(e.nc, proc, cfg, nil, nil)
+	proc := consumer.NewProcessor(store, charger, cfg, logger)
+	w, err := consumer.NewWorker(e.nc, proc, cfg, logger, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package consumer_test
 import (
 	"bufio"
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -96,22 +95,7 @@ func TestHostileInput(t *testing.T) {
 	e := setup(t)
 	var logs testenv.Buffer
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg := e.cfg
-	cfg.Holder = "hostile"
-	w, err := consumer.NewWorker(e.nc, consumer.NewProcessor(e.store, e.stripe, cfg, logger), cfg, logger, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker: %v", err)
-		}
-	})
-	e.waitStreams()
+	e.startWorkerLogged("hostile", logger)
 
 	const good, copies = 500, 3
 	cases := hostileCases()

@@ -2,13 +2,11 @@ package consumer_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
 )
@@ -22,16 +20,7 @@ func TestLogsCarryContextAndNoCardData(t *testing.T) {
 	}
 	var buf testenv.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg := e.cfg
-	cfg.Holder = "logger"
-	w, err := consumer.NewWorker(e.nc, consumer.NewProcessor(e.store, e.stripe, cfg, logger), cfg, logger, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	e.waitStreams()
+	stop := e.startWorkerLogged("logger", logger)
 
 	const traceID, retryTraceID = "4bf92f3577b34da6a3ce929d0e0e4736", "0af7651916cd43dd8448eb211c80319c"
 	tp := map[string]string{"traceparent": "00-" + traceID + "-00f067aa0ba902b7-01"}
@@ -52,10 +41,7 @@ func TestLogsCarryContextAndNoCardData(t *testing.T) {
 		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == 2
 	})
 	e.quiescent()
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 
 	for _, dl := range e.deadLetters() {
 		if r := dl.Header.Get("Dlq-Reason"); r != "invalid_amount" {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -96,24 +95,12 @@ func setup(t *testing.T, gcfg gateway.Config) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := provider.NewSimulator(provider.SimConfig{Seed: 9})
-	simSrv := httptest.NewServer(sim)
-	t.Cleanup(simSrv.Close)
-	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: simSrv.URL, Timeout: 4 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stripe.CloseIdleConnections)
-	u := testenv.Unique(t)
-	name := strings.ToUpper(u)
-	cfg := consumer.Config{
-		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
-		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
-		Lease: 10 * time.Second, AckWait: 15 * time.Second, MaxDeliver: 6,
-		ProviderTry: provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 4 * time.Second, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond},
-		RetryBase:   50 * time.Millisecond, RetryMax: 500 * time.Millisecond,
-		DrainTimeout: 2 * time.Second, Concurrency: 8, FetchBatch: 20,
-	}
+	sim, stripe := testenv.Provider(t, 9, 4*time.Second)
+	cfg := testenv.Streams(t, js)
+	cfg.Lease, cfg.AckWait, cfg.MaxDeliver = 10*time.Second, 15*time.Second, 6
+	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 4 * time.Second, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
+	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
+	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 8, 20
 	// The streams exist before the gateway publishes (the worker would
 	// create them too when it starts).
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -121,12 +108,6 @@ func setup(t *testing.T, gcfg gateway.Config) *world {
 	if _, _, err := consumer.EnsureStreams(sctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = js.DeleteStream(ctx, cfg.Stream)
-		_ = js.DeleteStream(ctx, cfg.DLQStream)
-	})
 
 	comp, err := dedup.NewCompletions(pool, dedup.CompletionsConfig{})
 	if err != nil {

@@ -1,0 +1,49 @@
+package testenv
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// Provider serves an in-process simulator and returns it with the Stripe
+// adapter pointed at it: the real client path, the simulated provider.
+func Provider(t testing.TB, seed int64, timeout time.Duration) (*provider.Simulator, *provider.Stripe) {
+	t.Helper()
+	sim := provider.NewSimulator(provider.SimConfig{Seed: seed})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stripe.CloseIdleConnections)
+	return sim, stripe
+}
+
+// Streams returns a consumer configuration whose stream, subjects and
+// consumer names are unique to the test, and deletes the streams when the
+// test ends. Timeouts and sizes are left for the caller to set.
+func Streams(t testing.TB, js jetstream.JetStream) consumer.Config {
+	t.Helper()
+	u := Unique(t)
+	name := strings.ToUpper(u)
+	cfg := consumer.Config{
+		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
+		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(ctx, cfg.Stream)
+		_ = js.DeleteStream(ctx, cfg.DLQStream)
+	})
+	return cfg
+}
