@@ -38,8 +38,8 @@ ins AS (
     SELECT merchant_id, idempotency_key, request_hash, 'pending', provider_key,
         amount, currency, 1, @holder, @lease_until, @now, @now, @now, @expires_at, nullif(trace_id, '')
     FROM input
-    WHERE NOT EXISTS (SELECT 1 FROM payments p
-                      WHERE p.merchant_id = input.merchant_id AND p.idempotency_key = input.idempotency_key)
+    WHERE (SELECT true FROM payments p
+           WHERE p.merchant_id = input.merchant_id AND p.idempotency_key = input.idempotency_key) IS NULL
     ORDER BY merchant_id, idempotency_key
     ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
     RETURNING ` + recordColumns + `
@@ -59,8 +59,12 @@ upd AS (
     FROM rest i
     WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key
       AND k.request_hash = i.request_hash
-      AND (k.status = 'failed'
-           OR (k.status = 'pending' AND k.locked_until <= @now AND k.key_window_start > @window_floor))
+      -- A CASE, not an OR of status tests: the planner cannot prove a
+      -- partial index's predicate from it, so it never walks every finished
+      -- or pending key to find the few in the batch.
+      AND CASE k.status WHEN 'failed' THEN true
+                        WHEN 'pending' THEN k.locked_until <= @now AND k.key_window_start > @window_floor
+                        ELSE false END
     RETURNING ` + qualified("k") + `
 )
 SELECT i.ord, 1, ` + qualified("r") + ` FROM input i JOIN ins r USING (merchant_id, idempotency_key)
@@ -159,12 +163,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 	done := make(map[int]bool, n)
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		clear(done)
-		rows, err := s.pool.Query(ctx, claimSQL, args)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
+		return s.queryPinned(ctx, planCustom, claimSQL, args, func(rows pgx.Rows) error {
 			var ord, kind int32
 			rec, err := scanRecord(rows, &ord, &kind)
 			if err != nil {
@@ -186,8 +185,8 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 				results[i], _ = s.evaluate(rec, reqs[i].RequestHash, now)
 			}
 			done[i] = true
-		}
-		return rows.Err()
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, interpretError("claim keys", err)

@@ -256,7 +256,7 @@ WITH input AS (
     SET status = 'completed', response_status = i.response_status, response = i.response, charge_id = i.charge_id,
         completed_at = @now, updated_at = @now, expires_at = @expires_at, locked_until = NULL, last_error = NULL
     FROM input i
-    WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.status = 'pending'
+    WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.locked_until IS NOT NULL
       AND k.locked_by = i.holder AND k.attempts = i.attempt
     RETURNING k.merchant_id, k.idempotency_key, k.provider_key, k.amount, k.currency, i.charge_id, i.payment_status
 ), ledger AS (
@@ -303,19 +303,14 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 	completed := make(map[rowKey]bool, n)
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		clear(completed)
-		rows, err := s.pool.Query(ctx, completeBatchSQL, args)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
+		return s.queryPinned(ctx, planGeneric, completeBatchSQL, args, func(rows pgx.Rows) error {
 			var k rowKey
 			if err := rows.Scan(&k.merchant, &k.key); err != nil {
 				return err
 			}
 			completed[k] = true
-		}
-		return rows.Err()
+			return nil
+		})
 	})
 	if err = interpretError("complete keys", err); errors.Is(err, ErrLedgerConflict) {
 		errs := make([]error, n)

@@ -1,0 +1,130 @@
+package dedup_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/dedup"
+)
+
+// tableScans reads, through conn's own backend, how many rows of each table
+// were read by sequential scans and through indexes. The backend's pending
+// counters are flushed first, so what the store did on this connection is
+// counted.
+func tableScans(t *testing.T, ctx context.Context, pool *pgxpool.Pool) map[string][2]int64 {
+	t.Helper()
+	if _, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][2]int64{}
+	rows, err := pool.Query(ctx, `SELECT t.relname, t.seq_tup_read,
+		    (SELECT coalesce(sum(i.idx_tup_read), 0) FROM pg_stat_user_indexes i WHERE i.relid = t.relid)
+		FROM pg_stat_user_tables t
+		WHERE t.schemaname = current_schema() AND t.relname IN ('idempotency_keys', 'payments')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var seq, idx int64
+		if err := rows.Scan(&name, &seq, &idx); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = [2]int64{seq, idx}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestHotPathReadsBoundedByBatch checks that the claim and the group commit
+// read rows in proportion to their batch, not to the tables: no sequential
+// scan, no walk of a partial index, whatever the planner would have chosen
+// for a young table with stale statistics, and for small batches (whose
+// generic plan once scanned every finished key).
+func TestHotPathReadsBoundedByBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// One connection, so the counters flushed are the store's own.
+	cfg := b.pool.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := dedup.New(pool, dedup.Config{Clock: b.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// 10,000 finished keys and their ledger rows, then batches of new keys,
+	// of keys already completed, and of a mix; of 200 keys, and of 30 (small
+	// enough that a generic plan would be tempting).
+	const existing = 10000
+	claimAndComplete(t, b.ctx, store, 0, existing)
+	next := existing
+	for round := range 12 {
+		size := 200
+		if round%3 == 2 {
+			size = 30
+		}
+		first := next
+		if round%2 == 1 {
+			first = round * 797 % existing // completed duplicates
+		} else {
+			next += size
+		}
+		before := tableScans(t, b.ctx, pool)
+		claimAndComplete(t, b.ctx, store, first, size)
+		after := tableScans(t, b.ctx, pool)
+		for _, table := range []string{"idempotency_keys", "payments"} {
+			seq := after[table][0] - before[table][0]
+			idx := after[table][1] - before[table][1]
+			if seq != 0 || idx > int64(8*size) {
+				t.Errorf("round %d: %s: %d rows read by sequential scans and %d through indexes for a batch of %d",
+					round, table, seq, idx, size)
+			}
+		}
+	}
+}
+
+// claimAndComplete claims keys k-first..k-(first+n-1) in batches of at most
+// 500 and completes those it claimed in one group commit per batch.
+func claimAndComplete(t *testing.T, ctx context.Context, store *dedup.Store, first, n int) {
+	t.Helper()
+	for lo := first; lo < first+n; lo += 500 {
+		hi := min(lo+500, first+n)
+		reqs := make([]dedup.ClaimRequest, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			reqs = append(reqs, req("m_1", fmt.Sprintf("k-%d", i), 1000))
+		}
+		res, err := store.ClaimBatch(ctx, "plan", lease, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var items []dedup.CompleteItem
+		for i, r := range res {
+			if r.Lease != nil {
+				items = append(items, dedup.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", lo+i))})
+			}
+		}
+		if len(items) == 0 {
+			continue
+		}
+		errs, err := store.CompleteBatch(ctx, items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range errs {
+			if e != nil {
+				t.Fatal(e)
+			}
+		}
+	}
+}
