@@ -262,8 +262,17 @@ WITH input AS (
 ), ledger AS (
     INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
     SELECT merchant_id, idempotency_key, provider_key, charge_id, payment_status, amount, currency, @now FROM done
+), notified AS (
+    -- What the completion trigger would send (migrations 00003 and 00005),
+    -- for the rows a gateway request may wait on; sent at commit.
+    SELECT pg_notify('` + CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
+               WHERE n.oid = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = 'idempotency_keys'::regclass)),
+           'm', d.merchant_id, 'k', d.idempotency_key)::text)
+    FROM done d
+    WHERE (SELECT true FROM gateway_intake g
+           WHERE g.merchant_id = d.merchant_id AND g.idempotency_key = d.idempotency_key) IS NOT NULL
 )
-SELECT merchant_id, idempotency_key FROM done`
+SELECT merchant_id, idempotency_key FROM done WHERE (SELECT count(*) FROM notified) >= 0`
 
 // CompleteItem is one completion of a batch.
 type CompleteItem struct {
@@ -303,7 +312,7 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 	completed := make(map[rowKey]bool, n)
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		clear(completed)
-		return s.queryPinned(ctx, planGeneric, completeBatchSQL, args, func(rows pgx.Rows) error {
+		return s.queryPinned(ctx, planGenericNotified, completeBatchSQL, args, func(rows pgx.Rows) error {
 			var k rowKey
 			if err := rows.Scan(&k.merchant, &k.key); err != nil {
 				return err

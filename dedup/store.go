@@ -197,10 +197,13 @@ func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) erro
 //     automatic choice picked that plan for small batches (25 ms for 30 keys
 //     at 40,000 rows);
 //   - the group commit, whose generic plan is the per-key probe, skips the
-//     planner after its first executions.
+//     planner after its first executions. It sends its rows' completion
+//     notifications itself, and tells the row trigger (migration 00005)
+//     not to.
 const (
-	planCustom  = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)`
-	planGeneric = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
+	planCustom          = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)`
+	planGenericNotified = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
+		set_config('paydedup.completions_notified', 'on', true)`
 )
 
 // queryPinned runs one statement under the planner settings plan, in one
