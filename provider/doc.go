@@ -2,7 +2,8 @@
 // [Provider] interface with its request and outcome types, the classification
 // of every failure into a [Class], a retry helper ([ChargeWithRetry]) built on
 // backoff/v4, the Stripe adapter ([Stripe], on stripe-go) and a
-// Stripe-compatible [Simulator] with fault injection for tests and demos.
+// Stripe-compatible [Simulator] with fault injection for tests and demos,
+// with [SimClient] to call it in-process as the adapter would over HTTP.
 // No other package speaks HTTP to a provider.
 //
 // # The provider contract

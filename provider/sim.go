@@ -2,8 +2,10 @@ package provider
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -34,10 +36,12 @@ const maxSimBody = 1 << 20
 // Faults are the failures the simulator injects, each rolled independently
 // per API request (GET and POST alike, except RateDropAfterCharge which only
 // applies to POST /v1/payment_intents). All may be changed while it runs with
-// SetFaults.
+// SetFaults. A SimClient's calls are rolled the same way; where a connection
+// would be closed, it returns a ClassUnknown *Error wrapping io.EOF.
 type Faults struct {
 	// Latency is waited before a request is processed; it ends early (and
-	// the connection is dropped) when the client goes away.
+	// the connection is dropped) when the client goes away, or for a
+	// SimClient when its ctx ends or its timeout passes.
 	Latency time.Duration
 	// Jitter adds a uniform random [0, Jitter) to Latency.
 	Jitter time.Duration
@@ -158,8 +162,9 @@ type SimLedger struct {
 // that paydedup uses: POST /v1/payment_intents (with idempotency keys),
 // GET /v1/payment_intents/{id} and GET /v1/payment_intents/search, plus
 // GET /_sim/ledger. Any non-empty Bearer key is accepted; each key is its own
-// account, scoping idempotency keys and intents. It keeps every intent in
-// memory for its lifetime. It is safe for concurrent use.
+// account, scoping idempotency keys and intents. Client returns a Provider
+// that calls the same simulator without HTTP. It keeps every intent in memory
+// for its lifetime. It is safe for concurrent use.
 type Simulator struct {
 	keyTTL    time.Duration
 	searchLag time.Duration
@@ -168,74 +173,180 @@ type Simulator struct {
 	log       *slog.Logger
 	mux       *http.ServeMux
 
-	mu       sync.Mutex
-	faults   Faults
-	rng      *rand.Rand
-	keys     map[string]*simKey
-	inserts  int
-	intents  map[string]*simIntent
-	order    []*simIntent
-	charges  []SimCharge
-	declines int
+	mu      sync.Mutex
+	faults  Faults
+	rng     *rand.Rand
+	keys    map[simKeyID]simKey
+	inserts int
+	// keysExpire is a time before which no key expires (zero: unknown), so
+	// that a sweep need not look at every key when none can have expired.
+	keysExpire time.Time
+	accounts   map[string]string // interned account names
+	intents    map[string]*simIntent
+	order      []*simIntent
+	declines   int
 }
 
-// simKey is one remembered idempotency key.
+// simKeyID names an idempotency key within its account.
+type simKeyID struct{ account, key string }
+
+// simKey is one remembered idempotency key. The answer it replays is
+// rendered again from its intent, which never changes once created; params is
+// a digest of the request's canonical form, enough to tell another request.
 type simKey struct {
-	params   string
+	params   [sha256.Size]byte
 	created  time.Time
 	inFlight bool
-	status   int
-	body     []byte
+	intent   *simIntent
 }
 
-// simIntent is a PaymentIntent as the simulator stores and renders it.
-type simIntent struct {
-	ID                 string            `json:"id"`
-	Object             string            `json:"object"`
-	Amount             int64             `json:"amount"`
-	AmountReceived     int64             `json:"amount_received"`
-	CaptureMethod      string            `json:"capture_method"`
-	ConfirmationMethod string            `json:"confirmation_method"`
-	Created            int64             `json:"created"`
-	Currency           string            `json:"currency"`
-	Description        *string           `json:"description"`
-	LastPaymentError   *simError         `json:"last_payment_error"`
-	LatestCharge       *string           `json:"latest_charge"`
-	Livemode           bool              `json:"livemode"`
-	Metadata           map[string]string `json:"metadata"`
-	PaymentMethod      *string           `json:"payment_method"`
-	PaymentMethodTypes []string          `json:"payment_method_types"`
-	Status             string            `json:"status"`
+// Intent statuses the simulator produces.
+const (
+	simSucceeded             = "succeeded"
+	simRequiresPaymentMethod = "requires_payment_method"
+	simRequiresConfirmation  = "requires_confirmation"
+)
 
+// simIntent is a PaymentIntent as the simulator keeps it: the fields that
+// vary, from which its JSON is rendered when asked (simjson.go). Its strings
+// are copies cut from one allocation, so it holds on to no request's memory.
+// It never changes after process publishes it.
+type simIntent struct {
+	id      string
 	account string
-	created time.Time
+	// providerKey is the Idempotency-Key it was created under, "" if none.
+	providerKey    string
+	currency       string
+	description    string
+	hasDescription bool
+	// paymentMethod is "" when the intent has none (or lost it to a decline).
+	paymentMethod string
+	// latestCharge is the charge id of a succeeded intent, else "".
+	latestCharge string
+	status       string
+	// decline is the card error of a declined intent, else nil.
+	decline     *simDecline
+	amount      int64
+	created     time.Time
+	metadata    []simMeta // sorted by key, keys unique
+	methodTypes []string  // sorted
+}
+
+// simMeta is one metadata entry.
+type simMeta struct{ key, value string }
+
+func cmpMetaKey(a, b simMeta) int { return strings.Compare(a.key, b.key) }
+
+// meta returns the metadata value for key and whether it is set.
+func (in *simIntent) meta(key string) (string, bool) {
+	lo, hi := 0, len(in.metadata)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if in.metadata[m].key < key {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(in.metadata) && in.metadata[lo].key == key {
+		return in.metadata[lo].value, true
+	}
+	return "", false
+}
+
+// charge returns the ledger entry of a succeeded intent.
+func (in *simIntent) charge() SimCharge {
+	merchant, _ := in.meta(MetadataMerchantID)
+	key, _ := in.meta(MetadataIdempotencyKey)
+	return SimCharge{
+		ID:             in.id,
+		ProviderKey:    in.providerKey,
+		MerchantID:     merchant,
+		IdempotencyKey: key,
+		Amount:         in.amount,
+		Currency:       in.currency,
+		Status:         in.status,
+		Created:        in.created,
+	}
+}
+
+// httpStatus is the status of the create answer that made in.
+func (in *simIntent) httpStatus() int {
+	if in.decline != nil {
+		return http.StatusPaymentRequired
+	}
+	return http.StatusOK
 }
 
 // simError is Stripe's error object.
 type simError struct {
-	Type          string     `json:"type"`
-	Code          string     `json:"code,omitempty"`
-	DeclineCode   string     `json:"decline_code,omitempty"`
-	Message       string     `json:"message"`
-	Param         string     `json:"param,omitempty"`
-	PaymentIntent *simIntent `json:"payment_intent,omitempty"`
+	Type, Code, DeclineCode, Message, Param string
 }
 
 // simDecline is the error a test payment method produces.
 type simDecline struct{ code, declineCode, message string }
 
-// declineFor returns the decline Stripe's test payment method pm produces, if
-// it is one that declines.
-func declineFor(pm string) (simDecline, bool) {
+// The declines of Stripe's test payment methods.
+var (
+	simGenericDecline    = &simDecline{"card_declined", "generic_decline", "Your card was declined."}
+	simInsufficientFunds = &simDecline{"card_declined", "insufficient_funds", "Your card has insufficient funds."}
+	simExpiredCard       = &simDecline{"expired_card", "expired_card", "Your card has expired."}
+)
+
+// simCardOnly is the payment_method_types of almost every intent, shared by
+// them all: never modify it.
+var simCardOnly = []string{"card"}
+
+// The simulator's fixed error answers.
+var (
+	simReplyUnauthorized = &simReply{status: http.StatusUnauthorized, err: &simError{Type: "authentication_error",
+		Message: "You did not provide an API key. Provide it in the Authorization header as a Bearer token."}}
+	simReplyRateLimited = &simReply{status: http.StatusTooManyRequests, retryAfter: "1", err: &simError{
+		Type: "invalid_request_error", Code: "rate_limit", Message: "Too many requests hit the API too quickly."}}
+	simReplyServerError = &simReply{status: http.StatusInternalServerError, err: &simError{Type: "api_error",
+		Message: "An unknown error occurred while processing your request."}}
+	simReplyKeyInUse = &simReply{status: http.StatusConflict, err: &simError{Type: "invalid_request_error", Code: "idempotency_key_in_use",
+		Message: "There is currently another in-progress request using this Stripe token (probably the same request). Try again later."}}
+	// simReplyBodyTooLarge is what the handler answers when ParseForm fails
+	// on a body over maxSimBody.
+	simReplyBodyTooLarge = &simReply{status: http.StatusBadRequest, err: &simError{Type: "invalid_request_error",
+		Message: "Invalid request body: " + (&http.MaxBytesError{Limit: maxSimBody}).Error()}}
+)
+
+// errSimConnectionClosed stands in SimClient's errors for a connection the
+// HTTP simulator closes without answering.
+var errSimConnectionClosed = fmt.Errorf("simulator closed the connection without a response: %w", io.EOF)
+
+// declineFor returns the decline Stripe's test payment method pm produces, or
+// nil for one that charges.
+func declineFor(pm string) *simDecline {
 	switch pm {
 	case "pm_card_chargeDeclined":
-		return simDecline{"card_declined", "generic_decline", "Your card was declined."}, true
+		return simGenericDecline
 	case "pm_card_chargeDeclinedInsufficientFunds":
-		return simDecline{"card_declined", "insufficient_funds", "Your card has insufficient funds."}, true
+		return simInsufficientFunds
 	case "pm_card_chargeDeclinedExpiredCard":
-		return simDecline{"expired_card", "expired_card", "Your card has expired."}, true
+		return simExpiredCard
 	}
-	return simDecline{}, false
+	return nil
+}
+
+// simReply is an error answer: what the HTTP handler writes, and what the
+// client turns into the *Error or declined Outcome the Stripe adapter would
+// make of it.
+type simReply struct {
+	status int
+	err    *simError
+	// retryAfter is the Retry-After header, "" for none.
+	retryAfter string
+}
+
+func simReplyFor(status int, e *simError) *simReply { return &simReply{status: status, err: e} }
+
+// mismatchReply is the idempotency_error for key.
+func mismatchReply(key string) *simReply {
+	return simReplyFor(http.StatusBadRequest, &simError{Type: "idempotency_error",
+		Message: "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '" + key + "' if you meant to execute a different request."})
 }
 
 // NewSimulator returns a Simulator for cfg. It panics if cfg.Validate fails:
@@ -256,7 +367,8 @@ func NewSimulator(cfg SimConfig) *Simulator {
 		log:       cfg.Logger,
 		faults:    cfg.Faults,
 		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		keys:      make(map[string]*simKey),
+		keys:      make(map[simKeyID]simKey),
+		accounts:  make(map[string]string),
 		intents:   make(map[string]*simIntent),
 	}
 	if s.keyTTL == 0 {
@@ -269,9 +381,9 @@ func NewSimulator(cfg SimConfig) *Simulator {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("POST /v1/payment_intents", s.api(s.createIntent))
-	s.mux.HandleFunc("GET /v1/payment_intents/search", s.api(s.searchIntents))
-	s.mux.HandleFunc("GET /v1/payment_intents/{id}", s.api(s.retrieveIntent))
+	s.mux.HandleFunc("POST "+simPathCreate, s.api(s.createIntent))
+	s.mux.HandleFunc("GET "+simPathSearch, s.api(s.searchIntents))
+	s.mux.HandleFunc("GET "+simPathCreate+"/{id}", s.api(s.retrieveIntent))
 	s.mux.HandleFunc("GET /_sim/ledger", s.serveLedger)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeSimError(w, http.StatusNotFound, &simError{Type: "invalid_request_error",
@@ -279,6 +391,12 @@ func NewSimulator(cfg SimConfig) *Simulator {
 	})
 	return s
 }
+
+// The API paths the simulator serves.
+const (
+	simPathCreate = "/v1/payment_intents"
+	simPathSearch = "/v1/payment_intents/search"
+)
 
 // ServeHTTP serves the Stripe subset and the ledger.
 func (s *Simulator) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
@@ -340,19 +458,31 @@ func (s *Simulator) Faults() Faults {
 func (s *Simulator) Charges() []SimCharge {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.charges)
+	return s.chargesLocked()
+}
+
+// chargesLocked lists the succeeded intents as ledger entries; nil when there
+// are none.
+func (s *Simulator) chargesLocked() []SimCharge {
+	var out []SimCharge
+	for _, in := range s.order {
+		if in.status == simSucceeded {
+			out = append(out, in.charge())
+		}
+	}
+	return out
 }
 
 // ChargesByKey counts succeeded charges per "merchant_id:idempotency_key".
 func (s *Simulator) ChargesByKey() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.chargesByKeyLocked()
+	return chargesByKey(s.chargesLocked())
 }
 
-func (s *Simulator) chargesByKeyLocked() map[string]int {
-	m := make(map[string]int, len(s.charges))
-	for _, c := range s.charges {
+func chargesByKey(charges []SimCharge) map[string]int {
+	m := make(map[string]int, len(charges))
+	for _, c := range charges {
 		m[c.MerchantID+":"+c.IdempotencyKey]++
 	}
 	return m
@@ -369,9 +499,10 @@ func (s *Simulator) Declines() int {
 func (s *Simulator) Ledger() SimLedger {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	charges := s.chargesLocked()
 	return SimLedger{
-		Charges:      slices.Clone(s.charges),
-		ChargesByKey: s.chargesByKeyLocked(),
+		Charges:      charges,
+		ChargesByKey: chargesByKey(charges),
 		Declines:     s.declines,
 	}
 }
@@ -381,8 +512,17 @@ func (s *Simulator) serveLedger(w http.ResponseWriter, _ *http.Request) {
 	if l.Charges == nil {
 		l.Charges = []SimCharge{}
 	}
-	writeSimJSON(w, http.StatusOK, l)
+	body, err := json.Marshal(l)
+	if err != nil {
+		// Only strings, numbers, times and maps of strings are marshalled.
+		panic("provider: simulator: encode ledger: " + err.Error())
+	}
+	writeSimRaw(w, http.StatusOK, body)
 }
+
+// The shared core: everything below up to the HTTP handlers is used by both
+// the handlers and SimClient, in the same order, so that both see one fault
+// sequence, one key store and one set of intents.
 
 // roll is the fate of one request, decided when it arrives.
 type roll struct {
@@ -392,7 +532,10 @@ type roll struct {
 	requestID              string
 }
 
-func (s *Simulator) roll() roll {
+// roll draws a request's fate. Every request draws the same numbers whether
+// or not it wants the Request-Id (withID), so one seed gives one sequence of
+// fates and ids whichever way requests arrive.
+func (s *Simulator) roll(withID bool) roll {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f := s.faults
@@ -407,9 +550,445 @@ func (s *Simulator) roll() roll {
 	r.r429 = s.rng.Float64() < f.Rate429
 	r.r5xx = s.rng.Float64() < f.Rate5xx
 	r.dropAfter = s.rng.Float64() < f.RateDropAfterCharge
-	r.requestID = "req_" + s.randIDLocked(14)
+	if withID {
+		r.requestID = "req_" + s.randIDLocked(14)
+	} else {
+		for range 14 {
+			s.rng.IntN(len(idAlphabet))
+		}
+	}
 	return r
 }
+
+// sleepCtx waits d, or until ctx ends, which it reports with ctx's cause (as
+// net/http reports a request whose context ended).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		t.Stop()
+		return context.Cause(ctx)
+	}
+}
+
+// admit applies the rest of a request's fate once its latency has passed:
+// drop when the connection is to be closed before anything is processed, or
+// the reply (401, 429, 500) that answers it unprocessed; neither lets the
+// request through. account is "" when the request carries no API key.
+func (s *Simulator) admit(fate roll, account, method, path string) (reply *simReply, drop bool) {
+	switch {
+	case fate.failBefore:
+		s.fault("fail_before_charge", method, path)
+		return nil, true
+	case account == "":
+		return simReplyUnauthorized, false
+	case fate.r429:
+		s.fault("rate_limit", method, path)
+		return simReplyRateLimited, false
+	case fate.r5xx:
+		s.fault("api_error", method, path)
+		return simReplyServerError, false
+	}
+	return nil, false
+}
+
+func (s *Simulator) fault(kind, method, path string) {
+	s.log.Info("fault injected", "fault", kind, "method", method, "path", path)
+}
+
+// createParams are the validated parameters of POST /v1/payment_intents.
+type createParams struct {
+	amount         int64
+	currency       string
+	paymentMethod  string
+	confirm        bool
+	description    string
+	hasDescription bool
+	metadata       []simMeta // sorted by key; process takes it over
+	methodTypes    []string  // sorted; process takes it over
+}
+
+func invalidParam(param, code, msg string) *simError {
+	return &simError{Type: "invalid_request_error", Code: code, Param: param, Message: msg}
+}
+
+// The checks below are shared by parseCreate and the client, which call them
+// in the order parseCreate does.
+
+func checkAmount(n int64) *simError {
+	if n <= 0 {
+		return invalidParam("amount", "parameter_invalid_integer", "This value must be greater than or equal to 1.")
+	}
+	return nil
+}
+
+func checkCurrency(c string) *simError {
+	if c == "" {
+		return invalidParam("currency", "parameter_missing", "Missing required param: currency.")
+	}
+	if !isCurrency(c) {
+		return invalidParam("currency", "parameter_invalid_string", "Invalid currency: "+c+".")
+	}
+	return nil
+}
+
+func checkPaymentMethod(pm string, confirm bool) *simError {
+	switch {
+	case pm == "" && confirm:
+		return invalidParam("payment_method", "parameter_missing", "Missing required param: payment_method.")
+	case pm != "" && !strings.HasPrefix(pm, "pm_"):
+		return invalidParam("payment_method", "resource_missing", "No such PaymentMethod: '"+pm+"'")
+	}
+	return nil
+}
+
+func parseCreate(form url.Values) (createParams, *simError) {
+	var p createParams
+	a := form.Get("amount")
+	if a == "" {
+		return p, invalidParam("amount", "parameter_missing", "Missing required param: amount.")
+	}
+	n, err := strconv.ParseInt(a, 10, 64)
+	if err != nil {
+		return p, invalidParam("amount", "parameter_invalid_integer", "Invalid integer: "+a)
+	}
+	if e := checkAmount(n); e != nil {
+		return p, e
+	}
+	p.amount = n
+	p.currency = form.Get("currency")
+	if e := checkCurrency(p.currency); e != nil {
+		return p, e
+	}
+	switch c := form.Get("confirm"); c {
+	case "", "false":
+	case "true":
+		p.confirm = true
+	default:
+		return p, invalidParam("confirm", "parameter_invalid_boolean", "Invalid boolean: "+c)
+	}
+	p.paymentMethod = form.Get("payment_method")
+	if e := checkPaymentMethod(p.paymentMethod, p.confirm); e != nil {
+		return p, e
+	}
+	if form.Has("description") {
+		p.description, p.hasDescription = form.Get("description"), true
+	}
+	entries := 0
+	for k := range form {
+		if isMetadataParam(k) {
+			entries++
+		}
+	}
+	p.metadata = make([]simMeta, 0, entries)
+	for k, vs := range form {
+		switch {
+		case isMetadataParam(k):
+			p.metadata = append(p.metadata, simMeta{k[len("metadata[") : len(k)-1], vs[0]})
+		case strings.HasPrefix(k, "payment_method_types["):
+			p.methodTypes = append(p.methodTypes, vs...)
+		}
+	}
+	slices.SortFunc(p.metadata, cmpMetaKey)
+	slices.Sort(p.methodTypes)
+	if len(p.methodTypes) == 0 {
+		p.methodTypes = simCardOnly
+	}
+	return p, nil
+}
+
+func isMetadataParam(k string) bool {
+	return strings.HasPrefix(k, "metadata[") && strings.HasSuffix(k, "]")
+}
+
+func isCurrency(c string) bool {
+	if len(c) != 3 {
+		return false
+	}
+	for i := range len(c) {
+		if c[i] < 'a' || c[i] > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// createResult is what the key store made of a create.
+type createResult uint8
+
+const (
+	// createFresh: processed now (charged, declined or left unconfirmed).
+	createFresh createResult = iota
+	// createReplayed: answered from the key's first request.
+	createReplayed
+	// createMismatch: the key was first used with other parameters.
+	createMismatch
+	// createInFlight: the key's first request is still being processed.
+	createInFlight
+)
+
+// create runs a validated create for account under idempotency key ("" for
+// none); params is the digest of the request's canonical form, compared with
+// the one the key was first used with. It returns the intent that answers a
+// fresh or replayed create.
+func (s *Simulator) create(account, key string, params [sha256.Size]byte, p *createParams) (createResult, *simIntent) {
+	now := s.now()
+	if key == "" {
+		return createFresh, s.process(account, "", now, p)
+	}
+	id := simKeyID{account, key}
+	s.mu.Lock()
+	e, ok := s.keys[id]
+	if ok && !e.inFlight && now.Sub(e.created) >= s.keyTTL {
+		delete(s.keys, id)
+		ok = false
+	}
+	switch {
+	case !ok:
+		// Copies, so the key store holds on to no request's memory.
+		id = simKeyID{s.internLocked(account), strings.Clone(key)}
+		s.keys[id] = simKey{params: params, created: now, inFlight: true}
+		s.sweepLocked(now)
+	case e.params != params:
+		s.mu.Unlock()
+		return createMismatch, nil
+	case e.inFlight:
+		s.mu.Unlock()
+		return createInFlight, nil
+	default:
+		s.mu.Unlock()
+		return createReplayed, e.intent
+	}
+	s.mu.Unlock()
+
+	done := false
+	defer func() {
+		if !done {
+			// OnCharge panicked: forget the key rather than hold it forever.
+			s.mu.Lock()
+			delete(s.keys, id)
+			s.mu.Unlock()
+		}
+	}()
+	in := s.process(id.account, id.key, now, p)
+	s.mu.Lock()
+	s.keys[id] = simKey{params: params, created: now, intent: in}
+	s.mu.Unlock()
+	done = true
+	return createFresh, in
+}
+
+// internLocked returns the one copy of account the simulator keeps.
+func (s *Simulator) internLocked(account string) string {
+	if a, ok := s.accounts[account]; ok {
+		return a
+	}
+	a := strings.Clone(account)
+	s.accounts[a] = a
+	return a
+}
+
+// sweepLocked forgets expired keys now and then, so a long-running simulator
+// does not keep every key forever. now is when the latest key was created.
+func (s *Simulator) sweepLocked(now time.Time) {
+	if exp := now.Add(s.keyTTL); s.keysExpire.IsZero() || exp.Before(s.keysExpire) {
+		s.keysExpire = exp
+	}
+	s.inserts++
+	if s.inserts%1024 != 0 || now.Before(s.keysExpire) {
+		return
+	}
+	var next time.Time
+	for k, e := range s.keys {
+		if !e.inFlight && now.Sub(e.created) >= s.keyTTL {
+			delete(s.keys, k)
+			continue
+		}
+		if exp := e.created.Add(s.keyTTL); next.IsZero() || exp.Before(next) {
+			next = exp
+		}
+	}
+	s.keysExpire = next
+}
+
+// intentIDLen is the length of "pi_" and "ch_" ids.
+const intentIDLen = 3 + 24
+
+// process performs a create at now: it charges or declines and records the
+// intent. It takes over p's metadata and methodTypes, and keeps key as it is
+// (create passes its own copy).
+func (s *Simulator) process(account, key string, now time.Time, p *createParams) *simIntent {
+	d := declineFor(p.paymentMethod)
+	in := &simIntent{
+		providerKey:    key,
+		amount:         p.amount,
+		hasDescription: p.hasDescription,
+		created:        now,
+		metadata:       p.metadata,
+		methodTypes:    p.methodTypes,
+	}
+	switch {
+	case !p.confirm:
+		in.status = simRequiresConfirmation
+	case d != nil:
+		in.status = simRequiresPaymentMethod
+		in.decline = d
+	default:
+		in.status = simSucceeded
+	}
+	keepPM := in.decline == nil
+	// Every string the intent keeps is copied into one allocation: fewer
+	// objects, and none of the request's memory retained.
+	size := intentIDLen + len(p.currency) + len(p.description)
+	if in.status == simSucceeded {
+		size += intentIDLen
+	}
+	if keepPM {
+		size += len(p.paymentMethod)
+	}
+	for _, m := range in.metadata {
+		size += len(m.key) + len(m.value)
+	}
+	shared := slices.Equal(in.methodTypes, simCardOnly)
+	if shared {
+		in.methodTypes = simCardOnly
+	} else {
+		for _, t := range in.methodTypes {
+			size += len(t)
+		}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	b.WriteString(p.currency)
+	b.WriteString(p.description)
+	if keepPM {
+		b.WriteString(p.paymentMethod)
+	}
+	for _, m := range in.metadata {
+		b.WriteString(m.key)
+		b.WriteString(m.value)
+	}
+	if !shared {
+		for _, t := range in.methodTypes {
+			b.WriteString(t)
+		}
+	}
+
+	s.mu.Lock()
+	b.WriteString("pi_")
+	s.writeRandIDLocked(&b, 24)
+	if in.status == simSucceeded {
+		b.WriteString("ch_")
+		s.writeRandIDLocked(&b, 24)
+	}
+	a := arena(b.String())
+	in.currency = a.cut(len(p.currency))
+	in.description = a.cut(len(p.description))
+	if keepPM {
+		in.paymentMethod = a.cut(len(p.paymentMethod))
+	}
+	for i, m := range in.metadata {
+		in.metadata[i] = simMeta{a.cut(len(m.key)), a.cut(len(m.value))}
+	}
+	if !shared {
+		for i, t := range in.methodTypes {
+			in.methodTypes[i] = a.cut(len(t))
+		}
+	}
+	in.id = a.cut(intentIDLen)
+	if in.status == simSucceeded {
+		in.latestCharge = a.cut(intentIDLen)
+	}
+	in.account = s.internLocked(account)
+	if in.decline != nil {
+		s.declines++
+	}
+	s.intents[in.id] = in
+	s.order = append(s.order, in)
+	s.mu.Unlock()
+	p.metadata, p.methodTypes = nil, nil
+
+	if in.status == simSucceeded && s.onCharge != nil {
+		s.onCharge(in.charge())
+	}
+	return in
+}
+
+// arena hands out consecutive pieces of one string.
+type arena string
+
+func (a *arena) cut(n int) string {
+	s := string((*a)[:n])
+	*a = (*a)[n:]
+	return s
+}
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+func (s *Simulator) randIDLocked(n int) string {
+	var b strings.Builder
+	b.Grow(n)
+	s.writeRandIDLocked(&b, n)
+	return b.String()
+}
+
+func (s *Simulator) writeRandIDLocked(b *strings.Builder, n int) {
+	for range n {
+		b.WriteByte(idAlphabet[s.rng.IntN(len(idAlphabet))])
+	}
+}
+
+// intent returns account's intent id, nil when there is none.
+func (s *Simulator) intent(account, id string) *simIntent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if in, ok := s.intents[id]; ok && in.account == account {
+		return in
+	}
+	return nil
+}
+
+// searchPage returns account's intents whose metadata match every clause,
+// newest first (like Stripe), leaving out the first offset and those younger
+// than the search lag, at most limit of them; more reports that others
+// follow.
+func (s *Simulator) searchPage(account string, clauses []SearchClause, offset, limit int) (page []*simIntent, more bool) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := len(s.order) - 1; i >= 0; i-- {
+		in := s.order[i]
+		if in.account != account || now.Sub(in.created) < s.searchLag || !matchClauses(in, clauses) {
+			continue
+		}
+		switch {
+		case offset > 0:
+			offset--
+		case len(page) == limit:
+			return page, true
+		default:
+			page = append(page, in)
+		}
+	}
+	return page, false
+}
+
+func matchClauses(in *simIntent, clauses []SearchClause) bool {
+	for _, c := range clauses {
+		v, ok := in.meta(c.Key)
+		if !ok || v != c.Value {
+			return false
+		}
+	}
+	return true
+}
+
+// The HTTP front end.
 
 // api wraps an endpoint with body parsing, latency, faults and auth.
 func (s *Simulator) api(h func(http.ResponseWriter, *http.Request, string, roll)) http.HandlerFunc {
@@ -418,53 +997,28 @@ func (s *Simulator) api(h func(http.ResponseWriter, *http.Request, string, roll)
 		// client that hangs up, and cancel r.Context().
 		r.Body = http.MaxBytesReader(w, r.Body, maxSimBody)
 		formErr := r.ParseForm()
-		fate := s.roll()
+		fate := s.roll(true)
 		w.Header().Set("Request-Id", fate.requestID)
-		if fate.delay > 0 {
-			t := time.NewTimer(fate.delay)
-			select {
-			case <-t.C:
-			case <-r.Context().Done():
-				t.Stop()
-				dropConn(w)
-				return
-			}
-		}
-		if fate.failBefore {
-			s.fault(r, "fail_before_charge")
+		if err := sleepCtx(r.Context(), fate.delay); err != nil {
 			dropConn(w)
 			return
 		}
-		account, ok := bearer(r)
-		if !ok {
-			writeSimError(w, http.StatusUnauthorized, &simError{Type: "authentication_error",
-				Message: "You did not provide an API key. Provide it in the Authorization header as a Bearer token."})
+		account, _ := bearer(r)
+		reply, drop := s.admit(fate, account, r.Method, r.URL.Path)
+		switch {
+		case drop:
+			dropConn(w)
 			return
-		}
-		if fate.r429 {
-			s.fault(r, "rate_limit")
-			w.Header().Set("Retry-After", "1")
-			writeSimError(w, http.StatusTooManyRequests, &simError{Type: "invalid_request_error", Code: "rate_limit",
-				Message: "Too many requests hit the API too quickly."})
+		case reply != nil:
+			writeSimReply(w, reply)
 			return
-		}
-		if fate.r5xx {
-			s.fault(r, "api_error")
-			writeSimError(w, http.StatusInternalServerError, &simError{Type: "api_error",
-				Message: "An unknown error occurred while processing your request."})
-			return
-		}
-		if formErr != nil {
+		case formErr != nil:
 			writeSimError(w, http.StatusBadRequest, &simError{Type: "invalid_request_error",
 				Message: "Invalid request body: " + formErr.Error()})
 			return
 		}
 		h(w, r, account, fate)
 	}
-}
-
-func (s *Simulator) fault(r *http.Request, kind string) {
-	s.log.Info("fault injected", "fault", kind, "method", r.Method, "path", r.URL.Path)
 }
 
 // bearer returns the API key of an "Authorization: Bearer <key>" header.
@@ -490,88 +1044,6 @@ func dropConn(w http.ResponseWriter) {
 	panic(http.ErrAbortHandler)
 }
 
-// createParams are the validated parameters of POST /v1/payment_intents.
-type createParams struct {
-	amount        int64
-	currency      string
-	paymentMethod string
-	confirm       bool
-	description   *string
-	metadata      map[string]string
-	methodTypes   []string
-}
-
-func parseCreate(form url.Values) (createParams, *simError) {
-	var p createParams
-	invalid := func(param, code, msg string) (createParams, *simError) {
-		return createParams{}, &simError{Type: "invalid_request_error", Code: code, Param: param, Message: msg}
-	}
-	switch a := form.Get("amount"); {
-	case a == "":
-		return invalid("amount", "parameter_missing", "Missing required param: amount.")
-	default:
-		n, err := strconv.ParseInt(a, 10, 64)
-		if err != nil {
-			return invalid("amount", "parameter_invalid_integer", "Invalid integer: "+a)
-		}
-		if n <= 0 {
-			return invalid("amount", "parameter_invalid_integer", "This value must be greater than or equal to 1.")
-		}
-		p.amount = n
-	}
-	p.currency = form.Get("currency")
-	if p.currency == "" {
-		return invalid("currency", "parameter_missing", "Missing required param: currency.")
-	}
-	if !isCurrency(p.currency) {
-		return invalid("currency", "parameter_invalid_string", "Invalid currency: "+p.currency+".")
-	}
-	switch c := form.Get("confirm"); c {
-	case "", "false":
-	case "true":
-		p.confirm = true
-	default:
-		return invalid("confirm", "parameter_invalid_boolean", "Invalid boolean: "+c)
-	}
-	p.paymentMethod = form.Get("payment_method")
-	switch {
-	case p.paymentMethod == "" && p.confirm:
-		return invalid("payment_method", "parameter_missing", "Missing required param: payment_method.")
-	case p.paymentMethod != "" && !strings.HasPrefix(p.paymentMethod, "pm_"):
-		return invalid("payment_method", "resource_missing", "No such PaymentMethod: '"+p.paymentMethod+"'")
-	}
-	if form.Has("description") {
-		d := form.Get("description")
-		p.description = &d
-	}
-	p.metadata = map[string]string{}
-	for k, vs := range form {
-		switch {
-		case strings.HasPrefix(k, "metadata[") && strings.HasSuffix(k, "]"):
-			p.metadata[k[len("metadata["):len(k)-1]] = vs[0]
-		case strings.HasPrefix(k, "payment_method_types["):
-			p.methodTypes = append(p.methodTypes, vs...)
-		}
-	}
-	slices.Sort(p.methodTypes)
-	if len(p.methodTypes) == 0 {
-		p.methodTypes = []string{"card"}
-	}
-	return p, nil
-}
-
-func isCurrency(c string) bool {
-	if len(c) != 3 {
-		return false
-	}
-	for i := range len(c) {
-		if c[i] < 'a' || c[i] > 'z' {
-			return false
-		}
-	}
-	return true
-}
-
 func (s *Simulator) createIntent(w http.ResponseWriter, r *http.Request, account string, fate roll) {
 	p, perr := parseCreate(r.PostForm)
 	if perr != nil {
@@ -581,190 +1053,44 @@ func (s *Simulator) createIntent(w http.ResponseWriter, r *http.Request, account
 		return
 	}
 	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
-	if key == "" {
-		status, body := s.process(account, "", p)
-		s.respond(w, r, fate, status, body, false)
-		return
+	var params [sha256.Size]byte
+	if key != "" {
+		w.Header().Set("Idempotency-Key", key)
+		// Encode sorts by name: a canonical form of what was sent.
+		params = sha256.Sum256([]byte(r.PostForm.Encode()))
 	}
-	w.Header().Set("Idempotency-Key", key)
-
-	scoped := account + "\x00" + key
-	params := r.PostForm.Encode() // sorted by name: a canonical form
-	now := s.now()
-	s.mu.Lock()
-	e := s.keys[scoped]
-	if e != nil && !e.inFlight && now.Sub(e.created) >= s.keyTTL {
-		delete(s.keys, scoped)
-		e = nil
-	}
-	switch {
-	case e == nil:
-		e = &simKey{params: params, created: now, inFlight: true}
-		s.keys[scoped] = e
-		s.sweepLocked(now)
-	case e.params != params:
-		s.mu.Unlock()
-		writeSimError(w, http.StatusBadRequest, &simError{Type: "idempotency_error",
-			Message: "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '" + key + "' if you meant to execute a different request."})
-		return
-	case e.inFlight:
-		s.mu.Unlock()
-		writeSimError(w, http.StatusConflict, &simError{Type: "invalid_request_error", Code: "idempotency_key_in_use",
-			Message: "There is currently another in-progress request using this Stripe token (probably the same request). Try again later."})
-		return
+	res, in := s.create(account, key, params, &p)
+	switch res {
+	case createMismatch:
+		writeSimReply(w, mismatchReply(key))
+	case createInFlight:
+		writeSimReply(w, simReplyKeyInUse)
 	default:
-		status, body := e.status, e.body
-		s.mu.Unlock()
-		s.respond(w, r, fate, status, body, true)
-		return
-	}
-	s.mu.Unlock()
-
-	done := false
-	defer func() {
-		if !done {
-			// OnCharge panicked: forget the key rather than hold it forever.
-			s.mu.Lock()
-			delete(s.keys, scoped)
-			s.mu.Unlock()
+		if fate.dropAfter {
+			s.fault("drop_after_charge", r.Method, r.URL.Path)
+			dropConn(w)
+			return
 		}
-	}()
-	status, body := s.process(account, key, p)
-	s.mu.Lock()
-	e.status, e.body, e.inFlight = status, body, false
-	s.mu.Unlock()
-	done = true
-	s.respond(w, r, fate, status, body, false)
-}
-
-// sweepLocked forgets expired keys now and then, so a long-running simulator
-// does not keep every key forever.
-func (s *Simulator) sweepLocked(now time.Time) {
-	s.inserts++
-	if s.inserts%1024 != 0 {
-		return
-	}
-	for k, e := range s.keys {
-		if !e.inFlight && now.Sub(e.created) >= s.keyTTL {
-			delete(s.keys, k)
+		if res == createReplayed {
+			w.Header().Set("Idempotent-Replayed", "true")
 		}
+		writeSimRendered(w, in.httpStatus(), func(b []byte) []byte { return appendCreateAnswer(b, in) })
 	}
-}
-
-// respond writes a charge response, or drops the connection after the work
-// is done when the request's fate says so.
-func (s *Simulator) respond(w http.ResponseWriter, r *http.Request, fate roll, status int, body []byte, replayed bool) {
-	if fate.dropAfter {
-		s.fault(r, "drop_after_charge")
-		dropConn(w)
-		return
-	}
-	if replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
-	}
-	writeSimRaw(w, status, body)
-}
-
-// process performs a create: it charges or declines and records the intent.
-func (s *Simulator) process(account, key string, p createParams) (int, []byte) {
-	now := s.now()
-	s.mu.Lock()
-	in := &simIntent{
-		ID:                 "pi_" + s.randIDLocked(24),
-		Object:             "payment_intent",
-		Amount:             p.amount,
-		CaptureMethod:      "automatic",
-		ConfirmationMethod: "automatic",
-		Created:            now.Unix(),
-		Currency:           p.currency,
-		Description:        p.description,
-		Metadata:           p.metadata,
-		PaymentMethodTypes: p.methodTypes,
-		account:            account,
-		created:            now,
-	}
-	if p.paymentMethod != "" {
-		pm := p.paymentMethod
-		in.PaymentMethod = &pm
-	}
-	var (
-		status  = http.StatusOK
-		charged bool
-		charge  SimCharge
-		decline *simError
-	)
-	d, declined := declineFor(p.paymentMethod)
-	switch {
-	case !p.confirm:
-		in.Status = "requires_confirmation"
-	case declined:
-		in.Status = "requires_payment_method"
-		in.PaymentMethod = nil
-		in.LastPaymentError = &simError{Type: "card_error", Code: d.code, DeclineCode: d.declineCode, Message: d.message}
-		decline = &simError{Type: "card_error", Code: d.code, DeclineCode: d.declineCode, Message: d.message, PaymentIntent: in}
-		status = http.StatusPaymentRequired
-		s.declines++
-	default:
-		in.Status = "succeeded"
-		in.AmountReceived = p.amount
-		ch := "ch_" + s.randIDLocked(24)
-		in.LatestCharge = &ch
-		charged = true
-		charge = SimCharge{
-			ID:             in.ID,
-			ProviderKey:    key,
-			MerchantID:     p.metadata[MetadataMerchantID],
-			IdempotencyKey: p.metadata[MetadataIdempotencyKey],
-			Amount:         p.amount,
-			Currency:       p.currency,
-			Status:         in.Status,
-			Created:        now,
-		}
-		s.charges = append(s.charges, charge)
-	}
-	s.intents[in.ID] = in
-	s.order = append(s.order, in)
-	var body []byte
-	if decline != nil {
-		body = mustJSON(struct {
-			Error *simError `json:"error"`
-		}{decline})
-	} else {
-		body = mustJSON(in)
-	}
-	s.mu.Unlock()
-
-	if charged && s.onCharge != nil {
-		s.onCharge(charge)
-	}
-	return status, body
-}
-
-const idAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-
-func (s *Simulator) randIDLocked(n int) string {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = idAlphabet[s.rng.IntN(len(idAlphabet))]
-	}
-	return string(b)
 }
 
 func (s *Simulator) retrieveIntent(w http.ResponseWriter, r *http.Request, account string, _ roll) {
 	id := r.PathValue("id")
-	s.mu.Lock()
-	in, ok := s.intents[id]
-	var body []byte
-	if ok && in.account == account {
-		body = mustJSON(in)
-	}
-	s.mu.Unlock()
-	if body == nil {
-		writeSimError(w, http.StatusNotFound, &simError{Type: "invalid_request_error", Code: "resource_missing",
-			Param: "intent", Message: "No such payment_intent: '" + id + "'"})
+	in := s.intent(account, id)
+	if in == nil {
+		writeSimReply(w, missingIntentReply(id))
 		return
 	}
-	writeSimRaw(w, http.StatusOK, body)
+	writeSimRendered(w, http.StatusOK, func(b []byte) []byte { return appendIntentJSON(b, in) })
+}
+
+func missingIntentReply(id string) *simReply {
+	return simReplyFor(http.StatusNotFound, &simError{Type: "invalid_request_error", Code: "resource_missing",
+		Param: "intent", Message: "No such payment_intent: '" + id + "'"})
 }
 
 // searchPagePrefix marks the simulator's opaque page tokens.
@@ -773,16 +1099,15 @@ const searchPagePrefix = "simpage_"
 func (s *Simulator) searchIntents(w http.ResponseWriter, r *http.Request, account string, _ roll) {
 	clauses, err := ParseSearchQuery(r.Form.Get("query"))
 	if err != nil {
-		writeSimError(w, http.StatusBadRequest, &simError{Type: "invalid_request_error", Code: "parameter_invalid_string",
-			Param: "query", Message: err.Error()})
+		writeSimReply(w, badQueryReply(err))
 		return
 	}
 	limit := 10
 	if l := r.Form.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 || n > 100 {
-			writeSimError(w, http.StatusBadRequest, &simError{Type: "invalid_request_error", Code: "parameter_invalid_integer",
-				Param: "limit", Message: "limit must be an integer between 1 and 100."})
+			writeSimError(w, http.StatusBadRequest, invalidParam("limit", "parameter_invalid_integer",
+				"limit must be an integer between 1 and 100."))
 			return
 		}
 		limit = n
@@ -797,46 +1122,39 @@ func (s *Simulator) searchIntents(w http.ResponseWriter, r *http.Request, accoun
 		}
 		offset = n
 	}
-
-	now := s.now()
-	s.mu.Lock()
-	var matched []json.RawMessage
-	for i := len(s.order) - 1; i >= 0; i-- { // newest first, like Stripe
-		in := s.order[i]
-		if in.account != account || now.Sub(in.created) < s.searchLag || !matchClauses(in, clauses) {
-			continue
-		}
-		matched = append(matched, mustJSON(in))
-	}
-	s.mu.Unlock()
-
-	page := struct {
-		Object   string            `json:"object"`
-		Data     []json.RawMessage `json:"data"`
-		HasMore  bool              `json:"has_more"`
-		NextPage *string           `json:"next_page"`
-		URL      string            `json:"url"`
-	}{Object: "search_result", Data: []json.RawMessage{}, URL: "/v1/payment_intents/search"}
-	if offset < len(matched) {
-		end := min(offset+limit, len(matched))
-		page.Data = matched[offset:end]
-		if end < len(matched) {
-			page.HasMore = true
-			next := searchPagePrefix + strconv.Itoa(end)
-			page.NextPage = &next
-		}
-	}
-	writeSimJSON(w, http.StatusOK, page)
+	page, more := s.searchPage(account, clauses, offset, limit)
+	writeSimRendered(w, http.StatusOK, func(b []byte) []byte { return appendSearchPage(b, page, more, offset) })
 }
 
-func matchClauses(in *simIntent, clauses []SearchClause) bool {
-	for _, c := range clauses {
-		v, ok := in.Metadata[c.Key]
-		if !ok || v != c.Value {
-			return false
-		}
+func badQueryReply(err error) *simReply {
+	return simReplyFor(http.StatusBadRequest, invalidParam("query", "parameter_invalid_string", err.Error()))
+}
+
+func writeSimReply(w http.ResponseWriter, r *simReply) {
+	if r.retryAfter != "" {
+		w.Header().Set("Retry-After", r.retryAfter)
 	}
-	return true
+	writeSimError(w, r.status, r.err)
+}
+
+func writeSimError(w http.ResponseWriter, status int, e *simError) {
+	writeSimRendered(w, status, func(b []byte) []byte { return appendErrorJSON(b, e, nil) })
+}
+
+// writeSimRendered writes the JSON body render appends, rendered into a
+// recycled buffer (Write does not keep it).
+func writeSimRendered(w http.ResponseWriter, status int, render func([]byte) []byte) {
+	bp := simBufs.Get().(*[]byte)
+	*bp = render((*bp)[:0])
+	writeSimRaw(w, status, *bp)
+	putSimBuf(bp)
+}
+
+func writeSimRaw(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
 }
 
 // SearchClause is one metadata['key']:'value' term of a search query.
@@ -956,30 +1274,4 @@ func (p *queryParser) quoted() (string, error) {
 		}
 	}
 	return "", p.errorf("unterminated string")
-}
-
-func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		// Only strings, numbers and maps of strings are marshalled here.
-		panic("provider: simulator: encode response: " + err.Error())
-	}
-	return b
-}
-
-func writeSimError(w http.ResponseWriter, status int, e *simError) {
-	writeSimJSON(w, status, struct {
-		Error *simError `json:"error"`
-	}{e})
-}
-
-func writeSimJSON(w http.ResponseWriter, status int, v any) {
-	writeSimRaw(w, status, mustJSON(v))
-}
-
-func writeSimRaw(w http.ResponseWriter, status int, body []byte) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(status)
-	_, _ = w.Write(body)
 }

@@ -122,21 +122,7 @@ func (s *Stripe) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 
-	params := &stripe.PaymentIntentCreateParams{
-		Amount:        stripe.Int64(req.Amount),
-		Currency:      stripe.String(req.Currency),
-		PaymentMethod: stripe.String(req.PaymentMethod),
-		// A card-only intent confirms server-side without a return_url.
-		PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
-		Confirm:            stripe.Bool(true),
-		Metadata:           req.chargeMetadata(),
-	}
-	if req.Description != "" {
-		params.Description = stripe.String(req.Description)
-	}
-	params.SetIdempotencyKey(req.ProviderKey)
-
-	pi, err := s.client.V1PaymentIntents.Create(ctx, params)
+	pi, err := s.client.V1PaymentIntents.Create(ctx, stripeCreateParams(req))
 	if err != nil {
 		return s.chargeError(err)
 	}
@@ -152,56 +138,133 @@ func (s *Stripe) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error
 	return out, nil
 }
 
+// stripeCreateParams is the PaymentIntent create the adapter sends for req.
+// SimClient computes the canonical form of the same parameters without
+// stripe-go (appendChargeForm); simclient_internal_test.go checks the two
+// agree.
+func stripeCreateParams(req ChargeRequest) *stripe.PaymentIntentCreateParams {
+	params := &stripe.PaymentIntentCreateParams{
+		Amount:        stripe.Int64(req.Amount),
+		Currency:      stripe.String(req.Currency),
+		PaymentMethod: stripe.String(req.PaymentMethod),
+		// A card-only intent confirms server-side without a return_url.
+		PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
+		Confirm:            stripe.Bool(true),
+		Metadata:           req.chargeMetadata(),
+	}
+	if req.Description != "" {
+		params.Description = stripe.String(req.Description)
+	}
+	params.SetIdempotencyKey(req.ProviderKey)
+	return params
+}
+
 // chargeError turns a failed Create into a declined Outcome or an *Error.
 func (s *Stripe) chargeError(err error) (*Outcome, error) {
 	var se *stripe.Error
 	if !errors.As(err, &se) {
-		return nil, &Error{Class: Classify(0, "", "", err), Err: err}
+		return nil, transportError(err)
 	}
-	raw, hdr := lastResponse(se.LastResponse)
-	class := Classify(se.HTTPStatusCode, string(se.Type), string(se.Code), nil)
-	if class != ClassDeclined {
-		return nil, s.apiError(class, se, hdr)
-	}
-	out := &Outcome{
-		Declined:    true,
-		DeclineCode: firstNonEmpty(string(se.DeclineCode), string(se.Code), string(se.Type)),
-		HTTPStatus:  se.HTTPStatusCode,
-		Response:    raw,
-		Replayed:    replayed(hdr),
-	}
-	if pi := se.PaymentIntent; pi != nil {
-		out.ChargeID = pi.ID
-		out.Status = string(pi.Status)
-	}
-	return out, nil
+	f := stripeFailure(se)
+	return f.charge(s.now())
 }
 
-func (s *Stripe) apiError(class Class, se *stripe.Error, hdr http.Header) *Error {
-	return &Error{
-		Class:      class,
-		HTTPStatus: se.HTTPStatusCode,
-		Type:       string(se.Type),
-		Code:       string(se.Code),
-		Message:    se.Msg,
-		RetryAfter: parseRetryAfter(hdr.Get("Retry-After"), s.now()),
-	}
-}
-
-// lookupError maps a failed retrieve or search to an *Error. A lookup cannot
-// be declined, so a 4xx the charge path would call definitive means "could not
-// tell" here.
+// lookupError maps a failed retrieve or search to an *Error.
 func (s *Stripe) lookupError(err error) error {
 	var se *stripe.Error
 	if !errors.As(err, &se) {
-		return &Error{Class: Classify(0, "", "", err), Err: err}
+		return transportError(err)
 	}
-	_, hdr := lastResponse(se.LastResponse)
-	class := Classify(se.HTTPStatusCode, string(se.Type), string(se.Code), nil)
+	f := stripeFailure(se)
+	return f.lookup(s.now())
+}
+
+// stripeFailure reads the answer of a failed stripe-go call.
+func stripeFailure(se *stripe.Error) apiFailure {
+	raw, hdr := lastResponse(se.LastResponse)
+	f := apiFailure{
+		status:      se.HTTPStatusCode,
+		typ:         string(se.Type),
+		code:        string(se.Code),
+		declineCode: string(se.DeclineCode),
+		message:     se.Msg,
+		retryAfter:  hdr.Get("Retry-After"),
+		replayed:    replayed(hdr),
+		body:        raw,
+	}
+	if pi := se.PaymentIntent; pi != nil {
+		f.chargeID = pi.ID
+		f.chargeStatus = string(pi.Status)
+	}
+	return f
+}
+
+// apiFailure is an error answer from a Stripe-compatible API, as the Stripe
+// adapter and SimClient both read it; its methods are the one mapping of such
+// answers to what Charge and Lookup return.
+type apiFailure struct {
+	status                          int
+	typ, code, declineCode, message string
+	// retryAfter is the Retry-After header, "" when none.
+	retryAfter string
+	// replayed is the Idempotent-Replayed header.
+	replayed bool
+	// body is the answer's body; charge needs it only for a decline.
+	body json.RawMessage
+	// chargeID and chargeStatus are those of the payment intent the error
+	// carries, if any.
+	chargeID, chargeStatus string
+}
+
+func (f *apiFailure) class() Class { return Classify(f.status, f.typ, f.code, nil) }
+
+// charge is Charge's answer: a declined Outcome when the provider refused the
+// charge for good (402, or 400 on the parameters), else an *Error.
+func (f *apiFailure) charge(now time.Time) (*Outcome, error) {
+	class := f.class()
+	if class != ClassDeclined {
+		return nil, f.error(class, now)
+	}
+	return &Outcome{
+		ChargeID:    f.chargeID,
+		Status:      f.chargeStatus,
+		Declined:    true,
+		DeclineCode: firstNonEmpty(f.declineCode, f.code, f.typ),
+		HTTPStatus:  f.status,
+		Response:    f.body,
+		Replayed:    f.replayed,
+	}, nil
+}
+
+// lookup is Lookup's error. A lookup cannot be declined, so a 4xx the charge
+// path would call definitive means "could not tell" here.
+func (f *apiFailure) lookup(now time.Time) *Error {
+	class := f.class()
 	if class != ClassRetryable {
 		class = ClassUnknown
 	}
-	return s.apiError(class, se, hdr)
+	return f.error(class, now)
+}
+
+func (f *apiFailure) error(class Class, now time.Time) *Error {
+	return &Error{
+		Class:      class,
+		HTTPStatus: f.status,
+		Type:       f.typ,
+		Code:       f.code,
+		Message:    f.message,
+		RetryAfter: parseRetryAfter(f.retryAfter, now),
+	}
+}
+
+// resourceMissing reports a 404: retrieve found no such object.
+func (f *apiFailure) resourceMissing() bool {
+	return f.status == http.StatusNotFound || f.code == string(stripe.ErrorCodeResourceMissing)
+}
+
+// transportError is the *Error for a call that got no answer.
+func transportError(err error) *Error {
+	return &Error{Class: Classify(0, "", "", err), Err: err}
 }
 
 // Lookup finds what Stripe has under the key without charging: it retrieves
@@ -233,7 +296,7 @@ func (s *Stripe) Lookup(ctx context.Context, req LookupRequest) (LookupResult, e
 
 	params := &stripe.PaymentIntentSearchParams{}
 	params.Query = SearchQuery(req.MerchantID, req.IdempotencyKey)
-	params.Limit = stripe.Int64(100)
+	params.Limit = stripe.Int64(searchLimit)
 	var charged, declined []*Outcome
 	var processing []string
 	for pi, err := range s.client.V1PaymentIntents.Search(ctx, params) {
@@ -256,6 +319,12 @@ func (s *Stripe) Lookup(ctx context.Context, req LookupRequest) (LookupResult, e
 			charged = append(charged, out)
 		}
 	}
+	return searchVerdict(charged, declined, processing)
+}
+
+// searchVerdict is Lookup's answer from what a search found under one key,
+// newest first: charges, declines and the ids of intents still processing.
+func searchVerdict(charged, declined []*Outcome, processing []string) (LookupResult, error) {
 	switch {
 	case len(charged)+len(processing) > 1 && len(charged) > 0:
 		ids := append(outcomeIDs(charged), processing...)
@@ -378,7 +447,11 @@ func checkProviderKey(k string) error {
 
 func isResourceMissing(err error) bool {
 	var se *stripe.Error
-	return errors.As(err, &se) && (se.HTTPStatusCode == http.StatusNotFound || se.Code == stripe.ErrorCodeResourceMissing)
+	if !errors.As(err, &se) {
+		return false
+	}
+	f := stripeFailure(se)
+	return f.resourceMissing()
 }
 
 func lastResponse(r *stripe.APIResponse) (json.RawMessage, http.Header) {

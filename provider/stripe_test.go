@@ -31,9 +31,9 @@ func newStripe(t *testing.T, cfg provider.StripeConfig) *provider.Stripe {
 // adapter (stripe-go, real HTTP) against the in-process simulator.
 func TestStripeAgainstSimulator(t *testing.T) {
 	t.Parallel()
-	runProviderSuite(t, func(t *testing.T, baseURL string) provider.Provider {
+	runProviderSuite(t, func(t *testing.T, _ *provider.Simulator, baseURL string) provider.Provider {
 		return newStripe(t, provider.StripeConfig{APIBase: baseURL})
-	})
+	}, suiteCaps{transport: true})
 }
 
 func TestNewStripeValidatesConfig(t *testing.T) {

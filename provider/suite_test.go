@@ -16,11 +16,23 @@ import (
 	"github.com/paydedup/paydedup/provider"
 )
 
-// newProviderFunc builds the Provider under test, speaking to a
-// Stripe-compatible API at baseURL. The suite below runs against any
+// newProviderFunc builds the Provider under test for a scenario's simulator
+// sim, which is also served over HTTP at baseURL: an HTTP implementation uses
+// baseURL, SimClient uses sim. The suite below runs against any
 // implementation through it (watermill's TestPubSub style); the simulator is
-// the provider on the other end, and its ledger is the ground truth.
-type newProviderFunc func(t *testing.T, baseURL string) provider.Provider
+// the provider on the other end, and its ledger is the ground truth. sim is
+// nil when baseURL serves nothing (see suiteCaps.transport).
+type newProviderFunc func(t *testing.T, sim *provider.Simulator, baseURL string) provider.Provider
+
+// suiteCaps says which scenarios of the suite apply to an implementation.
+type suiteCaps struct {
+	// transport is set for an implementation that reaches the provider over
+	// a network, so that it must classify the network's own failures (a
+	// refused connection). SimClient has no connection to refuse; it stands
+	// in for the network failures a simulator injects, which the other
+	// scenarios cover.
+	transport bool
+}
 
 // suiteEnv is one scenario's simulator, server and provider.
 type suiteEnv struct {
@@ -37,7 +49,7 @@ func setupSuite(t *testing.T, newProvider newProviderFunc, cfg provider.SimConfi
 	sim := provider.NewSimulator(cfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	return &suiteEnv{sim: sim, url: srv.URL, p: newProvider(t, srv.URL)}
+	return &suiteEnv{sim: sim, url: srv.URL, p: newProvider(t, sim, srv.URL)}
 }
 
 func (e *suiteEnv) setFaults(t *testing.T, f provider.Faults) {
@@ -92,12 +104,14 @@ func wantCharges(t *testing.T, sim *provider.Simulator, key string, n int) {
 	}
 }
 
-// runProviderSuite is the behavioural suite every Provider must pass.
-func runProviderSuite(t *testing.T, newProvider newProviderFunc) {
-	tests := []struct {
+// runProviderSuite is the behavioural suite every Provider must pass, each
+// scenario that caps says applies to it.
+func runProviderSuite(t *testing.T, newProvider newProviderFunc, caps suiteCaps) {
+	type scenario struct {
 		name string
 		fn   func(t *testing.T, newProvider newProviderFunc)
-	}{
+	}
+	tests := []scenario{
 		{"Success", testSuccess},
 		{"ReplaySameKey", testReplaySameKey},
 		{"Mismatch", testMismatch},
@@ -108,7 +122,6 @@ func runProviderSuite(t *testing.T, newProvider newProviderFunc) {
 		{"FailBeforeCharge", testFailBeforeCharge},
 		{"ServerError", testServerError},
 		{"RateLimited", testRateLimited},
-		{"ConnectionRefused", testConnectionRefused},
 		{"ClientTimeout", testClientTimeout},
 		{"LookupCharge", testLookupCharge},
 		{"LookupDecline", testLookupDecline},
@@ -118,6 +131,9 @@ func runProviderSuite(t *testing.T, newProvider newProviderFunc) {
 		{"LookupMultipleCharges", testLookupMultipleCharges},
 		{"LookupQuotedKey", testLookupQuotedKey},
 		{"LookupSearchLag", testLookupSearchLag},
+	}
+	if caps.transport {
+		tests = append(tests, scenario{"ConnectionRefused", testConnectionRefused})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -355,7 +371,7 @@ func testConnectionRefused(t *testing.T, newProvider newProviderFunc) {
 	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
-	p := newProvider(t, "http://"+addr)
+	p := newProvider(t, nil, "http://"+addr)
 	_, err = p.Charge(context.Background(), chargeReq("k-refused"))
 	pe := wantClass(t, err, provider.ClassRetryable)
 	if pe.HTTPStatus != 0 || pe.Err == nil {

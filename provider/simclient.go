@@ -1,0 +1,461 @@
+package provider
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// SimClient is a Provider that calls a Simulator directly, without HTTP: no
+// stripe-go, form encoding, JSON parsing or connections, so that a benchmark
+// measures the service rather than the client library. Against the same
+// simulator it behaves as the Stripe adapter does over HTTP: the same
+// Outcomes (Response bytes included), the same *Error classes and fields, and
+// the same fault rolls, idempotency keys, accounts, key TTL, ledger and
+// OnCharge hook, shared with HTTP requests: a key first used over HTTP
+// replays to the client with the same account and parameters, and the
+// reverse.
+//
+// Where a network hides what happened, it stands in for it: a dropped
+// connection is a ClassUnknown *Error wrapping io.EOF, and the latency of
+// Faults is waited in the caller's goroutine and cut short by ctx or the
+// client's timeout. Unlike net/http on a reused keep-alive connection, it
+// never resends a request on its own. It is safe for concurrent use.
+type SimClient struct {
+	sim     *Simulator
+	account string
+	timeout time.Duration
+}
+
+var _ Provider = (*SimClient)(nil)
+
+// Client returns a SimClient for the account of apiKey, the key an HTTP
+// client would send as its Bearer token (StripeConfig.SecretKey); white space
+// around it is ignored, as the HTTP simulator ignores it. An empty key makes
+// every call fail as a request without an API key does (401, ClassRetryable).
+// Calls are bounded by DefaultStripeTimeout, like the adapter's by default.
+func (s *Simulator) Client(apiKey string) *SimClient {
+	account := strings.TrimSpace(apiKey)
+	if account != "" {
+		s.mu.Lock()
+		account = s.internLocked(account)
+		s.mu.Unlock()
+	}
+	return &SimClient{sim: s, account: account, timeout: DefaultStripeTimeout}
+}
+
+// WithTimeout returns a copy of c whose every Charge and Lookup is bounded by
+// d, as StripeConfig.Timeout bounds the adapter's; d <= 0 means
+// DefaultStripeTimeout.
+func (c *SimClient) WithTimeout(d time.Duration) *SimClient {
+	cc := *c
+	cc.timeout = d
+	if d <= 0 {
+		cc.timeout = DefaultStripeTimeout
+	}
+	return &cc
+}
+
+// errKeyHeader is what net/http answers, without sending anything, for an
+// Idempotency-Key that is not a valid header value.
+var errKeyHeader = errors.New(`net/http: invalid header field value for "Idempotency-Key"`)
+
+// Charge creates and confirms a PaymentIntent under req.ProviderKey, as
+// Stripe.Charge does: a decline (402 card_error, or 400 on the parameters) is
+// an Outcome with Declined set; every other failure is an *Error.
+func (c *SimClient) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error) {
+	if err := checkProviderKey(req.ProviderKey); err != nil {
+		return nil, err
+	}
+	if !validHeaderValue(req.ProviderKey) {
+		return nil, transportError(errKeyHeader)
+	}
+	start := time.Now()
+	s := c.sim
+	fate, reply, err := c.call(ctx, start, true, http.MethodPost, simPathCreate)
+	switch {
+	case err != nil:
+		return nil, transportError(err)
+	case reply != nil:
+		return c.chargeReply(reply)
+	}
+
+	p := chargeParams(req)
+	bp := simBufs.Get().(*[]byte)
+	form, bodyLen := appendChargeForm((*bp)[:0], &p)
+	params := sha256.Sum256(form)
+	*bp = form
+	putSimBuf(bp)
+	if bodyLen > maxSimBody {
+		return c.chargeReply(simReplyBodyTooLarge)
+	}
+	if e := p.checkCharge(); e != nil {
+		return c.chargeReply(simReplyFor(http.StatusBadRequest, e))
+	}
+	res, in := s.create(c.account, req.ProviderKey, params, &p)
+	// Only OnCharge blocks for long: without it, skip the clock.
+	if err := c.late(ctx, start, s.onCharge == nil); err != nil {
+		// The answer came after the deadline.
+		return nil, transportError(err)
+	}
+	switch res {
+	case createMismatch:
+		return c.chargeReply(mismatchReply(req.ProviderKey))
+	case createInFlight:
+		return c.chargeReply(simReplyKeyInUse)
+	}
+	if fate.dropAfter {
+		s.fault("drop_after_charge", http.MethodPost, simPathCreate)
+		return nil, transportError(errSimConnectionClosed)
+	}
+	out := in.outcome()
+	out.Replayed = res == createReplayed
+	return out, nil
+}
+
+// searchLimit is the page size of a lookup's search, the largest Stripe
+// allows.
+const searchLimit = 100
+
+// Lookup finds what the simulator has under the key without charging, as
+// Stripe.Lookup does: it retrieves req.ChargeID when given (falling back to
+// search if there is no such intent), else searches by metadata merchant_id
+// and idempotency_key, subject to the search lag. Each retrieve and each page
+// of search is one API request, rolled for faults like an HTTP GET.
+func (c *SimClient) Lookup(ctx context.Context, req LookupRequest) (LookupResult, error) {
+	start := time.Now()
+	if req.ChargeID != "" {
+		in, f, err := c.retrieve(ctx, start, true, req.ChargeID)
+		switch {
+		case err != nil:
+			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", transportError(err))
+		case f == nil:
+			return lookupByID(in, req)
+		case !f.resourceMissing():
+			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", f.lookup(time.Now()))
+		}
+	}
+	if req.MerchantID == "" || req.IdempotencyKey == "" {
+		return LookupResult{}, &Error{Class: ClassMismatch, Message: "lookup needs merchant id and idempotency key", Err: ErrInvalidRequest}
+	}
+
+	// The clauses of SearchQuery(req.MerchantID, req.IdempotencyKey), which
+	// ParseSearchQuery gives back exactly.
+	clauses := [...]SearchClause{
+		{Key: MetadataIdempotencyKey, Value: req.IdempotencyKey},
+		{Key: MetadataMerchantID, Value: req.MerchantID},
+	}
+	var charged, declined []*Outcome
+	for offset := 0; ; {
+		_, reply, err := c.call(ctx, start, offset == 0 && req.ChargeID == "", http.MethodGet, simPathSearch)
+		switch {
+		case err != nil:
+			return LookupResult{}, fmt.Errorf("search payment intents: %w", transportError(err))
+		case reply != nil:
+			f := reply.failure()
+			return LookupResult{}, fmt.Errorf("search payment intents: %w", f.lookup(time.Now()))
+		}
+		page, more := c.sim.searchPage(c.account, clauses[:], offset, searchLimit)
+		for _, in := range page {
+			// The simulator's intents never stay processing.
+			if out := in.outcome(); out.Declined {
+				declined = append(declined, out)
+			} else {
+				charged = append(charged, out)
+			}
+		}
+		if !more {
+			return searchVerdict(charged, declined, nil)
+		}
+		offset += len(page)
+	}
+}
+
+// call is the client's side of the HTTP handlers' api wrapper: the fate roll,
+// the latency and the faults that come before any processing. It returns the
+// fate of a request let through, or the reply (401, 429, 500) or transport
+// error that ended it. first marks the call's first request, sent at start.
+func (c *SimClient) call(ctx context.Context, start time.Time, first bool, method, path string) (roll, *simReply, error) {
+	if err := c.late(ctx, start, first); err != nil {
+		// net/http sends nothing once the request's context has ended.
+		return roll{}, nil, err
+	}
+	fate := c.sim.roll(false)
+	if err := c.sleep(ctx, start, fate.delay); err != nil {
+		return fate, nil, err
+	}
+	reply, drop := c.sim.admit(fate, c.account, method, path)
+	if drop {
+		return fate, nil, errSimConnectionClosed
+	}
+	return fate, reply, nil
+}
+
+// sleep waits a request's latency d, cut short by ctx or by the client's
+// timeout (counted from start), which then ends the call with
+// context.DeadlineExceeded as the adapter's timeout does.
+func (c *SimClient) sleep(ctx context.Context, start time.Time, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	left := c.timeout - time.Since(start)
+	if d < left {
+		return sleepCtx(ctx, d)
+	}
+	if err := sleepCtx(ctx, left); err != nil {
+		return err
+	}
+	return context.DeadlineExceeded
+}
+
+// late returns the error a call started at start meets once ctx or the
+// client's timeout has ended, else nil; early skips the timeout, known not to
+// have passed.
+func (c *SimClient) late(ctx context.Context, start time.Time, early bool) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if !early && time.Since(start) >= c.timeout {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// chargeReply is Charge's answer to an error reply.
+func (c *SimClient) chargeReply(r *simReply) (*Outcome, error) {
+	f := r.failure()
+	if f.class() == ClassDeclined {
+		f.body = renderSim(func(b []byte) []byte { return appendErrorJSON(b, r.err, nil) })
+	}
+	return f.charge(time.Now())
+}
+
+// failure is r as the adapters read an error answer. No error reply of the
+// simulator carries Idempotent-Replayed or an intent: a decline that made an
+// intent answers through simIntent.outcome.
+func (r *simReply) failure() apiFailure {
+	return apiFailure{
+		status:      r.status,
+		typ:         r.err.Type,
+		code:        r.err.Code,
+		declineCode: r.err.DeclineCode,
+		message:     r.err.Message,
+		retryAfter:  r.retryAfter,
+	}
+}
+
+// retrieve is GET /v1/payment_intents/{id}: the intent, or the failure the
+// adapter would read, or a transport error.
+func (c *SimClient) retrieve(ctx context.Context, start time.Time, first bool, id string) (*simIntent, *apiFailure, error) {
+	if id == "." || id == ".." {
+		// net/http's router redirects these paths to one no endpoint
+		// serves: a 404 that no fault is rolled for.
+		if err := c.late(ctx, start, first); err != nil {
+			return nil, nil, err
+		}
+		f := missingIntentReply(id).failure()
+		return nil, &f, nil
+	}
+	_, reply, err := c.call(ctx, start, first, http.MethodGet, simPathCreate+"/"+id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if reply == nil && id == "search" {
+		// The router serves this path as the search endpoint, which finds
+		// no query in the request.
+		_, qerr := ParseSearchQuery("")
+		reply = badQueryReply(qerr)
+	}
+	if reply == nil {
+		if in := c.sim.intent(c.account, id); in != nil {
+			return in, nil, nil
+		}
+		reply = missingIntentReply(id)
+	}
+	f := reply.failure()
+	return nil, &f, nil
+}
+
+// lookupByID is Stripe.lookupByID for a retrieved intent. The adapter
+// compares the metadata it decoded from JSON, in which each invalid UTF-8
+// byte became U+FFFD; afterJSON makes the same comparison.
+func lookupByID(in *simIntent, req LookupRequest) (LookupResult, error) {
+	key, _ := in.meta(MetadataIdempotencyKey)
+	merchant, _ := in.meta(MetadataMerchantID)
+	if (req.IdempotencyKey != "" && afterJSON(key) != req.IdempotencyKey) ||
+		(req.MerchantID != "" && afterJSON(merchant) != req.MerchantID) {
+		return LookupResult{}, &Error{Class: ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", in.id)}
+	}
+	return LookupResult{Found: true, Outcome: in.outcome()}, nil
+}
+
+// outcome is what the Stripe adapter makes of the intent in, whether it
+// arrives as a create's answer or from a lookup: a succeeded intent is a
+// charge; any other is a decline whose Response has the shape of Stripe's 402
+// error (for the simulator's declines, exactly the 402 body it sends).
+func (in *simIntent) outcome() *Outcome {
+	if in.status == simSucceeded {
+		return &Outcome{
+			ChargeID:   in.id,
+			Status:     in.status,
+			HTTPStatus: http.StatusOK,
+			Response:   renderSim(func(b []byte) []byte { return appendIntentJSON(b, in) }),
+		}
+	}
+	var e simError
+	code := in.status
+	if d := in.decline; d != nil {
+		e = d.cardError()
+		code = firstNonEmpty(d.declineCode, d.code, code)
+	} else {
+		// Stopped short of succeeding (requires_confirmation): declinedIntent's
+		// defaults.
+		e = simError{Type: "card_error", Message: "The payment intent is " + in.status + "."}
+	}
+	return &Outcome{
+		ChargeID:    in.id,
+		Status:      in.status,
+		Declined:    true,
+		DeclineCode: code,
+		HTTPStatus:  http.StatusPaymentRequired,
+		Response:    renderSim(func(b []byte) []byte { return appendErrorJSON(b, &e, in) }),
+	}
+}
+
+// chargeParams are the parameters the adapter sends for req, as parseCreate
+// would read them back.
+func chargeParams(req ChargeRequest) createParams {
+	md := make([]simMeta, 0, len(req.Metadata)+2)
+	for k, v := range req.Metadata {
+		if k != MetadataMerchantID && k != MetadataIdempotencyKey {
+			md = append(md, simMeta{k, v})
+		}
+	}
+	md = append(md, simMeta{MetadataMerchantID, req.MerchantID}, simMeta{MetadataIdempotencyKey, req.IdempotencyKey})
+	slices.SortFunc(md, cmpMetaKey)
+	return createParams{
+		amount:         req.Amount,
+		currency:       req.Currency,
+		paymentMethod:  req.PaymentMethod,
+		confirm:        true,
+		description:    req.Description,
+		hasDescription: req.Description != "",
+		metadata:       md,
+		methodTypes:    simCardOnly,
+	}
+}
+
+// checkCharge runs parseCreate's checks, in its order, on parameters that
+// chargeParams built: those a well-formed form can still fail.
+func (p *createParams) checkCharge() *simError {
+	if e := checkAmount(p.amount); e != nil {
+		return e
+	}
+	if e := checkCurrency(p.currency); e != nil {
+		return e
+	}
+	return checkPaymentMethod(p.paymentMethod, p.confirm)
+}
+
+// appendChargeForm appends the canonical form of the create the adapter sends
+// for p, built by chargeParams: what url.Values.Encode makes of the body the
+// HTTP handler parses (names sorted, query-escaped), so that its digest
+// matches the one an HTTP request of the adapter leaves under its key. It
+// also returns the length of that body as stripe-go sends it, which escapes
+// no bracket in a name, for the simulator's body limit.
+func appendChargeForm(b []byte, p *createParams) ([]byte, int) {
+	start := len(b)
+	brackets := 2 // payment_method_types[0]
+	b = append(b, "amount="...)
+	b = strconv.AppendInt(b, p.amount, 10)
+	b = append(b, "&confirm=true&currency="...)
+	b = appendQueryEscape(b, p.currency)
+	if p.hasDescription {
+		b = append(b, "&description="...)
+		b = appendQueryEscape(b, p.description)
+	}
+	md := p.metadata
+	if !slices.IsSortedFunc(md, cmpFormKey) {
+		md = slices.Clone(md)
+		slices.SortFunc(md, cmpFormKey)
+	}
+	for _, m := range md {
+		b = append(b, "&metadata%5B"...)
+		b = appendQueryEscape(b, m.key)
+		b = append(b, "%5D="...)
+		b = appendQueryEscape(b, m.value)
+		brackets += 2 + strings.Count(m.key, "[") + strings.Count(m.key, "]")
+	}
+	b = append(b, "&payment_method="...)
+	b = appendQueryEscape(b, p.paymentMethod)
+	b = append(b, "&payment_method_types%5B0%5D=card"...)
+	// Each bracket is three bytes escaped, one on the wire.
+	return b, len(b) - start - 2*brackets
+}
+
+// cmpFormKey orders metadata entries as their form names "metadata[key]"
+// sort, which is not always the order of the keys: "a1]" sorts before "a]".
+func cmpFormKey(a, b simMeta) int {
+	n := min(len(a.key), len(b.key))
+	if c := strings.Compare(a.key[:n], b.key[:n]); c != 0 {
+		return c
+	}
+	switch {
+	case len(a.key) == len(b.key):
+		return 0
+	case len(a.key) < len(b.key):
+		// a's "]" meets b's next byte; if equal, a's name ends first.
+		if b.key[n] >= ']' {
+			return -1
+		}
+		return 1
+	default:
+		if a.key[n] >= ']' {
+			return 1
+		}
+		return -1
+	}
+}
+
+const upperHex = "0123456789ABCDEF"
+
+// queryPlain marks the bytes url.QueryEscape leaves as they are.
+var queryPlain = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			c == '-' || c == '_' || c == '.' || c == '~'
+	}
+	return t
+}()
+
+// appendQueryEscape appends url.QueryEscape(s).
+func appendQueryEscape(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case queryPlain[c]:
+			b = append(b, c)
+		case c == ' ':
+			b = append(b, '+')
+		default:
+			b = append(b, '%', upperHex[c>>4], upperHex[c&0xF])
+		}
+	}
+	return b
+}
+
+// validHeaderValue reports whether net/http sends v as a header value: no
+// control byte but tab.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
