@@ -38,6 +38,7 @@ FUZZFLAGS = -run='^$$' -fuzztime=$(FUZZTIME) -fuzzminimizetime=100x
 fuzz-short:
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecode$$' ./payment
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecodeMetadata$$' ./payment
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecodeMatchesReference$$' ./payment
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprint$$' ./dedup
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprintReencode$$' ./dedup
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzParseDeadLetter$$' ./consumer
