@@ -92,6 +92,37 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 			}
 		}
 	}
+
+	// Re-acquiring failed keys takes the claim's update path.
+	var failed []dedup.ClaimRequest
+	for i := range 100 {
+		failed = append(failed, req("m_1", fmt.Sprintf("f-%d", i), 1000))
+	}
+	res, err := store.ClaimBatch(b.ctx, "plan", lease, failed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if _, err := store.Fail(b.ctx, *r.Lease, "429"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := tableScans(t, b.ctx, pool)
+	res, err = store.ClaimBatch(b.ctx, "plan", lease, failed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := tableScans(t, b.ctx, pool)
+	for _, r := range res {
+		if r.Outcome != dedup.Reacquired {
+			t.Fatalf("re-claim of a failed key: %v, want reacquired", r.Outcome)
+		}
+	}
+	for _, table := range []string{"idempotency_keys", "payments"} {
+		if seq, idx := after[table][0]-before[table][0], after[table][1]-before[table][1]; seq != 0 || idx > 8*100 {
+			t.Errorf("re-acquire: %s: %d rows read by sequential scans and %d through indexes for a batch of 100", table, seq, idx)
+		}
+	}
 }
 
 // claimAndComplete claims keys k-first..k-(first+n-1) in batches of at most
