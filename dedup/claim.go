@@ -11,12 +11,18 @@ import (
 
 // claimSQL claims a whole batch in one statement, one round trip:
 //   - ins inserts every key that has no row (in key order, so concurrent
-//     batches take index locks in the same order);
+//     batches take index locks in the same order), unless the ledger has
+//     it (below);
+//   - existing reads, from the statement's snapshot, the row of each input
+//     the insert did not take (usually none): one primary-key probe each;
 //   - upd re-acquires, with one conditional UPDATE, rows that are `failed`
 //     or pending with an expired lease still inside the provider key window,
-//     when the fingerprint matches; attempts+1 fences out the old holder;
+//     when the fingerprint matches; attempts+1 fences out the old holder. It
+//     touches only rows the snapshot shows re-acquirable (a duplicate of a
+//     completed key costs no further probe), and re-checks the condition on
+//     the row's latest version;
 //   - the final SELECT returns the row each input now has: inserted,
-//     re-acquired, or found untouched (from the statement's snapshot);
+//     re-acquired, or found untouched (from the snapshot);
 //   - a key whose row was purged after its retention but whose payment is
 //     in the ledger (never purged) is not inserted again: it comes back as
 //     a completed duplicate built from the ledger row. So a message of a
@@ -26,6 +32,9 @@ import (
 //
 // An input with no output row met a row committed by a concurrent claim
 // after this statement's snapshot: it is in flight.
+//
+// Every probe of a table is a scalar subquery or a join on a key, and status
+// tests are CASEs: see planGeneric.
 var claimSQL = `
 WITH input AS (
     SELECT * FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @provider_keys::text[],
@@ -45,10 +54,12 @@ ins AS (
     RETURNING ` + recordColumns + `
 ),
 rest AS (
-    -- Inputs the insert did not take: usually none, and then the
-    -- re-acquire and the lookups below probe nothing.
     SELECT i.* FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.merchant_id = i.merchant_id AND ins.idempotency_key = i.idempotency_key)
+),
+existing AS (
+    SELECT i.ord, i.request_hash AS input_hash, ` + qualified("r") + `
+    FROM rest i JOIN idempotency_keys r ON r.merchant_id = i.merchant_id AND r.idempotency_key = i.idempotency_key
 ),
 upd AS (
     UPDATE idempotency_keys AS k
@@ -56,23 +67,18 @@ upd AS (
         maybe_charged = k.maybe_charged OR k.status = 'pending',
         key_window_start = CASE WHEN k.status = 'failed' THEN @now ELSE k.key_window_start END,
         updated_at = @now, expires_at = greatest(k.expires_at, @expires_at)
-    FROM rest i
-    WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key
-      AND k.request_hash = i.request_hash
-      -- A CASE, not an OR of status tests: the planner cannot prove a
-      -- partial index's predicate from it, so it never walks every finished
-      -- or pending key to find the few in the batch.
-      AND CASE k.status WHEN 'failed' THEN true
-                        WHEN 'pending' THEN k.locked_until <= @now AND k.key_window_start > @window_floor
-                        ELSE false END
+    FROM existing e
+    WHERE ` + reacquirable("e") + ` AND e.request_hash = e.input_hash
+      AND k.merchant_id = e.merchant_id AND k.idempotency_key = e.idempotency_key
+      AND k.request_hash = e.input_hash AND ` + reacquirable("k") + `
     RETURNING ` + qualified("k") + `
 )
 SELECT i.ord, 1, ` + qualified("r") + ` FROM input i JOIN ins r USING (merchant_id, idempotency_key)
 UNION ALL
-SELECT i.ord, 2, ` + qualified("r") + ` FROM rest i JOIN upd r USING (merchant_id, idempotency_key)
+SELECT e.ord, 2, ` + qualified("r") + ` FROM existing e JOIN upd r USING (merchant_id, idempotency_key)
 UNION ALL
-SELECT i.ord, 3, ` + qualified("r") + ` FROM rest i JOIN idempotency_keys r USING (merchant_id, idempotency_key)
-WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = i.merchant_id AND upd.idempotency_key = i.idempotency_key)
+SELECT e.ord, 3, ` + qualified("e") + ` FROM existing e
+WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = e.merchant_id AND upd.idempotency_key = e.idempotency_key)
 UNION ALL
 SELECT i.ord, 4, p.merchant_id, p.idempotency_key, i.request_hash, 'completed', p.provider_key, p.amount, p.currency,
     1, NULL::text, NULL::timestamptz, false, p.created_at, p.charge_id,
@@ -80,9 +86,18 @@ SELECT i.ord, 4, p.merchant_id, p.idempotency_key, i.request_hash, 'completed', 
     jsonb_build_object('id', p.charge_id, 'status', p.status, 'note', 'idempotency key purged; outcome from the ledger'),
     NULL::text, p.created_at, p.created_at, p.created_at, p.created_at, NULL::text
 FROM rest i JOIN payments p USING (merchant_id, idempotency_key)
--- A scalar subquery on rest alone, so it filters rest before the join:
--- duplicates of live keys (all of rest, usually) never probe the ledger.
-WHERE (SELECT true FROM idempotency_keys r WHERE r.merchant_id = i.merchant_id AND r.idempotency_key = i.idempotency_key) IS NULL`
+WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)`
+
+// reacquirable is the claim's test of a row (alias a) that may be taken
+// over: failed, or pending with an expired lease inside the provider key
+// window. A CASE, not an OR of status tests, so that the planner cannot
+// prove a partial index's predicate from it and walk every finished or
+// pending key to find the few in the batch.
+func reacquirable(a string) string {
+	return `CASE ` + a + `.status WHEN 'failed' THEN true
+        WHEN 'pending' THEN ` + a + `.locked_until <= @now AND ` + a + `.key_window_start > @window_floor
+        ELSE false END`
+}
 
 // Claim claims one command for holder, with a lease of the given length. The
 // claim is committed before Claim returns.
