@@ -40,6 +40,7 @@ type benchCmd struct {
 	latency     time.Duration
 	concurrency int
 	mode        string
+	provider    string
 	fetchBatch  int
 	commitBatch int
 	commitWait  time.Duration
@@ -63,6 +64,12 @@ checks the simulator's ledger at the end: every payment charged exactly once.
 NATS: NATS_URL, or an embedded server. PostgreSQL: DATABASE_URL, or the local
 server's paydedup_bench database (created if missing). Each run works in a
 fresh schema and fresh streams and removes them at the end.
+
+--provider sim calls the simulator through its Go client (no HTTP), so the
+figures are the service's own; --provider stripe goes through the Stripe
+adapter as production does (stripe-go, form encoding, JSON), its HTTP
+served in-process by the simulator, which adds that client library's CPU to
+every charge.
 
 --mode batched is the worker as shipped: batch fetch, one claim round trip
 per batch, a bounded pool of provider calls, group-committed completions.
@@ -88,6 +95,7 @@ The last line with --json is one JSON object.`,
 	f.DurationVar(&b.latency, "provider-latency", 0, "latency of every provider call")
 	f.IntVar(&b.concurrency, "concurrency", 256, "payments in flight (batched mode)")
 	f.StringVar(&b.mode, "mode", "batched", "batched or naive")
+	f.StringVar(&b.provider, "provider", "sim", "sim (the simulator's Go client) or stripe (the Stripe adapter over in-process HTTP)")
 	f.IntVar(&b.fetchBatch, "fetch-batch", consumer.DefaultFetchBatch, "messages per fetch and claim (batched mode)")
 	f.IntVar(&b.commitBatch, "commit-batch", consumer.DefaultCommitBatch, "completions per group commit (batched mode)")
 	f.DurationVar(&b.commitWait, "commit-wait", consumer.DefaultCommitWait, "how long a group commit waits for more completions (batched mode)")
@@ -118,12 +126,16 @@ func (b *benchCmd) validate() error {
 	if b.mode != "batched" && b.mode != "naive" {
 		errs = append(errs, fmt.Errorf("--mode must be batched or naive, got %q", b.mode))
 	}
+	if b.provider != "sim" && b.provider != "stripe" {
+		errs = append(errs, fmt.Errorf("--provider must be sim or stripe, got %q", b.provider))
+	}
 	return errors.Join(errs...)
 }
 
 // benchResult is the JSON report.
 type benchResult struct {
 	Mode                    string  `json:"mode"`
+	Provider                string  `json:"provider"`
 	Payments                int     `json:"payments"`
 	Duplicates              int     `json:"duplicates"`
 	Messages                int     `json:"messages"`
@@ -211,12 +223,17 @@ func (b *benchCmd) Run(ctx context.Context) error {
 	}()
 
 	sim := provider.NewSimulator(provider.SimConfig{Faults: provider.Faults{Latency: b.latency}})
-	prov, err := provider.NewStripe(provider.StripeConfig{
-		SecretKey: "sk_test_paydedup_bench", APIBase: "http://sim.invalid", Timeout: 30 * time.Second,
-		HTTPClient: &http.Client{Transport: inProcess{sim}},
-	})
-	if err != nil {
-		return err
+	const apiKey = "sk_test_paydedup_bench"
+	var prov consumer.Charger = sim.Client(apiKey)
+	if b.provider == "stripe" {
+		st, err := provider.NewStripe(provider.StripeConfig{
+			SecretKey: apiKey, APIBase: "http://sim.invalid", Timeout: 30 * time.Second,
+			HTTPClient: &http.Client{Transport: inProcess{sim}},
+		})
+		if err != nil {
+			return err
+		}
+		prov = st
 	}
 
 	dups := int(math.Round(b.duplicates * float64(b.payments)))
@@ -257,7 +274,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 	roundTrips := counting.calls.Load()
 
 	res := benchResult{
-		Mode: b.mode, Payments: b.payments, Duplicates: dups, Messages: messages, Concurrency: cfg.Concurrency,
+		Mode: b.mode, Provider: b.provider, Payments: b.payments, Duplicates: dups, Messages: messages, Concurrency: cfg.Concurrency,
 		ProviderLatencyMS: float64(b.latency) / float64(time.Millisecond),
 		Seconds:           elapsed.Seconds(), PaymentsPerSec: float64(b.payments) / elapsed.Seconds(),
 		MessagesPerSec: float64(messages) / elapsed.Seconds(),
@@ -309,8 +326,8 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		out, _ := json.Marshal(res)
 		fmt.Fprintln(b.app.out, string(out))
 	} else {
-		fmt.Fprintf(b.app.out, "mode %s: %d payments (+%d duplicates) in %.2f s: %.0f payments/s, %.0f messages/s\n",
-			res.Mode, res.Payments, res.Duplicates, res.Seconds, res.PaymentsPerSec, res.MessagesPerSec)
+		fmt.Fprintf(b.app.out, "mode %s, provider %s: %d payments (+%d duplicates) in %.2f s: %.0f payments/s, %.0f messages/s\n",
+			res.Mode, res.Provider, res.Payments, res.Duplicates, res.Seconds, res.PaymentsPerSec, res.MessagesPerSec)
 		fmt.Fprintf(b.app.out, "latency fetch→settle: p50 %.1f ms, p99 %.1f ms; %.2f Postgres round trips per payment; peak RSS %.0f MB\n",
 			res.P50MS, res.P99MS, res.PGRoundTripsPerPayment, res.RSSMB)
 		if res.CompletedDuplicates > 0 {
@@ -366,7 +383,9 @@ func (b *benchCmd) waitSettled(ctx context.Context, obs *benchObserver, n int64,
 // benchPublish publishes n payments (keys <prefix>-0..n-1) and dups of them
 // again, interleaved, each with its own Nats-Msg-Id so the stream keeps it.
 func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, n, dups int, prefix string) error {
-	const window = 4096
+	// Below nats.go's default limit of 4,000 outstanding async publishes,
+	// past which PublishMsgAsync fails with "stalled" on a loaded machine.
+	const window = 2048
 	sem := make(chan struct{}, window)
 	var (
 		mu      sync.Mutex

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/paydedup/paydedup/internal/testenv"
+)
+
+// TestBenchReportsJSON runs the real bench, small, in both modes and with
+// both providers: the last line is the JSON report, and the simulator's
+// ledger says every payment was charged exactly once.
+func TestBenchReportsJSON(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": testenv.PostgresURL(t), "NATS_URL": testenv.NATSURL(t)}
+	for _, c := range []struct {
+		name, mode, provider string
+		payments, dups       int
+		args                 []string
+	}{
+		{"batched-sim", "batched", "sim", 400, 120, []string{"--duplicates", "0.3", "--completed-duplicates"}},
+		{"batched-stripe", "batched", "stripe", 200, 0, []string{"--provider-latency", "2ms", "--concurrency", "32"}},
+		{"naive-sim", "naive", "sim", 100, 0, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"bench", "--json", "--mode", c.mode, "--provider", c.provider,
+				"--payments", strconv.Itoa(c.payments)}, c.args...)
+			out, errOut, err := runCLI(context.Background(), env, args...)
+			if err != nil {
+				t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+			}
+			lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+			var r benchResult
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+				t.Fatalf("last line is not the JSON report: %v\n%s", err, out)
+			}
+			if r.Mode != c.mode || r.Provider != c.provider || r.Payments != c.payments || r.Duplicates != c.dups ||
+				r.Messages != c.payments+c.dups {
+				t.Errorf("report %+v, want mode %s, provider %s, %d payments, %d duplicates", r, c.mode, c.provider, c.payments, c.dups)
+			}
+			if r.DoubleCharges != 0 || r.Lost != 0 {
+				t.Errorf("%d double charges, %d lost", r.DoubleCharges, r.Lost)
+			}
+			if r.Seconds <= 0 || r.PaymentsPerSec <= 0 || r.P50MS <= 0 || r.P99MS < r.P50MS || r.RSSMB <= 0 {
+				t.Errorf("implausible figures: %+v", r)
+			}
+			// Batched: one claim per fetch and one commit per group, so far
+			// fewer than one round trip per payment; naive: two per payment.
+			switch {
+			case c.mode == "batched" && (r.PGRoundTripsPerPayment <= 0 || r.PGRoundTripsPerPayment >= 1):
+				t.Errorf("batched: %.2f round trips per payment", r.PGRoundTripsPerPayment)
+			case c.mode == "naive" && r.PGRoundTripsPerPayment < 2:
+				t.Errorf("naive: %.2f round trips per payment, want at least 2", r.PGRoundTripsPerPayment)
+			}
+			if c.name == "batched-sim" && (r.CompletedDuplicates != c.payments || r.CompletedDupMessagesSec <= 0) {
+				t.Errorf("completed duplicates: %d at %.0f/s, want %d", r.CompletedDuplicates, r.CompletedDupMessagesSec, c.payments)
+			}
+			if !strings.Contains(errOut, "settled") && !strings.Contains(errOut, "publishing") {
+				t.Errorf("no progress on stderr:\n%s", errOut)
+			}
+		})
+	}
+}
+
+func TestBenchBadFlags(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--provider", "paypal"}, "--provider must be sim or stripe"},
+		{[]string{"bench", "--mode", "fast"}, "--mode must be batched or naive"},
+		{[]string{"bench", "--duplicates", "1.5"}, "--duplicates must be within 0..1"},
+		{[]string{"bench", "--payments", "0"}, "--payments must be at least 1"},
+	} {
+		if _, _, err := runCLI(context.Background(), map[string]string{}, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.args, err, c.want)
+		}
+	}
+}
