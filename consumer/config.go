@@ -45,13 +45,13 @@ const (
 	DefaultMaxDeliver      = 20
 	DefaultMaxAckPending   = 1000
 	DefaultConcurrency     = 64
-	DefaultFetchBatch      = 100
+	DefaultFetchBatch      = 200
 	DefaultDrainTimeout    = 20 * time.Second
 	DefaultKeyRetention    = 48 * time.Hour
 	DefaultRetryBase       = time.Second
 	DefaultRetryMax        = time.Minute
-	DefaultCommitBatch     = 100
-	DefaultCommitWait      = 5 * time.Millisecond
+	DefaultCommitBatch     = 200
+	DefaultCommitWait      = 10 * time.Millisecond
 )
 
 // Config configures streams, the consumer and the worker. Zero values take
