@@ -50,7 +50,7 @@ func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Comp
 	c.mu.Lock()
 	b, leader := c.cur, false
 	if b == nil {
-		b = &commitBatch{full: make(chan struct{}), done: make(chan struct{})}
+		b = &commitBatch{items: make([]dedup.CompleteItem, 0, c.maxBatch), full: make(chan struct{}), done: make(chan struct{})}
 		c.cur, leader = b, true
 	}
 	idx := len(b.items)
