@@ -256,6 +256,9 @@ WITH input AS (
     SET status = 'completed', response_status = i.response_status, response = i.response, charge_id = i.charge_id,
         completed_at = @now, updated_at = @now, expires_at = @expires_at, locked_until = NULL, last_error = NULL
     FROM input i
+    -- locked_until IS NOT NULL is status = 'pending' (CHECK
+    -- pending_has_lease), written so that no partial index on status
+    -- matches: see planGeneric.
     WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.locked_until IS NOT NULL
       AND k.locked_by = i.holder AND k.attempts = i.attempt
     RETURNING k.merchant_id, k.idempotency_key, k.provider_key, k.amount, k.currency, i.charge_id, i.payment_status
