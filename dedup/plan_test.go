@@ -93,6 +93,20 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 		}
 	}
 
+	// Reading a batch of keys back (the gateway, status) probes each too.
+	refs := make([]dedup.KeyRef, 200)
+	for i := range refs {
+		refs[i] = dedup.KeyRef{MerchantID: "m_1", IdempotencyKey: fmt.Sprintf("k-%d", i*41)}
+	}
+	before := tableScans(t, b.ctx, pool)
+	if recs, err := store.GetMany(b.ctx, refs); err != nil || len(recs) != len(refs) {
+		t.Fatalf("get many: %d records, %v", len(recs), err)
+	}
+	after := tableScans(t, b.ctx, pool)
+	if seq, idx := after["idempotency_keys"][0]-before["idempotency_keys"][0], after["idempotency_keys"][1]-before["idempotency_keys"][1]; seq != 0 || idx > 8*200 {
+		t.Errorf("get many: %d rows read by sequential scans and %d through indexes for 200 keys", seq, idx)
+	}
+
 	// Re-acquiring failed keys takes the claim's update path.
 	var failed []dedup.ClaimRequest
 	for i := range 100 {
@@ -107,12 +121,12 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := tableScans(t, b.ctx, pool)
+	before = tableScans(t, b.ctx, pool)
 	res, err = store.ClaimBatch(b.ctx, "plan", lease, failed)
 	if err != nil {
 		t.Fatal(err)
 	}
-	after := tableScans(t, b.ctx, pool)
+	after = tableScans(t, b.ctx, pool)
 	for _, r := range res {
 		if r.Outcome != dedup.Reacquired {
 			t.Fatalf("re-claim of a failed key: %v, want reacquired", r.Outcome)

@@ -107,23 +107,20 @@ func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
 		n := len(out)
 		err := s.withRetry(ctx, func(ctx context.Context) error {
 			out = out[:n]
-			rows, err := s.pool.Query(ctx, `SELECT `+qualified("k")+`
+			// A batch of keys, like the claim: probed one by one under the
+			// same pinned plan, whatever the table's size or statistics.
+			return s.queryPinned(ctx, planGeneric, `SELECT `+qualified("k")+`
 				FROM idempotency_keys k
 				JOIN unnest(@merchants::text[], @keys::text[]) AS i(merchant_id, idempotency_key)
 				  ON k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key`,
-				pgx.NamedArgs{"merchants": merchants, "keys": keys})
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			for rows.Next() {
-				rec, err := scanRecord(rows)
-				if err != nil {
-					return err
-				}
-				out = append(out, rec)
-			}
-			return rows.Err()
+				pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(rows pgx.Rows) error {
+					rec, err := scanRecord(rows)
+					if err != nil {
+						return err
+					}
+					out = append(out, rec)
+					return nil
+				})
 		})
 		if err != nil {
 			return nil, interpretError("get keys", err)

@@ -182,7 +182,8 @@ func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) erro
 	return err
 }
 
-// Plans of the hot-path batch statements (the claim and the group commit).
+// Plans of the statements that take a batch of keys (the claim, the group
+// commit, and GetMany).
 // Their input is a batch of keys, and the only plans that stay cheap as the
 // tables grow probe the primary key (or the ledger's unique key) once per
 // key. Left to itself the planner often picks a sequential scan and a hash
@@ -214,23 +215,28 @@ func (s *Store) queryPinned(ctx context.Context, plan, sql string, args pgx.Name
 	b.Queue(plan)
 	b.Queue(sql, args)
 	br := s.pool.SendBatch(ctx, b)
-	err := func() error {
-		if _, err := br.Exec(); err != nil {
+	if err := readPinned(br, each); err != nil {
+		_ = br.Close() // the same error, or one caused by it
+		return err
+	}
+	return br.Close()
+}
+
+func readPinned(br pgx.BatchResults, each func(pgx.Rows) error) error {
+	if _, err := br.Exec(); err != nil {
+		return err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := each(rows); err != nil {
 			return err
 		}
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			if err := each(rows); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
-	}()
-	return errors.Join(err, br.Close())
+	}
+	return rows.Err()
 }
 
 // interpretError maps pgx errors to the package's errors; pgx types never
