@@ -4,17 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/internal/testenv"
 )
 
 // listen opens a connection LISTENing on the completion channel.
@@ -368,76 +365,5 @@ func TestResponseStore(t *testing.T) {
 	}
 	if r := claim("k", h2); r.Outcome != dedup.ResponseClaimed {
 		t.Fatalf("after retention %+v", r)
-	}
-}
-
-// TestGatewayTablesAsWorkerRole: the gateway and the middleware can run as
-// migration 00002's runtime role; creating API keys stays an owner's job.
-func TestGatewayTablesAsWorkerRole(t *testing.T) {
-	t.Parallel()
-	ownerURL := testenv.PostgresURL(t)
-	ctx := context.Background()
-	owner, err := dedup.Connect(ctx, ownerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	ownerStore, err := dedup.New(owner, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, err := ownerStore.CreateAPIKey(ctx, "m_1", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, err := url.Parse(ownerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User("paydedup_worker")
-	pool, err := dedup.Connect(ctx, u.String())
-	if err != nil {
-		t.Fatalf("connect as paydedup_worker: %v", err)
-	}
-	defer pool.Close()
-	s, err := dedup.New(pool, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m, err := s.Authenticate(ctx, key); err != nil || m != "m_1" {
-		t.Fatalf("authenticate as worker role: %q %v", m, err)
-	}
-	if _, _, err := s.CreateAPIKey(ctx, "m_1", ""); err == nil {
-		t.Fatal("the runtime role may create API keys")
-	} else {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			t.Fatalf("a pgx error left dedup: %v", err)
-		}
-	}
-	res, err := s.AcquireIntake(ctx, req("m_1", "k", 100), time.Second, time.Hour)
-	if err != nil || res.Outcome != dedup.IntakeAcquired {
-		t.Fatalf("intake as worker role: %+v %v", res, err)
-	}
-	if err := s.IntakePublished(ctx, res.Intake, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.PurgeIntakes(ctx, 10); err != nil {
-		t.Fatal(err)
-	}
-	rc, err := s.ClaimResponse(ctx, "POST /x", "k", make([]byte, 32), time.Second, time.Hour)
-	if err != nil || rc.Outcome != dedup.ResponseClaimed {
-		t.Fatalf("response claim as worker role: %+v %v", rc, err)
-	}
-	if err := s.CompleteResponse(ctx, *rc.Claim, dedup.StoredResponse{Status: 200}); err != nil {
-		t.Fatal(err)
-	}
-	// The worker role completing a key fires the trigger without error.
-	cl, err := s.Claim(ctx, "h", time.Minute, req("m_1", "n", 100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Complete(ctx, *cl.Lease, charged("ch_n")); err != nil {
-		t.Fatalf("complete as worker role (trigger): %v", err)
 	}
 }

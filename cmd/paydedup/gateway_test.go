@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -100,8 +102,9 @@ func TestGatewayCommandRefusesBadConfiguration(t *testing.T) {
 	}
 }
 
-// TestGatewayCommandServes runs "paydedup gateway" as deployed: it accepts
-// a payment, answers /readyz and /metrics, and drains on cancel.
+// TestGatewayCommandServes runs "paydedup gateway" as deployed, logged in
+// as the paydedup_gateway role (API keys are created as the owner): it
+// accepts a payment, answers /readyz and /metrics, and drains on cancel.
 func TestGatewayCommandServes(t *testing.T) {
 	t.Parallel()
 	u := testenv.Unique(t)
@@ -122,8 +125,9 @@ func TestGatewayCommandServes(t *testing.T) {
 	})
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	ownerURL := testenv.PostgresURL(t)
 	env := map[string]string{
-		"DATABASE_URL": testenv.PostgresURL(t), "NATS_URL": testenv.NATSURL(t),
+		"DATABASE_URL": ownerURL, "NATS_URL": testenv.NATSURL(t),
 		"PAYDEDUP_STREAM": cfg.Stream, "PAYDEDUP_SUBJECT_PREFIX": cfg.SubjectPrefix,
 		"PAYDEDUP_DLQ_STREAM": cfg.DLQStream, "PAYDEDUP_DLQ_PREFIX": cfg.DLQPrefix, "PAYDEDUP_DURABLE": cfg.Durable,
 		"PAYDEDUP_HTTP_ADDR": httpAddr, "PAYDEDUP_ADMIN_ADDR": adminAddr, "PAYDEDUP_LOG_LEVEL": "warn",
@@ -133,11 +137,13 @@ func TestGatewayCommandServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := strings.TrimSpace(out)
+	gwEnv := maps.Clone(env)
+	gwEnv["DATABASE_URL"] = withUser(t, ownerURL, "paydedup_gateway")
 
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := runCLI(runCtx, env, "gateway")
+		_, _, err := runCLI(runCtx, gwEnv, "gateway")
 		done <- err
 	}()
 	defer func() {
@@ -201,4 +207,16 @@ func TestGatewayCommandServes(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(metrics, `paydedup_gateway_requests_total{code="202",route="post_payment"} 1`) {
 		t.Fatalf("metrics %d:\n%s", code, metrics)
 	}
+}
+
+// withUser returns dbURL logged in as user (the local Postgres trusts
+// loopback, so no password).
+func withUser(t *testing.T, dbURL, user string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(user)
+	return u.String()
 }
