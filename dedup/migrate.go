@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -25,6 +26,22 @@ type MigrationStatus struct {
 	AppliedAt time.Time
 }
 
+// AllowDataLossSetting is the session setting every down migration reads
+// before it drops a table or a column holding rows:
+// current_setting('paydedup.allow_data_loss', true) = 'on' lets it proceed,
+// anything else makes it refuse with an error naming what would be lost.
+const AllowDataLossSetting = "paydedup.allow_data_loss"
+
+// MigratorConfig configures a Migrator.
+type MigratorConfig struct {
+	Logger *slog.Logger
+	// AllowDataLoss lets down migrations drop tables and columns that hold
+	// rows (`paydedup migrate down --allow-data-loss`). It sets
+	// AllowDataLossSetting on the migrator's own connections only, never on
+	// the pool's.
+	AllowDataLoss bool
+}
+
 // Migrator applies the embedded goose migrations over a pgx pool. Many pods
 // may migrate at once: goose takes a Postgres session advisory lock, keyed
 // by the target schema so separate schemas (tests) do not wait on each other.
@@ -33,8 +50,14 @@ type Migrator struct {
 	provider *goose.Provider
 }
 
-// NewMigrator prepares migrations for the pool's current schema.
+// NewMigrator prepares migrations for the pool's current schema. Its down
+// migrations refuse to destroy rows.
 func NewMigrator(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (*Migrator, error) {
+	return NewMigratorWith(ctx, pool, MigratorConfig{Logger: logger})
+}
+
+// NewMigratorWith prepares migrations for the pool's current schema.
+func NewMigratorWith(ctx context.Context, pool *pgxpool.Pool, cfg MigratorConfig) (*Migrator, error) {
 	var schema string
 	if err := pool.QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&schema); err != nil {
 		return nil, interpretError("read current schema", err)
@@ -47,10 +70,22 @@ func NewMigrator(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (
 	if err != nil {
 		return nil, fmt.Errorf("migrate: session locker: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(pool)
+	var db *sql.DB
+	if cfg.AllowDataLoss {
+		// Connections of their own, each with the setting for its whole
+		// session (goose runs every migration in a transaction on one of
+		// them), closed with the migrator: a session setting on a pool
+		// connection would outlive the migration.
+		db = stdlib.OpenDB(*pool.Config().ConnConfig.Copy(), stdlib.OptionAfterConnect(func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, `SELECT set_config('`+AllowDataLossSetting+`', 'on', false)`)
+			return err
+		}))
+	} else {
+		db = stdlib.OpenDBFromPool(pool)
+	}
 	opts := []goose.ProviderOption{goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true)}
-	if logger != nil {
-		opts = append(opts, goose.WithSlog(logger))
+	if cfg.Logger != nil {
+		opts = append(opts, goose.WithSlog(cfg.Logger))
 	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, opts...)
 	if err != nil {
@@ -77,7 +112,9 @@ func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
 	return versions, nil
 }
 
-// Down rolls back the most recent migration and returns its version.
+// Down rolls back the most recent migration and returns its version. A step
+// that would drop rows refuses (and changes nothing) unless the migrator
+// was made with AllowDataLoss.
 func (m *Migrator) Down(ctx context.Context) (int64, error) {
 	res, err := m.provider.Down(ctx)
 	if err != nil {

@@ -80,5 +80,28 @@ CREATE TABLE payments (
 CREATE INDEX payments_created_at ON payments (created_at);
 
 -- +goose Down
+-- Refuses while either table holds rows, unless the session sets
+-- paydedup.allow_data_loss = on (paydedup migrate down --allow-data-loss):
+-- without the ledger and the keys, a redelivered or replayed command is
+-- charged again.
+-- +goose StatementBegin
+DO $$
+DECLARE
+    ledger bigint;
+    keys   bigint;
+BEGIN
+    IF current_setting('paydedup.allow_data_loss', true) IS NOT DISTINCT FROM 'on' THEN
+        RETURN;
+    END IF;
+    SELECT count(*) INTO ledger FROM payments;
+    SELECT count(*) INTO keys FROM idempotency_keys;
+    IF ledger > 0 OR keys > 0 THEN
+        RAISE EXCEPTION 'paydedup: refusing to drop tables payments (%: the ledger of charges and declines) and idempotency_keys (%: every key and its stored outcome): afterwards a redelivered or replayed command would charge again. Export what you need, then run "paydedup migrate down --allow-data-loss" to drop them anyway',
+            ledger || CASE WHEN ledger = 1 THEN ' row' ELSE ' rows' END,
+            keys || CASE WHEN keys = 1 THEN ' row' ELSE ' rows' END;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
 DROP TABLE payments;
 DROP TABLE idempotency_keys;

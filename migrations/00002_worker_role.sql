@@ -53,7 +53,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
--- Revokes this schema's grants. The role itself is dropped only when this
+-- Destroys no rows. Revokes this schema's grants. The role itself is dropped only when this
 -- migration created it (its comment says so) and nothing else in the whole
 -- cluster still refers to it: DROP ROLE itself refuses while any grant in
 -- any schema or database remains, so another schema's worker is never cut

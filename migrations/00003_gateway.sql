@@ -132,6 +132,36 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+-- Refuses while any of the three tables holds rows, unless the session sets
+-- paydedup.allow_data_loss = on (paydedup migrate down --allow-data-loss).
+-- +goose StatementBegin
+DO $$
+DECLARE
+    n    bigint;
+    lost text[] := '{}';
+BEGIN
+    IF current_setting('paydedup.allow_data_loss', true) IS NOT DISTINCT FROM 'on' THEN
+        RETURN;
+    END IF;
+    SELECT count(*) INTO n FROM api_keys;
+    IF n > 0 THEN
+        lost := lost || format('api_keys (%s: only their hashes are stored, so every merchant must be re-keyed)', n || CASE WHEN n = 1 THEN ' row' ELSE ' rows' END);
+    END IF;
+    SELECT count(*) INTO n FROM gateway_intake;
+    IF n > 0 THEN
+        lost := lost || format('gateway_intake (%s: the guard of requests being published; their retries may publish again)', n || CASE WHEN n = 1 THEN ' row' ELSE ' rows' END);
+    END IF;
+    SELECT count(*) INTO n FROM http_idempotency;
+    IF n > 0 THEN
+        lost := lost || format('http_idempotency (%s: stored responses of the middleware; retries run their handlers again)', n || CASE WHEN n = 1 THEN ' row' ELSE ' rows' END);
+    END IF;
+    IF cardinality(lost) > 0 THEN
+        RAISE EXCEPTION 'paydedup: refusing to drop tables %. Run "paydedup migrate down --allow-data-loss" to drop them anyway',
+            array_to_string(lost, ', ');
+    END IF;
+END
+$$;
+-- +goose StatementEnd
 DROP TRIGGER idempotency_keys_notify_completed ON idempotency_keys;
 DROP FUNCTION paydedup_notify_completed();
 DROP TABLE http_idempotency;

@@ -14,6 +14,7 @@ CREATE TRIGGER idempotency_keys_notify_completed
     EXECUTE FUNCTION paydedup_notify_completed();
 
 -- +goose Down
+-- Swaps the trigger back; destroys no rows.
 DROP TRIGGER idempotency_keys_notify_completed ON idempotency_keys;
 CREATE TRIGGER idempotency_keys_notify_completed
     AFTER UPDATE OF status ON idempotency_keys

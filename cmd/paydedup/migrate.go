@@ -37,8 +37,9 @@ func (d *databaseFlag) validate() error {
 }
 
 type migrateCmd struct {
-	app *app
-	db  databaseFlag
+	app           *app
+	db            databaseFlag
+	allowDataLoss bool
 }
 
 func newMigrateCmd(a *app) *cobra.Command {
@@ -48,9 +49,15 @@ func newMigrateCmd(a *app) *cobra.Command {
 		Short: "Apply, roll back or list the database migrations",
 		Long: `migrate applies paydedup's embedded schema migrations (goose). Many pods may run
 "migrate up" at once: a Postgres advisory lock serialises them, and "up" on an
-up-to-date database does nothing. Run it as the schema owner.`,
+up-to-date database does nothing. Run it as the schema owner.
+
+"down" rolls back the last migration. A step that would drop a table or a
+column holding rows (the payments ledger, the idempotency keys, API keys,
+trace ids, ...) refuses and changes nothing, naming what would be lost;
+--allow-data-loss lets it proceed.`,
 		Example: `  DATABASE_URL=postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable paydedup migrate up
-  paydedup migrate status --database-url postgres://postgres@db:5432/paydedup`,
+  paydedup migrate status --database-url postgres://postgres@db:5432/paydedup
+  paydedup migrate down --allow-data-loss   # drops rows: export what you need first`,
 		Args:      cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs),
 		ValidArgs: []string{"up", "down", "status"},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -58,10 +65,15 @@ up-to-date database does nothing. Run it as the schema owner.`,
 		},
 	}
 	m.db.bind(cmd, a)
+	cmd.Flags().BoolVar(&m.allowDataLoss, "allow-data-loss", false,
+		"with down: let a migration drop tables and columns that hold rows (sets paydedup.allow_data_loss = on for the migration's session)")
 	return cmd
 }
 
 func (m *migrateCmd) Run(ctx context.Context, action string) error {
+	if m.allowDataLoss && action != "down" {
+		return fmt.Errorf("migrate %s: --allow-data-loss applies only to migrate down", action)
+	}
 	if err := m.db.validate(); err != nil {
 		return err
 	}
@@ -70,7 +82,7 @@ func (m *migrateCmd) Run(ctx context.Context, action string) error {
 		return err
 	}
 	defer pool.Close()
-	mig, err := dedup.NewMigrator(ctx, pool, m.app.logger)
+	mig, err := dedup.NewMigratorWith(ctx, pool, dedup.MigratorConfig{Logger: m.app.logger, AllowDataLoss: m.allowDataLoss})
 	if err != nil {
 		return err
 	}
