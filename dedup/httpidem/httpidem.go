@@ -12,6 +12,12 @@
 // request with the same key gets 409 with Retry-After; the same key with a
 // different request gets 422. Handlers never see any of it.
 //
+// Keys belong to a caller: Config.Scope is required and must name the
+// authenticated client (and usually the route), so that two clients that
+// happen to send the same key never get each other's response. A response
+// too large to store is sent once; the key then keeps a stored error saying
+// so, and the handler never runs again for it.
+//
 // A claim is a lease: the handler's context ends when the lease does, and a
 // request arriving after it expired (the holder crashed) runs the handler
 // again. A handler calling another service should pass that service an
@@ -31,6 +37,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -82,7 +89,10 @@ type Config struct {
 	// MaxBodyBytes bounds the request body (read whole, to fingerprint it).
 	MaxBodyBytes int64
 	// MaxResponseBytes bounds a response kept for replay. A larger response
-	// is sent but not stored, and the claim is released (logged as an error).
+	// is sent to its client but not stored: the key keeps instead a 500
+	// problem (type urn:paydedup:problem:response-not-stored) saying the
+	// request ran once, with the original status, and a retry gets that, so
+	// the handler's side effect never runs twice. Logged as an error.
 	MaxResponseBytes int
 	// Methods the middleware applies to; others pass straight through.
 	// Default POST and PATCH.
@@ -90,9 +100,12 @@ type Config struct {
 	// Optional lets requests without an Idempotency-Key through unprotected;
 	// by default they get 400.
 	Optional bool
-	// Scope names the key space of a request. Default: method and path. Put
-	// the authenticated client in it when keys come from many clients (run
-	// authentication before this middleware).
+	// Scope names the key space of a request. Required: it must include the
+	// authenticated caller's identity (an account or API key id set by
+	// authentication, which runs before this middleware), and usually the
+	// method and route; keys are unique only within a scope, and the
+	// fingerprint does not include the caller. A request for which it
+	// returns "" is answered 500 and not run.
 	Scope func(r *http.Request) string
 	// Fingerprint identifies "the same request". Default: SHA-256 of the
 	// method, path, query and body. It must return 32 bytes.
@@ -126,7 +139,8 @@ func New(store Store, cfg Config) (*Middleware, error) {
 		cfg.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	if cfg.Scope == nil {
-		cfg.Scope = func(r *http.Request) string { return r.Method + " " + r.URL.Path }
+		return nil, errors.New("httpidem: Config.Scope is required: return the authenticated caller's identity and the route " +
+			"(e.g. account + \" \" + r.Method + \" \" + r.URL.Path), so that callers never share keys")
 	}
 	if cfg.Fingerprint == nil {
 		cfg.Fingerprint = defaultFingerprint
@@ -255,6 +269,12 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		}
 		hash := m.cfg.Fingerprint(r, body)
 		scope := m.cfg.Scope(r)
+		if scope == "" {
+			m.log.Error("Config.Scope returned an empty scope: is authentication run before the middleware?", "path", r.URL.Path)
+			writeProblem(w, http.StatusInternalServerError, "no-idempotency-scope",
+				"The request could not be attributed to a caller; it was not run.")
+			return
+		}
 		log := m.log.With("scope", scope, "idempotency_key", key)
 
 		ctx, cancel := context.WithTimeout(r.Context(), m.cfg.StoreTimeout)
@@ -319,9 +339,6 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	}
 	clientGone := r.Context().Err() != nil
 	switch {
-	case rec.overflow:
-		log.Error("response larger than MaxResponseBytes: sent but not stored; the claim is released", "limit", m.cfg.MaxResponseBytes)
-		release("response too large to store")
 	case clientGone && !(rec.status >= 200 && rec.status < 300):
 		// Nobody will read it, and the handler did not report success.
 		release("client disconnected before completion")
@@ -329,8 +346,16 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	case !m.cfg.Storable(status):
 		release(fmt.Sprintf("status %d is not stored", status))
 	default:
+		stored := dedup.StoredResponse{Status: status, Header: storedHeader(rec.header), Body: rec.body.Bytes()}
+		if rec.overflow {
+			// The handler ran: releasing the claim would run it again on
+			// the retry. Keep an error in place of the response instead.
+			log.Error("response larger than MaxResponseBytes: sent, and a retry gets a response-not-stored error",
+				"limit", m.cfg.MaxResponseBytes, "status", status, "bytes", rec.body.Len())
+			stored = notStored(status, rec.body.Len(), m.cfg.MaxResponseBytes)
+		}
 		ctx, cancel := context.WithTimeout(settleCtx, m.cfg.StoreTimeout)
-		err := m.store.CompleteResponse(ctx, claim, dedup.StoredResponse{Status: status, Header: storedHeader(rec.header), Body: rec.body.Bytes()})
+		err := m.store.CompleteResponse(ctx, claim, stored)
 		cancel()
 		if err != nil {
 			// The handler's effect happened: answer anyway. The claim stays
@@ -339,6 +364,17 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		}
 	}
 	rec.send(w, status)
+}
+
+// notStored is what a key keeps when its response was too large to store:
+// a problem that says the request ran once, with the original status.
+func notStored(status, size, limit int) dedup.StoredResponse {
+	detail := fmt.Sprintf("The request with this Idempotency-Key ran once and answered %d, but its response (%d bytes) "+
+		"exceeded the %d bytes kept for replay, so it cannot be sent again. The operation was not repeated; "+
+		"do not retry it with a new key: look its result up instead.", status, size, limit)
+	rec := &recorder{header: http.Header{}, max: math.MaxInt}
+	writeProblem(rec, http.StatusInternalServerError, "response-not-stored", detail)
+	return dedup.StoredResponse{Status: http.StatusInternalServerError, Header: storedHeader(rec.header), Body: rec.body.Bytes()}
 }
 
 // hopByHop headers are about one connection, not the response.

@@ -44,6 +44,9 @@ func setup(t *testing.T, cfg httpidem.Config, handler func(f *fixture, w http.Re
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.Scope == nil {
+		cfg.Scope = callerScope
+	}
 	mw, err := httpidem.New(store, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -63,10 +66,26 @@ type reply struct {
 	body   []byte
 }
 
+// callerScope is the scope of the tests' applications: the caller (an
+// account the test's "authentication" put in X-Account) and the path.
+func callerScope(r *http.Request) string {
+	if a := r.Header.Get("X-Account"); a != "" {
+		return a + " " + r.URL.Path
+	}
+	return ""
+}
+
 func (f *fixture) send(ctx context.Context, method, key, body string) (reply, error) {
+	return f.sendAs(ctx, "acct_1", method, key, body)
+}
+
+func (f *fixture) sendAs(ctx context.Context, account, method, key, body string) (reply, error) {
 	r, err := http.NewRequestWithContext(ctx, method, f.srv.URL+"/orders", strings.NewReader(body))
 	if err != nil {
 		return reply{}, err
+	}
+	if account != "" {
+		r.Header.Set("X-Account", account)
 	}
 	if key != "" {
 		r.Header.Set("Idempotency-Key", key)
@@ -290,6 +309,80 @@ func TestPanicReleases(t *testing.T) {
 	}
 	if r := f.post("p", `{}`); r.status != http.StatusCreated {
 		t.Fatalf("after panic: %d %s", r.status, r.body)
+	}
+}
+
+// TestCallersDoNotShareKeys: the middleware cannot be built without a
+// scope, and with one that names the caller, two callers sending the same
+// key and body each get their own execution and their own response.
+func TestCallersDoNotShareKeys(t *testing.T) {
+	t.Parallel()
+	store, err := dedup.New(testenv.Pool(t), dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := httpidem.New(store, httpidem.Config{}); err == nil || !strings.Contains(err.Error(), "Scope") {
+		t.Fatalf("New without a Scope: %v; want an error naming Config.Scope (callers would share keys)", err)
+	}
+
+	f := setup(t, httpidem.Config{}, func(f *fixture, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("order for " + r.Header.Get("X-Account")))
+	})
+	send := func(account string) reply {
+		t.Helper()
+		r, err := f.sendAs(context.Background(), account, http.MethodPost, "same-key", `{"qty":1}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a, b := send("acct_a"), send("acct_b")
+	if a.status != http.StatusCreated || b.status != http.StatusCreated || string(a.body) != "order for acct_a" || string(b.body) != "order for acct_b" {
+		t.Fatalf("a: %d %q, b: %d %q", a.status, a.body, b.status, b.body)
+	}
+	if c := f.calls.Load(); c != 2 {
+		t.Fatalf("handler ran %d times for two callers, want 2", c)
+	}
+	// Each caller's retry replays its own response.
+	for _, acct := range []string{"acct_a", "acct_b"} {
+		if r := send(acct); r.header.Get(httpidem.HeaderIdempotentReplay) != "true" || string(r.body) != "order for "+acct {
+			t.Fatalf("retry of %s: %d %q %v", acct, r.status, r.body, r.header)
+		}
+	}
+	// A request the scope cannot place (no caller) is refused, not run.
+	if r := send(""); r.status != http.StatusInternalServerError || !strings.Contains(string(r.body), "no-idempotency-scope") {
+		t.Fatalf("without a caller: %d %s", r.status, r.body)
+	}
+	if c := f.calls.Load(); c != 2 {
+		t.Fatalf("handler ran %d times, want 2", c)
+	}
+}
+
+// TestOversizedResponseRunsOnce: a 2xx too large to store is sent to its
+// client, and a retry gets a stored error saying so instead of running the
+// handler again.
+func TestOversizedResponseRunsOnce(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 300)
+	f := setup(t, httpidem.Config{MaxResponseBytes: 100}, func(f *fixture, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(big))
+	})
+	first := f.post("big", `{"qty":1}`)
+	if first.status != http.StatusCreated || string(first.body) != big {
+		t.Fatalf("first: %d, %d bytes", first.status, len(first.body))
+	}
+	for range 2 {
+		r := f.post("big", `{"qty":1}`)
+		if r.status != http.StatusInternalServerError || r.header.Get(httpidem.HeaderIdempotentReplay) != "true" ||
+			r.header.Get("Content-Type") != "application/problem+json" ||
+			!strings.Contains(string(r.body), "response-not-stored") || !strings.Contains(string(r.body), "201") {
+			t.Fatalf("retry: %d %v %s", r.status, r.header, r.body)
+		}
+	}
+	if c := f.calls.Load(); c != 1 {
+		t.Fatalf("handler ran %d times, want 1", c)
 	}
 }
 
