@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -339,9 +340,47 @@ func TestCompose(t *testing.T) {
 		}
 	}
 
+	// Each process logs in as its own role (migrations 00002 and 00007),
+	// with the password the one-shot "roles" service gives it; only
+	// migrate runs as the owner.
+	roles := svc("roles")
+	passwords := strings.Join(roles.Command, " ")
+	if roles.DependsOn["migrate"].Condition != "service_completed_successfully" || roles.Restart != "no" {
+		t.Errorf("roles: must run once, after migrate completed: %+v restart %q", roles.DependsOn, roles.Restart)
+	}
+	for name, s := range cf.Services {
+		if len(s.Command) == 0 {
+			continue
+		}
+		want := map[string]string{"worker": "paydedup_worker", "reconcile": "paydedup_worker", "gateway": "paydedup_gateway"}[s.Command[0]]
+		if want == "" {
+			continue
+		}
+		u, err := url.Parse(s.Environment["DATABASE_URL"])
+		if err != nil || u.User.Username() != want {
+			t.Errorf("%s: DATABASE_URL must log in as %s, got %v", name, want, u.User)
+			continue
+		}
+		pass, _ := u.User.Password()
+		if !strings.Contains(passwords, fmt.Sprintf("ALTER ROLE %s PASSWORD '%s'", want, pass)) {
+			t.Errorf("%s: the roles service does not give %s the password of its DATABASE_URL", name, want)
+		}
+		if s.DependsOn["roles"].Condition != "service_completed_successfully" {
+			t.Errorf("%s: must wait for the roles service, got %+v", name, s.DependsOn)
+		}
+		for k := range s.Environment {
+			if !b.readsEnv(k) {
+				t.Errorf("%s sets %s, which paydedup does not read", name, k)
+			}
+		}
+	}
+	if u, err := url.Parse(migrate.Environment["DATABASE_URL"]); err != nil || strings.HasPrefix(u.User.Username(), "paydedup_") {
+		t.Errorf("migrate: DATABASE_URL must be the owner's, got %v", u.User)
+	}
+
 	// Every paydedup container is the image deploy/Dockerfile builds.
 	for name, s := range cf.Services {
-		if len(s.Command) == 0 || !slices.Contains([]string{"worker", "migrate", "provider-sim", "reconcile"}, s.Command[0]) {
+		if len(s.Command) == 0 || !slices.Contains([]string{"worker", "migrate", "provider-sim", "reconcile", "gateway"}, s.Command[0]) {
 			continue
 		}
 		if s.Build == nil || s.Build.Dockerfile != "deploy/Dockerfile" || path.Clean(s.Build.Context) != ".." {

@@ -105,6 +105,9 @@ func TestComponents(t *testing.T) {
 		if reconcilers(r) == nil {
 			t.Error("components/reconciler: no reconciler Deployment")
 		}
+		if commandDeployments(r, "gateway") == nil {
+			t.Error("components/gateway: no gateway Deployment")
+		}
 	})
 }
 
@@ -121,7 +124,7 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 	t.Run("one image", func(t *testing.T) { checkOneImage(t, r) })
 
 	t.Run("probes", func(t *testing.T) {
-		for _, d := range append([]*appsv1.Deployment{w}, reconcilers(r)...) {
+		for _, d := range append(append([]*appsv1.Deployment{w}, reconcilers(r)...), commandDeployments(r, "gateway")...) {
 			c := d.Spec.Template.Spec.Containers[0]
 			checkProbes(t, b, d.Name, c, effectiveEnv(t, r, c))
 		}
@@ -214,6 +217,8 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 		}
 	})
 
+	t.Run("database roles", func(t *testing.T) { checkDatabaseRoles(t, r) })
+
 	t.Run("keda", func(t *testing.T) { checkScaledObjects(t, b, r, w, wenv) })
 
 	t.Run("monitoring", func(t *testing.T) {
@@ -252,14 +257,63 @@ func worker(t *testing.T, r *rendering) *appsv1.Deployment {
 }
 
 // reconcilers returns the Deployments that run `paydedup reconcile`.
-func reconcilers(r *rendering) []*appsv1.Deployment {
+func reconcilers(r *rendering) []*appsv1.Deployment { return commandDeployments(r, "reconcile") }
+
+// commandDeployments returns the Deployments that run `paydedup command`.
+func commandDeployments(r *rendering, command string) []*appsv1.Deployment {
 	var out []*appsv1.Deployment
 	for _, d := range r.deployments {
-		if c := d.Spec.Template.Spec.Containers; len(c) > 0 && len(c[0].Args) > 0 && c[0].Args[0] == "reconcile" {
+		if c := d.Spec.Template.Spec.Containers; len(c) > 0 && len(c[0].Args) > 0 && c[0].Args[0] == command {
 			out = append(out, d)
 		}
 	}
 	return out
+}
+
+// databaseRoles is, for each command, the Secret key its DATABASE_URL must
+// come from and the database role the documented example of that key logs
+// in as (migrations 00002 and 00007): each process gets only its
+// statements, and only migrations run as the owner.
+var databaseRoles = map[string]struct{ key, role string }{
+	"worker":    {"database-url", "paydedup_worker"},
+	"reconcile": {"database-url", "paydedup_worker"},
+	"gateway":   {"database-url-gateway", "paydedup_gateway"},
+	"migrate":   {"database-url-owner", ""},
+}
+
+// checkDatabaseRoles: every paydedup container takes DATABASE_URL from the
+// Secret key of its own role, and base/kustomization.yaml documents each
+// key with a URL of that role.
+func checkDatabaseRoles(t *testing.T, r *rendering) {
+	doc, err := os.ReadFile(filepath.Join(kustomizeDir, "base", "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for owner, p := range podSpecs(r) {
+		for _, c := range p.Containers {
+			if len(c.Args) == 0 {
+				continue
+			}
+			want, ok := databaseRoles[c.Args[0]]
+			if !ok {
+				t.Errorf("%s/%s runs %q: add it to databaseRoles with the role it connects as", owner, c.Name, c.Args[0])
+				continue
+			}
+			ref := secretRef(c, "DATABASE_URL")
+			if ref == nil || ref.Name != "paydedup" || ref.Key != want.key {
+				t.Errorf("%s/%s (%s): DATABASE_URL from %v, want Secret paydedup key %s", owner, c.Name, c.Args[0], ref, want.key)
+			}
+		}
+	}
+	for _, want := range databaseRoles {
+		if want.role == "" {
+			continue
+		}
+		example := regexp.MustCompile(`(?m)^#\s+` + regexp.QuoteMeta(want.key) + `\s[\s\S]*?postgres://([a-z_]+):`).FindSubmatch(doc)
+		if example == nil || string(example[1]) != want.role {
+			t.Errorf("base/kustomization.yaml: the example of %s must log in as %s, got %q", want.key, want.role, example)
+		}
+	}
 }
 
 // podSpecs returns every pod template of the rendering, by owner.

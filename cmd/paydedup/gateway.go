@@ -49,10 +49,12 @@ GET /v1/payments/{idempotency_key} shows a payment's state and outcome.
 
 Requests authenticate with Authorization: Bearer <API key>; create keys with
 "paydedup apikey create". The gateway does not charge: run "paydedup worker"
-against the same database and stream. It needs migration 00003 (run
-"paydedup migrate up"). On SIGTERM it fails /readyz, lets requests finish
+against the same database and stream. It needs migrations 00003 and 00007
+(run "paydedup migrate up" as the owner) and connects as the role
+paydedup_gateway, which reads API keys and payments and writes only the
+gateway's guard rows. On SIGTERM it fails /readyz, lets requests finish
 within --drain-timeout (waiting requests answer 202) and exits 0.`,
-		Example: `  DATABASE_URL=postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable \
+		Example: `  DATABASE_URL=postgres://paydedup_gateway@127.0.0.1:5432/paydedup?sslmode=disable \
   PAYDEDUP_HTTP_ADDR=:8080 PAYDEDUP_ADMIN_ADDR=:9091 paydedup gateway`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return g.Run(cmd.Context()) },
