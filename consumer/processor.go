@@ -116,7 +116,7 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 			Err: errors.New("idempotency key reused with a different payment: the request fingerprint differs from the stored one")}
 	case dedup.NeedsLookup:
 		return Result{Kind: Retry, Delay: claim.RetryIn,
-			Err: errors.New("pending past the provider's key window: only a provider lookup (the reconciler) may resolve it")}
+			Err: fmt.Errorf("%s past the provider's key window: only a provider lookup (the reconciler) may resolve it", claim.Record.Status)}
 	}
 	return Result{Kind: Retry, Err: fmt.Errorf("unexpected claim outcome %v", claim.Outcome)}
 }

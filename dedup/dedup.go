@@ -179,8 +179,9 @@ type Outcome int
 const (
 	// Claimed: a new row was inserted; the caller holds its lease.
 	Claimed Outcome = iota + 1
-	// Reacquired: a `failed` row, or a pending row whose lease expired, was
-	// taken over (attempts+1); the caller holds the lease.
+	// Reacquired: a `failed` row, or a pending row whose lease expired,
+	// inside its provider key window, was taken over (attempts+1); the
+	// caller holds the lease.
 	Reacquired
 	// Duplicate: the key is completed; Record holds the stored response.
 	Duplicate
