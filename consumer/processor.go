@@ -108,11 +108,15 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 	case dedup.InFlight:
 		return Result{Kind: InFlight, Delay: claim.RetryIn, Err: errors.New("another worker holds the key's lease")}
 	case dedup.Mismatch:
+		if claim.FromLedger {
+			return Result{Kind: DeadLetter, Reason: ReasonKeyReused,
+				Err: errors.New("idempotency key reused with a different payment: the key's record was purged and the ledger's payment under it has another amount or currency")}
+		}
 		return Result{Kind: DeadLetter, Reason: ReasonKeyReused,
 			Err: errors.New("idempotency key reused with a different payment: the request fingerprint differs from the stored one")}
 	case dedup.NeedsLookup:
 		return Result{Kind: Retry, Delay: claim.RetryIn,
-			Err: errors.New("pending past the provider's key window: only a provider lookup (the reconciler) may resolve it")}
+			Err: fmt.Errorf("%s past the provider's key window: only a provider lookup (the reconciler) may resolve it", claim.Record.Status)}
 	}
 	return Result{Kind: Retry, Err: fmt.Errorf("unexpected claim outcome %v", claim.Outcome)}
 }

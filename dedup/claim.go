@@ -15,8 +15,8 @@ import (
 //     it (below);
 //   - existing reads, from the statement's snapshot, the row of each input
 //     the insert did not take (usually none): one primary-key probe each;
-//   - upd re-acquires, with one conditional UPDATE, rows that are `failed`
-//     or pending with an expired lease still inside the provider key window,
+//   - upd re-acquires, with one conditional UPDATE, rows that are `failed`,
+//     or pending with an expired lease, still inside the provider key window,
 //     when the fingerprint matches; attempts+1 fences out the old holder. It
 //     touches only rows the snapshot shows re-acquirable (a duplicate of a
 //     completed key costs no further probe), and re-checks the condition on
@@ -25,10 +25,11 @@ import (
 //     re-acquired, or found untouched (from the snapshot);
 //   - a key whose row was purged after its retention but whose payment is
 //     in the ledger (never purged) is not inserted again: it comes back as
-//     a completed duplicate built from the ledger row. So a message of a
-//     payment that completed long ago can never charge again, however late
-//     it arrives (its fingerprint is no longer known: key reuse is not
-//     detected then).
+//     a completed row built from the ledger row, with no fingerprint
+//     (request_hash NULL). So a message of a payment that completed long
+//     ago can never charge again, however late it arrives; the ledger's
+//     amount and currency then tell it from another payment sent under the
+//     old key (evaluate: a Mismatch).
 //
 // An input with no output row met a row committed by a concurrent claim
 // after this statement's snapshot: it is in flight.
@@ -65,7 +66,6 @@ upd AS (
     UPDATE idempotency_keys AS k
     SET status = 'pending', locked_by = @holder, locked_until = @lease_until, attempts = k.attempts + 1,
         maybe_charged = k.maybe_charged OR k.status = 'pending',
-        key_window_start = CASE WHEN k.status = 'failed' THEN @now ELSE k.key_window_start END,
         updated_at = @now, expires_at = greatest(k.expires_at, @expires_at)
     FROM existing e
     WHERE ` + reacquirable("e") + ` AND e.request_hash = e.input_hash
@@ -80,7 +80,7 @@ UNION ALL
 SELECT e.ord, 3, ` + qualified("e") + ` FROM existing e
 WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = e.merchant_id AND upd.idempotency_key = e.idempotency_key)
 UNION ALL
-SELECT i.ord, 4, p.merchant_id, p.idempotency_key, i.request_hash, 'completed', p.provider_key, p.amount, p.currency,
+SELECT i.ord, 4, p.merchant_id, p.idempotency_key, NULL::bytea, 'completed', p.provider_key, p.amount, p.currency,
     1, NULL::text, NULL::timestamptz, false, p.created_at, p.charge_id,
     CASE WHEN p.status = 'declined' THEN 402 ELSE 200 END,
     jsonb_build_object('id', p.charge_id, 'status', p.status, 'note', 'idempotency key purged; outcome from the ledger'),
@@ -89,12 +89,16 @@ FROM rest i JOIN payments p USING (merchant_id, idempotency_key)
 WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)`
 
 // reacquirable is the claim's test of a row (alias a) that may be taken
-// over: failed, or pending with an expired lease inside the provider key
-// window. A CASE, not an OR of status tests, so that the planner cannot
+// over: failed, or pending with an expired lease, and in either case inside
+// the provider key window. The window counts from the first call under the
+// provider key; a re-acquire never restarts it (only a lookup that proves
+// nothing was charged does: ResolveNotCharged), because a row whose provider
+// key may have reached the provider must never be re-called blind once the
+// provider may have forgotten the key, whatever its status says. A CASE, not an OR of status tests, so that the planner cannot
 // prove a partial index's predicate from it and walk every finished or
 // pending key to find the few in the batch.
 func reacquirable(a string) string {
-	return `CASE ` + a + `.status WHEN 'failed' THEN true
+	return `CASE ` + a + `.status WHEN 'failed' THEN ` + a + `.key_window_start > @window_floor
         WHEN 'pending' THEN ` + a + `.locked_until <= @now AND ` + a + `.key_window_start > @window_floor
         ELSE false END`
 }
@@ -199,7 +203,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 					TraceID: rec.TraceID,
 				}}
 			default:
-				results[i], _ = s.evaluate(rec, reqs[i].RequestHash, now)
+				results[i], _ = s.evaluate(rec, reqs[i], now)
 			}
 			done[i] = true
 			return nil
@@ -213,6 +217,9 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 			// A concurrent claim committed the row after our snapshot.
 			results[i] = ClaimResult{Outcome: InFlight, RetryIn: max(lease, MinRetry)}
 		}
+	}
+	if err := s.parkForLookup(ctx, holder, unique, results, now); err != nil {
+		return nil, err
 	}
 
 	// Later occurrences of a key, in order: once one of them could still
@@ -231,7 +238,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 			results[i] = f
 			continue
 		}
-		res, acquirable := s.evaluate(f.Record, reqs[i].RequestHash, now)
+		res, acquirable := s.evaluate(f.Record, reqs[i], now)
 		if acquirable && f.Outcome != InFlight {
 			deferred[k] = true
 			again = append(again, i)
@@ -240,4 +247,59 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 		results[i] = res
 	}
 	return again, nil
+}
+
+// parkSQL hands `failed` rows past their provider key window to the
+// reconciler: pending with an expired lease and maybe_charged, so that its
+// acquire picks them up and a lookup decides (completed if the provider has
+// the charge; failed with a fresh window if it provably has none). Nobody
+// calls the provider for them meanwhile. The fingerprint and the window are
+// checked again on the row's latest version.
+var parkSQL = `
+UPDATE idempotency_keys AS k
+SET status = 'pending', locked_by = @holder, locked_until = @now, attempts = k.attempts + 1, maybe_charged = true,
+    last_error = 'failed past the provider key window: only a provider lookup may resolve it', updated_at = @now
+FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[]) AS i(merchant_id, idempotency_key, request_hash)
+WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.request_hash = i.request_hash
+  AND k.status = 'failed' AND k.key_window_start <= @window_floor
+RETURNING ` + qualified("k")
+
+// parkForLookup parks the failed rows among the claim's first occurrences
+// idx that evaluate sent to a lookup, and puts the parked rows in results.
+// It costs a round trip only when there is such a row (rare: a failure
+// proved nothing was charged, then nothing retried the key for a day).
+func (s *Store) parkForLookup(ctx context.Context, holder string, idx []int, results []ClaimResult, now time.Time) error {
+	var merchants, keys []string
+	var hashes [][]byte
+	at := map[rowKey]int{}
+	for _, i := range idx {
+		r := results[i]
+		if r.Outcome != NeedsLookup || r.Record.Status != StatusFailed {
+			continue
+		}
+		merchants, keys = append(merchants, r.Record.MerchantID), append(keys, r.Record.IdempotencyKey)
+		hashes = append(hashes, r.Record.RequestHash)
+		at[rowKey{r.Record.MerchantID, r.Record.IdempotencyKey}] = i
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	args := pgx.NamedArgs{"merchants": merchants, "keys": keys, "hashes": hashes, "holder": holder,
+		"now": now, "window_floor": now.Add(-s.window)}
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, parkSQL, args)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			rec, err := scanRecord(rows)
+			if err != nil {
+				return err
+			}
+			results[at[rowKey{rec.MerchantID, rec.IdempotencyKey}]].Record = rec
+		}
+		return rows.Err()
+	})
+	return interpretError("park keys for lookup", err)
 }

@@ -15,9 +15,15 @@
 //   - A row on which a provider call may have charged without us learning
 //     the answer is marked maybe_charged; it never becomes `failed` until a
 //     provider lookup proves nothing was charged.
-//   - A pending row whose key window (the provider's own idempotency-key
-//     retention) has passed is never handed out for a blind re-call: only a
-//     lookup may resolve it.
+//   - `failed` means provably nothing charged under the provider key: only
+//     a provider answer that proves it, or a lookup, sets it (Fail keeps a
+//     maybe_charged row pending; the schema refuses a failed maybe_charged
+//     row).
+//   - A row, pending or failed, whose key window (the provider's own
+//     idempotency-key retention, counted from the first call under the key)
+//     has passed is never handed out for a blind re-call: only a lookup may
+//     resolve it, and only a lookup that proves nothing was charged starts
+//     a fresh window.
 //
 // pgx is used only here; its errors never leave the package.
 package dedup
@@ -173,8 +179,9 @@ type Outcome int
 const (
 	// Claimed: a new row was inserted; the caller holds its lease.
 	Claimed Outcome = iota + 1
-	// Reacquired: a `failed` row, or a pending row whose lease expired, was
-	// taken over (attempts+1); the caller holds the lease.
+	// Reacquired: a `failed` row, or a pending row whose lease expired,
+	// inside its provider key window, was taken over (attempts+1); the
+	// caller holds the lease.
 	Reacquired
 	// Duplicate: the key is completed; Record holds the stored response.
 	Duplicate
@@ -184,9 +191,11 @@ const (
 	// Mismatch: the key exists with another request fingerprint: a client
 	// reused a key for a different payment. Nothing was changed.
 	Mismatch
-	// NeedsLookup: the row is pending, its lease expired, and its first
-	// provider call is older than the provider's key window: a blind re-call
-	// could charge again, so only a provider lookup may resolve it.
+	// NeedsLookup: the row is pending with an expired lease, or failed, and
+	// its first provider call is older than the provider's key window: a
+	// blind re-call could charge again, so only a provider lookup may
+	// resolve it. A failed row is parked for the reconciler (pending,
+	// maybe_charged, lease expired) by the claim that finds it so.
 	NeedsLookup
 )
 
@@ -219,6 +228,12 @@ type ClaimResult struct {
 	Lease *Lease
 	// RetryIn is set for InFlight and NeedsLookup.
 	RetryIn time.Duration
+	// FromLedger reports a Duplicate or Mismatch judged against the payments
+	// ledger because the key's row was purged after its retention: Record is
+	// built from the ledger row, with no fingerprint (RequestHash nil), and
+	// Mismatch means the ledger's amount or currency differ from the
+	// request's (a key reused for another payment).
+	FromLedger bool
 }
 
 // Completion is a definitive provider outcome to record.

@@ -98,11 +98,14 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 	return fmt.Errorf("complete key: %w", ErrLeaseLost)
 }
 
-// Fail records a failure known not to have charged. The row becomes
-// `failed` (re-acquirable by the next delivery) unless an earlier holder may
-// have charged (MaybeCharged): then this failure proves nothing, and the row
-// stays pending with its lease released so a redelivery or the reconciler
-// resolves it. It returns the row's new status.
+// Fail records a provider answer that proves this call was not executed
+// (provider.ClassRetryable: a 429, a refused dial; never a 409 or any
+// unknown outcome, which are Release). The row becomes `failed`
+// (re-acquirable by the next delivery inside its key window) unless a call
+// under the key may have charged (maybe_charged): then this answer proves
+// nothing about that call, and the row stays pending with its lease
+// released so a redelivery or the reconciler resolves it. It returns the
+// row's new status.
 func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error) {
 	now := s.clock.Now()
 	args := leaseArgs(l)
@@ -193,8 +196,9 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 }
 
 // ResolveNotCharged marks a leased row `failed` after a provider lookup
-// proved nothing was charged under its key; it clears maybe_charged, so the
-// next delivery may call the provider again.
+// proved nothing was charged under its key; it clears maybe_charged and
+// starts a fresh key window, so the next delivery may call the provider
+// again (blind, under the same key, for one more window).
 func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) error {
 	now := s.clock.Now()
 	args := leaseArgs(l)
@@ -202,7 +206,8 @@ func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) e
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
-			SET status = 'failed', locked_until = NULL, maybe_charged = false, last_error = @reason, updated_at = @now
+			SET status = 'failed', locked_until = NULL, maybe_charged = false, key_window_start = @now,
+			    last_error = @reason, updated_at = @now
 			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -294,20 +294,34 @@ func (s *Store) Get(ctx context.Context, merchantID, key string) (Record, error)
 	return rec, nil
 }
 
-// evaluate decides what a claim finds in an existing row it did not take.
-// acquirable reports a row the claim could have taken but did not: another
-// claim won it in the meantime.
-func (s *Store) evaluate(rec Record, hash []byte, now time.Time) (res ClaimResult, acquirable bool) {
+// evaluate decides what a claim for req finds in an existing row it did not
+// take. acquirable reports a row the claim could have taken but did not:
+// another claim won it in the meantime.
+//
+// A row built from the ledger after its key row was purged has no
+// fingerprint (RequestHash nil): the ledger's amount and currency decide
+// between the old payment's duplicate and a reused key.
+func (s *Store) evaluate(rec Record, req ClaimRequest, now time.Time) (res ClaimResult, acquirable bool) {
 	res.Record = rec
+	if rec.RequestHash == nil {
+		res.FromLedger = true
+		res.Outcome = Duplicate
+		if rec.Amount != req.Amount || rec.Currency != req.Currency {
+			res.Outcome = Mismatch
+		}
+		return res, false
+	}
 	switch {
-	case !bytes.Equal(rec.RequestHash, hash):
+	case !bytes.Equal(rec.RequestHash, req.RequestHash):
 		res.Outcome = Mismatch
 	case rec.Status == StatusCompleted:
 		res.Outcome = Duplicate
 	case rec.Status == StatusPending && rec.LockedUntil.After(now):
 		res.Outcome = InFlight
 		res.RetryIn = max(rec.LockedUntil.Sub(now), MinRetry)
-	case rec.Status == StatusPending && !rec.KeyWindowStart.After(now.Add(-s.window)):
+	case rec.Status != StatusCompleted && !rec.KeyWindowStart.After(now.Add(-s.window)):
+		// Pending with an expired lease, or failed: either way the
+		// provider may have forgotten the key.
 		res.Outcome = NeedsLookup
 		res.RetryIn = LookupRetry
 	default:

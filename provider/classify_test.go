@@ -2,6 +2,7 @@ package provider_test
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -43,9 +44,13 @@ func TestClassify(t *testing.T) {
 		{"400 invalid amount", 400, "invalid_request_error", "parameter_invalid_integer", nil, provider.ClassDeclined},
 		{"400 no such payment method", 400, "invalid_request_error", "resource_missing", nil, provider.ClassDeclined},
 		{"400 idempotency_error", 400, "idempotency_error", "", nil, provider.ClassMismatch},
-		{"409 key in use", 409, "invalid_request_error", "idempotency_key_in_use", nil, provider.ClassRetryable},
-		{"409 lock timeout", 409, "invalid_request_error", "lock_timeout", nil, provider.ClassRetryable},
-		{"409 bare", 409, "", "", nil, provider.ClassRetryable},
+		// A 409 proves only that this copy did not run: another request
+		// under the key is running and can charge.
+		{"409 key in use", 409, "invalid_request_error", "idempotency_key_in_use", nil, provider.ClassUnknown},
+		{"409 lock timeout", 409, "invalid_request_error", "lock_timeout", nil, provider.ClassUnknown},
+		{"429 lock timeout (as Stripe sends it)", 429, "invalid_request_error", "lock_timeout", nil, provider.ClassUnknown},
+		{"409 bare", 409, "", "", nil, provider.ClassUnknown},
+		{"409 body cut short", 409, "invalid_request_error", "idempotency_key_in_use", io.ErrUnexpectedEOF, provider.ClassUnknown},
 		{"429 rate limit", 429, "invalid_request_error", "rate_limit", nil, provider.ClassRetryable},
 		{"429 bare", 429, "", "", nil, provider.ClassRetryable},
 		{"401 auth", 401, "authentication_error", "", nil, provider.ClassRetryable},
@@ -62,6 +67,10 @@ func TestClassify(t *testing.T) {
 		{"dns error alone", 0, "", "", urlErr(&net.DNSError{Err: "server misbehaving", Name: "x", IsTemporary: true}), provider.ClassRetryable},
 		{"dial timeout", 0, "", "", urlErr(&net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}), provider.ClassRetryable},
 		{"tls unknown authority", 0, "", "", urlErr(x509.UnknownAuthorityError{}), provider.ClassRetryable},
+		// Read where a response was awaited on a reused connection: the
+		// request had been written.
+		{"tls record header on a reused connection", 0, "", "", urlErr(tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}), provider.ClassUnknown},
+		{"tls record header, wrapped", 0, "", "", urlErr(fmt.Errorf("readLoopPeekFailLocked: %w", tls.RecordHeaderError{Msg: "unsupported SSL record version"})), provider.ClassUnknown},
 		{"read timeout", 0, "", "", urlErr(&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), provider.ClassUnknown},
 		{"client timeout", 0, "", "", urlErr(fmt.Errorf("net/http: request canceled (Client.Timeout exceeded while awaiting headers): %w", context.DeadlineExceeded)), provider.ClassUnknown},
 		{"context deadline", 0, "", "", urlErr(context.DeadlineExceeded), provider.ClassUnknown},

@@ -22,13 +22,19 @@
 // a decline is an outcome, not an error) or an [*Error] carrying a [Class]:
 //
 //   - [ClassUnknown] (“unknown_outcome”): the provider may have charged —
-//     timeouts, a connection dropped after the request was written, 5xx. The
-//     caller must keep the key pending and re-call with the same provider key
-//     (the provider replays) or resolve it with a lookup. This is also the
-//     answer for anything unrecognised, because it is the only safe one.
-//   - [ClassRetryable] (“retryable”): the provider provably did not charge —
-//     429, 409 idempotency_key_in_use, connection refused or any failure
-//     before the request left this process, 401/403. Safe to retry later.
+//     timeouts, a connection dropped after the request was written, 5xx, a
+//     409 idempotency_key_in_use or a lock_timeout (another request under the
+//     same provider key is running and can charge; it may be net/http's own
+//     resend of our request), or a "not executed" answer to a copy that
+//     net/http resent after writing an earlier one. The caller must keep the
+//     key pending and re-call with the same provider key (the provider
+//     replays) or resolve it with a lookup. This is also the answer for
+//     anything unrecognised, because it is the only safe one.
+//   - [ClassRetryable] (“retryable”): the provider provably did not execute
+//     the request and holds nothing under its key for it — a 429 rate limit,
+//     401/403, another 4xx with a provider error body, connection refused or
+//     any failure before the request left this process. Safe to retry
+//     later; only this class lets a caller record "not charged".
 //   - [ClassDeclined] (“declined”): a definitive business failure (card_error,
 //     invalid_request_error on the parameters). Charge reports it as an
 //     Outcome with Declined set, to be stored and replayed like a success.

@@ -18,13 +18,16 @@ type Class int
 // The classes, from the safest answer to the most specific.
 const (
 	// ClassUnknown means the provider may have charged: a timeout, a
-	// connection dropped after the request was written, a 5xx, or anything
-	// unrecognised. Keep the key pending; re-call with the same provider key
-	// or look it up.
+	// connection dropped after the request was written, a 5xx, a 409
+	// (idempotency_key_in_use: another request under this provider key is
+	// running and can charge), a lock_timeout, or anything unrecognised.
+	// Keep the key pending; re-call with the same provider key or look it
+	// up.
 	ClassUnknown Class = iota
-	// ClassRetryable means the provider provably did not charge: 429, 409
-	// idempotency_key_in_use, connection refused or a failure before the
-	// request was sent, 401/403.
+	// ClassRetryable means the provider provably did not execute this
+	// request and holds nothing under its key because of it: a 429 rate
+	// limit, 401/403, another 4xx with a provider error body, connection
+	// refused or a failure before the request was sent.
 	ClassRetryable
 	// ClassDeclined is a definitive business failure (card_error, or
 	// invalid_request_error on the parameters); Charge reports it as an
@@ -142,7 +145,6 @@ func Classify(httpStatus int, errType, errCode string, transportErr error) Class
 		return classifyTransport(transportErr)
 	}
 	notCharged := httpStatus == http.StatusTooManyRequests ||
-		httpStatus == http.StatusConflict ||
 		httpStatus == http.StatusUnauthorized ||
 		httpStatus == http.StatusForbidden
 	if transportErr != nil && !notCharged {
@@ -156,7 +158,8 @@ func Classify(httpStatus int, errType, errCode string, transportErr error) Class
 		return ClassMismatch
 	case errCode == "idempotency_key_in_use" || errCode == "lock_timeout" ||
 		httpStatus == http.StatusConflict:
-		return ClassRetryable
+		// Another request under this key is running: it may charge.
+		return ClassUnknown
 	case httpStatus == http.StatusTooManyRequests || errCode == "rate_limit" ||
 		errType == "rate_limit_error":
 		return ClassRetryable
@@ -181,8 +184,12 @@ func Classify(httpStatus int, errType, errCode string, transportErr error) Class
 
 // classifyTransport classifies an error that arrived instead of a response.
 // Only failures that provably happened before the request left this process
-// (dialing, DNS, the TLS handshake) are ClassRetryable; everything else —
-// timeouts, EOF, resets, context ends — is ClassUnknown.
+// (dialing, DNS, verifying the server's certificate in the handshake) are
+// ClassRetryable; everything else — timeouts, EOF, resets, context ends, a
+// malformed TLS record — is ClassUnknown. A tls.RecordHeaderError is read
+// where a TLS record was expected; on a reused keep-alive connection that is
+// after the request was written (the provider may be running it), so it
+// proves nothing.
 func classifyTransport(err error) Class {
 	var opErr *net.OpError
 	if errors.As(err, &opErr) && opErr.Op == "dial" {
@@ -198,9 +205,8 @@ func classifyTransport(err error) Class {
 	var certErr *tls.CertificateVerificationError
 	var unknownAuth x509.UnknownAuthorityError
 	var hostErr x509.HostnameError
-	var recErr tls.RecordHeaderError
 	if errors.As(err, &certErr) || errors.As(err, &unknownAuth) ||
-		errors.As(err, &hostErr) || errors.As(err, &recErr) {
+		errors.As(err, &hostErr) {
 		return ClassRetryable
 	}
 	// Timeouts, context.DeadlineExceeded/Canceled, EOF and resets all land

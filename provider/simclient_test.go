@@ -414,7 +414,7 @@ func TestSimClientKeyInFlightAcrossPaths(t *testing.T) {
 	}()
 	<-entered
 	_, err := sim.Client("sk_test_cross").Charge(context.Background(), req)
-	if pe := wantClass(t, err, provider.ClassRetryable); pe.HTTPStatus != http.StatusConflict || pe.Code != "idempotency_key_in_use" {
+	if pe := wantClass(t, err, provider.ClassUnknown); pe.HTTPStatus != http.StatusConflict || pe.Code != "idempotency_key_in_use" {
 		t.Fatalf("error = %+v", pe)
 	}
 	close(release)

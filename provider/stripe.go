@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/stripe/stripe-go/v82"
@@ -45,8 +47,13 @@ type StripeConfig struct {
 // Stripe is the Provider for Stripe's PaymentIntents API, on stripe-go. It
 // never retries by itself (stripe-go's network retries are off): retries
 // belong to ChargeWithRetry and the worker. (net/http may still resend a
-// request once when a reused keep-alive connection turns out closed; that is
-// safe, since the resend carries the same Idempotency-Key.)
+// request by itself when a reused keep-alive connection closes after the
+// request was written and before any response byte: stripe-go sets GetBody
+// and an Idempotency-Key header, which net/http takes as leave to replay it.
+// The resend carries the same key, so it cannot charge twice, but its answer
+// speaks only for itself: Charge counts the copies written and reports any
+// "not executed" answer that follows an earlier written copy as an unknown
+// outcome.)
 type Stripe struct {
 	client     *stripe.Client
 	httpClient *http.Client
@@ -121,10 +128,13 @@ func (s *Stripe) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	var copies writtenCopies
+	ctx = httptrace.WithClientTrace(ctx, copies.trace())
 
 	pi, err := s.client.V1PaymentIntents.Create(ctx, stripeCreateParams(req))
 	if err != nil {
-		return s.chargeError(err)
+		out, cerr := s.chargeError(err)
+		return out, copies.check(cerr, answered(err))
 	}
 	raw, hdr := lastResponse(pi.LastResponse)
 	if raw == nil {
@@ -136,6 +146,50 @@ func (s *Stripe) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error
 	}
 	out.Replayed = replayed(hdr)
 	return out, nil
+}
+
+// writtenCopies counts the copies of one request that net/http wrote in
+// full: more than one when it resent the request on a new connection.
+type writtenCopies struct{ n atomic.Int32 }
+
+func (w *writtenCopies) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{WroteRequest: func(info httptrace.WroteRequestInfo) {
+		if info.Err == nil {
+			w.n.Add(1)
+		}
+	}}
+}
+
+// check returns err, made ClassUnknown when it is ClassRetryable but a copy
+// of the request other than the one it answers was written: that copy may be
+// running at the provider (a resend meets it as 409, or is refused on its
+// own with a 429 or a failed dial) and may charge. answered reports that err
+// is the provider's answer (to the last copy written) rather than a failure
+// to send.
+func (w *writtenCopies) check(err error, answered bool) error {
+	pe, ok := err.(*Error)
+	if !ok || pe.Class != ClassRetryable {
+		return err
+	}
+	earlier := int(w.n.Load())
+	if answered {
+		earlier--
+	}
+	if earlier <= 0 {
+		return err
+	}
+	return &Error{
+		Class: ClassUnknown, HTTPStatus: pe.HTTPStatus, Type: pe.Type, Code: pe.Code, RetryAfter: pe.RetryAfter,
+		Message: fmt.Sprintf("net/http resent the request after writing it; the answer to the resend proves nothing about the first copy (%s)", pe.Message),
+		Err:     pe.Err,
+	}
+}
+
+// answered reports whether a failed stripe-go call got an answer from the
+// API (a status and an error body) rather than a transport failure.
+func answered(err error) bool {
+	var se *stripe.Error
+	return errors.As(err, &se) && se.HTTPStatusCode != 0
 }
 
 // stripeCreateParams is the PaymentIntent create the adapter sends for req.

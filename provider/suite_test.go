@@ -285,7 +285,7 @@ func testConcurrentSameKey(t *testing.T, newProvider newProviderFunc) {
 		r := <-results
 		switch {
 		case r.err != nil:
-			pe := wantClass(t, r.err, provider.ClassRetryable)
+			pe := wantClass(t, r.err, provider.ClassUnknown)
 			if pe.HTTPStatus != 409 || pe.Code != "idempotency_key_in_use" {
 				t.Fatalf("error = %+v", pe)
 			}

@@ -1,0 +1,76 @@
+package consumer_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// TestPurgedKeyReusedDeadLettered: once a completed key's row is purged
+// after its retention, the ledger is the only memory of the key. Another
+// payment sent under the old key is dead-lettered key_reused, never acked as
+// the old payment's duplicate (and never charged); the old payment sent
+// again is a duplicate, acked and not charged.
+func TestPurgedKeyReusedDeadLettered(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(time.Now())
+	pool := testenv.Pool(t)
+	store, err := dedup.New(pool, dedup.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := testenv.NATSConn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim, stripe := testenv.Provider(t, 7, 2*time.Second)
+	cfg := testenv.Streams(t, js)
+	cfg.Lease, cfg.AckWait, cfg.MaxDeliver = 3*time.Second, 5*time.Second, 6
+	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
+	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
+	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 4, 10
+	e := &env{t: t, ctx: context.Background(), pool: pool, store: store, nc: nc, js: js, sim: sim, stripe: stripe, cfg: cfg}
+	watch := &claimWatch{Store: store, seen: map[string][]dedup.Outcome{}}
+	e.startWorkerOn("w1", watch)
+
+	e.publish("m_1", body("m_1", "old", 100), "", nil)
+	e.eventually("payment completed", func() bool {
+		rec, err := store.Get(e.ctx, "m_1", "old")
+		return err == nil && rec.Status == dedup.StatusCompleted
+	})
+	clk.Advance(dedup.DefaultRetention + time.Hour)
+	if n, err := store.Purge(e.ctx, 10); err != nil || n != 1 {
+		t.Fatalf("purge: %d %v", n, err)
+	}
+
+	e.publish("m_1", body("m_1", "old", 999), "", nil)
+	e.eventually("key_reused dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	dl := e.deadLetters()[0]
+	p, err := consumer.ParseDeadLetter(dl.Header)
+	if err != nil || p.Reason != consumer.ReasonKeyReused || !strings.Contains(dl.Header.Get("Dlq-Error"), "purged") {
+		t.Fatalf("dead letter %+v (%q) %v, want key_reused naming the purged record", p, dl.Header.Get("Dlq-Error"), err)
+	}
+
+	e.publish("m_1", body("m_1", "old", 100), "", nil)
+	e.eventually("the old payment again is a duplicate", func() bool { return watch.count("old", dedup.Duplicate) == 1 })
+	e.quiescent()
+	if n := len(e.deadLetters()); n != 1 {
+		t.Fatalf("%d dead letters, want only the reused key's", n)
+	}
+	if n := e.charges("m_1", "old"); n != 1 {
+		t.Fatalf("charges under the key = %d, want 1", n)
+	}
+	if _, err := store.Get(e.ctx, "m_1", "old"); err == nil {
+		t.Fatal("neither copy may recreate the purged key row")
+	}
+}

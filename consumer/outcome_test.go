@@ -1,0 +1,99 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// writes records the store writes the processor makes after a call.
+type writes struct {
+	mu            sync.Mutex
+	fail, release []string
+}
+
+func (w *writes) ClaimBatch(context.Context, string, time.Duration, []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+	return nil, errors.New("not used")
+}
+func (w *writes) Heartbeat(_ context.Context, l dedup.Lease, _ time.Duration) (dedup.Lease, error) {
+	return l, nil
+}
+func (w *writes) Complete(context.Context, dedup.Lease, dedup.Completion) error { return nil }
+func (w *writes) CompleteBatch(_ context.Context, items []dedup.CompleteItem) ([]error, error) {
+	return make([]error, len(items)), nil
+}
+func (w *writes) Fail(_ context.Context, _ dedup.Lease, reason string) (dedup.Status, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fail = append(w.fail, reason)
+	return dedup.StatusFailed, nil
+}
+func (w *writes) Release(_ context.Context, _ dedup.Lease, reason string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.release = append(w.release, reason)
+	return nil
+}
+
+type failing struct{ err error }
+
+func (f failing) Charge(context.Context, provider.ChargeRequest) (*provider.Outcome, error) {
+	return nil, f.err
+}
+
+// TestProcessorRecordsNotChargedOnlyOnProof maps provider answers to the
+// store write that follows: only an answer that proves the request was not
+// executed (ClassRetryable) may call Fail, the one write that can make a
+// row `failed`; a 409 idempotency_key_in_use, a lock_timeout and every
+// unknown outcome release the row (pending, maybe_charged).
+func TestProcessorRecordsNotChargedOnlyOnProof(t *testing.T) {
+	t.Parallel()
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
+	answer := func(status int, typ, code string) error {
+		return &provider.Error{Class: provider.Classify(status, typ, code, nil), HTTPStatus: status, Type: typ, Code: code}
+	}
+	cases := []struct {
+		name     string
+		err      error
+		wantFail bool
+	}{
+		{"409 idempotency_key_in_use", answer(409, "invalid_request_error", "idempotency_key_in_use"), false},
+		{"409 lock_timeout", answer(409, "invalid_request_error", "lock_timeout"), false},
+		{"429 lock_timeout", answer(429, "invalid_request_error", "lock_timeout"), false},
+		{"500 api_error", answer(500, "api_error", ""), false},
+		{"connection dropped after writing", &provider.Error{Class: provider.Classify(0, "", "", io.EOF), Err: io.EOF}, false},
+		{"429 rate limit", answer(429, "invalid_request_error", "rate_limit"), true},
+		{"401", answer(401, "authentication_error", ""), true},
+		{"connection refused", &provider.Error{Class: provider.Classify(0, "", "", refused), Err: refused}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := &writes{}
+			cfg := consumer.Config{Holder: "w", Lease: 3 * time.Second,
+				ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: time.Second}}
+			p := consumer.NewProcessor(st, failing{tc.err}, cfg, nil)
+			cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+			lease := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(3 * time.Second)}
+			res := p.Handle(context.Background(), cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: lease}, nil)
+			if res.Kind != consumer.Retry {
+				t.Fatalf("result %v, want retry", res.Kind)
+			}
+			gotFail := len(st.fail) == 1 && len(st.release) == 0
+			gotRelease := len(st.release) == 1 && len(st.fail) == 0
+			if tc.wantFail && !gotFail || !tc.wantFail && !gotRelease {
+				t.Fatalf("store writes: fail %q, release %q; want %s", st.fail, st.release,
+					map[bool]string{true: "one Fail", false: "one Release"}[tc.wantFail])
+			}
+		})
+	}
+}
