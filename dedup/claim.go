@@ -45,7 +45,8 @@ ins AS (
     INSERT INTO idempotency_keys AS k (merchant_id, idempotency_key, request_hash, status, provider_key,
         amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at, trace_id)
     SELECT merchant_id, idempotency_key, request_hash, 'pending', provider_key,
-        amount, currency, 1, @holder, @lease_until, @now, @now, @now, @expires_at, nullif(trace_id, '')
+        amount, currency, 1, @holder, ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + `, ` + dbNow + `,
+        ` + dbNow + ` + @retention::interval, nullif(trace_id, '')
     FROM input
     WHERE (SELECT true FROM payments p
            WHERE p.merchant_id = input.merchant_id AND p.idempotency_key = input.idempotency_key) IS NULL
@@ -63,10 +64,10 @@ existing AS (
 ),
 upd AS (
     UPDATE idempotency_keys AS k
-    SET status = 'pending', locked_by = @holder, locked_until = @lease_until, attempts = k.attempts + 1,
+    SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + ` + @lease::interval, attempts = k.attempts + 1,
         maybe_charged = k.maybe_charged OR k.status = 'pending',
-        key_window_start = CASE WHEN k.status = 'failed' THEN @now ELSE k.key_window_start END,
-        updated_at = @now, expires_at = greatest(k.expires_at, @expires_at)
+        key_window_start = CASE WHEN k.status = 'failed' THEN ` + dbNow + ` ELSE k.key_window_start END,
+        updated_at = ` + dbNow + `, expires_at = greatest(k.expires_at, ` + dbNow + ` + @retention::interval)
     FROM existing e
     WHERE ` + reacquirable("e") + ` AND e.request_hash = e.input_hash
       AND k.merchant_id = e.merchant_id AND k.idempotency_key = e.idempotency_key
@@ -95,7 +96,7 @@ WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)`
 // pending key to find the few in the batch.
 func reacquirable(a string) string {
 	return `CASE ` + a + `.status WHEN 'failed' THEN true
-        WHEN 'pending' THEN ` + a + `.locked_until <= @now AND ` + a + `.key_window_start > @window_floor
+        WHEN 'pending' THEN ` + a + `.locked_until <= ` + dbNow + ` AND ` + a + `.key_window_start > ` + dbNow + ` - @window::interval
         ELSE false END`
 }
 
@@ -169,18 +170,26 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 		providerKeys[j], amounts[j], currencies[j], ords[j] = ProviderKey(r.MerchantID, r.IdempotencyKey), r.Amount, r.Currency, int32(i)
 		traces[j] = r.TraceID
 	}
-	now := s.clock.Now()
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "hashes": hashes, "provider_keys": providerKeys,
 		"amounts": amounts, "currencies": currencies, "trace_ids": traces, "ords": ords,
-		"holder": holder, "now": now, "lease_until": now.Add(lease), "expires_at": now.Add(s.retention),
-		"window_floor": now.Add(-s.window),
+		"holder": holder, "now": s.now(), "lease": lease, "retention": s.retention, "window": s.window,
 	}
 
+	// A row the claim did not take is judged at the statement's own time,
+	// which queryPinned reports once the rows are read: collect them first.
+	type found struct {
+		i   int
+		rec Record
+	}
+	var untaken []found
 	done := make(map[int]bool, n)
+	var now time.Time
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		clear(done)
-		return s.queryPinned(ctx, planGeneric, claimSQL, args, func(rows pgx.Rows) error {
+		untaken = untaken[:0]
+		var err error
+		now, err = s.queryPinned(ctx, planGeneric, claimSQL, args, func(rows pgx.Rows) error {
 			var ord, kind int32
 			rec, err := scanRecord(rows, &ord, &kind)
 			if err != nil {
@@ -199,14 +208,18 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 					TraceID: rec.TraceID,
 				}}
 			default:
-				results[i], _ = s.evaluate(rec, reqs[i].RequestHash, now)
+				untaken = append(untaken, found{i, rec})
 			}
 			done[i] = true
 			return nil
 		})
+		return err
 	})
 	if err != nil {
 		return nil, interpretError("claim keys", err)
+	}
+	for _, f := range untaken {
+		results[f.i], _ = s.evaluate(f.rec, reqs[f.i].RequestHash, now)
 	}
 	for _, i := range unique {
 		if !done[i] {

@@ -17,19 +17,18 @@ type PendingCounts struct {
 	Stuck int64
 }
 
-// CountPending reads PendingCounts as of now.
-func (s *Store) CountPending(ctx context.Context, now time.Time, grace time.Duration) (PendingCounts, error) {
+// CountPending reads PendingCounts as of the store's time (the database's
+// clock in production). A pending row counts as stuck when its lease
+// expired more than grace ago.
+func (s *Store) CountPending(ctx context.Context, grace time.Duration) (PendingCounts, error) {
 	var c PendingCounts
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE locked_until < @stuck_before)
+		return s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE locked_until < `+dbNow+` - @grace::interval)
 			FROM idempotency_keys WHERE status = 'pending'`,
-			pgx.NamedArgs{"stuck_before": now.Add(-grace)}).Scan(&c.Pending, &c.Stuck)
+			pgx.NamedArgs{"now": s.now(), "grace": grace}).Scan(&c.Pending, &c.Stuck)
 	})
 	if err != nil {
 		return PendingCounts{}, interpretError("count pending keys", err)
 	}
 	return c, nil
 }
-
-// Now is the store's clock: lease times are written from it.
-func (s *Store) Now() time.Time { return s.clock.Now() }

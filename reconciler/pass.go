@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/provider"
@@ -81,6 +82,10 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 	if r.cfg.Metrics != nil {
 		defer func() { r.cfg.Metrics.ObserveRun(res, err) }()
 	}
+	// The leases' end, by our own clock: the store sets them from the
+	// database's clock, from a moment after this one, so only the elapsed
+	// time since now counts and a skewed host clock cannot matter.
+	leasedUntil := r.cfg.Clock.Now().Add(r.cfg.Lease)
 	stuck, err := r.store.AcquireStuck(ctx, r.cfg.Holder, r.acquireAfter, r.cfg.Lease, r.cfg.BatchSize)
 	if err != nil {
 		return res, fmt.Errorf("lease stuck payments: %w", err)
@@ -95,7 +100,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		case ctx.Err() != nil:
 			v = r.release(ctx, s, "reconciler stopped before the lookup")
 		default:
-			v = r.resolve(ctx, s)
+			v = r.resolve(ctx, s, leasedUntil)
 		}
 		dbDown = dbDown || v.dbDown
 		res.add(v)
@@ -113,14 +118,15 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 }
 
 // resolve looks one leased row up at the provider and records the answer.
-func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck) verdict {
+// leasedUntil is when its lease ends by the reconciler's clock.
+func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil time.Time) verdict {
 	l := s.Lease
 	log := r.log.With("merchant_id", l.MerchantID, "idempotency_key", l.IdempotencyKey,
 		"provider_key", l.ProviderKey, "attempt", l.Attempt)
 
 	// A long batch could outlast the lease taken at its start; a lapsed
 	// lease would let a redelivery take the row while we look it up.
-	if l.Until.Sub(r.cfg.Clock.Now()) < r.renewBelow {
+	if leasedUntil.Sub(r.cfg.Clock.Now()) < r.renewBelow {
 		renewed, err := r.store.Heartbeat(ctx, l, r.cfg.Lease)
 		if err != nil {
 			return r.writeFailed(ctx, s, "renew lease", err)

@@ -97,7 +97,10 @@ type Looker interface {
 	Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error)
 }
 
-// Clock tells the time; use the store's clock, since lease times come from it.
+// Clock tells the time. The reconciler uses it only to measure how long it
+// has held a lease (the store sets lease times from the database's clock),
+// so a host clock that is off changes nothing. Tests pass the store's fake
+// clock.
 type Clock interface {
 	Now() time.Time
 }
@@ -136,7 +139,8 @@ type Config struct {
 	// Holder is the lease holder id; "reconciler-<hostname>-<random>" when
 	// empty.
 	Holder string
-	// Clock is the store's clock; the system clock when nil.
+	// Clock measures the time since a lease was taken; the system clock
+	// when nil.
 	Clock Clock
 	// Logger receives JSON-friendly records; discarded when nil.
 	Logger *slog.Logger

@@ -111,11 +111,11 @@ func (s *statusCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeDB()
-	now := time.Now()
-	st, err := store.Stats(ctx, now, s.grace)
+	st, err := store.Stats(ctx, s.grace)
 	if err != nil {
 		return err
 	}
+	now := st.Now // the database's clock, which every lease time comes from
 	var rep statusReport
 	rep.Time = now.UTC()
 	rep.Keys = keyCounts{Pending: st.Pending, Completed: st.Completed, Failed: st.Failed, Total: st.Total()}

@@ -137,7 +137,7 @@ func TestStuckPendingGauge(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	ops.WatchPending(reg, func(ctx context.Context) (int64, int64, error) {
-		c, err := store.CountPending(ctx, store.Now(), time.Minute)
+		c, err := store.CountPending(ctx, time.Minute)
 		return c.Pending, c.Stuck, err
 	})
 	a := serve(t, reg)
