@@ -17,7 +17,9 @@ import (
 //     the insert did not take (usually none): one primary-key probe each;
 //   - upd re-acquires, with one conditional UPDATE, rows that are `failed`
 //     or pending with an expired lease still inside the provider key window,
-//     when the fingerprint matches; attempts+1 fences out the old holder. It
+//     when the fingerprint matches; attempts+1 fences out the old holder (a
+//     `failed` row starts a new pending episode: pending_since and the
+//     lookup back-off start again; a pending one keeps its own). It
 //     touches only rows the snapshot shows re-acquirable (a duplicate of a
 //     completed key costs no further probe), and re-checks the condition on
 //     the row's latest version;
@@ -43,10 +45,11 @@ WITH input AS (
 ),
 ins AS (
     INSERT INTO idempotency_keys AS k (merchant_id, idempotency_key, request_hash, status, provider_key,
-        amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at, trace_id)
+        amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at, trace_id,
+        pending_since)
     SELECT merchant_id, idempotency_key, request_hash, 'pending', provider_key,
         amount, currency, 1, @holder, ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + `, ` + dbNow + `,
-        ` + dbNow + ` + @retention::interval, nullif(trace_id, '')
+        ` + dbNow + ` + @retention::interval, nullif(trace_id, ''), ` + dbNow + `
     FROM input
     WHERE (SELECT true FROM payments p
            WHERE p.merchant_id = input.merchant_id AND p.idempotency_key = input.idempotency_key) IS NULL
@@ -67,6 +70,9 @@ upd AS (
     SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + ` + @lease::interval, attempts = k.attempts + 1,
         maybe_charged = k.maybe_charged OR k.status = 'pending',
         key_window_start = CASE WHEN k.status = 'failed' THEN ` + dbNow + ` ELSE k.key_window_start END,
+        pending_since = CASE WHEN k.status = 'failed' THEN ` + dbNow + ` ELSE k.pending_since END,
+        lookup_failures = CASE WHEN k.status = 'failed' THEN 0 ELSE k.lookup_failures END,
+        next_lookup_at = CASE WHEN k.status = 'failed' THEN NULL ELSE k.next_lookup_at END,
         updated_at = ` + dbNow + `, expires_at = greatest(k.expires_at, ` + dbNow + ` + @retention::interval)
     FROM existing e
     WHERE ` + reacquirable("e") + ` AND e.request_hash = e.input_hash

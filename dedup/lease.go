@@ -148,7 +148,8 @@ type Stuck struct {
 }
 
 // AcquireStuck leases up to limit pending rows whose lease expired more than
-// grace ago, oldest first, for holder. Rows another reconciler is leasing at
+// grace ago, oldest first, for holder, skipping rows whose lookups are backed
+// off (DeferLookup) until their next lookup is due. Rows another reconciler is leasing at
 // the same moment are skipped (FOR UPDATE SKIP LOCKED), and the new lease
 // (attempts+1) fences out both them and any late worker.
 func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]Stuck, error) {
@@ -164,6 +165,7 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 			    maybe_charged = true, updated_at = `+dbNow+`
 			FROM (SELECT merchant_id, idempotency_key FROM idempotency_keys
 			      WHERE status = 'pending' AND locked_until < `+dbNow+` - @grace::interval
+			        AND (next_lookup_at IS NULL OR next_lookup_at <= `+dbNow+`)
 			      ORDER BY locked_until LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
 			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key
 			RETURNING `+qualified("k"), args)
@@ -198,13 +200,53 @@ func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) e
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
-			SET status = 'failed', locked_until = NULL, maybe_charged = false, last_error = @reason, updated_at = `+dbNow+`
+			SET status = 'failed', locked_until = NULL, maybe_charged = false, last_error = @reason, updated_at = `+dbNow+`,
+			    lookup_failures = 0, next_lookup_at = NULL
 			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("resolve key: %w", ErrLeaseLost)
 	}
 	return interpretError("resolve key", err)
+}
+
+// Backoff is a lookup back-off: the n-th consecutive failed lookup of a row
+// delays its next one by Base × 2^(n-1), at most Max.
+type Backoff struct {
+	Base time.Duration
+	Max  time.Duration
+}
+
+// DeferLookup releases a row the reconciler leased after its provider
+// lookup failed, like Release, and backs the row's lookups off: it counts
+// the failure and sets when AcquireStuck may take the row again. It returns
+// the row's consecutive failed lookups and the time of its next lookup (on
+// the store's clock). The row's pending_since is kept: its stuck age keeps
+// growing.
+func (s *Store) DeferLookup(ctx context.Context, l Lease, reason string, b Backoff) (int, time.Time, error) {
+	if b.Base <= 0 || b.Max < b.Base {
+		return 0, time.Time{}, fmt.Errorf("defer lookup: back-off %v..%v is not a range", b.Base, b.Max)
+	}
+	args := leaseArgs(l)
+	args["now"], args["reason"], args["base"], args["max"] = s.now(), clipError(reason), b.Base, b.Max
+	var (
+		failures int32
+		next     time.Time
+	)
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+			SET locked_until = least(locked_until, `+dbNow+`), maybe_charged = true, last_error = @reason,
+			    updated_at = `+dbNow+`, lookup_failures = lookup_failures + 1,
+			    next_lookup_at = `+dbNow+` + least(@max::interval, @base::interval * power(2, least(lookup_failures, 40)))
+			WHERE `+fenced+` RETURNING lookup_failures, next_lookup_at`, args).Scan(&failures, &next)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, time.Time{}, fmt.Errorf("defer lookup: %w", ErrLeaseLost)
+	}
+	if err != nil {
+		return 0, time.Time{}, interpretError("defer lookup", err)
+	}
+	return int(failures), next, nil
 }
 
 // Purge deletes up to limit finished rows (completed or failed) whose

@@ -16,13 +16,16 @@ type Stats struct {
 	Pending   int64
 	Completed int64
 	Failed    int64
-	// OldestPending is the creation time of the oldest pending row; zero
-	// when none is pending.
+	// OldestPending is when the oldest pending row became pending (its
+	// pending_since); zero when none is pending.
 	OldestPending time.Time
-	// Stuck counts pending rows whose lease expired more than the grace ago:
-	// their holder is gone and neither a redelivery nor the reconciler has
-	// resolved them yet.
+	// Stuck counts rows pending for longer than the grace: neither a
+	// redelivery nor the reconciler has resolved them yet. Releases and
+	// failed lookups do not reset their age.
 	Stuck int64
+	// LookupBackedOff counts pending rows whose provider lookups failed and
+	// are backed off.
+	LookupBackedOff int64
 	// MaybeCharged counts pending rows on which a provider call may have
 	// charged without us learning the answer.
 	MaybeCharged int64
@@ -48,8 +51,9 @@ SELECT
     (SELECT count(*) FROM idempotency_keys WHERE status = 'pending'),
     (SELECT count(*) FROM idempotency_keys WHERE status = 'completed'),
     (SELECT count(*) FROM idempotency_keys WHERE status = 'failed'),
-    (SELECT min(created_at) FROM idempotency_keys WHERE status = 'pending'),
-    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND locked_until < ` + dbNow + ` - @grace::interval),
+    (SELECT min(pending_since) FROM idempotency_keys WHERE status = 'pending'),
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND pending_since < ` + dbNow + ` - @grace::interval),
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND lookup_failures > 0),
     (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND maybe_charged),
     (SELECT count(*) FROM payments WHERE created_at > ` + dbNow + ` - interval '1 minute' AND created_at <= ` + dbNow + `),
     (SELECT count(*) FROM payments WHERE created_at > ` + dbNow + ` - interval '1 hour' AND created_at <= ` + dbNow + `),
@@ -57,8 +61,8 @@ SELECT
         AND status = 'declined')`
 
 // Stats reads the store's figures as of the store's time (the database's
-// clock in production). A pending row counts as stuck when its lease
-// expired more than grace ago.
+// clock in production). A row counts as stuck when it has been pending for
+// longer than grace.
 func (s *Store) Stats(ctx context.Context, grace time.Duration) (Stats, error) {
 	var (
 		st     Stats
@@ -67,7 +71,7 @@ func (s *Store) Stats(ctx context.Context, grace time.Duration) (Stats, error) {
 	args := pgx.NamedArgs{"now": s.now(), "grace": grace}
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, statsSQL, args).Scan(&st.Now, &st.Pending, &st.Completed, &st.Failed, &oldest,
-			&st.Stuck, &st.MaybeCharged, &st.CompletedLastMinute, &st.CompletedLastHour, &st.DeclinedLastHour)
+			&st.Stuck, &st.LookupBackedOff, &st.MaybeCharged, &st.CompletedLastMinute, &st.CompletedLastHour, &st.DeclinedLastHour)
 	})
 	if err != nil {
 		return Stats{}, interpretError("read store stats", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -29,6 +30,9 @@ type RunResult struct {
 	LeaseLost int
 	// Errors counts failed lookups and writes; those rows are in Left.
 	Errors int
+	// LookupErrors is the part of Errors that were failed provider lookups;
+	// each backed its row's next lookup off.
+	LookupErrors int
 	// Purged is how many expired finished rows were deleted.
 	Purged int
 }
@@ -48,12 +52,14 @@ const (
 	leaseLost
 )
 
-// verdict is one row's fate, whether an error was met on the way, and
-// whether the database stopped answering (the rest of the pass is skipped).
+// verdict is one row's fate, whether an error was met on the way (and
+// whether it was the provider lookup's), and whether the database stopped
+// answering (the rest of the pass is skipped).
 type verdict struct {
-	fate    fate
-	errored bool
-	dbDown  bool
+	fate         fate
+	errored      bool
+	lookupFailed bool
+	dbDown       bool
 }
 
 func (res *RunResult) add(v verdict) {
@@ -71,6 +77,9 @@ func (res *RunResult) add(v verdict) {
 	}
 	if v.errored {
 		res.Errors++
+	}
+	if v.lookupFailed {
+		res.LookupErrors++
 	}
 }
 
@@ -112,7 +121,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		r.log.Info("reconciler pass",
 			"examined", res.Examined, "completed", res.Completed, "declined", res.Declined,
 			"failed", res.Failed, "left", res.Left, "lease_lost", res.LeaseLost,
-			"errors", res.Errors, "purged", res.Purged)
+			"errors", res.Errors, "lookup_errors", res.LookupErrors, "purged", res.Purged)
 	}
 	return res, nil
 }
@@ -147,13 +156,10 @@ func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil tim
 		err = errors.New("lookup found a charge without an outcome")
 	}
 	if err != nil {
-		v := r.release(ctx, s, "provider lookup: "+err.Error())
 		if ctx.Err() != nil {
-			return v // stopping: not the provider's failure
+			return r.release(ctx, s, "provider lookup: "+err.Error()) // stopping: not the provider's failure
 		}
-		log.Warn("provider lookup failed; payment left pending", "error", err)
-		v.errored = true
-		return v
+		return r.deferLookup(ctx, s, err, log)
 	}
 
 	// Once the provider has answered, the answer is recorded even if the
@@ -209,6 +215,25 @@ func (r *Reconciler) writeFailed(ctx context.Context, s dedup.Stuck, op string, 
 	v := r.release(ctx, s, op+": "+err.Error())
 	v.errored = true
 	return v
+}
+
+// deferLookup gives a row back after its lookup failed, backing its next
+// lookup off.
+func (r *Reconciler) deferLookup(ctx context.Context, s dedup.Stuck, lookupErr error, log *slog.Logger) verdict {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	failures, next, err := r.store.DeferLookup(ctx, s.Lease, "provider lookup: "+lookupErr.Error(), r.backoff)
+	switch {
+	case err == nil:
+		log.Warn("provider lookup failed; payment left pending", "error", lookupErr,
+			"lookup_failures", failures, "next_lookup_at", next)
+		return verdict{fate: left, errored: true, lookupFailed: true}
+	case errors.Is(err, dedup.ErrLeaseLost):
+		return verdict{fate: leaseLost, errored: true, lookupFailed: true}
+	}
+	log.Error("could not release a stuck payment after its lookup failed; its lease will lapse",
+		"lookup_error", lookupErr, "error", err)
+	return verdict{fate: left, errored: true, lookupFailed: true, dbDown: errors.Is(err, dedup.ErrUnavailable)}
 }
 
 // release gives a leased row back, still pending, even when ctx is done.

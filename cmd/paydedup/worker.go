@@ -68,7 +68,11 @@ releases and naks what is left (never acks unfinished work) and exits 0.`,
 
 func (w *workerCmd) validate() (consumer.Config, error) {
 	var errs []error
-	for _, err := range []error{w.db.validate(), w.nats.validate(), w.prov.validate(), w.streams.validate()} {
+	checks := []error{w.db.validate(), w.nats.validate(), w.prov.validate(), w.streams.validate()}
+	if w.reconcile {
+		checks = append(checks, w.rec.validate(w.prov))
+	}
+	for _, err := range checks {
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -158,7 +162,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		g.Go(func() error { return admin.Serve(adminCtx) })
 	}
 	if w.reconcile {
-		rec, err := reconciler.New(store, prov, w.rec.config(log, metrics))
+		rec, err := reconciler.New(store, prov, w.rec.config(w.prov, log, metrics))
 		if err != nil {
 			return err
 		}
