@@ -10,17 +10,21 @@ import (
 )
 
 // skewedStores returns a store on the database's clock (as production
-// builds it) and one whose host clock is off by skew, on one schema.
-func skewedStores(t *testing.T, skew time.Duration) (onTime, skewed *dedup.Store) {
+// builds it) and one store per skew whose host clock is off by it, all on
+// one schema.
+func skewedStores(t *testing.T, skews ...time.Duration) (onTime *dedup.Store, skewed []*dedup.Store) {
 	t.Helper()
 	pool := testenv.Pool(t)
 	onTime, err := dedup.New(pool, dedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	skewed, err = dedup.New(pool, dedup.Config{Clock: clock.System{Offset: skew}})
-	if err != nil {
-		t.Fatal(err)
+	for _, d := range skews {
+		s, err := dedup.New(pool, dedup.Config{Clock: clock.System{Offset: d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		skewed = append(skewed, s)
 	}
 	return onTime, skewed
 }
@@ -33,7 +37,8 @@ func skewedStores(t *testing.T, skew time.Duration) (onTime, skewed *dedup.Store
 func TestSkewedClockCannotTakeLiveLease(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	onTime, ahead := skewedStores(t, 2*time.Minute)
+	onTime, skewed := skewedStores(t, 2*time.Minute)
+	ahead := skewed[0]
 	r := req("m_1", "skew-ahead", 1000)
 	held, err := onTime.Claim(ctx, "holder", lease, r)
 	if err != nil || held.Outcome != dedup.Claimed {
@@ -69,7 +74,8 @@ func TestSkewedClockCannotTakeLiveLease(t *testing.T) {
 func TestSkewedClockBehindWritesFullLease(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	onTime, behind := skewedStores(t, -2*time.Minute)
+	onTime, skewed := skewedStores(t, -2*time.Minute)
+	behind := skewed[0]
 	r := req("m_1", "skew-behind", 1000)
 	held, err := behind.Claim(ctx, "behind", lease, r)
 	if err != nil || held.Outcome != dedup.Claimed {
@@ -91,5 +97,42 @@ func TestSkewedClockBehindWritesFullLease(t *testing.T) {
 	}
 	if err := behind.Complete(ctx, *held.Lease, charged("pi_behind")); err != nil {
 		t.Errorf("the holder lost its lease: %v", err)
+	}
+}
+
+// TestSkewedClockGatewayLeases: the gateway's publish guard and the
+// middleware's claim are leases too. A gateway whose clock runs two minutes
+// ahead neither takes over a live publish lock nor a live handler claim,
+// and one two minutes behind writes leases others respect.
+func TestSkewedClockGatewayLeases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	onTime, skewed := skewedStores(t, 2*time.Minute, -2*time.Minute)
+	ahead, behind := skewed[0], skewed[1]
+	const publishLease, retention = 30 * time.Second, time.Hour
+	hash := make([]byte, 32)
+
+	for _, tc := range []struct {
+		name          string
+		holder, other *dedup.Store
+	}{{"ahead", onTime, ahead}, {"behind", behind, onTime}} {
+		r := req("m_1", "gw-"+tc.name, 100)
+		if res, err := tc.holder.AcquireIntake(ctx, r, publishLease, retention); err != nil || res.Outcome != dedup.IntakeAcquired {
+			t.Fatalf("%s: acquire intake: %v %v", tc.name, res.Outcome, err)
+		}
+		if res, err := tc.other.AcquireIntake(ctx, r, publishLease, retention); err != nil || res.Outcome != dedup.IntakeHeld {
+			t.Errorf("%s: a second publisher on a live publish lock: %v %v, want held", tc.name, res.Outcome, err)
+		}
+		key := "resp-" + tc.name
+		if res, err := tc.holder.ClaimResponse(ctx, "scope", key, hash, publishLease, retention); err != nil || res.Outcome != dedup.ResponseClaimed {
+			t.Fatalf("%s: claim response: %v %v", tc.name, res.Outcome, err)
+		}
+		res, err := tc.other.ClaimResponse(ctx, "scope", key, hash, publishLease, retention)
+		if err != nil || res.Outcome != dedup.ResponseInFlight {
+			t.Errorf("%s: a second handler on a live claim: %v %v, want in flight", tc.name, res.Outcome, err)
+		}
+		if res.Outcome == dedup.ResponseInFlight && (res.RetryIn <= 0 || res.RetryIn > publishLease) {
+			t.Errorf("%s: retry in %v, want the claim's remaining time", tc.name, res.RetryIn)
+		}
 	}
 }
