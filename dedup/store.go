@@ -91,15 +91,6 @@ func (s *Store) now() *time.Time {
 	return &t
 }
 
-// at returns the statement time the database used, given what it reported
-// (the value of dbNow in the same statement or transaction).
-func (s *Store) at(db time.Time) time.Time {
-	if t := s.now(); t != nil {
-		return *t
-	}
-	return db
-}
-
 // New returns a store on pool. The schema must be migrated (see Migrate).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if pool == nil {
@@ -259,12 +250,15 @@ func (s *Store) queryPinned(ctx context.Context, plan, sql string, args pgx.Name
 	b.Queue(plan)
 	b.Queue(sql, args)
 	br := s.pool.SendBatch(ctx, b)
-	db, err := readPinned(br, each)
+	at, err := readPinned(br, each)
 	if err != nil {
 		_ = br.Close() // the same error, or one caused by it
 		return time.Time{}, err
 	}
-	return s.at(db), br.Close()
+	if t, ok := args["now"].(*time.Time); ok && t != nil {
+		at = *t // the test clock's time, which the statement took as @now
+	}
+	return at, br.Close()
 }
 
 func readPinned(br pgx.BatchResults, each func(pgx.Rows) error) (time.Time, error) {

@@ -167,7 +167,9 @@ func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil tim
 	wctx := context.WithoutCancel(ctx)
 	if !found.Found {
 		// Every row this pass leased had its lease expire more than
-		// SearchLag ago, so the provider's search would show a charge.
+		// SearchLag ago: long enough for a request the provider was still
+		// executing then to have finished, and for its search to show the
+		// charge (see the package documentation).
 		err := r.store.ResolveNotCharged(wctx, l, "reconciler: provider has no charge under the key")
 		if err != nil {
 			return r.writeFailed(ctx, s, "mark not charged", err)

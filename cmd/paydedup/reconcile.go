@@ -79,7 +79,11 @@ func newReconcileCmd(a *app) *cobra.Command {
 grace period ago), asks the provider what happened under the row's provider
 key with a non-charging lookup, and completes the row (charged or declined),
 marks it failed when the provider provably has nothing, or leaves it for the
-next pass. It also purges finished rows past their retention. Any number may
+next pass (a failed lookup backs the row off: 1 min, doubling to 30 min). A
+"nothing" counts only once --search-lag has passed since the row's last
+lease: the provider may still be executing a request our call gave up on,
+and its search lags behind its charges. It also purges finished rows past
+their retention. Any number may
 run at once. paydedup worker runs it in-process by default; this command runs
 it alone.`,
 		Example: `  paydedup reconcile --once            # one pass, then exit
