@@ -220,6 +220,9 @@ func (c *Completions) listen(ctx context.Context) error {
 		return interpretError("connect completion listener", err)
 	}
 	defer func() {
+		// Not listening from here on, even while a dead connection takes
+		// its time to close.
+		c.listening.Store(false)
 		closeCtx, cancelClose := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancelClose()
 		_ = conn.Close(closeCtx)
