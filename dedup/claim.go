@@ -17,7 +17,10 @@ import (
 //     the insert did not take (usually none): one primary-key probe each;
 //   - upd re-acquires, with one conditional UPDATE, rows that are `failed`,
 //     or pending with an expired lease, still inside the provider key window,
-//     when the fingerprint matches; attempts+1 fences out the old holder. It
+//     when the fingerprint matches; attempts+1 fences out the old holder (a
+//     `failed` row starts a new pending episode: pending_since and the
+//     lookup back-off start again, but never its key window; a pending one
+//     keeps its own). It
 //     touches only rows the snapshot shows re-acquirable (a duplicate of a
 //     completed key costs no further probe), and re-checks the condition on
 //     the row's latest version;
@@ -44,9 +47,11 @@ WITH input AS (
 ),
 ins AS (
     INSERT INTO idempotency_keys AS k (merchant_id, idempotency_key, request_hash, status, provider_key,
-        amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at, trace_id)
+        amount, currency, attempts, locked_by, locked_until, key_window_start, created_at, updated_at, expires_at, trace_id,
+        pending_since)
     SELECT merchant_id, idempotency_key, request_hash, 'pending', provider_key,
-        amount, currency, 1, @holder, @lease_until, @now, @now, @now, @expires_at, nullif(trace_id, '')
+        amount, currency, 1, @holder, ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + `, ` + dbNow + `,
+        ` + dbNow + ` + @retention::interval, nullif(trace_id, ''), ` + dbNow + `
     FROM input
     WHERE (SELECT true FROM payments p
            WHERE p.merchant_id = input.merchant_id AND p.idempotency_key = input.idempotency_key) IS NULL
@@ -64,9 +69,12 @@ existing AS (
 ),
 upd AS (
     UPDATE idempotency_keys AS k
-    SET status = 'pending', locked_by = @holder, locked_until = @lease_until, attempts = k.attempts + 1,
+    SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + ` + @lease::interval, attempts = k.attempts + 1,
         maybe_charged = k.maybe_charged OR k.status = 'pending',
-        updated_at = @now, expires_at = greatest(k.expires_at, @expires_at)
+        pending_since = CASE WHEN k.status = 'failed' THEN ` + dbNow + ` ELSE k.pending_since END,
+        lookup_failures = CASE WHEN k.status = 'failed' THEN 0 ELSE k.lookup_failures END,
+        next_lookup_at = CASE WHEN k.status = 'failed' THEN NULL ELSE k.next_lookup_at END,
+        updated_at = ` + dbNow + `, expires_at = greatest(k.expires_at, ` + dbNow + ` + @retention::interval)
     FROM existing e
     WHERE ` + reacquirable("e") + ` AND e.request_hash = e.input_hash
       AND k.merchant_id = e.merchant_id AND k.idempotency_key = e.idempotency_key
@@ -98,8 +106,8 @@ WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)`
 // prove a partial index's predicate from it and walk every finished or
 // pending key to find the few in the batch.
 func reacquirable(a string) string {
-	return `CASE ` + a + `.status WHEN 'failed' THEN ` + a + `.key_window_start > @window_floor
-        WHEN 'pending' THEN ` + a + `.locked_until <= @now AND ` + a + `.key_window_start > @window_floor
+	return `CASE ` + a + `.status WHEN 'failed' THEN ` + a + `.key_window_start > ` + dbNow + ` - @window::interval
+        WHEN 'pending' THEN ` + a + `.locked_until <= ` + dbNow + ` AND ` + a + `.key_window_start > ` + dbNow + ` - @window::interval
         ELSE false END`
 }
 
@@ -173,18 +181,26 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 		providerKeys[j], amounts[j], currencies[j], ords[j] = ProviderKey(r.MerchantID, r.IdempotencyKey), r.Amount, r.Currency, int32(i)
 		traces[j] = r.TraceID
 	}
-	now := s.clock.Now()
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "hashes": hashes, "provider_keys": providerKeys,
 		"amounts": amounts, "currencies": currencies, "trace_ids": traces, "ords": ords,
-		"holder": holder, "now": now, "lease_until": now.Add(lease), "expires_at": now.Add(s.retention),
-		"window_floor": now.Add(-s.window),
+		"holder": holder, "now": s.now(), "lease": lease, "retention": s.retention, "window": s.window,
 	}
 
+	// A row the claim did not take is judged at the statement's own time,
+	// which queryPinned reports once the rows are read: collect them first.
+	type found struct {
+		i   int
+		rec Record
+	}
+	var untaken []found
 	done := make(map[int]bool, n)
+	var now time.Time
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		clear(done)
-		return s.queryPinned(ctx, planGeneric, claimSQL, args, func(rows pgx.Rows) error {
+		untaken = untaken[:0]
+		var err error
+		now, err = s.queryPinned(ctx, planGeneric, claimSQL, args, func(rows pgx.Rows) error {
 			var ord, kind int32
 			rec, err := scanRecord(rows, &ord, &kind)
 			if err != nil {
@@ -203,14 +219,18 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 					TraceID: rec.TraceID,
 				}}
 			default:
-				results[i], _ = s.evaluate(rec, reqs[i], now)
+				untaken = append(untaken, found{i, rec})
 			}
 			done[i] = true
 			return nil
 		})
+		return err
 	})
 	if err != nil {
 		return nil, interpretError("claim keys", err)
+	}
+	for _, f := range untaken {
+		results[f.i], _ = s.evaluate(f.rec, reqs[f.i], now)
 	}
 	for _, i := range unique {
 		if !done[i] {
@@ -218,7 +238,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 			results[i] = ClaimResult{Outcome: InFlight, RetryIn: max(lease, MinRetry)}
 		}
 	}
-	if err := s.parkForLookup(ctx, holder, unique, results, now); err != nil {
+	if err := s.parkForLookup(ctx, holder, unique, results); err != nil {
 		return nil, err
 	}
 
@@ -257,18 +277,19 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 // checked again on the row's latest version.
 var parkSQL = `
 UPDATE idempotency_keys AS k
-SET status = 'pending', locked_by = @holder, locked_until = @now, attempts = k.attempts + 1, maybe_charged = true,
-    last_error = 'failed past the provider key window: only a provider lookup may resolve it', updated_at = @now
+SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + `, attempts = k.attempts + 1, maybe_charged = true,
+    pending_since = ` + dbNow + `, lookup_failures = 0, next_lookup_at = NULL,
+    last_error = 'failed past the provider key window: only a provider lookup may resolve it', updated_at = ` + dbNow + `
 FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[]) AS i(merchant_id, idempotency_key, request_hash)
 WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.request_hash = i.request_hash
-  AND k.status = 'failed' AND k.key_window_start <= @window_floor
+  AND k.status = 'failed' AND k.key_window_start <= ` + dbNow + ` - @window::interval
 RETURNING ` + qualified("k")
 
 // parkForLookup parks the failed rows among the claim's first occurrences
 // idx that evaluate sent to a lookup, and puts the parked rows in results.
 // It costs a round trip only when there is such a row (rare: a failure
 // proved nothing was charged, then nothing retried the key for a day).
-func (s *Store) parkForLookup(ctx context.Context, holder string, idx []int, results []ClaimResult, now time.Time) error {
+func (s *Store) parkForLookup(ctx context.Context, holder string, idx []int, results []ClaimResult) error {
 	var merchants, keys []string
 	var hashes [][]byte
 	at := map[rowKey]int{}
@@ -285,7 +306,7 @@ func (s *Store) parkForLookup(ctx context.Context, holder string, idx []int, res
 		return nil
 	}
 	args := pgx.NamedArgs{"merchants": merchants, "keys": keys, "hashes": hashes, "holder": holder,
-		"now": now, "window_floor": now.Add(-s.window)}
+		"now": s.now(), "window": s.window}
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		rows, err := s.pool.Query(ctx, parkSQL, args)
 		if err != nil {

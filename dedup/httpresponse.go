@@ -71,14 +71,15 @@ type ResponseClaimResult struct {
 const claimResponseSQL = `
 INSERT INTO http_idempotency AS h (scope, idempotency_key, request_hash, status, attempt, locked_until,
     created_at, updated_at, expires_at)
-VALUES (@scope, @key, @hash, 'pending', 1, @until, @now, @now, @expires_at)
+VALUES (@scope, @key, @hash, 'pending', 1, ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + `,
+    ` + dbNow + ` + @retention::interval)
 ON CONFLICT (scope, idempotency_key) DO UPDATE
 SET request_hash = excluded.request_hash, status = 'pending', attempt = h.attempt + 1,
     locked_until = excluded.locked_until, response_status = NULL, response_header = NULL, response_body = NULL,
-    completed_at = NULL, updated_at = @now, expires_at = excluded.expires_at,
-    created_at = CASE WHEN h.expires_at <= @now THEN @now ELSE h.created_at END
-WHERE h.expires_at <= @now OR h.status = 'failed'
-   OR (h.status = 'pending' AND h.locked_until <= @now AND h.request_hash = excluded.request_hash)
+    completed_at = NULL, updated_at = ` + dbNow + `, expires_at = excluded.expires_at,
+    created_at = CASE WHEN h.expires_at <= ` + dbNow + ` THEN ` + dbNow + ` ELSE h.created_at END
+WHERE h.expires_at <= ` + dbNow + ` OR h.status = 'failed'
+   OR (h.status = 'pending' AND h.locked_until <= ` + dbNow + ` AND h.request_hash = excluded.request_hash)
 RETURNING attempt, locked_until`
 
 // ClaimResponse claims (scope, key) for a request with fingerprint hash, in
@@ -94,9 +95,8 @@ func (s *Store) ClaimResponse(ctx context.Context, scope, key string, hash []byt
 		return ResponseClaimResult{}, fmt.Errorf("claim response: need 0 < lease (%v) < retention (%v)", lease, retention)
 	}
 	for range 3 {
-		now := s.clock.Now()
-		args := pgx.NamedArgs{"scope": scope, "key": key, "hash": hash, "now": now,
-			"until": now.Add(lease), "expires_at": now.Add(retention)}
+		args := pgx.NamedArgs{"scope": scope, "key": key, "hash": hash, "now": s.now(),
+			"lease": lease, "retention": retention}
 		var (
 			attempt int32
 			until   time.Time
@@ -116,11 +116,13 @@ func (s *Store) ClaimResponse(ctx context.Context, scope, key string, hash []byt
 			lastHash, respHeader, body []byte
 			lockedUntil                *time.Time
 			respStatus                 *int32
+			now                        time.Time
 		)
 		err = s.withRetry(ctx, func(ctx context.Context) error {
-			return s.pool.QueryRow(ctx, `SELECT status, request_hash, locked_until, response_status, response_header, response_body
-				FROM http_idempotency WHERE scope = $1 AND idempotency_key = $2`, scope, key).
-				Scan(&status, &lastHash, &lockedUntil, &respStatus, &respHeader, &body)
+			return s.pool.QueryRow(ctx, `SELECT status, request_hash, locked_until, response_status, response_header, response_body,
+				    coalesce($3::timestamptz, now())
+				FROM http_idempotency WHERE scope = $1 AND idempotency_key = $2`, scope, key, s.now()).
+				Scan(&status, &lastHash, &lockedUntil, &respStatus, &respHeader, &body, &now)
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // purged in between: claim again
@@ -169,14 +171,14 @@ func (s *Store) CompleteResponse(ctx context.Context, c ResponseClaim, resp Stor
 	if body == nil {
 		body = []byte{}
 	}
-	now := s.clock.Now()
 	var one int
 	err = s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE http_idempotency
 			SET status = 'completed', locked_until = NULL, response_status = $4, response_header = $5,
-			    response_body = $6, completed_at = $7, updated_at = $7, last_error = NULL
+			    response_body = $6, completed_at = coalesce($7::timestamptz, now()),
+			    updated_at = coalesce($7::timestamptz, now()), last_error = NULL
 			WHERE scope = $1 AND idempotency_key = $2 AND attempt = $3 AND status = 'pending' RETURNING 1`,
-			c.Scope, c.IdempotencyKey, int32(c.Attempt), int32(resp.Status), hdr, body, now).Scan(&one)
+			c.Scope, c.IdempotencyKey, int32(c.Attempt), int32(resp.Status), hdr, body, s.now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("complete response: %w", ErrLeaseLost)
@@ -188,13 +190,12 @@ func (s *Store) CompleteResponse(ctx context.Context, c ResponseClaim, resp Stor
 // becomes `failed` and the next request with the key runs the handler.
 // ErrLeaseLost means it was taken over already.
 func (s *Store) ReleaseResponse(ctx context.Context, c ResponseClaim, reason string) error {
-	now := s.clock.Now()
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE http_idempotency
-			SET status = 'failed', locked_until = NULL, last_error = $4, updated_at = $5
+			SET status = 'failed', locked_until = NULL, last_error = $4, updated_at = coalesce($5::timestamptz, now())
 			WHERE scope = $1 AND idempotency_key = $2 AND attempt = $3 AND status = 'pending' RETURNING 1`,
-			c.Scope, c.IdempotencyKey, int32(c.Attempt), clipError(reason), now).Scan(&one)
+			c.Scope, c.IdempotencyKey, int32(c.Attempt), clipError(reason), s.now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("release response: %w", ErrLeaseLost)
@@ -211,10 +212,11 @@ func (s *Store) PurgeResponses(ctx context.Context, limit int) (int, error) {
 	var n int64
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		tag, err := s.pool.Exec(ctx, `DELETE FROM http_idempotency AS h USING (
-				SELECT scope, idempotency_key FROM http_idempotency WHERE status <> 'pending' AND expires_at <= $1
+				SELECT scope, idempotency_key FROM http_idempotency
+				WHERE status <> 'pending' AND expires_at <= coalesce($1::timestamptz, now())
 				ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS s
 			WHERE h.scope = s.scope AND h.idempotency_key = s.idempotency_key AND h.status <> 'pending'`,
-			s.clock.Now(), int32(limit))
+			s.now(), int32(limit))
 		n = tag.RowsAffected()
 		return err
 	})

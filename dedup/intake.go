@@ -91,14 +91,15 @@ func scanIntake(row pgx.Row) (Intake, error) {
 const acquireIntakeSQL = `
 INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
     locked_until, created_at, expires_at)
-VALUES (@merchant, @key, @hash, @amount, @currency, 1, @until, @now, @expires_at)
+VALUES (@merchant, @key, @hash, @amount, @currency, 1, ` + dbNow + ` + @lease::interval, ` + dbNow + `,
+    ` + dbNow + ` + @retention::interval)
 ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
 SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency,
     attempt = g.attempt + 1, locked_until = excluded.locked_until,
-    published_at = CASE WHEN g.expires_at <= @now THEN NULL ELSE g.published_at END,
-    created_at = CASE WHEN g.expires_at <= @now THEN excluded.created_at ELSE g.created_at END,
+    published_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN NULL ELSE g.published_at END,
+    created_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN excluded.created_at ELSE g.created_at END,
     expires_at = excluded.expires_at
-WHERE g.expires_at <= @now OR (g.request_hash = excluded.request_hash AND g.locked_until <= @now)
+WHERE g.expires_at <= ` + dbNow + ` OR (g.request_hash = excluded.request_hash AND g.locked_until <= ` + dbNow + `)
 RETURNING ` + intakeColumns
 
 // AcquireIntake tries to make the caller the publisher of req for lease.
@@ -113,11 +114,10 @@ func (s *Store) AcquireIntake(ctx context.Context, req ClaimRequest, lease, rete
 	}
 	// A row purged between the two statements below is simply retried.
 	for range 3 {
-		now := s.clock.Now()
 		args := pgx.NamedArgs{
 			"merchant": req.MerchantID, "key": req.IdempotencyKey, "hash": req.RequestHash,
 			"amount": req.Amount, "currency": req.Currency,
-			"now": now, "until": now.Add(lease), "expires_at": now.Add(retention),
+			"now": s.now(), "lease": lease, "retention": retention,
 		}
 		var in Intake
 		err := s.withRetry(ctx, func(ctx context.Context) error {
@@ -166,12 +166,12 @@ func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, 
 // record answers "in flight" instead of publishing again. ErrLeaseLost
 // means another request took the row over; its publish stands.
 func (s *Store) IntakePublished(ctx context.Context, in Intake, holdFor time.Duration) error {
-	now := s.clock.Now()
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET published_at = $4, locked_until = $5
+		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET published_at = coalesce($4::timestamptz, now()),
+			    locked_until = coalesce($4::timestamptz, now()) + $5::interval
 			WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 RETURNING 1`,
-			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), now, now.Add(holdFor)).Scan(&one)
+			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now(), holdFor).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("mark intake published: %w", ErrLeaseLost)
@@ -184,9 +184,9 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, holdFor time.Dur
 func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET locked_until = least(locked_until, $4)
+		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET locked_until = least(locked_until, coalesce($4::timestamptz, now()))
 			WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 RETURNING 1`,
-			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.clock.Now()).Scan(&one)
+			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("abandon intake: %w", ErrLeaseLost)
@@ -202,10 +202,11 @@ func (s *Store) PurgeIntakes(ctx context.Context, limit int) (int, error) {
 	var n int64
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		tag, err := s.pool.Exec(ctx, `DELETE FROM gateway_intake AS g USING (
-				SELECT merchant_id, idempotency_key FROM gateway_intake WHERE expires_at <= $1
+				SELECT merchant_id, idempotency_key FROM gateway_intake WHERE expires_at <= coalesce($1::timestamptz, now())
 				ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS s
-			WHERE g.merchant_id = s.merchant_id AND g.idempotency_key = s.idempotency_key AND g.expires_at <= $1`,
-			s.clock.Now(), int32(limit))
+			WHERE g.merchant_id = s.merchant_id AND g.idempotency_key = s.idempotency_key
+			  AND g.expires_at <= coalesce($1::timestamptz, now())`,
+			s.now(), int32(limit))
 		n = tag.RowsAffected()
 		return err
 	})

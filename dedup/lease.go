@@ -21,12 +21,11 @@ func leaseArgs(l Lease) pgx.NamedArgs {
 // Heartbeat extends a held lease to now+d and returns it. ErrLeaseLost means
 // another holder took the row: the caller must stop and not record anything.
 func (s *Store) Heartbeat(ctx context.Context, l Lease, d time.Duration) (Lease, error) {
-	now := s.clock.Now()
 	args := leaseArgs(l)
-	args["now"], args["until"] = now, now.Add(d)
+	args["now"], args["lease"] = s.now(), d
 	var until time.Time
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys SET locked_until = @until, updated_at = @now
+		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys SET locked_until = `+dbNow+` + @lease::interval, updated_at = `+dbNow+`
 			WHERE `+fenced+` RETURNING locked_until`, args).Scan(&until)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -45,12 +44,13 @@ const completeSQL = `
 WITH done AS (
     UPDATE idempotency_keys
     SET status = 'completed', response_status = @response_status, response = @response, charge_id = @charge_id,
-        completed_at = @now, updated_at = @now, expires_at = @expires_at, locked_until = NULL, last_error = NULL
+        completed_at = ` + dbNow + `, updated_at = ` + dbNow + `, expires_at = ` + dbNow + ` + @retention::interval,
+        locked_until = NULL, last_error = NULL
     WHERE ` + fenced + `
     RETURNING merchant_id, idempotency_key, provider_key, amount, currency
 ), ledger AS (
     INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
-    SELECT merchant_id, idempotency_key, provider_key, @charge_id, @payment_status, amount, currency, @now FROM done
+    SELECT merchant_id, idempotency_key, provider_key, @charge_id, @payment_status, amount, currency, ` + dbNow + ` FROM done
     RETURNING 1
 )
 SELECT count(*) FROM done`
@@ -69,13 +69,12 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 	if c.ResponseStatus < 100 || c.ResponseStatus > 599 {
 		return fmt.Errorf("complete key: response status %d is not an HTTP status", c.ResponseStatus)
 	}
-	now := s.clock.Now()
 	args := leaseArgs(l)
 	paymentStatus := "succeeded"
 	if c.Declined {
 		paymentStatus = "declined"
 	}
-	args["now"], args["expires_at"] = now, now.Add(s.retention)
+	args["now"], args["retention"] = s.now(), s.retention
 	args["response_status"], args["response"], args["charge_id"] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
 	args["payment_status"] = paymentStatus
 	var n int64
@@ -107,15 +106,14 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 // released so a redelivery or the reconciler resolves it. It returns the
 // row's new status.
 func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error) {
-	now := s.clock.Now()
 	args := leaseArgs(l)
-	args["now"], args["reason"] = now, clipError(reason)
+	args["now"], args["reason"] = s.now(), clipError(reason)
 	var status string
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
 			SET status = CASE WHEN maybe_charged THEN 'pending' ELSE 'failed' END,
-			    locked_until = CASE WHEN maybe_charged THEN @now::timestamptz ELSE NULL END,
-			    last_error = @reason, updated_at = @now
+			    locked_until = CASE WHEN maybe_charged THEN `+dbNow+` ELSE NULL END,
+			    last_error = @reason, updated_at = `+dbNow+`
 			WHERE `+fenced+` RETURNING status`, args).Scan(&status)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -132,13 +130,12 @@ func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error
 // is marked maybe_charged, and can be re-acquired at once by a redelivery
 // (which re-calls with the same provider key) or resolved by the reconciler.
 func (s *Store) Release(ctx context.Context, l Lease, reason string) error {
-	now := s.clock.Now()
 	args := leaseArgs(l)
-	args["now"], args["reason"] = now, clipError(reason)
+	args["now"], args["reason"] = s.now(), clipError(reason)
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
-			SET locked_until = least(locked_until, @now), maybe_charged = true, last_error = @reason, updated_at = @now
+			SET locked_until = least(locked_until, `+dbNow+`), maybe_charged = true, last_error = @reason, updated_at = `+dbNow+`
 			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -154,22 +151,24 @@ type Stuck struct {
 }
 
 // AcquireStuck leases up to limit pending rows whose lease expired more than
-// grace ago, oldest first, for holder. Rows another reconciler is leasing at
+// grace ago, oldest first, for holder, skipping rows whose lookups are backed
+// off (DeferLookup) until their next lookup is due. Rows another reconciler is leasing at
 // the same moment are skipped (FOR UPDATE SKIP LOCKED), and the new lease
 // (attempts+1) fences out both them and any late worker.
 func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]Stuck, error) {
 	if holder == "" || lease <= 0 || limit <= 0 || grace < 0 {
 		return nil, fmt.Errorf("acquire stuck keys: need a holder, a positive lease and limit, and a non-negative grace")
 	}
-	now := s.clock.Now()
-	args := pgx.NamedArgs{"holder": holder, "now": now, "until": now.Add(lease), "cutoff": now.Add(-grace), "limit": int32(limit)}
+	args := pgx.NamedArgs{"holder": holder, "now": s.now(), "lease": lease, "grace": grace, "limit": int32(limit)}
 	var out []Stuck
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		out = out[:0]
 		rows, err := s.pool.Query(ctx, `UPDATE idempotency_keys AS k
-			SET locked_by = @holder, locked_until = @until, attempts = k.attempts + 1, maybe_charged = true, updated_at = @now
+			SET locked_by = @holder, locked_until = `+dbNow+` + @lease::interval, attempts = k.attempts + 1,
+			    maybe_charged = true, updated_at = `+dbNow+`
 			FROM (SELECT merchant_id, idempotency_key FROM idempotency_keys
-			      WHERE status = 'pending' AND locked_until < @cutoff
+			      WHERE status = 'pending' AND locked_until < `+dbNow+` - @grace::interval
+			        AND (next_lookup_at IS NULL OR next_lookup_at <= `+dbNow+`)
 			      ORDER BY locked_until LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
 			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key
 			RETURNING `+qualified("k"), args)
@@ -200,20 +199,58 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 // starts a fresh key window, so the next delivery may call the provider
 // again (blind, under the same key, for one more window).
 func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) error {
-	now := s.clock.Now()
 	args := leaseArgs(l)
-	args["now"], args["reason"] = now, clipError(reason)
+	args["now"], args["reason"] = s.now(), clipError(reason)
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
-			SET status = 'failed', locked_until = NULL, maybe_charged = false, key_window_start = @now,
-			    last_error = @reason, updated_at = @now
+			SET status = 'failed', locked_until = NULL, maybe_charged = false, key_window_start = `+dbNow+`,
+			    last_error = @reason, updated_at = `+dbNow+`, lookup_failures = 0, next_lookup_at = NULL
 			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("resolve key: %w", ErrLeaseLost)
 	}
 	return interpretError("resolve key", err)
+}
+
+// Backoff is a lookup back-off: the n-th consecutive failed lookup of a row
+// delays its next one by Base × 2^(n-1), at most Max.
+type Backoff struct {
+	Base time.Duration
+	Max  time.Duration
+}
+
+// DeferLookup releases a row the reconciler leased after its provider
+// lookup failed, like Release, and backs the row's lookups off: it counts
+// the failure and sets when AcquireStuck may take the row again. It returns
+// the row's consecutive failed lookups and the time of its next lookup (on
+// the store's clock). The row's pending_since is kept: its stuck age keeps
+// growing.
+func (s *Store) DeferLookup(ctx context.Context, l Lease, reason string, b Backoff) (int, time.Time, error) {
+	if b.Base <= 0 || b.Max < b.Base {
+		return 0, time.Time{}, fmt.Errorf("defer lookup: back-off %v..%v is not a range", b.Base, b.Max)
+	}
+	args := leaseArgs(l)
+	args["now"], args["reason"], args["base"], args["max"] = s.now(), clipError(reason), b.Base, b.Max
+	var (
+		failures int32
+		next     time.Time
+	)
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+			SET locked_until = least(locked_until, `+dbNow+`), maybe_charged = true, last_error = @reason,
+			    updated_at = `+dbNow+`, lookup_failures = lookup_failures + 1,
+			    next_lookup_at = `+dbNow+` + least(@max::interval, @base::interval * power(2, least(lookup_failures, 40)))
+			WHERE `+fenced+` RETURNING lookup_failures, next_lookup_at`, args).Scan(&failures, &next)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, time.Time{}, fmt.Errorf("defer lookup: %w", ErrLeaseLost)
+	}
+	if err != nil {
+		return 0, time.Time{}, interpretError("defer lookup", err)
+	}
+	return int(failures), next, nil
 }
 
 // Purge deletes up to limit finished rows (completed or failed) whose
@@ -227,10 +264,10 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys AS k USING (
 				SELECT merchant_id, idempotency_key FROM idempotency_keys
-				WHERE status <> 'pending' AND expires_at <= @now
+				WHERE status <> 'pending' AND expires_at <= `+dbNow+`
 				ORDER BY expires_at LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
 			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key AND k.status <> 'pending'`,
-			pgx.NamedArgs{"now": s.clock.Now(), "limit": int32(limit)})
+			pgx.NamedArgs{"now": s.now(), "limit": int32(limit)})
 		n = tag.RowsAffected()
 		return err
 	})
@@ -259,7 +296,8 @@ WITH input AS (
 ), done AS (
     UPDATE idempotency_keys AS k
     SET status = 'completed', response_status = i.response_status, response = i.response, charge_id = i.charge_id,
-        completed_at = @now, updated_at = @now, expires_at = @expires_at, locked_until = NULL, last_error = NULL
+        completed_at = ` + dbNow + `, updated_at = ` + dbNow + `, expires_at = ` + dbNow + ` + @retention::interval,
+        locked_until = NULL, last_error = NULL
     FROM input i
     -- locked_until IS NOT NULL is status = 'pending' (CHECK
     -- pending_has_lease), written so that no partial index on status
@@ -269,7 +307,7 @@ WITH input AS (
     RETURNING k.merchant_id, k.idempotency_key, k.provider_key, k.amount, k.currency, i.charge_id, i.payment_status
 ), ledger AS (
     INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
-    SELECT merchant_id, idempotency_key, provider_key, charge_id, payment_status, amount, currency, @now FROM done
+    SELECT merchant_id, idempotency_key, provider_key, charge_id, payment_status, amount, currency, ` + dbNow + ` FROM done
 ), notified AS (
     -- What the completion trigger would send (migrations 00003 and 00005),
     -- for the rows a gateway request may wait on; sent at commit.
@@ -311,16 +349,15 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 			paymentStatuses[i] = "declined"
 		}
 	}
-	now := s.clock.Now()
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "holders": holders, "attempts": attempts,
 		"response_statuses": statuses, "responses": responses, "charge_ids": chargeIDs, "payment_statuses": paymentStatuses,
-		"now": now, "expires_at": now.Add(s.retention),
+		"now": s.now(), "retention": s.retention,
 	}
 	completed := make(map[rowKey]bool, n)
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		clear(completed)
-		return s.queryPinned(ctx, planGenericNotified, completeBatchSQL, args, func(rows pgx.Rows) error {
+		_, err := s.queryPinned(ctx, planGenericNotified, completeBatchSQL, args, func(rows pgx.Rows) error {
 			var k rowKey
 			if err := rows.Scan(&k.merchant, &k.key); err != nil {
 				return err
@@ -328,6 +365,7 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 			completed[k] = true
 			return nil
 		})
+		return err
 	})
 	if err = interpretError("complete keys", err); errors.Is(err, ErrLedgerConflict) {
 		errs := make([]error, n)

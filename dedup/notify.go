@@ -23,8 +23,12 @@ const CompletedChannel = "paydedup_key_completed"
 
 // Defaults for CompletionsConfig.
 const (
-	DefaultReconnectMin = 100 * time.Millisecond
-	DefaultReconnectMax = 5 * time.Second
+	DefaultReconnectMin   = 100 * time.Millisecond
+	DefaultReconnectMax   = 5 * time.Second
+	DefaultPingInterval   = 5 * time.Second
+	DefaultPingTimeout    = 2 * time.Second
+	DefaultConnectTimeout = 10 * time.Second
+	DefaultPollInterval   = 2 * time.Second
 )
 
 // CompletionsConfig configures a Completions listener.
@@ -33,6 +37,17 @@ type CompletionsConfig struct {
 	// re-establish the listening connection.
 	ReconnectMin time.Duration
 	ReconnectMax time.Duration
+	// PingInterval is how long the listening connection may stay silent
+	// before it is pinged; a ping that takes longer than PingTimeout (a
+	// half-open connection: the server or the path to it is gone without a
+	// reset) declares it dead, and it is replaced.
+	PingInterval time.Duration
+	PingTimeout  time.Duration
+	// ConnectTimeout bounds establishing the listening connection.
+	ConnectTimeout time.Duration
+	// PollInterval is how often subscribers are woken while the listener is
+	// down, so that waiters fall back to re-reading their row.
+	PollInterval time.Duration
 	Logger       *slog.Logger
 }
 
@@ -42,7 +57,11 @@ type CompletionsConfig struct {
 // (merchant, key). Whenever that connection is (re)established it wakes
 // every subscriber, since notifications sent while it was down are lost:
 // a subscriber re-reads the row when woken, so a spurious wake costs one
-// read and a missed one cannot happen.
+// read and a missed one cannot happen. The connection is pinged whenever it
+// has been silent for PingInterval, so a half-open one (which would
+// otherwise wait forever, silently) is found dead and replaced; while it is
+// down, Ready fails and every subscriber is woken each PollInterval, so
+// waiters still see their row complete, by re-reading it.
 type Completions struct {
 	connCfg *pgx.ConnConfig
 	cfg     CompletionsConfig
@@ -93,8 +112,15 @@ func NewCompletions(pool *pgxpool.Pool, cfg CompletionsConfig) (*Completions, er
 	}
 	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, DefaultReconnectMin)
 	cfg.ReconnectMax = cmp.Or(cfg.ReconnectMax, DefaultReconnectMax)
+	cfg.PingInterval = cmp.Or(cfg.PingInterval, DefaultPingInterval)
+	cfg.PingTimeout = cmp.Or(cfg.PingTimeout, DefaultPingTimeout)
+	cfg.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, DefaultConnectTimeout)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	if cfg.ReconnectMin < 0 || cfg.ReconnectMax < cfg.ReconnectMin {
 		return nil, fmt.Errorf("dedup: completions: reconnect bounds %v..%v are not a range", cfg.ReconnectMin, cfg.ReconnectMax)
+	}
+	if cfg.PingInterval < 0 || cfg.PingTimeout < 0 || cfg.ConnectTimeout < 0 || cfg.PollInterval < 0 {
+		return nil, errors.New("dedup: completions: ping, connect and poll durations must not be negative")
 	}
 	logger := cfg.Logger
 	if logger == nil {
@@ -126,21 +152,29 @@ func (c *Completions) Subscribe(merchantID, key string) *Subscription {
 	return s
 }
 
-// Listening reports whether the listening connection is up. While it is
-// not, waiters are not woken until it comes back (then all are).
+// Listening reports whether the listening connection is up (it answered
+// its last ping). While it is not, waiters are woken every PollInterval to
+// re-read their rows, and all of them once it comes back.
 func (c *Completions) Listening() bool { return c.listening.Load() }
 
 // Ready returns nil when listening; it suits a readiness check.
 func (c *Completions) Ready(context.Context) error {
 	if !c.Listening() {
-		return errors.New("not listening for completions")
+		return errors.New("not listening for completions (waiters fall back to re-reading their rows)")
 	}
 	return nil
 }
 
 // Run listens until ctx ends, reconnecting with capped exponential backoff
-// when the connection fails. It returns nil when ctx ends.
+// when the connection fails or stops answering its pings. It returns nil
+// when ctx ends.
 func (c *Completions) Run(ctx context.Context) error {
+	pollDone := make(chan struct{})
+	defer func() { <-pollDone }()
+	go func() {
+		defer close(pollDone)
+		c.pollWhileDown(ctx)
+	}()
 	delay := c.cfg.ReconnectMin
 	for ctx.Err() == nil {
 		err := c.listen(ctx)
@@ -160,15 +194,35 @@ func (c *Completions) Run(ctx context.Context) error {
 	return nil
 }
 
+// pollWhileDown wakes every subscriber each PollInterval while the listener
+// is down, until ctx ends.
+func (c *Completions) pollWhileDown(ctx context.Context) {
+	t := time.NewTicker(c.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !c.Listening() {
+				c.wakeAll()
+			}
+		}
+	}
+}
+
 // listen runs one connection's lifetime.
 func (c *Completions) listen(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, c.connCfg)
 	if err != nil {
 		cancel()
 		return interpretError("connect completion listener", err)
 	}
 	defer func() {
+		// Not listening from here on, even while a dead connection takes
+		// its time to close.
+		c.listening.Store(false)
 		closeCtx, cancelClose := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancelClose()
 		_ = conn.Close(closeCtx)
@@ -187,7 +241,20 @@ func (c *Completions) listen(ctx context.Context) error {
 	c.logger.Debug("listening for completions", "channel", CompletedChannel, "schema", schema)
 	c.wakeAll() // anything may have completed while we were not listening
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		wctx, cancelWait := context.WithTimeout(ctx, c.cfg.PingInterval)
+		n, err := conn.WaitForNotification(wctx)
+		cancelWait()
+		if err != nil && ctx.Err() == nil && wctx.Err() != nil && !conn.IsClosed() {
+			// Silent for PingInterval: a half-open connection looks just
+			// like an idle one until it is asked something.
+			pctx, cancelPing := context.WithTimeout(ctx, c.cfg.PingTimeout)
+			err = conn.Ping(pctx)
+			cancelPing()
+			if err != nil {
+				return interpretError("ping completion listener", err)
+			}
+			continue
+		}
 		if err != nil {
 			return interpretError("wait for notification", err)
 		}

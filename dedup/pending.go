@@ -12,24 +12,24 @@ import (
 type PendingCounts struct {
 	// Pending counts rows claimed and not finished.
 	Pending int64
-	// Stuck counts pending rows whose lease expired more than the grace
-	// ago: their holder is gone and nothing has resolved them yet.
+	// Stuck counts rows pending for longer than the grace: since they became
+	// pending (pending_since), however often a redelivery or a failed lookup
+	// took and released them since.
 	Stuck int64
 }
 
-// CountPending reads PendingCounts as of now.
-func (s *Store) CountPending(ctx context.Context, now time.Time, grace time.Duration) (PendingCounts, error) {
+// CountPending reads PendingCounts as of the store's time (the database's
+// clock in production). A row counts as stuck when it has been pending for
+// longer than grace.
+func (s *Store) CountPending(ctx context.Context, grace time.Duration) (PendingCounts, error) {
 	var c PendingCounts
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE locked_until < @stuck_before)
+		return s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE pending_since < `+dbNow+` - @grace::interval)
 			FROM idempotency_keys WHERE status = 'pending'`,
-			pgx.NamedArgs{"stuck_before": now.Add(-grace)}).Scan(&c.Pending, &c.Stuck)
+			pgx.NamedArgs{"now": s.now(), "grace": grace}).Scan(&c.Pending, &c.Stuck)
 	})
 	if err != nil {
 		return PendingCounts{}, interpretError("count pending keys", err)
 	}
 	return c, nil
 }
-
-// Now is the store's clock: lease times are written from it.
-func (s *Store) Now() time.Time { return s.clock.Now() }

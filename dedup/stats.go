@@ -9,17 +9,23 @@ import (
 
 // Stats is the store's state as an operator reads it (paydedup status).
 type Stats struct {
+	// Now is the time the figures are as of: the database's clock (or the
+	// store's test clock).
+	Now time.Time
 	// Pending, Completed and Failed count rows by status.
 	Pending   int64
 	Completed int64
 	Failed    int64
-	// OldestPending is the creation time of the oldest pending row; zero
-	// when none is pending.
+	// OldestPending is when the oldest pending row became pending (its
+	// pending_since); zero when none is pending.
 	OldestPending time.Time
-	// Stuck counts pending rows whose lease expired more than the grace ago:
-	// their holder is gone and neither a redelivery nor the reconciler has
-	// resolved them yet.
+	// Stuck counts rows pending for longer than the grace: neither a
+	// redelivery nor the reconciler has resolved them yet. Releases and
+	// failed lookups do not reset their age.
 	Stuck int64
+	// LookupBackedOff counts pending rows whose provider lookups failed and
+	// are backed off.
+	LookupBackedOff int64
 	// MaybeCharged counts pending rows on which a provider call may have
 	// charged without us learning the answer.
 	MaybeCharged int64
@@ -41,30 +47,31 @@ func (s Stats) Total() int64 { return s.Pending + s.Completed + s.Failed }
 // key, with the same time).
 const statsSQL = `
 SELECT
+    ` + dbNow + `,
     (SELECT count(*) FROM idempotency_keys WHERE status = 'pending'),
     (SELECT count(*) FROM idempotency_keys WHERE status = 'completed'),
     (SELECT count(*) FROM idempotency_keys WHERE status = 'failed'),
-    (SELECT min(created_at) FROM idempotency_keys WHERE status = 'pending'),
-    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND locked_until < @stuck_before),
+    (SELECT min(pending_since) FROM idempotency_keys WHERE status = 'pending'),
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND pending_since < ` + dbNow + ` - @grace::interval),
+    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND lookup_failures > 0),
     (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND maybe_charged),
-    (SELECT count(*) FROM payments WHERE created_at > @minute_ago AND created_at <= @now),
-    (SELECT count(*) FROM payments WHERE created_at > @hour_ago AND created_at <= @now),
-    (SELECT count(*) FROM payments WHERE created_at > @hour_ago AND created_at <= @now AND status = 'declined')`
+    (SELECT count(*) FROM payments WHERE created_at > ` + dbNow + ` - interval '1 minute' AND created_at <= ` + dbNow + `),
+    (SELECT count(*) FROM payments WHERE created_at > ` + dbNow + ` - interval '1 hour' AND created_at <= ` + dbNow + `),
+    (SELECT count(*) FROM payments WHERE created_at > ` + dbNow + ` - interval '1 hour' AND created_at <= ` + dbNow + `
+        AND status = 'declined')`
 
-// Stats reads the store's figures as of now. A pending row counts as stuck
-// when its lease expired more than grace before now.
-func (s *Store) Stats(ctx context.Context, now time.Time, grace time.Duration) (Stats, error) {
+// Stats reads the store's figures as of the store's time (the database's
+// clock in production). A row counts as stuck when it has been pending for
+// longer than grace.
+func (s *Store) Stats(ctx context.Context, grace time.Duration) (Stats, error) {
 	var (
 		st     Stats
 		oldest *time.Time
 	)
-	args := pgx.NamedArgs{
-		"now": now, "stuck_before": now.Add(-grace),
-		"minute_ago": now.Add(-time.Minute), "hour_ago": now.Add(-time.Hour),
-	}
+	args := pgx.NamedArgs{"now": s.now(), "grace": grace}
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, statsSQL, args).Scan(&st.Pending, &st.Completed, &st.Failed, &oldest,
-			&st.Stuck, &st.MaybeCharged, &st.CompletedLastMinute, &st.CompletedLastHour, &st.DeclinedLastHour)
+		return s.pool.QueryRow(ctx, statsSQL, args).Scan(&st.Now, &st.Pending, &st.Completed, &st.Failed, &oldest,
+			&st.Stuck, &st.LookupBackedOff, &st.MaybeCharged, &st.CompletedLastMinute, &st.CompletedLastHour, &st.DeclinedLastHour)
 	})
 	if err != nil {
 		return Stats{}, interpretError("read store stats", err)
@@ -109,7 +116,7 @@ func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
 			out = out[:n]
 			// A batch of keys, like the claim: probed one by one under the
 			// same pinned plan, whatever the table's size or statistics.
-			return s.queryPinned(ctx, planGeneric, `SELECT `+qualified("k")+`
+			_, err := s.queryPinned(ctx, planGeneric, `SELECT `+qualified("k")+`
 				FROM idempotency_keys k
 				JOIN unnest(@merchants::text[], @keys::text[]) AS i(merchant_id, idempotency_key)
 				  ON k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key`,
@@ -121,6 +128,7 @@ func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
 					out = append(out, rec)
 					return nil
 				})
+			return err
 		})
 		if err != nil {
 			return nil, interpretError("get keys", err)

@@ -1,6 +1,7 @@
 package dedup_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -53,11 +54,12 @@ func TestStats(t *testing.T) {
 	b.claim(t, "w", req("m_1", "live", 100))
 	now := b.clock.Now()
 
-	st, err := b.store.Stats(b.ctx, now, 30*time.Second)
+	st, err := b.store.Stats(b.ctx, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := dedup.Stats{
+		Now:     now,
 		Pending: 3, Completed: 5, Failed: 1,
 		OldestPending:       start,
 		Stuck:               1, // "stuck": its lease expired two hours ago; "released" only just
@@ -70,6 +72,10 @@ func TestStats(t *testing.T) {
 		t.Errorf("oldest pending %v, want %v", st.OldestPending, want.OldestPending)
 	}
 	st.OldestPending = want.OldestPending
+	if !st.Now.Equal(now) {
+		t.Errorf("stats as of %v, want the store's time %v", st.Now, now)
+	}
+	st.Now = want.Now
 	if st != want {
 		t.Errorf("stats\n got %+v\nwant %+v", st, want)
 	}
@@ -78,7 +84,8 @@ func TestStats(t *testing.T) {
 	}
 
 	// With no grace the released row is stuck too; an empty window is empty.
-	st, err = b.store.Stats(b.ctx, now.Add(time.Hour+time.Minute), 0)
+	b.clock.Advance(time.Hour + time.Minute)
+	st, err = b.store.Stats(b.ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,11 +97,11 @@ func TestStats(t *testing.T) {
 func TestStatsEmpty(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	st, err := b.store.Stats(b.ctx, b.clock.Now(), time.Minute)
+	st, err := b.store.Stats(b.ctx, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st != (dedup.Stats{}) {
+	if st != (dedup.Stats{Now: st.Now}) || !st.Now.Equal(b.clock.Now()) {
 		t.Fatalf("empty store: %+v", st)
 	}
 }
@@ -123,5 +130,78 @@ func TestGetMany(t *testing.T) {
 	}
 	if recs, err := b.store.GetMany(b.ctx, nil); err != nil || len(recs) != 0 {
 		t.Fatalf("no keys: %v %v", recs, err)
+	}
+}
+
+// TestPendingSinceKeptAcrossEpisode: a row's pending_since is set when it
+// becomes pending and kept while it stays pending, whoever takes and
+// releases it (a re-acquire after its lease expired, a release, a
+// reconciler's lease and failed lookup); a `failed` row re-acquired starts
+// a new episode, with its lookup back-off reset.
+func TestPendingSinceKeptAcrossEpisode(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	since := func() (time.Time, int) {
+		t.Helper()
+		var at *time.Time
+		var failures int
+		if err := b.pool.QueryRow(b.ctx, `SELECT pending_since, lookup_failures FROM idempotency_keys WHERE idempotency_key = 'ep'`).
+			Scan(&at, &failures); err != nil {
+			t.Fatal(err)
+		}
+		if at == nil {
+			return time.Time{}, failures
+		}
+		return *at, failures
+	}
+	r := req("m_1", "ep", 100)
+	first := b.clock.Now()
+	l := b.claim(t, "a", r).Lease
+	b.clock.Advance(lease + time.Second)
+	l2 := b.claim(t, "b", r)
+	if l2.Outcome != dedup.Reacquired {
+		t.Fatalf("re-claim after expiry: %v", l2.Outcome)
+	}
+	if err := b.store.Release(b.ctx, *l2.Lease, "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(time.Hour)
+	stuck, err := b.store.AcquireStuck(b.ctx, "rec", time.Minute, lease, 10)
+	if err != nil || len(stuck) != 1 {
+		t.Fatalf("acquire stuck: %d %v", len(stuck), err)
+	}
+	if _, _, err := b.store.DeferLookup(b.ctx, stuck[0].Lease, "503", dedup.Backoff{Base: time.Minute, Max: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if at, n := since(); !at.Equal(first) || n != 1 {
+		t.Fatalf("after re-acquire, release, reconciler lease and failed lookup: pending since %v with %d failed lookups; want %v and 1", at, n, first)
+	}
+	if st, err := b.store.Stats(b.ctx, 30*time.Second); err != nil || st.Stuck != 1 || st.LookupBackedOff != 1 || !st.OldestPending.Equal(first) {
+		t.Fatalf("stats %+v %v: want the row stuck since %v and backed off", st, err, first)
+	}
+	if _, err := b.store.Heartbeat(b.ctx, *l, lease); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("the first holder's heartbeat: %v, want lease lost", err)
+	}
+
+	// A lookup proves nothing was charged: the row fails; the next claim
+	// starts a new episode.
+	stuck, err = b.store.AcquireStuck(b.ctx, "rec", 0, lease, 10)
+	if err != nil || len(stuck) != 0 {
+		t.Fatalf("a backed-off row was acquired before its next lookup: %d %v", len(stuck), err)
+	}
+	b.clock.Advance(2 * time.Minute)
+	stuck, err = b.store.AcquireStuck(b.ctx, "rec", 0, lease, 10)
+	if err != nil || len(stuck) != 1 {
+		t.Fatalf("acquire once due: %d %v", len(stuck), err)
+	}
+	if err := b.store.ResolveNotCharged(b.ctx, stuck[0].Lease, "not found"); err != nil {
+		t.Fatal(err)
+	}
+	again := b.clock.Now()
+	if res := b.claim(t, "c", r); res.Outcome != dedup.Reacquired {
+		t.Fatalf("claim of the failed row: %v", res.Outcome)
+	}
+	if at, n := since(); !at.Equal(again) || n != 0 {
+		t.Fatalf("new episode: pending since %v with %d failed lookups; want %v and 0", at, n, again)
 	}
 }

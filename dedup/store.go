@@ -37,11 +37,18 @@ const (
 	LookupRetry = time.Minute
 )
 
-// Clock tells the time. Time that matters to logic is passed into SQL from
-// it, so tests move time instead of sleeping.
+// Clock tells the time. A test clock moves the store's time: every
+// statement that decides a lease, an expiry or a window takes it as @now.
+// Without one, or with a process's wall clock (a Clock whose Wall method
+// returns true, like internal/clock.System), statements use the database's
+// clock (@now is NULL), so that pods whose clocks disagree still agree on
+// who holds a lease.
 type Clock interface {
 	Now() time.Time
 }
+
+// wallClock is implemented by a process's wall clock.
+type wallClock interface{ Wall() bool }
 
 type systemClock struct{}
 
@@ -52,16 +59,36 @@ type Config struct {
 	Retention         time.Duration
 	ProviderKeyWindow time.Duration
 	StatementTimeout  time.Duration
-	Clock             Clock
+	// Clock is a test clock; leave it nil in production (see Clock).
+	Clock Clock
 }
 
 // Store is the Postgres idempotency store. It is safe for concurrent use.
 type Store struct {
-	pool      *pgxpool.Pool
-	clock     Clock
+	pool *pgxpool.Pool
+	// clock stamps what no lease depends on (API keys' creation time).
+	clock Clock
+	// fixed is true when clock is a test clock, whose time statements take
+	// instead of the database's.
+	fixed     bool
 	retention time.Duration
 	window    time.Duration
 	timeout   time.Duration
+}
+
+// dbNow is the SQL for the statement's time: the test clock's when one is
+// passed as @now, else the database's (the transaction's start). Durations
+// are added to it as intervals, so no time on a lease comes from a host's
+// wall clock.
+const dbNow = `coalesce(@now::timestamptz, now())`
+
+// now is the @now argument: the test clock's time, or NULL.
+func (s *Store) now() *time.Time {
+	if !s.fixed {
+		return nil
+	}
+	t := s.clock.Now()
+	return &t
 }
 
 // New returns a store on pool. The schema must be migrated (see Migrate).
@@ -72,6 +99,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	s := &Store{
 		pool:      pool,
 		clock:     cmp.Or[Clock](cfg.Clock, systemClock{}),
+		fixed:     cfg.Clock != nil,
 		retention: cmp.Or(cfg.Retention, DefaultRetention),
 		window:    cmp.Or(cfg.ProviderKeyWindow, DefaultProviderKeyWindow),
 		timeout:   cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout),
@@ -81,6 +109,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, errors.New("dedup: durations must not be negative")
 	case s.window >= s.retention:
 		return nil, fmt.Errorf("dedup: key retention %v must exceed the provider key window %v", s.retention, s.window)
+	}
+	if w, ok := cfg.Clock.(wallClock); ok && w.Wall() {
+		s.fixed = false
 	}
 	return s, nil
 }
@@ -201,31 +232,54 @@ func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) erro
 //
 // The group commit also sends its rows' completion notifications itself,
 // and tells the row trigger (migration 00005) not to.
+//
+// The settings' statement also reads the transaction's now(): the time the
+// statement after it took as its database clock (see dbNow).
 const (
-	planGeneric         = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
-	planGenericNotified = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
+	planGeneric         = `SELECT now(), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
+	planGenericNotified = `SELECT now(), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
 		set_config('paydedup.completions_notified', 'on', true)`
 )
 
 // queryPinned runs one statement under the planner settings plan, in one
 // round trip (the settings and the statement are pipelined in one implicit
-// transaction), and calls each for every row.
-func (s *Store) queryPinned(ctx context.Context, plan, sql string, args pgx.NamedArgs, each func(pgx.Rows) error) error {
+// transaction), and calls each for every row. It returns the time the
+// statement ran at (the test clock's, or the database's now()).
+func (s *Store) queryPinned(ctx context.Context, plan, sql string, args pgx.NamedArgs, each func(pgx.Rows) error) (time.Time, error) {
 	b := &pgx.Batch{}
 	b.Queue(plan)
 	b.Queue(sql, args)
 	br := s.pool.SendBatch(ctx, b)
-	if err := readPinned(br, each); err != nil {
+	at, err := readPinned(br, each)
+	if err != nil {
 		_ = br.Close() // the same error, or one caused by it
-		return err
+		return time.Time{}, err
 	}
-	return br.Close()
+	if t, ok := args["now"].(*time.Time); ok && t != nil {
+		at = *t // the test clock's time, which the statement took as @now
+	}
+	return at, br.Close()
 }
 
-func readPinned(br pgx.BatchResults, each func(pgx.Rows) error) error {
-	if _, err := br.Exec(); err != nil {
-		return err
+func readPinned(br pgx.BatchResults, each func(pgx.Rows) error) (time.Time, error) {
+	var db time.Time
+	rows, err := br.Query()
+	if err != nil {
+		return db, err
 	}
+	if rows.Next() {
+		dest := make([]any, len(rows.FieldDescriptions())) // the settings' values are skipped
+		dest[0] = &db
+		err = rows.Scan(dest...)
+	}
+	rows.Close()
+	if err = cmp.Or(err, rows.Err()); err != nil {
+		return db, err
+	}
+	return db, readRows(br, each)
+}
+
+func readRows(br pgx.BatchResults, each func(pgx.Rows) error) error {
 	rows, err := br.Query()
 	if err != nil {
 		return err

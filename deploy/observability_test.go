@@ -34,7 +34,8 @@ var metrics = map[string]struct {
 	"paydedup_provider_errors_total": {labels: map[string][]string{
 		"class": {"unknown_outcome", "retryable", "idempotency_mismatch"},
 	}},
-	"paydedup_reconciler_runs_total": {labels: map[string][]string{"result": {"ok", "error"}}},
+	"paydedup_reconciler_runs_total":          {labels: map[string][]string{"result": {"ok", "lookup_errors", "error"}}},
+	"paydedup_reconciler_lookup_errors_total": {},
 	"paydedup_reconciler_rows_total": {labels: map[string][]string{
 		"result": {"completed", "declined", "failed", "left", "lease_lost"},
 	}},

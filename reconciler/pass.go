@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/provider"
@@ -28,6 +30,9 @@ type RunResult struct {
 	LeaseLost int
 	// Errors counts failed lookups and writes; those rows are in Left.
 	Errors int
+	// LookupErrors is the part of Errors that were failed provider lookups;
+	// each backed its row's next lookup off.
+	LookupErrors int
 	// Purged is how many expired finished rows were deleted.
 	Purged int
 }
@@ -47,12 +52,14 @@ const (
 	leaseLost
 )
 
-// verdict is one row's fate, whether an error was met on the way, and
-// whether the database stopped answering (the rest of the pass is skipped).
+// verdict is one row's fate, whether an error was met on the way (and
+// whether it was the provider lookup's), and whether the database stopped
+// answering (the rest of the pass is skipped).
 type verdict struct {
-	fate    fate
-	errored bool
-	dbDown  bool
+	fate         fate
+	errored      bool
+	lookupFailed bool
+	dbDown       bool
 }
 
 func (res *RunResult) add(v verdict) {
@@ -71,6 +78,9 @@ func (res *RunResult) add(v verdict) {
 	if v.errored {
 		res.Errors++
 	}
+	if v.lookupFailed {
+		res.LookupErrors++
+	}
 }
 
 // RunOnce runs one pass: it leases up to BatchSize stuck rows, resolves each
@@ -81,6 +91,10 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 	if r.cfg.Metrics != nil {
 		defer func() { r.cfg.Metrics.ObserveRun(res, err) }()
 	}
+	// The leases' end, by our own clock: the store sets them from the
+	// database's clock, from a moment after this one, so only the elapsed
+	// time since now counts and a skewed host clock cannot matter.
+	leasedUntil := r.cfg.Clock.Now().Add(r.cfg.Lease)
 	stuck, err := r.store.AcquireStuck(ctx, r.cfg.Holder, r.acquireAfter, r.cfg.Lease, r.cfg.BatchSize)
 	if err != nil {
 		return res, fmt.Errorf("lease stuck payments: %w", err)
@@ -95,7 +109,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		case ctx.Err() != nil:
 			v = r.release(ctx, s, "reconciler stopped before the lookup")
 		default:
-			v = r.resolve(ctx, s)
+			v = r.resolve(ctx, s, leasedUntil)
 		}
 		dbDown = dbDown || v.dbDown
 		res.add(v)
@@ -107,20 +121,21 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		r.log.Info("reconciler pass",
 			"examined", res.Examined, "completed", res.Completed, "declined", res.Declined,
 			"failed", res.Failed, "left", res.Left, "lease_lost", res.LeaseLost,
-			"errors", res.Errors, "purged", res.Purged)
+			"errors", res.Errors, "lookup_errors", res.LookupErrors, "purged", res.Purged)
 	}
 	return res, nil
 }
 
 // resolve looks one leased row up at the provider and records the answer.
-func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck) verdict {
+// leasedUntil is when its lease ends by the reconciler's clock.
+func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil time.Time) verdict {
 	l := s.Lease
 	log := r.log.With("merchant_id", l.MerchantID, "idempotency_key", l.IdempotencyKey,
 		"provider_key", l.ProviderKey, "attempt", l.Attempt)
 
 	// A long batch could outlast the lease taken at its start; a lapsed
 	// lease would let a redelivery take the row while we look it up.
-	if l.Until.Sub(r.cfg.Clock.Now()) < r.renewBelow {
+	if leasedUntil.Sub(r.cfg.Clock.Now()) < r.renewBelow {
 		renewed, err := r.store.Heartbeat(ctx, l, r.cfg.Lease)
 		if err != nil {
 			return r.writeFailed(ctx, s, "renew lease", err)
@@ -141,13 +156,10 @@ func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck) verdict {
 		err = errors.New("lookup found a charge without an outcome")
 	}
 	if err != nil {
-		v := r.release(ctx, s, "provider lookup: "+err.Error())
 		if ctx.Err() != nil {
-			return v // stopping: not the provider's failure
+			return r.release(ctx, s, "provider lookup: "+err.Error()) // stopping: not the provider's failure
 		}
-		log.Warn("provider lookup failed; payment left pending", "error", err)
-		v.errored = true
-		return v
+		return r.deferLookup(ctx, s, err, log)
 	}
 
 	// Once the provider has answered, the answer is recorded even if the
@@ -155,7 +167,9 @@ func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck) verdict {
 	wctx := context.WithoutCancel(ctx)
 	if !found.Found {
 		// Every row this pass leased had its lease expire more than
-		// SearchLag ago, so the provider's search would show a charge.
+		// SearchLag ago: long enough for a request the provider was still
+		// executing then to have finished, and for its search to show the
+		// charge (see the package documentation).
 		err := r.store.ResolveNotCharged(wctx, l, "reconciler: provider has no charge under the key")
 		if err != nil {
 			return r.writeFailed(ctx, s, "mark not charged", err)
@@ -203,6 +217,25 @@ func (r *Reconciler) writeFailed(ctx context.Context, s dedup.Stuck, op string, 
 	v := r.release(ctx, s, op+": "+err.Error())
 	v.errored = true
 	return v
+}
+
+// deferLookup gives a row back after its lookup failed, backing its next
+// lookup off.
+func (r *Reconciler) deferLookup(ctx context.Context, s dedup.Stuck, lookupErr error, log *slog.Logger) verdict {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	failures, next, err := r.store.DeferLookup(ctx, s.Lease, "provider lookup: "+lookupErr.Error(), r.backoff)
+	switch {
+	case err == nil:
+		log.Warn("provider lookup failed; payment left pending", "error", lookupErr,
+			"lookup_failures", failures, "next_lookup_at", next)
+		return verdict{fate: left, errored: true, lookupFailed: true}
+	case errors.Is(err, dedup.ErrLeaseLost):
+		return verdict{fate: leaseLost, errored: true, lookupFailed: true}
+	}
+	log.Error("could not release a stuck payment after its lookup failed; its lease will lapse",
+		"lookup_error", lookupErr, "error", err)
+	return verdict{fate: left, errored: true, lookupFailed: true, dbDown: errors.Is(err, dedup.ErrUnavailable)}
 }
 
 // release gives a leased row back, still pending, even when ctx is done.

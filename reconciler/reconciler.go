@@ -12,37 +12,55 @@
 //   - the provider has a declined intent: the row is completed as declined;
 //   - the provider has nothing: the row becomes `failed` (known not charged),
 //     so that the next delivery may charge;
-//   - the lookup could not tell: the row is released, still pending, for a
-//     later pass or a redelivery.
+//   - the lookup could not tell: the row is released, still pending, with
+//     its next lookup backed off, for a later pass or a redelivery.
 //
 // A write that finds its lease lost changes nothing and is not an error: a
 // worker's redelivery or another reconciler got there first.
 //
 // # When "not found" proves that nothing was charged
 //
-// Stripe's search is eventually consistent: a charge made at time T may only
-// be found from T+lag. A charge under a row's key can only be made while a
-// worker holds the row's lease (the worker's provider timeouts nest inside its
-// lease, and the reconciler never charges), so a not-found answer proves that
-// nothing was charged only once the row's last lease ended at least SearchLag
-// ago.
+// A not-found answer proves nothing while a charge under the row's key may
+// still appear. One may appear after the last lease on the row ended: a
+// worker's provider call is bounded by its lease, but only on our side. A
+// request whose client timed out, or whose connection dropped, may still be
+// executing at the provider, and charge when it finishes; and the charge
+// then reaches the provider's search only after its index lag (Stripe's
+// search is eventually consistent: "under normal operating conditions, data
+// is searchable in less than a minute"). So SearchLag must cover both: the
+// longest the provider may still execute a request after its caller gave
+// up, plus its index lag. Stripe publishes no bound on the first; its own
+// client libraries wait 80 s for an answer, so a request may run that long
+// (StripeExecution). StripeMinSearchLag is their sum and DefaultSearchLag
+// adds a margin; a shorter SearchLag is refused at start-up when the
+// provider is Stripe (Config.MinSearchLag). A not-found that was premature
+// anyway (an index outage longer than the lag) makes the row `failed`, and
+// the next delivery re-calls under the same provider key, which the provider
+// answers by replaying the charge while its key window lasts.
 //
 // The store overwrites a row's locked_until when it leases it, and a release
 // sets it to the release time, so a reconciler cannot learn afterwards how long
 // ago the previous lease ended: it knows only the bound it asked for. It
 // therefore acquires only rows whose lease expired more than max(Grace,
-// SearchLag) ago. Every row it examines is then old enough for a not-found
-// answer to be final, and a younger row is not touched at all (its redelivery,
-// which re-calls the provider with the same key, usually settles it first).
-// Grace is our own delay (leave recent rows to their redelivery); SearchLag is
-// the provider's (set it to at least the provider's search lag); the larger
-// one applies. With a provider whose lookup is strongly consistent, set
-// SearchLag to at most Grace.
+// SearchLag) ago (on the database's clock, like every lease time). Every row
+// it examines is then old enough for a not-found answer to be final, and a
+// younger row is not touched at all (its redelivery, which re-calls the
+// provider with the same key, usually settles it first). Grace is our own
+// delay (leave recent rows to their redelivery); SearchLag is the
+// provider's; the larger one applies.
 //
 // The alternative, leasing rows after Grace and releasing those not found yet,
 // never ends for a row the provider has nothing under: each release restarts
 // the row's lease clock, so the row is leased again after every Grace and
 // never ages to SearchLag.
+//
+// # When lookups fail
+//
+// A failed lookup leaves the row pending and backs its lookups off
+// ([dedup.Store.DeferLookup]): LookupBackoff, doubling on each consecutive
+// failure up to LookupBackoffMax, so a provider outage does not become a
+// lookup storm. The row's pending_since is kept, so operators see its stuck
+// age grow; RunResult.LookupErrors counts the failures.
 package reconciler
 
 import (
@@ -68,8 +86,23 @@ const (
 	// DefaultGrace is how long ago a row's lease must have expired before
 	// the reconciler takes it from its redelivery.
 	DefaultGrace = 30 * time.Second
-	// DefaultSearchLag covers Stripe's search lag ("usually under a minute").
-	DefaultSearchLag = 60 * time.Second
+	// StripeExecution is how long Stripe may still execute a request after
+	// its caller gave up on it: Stripe publishes no bound, and its own client
+	// libraries wait 80 s for an answer.
+	StripeExecution = 80 * time.Second
+	// StripeIndexLag is Stripe's search lag ("under normal operating
+	// conditions, data is searchable in less than a minute").
+	StripeIndexLag = time.Minute
+	// StripeMinSearchLag is the shortest SearchLag that is sound with Stripe:
+	// a charge that lands after our call gave up, then the index lag.
+	StripeMinSearchLag = StripeExecution + StripeIndexLag
+	// DefaultSearchLag is StripeMinSearchLag with a margin.
+	DefaultSearchLag = 3 * time.Minute
+	// DefaultLookupBackoff is the pause before a row's next lookup after
+	// its first failed one; it doubles with each further failure.
+	DefaultLookupBackoff = time.Minute
+	// DefaultLookupBackoffMax caps the pause between a row's lookups.
+	DefaultLookupBackoffMax = 30 * time.Minute
 	// DefaultLease is the lease the reconciler takes on each row it works on.
 	DefaultLease = 30 * time.Second
 	// DefaultBatchSize is how many rows one pass leases.
@@ -97,7 +130,10 @@ type Looker interface {
 	Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error)
 }
 
-// Clock tells the time; use the store's clock, since lease times come from it.
+// Clock tells the time. The reconciler uses it only to measure how long it
+// has held a lease (the store sets lease times from the database's clock),
+// so a host clock that is off changes nothing. Tests pass the store's fake
+// clock.
 type Clock interface {
 	Now() time.Time
 }
@@ -119,9 +155,20 @@ type Config struct {
 	// reconciler takes it.
 	Grace time.Duration
 	// SearchLag is how long ago a row's lease must have expired before a
-	// not-found lookup proves that nothing was charged. Rows are taken only
-	// after max(Grace, SearchLag); see the package documentation.
+	// not-found lookup proves that nothing was charged: the longest the
+	// provider may still execute a request after its caller gave up, plus
+	// its search's index lag. Rows are taken only after max(Grace,
+	// SearchLag); see the package documentation.
 	SearchLag time.Duration
+	// MinSearchLag is the shortest SearchLag the provider allows
+	// (StripeMinSearchLag for Stripe); New refuses a shorter SearchLag.
+	// Zero sets no floor: for a provider whose charges finish before it
+	// answers and whose lookups are strongly consistent.
+	MinSearchLag time.Duration
+	// LookupBackoff is the pause before a row's next lookup after a failed
+	// one, doubled on each consecutive failure up to LookupBackoffMax.
+	LookupBackoff    time.Duration
+	LookupBackoffMax time.Duration
 	// Lease is the lease taken on each row worked on; it must exceed
 	// LookupTimeout.
 	Lease time.Duration
@@ -136,7 +183,8 @@ type Config struct {
 	// Holder is the lease holder id; "reconciler-<hostname>-<random>" when
 	// empty.
 	Holder string
-	// Clock is the store's clock; the system clock when nil.
+	// Clock measures the time since a lease was taken; the system clock
+	// when nil.
 	Clock Clock
 	// Logger receives JSON-friendly records; discarded when nil.
 	Logger *slog.Logger
@@ -150,8 +198,9 @@ func (c Config) withDefaults() (Config, error) {
 		name string
 		v    time.Duration
 	}{
-		{"Interval", c.Interval}, {"Grace", c.Grace}, {"SearchLag", c.SearchLag},
+		{"Interval", c.Interval}, {"Grace", c.Grace}, {"SearchLag", c.SearchLag}, {"MinSearchLag", c.MinSearchLag},
 		{"Lease", c.Lease}, {"LookupTimeout", c.LookupTimeout},
+		{"LookupBackoff", c.LookupBackoff}, {"LookupBackoffMax", c.LookupBackoffMax},
 	} {
 		if d.v < 0 {
 			return c, fmt.Errorf("%w: %s %s is negative", ErrInvalidConfig, d.name, d.v)
@@ -175,6 +224,17 @@ func (c Config) withDefaults() (Config, error) {
 	c.PurgeBatch = cmp.Or(c.PurgeBatch, DefaultPurgeBatch)
 	c.MaxPurgeBatches = cmp.Or(c.MaxPurgeBatches, DefaultMaxPurgeBatches)
 	c.LookupTimeout = cmp.Or(c.LookupTimeout, DefaultLookupTimeout)
+	c.LookupBackoff = cmp.Or(c.LookupBackoff, DefaultLookupBackoff)
+	c.LookupBackoffMax = cmp.Or(c.LookupBackoffMax, max(DefaultLookupBackoffMax, c.LookupBackoff))
+	if c.SearchLag < c.MinSearchLag {
+		// A charge the provider finishes after our call gave up, or that its
+		// search shows late, would be declared not charged.
+		return c, fmt.Errorf("%w: SearchLag %s is shorter than the provider's MinSearchLag %s (its execution after a caller gave up, plus its search lag)",
+			ErrInvalidConfig, c.SearchLag, c.MinSearchLag)
+	}
+	if c.LookupBackoffMax < c.LookupBackoff {
+		return c, fmt.Errorf("%w: LookupBackoffMax %s is shorter than LookupBackoff %s", ErrInvalidConfig, c.LookupBackoffMax, c.LookupBackoff)
+	}
 	if c.Lease <= c.LookupTimeout {
 		// Otherwise the lease would lapse during every slow lookup and a
 		// redelivery could take the row from under us.
@@ -215,6 +275,8 @@ type Reconciler struct {
 	log    *slog.Logger
 	// acquireAfter is max(Grace, SearchLag): see the package documentation.
 	acquireAfter time.Duration
+	// backoff paces the lookups of a row whose lookup failed.
+	backoff dedup.Backoff
 	// renewBelow is the lease time left under which a row's lease is renewed
 	// before its lookup: the lookup plus half the rest of a fresh lease for
 	// the write.
@@ -243,6 +305,7 @@ func New(store *dedup.Store, looker Looker, cfg Config) (*Reconciler, error) {
 		cfg:          cfg,
 		log:          cfg.Logger.With("holder", cfg.Holder),
 		acquireAfter: max(cfg.Grace, cfg.SearchLag),
+		backoff:      dedup.Backoff{Base: cfg.LookupBackoff, Max: cfg.LookupBackoffMax},
 		renewBelow:   cfg.LookupTimeout + (cfg.Lease-cfg.LookupTimeout)/2,
 	}, nil
 }

@@ -339,7 +339,7 @@ func TestLookupErrorLeavesRowPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := b.reconciler(t, b.stripe, reconciler.Config{})
-	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Left: 1, Errors: 1})
+	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Left: 1, Errors: 1, LookupErrors: 1})
 	rec := b.get(t, "flaky")
 	if rec.Status != dedup.StatusPending || !rec.MaybeCharged || rec.LockedBy != r.Holder() ||
 		!rec.LockedUntil.Equal(b.clk.Now()) || !strings.Contains(rec.LastError, "lookup") {
@@ -367,19 +367,21 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 		name   string
 		prior  func(t *testing.T, b *bundle) // runs before the row is stuck
 		answer func() (provider.LookupResult, error)
+		// lookupFailed: the answer counts as a failed lookup (backed off)
+		lookupFailed bool
 	}{
 		{"lookup error", nil, func() (provider.LookupResult, error) {
 			return provider.LookupResult{}, &provider.Error{Class: provider.ClassUnknown, Message: "multiple charges under one key"}
-		}},
+		}, true},
 		{"found without outcome", nil, func() (provider.LookupResult, error) {
 			return provider.LookupResult{Found: true}, nil
-		}},
+		}, true},
 		{"charge without id", nil, func() (provider.LookupResult, error) {
 			return provider.LookupResult{Found: true, Outcome: &provider.Outcome{Status: "succeeded", HTTPStatus: 200, Response: resp}}, nil
-		}},
+		}, false},
 		{"charge without response", nil, func() (provider.LookupResult, error) {
 			return provider.LookupResult{Found: true, Outcome: &provider.Outcome{ChargeID: "pi_x", Status: "succeeded"}}, nil
-		}},
+		}, false},
 		{"charge id already in the ledger", func(t *testing.T, b *bundle) {
 			other := b.claim(t, "other")
 			if err := b.store.Complete(b.ctx, other, dedup.Completion{ChargeID: "pi_x", ResponseStatus: 200, Response: resp}); err != nil {
@@ -387,7 +389,7 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 			}
 		}, func() (provider.LookupResult, error) {
 			return provider.LookupResult{Found: true, Outcome: &provider.Outcome{ChargeID: "pi_x", Status: "succeeded", HTTPStatus: 200, Response: resp}}, nil
-		}},
+		}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -401,7 +403,11 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 			r := b.reconciler(t, lookerFunc(func(context.Context, provider.LookupRequest) (provider.LookupResult, error) {
 				return tt.answer()
 			}), reconciler.Config{})
-			wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Left: 1, Errors: 1})
+			want := reconciler.RunResult{Examined: 1, Left: 1, Errors: 1}
+			if tt.lookupFailed {
+				want.LookupErrors = 1
+			}
+			wantResult(t, runOnce(t, r), want)
 			rec := b.get(t, "k")
 			if rec.Status != dedup.StatusPending || !rec.MaybeCharged || !rec.LockedUntil.Equal(b.clk.Now()) || rec.LastError == "" {
 				t.Fatalf("record %+v: want pending, maybe charged, released now, with the reason", rec)
@@ -630,7 +636,7 @@ func TestPurge(t *testing.T) {
 	if _, err := b.store.Heartbeat(b.ctx, live, workerLease); err != nil {
 		t.Fatal(err)
 	}
-	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Left: 1, Errors: 1, Purged: 4})
+	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Left: 1, Errors: 1, LookupErrors: 1, Purged: 4})
 	wantResult(t, runOnce(t, r), reconciler.RunResult{Purged: 3})
 	wantResult(t, runOnce(t, r), reconciler.RunResult{})
 
@@ -816,6 +822,12 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"lease shorter than lookup", store, looker, reconciler.Config{Lease: 5 * time.Second}, "Lease 5s must exceed LookupTimeout 10s"},
 		{"lease equal to lookup", store, looker, reconciler.Config{Lease: time.Minute, LookupTimeout: time.Minute}, "must exceed LookupTimeout"},
 		{"grace below search lag", store, looker, reconciler.Config{Grace: time.Second, SearchLag: time.Hour}, ""},
+		{"search lag below the provider's floor", store, looker,
+			reconciler.Config{SearchLag: time.Minute, MinSearchLag: reconciler.StripeMinSearchLag}, "SearchLag 1m0s is shorter than the provider's MinSearchLag 2m20s"},
+		{"default search lag covers Stripe", store, looker, reconciler.Config{MinSearchLag: reconciler.StripeMinSearchLag}, ""},
+		{"negative lookup back-off", store, looker, reconciler.Config{LookupBackoff: -1}, "LookupBackoff"},
+		{"back-off cap below its start", store, looker,
+			reconciler.Config{LookupBackoff: time.Hour, LookupBackoffMax: time.Minute}, "LookupBackoffMax 1m0s is shorter than LookupBackoff 1h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

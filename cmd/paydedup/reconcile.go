@@ -29,12 +29,35 @@ func (r *reconcileFlags) bind(cmd *cobra.Command, a *app, prefix string) {
 	f := cmd.Flags()
 	f.DurationVar(&r.interval, prefix+"interval", a.envDuration("PAYDEDUP_RECONCILE_INTERVAL", reconciler.DefaultInterval), "pause between reconciler passes (PAYDEDUP_RECONCILE_INTERVAL)")
 	f.DurationVar(&r.grace, prefix+"grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "how long a lease must have expired before the reconciler takes the row (PAYDEDUP_RECONCILE_GRACE)")
-	f.DurationVar(&r.searchLag, prefix+"search-lag", a.envDuration("PAYDEDUP_SEARCH_LAG", reconciler.DefaultSearchLag), "how long a provider's not-found must be allowed to settle before it counts (PAYDEDUP_SEARCH_LAG)")
+	f.DurationVar(&r.searchLag, prefix+"search-lag", a.envDuration("PAYDEDUP_SEARCH_LAG", reconciler.DefaultSearchLag),
+		"how long after a row's last lease ended a provider's not-found counts: the provider's execution of a request our call gave up on, plus its search lag; at least "+
+			reconciler.StripeMinSearchLag.String()+" with Stripe (PAYDEDUP_SEARCH_LAG)")
+}
+
+// minSearchLag is the floor of the search lag with the provider: Stripe
+// itself may still charge after our call gave up, and its search lags. A
+// STRIPE_API_BASE (a proxy, the simulator) or the in-process simulator sets
+// no floor: whoever points paydedup there knows that endpoint's lags.
+func minSearchLag(p providerFlags) time.Duration {
+	if p.kind == "stripe" && p.apiBase == "" {
+		return reconciler.StripeMinSearchLag
+	}
+	return 0
+}
+
+// validate checks the flags for the provider.
+func (r *reconcileFlags) validate(p providerFlags) error {
+	if floor := minSearchLag(p); r.searchLag < floor {
+		return fmt.Errorf("PAYDEDUP_SEARCH_LAG / --search-lag %v is shorter than %v: Stripe may still charge up to %v after our call gave up, and its search shows a charge up to %v later, so a not-found before then proves nothing",
+			r.searchLag, floor, reconciler.StripeExecution, reconciler.StripeIndexLag)
+	}
+	return nil
 }
 
 // config is the reconciler configuration with the given logger and metrics.
-func (r *reconcileFlags) config(log *slog.Logger, m reconciler.Metrics) reconciler.Config {
-	return reconciler.Config{Interval: r.interval, Grace: r.grace, SearchLag: r.searchLag, Logger: log, Metrics: m}
+func (r *reconcileFlags) config(p providerFlags, log *slog.Logger, m reconciler.Metrics) reconciler.Config {
+	return reconciler.Config{Interval: r.interval, Grace: r.grace, SearchLag: r.searchLag,
+		MinSearchLag: minSearchLag(p), Logger: log, Metrics: m}
 }
 
 type reconcileCmd struct {
@@ -56,7 +79,11 @@ func newReconcileCmd(a *app) *cobra.Command {
 grace period ago), asks the provider what happened under the row's provider
 key with a non-charging lookup, and completes the row (charged or declined),
 marks it failed when the provider provably has nothing, or leaves it for the
-next pass. It also purges finished rows past their retention. Any number may
+next pass (a failed lookup backs the row off: 1 min, doubling to 30 min). A
+"nothing" counts only once --search-lag has passed since the row's last
+lease: the provider may still be executing a request our call gave up on,
+and its search lags behind its charges. It also purges finished rows past
+their retention. Any number may
 run at once. paydedup worker runs it in-process by default; this command runs
 it alone.`,
 		Example: `  paydedup reconcile --once            # one pass, then exit
@@ -76,7 +103,7 @@ it alone.`,
 
 // Run runs one pass (--once) or passes until ctx ends.
 func (r *reconcileCmd) Run(ctx context.Context) error {
-	if err := errors.Join(r.db.validate(), r.prov.validate()); err != nil {
+	if err := errors.Join(r.db.validate(), r.prov.validate(), r.rec.validate(r.prov)); err != nil {
 		return err
 	}
 	store, closeDB, err := openStore(ctx, r.db.url, r.retention)
@@ -91,7 +118,7 @@ func (r *reconcileCmd) Run(ctx context.Context) error {
 	defer stopSim()
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
-	rec, err := reconciler.New(store, prov, r.rec.config(r.app.logger, metrics))
+	rec, err := reconciler.New(store, prov, r.rec.config(r.prov, r.app.logger, metrics))
 	if err != nil {
 		return err
 	}

@@ -69,6 +69,7 @@ type statusReport struct {
 		Stuck                   int64      `json:"stuck"`
 		GraceSeconds            float64    `json:"grace_seconds"`
 		MaybeCharged            int64      `json:"maybe_charged"`
+		LookupBackedOff         int64      `json:"lookup_backed_off"`
 	} `json:"pending"`
 	Completed struct {
 		LastMinute       int64 `json:"last_minute"`
@@ -111,11 +112,11 @@ func (s *statusCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeDB()
-	now := time.Now()
-	st, err := store.Stats(ctx, now, s.grace)
+	st, err := store.Stats(ctx, s.grace)
 	if err != nil {
 		return err
 	}
+	now := st.Now // the database's clock, which every lease time comes from
 	var rep statusReport
 	rep.Time = now.UTC()
 	rep.Keys = keyCounts{Pending: st.Pending, Completed: st.Completed, Failed: st.Failed, Total: st.Total()}
@@ -125,6 +126,7 @@ func (s *statusCmd) Run(ctx context.Context) error {
 		rep.Pending.OldestPendingAgeSeconds = now.Sub(t).Round(time.Millisecond).Seconds()
 	}
 	rep.Pending.Stuck, rep.Pending.GraceSeconds, rep.Pending.MaybeCharged = st.Stuck, s.grace.Seconds(), st.MaybeCharged
+	rep.Pending.LookupBackedOff = st.LookupBackedOff
 	rep.Completed.LastMinute, rep.Completed.LastHour, rep.Completed.DeclinedLastHour = st.CompletedLastMinute, st.CompletedLastHour, st.DeclinedLastHour
 
 	if nc, err := s.nats.connect("paydedup-status"); err != nil {
@@ -182,7 +184,8 @@ func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 		age := time.Duration(rep.Pending.OldestPendingAgeSeconds * float64(time.Second)).Round(time.Second)
 		fmt.Fprintf(w, "oldest pending\t%s ago (created %s)\n", age, rep.Pending.OldestPending.Format(time.RFC3339))
 	}
-	fmt.Fprintf(w, "stuck\t%d\t(lease expired more than %s ago)\n", rep.Pending.Stuck, s.grace)
+	fmt.Fprintf(w, "stuck\t%d\t(pending for more than %s)\n", rep.Pending.Stuck, s.grace)
+	fmt.Fprintf(w, "lookups backed off\t%d\t(the provider's lookups failed; retried with back-off)\n", rep.Pending.LookupBackedOff)
 	fmt.Fprintf(w, "maybe charged\t%d\t(outcome unknown; a redelivery or the reconciler resolves them)\n\n", rep.Pending.MaybeCharged)
 
 	fmt.Fprintln(w, "COMPLETED\tOUTCOMES")

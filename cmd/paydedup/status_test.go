@@ -125,7 +125,7 @@ func TestStatusJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, re := range []string{`completed\s+4`, `pending\s+2`, `stuck\s+1\s+\(lease expired more than 1h0m0s ago\)`, `oldest pending\s+2h0m\d+s ago`,
+	for _, re := range []string{`completed\s+4`, `pending\s+2`, `stuck\s+1\s+\(pending for more than 1h0m0s\)`, `oldest pending\s+2h0m\d+s ago`,
 		`max_deliveries\s+2`, `key_reused\s+1`, `last hour\s+3\s+\(1 declined\)`, `pending\s+3\s+\(not yet delivered\)`} {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("status output does not match %q:\n%s", re, out)

@@ -68,7 +68,11 @@ releases and naks what is left (never acks unfinished work) and exits 0.`,
 
 func (w *workerCmd) validate() (consumer.Config, error) {
 	var errs []error
-	for _, err := range []error{w.db.validate(), w.nats.validate(), w.prov.validate(), w.streams.validate()} {
+	checks := []error{w.db.validate(), w.nats.validate(), w.prov.validate(), w.streams.validate()}
+	if w.reconcile {
+		checks = append(checks, w.rec.validate(w.prov))
+	}
+	for _, err := range checks {
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -110,7 +114,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
 	ops.WatchPending(reg, func(ctx context.Context) (int64, int64, error) {
-		c, err := store.CountPending(ctx, store.Now(), w.rec.grace)
+		c, err := store.CountPending(ctx, w.rec.grace)
 		return c.Pending, c.Stuck, err
 	})
 	proc := consumer.NewProcessor(store, prov, cfg, log)
@@ -158,7 +162,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		g.Go(func() error { return admin.Serve(adminCtx) })
 	}
 	if w.reconcile {
-		rec, err := reconciler.New(store, prov, w.rec.config(log, metrics))
+		rec, err := reconciler.New(store, prov, w.rec.config(w.prov, log, metrics))
 		if err != nil {
 			return err
 		}

@@ -1,5 +1,10 @@
 // Package clock provides the time sources injected into the store, the
 // worker and the reconciler, so tests can move time instead of sleeping.
+//
+// Time that decides who holds a lease never comes from a process's wall
+// clock: the store lets the database's clock decide (statements take
+// coalesce(@now, now()) and the wall clock passes NULL). Only a Fake clock's
+// time is passed to the database, so tests can move it.
 package clock
 
 import (
@@ -12,11 +17,18 @@ type Clock interface {
 	Now() time.Time
 }
 
-// System is the wall clock.
-type System struct{}
+// System is the process's wall clock. Offset shifts it, to stand for a host
+// whose clock is wrong (tests of clock skew); production leaves it zero.
+type System struct {
+	Offset time.Duration
+}
 
-// Now returns time.Now().
-func (System) Now() time.Time { return time.Now() }
+// Now returns time.Now() shifted by Offset.
+func (s System) Now() time.Time { return time.Now().Add(s.Offset) }
+
+// Wall reports that this is a process's wall clock: a store given it lets
+// the database's clock decide lease times instead.
+func (System) Wall() bool { return true }
 
 // Fake is a clock that moves only when told to. It is safe for concurrent use.
 type Fake struct {

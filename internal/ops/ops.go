@@ -30,6 +30,7 @@ type Metrics struct {
 	inFlight      prometheus.Gauge
 	reconRuns     *prometheus.CounterVec
 	reconRows     *prometheus.CounterVec
+	lookupErrs    prometheus.Counter
 	purged        prometheus.Counter
 	lastReconPass prometheus.Gauge
 	claimDur      prometheus.Histogram
@@ -56,8 +57,12 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		}),
 		reconRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_reconciler_runs_total",
-			Help: "Reconciler passes, by result (ok, error).",
+			Help: "Reconciler passes, by result: ok; lookup_errors (it ran, and provider lookups failed); error (it could not run).",
 		}, []string{"result"}),
+		lookupErrs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "paydedup_reconciler_lookup_errors_total",
+			Help: "Provider lookups of stuck rows that failed; each row's next lookup is backed off.",
+		}),
 		reconRows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_reconciler_rows_total",
 			Help: "Stuck rows handled by the reconciler, by result (completed, declined, failed, left, lease_lost).",
@@ -68,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		}),
 		lastReconPass: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "paydedup_reconciler_last_pass_timestamp_seconds",
-			Help: "Unix time of the last reconciler pass that ran.",
+			Help: "Unix time of the last reconciler pass that ran and was not stopped by failing lookups (some lookup answered, or none failed).",
 		}),
 	}
 	m.claimDur = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -95,7 +100,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 		Name: "paydedup_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version},
 	})
 	build.Set(1)
-	reg.MustRegister(m.messages, m.deadLettered, m.inFlight, m.reconRuns, m.reconRows, m.purged, m.lastReconPass, build,
+	reg.MustRegister(m.messages, m.deadLettered, m.inFlight, m.reconRuns, m.reconRows, m.lookupErrs, m.purged, m.lastReconPass, build,
 		m.claimDur, m.commitDur, m.commitSize, m.providerDur, m.providerErrs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -146,7 +151,7 @@ func WatchPending(reg prometheus.Registerer, count func(ctx context.Context) (pe
 		}, read(false)),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "paydedup_stuck_pending_rows",
-			Help: "Pending rows whose lease expired more than the reconciler grace ago: unresolved payments; alert when it stays above 0.",
+			Help: "Rows pending for longer than the reconciler grace (since they became pending; releases and failed lookups do not reset it): unresolved payments; alert when it stays above 0.",
 		}, read(true)),
 	)
 }
@@ -177,8 +182,19 @@ func (m *Metrics) ObserveRun(res reconciler.RunResult, err error) {
 		m.reconRuns.WithLabelValues("error").Inc()
 		return
 	}
-	m.reconRuns.WithLabelValues("ok").Inc()
-	m.lastReconPass.SetToCurrentTime()
+	// A pass whose lookups failed is not a success: it resolved nothing it
+	// looked up. It counts as one only when some lookup answered.
+	switch {
+	case res.LookupErrors == 0:
+		m.reconRuns.WithLabelValues("ok").Inc()
+		m.lastReconPass.SetToCurrentTime()
+	default:
+		m.reconRuns.WithLabelValues("lookup_errors").Inc()
+		m.lookupErrs.Add(float64(res.LookupErrors))
+		if res.Completed+res.Declined+res.Failed > 0 {
+			m.lastReconPass.SetToCurrentTime()
+		}
+	}
 	for label, n := range map[string]int{
 		"completed": res.Completed, "declined": res.Declined, "failed": res.Failed,
 		"left": res.Left, "lease_lost": res.LeaseLost,

@@ -137,7 +137,7 @@ func TestStuckPendingGauge(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	ops.WatchPending(reg, func(ctx context.Context) (int64, int64, error) {
-		c, err := store.CountPending(ctx, store.Now(), time.Minute)
+		c, err := store.CountPending(ctx, time.Minute)
 		return c.Pending, c.Stuck, err
 	})
 	a := serve(t, reg)
@@ -164,4 +164,33 @@ func grep(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "; ")
+}
+
+// TestReconcilerPassWithFailedLookups: a pass whose lookups failed is
+// counted as lookup_errors, not ok, its failures are exported, and it is
+// not the last successful pass unless some lookup answered.
+func TestReconcilerPassWithFailedLookups(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := ops.NewMetrics(reg, "test")
+	a := serve(t, reg)
+	m.ObserveRun(reconciler.RunResult{Examined: 3, Left: 3, Errors: 3, LookupErrors: 3}, nil)
+	_, body := get(t, "http://"+a.Addr()+"/metrics")
+	for _, want := range []string{
+		`paydedup_reconciler_runs_total{result="lookup_errors"} 1`,
+		`paydedup_reconciler_lookup_errors_total 3`,
+		`paydedup_reconciler_last_pass_timestamp_seconds 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("after a pass of failed lookups, /metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(body, `paydedup_reconciler_runs_total{result="ok"}`) {
+		t.Errorf("a pass of failed lookups was counted ok: %s", grep(body, "reconciler_runs"))
+	}
+	m.ObserveRun(reconciler.RunResult{Examined: 2, Completed: 1, Left: 1, Errors: 1, LookupErrors: 1}, nil)
+	_, body = get(t, "http://"+a.Addr()+"/metrics")
+	if !strings.Contains(body, `paydedup_reconciler_lookup_errors_total 4`) || strings.Contains(body, `paydedup_reconciler_last_pass_timestamp_seconds 0`) {
+		t.Errorf("a pass where one lookup answered: %s; %s", grep(body, "lookup_errors"), grep(body, "last_pass"))
+	}
 }

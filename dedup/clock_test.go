@@ -1,0 +1,138 @@
+package dedup_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/testenv"
+)
+
+// skewedStores returns a store on the database's clock (as production
+// builds it) and one store per skew whose host clock is off by it, all on
+// one schema.
+func skewedStores(t *testing.T, skews ...time.Duration) (onTime *dedup.Store, skewed []*dedup.Store) {
+	t.Helper()
+	pool := testenv.Pool(t)
+	onTime, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range skews {
+		s, err := dedup.New(pool, dedup.Config{Clock: clock.System{Offset: d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		skewed = append(skewed, s)
+	}
+	return onTime, skewed
+}
+
+// TestSkewedClockCannotTakeLiveLease: a worker whose clock runs two minutes
+// ahead meets a live 30 s lease held by another worker. Lease times come
+// from the database's clock, so the lease is live for it too: the claim says
+// in flight and AcquireStuck leaves the row alone; the holder keeps its
+// lease and completes.
+func TestSkewedClockCannotTakeLiveLease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	onTime, skewed := skewedStores(t, 2*time.Minute)
+	ahead := skewed[0]
+	r := req("m_1", "skew-ahead", 1000)
+	held, err := onTime.Claim(ctx, "holder", lease, r)
+	if err != nil || held.Outcome != dedup.Claimed {
+		t.Fatalf("claim: %v %v", held.Outcome, err)
+	}
+
+	res, err := ahead.Claim(ctx, "ahead", lease, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Outcome != dedup.InFlight {
+		t.Errorf("a worker 2 min ahead claiming a live lease: %v, want in flight", res.Outcome)
+	}
+	if res.Outcome == dedup.InFlight && (res.RetryIn <= 0 || res.RetryIn > lease) {
+		t.Errorf("retry in %v, want the lease's remaining time (at most %v)", res.RetryIn, lease)
+	}
+	stuck, err := ahead.AcquireStuck(ctx, "reconciler-ahead", 30*time.Second, lease, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stuck) != 0 {
+		t.Errorf("a reconciler 2 min ahead acquired %d live rows, want none", len(stuck))
+	}
+	if err := onTime.Complete(ctx, *held.Lease, charged("pi_skew")); err != nil {
+		t.Errorf("the holder lost its lease to a skewed clock: %v", err)
+	}
+}
+
+// TestSkewedClockBehindWritesFullLease: a worker whose clock runs two
+// minutes behind takes a 30 s lease. The lease it writes is 30 s of the
+// database's clock, not already expired, so no other worker or reconciler
+// takes the row from it.
+func TestSkewedClockBehindWritesFullLease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	onTime, skewed := skewedStores(t, -2*time.Minute)
+	behind := skewed[0]
+	r := req("m_1", "skew-behind", 1000)
+	held, err := behind.Claim(ctx, "behind", lease, r)
+	if err != nil || held.Outcome != dedup.Claimed {
+		t.Fatalf("claim: %v %v", held.Outcome, err)
+	}
+	res, err := onTime.Claim(ctx, "other", lease, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Outcome != dedup.InFlight {
+		t.Errorf("claim of a lease written by a worker 2 min behind: %v, want in flight", res.Outcome)
+	}
+	stuck, err := onTime.AcquireStuck(ctx, "reconciler", 30*time.Second, lease, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stuck) != 0 {
+		t.Errorf("the reconciler acquired %d rows leased by a worker 2 min behind, want none", len(stuck))
+	}
+	if err := behind.Complete(ctx, *held.Lease, charged("pi_behind")); err != nil {
+		t.Errorf("the holder lost its lease: %v", err)
+	}
+}
+
+// TestSkewedClockGatewayLeases: the gateway's publish guard and the
+// middleware's claim are leases too. A gateway whose clock runs two minutes
+// ahead neither takes over a live publish lock nor a live handler claim,
+// and one two minutes behind writes leases others respect.
+func TestSkewedClockGatewayLeases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	onTime, skewed := skewedStores(t, 2*time.Minute, -2*time.Minute)
+	ahead, behind := skewed[0], skewed[1]
+	const publishLease, retention = 30 * time.Second, time.Hour
+	hash := make([]byte, 32)
+
+	for _, tc := range []struct {
+		name          string
+		holder, other *dedup.Store
+	}{{"ahead", onTime, ahead}, {"behind", behind, onTime}} {
+		r := req("m_1", "gw-"+tc.name, 100)
+		if res, err := tc.holder.AcquireIntake(ctx, r, publishLease, retention); err != nil || res.Outcome != dedup.IntakeAcquired {
+			t.Fatalf("%s: acquire intake: %v %v", tc.name, res.Outcome, err)
+		}
+		if res, err := tc.other.AcquireIntake(ctx, r, publishLease, retention); err != nil || res.Outcome != dedup.IntakeHeld {
+			t.Errorf("%s: a second publisher on a live publish lock: %v %v, want held", tc.name, res.Outcome, err)
+		}
+		key := "resp-" + tc.name
+		if res, err := tc.holder.ClaimResponse(ctx, "scope", key, hash, publishLease, retention); err != nil || res.Outcome != dedup.ResponseClaimed {
+			t.Fatalf("%s: claim response: %v %v", tc.name, res.Outcome, err)
+		}
+		res, err := tc.other.ClaimResponse(ctx, "scope", key, hash, publishLease, retention)
+		if err != nil || res.Outcome != dedup.ResponseInFlight {
+			t.Errorf("%s: a second handler on a live claim: %v %v, want in flight", tc.name, res.Outcome, err)
+		}
+		if res.Outcome == dedup.ResponseInFlight && (res.RetryIn <= 0 || res.RetryIn > publishLease) {
+			t.Errorf("%s: retry in %v, want the claim's remaining time", tc.name, res.RetryIn)
+		}
+	}
+}
