@@ -313,6 +313,28 @@ func TestIntakeFate(t *testing.T) {
 		t.Fatalf("expired dead letter: %+v %v", res, err)
 	}
 
+	// A dead letter faster than the gateway's record of its PubAck is kept
+	// when the sequences agree, and dropped when it was another copy's.
+	for _, c := range []struct {
+		key      string
+		pubSeq   uint64
+		terminal bool
+	}{{"p", 5, true}, {"q", 6, false}} {
+		res, err := b.store.AcquireIntake(b.ctx, req("m_1", c.key, 100), lease, retention)
+		if err != nil || res.Outcome != dedup.IntakeAcquired {
+			t.Fatalf("%s: %+v %v", c.key, res, err)
+		}
+		if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", c.key, 5, "key_mismatch", "x"); !ok || err != nil {
+			t.Fatalf("%s: early dead letter not recorded: %v %v", c.key, ok, err)
+		}
+		if err := b.store.IntakePublished(b.ctx, res.Intake, c.pubSeq, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if in, _ := b.store.GetIntake(b.ctx, "m_1", c.key); in.DeadLettered() != c.terminal || in.StreamSeq != c.pubSeq {
+			t.Fatalf("%s: after the PubAck's record: %+v", c.key, in)
+		}
+	}
+
 	// The ledger keeps a key's amount and currency after its record.
 	if _, err := b.store.GetLedgerEntry(b.ctx, "m_1", "l"); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("no ledger row: %v", err)

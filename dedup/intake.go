@@ -130,15 +130,15 @@ ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
 SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency,
     attempt = g.attempt + 1, locked_until = excluded.locked_until,
     published_at = CASE WHEN g.expires_at <= @now THEN NULL ELSE g.published_at END,
-    stream_seq = CASE WHEN g.expires_at <= @now THEN NULL ELSE g.stream_seq END,
-    dead_letter_reason = CASE WHEN g.expires_at <= @now THEN NULL ELSE g.dead_letter_reason END,
-    dead_letter_error = CASE WHEN g.expires_at <= @now THEN NULL ELSE g.dead_letter_error END,
-    dead_lettered_at = CASE WHEN g.expires_at <= @now THEN NULL ELSE g.dead_lettered_at END,
+    stream_seq = CASE WHEN g.expires_at <= @now OR g.published_at IS NULL THEN NULL ELSE g.stream_seq END,
+    dead_letter_reason = CASE WHEN g.expires_at <= @now OR g.published_at IS NULL THEN NULL ELSE g.dead_letter_reason END,
+    dead_letter_error = CASE WHEN g.expires_at <= @now OR g.published_at IS NULL THEN NULL ELSE g.dead_letter_error END,
+    dead_lettered_at = CASE WHEN g.expires_at <= @now OR g.published_at IS NULL THEN NULL ELSE g.dead_lettered_at END,
     created_at = CASE WHEN g.expires_at <= @now OR g.published_at IS NULL THEN excluded.created_at ELSE g.created_at END,
     expires_at = excluded.expires_at
 WHERE g.expires_at <= @now
-   OR (g.dead_lettered_at IS NULL AND g.locked_until <= @now
-       AND (g.request_hash = excluded.request_hash OR g.published_at IS NULL))
+   OR (g.locked_until <= @now
+       AND (g.published_at IS NULL OR (g.dead_lettered_at IS NULL AND g.request_hash = excluded.request_hash)))
 RETURNING ` + intakeColumns
 
 // AcquireIntake tries to make the caller the publisher of req for lease.
@@ -206,7 +206,9 @@ func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, 
 // IntakePublished records that the command was published (PubAck received)
 // as stream sequence seq, and holds the row for holdFor: until then a retry
 // finding no idempotency record answers "in flight" instead of publishing
-// again. ErrLeaseLost means another request took the row over; its publish
+// again. A dead letter recorded before this call (the worker was faster
+// than the gateway) is kept only if it is of this very sequence.
+// ErrLeaseLost means another request took the row over; its publish
 // stands.
 func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, holdFor time.Duration) error {
 	if seq == 0 || seq > math.MaxInt64 {
@@ -215,7 +217,10 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 	now := s.clock.Now()
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET published_at = $4, locked_until = $5, stream_seq = $6
+		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET published_at = $4, locked_until = $5, stream_seq = $6,
+				dead_letter_reason = CASE WHEN stream_seq = $6 THEN dead_letter_reason END,
+				dead_letter_error = CASE WHEN stream_seq = $6 THEN dead_letter_error END,
+				dead_lettered_at = CASE WHEN stream_seq = $6 THEN dead_lettered_at END
 			WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 RETURNING 1`,
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), now, now.Add(holdFor), int64(seq)).Scan(&one)
 	})
@@ -255,7 +260,11 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 // (merchant, key) stored at stream sequence seq, with its reason and error
 // text. Only the intake that published that very copy is marked: a command
 // published straight on the queue, or another copy of the key, has no
-// intake row with that sequence, and nothing happens (false, nil).
+// intake row with that sequence, and nothing happens (false, nil). An
+// intake whose first publish has no recorded PubAck yet is marked with seq
+// too; IntakePublished keeps the mark only if its PubAck has that seq. (A
+// republish whose copy is dead-lettered before its PubAck is recorded is
+// not marked: the retry finds the copy in the stream and answers 409.)
 func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key string, seq uint64, reason, errText string) (bool, error) {
 	if reason == "" {
 		return false, errors.New("mark intake dead-lettered: empty reason")
@@ -269,8 +278,9 @@ func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key stri
 	var n int64
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		tag, err := s.pool.Exec(ctx, `UPDATE gateway_intake
-			SET dead_letter_reason = $4, dead_letter_error = $5, dead_lettered_at = $6
-			WHERE merchant_id = $1 AND idempotency_key = $2 AND stream_seq = $3 AND dead_letter_reason IS NULL`,
+			SET dead_letter_reason = $4, dead_letter_error = $5, dead_lettered_at = $6, stream_seq = $3
+			WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL
+			  AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))`,
 			merchantID, key, int64(seq), reason, errText, s.clock.Now())
 		n = tag.RowsAffected()
 		return err

@@ -6,7 +6,11 @@
 --                      matched to the very copy the gateway published;
 --   dead_letter_*    : the worker dead-lettered that copy: the intake is
 --                      terminal, and GET and retried POSTs answer the
---                      dead letter's reason instead of "queued".
+--                      dead letter's reason instead of "queued". A dead
+--                      letter can arrive before the gateway recorded its
+--                      PubAck: it is then kept with its sequence, and the
+--                      gateway's record keeps it only if the sequences
+--                      agree.
 ALTER TABLE gateway_intake
     ADD COLUMN stream_seq         bigint,
     ADD COLUMN dead_letter_reason text,
@@ -15,7 +19,7 @@ ALTER TABLE gateway_intake
     ADD CONSTRAINT gateway_intake_seq_positive CHECK (stream_seq IS NULL OR stream_seq > 0),
     ADD CONSTRAINT gateway_intake_dead_letter_complete CHECK (
         (dead_letter_reason IS NULL) = (dead_lettered_at IS NULL)
-        AND (dead_letter_reason IS NULL OR (published_at IS NOT NULL AND stream_seq IS NOT NULL))),
+        AND (dead_letter_reason IS NULL OR stream_seq IS NOT NULL)),
     ADD CONSTRAINT gateway_intake_dead_letter_error_length CHECK (length(dead_letter_error) <= 1024);
 
 -- The worker records the dead letter; it may touch only those columns.
