@@ -550,4 +550,12 @@ func TestGatewayTablesAsWorkerRole(t *testing.T) {
 	if err := s.Complete(ctx, *cl.Lease, charged("ch_n")); err != nil {
 		t.Fatalf("complete as worker role (trigger): %v", err)
 	}
+	// The worker records a dead letter on the intake; the gateway reads the
+	// ledger.
+	if ok, err := s.MarkIntakeDeadLettered(ctx, "m_1", "k", 1, "key_mismatch", "x"); !ok || err != nil {
+		t.Fatalf("dead letter on the intake as worker role: %v %v", ok, err)
+	}
+	if e, err := s.GetLedgerEntry(ctx, "m_1", "n"); err != nil || e.Amount != 100 {
+		t.Fatalf("ledger entry as worker role: %+v %v", e, err)
+	}
 }

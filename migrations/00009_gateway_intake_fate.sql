@@ -22,19 +22,20 @@ ALTER TABLE gateway_intake
         AND (dead_letter_reason IS NULL OR stream_seq IS NOT NULL)),
     ADD CONSTRAINT gateway_intake_dead_letter_error_length CHECK (length(dead_letter_error) <= 1024);
 
--- The worker records the dead letter; it may touch only those columns.
--- The gateway role, where it exists, keeps the sequence and reads the
+-- The worker records the dead letter (with its sequence when it came
+-- first); it may touch only those columns. The gateway role, where it
+-- exists, writes all of them (a takeover clears them) and reads the
 -- payments ledger (a key reused after its record was purged).
 -- +goose StatementBegin
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'paydedup_worker') THEN
         GRANT SELECT ON gateway_intake TO paydedup_worker;
-        GRANT UPDATE (dead_letter_reason, dead_letter_error, dead_lettered_at) ON gateway_intake TO paydedup_worker;
+        GRANT UPDATE (stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at) ON gateway_intake TO paydedup_worker;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'paydedup_gateway') THEN
         GRANT SELECT ON gateway_intake TO paydedup_gateway;
-        GRANT UPDATE (stream_seq) ON gateway_intake TO paydedup_gateway;
+        GRANT UPDATE (stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at) ON gateway_intake TO paydedup_gateway;
         GRANT SELECT (merchant_id, idempotency_key, amount, currency) ON payments TO paydedup_gateway;
     END IF;
 END
