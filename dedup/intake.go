@@ -277,19 +277,32 @@ func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key stri
 	}
 	var n int64
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, `UPDATE gateway_intake
-			SET dead_letter_reason = $4, dead_letter_error = $5, dead_lettered_at = $6, stream_seq = $3
-			WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL
-			  AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))`,
-			merchantID, key, int64(seq), reason, errText, s.clock.Now())
-		n = tag.RowsAffected()
-		return err
+		return s.pool.QueryRow(ctx, markIntakeDeadLetteredSQL,
+			merchantID, key, int64(seq), reason, errText, s.clock.Now()).Scan(&n)
 	})
 	if err != nil {
 		return false, interpretError("mark intake dead-lettered", err)
 	}
 	return n > 0, nil
 }
+
+// markIntakeDeadLetteredSQL marks the intake and, at commit, wakes the
+// gateway requests waiting on the key (Prefer: wait) with the completion
+// channel's payload: they re-read the key and answer the dead letter.
+const markIntakeDeadLetteredSQL = `
+WITH marked AS (
+    UPDATE gateway_intake
+    SET dead_letter_reason = $4, dead_letter_error = $5, dead_lettered_at = $6, stream_seq = $3
+    WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL
+      AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))
+    RETURNING merchant_id, idempotency_key
+), notified AS (
+    SELECT pg_notify('` + CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
+               WHERE n.oid = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = 'gateway_intake'::regclass)),
+           'm', m.merchant_id, 'k', m.idempotency_key)::text)
+    FROM marked m
+)
+SELECT count(*) FROM marked WHERE (SELECT count(*) FROM notified) >= 0`
 
 // maxDeadLetterErrorLen bounds the stored dead-letter error text.
 const maxDeadLetterErrorLen = 1024

@@ -167,6 +167,17 @@ func TestDeadLetterIsTerminalAtTheGateway(t *testing.T) {
 	if n := w.streamMsgs(); n != 1 {
 		t.Fatalf("%d messages, want 1", n)
 	}
+
+	// A POST waiting for its outcome is woken by the dead letter.
+	start := time.Now()
+	r := w.post("big-wait", body, "Prefer", "wait=20")
+	wantStatus(t, r, http.StatusBadRequest)
+	if p := r.problem(t); p.Reason != string(payment.ReasonAmountOverLimit) {
+		t.Fatalf("waiting POST problem %+v", p)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the waiting POST answered after %v, not woken by the dead letter", d)
+	}
 }
 
 // TestFailedPublishIsNotAccepted: after a publish that failed (503), GET

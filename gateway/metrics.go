@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_waits_total",
-			Help: "Prefer: wait requests by how the wait ended: completed, timeout, shutdown, cancelled.",
+			Help: "Prefer: wait requests by how the wait ended: completed, dead_lettered, timeout, shutdown, cancelled.",
 		}, []string{"result"}),
 		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paydedup_gateway_auth_failures_total",

@@ -315,17 +315,15 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
-	rec, ok := g.waitCompleted(ctx, sub, merchant, key, wait)
+	rec, dl, ok := g.waitCompleted(ctx, sub, merchant, key, fp, wait)
 	switch {
 	case ok && !bytes.Equal(rec.RequestHash, fp): // a queue publisher won the key with another payload
 		g.keyReused(w)
 	case ok:
 		writeOutcome(w, rec, false)
+	case dl.DeadLettered():
+		g.writeDeadLetter(w, dl)
 	default:
-		if dl, ok := g.deadLettered(ctx, merchant, key, fp); ok {
-			g.writeDeadLetter(w, dl)
-			return
-		}
 		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentFromIntake(in))
 	}
 }
@@ -359,29 +357,41 @@ func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[s
 }
 
 // waitCompleted waits up to wait for the key to complete: it reads the
-// record, then sleeps until a completion notification, the end of the wait,
-// the client leaving or a shutdown. No polling.
-func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, merchant, key string, wait time.Duration) (dedup.Record, bool) {
+// record, then sleeps until a notification, the end of the wait, the client
+// leaving or a shutdown. No polling. A notification is a completion, or the
+// worker dead-lettering the command published for hash: then the intake is
+// returned, with its reason. When the wait ends otherwise, the intake is
+// read once more for a dead letter.
+func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, merchant, key string, hash []byte, wait time.Duration) (dedup.Record, dedup.Intake, bool) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	woken := false
 	for {
 		rec, err := g.store.Get(ctx, merchant, key)
 		if err == nil && rec.Status == dedup.StatusCompleted {
 			g.metrics.waits.WithLabelValues("completed").Inc()
-			return rec, true
+			return rec, dedup.Intake{}, true
+		}
+		if woken {
+			if dl, ok := g.deadLettered(ctx, merchant, key, hash); ok {
+				g.metrics.waits.WithLabelValues("dead_lettered").Inc()
+				return dedup.Record{}, dl, false
+			}
 		}
 		select {
 		case <-sub.C:
+			woken = true
+			continue
 		case <-timer.C:
 			g.metrics.waits.WithLabelValues("timeout").Inc()
-			return dedup.Record{}, false
 		case <-g.drain:
 			g.metrics.waits.WithLabelValues("shutdown").Inc()
-			return dedup.Record{}, false
 		case <-ctx.Done():
 			g.metrics.waits.WithLabelValues("cancelled").Inc()
-			return dedup.Record{}, false
+			return dedup.Record{}, dedup.Intake{}, false
 		}
+		dl, _ := g.deadLettered(ctx, merchant, key, hash)
+		return dedup.Record{}, dl, false
 	}
 }
 
@@ -462,10 +472,10 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	if wait > 0 && p.CompletedAt == nil {
 		w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
-		rec, ok := g.waitCompleted(ctx, sub, merchant, key, wait)
+		rec, dl, ok := g.waitCompleted(ctx, sub, merchant, key, hash, wait)
 		if ok {
 			p = paymentFromRecord(rec)
-		} else if dl, ok := g.deadLettered(ctx, merchant, key, hash); ok {
+		} else if dl.DeadLettered() {
 			g.writeDeadLetter(w, dl)
 			return
 		}
