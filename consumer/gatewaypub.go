@@ -1,15 +1,22 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
+	"net/textproto"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -21,15 +28,22 @@ const DefaultPublishTimeout = 5 * time.Second
 // <merchant_id>:<idempotency_key> (the stream's duplicate window drops quick
 // double publishes) and the Idempotency-Key header, waiting for the PubAck
 // of the configured stream. The HTTP gateway uses it.
+//
+// Every message is built once and decoded as the worker will decode it
+// (the header values as NATS delivers them, the worker's limits from the
+// Config) before it is published, so what the gateway accepts is what the
+// worker accepts: a command the worker would dead-letter is refused with
+// the same *payment.ValidationError instead.
 type CommandPublisher struct {
+	nc      *nats.Conn
 	js      jetstream.JetStream
 	cfg     Config
 	timeout time.Duration
 }
 
-// NewCommandPublisher returns a publisher for cfg's stream and subject
-// prefix (the worker's). It does not create the stream: the worker owns its
-// configuration; Ready reports whether it exists.
+// NewCommandPublisher returns a publisher for cfg's stream, subject prefix
+// and limits (the worker's). It does not create the stream: the worker owns
+// its configuration; Ready reports whether it exists.
 func NewCommandPublisher(nc *nats.Conn, cfg Config, timeout time.Duration) (*CommandPublisher, error) {
 	if nc == nil {
 		return nil, errors.New("command publisher: nil NATS connection")
@@ -45,33 +59,63 @@ func NewCommandPublisher(nc *nats.Conn, cfg Config, timeout time.Duration) (*Com
 	if timeout == 0 {
 		timeout = DefaultPublishTimeout
 	}
-	return &CommandPublisher{js: js, cfg: cfg, timeout: timeout}, nil
+	return &CommandPublisher{nc: nc, js: js, cfg: cfg, timeout: timeout}, nil
+}
+
+// Check builds the message Publish would publish for cmd and extra and
+// decodes it as the worker will. A *payment.ValidationError is the reason
+// the worker would dead-letter it; any other error means the message could
+// not be built.
+func (p *CommandPublisher) Check(cmd *payment.Command, extra map[string]string) error {
+	_, err := p.message(cmd, extra, 0)
+	return err
 }
 
 // Publish publishes cmd, with the extra headers given (e.g. W3C
 // traceparent and tracestate, so the worker's trace continues the HTTP
-// request's), and returns once the stream acknowledged it. A duplicate
-// inside the stream's window is acknowledged too: the first copy is stored.
-func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, extra map[string]string) error {
-	if cmd == nil {
-		return errors.New("publish command: nil command")
-	}
-	data, err := json.Marshal(cmd)
+// request's), after the same check as Check, and returns the stream
+// sequence once the stream acknowledged it. A duplicate inside the stream's
+// window is acknowledged too, with the first copy's sequence.
+//
+// republish > 0 marks a new copy of a command whose first copy the stream
+// no longer holds: its Nats-Msg-Id gets the suffix :r<republish>, since the
+// old id may still be inside the duplicate window, which would drop the
+// copy. The worker's claim makes any second copy harmless.
+func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (uint64, error) {
+	m, err := p.message(cmd, extra, republish)
 	if err != nil {
-		return fmt.Errorf("publish command: %w", err)
-	}
-	m := CommandMsg(p.cfg, cmd.MerchantID, cmd.IdempotencyKey, data)
-	for k, v := range extra {
-		if v != "" && m.Header.Get(k) == "" {
-			m.Header.Set(k, v)
-		}
+		return 0, fmt.Errorf("publish command: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	if _, err := p.js.PublishMsg(ctx, m, jetstream.WithExpectStream(p.cfg.Stream)); err != nil {
-		return fmt.Errorf("publish command to %s: %w", p.cfg.Stream, err)
+	ack, err := p.js.PublishMsg(ctx, m, jetstream.WithExpectStream(p.cfg.Stream))
+	if err != nil {
+		return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Stream, err)
 	}
-	return nil
+	return ack.Sequence, nil
+}
+
+// Stored reports whether the stream still holds, at seq, the command of
+// (merchantID, key): a published copy not yet removed by the stream's
+// limits. A retry republishes only when it does not.
+func (p *CommandPublisher) Stored(ctx context.Context, merchantID, key string, seq uint64) (bool, error) {
+	if seq == 0 {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	s, err := p.js.Stream(ctx, p.cfg.Stream)
+	if err != nil {
+		return false, fmt.Errorf("stream %s: %w", p.cfg.Stream, err)
+	}
+	raw, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read %s message %d: %w", p.cfg.Stream, seq, err)
+	}
+	return raw.Subject == p.cfg.SubjectPrefix+"."+merchantID && raw.Header.Get(HeaderIdempotencyKey) == key, nil
 }
 
 // Ready reports whether the stream exists (the worker creates it).
@@ -80,4 +124,116 @@ func (p *CommandPublisher) Ready(ctx context.Context) error {
 		return fmt.Errorf("stream %s: %w", p.cfg.Stream, err)
 	}
 	return nil
+}
+
+// message builds the message for cmd and checks it the way the worker will
+// read it: the header block as NATS encodes and decodes it (values trimmed,
+// line breaks replaced), the body within the worker's limits, the same
+// command (fingerprint) back, and the whole within the server's payload
+// limit.
+func (p *CommandPublisher) message(cmd *payment.Command, extra map[string]string, republish int) (*nats.Msg, error) {
+	if cmd == nil {
+		return nil, errors.New("nil command")
+	}
+	data, err := EncodeCommand(cmd)
+	if err != nil {
+		return nil, err
+	}
+	m := CommandMsg(p.cfg, cmd.MerchantID, cmd.IdempotencyKey, data)
+	if republish > 0 {
+		m.Header.Set(nats.MsgIdHdr, MsgID(cmd.MerchantID, cmd.IdempotencyKey)+":r"+strconv.Itoa(republish))
+	}
+	for k, v := range extra {
+		if v != "" && m.Header.Get(k) == "" {
+			m.Header.Set(k, v)
+		}
+	}
+	block := headerBlock(m.Header)
+	wire, err := nats.DecodeHeadersMsg(block)
+	if err != nil {
+		return nil, fmt.Errorf("headers do not survive the wire: %w", err)
+	}
+	got, err := decodeMessage(p.cfg, m.Subject, wire, data)
+	if err != nil {
+		return nil, err
+	}
+	if !bytes.Equal(dedup.Fingerprint(got), dedup.Fingerprint(cmd)) {
+		return nil, errors.New("the message would reach the worker as another command")
+	}
+	if limit := p.nc.MaxPayload(); limit > 0 && int64(len(block)+len(data)) > limit {
+		return nil, &payment.ValidationError{Reason: payment.ReasonBodyTooLarge,
+			Msg: fmt.Sprintf("message is %d bytes, the NATS server's limit is %d", len(block)+len(data), limit)}
+	}
+	return m, nil
+}
+
+// EncodeCommand is the JSON body of a command as publishers send it:
+// encoding/json without HTML escaping (which would turn each of < > & into
+// six bytes, growing a body past the worker's limit).
+func EncodeCommand(cmd *payment.Command) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(cmd); err != nil {
+		return nil, fmt.Errorf("encode command: %w", err)
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// headerValueOnWire replaces line breaks as nats.go does when it writes a
+// header value.
+var headerValueOnWire = strings.NewReplacer("\r", " ", "\n", " ")
+
+// headerBlock encodes h as nats.go puts it on the wire: the NATS/1.0 line,
+// each value trimmed of surrounding white space with its line breaks
+// replaced, and a blank line.
+func headerBlock(h nats.Header) []byte {
+	var b bytes.Buffer
+	b.WriteString("NATS/1.0\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			b.WriteString(k)
+			b.WriteString(": ")
+			b.WriteString(headerValueOnWire.Replace(textproto.TrimString(v)))
+			b.WriteString("\r\n")
+		}
+	}
+	b.WriteString("\r\n")
+	return b.Bytes()
+}
+
+// intakeMarker records a dead letter on the gateway's intake
+// (dedup.Store.MarkIntakeDeadLettered).
+type intakeMarker interface {
+	MarkIntakeDeadLettered(ctx context.Context, merchantID, key string, seq uint64, reason, errText string) (bool, error)
+}
+
+// deadLetteredIntake tells the gateway's intake of a command it published
+// that the worker dead-lettered it, so the gateway answers the reason
+// instead of "queued" and stops republishing. The store marks only the
+// intake that published this very stream sequence; commands published
+// straight on the queue have none. The message is already dead-lettered:
+// a failure here is logged and changes nothing of its fate.
+func (w *Worker) deadLetteredIntake(ctx context.Context, in inbound, reason string, cause error, log *slog.Logger) {
+	marker, ok := w.proc.store.(intakeMarker)
+	if !ok || in.meta == nil || in.meta.Sequence.Stream == 0 || in.meta.Sequence.Stream > math.MaxInt64 {
+		return
+	}
+	var merchant, key string
+	if in.cmd != nil {
+		merchant, key = in.cmd.MerchantID, in.cmd.IdempotencyKey
+	} else {
+		merchant, _ = strings.CutPrefix(in.msg.Subject(), w.cfg.SubjectPrefix+".")
+		key = in.msg.Headers().Get(HeaderIdempotencyKey)
+	}
+	if payment.ValidateMerchant(merchant) != nil || payment.ValidateKey(key) != nil {
+		return
+	}
+	marked, err := marker.MarkIntakeDeadLettered(ctx, merchant, key, in.meta.Sequence.Stream, reason, sanitizeHeader(errString(cause)))
+	switch {
+	case err != nil:
+		log.Warn("could not record the dead letter on the gateway's intake; the gateway shows the payment queued", "reason", reason, "error", err)
+	case marked:
+		log.Info("gateway intake marked dead-lettered", "reason", reason)
+	}
 }

@@ -345,24 +345,31 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	}
 }
 
-// decode reads the command from a message: strict JSON, the subject's
-// merchant token, and the optional Idempotency-Key header.
+// decode reads the command from a message (decodeMessage).
 func (w *Worker) decode(m jetstream.Msg) (*payment.Command, error) {
+	return decodeMessage(w.cfg, m.Subject(), m.Headers(), m.Data())
+}
+
+// decodeMessage reads a command as the worker does: strict JSON within
+// cfg's limits, the subject's merchant token, and the optional
+// Idempotency-Key header. The gateway's publisher runs it on the message it
+// is about to publish.
+func decodeMessage(cfg Config, subject string, header nats.Header, data []byte) (*payment.Command, error) {
 	env := payment.Envelope{}
-	if tok, ok := strings.CutPrefix(m.Subject(), w.cfg.SubjectPrefix+"."); ok {
+	if tok, ok := strings.CutPrefix(subject, cfg.SubjectPrefix+"."); ok {
 		env.SubjectMerchant = tok
 		if tok == "" || strings.Contains(tok, ".") {
 			return nil, &payment.ValidationError{Reason: payment.ReasonMerchantMismatch, Field: "subject",
-				Msg: fmt.Sprintf("subject %q must be %s.<merchant_id>", m.Subject(), w.cfg.SubjectPrefix)}
+				Msg: fmt.Sprintf("subject %q must be %s.<merchant_id>", subject, cfg.SubjectPrefix)}
 		}
 	}
-	if vals, ok := m.Headers()[HeaderIdempotencyKey]; ok {
+	if vals, ok := header[HeaderIdempotencyKey]; ok {
 		env.HeaderKeySet = true
 		if len(vals) > 0 {
 			env.HeaderKey = vals[0]
 		}
 	}
-	return payment.Decode(m.Data(), env, w.cfg.Limits)
+	return payment.Decode(data, env, cfg.Limits)
 }
 
 // settle carries out decide's verdict on one message.
@@ -407,6 +414,7 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 		if err := in.msg.Term(); err != nil {
 			log.Warn("term failed after dead-lettering; a redelivery would be filed again and deduplicated", "error", err)
 		}
+		w.deadLetteredIntake(sctx, in, act.Reason, errForDLQ, log)
 		log.Warn("message dead-lettered", "reason", act.Reason, "error", errString(errForDLQ))
 	}
 	if w.observer != nil {

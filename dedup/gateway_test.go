@@ -200,7 +200,7 @@ func TestIntakeGuard(t *testing.T) {
 	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != dedup.IntakeMismatch {
 		t.Fatalf("other payload: %v", res.Outcome)
 	}
-	if err := b.store.IntakePublished(b.ctx, in, 10*time.Minute); err != nil {
+	if err := b.store.IntakePublished(b.ctx, in, 1, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Advance(5 * time.Minute)
@@ -212,7 +212,7 @@ func TestIntakeGuard(t *testing.T) {
 	if err != nil || res.Outcome != dedup.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("takeover after the hold: %+v %v", res, err)
 	}
-	if err := b.store.IntakePublished(b.ctx, in, time.Minute); !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := b.store.IntakePublished(b.ctx, in, 1, time.Minute); !errors.Is(err, dedup.ErrLeaseLost) {
 		t.Fatalf("stale publisher: %v", err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
@@ -235,6 +235,116 @@ func TestIntakeGuard(t *testing.T) {
 	b.clock.Advance(retention + time.Hour)
 	if res, _ = b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != dedup.IntakeAcquired || res.Intake.Amount != 999 {
 		t.Fatalf("expired row not reusable: %+v", res)
+	}
+}
+
+// TestIntakeFate: a never-published intake is forgotten on abandon (and
+// taken over by any payload once its lock passed); a dead letter marks only
+// the intake that published that very stream sequence, and makes it
+// terminal until it expires; the ledger outlives the record.
+func TestIntakeFate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const lease, retention = 10 * time.Second, 48 * time.Hour
+
+	// Abandoned before any publish: gone, and another payload is new.
+	res, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention)
+	if err != nil || res.Outcome != dedup.IntakeAcquired {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.GetIntake(b.ctx, "m_1", "a"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("abandoned unpublished intake: %v", err)
+	}
+	// A publisher that died before its PubAck: its lock passes, and a
+	// corrected payload takes the key.
+	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != dedup.IntakeMismatch {
+		t.Fatalf("while the lock is held: %v", res.Outcome)
+	}
+	b.clock.Advance(lease + time.Second)
+	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
+	if err != nil || res.Outcome != dedup.IntakeAcquired || res.Intake.Amount != 150 {
+		t.Fatalf("corrected payload after a dead publisher: %+v %v", res, err)
+	}
+
+	// Published as sequence 7, then dead-lettered.
+	if err := b.store.IntakePublished(b.ctx, res.Intake, 7, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := b.store.GetIntake(b.ctx, "m_1", "a"); in.StreamSeq != 7 || !in.Published() || in.DeadLettered() {
+		t.Fatalf("published intake %+v", in)
+	}
+	for _, other := range []struct {
+		key string
+		seq uint64
+	}{{"a", 8}, {"b", 7}, {"a", 0}} {
+		if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", other.key, other.seq, "key_reused", "x"); ok || err != nil {
+			t.Fatalf("%+v marked another copy: %v %v", other, ok, err)
+		}
+	}
+	ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", "a", 7, "amount_over_limit", strings.Repeat("e", 2000))
+	if !ok || err != nil {
+		t.Fatalf("mark: %v %v", ok, err)
+	}
+	if ok, _ := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", "a", 7, "max_deliveries", ""); ok {
+		t.Fatal("a second dead letter overwrote the first")
+	}
+	b.clock.Advance(2 * time.Minute) // past the republish hold
+	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
+	if err != nil || res.Outcome != dedup.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
+		len(res.Intake.DeadLetterError) != 1024 || res.Intake.Attempt != 2 {
+		t.Fatalf("dead-lettered intake: %+v %v", res, err)
+	}
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); res.Outcome != dedup.IntakeMismatch {
+		t.Fatalf("other payload on a dead letter: %v", res.Outcome)
+	}
+	// Expired: taken over afresh, its publish and dead letter forgotten.
+	b.clock.Advance(retention)
+	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
+	if err != nil || res.Outcome != dedup.IntakeAcquired || res.Intake.Published() || res.Intake.DeadLettered() || res.Intake.StreamSeq != 0 {
+		t.Fatalf("expired dead letter: %+v %v", res, err)
+	}
+
+	// A dead letter faster than the gateway's record of its PubAck is kept
+	// when the sequences agree, and dropped when it was another copy's.
+	for _, c := range []struct {
+		key      string
+		pubSeq   uint64
+		terminal bool
+	}{{"p", 5, true}, {"q", 6, false}} {
+		res, err := b.store.AcquireIntake(b.ctx, req("m_1", c.key, 100), lease, retention)
+		if err != nil || res.Outcome != dedup.IntakeAcquired {
+			t.Fatalf("%s: %+v %v", c.key, res, err)
+		}
+		if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", c.key, 5, "key_mismatch", "x"); !ok || err != nil {
+			t.Fatalf("%s: early dead letter not recorded: %v %v", c.key, ok, err)
+		}
+		if err := b.store.IntakePublished(b.ctx, res.Intake, c.pubSeq, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if in, _ := b.store.GetIntake(b.ctx, "m_1", c.key); in.DeadLettered() != c.terminal || in.StreamSeq != c.pubSeq {
+			t.Fatalf("%s: after the PubAck's record: %+v", c.key, in)
+		}
+	}
+
+	// The ledger keeps a key's amount and currency after its record.
+	if _, err := b.store.GetPayment(b.ctx, "m_1", "l"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("no ledger row: %v", err)
+	}
+	c := b.claim(t, "w", req("m_1", "l", 1000))
+	if err := b.store.Complete(b.ctx, *c.Lease, charged("ch_l")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `DELETE FROM idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := b.store.GetPayment(b.ctx, "m_1", "l"); err != nil || e.Amount != 1000 || e.Currency != "usd" {
+		t.Fatalf("ledger entry %+v %v", e, err)
 	}
 }
 

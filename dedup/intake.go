@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,9 +31,24 @@ type Intake struct {
 	// may publish again.
 	LockedUntil time.Time
 	PublishedAt time.Time // zero until the PubAck was received
-	CreatedAt   time.Time
-	ExpiresAt   time.Time
+	// StreamSeq is the stream sequence of the published copy (its PubAck);
+	// 0 until published.
+	StreamSeq uint64
+	CreatedAt time.Time
+	ExpiresAt time.Time
+	// DeadLetterReason is set once the worker dead-lettered the published
+	// copy: the intake is then terminal until it expires. DeadLetterError
+	// is the dead letter's error text.
+	DeadLetterReason string
+	DeadLetterError  string
+	DeadLetteredAt   time.Time
 }
+
+// Published reports whether the command was published (PubAck received).
+func (in Intake) Published() bool { return !in.PublishedAt.IsZero() }
+
+// DeadLettered reports whether the worker dead-lettered the published copy.
+func (in Intake) DeadLettered() bool { return in.DeadLetterReason != "" }
 
 // IntakeOutcome is what AcquireIntake found.
 type IntakeOutcome int
@@ -45,6 +62,9 @@ const (
 	IntakeHeld
 	// IntakeMismatch: the key is held for a different request fingerprint.
 	IntakeMismatch
+	// IntakeDeadLettered: the worker dead-lettered this request's published
+	// command; the answer is final (Intake carries the reason).
+	IntakeDeadLettered
 )
 
 func (o IntakeOutcome) String() string {
@@ -55,6 +75,8 @@ func (o IntakeOutcome) String() string {
 		return "held"
 	case IntakeMismatch:
 		return "mismatch"
+	case IntakeDeadLettered:
+		return "dead_lettered"
 	}
 	return "unknown"
 }
@@ -66,28 +88,40 @@ type IntakeResult struct {
 }
 
 const intakeColumns = `merchant_id, idempotency_key, request_hash, amount, currency, attempt, locked_until,
-	published_at, created_at, expires_at`
+	published_at, created_at, expires_at, stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at`
 
 func scanIntake(row pgx.Row) (Intake, error) {
 	var (
-		in        Intake
-		attempt   int32
-		published *time.Time
+		in                 Intake
+		attempt            int32
+		published, deadAt  *time.Time
+		seq                *int64
+		deadReason, dlqErr *string
 	)
 	if err := row.Scan(&in.MerchantID, &in.IdempotencyKey, &in.RequestHash, &in.Amount, &in.Currency, &attempt,
-		&in.LockedUntil, &published, &in.CreatedAt, &in.ExpiresAt); err != nil {
+		&in.LockedUntil, &published, &in.CreatedAt, &in.ExpiresAt, &seq, &deadReason, &dlqErr, &deadAt); err != nil {
 		return Intake{}, err
 	}
 	in.Attempt = int(attempt)
 	if published != nil {
 		in.PublishedAt = *published
 	}
+	if seq != nil {
+		in.StreamSeq = uint64(*seq)
+	}
+	in.DeadLetterReason, in.DeadLetterError = deref(deadReason), deref(dlqErr)
+	if deadAt != nil {
+		in.DeadLetteredAt = *deadAt
+	}
 	return in, nil
 }
 
 // acquireIntakeSQL inserts the guard row, or takes it over when it expired
-// (any fingerprint) or when its lock passed (same fingerprint). Concurrent
-// callers serialise on the row: exactly one gets a row back.
+// (any fingerprint), or when its lock passed and it is not terminal: with
+// the same fingerprint, or with any while it was never published (nothing
+// was accepted under it). A row taken over afresh forgets its publish and
+// its dead letter. Concurrent callers serialise on the row: exactly one
+// gets a row back.
 const acquireIntakeSQL = `
 INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
     locked_until, created_at, expires_at)
@@ -97,9 +131,15 @@ ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
 SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency,
     attempt = g.attempt + 1, locked_until = excluded.locked_until,
     published_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN NULL ELSE g.published_at END,
-    created_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN excluded.created_at ELSE g.created_at END,
+    stream_seq = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.stream_seq END,
+    dead_letter_reason = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_letter_reason END,
+    dead_letter_error = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_letter_error END,
+    dead_lettered_at = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_lettered_at END,
+    created_at = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN excluded.created_at ELSE g.created_at END,
     expires_at = excluded.expires_at
-WHERE g.expires_at <= ` + dbNow + ` OR (g.request_hash = excluded.request_hash AND g.locked_until <= ` + dbNow + `)
+WHERE g.expires_at <= ` + dbNow + `
+   OR (g.locked_until <= ` + dbNow + `
+       AND (g.published_at IS NULL OR (g.dead_lettered_at IS NULL AND g.request_hash = excluded.request_hash)))
 RETURNING ` + intakeColumns
 
 // AcquireIntake tries to make the caller the publisher of req for lease.
@@ -139,6 +179,8 @@ func (s *Store) AcquireIntake(ctx context.Context, req ClaimRequest, lease, rete
 			return IntakeResult{}, fmt.Errorf("acquire intake: %w", err)
 		case !bytes.Equal(in.RequestHash, req.RequestHash):
 			return IntakeResult{Outcome: IntakeMismatch, Intake: in}, nil
+		case in.DeadLettered():
+			return IntakeResult{Outcome: IntakeDeadLettered, Intake: in}, nil
 		default:
 			return IntakeResult{Outcome: IntakeHeld, Intake: in}, nil
 		}
@@ -162,16 +204,25 @@ func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, 
 }
 
 // IntakePublished records that the command was published (PubAck received)
-// and holds the row for holdFor: until then a retry finding no idempotency
-// record answers "in flight" instead of publishing again. ErrLeaseLost
-// means another request took the row over; its publish stands.
-func (s *Store) IntakePublished(ctx context.Context, in Intake, holdFor time.Duration) error {
+// as stream sequence seq, and holds the row for holdFor: until then a retry
+// finding no idempotency record answers "in flight" instead of publishing
+// again. A dead letter recorded before this call (the worker was faster
+// than the gateway) is kept only if it is of this very sequence.
+// ErrLeaseLost means another request took the row over; its publish
+// stands.
+func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, holdFor time.Duration) error {
+	if seq == 0 || seq > math.MaxInt64 {
+		return fmt.Errorf("mark intake published: invalid stream sequence %d", seq)
+	}
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET published_at = coalesce($4::timestamptz, now()),
-			    locked_until = coalesce($4::timestamptz, now()) + $5::interval
+				locked_until = coalesce($4::timestamptz, now()) + $5::interval, stream_seq = $6,
+				dead_letter_reason = CASE WHEN stream_seq = $6 THEN dead_letter_reason END,
+				dead_letter_error = CASE WHEN stream_seq = $6 THEN dead_letter_error END,
+				dead_lettered_at = CASE WHEN stream_seq = $6 THEN dead_lettered_at END
 			WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 RETURNING 1`,
-			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now(), holdFor).Scan(&one)
+			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now(), holdFor, int64(seq)).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("mark intake published: %w", ErrLeaseLost)
@@ -180,12 +231,23 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, holdFor time.Dur
 }
 
 // AbandonIntake gives the row up after a failed publish, so the client's
-// retry may publish at once. ErrLeaseLost means it was taken over already.
+// retry may publish at once. A row that was never published is deleted:
+// nothing was accepted under the key, so a corrected retry is new. A row
+// published before (a failed republish) keeps its publish and only
+// releases its lock. ErrLeaseLost means it was taken over already.
 func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET locked_until = least(locked_until, coalesce($4::timestamptz, now()))
-			WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 RETURNING 1`,
+		return s.pool.QueryRow(ctx, `WITH gone AS (
+				DELETE FROM gateway_intake
+				WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 AND published_at IS NULL
+				RETURNING 1
+			), released AS (
+				UPDATE gateway_intake SET locked_until = least(locked_until, coalesce($4::timestamptz, now()))
+				WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 AND published_at IS NOT NULL
+				RETURNING 1
+			)
+			SELECT 1 FROM gone UNION ALL SELECT 1 FROM released`,
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -193,6 +255,57 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 	}
 	return interpretError("abandon intake", err)
 }
+
+// MarkIntakeDeadLettered records that the worker dead-lettered the copy of
+// (merchant, key) stored at stream sequence seq, with its reason and error
+// text. Only the intake that published that very copy is marked: a command
+// published straight on the queue, or another copy of the key, has no
+// intake row with that sequence, and nothing happens (false, nil). An
+// intake whose first publish has no recorded PubAck yet is marked with seq
+// too; IntakePublished keeps the mark only if its PubAck has that seq. (A
+// republish whose copy is dead-lettered before its PubAck is recorded is
+// not marked: the retry finds the copy in the stream and answers 409.)
+func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key string, seq uint64, reason, errText string) (bool, error) {
+	if reason == "" {
+		return false, errors.New("mark intake dead-lettered: empty reason")
+	}
+	if seq == 0 || seq > math.MaxInt64 {
+		return false, nil
+	}
+	if len(errText) > maxDeadLetterErrorLen {
+		errText = strings.ToValidUTF8(errText[:maxDeadLetterErrorLen], "")
+	}
+	var n int64
+	err := s.withRetry(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, markIntakeDeadLetteredSQL,
+			merchantID, key, int64(seq), reason, errText, s.now()).Scan(&n)
+	})
+	if err != nil {
+		return false, interpretError("mark intake dead-lettered", err)
+	}
+	return n > 0, nil
+}
+
+// markIntakeDeadLetteredSQL marks the intake and, at commit, wakes the
+// gateway requests waiting on the key (Prefer: wait) with the completion
+// channel's payload: they re-read the key and answer the dead letter.
+const markIntakeDeadLetteredSQL = `
+WITH marked AS (
+    UPDATE gateway_intake
+    SET dead_letter_reason = $4, dead_letter_error = $5, dead_lettered_at = coalesce($6::timestamptz, now()), stream_seq = $3
+    WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL
+      AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))
+    RETURNING merchant_id, idempotency_key
+), notified AS (
+    SELECT pg_notify('` + CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
+               WHERE n.oid = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = 'gateway_intake'::regclass)),
+           'm', m.merchant_id, 'k', m.idempotency_key)::text)
+    FROM marked m
+)
+SELECT count(*) FROM marked WHERE (SELECT count(*) FROM notified) >= 0`
+
+// maxDeadLetterErrorLen bounds the stored dead-letter error text.
+const maxDeadLetterErrorLen = 1024
 
 // PurgeIntakes deletes up to limit expired guard rows and returns how many.
 func (s *Store) PurgeIntakes(ctx context.Context, limit int) (int, error) {

@@ -289,7 +289,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if again, err := gw.AcquireIntake(ctx, req, time.Second, time.Hour); err != nil || again.Outcome != dedup.IntakeHeld {
 		t.Fatalf("second acquire as %s: %v %v", gatewayRole, again.Outcome, err)
 	}
-	if err := gw.IntakePublished(ctx, res.Intake, time.Minute); err != nil {
+	if err := gw.IntakePublished(ctx, res.Intake, 1, time.Minute); err != nil {
 		t.Fatalf("intake published as %s: %v", gatewayRole, err)
 	}
 	if _, err := gw.GetIntake(ctx, merchant, "k1"); err != nil {
@@ -332,6 +332,15 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	}
 	if _, err := gw.Stats(ctx, time.Minute); err != nil {
 		t.Fatalf("stats as %s: %v", gatewayRole, err)
+	}
+	// Before it publishes a key whose record was purged, the gateway reads
+	// the ledger.
+	if p, err := gw.GetPayment(ctx, merchant, "k1"); err != nil || p.ChargeID != "ch_gw" {
+		t.Fatalf("ledger read as %s: %+v %v", gatewayRole, p, err)
+	}
+	// The worker tells the intake of a command it dead-lettered.
+	if ok, err := worker.MarkIntakeDeadLettered(ctx, merchant, "k1", 1, "key_mismatch", "x"); err != nil || !ok {
+		t.Fatalf("dead letter on the intake as %s: %v %v", workerRole, ok, err)
 	}
 	if err := gw.Ping(ctx); err != nil {
 		t.Fatal(err)

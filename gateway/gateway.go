@@ -11,7 +11,14 @@
 //     with Retry-After;
 //   - a new key is published once and answered 202 Accepted, or, with
 //     Prefer: wait=N, with its outcome once the worker completes it (woken by
-//     Postgres LISTEN/NOTIFY, not polling), or 202 when N runs out.
+//     Postgres LISTEN/NOTIFY, not polling), or 202 when N runs out;
+//   - a key whose published command the worker dead-lettered answers the
+//     dead letter's reason (400, 413 or 422) from then on.
+//
+// The message is built and decoded as the worker will decode it before
+// anything is taken in (Publisher.Check), so the gateway accepts only what
+// the worker accepts. A key whose record was purged is still checked
+// against the payments ledger.
 //
 // The worker's claim happens later, when it consumes the message, so the
 // gateway guards concurrent first requests with its own short-lived intake
@@ -53,9 +60,10 @@ const (
 	// publishes; a request that died while publishing is taken over after it.
 	DefaultPublishLease = 10 * time.Second
 	// DefaultRepublishAfter is how long after a publish a retry that still
-	// finds no idempotency record answers 409 rather than publishing again
-	// (the message may have been dead-lettered before any claim). It should
-	// exceed the stream's duplicate window, or the republish is dropped.
+	// finds no idempotency record answers 409 without looking further. After
+	// it, the retry asks the stream whether it still holds the published
+	// copy, and publishes again (with a new Nats-Msg-Id) only when it does
+	// not.
 	DefaultRepublishAfter = 10 * time.Minute
 	// DefaultIntakeRetention keeps intake rows as long as keys are kept.
 	DefaultIntakeRetention = dedup.DefaultRetention
@@ -72,8 +80,9 @@ type Store interface {
 	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
 	GetIntake(ctx context.Context, merchantID, key string) (dedup.Intake, error)
 	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (dedup.IntakeResult, error)
-	IntakePublished(ctx context.Context, in dedup.Intake, holdFor time.Duration) error
+	IntakePublished(ctx context.Context, in dedup.Intake, seq uint64, holdFor time.Duration) error
 	AbandonIntake(ctx context.Context, in dedup.Intake) error
+	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
 }
@@ -83,10 +92,20 @@ type Completions interface {
 	Subscribe(merchantID, key string) *dedup.Subscription
 }
 
-// Publisher publishes a validated command to the worker's stream and
-// returns after the PubAck. extra holds headers to add (trace context).
+// Publisher publishes a validated command to the worker's stream.
+// consumer.CommandPublisher implements it.
 type Publisher interface {
-	Publish(ctx context.Context, cmd *payment.Command, extra map[string]string) error
+	// Check builds the message Publish would publish and decodes it as the
+	// worker will; a *payment.ValidationError is why the worker would
+	// dead-letter it. extra holds headers to add (trace context).
+	Check(cmd *payment.Command, extra map[string]string) error
+	// Publish publishes the checked message and returns its stream
+	// sequence after the PubAck. republish > 0 numbers a new copy of a
+	// command whose first copy the stream no longer holds.
+	Publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (uint64, error)
+	// Stored reports whether the stream still holds the command of
+	// (merchantID, key) at seq.
+	Stored(ctx context.Context, merchantID, key string, seq uint64) (bool, error)
 }
 
 // Clock tells the time (for Retry-After).

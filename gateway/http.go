@@ -38,6 +38,9 @@ const (
 	ProblemKeyReused           = problemTypePrefix + "idempotency-key-reused"
 	ProblemKeyInUse            = problemTypePrefix + "idempotency-key-in-use"
 	ProblemNotFound            = problemTypePrefix + "not-found"
+	ProblemNotAccepted         = problemTypePrefix + "not-accepted"
+	ProblemRejected            = problemTypePrefix + "payment-rejected"
+	ProblemInternal            = problemTypePrefix + "internal"
 	ProblemUnavailable         = problemTypePrefix + "unavailable"
 	ProblemMethodNotAllowed    = problemTypePrefix + "method-not-allowed"
 	problemContentType         = "application/problem+json"
@@ -48,6 +51,8 @@ const (
 	unavailableRetryAfter      = 1 * time.Second
 	problemDetailUnauthorized  = "Send a valid API key as Authorization: Bearer <key>."
 	problemDetailNotFound      = "No payment with this idempotency key exists for your account."
+	problemDetailNotAccepted   = "The payment was not accepted (it could not be queued); retry the POST with the same Idempotency-Key."
+	problemDetailInternal      = "The payment could not be queued because of a fault of the service; it was not accepted."
 	problemDetailUnavailable   = "The service cannot take the request now; retry with the same Idempotency-Key."
 	problemDetailKeyReused     = "This Idempotency-Key was already used with a different request; use a new key for a new payment."
 	problemDetailKeyInUse      = "A request with this Idempotency-Key is being processed; retry later with the same key."
@@ -104,6 +109,10 @@ func unavailable(w http.ResponseWriter) {
 	writeProblem(w, Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: problemDetailUnavailable})
 }
 
+func notAccepted(w http.ResponseWriter) {
+	writeProblem(w, Problem{Type: ProblemNotAccepted, Status: http.StatusNotFound, Detail: problemDetailNotAccepted})
+}
+
 func notFound(w http.ResponseWriter) {
 	writeProblem(w, Problem{Type: ProblemNotFound, Status: http.StatusNotFound, Detail: problemDetailNotFound})
 }
@@ -118,6 +127,12 @@ func parseIdempotencyKey(h http.Header) (string, *Problem) {
 	case err != nil:
 		return "", &Problem{Type: ProblemInvalidKey, Status: http.StatusBadRequest,
 			Detail: "The Idempotency-Key must be sent once, with 1 to 255 printable ASCII characters (" + err.Error() + ").",
+			Field:  "Idempotency-Key", Reason: string(payment.ReasonInvalidKey)}
+	}
+	if strings.Trim(key, " ") != key {
+		// NATS trims header values: the worker would see another key.
+		return "", &Problem{Type: ProblemInvalidKey, Status: http.StatusBadRequest,
+			Detail: "The Idempotency-Key must not begin or end with a space.",
 			Field:  "Idempotency-Key", Reason: string(payment.ReasonInvalidKey)}
 	}
 	return key, nil

@@ -107,6 +107,58 @@ func (g *Gateway) keyInUse(w http.ResponseWriter, retry time.Duration) {
 	writeProblem(w, Problem{Type: ProblemKeyInUse, Status: http.StatusConflict, Detail: problemDetailKeyInUse})
 }
 
+// invalidRequest answers a command the worker would not accept: 413 for
+// its size, 400 for anything else, naming the field and the reason.
+func invalidRequest(w http.ResponseWriter, err error) {
+	var ve *payment.ValidationError
+	if !errors.As(err, &ve) {
+		ve = &payment.ValidationError{Reason: payment.ReasonMalformedJSON, Msg: err.Error()}
+	}
+	status := http.StatusBadRequest
+	typ := ProblemInvalidRequest
+	if ve.Reason == payment.ReasonBodyTooLarge {
+		status, typ = http.StatusRequestEntityTooLarge, ProblemTooLarge
+	}
+	writeProblem(w, Problem{Type: typ, Status: status, Detail: ve.Msg, Field: ve.Field, Reason: string(ve.Reason)})
+}
+
+// writeDeadLetter answers a key whose published command the worker
+// dead-lettered: final, with the dead letter's reason. Bad input is 400
+// (413 for its size), a key reused with another payment 422, and any other
+// reason (the provider refused the request, the deliveries ran out) 422.
+func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in dedup.Intake) {
+	status, typ := http.StatusUnprocessableEntity, ProblemRejected
+	switch {
+	case in.DeadLetterReason == string(payment.ReasonBodyTooLarge):
+		status, typ = http.StatusRequestEntityTooLarge, ProblemTooLarge
+	case payment.IsInputReason(in.DeadLetterReason):
+		status, typ = http.StatusBadRequest, ProblemInvalidRequest
+	case in.DeadLetterReason == "key_reused":
+		typ = ProblemKeyReused
+	}
+	detail := "The payment was not processed (" + in.DeadLetterReason + ")"
+	if in.DeadLetterError != "" {
+		detail += ": " + in.DeadLetterError
+	}
+	writeProblem(w, Problem{Type: typ, Status: status, Reason: in.DeadLetterReason,
+		Detail: detail + ". This is final for this Idempotency-Key; send a corrected payment with a new key."})
+}
+
+// deadLettered returns the intake of a key when the worker dead-lettered
+// the command published for the request fingerprint hash.
+func (g *Gateway) deadLettered(ctx context.Context, merchant, key string, hash []byte) (dedup.Intake, bool) {
+	in, err := g.store.GetIntake(ctx, merchant, key)
+	if err != nil || !in.DeadLettered() || !bytes.Equal(in.RequestHash, hash) {
+		return dedup.Intake{}, false
+	}
+	return in, true
+}
+
+// traceHeaders are the request's headers that travel with the command.
+func traceHeaders(r *http.Request) map[string]string {
+	return map[string]string{"traceparent": r.Header.Get("Traceparent"), "tracestate": r.Header.Get("Tracestate")}
+}
+
 // postPayment is POST /v1/payments.
 func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	merchant := merchantFrom(r.Context())
@@ -132,22 +184,27 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	cmd, err := decodeCommand(body, merchant, key, g.cfg.Limits)
 	if err != nil {
+		invalidRequest(w, err)
+		return
+	}
+	log := g.log.With("merchant_id", merchant, "idempotency_key", key)
+	// The message that will be published, decoded as the worker will: what
+	// the worker would dead-letter is refused here, before anything is
+	// taken in.
+	extra := traceHeaders(r)
+	if err := g.pub.Check(cmd, extra); err != nil {
 		var ve *payment.ValidationError
-		if !errors.As(err, &ve) {
-			ve = &payment.ValidationError{Reason: payment.ReasonMalformedJSON, Msg: err.Error()}
+		if errors.As(err, &ve) {
+			invalidRequest(w, ve)
+			return
 		}
-		status := http.StatusBadRequest
-		typ := ProblemInvalidRequest
-		if ve.Reason == payment.ReasonBodyTooLarge {
-			status, typ = http.StatusRequestEntityTooLarge, ProblemTooLarge
-		}
-		writeProblem(w, Problem{Type: typ, Status: status, Detail: ve.Msg, Field: ve.Field, Reason: string(ve.Reason)})
+		log.Error("the payment's message cannot be built", "error", err)
+		writeProblem(w, Problem{Type: ProblemInternal, Status: http.StatusInternalServerError, Detail: problemDetailInternal})
 		return
 	}
 	wait := parseWait(r.Header, g.cfg.MaxWait)
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
 	defer cancel()
-	log := g.log.With("merchant_id", merchant, "idempotency_key", key)
 	fp := dedup.Fingerprint(cmd)
 
 	// A waiter subscribes before anything is read or published, so a
@@ -170,9 +227,22 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	case err == nil && rec.Status == dedup.StatusPending:
 		g.keyInUse(w, rec.LockedUntil.Sub(g.cfg.Clock.Now()))
 		return
-	case err == nil, errors.Is(err, dedup.ErrNotFound):
-		// New, or `failed` (known not charged, retried by the queue; its
-		// message may have been dead-lettered): publish if nobody is.
+	case err == nil:
+		// `failed` (known not charged, retried by the queue; its message
+		// may have been dead-lettered): publish if nobody is.
+	case errors.Is(err, dedup.ErrNotFound):
+		// New, or its record was purged: the payments ledger outlives
+		// records, and a key it knows with other terms is reused.
+		p, lerr := g.store.GetPayment(ctx, merchant, key)
+		switch {
+		case lerr == nil && (p.Amount != cmd.Amount || p.Currency != cmd.Currency):
+			g.keyReused(w)
+			return
+		case lerr != nil && !errors.Is(lerr, dedup.ErrNotFound):
+			log.Error("read payments ledger", "error", lerr)
+			unavailable(w)
+			return
+		}
 	default:
 		log.Error("read idempotency record", "error", err)
 		unavailable(w)
@@ -188,6 +258,10 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	switch res.Outcome {
 	case dedup.IntakeMismatch:
 		g.keyReused(w)
+		return
+	case dedup.IntakeDeadLettered:
+		g.metrics.idempotency.WithLabelValues("dead_lettered").Inc()
+		g.writeDeadLetter(w, res.Intake)
 		return
 	case dedup.IntakeHeld:
 		// Another request published it (or is publishing it). The worker
@@ -210,79 +284,114 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	if !g.publish(ctx, r, cmd, res.Intake, log) {
+	in := res.Intake
+	republish := 0
+	if in.Published() {
+		// A retry after the republish hold. While the stream still holds
+		// the published copy (the worker is behind), publishing again only
+		// adds a copy: hold the key for another period instead.
+		stored, err := g.pub.Stored(ctx, merchant, key, in.StreamSeq)
+		if err != nil {
+			log.Warn("cannot tell whether the stream holds the published copy; publishing again", "error", err)
+		}
+		if err == nil && stored {
+			if err := g.store.IntakePublished(ctx, in, in.StreamSeq, g.cfg.RepublishAfter); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+				log.Warn("could not hold the intake again", "error", err)
+			}
+			g.metrics.idempotency.WithLabelValues("not_republished").Inc()
+			g.keyInUse(w, g.cfg.QueuedRetryAfter)
+			return
+		}
+		republish = in.Attempt
+	}
+	if !g.publish(ctx, cmd, extra, in, republish, log) {
 		unavailable(w)
 		return
 	}
 	g.metrics.idempotency.WithLabelValues("new").Inc()
 	w.Header().Set("Location", location(key))
 	if wait == 0 {
-		writeJSON(w, http.StatusAccepted, paymentFromIntake(res.Intake))
+		writeJSON(w, http.StatusAccepted, paymentFromIntake(in))
 		return
 	}
 	w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
-	rec, ok := g.waitCompleted(ctx, sub, merchant, key, wait)
+	rec, dl, ok := g.waitCompleted(ctx, sub, merchant, key, fp, wait)
 	switch {
 	case ok && !bytes.Equal(rec.RequestHash, fp): // a queue publisher won the key with another payload
 		g.keyReused(w)
 	case ok:
 		writeOutcome(w, rec, false)
+	case dl.DeadLettered():
+		g.writeDeadLetter(w, dl)
 	default:
-		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentFromIntake(res.Intake))
+		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentFromIntake(in))
 	}
 }
 
 // publish publishes a command whose intake the caller holds, and records
-// the publish. A client that hangs up meanwhile does not cut it short.
-func (g *Gateway) publish(ctx context.Context, r *http.Request, cmd *payment.Command, in dedup.Intake, log *slog.Logger) bool {
+// the publish and its stream sequence. A client that hangs up meanwhile
+// does not cut it short. A failed publish gives the intake up: nothing
+// was accepted, and the client's retry (corrected or not) publishes anew.
+func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[string]string, in dedup.Intake, republish int, log *slog.Logger) bool {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.PublishLease)
 	defer cancel()
-	extra := map[string]string{"traceparent": r.Header.Get("Traceparent"), "tracestate": r.Header.Get("Tracestate")}
 	start := time.Now()
-	err := g.pub.Publish(pctx, cmd, extra)
+	seq, err := g.pub.Publish(pctx, cmd, extra, republish)
 	g.metrics.publishDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		g.metrics.publishes.WithLabelValues("error").Inc()
 		log.Error("publish failed; the client's retry will publish again", "error", err)
 		if aerr := g.store.AbandonIntake(pctx, in); aerr != nil && !errors.Is(aerr, dedup.ErrLeaseLost) {
-			log.Warn("could not release the intake; it expires with its lease", "error", aerr)
+			log.Warn("could not release the intake; it is taken over once its lease passes", "error", aerr)
 		}
 		return false
 	}
 	g.metrics.publishes.WithLabelValues("ok").Inc()
-	if err := g.store.IntakePublished(pctx, in, g.cfg.RepublishAfter); err != nil {
+	if err := g.store.IntakePublished(pctx, in, seq, g.cfg.RepublishAfter); err != nil {
 		// The message is in the stream; at worst a retry after the publish
 		// lease publishes again, which the worker's claim makes harmless.
 		log.Warn("could not record the publish", "error", err)
 	}
-	log.Info("payment accepted", "attempt", in.Attempt)
+	log.Info("payment accepted", "attempt", in.Attempt, "stream_seq", seq, "republish", republish > 0)
 	return true
 }
 
 // waitCompleted waits up to wait for the key to complete: it reads the
-// record, then sleeps until a completion notification, the end of the wait,
-// the client leaving or a shutdown. No polling.
-func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, merchant, key string, wait time.Duration) (dedup.Record, bool) {
+// record, then sleeps until a notification, the end of the wait, the client
+// leaving or a shutdown. No polling. A notification is a completion, or the
+// worker dead-lettering the command published for hash: then the intake is
+// returned, with its reason. When the wait ends otherwise, the intake is
+// read once more for a dead letter.
+func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, merchant, key string, hash []byte, wait time.Duration) (dedup.Record, dedup.Intake, bool) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	woken := false
 	for {
 		rec, err := g.store.Get(ctx, merchant, key)
 		if err == nil && rec.Status == dedup.StatusCompleted {
 			g.metrics.waits.WithLabelValues("completed").Inc()
-			return rec, true
+			return rec, dedup.Intake{}, true
+		}
+		if woken {
+			if dl, ok := g.deadLettered(ctx, merchant, key, hash); ok {
+				g.metrics.waits.WithLabelValues("dead_lettered").Inc()
+				return dedup.Record{}, dl, false
+			}
 		}
 		select {
 		case <-sub.C:
+			woken = true
+			continue
 		case <-timer.C:
 			g.metrics.waits.WithLabelValues("timeout").Inc()
-			return dedup.Record{}, false
 		case <-g.drain:
 			g.metrics.waits.WithLabelValues("shutdown").Inc()
-			return dedup.Record{}, false
 		case <-ctx.Done():
 			g.metrics.waits.WithLabelValues("cancelled").Inc()
-			return dedup.Record{}, false
+			return dedup.Record{}, dedup.Intake{}, false
 		}
+		dl, _ := g.deadLettered(ctx, merchant, key, hash)
+		return dedup.Record{}, dl, false
 	}
 }
 
@@ -298,8 +407,10 @@ func (g *Gateway) writeCurrent(ctx context.Context, w http.ResponseWriter, statu
 
 // getPayment is GET /v1/payments/{key}: the payment's state and stored
 // outcome, for its own merchant only. Another merchant's key and an unknown
-// key get the same 404. Prefer: wait=N waits for the completion of a
-// payment taken in by the gateway.
+// key get the same 404; a key whose publish failed is 404 "not accepted";
+// a key whose command the worker dead-lettered answers the dead letter's
+// reason, as a retried POST would. Prefer: wait=N waits for the completion
+// of a payment taken in by the gateway.
 func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	merchant := merchantFrom(r.Context())
 	key := r.PathValue("key")
@@ -316,22 +427,37 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 		defer sub.Close()
 	}
 	rec, err := g.store.Get(ctx, merchant, key)
-	var p Payment
+	var (
+		p    Payment
+		hash []byte // the fingerprint a dead letter must match
+	)
 	switch {
 	case err == nil:
-		p = paymentFromRecord(rec)
+		p, hash = paymentFromRecord(rec), rec.RequestHash
+		if rec.Status == dedup.StatusFailed {
+			if dl, ok := g.deadLettered(ctx, merchant, key, hash); ok {
+				g.writeDeadLetter(w, dl)
+				return
+			}
+		}
 	case errors.Is(err, dedup.ErrNotFound):
 		in, ierr := g.store.GetIntake(ctx, merchant, key)
-		if errors.Is(ierr, dedup.ErrNotFound) {
+		switch {
+		case errors.Is(ierr, dedup.ErrNotFound):
 			notFound(w)
 			return
-		}
-		if ierr != nil {
+		case ierr != nil:
 			g.log.Error("read intake", "error", ierr)
 			unavailable(w)
 			return
+		case !in.Published():
+			notAccepted(w)
+			return
+		case in.DeadLettered():
+			g.writeDeadLetter(w, in)
+			return
 		}
-		p = paymentFromIntake(in)
+		p, hash = paymentFromIntake(in), in.RequestHash
 	default:
 		g.log.Error("read idempotency record", "error", err)
 		unavailable(w)
@@ -346,8 +472,12 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	if wait > 0 && p.CompletedAt == nil {
 		w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
-		if rec, ok := g.waitCompleted(ctx, sub, merchant, key, wait); ok {
+		rec, dl, ok := g.waitCompleted(ctx, sub, merchant, key, hash, wait)
+		if ok {
 			p = paymentFromRecord(rec)
+		} else if dl.DeadLettered() {
+			g.writeDeadLetter(w, dl)
+			return
 		}
 	}
 	writeJSON(w, http.StatusOK, p)

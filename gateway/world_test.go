@@ -42,6 +42,7 @@ type world struct {
 	client *http.Client
 
 	stopServe func() error
+	opt       options
 	keyA      string // API key of merchant m_a
 	keyB      string // API key of merchant m_b
 }
@@ -82,7 +83,20 @@ func (g *gatedCharger) Charge(ctx context.Context, req provider.ChargeRequest) (
 	return g.next.Charge(ctx, req)
 }
 
+// options change one test's world: wrappers around the gateway's store and
+// publisher (to inject failures or races), and the worker's configuration.
+type options struct {
+	store  func(gateway.Store) gateway.Store
+	pub    func(gateway.Publisher) gateway.Publisher
+	worker func(*consumer.Config)
+}
+
 func setup(t *testing.T, gcfg gateway.Config) *world {
+	t.Helper()
+	return setupWith(t, gcfg, options{})
+}
+
+func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	t.Helper()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
@@ -122,7 +136,15 @@ func setup(t *testing.T, gcfg gateway.Config) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := gateway.New(store, comp, pub, gcfg)
+	var gstore gateway.Store = store
+	if opt.store != nil {
+		gstore = opt.store(store)
+	}
+	var gpub gateway.Publisher = pub
+	if opt.pub != nil {
+		gpub = opt.pub(pub)
+	}
+	gw, err := gateway.New(gstore, comp, gpub, gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +171,7 @@ func setup(t *testing.T, gcfg gateway.Config) *world {
 
 	w := &world{t: t, ctx: ctx, pool: pool, store: store, nc: nc, js: js, sim: sim,
 		gate: &gatedCharger{next: stripe, held: map[string]chan struct{}{}},
-		cfg:  cfg, gw: gw, base: "http://" + ln.Addr().String(), client: client, stopServe: stop}
+		cfg:  cfg, gw: gw, base: "http://" + ln.Addr().String(), client: client, stopServe: stop, opt: opt}
 	w.keyA = w.apiKey("m_a")
 	w.keyB = w.apiKey("m_b")
 	w.eventually("completion listener up", comp.Listening)
@@ -171,6 +193,9 @@ func (w *world) startWorker() {
 	w.t.Helper()
 	cfg := w.cfg
 	cfg.Holder = "w1"
+	if w.opt.worker != nil {
+		w.opt.worker(&cfg)
+	}
 	proc := consumer.NewProcessor(w.store, w.gate, cfg, nil)
 	wk, err := consumer.NewWorker(w.nc, proc, cfg, nil, nil)
 	if err != nil {

@@ -1,0 +1,89 @@
+package gateway_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// raceStore runs a hook once before AcquireIntake, between the gateway's
+// first read of the record and its intake.
+type raceStore struct {
+	gateway.Store
+	once sync.Once
+	hook atomic.Pointer[func()]
+}
+
+func (s *raceStore) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (dedup.IntakeResult, error) {
+	if f := s.hook.Load(); f != nil {
+		s.once.Do(*f)
+	}
+	return s.Store.AcquireIntake(ctx, req, lease, retention)
+}
+
+// TestIntakeHeldOtherBody422: a retry finds the intake held by its first
+// request, but another body claimed the key meanwhile (a queue publisher's,
+// between the retry's read and its intake): 422, not 409 or a replay.
+func TestIntakeHeldOtherBody422(t *testing.T) {
+	t.Parallel()
+	rs := &raceStore{}
+	w := setupWith(t, gateway.Config{}, options{store: func(s gateway.Store) gateway.Store { rs.Store = s; return rs }})
+	body := payBody(100, "pm_card_visa")
+	wantStatus(t, w.post("held", body), http.StatusAccepted)
+	hook := func() {
+		other := &payment.Command{MerchantID: "m_a", IdempotencyKey: "held", Amount: 999, Currency: "usd", PaymentMethod: "pm_card_visa"}
+		if _, err := w.store.Claim(w.ctx, "queue-worker", time.Minute, dedup.NewClaimRequest(other)); err != nil {
+			t.Error(err)
+		}
+	}
+	rs.hook.Store(&hook)
+	r := w.post("held", body)
+	wantStatus(t, r, http.StatusUnprocessableEntity)
+	if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
+		t.Fatalf("problem %+v", p)
+	}
+}
+
+// TestPreferWaitOtherBody422: a POST waits for its key, but another body
+// published straight on the queue is consumed first and completes the key:
+// the waiter answers 422, never the other payment's outcome.
+func TestPreferWaitOtherBody422(t *testing.T) {
+	t.Parallel()
+	w := setup(t, gateway.Config{})
+	m := nats.NewMsg(w.cfg.SubjectPrefix + ".m_a")
+	m.Data = []byte(`{"merchant_id":"m_a","idempotency_key":"race","amount":999,"currency":"usd","payment_method":"pm_card_visa"}`)
+	if _, err := w.js.PublishMsg(w.ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan response, 1)
+	go func() {
+		r, err := w.req(w.ctx, http.MethodPost, "/v1/payments", w.keyA, payBody(100, "pm_card_visa"),
+			map[string]string{"Idempotency-Key": "race", "Prefer": "wait=20"})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- r
+	}()
+	w.eventually("the POST published", func() bool {
+		in, err := w.store.GetIntake(w.ctx, "m_a", "race")
+		return err == nil && !in.PublishedAt.IsZero()
+	})
+	w.startWorker()
+	r := <-got
+	wantStatus(t, r, http.StatusUnprocessableEntity)
+	if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
+		t.Fatalf("problem %+v", p)
+	}
+	if c := w.charges("m_a", "race"); c != 1 {
+		t.Fatalf("%d charges", c)
+	}
+}
