@@ -20,7 +20,7 @@ import (
 	"github.com/paydedup/paydedup/reconciler"
 )
 
-// The roles migrations 00002 and 00007 create.
+// The roles migrations 00002 and 00006 create.
 const (
 	workerRole  = "paydedup_worker"
 	gatewayRole = "paydedup_gateway"

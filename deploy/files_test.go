@@ -340,7 +340,7 @@ func TestCompose(t *testing.T) {
 		}
 	}
 
-	// Each process logs in as its own role (migrations 00002 and 00007),
+	// Each process logs in as its own role (migrations 00002 and 00006),
 	// with the password the one-shot "roles" service gives it; only
 	// migrate runs as the owner.
 	roles := svc("roles")

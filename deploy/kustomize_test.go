@@ -272,7 +272,7 @@ func commandDeployments(r *rendering, command string) []*appsv1.Deployment {
 
 // databaseRoles is, for each command, the Secret key its DATABASE_URL must
 // come from and the database role the documented example of that key logs
-// in as (migrations 00002 and 00007): each process gets only its
+// in as (migrations 00002 and 00006): each process gets only its
 // statements, and only migrations run as the owner.
 var databaseRoles = map[string]struct{ key, role string }{
 	"worker":    {"database-url", "paydedup_worker"},

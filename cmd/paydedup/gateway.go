@@ -49,7 +49,7 @@ GET /v1/payments/{idempotency_key} shows a payment's state and outcome.
 
 Requests authenticate with Authorization: Bearer <API key>; create keys with
 "paydedup apikey create". The gateway does not charge: run "paydedup worker"
-against the same database and stream. It needs migrations 00003 and 00007
+against the same database and stream. It needs migrations 00003 and 00006
 (run "paydedup migrate up" as the owner) and connects as the role
 paydedup_gateway, which reads API keys and payments and writes only the
 gateway's guard rows. On SIGTERM it fails /readyz, lets requests finish

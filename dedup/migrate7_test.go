@@ -7,15 +7,15 @@ import (
 	"github.com/paydedup/paydedup/migrations"
 )
 
-// TestMigration8DownRefusesToLosePendingSince: rolling 00008 back would
+// TestMigration7DownRefusesToLosePendingSince: rolling 00007 back would
 // drop when pending rows became pending; its Down section refuses, naming
 // what it would lose, unless paydedup.allow_data_loss is on. (The guard is
 // run directly, so that later migrations do not change what is rolled back.)
-func TestMigration8DownRefusesToLosePendingSince(t *testing.T) {
+func TestMigration7DownRefusesToLosePendingSince(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.claim(t, "w", req("m_1", "pending", 100))
-	raw, err := migrations.FS.ReadFile("00008_pending_since.sql")
+	raw, err := migrations.FS.ReadFile("00007_pending_since.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +23,7 @@ func TestMigration8DownRefusesToLosePendingSince(t *testing.T) {
 	_, guard, ok2 := strings.Cut(down, "-- +goose StatementBegin")
 	guard, _, ok3 := strings.Cut(guard, "-- +goose StatementEnd")
 	if !ok || !ok2 || !ok3 {
-		t.Fatal("00008 has no guarded Down section")
+		t.Fatal("00007 has no guarded Down section")
 	}
 	for _, allow := range []bool{false, true} {
 		tx, err := b.pool.Begin(b.ctx)

@@ -42,7 +42,7 @@ BEGIN
       FROM idempotency_keys;
     IF (pending > 0 OR backed_off > 0)
        AND current_setting('paydedup.allow_data_loss', true) IS DISTINCT FROM 'on' THEN
-        RAISE EXCEPTION 'paydedup: migration 00008 down would drop idempotency_keys.pending_since of % pending row(s) and the lookup back-off of % row(s); resolve them first or run with --allow-data-loss', pending, backed_off;
+        RAISE EXCEPTION 'paydedup: migration 00007 down would drop idempotency_keys.pending_since of % pending row(s) and the lookup back-off of % row(s); resolve them first or run with --allow-data-loss', pending, backed_off;
     END IF;
 END
 $$;

@@ -50,7 +50,7 @@ DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM gateway_intake WHERE stream_seq IS NOT NULL OR dead_letter_reason IS NOT NULL)
        AND current_setting('paydedup.allow_data_loss', true) IS DISTINCT FROM 'on' THEN
-        RAISE EXCEPTION 'migration 00009 down would drop gateway_intake.stream_seq and the dead letters recorded in gateway_intake.dead_letter_reason/dead_letter_error/dead_lettered_at (% rows); run with --allow-data-loss to drop them',
+        RAISE EXCEPTION 'migration 00008 down would drop gateway_intake.stream_seq and the dead letters recorded in gateway_intake.dead_letter_reason/dead_letter_error/dead_lettered_at (% rows); run with --allow-data-loss to drop them',
             (SELECT count(*) FROM gateway_intake WHERE stream_seq IS NOT NULL OR dead_letter_reason IS NOT NULL);
     END IF;
 END

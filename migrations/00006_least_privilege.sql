@@ -47,7 +47,7 @@ BEGIN
                     CREATE ROLE paydedup_gateway LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
                     -- Marks the role as ours: the down migration drops only
                     -- a role it created, never one an administrator made.
-                    COMMENT ON ROLE paydedup_gateway IS 'paydedup gateway (created by migration 00007)';
+                    COMMENT ON ROLE paydedup_gateway IS 'paydedup gateway (created by migration 00006)';
                 EXCEPTION
                     -- Another schema's migration created it at the same moment.
                     WHEN duplicate_object OR unique_violation THEN NULL;
@@ -90,7 +90,7 @@ BEGIN
     EXECUTE format('REVOKE ALL ON TABLE %I.api_keys, %I.idempotency_keys, %I.payments, %I.gateway_intake FROM paydedup_gateway', s, s, s, s);
     EXECUTE format('REVOKE ALL ON SCHEMA %I FROM paydedup_gateway', s);
     IF coalesce(shobj_description((SELECT oid FROM pg_roles WHERE rolname = 'paydedup_gateway'), 'pg_authid'), '')
-        <> 'paydedup gateway (created by migration 00007)' THEN
+        <> 'paydedup gateway (created by migration 00006)' THEN
         RAISE NOTICE 'paydedup: role paydedup_gateway was not created by this migration; kept';
         RETURN;
     END IF;
