@@ -148,9 +148,15 @@ type DeadLetterInfo struct {
 	IdempotencyKey string `json:"idempotency_key"`
 	// Invalid says why the Dlq-* headers could not be read; such a message
 	// is listed but never replayed.
-	Invalid string      `json:"invalid,omitempty"`
-	Header  nats.Header `json:"header,omitempty"`
-	Data    []byte      `json:"-"`
+	Invalid string `json:"invalid,omitempty"`
+	// Verified: its Dlq-Auth matches the configured DLQ key, so a worker
+	// filed it as it is. Unverified says why not; such a letter (perhaps
+	// published straight to the DLQ's subjects) is listed but never
+	// replayed.
+	Verified   bool        `json:"verified"`
+	Unverified string      `json:"unverified,omitempty"`
+	Header     nats.Header `json:"header,omitempty"`
+	Data       []byte      `json:"-"`
 }
 
 // DLQFilter selects dead letters.
@@ -271,6 +277,11 @@ func deadLetterInfo(cfg Config, seq uint64, subject string, stored time.Time, h 
 			d.Reason = strings.TrimPrefix(subject, cfg.DLQPrefix+".")
 		}
 	}
+	if err := VerifyLetter(cfg.DLQKey, h, data); err != nil {
+		d.Unverified = err.Error()
+	} else {
+		d.Verified = true
+	}
 	d.MerchantID, d.IdempotencyKey = identify(h, data, p.OrigSubject)
 	return d
 }
@@ -322,7 +333,8 @@ type ReplayOptions struct {
 	// retention rule.
 	Force bool
 	// KeyRetention is the idempotency store's key retention: a dead letter
-	// that failed longer ago than this is refused, because its key may be
+	// stored longer ago than this (by the stream's own time, not the
+	// forgeable Dlq-Failed-At) is refused, because its key may be
 	// purged and a replay could charge again. DefaultKeyRetention when 0.
 	KeyRetention time.Duration
 	// Now is the time the retention rule is judged at; time.Now() when zero.
@@ -405,8 +417,10 @@ func ReplayableReason(reason string) bool {
 // still be inside the stream's duplicate window) and Paydedup-Replay-Of.
 // Postgres still guards the charge: a replay of a completed key is acked as
 // a duplicate, and a crash between the PubAck and the delete at worst
-// publishes it twice. Dead letters older than opts.KeyRetention are refused;
-// reasons that cannot succeed are skipped unless opts.Force.
+// publishes it twice. Dead letters that do not verify with cfg.DLQKey, or
+// were stored longer ago than opts.KeyRetention, are refused; reasons that
+// cannot succeed are skipped unless opts.Force. Without a valid cfg.DLQKey
+// it replays nothing and returns an error wrapping ErrDLQKey.
 //
 // The error is for failures that stop the whole replay (bad options, the
 // DLQ stream unreachable); per-letter failures are in the report.
@@ -415,6 +429,9 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 	var rep ReplayReport
 	if opts.All == (len(opts.Seqs) > 0) {
 		return rep, errors.New("replay dead letters: give either sequences or All")
+	}
+	if err := ValidateDLQKey(cfg.DLQKey); err != nil {
+		return rep, fmt.Errorf("replay dead letters: %w", err)
 	}
 	retention := cmp.Or(opts.KeyRetention, DefaultKeyRetention)
 	now := opts.Now
@@ -471,16 +488,20 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 		switch {
 		case d.Invalid != "":
 			res.Outcome, res.Detail = Refused, "not a readable dead letter: "+d.Invalid
+		case !d.Verified:
+			// Anyone who may publish on the DLQ's subjects could forge one;
+			// replay publishes with the operator's credentials.
+			res.Outcome, res.Detail = Refused, d.Unverified+": refusing to replay it"
 		case !replayTarget(cfg, d):
 			// Anyone who may publish on the DLQ's subjects could forge a
 			// dead letter; replay only ever publishes payment commands.
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
 				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Stream)
-		case now.Sub(d.FailedAt) > retention:
+		case now.Sub(d.Stored) > retention:
 			res.Outcome = Refused
-			res.Detail = fmt.Sprintf("failed %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
-				now.Sub(d.FailedAt).Round(time.Second), retention)
+			res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
+				now.Sub(d.Stored).Round(time.Second), retention)
 		case !opts.Force && d.Reason == ReasonKeyReused:
 			res.Outcome = Skipped
 			res.Detail = "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"

@@ -66,6 +66,10 @@ type Config struct {
 	StreamMaxAge    time.Duration
 	DLQMaxAge       time.Duration
 	Replicas        int
+	// DLQKey authenticates dead letters (Dlq-Auth): the workers sign what
+	// they file, and replay refuses what does not verify. At least
+	// MinDLQKeyLen bytes; the worker refuses to start without it.
+	DLQKey []byte
 
 	AckWait       time.Duration
 	MaxDeliver    int

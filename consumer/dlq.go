@@ -2,10 +2,16 @@ package consumer
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +30,10 @@ const (
 	HeaderDLQDeliveries  = "Dlq-Deliveries"
 	HeaderDLQFailedAt    = "Dlq-Failed-At"
 	HeaderDLQOrigMsgID   = "Dlq-Orig-Msg-Id"
+	// HeaderDLQAuth authenticates a dead letter: v1=<hex HMAC-SHA256> over
+	// its body, its other headers and its original subject, keyed with the
+	// DLQ key the workers and the operator's CLI share.
+	HeaderDLQAuth = "Dlq-Auth"
 	// HeaderIdempotencyKey is the optional key header of a payment command.
 	HeaderIdempotencyKey = "Idempotency-Key"
 )
@@ -48,12 +58,31 @@ type Letter struct {
 	FailedAt    time.Time
 }
 
+// MinDLQKeyLen is the shortest DLQ key accepted, in bytes: an HMAC-SHA256
+// key shorter than the hash gives less than its strength.
+const MinDLQKeyLen = 32
+
+// ErrDLQKey means the DLQ key is missing or too short to authenticate dead
+// letters.
+var ErrDLQKey = errors.New("DLQ key missing or too short")
+
+// ValidateDLQKey checks that key can authenticate dead letters.
+func ValidateDLQKey(key []byte) error {
+	if len(key) < MinDLQKeyLen {
+		return fmt.Errorf("%w: %d bytes, need at least %d (e.g. openssl rand -hex 32), the same on every worker and wherever dlq replay runs",
+			ErrDLQKey, len(key), MinDLQKeyLen)
+	}
+	return nil
+}
+
 // Msg builds the dead-letter message: the original body and headers (NATS
 // control headers dropped, the original Nats-Msg-Id kept as Dlq-Orig-Msg-Id)
-// plus the Dlq-* headers, on <dlqPrefix>.<reason>. Its Nats-Msg-Id is
-// dlq:<stream>:<seq>, so one stream message is filed at most once within the
-// dead-letter stream's duplicate window.
-func (d Letter) Msg(dlqPrefix string) *nats.Msg {
+// plus the Dlq-* headers, on <DLQPrefix>.<reason>, authenticated with
+// cfg.DLQKey (Dlq-Auth). Its Nats-Msg-Id is dlq:<stream>:<seq>, so one
+// stream message is filed at most once within the dead-letter stream's
+// duplicate window.
+func (d Letter) Msg(cfg Config) *nats.Msg {
+	cfg = cfg.WithDefaults()
 	h := nats.Header{}
 	for k, vs := range d.Header {
 		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") {
@@ -76,7 +105,66 @@ func (d Letter) Msg(dlqPrefix string) *nats.Msg {
 	h.Set(HeaderDLQDeliveries, strconv.FormatUint(d.Deliveries, 10))
 	h.Set(HeaderDLQFailedAt, d.FailedAt.UTC().Format(time.RFC3339Nano))
 	h.Set(nats.MsgIdHdr, fmt.Sprintf("dlq:%s:%d", d.OrigStream, d.OrigSeq))
-	return &nats.Msg{Subject: dlqPrefix + "." + subjectToken(d.Reason), Header: h, Data: d.Data}
+	h.Set(HeaderDLQAuth, letterMAC(cfg.DLQKey, h, d.Data))
+	return &nats.Msg{Subject: cfg.DLQPrefix + "." + subjectToken(d.Reason), Header: h, Data: d.Data}
+}
+
+// letterMAC is the Dlq-Auth value of a dead letter with headers h and body
+// data: an HMAC-SHA256 over the original subject, every header but
+// Dlq-Auth and the server's Nats-* ones (sorted, each key and value length
+// prefixed, values as NATS parses them back) and the body.
+func letterMAC(key []byte, h nats.Header, data []byte) string {
+	mac := hmac.New(sha256.New, key)
+	write := func(b []byte) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		mac.Write(n[:])
+		mac.Write(b)
+	}
+	mac.Write([]byte("paydedup-dlq-v1"))
+	write([]byte(h.Get(HeaderDLQOrigSubject)))
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		if k != HeaderDLQAuth && !strings.HasPrefix(k, "Nats-") {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		write([]byte(k))
+		writeCount(mac, len(h[k]))
+		for _, v := range h[k] {
+			write([]byte(strings.TrimSpace(v)))
+		}
+	}
+	write(data)
+	return "v1=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+func writeCount(h hash.Hash, n int) {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(n))
+	h.Write(b[:])
+}
+
+// ErrUnverified means a dead letter's Dlq-Auth does not match: it was not
+// filed by a worker holding the DLQ key (forged, altered, or filed with
+// another key), or there is no key to check it with.
+var ErrUnverified = errors.New("dead letter not authenticated")
+
+// VerifyLetter checks a stored dead letter's Dlq-Auth against key.
+func VerifyLetter(key []byte, h nats.Header, data []byte) error {
+	if len(key) == 0 {
+		return fmt.Errorf("%w: no DLQ key to check it with", ErrUnverified)
+	}
+	got := h.Get(HeaderDLQAuth)
+	if got == "" {
+		return fmt.Errorf("%w: no %s header", ErrUnverified, HeaderDLQAuth)
+	}
+	if !hmac.Equal([]byte(got), []byte(letterMAC(key, h, data))) {
+		return fmt.Errorf("%w: %s does not match (forged, altered, or filed with another key)", ErrUnverified, HeaderDLQAuth)
+	}
+	return nil
 }
 
 // sanitizeHeader keeps a header value on one line and bounded.
@@ -144,11 +232,13 @@ func ParseDeadLetter(h nats.Header) (ParsedDeadLetter, error) {
 	return p, nil
 }
 
-// publishDeadLetter files d and waits for the PubAck.
-func publishDeadLetter(ctx context.Context, js jetstream.JetStream, dlqPrefix string, d Letter) error {
+// fileDeadLetter files d in the dead-letter stream and waits for the
+// PubAck. It is the one place a dead letter is built, authenticated and
+// published, for the worker and the MAX_DELIVERIES net alike.
+func fileDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, d Letter) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := js.PublishMsg(ctx, d.Msg(dlqPrefix)); err != nil {
+	if _, err := js.PublishMsg(ctx, d.Msg(cfg)); err != nil {
 		return fmt.Errorf("publish dead letter (%s): %w", d.Reason, err)
 	}
 	return nil
@@ -197,7 +287,7 @@ func ListenMaxDeliveries(nc *nats.Conn, js jetstream.JetStream, stream jetstream
 			OrigSubject: raw.Subject, OrigStream: cfg.Stream, OrigSeq: adv.StreamSeq,
 			Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: time.Now(),
 		}
-		if err := publishDeadLetter(ctx, js, cfg.DLQPrefix, d); err != nil {
+		if err := fileDeadLetter(ctx, js, cfg, d); err != nil {
 			logger.Error("could not dead-letter a message that ran out of deliveries", "stream_seq", adv.StreamSeq, "error", err)
 			return
 		}

@@ -79,6 +79,9 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("worker configuration: %w", err)
 	}
+	if err := ValidateDLQKey(cfg.DLQKey); err != nil {
+		return nil, fmt.Errorf("worker configuration: %w", err)
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -398,7 +401,7 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 			OrigSeq: in.meta.Sequence.Stream, Deliveries: in.meta.NumDelivered,
 			Header: in.msg.Headers(), Data: in.msg.Data(), FailedAt: time.Now(),
 		}
-		if err := publishDeadLetter(sctx, w.js, w.cfg.DLQPrefix, d); err != nil {
+		if err := fileDeadLetter(sctx, w.js, w.cfg, d); err != nil {
 			// Never drop: leave the message to be redelivered.
 			log.Error("dead-letter publish failed; message nakked instead", "reason", act.Reason, "error", err)
 			_ = in.msg.NakWithDelay(w.cfg.RetryBase)

@@ -190,6 +190,9 @@ func (d *demoCmd) Run(ctx context.Context) error {
 		return err
 	}
 	cfg := d.workerConfig()
+	if cfg.DLQKey, err = d.app.labDLQKey(); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	cleanupStreams, dlqStart, err := d.setupStreams(ctx, js, cfg, natsURL)
 	if err != nil {
 		return err

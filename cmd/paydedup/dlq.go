@@ -48,6 +48,9 @@ type dlqBase struct {
 	app     *app
 	nats    natsFlags
 	streams streamFlags
+	// keyErr says why dead letters cannot be verified (PAYDEDUP_DLQ_KEY
+	// missing or too short); list and show still work and say so.
+	keyErr error
 }
 
 func (b *dlqBase) bind(cmd *cobra.Command) {
@@ -58,6 +61,11 @@ func (b *dlqBase) bind(cmd *cobra.Command) {
 func (b *dlqBase) connect() (*nats.Conn, jetstream.JetStream, error) {
 	if err := errors.Join(b.nats.validate(), b.streams.validate()); err != nil {
 		return nil, nil, err
+	}
+	if key, err := b.app.dlqKey(); err == nil {
+		b.streams.cfg.DLQKey = key
+	} else {
+		b.keyErr = err
 	}
 	nc, err := b.nats.connect("paydedup-dlq")
 	if err != nil {
@@ -123,6 +131,8 @@ type dlqEntry struct {
 	OrigSubject    string    `json:"orig_subject"`
 	OrigSeq        uint64    `json:"orig_seq"`
 	Invalid        string    `json:"invalid,omitempty"`
+	Verified       bool      `json:"verified"`
+	Unverified     string    `json:"unverified,omitempty"`
 }
 
 func entry(d consumer.DeadLetterInfo) dlqEntry {
@@ -130,6 +140,7 @@ func entry(d consumer.DeadLetterInfo) dlqEntry {
 		Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey,
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: d.Error,
 		OrigSubject: d.OrigSubject, OrigSeq: d.OrigSeq, Invalid: d.Invalid,
+		Verified: d.Verified, Unverified: d.Unverified,
 	}
 }
 
@@ -166,7 +177,7 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 		return nil
 	}
 	w := tabwriter.NewWriter(l.app.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "SEQ\tREASON\tMERCHANT\tKEY\tDELIVERIES\tFAILED AT\tERROR")
+	fmt.Fprintln(w, "SEQ\tREASON\tMERCHANT\tKEY\tDELIVERIES\tFAILED AT\tAUTH\tERROR")
 	for _, d := range letters {
 		failed := "-"
 		if !d.FailedAt.IsZero() {
@@ -176,15 +187,27 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 		if d.Invalid != "" {
 			errText = "unreadable dead letter: " + d.Invalid
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Seq, d.Reason, dash(d.MerchantID), dash(d.IdempotencyKey), d.Deliveries, failed, clipText(errText, 100))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Seq, d.Reason, dash(d.MerchantID), dash(d.IdempotencyKey), d.Deliveries, failed,
+			authText(d), clipText(errText, 100))
 	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	if l.keyErr != nil {
+		fmt.Fprintf(l.app.out, "(no letter verified: %v)\n", l.keyErr)
 	}
 	if l.limit > 0 && len(letters) == l.limit {
 		fmt.Fprintf(l.app.out, "(first %d shown; --limit 0 shows all)\n", l.limit)
 	}
 	return nil
+}
+
+// authText says whether a worker holding the DLQ key filed the letter.
+func authText(d consumer.DeadLetterInfo) string {
+	if d.Verified {
+		return "ok"
+	}
+	return "UNVERIFIED"
 }
 
 func dash(s string) string {
@@ -274,6 +297,12 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 	if d.Invalid != "" {
 		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", d.Invalid)
 	}
+	if !d.Verified {
+		fmt.Fprintf(out, "\nUNVERIFIED: %s; replay refuses it\n", d.Unverified)
+		if s.keyErr != nil {
+			fmt.Fprintf(out, "(%v)\n", s.keyErr)
+		}
+	}
 	return nil
 }
 
@@ -302,8 +331,11 @@ dead letter. The workers then process it as any message: PostgreSQL still
 guards the charge, so replaying a payment that was completed in the meantime
 is acked as a duplicate and never charged twice.
 
-It refuses dead letters that failed longer ago than the key retention
-(PAYDEDUP_KEY_RETENTION): their key may have been purged, and a replay could
+It needs PAYDEDUP_DLQ_KEY, the secret the workers authenticate dead letters
+with, and refuses any letter that does not verify with it: a message
+published straight to the DLQ's subjects is never replayed. It refuses dead
+letters stored longer ago than the key retention (PAYDEDUP_KEY_RETENTION, by
+the stream's own time): their key may have been purged, and a replay could
 charge again. It skips reasons that cannot succeed unchanged (bad input, and
 key_reused) unless --force. --dry-run shows what would be replayed and
 changes nothing. It exits non-zero if a replay failed, or if a dead letter
@@ -346,6 +378,9 @@ func (r *dlqReplayCmd) validate() error {
 func (r *dlqReplayCmd) Run(ctx context.Context) error {
 	if err := r.validate(); err != nil {
 		return err
+	}
+	if _, err := r.app.dlqKey(); err != nil {
+		return fmt.Errorf("dlq replay: %w", err)
 	}
 	nc, js, err := r.connect()
 	if err != nil {
