@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -187,8 +189,8 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 		if d.Invalid != "" {
 			errText = "unreadable dead letter: " + d.Invalid
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Seq, d.Reason, dash(d.MerchantID), dash(d.IdempotencyKey), d.Deliveries, failed,
-			authText(d), clipText(errText, 100))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Seq, termSafe(d.Reason, false), termSafe(dash(d.MerchantID), false),
+			termSafe(dash(d.IdempotencyKey), false), d.Deliveries, failed, authText(d), termSafe(clipText(errText, 100), false))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -208,6 +210,32 @@ func authText(d consumer.DeadLetterInfo) string {
 		return "ok"
 	}
 	return "UNVERIFIED"
+}
+
+// termSafe makes text from a dead letter safe to print on a terminal: an
+// invalid UTF-8 byte becomes \xNN, a C0 control or DEL \xNN, a C1 control
+// or other non-printing rune (bidi overrides) \uNNNN, so no escape
+// sequence (clear screen, window title, OSC 52 clipboard write) reaches the
+// terminal. Newlines and tabs are kept when multiline.
+func termSafe(s string, multiline bool) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case multiline && (r == '\n' || r == '\t'):
+			b.WriteRune(r)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case r != ' ' && !unicode.IsPrint(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 func dash(s string) string {
@@ -236,7 +264,10 @@ func newDLQShowCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "show SEQ",
 		Short: "Show one dead letter's headers and body",
-		Long:  `show prints a dead letter's headers (the original ones and the Dlq-* ones) and its body, byte for byte.`,
+		Long: `show prints a dead letter's headers (the original ones and the Dlq-* ones) and its
+body. Control bytes and invalid UTF-8 are printed escaped (\x1b, \xff, \u009b),
+so a hostile message cannot drive the terminal; --json gives the body as a
+JSON string and body_base64 byte for byte.`,
 		Example: `  paydedup dlq show 42
   paydedup dlq show 42 --json | jq -r .body`,
 		Args: cobra.ExactArgs(1),
@@ -279,10 +310,11 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 			Stored  time.Time           `json:"stored"`
 			Headers map[string][]string `json:"headers"`
 			Body    string              `json:"body"`
-		}{entry(d), d.Subject, d.Stored.UTC(), d.Header, string(d.Data)})
+			Base64  []byte              `json:"body_base64"`
+		}{entry(d), d.Subject, d.Stored.UTC(), d.Header, string(d.Data), d.Data})
 	}
 	out := s.app.out
-	fmt.Fprintf(out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, s.streams.cfg.DLQStream, d.Subject, d.Stored.UTC().Format(time.RFC3339Nano))
+	fmt.Fprintf(out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, s.streams.cfg.DLQStream, termSafe(d.Subject, false), d.Stored.UTC().Format(time.RFC3339Nano))
 	keys := make([]string, 0, len(d.Header))
 	for k := range d.Header {
 		keys = append(keys, k)
@@ -290,15 +322,15 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 	slices.Sort(keys)
 	for _, k := range keys {
 		for _, v := range d.Header[k] {
-			fmt.Fprintf(out, "  %s: %s\n", k, v)
+			fmt.Fprintf(out, "  %s: %s\n", termSafe(k, false), termSafe(v, false))
 		}
 	}
-	fmt.Fprintf(out, "\nbody (%d bytes):\n%s\n", len(d.Data), d.Data)
+	fmt.Fprintf(out, "\nbody (%d bytes; control bytes and invalid UTF-8 escaped, --json for the exact bytes):\n%s\n", len(d.Data), termSafe(string(d.Data), true))
 	if d.Invalid != "" {
-		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", d.Invalid)
+		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", termSafe(d.Invalid, false))
 	}
 	if !d.Verified {
-		fmt.Fprintf(out, "\nUNVERIFIED: %s; replay refuses it\n", d.Unverified)
+		fmt.Fprintf(out, "\nUNVERIFIED: %s; replay refuses it\n", termSafe(d.Unverified, false))
 		if s.keyErr != nil {
 			fmt.Fprintf(out, "(%v)\n", s.keyErr)
 		}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -262,6 +263,52 @@ func TestDLQKeyRequired(t *testing.T) {
 		out, _, err = w.run("", "dlq", "show", "1")
 		if err != nil || !strings.Contains(out, "UNVERIFIED") {
 			t.Errorf("show with key %q: %v\n%s", key, err, out)
+		}
+	}
+}
+
+// A dead letter's body and headers come from whoever published the
+// message: show and list print their control bytes (clear screen, a
+// window title, an OSC 52 clipboard write, a C1 CSI) and invalid UTF-8
+// escaped, so nothing reaches the operator's terminal raw.
+func TestDLQShowEscapesTerminalControls(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, testenv.PostgresURL(t), true)
+	h := nats.Header{}
+	h.Set("X-Title", "\x1b]0;owned\x07")
+	h.Set(consumer.HeaderIdempotencyKey, "k\x1b[2J")
+	evil := "{\"merchant_id\":\"m_1\"}\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\xff\xfe\u009b31m\r"
+	d := consumer.Letter{Reason: "malformed_json", Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
+		OrigStream: w.cfg.Stream, OrigSeq: 1, Deliveries: 1, Header: h, Data: []byte(evil), FailedAt: time.Now()}
+	m := d.Msg(w.cfg)
+	m.Header.Set(consumer.HeaderDLQError, "bad\x1b]52;c;eA==\x07") // forged, as a letter published straight to the DLQ
+	if _, err := w.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	raw := func(out string) string {
+		for i, r := range out {
+			switch {
+			case r == utf8.RuneError:
+				return fmt.Sprintf("invalid UTF-8 at byte %d", i)
+			case r < 0x20 && r != '\n' && r != '\t', r >= 0x7f && r < 0xa0:
+				return fmt.Sprintf("control %U at byte %d", r, i)
+			}
+		}
+		return ""
+	}
+	for _, args := range [][]string{{"dlq", "show", "1"}, {"dlq", "list"}} {
+		out, _, err := w.run("", args...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if bad := raw(out); bad != "" {
+			t.Errorf("%v prints a %s:\n%q", args, bad, out)
+		}
+	}
+	out, _, _ := w.run("", "dlq", "show", "1")
+	for _, want := range []string{`\x1b[2J`, `\x1b]52;c;cm0gLXJmIH4=\x07`, `\xff\xfe`, `\u009b`, `X-Title: \x1b]0;owned\x07`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show does not print %s escaped:\n%s", want, out)
 		}
 	}
 }
