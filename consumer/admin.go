@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -413,8 +414,9 @@ func ReplayableReason(reason string) bool {
 // deletes each from the DLQ stream only after the republish's PubAck.
 //
 // The republished message carries the dead letter's original headers and
-// body, a new Nats-Msg-Id replay:<dlq seq>:<unix nanos> (the original id may
-// still be inside the stream's duplicate window) and Paydedup-Replay-Of.
+// body, a new Nats-Msg-Id replay:<dlq stream>:<dlq seq> (the original id may
+// still be inside the stream's duplicate window; this one makes concurrent
+// replays of one letter publish it once) and Paydedup-Replay-Of.
 // Postgres still guards the charge: a replay of a completed key is acked as
 // a duplicate, and a crash between the PubAck and the delete at worst
 // publishes it twice. Dead letters that do not verify with cfg.DLQKey, or
@@ -544,7 +546,10 @@ func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 		}
 		m.Header[k] = append([]string(nil), vs...)
 	}
-	res.MsgID = fmt.Sprintf("replay:%d:%d", d.Seq, time.Now().UnixNano())
+	// One id per dead letter: two replays of it (two operators, a retry
+	// after a lost PubAck) publish one message within the payments stream's
+	// duplicate window.
+	res.MsgID = replayMsgID(cfg, d.Seq)
 	m.Header.Set(nats.MsgIdHdr, res.MsgID)
 	m.Header.Set(HeaderReplayOf, cfg.DLQStream+":"+strconv.FormatUint(d.Seq, 10))
 
@@ -556,16 +561,55 @@ func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 		return
 	}
 	res.StreamSeq = ack.Sequence
+	if ack.Duplicate {
+		// The id names this letter, but a recreated DLQ stream reuses
+		// sequences: only delete if the stored message is this letter's.
+		if err := sameReplay(ctx, js, ack, m); err != nil {
+			res.Outcome, res.Detail = Failed, fmt.Sprintf("%s was dropped as a duplicate of %s #%d, which is not this letter's replay (%v); the dead letter is kept",
+				res.MsgID, ack.Stream, ack.Sequence, err)
+			return
+		}
+		res.Detail = "already republished by another replay"
+	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
 	err = stream.DeleteMsg(dctx, d.Seq)
+	if err != nil {
+		// Another replay deleted it first: done, not a failure.
+		if _, gerr := stream.GetMsg(dctx, d.Seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			err = nil
+		}
+	}
 	cancel()
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if err != nil {
 		res.Outcome = Failed
 		res.Detail = fmt.Sprintf("republished as %s #%d, but deleting the dead letter failed: %v; delete it, or a later replay publishes it again (harmless: Postgres guards the charge)",
 			ack.Stream, ack.Sequence, err)
 		return
 	}
 	res.Outcome = Replayed
+}
+
+// replayMsgID is the Nats-Msg-Id of dead letter seq's replay.
+func replayMsgID(cfg Config, seq uint64) string {
+	return "replay:" + cfg.DLQStream + ":" + strconv.FormatUint(seq, 10)
+}
+
+// sameReplay checks that the message a duplicate PubAck points to is m.
+func sameReplay(ctx context.Context, js jetstream.JetStream, ack *jetstream.PubAck, m *nats.Msg) error {
+	gctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	s, err := js.Stream(gctx, ack.Stream)
+	if err != nil {
+		return err
+	}
+	got, err := s.GetMsg(gctx, ack.Sequence)
+	if err != nil {
+		return err
+	}
+	if got.Subject != m.Subject || !bytes.Equal(got.Data, m.Data) || got.Header.Get(HeaderReplayOf) != m.Header.Get(HeaderReplayOf) {
+		return errors.New("another subject, body or Paydedup-Replay-Of")
+	}
+	return nil
 }
 
 // ---------------------------------------------------------------------------

@@ -221,7 +221,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatalf("replay %+v", rep)
 	}
 	res := rep.Results[0]
-	if res.Seq != ok || res.Outcome != consumer.Replayed || res.Subject != cfg.SubjectPrefix+".m_1" || !strings.HasPrefix(res.MsgID, fmt.Sprintf("replay:%d:", ok)) {
+	if res.Seq != ok || res.Outcome != consumer.Replayed || res.Subject != cfg.SubjectPrefix+".m_1" || res.MsgID != fmt.Sprintf("replay:%s:%d", cfg.DLQStream, ok) {
 		t.Fatalf("replayed %+v", res)
 	}
 	s, _ := js.Stream(ctx, cfg.Stream)

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -129,5 +130,33 @@ func TestDeadLetterAuthAndStoredAge(t *testing.T) {
 	other.DLQKey = []byte("another-key-of-at-least-thirty-two-bytes")
 	if d, err := consumer.GetDeadLetter(ctx, js, other, fresh); err != nil || d.Verified {
 		t.Fatalf("verified with another key: %+v %v", d, err)
+	}
+}
+
+// Two replays of one dead letter that both read it before either deleted
+// it publish one message: the replay's Nats-Msg-Id is
+// replay:<dlq stream>:<seq>, so the second is a duplicate, and the letter
+// already deleted by the first counts as replayed, not as a failure.
+func TestConcurrentReplaysPublishOnce(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	seq := fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", "twice", time.Now())
+	d, err := consumer.GetDeadLetter(ctx, js, cfg, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		res, err := consumer.ReplayOneForTest(ctx, js, cfg, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Outcome != consumer.Replayed || res.MsgID != fmt.Sprintf("replay:%s:%d", cfg.DLQStream, seq) {
+			t.Fatalf("replay %d: %+v", i+1, res)
+		}
+	}
+	st, err := consumer.ConsumerState(ctx, js, cfg)
+	if err != nil || st.StreamMessages != 1 {
+		t.Fatalf("two replays of one letter left %d messages in the payments stream, want 1 (%v)", st.StreamMessages, err)
 	}
 }
