@@ -169,6 +169,8 @@ type DLQFilter struct {
 	Since time.Time
 	// Limit stops after this many; 0 means no limit.
 	Limit int
+	// batch is how many letters one fetch asks for; dlqFetchBatch when 0.
+	batch int
 }
 
 // dlqFetchBatch is how many dead letters one fetch asks for.
@@ -178,9 +180,23 @@ const dlqFetchBatch = 256
 // reads them with a short-lived ephemeral consumer (no acks, one filter
 // subject, so it works with nats-server 2.9) and deletes it afterwards.
 func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f DLQFilter) ([]DeadLetterInfo, error) {
+	var out []DeadLetterInfo
+	err := eachDeadLetter(ctx, js, cfg, f, func(d DeadLetterInfo) error {
+		out = append(out, d)
+		return nil
+	})
+	return out, err
+}
+
+// eachDeadLetter calls fn for each dead letter matching f, oldest first,
+// reading them a batch at a time so that no more than one batch is held.
+// It stops at the letters the stream held when it began: one filed
+// meanwhile (a replayed message dead-lettered again) is left for the next
+// run. An error from fn stops it and is returned.
+func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, f DLQFilter, fn func(DeadLetterInfo) error) error {
 	cfg = cfg.WithDefaults()
 	if f.Limit < 0 {
-		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
+		return fmt.Errorf("list dead letters: negative limit %d", f.Limit)
 	}
 	filter := cfg.DLQPrefix + ".>"
 	if f.Reason != "" {
@@ -191,7 +207,7 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f 
 		AckPolicy:         jetstream.AckNonePolicy,
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		FilterSubject:     filter,
-		InactiveThreshold: time.Minute, // removed by the server if we die before deleting it
+		InactiveThreshold: 5 * time.Minute, // removed by the server if we die before deleting it
 		MemoryStorage:     true,
 	}
 	if !f.Since.IsZero() {
@@ -201,7 +217,7 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f 
 	cons, err := js.CreateConsumer(cctx, cfg.DLQStream, cc)
 	cancel()
 	if err != nil {
-		return nil, notSetUp("read stream "+cfg.DLQStream, err)
+		return notSetUp("read stream "+cfg.DLQStream, err)
 	}
 	name := cons.CachedInfo().Name
 	defer func() {
@@ -210,39 +226,51 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f 
 		_ = js.DeleteConsumer(dctx, cfg.DLQStream, name)
 	}()
 
+	// The consumer's pending count when created bounds the read, so
+	// letters filed while we read are not read (nor replayed) again.
 	want := cons.CachedInfo().NumPending
 	if f.Limit > 0 {
 		want = min(want, uint64(f.Limit))
 	}
-	out := make([]DeadLetterInfo, 0, want)
-	for uint64(len(out)) < want {
+	var seen uint64
+	for seen < want {
 		if err := ctx.Err(); err != nil {
-			return out, err
+			return err
 		}
-		batch, err := cons.Fetch(min(int(want)-len(out), dlqFetchBatch), jetstream.FetchMaxWait(2*time.Second))
+		batch, err := cons.Fetch(int(min(want-seen, uint64(cmp.Or(f.batch, dlqFetchBatch)))), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
-			return out, fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
+			return fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
 		}
-		n := 0
+		var letters []DeadLetterInfo
+		last := false
 		for m := range batch.Messages() {
 			meta, err := m.Metadata()
 			if err != nil {
 				continue
 			}
-			n++
-			out = append(out, deadLetterInfo(cfg, meta.Sequence.Stream, m.Subject(), meta.Timestamp, m.Headers(), m.Data()))
-			if meta.NumPending == 0 {
-				want = uint64(len(out)) // the rest were deleted meanwhile
-			}
+			letters = append(letters, deadLetterInfo(cfg, meta.Sequence.Stream, m.Subject(), meta.Timestamp, m.Headers(), m.Data()))
+			last = last || meta.NumPending == 0
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-			return out, fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
+			return fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
 		}
-		if n == 0 {
+		if len(letters) == 0 {
 			break // dead letters deleted (replayed) while we read
 		}
+		for _, d := range letters {
+			if seen == want {
+				break
+			}
+			seen++
+			if err := fn(d); err != nil {
+				return err
+			}
+		}
+		if last {
+			break // the rest were deleted meanwhile
+		}
 	}
-	return out, nil
+	return nil
 }
 
 // GetDeadLetter returns one dead letter by its DLQ sequence. It wraps
@@ -340,6 +368,20 @@ type ReplayOptions struct {
 	KeyRetention time.Duration
 	// Now is the time the retention rule is judged at; time.Now() when zero.
 	Now time.Time
+	// Rate bounds the republishes per second, so a large replay does not
+	// flood the workers and the provider; 0 is unbounded.
+	Rate float64
+}
+
+// DefaultReplayRate is the dlq replay command's default Rate.
+const DefaultReplayRate = 50
+
+// NeedsInvestigation reports whether a dead letter with this reason needs a
+// person to look before it is replayed: the provider's record disagrees with
+// ours, or the ledger conflicts. replay All skips them unless Reason names
+// them.
+func NeedsInvestigation(reason string) bool {
+	return reason == ReasonProviderMismatch || reason == ReasonLedgerConflict
 }
 
 // ReplayOutcome is what happened to one dead letter.
@@ -435,57 +477,24 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 	if err := ValidateDLQKey(cfg.DLQKey); err != nil {
 		return rep, fmt.Errorf("replay dead letters: %w", err)
 	}
+	if opts.Rate < 0 {
+		return rep, fmt.Errorf("replay dead letters: negative rate %v", opts.Rate)
+	}
 	retention := cmp.Or(opts.KeyRetention, DefaultKeyRetention)
 	now := opts.Now
 	if now.IsZero() {
 		now = time.Now()
 	}
-
-	// Each sequence is either a dead letter to judge or an outcome already
-	// known (not found, other reason); the report keeps sequence order.
-	type item struct {
-		d    DeadLetterInfo
-		done *ReplayResult
+	var interval time.Duration
+	if opts.Rate > 0 {
+		interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
-	var items []item
-	if opts.All {
-		letters, err := ListDeadLetters(ctx, js, cfg, DLQFilter{Reason: opts.Reason})
-		if err != nil {
-			return rep, fmt.Errorf("replay dead letters: %w", err)
-		}
-		for _, d := range letters {
-			items = append(items, item{d: d})
-		}
-	} else {
-		seqs := slices.Clone(opts.Seqs)
-		slices.Sort(seqs)
-		for _, seq := range slices.Compact(seqs) {
-			d, err := GetDeadLetter(ctx, js, cfg, seq)
-			switch {
-			case errors.Is(err, ErrDeadLetterNotFound):
-				items = append(items, item{done: &ReplayResult{Seq: seq, Outcome: NotFound,
-					Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)}})
-			case err != nil:
-				return rep, fmt.Errorf("replay dead letters: %w", err)
-			case opts.Reason != "" && d.Reason != opts.Reason:
-				items = append(items, item{done: &ReplayResult{Seq: seq, Reason: d.Reason, MerchantID: d.MerchantID,
-					IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)}})
-			default:
-				items = append(items, item{d: d})
-			}
-		}
-	}
-
 	var stream jetstream.Stream
-	for _, it := range items {
-		if it.done != nil {
-			rep.add(*it.done)
-			continue
-		}
+	var lastPublish time.Time
+	judge := func(d DeadLetterInfo) error {
 		if err := ctx.Err(); err != nil {
-			return rep, err
+			return err
 		}
-		d := it.d
 		res := ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey, Subject: d.OrigSubject}
 		switch {
 		case d.Invalid != "":
@@ -495,8 +504,7 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 			// replay publishes with the operator's credentials.
 			res.Outcome, res.Detail = Refused, d.Unverified+": refusing to replay it"
 		case !replayTarget(cfg, d):
-			// Anyone who may publish on the DLQ's subjects could forge a
-			// dead letter; replay only ever publishes payment commands.
+			// Defence in depth: replay only ever publishes payment commands.
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
 				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Stream)
@@ -504,6 +512,10 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
 				now.Sub(d.Stored).Round(time.Second), retention)
+		case opts.All && opts.Reason == "" && NeedsInvestigation(d.Reason):
+			res.Outcome = Skipped
+			res.Detail = fmt.Sprintf("%s needs investigating first (see the README); once understood, replay it with --reason %s or --seq %d",
+				d.Reason, d.Reason, d.Seq)
 		case !opts.Force && d.Reason == ReasonKeyReused:
 			res.Outcome = Skipped
 			res.Detail = "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"
@@ -519,12 +531,53 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 				stream, err = js.Stream(sctx, cfg.DLQStream)
 				cancel()
 				if err != nil {
-					return rep, fmt.Errorf("replay dead letters: %w", notSetUp("stream "+cfg.DLQStream, err))
+					return notSetUp("stream "+cfg.DLQStream, err)
 				}
 			}
+			if wait := time.Until(lastPublish.Add(interval)); interval > 0 && wait > 0 {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(wait):
+				}
+			}
+			lastPublish = time.Now()
 			replayOne(ctx, js, stream, cfg, d, &res)
 		}
 		rep.add(res)
+		return nil
+	}
+
+	if opts.All {
+		// A rate-limited replay fetches about a minute of letters at a
+		// time, well within the reader's inactive threshold.
+		f := DLQFilter{Reason: opts.Reason}
+		if opts.Rate > 0 && !opts.DryRun {
+			f.batch = int(min(max(opts.Rate*60, 1), dlqFetchBatch))
+		}
+		if err := eachDeadLetter(ctx, js, cfg, f, judge); err != nil {
+			return rep, fmt.Errorf("replay dead letters: %w", err)
+		}
+		return rep, nil
+	}
+	seqs := slices.Clone(opts.Seqs)
+	slices.Sort(seqs)
+	for _, seq := range slices.Compact(seqs) {
+		d, err := GetDeadLetter(ctx, js, cfg, seq)
+		switch {
+		case errors.Is(err, ErrDeadLetterNotFound):
+			rep.add(ReplayResult{Seq: seq, Outcome: NotFound,
+				Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)})
+		case err != nil:
+			return rep, fmt.Errorf("replay dead letters: %w", err)
+		case opts.Reason != "" && d.Reason != opts.Reason:
+			rep.add(ReplayResult{Seq: seq, Reason: d.Reason, MerchantID: d.MerchantID,
+				IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)})
+		default:
+			if err := judge(d); err != nil {
+				return rep, fmt.Errorf("replay dead letters: %w", err)
+			}
+		}
 	}
 	return rep, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,5 +159,52 @@ func TestConcurrentReplaysPublishOnce(t *testing.T) {
 	st, err := consumer.ConsumerState(ctx, js, cfg)
 	if err != nil || st.StreamMessages != 1 {
 		t.Fatalf("two replays of one letter left %d messages in the payments stream, want 1 (%v)", st.StreamMessages, err)
+	}
+}
+
+// replay --all leaves provider_idempotency_mismatch and ledger_conflict,
+// which need a person to look first, unless their reason is named.
+func TestReplayAllSkipsReasonsToInvestigate(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	now := time.Now()
+	fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", "a", now)
+	fileDeadLetter(t, js, cfg, consumer.ReasonProviderMismatch, "m_1", "b", now)
+	fileDeadLetter(t, js, cfg, consumer.ReasonLedgerConflict, "m_1", "c", now)
+	all, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, DryRun: true, Force: true})
+	if err != nil || all.WouldReplay != 1 || all.Skipped != 2 {
+		t.Fatalf("--all: %+v %v", all, err)
+	}
+	for _, r := range all.Results {
+		if r.Outcome == consumer.Skipped && !strings.Contains(r.Detail, "--reason "+r.Reason) {
+			t.Errorf("skip of %s does not say how to replay it: %q", r.Reason, r.Detail)
+		}
+	}
+	named, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, DryRun: true, Reason: consumer.ReasonLedgerConflict})
+	if err != nil || named.WouldReplay != 1 || named.Skipped != 0 {
+		t.Fatalf("--all --reason ledger_conflict: %+v %v", named, err)
+	}
+}
+
+// Rate bounds the republishes per second.
+func TestReplayIsRateLimited(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d"} {
+		fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", k, time.Now())
+	}
+	start := time.Now()
+	rep, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, Rate: 10})
+	if err != nil || rep.Replayed != 4 {
+		t.Fatalf("replay %+v %v", rep, err)
+	}
+	// Four republishes at 10/s: three intervals of 100 ms at least.
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("four letters replayed in %v at 10/s", d)
+	}
+	if _, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, Rate: -1}); err == nil {
+		t.Fatal("a negative rate was accepted")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -348,6 +349,7 @@ type dlqReplayCmd struct {
 	dryRun    bool
 	force     bool
 	retention time.Duration
+	rate      float64
 	json      bool
 }
 
@@ -369,7 +371,11 @@ published straight to the DLQ's subjects is never replayed. It refuses dead
 letters stored longer ago than the key retention (PAYDEDUP_KEY_RETENTION, by
 the stream's own time): their key may have been purged, and a replay could
 charge again. It skips reasons that cannot succeed unchanged (bad input, and
-key_reused) unless --force. --dry-run shows what would be replayed and
+key_reused) unless --force. --all also skips provider_idempotency_mismatch and
+ledger_conflict, which need investigating first, unless --reason names them
+(or --seq names the letter). --all reads the stream a batch at a time and
+republishes at most --rate letters per second, so a large backlog does not
+flood the workers and the provider. --dry-run shows what would be replayed and
 changes nothing. It exits non-zero if a replay failed, or if a dead letter
 named with --seq was not replayed.`,
 		Example: `  paydedup dlq replay --all --reason max_deliveries --dry-run
@@ -386,6 +392,7 @@ named with --seq was not replayed.`,
 	f.BoolVar(&r.dryRun, "dry-run", false, "show what would be replayed; change nothing")
 	f.BoolVar(&r.force, "force", false, "also replay reasons that cannot succeed unchanged (bad input, key_reused)")
 	f.DurationVar(&r.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "the store's key retention: older dead letters are refused (PAYDEDUP_KEY_RETENTION)")
+	f.Float64Var(&r.rate, "rate", consumer.DefaultReplayRate, "republish at most this many dead letters per second (0: no limit)")
 	f.BoolVar(&r.json, "json", false, "print the report as JSON")
 	return cmd
 }
@@ -399,6 +406,9 @@ func (r *dlqReplayCmd) validate() error {
 		if s == 0 {
 			errs = append(errs, errors.New("--seq 0 is not a dead-letter sequence: use the SEQ column of paydedup dlq list"))
 		}
+	}
+	if r.rate < 0 || math.IsNaN(r.rate) || math.IsInf(r.rate, 0) {
+		errs = append(errs, fmt.Errorf("--rate must be a number of dead letters per second, 0 for no limit, got %v", r.rate))
 	}
 	if r.retention <= 0 {
 		errs = append(errs, fmt.Errorf("--key-retention / PAYDEDUP_KEY_RETENTION must be positive, got %v", r.retention))
@@ -419,7 +429,7 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	opts := consumer.ReplayOptions{All: r.all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention}
+	opts := consumer.ReplayOptions{All: r.all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention, Rate: r.rate}
 	for _, s := range r.seqs {
 		opts.Seqs = append(opts.Seqs, uint64(s))
 	}
