@@ -503,6 +503,10 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 			// Anyone who may publish on the DLQ's subjects could forge one;
 			// replay publishes with the operator's credentials.
 			res.Outcome, res.Detail = Refused, d.Unverified+": refusing to replay it"
+		case d.Truncated:
+			res.Outcome = Refused
+			res.Detail = fmt.Sprintf("truncated: the letter keeps only part of the message (body of %s bytes, SHA-256 %s) to fit under max_payload: the original is %s #%d while the stream keeps it; publish it anew from there",
+				d.Header.Get(HeaderDLQBodyLength), d.Header.Get(HeaderDLQBodySHA256), d.OrigStream, d.OrigSeq)
 		case !replayTarget(cfg, d):
 			// Defence in depth: replay only ever publishes payment commands.
 			res.Outcome = Refused

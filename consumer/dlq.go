@@ -34,12 +34,27 @@ const (
 	// its body, its other headers and its original subject, keyed with the
 	// DLQ key the workers and the operator's CLI share.
 	HeaderDLQAuth = "Dlq-Auth"
+	// A dead letter that would exceed the server's max_payload keeps a
+	// prefix of the body and says so: Dlq-Body-Truncated: true, with the
+	// original body's length and SHA-256 (the original stays in its stream,
+	// at Dlq-Orig-Seq, until MaxAge). Original headers too large to fit are
+	// dropped (Dlq-Headers-Dropped: their size in bytes).
+	HeaderDLQBodyTruncated = "Dlq-Body-Truncated"
+	HeaderDLQBodyLength    = "Dlq-Body-Length"
+	HeaderDLQBodySHA256    = "Dlq-Body-Sha256"
+	HeaderDLQHeadersDrop   = "Dlq-Headers-Dropped"
 	// HeaderIdempotencyKey is the optional key header of a payment command.
 	HeaderIdempotencyKey = "Idempotency-Key"
 )
 
 // dlqDuplicateWindow is the dead-letter stream's duplicate window.
 const dlqDuplicateWindow = time.Hour
+
+// DLQHeadroom is what the payments stream's MaxMsgSize leaves under the
+// server's max_payload for the headers a dead letter adds: Dlq-Error is at
+// most maxDLQErrorLen, the others (reason, subject, stream, sequences,
+// times, Dlq-Auth, the truncation headers) a few hundred bytes.
+const DLQHeadroom = 4096
 
 // maxDLQErrorLen bounds Dlq-Error: header values are not the place for
 // unbounded text.
@@ -81,7 +96,13 @@ func ValidateDLQKey(key []byte) error {
 // cfg.DLQKey (Dlq-Auth). Its Nats-Msg-Id is dlq:<stream>:<seq>, so one
 // stream message is filed at most once within the dead-letter stream's
 // duplicate window.
-func (d Letter) Msg(cfg Config) *nats.Msg {
+func (d Letter) Msg(cfg Config) *nats.Msg { return d.MsgWithin(cfg, 0) }
+
+// MsgWithin is Msg for a server whose max_payload is maxSize (0: no bound).
+// A letter that would not fit keeps a prefix of the body (Dlq-Body-Truncated,
+// Dlq-Body-Length, Dlq-Body-Sha256) and, if the original headers alone are
+// too large, drops them (Dlq-Headers-Dropped).
+func (d Letter) MsgWithin(cfg Config, maxSize int) *nats.Msg {
 	cfg = cfg.WithDefaults()
 	h := nats.Header{}
 	for k, vs := range d.Header {
@@ -105,8 +126,41 @@ func (d Letter) Msg(cfg Config) *nats.Msg {
 	h.Set(HeaderDLQDeliveries, strconv.FormatUint(d.Deliveries, 10))
 	h.Set(HeaderDLQFailedAt, d.FailedAt.UTC().Format(time.RFC3339Nano))
 	h.Set(nats.MsgIdHdr, fmt.Sprintf("dlq:%s:%d", d.OrigStream, d.OrigSeq))
-	h.Set(HeaderDLQAuth, letterMAC(cfg.DLQKey, h, d.Data))
-	return &nats.Msg{Subject: cfg.DLQPrefix + "." + subjectToken(d.Reason), Header: h, Data: d.Data}
+	data := d.Data
+	// The Dlq-Auth value's size is fixed: "v1=" and 64 hex digits.
+	const authLen = len(HeaderDLQAuth) + len(": v1=\r\n") + 2*sha256.Size
+	if maxSize > 0 && headerLen(h)+authLen+len(data) > maxSize {
+		sum := sha256.Sum256(data)
+		h.Set(HeaderDLQBodyTruncated, "true")
+		h.Set(HeaderDLQBodyLength, strconv.Itoa(len(data)))
+		h.Set(HeaderDLQBodySHA256, hex.EncodeToString(sum[:]))
+		// The letter's own headers must fit with room for some body.
+		if headerLen(h)+authLen > maxSize/2 {
+			dropped := 0
+			for k, vs := range h {
+				if !strings.HasPrefix(k, "Dlq-") && k != nats.MsgIdHdr {
+					dropped += headerLen(nats.Header{k: vs}) - headerLen(nats.Header{})
+					delete(h, k)
+				}
+			}
+			h.Set(HeaderDLQHeadersDrop, strconv.Itoa(dropped))
+		}
+		data = data[:max(0, min(len(data), maxSize-headerLen(h)-authLen))]
+	}
+	h.Set(HeaderDLQAuth, letterMAC(cfg.DLQKey, h, data))
+	return &nats.Msg{Subject: cfg.DLQPrefix + "." + subjectToken(d.Reason), Header: h, Data: data}
+}
+
+// headerLen is the size of h as NATS sends it: NATS/1.0, one line per
+// value, a blank line.
+func headerLen(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
 }
 
 // letterMAC is the Dlq-Auth value of a dead letter with headers h and body
@@ -203,6 +257,9 @@ type ParsedDeadLetter struct {
 	OrigSeq     uint64
 	Deliveries  uint64
 	FailedAt    time.Time
+	// Truncated: the letter keeps only a prefix of the body (or dropped
+	// the original headers) to fit under max_payload; it cannot be replayed.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // ParseDeadLetter reads the Dlq-* headers of a dead letter. It fails on a
@@ -229,6 +286,7 @@ func ParseDeadLetter(h nats.Header) (ParsedDeadLetter, error) {
 	if p.FailedAt, err = time.Parse(time.RFC3339Nano, h.Get(HeaderDLQFailedAt)); err != nil {
 		return p, fmt.Errorf("dead letter has an invalid %s: %w", HeaderDLQFailedAt, err)
 	}
+	p.Truncated = h.Get(HeaderDLQBodyTruncated) != "" || h.Get(HeaderDLQHeadersDrop) != ""
 	return p, nil
 }
 
@@ -238,7 +296,7 @@ func ParseDeadLetter(h nats.Header) (ParsedDeadLetter, error) {
 func fileDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, d Letter) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := js.PublishMsg(ctx, d.Msg(cfg)); err != nil {
+	if _, err := js.PublishMsg(ctx, d.MsgWithin(cfg, int(js.Conn().MaxPayload()))); err != nil {
 		return fmt.Errorf("publish dead letter (%s): %w", d.Reason, err)
 	}
 	return nil

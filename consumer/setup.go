@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -12,6 +13,14 @@ import (
 // the consumer.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, jetstream.Consumer, error) {
 	cfg = cfg.WithDefaults()
+	// A message is at most max_payload minus the room its dead letter's
+	// headers take, so any message the stream accepts can be dead-lettered
+	// whole.
+	maxMsgSize := js.Conn().MaxPayload() - DLQHeadroom
+	if maxMsgSize < DLQHeadroom {
+		return nil, nil, fmt.Errorf("the server's max_payload %d leaves no room for messages and their dead-letter headers (%d bytes)",
+			js.Conn().MaxPayload(), DLQHeadroom)
+	}
 	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "paydedup payment commands",
@@ -22,6 +31,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Duplicates:  cfg.DuplicateWindow,
 		Replicas:    cfg.Replicas,
 		Discard:     jetstream.DiscardOld,
+		MaxMsgSize:  int32(min(maxMsgSize, math.MaxInt32)),
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.Stream, err)

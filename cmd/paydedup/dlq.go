@@ -330,6 +330,10 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 	if d.Invalid != "" {
 		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", termSafe(d.Invalid, false))
 	}
+	if d.Truncated {
+		fmt.Fprintf(out, "\nTRUNCATED to fit under max_payload: the original body is %s bytes (SHA-256 %s); the original is %s #%d while that stream keeps it\n",
+			termSafe(d.Header.Get(consumer.HeaderDLQBodyLength), false), termSafe(d.Header.Get(consumer.HeaderDLQBodySHA256), false), termSafe(d.OrigStream, false), d.OrigSeq)
+	}
 	if !d.Verified {
 		fmt.Fprintf(out, "\nUNVERIFIED: %s; replay refuses it\n", termSafe(d.Unverified, false))
 		if s.keyErr != nil {
