@@ -36,6 +36,7 @@ func adminSetup(t *testing.T) (jetstream.JetStream, consumer.Config) {
 		defer cancel()
 		_ = js.DeleteStream(ctx, cfg.Stream)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
+		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
 	if _, _, err := consumer.EnsureStreams(context.Background(), js, cfg); err != nil {
 		t.Fatal(err)

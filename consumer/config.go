@@ -57,10 +57,13 @@ const (
 // Config configures streams, the consumer and the worker. Zero values take
 // the defaults; Validate reports contradictions by the setting's name.
 type Config struct {
-	Stream          string
-	SubjectPrefix   string // publishers use <prefix>.<merchant_id>
-	DLQStream       string
-	DLQPrefix       string // dead letters go to <prefix>.<reason>
+	Stream        string
+	SubjectPrefix string // publishers use <prefix>.<merchant_id>
+	DLQStream     string
+	DLQPrefix     string // dead letters go to <prefix>.<reason>
+	// AdvisoryStream captures the durable consumer's MAX_DELIVERIES
+	// advisories for the max-deliveries net; <Stream>_MAXDELIVER by default.
+	AdvisoryStream  string
 	Durable         string
 	DuplicateWindow time.Duration
 	StreamMaxAge    time.Duration
@@ -112,6 +115,7 @@ func (c Config) WithDefaults() Config {
 	c.SubjectPrefix = cmp.Or(c.SubjectPrefix, DefaultSubjectPrefix)
 	c.DLQStream = cmp.Or(c.DLQStream, DefaultDLQStream)
 	c.DLQPrefix = cmp.Or(c.DLQPrefix, DefaultDLQPrefix)
+	c.AdvisoryStream = cmp.Or(c.AdvisoryStream, c.Stream+"_MAXDELIVER")
 	c.Durable = cmp.Or(c.Durable, DefaultDurable)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
 	c.StreamMaxAge = cmp.Or(c.StreamMaxAge, DefaultStreamMaxAge)

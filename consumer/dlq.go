@@ -316,39 +316,135 @@ func AdvisorySubject(stream, durable string) string {
 	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + durable
 }
 
-// ListenMaxDeliveries copies into the dead-letter stream every message that
-// ran out of deliveries without a worker filing it (a worker that died on
-// every attempt never got to). Pods share a queue group so one copies each;
-// the dead letter's Nats-Msg-Id makes a second copy a no-op.
-func ListenMaxDeliveries(nc *nats.Conn, js jetstream.JetStream, stream jetstream.Stream, cfg Config, logger *slog.Logger) (*nats.Subscription, error) {
+// DefaultMaxDeliverDurable is the durable consumer of the advisory stream
+// that the workers share.
+const DefaultMaxDeliverDurable = "paydedup-maxdeliver"
+
+// maxDeliverAckWait is how long one advisory may take to handle before the
+// server hands it to another worker.
+const maxDeliverAckWait = 30 * time.Second
+
+// maxDeliverRetry is the delay before an advisory whose dead letter could
+// not be filed (the DLQ refuses writes, NATS is reconnecting) is tried again.
+const maxDeliverRetry = 2 * time.Second
+
+// RunMaxDeliveriesNet files a dead letter for every message that ran out of
+// deliveries without a worker filing it (a worker that died on every
+// attempt never got to), until ctx ends. The server's MAX_DELIVERIES
+// advisories are captured by the advisory stream (EnsureStreams creates
+// it), so one announced while no worker listened (a rolling restart) waits
+// there; workers share its durable consumer, and an advisory is acked only
+// after its dead letter's PubAck, so a failed publish is retried. The dead
+// letter's Nats-Msg-Id makes a second copy (the worker filed it but died
+// before its Term; an ack lost) a no-op within the DLQ's duplicate window.
+func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger) error {
 	cfg = cfg.WithDefaults()
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return nc.QueueSubscribe(AdvisorySubject(cfg.Stream, cfg.Durable), "paydedup-advisory", func(m *nats.Msg) {
-		var adv maxDeliveriesAdvisory
-		if err := json.Unmarshal(m.Data, &adv); err != nil || adv.StreamSeq == 0 {
-			logger.Error("unreadable MAX_DELIVERIES advisory", "error", err)
-			return
+	n := &maxDeliveriesNet{js: js, cfg: cfg, logger: logger}
+	failures := 0
+	for ctx.Err() == nil {
+		if _, err := n.runOnce(ctx); err != nil && ctx.Err() == nil {
+			failures++
+			wait := min(fetchRetryBase<<min(failures-1, 5), fetchRetryMax)
+			logger.Warn("max-deliveries net: fetch failed; retrying", "error", err, "retry_in", wait.String())
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		failures = 0
+	}
+	return nil
+}
+
+// maxDeliveriesNet is the state of RunMaxDeliveriesNet.
+type maxDeliveriesNet struct {
+	js       jetstream.JetStream
+	cfg      Config
+	logger   *slog.Logger
+	payments jetstream.Stream
+	cons     jetstream.Consumer
+}
+
+// netResult counts what one runOnce did with the advisories it fetched.
+type netResult struct {
+	Filed, Gone, Retried, Ignored int
+}
+
+// runOnce fetches the advisories waiting (or the first to come within
+// fetchWait) and handles each.
+func (n *maxDeliveriesNet) runOnce(ctx context.Context) (netResult, error) {
+	var res netResult
+	if n.cons == nil {
+		sctx, cancel := context.WithTimeout(ctx, adminTimeout)
 		defer cancel()
-		raw, err := stream.GetMsg(ctx, adv.StreamSeq)
+		payments, err := n.js.Stream(sctx, n.cfg.Stream)
 		if err != nil {
-			logger.Error("message that ran out of deliveries cannot be read; not dead-lettered",
-				"stream_seq", adv.StreamSeq, "error", err)
-			return
+			return res, fmt.Errorf("stream %s: %w", n.cfg.Stream, err)
 		}
-		d := Letter{
-			Reason:      ReasonMaxDeliveries,
-			Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
-			OrigSubject: raw.Subject, OrigStream: cfg.Stream, OrigSeq: adv.StreamSeq,
-			Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: time.Now(),
+		cons, err := n.js.Consumer(sctx, n.cfg.AdvisoryStream, DefaultMaxDeliverDurable)
+		if err != nil {
+			return res, fmt.Errorf("consumer %s on %s: %w", DefaultMaxDeliverDurable, n.cfg.AdvisoryStream, err)
 		}
-		if err := fileDeadLetter(ctx, js, cfg, d); err != nil {
-			logger.Error("could not dead-letter a message that ran out of deliveries", "stream_seq", adv.StreamSeq, "error", err)
-			return
-		}
-		logger.Warn("dead-lettered a message that ran out of deliveries", "stream_seq", adv.StreamSeq, "deliveries", adv.Deliveries)
-	})
+		n.payments, n.cons = payments, cons
+	}
+	batch, err := n.cons.Fetch(16, jetstream.FetchMaxWait(fetchWait))
+	if err != nil {
+		return res, err
+	}
+	for m := range batch.Messages() {
+		n.handle(ctx, m, &res)
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		return res, err
+	}
+	return res, nil
+}
+
+// handle files the dead letter one advisory announces, then acks it.
+func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *netResult) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	var adv maxDeliveriesAdvisory
+	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 || adv.Stream != n.cfg.Stream {
+		n.logger.Error("unreadable MAX_DELIVERIES advisory; dropped", "error", err, "stream", adv.Stream)
+		res.Ignored++
+		_ = m.Term()
+		return
+	}
+	log := n.logger.With("stream_seq", adv.StreamSeq, "deliveries", adv.Deliveries)
+	raw, err := n.payments.GetMsg(ctx, adv.StreamSeq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		// Expired (MaxAge) or deleted: nothing is left to file.
+		log.Error("message that ran out of deliveries is no longer in the stream; not dead-lettered")
+		res.Gone++
+		_ = m.DoubleAck(ctx)
+		return
+	case err != nil:
+		log.Warn("message that ran out of deliveries cannot be read yet; retrying", "error", err)
+		res.Retried++
+		_ = m.NakWithDelay(maxDeliverRetry)
+		return
+	}
+	d := Letter{
+		Reason:      ReasonMaxDeliveries,
+		Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
+		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream, OrigSeq: adv.StreamSeq,
+		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: time.Now(),
+	}
+	if err := fileDeadLetter(ctx, n.js, n.cfg, d); err != nil {
+		log.Error("could not dead-letter a message that ran out of deliveries; retrying", "error", err)
+		res.Retried++
+		_ = m.NakWithDelay(maxDeliverRetry)
+		return
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		log.Warn("advisory ack not confirmed; its redelivery files nothing new", "error", err)
+	}
+	res.Filed++
+	log.Warn("dead-lettered a message that ran out of deliveries")
 }

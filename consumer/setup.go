@@ -9,8 +9,9 @@ import (
 )
 
 // EnsureStreams creates or updates the payments stream, the dead-letter
-// stream and the durable pull consumer, and returns the payments stream and
-// the consumer.
+// stream, the durable pull consumer and the advisory stream of the
+// max-deliveries net with its consumer, and returns the payments stream and
+// the workers' consumer.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, jetstream.Consumer, error) {
 	cfg = cfg.WithDefaults()
 	// A message is at most max_payload minus the room its dead letter's
@@ -49,6 +50,31 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Replicas:   cfg.Replicas,
 	}); err != nil {
 		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.DLQStream, err)
+	}
+	// The server announces a message that ran out of deliveries once, to
+	// whoever listens then; this stream keeps the announcement until a
+	// worker has dead-lettered the message (work queue: acked ones go).
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.AdvisoryStream,
+		Description: "paydedup: MAX_DELIVERIES advisories of the workers' consumer, until the message is dead-lettered",
+		Subjects:    []string{AdvisorySubject(cfg.Stream, cfg.Durable)},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.WorkQueuePolicy,
+		MaxAge:      cfg.StreamMaxAge, // the message it names is gone by then
+		Replicas:    cfg.Replicas,
+	}); err != nil {
+		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.AdvisoryStream, err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, cfg.AdvisoryStream, jetstream.ConsumerConfig{
+		Durable:       DefaultMaxDeliverDurable,
+		Description:   "paydedup workers: the max-deliveries net",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       maxDeliverAckWait,
+		MaxDeliver:    -1, // never give up on an advisory: the DLQ may refuse writes for a while
+		Replicas:      cfg.Replicas,
+	}); err != nil {
+		return nil, nil, fmt.Errorf("create consumer %s on %s: %w", DefaultMaxDeliverDurable, cfg.AdvisoryStream, err)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
 		Durable:       cfg.Durable,

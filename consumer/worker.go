@@ -109,15 +109,16 @@ func (w *Worker) Draining() bool { return w.draining.Load() }
 // finish within DrainTimeout, cancels what is still running (those rows are
 // released and their messages nakked, never acked), and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
-	stream, cons, err := EnsureStreams(ctx, w.js, w.cfg)
+	_, cons, err := EnsureStreams(ctx, w.js, w.cfg)
 	if err != nil {
 		return err
 	}
-	sub, err := ListenMaxDeliveries(w.nc, w.js, stream, w.cfg, w.logger)
-	if err != nil {
-		return fmt.Errorf("subscribe to MAX_DELIVERIES advisories: %w", err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
+	netDone := make(chan struct{})
+	go func() {
+		defer close(netDone)
+		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger)
+	}()
+	defer func() { <-netDone }()
 
 	// Work runs on its own context: a stop must not cut a provider call
 	// short before the drain deadline.

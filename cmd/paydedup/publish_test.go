@@ -57,6 +57,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 		defer cancel()
 		_ = js.DeleteStream(ctx, cfg.Stream)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
+		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
 	if ensure {
 		if _, _, err := consumer.EnsureStreams(context.Background(), js, cfg); err != nil {

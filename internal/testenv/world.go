@@ -48,6 +48,7 @@ func Streams(t testing.TB, js jetstream.JetStream) consumer.Config {
 		defer cancel()
 		_ = js.DeleteStream(ctx, cfg.Stream)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
+		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
 	return cfg
 }
