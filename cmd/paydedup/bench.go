@@ -223,6 +223,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		defer cancel()
 		_ = js.DeleteStream(cctx, cfg.Stream)
 		_ = js.DeleteStream(cctx, cfg.DLQStream)
+		_ = js.DeleteStream(cctx, cfg.AdvisoryStream)
 	}()
 
 	sim := provider.NewSimulator(provider.SimConfig{Faults: provider.Faults{Latency: b.latency}})
