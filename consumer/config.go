@@ -1,7 +1,7 @@
 // Package consumer owns paydedup's JetStream side: stream and consumer
 // setup, the fetch loop, the per-message decision (ack, nak with delay, or
-// dead-letter then term), dead-letter publishing, the MAX_DELIVERIES
-// advisory listener, and graceful drain.
+// dead-letter then term), dead-letter filing (authenticated, within
+// max_payload), the durable max-deliveries net, and graceful drain.
 //
 // The business step, claim → provider → complete, lives in Processor and
 // never sees a jetstream.Msg; Worker is the adapter around it. One function,

@@ -170,9 +170,7 @@ func headerLen(h nats.Header) int {
 func letterMAC(key []byte, h nats.Header, data []byte) string {
 	mac := hmac.New(sha256.New, key)
 	write := func(b []byte) {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-		mac.Write(n[:])
+		writeCount(mac, len(b))
 		mac.Write(b)
 	}
 	mac.Write([]byte("paydedup-dlq-v1"))

@@ -28,7 +28,8 @@ func newDLQCmd(a *app) *cobra.Command {
 		Long: `dlq works on the dead-letter stream (PAYMENTS_DLQ): payment commands a worker
 could not process, each kept with its original body and headers and the
 Dlq-Reason, Dlq-Error, Dlq-Orig-Subject, Dlq-Orig-Seq, Dlq-Deliveries and
-Dlq-Failed-At headers. A dead letter is named by its sequence in that stream.
+Dlq-Failed-At headers, authenticated by Dlq-Auth (an HMAC keyed with
+PAYDEDUP_DLQ_KEY). A dead letter is named by its sequence in that stream.
 
 Reasons: bad input (malformed_json, missing_key, invalid_amount, ...: the
 publisher must fix the message), key_reused (the same key with another
