@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -148,9 +149,15 @@ type DeadLetterInfo struct {
 	IdempotencyKey string `json:"idempotency_key"`
 	// Invalid says why the Dlq-* headers could not be read; such a message
 	// is listed but never replayed.
-	Invalid string      `json:"invalid,omitempty"`
-	Header  nats.Header `json:"header,omitempty"`
-	Data    []byte      `json:"-"`
+	Invalid string `json:"invalid,omitempty"`
+	// Verified: its Dlq-Auth matches the configured DLQ key, so a worker
+	// filed it as it is. Unverified says why not; such a letter (perhaps
+	// published straight to the DLQ's subjects) is listed but never
+	// replayed.
+	Verified   bool        `json:"verified"`
+	Unverified string      `json:"unverified,omitempty"`
+	Header     nats.Header `json:"header,omitempty"`
+	Data       []byte      `json:"-"`
 }
 
 // DLQFilter selects dead letters.
@@ -162,6 +169,8 @@ type DLQFilter struct {
 	Since time.Time
 	// Limit stops after this many; 0 means no limit.
 	Limit int
+	// batch is how many letters one fetch asks for; dlqFetchBatch when 0.
+	batch int
 }
 
 // dlqFetchBatch is how many dead letters one fetch asks for.
@@ -171,9 +180,23 @@ const dlqFetchBatch = 256
 // reads them with a short-lived ephemeral consumer (no acks, one filter
 // subject, so it works with nats-server 2.9) and deletes it afterwards.
 func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f DLQFilter) ([]DeadLetterInfo, error) {
+	var out []DeadLetterInfo
+	err := eachDeadLetter(ctx, js, cfg, f, func(d DeadLetterInfo) error {
+		out = append(out, d)
+		return nil
+	})
+	return out, err
+}
+
+// eachDeadLetter calls fn for each dead letter matching f, oldest first,
+// reading them a batch at a time so that no more than one batch is held.
+// It stops at the letters the stream held when it began: one filed
+// meanwhile (a replayed message dead-lettered again) is left for the next
+// run. An error from fn stops it and is returned.
+func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, f DLQFilter, fn func(DeadLetterInfo) error) error {
 	cfg = cfg.WithDefaults()
 	if f.Limit < 0 {
-		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
+		return fmt.Errorf("list dead letters: negative limit %d", f.Limit)
 	}
 	filter := cfg.DLQPrefix + ".>"
 	if f.Reason != "" {
@@ -184,7 +207,7 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f 
 		AckPolicy:         jetstream.AckNonePolicy,
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		FilterSubject:     filter,
-		InactiveThreshold: time.Minute, // removed by the server if we die before deleting it
+		InactiveThreshold: 5 * time.Minute, // removed by the server if we die before deleting it
 		MemoryStorage:     true,
 	}
 	if !f.Since.IsZero() {
@@ -194,7 +217,7 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f 
 	cons, err := js.CreateConsumer(cctx, cfg.DLQStream, cc)
 	cancel()
 	if err != nil {
-		return nil, notSetUp("read stream "+cfg.DLQStream, err)
+		return notSetUp("read stream "+cfg.DLQStream, err)
 	}
 	name := cons.CachedInfo().Name
 	defer func() {
@@ -203,39 +226,51 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f 
 		_ = js.DeleteConsumer(dctx, cfg.DLQStream, name)
 	}()
 
+	// The consumer's pending count when created bounds the read, so
+	// letters filed while we read are not read (nor replayed) again.
 	want := cons.CachedInfo().NumPending
 	if f.Limit > 0 {
 		want = min(want, uint64(f.Limit))
 	}
-	out := make([]DeadLetterInfo, 0, want)
-	for uint64(len(out)) < want {
+	var seen uint64
+	for seen < want {
 		if err := ctx.Err(); err != nil {
-			return out, err
+			return err
 		}
-		batch, err := cons.Fetch(min(int(want)-len(out), dlqFetchBatch), jetstream.FetchMaxWait(2*time.Second))
+		batch, err := cons.Fetch(int(min(want-seen, uint64(cmp.Or(f.batch, dlqFetchBatch)))), jetstream.FetchMaxWait(2*time.Second))
 		if err != nil {
-			return out, fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
+			return fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
 		}
-		n := 0
+		var letters []DeadLetterInfo
+		last := false
 		for m := range batch.Messages() {
 			meta, err := m.Metadata()
 			if err != nil {
 				continue
 			}
-			n++
-			out = append(out, deadLetterInfo(cfg, meta.Sequence.Stream, m.Subject(), meta.Timestamp, m.Headers(), m.Data()))
-			if meta.NumPending == 0 {
-				want = uint64(len(out)) // the rest were deleted meanwhile
-			}
+			letters = append(letters, deadLetterInfo(cfg, meta.Sequence.Stream, m.Subject(), meta.Timestamp, m.Headers(), m.Data()))
+			last = last || meta.NumPending == 0
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-			return out, fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
+			return fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
 		}
-		if n == 0 {
+		if len(letters) == 0 {
 			break // dead letters deleted (replayed) while we read
 		}
+		for _, d := range letters {
+			if seen == want {
+				break
+			}
+			seen++
+			if err := fn(d); err != nil {
+				return err
+			}
+		}
+		if last {
+			break // the rest were deleted meanwhile
+		}
 	}
-	return out, nil
+	return nil
 }
 
 // GetDeadLetter returns one dead letter by its DLQ sequence. It wraps
@@ -270,6 +305,11 @@ func deadLetterInfo(cfg Config, seq uint64, subject string, stored time.Time, h 
 		if d.Reason == "" {
 			d.Reason = strings.TrimPrefix(subject, cfg.DLQPrefix+".")
 		}
+	}
+	if err := VerifyLetter(cfg.DLQKey, h, data); err != nil {
+		d.Unverified = err.Error()
+	} else {
+		d.Verified = true
 	}
 	d.MerchantID, d.IdempotencyKey = identify(h, data, p.OrigSubject)
 	return d
@@ -322,11 +362,26 @@ type ReplayOptions struct {
 	// retention rule.
 	Force bool
 	// KeyRetention is the idempotency store's key retention: a dead letter
-	// that failed longer ago than this is refused, because its key may be
+	// stored longer ago than this (by the stream's own time, not the
+	// forgeable Dlq-Failed-At) is refused, because its key may be
 	// purged and a replay could charge again. DefaultKeyRetention when 0.
 	KeyRetention time.Duration
 	// Now is the time the retention rule is judged at; time.Now() when zero.
 	Now time.Time
+	// Rate bounds the republishes per second, so a large replay does not
+	// flood the workers and the provider; 0 is unbounded.
+	Rate float64
+}
+
+// DefaultReplayRate is the dlq replay command's default Rate.
+const DefaultReplayRate = 50
+
+// NeedsInvestigation reports whether a dead letter with this reason needs a
+// person to look before it is replayed: the provider's record disagrees with
+// ours, or the ledger conflicts. replay All skips them unless Reason names
+// them.
+func NeedsInvestigation(reason string) bool {
+	return reason == ReasonProviderMismatch || reason == ReasonLedgerConflict
 }
 
 // ReplayOutcome is what happened to one dead letter.
@@ -401,12 +456,15 @@ func ReplayableReason(reason string) bool {
 // deletes each from the DLQ stream only after the republish's PubAck.
 //
 // The republished message carries the dead letter's original headers and
-// body, a new Nats-Msg-Id replay:<dlq seq>:<unix nanos> (the original id may
-// still be inside the stream's duplicate window) and Paydedup-Replay-Of.
+// body, a new Nats-Msg-Id replay:<dlq stream>:<dlq seq> (the original id may
+// still be inside the stream's duplicate window; this one makes concurrent
+// replays of one letter publish it once) and Paydedup-Replay-Of.
 // Postgres still guards the charge: a replay of a completed key is acked as
 // a duplicate, and a crash between the PubAck and the delete at worst
-// publishes it twice. Dead letters older than opts.KeyRetention are refused;
-// reasons that cannot succeed are skipped unless opts.Force.
+// publishes it twice. Dead letters that do not verify with cfg.DLQKey, or
+// were stored longer ago than opts.KeyRetention, are refused; reasons that
+// cannot succeed are skipped unless opts.Force. Without a valid cfg.DLQKey
+// it replays nothing and returns an error wrapping ErrDLQKey.
 //
 // The error is for failures that stop the whole replay (bad options, the
 // DLQ stream unreachable); per-letter failures are in the report.
@@ -416,71 +474,52 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 	if opts.All == (len(opts.Seqs) > 0) {
 		return rep, errors.New("replay dead letters: give either sequences or All")
 	}
+	if err := ValidateDLQKey(cfg.DLQKey); err != nil {
+		return rep, fmt.Errorf("replay dead letters: %w", err)
+	}
+	if opts.Rate < 0 {
+		return rep, fmt.Errorf("replay dead letters: negative rate %v", opts.Rate)
+	}
 	retention := cmp.Or(opts.KeyRetention, DefaultKeyRetention)
 	now := opts.Now
 	if now.IsZero() {
 		now = time.Now()
 	}
-
-	// Each sequence is either a dead letter to judge or an outcome already
-	// known (not found, other reason); the report keeps sequence order.
-	type item struct {
-		d    DeadLetterInfo
-		done *ReplayResult
+	var interval time.Duration
+	if opts.Rate > 0 {
+		interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
-	var items []item
-	if opts.All {
-		letters, err := ListDeadLetters(ctx, js, cfg, DLQFilter{Reason: opts.Reason})
-		if err != nil {
-			return rep, fmt.Errorf("replay dead letters: %w", err)
-		}
-		for _, d := range letters {
-			items = append(items, item{d: d})
-		}
-	} else {
-		seqs := slices.Clone(opts.Seqs)
-		slices.Sort(seqs)
-		for _, seq := range slices.Compact(seqs) {
-			d, err := GetDeadLetter(ctx, js, cfg, seq)
-			switch {
-			case errors.Is(err, ErrDeadLetterNotFound):
-				items = append(items, item{done: &ReplayResult{Seq: seq, Outcome: NotFound,
-					Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)}})
-			case err != nil:
-				return rep, fmt.Errorf("replay dead letters: %w", err)
-			case opts.Reason != "" && d.Reason != opts.Reason:
-				items = append(items, item{done: &ReplayResult{Seq: seq, Reason: d.Reason, MerchantID: d.MerchantID,
-					IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)}})
-			default:
-				items = append(items, item{d: d})
-			}
-		}
-	}
-
 	var stream jetstream.Stream
-	for _, it := range items {
-		if it.done != nil {
-			rep.add(*it.done)
-			continue
-		}
+	var lastPublish time.Time
+	judge := func(d DeadLetterInfo) error {
 		if err := ctx.Err(); err != nil {
-			return rep, err
+			return err
 		}
-		d := it.d
 		res := ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey, Subject: d.OrigSubject}
 		switch {
 		case d.Invalid != "":
 			res.Outcome, res.Detail = Refused, "not a readable dead letter: "+d.Invalid
+		case !d.Verified:
+			// Anyone who may publish on the DLQ's subjects could forge one;
+			// replay publishes with the operator's credentials.
+			res.Outcome, res.Detail = Refused, d.Unverified+": refusing to replay it"
+		case d.Truncated:
+			res.Outcome = Refused
+			res.Detail = fmt.Sprintf("truncated: the letter keeps only part of the message (body of %s bytes, SHA-256 %s) to fit under max_payload: the original is %s #%d while the stream keeps it; publish it anew from there",
+				d.Header.Get(HeaderDLQBodyLength), d.Header.Get(HeaderDLQBodySHA256), d.OrigStream, d.OrigSeq)
 		case !replayTarget(cfg, d):
-			// Anyone who may publish on the DLQ's subjects could forge a
-			// dead letter; replay only ever publishes payment commands.
+			// Defence in depth: replay only ever publishes payment commands.
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
 				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Stream)
-		case now.Sub(d.FailedAt) > retention:
+		case now.Sub(d.Stored) > retention:
 			res.Outcome = Refused
-			res.Detail = fmt.Sprintf("failed %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
-				now.Sub(d.FailedAt).Round(time.Second), retention)
+			res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
+				now.Sub(d.Stored).Round(time.Second), retention)
+		case opts.All && opts.Reason == "" && NeedsInvestigation(d.Reason):
+			res.Outcome = Skipped
+			res.Detail = fmt.Sprintf("%s needs investigating first (see the README); once understood, replay it with --reason %s or --seq %d",
+				d.Reason, d.Reason, d.Seq)
 		case !opts.Force && d.Reason == ReasonKeyReused:
 			res.Outcome = Skipped
 			res.Detail = "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"
@@ -496,12 +535,53 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 				stream, err = js.Stream(sctx, cfg.DLQStream)
 				cancel()
 				if err != nil {
-					return rep, fmt.Errorf("replay dead letters: %w", notSetUp("stream "+cfg.DLQStream, err))
+					return notSetUp("stream "+cfg.DLQStream, err)
 				}
 			}
+			if wait := time.Until(lastPublish.Add(interval)); interval > 0 && wait > 0 {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(wait):
+				}
+			}
+			lastPublish = time.Now()
 			replayOne(ctx, js, stream, cfg, d, &res)
 		}
 		rep.add(res)
+		return nil
+	}
+
+	if opts.All {
+		// A rate-limited replay fetches about a minute of letters at a
+		// time, well within the reader's inactive threshold.
+		f := DLQFilter{Reason: opts.Reason}
+		if opts.Rate > 0 && !opts.DryRun {
+			f.batch = int(min(max(opts.Rate*60, 1), dlqFetchBatch))
+		}
+		if err := eachDeadLetter(ctx, js, cfg, f, judge); err != nil {
+			return rep, fmt.Errorf("replay dead letters: %w", err)
+		}
+		return rep, nil
+	}
+	seqs := slices.Clone(opts.Seqs)
+	slices.Sort(seqs)
+	for _, seq := range slices.Compact(seqs) {
+		d, err := GetDeadLetter(ctx, js, cfg, seq)
+		switch {
+		case errors.Is(err, ErrDeadLetterNotFound):
+			rep.add(ReplayResult{Seq: seq, Outcome: NotFound,
+				Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)})
+		case err != nil:
+			return rep, fmt.Errorf("replay dead letters: %w", err)
+		case opts.Reason != "" && d.Reason != opts.Reason:
+			rep.add(ReplayResult{Seq: seq, Reason: d.Reason, MerchantID: d.MerchantID,
+				IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)})
+		default:
+			if err := judge(d); err != nil {
+				return rep, fmt.Errorf("replay dead letters: %w", err)
+			}
+		}
 	}
 	return rep, nil
 }
@@ -523,7 +603,10 @@ func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 		}
 		m.Header[k] = append([]string(nil), vs...)
 	}
-	res.MsgID = fmt.Sprintf("replay:%d:%d", d.Seq, time.Now().UnixNano())
+	// One id per dead letter: two replays of it (two operators, a retry
+	// after a lost PubAck) publish one message within the payments stream's
+	// duplicate window.
+	res.MsgID = replayMsgID(cfg, d.Seq)
 	m.Header.Set(nats.MsgIdHdr, res.MsgID)
 	m.Header.Set(HeaderReplayOf, cfg.DLQStream+":"+strconv.FormatUint(d.Seq, 10))
 
@@ -535,16 +618,55 @@ func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 		return
 	}
 	res.StreamSeq = ack.Sequence
+	if ack.Duplicate {
+		// The id names this letter, but a recreated DLQ stream reuses
+		// sequences: only delete if the stored message is this letter's.
+		if err := sameReplay(ctx, js, ack, m); err != nil {
+			res.Outcome, res.Detail = Failed, fmt.Sprintf("%s was dropped as a duplicate of %s #%d, which is not this letter's replay (%v); the dead letter is kept",
+				res.MsgID, ack.Stream, ack.Sequence, err)
+			return
+		}
+		res.Detail = "already republished by another replay"
+	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
 	err = stream.DeleteMsg(dctx, d.Seq)
+	if err != nil {
+		// Another replay deleted it first: done, not a failure.
+		if _, gerr := stream.GetMsg(dctx, d.Seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			err = nil
+		}
+	}
 	cancel()
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if err != nil {
 		res.Outcome = Failed
 		res.Detail = fmt.Sprintf("republished as %s #%d, but deleting the dead letter failed: %v; delete it, or a later replay publishes it again (harmless: Postgres guards the charge)",
 			ack.Stream, ack.Sequence, err)
 		return
 	}
 	res.Outcome = Replayed
+}
+
+// replayMsgID is the Nats-Msg-Id of dead letter seq's replay.
+func replayMsgID(cfg Config, seq uint64) string {
+	return "replay:" + cfg.DLQStream + ":" + strconv.FormatUint(seq, 10)
+}
+
+// sameReplay checks that the message a duplicate PubAck points to is m.
+func sameReplay(ctx context.Context, js jetstream.JetStream, ack *jetstream.PubAck, m *nats.Msg) error {
+	gctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	s, err := js.Stream(gctx, ack.Stream)
+	if err != nil {
+		return err
+	}
+	got, err := s.GetMsg(gctx, ack.Sequence)
+	if err != nil {
+		return err
+	}
+	if got.Subject != m.Subject || !bytes.Equal(got.Data, m.Data) || got.Header.Get(HeaderReplayOf) != m.Header.Get(HeaderReplayOf) {
+		return errors.New("another subject, body or Paydedup-Replay-Of")
+	}
+	return nil
 }
 
 // ---------------------------------------------------------------------------

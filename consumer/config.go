@@ -1,7 +1,7 @@
 // Package consumer owns paydedup's JetStream side: stream and consumer
 // setup, the fetch loop, the per-message decision (ack, nak with delay, or
-// dead-letter then term), dead-letter publishing, the MAX_DELIVERIES
-// advisory listener, and graceful drain.
+// dead-letter then term), dead-letter filing (authenticated, within
+// max_payload), the durable max-deliveries net, and graceful drain.
 //
 // The business step, claim → provider → complete, lives in Processor and
 // never sees a jetstream.Msg; Worker is the adapter around it. One function,
@@ -57,15 +57,22 @@ const (
 // Config configures streams, the consumer and the worker. Zero values take
 // the defaults; Validate reports contradictions by the setting's name.
 type Config struct {
-	Stream          string
-	SubjectPrefix   string // publishers use <prefix>.<merchant_id>
-	DLQStream       string
-	DLQPrefix       string // dead letters go to <prefix>.<reason>
+	Stream        string
+	SubjectPrefix string // publishers use <prefix>.<merchant_id>
+	DLQStream     string
+	DLQPrefix     string // dead letters go to <prefix>.<reason>
+	// AdvisoryStream captures the durable consumer's MAX_DELIVERIES
+	// advisories for the max-deliveries net; <Stream>_MAXDELIVER by default.
+	AdvisoryStream  string
 	Durable         string
 	DuplicateWindow time.Duration
 	StreamMaxAge    time.Duration
 	DLQMaxAge       time.Duration
 	Replicas        int
+	// DLQKey authenticates dead letters (Dlq-Auth): the workers sign what
+	// they file, and replay refuses what does not verify. At least
+	// MinDLQKeyLen bytes; the worker refuses to start without it.
+	DLQKey []byte
 
 	AckWait       time.Duration
 	MaxDeliver    int
@@ -108,6 +115,7 @@ func (c Config) WithDefaults() Config {
 	c.SubjectPrefix = cmp.Or(c.SubjectPrefix, DefaultSubjectPrefix)
 	c.DLQStream = cmp.Or(c.DLQStream, DefaultDLQStream)
 	c.DLQPrefix = cmp.Or(c.DLQPrefix, DefaultDLQPrefix)
+	c.AdvisoryStream = cmp.Or(c.AdvisoryStream, c.Stream+"_MAXDELIVER")
 	c.Durable = cmp.Or(c.Durable, DefaultDurable)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
 	c.StreamMaxAge = cmp.Or(c.StreamMaxAge, DefaultStreamMaxAge)

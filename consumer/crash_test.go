@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
 )
@@ -189,15 +192,12 @@ func TestMaxDeliveriesAdvisoryCopiesUnsettledMessage(t *testing.T) {
 	cfg := e.cfg
 	cfg.MaxDeliver = 2
 	cfg.AckWait = 500 * time.Millisecond
-	stream, cons, err := consumer.EnsureStreams(e.ctx, e.js, cfg)
+	_, cons, err := consumer.EnsureStreams(e.ctx, e.js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := consumer.ListenMaxDeliveries(e.nc, e.js, stream, cfg.WithDefaults(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
+	stopNet := runNet(t, e, cfg)
+	defer stopNet()
 	data := body("m_1", "never-settled", 100)
 	e.publish("m_1", data, "orig-id", nil)
 	// A worker that dies on every delivery: fetch and never settle.
@@ -311,3 +311,102 @@ func TestSIGTERMDrainNeverAcksUnfinished(t *testing.T) {
 }
 
 var _ = nats.MsgIdHdr
+
+// runNet runs the max-deliveries net until the returned stop is called.
+func runNet(t *testing.T, e *env, cfg consumer.Config) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, nil) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("max-deliveries net: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// The net is durable: a message that runs out of deliveries while no
+// worker listens (a rolling restart) is dead-lettered, once, when one
+// starts again; and while the DLQ refuses writes the advisory waits.
+func TestMaxDeliveriesNetSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := e.cfg
+	cfg.MaxDeliver, cfg.AckWait = 2, 500*time.Millisecond
+	_, cons, err := consumer.EnsureStreams(e.ctx, e.js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adv, err := e.js.Stream(e.ctx, cfg.WithDefaults().AdvisoryStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The DLQ refuses writes at first.
+	dlq, err := e.js.Stream(e.ctx, cfg.DLQStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := dlq.CachedInfo().Config
+	full.MaxMsgs, full.Discard = 1, jetstream.DiscardNew
+	if _, err := e.js.UpdateStream(e.ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	filler := nats.NewMsg(cfg.DLQPrefix + ".filler")
+	if _, err := e.js.PublishMsg(e.ctx, filler); err != nil {
+		t.Fatal(err)
+	}
+
+	// No net runs. A worker that dies on every delivery: fetch, never
+	// settle, and keep pulling so the server gives up on the message.
+	e.publish("m_1", body("m_1", "orphan", 100), "", nil)
+	e.eventually("the advisory captured", func() bool {
+		if b, err := cons.Fetch(1, jetstream.FetchMaxWait(200*time.Millisecond)); err == nil {
+			for range b.Messages() {
+			}
+		}
+		info, err := adv.Info(e.ctx)
+		return err == nil && info.State.Msgs == 1
+	})
+
+	var buf testenv.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, slog.New(slog.NewJSONHandler(&buf, nil)))
+	}()
+	defer func() { cancel(); <-done }()
+	e.eventually("the net tried the refusing DLQ twice", func() bool {
+		return strings.Count(buf.String(), "could not dead-letter") >= 2
+	})
+	if info, err := adv.Info(e.ctx); err != nil || info.State.Msgs != 1 {
+		t.Fatalf("the advisory was dropped after a failed publish: %+v %v", info, err)
+	}
+	open := full
+	open.MaxMsgs, open.Discard = -1, jetstream.DiscardOld
+	if _, err := e.js.UpdateStream(e.ctx, open); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("dead letter filed", func() bool { return len(e.deadLetters()) == 2 })
+	e.eventually("the advisory acked", func() bool {
+		info, err := adv.Info(e.ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	var filed int
+	for _, m := range e.deadLetters() {
+		if p, err := consumer.ParseDeadLetter(m.Header); err == nil {
+			filed++
+			if p.Reason != consumer.ReasonMaxDeliveries || p.Deliveries != 2 {
+				t.Errorf("dead letter %+v", p)
+			}
+		}
+	}
+	if filed != 1 {
+		t.Fatalf("%d dead letters, want 1", filed)
+	}
+}

@@ -2,10 +2,16 @@ package consumer
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,12 +30,31 @@ const (
 	HeaderDLQDeliveries  = "Dlq-Deliveries"
 	HeaderDLQFailedAt    = "Dlq-Failed-At"
 	HeaderDLQOrigMsgID   = "Dlq-Orig-Msg-Id"
+	// HeaderDLQAuth authenticates a dead letter: v1=<hex HMAC-SHA256> over
+	// its body, its other headers and its original subject, keyed with the
+	// DLQ key the workers and the operator's CLI share.
+	HeaderDLQAuth = "Dlq-Auth"
+	// A dead letter that would exceed the server's max_payload keeps a
+	// prefix of the body and says so: Dlq-Body-Truncated: true, with the
+	// original body's length and SHA-256 (the original stays in its stream,
+	// at Dlq-Orig-Seq, until MaxAge). Original headers too large to fit are
+	// dropped (Dlq-Headers-Dropped: their size in bytes).
+	HeaderDLQBodyTruncated = "Dlq-Body-Truncated"
+	HeaderDLQBodyLength    = "Dlq-Body-Length"
+	HeaderDLQBodySHA256    = "Dlq-Body-Sha256"
+	HeaderDLQHeadersDrop   = "Dlq-Headers-Dropped"
 	// HeaderIdempotencyKey is the optional key header of a payment command.
 	HeaderIdempotencyKey = "Idempotency-Key"
 )
 
 // dlqDuplicateWindow is the dead-letter stream's duplicate window.
 const dlqDuplicateWindow = time.Hour
+
+// DLQHeadroom is what the payments stream's MaxMsgSize leaves under the
+// server's max_payload for the headers a dead letter adds: Dlq-Error is at
+// most maxDLQErrorLen, the others (reason, subject, stream, sequences,
+// times, Dlq-Auth, the truncation headers) a few hundred bytes.
+const DLQHeadroom = 4096
 
 // maxDLQErrorLen bounds Dlq-Error: header values are not the place for
 // unbounded text.
@@ -48,12 +73,37 @@ type Letter struct {
 	FailedAt    time.Time
 }
 
+// MinDLQKeyLen is the shortest DLQ key accepted, in bytes: an HMAC-SHA256
+// key shorter than the hash gives less than its strength.
+const MinDLQKeyLen = 32
+
+// ErrDLQKey means the DLQ key is missing or too short to authenticate dead
+// letters.
+var ErrDLQKey = errors.New("DLQ key missing or too short")
+
+// ValidateDLQKey checks that key can authenticate dead letters.
+func ValidateDLQKey(key []byte) error {
+	if len(key) < MinDLQKeyLen {
+		return fmt.Errorf("%w: %d bytes, need at least %d (e.g. openssl rand -hex 32), the same on every worker and wherever dlq replay runs",
+			ErrDLQKey, len(key), MinDLQKeyLen)
+	}
+	return nil
+}
+
 // Msg builds the dead-letter message: the original body and headers (NATS
 // control headers dropped, the original Nats-Msg-Id kept as Dlq-Orig-Msg-Id)
-// plus the Dlq-* headers, on <dlqPrefix>.<reason>. Its Nats-Msg-Id is
-// dlq:<stream>:<seq>, so one stream message is filed at most once within the
-// dead-letter stream's duplicate window.
-func (d Letter) Msg(dlqPrefix string) *nats.Msg {
+// plus the Dlq-* headers, on <DLQPrefix>.<reason>, authenticated with
+// cfg.DLQKey (Dlq-Auth). Its Nats-Msg-Id is dlq:<stream>:<seq>, so one
+// stream message is filed at most once within the dead-letter stream's
+// duplicate window.
+func (d Letter) Msg(cfg Config) *nats.Msg { return d.MsgWithin(cfg, 0) }
+
+// MsgWithin is Msg for a server whose max_payload is maxSize (0: no bound).
+// A letter that would not fit keeps a prefix of the body (Dlq-Body-Truncated,
+// Dlq-Body-Length, Dlq-Body-Sha256) and, if the original headers alone are
+// too large, drops them (Dlq-Headers-Dropped).
+func (d Letter) MsgWithin(cfg Config, maxSize int) *nats.Msg {
+	cfg = cfg.WithDefaults()
 	h := nats.Header{}
 	for k, vs := range d.Header {
 		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") {
@@ -76,7 +126,97 @@ func (d Letter) Msg(dlqPrefix string) *nats.Msg {
 	h.Set(HeaderDLQDeliveries, strconv.FormatUint(d.Deliveries, 10))
 	h.Set(HeaderDLQFailedAt, d.FailedAt.UTC().Format(time.RFC3339Nano))
 	h.Set(nats.MsgIdHdr, fmt.Sprintf("dlq:%s:%d", d.OrigStream, d.OrigSeq))
-	return &nats.Msg{Subject: dlqPrefix + "." + subjectToken(d.Reason), Header: h, Data: d.Data}
+	data := d.Data
+	// The Dlq-Auth value's size is fixed: "v1=" and 64 hex digits.
+	const authLen = len(HeaderDLQAuth) + len(": v1=\r\n") + 2*sha256.Size
+	if maxSize > 0 && headerLen(h)+authLen+len(data) > maxSize {
+		sum := sha256.Sum256(data)
+		h.Set(HeaderDLQBodyTruncated, "true")
+		h.Set(HeaderDLQBodyLength, strconv.Itoa(len(data)))
+		h.Set(HeaderDLQBodySHA256, hex.EncodeToString(sum[:]))
+		// The letter's own headers must fit with room for some body.
+		if headerLen(h)+authLen > maxSize/2 {
+			dropped := 0
+			for k, vs := range h {
+				if !strings.HasPrefix(k, "Dlq-") && k != nats.MsgIdHdr {
+					dropped += headerLen(nats.Header{k: vs}) - headerLen(nats.Header{})
+					delete(h, k)
+				}
+			}
+			h.Set(HeaderDLQHeadersDrop, strconv.Itoa(dropped))
+		}
+		data = data[:max(0, min(len(data), maxSize-headerLen(h)-authLen))]
+	}
+	h.Set(HeaderDLQAuth, letterMAC(cfg.DLQKey, h, data))
+	return &nats.Msg{Subject: cfg.DLQPrefix + "." + subjectToken(d.Reason), Header: h, Data: data}
+}
+
+// headerLen is the size of h as NATS sends it: NATS/1.0, one line per
+// value, a blank line.
+func headerLen(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
+}
+
+// letterMAC is the Dlq-Auth value of a dead letter with headers h and body
+// data: an HMAC-SHA256 over the original subject, every header but
+// Dlq-Auth and the server's Nats-* ones (sorted, each key and value length
+// prefixed, values as NATS parses them back) and the body.
+func letterMAC(key []byte, h nats.Header, data []byte) string {
+	mac := hmac.New(sha256.New, key)
+	write := func(b []byte) {
+		writeCount(mac, len(b))
+		mac.Write(b)
+	}
+	mac.Write([]byte("paydedup-dlq-v1"))
+	write([]byte(h.Get(HeaderDLQOrigSubject)))
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		if k != HeaderDLQAuth && !strings.HasPrefix(k, "Nats-") {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		write([]byte(k))
+		writeCount(mac, len(h[k]))
+		for _, v := range h[k] {
+			write([]byte(strings.TrimSpace(v)))
+		}
+	}
+	write(data)
+	return "v1=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+func writeCount(h hash.Hash, n int) {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(n))
+	h.Write(b[:])
+}
+
+// ErrUnverified means a dead letter's Dlq-Auth does not match: it was not
+// filed by a worker holding the DLQ key (forged, altered, or filed with
+// another key), or there is no key to check it with.
+var ErrUnverified = errors.New("dead letter not authenticated")
+
+// VerifyLetter checks a stored dead letter's Dlq-Auth against key.
+func VerifyLetter(key []byte, h nats.Header, data []byte) error {
+	if len(key) == 0 {
+		return fmt.Errorf("%w: no DLQ key to check it with", ErrUnverified)
+	}
+	got := h.Get(HeaderDLQAuth)
+	if got == "" {
+		return fmt.Errorf("%w: no %s header", ErrUnverified, HeaderDLQAuth)
+	}
+	if !hmac.Equal([]byte(got), []byte(letterMAC(key, h, data))) {
+		return fmt.Errorf("%w: %s does not match (forged, altered, or filed with another key)", ErrUnverified, HeaderDLQAuth)
+	}
+	return nil
 }
 
 // sanitizeHeader keeps a header value on one line and bounded.
@@ -115,6 +255,9 @@ type ParsedDeadLetter struct {
 	OrigSeq     uint64
 	Deliveries  uint64
 	FailedAt    time.Time
+	// Truncated: the letter keeps only a prefix of the body (or dropped
+	// the original headers) to fit under max_payload; it cannot be replayed.
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // ParseDeadLetter reads the Dlq-* headers of a dead letter. It fails on a
@@ -141,14 +284,17 @@ func ParseDeadLetter(h nats.Header) (ParsedDeadLetter, error) {
 	if p.FailedAt, err = time.Parse(time.RFC3339Nano, h.Get(HeaderDLQFailedAt)); err != nil {
 		return p, fmt.Errorf("dead letter has an invalid %s: %w", HeaderDLQFailedAt, err)
 	}
+	p.Truncated = h.Get(HeaderDLQBodyTruncated) != "" || h.Get(HeaderDLQHeadersDrop) != ""
 	return p, nil
 }
 
-// publishDeadLetter files d and waits for the PubAck.
-func publishDeadLetter(ctx context.Context, js jetstream.JetStream, dlqPrefix string, d Letter) error {
+// fileDeadLetter files d in the dead-letter stream and waits for the
+// PubAck. It is the one place a dead letter is built, authenticated and
+// published, for the worker and the MAX_DELIVERIES net alike.
+func fileDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, d Letter) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := js.PublishMsg(ctx, d.Msg(dlqPrefix)); err != nil {
+	if _, err := js.PublishMsg(ctx, d.MsgWithin(cfg, int(js.Conn().MaxPayload()))); err != nil {
 		return fmt.Errorf("publish dead letter (%s): %w", d.Reason, err)
 	}
 	return nil
@@ -168,39 +314,135 @@ func AdvisorySubject(stream, durable string) string {
 	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + durable
 }
 
-// ListenMaxDeliveries copies into the dead-letter stream every message that
-// ran out of deliveries without a worker filing it (a worker that died on
-// every attempt never got to). Pods share a queue group so one copies each;
-// the dead letter's Nats-Msg-Id makes a second copy a no-op.
-func ListenMaxDeliveries(nc *nats.Conn, js jetstream.JetStream, stream jetstream.Stream, cfg Config, logger *slog.Logger) (*nats.Subscription, error) {
+// DefaultMaxDeliverDurable is the durable consumer of the advisory stream
+// that the workers share.
+const DefaultMaxDeliverDurable = "paydedup-maxdeliver"
+
+// maxDeliverAckWait is how long one advisory may take to handle before the
+// server hands it to another worker.
+const maxDeliverAckWait = 30 * time.Second
+
+// maxDeliverRetry is the delay before an advisory whose dead letter could
+// not be filed (the DLQ refuses writes, NATS is reconnecting) is tried again.
+const maxDeliverRetry = 2 * time.Second
+
+// RunMaxDeliveriesNet files a dead letter for every message that ran out of
+// deliveries without a worker filing it (a worker that died on every
+// attempt never got to), until ctx ends. The server's MAX_DELIVERIES
+// advisories are captured by the advisory stream (EnsureStreams creates
+// it), so one announced while no worker listened (a rolling restart) waits
+// there; workers share its durable consumer, and an advisory is acked only
+// after its dead letter's PubAck, so a failed publish is retried. The dead
+// letter's Nats-Msg-Id makes a second copy (the worker filed it but died
+// before its Term; an ack lost) a no-op within the DLQ's duplicate window.
+func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger) error {
 	cfg = cfg.WithDefaults()
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return nc.QueueSubscribe(AdvisorySubject(cfg.Stream, cfg.Durable), "paydedup-advisory", func(m *nats.Msg) {
-		var adv maxDeliveriesAdvisory
-		if err := json.Unmarshal(m.Data, &adv); err != nil || adv.StreamSeq == 0 {
-			logger.Error("unreadable MAX_DELIVERIES advisory", "error", err)
-			return
+	n := &maxDeliveriesNet{js: js, cfg: cfg, logger: logger}
+	failures := 0
+	for ctx.Err() == nil {
+		if _, err := n.runOnce(ctx); err != nil && ctx.Err() == nil {
+			failures++
+			wait := min(fetchRetryBase<<min(failures-1, 5), fetchRetryMax)
+			logger.Warn("max-deliveries net: fetch failed; retrying", "error", err, "retry_in", wait.String())
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		failures = 0
+	}
+	return nil
+}
+
+// maxDeliveriesNet is the state of RunMaxDeliveriesNet.
+type maxDeliveriesNet struct {
+	js       jetstream.JetStream
+	cfg      Config
+	logger   *slog.Logger
+	payments jetstream.Stream
+	cons     jetstream.Consumer
+}
+
+// netResult counts what one runOnce did with the advisories it fetched.
+type netResult struct {
+	Filed, Gone, Retried, Ignored int
+}
+
+// runOnce fetches the advisories waiting (or the first to come within
+// fetchWait) and handles each.
+func (n *maxDeliveriesNet) runOnce(ctx context.Context) (netResult, error) {
+	var res netResult
+	if n.cons == nil {
+		sctx, cancel := context.WithTimeout(ctx, adminTimeout)
 		defer cancel()
-		raw, err := stream.GetMsg(ctx, adv.StreamSeq)
+		payments, err := n.js.Stream(sctx, n.cfg.Stream)
 		if err != nil {
-			logger.Error("message that ran out of deliveries cannot be read; not dead-lettered",
-				"stream_seq", adv.StreamSeq, "error", err)
-			return
+			return res, fmt.Errorf("stream %s: %w", n.cfg.Stream, err)
 		}
-		d := Letter{
-			Reason:      ReasonMaxDeliveries,
-			Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
-			OrigSubject: raw.Subject, OrigStream: cfg.Stream, OrigSeq: adv.StreamSeq,
-			Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: time.Now(),
+		cons, err := n.js.Consumer(sctx, n.cfg.AdvisoryStream, DefaultMaxDeliverDurable)
+		if err != nil {
+			return res, fmt.Errorf("consumer %s on %s: %w", DefaultMaxDeliverDurable, n.cfg.AdvisoryStream, err)
 		}
-		if err := publishDeadLetter(ctx, js, cfg.DLQPrefix, d); err != nil {
-			logger.Error("could not dead-letter a message that ran out of deliveries", "stream_seq", adv.StreamSeq, "error", err)
-			return
-		}
-		logger.Warn("dead-lettered a message that ran out of deliveries", "stream_seq", adv.StreamSeq, "deliveries", adv.Deliveries)
-	})
+		n.payments, n.cons = payments, cons
+	}
+	batch, err := n.cons.Fetch(16, jetstream.FetchMaxWait(fetchWait))
+	if err != nil {
+		return res, err
+	}
+	for m := range batch.Messages() {
+		n.handle(ctx, m, &res)
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		return res, err
+	}
+	return res, nil
+}
+
+// handle files the dead letter one advisory announces, then acks it.
+func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *netResult) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	var adv maxDeliveriesAdvisory
+	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 || adv.Stream != n.cfg.Stream {
+		n.logger.Error("unreadable MAX_DELIVERIES advisory; dropped", "error", err, "stream", adv.Stream)
+		res.Ignored++
+		_ = m.Term()
+		return
+	}
+	log := n.logger.With("stream_seq", adv.StreamSeq, "deliveries", adv.Deliveries)
+	raw, err := n.payments.GetMsg(ctx, adv.StreamSeq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		// Expired (MaxAge) or deleted: nothing is left to file.
+		log.Error("message that ran out of deliveries is no longer in the stream; not dead-lettered")
+		res.Gone++
+		_ = m.DoubleAck(ctx)
+		return
+	case err != nil:
+		log.Warn("message that ran out of deliveries cannot be read yet; retrying", "error", err)
+		res.Retried++
+		_ = m.NakWithDelay(maxDeliverRetry)
+		return
+	}
+	d := Letter{
+		Reason:      ReasonMaxDeliveries,
+		Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
+		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream, OrigSeq: adv.StreamSeq,
+		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: time.Now(),
+	}
+	if err := fileDeadLetter(ctx, n.js, n.cfg, d); err != nil {
+		log.Error("could not dead-letter a message that ran out of deliveries; retrying", "error", err)
+		res.Retried++
+		_ = m.NakWithDelay(maxDeliverRetry)
+		return
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		log.Warn("advisory ack not confirmed; its redelivery files nothing new", "error", err)
+	}
+	res.Filed++
+	log.Warn("dead-lettered a message that ran out of deliveries")
 }

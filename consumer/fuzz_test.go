@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/testenv"
 )
 
 // FuzzParseDeadLetter feeds ParseDeadLetter arbitrary Dlq-* header values
@@ -91,10 +92,13 @@ func FuzzLetterRoundTrip(f *testing.F) {
 		failedAt := time.Unix(0, failedAtNano)
 		d := consumer.Letter{Reason: reason, Err: err, OrigSubject: subject, OrigStream: stream, OrigSeq: seq,
 			Deliveries: deliveries, Header: orig, Data: data, FailedAt: failedAt}
-		m := d.Msg("payments.dlq")
+		m := d.Msg(consumer.Config{DLQKey: []byte(testenv.DLQKey)})
 
 		if !bytes.Equal(m.Data, data) {
 			t.Fatal("body changed")
+		}
+		if err := consumer.VerifyLetter([]byte(testenv.DLQKey), m.Header, m.Data); err != nil {
+			t.Fatalf("a filed letter does not verify: %v", err)
 		}
 		tok, ok := strings.CutPrefix(m.Subject, "payments.dlq.")
 		if !ok || tok == "" || strings.ContainsAny(tok, ". \t\r\n*>") {

@@ -3,15 +3,25 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // EnsureStreams creates or updates the payments stream, the dead-letter
-// stream and the durable pull consumer, and returns the payments stream and
-// the consumer.
+// stream, the durable pull consumer and the advisory stream of the
+// max-deliveries net with its consumer, and returns the payments stream and
+// the workers' consumer.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, jetstream.Consumer, error) {
 	cfg = cfg.WithDefaults()
+	// A message is at most max_payload minus the room its dead letter's
+	// headers take, so any message the stream accepts can be dead-lettered
+	// whole.
+	maxMsgSize := js.Conn().MaxPayload() - DLQHeadroom
+	if maxMsgSize < DLQHeadroom {
+		return nil, nil, fmt.Errorf("the server's max_payload %d leaves no room for messages and their dead-letter headers (%d bytes)",
+			js.Conn().MaxPayload(), DLQHeadroom)
+	}
 	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        cfg.Stream,
 		Description: "paydedup payment commands",
@@ -22,6 +32,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Duplicates:  cfg.DuplicateWindow,
 		Replicas:    cfg.Replicas,
 		Discard:     jetstream.DiscardOld,
+		MaxMsgSize:  int32(min(maxMsgSize, math.MaxInt32)),
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.Stream, err)
@@ -39,6 +50,31 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Replicas:   cfg.Replicas,
 	}); err != nil {
 		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.DLQStream, err)
+	}
+	// The server announces a message that ran out of deliveries once, to
+	// whoever listens then; this stream keeps the announcement until a
+	// worker has dead-lettered the message (work queue: acked ones go).
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        cfg.AdvisoryStream,
+		Description: "paydedup: MAX_DELIVERIES advisories of the workers' consumer, until the message is dead-lettered",
+		Subjects:    []string{AdvisorySubject(cfg.Stream, cfg.Durable)},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.WorkQueuePolicy,
+		MaxAge:      cfg.StreamMaxAge, // the message it names is gone by then
+		Replicas:    cfg.Replicas,
+	}); err != nil {
+		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.AdvisoryStream, err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, cfg.AdvisoryStream, jetstream.ConsumerConfig{
+		Durable:       DefaultMaxDeliverDurable,
+		Description:   "paydedup workers: the max-deliveries net",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       maxDeliverAckWait,
+		MaxDeliver:    -1, // never give up on an advisory: the DLQ may refuse writes for a while
+		Replicas:      cfg.Replicas,
+	}); err != nil {
+		return nil, nil, fmt.Errorf("create consumer %s on %s: %w", DefaultMaxDeliverDurable, cfg.AdvisoryStream, err)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
 		Durable:       cfg.Durable,

@@ -79,6 +79,9 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("worker configuration: %w", err)
 	}
+	if err := ValidateDLQKey(cfg.DLQKey); err != nil {
+		return nil, fmt.Errorf("worker configuration: %w", err)
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -106,15 +109,16 @@ func (w *Worker) Draining() bool { return w.draining.Load() }
 // finish within DrainTimeout, cancels what is still running (those rows are
 // released and their messages nakked, never acked), and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
-	stream, cons, err := EnsureStreams(ctx, w.js, w.cfg)
+	_, cons, err := EnsureStreams(ctx, w.js, w.cfg)
 	if err != nil {
 		return err
 	}
-	sub, err := ListenMaxDeliveries(w.nc, w.js, stream, w.cfg, w.logger)
-	if err != nil {
-		return fmt.Errorf("subscribe to MAX_DELIVERIES advisories: %w", err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
+	netDone := make(chan struct{})
+	go func() {
+		defer close(netDone)
+		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger)
+	}()
+	defer func() { <-netDone }()
 
 	// Work runs on its own context: a stop must not cut a provider call
 	// short before the drain deadline.
@@ -405,7 +409,7 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 			OrigSeq: in.meta.Sequence.Stream, Deliveries: in.meta.NumDelivered,
 			Header: in.msg.Headers(), Data: in.msg.Data(), FailedAt: time.Now(),
 		}
-		if err := publishDeadLetter(sctx, w.js, w.cfg.DLQPrefix, d); err != nil {
+		if err := fileDeadLetter(sctx, w.js, w.cfg, d); err != nil {
 			// Never drop: leave the message to be redelivered.
 			log.Error("dead-letter publish failed; message nakked instead", "reason", act.Reason, "error", err)
 			_ = in.msg.NakWithDelay(w.cfg.RetryBase)

@@ -27,7 +27,7 @@ const drainMargin = 5 * time.Second
 
 // sensitiveEnv are the variables that carry credentials: they come from a
 // Secret by reference, never as a value in a manifest or a ConfigMap.
-var sensitiveEnv = []string{"DATABASE_URL", "STRIPE_SECRET_KEY", "NATS_PASSWORD"}
+var sensitiveEnv = []string{"DATABASE_URL", "STRIPE_SECRET_KEY", "NATS_PASSWORD", "PAYDEDUP_DLQ_KEY"}
 
 // credentialPattern catches a credential pasted where configuration goes: a
 // Stripe key, or a URL with user information (postgres://u:p@, nats://token@).
@@ -179,6 +179,14 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 			if !slices.Equal(c.Args, []string{"reconcile"}) {
 				t.Errorf("%s: args %q, want [reconcile]", d.Name, c.Args)
 			}
+		}
+	})
+
+	t.Run("dlq key", func(t *testing.T) {
+		// The worker refuses to start without the key dead letters are
+		// authenticated with.
+		if secretRef(wc, "PAYDEDUP_DLQ_KEY") == nil {
+			t.Error("the worker must take PAYDEDUP_DLQ_KEY from a secretKeyRef")
 		}
 	})
 

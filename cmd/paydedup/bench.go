@@ -212,6 +212,9 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		return err
 	}
 	cfg := b.workerConfig(suffix)
+	if cfg.DLQKey, err = b.app.labDLQKey(); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
 	if _, _, err := consumer.EnsureStreams(ctx, js, cfg); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -220,6 +223,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		defer cancel()
 		_ = js.DeleteStream(cctx, cfg.Stream)
 		_ = js.DeleteStream(cctx, cfg.DLQStream)
+		_ = js.DeleteStream(cctx, cfg.AdvisoryStream)
 	}()
 
 	sim := provider.NewSimulator(provider.SimConfig{Faults: provider.Faults{Latency: b.latency}})

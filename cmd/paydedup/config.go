@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -223,6 +225,38 @@ func (w *workerFlags) config(p providerFlags) (consumer.Config, error) {
 		return c, fmt.Errorf("invalid worker configuration (see paydedup worker --help):\n%w", err)
 	}
 	return c, nil
+}
+
+// dlqKeyEnv is the dead-letter authentication key's variable. It is read
+// from the environment only: a flag would show the secret in ps and --help.
+const dlqKeyEnv = "PAYDEDUP_DLQ_KEY"
+
+// dlqKey returns PAYDEDUP_DLQ_KEY's bytes, and an error naming the variable
+// when it is missing or too short.
+func (a *app) dlqKey() ([]byte, error) {
+	key := []byte(a.getenv(dlqKeyEnv))
+	if err := consumer.ValidateDLQKey(key); err != nil {
+		if len(key) == 0 {
+			return nil, fmt.Errorf("%s is not set: dead letters are authenticated with it; set the same secret of at least %d bytes on every worker and wherever dlq replay runs (e.g. openssl rand -hex 32)",
+				dlqKeyEnv, consumer.MinDLQKeyLen)
+		}
+		return nil, fmt.Errorf("%s: %w", dlqKeyEnv, err)
+	}
+	return key, nil
+}
+
+// labDLQKey is the DLQ key of the demo's and the bench's in-process
+// workers: PAYDEDUP_DLQ_KEY when set (it must then be valid), else a random
+// key for this run only.
+func (a *app) labDLQKey() ([]byte, error) {
+	if a.getenv(dlqKeyEnv) != "" {
+		return a.dlqKey()
+	}
+	b := make([]byte, consumer.MinDLQKeyLen)
+	if _, err := rand.Read(b); err != nil {
+		return nil, fmt.Errorf("generate a DLQ key: %w", err)
+	}
+	return []byte(hex.EncodeToString(b)), nil
 }
 
 // Environment parsing: a malformed variable keeps the flag's default and is

@@ -190,6 +190,9 @@ func (d *demoCmd) Run(ctx context.Context) error {
 		return err
 	}
 	cfg := d.workerConfig()
+	if cfg.DLQKey, err = d.app.labDLQKey(); err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
 	cleanupStreams, dlqStart, err := d.setupStreams(ctx, js, cfg, natsURL)
 	if err != nil {
 		return err
@@ -303,7 +306,7 @@ func migrateUp(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) err
 // the DLQ's last sequence before the run.
 func (d *demoCmd) setupStreams(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, natsURL string) (func(), uint64, error) {
 	created := []string{}
-	for _, name := range []string{cfg.Stream, cfg.DLQStream} {
+	for _, name := range []string{cfg.Stream, cfg.DLQStream, cfg.AdvisoryStream} {
 		if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
 			created = append(created, name)
 		}

@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,7 +28,8 @@ func newDLQCmd(a *app) *cobra.Command {
 		Long: `dlq works on the dead-letter stream (PAYMENTS_DLQ): payment commands a worker
 could not process, each kept with its original body and headers and the
 Dlq-Reason, Dlq-Error, Dlq-Orig-Subject, Dlq-Orig-Seq, Dlq-Deliveries and
-Dlq-Failed-At headers. A dead letter is named by its sequence in that stream.
+Dlq-Failed-At headers, authenticated by Dlq-Auth (an HMAC keyed with
+PAYDEDUP_DLQ_KEY). A dead letter is named by its sequence in that stream.
 
 Reasons: bad input (malformed_json, missing_key, invalid_amount, ...: the
 publisher must fix the message), key_reused (the same key with another
@@ -48,6 +52,9 @@ type dlqBase struct {
 	app     *app
 	nats    natsFlags
 	streams streamFlags
+	// keyErr says why dead letters cannot be verified (PAYDEDUP_DLQ_KEY
+	// missing or too short); list and show still work and say so.
+	keyErr error
 }
 
 func (b *dlqBase) bind(cmd *cobra.Command) {
@@ -58,6 +65,11 @@ func (b *dlqBase) bind(cmd *cobra.Command) {
 func (b *dlqBase) connect() (*nats.Conn, jetstream.JetStream, error) {
 	if err := errors.Join(b.nats.validate(), b.streams.validate()); err != nil {
 		return nil, nil, err
+	}
+	if key, err := b.app.dlqKey(); err == nil {
+		b.streams.cfg.DLQKey = key
+	} else {
+		b.keyErr = err
 	}
 	nc, err := b.nats.connect("paydedup-dlq")
 	if err != nil {
@@ -123,6 +135,8 @@ type dlqEntry struct {
 	OrigSubject    string    `json:"orig_subject"`
 	OrigSeq        uint64    `json:"orig_seq"`
 	Invalid        string    `json:"invalid,omitempty"`
+	Verified       bool      `json:"verified"`
+	Unverified     string    `json:"unverified,omitempty"`
 }
 
 func entry(d consumer.DeadLetterInfo) dlqEntry {
@@ -130,6 +144,7 @@ func entry(d consumer.DeadLetterInfo) dlqEntry {
 		Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey,
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: d.Error,
 		OrigSubject: d.OrigSubject, OrigSeq: d.OrigSeq, Invalid: d.Invalid,
+		Verified: d.Verified, Unverified: d.Unverified,
 	}
 }
 
@@ -166,7 +181,7 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 		return nil
 	}
 	w := tabwriter.NewWriter(l.app.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "SEQ\tREASON\tMERCHANT\tKEY\tDELIVERIES\tFAILED AT\tERROR")
+	fmt.Fprintln(w, "SEQ\tREASON\tMERCHANT\tKEY\tDELIVERIES\tFAILED AT\tAUTH\tERROR")
 	for _, d := range letters {
 		failed := "-"
 		if !d.FailedAt.IsZero() {
@@ -176,15 +191,53 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 		if d.Invalid != "" {
 			errText = "unreadable dead letter: " + d.Invalid
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Seq, d.Reason, dash(d.MerchantID), dash(d.IdempotencyKey), d.Deliveries, failed, clipText(errText, 100))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", d.Seq, termSafe(d.Reason, false), termSafe(dash(d.MerchantID), false),
+			termSafe(dash(d.IdempotencyKey), false), d.Deliveries, failed, authText(d), termSafe(clipText(errText, 100), false))
 	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	if l.keyErr != nil {
+		fmt.Fprintf(l.app.out, "(no letter verified: %v)\n", l.keyErr)
 	}
 	if l.limit > 0 && len(letters) == l.limit {
 		fmt.Fprintf(l.app.out, "(first %d shown; --limit 0 shows all)\n", l.limit)
 	}
 	return nil
+}
+
+// authText says whether a worker holding the DLQ key filed the letter.
+func authText(d consumer.DeadLetterInfo) string {
+	if d.Verified {
+		return "ok"
+	}
+	return "UNVERIFIED"
+}
+
+// termSafe makes text from a dead letter safe to print on a terminal: an
+// invalid UTF-8 byte becomes \xNN, a C0 control or DEL \xNN, a C1 control
+// or other non-printing rune (bidi overrides) \uNNNN, so no escape
+// sequence (clear screen, window title, OSC 52 clipboard write) reaches the
+// terminal. Newlines and tabs are kept when multiline.
+func termSafe(s string, multiline bool) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case multiline && (r == '\n' || r == '\t'):
+			b.WriteRune(r)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case r != ' ' && !unicode.IsPrint(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 func dash(s string) string {
@@ -213,7 +266,10 @@ func newDLQShowCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "show SEQ",
 		Short: "Show one dead letter's headers and body",
-		Long:  `show prints a dead letter's headers (the original ones and the Dlq-* ones) and its body, byte for byte.`,
+		Long: `show prints a dead letter's headers (the original ones and the Dlq-* ones) and its
+body. Control bytes and invalid UTF-8 are printed escaped (\x1b, \xff, \u009b),
+so a hostile message cannot drive the terminal; --json gives the body as a
+JSON string and body_base64 byte for byte.`,
 		Example: `  paydedup dlq show 42
   paydedup dlq show 42 --json | jq -r .body`,
 		Args: cobra.ExactArgs(1),
@@ -256,10 +312,11 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 			Stored  time.Time           `json:"stored"`
 			Headers map[string][]string `json:"headers"`
 			Body    string              `json:"body"`
-		}{entry(d), d.Subject, d.Stored.UTC(), d.Header, string(d.Data)})
+			Base64  []byte              `json:"body_base64"`
+		}{entry(d), d.Subject, d.Stored.UTC(), d.Header, string(d.Data), d.Data})
 	}
 	out := s.app.out
-	fmt.Fprintf(out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, s.streams.cfg.DLQStream, d.Subject, d.Stored.UTC().Format(time.RFC3339Nano))
+	fmt.Fprintf(out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, s.streams.cfg.DLQStream, termSafe(d.Subject, false), d.Stored.UTC().Format(time.RFC3339Nano))
 	keys := make([]string, 0, len(d.Header))
 	for k := range d.Header {
 		keys = append(keys, k)
@@ -267,12 +324,22 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 	slices.Sort(keys)
 	for _, k := range keys {
 		for _, v := range d.Header[k] {
-			fmt.Fprintf(out, "  %s: %s\n", k, v)
+			fmt.Fprintf(out, "  %s: %s\n", termSafe(k, false), termSafe(v, false))
 		}
 	}
-	fmt.Fprintf(out, "\nbody (%d bytes):\n%s\n", len(d.Data), d.Data)
+	fmt.Fprintf(out, "\nbody (%d bytes; control bytes and invalid UTF-8 escaped, --json for the exact bytes):\n%s\n", len(d.Data), termSafe(string(d.Data), true))
 	if d.Invalid != "" {
-		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", d.Invalid)
+		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", termSafe(d.Invalid, false))
+	}
+	if d.Truncated {
+		fmt.Fprintf(out, "\nTRUNCATED to fit under max_payload: the original body is %s bytes (SHA-256 %s); the original is %s #%d while that stream keeps it\n",
+			termSafe(d.Header.Get(consumer.HeaderDLQBodyLength), false), termSafe(d.Header.Get(consumer.HeaderDLQBodySHA256), false), termSafe(d.OrigStream, false), d.OrigSeq)
+	}
+	if !d.Verified {
+		fmt.Fprintf(out, "\nUNVERIFIED: %s; replay refuses it\n", termSafe(d.Unverified, false))
+		if s.keyErr != nil {
+			fmt.Fprintf(out, "(%v)\n", s.keyErr)
+		}
 	}
 	return nil
 }
@@ -287,6 +354,7 @@ type dlqReplayCmd struct {
 	dryRun    bool
 	force     bool
 	retention time.Duration
+	rate      float64
 	json      bool
 }
 
@@ -302,10 +370,17 @@ dead letter. The workers then process it as any message: PostgreSQL still
 guards the charge, so replaying a payment that was completed in the meantime
 is acked as a duplicate and never charged twice.
 
-It refuses dead letters that failed longer ago than the key retention
-(PAYDEDUP_KEY_RETENTION): their key may have been purged, and a replay could
+It needs PAYDEDUP_DLQ_KEY, the secret the workers authenticate dead letters
+with, and refuses any letter that does not verify with it: a message
+published straight to the DLQ's subjects is never replayed. It refuses dead
+letters stored longer ago than the key retention (PAYDEDUP_KEY_RETENTION, by
+the stream's own time): their key may have been purged, and a replay could
 charge again. It skips reasons that cannot succeed unchanged (bad input, and
-key_reused) unless --force. --dry-run shows what would be replayed and
+key_reused) unless --force. --all also skips provider_idempotency_mismatch and
+ledger_conflict, which need investigating first, unless --reason names them
+(or --seq names the letter). --all reads the stream a batch at a time and
+republishes at most --rate letters per second, so a large backlog does not
+flood the workers and the provider. --dry-run shows what would be replayed and
 changes nothing. It exits non-zero if a replay failed, or if a dead letter
 named with --seq was not replayed.`,
 		Example: `  paydedup dlq replay --all --reason max_deliveries --dry-run
@@ -322,6 +397,7 @@ named with --seq was not replayed.`,
 	f.BoolVar(&r.dryRun, "dry-run", false, "show what would be replayed; change nothing")
 	f.BoolVar(&r.force, "force", false, "also replay reasons that cannot succeed unchanged (bad input, key_reused)")
 	f.DurationVar(&r.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "the store's key retention: older dead letters are refused (PAYDEDUP_KEY_RETENTION)")
+	f.Float64Var(&r.rate, "rate", consumer.DefaultReplayRate, "republish at most this many dead letters per second (0: no limit)")
 	f.BoolVar(&r.json, "json", false, "print the report as JSON")
 	return cmd
 }
@@ -336,6 +412,9 @@ func (r *dlqReplayCmd) validate() error {
 			errs = append(errs, errors.New("--seq 0 is not a dead-letter sequence: use the SEQ column of paydedup dlq list"))
 		}
 	}
+	if r.rate < 0 || math.IsNaN(r.rate) || math.IsInf(r.rate, 0) {
+		errs = append(errs, fmt.Errorf("--rate must be a number of dead letters per second, 0 for no limit, got %v", r.rate))
+	}
 	if r.retention <= 0 {
 		errs = append(errs, fmt.Errorf("--key-retention / PAYDEDUP_KEY_RETENTION must be positive, got %v", r.retention))
 	}
@@ -347,12 +426,15 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 	if err := r.validate(); err != nil {
 		return err
 	}
+	if _, err := r.app.dlqKey(); err != nil {
+		return fmt.Errorf("dlq replay: %w", err)
+	}
 	nc, js, err := r.connect()
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	opts := consumer.ReplayOptions{All: r.all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention}
+	opts := consumer.ReplayOptions{All: r.all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention, Rate: r.rate}
 	for _, s := range r.seqs {
 		opts.Seqs = append(opts.Seqs, uint64(s))
 	}

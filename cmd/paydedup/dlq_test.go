@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -115,15 +116,19 @@ func TestDLQListShowReplay(t *testing.T) {
 	eventually(t, "quiescent", quiescent)
 
 	// Three more dead letters: a copy of the completed "done" (a duplicate
-	// that ran out of deliveries), a reused key, and one older than the key
-	// retention.
+	// that ran out of deliveries), a reused key, and one published straight
+	// to the DLQ, without the workers' key.
 	file := func(reason, key string, amount int64, failedAt time.Time) uint64 {
 		h := nats.Header{}
 		h.Set(consumer.HeaderIdempotencyKey, key)
 		d := consumer.Letter{Reason: reason, Err: errors.New("filed by the test"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
 			OrigStream: w.cfg.Stream, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: h,
 			Data: []byte(paymentLine(key, amount)), FailedAt: failedAt}
-		ack, err := w.js.PublishMsg(ctx, d.Msg(w.cfg.DLQPrefix))
+		m := d.Msg(w.cfg)
+		if key == "ancient" {
+			m.Header.Del(consumer.HeaderDLQAuth)
+		}
+		ack, err := w.js.PublishMsg(ctx, m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,8 +155,9 @@ func TestDLQListShowReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`(?m)^SEQ\s+REASON\s+MERCHANT\s+KEY\s+DELIVERIES\s+FAILED AT\s+ERROR`).MatchString(out) ||
-		!regexp.MustCompile(fmt.Sprintf(`(?m)^%d\s+max_deliveries\s+m_1\s+down\s+2\s`, downSeq)).MatchString(out) ||
+	if !regexp.MustCompile(`(?m)^SEQ\s+REASON\s+MERCHANT\s+KEY\s+DELIVERIES\s+FAILED AT\s+AUTH\s+ERROR`).MatchString(out) ||
+		!regexp.MustCompile(fmt.Sprintf(`(?m)^%d\s+max_deliveries\s+m_1\s+down\s+2\s+\S+ \S+\s+ok\s`, downSeq)).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^\d+\s+max_deliveries\s+m_1\s+ancient\s+2\s+\S+ \S+\s+UNVERIFIED\s`).MatchString(out) ||
 		strings.Contains(out, "key_reused") || strings.Count(out, "max_deliveries") != 3 {
 		t.Fatalf("list --reason:\n%s", out)
 	}
@@ -200,7 +206,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("replay: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "dlq replay: 2 replayed, 0 skipped, 1 refused, 0 not found, 0 failed") || !strings.Contains(out, "key retention") {
+	if !strings.Contains(out, "dlq replay: 2 replayed, 0 skipped, 1 refused, 0 not found, 0 failed") || !strings.Contains(out, "not authenticated") {
 		t.Fatalf("replay:\n%s", out)
 	}
 	eventually(t, "down completed", func() bool { return status("down").Status == dedup.StatusCompleted })
@@ -224,5 +230,85 @@ func TestDLQListShowReplay(t *testing.T) {
 	}
 	if _, _, err := w.run("", "dlq", "replay"); err == nil || !strings.Contains(err.Error(), "--seq N") {
 		t.Fatalf("replay without a selection: %v", err)
+	}
+}
+
+// Dead letters are authenticated with PAYDEDUP_DLQ_KEY: the worker and dlq
+// replay refuse to start without a usable one, naming the variable; list
+// and show still work and say that letters are unverified.
+func TestDLQKeyRequired(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, testenv.PostgresURL(t), true)
+	d := consumer.Letter{Reason: consumer.ReasonMaxDeliveries, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
+		OrigStream: w.cfg.Stream, OrigSeq: 1, Deliveries: 2, Header: nats.Header{}, Data: []byte(paymentLine("k", 100)), FailedAt: time.Now()}
+	if _, err := w.js.PublishMsg(context.Background(), d.Msg(w.cfg)); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := w.run("", "dlq", "list")
+	if err != nil || !strings.Contains(out, " ok ") {
+		t.Fatalf("list with the key: %v\n%s", err, out)
+	}
+	for _, key := range []string{"", "too-short"} {
+		w.env["PAYDEDUP_DLQ_KEY"] = key
+		for _, args := range [][]string{{"worker"}, {"dlq", "replay", "--all"}} {
+			_, _, err := w.run("", args...)
+			if err == nil || !strings.Contains(err.Error(), "PAYDEDUP_DLQ_KEY") {
+				t.Errorf("%v with key %q: %v", args, key, err)
+			}
+		}
+		out, _, err := w.run("", "dlq", "list")
+		if err != nil || !strings.Contains(out, "UNVERIFIED") || !strings.Contains(out, "PAYDEDUP_DLQ_KEY") {
+			t.Errorf("list with key %q: %v\n%s", key, err, out)
+		}
+		out, _, err = w.run("", "dlq", "show", "1")
+		if err != nil || !strings.Contains(out, "UNVERIFIED") {
+			t.Errorf("show with key %q: %v\n%s", key, err, out)
+		}
+	}
+}
+
+// A dead letter's body and headers come from whoever published the
+// message: show and list print their control bytes (clear screen, a
+// window title, an OSC 52 clipboard write, a C1 CSI) and invalid UTF-8
+// escaped, so nothing reaches the operator's terminal raw.
+func TestDLQShowEscapesTerminalControls(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, testenv.PostgresURL(t), true)
+	h := nats.Header{}
+	h.Set("X-Title", "\x1b]0;owned\x07")
+	h.Set(consumer.HeaderIdempotencyKey, "k\x1b[2J")
+	evil := "{\"merchant_id\":\"m_1\"}\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\xff\xfe\u009b31m\r"
+	d := consumer.Letter{Reason: "malformed_json", Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
+		OrigStream: w.cfg.Stream, OrigSeq: 1, Deliveries: 1, Header: h, Data: []byte(evil), FailedAt: time.Now()}
+	m := d.Msg(w.cfg)
+	m.Header.Set(consumer.HeaderDLQError, "bad\x1b]52;c;eA==\x07") // forged, as a letter published straight to the DLQ
+	if _, err := w.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	raw := func(out string) string {
+		for i, r := range out {
+			switch {
+			case r == utf8.RuneError:
+				return fmt.Sprintf("invalid UTF-8 at byte %d", i)
+			case r < 0x20 && r != '\n' && r != '\t', r >= 0x7f && r < 0xa0:
+				return fmt.Sprintf("control %U at byte %d", r, i)
+			}
+		}
+		return ""
+	}
+	for _, args := range [][]string{{"dlq", "show", "1"}, {"dlq", "list"}} {
+		out, _, err := w.run("", args...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if bad := raw(out); bad != "" {
+			t.Errorf("%v prints a %s:\n%q", args, bad, out)
+		}
+	}
+	out, _, _ := w.run("", "dlq", "show", "1")
+	for _, want := range []string{`\x1b[2J`, `\x1b]52;c;cm0gLXJmIH4=\x07`, `\xff\xfe`, `\u009b`, `X-Title: \x1b]0;owned\x07`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show does not print %s escaped:\n%s", want, out)
+		}
 	}
 }

@@ -122,6 +122,7 @@ func TestGatewayCommandServes(t *testing.T) {
 	t.Cleanup(func() {
 		_ = js.DeleteStream(context.Background(), cfg.Stream)
 		_ = js.DeleteStream(context.Background(), cfg.DLQStream)
+		_ = js.DeleteStream(context.Background(), cfg.WithDefaults().AdvisoryStream)
 	})
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))

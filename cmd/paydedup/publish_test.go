@@ -34,7 +34,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 	name := strings.ToUpper(u)
 	cfg := consumer.Config{
 		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
-		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
+		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, DLQKey: []byte(testenv.DLQKey),
 	}
 	w := &cliWorld{t: t, cfg: cfg, nc: testenv.NATSConn(t), env: map[string]string{
 		"NATS_URL":                testenv.NATSURL(t),
@@ -45,6 +45,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 		"PAYDEDUP_DLQ_PREFIX":     cfg.DLQPrefix,
 		"PAYDEDUP_DURABLE":        cfg.Durable,
 		"PAYDEDUP_LOG_LEVEL":      "warn",
+		"PAYDEDUP_DLQ_KEY":        testenv.DLQKey,
 	}}
 	js, err := jetstream.New(w.nc)
 	if err != nil {
@@ -56,6 +57,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 		defer cancel()
 		_ = js.DeleteStream(ctx, cfg.Stream)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
+		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
 	if ensure {
 		if _, _, err := consumer.EnsureStreams(context.Background(), js, cfg); err != nil {

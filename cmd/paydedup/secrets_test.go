@@ -38,9 +38,10 @@ const (
 	markNATS2  = "MARKERnatsurl2b44"
 	markStripe = "sk_test_MARKERstripe5d2"
 	markNatsPW = "MARKERnatspw0e8b"
+	markDLQKey = "MARKERdlqkey-0123456789abcdef0123456789"
 )
 
-var markers = []string{markDB, markNATS, markNATS2, markStripe, markNatsPW}
+var markers = []string{markDB, markNATS, markNATS2, markStripe, markNatsPW, markDLQKey}
 
 func envFunc(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
@@ -69,6 +70,7 @@ func secretEnv(t *testing.T) map[string]string {
 		"NATS_PASSWORD":     markNatsPW,
 		"STRIPE_SECRET_KEY": markStripe,
 		"PAYDEDUP_PROVIDER": "stripe",
+		"PAYDEDUP_DLQ_KEY":  markDLQKey,
 	}
 }
 
@@ -196,6 +198,7 @@ func TestRunningWorkerNeverLogsSecrets(t *testing.T) {
 		"STRIPE_SECRET_KEY":  markStripe,
 		"STRIPE_API_BASE":    sim.URL,
 		"PAYDEDUP_LOG_LEVEL": "debug",
+		"PAYDEDUP_DLQ_KEY":   markDLQKey,
 	}
 	var out, errOut testenv.Buffer
 	root := newRootCmd(&out, &errOut, envFunc(env))

@@ -83,7 +83,7 @@ func TestStatusJSON(t *testing.T) {
 	for i, reason := range []string{consumer.ReasonMaxDeliveries, consumer.ReasonMaxDeliveries, consumer.ReasonKeyReused} {
 		d := consumer.Letter{Reason: reason, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1", OrigStream: w.cfg.Stream,
 			OrigSeq: uint64(i + 1), Deliveries: 1, Header: nats.Header{}, Data: []byte(`{}`), FailedAt: now}
-		if _, err := w.js.PublishMsg(ctx, d.Msg(w.cfg.DLQPrefix)); err != nil {
+		if _, err := w.js.PublishMsg(ctx, d.Msg(w.cfg)); err != nil {
 			t.Fatal(err)
 		}
 	}

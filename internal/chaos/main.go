@@ -116,6 +116,9 @@ type harness struct {
 
 	nc *nats.Conn
 	js jetstream.JetStream
+	// dlqKey is this run's PAYDEDUP_DLQ_KEY: the workers authenticate
+	// dead letters with it and dlq replay verifies them.
+	dlqKey string
 
 	outMu sync.Mutex
 	start time.Time
@@ -133,12 +136,13 @@ func (h *harness) logf(format string, args ...any) {
 // streamConfig is the consumer configuration the workers run with, so the
 // harness's EnsureStreams and the workers' agree.
 func (h *harness) streamConfig() consumer.Config {
-	return consumer.Config{AckWait: h.cfg.ackWait, MaxDeliver: h.cfg.maxDeliver, Lease: h.cfg.lease}.WithDefaults()
+	return consumer.Config{AckWait: h.cfg.ackWait, MaxDeliver: h.cfg.maxDeliver, Lease: h.cfg.lease, DLQKey: []byte(h.dlqKey)}.WithDefaults()
 }
 
 // run is the whole harness; it returns the exit status.
 func run(ctx context.Context, cfg config, out io.Writer) int {
-	h := &harness{cfg: cfg, out: out, start: time.Now()}
+	h := &harness{cfg: cfg, out: out, start: time.Now(),
+		dlqKey: fmt.Sprintf("chaos-%016x%016x%016x", rand.Uint64(), rand.Uint64(), rand.Uint64())}
 	work, err := os.MkdirTemp("", "paydedup-chaos-")
 	if err != nil {
 		fmt.Fprintln(out, "chaos:", err)

@@ -212,6 +212,7 @@ func (h *harness) workerEnv() []string {
 		"PAYDEDUP_FETCH_BATCH=50",
 		"PAYDEDUP_DRAIN_TIMEOUT=2s",
 		"PAYDEDUP_LOG_LEVEL=warn",
+		"PAYDEDUP_DLQ_KEY=" + h.dlqKey,
 	}
 }
 

@@ -28,6 +28,10 @@ func Provider(t testing.TB, seed int64, timeout time.Duration) (*provider.Simula
 	return sim, stripe
 }
 
+// DLQKey is the dead-letter authentication key of the tests' workers and
+// CLI (PAYDEDUP_DLQ_KEY).
+const DLQKey = "paydedup-test-dlq-key-0123456789abcdef"
+
 // Streams returns a consumer configuration whose stream, subjects and
 // consumer names are unique to the test, and deletes the streams when the
 // test ends. Timeouts and sizes are left for the caller to set.
@@ -37,13 +41,14 @@ func Streams(t testing.TB, js jetstream.JetStream) consumer.Config {
 	name := strings.ToUpper(u)
 	cfg := consumer.Config{
 		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
-		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
+		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, DLQKey: []byte(DLQKey),
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = js.DeleteStream(ctx, cfg.Stream)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
+		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
 	return cfg
 }

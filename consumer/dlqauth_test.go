@@ -1,0 +1,210 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/paydedup/paydedup/consumer"
+)
+
+// A letter published straight to the DLQ's subjects, well formed and aimed
+// at a real merchant's subject, is never replayed: it carries no Dlq-Auth
+// made with the key the workers hold. Neither is a genuine letter whose
+// body was altered and published again.
+func TestReplayRefusesUnauthenticatedLetters(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	forged := nats.NewMsg(cfg.DLQPrefix + "." + consumer.ReasonMaxDeliveries)
+	forged.Data = body("m_victim", "forged", 99_999_999)
+	for k, v := range map[string]string{
+		consumer.HeaderIdempotencyKey: "forged",
+		consumer.HeaderDLQReason:      consumer.ReasonMaxDeliveries, consumer.HeaderDLQError: "x",
+		consumer.HeaderDLQOrigSubject: cfg.SubjectPrefix + ".m_victim", consumer.HeaderDLQOrigStream: cfg.Stream,
+		consumer.HeaderDLQOrigSeq: "1", consumer.HeaderDLQDeliveries: "5",
+		consumer.HeaderDLQFailedAt: time.Now().UTC().Format(time.RFC3339Nano),
+		consumer.HeaderDLQAuth:     "v1=0000000000000000000000000000000000000000000000000000000000000000",
+	} {
+		forged.Header.Set(k, v)
+	}
+	ack, err := js.PublishMsg(ctx, forged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{Seqs: []uint64{ack.Sequence}, Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Replayed != 0 || rep.Refused != 1 {
+		t.Fatalf("forged letter: %+v", rep)
+	}
+	st, err := consumer.ConsumerState(ctx, js, cfg)
+	if err != nil || st.StreamMessages != 0 {
+		t.Fatalf("the payments stream holds %d messages after replaying a forged letter (%v)", st.StreamMessages, err)
+	}
+	all, err := consumer.ListDeadLetters(ctx, js, cfg, consumer.DLQFilter{})
+	if err != nil || len(all) != 1 {
+		t.Fatalf("list %v %v", all, err)
+	}
+	if all[0].Verified || all[0].Unverified == "" {
+		t.Fatalf("forged letter listed as verified: %+v", all[0])
+	}
+}
+
+// A genuine letter whose body or headers are altered no longer verifies,
+// and a letter's age is judged by the time the stream stored it: a
+// Dlq-Failed-At set in the future does not make an old letter replayable.
+func TestDeadLetterAuthAndStoredAge(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	now := time.Now()
+	// Dlq-Failed-At claims the letter is 72 h younger than it is.
+	fresh := fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", "fresh", now.Add(72*time.Hour))
+	d, err := consumer.GetDeadLetter(ctx, js, cfg, fresh)
+	if err != nil || !d.Verified {
+		t.Fatalf("a worker's letter does not verify: %+v %v", d, err)
+	}
+	later := consumer.ReplayOptions{Seqs: []uint64{fresh}, DryRun: true, Now: now.Add(72 * time.Hour)}
+	rep, err := consumer.ReplayDeadLetters(ctx, js, cfg, later)
+	if err != nil || rep.Refused != 1 {
+		t.Fatalf("72 h after it was stored, with a forged Dlq-Failed-At: %+v %v", rep, err)
+	}
+
+	alter := func(edit func(m *nats.Msg)) uint64 {
+		m := nats.NewMsg(d.Subject)
+		m.Data = append([]byte(nil), d.Data...)
+		for k, vs := range d.Header {
+			if k != nats.MsgIdHdr {
+				m.Header[k] = append([]string(nil), vs...)
+			}
+		}
+		edit(m)
+		ack, err := js.PublishMsg(ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	same := alter(func(*nats.Msg) {})
+	seqs := []uint64{
+		alter(func(m *nats.Msg) { m.Data = body("m_1", "fresh", 99_999_999) }),
+		alter(func(m *nats.Msg) { m.Header.Set(consumer.HeaderDLQOrigSubject, cfg.SubjectPrefix+".m_2") }),
+		alter(func(m *nats.Msg) { m.Header.Set("X-Custom", "changed") }),
+		alter(func(m *nats.Msg) { m.Header.Add(consumer.HeaderIdempotencyKey, "second") }),
+		alter(func(m *nats.Msg) { m.Header.Del("X-Custom") }),
+	}
+	rep, err = consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{Seqs: append(seqs, same), DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		want := consumer.Refused
+		if r.Seq == same {
+			want = consumer.WouldReplay // a byte-for-byte copy still verifies
+		}
+		if r.Outcome != want {
+			t.Errorf("letter %d: %s (%s), want %s", r.Seq, r.Outcome, r.Detail, want)
+		}
+	}
+
+	// Without the key: listed as unverified; replay refuses to start.
+	nokey := cfg
+	nokey.DLQKey = nil
+	l, err := consumer.ListDeadLetters(ctx, js, nokey, consumer.DLQFilter{Limit: 1})
+	if err != nil || len(l) != 1 || l[0].Verified || l[0].Unverified == "" {
+		t.Fatalf("listed without a key: %+v %v", l, err)
+	}
+	for _, key := range [][]byte{nil, []byte("short")} {
+		nokey.DLQKey = key
+		if _, err := consumer.ReplayDeadLetters(ctx, js, nokey, consumer.ReplayOptions{All: true}); !errors.Is(err, consumer.ErrDLQKey) {
+			t.Fatalf("replay with key %q: %v", key, err)
+		}
+	}
+	other := cfg
+	other.DLQKey = []byte("another-key-of-at-least-thirty-two-bytes")
+	if d, err := consumer.GetDeadLetter(ctx, js, other, fresh); err != nil || d.Verified {
+		t.Fatalf("verified with another key: %+v %v", d, err)
+	}
+}
+
+// Two replays of one dead letter that both read it before either deleted
+// it publish one message: the replay's Nats-Msg-Id is
+// replay:<dlq stream>:<seq>, so the second is a duplicate, and the letter
+// already deleted by the first counts as replayed, not as a failure.
+func TestConcurrentReplaysPublishOnce(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	seq := fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", "twice", time.Now())
+	d, err := consumer.GetDeadLetter(ctx, js, cfg, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		res, err := consumer.ReplayOneForTest(ctx, js, cfg, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Outcome != consumer.Replayed || res.MsgID != fmt.Sprintf("replay:%s:%d", cfg.DLQStream, seq) {
+			t.Fatalf("replay %d: %+v", i+1, res)
+		}
+	}
+	st, err := consumer.ConsumerState(ctx, js, cfg)
+	if err != nil || st.StreamMessages != 1 {
+		t.Fatalf("two replays of one letter left %d messages in the payments stream, want 1 (%v)", st.StreamMessages, err)
+	}
+}
+
+// replay --all leaves provider_idempotency_mismatch and ledger_conflict,
+// which need a person to look first, unless their reason is named.
+func TestReplayAllSkipsReasonsToInvestigate(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	now := time.Now()
+	fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", "a", now)
+	fileDeadLetter(t, js, cfg, consumer.ReasonProviderMismatch, "m_1", "b", now)
+	fileDeadLetter(t, js, cfg, consumer.ReasonLedgerConflict, "m_1", "c", now)
+	all, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, DryRun: true, Force: true})
+	if err != nil || all.WouldReplay != 1 || all.Skipped != 2 {
+		t.Fatalf("--all: %+v %v", all, err)
+	}
+	for _, r := range all.Results {
+		if r.Outcome == consumer.Skipped && !strings.Contains(r.Detail, "--reason "+r.Reason) {
+			t.Errorf("skip of %s does not say how to replay it: %q", r.Reason, r.Detail)
+		}
+	}
+	named, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, DryRun: true, Reason: consumer.ReasonLedgerConflict})
+	if err != nil || named.WouldReplay != 1 || named.Skipped != 0 {
+		t.Fatalf("--all --reason ledger_conflict: %+v %v", named, err)
+	}
+}
+
+// Rate bounds the republishes per second.
+func TestReplayIsRateLimited(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c", "d"} {
+		fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", k, time.Now())
+	}
+	start := time.Now()
+	rep, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, Rate: 10})
+	if err != nil || rep.Replayed != 4 {
+		t.Fatalf("replay %+v %v", rep, err)
+	}
+	// Four republishes at 10/s: three intervals of 100 ms at least.
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("four letters replayed in %v at 10/s", d)
+	}
+	if _, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, Rate: -1}); err == nil {
+		t.Fatal("a negative rate was accepted")
+	}
+}

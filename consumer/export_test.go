@@ -1,0 +1,20 @@
+package consumer
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ReplayOneForTest replays one dead letter already read, as each of two
+// concurrent replays does after both read it and before either deleted it.
+func ReplayOneForTest(ctx context.Context, js jetstream.JetStream, cfg Config, d DeadLetterInfo) (ReplayResult, error) {
+	cfg = cfg.WithDefaults()
+	stream, err := js.Stream(ctx, cfg.DLQStream)
+	if err != nil {
+		return ReplayResult{}, err
+	}
+	res := ReplayResult{Seq: d.Seq, Reason: d.Reason, Subject: d.OrigSubject}
+	replayOne(ctx, js, stream, cfg, d, &res)
+	return res, nil
+}
