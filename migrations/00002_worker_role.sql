@@ -81,6 +81,11 @@ BEGIN
         WHEN insufficient_privilege THEN
             RAISE NOTICE 'paydedup: % may not drop roles; role paydedup_worker kept', current_user;
         WHEN undefined_object THEN NULL;
+        WHEN OTHERS THEN
+            -- Dropping the role is only tidying up: any other failure (a
+            -- schema dropped concurrently elsewhere in the cluster, which
+            -- DROP ROLE's dependency scan can trip over) keeps it.
+            RAISE NOTICE 'paydedup: role paydedup_worker kept (%)', SQLERRM;
     END;
 END
 $$;
