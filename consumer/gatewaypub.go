@@ -214,7 +214,17 @@ type intakeMarker interface {
 // intake that published this very stream sequence; commands published
 // straight on the queue have none. The message is already dead-lettered:
 // a failure here is logged and changes nothing of its fate.
+//
+// Only a dead letter that is final for the client reaches the intake: bad
+// input and a reused key, which a replay would dead-letter again. A letter
+// that waits for an operator (max_deliveries, a ledger conflict, a provider
+// idempotency mismatch) may still end in a charge, or stand beside one: the
+// gateway keeps answering from the idempotency record, never "final, send
+// it again under a new key".
 func (w *Worker) deadLetteredIntake(ctx context.Context, in inbound, reason string, cause error, log *slog.Logger) {
+	if !finalForClient(reason) {
+		return
+	}
 	marker, ok := w.proc.store.(intakeMarker)
 	if !ok || in.meta == nil || in.meta.Sequence.Stream == 0 || in.meta.Sequence.Stream > math.MaxInt64 {
 		return
@@ -236,4 +246,10 @@ func (w *Worker) deadLetteredIntake(ctx context.Context, in inbound, reason stri
 	case marked:
 		log.Info("gateway intake marked dead-lettered", "reason", reason)
 	}
+}
+
+// finalForClient reports whether a dead letter's reason settles the payment
+// for its client: nothing was charged and a replay would not change that.
+func finalForClient(reason string) bool {
+	return reason == ReasonKeyReused || payment.IsInputReason(reason)
 }

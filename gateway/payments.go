@@ -124,8 +124,9 @@ func invalidRequest(w http.ResponseWriter, err error) {
 
 // writeDeadLetter answers a key whose published command the worker
 // dead-lettered: final, with the dead letter's reason. Bad input is 400
-// (413 for its size), a key reused with another payment 422, and any other
-// reason (the provider refused the request, the deliveries ran out) 422.
+// (413 for its size), a key reused with another payment 422. (The worker
+// records only these final reasons on the intake: a letter that waits for
+// an operator, such as max_deliveries, may still be replayed and charge.)
 func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in dedup.Intake) {
 	status, typ := http.StatusUnprocessableEntity, ProblemRejected
 	switch {
