@@ -37,7 +37,7 @@ func main() {
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fl := flag.NewFlagSet("mutant", flag.ContinueOnError)
-	table := fl.String("table", "internal/mutant/mutants.txt", "the mutant table, relative to the module root")
+	table := fl.String("table", "internal/mutant/mutants.txt", "the mutant table (a relative path is from the module root)")
 	only := fl.String("only", "", "run only the mutants whose name matches this regex")
 	timeout := fl.Duration("timeout", 3*time.Minute, "go test -timeout for one mutant's tests")
 	workers := fl.Int("workers", 2, "mutants run at once, each in its own scratch copy")
@@ -60,7 +60,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(filepath.Join(root, *table))
+	tablePath := *table
+	if !filepath.IsAbs(tablePath) {
+		tablePath = filepath.Join(root, tablePath)
+	}
+	f, err := os.Open(tablePath)
 	if err != nil {
 		return err
 	}
