@@ -35,11 +35,13 @@ func TestParseKeyPrintableBoundaries(t *testing.T) {
 		"a\x7fb":                 false,
 		strings.Repeat("k", 255): true,
 		strings.Repeat("k", 256): false,
+		`"ab\`:                   false, // a quoted string whose escape runs off the end
+		`"a\"b"`:                 true,
 	} {
 		h := http.Header{}
 		h.Set(httpidem.HeaderIdempotencyKey, key)
 		got, err := httpidem.ParseKey(h)
-		if ok && (err != nil || got != key) {
+		if want := strings.ReplaceAll(strings.Trim(key, `"`), `\"`, `"`); ok && (err != nil || got != want) {
 			t.Errorf("ParseKey(%q) = %q, %v; want it accepted", key, got, err)
 		}
 		if !ok && err == nil {
