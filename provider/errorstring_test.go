@@ -9,12 +9,13 @@ import (
 	"github.com/paydedup/paydedup/provider"
 )
 
-// TestErrorStringEdges: a payment method id right after a kept "xpm_" word
-// and at the very end of the text is still redacted; a Retry-After hint is
-// shown only when there is one.
+// TestErrorStringEdges: a payment method id right after a kept "xpm_" word,
+// and one at the very end of the text made of the edge characters of an id
+// (0 9 a z A Z _), is redacted whole; a Retry-After hint is shown only when
+// there is one.
 func TestErrorStringEdges(t *testing.T) {
 	t.Parallel()
-	s := (&provider.Error{Class: provider.ClassRetryable, Message: "xpm_pm_secret1", Err: errors.New("last pm_secret2")}).Error()
+	s := (&provider.Error{Class: provider.ClassRetryable, Message: "xpm_pm_secret1", Err: errors.New("last pm_09azAZ_secret2")}).Error()
 	for _, leak := range []string{"pm_secret1", "pm_secret2"} {
 		if strings.Contains(s, leak) {
 			t.Errorf("Error() = %q leaks %s", s, leak)
