@@ -1,9 +1,15 @@
 package dedup_test
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/dedup"
 )
 
 // TestBoundaries: the edge values of the store's input checks. A zero lease
@@ -26,4 +32,62 @@ func TestBoundaries(t *testing.T) {
 	if _, _, err := b.store.CreateAPIKey(b.ctx, "m_1", strings.Repeat("l", 201)); err == nil {
 		t.Error("label of 201 bytes accepted")
 	}
+}
+
+// TestHeartbeatReturnsItsLease: a heartbeat returns the lease extended to
+// now+d, and a heartbeat the database did not answer is an error, never a
+// lease the caller believes extended.
+func TestHeartbeatReturnsItsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := *b.claim(t, "a", req("m_1", "beat", 1000)).Lease
+	b.clock.Advance(10 * time.Second)
+	got, err := b.store.Heartbeat(b.ctx, l, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := b.clock.Now().Add(time.Minute); !got.Until.Equal(want) {
+		t.Errorf("heartbeat returned until %v, want %v", got.Until, want)
+	}
+
+	down := unreachableStore(t)
+	if _, err := down.Heartbeat(context.Background(), l, time.Minute); !errors.Is(err, dedup.ErrUnavailable) {
+		t.Errorf("heartbeat with the database down: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestIntakeBoundaries: the gateway's intake refuses a zero lease, a
+// retention no longer than the lease, and a zero purge limit, before any SQL.
+func TestIntakeBoundaries(t *testing.T) {
+	t.Parallel()
+	s := unreachableStore(t)
+	ctx := context.Background()
+	r := req("m_1", "intake", 1000)
+	for _, c := range []struct{ lease, retention time.Duration }{{0, time.Hour}, {time.Minute, time.Minute}} {
+		if _, err := s.AcquireIntake(ctx, r, c.lease, c.retention); err == nil || errors.Is(err, dedup.ErrUnavailable) {
+			t.Errorf("intake with lease %v, retention %v: %v, want refused before SQL", c.lease, c.retention, err)
+		}
+	}
+	if _, err := s.PurgeIntakes(ctx, 0); err == nil || errors.Is(err, dedup.ErrUnavailable) {
+		t.Errorf("purge intakes with limit 0: %v, want refused before SQL", err)
+	}
+	if _, err := s.AcquireIntake(ctx, r, time.Minute, time.Hour); !errors.Is(err, dedup.ErrUnavailable) {
+		t.Errorf("a valid intake reached no database: %v, want ErrUnavailable", err)
+	}
+}
+
+// unreachableStore is a store on a port where nothing listens: any SQL
+// fails with ErrUnavailable.
+func unreachableStore(t *testing.T) *dedup.Store {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
