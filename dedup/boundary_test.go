@@ -3,6 +3,7 @@ package dedup_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,8 +24,24 @@ func TestBoundaries(t *testing.T) {
 			t.Errorf("claim with lease %v: %v, want refused", d, err)
 		}
 	}
-	if n := b.count(t, `SELECT count(*) FROM idempotency_keys`); n != 0 {
+	if n := b.count(t, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'zero-lease'`); n != 0 {
 		t.Errorf("%d rows after refused claims", n)
+	}
+	// A stored response status is an HTTP status: 100..599.
+	for status, ok := range map[int]bool{99: false, 100: true, 599: true, 600: false} {
+		l := b.claim(t, "a", req("m_1", "status-"+strconv.Itoa(status), 1000)).Lease
+		c := charged("pi_status_" + strconv.Itoa(status))
+		c.ResponseStatus = status
+		err := b.store.Complete(b.ctx, *l, c)
+		if ok != (err == nil) {
+			t.Errorf("complete with response status %d: %v", status, err)
+		}
+		l2 := b.claim(t, "a", req("m_1", "batch-status-"+strconv.Itoa(status), 1000)).Lease
+		c.ChargeID = "pi_batch_status_" + strconv.Itoa(status)
+		_, err = b.store.CompleteBatch(b.ctx, []dedup.CompleteItem{{Lease: *l2, Completion: c}})
+		if ok != (err == nil) {
+			t.Errorf("batch complete with response status %d: %v", status, err)
+		}
 	}
 	if _, _, err := b.store.CreateAPIKey(b.ctx, "m_1", strings.Repeat("l", 200)); err != nil {
 		t.Errorf("label of 200 bytes: %v", err)
