@@ -43,6 +43,17 @@ func TestBoundaries(t *testing.T) {
 			t.Errorf("batch complete with response status %d: %v", status, err)
 		}
 	}
+	// The reconciler's acquire needs a positive lease and limit; a zero
+	// grace is valid.
+	for _, c := range []struct {
+		grace, lease time.Duration
+		limit        int
+		ok           bool
+	}{{0, lease, 1, true}, {-time.Second, lease, 1, false}, {0, 0, 1, false}, {0, lease, 0, false}} {
+		if _, err := b.store.AcquireStuck(b.ctx, "rec", c.grace, c.lease, c.limit); c.ok != (err == nil) {
+			t.Errorf("acquire stuck with grace %v, lease %v, limit %d: %v", c.grace, c.lease, c.limit, err)
+		}
+	}
 	if _, _, err := b.store.CreateAPIKey(b.ctx, "m_1", strings.Repeat("l", 200)); err != nil {
 		t.Errorf("label of 200 bytes: %v", err)
 	}
