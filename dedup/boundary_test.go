@@ -54,6 +54,9 @@ func TestBoundaries(t *testing.T) {
 			t.Errorf("acquire stuck with grace %v, lease %v, limit %d: %v", c.grace, c.lease, c.limit, err)
 		}
 	}
+	if _, err := b.store.Purge(b.ctx, 0); err == nil {
+		t.Error("purge with limit 0 accepted")
+	}
 	if _, _, err := b.store.CreateAPIKey(b.ctx, "m_1", strings.Repeat("l", 200)); err != nil {
 		t.Errorf("label of 200 bytes: %v", err)
 	}
