@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build bench deploy-test chaos chaos-short fuzz fuzz-short
+.PHONY: test lint build bench deploy-test chaos chaos-short fuzz fuzz-short mutants
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -15,6 +15,13 @@ build:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# Mutants (internal/mutant/mutants.txt): each small slip in the money path,
+# applied alone to a scratch copy of the tree, must fail the tests named for
+# it. Never edits the working tree.
+MUTANTFLAGS ?=
+mutants:
+	$(GO) run ./internal/mutant $(MUTANTFLAGS)
 
 # The deploy tree, rendered and checked offline (its own module, so the
 # Kubernetes libraries stay out of the main one).

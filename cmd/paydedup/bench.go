@@ -27,6 +27,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/ledgercheck"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 )
@@ -339,10 +340,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		}
 		fmt.Fprintf(b.app.out, "ledger: %d double charges, %d lost\n", res.DoubleCharges, res.Lost)
 	}
-	if res.DoubleCharges > 0 || res.Lost > 0 {
-		return fmt.Errorf("bench: %d double charges, %d lost", res.DoubleCharges, res.Lost)
-	}
-	return nil
+	return res.verdict()
 }
 
 // workerConfig is the worker under test: the shipped batched worker, or the
@@ -464,19 +462,33 @@ func benchCheck(ctx context.Context, store *dedup.Store, sim *provider.Simulator
 	completed := map[string]bool{}
 	for _, r := range recs {
 		if r.Status == dedup.StatusCompleted {
-			completed[r.IdempotencyKey] = true
+			completed[r.MerchantID+":"+r.IdempotencyKey] = true
 		}
 	}
+	double, lost = benchJudge(charges, completed, n)
+	return double, lost, nil
+}
+
+// benchJudge counts, for the bench's n payments, the keys the provider
+// charged more than once and the payments that were not charged or not
+// completed. charges and completed are by "merchant_id:idempotency_key".
+func benchJudge(charges map[string]int, completed map[string]bool, n int) (double, lost int) {
+	double = len(ledgercheck.DoubleCharged(charges))
 	for i := range n {
-		key := fmt.Sprintf("p-%d", i)
-		switch c := charges["m_bench:"+key]; {
-		case c > 1:
-			double++
-		case c == 0 || !completed[key]:
+		key := fmt.Sprintf("m_bench:p-%d", i)
+		if c := charges[key]; c == 0 || !completed[key] {
 			lost++
 		}
 	}
-	return double, lost, nil
+	return double, lost
+}
+
+// verdict fails a run that charged any key twice or lost a payment.
+func (r benchResult) verdict() error {
+	if r.DoubleCharges > 0 || r.Lost > 0 {
+		return fmt.Errorf("bench: %d double charges, %d lost", r.DoubleCharges, r.Lost)
+	}
+	return nil
 }
 
 // countingStore counts the store calls the worker makes: each is one

@@ -22,6 +22,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/ledgercheck"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
@@ -239,13 +240,7 @@ func (d *demoCmd) Run(ctx context.Context) error {
 		return err
 	}
 	rep.print(d.app.out, time.Since(start))
-	switch {
-	case rep.double > 0 || rep.lost > 0 || rep.disagree > 0:
-		return fmt.Errorf("demo: %d double charges, %d lost payments, %d outcomes disagreeing with the provider", rep.double, rep.lost, rep.disagree)
-	case !settled:
-		return fmt.Errorf("demo: the messages did not settle within --timeout %v", d.timeout)
-	}
-	return nil
+	return rep.verdict(settled, d.timeout)
 }
 
 // workerConfig is the consumer configuration of the demo's workers.
@@ -866,13 +861,6 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 		killedAt: r.killedAt, killedIn: r.killedIn,
 	}
 	charges := r.sim.ChargesByKey()
-	rep.keysCharged = len(charges)
-	for k, n := range charges {
-		if n > 1 {
-			rep.double++
-			rep.doubleKeys = append(rep.doubleKeys, fmt.Sprintf("%s (%d charges)", k, n))
-		}
-	}
 	refs := make([]dedup.KeyRef, len(r.payments))
 	for i, p := range r.payments {
 		refs[i] = p.ref
@@ -898,7 +886,17 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 		rep.byReason[l.Reason]++
 		lettered[dedup.KeyRef{MerchantID: l.MerchantID, IdempotencyKey: l.IdempotencyKey}] = l.Reason
 	}
-	for _, p := range r.payments {
+	rep.judge(r.payments, charges, byRef, lettered)
+	return rep, nil
+}
+
+// judge checks each payment's record and dead letters against the
+// provider's charges (by "merchant_id:idempotency_key").
+func (rep *demoReport) judge(payments []demoPayment, charges map[string]int, byRef map[dedup.KeyRef]dedup.Record, lettered map[dedup.KeyRef]string) {
+	rep.keysCharged = len(charges)
+	rep.doubleKeys = ledgercheck.DoubleCharged(charges)
+	rep.double = len(rep.doubleKeys)
+	for _, p := range payments {
 		rec, ok := byRef[p.ref]
 		n := charges[p.ref.MerchantID+":"+p.ref.IdempotencyKey]
 		wantDecline := p.cmd.PaymentMethod == "pm_card_chargeDeclined"
@@ -928,7 +926,18 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 			rep.lostKeys = append(rep.lostKeys, fmt.Sprintf("%s:%s (%s, %d charges)", p.ref.MerchantID, p.ref.IdempotencyKey, status, n))
 		}
 	}
-	return rep, nil
+}
+
+// verdict fails a run that charged a key twice, lost a payment, disagrees
+// with the provider, or did not settle.
+func (rep *demoReport) verdict(settled bool, timeout time.Duration) error {
+	switch {
+	case rep.double > 0 || rep.lost > 0 || rep.disagree > 0:
+		return fmt.Errorf("demo: %d double charges, %d lost payments, %d outcomes disagreeing with the provider", rep.double, rep.lost, rep.disagree)
+	case !settled:
+		return fmt.Errorf("demo: the messages did not settle within --timeout %v", timeout)
+	}
+	return nil
 }
 
 func (rep *demoReport) print(out io.Writer, elapsed time.Duration) {

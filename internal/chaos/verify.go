@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/ledgercheck"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -69,11 +70,7 @@ func Verify(w Workload, ev Evidence) Verdict {
 		v.Inconsistent = append(v.Inconsistent, fmt.Sprintf(format, args...))
 	}
 
-	for key, n := range ev.ChargesByKey {
-		if n > 1 {
-			v.Double = append(v.Double, fmt.Sprintf("%s (charged %d times)", key, n))
-		}
-	}
+	v.Double = ledgercheck.DoubleCharged(ev.ChargesByKey)
 	for key, r := range ev.Rows {
 		if r.Status == "pending" {
 			v.Stuck = append(v.Stuck, key)

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// TestBenchVerdictOnDoubleCharge gives the bench's judge a ledger with a
+// key charged twice: it is counted, and the run fails.
+func TestBenchVerdictOnDoubleCharge(t *testing.T) {
+	t.Parallel()
+	completed := map[string]bool{"m_bench:p-0": true, "m_bench:p-1": true, "m_bench:p-2": true, "m_bench:p-3": true}
+	charges := map[string]int{"m_bench:p-0": 1, "m_bench:p-1": 2, "m_bench:p-2": 1, "m_bench:p-3": 1}
+	if double, lost := benchJudge(charges, completed, 4); double != 1 || lost != 0 {
+		t.Errorf("one key charged twice: %d double, %d lost; want 1 and 0", double, lost)
+	}
+	charges["m_bench:p-1"] = 1
+	delete(charges, "m_bench:p-2")   // never charged
+	completed["m_bench:p-3"] = false // charged, not recorded
+	if double, lost := benchJudge(charges, completed, 4); double != 0 || lost != 2 {
+		t.Errorf("%d double, %d lost; want 0 and 2", double, lost)
+	}
+	if err := (benchResult{DoubleCharges: 1}).verdict(); err == nil || !strings.Contains(err.Error(), "1 double charges") {
+		t.Errorf("verdict with a double charge: %v", err)
+	}
+	if err := (benchResult{Lost: 1}).verdict(); err == nil {
+		t.Error("verdict with a lost payment: nil")
+	}
+	if err := (benchResult{}).verdict(); err != nil {
+		t.Errorf("clean verdict: %v", err)
+	}
+}
+
+// TestDemoVerdictOnDoubleCharge gives the demo's judge a ledger with a
+// charged payment charged twice: it is a double charge, not "charged
+// once", and the run fails.
+func TestDemoVerdictOnDoubleCharge(t *testing.T) {
+	t.Parallel()
+	pay := func(key, method string) demoPayment {
+		return demoPayment{ref: dedup.KeyRef{MerchantID: "m_demo", IdempotencyKey: key},
+			cmd: payment.Command{MerchantID: "m_demo", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: method}}
+	}
+	payments := []demoPayment{pay("a", "pm_card_visa"), pay("b", "pm_card_visa"), pay("c", "pm_card_chargeDeclined")}
+	byRef := map[dedup.KeyRef]dedup.Record{}
+	for _, p := range payments {
+		rec := dedup.Record{MerchantID: "m_demo", IdempotencyKey: p.ref.IdempotencyKey, Status: dedup.StatusCompleted, ResponseStatus: 200, ChargeID: "pi_" + p.ref.IdempotencyKey}
+		if p.cmd.PaymentMethod == "pm_card_chargeDeclined" {
+			rec.ResponseStatus, rec.ChargeID = 402, ""
+		}
+		byRef[p.ref] = rec
+	}
+	judge := func(charges map[string]int) *demoReport {
+		rep := &demoReport{byReason: map[string]int{}}
+		rep.judge(payments, charges, byRef, map[dedup.KeyRef]string{})
+		return rep
+	}
+
+	clean := judge(map[string]int{"m_demo:a": 1, "m_demo:b": 1})
+	if clean.double != 0 || clean.chargedOnce != 2 || clean.declined != 1 || clean.lost != 0 || clean.disagree != 0 {
+		t.Fatalf("clean run judged %+v", clean)
+	}
+	if err := clean.verdict(true, time.Minute); err != nil {
+		t.Fatalf("clean verdict: %v", err)
+	}
+
+	rep := judge(map[string]int{"m_demo:a": 1, "m_demo:b": 2})
+	if rep.double != 1 || rep.chargedOnce != 1 || len(rep.doubleKeys) != 1 || !strings.HasPrefix(rep.doubleKeys[0], "m_demo:b ") {
+		t.Errorf("b charged twice: %d double %q, %d charged once; want 1 double (m_demo:b), 1 charged once", rep.double, rep.doubleKeys, rep.chargedOnce)
+	}
+	if err := rep.verdict(true, time.Minute); err == nil || !strings.Contains(err.Error(), "1 double charges") {
+		t.Errorf("verdict with a double charge: %v", err)
+	}
+	if err := clean.verdict(false, time.Minute); err == nil {
+		t.Error("verdict of a run that did not settle: nil")
+	}
+}
