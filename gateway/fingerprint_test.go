@@ -53,12 +53,22 @@ func TestIntakeHeldOtherBody422(t *testing.T) {
 	}
 }
 
+// unpublished acknowledges a publish without publishing: the gateway's copy
+// never reaches the worker, so nothing but the key's completion can wake a
+// waiter (its own copy's key_reused dead letter would wake it too).
+type unpublished struct{ gateway.Publisher }
+
+func (unpublished) Publish(context.Context, *payment.Command, map[string]string, int) (uint64, error) {
+	return 1 << 40, nil
+}
+
 // TestPreferWaitOtherBody422: a POST waits for its key, but another body
 // published straight on the queue is consumed first and completes the key:
-// the waiter answers 422, never the other payment's outcome.
+// woken by that completion, the waiter answers 422, never the other
+// payment's outcome.
 func TestPreferWaitOtherBody422(t *testing.T) {
 	t.Parallel()
-	w := setup(t, gateway.Config{})
+	w := setupWith(t, gateway.Config{}, options{pub: func(p gateway.Publisher) gateway.Publisher { return unpublished{p} }})
 	m := nats.NewMsg(w.cfg.SubjectPrefix + ".m_a")
 	m.Data = []byte(`{"merchant_id":"m_a","idempotency_key":"race","amount":999,"currency":"usd","payment_method":"pm_card_visa"}`)
 	if _, err := w.js.PublishMsg(w.ctx, m); err != nil {
