@@ -36,8 +36,15 @@ type env struct {
 
 func setup(t *testing.T) *env {
 	t.Helper()
+	return setupWith(t, dedup.Config{})
+}
+
+// setupWith is setup with the store's configuration given (e.g. a fake
+// clock).
+func setupWith(t *testing.T, scfg dedup.Config) *env {
+	t.Helper()
 	pool := testenv.Pool(t)
-	store, err := dedup.New(pool, dedup.Config{})
+	store, err := dedup.New(pool, scfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,18 +1,13 @@
 package consumer_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
-	"github.com/paydedup/paydedup/internal/testenv"
-	"github.com/paydedup/paydedup/provider"
 )
 
 // TestPurgedKeyReusedDeadLettered: once a completed key's row is purged
@@ -23,23 +18,8 @@ import (
 func TestPurgedKeyReusedDeadLettered(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewFake(time.Now())
-	pool := testenv.Pool(t)
-	store, err := dedup.New(pool, dedup.Config{Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc := testenv.NATSConn(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim, stripe := testenv.Provider(t, 7, 2*time.Second)
-	cfg := testenv.Streams(t, js)
-	cfg.Lease, cfg.AckWait, cfg.MaxDeliver = 3*time.Second, 5*time.Second, 6
-	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
-	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
-	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 4, 10
-	e := &env{t: t, ctx: context.Background(), pool: pool, store: store, nc: nc, js: js, sim: sim, stripe: stripe, cfg: cfg}
+	e := setupWith(t, dedup.Config{Clock: clk})
+	store := e.store
 	watch := &claimWatch{Store: store, seen: map[string][]dedup.Outcome{}}
 	e.startWorkerOn("w1", watch)
 
