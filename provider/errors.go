@@ -61,6 +61,10 @@ func (c Class) String() string {
 // key): a bug that no retry fixes.
 var ErrInvalidRequest = errors.New("invalid request")
 
+// ErrInvalidConfig is wrapped by the configuration errors of the adapters and
+// the simulator.
+var ErrInvalidConfig = errors.New("invalid config")
+
 // Error is every non-definitive failure returned by Charge and Lookup.
 type Error struct {
 	// Class decides what the caller may do next.

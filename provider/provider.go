@@ -3,6 +3,8 @@ package provider
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 )
 
 // Metadata keys the adapters always set on a charge; they win over the
@@ -14,6 +16,22 @@ const (
 
 // MaxProviderKeyLen is the longest provider idempotency key Stripe accepts.
 const MaxProviderKeyLen = 255
+
+// CheckProviderKey rejects a provider key that a provider would refuse or
+// silently alter (stripe-go trims spaces): empty, longer than
+// MaxProviderKeyLen, or with leading or trailing space. Its error is an
+// *Error of ClassMismatch wrapping ErrInvalidRequest.
+func CheckProviderKey(k string) error {
+	switch {
+	case k == "":
+		return &Error{Class: ClassMismatch, Message: "provider key is empty", Err: ErrInvalidRequest}
+	case len(k) > MaxProviderKeyLen:
+		return &Error{Class: ClassMismatch, Message: fmt.Sprintf("provider key is longer than %d bytes", MaxProviderKeyLen), Err: ErrInvalidRequest}
+	case strings.TrimSpace(k) != k:
+		return &Error{Class: ClassMismatch, Message: "provider key has leading or trailing space", Err: ErrInvalidRequest}
+	}
+	return nil
+}
 
 // ChargeRequest is what paydedup asks the provider to do for one command.
 type ChargeRequest struct {
@@ -37,18 +55,6 @@ type ChargeRequest struct {
 	// Metadata is the command's own metadata; merchant_id and idempotency_key
 	// are added and override keys of the same name.
 	Metadata map[string]string
-}
-
-// chargeMetadata returns the metadata actually sent: the command's metadata
-// plus merchant_id and idempotency_key, which win.
-func (r ChargeRequest) chargeMetadata() map[string]string {
-	md := make(map[string]string, len(r.Metadata)+2)
-	for k, v := range r.Metadata {
-		md[k] = v
-	}
-	md[MetadataMerchantID] = r.MerchantID
-	md[MetadataIdempotencyKey] = r.IdempotencyKey
-	return md
 }
 
 // Outcome is a definitive result of a charge: charged, or declined.

@@ -301,7 +301,7 @@ var simCardOnly = []string{"card"}
 var (
 	simReplyUnauthorized = &simReply{status: http.StatusUnauthorized, err: &simError{Type: "authentication_error",
 		Message: "You did not provide an API key. Provide it in the Authorization header as a Bearer token."}}
-	simReplyRateLimited = &simReply{status: http.StatusTooManyRequests, retryAfter: "1", err: &simError{
+	simReplyRateLimited = &simReply{status: http.StatusTooManyRequests, retryAfter: time.Second, err: &simError{
 		Type: "invalid_request_error", Code: "rate_limit", Message: "Too many requests hit the API too quickly."}}
 	simReplyServerError = &simReply{status: http.StatusInternalServerError, err: &simError{Type: "api_error",
 		Message: "An unknown error occurred while processing your request."}}
@@ -337,8 +337,8 @@ func declineFor(pm string) *simDecline {
 type simReply struct {
 	status int
 	err    *simError
-	// retryAfter is the Retry-After header, "" for none.
-	retryAfter string
+	// retryAfter is the Retry-After header, in whole seconds; 0 for none.
+	retryAfter time.Duration
 }
 
 func simReplyFor(status int, e *simError) *simReply { return &simReply{status: status, err: e} }
@@ -1093,6 +1093,9 @@ func missingIntentReply(id string) *simReply {
 		Param: "intent", Message: "No such payment_intent: '" + id + "'"})
 }
 
+// maxSearchLimit is the largest page a search may ask for, as at Stripe.
+const maxSearchLimit = 100
+
 // searchPagePrefix marks the simulator's opaque page tokens.
 const searchPagePrefix = "simpage_"
 
@@ -1105,7 +1108,7 @@ func (s *Simulator) searchIntents(w http.ResponseWriter, r *http.Request, accoun
 	limit := 10
 	if l := r.Form.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 100 {
+		if err != nil || n < 1 || n > maxSearchLimit {
 			writeSimError(w, http.StatusBadRequest, invalidParam("limit", "parameter_invalid_integer",
 				"limit must be an integer between 1 and 100."))
 			return
@@ -1131,8 +1134,8 @@ func badQueryReply(err error) *simReply {
 }
 
 func writeSimReply(w http.ResponseWriter, r *simReply) {
-	if r.retryAfter != "" {
-		w.Header().Set("Retry-After", r.retryAfter)
+	if r.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(r.retryAfter/time.Second), 10))
 	}
 	writeSimError(w, r.status, r.err)
 }

@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -39,7 +40,7 @@ var _ Provider = (*SimClient)(nil)
 // client would send as its Bearer token (StripeConfig.SecretKey); white space
 // around it is ignored, as the HTTP simulator ignores it. An empty key makes
 // every call fail as a request without an API key does (401, ClassRetryable).
-// Calls are bounded by DefaultStripeTimeout, like the adapter's by default.
+// Calls are bounded by 30 s, like the adapter's by default.
 func (s *Simulator) Client(apiKey string) *SimClient {
 	account := strings.TrimSpace(apiKey)
 	if account != "" {
@@ -47,17 +48,21 @@ func (s *Simulator) Client(apiKey string) *SimClient {
 		account = s.internLocked(account)
 		s.mu.Unlock()
 	}
-	return &SimClient{sim: s, account: account, timeout: DefaultStripeTimeout}
+	return &SimClient{sim: s, account: account, timeout: defaultClientTimeout}
 }
 
+// defaultClientTimeout bounds a SimClient's calls unless WithTimeout says
+// otherwise: the Stripe adapter's default timeout.
+const defaultClientTimeout = 30 * time.Second
+
 // WithTimeout returns a copy of c whose every Charge and Lookup is bounded by
-// d, as StripeConfig.Timeout bounds the adapter's; d <= 0 means
-// DefaultStripeTimeout.
+// d, as StripeConfig.Timeout bounds the adapter's; d <= 0 means the default,
+// 30 s.
 func (c *SimClient) WithTimeout(d time.Duration) *SimClient {
 	cc := *c
 	cc.timeout = d
 	if d <= 0 {
-		cc.timeout = DefaultStripeTimeout
+		cc.timeout = defaultClientTimeout
 	}
 	return &cc
 }
@@ -70,18 +75,18 @@ var errKeyHeader = errors.New(`net/http: invalid header field value for "Idempot
 // Stripe.Charge does: a decline (402 card_error, or 400 on the parameters) is
 // an Outcome with Declined set; every other failure is an *Error.
 func (c *SimClient) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error) {
-	if err := checkProviderKey(req.ProviderKey); err != nil {
+	if err := CheckProviderKey(req.ProviderKey); err != nil {
 		return nil, err
 	}
 	if !validHeaderValue(req.ProviderKey) {
-		return nil, transportError(errKeyHeader)
+		return nil, noAnswer(errKeyHeader)
 	}
 	start := time.Now()
 	s := c.sim
 	fate, reply, err := c.call(ctx, start, true, http.MethodPost, simPathCreate)
 	switch {
 	case err != nil:
-		return nil, transportError(err)
+		return nil, noAnswer(err)
 	case reply != nil:
 		return c.chargeReply(reply)
 	}
@@ -102,7 +107,7 @@ func (c *SimClient) Charge(ctx context.Context, req ChargeRequest) (*Outcome, er
 	// Only OnCharge blocks for long: without it, skip the clock.
 	if err := c.late(ctx, start, s.onCharge == nil); err != nil {
 		// The answer came after the deadline.
-		return nil, transportError(err)
+		return nil, noAnswer(err)
 	}
 	switch res {
 	case createMismatch:
@@ -112,16 +117,12 @@ func (c *SimClient) Charge(ctx context.Context, req ChargeRequest) (*Outcome, er
 	}
 	if fate.dropAfter {
 		s.fault("drop_after_charge", http.MethodPost, simPathCreate)
-		return nil, transportError(errSimConnectionClosed)
+		return nil, noAnswer(errSimConnectionClosed)
 	}
 	out := in.outcome()
 	out.Replayed = res == createReplayed
 	return out, nil
 }
-
-// searchLimit is the page size of a lookup's search, the largest Stripe
-// allows.
-const searchLimit = 100
 
 // Lookup finds what the simulator has under the key without charging, as
 // Stripe.Lookup does: it retrieves req.ChargeID when given (falling back to
@@ -134,11 +135,11 @@ func (c *SimClient) Lookup(ctx context.Context, req LookupRequest) (LookupResult
 		in, f, err := c.retrieve(ctx, start, true, req.ChargeID)
 		switch {
 		case err != nil:
-			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", transportError(err))
+			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", noAnswer(err))
 		case f == nil:
 			return lookupByID(in, req)
-		case !f.resourceMissing():
-			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", f.lookup(time.Now()))
+		case !resourceMissing(f):
+			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", f.LookupError())
 		}
 	}
 	if req.MerchantID == "" || req.IdempotencyKey == "" {
@@ -156,12 +157,13 @@ func (c *SimClient) Lookup(ctx context.Context, req LookupRequest) (LookupResult
 		_, reply, err := c.call(ctx, start, offset == 0 && req.ChargeID == "", http.MethodGet, simPathSearch)
 		switch {
 		case err != nil:
-			return LookupResult{}, fmt.Errorf("search payment intents: %w", transportError(err))
+			return LookupResult{}, fmt.Errorf("search payment intents: %w", noAnswer(err))
 		case reply != nil:
 			f := reply.failure()
-			return LookupResult{}, fmt.Errorf("search payment intents: %w", f.lookup(time.Now()))
+			return LookupResult{}, fmt.Errorf("search payment intents: %w", f.LookupError())
 		}
-		page, more := c.sim.searchPage(c.account, clauses[:], offset, searchLimit)
+		// The page size the adapter asks for.
+		page, more := c.sim.searchPage(c.account, clauses[:], offset, maxSearchLimit)
 		for _, in := range page {
 			// The simulator's intents never stay processing.
 			if out := in.outcome(); out.Declined {
@@ -171,7 +173,7 @@ func (c *SimClient) Lookup(ctx context.Context, req LookupRequest) (LookupResult
 			}
 		}
 		if !more {
-			return searchVerdict(charged, declined, nil)
+			return SearchVerdict(charged, declined, nil)
 		}
 		offset += len(page)
 	}
@@ -227,32 +229,43 @@ func (c *SimClient) late(ctx context.Context, start time.Time, early bool) error
 	return nil
 }
 
+// noAnswer is the *Error for a call that got no answer, as the adapter makes
+// it of its transport's error.
+func noAnswer(err error) *Error {
+	return &Error{Class: Classify(0, "", "", err), Err: err}
+}
+
 // chargeReply is Charge's answer to an error reply.
 func (c *SimClient) chargeReply(r *simReply) (*Outcome, error) {
 	f := r.failure()
-	if f.class() == ClassDeclined {
-		f.body = renderSim(func(b []byte) []byte { return appendErrorJSON(b, r.err, nil) })
+	if Classify(f.HTTPStatus, f.Type, f.Code, nil) == ClassDeclined {
+		f.Response = renderSim(func(b []byte) []byte { return appendErrorJSON(b, r.err, nil) })
 	}
-	return f.charge(time.Now())
+	return f.ChargeResult()
 }
 
-// failure is r as the adapters read an error answer. No error reply of the
+// failure is r as the adapter reads an error answer. No error reply of the
 // simulator carries Idempotent-Replayed or an intent: a decline that made an
 // intent answers through simIntent.outcome.
-func (r *simReply) failure() apiFailure {
-	return apiFailure{
-		status:      r.status,
-		typ:         r.err.Type,
-		code:        r.err.Code,
-		declineCode: r.err.DeclineCode,
-		message:     r.err.Message,
-		retryAfter:  r.retryAfter,
+func (r *simReply) failure() Rejection {
+	return Rejection{
+		HTTPStatus:  r.status,
+		Type:        r.err.Type,
+		Code:        r.err.Code,
+		DeclineCode: r.err.DeclineCode,
+		Message:     r.err.Message,
+		RetryAfter:  r.retryAfter,
 	}
+}
+
+// resourceMissing reports a 404: retrieve found no such object.
+func resourceMissing(f *Rejection) bool {
+	return f.HTTPStatus == http.StatusNotFound || f.Code == "resource_missing"
 }
 
 // retrieve is GET /v1/payment_intents/{id}: the intent, or the failure the
 // adapter would read, or a transport error.
-func (c *SimClient) retrieve(ctx context.Context, start time.Time, first bool, id string) (*simIntent, *apiFailure, error) {
+func (c *SimClient) retrieve(ctx context.Context, start time.Time, first bool, id string) (*simIntent, *Rejection, error) {
 	if id == "." || id == ".." {
 		// net/http's router redirects these paths to one no endpoint
 		// serves: a 404 that no fault is rolled for.
@@ -312,7 +325,7 @@ func (in *simIntent) outcome() *Outcome {
 	code := in.status
 	if d := in.decline; d != nil {
 		e = d.cardError()
-		code = firstNonEmpty(d.declineCode, d.code, code)
+		code = cmp.Or(d.declineCode, d.code, code)
 	} else {
 		// Stopped short of succeeding (requires_confirmation): declinedIntent's
 		// defaults.

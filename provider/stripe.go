@@ -26,10 +26,6 @@ const DefaultStripeAPIBase = "https://api.stripe.com"
 // used.
 const DefaultStripeTimeout = 30 * time.Second
 
-// ErrInvalidConfig is wrapped by the configuration errors of NewStripe and
-// SimConfig.Validate.
-var ErrInvalidConfig = errors.New("invalid config")
-
 // StripeConfig configures the Stripe adapter.
 type StripeConfig struct {
 	// SecretKey is the API key (STRIPE_SECRET_KEY); required.
@@ -123,7 +119,7 @@ func (s *Stripe) CloseIdleConnections() { s.httpClient.CloseIdleConnections() }
 // (402 card_error, or 400 invalid_request_error on the parameters) is an
 // Outcome with Declined set; every other failure is an *Error.
 func (s *Stripe) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error) {
-	if err := checkProviderKey(req.ProviderKey); err != nil {
+	if err := CheckProviderKey(req.ProviderKey); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -194,8 +190,8 @@ func answered(err error) bool {
 
 // stripeCreateParams is the PaymentIntent create the adapter sends for req.
 // SimClient computes the canonical form of the same parameters without
-// stripe-go (appendChargeForm); simclient_internal_test.go checks the two
-// agree.
+// stripe-go (appendChargeForm); simclient_internal_test.go checks it against
+// the body the adapter sends.
 func stripeCreateParams(req ChargeRequest) *stripe.PaymentIntentCreateParams {
 	params := &stripe.PaymentIntentCreateParams{
 		Amount:        stripe.Int64(req.Amount),
@@ -204,7 +200,7 @@ func stripeCreateParams(req ChargeRequest) *stripe.PaymentIntentCreateParams {
 		// A card-only intent confirms server-side without a return_url.
 		PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
 		Confirm:            stripe.Bool(true),
-		Metadata:           req.chargeMetadata(),
+		Metadata:           chargeMetadata(req),
 	}
 	if req.Description != "" {
 		params.Description = stripe.String(req.Description)
@@ -213,14 +209,26 @@ func stripeCreateParams(req ChargeRequest) *stripe.PaymentIntentCreateParams {
 	return params
 }
 
+// chargeMetadata returns the metadata actually sent: the command's metadata
+// plus merchant_id and idempotency_key, which win.
+func chargeMetadata(r ChargeRequest) map[string]string {
+	md := make(map[string]string, len(r.Metadata)+2)
+	for k, v := range r.Metadata {
+		md[k] = v
+	}
+	md[MetadataMerchantID] = r.MerchantID
+	md[MetadataIdempotencyKey] = r.IdempotencyKey
+	return md
+}
+
 // chargeError turns a failed Create into a declined Outcome or an *Error.
 func (s *Stripe) chargeError(err error) (*Outcome, error) {
 	var se *stripe.Error
 	if !errors.As(err, &se) {
 		return nil, transportError(err)
 	}
-	f := stripeFailure(se)
-	return f.charge(s.now())
+	f := stripeFailure(se, s.now())
+	return f.ChargeResult()
 }
 
 // lookupError maps a failed retrieve or search to an *Error.
@@ -229,91 +237,28 @@ func (s *Stripe) lookupError(err error) error {
 	if !errors.As(err, &se) {
 		return transportError(err)
 	}
-	f := stripeFailure(se)
-	return f.lookup(s.now())
+	f := stripeFailure(se, s.now())
+	return f.LookupError()
 }
 
-// stripeFailure reads the answer of a failed stripe-go call.
-func stripeFailure(se *stripe.Error) apiFailure {
+// stripeFailure reads the answer of a failed stripe-go call, received at now.
+func stripeFailure(se *stripe.Error, now time.Time) Rejection {
 	raw, hdr := lastResponse(se.LastResponse)
-	f := apiFailure{
-		status:      se.HTTPStatusCode,
-		typ:         string(se.Type),
-		code:        string(se.Code),
-		declineCode: string(se.DeclineCode),
-		message:     se.Msg,
-		retryAfter:  hdr.Get("Retry-After"),
-		replayed:    replayed(hdr),
-		body:        raw,
+	f := Rejection{
+		HTTPStatus:  se.HTTPStatusCode,
+		Type:        string(se.Type),
+		Code:        string(se.Code),
+		DeclineCode: string(se.DeclineCode),
+		Message:     se.Msg,
+		RetryAfter:  parseRetryAfter(hdr.Get("Retry-After"), now),
+		Replayed:    replayed(hdr),
+		Response:    raw,
 	}
 	if pi := se.PaymentIntent; pi != nil {
-		f.chargeID = pi.ID
-		f.chargeStatus = string(pi.Status)
+		f.ChargeID = pi.ID
+		f.ChargeStatus = string(pi.Status)
 	}
 	return f
-}
-
-// apiFailure is an error answer from a Stripe-compatible API, as the Stripe
-// adapter and SimClient both read it; its methods are the one mapping of such
-// answers to what Charge and Lookup return.
-type apiFailure struct {
-	status                          int
-	typ, code, declineCode, message string
-	// retryAfter is the Retry-After header, "" when none.
-	retryAfter string
-	// replayed is the Idempotent-Replayed header.
-	replayed bool
-	// body is the answer's body; charge needs it only for a decline.
-	body json.RawMessage
-	// chargeID and chargeStatus are those of the payment intent the error
-	// carries, if any.
-	chargeID, chargeStatus string
-}
-
-func (f *apiFailure) class() Class { return Classify(f.status, f.typ, f.code, nil) }
-
-// charge is Charge's answer: a declined Outcome when the provider refused the
-// charge for good (402, or 400 on the parameters), else an *Error.
-func (f *apiFailure) charge(now time.Time) (*Outcome, error) {
-	class := f.class()
-	if class != ClassDeclined {
-		return nil, f.error(class, now)
-	}
-	return &Outcome{
-		ChargeID:    f.chargeID,
-		Status:      f.chargeStatus,
-		Declined:    true,
-		DeclineCode: firstNonEmpty(f.declineCode, f.code, f.typ),
-		HTTPStatus:  f.status,
-		Response:    f.body,
-		Replayed:    f.replayed,
-	}, nil
-}
-
-// lookup is Lookup's error. A lookup cannot be declined, so a 4xx the charge
-// path would call definitive means "could not tell" here.
-func (f *apiFailure) lookup(now time.Time) *Error {
-	class := f.class()
-	if class != ClassRetryable {
-		class = ClassUnknown
-	}
-	return f.error(class, now)
-}
-
-func (f *apiFailure) error(class Class, now time.Time) *Error {
-	return &Error{
-		Class:      class,
-		HTTPStatus: f.status,
-		Type:       f.typ,
-		Code:       f.code,
-		Message:    f.message,
-		RetryAfter: parseRetryAfter(f.retryAfter, now),
-	}
-}
-
-// resourceMissing reports a 404: retrieve found no such object.
-func (f *apiFailure) resourceMissing() bool {
-	return f.status == http.StatusNotFound || f.code == string(stripe.ErrorCodeResourceMissing)
 }
 
 // transportError is the *Error for a call that got no answer.
@@ -373,26 +318,7 @@ func (s *Stripe) Lookup(ctx context.Context, req LookupRequest) (LookupResult, e
 			charged = append(charged, out)
 		}
 	}
-	return searchVerdict(charged, declined, processing)
-}
-
-// searchVerdict is Lookup's answer from what a search found under one key,
-// newest first: charges, declines and the ids of intents still processing.
-func searchVerdict(charged, declined []*Outcome, processing []string) (LookupResult, error) {
-	switch {
-	case len(charged)+len(processing) > 1 && len(charged) > 0:
-		ids := append(outcomeIDs(charged), processing...)
-		return LookupResult{}, &Error{Class: ClassUnknown, Message: "multiple charges under one key: " + strings.Join(ids, ", ")}
-	case len(processing) > 0:
-		return LookupResult{}, &Error{Class: ClassUnknown, Message: "payment intent still processing: " + strings.Join(processing, ", ")}
-	case len(charged) == 1:
-		return LookupResult{Found: true, Outcome: charged[0]}, nil
-	case len(declined) > 0:
-		// Search returns newest first: the latest attempt is the answer.
-		return LookupResult{Found: true, Outcome: declined[0]}, nil
-	default:
-		return LookupResult{}, nil
-	}
+	return SearchVerdict(charged, declined, processing)
 }
 
 func (s *Stripe) lookupByID(pi *stripe.PaymentIntent, req LookupRequest) (LookupResult, error) {
@@ -410,6 +336,10 @@ func (s *Stripe) lookupByID(pi *stripe.PaymentIntent, req LookupRequest) (Lookup
 	}
 	return LookupResult{Found: true, Outcome: out}, nil
 }
+
+// searchLimit is the page size of a lookup's search, the largest Stripe
+// allows.
+const searchLimit = 100
 
 // SearchQuery returns the Stripe search query that finds the intents charged
 // for (merchantID, idempotencyKey). Values are single-quoted with backslash
@@ -468,7 +398,7 @@ func declinedIntent(pi *stripe.PaymentIntent, raw []byte) *Outcome {
 		if lpe.Msg != "" {
 			body.Error.Message = lpe.Msg
 		}
-		code = firstNonEmpty(string(lpe.DeclineCode), string(lpe.Code), code)
+		code = cmp.Or(string(lpe.DeclineCode), string(lpe.Code), code)
 	}
 	resp, err := json.Marshal(body)
 	if err != nil {
@@ -485,27 +415,13 @@ func declinedIntent(pi *stripe.PaymentIntent, raw []byte) *Outcome {
 	}
 }
 
-// checkProviderKey rejects keys Stripe would refuse or silently alter
-// (stripe-go trims spaces).
-func checkProviderKey(k string) error {
-	switch {
-	case k == "":
-		return &Error{Class: ClassMismatch, Message: "provider key is empty", Err: ErrInvalidRequest}
-	case len(k) > MaxProviderKeyLen:
-		return &Error{Class: ClassMismatch, Message: fmt.Sprintf("provider key is longer than %d bytes", MaxProviderKeyLen), Err: ErrInvalidRequest}
-	case strings.TrimSpace(k) != k:
-		return &Error{Class: ClassMismatch, Message: "provider key has leading or trailing space", Err: ErrInvalidRequest}
-	}
-	return nil
-}
-
 func isResourceMissing(err error) bool {
 	var se *stripe.Error
 	if !errors.As(err, &se) {
 		return false
 	}
-	f := stripeFailure(se)
-	return f.resourceMissing()
+	// A 404: retrieve found no such object.
+	return se.HTTPStatusCode == http.StatusNotFound || se.Code == stripe.ErrorCodeResourceMissing
 }
 
 func lastResponse(r *stripe.APIResponse) (json.RawMessage, http.Header) {
@@ -543,23 +459,6 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		return t.Sub(now)
 	}
 	return 0
-}
-
-func firstNonEmpty(candidates ...string) string {
-	for _, c := range candidates {
-		if c != "" {
-			return c
-		}
-	}
-	return ""
-}
-
-func outcomeIDs(outs []*Outcome) []string {
-	ids := make([]string, len(outs))
-	for i, o := range outs {
-		ids[i] = o.ChargeID
-	}
-	return ids
 }
 
 func statusOr(s stripe.PaymentIntentStatus) string {

@@ -1,0 +1,100 @@
+package provider
+
+import (
+	"cmp"
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// Rejection is an error answer from a provider's API, as an adapter reads it:
+// the status and the provider's error fields. Its methods are the one mapping
+// of such an answer to what Charge and Lookup return, shared by every
+// implementation that speaks to a Stripe-compatible API.
+type Rejection struct {
+	// HTTPStatus is the answer's status code.
+	HTTPStatus int
+	// Type, Code, DeclineCode and Message are the provider's error fields.
+	Type, Code, DeclineCode, Message string
+	// RetryAfter is the provider's Retry-After hint, 0 when none.
+	RetryAfter time.Duration
+	// Replayed is the Idempotent-Replayed header.
+	Replayed bool
+	// Response is the answer's body; ChargeResult needs it only for a
+	// decline.
+	Response json.RawMessage
+	// ChargeID and ChargeStatus are those of the payment intent the error
+	// carries, if any.
+	ChargeID, ChargeStatus string
+}
+
+func (r *Rejection) class() Class { return Classify(r.HTTPStatus, r.Type, r.Code, nil) }
+
+// ChargeResult is Charge's answer: a declined Outcome when the provider
+// refused the charge for good (402, or 400 on the parameters), else an
+// *Error.
+func (r *Rejection) ChargeResult() (*Outcome, error) {
+	class := r.class()
+	if class != ClassDeclined {
+		return nil, r.error(class)
+	}
+	return &Outcome{
+		ChargeID:    r.ChargeID,
+		Status:      r.ChargeStatus,
+		Declined:    true,
+		DeclineCode: cmp.Or(r.DeclineCode, r.Code, r.Type),
+		HTTPStatus:  r.HTTPStatus,
+		Response:    r.Response,
+		Replayed:    r.Replayed,
+	}, nil
+}
+
+// LookupError is Lookup's error. A lookup cannot be declined, so a 4xx the
+// charge path would call definitive means "could not tell" here.
+func (r *Rejection) LookupError() *Error {
+	class := r.class()
+	if class != ClassRetryable {
+		class = ClassUnknown
+	}
+	return r.error(class)
+}
+
+func (r *Rejection) error(class Class) *Error {
+	return &Error{
+		Class:      class,
+		HTTPStatus: r.HTTPStatus,
+		Type:       r.Type,
+		Code:       r.Code,
+		Message:    r.Message,
+		RetryAfter: r.RetryAfter,
+	}
+}
+
+// SearchVerdict is Lookup's answer from what a search found under one key,
+// newest first: charges, declines and the ids of intents still processing.
+// Several charges, or one still processing, are a ClassUnknown error, never
+// hidden; otherwise the one charge, else the latest decline, else not found.
+func SearchVerdict(charged, declined []*Outcome, processing []string) (LookupResult, error) {
+	switch {
+	case len(charged)+len(processing) > 1 && len(charged) > 0:
+		ids := append(outcomeIDs(charged), processing...)
+		return LookupResult{}, &Error{Class: ClassUnknown, Message: "multiple charges under one key: " + strings.Join(ids, ", ")}
+	case len(processing) > 0:
+		return LookupResult{}, &Error{Class: ClassUnknown, Message: "payment intent still processing: " + strings.Join(processing, ", ")}
+	case len(charged) == 1:
+		return LookupResult{Found: true, Outcome: charged[0]}, nil
+	case len(declined) > 0:
+		// Search returns newest first: the latest attempt is the answer.
+		return LookupResult{Found: true, Outcome: declined[0]}, nil
+	default:
+		return LookupResult{}, nil
+	}
+}
+
+func outcomeIDs(outs []*Outcome) []string {
+	ids := make([]string, len(outs))
+	for i, o := range outs {
+		ids[i] = o.ChargeID
+	}
+	return ids
+}
