@@ -18,6 +18,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -120,7 +121,7 @@ func TestCrashAfterChargeBeforeCommit(t *testing.T) {
 func TestChargeThenDropRedeliveryReplays(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if err := e.sim.SetFaults(provider.Faults{RateDropAfterCharge: 1}); err != nil {
+	if err := e.sim.SetFaults(stripesim.Faults{RateDropAfterCharge: 1}); err != nil {
 		t.Fatal(err)
 	}
 	e.startWorker("w1", nil)
@@ -130,7 +131,7 @@ func TestChargeThenDropRedeliveryReplays(t *testing.T) {
 		rec, err := e.store.Get(e.ctx, "m_1", "drop")
 		return err == nil && rec.Status == dedup.StatusPending && rec.MaybeCharged
 	})
-	if err := e.sim.SetFaults(provider.Faults{}); err != nil {
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("completed from the provider's replay", func() bool {
@@ -257,7 +258,7 @@ func TestSIGTERMDrainNeverAcksUnfinished(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	// Slow provider: every charge takes 1.5 s, longer than the drain allows.
-	if err := e.sim.SetFaults(provider.Faults{Latency: 1500 * time.Millisecond}); err != nil {
+	if err := e.sim.SetFaults(stripesim.Faults{Latency: 1500 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := e.cfg
@@ -294,7 +295,7 @@ func TestSIGTERMDrainNeverAcksUnfinished(t *testing.T) {
 		t.Fatal("every payment finished before the drain deadline: the test proves nothing")
 	}
 	// After a restart every command is charged exactly once.
-	if err := e.sim.SetFaults(provider.Faults{}); err != nil {
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	e.cfg.DrainTimeout = 2 * time.Second

@@ -18,6 +18,8 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // env is one test's world: its own Postgres schema, its own streams on the
@@ -29,8 +31,8 @@ type env struct {
 	store  *dedup.Store
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	sim    *provider.Simulator
-	stripe *provider.Stripe
+	sim    *stripesim.Simulator
+	stripe *stripe.Stripe
 	cfg    consumer.Config
 }
 
@@ -388,7 +390,7 @@ func TestKeyReusedDeadLettered(t *testing.T) {
 func TestProviderDownMaxDeliveries(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if err := e.sim.SetFaults(provider.Faults{Rate5xx: 1}); err != nil {
+	if err := e.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
 		t.Fatal(err)
 	}
 	e.startWorker("w1", nil)

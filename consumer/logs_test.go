@@ -8,14 +8,14 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/internal/testenv"
-	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 func TestLogsCarryContextAndNoCardData(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	// One unknown outcome, so retries and lease handling are logged too.
-	if err := e.sim.SetFaults(provider.Faults{RateDropAfterCharge: 1}); err != nil {
+	if err := e.sim.SetFaults(stripesim.Faults{RateDropAfterCharge: 1}); err != nil {
 		t.Fatal(err)
 	}
 	var buf testenv.Buffer
@@ -34,7 +34,7 @@ func TestLogsCarryContextAndNoCardData(t *testing.T) {
 	// still send the first trace id, or the provider would see other
 	// parameters under the same key (idempotency_error).
 	e.publish("m_1", body("m_1", "logged", 100), "", map[string]string{"traceparent": "00-" + retryTraceID + "-b7ad6b7169203331-01"})
-	if err := e.sim.SetFaults(provider.Faults{}); err != nil {
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("both completed", func() bool {

@@ -15,6 +15,8 @@ import (
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -73,7 +75,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	sim := provider.NewSimulator(provider.SimConfig{Seed: 7, Now: clk.Now, OnCharge: func(c provider.SimCharge) {
+	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 7, Now: clk.Now, OnCharge: func(c stripesim.SimCharge) {
 		if c.IdempotencyKey == held {
 			entered <- struct{}{}
 			<-release
@@ -83,7 +85,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	t.Cleanup(srv.Close)
 	t.Cleanup(unblock) // before srv.Close: no handler stays blocked
 	proxy := testenv.NewFrontProxy(t, srv.Listener.Addr().String())
-	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: proxy.URL(), Timeout: 2 * time.Second})
+	stripe, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: proxy.URL(), Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

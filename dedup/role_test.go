@@ -17,6 +17,8 @@ import (
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -77,10 +79,10 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := provider.NewSimulator(provider.SimConfig{Seed: 3})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 3})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_role", APIBase: srv.URL, Timeout: time.Second})
+	stripe, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_role", APIBase: srv.URL, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,16 +120,16 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	process(cmd("declined", "pm_card_chargeDeclined"), consumer.Declined)
 
 	// Known not charged (429): the row becomes failed, then re-acquired.
-	must(t, sim.SetFaults(provider.Faults{Rate429: 1}))
+	must(t, sim.SetFaults(stripesim.Faults{Rate429: 1}))
 	process(cmd("limited", "pm_card_visa"), consumer.Retry)
-	must(t, sim.SetFaults(provider.Faults{}))
+	must(t, sim.SetFaults(stripesim.Faults{}))
 	process(cmd("limited", "pm_card_visa"), consumer.Completed)
 
 	// Unknown outcome (500): the row is released pending; the reconciler,
 	// on the same role, resolves it by lookup and purges nothing yet.
-	must(t, sim.SetFaults(provider.Faults{Rate5xx: 1}))
+	must(t, sim.SetFaults(stripesim.Faults{Rate5xx: 1}))
 	process(cmd("unknown", "pm_card_visa"), consumer.Retry)
-	must(t, sim.SetFaults(provider.Faults{}))
+	must(t, sim.SetFaults(stripesim.Faults{}))
 	rec, err := reconciler.New(store, stripe, reconciler.Config{Grace: time.Millisecond, SearchLag: time.Millisecond, Holder: "role-reconciler"})
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // world is one test's world: its own schema, streams, simulator, gateway
@@ -34,7 +35,7 @@ type world struct {
 	store  *dedup.Store
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	sim    *provider.Simulator
+	sim    *stripesim.Simulator
 	gate   *gatedCharger
 	cfg    consumer.Config
 	gw     *gateway.Gateway

@@ -3,8 +3,6 @@ package provider_test
 import (
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -267,57 +265,5 @@ func TestChargeWithRetryBudgetHolds(t *testing.T) {
 	// Scheduling slack aside, the call must fit its budget.
 	if elapsed > pol.Budget()+250*time.Millisecond || c.calls() != 3 {
 		t.Fatalf("took %s for %d calls, budget %s", elapsed, c.calls(), pol.Budget())
-	}
-}
-
-// TestChargeWithRetryDropAfterCharge retries through the Stripe adapter a
-// charge whose response was lost: every attempt carries the same provider
-// key, the provider charges once, and the retry gets the original intent.
-func TestChargeWithRetryDropAfterCharge(t *testing.T) {
-	t.Parallel()
-	var sim *provider.Simulator
-	sim = provider.NewSimulator(provider.SimConfig{
-		Seed:   7,
-		Faults: provider.Faults{RateDropAfterCharge: 1},
-		// The provider "recovers" right after the first charge: the
-		// response of that request is still dropped (its fate was rolled on
-		// arrival), the retry's is not.
-		OnCharge: func(provider.SimCharge) {
-			if err := sim.SetFaults(provider.Faults{}); err != nil {
-				t.Error(err)
-			}
-		},
-	})
-	var mu sync.Mutex
-	var keys []string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			mu.Lock()
-			keys = append(keys, r.Header.Get("Idempotency-Key"))
-			mu.Unlock()
-		}
-		sim.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	s := newStripe(t, provider.StripeConfig{APIBase: srv.URL})
-
-	req := chargeReq("k-retry-drop")
-	out, err := provider.ChargeWithRetry(context.Background(), s, req, fast)
-	if err != nil {
-		t.Fatal(err)
-	}
-	charges := sim.Charges()
-	if len(charges) != 1 || out.ChargeID != charges[0].ID || !out.Replayed {
-		t.Fatalf("outcome %+v, ledger %+v: want one charge, replayed to the retry", out, charges)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(keys) < 2 {
-		t.Fatalf("provider saw %d requests, want the dropped one and a retry", len(keys))
-	}
-	for _, k := range keys {
-		if k != req.ProviderKey {
-			t.Fatalf("provider keys = %v, want all %s", keys, req.ProviderKey)
-		}
 	}
 }

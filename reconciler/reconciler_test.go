@@ -21,6 +21,8 @@ import (
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -41,13 +43,13 @@ type bundle struct {
 	pool   *pgxpool.Pool
 	clk    *clock.Fake
 	store  *dedup.Store
-	sim    *provider.Simulator
-	stripe *provider.Stripe
+	sim    *stripesim.Simulator
+	stripe *stripe.Stripe
 }
 
 // setup gives a test a migrated schema, a store on a fake clock, and the
 // simulator (on the same clock) behind the real Stripe adapter.
-func setup(t *testing.T, simCfg provider.SimConfig) *bundle {
+func setup(t *testing.T, simCfg stripesim.SimConfig) *bundle {
 	t.Helper()
 	pool := testenv.Pool(t)
 	clk := clock.NewFake(t0)
@@ -59,10 +61,10 @@ func setup(t *testing.T, simCfg provider.SimConfig) *bundle {
 		simCfg.Seed = 42
 	}
 	simCfg.Now = clk.Now
-	sim := provider.NewSimulator(simCfg)
+	sim := stripesim.NewSimulator(simCfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	st, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_x", APIBase: srv.URL})
+	st, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_x", APIBase: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +205,7 @@ func responseID(t *testing.T, raw json.RawMessage) string {
 
 func TestChargedRowIsCompleted(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	l := b.claim(t, "charged")
 	out := b.charge(t, l, "pm_card_visa") // then the worker crashed
 	b.clk.Advance(stuckFor)
@@ -242,7 +244,7 @@ func TestChargedRowIsCompleted(t *testing.T) {
 
 func TestDeclinedRowIsCompletedAsDeclined(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	l := b.claim(t, "declined")
 	out := b.charge(t, l, "pm_card_chargeDeclined")
 	if !out.Declined {
@@ -269,7 +271,7 @@ func TestDeclinedRowIsCompletedAsDeclined(t *testing.T) {
 
 func TestNotChargedRowFailsOnlyAfterSearchLag(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	b.claim(t, "nothing")
 	looker := counting(b.stripe)
 	r := b.reconciler(t, looker, reconciler.Config{}) // Grace 30s, SearchLag 60s
@@ -309,7 +311,7 @@ func TestNotChargedRowFailsOnlyAfterSearchLag(t *testing.T) {
 // look before the charge is searchable.
 func TestSearchLagHidesLateCharge(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{SearchLag: reconciler.DefaultSearchLag})
+	b := setup(t, stripesim.SimConfig{SearchLag: reconciler.DefaultSearchLag})
 	l := b.claim(t, "late")
 	b.clk.Advance(workerLease)
 	out := b.charge(t, l, "pm_card_visa")
@@ -331,11 +333,11 @@ func TestSearchLagHidesLateCharge(t *testing.T) {
 
 func TestLookupErrorLeavesRowPending(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	l := b.claim(t, "flaky")
 	out := b.charge(t, l, "pm_card_visa")
 	b.clk.Advance(stuckFor)
-	if err := b.sim.SetFaults(provider.Faults{Rate5xx: 1}); err != nil {
+	if err := b.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
 		t.Fatal(err)
 	}
 	r := b.reconciler(t, b.stripe, reconciler.Config{})
@@ -348,7 +350,7 @@ func TestLookupErrorLeavesRowPending(t *testing.T) {
 	// Released now, the row waits out Grace and SearchLag again.
 	wantResult(t, runOnce(t, r), reconciler.RunResult{})
 
-	if err := b.sim.SetFaults(provider.Faults{}); err != nil {
+	if err := b.sim.SetFaults(stripesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	b.clk.Advance(reconciler.DefaultSearchLag + time.Second)
@@ -394,7 +396,7 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, provider.SimConfig{})
+			b := setup(t, stripesim.SimConfig{})
 			if tt.prior != nil {
 				tt.prior(t, b)
 			}
@@ -421,7 +423,7 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 
 func TestLiveLeaseIsNotTouched(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	b.claim(t, "live")
 	before := b.get(t, "live")
 	looker := counting(b.stripe)
@@ -440,7 +442,7 @@ func TestLiveLeaseIsNotTouched(t *testing.T) {
 
 func TestConcurrentReconcilersResolveEachRowOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	const rows = 50
 	for i := range rows {
 		l := b.claim(t, fmt.Sprintf("c-%02d", i))
@@ -518,7 +520,7 @@ func TestFencing(t *testing.T) {
 
 	t.Run("late worker after the reconciler", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, provider.SimConfig{})
+		b := setup(t, stripesim.SimConfig{})
 		w := b.claim(t, "k")
 		out := b.charge(t, w, "pm_card_visa") // the worker stalls here past its lease
 		b.clk.Advance(stuckFor)
@@ -540,7 +542,7 @@ func TestFencing(t *testing.T) {
 	for _, charged := range []bool{true, false} {
 		t.Run(fmt.Sprintf("reconciler after a redelivery, charged=%v", charged), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, provider.SimConfig{})
+			b := setup(t, stripesim.SimConfig{})
 			w := b.claim(t, "k")
 			if charged {
 				b.charge(t, w, "pm_card_visa")
@@ -585,7 +587,7 @@ func TestFencing(t *testing.T) {
 // that no redelivery can take the row meanwhile.
 func TestLeaseRenewedDuringLongBatch(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	for i := range 3 {
 		b.claim(t, fmt.Sprintf("slow-%d", i))
 	}
@@ -607,7 +609,7 @@ func TestLeaseRenewedDuringLongBatch(t *testing.T) {
 
 func TestPurge(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	for i := range 5 {
 		l := b.claim(t, fmt.Sprintf("done-%d", i))
 		id := fmt.Sprintf("pi_done_%d", i)
@@ -655,7 +657,7 @@ func TestPurge(t *testing.T) {
 
 func TestStartStop(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	l := b.claim(t, "bg")
 	b.charge(t, l, "pm_card_visa")
 	b.clk.Advance(stuckFor)
@@ -726,7 +728,7 @@ func TestStartStop(t *testing.T) {
 
 func TestStopDuringLookupReleasesRow(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	b.claim(t, "hang")
 	b.clk.Advance(stuckFor)
 	entered := make(chan struct{}, 1)

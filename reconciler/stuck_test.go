@@ -11,6 +11,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -59,7 +60,7 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, want map[s
 // it leaves it alone.
 func TestFailingLookupsKeepRowStuck(t *testing.T) {
 	t.Parallel()
-	b := setup(t, provider.SimConfig{})
+	b := setup(t, stripesim.SimConfig{})
 	b.claim(t, "dark")
 	claimed := b.clk.Now()
 	down := lookerFunc(func(context.Context, provider.LookupRequest) (provider.LookupResult, error) {

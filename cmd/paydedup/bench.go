@@ -29,7 +29,8 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/ledgercheck"
 	"github.com/paydedup/paydedup/payment"
-	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 type benchCmd struct {
@@ -227,11 +228,11 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		_ = js.DeleteStream(cctx, cfg.AdvisoryStream)
 	}()
 
-	sim := provider.NewSimulator(provider.SimConfig{Faults: provider.Faults{Latency: b.latency}})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{Faults: stripesim.Faults{Latency: b.latency}})
 	const apiKey = "sk_test_paydedup_bench"
 	var prov consumer.Charger = sim.Client(apiKey)
 	if b.provider == "stripe" {
-		st, err := provider.NewStripe(provider.StripeConfig{
+		st, err := stripe.NewStripe(stripe.StripeConfig{
 			SecretKey: apiKey, APIBase: "http://sim.invalid", Timeout: 30 * time.Second,
 			HTTPClient: &http.Client{Transport: inProcess{sim}},
 		})
@@ -449,7 +450,7 @@ func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Conf
 }
 
 // benchCheck counts double charges and lost payments against the ledger.
-func benchCheck(ctx context.Context, store *dedup.Store, sim *provider.Simulator, n int) (double, lost int, err error) {
+func benchCheck(ctx context.Context, store *dedup.Store, sim *stripesim.Simulator, n int) (double, lost int, err error) {
 	charges := sim.ChargesByKey()
 	refs := make([]dedup.KeyRef, n)
 	for i := range n {

@@ -25,6 +25,8 @@ import (
 	"github.com/paydedup/paydedup/internal/ledgercheck"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -173,9 +175,9 @@ func (d *demoCmd) Run(ctx context.Context) error {
 		return err
 	}
 
-	faults := provider.Faults{Latency: 2 * time.Millisecond, Jitter: 10 * time.Millisecond, Rate5xx: 0.02, RateDropAfterCharge: 0.02}
+	faults := stripesim.Faults{Latency: 2 * time.Millisecond, Jitter: 10 * time.Millisecond, Rate5xx: 0.02, RateDropAfterCharge: 0.02}
 	pf := providerFlags{kind: "sim", timeout: demoAttemptTimeout}
-	prov, sim, stopSim, err := pf.build(ctx, provider.SimConfig{Seed: int64(seed >> 1), Faults: faults, Logger: d.quietLogger(nil)})
+	prov, sim, stopSim, err := pf.build(ctx, stripesim.SimConfig{Seed: int64(seed >> 1), Faults: faults, Logger: d.quietLogger(nil)})
 	if err != nil {
 		return err
 	}
@@ -372,7 +374,7 @@ type demoRun struct {
 	store   *dedup.Store
 	js      jetstream.JetStream
 	natsURL string
-	sim     *provider.Simulator
+	sim     *stripesim.Simulator
 	rng     *rand.Rand
 	runID   string
 	start   time.Time
@@ -407,7 +409,7 @@ type demoWorker struct {
 	killed atomic.Bool
 }
 
-func (r *demoRun) startWorkers(ctx context.Context, prov *provider.Stripe) error {
+func (r *demoRun) startWorkers(ctx context.Context, prov *stripe.Stripe) error {
 	for i := range r.workers {
 		w := &demoWorker{name: fmt.Sprintf("demo-%s-worker-%d", r.runID, i+1), obs: &demoObserver{}, done: make(chan struct{})}
 		nc, err := nats.Connect(r.natsURL, nats.Name(w.name), nats.Timeout(5*time.Second))

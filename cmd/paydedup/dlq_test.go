@@ -18,6 +18,8 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // eventually polls cond until it holds or the deadline passes.
@@ -52,10 +54,10 @@ func TestDLQListShowReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := provider.NewSimulator(provider.SimConfig{Seed: 5})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 5})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_dlq", APIBase: srv.URL, Timeout: time.Second})
+	stripe, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_dlq", APIBase: srv.URL, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +108,7 @@ func TestDLQListShowReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "done completed", func() bool { return status("done").Status == dedup.StatusCompleted })
-	if err := sim.SetFaults(provider.Faults{Rate5xx: 1}); err != nil {
+	if err := sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := w.run(paymentLine("down", 200)+"\n", "publish"); err != nil {
@@ -199,7 +201,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	}
 
 	// The provider recovers: replay the max_deliveries dead letters.
-	if err := sim.SetFaults(provider.Faults{}); err != nil {
+	if err := sim.SetFaults(stripesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	out, _, err = w.run("", "dlq", "replay", "--all", "--reason", "max_deliveries")

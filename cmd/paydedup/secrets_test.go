@@ -28,7 +28,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/internal/testenv"
-	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // Marker secrets: none may ever appear in help output, errors or logs.
@@ -187,7 +187,7 @@ func TestRunningWorkerNeverLogsSecrets(t *testing.T) {
 	}
 	dbURL.User = url.UserPassword(dbURL.User.Username(), markDB)
 	srv := startNATS(t, func(o *server.Options) { o.Username, o.Password = "u", markNatsPW })
-	sim := httptest.NewServer(provider.NewSimulator(provider.SimConfig{Seed: 1}))
+	sim := httptest.NewServer(stripesim.NewSimulator(stripesim.SimConfig{Seed: 1}))
 	t.Cleanup(sim.Close)
 
 	env := map[string]string{

@@ -18,7 +18,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // build compiles ./cmd/paydedup into the work directory, unless -bin names
@@ -386,7 +386,7 @@ func (h *harness) collect(ctx context.Context) (Evidence, error) {
 		return ev, fmt.Errorf("read the provider's ledger: %w", err)
 	}
 	defer resp.Body.Close()
-	var ledger provider.SimLedger
+	var ledger stripesim.SimLedger
 	if err := json.NewDecoder(resp.Body).Decode(&ledger); err != nil {
 		return ev, fmt.Errorf("decode the provider's ledger: %w", err)
 	}

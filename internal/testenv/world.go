@@ -10,17 +10,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // Provider serves an in-process simulator and returns it with the Stripe
 // adapter pointed at it: the real client path, the simulated provider.
-func Provider(t testing.TB, seed int64, timeout time.Duration) (*provider.Simulator, *provider.Stripe) {
+func Provider(t testing.TB, seed int64, timeout time.Duration) (*stripesim.Simulator, *stripe.Stripe) {
 	t.Helper()
-	sim := provider.NewSimulator(provider.SimConfig{Seed: seed})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: seed})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	stripe, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: timeout})
+	stripe, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}

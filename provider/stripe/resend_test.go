@@ -1,4 +1,4 @@
-package provider_test
+package stripe_test
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // TestStripeResendAfterWriteIsUnknown drives net/http's own resend: stripe-go
@@ -25,11 +27,11 @@ func TestStripeResendAfterWriteIsUnknown(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name       string
-		resend     provider.Faults // the faults the resend meets
+		resend     stripesim.Faults // the faults the resend meets
 		wantStatus int
 	}{
-		{"resend meets the key in use", provider.Faults{}, http.StatusConflict},
-		{"resend is rate limited", provider.Faults{Rate429: 1}, http.StatusTooManyRequests},
+		{"resend meets the key in use", stripesim.Faults{}, http.StatusConflict},
+		{"resend is rate limited", stripesim.Faults{Rate429: 1}, http.StatusTooManyRequests},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -38,7 +40,7 @@ func TestStripeResendAfterWriteIsUnknown(t *testing.T) {
 			release := make(chan struct{})
 			var releaseOnce sync.Once
 			unblock := func() { releaseOnce.Do(func() { close(release) }) }
-			sim := provider.NewSimulator(provider.SimConfig{Seed: 7, OnCharge: func(c provider.SimCharge) {
+			sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 7, OnCharge: func(c stripesim.SimCharge) {
 				if c.IdempotencyKey == key {
 					entered <- struct{}{}
 					<-release
@@ -48,7 +50,7 @@ func TestStripeResendAfterWriteIsUnknown(t *testing.T) {
 			t.Cleanup(srv.Close)
 			t.Cleanup(unblock) // runs before srv.Close: no handler stays blocked
 			proxy := testenv.NewFrontProxy(t, srv.Listener.Addr().String())
-			s := newStripe(t, provider.StripeConfig{APIBase: proxy.URL(), Timeout: 10 * time.Second})
+			s := newStripe(t, stripe.StripeConfig{APIBase: proxy.URL(), Timeout: 10 * time.Second})
 
 			// A first call leaves one kept-alive connection for the next.
 			mustCharge(t, s, chargeReq("k-warm"))
@@ -86,7 +88,7 @@ func TestStripeResendAfterWriteIsUnknown(t *testing.T) {
 			}
 
 			unblock()
-			if err := sim.SetFaults(provider.Faults{}); err != nil {
+			if err := sim.SetFaults(stripesim.Faults{}); err != nil {
 				t.Fatal(err)
 			}
 			again := mustCharge(t, s, chargeReq(key))

@@ -1,4 +1,4 @@
-package provider
+package stripesim
 
 import (
 	"context"
@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
 )
 
 // randText returns a string built to break encoders: JSON and URL
@@ -273,14 +276,14 @@ func (w *wireBody) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestChargeFormMatchesStripeGo(t *testing.T) {
 	t.Parallel()
 	wire := &wireBody{}
-	adapter, err := NewStripe(StripeConfig{SecretKey: "sk_test_form", APIBase: "http://sim.invalid",
+	adapter, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_form", APIBase: "http://sim.invalid",
 		HTTPClient: &http.Client{Transport: wire}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(11, 12))
 	for i := range 3000 {
-		req := ChargeRequest{
+		req := provider.ChargeRequest{
 			ProviderKey:    "pdk_x",
 			MerchantID:     randText(r, 4),
 			IdempotencyKey: randText(r, 6),
@@ -297,7 +300,7 @@ func TestChargeFormMatchesStripeGo(t *testing.T) {
 				req.Metadata[randText(r, 3)] = randText(r, 4)
 			}
 			if i%7 == 0 {
-				req.Metadata[MetadataMerchantID] = "overridden"
+				req.Metadata[provider.MetadataMerchantID] = "overridden"
 			}
 		}
 		if _, err := adapter.Charge(context.Background(), req); err != nil {

@@ -1,4 +1,4 @@
-package provider
+package stripesim
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/paydedup/paydedup/provider"
 )
 
 // Defaults for SimConfig.
@@ -71,14 +73,14 @@ func (f Faults) Validate() error {
 		{"RateFailBeforeCharge", f.RateFailBeforeCharge},
 	} {
 		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
-			return fmt.Errorf("%w: Faults.%s %v is not in [0,1]", ErrInvalidConfig, r.name, r.v)
+			return fmt.Errorf("%w: Faults.%s %v is not in [0,1]", provider.ErrInvalidConfig, r.name, r.v)
 		}
 	}
 	if f.Latency < 0 {
-		return fmt.Errorf("%w: Faults.Latency %s is negative", ErrInvalidConfig, f.Latency)
+		return fmt.Errorf("%w: Faults.Latency %s is negative", provider.ErrInvalidConfig, f.Latency)
 	}
 	if f.Jitter < 0 {
-		return fmt.Errorf("%w: Faults.Jitter %s is negative", ErrInvalidConfig, f.Jitter)
+		return fmt.Errorf("%w: Faults.Jitter %s is negative", provider.ErrInvalidConfig, f.Jitter)
 	}
 	return nil
 }
@@ -120,10 +122,10 @@ func (c SimConfig) Validate() error {
 		return err
 	}
 	if c.KeyTTL < 0 {
-		return fmt.Errorf("%w: KeyTTL %s is negative", ErrInvalidConfig, c.KeyTTL)
+		return fmt.Errorf("%w: KeyTTL %s is negative", provider.ErrInvalidConfig, c.KeyTTL)
 	}
 	if c.SearchLag < 0 {
-		return fmt.Errorf("%w: SearchLag %s is negative", ErrInvalidConfig, c.SearchLag)
+		return fmt.Errorf("%w: SearchLag %s is negative", provider.ErrInvalidConfig, c.SearchLag)
 	}
 	return nil
 }
@@ -256,8 +258,8 @@ func (in *simIntent) meta(key string) (string, bool) {
 
 // charge returns the ledger entry of a succeeded intent.
 func (in *simIntent) charge() SimCharge {
-	merchant, _ := in.meta(MetadataMerchantID)
-	key, _ := in.meta(MetadataIdempotencyKey)
+	merchant, _ := in.meta(provider.MetadataMerchantID)
+	key, _ := in.meta(provider.MetadataIdempotencyKey)
 	return SimCharge{
 		ID:             in.id,
 		ProviderKey:    in.providerKey,

@@ -1,4 +1,4 @@
-package provider
+package stripesim
 
 import (
 	"cmp"
@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/paydedup/paydedup/provider"
 )
 
 // SimClient is a Provider that calls a Simulator directly, without HTTP: no
@@ -34,7 +36,7 @@ type SimClient struct {
 	timeout time.Duration
 }
 
-var _ Provider = (*SimClient)(nil)
+var _ provider.Provider = (*SimClient)(nil)
 
 // Client returns a SimClient for the account of apiKey, the key an HTTP
 // client would send as its Bearer token (StripeConfig.SecretKey); white space
@@ -74,8 +76,8 @@ var errKeyHeader = errors.New(`net/http: invalid header field value for "Idempot
 // Charge creates and confirms a PaymentIntent under req.ProviderKey, as
 // Stripe.Charge does: a decline (402 card_error, or 400 on the parameters) is
 // an Outcome with Declined set; every other failure is an *Error.
-func (c *SimClient) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error) {
-	if err := CheckProviderKey(req.ProviderKey); err != nil {
+func (c *SimClient) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if err := provider.CheckProviderKey(req.ProviderKey); err != nil {
 		return nil, err
 	}
 	if !validHeaderValue(req.ProviderKey) {
@@ -129,38 +131,38 @@ func (c *SimClient) Charge(ctx context.Context, req ChargeRequest) (*Outcome, er
 // search if there is no such intent), else searches by metadata merchant_id
 // and idempotency_key, subject to the search lag. Each retrieve and each page
 // of search is one API request, rolled for faults like an HTTP GET.
-func (c *SimClient) Lookup(ctx context.Context, req LookupRequest) (LookupResult, error) {
+func (c *SimClient) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
 	start := time.Now()
 	if req.ChargeID != "" {
 		in, f, err := c.retrieve(ctx, start, true, req.ChargeID)
 		switch {
 		case err != nil:
-			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", noAnswer(err))
+			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent: %w", noAnswer(err))
 		case f == nil:
 			return lookupByID(in, req)
 		case !resourceMissing(f):
-			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", f.LookupError())
+			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent: %w", f.LookupError())
 		}
 	}
 	if req.MerchantID == "" || req.IdempotencyKey == "" {
-		return LookupResult{}, &Error{Class: ClassMismatch, Message: "lookup needs merchant id and idempotency key", Err: ErrInvalidRequest}
+		return provider.LookupResult{}, &provider.Error{Class: provider.ClassMismatch, Message: "lookup needs merchant id and idempotency key", Err: provider.ErrInvalidRequest}
 	}
 
 	// The clauses of SearchQuery(req.MerchantID, req.IdempotencyKey), which
 	// ParseSearchQuery gives back exactly.
 	clauses := [...]SearchClause{
-		{Key: MetadataIdempotencyKey, Value: req.IdempotencyKey},
-		{Key: MetadataMerchantID, Value: req.MerchantID},
+		{Key: provider.MetadataIdempotencyKey, Value: req.IdempotencyKey},
+		{Key: provider.MetadataMerchantID, Value: req.MerchantID},
 	}
-	var charged, declined []*Outcome
+	var charged, declined []*provider.Outcome
 	for offset := 0; ; {
 		_, reply, err := c.call(ctx, start, offset == 0 && req.ChargeID == "", http.MethodGet, simPathSearch)
 		switch {
 		case err != nil:
-			return LookupResult{}, fmt.Errorf("search payment intents: %w", noAnswer(err))
+			return provider.LookupResult{}, fmt.Errorf("search payment intents: %w", noAnswer(err))
 		case reply != nil:
 			f := reply.failure()
-			return LookupResult{}, fmt.Errorf("search payment intents: %w", f.LookupError())
+			return provider.LookupResult{}, fmt.Errorf("search payment intents: %w", f.LookupError())
 		}
 		// The page size the adapter asks for.
 		page, more := c.sim.searchPage(c.account, clauses[:], offset, maxSearchLimit)
@@ -173,7 +175,7 @@ func (c *SimClient) Lookup(ctx context.Context, req LookupRequest) (LookupResult
 			}
 		}
 		if !more {
-			return SearchVerdict(charged, declined, nil)
+			return provider.SearchVerdict(charged, declined, nil)
 		}
 		offset += len(page)
 	}
@@ -231,14 +233,14 @@ func (c *SimClient) late(ctx context.Context, start time.Time, early bool) error
 
 // noAnswer is the *Error for a call that got no answer, as the adapter makes
 // it of its transport's error.
-func noAnswer(err error) *Error {
-	return &Error{Class: Classify(0, "", "", err), Err: err}
+func noAnswer(err error) *provider.Error {
+	return &provider.Error{Class: provider.Classify(0, "", "", err), Err: err}
 }
 
 // chargeReply is Charge's answer to an error reply.
-func (c *SimClient) chargeReply(r *simReply) (*Outcome, error) {
+func (c *SimClient) chargeReply(r *simReply) (*provider.Outcome, error) {
 	f := r.failure()
-	if Classify(f.HTTPStatus, f.Type, f.Code, nil) == ClassDeclined {
+	if provider.Classify(f.HTTPStatus, f.Type, f.Code, nil) == provider.ClassDeclined {
 		f.Response = renderSim(func(b []byte) []byte { return appendErrorJSON(b, r.err, nil) })
 	}
 	return f.ChargeResult()
@@ -247,8 +249,8 @@ func (c *SimClient) chargeReply(r *simReply) (*Outcome, error) {
 // failure is r as the adapter reads an error answer. No error reply of the
 // simulator carries Idempotent-Replayed or an intent: a decline that made an
 // intent answers through simIntent.outcome.
-func (r *simReply) failure() Rejection {
-	return Rejection{
+func (r *simReply) failure() provider.Rejection {
+	return provider.Rejection{
 		HTTPStatus:  r.status,
 		Type:        r.err.Type,
 		Code:        r.err.Code,
@@ -259,13 +261,13 @@ func (r *simReply) failure() Rejection {
 }
 
 // resourceMissing reports a 404: retrieve found no such object.
-func resourceMissing(f *Rejection) bool {
+func resourceMissing(f *provider.Rejection) bool {
 	return f.HTTPStatus == http.StatusNotFound || f.Code == "resource_missing"
 }
 
 // retrieve is GET /v1/payment_intents/{id}: the intent, or the failure the
 // adapter would read, or a transport error.
-func (c *SimClient) retrieve(ctx context.Context, start time.Time, first bool, id string) (*simIntent, *Rejection, error) {
+func (c *SimClient) retrieve(ctx context.Context, start time.Time, first bool, id string) (*simIntent, *provider.Rejection, error) {
 	if id == "." || id == ".." {
 		// net/http's router redirects these paths to one no endpoint
 		// serves: a 404 that no fault is rolled for.
@@ -298,23 +300,23 @@ func (c *SimClient) retrieve(ctx context.Context, start time.Time, first bool, i
 // lookupByID is Stripe.lookupByID for a retrieved intent. The adapter
 // compares the metadata it decoded from JSON, in which each invalid UTF-8
 // byte became U+FFFD; afterJSON makes the same comparison.
-func lookupByID(in *simIntent, req LookupRequest) (LookupResult, error) {
-	key, _ := in.meta(MetadataIdempotencyKey)
-	merchant, _ := in.meta(MetadataMerchantID)
+func lookupByID(in *simIntent, req provider.LookupRequest) (provider.LookupResult, error) {
+	key, _ := in.meta(provider.MetadataIdempotencyKey)
+	merchant, _ := in.meta(provider.MetadataMerchantID)
 	if (req.IdempotencyKey != "" && afterJSON(key) != req.IdempotencyKey) ||
 		(req.MerchantID != "" && afterJSON(merchant) != req.MerchantID) {
-		return LookupResult{}, &Error{Class: ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", in.id)}
+		return provider.LookupResult{}, &provider.Error{Class: provider.ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", in.id)}
 	}
-	return LookupResult{Found: true, Outcome: in.outcome()}, nil
+	return provider.LookupResult{Found: true, Outcome: in.outcome()}, nil
 }
 
 // outcome is what the Stripe adapter makes of the intent in, whether it
 // arrives as a create's answer or from a lookup: a succeeded intent is a
 // charge; any other is a decline whose Response has the shape of Stripe's 402
 // error (for the simulator's declines, exactly the 402 body it sends).
-func (in *simIntent) outcome() *Outcome {
+func (in *simIntent) outcome() *provider.Outcome {
 	if in.status == simSucceeded {
-		return &Outcome{
+		return &provider.Outcome{
 			ChargeID:   in.id,
 			Status:     in.status,
 			HTTPStatus: http.StatusOK,
@@ -331,7 +333,7 @@ func (in *simIntent) outcome() *Outcome {
 		// defaults.
 		e = simError{Type: "card_error", Message: "The payment intent is " + in.status + "."}
 	}
-	return &Outcome{
+	return &provider.Outcome{
 		ChargeID:    in.id,
 		Status:      in.status,
 		Declined:    true,
@@ -343,14 +345,14 @@ func (in *simIntent) outcome() *Outcome {
 
 // chargeParams are the parameters the adapter sends for req, as parseCreate
 // would read them back.
-func chargeParams(req ChargeRequest) createParams {
+func chargeParams(req provider.ChargeRequest) createParams {
 	md := make([]simMeta, 0, len(req.Metadata)+2)
 	for k, v := range req.Metadata {
-		if k != MetadataMerchantID && k != MetadataIdempotencyKey {
+		if k != provider.MetadataMerchantID && k != provider.MetadataIdempotencyKey {
 			md = append(md, simMeta{k, v})
 		}
 	}
-	md = append(md, simMeta{MetadataMerchantID, req.MerchantID}, simMeta{MetadataIdempotencyKey, req.IdempotencyKey})
+	md = append(md, simMeta{provider.MetadataMerchantID, req.MerchantID}, simMeta{provider.MetadataIdempotencyKey, req.IdempotencyKey})
 	slices.SortFunc(md, cmpMetaKey)
 	return createParams{
 		amount:         req.Amount,

@@ -1,4 +1,4 @@
-package provider
+package stripe
 
 import (
 	"net/http"

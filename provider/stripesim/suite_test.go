@@ -1,4 +1,4 @@
-package provider_test
+package stripesim_test
 
 import (
 	"context"
@@ -14,6 +14,9 @@ import (
 
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/provider"
+
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // newProviderFunc builds the Provider under test for a scenario's simulator
@@ -22,7 +25,31 @@ import (
 // implementation through it (watermill's TestPubSub style); the simulator is
 // the provider on the other end, and its ledger is the ground truth. sim is
 // nil when baseURL serves nothing (see suiteCaps.transport).
-type newProviderFunc func(t *testing.T, sim *provider.Simulator, baseURL string) provider.Provider
+type newProviderFunc func(t *testing.T, sim *stripesim.Simulator, baseURL string) provider.Provider
+
+func newStripe(t *testing.T, cfg stripe.StripeConfig) *stripe.Stripe {
+	t.Helper()
+	if cfg.SecretKey == "" {
+		cfg.SecretKey = "sk_test_paydedup"
+	}
+	s, err := stripe.NewStripe(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered after the server's Close, so it runs first: no client
+	// connection goroutine outlives the test (goleak).
+	t.Cleanup(s.CloseIdleConnections)
+	return s
+}
+
+// TestStripeAgainstSimulator runs the behavioural suite through the Stripe
+// adapter (stripe-go, real HTTP) against the in-process simulator.
+func TestStripeAgainstSimulator(t *testing.T) {
+	t.Parallel()
+	runProviderSuite(t, func(t *testing.T, _ *stripesim.Simulator, baseURL string) provider.Provider {
+		return newStripe(t, stripe.StripeConfig{APIBase: baseURL})
+	}, suiteCaps{transport: true})
+}
 
 // suiteCaps says which scenarios of the suite apply to an implementation.
 type suiteCaps struct {
@@ -36,23 +63,23 @@ type suiteCaps struct {
 
 // suiteEnv is one scenario's simulator, server and provider.
 type suiteEnv struct {
-	sim *provider.Simulator
+	sim *stripesim.Simulator
 	url string
 	p   provider.Provider
 }
 
-func setupSuite(t *testing.T, newProvider newProviderFunc, cfg provider.SimConfig) *suiteEnv {
+func setupSuite(t *testing.T, newProvider newProviderFunc, cfg stripesim.SimConfig) *suiteEnv {
 	t.Helper()
 	if cfg.Seed == 0 {
 		cfg.Seed = 42
 	}
-	sim := provider.NewSimulator(cfg)
+	sim := stripesim.NewSimulator(cfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	return &suiteEnv{sim: sim, url: srv.URL, p: newProvider(t, sim, srv.URL)}
 }
 
-func (e *suiteEnv) setFaults(t *testing.T, f provider.Faults) {
+func (e *suiteEnv) setFaults(t *testing.T, f stripesim.Faults) {
 	t.Helper()
 	if err := e.sim.SetFaults(f); err != nil {
 		t.Fatal(err)
@@ -97,7 +124,7 @@ func wantClass(t *testing.T, err error, want provider.Class) *provider.Error {
 	return pe
 }
 
-func wantCharges(t *testing.T, sim *provider.Simulator, key string, n int) {
+func wantCharges(t *testing.T, sim *stripesim.Simulator, key string, n int) {
 	t.Helper()
 	if got := sim.ChargesByKey()["m_123:"+key]; got != n {
 		t.Fatalf("ledger charges for %s = %d, want %d (ledger: %+v)", key, got, n, sim.Ledger())
@@ -144,7 +171,7 @@ func runProviderSuite(t *testing.T, newProvider newProviderFunc, caps suiteCaps)
 }
 
 func testSuccess(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	req := chargeReq("k-success")
 	req.Metadata["merchant_id"] = "m_evil" // ours must win
 	out := mustCharge(t, env.p, req)
@@ -178,7 +205,7 @@ func testSuccess(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testReplaySameKey(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	req := chargeReq("k-replay")
 	first := mustCharge(t, env.p, req)
 	second := mustCharge(t, env.p, req)
@@ -192,7 +219,7 @@ func testReplaySameKey(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testMismatch(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	req := chargeReq("k-mismatch")
 	mustCharge(t, env.p, req)
 	req.Amount = 2999
@@ -205,7 +232,7 @@ func testMismatch(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testDecline(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	req := chargeReq("k-decline")
 	req.PaymentMethod = "pm_card_chargeDeclined"
 	first := mustCharge(t, env.p, req)
@@ -232,7 +259,7 @@ func testDecline(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testInvalidRequestNotSaved(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	req := chargeReq("k-invalid")
 	req.Amount = 0
 	out := mustCharge(t, env.p, req)
@@ -253,10 +280,10 @@ func testConcurrentSameKey(t *testing.T, newProvider newProviderFunc) {
 	const n = 50
 	release := make(chan struct{})
 	var charged atomic.Int32
-	env := setupSuite(t, newProvider, provider.SimConfig{
+	env := setupSuite(t, newProvider, stripesim.SimConfig{
 		// Hold the first charge in flight until every other call has
 		// returned, so they all meet the key in flight (409).
-		OnCharge: func(provider.SimCharge) {
+		OnCharge: func(stripesim.SimCharge) {
 			charged.Add(1)
 			<-release
 		},
@@ -309,7 +336,7 @@ func testConcurrentSameKey(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testDropAfterCharge(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{Faults: provider.Faults{RateDropAfterCharge: 1}})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{RateDropAfterCharge: 1}})
 	req := chargeReq("k-drop")
 	_, err := env.p.Charge(context.Background(), req)
 	wantClass(t, err, provider.ClassUnknown)
@@ -318,7 +345,7 @@ func testDropAfterCharge(t *testing.T, newProvider newProviderFunc) {
 		t.Fatalf("ledger = %+v, want the dropped charge", charges)
 	}
 
-	env.setFaults(t, provider.Faults{})
+	env.setFaults(t, stripesim.Faults{})
 	out := mustCharge(t, env.p, req)
 	if out.ChargeID != charges[0].ID || !out.Replayed {
 		t.Fatalf("retry = %+v, want replay of %s", out, charges[0].ID)
@@ -327,14 +354,14 @@ func testDropAfterCharge(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testFailBeforeCharge(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{Faults: provider.Faults{RateFailBeforeCharge: 1}})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{RateFailBeforeCharge: 1}})
 	req := chargeReq("k-failbefore")
 	_, err := env.p.Charge(context.Background(), req)
 	// The client cannot tell this from a drop after charging.
 	wantClass(t, err, provider.ClassUnknown)
 	wantCharges(t, env.sim, "k-failbefore", 0)
 
-	env.setFaults(t, provider.Faults{})
+	env.setFaults(t, stripesim.Faults{})
 	out := mustCharge(t, env.p, req)
 	if out.Replayed {
 		t.Fatalf("outcome = %+v, want a first charge", out)
@@ -343,7 +370,7 @@ func testFailBeforeCharge(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testServerError(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{Faults: provider.Faults{Rate5xx: 1}})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{Rate5xx: 1}})
 	_, err := env.p.Charge(context.Background(), chargeReq("k-5xx"))
 	pe := wantClass(t, err, provider.ClassUnknown)
 	if pe.HTTPStatus != 500 || pe.Type != "api_error" {
@@ -353,7 +380,7 @@ func testServerError(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testRateLimited(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{Faults: provider.Faults{Rate429: 1}})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{Rate429: 1}})
 	_, err := env.p.Charge(context.Background(), chargeReq("k-429"))
 	pe := wantClass(t, err, provider.ClassRetryable)
 	if pe.HTTPStatus != 429 || pe.RetryAfter != time.Second {
@@ -382,7 +409,7 @@ func testConnectionRefused(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testClientTimeout(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{Faults: provider.Faults{Latency: time.Minute}})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{Latency: time.Minute}})
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err := env.p.Charge(ctx, chargeReq("k-timeout"))
@@ -393,7 +420,7 @@ func testClientTimeout(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupCharge(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	req := chargeReq("k-lookup")
 	charged := mustCharge(t, env.p, req)
 	mustCharge(t, env.p, chargeReq("k-lookup-other"))
@@ -422,7 +449,7 @@ func testLookupCharge(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupDecline(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	req := chargeReq("k-lookup-decline")
 	req.PaymentMethod = "pm_card_chargeDeclined"
 	declined := mustCharge(t, env.p, req)
@@ -453,7 +480,7 @@ func testLookupDecline(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupUnknownKey(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	mustCharge(t, env.p, chargeReq("k-known"))
 	res, err := env.p.Lookup(context.Background(), provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-never"})
 	if err != nil {
@@ -470,7 +497,7 @@ func testLookupUnknownKey(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupStaleChargeID(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	charged := mustCharge(t, env.p, chargeReq("k-stale-id"))
 	// An id the provider does not know falls back to the search by key.
 	res, err := env.p.Lookup(context.Background(), provider.LookupRequest{
@@ -481,15 +508,15 @@ func testLookupStaleChargeID(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupFaults(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	charged := mustCharge(t, env.p, chargeReq("k-lookup-faults"))
 	for _, tt := range []struct {
-		faults provider.Faults
+		faults stripesim.Faults
 		want   provider.Class
 	}{
-		{provider.Faults{Rate5xx: 1}, provider.ClassUnknown},
-		{provider.Faults{Rate429: 1}, provider.ClassRetryable},
-		{provider.Faults{RateFailBeforeCharge: 1}, provider.ClassUnknown},
+		{stripesim.Faults{Rate5xx: 1}, provider.ClassUnknown},
+		{stripesim.Faults{Rate429: 1}, provider.ClassRetryable},
+		{stripesim.Faults{RateFailBeforeCharge: 1}, provider.ClassUnknown},
 	} {
 		env.setFaults(t, tt.faults)
 		for _, id := range []string{"", charged.ChargeID} {
@@ -501,7 +528,7 @@ func testLookupFaults(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupMultipleCharges(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	// Two provider keys for one key: what a blind retry after the provider's
 	// key window does. Lookup must surface it.
 	first := chargeReq("k-double")
@@ -517,7 +544,7 @@ func testLookupMultipleCharges(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupQuotedKey(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, provider.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{})
 	tricky := `o'brien\' AND metadata['merchant_id']:'x`
 	req := chargeReq(tricky)
 	req.ProviderKey = "pdk_tricky"
@@ -539,7 +566,7 @@ func testLookupQuotedKey(t *testing.T, newProvider newProviderFunc) {
 
 func testLookupSearchLag(t *testing.T, newProvider newProviderFunc) {
 	clk := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	env := setupSuite(t, newProvider, provider.SimConfig{SearchLag: time.Minute, Now: clk.Now})
+	env := setupSuite(t, newProvider, stripesim.SimConfig{SearchLag: time.Minute, Now: clk.Now})
 	charged := mustCharge(t, env.p, chargeReq("k-lag"))
 	lookup := provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-lag"}
 

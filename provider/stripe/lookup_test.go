@@ -1,10 +1,12 @@
-package provider_test
+package stripe_test
 
 import (
 	"context"
 	"testing"
 
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // TestStripeLookupByIDChecksMerchant: a charge id that belongs to the same
@@ -13,8 +15,8 @@ import (
 // charge).
 func TestStripeLookupByIDChecksMerchant(t *testing.T) {
 	t.Parallel()
-	_, srv := simServer(t, provider.SimConfig{})
-	s := newStripe(t, provider.StripeConfig{APIBase: srv.URL})
+	_, srv := simServer(t, stripesim.SimConfig{})
+	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
 	req := chargeReq("k-lookup-merchant")
 	charged := mustCharge(t, s, req)
 	res, err := s.Lookup(context.Background(), provider.LookupRequest{

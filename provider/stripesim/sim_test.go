@@ -1,4 +1,4 @@
-package provider_test
+package stripesim_test
 
 import (
 	"context"
@@ -16,12 +16,15 @@ import (
 
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/provider"
+
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // simServer starts a simulator behind httptest.
-func simServer(t *testing.T, cfg provider.SimConfig) (*provider.Simulator, *httptest.Server) {
+func simServer(t *testing.T, cfg stripesim.SimConfig) (*stripesim.Simulator, *httptest.Server) {
 	t.Helper()
-	sim := provider.NewSimulator(cfg)
+	sim := stripesim.NewSimulator(cfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	return sim, srv
@@ -111,12 +114,12 @@ func TestSimKeyExpiresAfterTTL(t *testing.T) {
 	// Stripe forgets an idempotency key after its window (24 h); the same key
 	// then charges again. paydedup must never re-call blind past the window.
 	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	sim, srv := simServer(t, provider.SimConfig{Now: clk.Now})
-	s := newStripe(t, provider.StripeConfig{APIBase: srv.URL})
+	sim, srv := simServer(t, stripesim.SimConfig{Now: clk.Now})
+	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
 	req := chargeReq("k-ttl")
 
 	first := mustCharge(t, s, req)
-	clk.Advance(provider.DefaultSimKeyTTL - time.Second)
+	clk.Advance(stripesim.DefaultSimKeyTTL - time.Second)
 	if again := mustCharge(t, s, req); !again.Replayed || again.ChargeID != first.ChargeID {
 		t.Fatalf("inside the window: %+v, want replay of %s", again, first.ChargeID)
 	}
@@ -131,8 +134,8 @@ func TestSimKeyExpiresAfterTTL(t *testing.T) {
 func TestSimConfigurableKeyTTL(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	sim, srv := simServer(t, provider.SimConfig{Now: clk.Now, KeyTTL: time.Hour})
-	s := newStripe(t, provider.StripeConfig{APIBase: srv.URL})
+	sim, srv := simServer(t, stripesim.SimConfig{Now: clk.Now, KeyTTL: time.Hour})
+	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
 	mustCharge(t, s, chargeReq("k-ttl-1h"))
 	clk.Advance(time.Hour)
 	mustCharge(t, s, chargeReq("k-ttl-1h"))
@@ -141,7 +144,7 @@ func TestSimConfigurableKeyTTL(t *testing.T) {
 
 func TestSimInvalidRequestNotSaved(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, provider.SimConfig{})
+	sim, srv := simServer(t, stripesim.SimConfig{})
 	for _, tt := range []struct {
 		field, value, param string
 	}{
@@ -173,7 +176,7 @@ func TestSimInvalidRequestNotSaved(t *testing.T) {
 
 func TestSimRequiresAuth(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, provider.SimConfig{})
+	sim, srv := simServer(t, stripesim.SimConfig{})
 	for _, r := range []rawResp{
 		post(t, srv, "/v1/payment_intents", "", "k", intentForm("100")),
 		get(t, srv, "/v1/payment_intents/pi_x", ""),
@@ -190,7 +193,7 @@ func TestSimRequiresAuth(t *testing.T) {
 
 func TestSimScopesKeysByAccount(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, provider.SimConfig{})
+	sim, srv := simServer(t, stripesim.SimConfig{})
 	a := post(t, srv, "/v1/payment_intents", "sk_test_a", "same", intentForm("100"))
 	b := post(t, srv, "/v1/payment_intents", "sk_test_b", "same", intentForm("100"))
 	if a.status != 200 || b.status != 200 || b.header.Get("Idempotent-Replayed") != "" {
@@ -210,9 +213,9 @@ func TestSimScopesKeysByAccount(t *testing.T) {
 
 func TestSimKeyInFlight(t *testing.T) {
 	t.Parallel()
-	entered := make(chan provider.SimCharge, 1)
+	entered := make(chan stripesim.SimCharge, 1)
 	release := make(chan struct{})
-	_, srv := simServer(t, provider.SimConfig{OnCharge: func(c provider.SimCharge) {
+	_, srv := simServer(t, stripesim.SimConfig{OnCharge: func(c stripesim.SimCharge) {
 		entered <- c
 		<-release
 	}})
@@ -242,7 +245,7 @@ func TestSimKeyInFlight(t *testing.T) {
 
 func TestSimWithoutKeyIsNotSaved(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, provider.SimConfig{})
+	sim, srv := simServer(t, stripesim.SimConfig{})
 	a := post(t, srv, "/v1/payment_intents", "sk_test", "", intentForm("100"))
 	b := post(t, srv, "/v1/payment_intents", "sk_test", "", intentForm("100"))
 	if a.status != 200 || b.status != 200 || string(a.body) == string(b.body) {
@@ -257,19 +260,19 @@ func TestParseSearchQuery(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		q    string
-		want []provider.SearchClause
+		want []stripesim.SearchClause
 	}{
-		{`metadata['a']:'b'`, []provider.SearchClause{{"a", "b"}}},
-		{`metadata["a"]:"b"`, []provider.SearchClause{{"a", "b"}}},
-		{`  metadata['a']:'b'  AND  metadata['c']:'d'  `, []provider.SearchClause{{"a", "b"}, {"c", "d"}}},
-		{`metadata['k']:'o\'brien'`, []provider.SearchClause{{"k", "o'brien"}}},
-		{`metadata['k']:'back\\slash'`, []provider.SearchClause{{"k", `back\slash`}}},
-		{`metadata['k']:"it's"`, []provider.SearchClause{{"k", "it's"}}},
-		{`metadata['k']:'a AND metadata[\'x\']:\'y'`, []provider.SearchClause{{"k", `a AND metadata['x']:'y`}}},
-		{`metadata['k']:''`, []provider.SearchClause{{"k", ""}}},
+		{`metadata['a']:'b'`, []stripesim.SearchClause{{"a", "b"}}},
+		{`metadata["a"]:"b"`, []stripesim.SearchClause{{"a", "b"}}},
+		{`  metadata['a']:'b'  AND  metadata['c']:'d'  `, []stripesim.SearchClause{{"a", "b"}, {"c", "d"}}},
+		{`metadata['k']:'o\'brien'`, []stripesim.SearchClause{{"k", "o'brien"}}},
+		{`metadata['k']:'back\\slash'`, []stripesim.SearchClause{{"k", `back\slash`}}},
+		{`metadata['k']:"it's"`, []stripesim.SearchClause{{"k", "it's"}}},
+		{`metadata['k']:'a AND metadata[\'x\']:\'y'`, []stripesim.SearchClause{{"k", `a AND metadata['x']:'y`}}},
+		{`metadata['k']:''`, []stripesim.SearchClause{{"k", ""}}},
 	}
 	for _, tt := range tests {
-		got, err := provider.ParseSearchQuery(tt.q)
+		got, err := stripesim.ParseSearchQuery(tt.q)
 		if err != nil || !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("ParseSearchQuery(%q) = %v, %v; want %v", tt.q, got, err, tt.want)
 		}
@@ -286,7 +289,7 @@ func TestParseSearchQuery(t *testing.T) {
 		`metadata['a']:'b\`,
 		`metadata['a']:'b'metadata['c']:'d'`,
 	} {
-		if got, err := provider.ParseSearchQuery(bad); err == nil {
+		if got, err := stripesim.ParseSearchQuery(bad); err == nil {
 			t.Errorf("ParseSearchQuery(%q) = %v, want an error", bad, got)
 		}
 	}
@@ -295,8 +298,8 @@ func TestParseSearchQuery(t *testing.T) {
 func TestSearchQueryRoundTrip(t *testing.T) {
 	t.Parallel()
 	for _, key := range []string{"plain", `o'brien`, `back\slash`, `'`, `\`, `\'`, `x' OR status:'succeeded`, `"double"`} {
-		got, err := provider.ParseSearchQuery(provider.SearchQuery("m_1", key))
-		want := []provider.SearchClause{{"idempotency_key", key}, {"merchant_id", "m_1"}}
+		got, err := stripesim.ParseSearchQuery(stripe.SearchQuery("m_1", key))
+		want := []stripesim.SearchClause{{"idempotency_key", key}, {"merchant_id", "m_1"}}
 		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("round trip of %q: %v, %v", key, got, err)
 		}
@@ -305,7 +308,7 @@ func TestSearchQueryRoundTrip(t *testing.T) {
 
 func TestSimSearchPagesAndRejectsBadQuery(t *testing.T) {
 	t.Parallel()
-	_, srv := simServer(t, provider.SimConfig{})
+	_, srv := simServer(t, stripesim.SimConfig{})
 	for i := range 3 {
 		if r := post(t, srv, "/v1/payment_intents", "sk_test", "page-"+string(rune('a'+i)), intentForm("100")); r.status != 200 {
 			t.Fatalf("charge: %d %s", r.status, r.body)
@@ -335,7 +338,7 @@ func TestSimSearchPagesAndRejectsBadQuery(t *testing.T) {
 
 func TestSimRetrieveAndLedgerEndpoint(t *testing.T) {
 	t.Parallel()
-	_, srv := simServer(t, provider.SimConfig{})
+	_, srv := simServer(t, stripesim.SimConfig{})
 	created := post(t, srv, "/v1/payment_intents", "sk_test", "ledger-1", intentForm("250"))
 	declineForm := intentForm("100")
 	declineForm.Set("payment_method", "pm_card_chargeDeclined")
@@ -357,7 +360,7 @@ func TestSimRetrieveAndLedgerEndpoint(t *testing.T) {
 	}
 
 	r := get(t, srv, "/_sim/ledger", "")
-	var ledger provider.SimLedger
+	var ledger stripesim.SimLedger
 	if err := json.Unmarshal(r.body, &ledger); err != nil {
 		t.Fatalf("ledger %s: %v", r.body, err)
 	}
@@ -370,7 +373,7 @@ func TestSimRetrieveAndLedgerEndpoint(t *testing.T) {
 func TestSimSeedIsDeterministic(t *testing.T) {
 	t.Parallel()
 	first := func() string {
-		_, srv := simServer(t, provider.SimConfig{Seed: 99})
+		_, srv := simServer(t, stripesim.SimConfig{Seed: 99})
 		var pi struct{ ID string }
 		r := post(t, srv, "/v1/payment_intents", "sk_test", "seeded", intentForm("100"))
 		if err := json.Unmarshal(r.body, &pi); err != nil {
@@ -386,17 +389,17 @@ func TestSimSeedIsDeterministic(t *testing.T) {
 func TestSimConfigValidate(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		cfg  provider.SimConfig
+		cfg  stripesim.SimConfig
 		want string
 	}{
-		{provider.SimConfig{Faults: provider.Faults{Rate5xx: 1.5}}, "Rate5xx"},
-		{provider.SimConfig{Faults: provider.Faults{Rate429: -0.1}}, "Rate429"},
-		{provider.SimConfig{Faults: provider.Faults{RateDropAfterCharge: 2}}, "RateDropAfterCharge"},
-		{provider.SimConfig{Faults: provider.Faults{RateFailBeforeCharge: -1}}, "RateFailBeforeCharge"},
-		{provider.SimConfig{Faults: provider.Faults{Latency: -time.Second}}, "Latency"},
-		{provider.SimConfig{Faults: provider.Faults{Jitter: -time.Second}}, "Jitter"},
-		{provider.SimConfig{KeyTTL: -time.Hour}, "KeyTTL"},
-		{provider.SimConfig{SearchLag: -time.Second}, "SearchLag"},
+		{stripesim.SimConfig{Faults: stripesim.Faults{Rate5xx: 1.5}}, "Rate5xx"},
+		{stripesim.SimConfig{Faults: stripesim.Faults{Rate429: -0.1}}, "Rate429"},
+		{stripesim.SimConfig{Faults: stripesim.Faults{RateDropAfterCharge: 2}}, "RateDropAfterCharge"},
+		{stripesim.SimConfig{Faults: stripesim.Faults{RateFailBeforeCharge: -1}}, "RateFailBeforeCharge"},
+		{stripesim.SimConfig{Faults: stripesim.Faults{Latency: -time.Second}}, "Latency"},
+		{stripesim.SimConfig{Faults: stripesim.Faults{Jitter: -time.Second}}, "Jitter"},
+		{stripesim.SimConfig{KeyTTL: -time.Hour}, "KeyTTL"},
+		{stripesim.SimConfig{SearchLag: -time.Second}, "SearchLag"},
 	}
 	for _, tt := range tests {
 		err := tt.cfg.Validate()
@@ -404,22 +407,22 @@ func TestSimConfigValidate(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v, want an error naming %s", tt.cfg, err, tt.want)
 		}
 	}
-	ok := provider.SimConfig{Faults: provider.Faults{Rate5xx: 1, Rate429: 0, Latency: time.Second}, KeyTTL: time.Hour}
+	ok := stripesim.SimConfig{Faults: stripesim.Faults{Rate5xx: 1, Rate429: 0, Latency: time.Second}, KeyTTL: time.Hour}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
-	sim := provider.NewSimulator(provider.SimConfig{})
-	if err := sim.SetFaults(provider.Faults{Rate5xx: 3}); err == nil {
+	sim := stripesim.NewSimulator(stripesim.SimConfig{})
+	if err := sim.SetFaults(stripesim.Faults{Rate5xx: 3}); err == nil {
 		t.Fatal("SetFaults accepted a rate of 3")
 	}
-	if err := sim.SetFaults(provider.Faults{Rate429: 0.5}); err != nil || sim.Faults().Rate429 != 0.5 {
+	if err := sim.SetFaults(stripesim.Faults{Rate429: 0.5}); err != nil || sim.Faults().Rate429 != 0.5 {
 		t.Fatalf("SetFaults: %v, faults %+v", err, sim.Faults())
 	}
 }
 
 func TestSimServe(t *testing.T) {
 	t.Parallel()
-	sim := provider.NewSimulator(provider.SimConfig{})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -428,7 +431,7 @@ func TestSimServe(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- sim.ServeListener(ctx, ln) }()
 
-	s := newStripe(t, provider.StripeConfig{APIBase: "http://" + ln.Addr().String()})
+	s := newStripe(t, stripe.StripeConfig{APIBase: "http://" + ln.Addr().String()})
 	mustCharge(t, s, chargeReq("k-serve"))
 	s.CloseIdleConnections()
 	cancel()

@@ -1,4 +1,4 @@
-package provider
+package stripe
 
 import (
 	"cmp"
@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/stripe/stripe-go/v82"
+
+	"github.com/paydedup/paydedup/provider"
 )
 
 // DefaultStripeAPIBase is Stripe's API root; STRIPE_API_BASE overrides it (the
@@ -57,15 +59,15 @@ type Stripe struct {
 	now        func() time.Time
 }
 
-var _ Provider = (*Stripe)(nil)
+var _ provider.Provider = (*Stripe)(nil)
 
 // NewStripe validates cfg and returns a Stripe adapter.
 func NewStripe(cfg StripeConfig) (*Stripe, error) {
 	if strings.TrimSpace(cfg.SecretKey) == "" {
-		return nil, fmt.Errorf("new stripe: %w: STRIPE_SECRET_KEY is empty", ErrInvalidConfig)
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_SECRET_KEY is empty", provider.ErrInvalidConfig)
 	}
 	if strings.ContainsAny(cfg.SecretKey, " \t\r\n") {
-		return nil, fmt.Errorf("new stripe: %w: STRIPE_SECRET_KEY contains white space", ErrInvalidConfig)
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_SECRET_KEY contains white space", provider.ErrInvalidConfig)
 	}
 	base := cfg.APIBase
 	if base == "" {
@@ -74,16 +76,16 @@ func NewStripe(cfg StripeConfig) (*Stripe, error) {
 	u, err := url.Parse(base)
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: %v", ErrInvalidConfig, base, err)
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: %v", provider.ErrInvalidConfig, base, err)
 	case u.Scheme != "http" && u.Scheme != "https":
-		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: scheme must be http or https", ErrInvalidConfig, base)
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: scheme must be http or https", provider.ErrInvalidConfig, base)
 	case u.Host == "":
-		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: no host", ErrInvalidConfig, base)
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: no host", provider.ErrInvalidConfig, base)
 	case u.RawQuery != "" || u.Fragment != "" || u.User != nil:
-		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: must be a plain base URL", ErrInvalidConfig, base)
+		return nil, fmt.Errorf("new stripe: %w: STRIPE_API_BASE %q: must be a plain base URL", provider.ErrInvalidConfig, base)
 	}
 	if cfg.Timeout < 0 {
-		return nil, fmt.Errorf("new stripe: %w: timeout %s is negative", ErrInvalidConfig, cfg.Timeout)
+		return nil, fmt.Errorf("new stripe: %w: timeout %s is negative", provider.ErrInvalidConfig, cfg.Timeout)
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
@@ -118,8 +120,8 @@ func (s *Stripe) CloseIdleConnections() { s.httpClient.CloseIdleConnections() }
 // Charge creates and confirms a PaymentIntent under req.ProviderKey. A decline
 // (402 card_error, or 400 invalid_request_error on the parameters) is an
 // Outcome with Declined set; every other failure is an *Error.
-func (s *Stripe) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error) {
-	if err := CheckProviderKey(req.ProviderKey); err != nil {
+func (s *Stripe) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if err := provider.CheckProviderKey(req.ProviderKey); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -134,7 +136,7 @@ func (s *Stripe) Charge(ctx context.Context, req ChargeRequest) (*Outcome, error
 	}
 	raw, hdr := lastResponse(pi.LastResponse)
 	if raw == nil {
-		return nil, &Error{Class: ClassUnknown, Message: "charge response has no body"}
+		return nil, &provider.Error{Class: provider.ClassUnknown, Message: "charge response has no body"}
 	}
 	out, err := intentOutcome(pi, raw)
 	if err != nil {
@@ -163,8 +165,8 @@ func (w *writtenCopies) trace() *httptrace.ClientTrace {
 // is the provider's answer (to the last copy written) rather than a failure
 // to send.
 func (w *writtenCopies) check(err error, answered bool) error {
-	pe, ok := err.(*Error)
-	if !ok || pe.Class != ClassRetryable {
+	pe, ok := err.(*provider.Error)
+	if !ok || pe.Class != provider.ClassRetryable {
 		return err
 	}
 	earlier := int(w.n.Load())
@@ -174,8 +176,8 @@ func (w *writtenCopies) check(err error, answered bool) error {
 	if earlier <= 0 {
 		return err
 	}
-	return &Error{
-		Class: ClassUnknown, HTTPStatus: pe.HTTPStatus, Type: pe.Type, Code: pe.Code, RetryAfter: pe.RetryAfter,
+	return &provider.Error{
+		Class: provider.ClassUnknown, HTTPStatus: pe.HTTPStatus, Type: pe.Type, Code: pe.Code, RetryAfter: pe.RetryAfter,
 		Message: fmt.Sprintf("net/http resent the request after writing it; the answer to the resend proves nothing about the first copy (%s)", pe.Message),
 		Err:     pe.Err,
 	}
@@ -192,7 +194,7 @@ func answered(err error) bool {
 // SimClient computes the canonical form of the same parameters without
 // stripe-go (appendChargeForm); simclient_internal_test.go checks it against
 // the body the adapter sends.
-func stripeCreateParams(req ChargeRequest) *stripe.PaymentIntentCreateParams {
+func stripeCreateParams(req provider.ChargeRequest) *stripe.PaymentIntentCreateParams {
 	params := &stripe.PaymentIntentCreateParams{
 		Amount:        stripe.Int64(req.Amount),
 		Currency:      stripe.String(req.Currency),
@@ -211,18 +213,18 @@ func stripeCreateParams(req ChargeRequest) *stripe.PaymentIntentCreateParams {
 
 // chargeMetadata returns the metadata actually sent: the command's metadata
 // plus merchant_id and idempotency_key, which win.
-func chargeMetadata(r ChargeRequest) map[string]string {
+func chargeMetadata(r provider.ChargeRequest) map[string]string {
 	md := make(map[string]string, len(r.Metadata)+2)
 	for k, v := range r.Metadata {
 		md[k] = v
 	}
-	md[MetadataMerchantID] = r.MerchantID
-	md[MetadataIdempotencyKey] = r.IdempotencyKey
+	md[provider.MetadataMerchantID] = r.MerchantID
+	md[provider.MetadataIdempotencyKey] = r.IdempotencyKey
 	return md
 }
 
 // chargeError turns a failed Create into a declined Outcome or an *Error.
-func (s *Stripe) chargeError(err error) (*Outcome, error) {
+func (s *Stripe) chargeError(err error) (*provider.Outcome, error) {
 	var se *stripe.Error
 	if !errors.As(err, &se) {
 		return nil, transportError(err)
@@ -242,9 +244,9 @@ func (s *Stripe) lookupError(err error) error {
 }
 
 // stripeFailure reads the answer of a failed stripe-go call, received at now.
-func stripeFailure(se *stripe.Error, now time.Time) Rejection {
+func stripeFailure(se *stripe.Error, now time.Time) provider.Rejection {
 	raw, hdr := lastResponse(se.LastResponse)
-	f := Rejection{
+	f := provider.Rejection{
 		HTTPStatus:  se.HTTPStatusCode,
 		Type:        string(se.Type),
 		Code:        string(se.Code),
@@ -262,8 +264,8 @@ func stripeFailure(se *stripe.Error, now time.Time) Rejection {
 }
 
 // transportError is the *Error for a call that got no answer.
-func transportError(err error) *Error {
-	return &Error{Class: Classify(0, "", "", err), Err: err}
+func transportError(err error) *provider.Error {
+	return &provider.Error{Class: provider.Classify(0, "", "", err), Err: err}
 }
 
 // Lookup finds what Stripe has under the key without charging: it retrieves
@@ -276,7 +278,7 @@ func transportError(err error) *Error {
 //
 // Search is eventually consistent (Stripe: usually under a minute), so
 // Found=false means "not yet seen": callers decide how long it must persist.
-func (s *Stripe) Lookup(ctx context.Context, req LookupRequest) (LookupResult, error) {
+func (s *Stripe) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 
@@ -286,26 +288,26 @@ func (s *Stripe) Lookup(ctx context.Context, req LookupRequest) (LookupResult, e
 		case err == nil:
 			return s.lookupByID(pi, req)
 		case !isResourceMissing(err):
-			return LookupResult{}, fmt.Errorf("retrieve payment intent: %w", s.lookupError(err))
+			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent: %w", s.lookupError(err))
 		}
 	}
 	if req.MerchantID == "" || req.IdempotencyKey == "" {
-		return LookupResult{}, &Error{Class: ClassMismatch, Message: "lookup needs merchant id and idempotency key", Err: ErrInvalidRequest}
+		return provider.LookupResult{}, &provider.Error{Class: provider.ClassMismatch, Message: "lookup needs merchant id and idempotency key", Err: provider.ErrInvalidRequest}
 	}
 
 	params := &stripe.PaymentIntentSearchParams{}
 	params.Query = SearchQuery(req.MerchantID, req.IdempotencyKey)
 	params.Limit = stripe.Int64(searchLimit)
-	var charged, declined []*Outcome
+	var charged, declined []*provider.Outcome
 	var processing []string
 	for pi, err := range s.client.V1PaymentIntents.Search(ctx, params) {
 		if err != nil {
-			return LookupResult{}, fmt.Errorf("search payment intents: %w", s.lookupError(err))
+			return provider.LookupResult{}, fmt.Errorf("search payment intents: %w", s.lookupError(err))
 		}
 		raw, _ := lastResponse(pi.LastResponse)
 		if raw == nil {
 			if raw, err = json.Marshal(pi); err != nil {
-				return LookupResult{}, fmt.Errorf("encode payment intent: %w", err)
+				return provider.LookupResult{}, fmt.Errorf("encode payment intent: %w", err)
 			}
 		}
 		out, oerr := intentOutcome(pi, raw)
@@ -318,23 +320,23 @@ func (s *Stripe) Lookup(ctx context.Context, req LookupRequest) (LookupResult, e
 			charged = append(charged, out)
 		}
 	}
-	return SearchVerdict(charged, declined, processing)
+	return provider.SearchVerdict(charged, declined, processing)
 }
 
-func (s *Stripe) lookupByID(pi *stripe.PaymentIntent, req LookupRequest) (LookupResult, error) {
-	if (req.IdempotencyKey != "" && pi.Metadata[MetadataIdempotencyKey] != req.IdempotencyKey) ||
-		(req.MerchantID != "" && pi.Metadata[MetadataMerchantID] != req.MerchantID) {
-		return LookupResult{}, &Error{Class: ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", pi.ID)}
+func (s *Stripe) lookupByID(pi *stripe.PaymentIntent, req provider.LookupRequest) (provider.LookupResult, error) {
+	if (req.IdempotencyKey != "" && pi.Metadata[provider.MetadataIdempotencyKey] != req.IdempotencyKey) ||
+		(req.MerchantID != "" && pi.Metadata[provider.MetadataMerchantID] != req.MerchantID) {
+		return provider.LookupResult{}, &provider.Error{Class: provider.ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", pi.ID)}
 	}
 	raw, _ := lastResponse(pi.LastResponse)
 	if raw == nil {
-		return LookupResult{}, &Error{Class: ClassUnknown, Message: "lookup response has no body"}
+		return provider.LookupResult{}, &provider.Error{Class: provider.ClassUnknown, Message: "lookup response has no body"}
 	}
 	out, err := intentOutcome(pi, raw)
 	if err != nil {
-		return LookupResult{}, err
+		return provider.LookupResult{}, err
 	}
-	return LookupResult{Found: true, Outcome: out}, nil
+	return provider.LookupResult{Found: true, Outcome: out}, nil
 }
 
 // searchLimit is the page size of a lookup's search, the largest Stripe
@@ -346,8 +348,8 @@ const searchLimit = 100
 // escapes for ' and \, so no key can change the query's meaning.
 func SearchQuery(merchantID, idempotencyKey string) string {
 	return fmt.Sprintf("metadata['%s']:'%s' AND metadata['%s']:'%s'",
-		MetadataIdempotencyKey, quoteSearchValue(idempotencyKey),
-		MetadataMerchantID, quoteSearchValue(merchantID))
+		provider.MetadataIdempotencyKey, quoteSearchValue(idempotencyKey),
+		provider.MetadataMerchantID, quoteSearchValue(merchantID))
 }
 
 func quoteSearchValue(v string) string {
@@ -356,17 +358,17 @@ func quoteSearchValue(v string) string {
 
 // intentOutcome classifies a PaymentIntent object: charged, declined, or a
 // ClassUnknown error while it is still moving (processing).
-func intentOutcome(pi *stripe.PaymentIntent, raw []byte) (*Outcome, error) {
+func intentOutcome(pi *stripe.PaymentIntent, raw []byte) (*provider.Outcome, error) {
 	switch pi.Status {
 	case stripe.PaymentIntentStatusSucceeded, stripe.PaymentIntentStatusRequiresCapture:
-		return &Outcome{ChargeID: pi.ID, Status: string(pi.Status), HTTPStatus: http.StatusOK, Response: raw}, nil
+		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), HTTPStatus: http.StatusOK, Response: raw}, nil
 	case stripe.PaymentIntentStatusRequiresPaymentMethod, stripe.PaymentIntentStatusCanceled,
 		stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
 		// No customer is present to complete an action, so an intent that
 		// stopped short of succeeding is a definitive decline for us.
 		return declinedIntent(pi, raw), nil
 	default:
-		return nil, &Error{Class: ClassUnknown, HTTPStatus: http.StatusOK,
+		return nil, &provider.Error{Class: provider.ClassUnknown, HTTPStatus: http.StatusOK,
 			Message: fmt.Sprintf("payment intent %s is %s", pi.ID, statusOr(pi.Status))}
 	}
 }
@@ -375,7 +377,7 @@ func intentOutcome(pi *stripe.PaymentIntent, raw []byte) (*Outcome, error) {
 // Response has the shape of the 402 error Stripe sends for a decline
 // ({"error":{..., "payment_intent":{...}}}), so a decline found by lookup is
 // stored and replayed like one seen by Charge.
-func declinedIntent(pi *stripe.PaymentIntent, raw []byte) *Outcome {
+func declinedIntent(pi *stripe.PaymentIntent, raw []byte) *provider.Outcome {
 	body := struct {
 		Error struct {
 			Type          string          `json:"type"`
@@ -405,7 +407,7 @@ func declinedIntent(pi *stripe.PaymentIntent, raw []byte) *Outcome {
 		// Marshalling strings and valid JSON cannot fail; keep the intent.
 		resp = raw
 	}
-	return &Outcome{
+	return &provider.Outcome{
 		ChargeID:    pi.ID,
 		Status:      string(pi.Status),
 		Declined:    true,

@@ -1,4 +1,4 @@
-package provider_test
+package stripesim_test
 
 import (
 	"context"
@@ -15,20 +15,23 @@ import (
 
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/provider"
+
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // TestSimClientAgainstSimulator runs the behavioural suite through SimClient,
 // which calls the scenario's simulator directly.
 func TestSimClientAgainstSimulator(t *testing.T) {
 	t.Parallel()
-	runProviderSuite(t, func(t *testing.T, sim *provider.Simulator, _ string) provider.Provider {
+	runProviderSuite(t, func(t *testing.T, sim *stripesim.Simulator, _ string) provider.Provider {
 		return sim.Client("sk_test_paydedup")
 	}, suiteCaps{})
 }
 
 func TestSimClientTimeout(t *testing.T) {
 	t.Parallel()
-	sim := provider.NewSimulator(provider.SimConfig{Faults: provider.Faults{Latency: time.Minute}})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{Faults: stripesim.Faults{Latency: time.Minute}})
 	c := sim.Client("sk_test").WithTimeout(100 * time.Millisecond)
 	_, err := c.Charge(context.Background(), chargeReq("k-cfg-timeout"))
 	wantClass(t, err, provider.ClassUnknown)
@@ -46,7 +49,7 @@ func TestSimClientAnswerAfterDeadline(t *testing.T) {
 	// charging; SimClient runs OnCharge in the caller's goroutine, so it
 	// returns when the hook does, with the same unknown outcome.
 	release := make(chan struct{})
-	sim := provider.NewSimulator(provider.SimConfig{OnCharge: func(provider.SimCharge) { <-release }})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{OnCharge: func(stripesim.SimCharge) { <-release }})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	go func() {
@@ -63,7 +66,7 @@ func TestSimClientAnswerAfterDeadline(t *testing.T) {
 
 func TestSimClientUnauthorizedIsRetryable(t *testing.T) {
 	t.Parallel()
-	sim := provider.NewSimulator(provider.SimConfig{})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{})
 	_, err := sim.Client("  ").Charge(context.Background(), chargeReq("k-401"))
 	pe := wantClass(t, err, provider.ClassRetryable)
 	if pe.HTTPStatus != http.StatusUnauthorized || pe.Type != "authentication_error" {
@@ -76,7 +79,7 @@ func TestSimClientUnauthorizedIsRetryable(t *testing.T) {
 
 func TestSimClientRejectsBadProviderKey(t *testing.T) {
 	t.Parallel()
-	sim := provider.NewSimulator(provider.SimConfig{})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{})
 	c := sim.Client("sk_test")
 	for _, key := range []string{"", " padded", strings.Repeat("k", provider.MaxProviderKeyLen+1)} {
 		req := chargeReq("k")
@@ -99,7 +102,7 @@ func TestSimClientBodyTooLarge(t *testing.T) {
 	t.Parallel()
 	// The HTTP simulator refuses a body over 1 MiB before reading its
 	// parameters; the client measures the body stripe-go would send.
-	sim := provider.NewSimulator(provider.SimConfig{})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{})
 	req := chargeReq("k-big")
 	req.Description = strings.Repeat("x", 1<<20)
 	out, err := sim.Client("sk_test").Charge(context.Background(), req)
@@ -112,24 +115,24 @@ func TestSimClientBodyTooLarge(t *testing.T) {
 // parityStep is one call made through both paths.
 type parityStep struct {
 	name    string
-	faults  provider.Faults
+	faults  stripesim.Faults
 	advance time.Duration // the simulators' clocks move first
 	timeout time.Duration // bounds the call's context when set
 	charge  *provider.ChargeRequest
 	lookup  *provider.LookupRequest
 }
 
-func chargeStep(name string, req provider.ChargeRequest, f provider.Faults) parityStep {
+func chargeStep(name string, req provider.ChargeRequest, f stripesim.Faults) parityStep {
 	return parityStep{name: name, faults: f, charge: &req}
 }
 
-func lookupStep(name string, req provider.LookupRequest, f provider.Faults) parityStep {
+func lookupStep(name string, req provider.LookupRequest, f stripesim.Faults) parityStep {
 	return parityStep{name: name, faults: f, lookup: &req}
 }
 
 // parityPath is one way to the simulator under the same seed and clock.
 type parityPath struct {
-	sim *provider.Simulator
+	sim *stripesim.Simulator
 	clk *clock.Fake
 	p   provider.Provider
 }
@@ -144,18 +147,18 @@ func TestSimClientParity(t *testing.T) {
 	start := time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
 	newPath := func() parityPath {
 		clk := clock.NewFake(start)
-		return parityPath{sim: provider.NewSimulator(provider.SimConfig{Seed: 7, Now: clk.Now, SearchLag: time.Minute}), clk: clk}
+		return parityPath{sim: stripesim.NewSimulator(stripesim.SimConfig{Seed: 7, Now: clk.Now, SearchLag: time.Minute}), clk: clk}
 	}
 	httpPath, direct := newPath(), newPath()
 	srv := httptest.NewServer(httpPath.sim)
 	t.Cleanup(srv.Close)
 	// No keep-alive: net/http resends a request that fails on a reused
 	// connection (an injected drop), which would roll one more fate.
-	httpPath.p = newStripe(t, provider.StripeConfig{APIBase: srv.URL,
+	httpPath.p = newStripe(t, stripe.StripeConfig{APIBase: srv.URL,
 		HTTPClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}})
 	direct.p = direct.sim.Client("sk_test_paydedup")
 
-	none := provider.Faults{}
+	none := stripesim.Faults{}
 	tricky := chargeReq("k-tricky")
 	tricky.IdempotencyKey = "k-tricky\xff<&>"
 	tricky.Description = "naïve \u2028 <b>&amp; \"quoted\" \\ \x01"
@@ -200,16 +203,16 @@ func TestSimClientParity(t *testing.T) {
 		chargeStep("fixed after invalid", chargeReq("k-bad"), none),
 		chargeStep("no description", noDescription, none),
 		chargeStep("description added is a mismatch", chargeReq("k-desc"), none),
-		chargeStep("429", chargeReq("k-faults"), provider.Faults{Rate429: 1}),
-		chargeStep("5xx", chargeReq("k-faults"), provider.Faults{Rate5xx: 1}),
-		chargeStep("fail before charge", chargeReq("k-faults"), provider.Faults{RateFailBeforeCharge: 1}),
-		chargeStep("drop after charge", chargeReq("k-faults"), provider.Faults{RateDropAfterCharge: 1}),
+		chargeStep("429", chargeReq("k-faults"), stripesim.Faults{Rate429: 1}),
+		chargeStep("5xx", chargeReq("k-faults"), stripesim.Faults{Rate5xx: 1}),
+		chargeStep("fail before charge", chargeReq("k-faults"), stripesim.Faults{RateFailBeforeCharge: 1}),
+		chargeStep("drop after charge", chargeReq("k-faults"), stripesim.Faults{RateDropAfterCharge: 1}),
 		chargeStep("replay after drop", chargeReq("k-faults"), none),
-		chargeStep("mixed faults 1", chargeReq("k-mixed"), provider.Faults{Rate429: 0.3, Rate5xx: 0.3, RateDropAfterCharge: 0.3, Jitter: time.Millisecond}),
-		chargeStep("mixed faults 2", chargeReq("k-mixed"), provider.Faults{Rate429: 0.3, Rate5xx: 0.3, RateDropAfterCharge: 0.3, Jitter: time.Millisecond}),
-		chargeStep("mixed faults 3", chargeReq("k-mixed"), provider.Faults{Rate429: 0.3, Rate5xx: 0.3, RateDropAfterCharge: 0.3, Jitter: time.Millisecond}),
-		chargeStep("mixed faults 4", chargeReq("k-mixed"), provider.Faults{Rate429: 0.3, Rate5xx: 0.3, RateDropAfterCharge: 0.3, Jitter: time.Millisecond}),
-		{name: "latency past the deadline", faults: provider.Faults{Latency: time.Minute}, timeout: 50 * time.Millisecond, charge: &ctlKey},
+		chargeStep("mixed faults 1", chargeReq("k-mixed"), stripesim.Faults{Rate429: 0.3, Rate5xx: 0.3, RateDropAfterCharge: 0.3, Jitter: time.Millisecond}),
+		chargeStep("mixed faults 2", chargeReq("k-mixed"), stripesim.Faults{Rate429: 0.3, Rate5xx: 0.3, RateDropAfterCharge: 0.3, Jitter: time.Millisecond}),
+		chargeStep("mixed faults 3", chargeReq("k-mixed"), stripesim.Faults{Rate429: 0.3, Rate5xx: 0.3, RateDropAfterCharge: 0.3, Jitter: time.Millisecond}),
+		chargeStep("mixed faults 4", chargeReq("k-mixed"), stripesim.Faults{Rate429: 0.3, Rate5xx: 0.3, RateDropAfterCharge: 0.3, Jitter: time.Millisecond}),
+		{name: "latency past the deadline", faults: stripesim.Faults{Latency: time.Minute}, timeout: 50 * time.Millisecond, charge: &ctlKey},
 		chargeStep("key not a header value", ctlKey, none),
 		chargeStep("empty key", emptyKey, none),
 		chargeStep("double 1", double, none),
@@ -226,11 +229,11 @@ func TestSimClientParity(t *testing.T) {
 		lookupStep(`id "search"`, provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1", ChargeID: "search"}, none),
 		lookupStep(`id "."`, provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1", ChargeID: "."}, none),
 		lookupStep(`id ".."`, provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1", ChargeID: ".."}, none),
-		lookupStep("429", provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1"}, provider.Faults{Rate429: 1}),
-		lookupStep("5xx", provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1"}, provider.Faults{Rate5xx: 1}),
-		lookupStep("fail before", provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1"}, provider.Faults{RateFailBeforeCharge: 1}),
+		lookupStep("429", provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1"}, stripesim.Faults{Rate429: 1}),
+		lookupStep("5xx", provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1"}, stripesim.Faults{Rate5xx: 1}),
+		lookupStep("fail before", provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1"}, stripesim.Faults{RateFailBeforeCharge: 1}),
 		chargeStep("key TTL not yet passed", chargeReq("k-1"), none),
-		{name: "key TTL passed", advance: provider.DefaultSimKeyTTL, charge: ptr(chargeReq("k-1"))},
+		{name: "key TTL passed", advance: stripesim.DefaultSimKeyTTL, charge: ptr(chargeReq("k-1"))},
 	}
 	// Steps that need an id from an earlier answer are added as they run.
 	var byID []parityStep
@@ -249,7 +252,7 @@ func TestSimClientParity(t *testing.T) {
 		byID = append(byID,
 			lookupStep("by id "+key, provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: key, ChargeID: id}, none),
 			lookupStep("by id of another key "+key, provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-other", ChargeID: id}, none),
-			lookupStep("by id, 429 "+key, provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: key, ChargeID: id}, provider.Faults{Rate429: 1}),
+			lookupStep("by id, 429 "+key, provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: key, ChargeID: id}, stripesim.Faults{Rate429: 1}),
 		)
 	}
 	run(byID)
@@ -348,8 +351,8 @@ func fmtOutcome(o *provider.Outcome) string {
 // the same API key: a key first used by one replays to the other.
 func TestSimClientCrossPathReplay(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, provider.SimConfig{})
-	adapter := newStripe(t, provider.StripeConfig{SecretKey: "sk_test_cross", APIBase: srv.URL})
+	sim, srv := simServer(t, stripesim.SimConfig{})
+	adapter := newStripe(t, stripe.StripeConfig{SecretKey: "sk_test_cross", APIBase: srv.URL})
 	client := sim.Client("sk_test_cross")
 
 	tricky := chargeReq("k-cross-tricky")
@@ -398,11 +401,11 @@ func TestSimClientKeyInFlightAcrossPaths(t *testing.T) {
 	t.Parallel()
 	entered := make(chan struct{})
 	release := make(chan struct{})
-	sim, srv := simServer(t, provider.SimConfig{OnCharge: func(provider.SimCharge) {
+	sim, srv := simServer(t, stripesim.SimConfig{OnCharge: func(stripesim.SimCharge) {
 		close(entered)
 		<-release
 	}})
-	adapter := newStripe(t, provider.StripeConfig{SecretKey: "sk_test_cross", APIBase: srv.URL})
+	adapter := newStripe(t, stripe.StripeConfig{SecretKey: "sk_test_cross", APIBase: srv.URL})
 	req := chargeReq("k-held")
 	done := make(chan *provider.Outcome, 1)
 	go func() {
@@ -440,7 +443,7 @@ func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 // BenchmarkSimClientCharge charges through SimClient: what a charge costs the
 // simulator itself.
 func BenchmarkSimClientCharge(b *testing.B) {
-	sim := provider.NewSimulator(provider.SimConfig{Seed: 1})
+	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 1})
 	benchmarkCharges(b, sim, sim.Client("sk_test_bench"))
 }
 
@@ -448,8 +451,8 @@ func BenchmarkSimClientCharge(b *testing.B) {
 // in-memory RoundTripper: stripe-go, form encoding, the HTTP handler and JSON
 // decoding, without a network.
 func BenchmarkStripeAdapterInProcess(b *testing.B) {
-	sim := provider.NewSimulator(provider.SimConfig{Seed: 1})
-	s, err := provider.NewStripe(provider.StripeConfig{SecretKey: "sk_test_bench", APIBase: "http://sim.invalid",
+	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 1})
+	s, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_bench", APIBase: "http://sim.invalid",
 		HTTPClient: &http.Client{Transport: inProcess{sim}}})
 	if err != nil {
 		b.Fatal(err)
@@ -459,7 +462,7 @@ func BenchmarkStripeAdapterInProcess(b *testing.B) {
 
 // benchmarkCharges makes b.N charges of distinct keys, like a worker's, and
 // reports the heap the simulator keeps per charge (every intent and key).
-func benchmarkCharges(b *testing.B, sim *provider.Simulator, p provider.Provider) {
+func benchmarkCharges(b *testing.B, sim *stripesim.Simulator, p provider.Provider) {
 	keys := make([]string, b.N)
 	for i := range keys {
 		keys[i] = "0190f5a2-7c1e-7d3b-9a4e-" + fmt.Sprintf("%012d", i)
