@@ -32,7 +32,7 @@ type env struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	sim    *stripesim.Simulator
-	stripe *stripe.Stripe
+	stripe *stripe.Client
 	cfg    consumer.Config
 }
 

@@ -75,7 +75,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	unblock := func() { releaseOnce.Do(func() { close(release) }) }
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 7, Now: clk.Now, OnCharge: func(c stripesim.SimCharge) {
+	sim := stripesim.New(stripesim.Config{Seed: 7, Now: clk.Now, OnCharge: func(c stripesim.Charge) {
 		if c.IdempotencyKey == held {
 			entered <- struct{}{}
 			<-release
@@ -85,7 +85,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	t.Cleanup(srv.Close)
 	t.Cleanup(unblock) // before srv.Close: no handler stays blocked
 	proxy := testenv.NewFrontProxy(t, srv.Listener.Addr().String())
-	stripe, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: proxy.URL(), Timeout: 2 * time.Second})
+	stripe, err := stripe.New(stripe.Config{SecretKey: "sk_test_paydedup", APIBase: proxy.URL(), Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,10 +79,10 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 3})
+	sim := stripesim.New(stripesim.Config{Seed: 3})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	stripe, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_role", APIBase: srv.URL, Timeout: time.Second})
+	stripe, err := stripe.New(stripe.Config{SecretKey: "sk_test_role", APIBase: srv.URL, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,10 @@
-// Package provider owns everything paydedup says to a payment provider: the
-// [Provider] interface with its request and outcome types, the classification
-// of every failure into a [Class], a retry helper ([ChargeWithRetry]) built on
-// backoff/v4, the Stripe adapter ([Stripe], on stripe-go) and a
-// Stripe-compatible [Simulator] with fault injection for tests and demos,
-// with [SimClient] to call it in-process as the adapter would over HTTP.
-// No other package speaks HTTP to a provider.
+// Package provider owns the contract between paydedup and a payment provider:
+// the [Provider] interface with its request and outcome types, the
+// classification of every failure into a [Class], the sentinel errors, and a
+// retry helper ([ChargeWithRetry]) built on backoff/v4. It imports no
+// provider's client library: the Stripe adapter is provider/stripe (on
+// stripe-go), and a Stripe-compatible simulator with fault injection, for
+// tests, demos and the benchmark, is provider/stripesim.
 //
 // # The provider contract
 //

@@ -23,7 +23,7 @@ func TestLookupOutcomeWithoutStatus(t *testing.T) {
 	}{{"charged", false, 200}, {"declined", true, 402}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, stripesim.SimConfig{})
+			b := setup(t, stripesim.Config{})
 			b.claim(t, "k")
 			b.clk.Advance(stuckFor)
 			out := &provider.Outcome{Status: "succeeded", Declined: tc.declined, Response: json.RawMessage(`{"id":"pi_s"}`)}

@@ -123,7 +123,7 @@ const releaseTimeout = 5 * time.Second
 var ErrInvalidConfig = errors.New("invalid reconciler config")
 
 // Looker is the provider capability the reconciler needs: a lookup that
-// never charges. *stripe.Stripe is one.
+// never charges. *stripe.Client is one.
 type Looker interface {
 	// Lookup reports what the provider has under the key, or an error when
 	// it cannot tell.

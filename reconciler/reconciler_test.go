@@ -44,12 +44,12 @@ type bundle struct {
 	clk    *clock.Fake
 	store  *dedup.Store
 	sim    *stripesim.Simulator
-	stripe *stripe.Stripe
+	stripe *stripe.Client
 }
 
 // setup gives a test a migrated schema, a store on a fake clock, and the
 // simulator (on the same clock) behind the real Stripe adapter.
-func setup(t *testing.T, simCfg stripesim.SimConfig) *bundle {
+func setup(t *testing.T, simCfg stripesim.Config) *bundle {
 	t.Helper()
 	pool := testenv.Pool(t)
 	clk := clock.NewFake(t0)
@@ -61,10 +61,10 @@ func setup(t *testing.T, simCfg stripesim.SimConfig) *bundle {
 		simCfg.Seed = 42
 	}
 	simCfg.Now = clk.Now
-	sim := stripesim.NewSimulator(simCfg)
+	sim := stripesim.New(simCfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	st, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_x", APIBase: srv.URL})
+	st, err := stripe.New(stripe.Config{SecretKey: "sk_test_x", APIBase: srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func responseID(t *testing.T, raw json.RawMessage) string {
 
 func TestChargedRowIsCompleted(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	l := b.claim(t, "charged")
 	out := b.charge(t, l, "pm_card_visa") // then the worker crashed
 	b.clk.Advance(stuckFor)
@@ -244,7 +244,7 @@ func TestChargedRowIsCompleted(t *testing.T) {
 
 func TestDeclinedRowIsCompletedAsDeclined(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	l := b.claim(t, "declined")
 	out := b.charge(t, l, "pm_card_chargeDeclined")
 	if !out.Declined {
@@ -271,7 +271,7 @@ func TestDeclinedRowIsCompletedAsDeclined(t *testing.T) {
 
 func TestNotChargedRowFailsOnlyAfterSearchLag(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	b.claim(t, "nothing")
 	looker := counting(b.stripe)
 	r := b.reconciler(t, looker, reconciler.Config{}) // Grace 30s, SearchLag 60s
@@ -311,7 +311,7 @@ func TestNotChargedRowFailsOnlyAfterSearchLag(t *testing.T) {
 // look before the charge is searchable.
 func TestSearchLagHidesLateCharge(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{SearchLag: reconciler.DefaultSearchLag})
+	b := setup(t, stripesim.Config{SearchLag: reconciler.DefaultSearchLag})
 	l := b.claim(t, "late")
 	b.clk.Advance(workerLease)
 	out := b.charge(t, l, "pm_card_visa")
@@ -333,7 +333,7 @@ func TestSearchLagHidesLateCharge(t *testing.T) {
 
 func TestLookupErrorLeavesRowPending(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	l := b.claim(t, "flaky")
 	out := b.charge(t, l, "pm_card_visa")
 	b.clk.Advance(stuckFor)
@@ -396,7 +396,7 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, stripesim.SimConfig{})
+			b := setup(t, stripesim.Config{})
 			if tt.prior != nil {
 				tt.prior(t, b)
 			}
@@ -423,7 +423,7 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 
 func TestLiveLeaseIsNotTouched(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	b.claim(t, "live")
 	before := b.get(t, "live")
 	looker := counting(b.stripe)
@@ -442,7 +442,7 @@ func TestLiveLeaseIsNotTouched(t *testing.T) {
 
 func TestConcurrentReconcilersResolveEachRowOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	const rows = 50
 	for i := range rows {
 		l := b.claim(t, fmt.Sprintf("c-%02d", i))
@@ -520,7 +520,7 @@ func TestFencing(t *testing.T) {
 
 	t.Run("late worker after the reconciler", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, stripesim.SimConfig{})
+		b := setup(t, stripesim.Config{})
 		w := b.claim(t, "k")
 		out := b.charge(t, w, "pm_card_visa") // the worker stalls here past its lease
 		b.clk.Advance(stuckFor)
@@ -542,7 +542,7 @@ func TestFencing(t *testing.T) {
 	for _, charged := range []bool{true, false} {
 		t.Run(fmt.Sprintf("reconciler after a redelivery, charged=%v", charged), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, stripesim.SimConfig{})
+			b := setup(t, stripesim.Config{})
 			w := b.claim(t, "k")
 			if charged {
 				b.charge(t, w, "pm_card_visa")
@@ -587,7 +587,7 @@ func TestFencing(t *testing.T) {
 // that no redelivery can take the row meanwhile.
 func TestLeaseRenewedDuringLongBatch(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	for i := range 3 {
 		b.claim(t, fmt.Sprintf("slow-%d", i))
 	}
@@ -609,7 +609,7 @@ func TestLeaseRenewedDuringLongBatch(t *testing.T) {
 
 func TestPurge(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	for i := range 5 {
 		l := b.claim(t, fmt.Sprintf("done-%d", i))
 		id := fmt.Sprintf("pi_done_%d", i)
@@ -657,7 +657,7 @@ func TestPurge(t *testing.T) {
 
 func TestStartStop(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	l := b.claim(t, "bg")
 	b.charge(t, l, "pm_card_visa")
 	b.clk.Advance(stuckFor)
@@ -728,7 +728,7 @@ func TestStartStop(t *testing.T) {
 
 func TestStopDuringLookupReleasesRow(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	b.claim(t, "hang")
 	b.clk.Advance(stuckFor)
 	entered := make(chan struct{}, 1)

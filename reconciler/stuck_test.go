@@ -60,7 +60,7 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name string, want map[s
 // it leaves it alone.
 func TestFailingLookupsKeepRowStuck(t *testing.T) {
 	t.Parallel()
-	b := setup(t, stripesim.SimConfig{})
+	b := setup(t, stripesim.Config{})
 	b.claim(t, "dark")
 	claimed := b.clk.Now()
 	down := lookerFunc(func(context.Context, provider.LookupRequest) (provider.LookupResult, error) {

@@ -228,11 +228,11 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		_ = js.DeleteStream(cctx, cfg.AdvisoryStream)
 	}()
 
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Faults: stripesim.Faults{Latency: b.latency}})
+	sim := stripesim.New(stripesim.Config{Faults: stripesim.Faults{Latency: b.latency}})
 	const apiKey = "sk_test_paydedup_bench"
 	var prov consumer.Charger = sim.Client(apiKey)
 	if b.provider == "stripe" {
-		st, err := stripe.NewStripe(stripe.StripeConfig{
+		st, err := stripe.New(stripe.Config{
 			SecretKey: apiKey, APIBase: "http://sim.invalid", Timeout: 30 * time.Second,
 			HTTPClient: &http.Client{Transport: inProcess{sim}},
 		})

@@ -148,11 +148,11 @@ func (p *providerFlags) validate() error {
 
 // build returns the provider and, for sim, the simulator serving it on a
 // loopback port; stop shuts the simulator down.
-func (p *providerFlags) build(ctx context.Context, simCfg stripesim.SimConfig) (prov *stripe.Stripe, sim *stripesim.Simulator, stop func(), err error) {
+func (p *providerFlags) build(ctx context.Context, simCfg stripesim.Config) (prov *stripe.Client, sim *stripesim.Simulator, stop func(), err error) {
 	base, key := p.apiBase, p.secretKey
 	stop = func() {}
 	if p.kind == "sim" {
-		sim = stripesim.NewSimulator(simCfg)
+		sim = stripesim.New(simCfg)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("start the simulator: %w", err)
@@ -168,7 +168,7 @@ func (p *providerFlags) build(ctx context.Context, simCfg stripesim.SimConfig) (
 		stop = func() { cancel(); <-done }
 		base, key = "http://"+ln.Addr().String(), "sk_test_paydedup_sim"
 	}
-	prov, err = stripe.NewStripe(stripe.StripeConfig{SecretKey: key, APIBase: base, Timeout: p.timeout})
+	prov, err = stripe.New(stripe.Config{SecretKey: key, APIBase: base, Timeout: p.timeout})
 	if err != nil {
 		stop()
 		return nil, nil, nil, err

@@ -177,7 +177,7 @@ func (d *demoCmd) Run(ctx context.Context) error {
 
 	faults := stripesim.Faults{Latency: 2 * time.Millisecond, Jitter: 10 * time.Millisecond, Rate5xx: 0.02, RateDropAfterCharge: 0.02}
 	pf := providerFlags{kind: "sim", timeout: demoAttemptTimeout}
-	prov, sim, stopSim, err := pf.build(ctx, stripesim.SimConfig{Seed: int64(seed >> 1), Faults: faults, Logger: d.quietLogger(nil)})
+	prov, sim, stopSim, err := pf.build(ctx, stripesim.Config{Seed: int64(seed >> 1), Faults: faults, Logger: d.quietLogger(nil)})
 	if err != nil {
 		return err
 	}
@@ -409,7 +409,7 @@ type demoWorker struct {
 	killed atomic.Bool
 }
 
-func (r *demoRun) startWorkers(ctx context.Context, prov *stripe.Stripe) error {
+func (r *demoRun) startWorkers(ctx context.Context, prov *stripe.Client) error {
 	for i := range r.workers {
 		w := &demoWorker{name: fmt.Sprintf("demo-%s-worker-%d", r.runID, i+1), obs: &demoObserver{}, done: make(chan struct{})}
 		nc, err := nats.Connect(r.natsURL, nats.Name(w.name), nats.Timeout(5*time.Second))

@@ -54,10 +54,10 @@ func TestDLQListShowReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 5})
+	sim := stripesim.New(stripesim.Config{Seed: 5})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	stripe, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_dlq", APIBase: srv.URL, Timeout: time.Second})
+	stripe, err := stripe.New(stripe.Config{SecretKey: "sk_test_dlq", APIBase: srv.URL, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 type providerSimCmd struct {
 	app  *app
 	addr string
-	cfg  stripesim.SimConfig
+	cfg  stripesim.Config
 }
 
 func newProviderSimCmd(a *app) *cobra.Command {
@@ -42,7 +42,7 @@ STRIPE_API_BASE=http://ADDR and any STRIPE_SECRET_KEY.`,
 	f.Float64Var(&p.cfg.Faults.RateDropAfterCharge, "drop-after-charge", 0, "fraction of requests processed (charged) whose connection is then dropped")
 	f.Float64Var(&p.cfg.Faults.RateFailBeforeCharge, "fail-before-charge", 0, "fraction of requests whose connection is dropped before processing")
 	f.Int64Var(&p.cfg.Seed, "seed", 0, "random seed for ids and faults (0: random)")
-	f.DurationVar(&p.cfg.KeyTTL, "key-ttl", stripesim.DefaultSimKeyTTL, "how long an idempotency key is remembered")
+	f.DurationVar(&p.cfg.KeyTTL, "key-ttl", stripesim.DefaultKeyTTL, "how long an idempotency key is remembered")
 	f.DurationVar(&p.cfg.SearchLag, "search-lag", 0, "how long new intents stay invisible to search")
 	return cmd
 }
@@ -57,7 +57,7 @@ func (p *providerSimCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("provider-sim: listen on --addr %s: %w", p.addr, err)
 	}
-	sim := stripesim.NewSimulator(p.cfg)
+	sim := stripesim.New(p.cfg)
 	p.app.logger.Info("provider simulator listening", "addr", ln.Addr().String())
 	fmt.Fprintf(p.app.out, "provider-sim: listening on http://%s\n", ln.Addr())
 	if err := sim.ServeListener(ctx, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -111,7 +111,7 @@ func (r *reconcileCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeDB()
-	prov, _, stopSim, err := r.prov.build(ctx, stripesim.SimConfig{})
+	prov, _, stopSim, err := r.prov.build(ctx, stripesim.Config{})
 	if err != nil {
 		return err
 	}

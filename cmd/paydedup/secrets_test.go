@@ -187,7 +187,7 @@ func TestRunningWorkerNeverLogsSecrets(t *testing.T) {
 	}
 	dbURL.User = url.UserPassword(dbURL.User.Username(), markDB)
 	srv := startNATS(t, func(o *server.Options) { o.Username, o.Password = "u", markNatsPW })
-	sim := httptest.NewServer(stripesim.NewSimulator(stripesim.SimConfig{Seed: 1}))
+	sim := httptest.NewServer(stripesim.New(stripesim.Config{Seed: 1}))
 	t.Cleanup(sim.Close)
 
 	env := map[string]string{

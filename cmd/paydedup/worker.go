@@ -110,7 +110,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	prov, _, stopSim, err := w.prov.build(ctx, stripesim.SimConfig{})
+	prov, _, stopSim, err := w.prov.build(ctx, stripesim.Config{})
 	if err != nil {
 		return err
 	}

@@ -386,7 +386,7 @@ func (h *harness) collect(ctx context.Context) (Evidence, error) {
 		return ev, fmt.Errorf("read the provider's ledger: %w", err)
 	}
 	defer resp.Body.Close()
-	var ledger stripesim.SimLedger
+	var ledger stripesim.Ledger
 	if err := json.NewDecoder(resp.Body).Decode(&ledger); err != nil {
 		return ev, fmt.Errorf("decode the provider's ledger: %w", err)
 	}

@@ -16,17 +16,17 @@ import (
 
 // Provider serves an in-process simulator and returns it with the Stripe
 // adapter pointed at it: the real client path, the simulated provider.
-func Provider(t testing.TB, seed int64, timeout time.Duration) (*stripesim.Simulator, *stripe.Stripe) {
+func Provider(t testing.TB, seed int64, timeout time.Duration) (*stripesim.Simulator, *stripe.Client) {
 	t.Helper()
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: seed})
+	sim := stripesim.New(stripesim.Config{Seed: seed})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	stripe, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: timeout})
+	adapter, err := stripe.New(stripe.Config{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(stripe.CloseIdleConnections)
-	return sim, stripe
+	t.Cleanup(adapter.CloseIdleConnections)
+	return sim, adapter
 }
 
 // DLQKey is the dead-letter authentication key of the tests' workers and

@@ -53,9 +53,9 @@ func wantClass(t *testing.T, err error, want provider.Class) *provider.Error {
 }
 
 // simServer starts a simulator behind httptest.
-func simServer(t *testing.T, cfg stripesim.SimConfig) (*stripesim.Simulator, *httptest.Server) {
+func simServer(t *testing.T, cfg stripesim.Config) (*stripesim.Simulator, *httptest.Server) {
 	t.Helper()
-	sim := stripesim.NewSimulator(cfg)
+	sim := stripesim.New(cfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	return sim, srv

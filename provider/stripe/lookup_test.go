@@ -15,8 +15,8 @@ import (
 // charge).
 func TestStripeLookupByIDChecksMerchant(t *testing.T) {
 	t.Parallel()
-	_, srv := simServer(t, stripesim.SimConfig{})
-	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
+	_, srv := simServer(t, stripesim.Config{})
+	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	req := chargeReq("k-lookup-merchant")
 	charged := mustCharge(t, s, req)
 	res, err := s.Lookup(context.Background(), provider.LookupRequest{

@@ -40,7 +40,7 @@ func TestStripeResendAfterWriteIsUnknown(t *testing.T) {
 			release := make(chan struct{})
 			var releaseOnce sync.Once
 			unblock := func() { releaseOnce.Do(func() { close(release) }) }
-			sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 7, OnCharge: func(c stripesim.SimCharge) {
+			sim := stripesim.New(stripesim.Config{Seed: 7, OnCharge: func(c stripesim.Charge) {
 				if c.IdempotencyKey == key {
 					entered <- struct{}{}
 					<-release
@@ -50,7 +50,7 @@ func TestStripeResendAfterWriteIsUnknown(t *testing.T) {
 			t.Cleanup(srv.Close)
 			t.Cleanup(unblock) // runs before srv.Close: no handler stays blocked
 			proxy := testenv.NewFrontProxy(t, srv.Listener.Addr().String())
-			s := newStripe(t, stripe.StripeConfig{APIBase: proxy.URL(), Timeout: 10 * time.Second})
+			s := newStripe(t, stripe.Config{APIBase: proxy.URL(), Timeout: 10 * time.Second})
 
 			// A first call leaves one kept-alive connection for the next.
 			mustCharge(t, s, chargeReq("k-warm"))

@@ -22,13 +22,13 @@ var fast = provider.RetryPolicy{MaxTries: 3, AttemptTimeout: time.Second, Initia
 func TestChargeWithRetryDropAfterCharge(t *testing.T) {
 	t.Parallel()
 	var sim *stripesim.Simulator
-	sim = stripesim.NewSimulator(stripesim.SimConfig{
+	sim = stripesim.New(stripesim.Config{
 		Seed:   7,
 		Faults: stripesim.Faults{RateDropAfterCharge: 1},
 		// The provider "recovers" right after the first charge: the
 		// response of that request is still dropped (its fate was rolled on
 		// arrival), the retry's is not.
-		OnCharge: func(stripesim.SimCharge) {
+		OnCharge: func(stripesim.Charge) {
 			if err := sim.SetFaults(stripesim.Faults{}); err != nil {
 				t.Error(err)
 			}
@@ -45,7 +45,7 @@ func TestChargeWithRetryDropAfterCharge(t *testing.T) {
 		sim.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
+	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 
 	req := chargeReq("k-retry-drop")
 	out, err := provider.ChargeWithRetry(context.Background(), s, req, fast)

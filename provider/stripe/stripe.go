@@ -14,35 +14,35 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/stripe/stripe-go/v82"
+	stripego "github.com/stripe/stripe-go/v82"
 
 	"github.com/paydedup/paydedup/provider"
 )
 
-// DefaultStripeAPIBase is Stripe's API root; STRIPE_API_BASE overrides it (the
+// DefaultAPIBase is Stripe's API root; STRIPE_API_BASE overrides it (the
 // simulator, a proxy).
-const DefaultStripeAPIBase = "https://api.stripe.com"
+const DefaultAPIBase = "https://api.stripe.com"
 
-// DefaultStripeTimeout bounds one Stripe call when StripeConfig.Timeout is 0.
+// DefaultTimeout bounds one Stripe call when Config.Timeout is 0.
 // A RetryPolicy's shorter AttemptTimeout binds first when ChargeWithRetry is
 // used.
-const DefaultStripeTimeout = 30 * time.Second
+const DefaultTimeout = 30 * time.Second
 
-// StripeConfig configures the Stripe adapter.
-type StripeConfig struct {
+// Config configures the Stripe adapter.
+type Config struct {
 	// SecretKey is the API key (STRIPE_SECRET_KEY); required.
 	SecretKey string
-	// APIBase is the API root (STRIPE_API_BASE); DefaultStripeAPIBase when
+	// APIBase is the API root (STRIPE_API_BASE); DefaultAPIBase when
 	// empty.
 	APIBase string
 	// HTTPClient is used for every call when set; otherwise the adapter owns
 	// a client with its own transport.
 	HTTPClient *http.Client
-	// Timeout bounds each Charge or Lookup call; DefaultStripeTimeout when 0.
+	// Timeout bounds each Charge or Lookup call; DefaultTimeout when 0.
 	Timeout time.Duration
 }
 
-// Stripe is the Provider for Stripe's PaymentIntents API, on stripe-go. It
+// Client is the Provider for Stripe's PaymentIntents API, on stripe-go. It
 // never retries by itself (stripe-go's network retries are off): retries
 // belong to ChargeWithRetry and the worker. (net/http may still resend a
 // request by itself when a reused keep-alive connection closes after the
@@ -52,17 +52,17 @@ type StripeConfig struct {
 // speaks only for itself: Charge counts the copies written and reports any
 // "not executed" answer that follows an earlier written copy as an unknown
 // outcome.)
-type Stripe struct {
-	client     *stripe.Client
+type Client struct {
+	client     *stripego.Client
 	httpClient *http.Client
 	timeout    time.Duration
 	now        func() time.Time
 }
 
-var _ provider.Provider = (*Stripe)(nil)
+var _ provider.Provider = (*Client)(nil)
 
-// NewStripe validates cfg and returns a Stripe adapter.
-func NewStripe(cfg StripeConfig) (*Stripe, error) {
+// New validates cfg and returns a Stripe adapter.
+func New(cfg Config) (*Client, error) {
 	if strings.TrimSpace(cfg.SecretKey) == "" {
 		return nil, fmt.Errorf("new stripe: %w: STRIPE_SECRET_KEY is empty", provider.ErrInvalidConfig)
 	}
@@ -71,7 +71,7 @@ func NewStripe(cfg StripeConfig) (*Stripe, error) {
 	}
 	base := cfg.APIBase
 	if base == "" {
-		base = DefaultStripeAPIBase
+		base = DefaultAPIBase
 	}
 	u, err := url.Parse(base)
 	switch {
@@ -96,31 +96,31 @@ func NewStripe(cfg StripeConfig) (*Stripe, error) {
 		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 256
 		hc = &http.Client{Transport: tr}
 	}
-	backends := stripe.NewBackendsWithConfig(&stripe.BackendConfig{
-		URL:               stripe.String(base),
+	backends := stripego.NewBackendsWithConfig(&stripego.BackendConfig{
+		URL:               stripego.String(base),
 		HTTPClient:        hc,
-		MaxNetworkRetries: stripe.Int64(0),
-		EnableTelemetry:   stripe.Bool(false),
+		MaxNetworkRetries: stripego.Int64(0),
+		EnableTelemetry:   stripego.Bool(false),
 		// stripe-go's debug log prints request and response bodies, which
 		// hold payment method ids: keep it silent.
-		LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull},
+		LeveledLogger: &stripego.LeveledLogger{Level: stripego.LevelNull},
 	})
-	return &Stripe{
-		client:     stripe.NewClient(cfg.SecretKey, stripe.WithBackends(backends)),
+	return &Client{
+		client:     stripego.NewClient(cfg.SecretKey, stripego.WithBackends(backends)),
 		httpClient: hc,
-		timeout:    cmp.Or(cfg.Timeout, DefaultStripeTimeout),
+		timeout:    cmp.Or(cfg.Timeout, DefaultTimeout),
 		now:        time.Now,
 	}, nil
 }
 
 // CloseIdleConnections closes the idle connections of the adapter's HTTP
 // client; tests call it so that no connection goroutine outlives them.
-func (s *Stripe) CloseIdleConnections() { s.httpClient.CloseIdleConnections() }
+func (s *Client) CloseIdleConnections() { s.httpClient.CloseIdleConnections() }
 
 // Charge creates and confirms a PaymentIntent under req.ProviderKey. A decline
 // (402 card_error, or 400 invalid_request_error on the parameters) is an
 // Outcome with Declined set; every other failure is an *Error.
-func (s *Stripe) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+func (s *Client) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
 	if err := provider.CheckProviderKey(req.ProviderKey); err != nil {
 		return nil, err
 	}
@@ -186,26 +186,26 @@ func (w *writtenCopies) check(err error, answered bool) error {
 // answered reports whether a failed stripe-go call got an answer from the
 // API (a status and an error body) rather than a transport failure.
 func answered(err error) bool {
-	var se *stripe.Error
+	var se *stripego.Error
 	return errors.As(err, &se) && se.HTTPStatusCode != 0
 }
 
 // stripeCreateParams is the PaymentIntent create the adapter sends for req.
-// SimClient computes the canonical form of the same parameters without
+// stripesim.Client computes the canonical form of the same parameters without
 // stripe-go (appendChargeForm); simclient_internal_test.go checks it against
 // the body the adapter sends.
-func stripeCreateParams(req provider.ChargeRequest) *stripe.PaymentIntentCreateParams {
-	params := &stripe.PaymentIntentCreateParams{
-		Amount:        stripe.Int64(req.Amount),
-		Currency:      stripe.String(req.Currency),
-		PaymentMethod: stripe.String(req.PaymentMethod),
+func stripeCreateParams(req provider.ChargeRequest) *stripego.PaymentIntentCreateParams {
+	params := &stripego.PaymentIntentCreateParams{
+		Amount:        stripego.Int64(req.Amount),
+		Currency:      stripego.String(req.Currency),
+		PaymentMethod: stripego.String(req.PaymentMethod),
 		// A card-only intent confirms server-side without a return_url.
-		PaymentMethodTypes: stripe.StringSlice([]string{"card"}),
-		Confirm:            stripe.Bool(true),
+		PaymentMethodTypes: stripego.StringSlice([]string{"card"}),
+		Confirm:            stripego.Bool(true),
 		Metadata:           chargeMetadata(req),
 	}
 	if req.Description != "" {
-		params.Description = stripe.String(req.Description)
+		params.Description = stripego.String(req.Description)
 	}
 	params.SetIdempotencyKey(req.ProviderKey)
 	return params
@@ -224,8 +224,8 @@ func chargeMetadata(r provider.ChargeRequest) map[string]string {
 }
 
 // chargeError turns a failed Create into a declined Outcome or an *Error.
-func (s *Stripe) chargeError(err error) (*provider.Outcome, error) {
-	var se *stripe.Error
+func (s *Client) chargeError(err error) (*provider.Outcome, error) {
+	var se *stripego.Error
 	if !errors.As(err, &se) {
 		return nil, transportError(err)
 	}
@@ -234,8 +234,8 @@ func (s *Stripe) chargeError(err error) (*provider.Outcome, error) {
 }
 
 // lookupError maps a failed retrieve or search to an *Error.
-func (s *Stripe) lookupError(err error) error {
-	var se *stripe.Error
+func (s *Client) lookupError(err error) error {
+	var se *stripego.Error
 	if !errors.As(err, &se) {
 		return transportError(err)
 	}
@@ -244,7 +244,7 @@ func (s *Stripe) lookupError(err error) error {
 }
 
 // stripeFailure reads the answer of a failed stripe-go call, received at now.
-func stripeFailure(se *stripe.Error, now time.Time) provider.Rejection {
+func stripeFailure(se *stripego.Error, now time.Time) provider.Rejection {
 	raw, hdr := lastResponse(se.LastResponse)
 	f := provider.Rejection{
 		HTTPStatus:  se.HTTPStatusCode,
@@ -278,7 +278,7 @@ func transportError(err error) *provider.Error {
 //
 // Search is eventually consistent (Stripe: usually under a minute), so
 // Found=false means "not yet seen": callers decide how long it must persist.
-func (s *Stripe) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
+func (s *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 
@@ -295,9 +295,9 @@ func (s *Stripe) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		return provider.LookupResult{}, &provider.Error{Class: provider.ClassMismatch, Message: "lookup needs merchant id and idempotency key", Err: provider.ErrInvalidRequest}
 	}
 
-	params := &stripe.PaymentIntentSearchParams{}
+	params := &stripego.PaymentIntentSearchParams{}
 	params.Query = SearchQuery(req.MerchantID, req.IdempotencyKey)
-	params.Limit = stripe.Int64(searchLimit)
+	params.Limit = stripego.Int64(searchLimit)
 	var charged, declined []*provider.Outcome
 	var processing []string
 	for pi, err := range s.client.V1PaymentIntents.Search(ctx, params) {
@@ -323,7 +323,7 @@ func (s *Stripe) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 	return provider.SearchVerdict(charged, declined, processing)
 }
 
-func (s *Stripe) lookupByID(pi *stripe.PaymentIntent, req provider.LookupRequest) (provider.LookupResult, error) {
+func (s *Client) lookupByID(pi *stripego.PaymentIntent, req provider.LookupRequest) (provider.LookupResult, error) {
 	if (req.IdempotencyKey != "" && pi.Metadata[provider.MetadataIdempotencyKey] != req.IdempotencyKey) ||
 		(req.MerchantID != "" && pi.Metadata[provider.MetadataMerchantID] != req.MerchantID) {
 		return provider.LookupResult{}, &provider.Error{Class: provider.ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", pi.ID)}
@@ -358,12 +358,12 @@ func quoteSearchValue(v string) string {
 
 // intentOutcome classifies a PaymentIntent object: charged, declined, or a
 // ClassUnknown error while it is still moving (processing).
-func intentOutcome(pi *stripe.PaymentIntent, raw []byte) (*provider.Outcome, error) {
+func intentOutcome(pi *stripego.PaymentIntent, raw []byte) (*provider.Outcome, error) {
 	switch pi.Status {
-	case stripe.PaymentIntentStatusSucceeded, stripe.PaymentIntentStatusRequiresCapture:
+	case stripego.PaymentIntentStatusSucceeded, stripego.PaymentIntentStatusRequiresCapture:
 		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), HTTPStatus: http.StatusOK, Response: raw}, nil
-	case stripe.PaymentIntentStatusRequiresPaymentMethod, stripe.PaymentIntentStatusCanceled,
-		stripe.PaymentIntentStatusRequiresAction, stripe.PaymentIntentStatusRequiresConfirmation:
+	case stripego.PaymentIntentStatusRequiresPaymentMethod, stripego.PaymentIntentStatusCanceled,
+		stripego.PaymentIntentStatusRequiresAction, stripego.PaymentIntentStatusRequiresConfirmation:
 		// No customer is present to complete an action, so an intent that
 		// stopped short of succeeding is a definitive decline for us.
 		return declinedIntent(pi, raw), nil
@@ -377,7 +377,7 @@ func intentOutcome(pi *stripe.PaymentIntent, raw []byte) (*provider.Outcome, err
 // Response has the shape of the 402 error Stripe sends for a decline
 // ({"error":{..., "payment_intent":{...}}}), so a decline found by lookup is
 // stored and replayed like one seen by Charge.
-func declinedIntent(pi *stripe.PaymentIntent, raw []byte) *provider.Outcome {
+func declinedIntent(pi *stripego.PaymentIntent, raw []byte) *provider.Outcome {
 	body := struct {
 		Error struct {
 			Type          string          `json:"type"`
@@ -418,15 +418,15 @@ func declinedIntent(pi *stripe.PaymentIntent, raw []byte) *provider.Outcome {
 }
 
 func isResourceMissing(err error) bool {
-	var se *stripe.Error
+	var se *stripego.Error
 	if !errors.As(err, &se) {
 		return false
 	}
 	// A 404: retrieve found no such object.
-	return se.HTTPStatusCode == http.StatusNotFound || se.Code == stripe.ErrorCodeResourceMissing
+	return se.HTTPStatusCode == http.StatusNotFound || se.Code == stripego.ErrorCodeResourceMissing
 }
 
-func lastResponse(r *stripe.APIResponse) (json.RawMessage, http.Header) {
+func lastResponse(r *stripego.APIResponse) (json.RawMessage, http.Header) {
 	if r == nil {
 		return nil, http.Header{}
 	}
@@ -463,7 +463,7 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-func statusOr(s stripe.PaymentIntentStatus) string {
+func statusOr(s stripego.PaymentIntentStatus) string {
 	if s == "" {
 		return "without status"
 	}

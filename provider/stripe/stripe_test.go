@@ -14,12 +14,12 @@ import (
 	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
-func newStripe(t *testing.T, cfg stripe.StripeConfig) *stripe.Stripe {
+func newStripe(t *testing.T, cfg stripe.Config) *stripe.Client {
 	t.Helper()
 	if cfg.SecretKey == "" {
 		cfg.SecretKey = "sk_test_paydedup"
 	}
-	s, err := stripe.NewStripe(cfg)
+	s, err := stripe.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,26 +33,26 @@ func TestNewStripeValidatesConfig(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name string
-		cfg  stripe.StripeConfig
+		cfg  stripe.Config
 		want string
 	}{
-		{"no key", stripe.StripeConfig{}, "STRIPE_SECRET_KEY"},
-		{"blank key", stripe.StripeConfig{SecretKey: "  "}, "STRIPE_SECRET_KEY"},
-		{"bad scheme", stripe.StripeConfig{SecretKey: "sk_test", APIBase: "ftp://x"}, "STRIPE_API_BASE"},
-		{"no host", stripe.StripeConfig{SecretKey: "sk_test", APIBase: "http://"}, "STRIPE_API_BASE"},
-		{"unparsable", stripe.StripeConfig{SecretKey: "sk_test", APIBase: "http://[::1"}, "STRIPE_API_BASE"},
-		{"relative", stripe.StripeConfig{SecretKey: "sk_test", APIBase: "localhost:12111"}, "STRIPE_API_BASE"},
-		{"negative timeout", stripe.StripeConfig{SecretKey: "sk_test", Timeout: -time.Second}, "timeout"},
+		{"no key", stripe.Config{}, "STRIPE_SECRET_KEY"},
+		{"blank key", stripe.Config{SecretKey: "  "}, "STRIPE_SECRET_KEY"},
+		{"bad scheme", stripe.Config{SecretKey: "sk_test", APIBase: "ftp://x"}, "STRIPE_API_BASE"},
+		{"no host", stripe.Config{SecretKey: "sk_test", APIBase: "http://"}, "STRIPE_API_BASE"},
+		{"unparsable", stripe.Config{SecretKey: "sk_test", APIBase: "http://[::1"}, "STRIPE_API_BASE"},
+		{"relative", stripe.Config{SecretKey: "sk_test", APIBase: "localhost:12111"}, "STRIPE_API_BASE"},
+		{"negative timeout", stripe.Config{SecretKey: "sk_test", Timeout: -time.Second}, "timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := stripe.NewStripe(tt.cfg)
+			_, err := stripe.New(tt.cfg)
 			if !errors.Is(err, provider.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want ErrInvalidConfig naming %s", err, tt.want)
 			}
 		})
 	}
-	s, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test"})
+	s, err := stripe.New(stripe.Config{SecretKey: "sk_test"})
 	if err != nil || s == nil {
 		t.Fatalf("default config: %v", err)
 	}
@@ -60,10 +60,10 @@ func TestNewStripeValidatesConfig(t *testing.T) {
 
 func TestStripeTimeoutConfig(t *testing.T) {
 	t.Parallel()
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Faults: stripesim.Faults{Latency: time.Minute}})
+	sim := stripesim.New(stripesim.Config{Faults: stripesim.Faults{Latency: time.Minute}})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL, Timeout: 100 * time.Millisecond})
+	s := newStripe(t, stripe.Config{APIBase: srv.URL, Timeout: 100 * time.Millisecond})
 	_, err := s.Charge(context.Background(), chargeReq("k-cfg-timeout"))
 	wantClass(t, err, provider.ClassUnknown)
 }
@@ -74,7 +74,7 @@ func TestStripeRejectsBadProviderKey(t *testing.T) {
 		t.Errorf("unexpected request %s %s: a bad key must not be sent", r.Method, r.URL.Path)
 	}))
 	t.Cleanup(srv.Close)
-	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
+	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	for _, key := range []string{"", " padded", strings.Repeat("k", provider.MaxProviderKeyLen+1)} {
 		req := chargeReq("k")
 		req.ProviderKey = key
@@ -93,13 +93,13 @@ func TestStripeRejectsBadProviderKey(t *testing.T) {
 func TestStripeUnauthorizedIsRetryable(t *testing.T) {
 	t.Parallel()
 	// A proxy that strips the key: the simulator answers 401.
-	sim := stripesim.NewSimulator(stripesim.SimConfig{})
+	sim := stripesim.New(stripesim.Config{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Del("Authorization")
 		sim.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
-	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
+	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	_, err := s.Charge(context.Background(), chargeReq("k-401"))
 	pe := wantClass(t, err, provider.ClassRetryable)
 	if pe.HTTPStatus != http.StatusUnauthorized {
@@ -109,7 +109,7 @@ func TestStripeUnauthorizedIsRetryable(t *testing.T) {
 
 func TestStripeLookupUnconfirmedIntentIsDeclined(t *testing.T) {
 	t.Parallel()
-	_, srv := simServer(t, stripesim.SimConfig{})
+	_, srv := simServer(t, stripesim.Config{})
 	// An intent created elsewhere without confirm stops at
 	// requires_confirmation: with no customer present it never charges.
 	form := intentForm("100")
@@ -117,7 +117,7 @@ func TestStripeLookupUnconfirmedIntentIsDeclined(t *testing.T) {
 	if r := post(t, srv, "/v1/payment_intents", "sk_test_paydedup", "unconfirmed", form); r.status != 200 {
 		t.Fatalf("create: %d %s", r.status, r.body)
 	}
-	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
+	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	res, err := s.Lookup(context.Background(), provider.LookupRequest{MerchantID: "m_1", IdempotencyKey: "k1"})
 	if err != nil || !res.Found || !res.Outcome.Declined || res.Outcome.DeclineCode != "requires_confirmation" ||
 		res.Outcome.HTTPStatus != http.StatusPaymentRequired {

@@ -21,14 +21,14 @@ import (
 	"github.com/paydedup/paydedup/provider"
 )
 
-// Defaults for SimConfig.
+// Defaults for Config.
 const (
-	// DefaultSimKeyTTL is how long the simulator keeps an idempotency key,
+	// DefaultKeyTTL is how long the simulator keeps an idempotency key,
 	// like Stripe's 24 h window.
-	DefaultSimKeyTTL = 24 * time.Hour
-	// SimShutdownTimeout is how long Serve waits for in-flight requests
+	DefaultKeyTTL = 24 * time.Hour
+	// ShutdownTimeout is how long Serve waits for in-flight requests
 	// before closing their connections.
-	SimShutdownTimeout = 5 * time.Second
+	ShutdownTimeout = 5 * time.Second
 )
 
 // maxSimBody bounds a request body; Stripe's own limit is far larger, but no
@@ -38,12 +38,12 @@ const maxSimBody = 1 << 20
 // Faults are the failures the simulator injects, each rolled independently
 // per API request (GET and POST alike, except RateDropAfterCharge which only
 // applies to POST /v1/payment_intents). All may be changed while it runs with
-// SetFaults. A SimClient's calls are rolled the same way; where a connection
+// SetFaults. A Client's calls are rolled the same way; where a connection
 // would be closed, it returns a ClassUnknown *Error wrapping io.EOF.
 type Faults struct {
 	// Latency is waited before a request is processed; it ends early (and
 	// the connection is dropped) when the client goes away, or for a
-	// SimClient when its ctx ends or its timeout passes.
+	// Client when its ctx ends or its timeout passes.
 	Latency time.Duration
 	// Jitter adds a uniform random [0, Jitter) to Latency.
 	Jitter time.Duration
@@ -85,17 +85,17 @@ func (f Faults) Validate() error {
 	return nil
 }
 
-// SimConfig configures a Simulator. The fields of Faults, Seed, KeyTTL and
+// Config configures a Simulator. The fields of Faults, Seed, KeyTTL and
 // SearchLag map one to one to the flags of `paydedup provider-sim` (e.g.
 // --rate-5xx, --latency, --key-ttl); Now, OnCharge and Logger are hooks for
 // tests and wiring.
-type SimConfig struct {
+type Config struct {
 	// Faults are the initial injected faults.
 	Faults Faults
 	// Seed makes ids and fault rolls reproducible; 0 picks a random seed.
 	Seed int64
 	// KeyTTL is how long an idempotency key is remembered; after it the same
-	// key is a new request and charges again. DefaultSimKeyTTL when 0.
+	// key is a new request and charges again. DefaultKeyTTL when 0.
 	KeyTTL time.Duration
 	// SearchLag hides intents younger than this from search, like Stripe's
 	// eventually consistent search index. Retrieve by id is never lagged.
@@ -109,7 +109,7 @@ type SimConfig struct {
 	// flight (before the response is saved). Blocking in it holds the key:
 	// concurrent requests with the same key get 409 idempotency_key_in_use
 	// until it returns. It must not panic.
-	OnCharge func(SimCharge)
+	OnCharge func(Charge)
 	// Logger receives one line per injected fault; discarded when nil. It
 	// never sees request parameters.
 	Logger *slog.Logger
@@ -117,7 +117,7 @@ type SimConfig struct {
 
 // Validate reports the first invalid field by name: rates must be in [0,1]
 // and durations non-negative.
-func (c SimConfig) Validate() error {
+func (c Config) Validate() error {
 	if err := c.Faults.Validate(); err != nil {
 		return err
 	}
@@ -130,8 +130,8 @@ func (c SimConfig) Validate() error {
 	return nil
 }
 
-// SimCharge is one succeeded charge in the simulator's ledger.
-type SimCharge struct {
+// Charge is one succeeded charge in the simulator's ledger.
+type Charge struct {
 	// ID is the PaymentIntent id ("pi_...").
 	ID string `json:"id"`
 	// ProviderKey is the Idempotency-Key the charge was made under, empty if
@@ -149,10 +149,10 @@ type SimCharge struct {
 	Created time.Time `json:"created"`
 }
 
-// SimLedger is the simulator's report, also served as JSON at GET /_sim/ledger.
-type SimLedger struct {
+// Ledger is the simulator's report, also served as JSON at GET /_sim/ledger.
+type Ledger struct {
 	// Charges lists every succeeded charge in creation order.
-	Charges []SimCharge `json:"charges"`
+	Charges []Charge `json:"charges"`
 	// ChargesByKey counts succeeded charges per "merchant_id:idempotency_key";
 	// any value above 1 is a double charge.
 	ChargesByKey map[string]int `json:"charges_by_key"`
@@ -171,7 +171,7 @@ type Simulator struct {
 	keyTTL    time.Duration
 	searchLag time.Duration
 	now       func() time.Time
-	onCharge  func(SimCharge)
+	onCharge  func(Charge)
 	log       *slog.Logger
 	mux       *http.ServeMux
 
@@ -257,10 +257,10 @@ func (in *simIntent) meta(key string) (string, bool) {
 }
 
 // charge returns the ledger entry of a succeeded intent.
-func (in *simIntent) charge() SimCharge {
+func (in *simIntent) charge() Charge {
 	merchant, _ := in.meta(provider.MetadataMerchantID)
 	key, _ := in.meta(provider.MetadataIdempotencyKey)
-	return SimCharge{
+	return Charge{
 		ID:             in.id,
 		ProviderKey:    in.providerKey,
 		MerchantID:     merchant,
@@ -315,7 +315,7 @@ var (
 		Message: "Invalid request body: " + (&http.MaxBytesError{Limit: maxSimBody}).Error()}}
 )
 
-// errSimConnectionClosed stands in SimClient's errors for a connection the
+// errSimConnectionClosed stands in Client's errors for a connection the
 // HTTP simulator closes without answering.
 var errSimConnectionClosed = fmt.Errorf("simulator closed the connection without a response: %w", io.EOF)
 
@@ -351,11 +351,11 @@ func mismatchReply(key string) *simReply {
 		Message: "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '" + key + "' if you meant to execute a different request."})
 }
 
-// NewSimulator returns a Simulator for cfg. It panics if cfg.Validate fails:
+// New returns a Simulator for cfg. It panics if cfg.Validate fails:
 // validate user input (flags) first.
-func NewSimulator(cfg SimConfig) *Simulator {
+func New(cfg Config) *Simulator {
 	if err := cfg.Validate(); err != nil {
-		panic("provider: NewSimulator: " + err.Error())
+		panic("stripesim: New: " + err.Error())
 	}
 	seed := uint64(cfg.Seed)
 	if seed == 0 {
@@ -374,7 +374,7 @@ func NewSimulator(cfg SimConfig) *Simulator {
 		intents:   make(map[string]*simIntent),
 	}
 	if s.keyTTL == 0 {
-		s.keyTTL = DefaultSimKeyTTL
+		s.keyTTL = DefaultKeyTTL
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -404,7 +404,7 @@ const (
 func (s *Simulator) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Serve listens on addr (HOST:PORT) and serves until ctx ends, then shuts down
-// gracefully within SimShutdownTimeout. It returns nil after a clean shutdown.
+// gracefully within ShutdownTimeout. It returns nil after a clean shutdown.
 func (s *Simulator) Serve(ctx context.Context, addr string) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -424,7 +424,7 @@ func (s *Simulator) ServeListener(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("serve simulator: %w", err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), SimShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx)
 	if err != nil {
@@ -457,7 +457,7 @@ func (s *Simulator) Faults() Faults {
 }
 
 // Charges returns a copy of every succeeded charge, in creation order.
-func (s *Simulator) Charges() []SimCharge {
+func (s *Simulator) Charges() []Charge {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.chargesLocked()
@@ -465,8 +465,8 @@ func (s *Simulator) Charges() []SimCharge {
 
 // chargesLocked lists the succeeded intents as ledger entries; nil when there
 // are none.
-func (s *Simulator) chargesLocked() []SimCharge {
-	var out []SimCharge
+func (s *Simulator) chargesLocked() []Charge {
+	var out []Charge
 	for _, in := range s.order {
 		if in.status == simSucceeded {
 			out = append(out, in.charge())
@@ -482,7 +482,7 @@ func (s *Simulator) ChargesByKey() map[string]int {
 	return chargesByKey(s.chargesLocked())
 }
 
-func chargesByKey(charges []SimCharge) map[string]int {
+func chargesByKey(charges []Charge) map[string]int {
 	m := make(map[string]int, len(charges))
 	for _, c := range charges {
 		m[c.MerchantID+":"+c.IdempotencyKey]++
@@ -498,11 +498,11 @@ func (s *Simulator) Declines() int {
 }
 
 // Ledger returns the whole report at once, consistently.
-func (s *Simulator) Ledger() SimLedger {
+func (s *Simulator) Ledger() Ledger {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	charges := s.chargesLocked()
-	return SimLedger{
+	return Ledger{
 		Charges:      charges,
 		ChargesByKey: chargesByKey(charges),
 		Declines:     s.declines,
@@ -512,18 +512,18 @@ func (s *Simulator) Ledger() SimLedger {
 func (s *Simulator) serveLedger(w http.ResponseWriter, _ *http.Request) {
 	l := s.Ledger()
 	if l.Charges == nil {
-		l.Charges = []SimCharge{}
+		l.Charges = []Charge{}
 	}
 	body, err := json.Marshal(l)
 	if err != nil {
 		// Only strings, numbers, times and maps of strings are marshalled.
-		panic("provider: simulator: encode ledger: " + err.Error())
+		panic("stripesim: encode ledger: " + err.Error())
 	}
 	writeSimRaw(w, http.StatusOK, body)
 }
 
 // The shared core: everything below up to the HTTP handlers is used by both
-// the handlers and SimClient, in the same order, so that both see one fault
+// the handlers and Client, in the same order, so that both see one fault
 // sequence, one key store and one set of intents.
 
 // roll is the fate of one request, decided when it arrives.

@@ -22,9 +22,9 @@ import (
 )
 
 // simServer starts a simulator behind httptest.
-func simServer(t *testing.T, cfg stripesim.SimConfig) (*stripesim.Simulator, *httptest.Server) {
+func simServer(t *testing.T, cfg stripesim.Config) (*stripesim.Simulator, *httptest.Server) {
 	t.Helper()
-	sim := stripesim.NewSimulator(cfg)
+	sim := stripesim.New(cfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	return sim, srv
@@ -114,12 +114,12 @@ func TestSimKeyExpiresAfterTTL(t *testing.T) {
 	// Stripe forgets an idempotency key after its window (24 h); the same key
 	// then charges again. paydedup must never re-call blind past the window.
 	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	sim, srv := simServer(t, stripesim.SimConfig{Now: clk.Now})
-	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
+	sim, srv := simServer(t, stripesim.Config{Now: clk.Now})
+	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	req := chargeReq("k-ttl")
 
 	first := mustCharge(t, s, req)
-	clk.Advance(stripesim.DefaultSimKeyTTL - time.Second)
+	clk.Advance(stripesim.DefaultKeyTTL - time.Second)
 	if again := mustCharge(t, s, req); !again.Replayed || again.ChargeID != first.ChargeID {
 		t.Fatalf("inside the window: %+v, want replay of %s", again, first.ChargeID)
 	}
@@ -134,8 +134,8 @@ func TestSimKeyExpiresAfterTTL(t *testing.T) {
 func TestSimConfigurableKeyTTL(t *testing.T) {
 	t.Parallel()
 	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
-	sim, srv := simServer(t, stripesim.SimConfig{Now: clk.Now, KeyTTL: time.Hour})
-	s := newStripe(t, stripe.StripeConfig{APIBase: srv.URL})
+	sim, srv := simServer(t, stripesim.Config{Now: clk.Now, KeyTTL: time.Hour})
+	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	mustCharge(t, s, chargeReq("k-ttl-1h"))
 	clk.Advance(time.Hour)
 	mustCharge(t, s, chargeReq("k-ttl-1h"))
@@ -144,7 +144,7 @@ func TestSimConfigurableKeyTTL(t *testing.T) {
 
 func TestSimInvalidRequestNotSaved(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, stripesim.SimConfig{})
+	sim, srv := simServer(t, stripesim.Config{})
 	for _, tt := range []struct {
 		field, value, param string
 	}{
@@ -176,7 +176,7 @@ func TestSimInvalidRequestNotSaved(t *testing.T) {
 
 func TestSimRequiresAuth(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, stripesim.SimConfig{})
+	sim, srv := simServer(t, stripesim.Config{})
 	for _, r := range []rawResp{
 		post(t, srv, "/v1/payment_intents", "", "k", intentForm("100")),
 		get(t, srv, "/v1/payment_intents/pi_x", ""),
@@ -193,7 +193,7 @@ func TestSimRequiresAuth(t *testing.T) {
 
 func TestSimScopesKeysByAccount(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, stripesim.SimConfig{})
+	sim, srv := simServer(t, stripesim.Config{})
 	a := post(t, srv, "/v1/payment_intents", "sk_test_a", "same", intentForm("100"))
 	b := post(t, srv, "/v1/payment_intents", "sk_test_b", "same", intentForm("100"))
 	if a.status != 200 || b.status != 200 || b.header.Get("Idempotent-Replayed") != "" {
@@ -213,9 +213,9 @@ func TestSimScopesKeysByAccount(t *testing.T) {
 
 func TestSimKeyInFlight(t *testing.T) {
 	t.Parallel()
-	entered := make(chan stripesim.SimCharge, 1)
+	entered := make(chan stripesim.Charge, 1)
 	release := make(chan struct{})
-	_, srv := simServer(t, stripesim.SimConfig{OnCharge: func(c stripesim.SimCharge) {
+	_, srv := simServer(t, stripesim.Config{OnCharge: func(c stripesim.Charge) {
 		entered <- c
 		<-release
 	}})
@@ -245,7 +245,7 @@ func TestSimKeyInFlight(t *testing.T) {
 
 func TestSimWithoutKeyIsNotSaved(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, stripesim.SimConfig{})
+	sim, srv := simServer(t, stripesim.Config{})
 	a := post(t, srv, "/v1/payment_intents", "sk_test", "", intentForm("100"))
 	b := post(t, srv, "/v1/payment_intents", "sk_test", "", intentForm("100"))
 	if a.status != 200 || b.status != 200 || string(a.body) == string(b.body) {
@@ -308,7 +308,7 @@ func TestSearchQueryRoundTrip(t *testing.T) {
 
 func TestSimSearchPagesAndRejectsBadQuery(t *testing.T) {
 	t.Parallel()
-	_, srv := simServer(t, stripesim.SimConfig{})
+	_, srv := simServer(t, stripesim.Config{})
 	for i := range 3 {
 		if r := post(t, srv, "/v1/payment_intents", "sk_test", "page-"+string(rune('a'+i)), intentForm("100")); r.status != 200 {
 			t.Fatalf("charge: %d %s", r.status, r.body)
@@ -338,7 +338,7 @@ func TestSimSearchPagesAndRejectsBadQuery(t *testing.T) {
 
 func TestSimRetrieveAndLedgerEndpoint(t *testing.T) {
 	t.Parallel()
-	_, srv := simServer(t, stripesim.SimConfig{})
+	_, srv := simServer(t, stripesim.Config{})
 	created := post(t, srv, "/v1/payment_intents", "sk_test", "ledger-1", intentForm("250"))
 	declineForm := intentForm("100")
 	declineForm.Set("payment_method", "pm_card_chargeDeclined")
@@ -360,7 +360,7 @@ func TestSimRetrieveAndLedgerEndpoint(t *testing.T) {
 	}
 
 	r := get(t, srv, "/_sim/ledger", "")
-	var ledger stripesim.SimLedger
+	var ledger stripesim.Ledger
 	if err := json.Unmarshal(r.body, &ledger); err != nil {
 		t.Fatalf("ledger %s: %v", r.body, err)
 	}
@@ -373,7 +373,7 @@ func TestSimRetrieveAndLedgerEndpoint(t *testing.T) {
 func TestSimSeedIsDeterministic(t *testing.T) {
 	t.Parallel()
 	first := func() string {
-		_, srv := simServer(t, stripesim.SimConfig{Seed: 99})
+		_, srv := simServer(t, stripesim.Config{Seed: 99})
 		var pi struct{ ID string }
 		r := post(t, srv, "/v1/payment_intents", "sk_test", "seeded", intentForm("100"))
 		if err := json.Unmarshal(r.body, &pi); err != nil {
@@ -389,17 +389,17 @@ func TestSimSeedIsDeterministic(t *testing.T) {
 func TestSimConfigValidate(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		cfg  stripesim.SimConfig
+		cfg  stripesim.Config
 		want string
 	}{
-		{stripesim.SimConfig{Faults: stripesim.Faults{Rate5xx: 1.5}}, "Rate5xx"},
-		{stripesim.SimConfig{Faults: stripesim.Faults{Rate429: -0.1}}, "Rate429"},
-		{stripesim.SimConfig{Faults: stripesim.Faults{RateDropAfterCharge: 2}}, "RateDropAfterCharge"},
-		{stripesim.SimConfig{Faults: stripesim.Faults{RateFailBeforeCharge: -1}}, "RateFailBeforeCharge"},
-		{stripesim.SimConfig{Faults: stripesim.Faults{Latency: -time.Second}}, "Latency"},
-		{stripesim.SimConfig{Faults: stripesim.Faults{Jitter: -time.Second}}, "Jitter"},
-		{stripesim.SimConfig{KeyTTL: -time.Hour}, "KeyTTL"},
-		{stripesim.SimConfig{SearchLag: -time.Second}, "SearchLag"},
+		{stripesim.Config{Faults: stripesim.Faults{Rate5xx: 1.5}}, "Rate5xx"},
+		{stripesim.Config{Faults: stripesim.Faults{Rate429: -0.1}}, "Rate429"},
+		{stripesim.Config{Faults: stripesim.Faults{RateDropAfterCharge: 2}}, "RateDropAfterCharge"},
+		{stripesim.Config{Faults: stripesim.Faults{RateFailBeforeCharge: -1}}, "RateFailBeforeCharge"},
+		{stripesim.Config{Faults: stripesim.Faults{Latency: -time.Second}}, "Latency"},
+		{stripesim.Config{Faults: stripesim.Faults{Jitter: -time.Second}}, "Jitter"},
+		{stripesim.Config{KeyTTL: -time.Hour}, "KeyTTL"},
+		{stripesim.Config{SearchLag: -time.Second}, "SearchLag"},
 	}
 	for _, tt := range tests {
 		err := tt.cfg.Validate()
@@ -407,11 +407,11 @@ func TestSimConfigValidate(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v, want an error naming %s", tt.cfg, err, tt.want)
 		}
 	}
-	ok := stripesim.SimConfig{Faults: stripesim.Faults{Rate5xx: 1, Rate429: 0, Latency: time.Second}, KeyTTL: time.Hour}
+	ok := stripesim.Config{Faults: stripesim.Faults{Rate5xx: 1, Rate429: 0, Latency: time.Second}, KeyTTL: time.Hour}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
-	sim := stripesim.NewSimulator(stripesim.SimConfig{})
+	sim := stripesim.New(stripesim.Config{})
 	if err := sim.SetFaults(stripesim.Faults{Rate5xx: 3}); err == nil {
 		t.Fatal("SetFaults accepted a rate of 3")
 	}
@@ -422,7 +422,7 @@ func TestSimConfigValidate(t *testing.T) {
 
 func TestSimServe(t *testing.T) {
 	t.Parallel()
-	sim := stripesim.NewSimulator(stripesim.SimConfig{})
+	sim := stripesim.New(stripesim.Config{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -431,7 +431,7 @@ func TestSimServe(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- sim.ServeListener(ctx, ln) }()
 
-	s := newStripe(t, stripe.StripeConfig{APIBase: "http://" + ln.Addr().String()})
+	s := newStripe(t, stripe.Config{APIBase: "http://" + ln.Addr().String()})
 	mustCharge(t, s, chargeReq("k-serve"))
 	s.CloseIdleConnections()
 	cancel()

@@ -15,7 +15,7 @@ import (
 	"github.com/paydedup/paydedup/provider"
 )
 
-// SimClient is a Provider that calls a Simulator directly, without HTTP: no
+// Client is a Provider that calls a Simulator directly, without HTTP: no
 // stripe-go, form encoding, JSON parsing or connections, so that a benchmark
 // measures the service rather than the client library. Against the same
 // simulator it behaves as the Stripe adapter does over HTTP: the same
@@ -30,37 +30,37 @@ import (
 // Faults is waited in the caller's goroutine and cut short by ctx or the
 // client's timeout. Unlike net/http on a reused keep-alive connection, it
 // never resends a request on its own. It is safe for concurrent use.
-type SimClient struct {
+type Client struct {
 	sim     *Simulator
 	account string
 	timeout time.Duration
 }
 
-var _ provider.Provider = (*SimClient)(nil)
+var _ provider.Provider = (*Client)(nil)
 
-// Client returns a SimClient for the account of apiKey, the key an HTTP
-// client would send as its Bearer token (StripeConfig.SecretKey); white space
+// Client returns a Client for the account of apiKey, the key an HTTP
+// client would send as its Bearer token (stripe.Config.SecretKey); white space
 // around it is ignored, as the HTTP simulator ignores it. An empty key makes
 // every call fail as a request without an API key does (401, ClassRetryable).
 // Calls are bounded by 30 s, like the adapter's by default.
-func (s *Simulator) Client(apiKey string) *SimClient {
+func (s *Simulator) Client(apiKey string) *Client {
 	account := strings.TrimSpace(apiKey)
 	if account != "" {
 		s.mu.Lock()
 		account = s.internLocked(account)
 		s.mu.Unlock()
 	}
-	return &SimClient{sim: s, account: account, timeout: defaultClientTimeout}
+	return &Client{sim: s, account: account, timeout: defaultClientTimeout}
 }
 
-// defaultClientTimeout bounds a SimClient's calls unless WithTimeout says
+// defaultClientTimeout bounds a Client's calls unless WithTimeout says
 // otherwise: the Stripe adapter's default timeout.
 const defaultClientTimeout = 30 * time.Second
 
 // WithTimeout returns a copy of c whose every Charge and Lookup is bounded by
-// d, as StripeConfig.Timeout bounds the adapter's; d <= 0 means the default,
+// d, as stripe.Config.Timeout bounds the adapter's; d <= 0 means the default,
 // 30 s.
-func (c *SimClient) WithTimeout(d time.Duration) *SimClient {
+func (c *Client) WithTimeout(d time.Duration) *Client {
 	cc := *c
 	cc.timeout = d
 	if d <= 0 {
@@ -74,9 +74,9 @@ func (c *SimClient) WithTimeout(d time.Duration) *SimClient {
 var errKeyHeader = errors.New(`net/http: invalid header field value for "Idempotency-Key"`)
 
 // Charge creates and confirms a PaymentIntent under req.ProviderKey, as
-// Stripe.Charge does: a decline (402 card_error, or 400 on the parameters) is
+// stripe.Client.Charge does: a decline (402 card_error, or 400 on the parameters) is
 // an Outcome with Declined set; every other failure is an *Error.
-func (c *SimClient) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+func (c *Client) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
 	if err := provider.CheckProviderKey(req.ProviderKey); err != nil {
 		return nil, err
 	}
@@ -127,11 +127,11 @@ func (c *SimClient) Charge(ctx context.Context, req provider.ChargeRequest) (*pr
 }
 
 // Lookup finds what the simulator has under the key without charging, as
-// Stripe.Lookup does: it retrieves req.ChargeID when given (falling back to
+// stripe.Client.Lookup does: it retrieves req.ChargeID when given (falling back to
 // search if there is no such intent), else searches by metadata merchant_id
 // and idempotency_key, subject to the search lag. Each retrieve and each page
 // of search is one API request, rolled for faults like an HTTP GET.
-func (c *SimClient) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
+func (c *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
 	start := time.Now()
 	if req.ChargeID != "" {
 		in, f, err := c.retrieve(ctx, start, true, req.ChargeID)
@@ -185,7 +185,7 @@ func (c *SimClient) Lookup(ctx context.Context, req provider.LookupRequest) (pro
 // the latency and the faults that come before any processing. It returns the
 // fate of a request let through, or the reply (401, 429, 500) or transport
 // error that ended it. first marks the call's first request, sent at start.
-func (c *SimClient) call(ctx context.Context, start time.Time, first bool, method, path string) (roll, *simReply, error) {
+func (c *Client) call(ctx context.Context, start time.Time, first bool, method, path string) (roll, *simReply, error) {
 	if err := c.late(ctx, start, first); err != nil {
 		// net/http sends nothing once the request's context has ended.
 		return roll{}, nil, err
@@ -204,7 +204,7 @@ func (c *SimClient) call(ctx context.Context, start time.Time, first bool, metho
 // sleep waits a request's latency d, cut short by ctx or by the client's
 // timeout (counted from start), which then ends the call with
 // context.DeadlineExceeded as the adapter's timeout does.
-func (c *SimClient) sleep(ctx context.Context, start time.Time, d time.Duration) error {
+func (c *Client) sleep(ctx context.Context, start time.Time, d time.Duration) error {
 	if d <= 0 {
 		return nil
 	}
@@ -221,7 +221,7 @@ func (c *SimClient) sleep(ctx context.Context, start time.Time, d time.Duration)
 // late returns the error a call started at start meets once ctx or the
 // client's timeout has ended, else nil; early skips the timeout, known not to
 // have passed.
-func (c *SimClient) late(ctx context.Context, start time.Time, early bool) error {
+func (c *Client) late(ctx context.Context, start time.Time, early bool) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
@@ -238,7 +238,7 @@ func noAnswer(err error) *provider.Error {
 }
 
 // chargeReply is Charge's answer to an error reply.
-func (c *SimClient) chargeReply(r *simReply) (*provider.Outcome, error) {
+func (c *Client) chargeReply(r *simReply) (*provider.Outcome, error) {
 	f := r.failure()
 	if provider.Classify(f.HTTPStatus, f.Type, f.Code, nil) == provider.ClassDeclined {
 		f.Response = renderSim(func(b []byte) []byte { return appendErrorJSON(b, r.err, nil) })
@@ -267,7 +267,7 @@ func resourceMissing(f *provider.Rejection) bool {
 
 // retrieve is GET /v1/payment_intents/{id}: the intent, or the failure the
 // adapter would read, or a transport error.
-func (c *SimClient) retrieve(ctx context.Context, start time.Time, first bool, id string) (*simIntent, *provider.Rejection, error) {
+func (c *Client) retrieve(ctx context.Context, start time.Time, first bool, id string) (*simIntent, *provider.Rejection, error) {
 	if id == "." || id == ".." {
 		// net/http's router redirects these paths to one no endpoint
 		// serves: a 404 that no fault is rolled for.
@@ -297,7 +297,7 @@ func (c *SimClient) retrieve(ctx context.Context, start time.Time, first bool, i
 	return nil, &f, nil
 }
 
-// lookupByID is Stripe.lookupByID for a retrieved intent. The adapter
+// lookupByID is the adapter's lookupByID for a retrieved intent. The adapter
 // compares the metadata it decoded from JSON, in which each invalid UTF-8
 // byte became U+FFFD; afterJSON makes the same comparison.
 func lookupByID(in *simIntent, req provider.LookupRequest) (provider.LookupResult, error) {

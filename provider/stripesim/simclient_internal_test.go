@@ -269,14 +269,14 @@ func (w *wireBody) RoundTrip(r *http.Request) (*http.Response, error) {
 	}, nil
 }
 
-// TestChargeFormMatchesStripeGo checks that the canonical form SimClient
+// TestChargeFormMatchesStripeGo checks that the canonical form Client
 // digests is the one the HTTP handler digests for the adapter's request: the
 // body the Stripe adapter sends, parsed and re-encoded by url.Values. It is
 // what lets a key replay across the two paths.
 func TestChargeFormMatchesStripeGo(t *testing.T) {
 	t.Parallel()
 	wire := &wireBody{}
-	adapter, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_form", APIBase: "http://sim.invalid",
+	adapter, err := stripe.New(stripe.Config{SecretKey: "sk_test_form", APIBase: "http://sim.invalid",
 		HTTPClient: &http.Client{Transport: wire}})
 	if err != nil {
 		t.Fatal(err)

@@ -20,7 +20,7 @@ import (
 	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
-// TestSimClientAgainstSimulator runs the behavioural suite through SimClient,
+// TestSimClientAgainstSimulator runs the behavioural suite through Client,
 // which calls the scenario's simulator directly.
 func TestSimClientAgainstSimulator(t *testing.T) {
 	t.Parallel()
@@ -31,7 +31,7 @@ func TestSimClientAgainstSimulator(t *testing.T) {
 
 func TestSimClientTimeout(t *testing.T) {
 	t.Parallel()
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Faults: stripesim.Faults{Latency: time.Minute}})
+	sim := stripesim.New(stripesim.Config{Faults: stripesim.Faults{Latency: time.Minute}})
 	c := sim.Client("sk_test").WithTimeout(100 * time.Millisecond)
 	_, err := c.Charge(context.Background(), chargeReq("k-cfg-timeout"))
 	wantClass(t, err, provider.ClassUnknown)
@@ -46,10 +46,10 @@ func TestSimClientTimeout(t *testing.T) {
 func TestSimClientAnswerAfterDeadline(t *testing.T) {
 	t.Parallel()
 	// The HTTP adapter gives up at its deadline while the simulator goes on
-	// charging; SimClient runs OnCharge in the caller's goroutine, so it
+	// charging; Client runs OnCharge in the caller's goroutine, so it
 	// returns when the hook does, with the same unknown outcome.
 	release := make(chan struct{})
-	sim := stripesim.NewSimulator(stripesim.SimConfig{OnCharge: func(stripesim.SimCharge) { <-release }})
+	sim := stripesim.New(stripesim.Config{OnCharge: func(stripesim.Charge) { <-release }})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	go func() {
@@ -66,7 +66,7 @@ func TestSimClientAnswerAfterDeadline(t *testing.T) {
 
 func TestSimClientUnauthorizedIsRetryable(t *testing.T) {
 	t.Parallel()
-	sim := stripesim.NewSimulator(stripesim.SimConfig{})
+	sim := stripesim.New(stripesim.Config{})
 	_, err := sim.Client("  ").Charge(context.Background(), chargeReq("k-401"))
 	pe := wantClass(t, err, provider.ClassRetryable)
 	if pe.HTTPStatus != http.StatusUnauthorized || pe.Type != "authentication_error" {
@@ -79,7 +79,7 @@ func TestSimClientUnauthorizedIsRetryable(t *testing.T) {
 
 func TestSimClientRejectsBadProviderKey(t *testing.T) {
 	t.Parallel()
-	sim := stripesim.NewSimulator(stripesim.SimConfig{})
+	sim := stripesim.New(stripesim.Config{})
 	c := sim.Client("sk_test")
 	for _, key := range []string{"", " padded", strings.Repeat("k", provider.MaxProviderKeyLen+1)} {
 		req := chargeReq("k")
@@ -102,7 +102,7 @@ func TestSimClientBodyTooLarge(t *testing.T) {
 	t.Parallel()
 	// The HTTP simulator refuses a body over 1 MiB before reading its
 	// parameters; the client measures the body stripe-go would send.
-	sim := stripesim.NewSimulator(stripesim.SimConfig{})
+	sim := stripesim.New(stripesim.Config{})
 	req := chargeReq("k-big")
 	req.Description = strings.Repeat("x", 1<<20)
 	out, err := sim.Client("sk_test").Charge(context.Background(), req)
@@ -138,7 +138,7 @@ type parityPath struct {
 }
 
 // TestSimClientParity runs the same sequence of calls through the Stripe
-// adapter over HTTP and through SimClient, each against its own simulator
+// adapter over HTTP and through Client, each against its own simulator
 // with the same seed and clock: every outcome and error must be the same
 // (intent ids included, since both paths draw the same random numbers), and
 // so must the ledgers.
@@ -147,14 +147,14 @@ func TestSimClientParity(t *testing.T) {
 	start := time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)
 	newPath := func() parityPath {
 		clk := clock.NewFake(start)
-		return parityPath{sim: stripesim.NewSimulator(stripesim.SimConfig{Seed: 7, Now: clk.Now, SearchLag: time.Minute}), clk: clk}
+		return parityPath{sim: stripesim.New(stripesim.Config{Seed: 7, Now: clk.Now, SearchLag: time.Minute}), clk: clk}
 	}
 	httpPath, direct := newPath(), newPath()
 	srv := httptest.NewServer(httpPath.sim)
 	t.Cleanup(srv.Close)
 	// No keep-alive: net/http resends a request that fails on a reused
 	// connection (an injected drop), which would roll one more fate.
-	httpPath.p = newStripe(t, stripe.StripeConfig{APIBase: srv.URL,
+	httpPath.p = newStripe(t, stripe.Config{APIBase: srv.URL,
 		HTTPClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}})
 	direct.p = direct.sim.Client("sk_test_paydedup")
 
@@ -233,7 +233,7 @@ func TestSimClientParity(t *testing.T) {
 		lookupStep("5xx", provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1"}, stripesim.Faults{Rate5xx: 1}),
 		lookupStep("fail before", provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-1"}, stripesim.Faults{RateFailBeforeCharge: 1}),
 		chargeStep("key TTL not yet passed", chargeReq("k-1"), none),
-		{name: "key TTL passed", advance: stripesim.DefaultSimKeyTTL, charge: ptr(chargeReq("k-1"))},
+		{name: "key TTL passed", advance: stripesim.DefaultKeyTTL, charge: ptr(chargeReq("k-1"))},
 	}
 	// Steps that need an id from an earlier answer are added as they run.
 	var byID []parityStep
@@ -351,8 +351,8 @@ func fmtOutcome(o *provider.Outcome) string {
 // the same API key: a key first used by one replays to the other.
 func TestSimClientCrossPathReplay(t *testing.T) {
 	t.Parallel()
-	sim, srv := simServer(t, stripesim.SimConfig{})
-	adapter := newStripe(t, stripe.StripeConfig{SecretKey: "sk_test_cross", APIBase: srv.URL})
+	sim, srv := simServer(t, stripesim.Config{})
+	adapter := newStripe(t, stripe.Config{SecretKey: "sk_test_cross", APIBase: srv.URL})
 	client := sim.Client("sk_test_cross")
 
 	tricky := chargeReq("k-cross-tricky")
@@ -401,11 +401,11 @@ func TestSimClientKeyInFlightAcrossPaths(t *testing.T) {
 	t.Parallel()
 	entered := make(chan struct{})
 	release := make(chan struct{})
-	sim, srv := simServer(t, stripesim.SimConfig{OnCharge: func(stripesim.SimCharge) {
+	sim, srv := simServer(t, stripesim.Config{OnCharge: func(stripesim.Charge) {
 		close(entered)
 		<-release
 	}})
-	adapter := newStripe(t, stripe.StripeConfig{SecretKey: "sk_test_cross", APIBase: srv.URL})
+	adapter := newStripe(t, stripe.Config{SecretKey: "sk_test_cross", APIBase: srv.URL})
 	req := chargeReq("k-held")
 	done := make(chan *provider.Outcome, 1)
 	go func() {
@@ -429,7 +429,7 @@ func TestSimClientKeyInFlightAcrossPaths(t *testing.T) {
 }
 
 // inProcess is an http.RoundTripper that serves requests with the
-// simulator's handler directly, as `paydedup bench` did before SimClient.
+// simulator's handler directly, as `paydedup bench` did before Client.
 type inProcess struct{ h http.Handler }
 
 func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -440,10 +440,10 @@ func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// BenchmarkSimClientCharge charges through SimClient: what a charge costs the
+// BenchmarkSimClientCharge charges through Client: what a charge costs the
 // simulator itself.
 func BenchmarkSimClientCharge(b *testing.B) {
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 1})
+	sim := stripesim.New(stripesim.Config{Seed: 1})
 	benchmarkCharges(b, sim, sim.Client("sk_test_bench"))
 }
 
@@ -451,8 +451,8 @@ func BenchmarkSimClientCharge(b *testing.B) {
 // in-memory RoundTripper: stripe-go, form encoding, the HTTP handler and JSON
 // decoding, without a network.
 func BenchmarkStripeAdapterInProcess(b *testing.B) {
-	sim := stripesim.NewSimulator(stripesim.SimConfig{Seed: 1})
-	s, err := stripe.NewStripe(stripe.StripeConfig{SecretKey: "sk_test_bench", APIBase: "http://sim.invalid",
+	sim := stripesim.New(stripesim.Config{Seed: 1})
+	s, err := stripe.New(stripe.Config{SecretKey: "sk_test_bench", APIBase: "http://sim.invalid",
 		HTTPClient: &http.Client{Transport: inProcess{sim}}})
 	if err != nil {
 		b.Fatal(err)

@@ -9,7 +9,7 @@ import (
 // The simulator renders its JSON by hand rather than with encoding/json:
 // intents are kept as compact fields (not as response bodies) and rendered on
 // every answer, so this is the hot path of both the HTTP handlers and
-// SimClient. The output is byte for byte what encoding/json produced from the
+// Client. The output is byte for byte what encoding/json produced from the
 // simulator's former struct types (field order, omitempty, sorted metadata
 // keys, HTML-safe string escaping); simjson_internal_test.go holds those
 // types and checks the two agree.

@@ -21,18 +21,18 @@ import (
 
 // newProviderFunc builds the Provider under test for a scenario's simulator
 // sim, which is also served over HTTP at baseURL: an HTTP implementation uses
-// baseURL, SimClient uses sim. The suite below runs against any
+// baseURL, Client uses sim. The suite below runs against any
 // implementation through it (watermill's TestPubSub style); the simulator is
 // the provider on the other end, and its ledger is the ground truth. sim is
 // nil when baseURL serves nothing (see suiteCaps.transport).
 type newProviderFunc func(t *testing.T, sim *stripesim.Simulator, baseURL string) provider.Provider
 
-func newStripe(t *testing.T, cfg stripe.StripeConfig) *stripe.Stripe {
+func newStripe(t *testing.T, cfg stripe.Config) *stripe.Client {
 	t.Helper()
 	if cfg.SecretKey == "" {
 		cfg.SecretKey = "sk_test_paydedup"
 	}
-	s, err := stripe.NewStripe(cfg)
+	s, err := stripe.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func newStripe(t *testing.T, cfg stripe.StripeConfig) *stripe.Stripe {
 func TestStripeAgainstSimulator(t *testing.T) {
 	t.Parallel()
 	runProviderSuite(t, func(t *testing.T, _ *stripesim.Simulator, baseURL string) provider.Provider {
-		return newStripe(t, stripe.StripeConfig{APIBase: baseURL})
+		return newStripe(t, stripe.Config{APIBase: baseURL})
 	}, suiteCaps{transport: true})
 }
 
@@ -55,7 +55,7 @@ func TestStripeAgainstSimulator(t *testing.T) {
 type suiteCaps struct {
 	// transport is set for an implementation that reaches the provider over
 	// a network, so that it must classify the network's own failures (a
-	// refused connection). SimClient has no connection to refuse; it stands
+	// refused connection). Client has no connection to refuse; it stands
 	// in for the network failures a simulator injects, which the other
 	// scenarios cover.
 	transport bool
@@ -68,12 +68,12 @@ type suiteEnv struct {
 	p   provider.Provider
 }
 
-func setupSuite(t *testing.T, newProvider newProviderFunc, cfg stripesim.SimConfig) *suiteEnv {
+func setupSuite(t *testing.T, newProvider newProviderFunc, cfg stripesim.Config) *suiteEnv {
 	t.Helper()
 	if cfg.Seed == 0 {
 		cfg.Seed = 42
 	}
-	sim := stripesim.NewSimulator(cfg)
+	sim := stripesim.New(cfg)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	return &suiteEnv{sim: sim, url: srv.URL, p: newProvider(t, sim, srv.URL)}
@@ -171,7 +171,7 @@ func runProviderSuite(t *testing.T, newProvider newProviderFunc, caps suiteCaps)
 }
 
 func testSuccess(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	req := chargeReq("k-success")
 	req.Metadata["merchant_id"] = "m_evil" // ours must win
 	out := mustCharge(t, env.p, req)
@@ -205,7 +205,7 @@ func testSuccess(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testReplaySameKey(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	req := chargeReq("k-replay")
 	first := mustCharge(t, env.p, req)
 	second := mustCharge(t, env.p, req)
@@ -219,7 +219,7 @@ func testReplaySameKey(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testMismatch(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	req := chargeReq("k-mismatch")
 	mustCharge(t, env.p, req)
 	req.Amount = 2999
@@ -232,7 +232,7 @@ func testMismatch(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testDecline(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	req := chargeReq("k-decline")
 	req.PaymentMethod = "pm_card_chargeDeclined"
 	first := mustCharge(t, env.p, req)
@@ -259,7 +259,7 @@ func testDecline(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testInvalidRequestNotSaved(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	req := chargeReq("k-invalid")
 	req.Amount = 0
 	out := mustCharge(t, env.p, req)
@@ -280,10 +280,10 @@ func testConcurrentSameKey(t *testing.T, newProvider newProviderFunc) {
 	const n = 50
 	release := make(chan struct{})
 	var charged atomic.Int32
-	env := setupSuite(t, newProvider, stripesim.SimConfig{
+	env := setupSuite(t, newProvider, stripesim.Config{
 		// Hold the first charge in flight until every other call has
 		// returned, so they all meet the key in flight (409).
-		OnCharge: func(stripesim.SimCharge) {
+		OnCharge: func(stripesim.Charge) {
 			charged.Add(1)
 			<-release
 		},
@@ -336,7 +336,7 @@ func testConcurrentSameKey(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testDropAfterCharge(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{RateDropAfterCharge: 1}})
+	env := setupSuite(t, newProvider, stripesim.Config{Faults: stripesim.Faults{RateDropAfterCharge: 1}})
 	req := chargeReq("k-drop")
 	_, err := env.p.Charge(context.Background(), req)
 	wantClass(t, err, provider.ClassUnknown)
@@ -354,7 +354,7 @@ func testDropAfterCharge(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testFailBeforeCharge(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{RateFailBeforeCharge: 1}})
+	env := setupSuite(t, newProvider, stripesim.Config{Faults: stripesim.Faults{RateFailBeforeCharge: 1}})
 	req := chargeReq("k-failbefore")
 	_, err := env.p.Charge(context.Background(), req)
 	// The client cannot tell this from a drop after charging.
@@ -370,7 +370,7 @@ func testFailBeforeCharge(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testServerError(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{Rate5xx: 1}})
+	env := setupSuite(t, newProvider, stripesim.Config{Faults: stripesim.Faults{Rate5xx: 1}})
 	_, err := env.p.Charge(context.Background(), chargeReq("k-5xx"))
 	pe := wantClass(t, err, provider.ClassUnknown)
 	if pe.HTTPStatus != 500 || pe.Type != "api_error" {
@@ -380,7 +380,7 @@ func testServerError(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testRateLimited(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{Rate429: 1}})
+	env := setupSuite(t, newProvider, stripesim.Config{Faults: stripesim.Faults{Rate429: 1}})
 	_, err := env.p.Charge(context.Background(), chargeReq("k-429"))
 	pe := wantClass(t, err, provider.ClassRetryable)
 	if pe.HTTPStatus != 429 || pe.RetryAfter != time.Second {
@@ -409,7 +409,7 @@ func testConnectionRefused(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testClientTimeout(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{Faults: stripesim.Faults{Latency: time.Minute}})
+	env := setupSuite(t, newProvider, stripesim.Config{Faults: stripesim.Faults{Latency: time.Minute}})
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err := env.p.Charge(ctx, chargeReq("k-timeout"))
@@ -420,7 +420,7 @@ func testClientTimeout(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupCharge(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	req := chargeReq("k-lookup")
 	charged := mustCharge(t, env.p, req)
 	mustCharge(t, env.p, chargeReq("k-lookup-other"))
@@ -449,7 +449,7 @@ func testLookupCharge(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupDecline(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	req := chargeReq("k-lookup-decline")
 	req.PaymentMethod = "pm_card_chargeDeclined"
 	declined := mustCharge(t, env.p, req)
@@ -480,7 +480,7 @@ func testLookupDecline(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupUnknownKey(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	mustCharge(t, env.p, chargeReq("k-known"))
 	res, err := env.p.Lookup(context.Background(), provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-never"})
 	if err != nil {
@@ -497,7 +497,7 @@ func testLookupUnknownKey(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupStaleChargeID(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	charged := mustCharge(t, env.p, chargeReq("k-stale-id"))
 	// An id the provider does not know falls back to the search by key.
 	res, err := env.p.Lookup(context.Background(), provider.LookupRequest{
@@ -508,7 +508,7 @@ func testLookupStaleChargeID(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupFaults(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	charged := mustCharge(t, env.p, chargeReq("k-lookup-faults"))
 	for _, tt := range []struct {
 		faults stripesim.Faults
@@ -528,7 +528,7 @@ func testLookupFaults(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupMultipleCharges(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	// Two provider keys for one key: what a blind retry after the provider's
 	// key window does. Lookup must surface it.
 	first := chargeReq("k-double")
@@ -544,7 +544,7 @@ func testLookupMultipleCharges(t *testing.T, newProvider newProviderFunc) {
 }
 
 func testLookupQuotedKey(t *testing.T, newProvider newProviderFunc) {
-	env := setupSuite(t, newProvider, stripesim.SimConfig{})
+	env := setupSuite(t, newProvider, stripesim.Config{})
 	tricky := `o'brien\' AND metadata['merchant_id']:'x`
 	req := chargeReq(tricky)
 	req.ProviderKey = "pdk_tricky"
@@ -566,7 +566,7 @@ func testLookupQuotedKey(t *testing.T, newProvider newProviderFunc) {
 
 func testLookupSearchLag(t *testing.T, newProvider newProviderFunc) {
 	clk := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	env := setupSuite(t, newProvider, stripesim.SimConfig{SearchLag: time.Minute, Now: clk.Now})
+	env := setupSuite(t, newProvider, stripesim.Config{SearchLag: time.Minute, Now: clk.Now})
 	charged := mustCharge(t, env.p, chargeReq("k-lag"))
 	lookup := provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-lag"}
 
