@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -17,6 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/lab/inproc"
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -91,25 +91,9 @@ func (n *natsFlags) connect(name string, opts ...nats.Option) (*nats.Conn, error
 	}
 	nc, err := nats.Connect(n.url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(n.url), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.URLs(n.url), err)
 	}
 	return nc, nil
-}
-
-// redactURL hides the user information (a password, or a token) of every
-// URL in a comma-separated NATS server list.
-func redactURL(list string) string {
-	parts := strings.Split(list, ",")
-	for i, u := range parts {
-		if at := strings.LastIndex(u, "@"); at >= 0 {
-			start := 0
-			if j := strings.Index(u, "://"); j >= 0 && j < at {
-				start = j + 3
-			}
-			parts[i] = u[:start] + "***" + u[at:]
-		}
-	}
-	return strings.Join(parts, ",")
 }
 
 // providerFlags choose and configure the payment provider.
@@ -147,31 +131,14 @@ func (p *providerFlags) validate() error {
 // build returns the provider and, for sim, the simulator serving it on a
 // loopback port; stop shuts the simulator down.
 func (p *providerFlags) build(ctx context.Context, simCfg provider.SimConfig) (prov *provider.Stripe, sim *provider.Simulator, stop func(), err error) {
-	base, key := p.apiBase, p.secretKey
-	stop = func() {}
 	if p.kind == "sim" {
-		sim = provider.NewSimulator(simCfg)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("start the simulator: %w", err)
-		}
-		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := sim.ServeListener(sctx, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fmt.Fprintln(os.Stderr, "simulator:", err)
-			}
-		}()
-		stop = func() { cancel(); <-done }
-		base, key = "http://"+ln.Addr().String(), "sk_test_paydedup_sim"
+		return inproc.Simulator(ctx, simCfg, p.timeout)
 	}
-	prov, err = provider.NewStripe(provider.StripeConfig{SecretKey: key, APIBase: base, Timeout: p.timeout})
+	prov, err = provider.NewStripe(provider.StripeConfig{SecretKey: p.secretKey, APIBase: p.apiBase, Timeout: p.timeout})
 	if err != nil {
-		stop()
 		return nil, nil, nil, err
 	}
-	return prov, sim, stop, nil
+	return prov, nil, func() {}, nil
 }
 
 // workerFlags are the consumer settings of `worker`.
