@@ -231,53 +231,32 @@ func (a *app) labDLQKey() ([]byte, error) {
 // subcommand runs.
 
 func (a *app) envDuration(key string, def time.Duration) time.Duration {
-	v := a.getenv(key)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not a duration (e.g. 30s, 2m)", key, v))
-		return def
-	}
-	return d
+	return envParse(a, key, def, time.ParseDuration, "a duration (e.g. 30s, 2m)")
 }
 
 func (a *app) envInt(key string, def int) int {
-	v := a.getenv(key)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not an integer", key, v))
-		return def
-	}
-	return n
+	return envParse(a, key, def, strconv.Atoi, "an integer")
 }
 
 func (a *app) envInt64(key string, def int64) int64 {
-	v := a.getenv(key)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not an integer", key, v))
-		return def
-	}
-	return n
+	return envParse(a, key, def, func(v string) (int64, error) { return strconv.ParseInt(v, 10, 64) }, "an integer")
 }
 
 func (a *app) envBool(key string, def bool) bool {
+	return envParse(a, key, def, strconv.ParseBool, "a boolean")
+}
+
+// envParse reads key with parse; unset, it is def, and malformed, def with
+// an error remembered in a.envErrs that says what the value must be.
+func envParse[T any](a *app, key string, def T, parse func(string) (T, error), what string) T {
 	v := a.getenv(key)
 	if v == "" {
 		return def
 	}
-	b, err := strconv.ParseBool(v)
+	x, err := parse(v)
 	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not a boolean", key, v))
+		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not %s", key, v, what))
 		return def
 	}
-	return b
+	return x
 }

@@ -31,8 +31,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
-	"github.com/paydedup/paydedup/internal/ledgercheck"
-	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -92,9 +91,6 @@ type benchCmd struct{ Config }
 // Run runs one benchmark and prints its report to cfg.Out. It fails if any
 // payment was charged twice or lost.
 func Run(ctx context.Context, cfg Config) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
 	return (&benchCmd{Config: cfg}).run(ctx)
 }
 
@@ -122,6 +118,9 @@ type Result struct {
 }
 
 func (b *benchCmd) run(ctx context.Context) error {
+	if err := b.Validate(); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
 	defer cancel()
 	say := func(format string, args ...any) { fmt.Fprintf(b.ErrOut, "bench: "+format+"\n", args...) }
@@ -202,7 +201,7 @@ func (b *benchCmd) run(ctx context.Context) error {
 
 	dups := int(math.Round(b.Duplicates * float64(b.Payments)))
 	say("publishing %d payments + %d duplicates to %s", b.Payments, dups, cfg.Stream)
-	if err := benchPublish(ctx, js, cfg, b.Payments, dups, "p"); err != nil {
+	if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments, Dups: dups}); err != nil {
 		return err
 	}
 
@@ -249,7 +248,7 @@ func (b *benchCmd) run(ctx context.Context) error {
 	if b.CompletedDuplicates {
 		obs.reset()
 		say("republishing all %d payments, every key already completed", b.Payments)
-		if err := benchPublish(ctx, js, cfg, b.Payments, 0, "p"); err != nil {
+		if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments}); err != nil {
 			stopWorker()
 			<-done
 			return err
@@ -281,7 +280,7 @@ func (b *benchCmd) run(ctx context.Context) error {
 			return fmt.Errorf("bench: --memprofile: %w", err)
 		}
 	}
-	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim, b.Payments)
+	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim, workload.Numbered{N: b.Payments})
 	if err != nil {
 		return err
 	}
@@ -341,105 +340,55 @@ func (b *benchCmd) waitSettled(ctx context.Context, obs *benchObserver, n int64,
 	}
 }
 
-// benchPublish publishes n payments (keys <prefix>-0..n-1) and dups of them
-// again, interleaved, each with its own Nats-Msg-Id so the stream keeps it.
-func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, n, dups int, prefix string) error {
-	// Below nats.go's default limit of 4,000 outstanding async publishes,
-	// past which PublishMsgAsync fails with "stalled" on a loaded machine.
+// benchPublish publishes the workload's payments in its order, each copy
+// with its own Nats-Msg-Id so the stream keeps it.
+func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, w workload.Numbered) error {
+	// Below nats.go's default limit of 4,000 outstanding async publishes.
 	const window = 2048
-	sem := make(chan struct{}, window)
-	var (
-		mu      sync.Mutex
-		pubErr  error
-		pending sync.WaitGroup
-	)
-	run := randomSuffix()
-	publish := func(i, copyNo int) {
-		key := fmt.Sprintf("%s-%d", prefix, i)
-		body, _ := json.Marshal(payment.Command{MerchantID: "m_bench", IdempotencyKey: key, Amount: int64(100 + i%1000),
-			Currency: "usd", PaymentMethod: "pm_card_visa", Description: "bench"})
-		m := nats.NewMsg(cfg.SubjectPrefix + ".m_bench")
-		m.Data = body
-		m.Header.Set(consumer.HeaderIdempotencyKey, key)
-		m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s:%s:%d", run, key, copyNo))
-		sem <- struct{}{}
-		f, err := js.PublishMsgAsync(m)
-		if err != nil {
-			<-sem
-			mu.Lock()
-			pubErr = errors.Join(pubErr, err)
-			mu.Unlock()
-			return
-		}
-		pending.Add(1)
-		go func() {
-			defer pending.Done()
-			defer func() { <-sem }()
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				mu.Lock()
-				pubErr = errors.Join(pubErr, err)
-				mu.Unlock()
-			case <-ctx.Done():
+	var failure error
+	pub, err := consumer.NewPublisher(js.Conn(), consumer.PublisherConfig{
+		Window: window,
+		OnResult: func(r consumer.PublishResult) {
+			if r.Err != nil && failure == nil {
+				failure = r.Err
 			}
-		}()
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
-	every := 0
-	if dups > 0 {
-		every = max(n/dups, 1)
-	}
-	d := 0
-	for i := range n {
-		publish(i, 0)
-		if every > 0 && d < dups && i%every == every-1 {
-			publish(i-every/2, 1)
-			d++
+	run := randomSuffix()
+	for _, c := range w.Order() {
+		p := w.Command(c.I)
+		m := consumer.CommandMsg(cfg, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
+		m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s:%s:%d", run, p.Cmd.IdempotencyKey, c.N))
+		if err := pub.Publish(ctx, m); err != nil {
+			pub.Close()
+			return fmt.Errorf("bench: publish: %w", err)
 		}
 	}
-	for ; d < dups; d++ {
-		publish(d%n, 1)
-	}
-	pending.Wait()
-	if pubErr != nil {
-		return fmt.Errorf("bench: publish: %w", pubErr)
+	if st := pub.Close(); st.Failed > 0 {
+		return fmt.Errorf("bench: publish: %d messages got no PubAck: %w", st.Failed, failure)
 	}
 	return ctx.Err()
 }
 
 // benchCheck counts double charges and lost payments against the ledger.
-func benchCheck(ctx context.Context, store *dedup.Store, sim *provider.Simulator, n int) (double, lost int, err error) {
-	charges := sim.ChargesByKey()
-	refs := make([]dedup.KeyRef, n)
-	for i := range n {
-		refs[i] = dedup.KeyRef{MerchantID: "m_bench", IdempotencyKey: fmt.Sprintf("p-%d", i)}
-	}
-	recs, err := store.GetMany(ctx, refs)
+func benchCheck(ctx context.Context, store *dedup.Store, sim *provider.Simulator, w workload.Numbered) (double, lost int, err error) {
+	rows, err := workload.StoreRows(ctx, store, w.Refs())
 	if err != nil {
 		return 0, 0, err
 	}
-	completed := map[string]bool{}
-	for _, r := range recs {
-		if r.Status == dedup.StatusCompleted {
-			completed[r.MerchantID+":"+r.IdempotencyKey] = true
-		}
-	}
-	double, lost = benchJudge(charges, completed, n)
+	double, lost = benchJudge(sim.ChargesByKey(), rows, w)
 	return double, lost, nil
 }
 
-// benchJudge counts, for the bench's n payments, the keys the provider
-// charged more than once and the payments that were not charged or not
-// completed. charges and completed are by "merchant_id:idempotency_key".
-func benchJudge(charges map[string]int, completed map[string]bool, n int) (double, lost int) {
-	double = len(ledgercheck.DoubleCharged(charges))
-	for i := range n {
-		key := fmt.Sprintf("m_bench:p-%d", i)
-		if c := charges[key]; c == 0 || !completed[key] {
-			lost++
-		}
-	}
-	return double, lost
+// benchJudge counts, for the bench's payments, the keys the provider
+// charged more than once and the payments that were not charged exactly as
+// recorded. charges and rows are by "merchant_id:idempotency_key".
+func benchJudge(charges map[string]int, rows map[string]workload.Row, w workload.Numbered) (double, lost int) {
+	t := workload.Check(w.Expected(), rows, charges)
+	return len(t.Double), len(t.Unsettled) + len(t.Disagree)
 }
 
 // verdict fails a run that charged any key twice or lost a payment.

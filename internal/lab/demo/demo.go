@@ -7,7 +7,6 @@ package demo
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -27,7 +26,6 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
-	"github.com/paydedup/paydedup/internal/ledgercheck"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/payment"
@@ -94,9 +92,6 @@ type demoCmd struct{ Config }
 // Run runs the demo and prints its report to cfg.Out. It fails if any
 // payment was charged twice or lost, or the messages did not settle.
 func Run(ctx context.Context, cfg Config) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
 	return (&demoCmd{Config: cfg}).run(ctx)
 }
 
@@ -105,6 +100,9 @@ func (d *demoCmd) say(format string, args ...any) {
 }
 
 func (d *demoCmd) run(ctx context.Context) error {
+	if err := d.Validate(); err != nil {
+		return err
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, d.Timeout)
 	defer cancel()
@@ -326,6 +324,7 @@ type demoRun struct {
 	procs []*demoWorker
 	pub   *consumer.Publisher
 
+	plan      workload.Phased
 	payments  []demoPayment
 	published struct {
 		early, late, windowed, reuse, malformed int
@@ -336,9 +335,8 @@ type demoRun struct {
 
 // demoPayment is one distinct valid payment of the workload.
 type demoPayment struct {
-	ref  dedup.KeyRef
-	cmd  payment.Command
-	body []byte
+	ref dedup.KeyRef
+	cmd payment.Command
 }
 
 // demoWorker is one in-process worker with its own NATS connection.
@@ -507,133 +505,17 @@ func (r *demoRun) totals() (done, inFlight, dups, dead int64) {
 // ---------------------------------------------------------------------------
 // Workload
 
-// msgKind is what a published message is, in the workload.
-type msgKind int
-
-const (
-	kindOriginal msgKind = iota
-	kindSameID           // a quick double publish: same Nats-Msg-Id, dropped by the window
-	kindNoID             // a retry through a path that sets no Nats-Msg-Id
-	kindNewID            // a retry with a new Nats-Msg-Id (another SDK attempt)
-	kindLate             // a late retry, after the payment completed
-	kindReuse            // the same key with another amount
-	kindMalformed
-)
-
-type demoMsg struct {
-	kind msgKind
-	i    int // payment index, or malformed variant
-}
-
-// merchants of the demo's payments.
-var demoMerchants = []string{"m_acme", "m_globex", "m_initech", "m_umbrella"}
-
-// plan makes the payments and the two publishing phases: the first with
-// originals, early duplicates and malformed messages interleaved, the second
-// (late duplicates and key reuses) for payments that completed.
-func (r *demoRun) plan() (early []demoMsg, late []demoMsg) {
-	n := r.demoCmd.Payments
-	declined := map[int]bool{}
-	for _, i := range r.rng.Perm(n)[:int(math.Round(r.Declines*float64(n)))] {
-		declined[i] = true
-	}
-	r.payments = make([]demoPayment, n)
-	for i := range n {
-		g := workload.NewCommand(r.rng, fmt.Sprintf("demo-%s-%06d", r.runID, i), demoMerchants[r.rng.IntN(len(demoMerchants))], declined[i])
-		r.payments[i] = demoPayment{ref: dedup.KeyRef{MerchantID: g.Cmd.MerchantID, IdempotencyKey: g.Cmd.IdempotencyKey}, cmd: g.Cmd, body: g.Body}
-	}
-	dups := int(math.Round(r.Duplicates * float64(n)))
-	after := make(map[int][]demoMsg, dups)
-	for j, i := range r.rng.Perm(n)[:min(dups, n)] {
-		var k msgKind
-		switch f := float64(j) / float64(max(dups, 1)); {
-		case f < 0.15:
-			k = kindSameID
-		case f < 0.50:
-			k = kindNoID
-		case f < 0.70:
-			k = kindNewID
-		default:
-			k = kindLate
-		}
-		if k == kindLate {
-			late = append(late, demoMsg{kind: k, i: i})
-			continue
-		}
-		at := min(i+1+r.rng.IntN(64), n-1)
-		after[at] = append(after[at], demoMsg{kind: k, i: i})
-	}
-	for j := n; j < dups; j++ { // more duplicates than payments: extra late ones
-		late = append(late, demoMsg{kind: kindLate, i: r.rng.IntN(n)})
-	}
-	bad := max(1, n/300)
-	badAt := map[int]int{}
-	for range bad {
-		badAt[r.rng.IntN(n)]++
-	}
-	v := 0
-	for i := range n {
-		early = append(early, demoMsg{kind: kindOriginal, i: i})
-		early = append(early, after[i]...)
-		for range badAt[i] {
-			early = append(early, demoMsg{kind: kindMalformed, i: v})
-			v++
-		}
-	}
-	for _, i := range r.rng.Perm(n)[:min(n, max(1, n/300))] {
-		late = append(late, demoMsg{kind: kindReuse, i: i})
-	}
-	r.rng.Shuffle(len(late), func(a, b int) { late[a], late[b] = late[b], late[a] })
-	return early, late
-}
-
-// message builds the NATS message for one planned message.
-func (r *demoRun) message(m demoMsg) *nats.Msg {
-	if m.kind == kindMalformed {
-		return r.malformed(m.i)
-	}
-	p := r.payments[m.i]
-	msg := consumer.CommandMsg(r.cfg, p.ref.MerchantID, p.ref.IdempotencyKey, p.body)
-	id := consumer.MsgID(p.ref.MerchantID, p.ref.IdempotencyKey)
-	switch m.kind {
-	case kindNoID:
-		msg.Header.Del(nats.MsgIdHdr)
-	case kindNewID:
-		msg.Header.Set(nats.MsgIdHdr, id+":retry")
-	case kindLate:
-		msg.Header.Set(nats.MsgIdHdr, id+":late")
-	case kindReuse:
-		c := p.cmd
-		c.Amount++
-		msg.Data, _ = json.Marshal(c)
-		msg.Header.Set(nats.MsgIdHdr, id+":reuse")
-	}
-	return msg
-}
-
-// malformed builds the v-th malformed message: each is dead-lettered.
-func (r *demoRun) malformed(v int) *nats.Msg {
-	merchant := demoMerchants[v%len(demoMerchants)]
-	key := fmt.Sprintf("demo-%s-bad-%d", r.runID, v)
-	valid := fmt.Sprintf(`{"merchant_id":%q,"idempotency_key":%q,"amount":1500,"currency":"usd","payment_method":"pm_card_visa"}`, merchant, key)
-	bodies := []string{
-		`{"merchant_id":"` + merchant + `","idempotency_key":`, // truncated JSON
-		strings.Replace(valid, `"idempotency_key":"`+key+`",`, "", 1),
-		strings.Replace(valid, `"amount":1500`, `"amount":-5`, 1),
-		strings.Replace(valid, `"usd"`, `"USD"`, 1),
-		strings.Replace(valid, `"amount"`, `"coupon":"FREE","amount"`, 1),
-		strings.Replace(valid, `"merchant_id":"`+merchant+`"`, `"merchant_id":"m_other"`, 1), // subject says otherwise
-	}
-	m := nats.NewMsg(r.cfg.SubjectPrefix + "." + merchant)
-	m.Data = []byte(bodies[v%len(bodies)])
-	m.Header.Set(nats.MsgIdHdr, key)
-	return m
-}
-
 // drive publishes the workload, kills a worker mid-run, and waits until
 // every message is settled. settled is false when the timeout came first.
 func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
-	early, late := r.plan()
+	r.plan = workload.PlanPhased(r.rng, workload.PhasedConfig{
+		Payments: r.Payments, Duplicates: r.Duplicates, Declines: r.Declines, Prefix: "demo-" + r.runID,
+	})
+	r.payments = make([]demoPayment, len(r.plan.Payments))
+	for i, g := range r.plan.Payments {
+		r.payments[i] = demoPayment{ref: dedup.KeyRef{MerchantID: g.Cmd.MerchantID, IdempotencyKey: g.Cmd.IdempotencyKey}, cmd: g.Cmd}
+	}
+	early, late := r.plan.Early, r.plan.Late
 	pub, err := consumer.NewPublisher(r.js.Conn(), consumer.PublisherConfig{})
 	if err != nil {
 		return false, err
@@ -674,7 +556,7 @@ func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
 	}()
 
 	for _, m := range early {
-		if err := pub.Publish(ctx, r.message(m)); err != nil {
+		if err := pub.Publish(ctx, r.plan.Message(r.cfg, m)); err != nil {
 			return false, fmt.Errorf("publish: %w", err)
 		}
 		r.count(m)
@@ -695,25 +577,25 @@ func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
 	return r.waitQuiescent(ctx)
 }
 
-func (r *demoRun) count(m demoMsg) {
-	switch m.kind {
-	case kindSameID, kindNoID, kindNewID:
+func (r *demoRun) count(m workload.Planned) {
+	switch m.Kind {
+	case workload.KindSameID, workload.KindNoID, workload.KindNewID:
 		r.published.early++
-	case kindLate:
+	case workload.KindLate:
 		r.published.late++
-	case kindReuse:
+	case workload.KindReuse:
 		r.published.reuse++
-	case kindMalformed:
+	case workload.KindMalformed:
 		r.published.malformed++
 	}
 }
 
 // publishLate publishes each late message once its payment has completed.
-func (r *demoRun) publishLate(ctx context.Context, late []demoMsg) error {
+func (r *demoRun) publishLate(ctx context.Context, late []workload.Planned) error {
 	for len(late) > 0 {
 		refs := make([]dedup.KeyRef, len(late))
 		for j, m := range late {
-			refs[j] = r.payments[m.i].ref
+			refs[j] = r.payments[m.I].ref
 		}
 		recs, err := r.store.GetMany(ctx, refs)
 		if err != nil {
@@ -727,11 +609,11 @@ func (r *demoRun) publishLate(ctx context.Context, late []demoMsg) error {
 		}
 		rest := late[:0]
 		for _, m := range late {
-			if !done[r.payments[m.i].ref] {
+			if !done[r.payments[m.I].ref] {
 				rest = append(rest, m)
 				continue
 			}
-			if err := r.pub.Publish(ctx, r.message(m)); err != nil {
+			if err := r.pub.Publish(ctx, r.plan.Message(r.cfg, m)); err != nil {
 				return fmt.Errorf("publish: %w", err)
 			}
 			r.count(m)
@@ -837,39 +719,36 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 }
 
 // judge checks each payment's record and dead letters against the
-// provider's charges (by "merchant_id:idempotency_key").
+// provider's charges (by "merchant_id:idempotency_key"): a payment not
+// completed is lost, unless a dead letter for another reason than bad
+// input accounts for it.
 func (rep *demoReport) judge(payments []demoPayment, charges map[string]int, byRef map[dedup.KeyRef]dedup.Record, lettered map[dedup.KeyRef]string) {
-	rep.keysCharged = len(charges)
-	rep.doubleKeys = ledgercheck.DoubleCharged(charges)
-	rep.double = len(rep.doubleKeys)
+	rows := make(map[string]workload.Row, len(byRef))
+	for ref, rec := range byRef {
+		rows[workload.RowKey(ref)] = workload.RowOf(rec)
+	}
+	expected := make([]workload.Expected, len(payments))
+	for i, p := range payments {
+		expected[i] = workload.Expected{Key: workload.RowKey(p.ref), Declines: p.cmd.PaymentMethod == "pm_card_chargeDeclined"}
+	}
+	t := workload.Check(expected, rows, charges)
+	rep.keysCharged, rep.doubleKeys, rep.double = t.KeysCharged, t.Double, len(t.Double)
+	rep.chargedOnce, rep.declined = t.ChargedOnce, t.Declined
+	rep.disagreeKeys, rep.disagree = t.Disagree, len(t.Disagree)
+	unsettled := map[string]string{}
+	for _, u := range t.Unsettled {
+		key, _, _ := strings.Cut(u, " ")
+		unsettled[key] = u
+	}
 	for _, p := range payments {
-		rec, ok := byRef[p.ref]
-		n := charges[p.ref.MerchantID+":"+p.ref.IdempotencyKey]
-		wantDecline := p.cmd.PaymentMethod == "pm_card_chargeDeclined"
+		u, ok := unsettled[workload.RowKey(p.ref)]
 		switch {
-		case ok && rec.Status == dedup.StatusCompleted:
-			declined := rec.ResponseStatus >= 400 // a definitive decline, stored with its error response
-			switch {
-			case declined && wantDecline && n == 0:
-				rep.declined++
-			case !declined && !wantDecline && n >= 1:
-				if n == 1 {
-					rep.chargedOnce++
-				}
-			default:
-				rep.disagree++
-				rep.disagreeKeys = append(rep.disagreeKeys, fmt.Sprintf("%s:%s (completed with HTTP %d, charge %q; the provider has %d charges)",
-					p.ref.MerchantID, p.ref.IdempotencyKey, rec.ResponseStatus, rec.ChargeID, n))
-			}
+		case !ok:
 		case lettered[p.ref] != "" && !payment.IsInputReason(lettered[p.ref]):
 			rep.deadLetteredValid++
 		default:
 			rep.lost++
-			status := "no row"
-			if ok {
-				status = string(rec.Status)
-			}
-			rep.lostKeys = append(rep.lostKeys, fmt.Sprintf("%s:%s (%s, %d charges)", p.ref.MerchantID, p.ref.IdempotencyKey, status, n))
+			rep.lostKeys = append(rep.lostKeys, u)
 		}
 	}
 }
