@@ -15,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/provider"
 )
@@ -119,6 +118,9 @@ func (p *providerFlags) validate() error {
 			return errors.New("PAYDEDUP_PROVIDER=stripe needs STRIPE_SECRET_KEY (or use PAYDEDUP_PROVIDER=sim for the simulator)")
 		}
 	case "sim":
+		if !labBuild {
+			return errors.New("PAYDEDUP_PROVIDER=sim needs the simulator, which this build leaves out (-tags nolab): use stripe, or the lab build")
+		}
 	default:
 		return fmt.Errorf("PAYDEDUP_PROVIDER / --provider: %q is not stripe or sim", p.kind)
 	}
@@ -128,17 +130,17 @@ func (p *providerFlags) validate() error {
 	return nil
 }
 
-// build returns the provider and, for sim, the simulator serving it on a
-// loopback port; stop shuts the simulator down.
-func (p *providerFlags) build(ctx context.Context, simCfg provider.SimConfig) (prov *provider.Stripe, sim *provider.Simulator, stop func(), err error) {
+// build returns the provider: the Stripe adapter, pointed for sim at an
+// in-process simulator (lab builds only) that stop shuts down.
+func (p *providerFlags) build(ctx context.Context) (prov *provider.Stripe, stop func(), err error) {
 	if p.kind == "sim" {
-		return inproc.Simulator(ctx, simCfg, p.timeout)
+		return simulated(ctx, p.timeout)
 	}
 	prov, err = provider.NewStripe(provider.StripeConfig{SecretKey: p.secretKey, APIBase: p.apiBase, Timeout: p.timeout})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return prov, nil, func() {}, nil
+	return prov, func() {}, nil
 }
 
 // workerFlags are the consumer settings of `worker`.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -125,6 +123,9 @@ func (p *publishCmd) validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if p.generate < 0 {
 		bad("--generate must be positive, got %d", p.generate)
+	}
+	if p.generate > 0 && !labBuild {
+		bad("--generate needs the workload generator, which this build leaves out (-tags nolab)")
 	}
 	if p.generate > 0 && p.file != "" {
 		bad("--generate and --file exclude each other: publish generated payments or a file's lines")
@@ -244,30 +245,6 @@ func (p *publishCmd) publishLines(ctx context.Context, pub *consumer.Publisher) 
 		return malformed, fmt.Errorf("publish: reading line %d: %w", line+1, err)
 	}
 	return malformed, nil
-}
-
-// publishGenerated publishes N generated payments and the duplicates, each
-// duplicate a few messages after its original.
-func (p *publishCmd) publishGenerated(ctx context.Context, pub *consumer.Publisher) error {
-	seed := p.seed
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	merchants := []string{"m_acme", "m_globex", "m_initech"}
-	if p.merchant != "" {
-		merchants = []string{p.merchant}
-	}
-	cmds := make([]workload.Command, p.generate)
-	for i := range cmds {
-		cmds[i] = workload.NewCommand(rng, fmt.Sprintf("gen-%016x-%07d", seed, i), merchants[rng.IntN(len(merchants))], rng.Float64() < p.declines)
-	}
-	for _, i := range workload.WithDuplicates(rng, p.generate, p.duplicates) {
-		if err := pub.Publish(ctx, consumer.CommandMsg(p.streams.cfg, cmds[i].Cmd.MerchantID, cmds[i].Cmd.IdempotencyKey, cmds[i].Body)); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // progress rewrites one status line on a terminal every 200 ms; elsewhere
