@@ -40,8 +40,10 @@ const (
 	demoAttemptTimeout = 800 * time.Millisecond
 	demoLease          = 3 * time.Second
 	demoAckWait        = 5 * time.Second
-	Database           = "paydedup_demo" // the local server's database when DatabaseURL is empty
 )
+
+// Database is the local server's database when DatabaseURL is empty.
+const Database = "paydedup_demo"
 
 // Config is one demo run. The command fills it from its flags and the
 // environment.
