@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build bench deploy-test chaos chaos-short fuzz fuzz-short mutants
+.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short fuzz fuzz-short mutants
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -9,9 +9,14 @@ test:
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags nolab ./cmd/...
 
+# The lab build (demo, bench, provider-sim); the production image's binary
+# is built with -tags nolab (deploy/Dockerfile), as build-nolab does.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/paydedup ./cmd/paydedup
+build-nolab:
+	CGO_ENABLED=0 $(GO) build -tags nolab -trimpath -o bin/paydedup ./cmd/paydedup
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

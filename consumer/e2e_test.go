@@ -17,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
@@ -131,15 +132,8 @@ func (e *env) waitStreams() {
 	})
 }
 
-type cmdJSON struct {
-	MerchantID     string            `json:"merchant_id"`
-	IdempotencyKey string            `json:"idempotency_key,omitempty"`
-	Amount         int64             `json:"amount"`
-	Currency       string            `json:"currency"`
-	PaymentMethod  string            `json:"payment_method"`
-	Description    string            `json:"description,omitempty"`
-	Metadata       map[string]string `json:"metadata,omitempty"`
-}
+// cmdJSON is a command as a client encodes it.
+type cmdJSON = workload.Wire
 
 func body(merchant, key string, amount int64) []byte {
 	b, _ := json.Marshal(cmdJSON{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"})
@@ -253,25 +247,26 @@ func TestTwoWorkersThirtyPercentDuplicates(t *testing.T) {
 	e.startWorker("w1", nil)
 	e.startWorker("w2", nil)
 	const n = 1000
+	w := workload.Numbered{N: n}
 	for i := range n {
-		b := body("m_1", fmt.Sprintf("k-%d", i), int64(100+i))
-		e.publish("m_1", b, "", nil)
+		c := w.Command(i)
+		e.publish(c.Cmd.MerchantID, c.Body, "", nil)
 		if i%10 < 3 {
-			e.publish("m_1", b, "", nil)
+			e.publish(c.Cmd.MerchantID, c.Body, "", nil)
 		}
 	}
 	e.eventually("all completed", func() bool {
 		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == n
 	})
 	e.quiescent()
-	byKey := e.sim.ChargesByKey()
-	for i := range n {
-		if c := byKey[fmt.Sprintf("m_1:k-%d", i)]; c != 1 {
-			t.Errorf("k-%d charged %d times", i, c)
-		}
+	rows, err := workload.StoreRows(e.ctx, e.store, w.Refs())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(byKey) != n {
-		t.Fatalf("%d keys charged, want %d", len(byKey), n)
+	v := workload.Check(w.Expected(), rows, e.sim.ChargesByKey())
+	if len(v.Double) > 0 || len(v.Unsettled) > 0 || len(v.Disagree) > 0 || v.ChargedOnce != n || v.KeysCharged != n {
+		t.Fatalf("against the provider's ledger: %d of %d charged once, %d keys charged; double %q, unsettled %q, disagreeing %q",
+			v.ChargedOnce, n, v.KeysCharged, v.Double, v.Unsettled, v.Disagree)
 	}
 	if n2 := e.count(`SELECT count(*) FROM payments`); n2 != n {
 		t.Fatalf("%d ledger rows, want %d", n2, n)

@@ -108,6 +108,11 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("the go build step lacks %q: %s", want, build)
 		}
 	}
+	// The production binary leaves the lab out; the last build is the one
+	// the final stage copies.
+	if i := strings.LastIndex(build, "go build"); !strings.Contains(build[i:], "-tags nolab") || !strings.Contains(build[i:], "-o /out/paydedup ") {
+		t.Errorf("the last go build must make /out/paydedup with -tags nolab: %s", build)
+	}
 
 	// The last stage is what `docker build` produces: the production image.
 	last := len(df.stages) - 1

@@ -1,3 +1,5 @@
+//go:build !nolab
+
 package main
 
 import (
@@ -7,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/paydedup/paydedup/internal/lab/bench"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
@@ -34,7 +37,7 @@ func TestBenchReportsJSON(t *testing.T) {
 				t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 			}
 			lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-			var r benchResult
+			var r bench.Result
 			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
 				t.Fatalf("last line is not the JSON report: %v\n%s", err, out)
 			}

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -17,9 +15,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
-	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // natsFlags are the NATS connection settings every command shares. Secrets
@@ -93,25 +91,9 @@ func (n *natsFlags) connect(name string, opts ...nats.Option) (*nats.Conn, error
 	}
 	nc, err := nats.Connect(n.url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(n.url), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.URLs(n.url), err)
 	}
 	return nc, nil
-}
-
-// redactURL hides the user information (a password, or a token) of every
-// URL in a comma-separated NATS server list.
-func redactURL(list string) string {
-	parts := strings.Split(list, ",")
-	for i, u := range parts {
-		if at := strings.LastIndex(u, "@"); at >= 0 {
-			start := 0
-			if j := strings.Index(u, "://"); j >= 0 && j < at {
-				start = j + 3
-			}
-			parts[i] = u[:start] + "***" + u[at:]
-		}
-	}
-	return strings.Join(parts, ",")
 }
 
 // providerFlags choose and configure the payment provider.
@@ -137,6 +119,9 @@ func (p *providerFlags) validate() error {
 			return errors.New("PAYDEDUP_PROVIDER=stripe needs STRIPE_SECRET_KEY (or use PAYDEDUP_PROVIDER=sim for the simulator)")
 		}
 	case "sim":
+		if !labBuild {
+			return errors.New("PAYDEDUP_PROVIDER=sim needs the simulator, which this build leaves out (-tags nolab): use stripe, or the lab build")
+		}
 	default:
 		return fmt.Errorf("PAYDEDUP_PROVIDER / --provider: %q is not stripe or sim", p.kind)
 	}
@@ -146,34 +131,17 @@ func (p *providerFlags) validate() error {
 	return nil
 }
 
-// build returns the provider and, for sim, the simulator serving it on a
-// loopback port; stop shuts the simulator down.
-func (p *providerFlags) build(ctx context.Context, simCfg stripesim.Config) (prov *stripe.Client, sim *stripesim.Simulator, stop func(), err error) {
-	base, key := p.apiBase, p.secretKey
-	stop = func() {}
+// build returns the provider: the Stripe adapter, pointed for sim at an
+// in-process simulator (lab builds only) that stop shuts down.
+func (p *providerFlags) build(ctx context.Context) (prov *stripe.Client, stop func(), err error) {
 	if p.kind == "sim" {
-		sim = stripesim.New(simCfg)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("start the simulator: %w", err)
-		}
-		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := sim.ServeListener(sctx, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fmt.Fprintln(os.Stderr, "simulator:", err)
-			}
-		}()
-		stop = func() { cancel(); <-done }
-		base, key = "http://"+ln.Addr().String(), "sk_test_paydedup_sim"
+		return simulated(ctx, p.timeout)
 	}
-	prov, err = stripe.New(stripe.Config{SecretKey: key, APIBase: base, Timeout: p.timeout})
+	prov, err = stripe.New(stripe.Config{SecretKey: p.secretKey, APIBase: p.apiBase, Timeout: p.timeout})
 	if err != nil {
-		stop()
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return prov, sim, stop, nil
+	return prov, func() {}, nil
 }
 
 // workerFlags are the consumer settings of `worker`.
@@ -266,53 +234,32 @@ func (a *app) labDLQKey() ([]byte, error) {
 // subcommand runs.
 
 func (a *app) envDuration(key string, def time.Duration) time.Duration {
-	v := a.getenv(key)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not a duration (e.g. 30s, 2m)", key, v))
-		return def
-	}
-	return d
+	return envParse(a, key, def, time.ParseDuration, "a duration (e.g. 30s, 2m)")
 }
 
 func (a *app) envInt(key string, def int) int {
-	v := a.getenv(key)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not an integer", key, v))
-		return def
-	}
-	return n
+	return envParse(a, key, def, strconv.Atoi, "an integer")
 }
 
 func (a *app) envInt64(key string, def int64) int64 {
-	v := a.getenv(key)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not an integer", key, v))
-		return def
-	}
-	return n
+	return envParse(a, key, def, func(v string) (int64, error) { return strconv.ParseInt(v, 10, 64) }, "an integer")
 }
 
 func (a *app) envBool(key string, def bool) bool {
+	return envParse(a, key, def, strconv.ParseBool, "a boolean")
+}
+
+// envParse reads key with parse; unset, it is def, and malformed, def with
+// an error remembered in a.envErrs that says what the value must be.
+func envParse[T any](a *app, key string, def T, parse func(string) (T, error), what string) T {
 	v := a.getenv(key)
 	if v == "" {
 		return def
 	}
-	b, err := strconv.ParseBool(v)
+	x, err := parse(v)
 	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not a boolean", key, v))
+		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not %s", key, v, what))
 		return def
 	}
-	return b
+	return x
 }

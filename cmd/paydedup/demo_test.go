@@ -1,7 +1,8 @@
+//go:build !nolab
+
 package main
 
 import (
-	"context"
 	"regexp"
 	"strconv"
 	"strings"
@@ -55,20 +56,4 @@ func TestDemoBadFlags(t *testing.T) {
 			t.Errorf("%v: %v, want %q", c.args, err, c.want)
 		}
 	}
-}
-
-func TestDemoWithoutPostgresSaysWhatToDo(t *testing.T) {
-	t.Parallel()
-	var out, errOut testenv.Buffer
-	a := &app{out: &out, errOut: &errOut, getenv: func(string) string { return "" }}
-	d := &demoCmd{app: a, localPG: "postgres://postgres@" + freePort(t) + "/postgres?sslmode=disable&connect_timeout=2"}
-	_, err := d.database(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "no PostgreSQL answers") || !strings.Contains(err.Error(), "DATABASE_URL=") {
-		t.Fatalf("error %v: it must say that no Postgres answers and how to set DATABASE_URL", err)
-	}
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	return "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
 }

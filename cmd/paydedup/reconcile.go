@@ -12,7 +12,6 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/ops"
-	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -111,7 +110,7 @@ func (r *reconcileCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeDB()
-	prov, _, stopSim, err := r.prov.build(ctx, stripesim.Config{})
+	prov, stopSim, err := r.prov.build(ctx)
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/spf13/cobra"
 
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider/stripesim"
 )
@@ -466,8 +467,8 @@ func TestRedactURL(t *testing.T) {
 		"u:p@h:4222":                                         "***@h:4222",
 		"nats://h1:4222, nats://user:" + markNATS + "@h2:42": "nats://h1:4222, nats://***@h2:42",
 	} {
-		if got := redactURL(in); got != want {
-			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		if got := redact.URLs(in); got != want {
+			t.Errorf("redact.URLs(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/ops"
-	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -110,7 +109,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	prov, _, stopSim, err := w.prov.build(ctx, stripesim.Config{})
+	prov, stopSim, err := w.prov.build(ctx)
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/workload"
 )
 
 type config struct {
@@ -185,26 +186,26 @@ func run(ctx context.Context, cfg config, out io.Writer) int {
 	return h.report(v)
 }
 
-func (h *harness) execute(ctx context.Context) (Verdict, error) {
+func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	if err := h.build(ctx); err != nil {
-		return Verdict{}, err
+		return workload.Verdict{}, err
 	}
 	if err := h.initPostgres(ctx); err != nil {
-		return Verdict{}, err
+		return workload.Verdict{}, err
 	}
 	if err := h.migrate(ctx); err != nil {
-		return Verdict{}, err
+		return workload.Verdict{}, err
 	}
 	if err := h.initNATS(ctx); err != nil {
-		return Verdict{}, err
+		return workload.Verdict{}, err
 	}
 	if err := h.startSim(ctx); err != nil {
-		return Verdict{}, err
+		return workload.Verdict{}, err
 	}
 	if err := h.connectNATS(ctx); err != nil {
-		return Verdict{}, err
+		return workload.Verdict{}, err
 	}
-	w := Generate(WorkloadConfig{
+	w := workload.Generate(workload.MixConfig{
 		Payments: h.cfg.payments, Seed: h.cfg.seed, Run: fmt.Sprintf("r%x", h.cfg.seed&0xffffff),
 		Subject: consumer.DefaultSubjectPrefix, DuplicateRate: 0.3, MalformedRate: 0.02, ReuseRate: 0.01,
 		DeclineRate: 0.05, HeaderOnly: 0.1,
@@ -235,25 +236,25 @@ func (h *harness) execute(ctx context.Context) (Verdict, error) {
 	faultsDone := make(chan struct{})
 	go func() { defer close(faultsDone); h.faults(faultCtx) }()
 	if err := <-pubDone; err != nil {
-		return Verdict{}, fmt.Errorf("publish: %w", err)
+		return workload.Verdict{}, fmt.Errorf("publish: %w", err)
 	}
 	h.logf("published %d messages (all PubAcked)", h.published.Load())
 	<-faultsDone
 	if ctx.Err() != nil {
-		return Verdict{}, ctx.Err()
+		return workload.Verdict{}, ctx.Err()
 	}
 	h.logf("faults over: %d worker kills, %d NATS restarts, %d Postgres restarts", h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load())
 
 	replayed, err := h.settle(ctx)
 	if err != nil {
-		return Verdict{}, err
+		return workload.Verdict{}, err
 	}
 	ev, err := h.collect(ctx)
 	if err != nil {
-		return Verdict{}, err
+		return workload.Verdict{}, err
 	}
 	ev.Replayed = replayed
-	return Verify(w, ev), nil
+	return workload.Verify(w, ev), nil
 }
 
 // faults runs the fault schedule until ctx ends: a worker SIGKILLed every

@@ -18,6 +18,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
@@ -76,8 +77,8 @@ func (h *harness) connectNATS(ctx context.Context) error {
 // goroutines. Each publish is retried until it is PubAcked: NATS may be
 // down meanwhile. A retry keeps its Nats-Msg-Id, so one that did land is
 // dropped by the duplicate window.
-func (h *harness) publishAll(ctx context.Context, pubs []Publish, spread time.Duration) error {
-	ch := make(chan Publish)
+func (h *harness) publishAll(ctx context.Context, pubs []workload.Publish, spread time.Duration) error {
+	ch := make(chan workload.Publish)
 	var wg sync.WaitGroup
 	var failures sync.Map
 	for range 4 {
@@ -86,7 +87,7 @@ func (h *harness) publishAll(ctx context.Context, pubs []Publish, spread time.Du
 			defer wg.Done()
 			for p := range ch {
 				if err := h.publishOne(ctx, p, true); err != nil {
-					failures.Store(p.Header[headerChaosID], err)
+					failures.Store(p.Header[workload.HeaderID], err)
 				}
 			}
 		}()
@@ -118,7 +119,7 @@ func (h *harness) publishAll(ctx context.Context, pubs []Publish, spread time.Du
 
 // publishOne publishes p until it is PubAcked; count adds it to the
 // workload's publishes.
-func (h *harness) publishOne(ctx context.Context, p Publish, count bool) error {
+func (h *harness) publishOne(ctx context.Context, p workload.Publish, count bool) error {
 	m := nats.NewMsg(p.Subject)
 	for k, v := range p.Header {
 		m.Header.Set(k, v)
@@ -295,8 +296,8 @@ func (h *harness) replaySelf(ctx context.Context) error {
 				hdr[k] = vs[0]
 			}
 		}
-		hdr[headerMsgID] = fmt.Sprintf("replay:%d:%d", seq, time.Now().UnixNano())
-		if err := h.publishOne(ctx, Publish{Subject: p.OrigSubject, Header: hdr, Body: raw.Data}, false); err != nil {
+		hdr[workload.HeaderMsgID] = fmt.Sprintf("replay:%d:%d", seq, time.Now().UnixNano())
+		if err := h.publishOne(ctx, workload.Publish{Subject: p.OrigSubject, Header: hdr, Body: raw.Data}, false); err != nil {
 			return err
 		}
 		if err := s.DeleteMsg(ctx, seq); err != nil {
@@ -318,7 +319,7 @@ func (h *harness) countReason(ctx context.Context, reason string) (int, error) {
 }
 
 // deadLetters reads every dead letter back.
-func (h *harness) deadLetters(ctx context.Context) ([]DeadLetter, error) {
+func (h *harness) deadLetters(ctx context.Context) ([]workload.DeadLetter, error) {
 	s, err := h.js.Stream(ctx, consumer.DefaultDLQStream)
 	if err != nil {
 		return nil, err
@@ -327,7 +328,7 @@ func (h *harness) deadLetters(ctx context.Context) ([]DeadLetter, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []DeadLetter
+	var out []workload.DeadLetter
 	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
 		raw, err := s.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -336,14 +337,14 @@ func (h *harness) deadLetters(ctx context.Context) ([]DeadLetter, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read dead letter %d: %w", seq, err)
 		}
-		d := DeadLetter{Seq: seq, ChaosID: raw.Header.Get(headerChaosID)}
+		d := workload.DeadLetter{Seq: seq, ChaosID: raw.Header.Get(workload.HeaderID)}
 		p, err := consumer.ParseDeadLetter(raw.Header)
 		if err != nil {
 			d.Reason = "unparseable: " + err.Error()
 		} else {
 			d.Reason = p.Reason
 			if merchant, ok := strings.CutPrefix(p.OrigSubject, consumer.DefaultSubjectPrefix+"."); ok {
-				d.Key = merchant + ":" + raw.Header.Get(headerKey)
+				d.Key = merchant + ":" + raw.Header.Get(workload.HeaderKey)
 			}
 		}
 		out = append(out, d)
@@ -352,8 +353,8 @@ func (h *harness) deadLetters(ctx context.Context) ([]DeadLetter, error) {
 }
 
 // collect reads the database and the provider's ledger.
-func (h *harness) collect(ctx context.Context) (Evidence, error) {
-	ev := Evidence{Rows: map[string]Row{}}
+func (h *harness) collect(ctx context.Context) (workload.Evidence, error) {
+	ev := workload.Evidence{Rows: map[string]workload.Row{}}
 	pool, err := dedup.Connect(ctx, h.pg.url("postgres", "paydedup"))
 	if err != nil {
 		return ev, err
@@ -367,7 +368,7 @@ func (h *harness) collect(ctx context.Context) (Evidence, error) {
 	}
 	for rows.Next() {
 		var merchant, key string
-		var r Row
+		var r workload.Row
 		if err := rows.Scan(&merchant, &key, &r.Status, &r.Amount, &r.PaymentStatus, &r.ChargeID); err != nil {
 			rows.Close()
 			return ev, err
@@ -392,14 +393,14 @@ func (h *harness) collect(ctx context.Context) (Evidence, error) {
 	}
 	ev.ChargesByKey = ledger.ChargesByKey
 	for _, c := range ledger.Charges {
-		ev.Charges = append(ev.Charges, Charge{Key: c.MerchantID + ":" + c.IdempotencyKey, Amount: c.Amount})
+		ev.Charges = append(ev.Charges, workload.Charge{Key: c.MerchantID + ":" + c.IdempotencyKey, Amount: c.Amount})
 	}
 	return ev, nil
 }
 
 // report prints the violations and the summary line, and returns the exit
 // status.
-func (h *harness) report(v Verdict) int {
+func (h *harness) report(v workload.Verdict) int {
 	list := func(what string, items []string) {
 		for i, it := range items {
 			if i == 50 {

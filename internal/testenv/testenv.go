@@ -27,6 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/lab/localpg"
 )
 
 // DefaultDatabaseURL is the machine's local Postgres.
@@ -135,38 +136,18 @@ func PostgresEmptyURL(t testing.TB) string {
 		unavailable(t, "%v", err)
 	}
 	schema := Unique(t)
-	ident := pgx.Identifier{schema}.Sanitize()
-	exec := func(sql string) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, base)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, sql)
-		return err
-	}
-	if err := exec("CREATE SCHEMA " + ident); err != nil {
-		t.Fatalf("create schema %s: %v", schema, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	u, drop, err := localpg.FreshSchema(ctx, base, schema)
+	if err != nil {
+		t.Fatalf("%v", err)
 	}
 	t.Cleanup(func() {
-		if err := exec("DROP SCHEMA " + ident + " CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
+		if err := drop(); err != nil {
+			t.Errorf("%v", err)
 		}
 	})
-	return withSearchPath(t, base, schema)
-}
-
-func withSearchPath(t testing.TB, base, schema string) string {
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatalf("parse test database URL: %v", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return u
 }
 
 // Pool returns a pool on a fresh migrated schema, closed when the test ends.

@@ -1,4 +1,4 @@
-package main
+package workload
 
 import (
 	"bytes"
@@ -10,15 +10,15 @@ import (
 	"github.com/paydedup/paydedup/payment"
 )
 
-func testWorkload(n int) Workload {
-	return Generate(WorkloadConfig{Payments: n, Seed: 42, Run: "t", Subject: "payments.requests",
+func testWorkload(n int) Mix {
+	return Generate(MixConfig{Payments: n, Seed: 42, Run: "t", Subject: "payments.requests",
 		DuplicateRate: 0.3, MalformedRate: 0.02, ReuseRate: 0.01, DeclineRate: 0.05, HeaderOnly: 0.1})
 }
 
 // decode reads a publish as the worker does.
 func decode(p Publish) (*payment.Command, error) {
 	env := payment.Envelope{SubjectMerchant: strings.TrimPrefix(p.Subject, "payments.requests.")}
-	if k, ok := p.Header[headerKey]; ok {
+	if k, ok := p.Header[HeaderKey]; ok {
 		env.HeaderKey, env.HeaderKeySet = k, true
 	}
 	return payment.Decode(p.Body, env, payment.Limits{})
@@ -67,8 +67,8 @@ func TestGenerate(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for _, pub := range w.Publishes {
-		id := pub.Header[headerChaosID]
-		if pub.Header[headerMsgID] == "" || id == "" {
+		id := pub.Header[HeaderID]
+		if pub.Header[HeaderMsgID] == "" || id == "" {
 			t.Fatalf("publish without Nats-Msg-Id or X-Chaos-Id: %v", pub.Header)
 		}
 		c, err := decode(pub)
@@ -89,10 +89,10 @@ func TestGenerate(t *testing.T) {
 		orig := &payment.Command{MerchantID: p.Merchant, IdempotencyKey: p.Key, Amount: p.Amount, Currency: p.Currency,
 			PaymentMethod: p.Method, Description: "chaos " + p.ID, Metadata: map[string]string{"order_id": p.ID}}
 		same := bytes.Equal(dedup.Fingerprint(c), dedup.Fingerprint(orig))
-		if reuse := strings.HasSuffix(pub.Header[headerMsgID], ":reuse"); same == reuse {
-			t.Fatalf("%s (%s): same fingerprint %v for a reuse=%v publish", id, pub.Header[headerMsgID], same, reuse)
+		if reuse := strings.HasSuffix(pub.Header[HeaderMsgID], ":reuse"); same == reuse {
+			t.Fatalf("%s (%s): same fingerprint %v for a reuse=%v publish", id, pub.Header[HeaderMsgID], same, reuse)
 		}
-		if !seen[id] && pub.Header[headerMsgID] != p.Merchant+":"+p.Key {
+		if !seen[id] && pub.Header[HeaderMsgID] != p.Merchant+":"+p.Key {
 			t.Fatalf("%s: a copy was published before the original", id)
 		}
 		seen[id] = true

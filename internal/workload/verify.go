@@ -1,21 +1,128 @@
-package main
+package workload
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/ledgercheck"
+	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
 )
 
-// Row is an idempotency_keys row joined with its payments ledger row.
+// Row is an idempotency_keys row, joined with its payments ledger row
+// where the reader has it.
 type Row struct {
-	Status        string // pending, completed, failed
-	Amount        int64
-	PaymentStatus string // succeeded, declined, or "" without a ledger row
-	ChargeID      string
+	Status         string // pending, completed, failed
+	Amount         int64
+	PaymentStatus  string // succeeded, declined, or "" without a ledger row
+	ChargeID       string
+	ResponseStatus int // the stored HTTP status, 0 where the reader has none
+}
+
+// declined reports whether the row completed with a definitive decline:
+// its ledger row says so, or it stored the decline's error response.
+func (r Row) declined() bool { return r.PaymentStatus == "declined" || r.ResponseStatus >= 400 }
+
+// RowOf is the store's record as the verifier reads it.
+func RowOf(rec dedup.Record) Row {
+	return Row{Status: string(rec.Status), ChargeID: rec.ChargeID, ResponseStatus: rec.ResponseStatus}
+}
+
+// RowKey names the row of ref: "merchant_id:idempotency_key", the key of
+// the provider's charges.
+func RowKey(ref dedup.KeyRef) string { return ref.MerchantID + ":" + ref.IdempotencyKey }
+
+// Getter is the part of the store the verifier reads.
+type Getter interface {
+	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
+}
+
+// StoreRows reads the rows of refs from the store, by RowKey; a ref with no
+// row is missing from the map.
+func StoreRows(ctx context.Context, store Getter, refs []dedup.KeyRef) (map[string]Row, error) {
+	recs, err := store.GetMany(ctx, refs)
+	if err != nil {
+		return nil, err
+	}
+	rows := make(map[string]Row, len(recs))
+	for _, rec := range recs {
+		rows[RowKey(dedup.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey})] = RowOf(rec)
+	}
+	return rows, nil
+}
+
+// Outcome is how one valid payment ended, judged against the provider's
+// ledger.
+type Outcome int
+
+// The outcomes of Settle.
+const (
+	Charged   Outcome = iota // completed as charged, and the provider charged it
+	Declined                 // completed as declined, and the provider never charged it
+	Unsettled                // not completed: lost, unless a dead letter accounts for it
+	Disagrees                // completed, but not as the provider's ledger says
+)
+
+// Settle judges one valid payment: the row of its key (ok false: none) and
+// the provider's charges under it; declines says whether its card is one
+// the provider declines. Every lab verifier judges a payment here.
+func Settle(declines bool, r Row, ok bool, charges int) Outcome {
+	switch {
+	case !ok || r.Status != "completed":
+		return Unsettled
+	case r.declined() && declines && charges == 0:
+		return Declined
+	case !r.declined() && !declines && charges >= 1:
+		return Charged
+	}
+	return Disagrees
+}
+
+// Expected is one valid payment a run must settle exactly once.
+type Expected struct {
+	Key      string // "merchant_id:idempotency_key"
+	Declines bool   // its card is one the provider declines
+}
+
+// Tally is the judgement of expected payments against the provider's
+// ledger and the store's rows.
+type Tally struct {
+	KeysCharged int      // keys the provider charged at all
+	Double      []string // keys charged more than once (DoubleCharged)
+	ChargedOnce int      // charged, exactly once
+	Declined    int      // declined and never charged
+	Unsettled   []string // payments not completed: key, status and charges
+	Disagree    []string // payments completed otherwise than the ledger says, with why
+}
+
+// Check judges each expected payment (Settle) against its row (by
+// "merchant_id:idempotency_key") and the provider's charges per key.
+func Check(expected []Expected, rows map[string]Row, charges map[string]int) Tally {
+	t := Tally{KeysCharged: len(charges), Double: DoubleCharged(charges)}
+	for _, e := range expected {
+		r, ok := rows[e.Key]
+		n := charges[e.Key]
+		switch Settle(e.Declines, r, ok, n) {
+		case Charged:
+			if n == 1 {
+				t.ChargedOnce++
+			}
+		case Declined:
+			t.Declined++
+		case Unsettled:
+			status := "no row"
+			if ok {
+				status = r.Status
+			}
+			t.Unsettled = append(t.Unsettled, fmt.Sprintf("%s (%s, %d charges)", e.Key, status, n))
+		case Disagrees:
+			t.Disagree = append(t.Disagree, fmt.Sprintf("%s (completed with HTTP %d, charge %q; the provider has %d charges)",
+				e.Key, r.ResponseStatus, r.ChargeID, n))
+		}
+	}
+	return t
 }
 
 // DeadLetter is one dead letter as the harness reads it back.
@@ -64,13 +171,13 @@ func (v Verdict) OK() bool {
 // exactly as published (charged once, or declined and never charged), every
 // bad message dead-lettered with a bad-input reason and never claimed,
 // every key reuse dead-lettered key_reused, nothing pending.
-func Verify(w Workload, ev Evidence) Verdict {
+func Verify(w Mix, ev Evidence) Verdict {
 	var v Verdict
 	bad := func(format string, args ...any) {
 		v.Inconsistent = append(v.Inconsistent, fmt.Sprintf(format, args...))
 	}
 
-	v.Double = ledgercheck.DoubleCharged(ev.ChargesByKey)
+	v.Double = DoubleCharged(ev.ChargesByKey)
 	for key, r := range ev.Rows {
 		if r.Status == "pending" {
 			v.Stuck = append(v.Stuck, key)
@@ -104,7 +211,9 @@ func Verify(w Workload, ev Evidence) Verdict {
 		key := p.RowKey()
 		known[key] = true
 		r, ok := ev.Rows[key]
-		if !ok || r.Status != "completed" {
+		n := ev.ChargesByKey[key]
+		outcome := Settle(p.Declines, r, ok, n)
+		if outcome == Unsettled {
 			status := "no row"
 			if ok {
 				status = r.Status
@@ -136,15 +245,14 @@ func Verify(w Workload, ev Evidence) Verdict {
 		if !slices.Contains(want, r.Amount) {
 			bad("%s %s completed with amount %d, published %v", p.ID, key, r.Amount, want)
 		}
-		n := ev.ChargesByKey[key]
 		switch {
 		case p.Declines:
-			if r.PaymentStatus != "declined" || n != 0 {
+			if outcome != Declined {
 				bad("%s %s should be declined: ledger %q, %d provider charges", p.ID, key, r.PaymentStatus, n)
 			}
 		case r.PaymentStatus != "succeeded" || r.ChargeID == "":
 			bad("%s %s completed without a succeeded ledger row (%q)", p.ID, key, r.PaymentStatus)
-		case n == 0:
+		case outcome != Charged:
 			bad("%s %s recorded as charged, but the provider has no charge", p.ID, key)
 		case chargedAmount[key] != r.Amount:
 			bad("%s %s charged %d at the provider, recorded %d", p.ID, key, chargedAmount[key], r.Amount)

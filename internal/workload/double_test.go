@@ -1,4 +1,4 @@
-package ledgercheck
+package workload
 
 import (
 	"slices"

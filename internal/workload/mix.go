@@ -1,4 +1,4 @@
-package main
+package workload
 
 import (
 	"encoding/json"
@@ -9,9 +9,9 @@ import (
 
 // Header names the harness sets besides the contract's.
 const (
-	headerChaosID = "X-Chaos-Id"
-	headerKey     = "Idempotency-Key"
-	headerMsgID   = "Nats-Msg-Id"
+	HeaderID    = "X-Chaos-Id"
+	HeaderKey   = "Idempotency-Key"
+	HeaderMsgID = "Nats-Msg-Id"
 )
 
 // Payment is one valid, unique payment of the workload: it must end
@@ -48,8 +48,8 @@ type Publish struct {
 	Body    []byte
 }
 
-// Workload is what one run publishes and what it expects.
-type Workload struct {
+// Mix is what one run publishes and what it expects.
+type Mix struct {
 	Payments  []Payment
 	Malformed []Malformed
 	Publishes []Publish
@@ -61,8 +61,8 @@ type Workload struct {
 	Reuses int
 }
 
-// WorkloadConfig shapes a workload; rates are fractions of Payments.
-type WorkloadConfig struct {
+// MixConfig shapes a workload; rates are fractions of Payments.
+type MixConfig struct {
 	Payments      int
 	Seed          uint64
 	Run           string // makes keys unique to this run
@@ -76,8 +76,10 @@ type WorkloadConfig struct {
 
 var currencies = []string{"usd", "eur", "gbp", "jpy", "chf"}
 
-// command is the wire form of a payment command.
-type command struct {
+// Wire is the wire form of a payment command, as a client sends it: unlike
+// payment.Command, the idempotency key may be left out of the body (it
+// then travels in the Idempotency-Key header only).
+type Wire struct {
 	MerchantID     string            `json:"merchant_id"`
 	IdempotencyKey string            `json:"idempotency_key,omitempty"`
 	Amount         int64             `json:"amount"`
@@ -89,7 +91,7 @@ type command struct {
 
 // reordered encodes the same command with its fields in another order and
 // other white space: a retrying client need not re-encode byte for byte.
-func reordered(c command) []byte {
+func reordered(c Wire) []byte {
 	var b strings.Builder
 	b.WriteString("{\n  \"metadata\": ")
 	meta, _ := json.Marshal(c.Metadata)
@@ -125,7 +127,7 @@ var malformedKinds = []struct {
 		return "m_bad", []byte(`{"merchant_id":"m_bad","idempotency_key":"` + key + `","amount":100,"currency":"xxq","payment_method":"pm_card_visa"}`)
 	}},
 	{"header/body key mismatch", func(key string, h map[string]string) (string, []byte) {
-		h[headerKey] = key + "-other"
+		h[HeaderKey] = key + "-other"
 		return "m_bad", []byte(`{"merchant_id":"m_bad","idempotency_key":"` + key + `","amount":100,"currency":"usd","payment_method":"pm_card_visa"}`)
 	}},
 	{"duplicate field", func(key string, _ map[string]string) (string, []byte) {
@@ -138,7 +140,7 @@ var malformedKinds = []struct {
 		return "m_other", []byte(`{"merchant_id":"m_bad","idempotency_key":"` + key + `","amount":100,"currency":"usd","payment_method":"pm_card_visa"}`)
 	}},
 	{"missing key", func(_ string, h map[string]string) (string, []byte) {
-		delete(h, headerKey)
+		delete(h, HeaderKey)
 		return "m_bad", []byte(`{"merchant_id":"m_bad","amount":100,"currency":"usd","payment_method":"pm_card_visa"}`)
 	}},
 	{"amount over limit", func(key string, _ map[string]string) (string, []byte) {
@@ -149,9 +151,9 @@ var malformedKinds = []struct {
 // Generate builds a workload: every payment published once in order, its
 // duplicates, key reuses and the malformed messages inserted a little later
 // at random, so that they interleave with other traffic.
-func Generate(cfg WorkloadConfig) Workload {
+func Generate(cfg MixConfig) Mix {
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed))
-	var w Workload
+	var w Mix
 	type late struct {
 		at int
 		p  Publish
@@ -171,7 +173,7 @@ func Generate(cfg WorkloadConfig) Workload {
 			p.Method, p.Declines = "pm_card_chargeDeclined", true
 		}
 		p.HeaderOnly = rng.Float64() < cfg.HeaderOnly
-		c := command{MerchantID: p.Merchant, IdempotencyKey: p.Key, Amount: p.Amount, Currency: p.Currency,
+		c := Wire{MerchantID: p.Merchant, IdempotencyKey: p.Key, Amount: p.Amount, Currency: p.Currency,
 			PaymentMethod: p.Method, Description: "chaos " + p.ID, Metadata: map[string]string{"order_id": p.ID}}
 		if p.HeaderOnly {
 			c.IdempotencyKey = ""
@@ -179,7 +181,7 @@ func Generate(cfg WorkloadConfig) Workload {
 		body, _ := json.Marshal(c)
 		msgID := p.Merchant + ":" + p.Key
 		hdr := func(id string) map[string]string {
-			return map[string]string{headerChaosID: p.ID, headerKey: p.Key, headerMsgID: id}
+			return map[string]string{HeaderID: p.ID, HeaderKey: p.Key, HeaderMsgID: id}
 		}
 		subject := cfg.Subject + "." + p.Merchant
 		w.Publishes = append(w.Publishes, Publish{Subject: subject, Header: hdr(msgID), Body: body})
@@ -208,7 +210,7 @@ func Generate(cfg WorkloadConfig) Workload {
 			kind := malformedKinds[j%len(malformedKinds)]
 			m := Malformed{ID: fmt.Sprintf("bad-%d", j), Kind: kind.name}
 			key := fmt.Sprintf("bad-%s-%d", cfg.Run, j)
-			h := map[string]string{headerChaosID: m.ID, headerKey: key, headerMsgID: "bad:" + key}
+			h := map[string]string{HeaderID: m.ID, HeaderKey: key, HeaderMsgID: "bad:" + key}
 			merchant, b := kind.build(key, h)
 			w.Malformed = append(w.Malformed, m)
 			later(i, Publish{Subject: cfg.Subject + "." + merchant, Header: h, Body: b})

@@ -1,8 +1,9 @@
-// Package ledgercheck holds the lab's one definition of a double charge,
-// judged against the provider's ledger: the chaos verifier, the bench and
-// the demo all count them here, so that none of them can drift into a
-// looser count than the others.
-package ledgercheck
+package workload
+
+// The lab's one definition of a double charge, judged against the
+// provider's ledger: the chaos verifier, the bench and the demo all count
+// them here, so that none of them can drift into a looser count than the
+// others.
 
 import (
 	"fmt"

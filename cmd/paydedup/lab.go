@@ -1,0 +1,63 @@
+//go:build !nolab
+
+package main
+
+// The lab build (the default): the commands that run paydedup on one
+// machine — demo, bench and provider-sim — the in-process simulator behind
+// PAYDEDUP_PROVIDER=sim, and publish --generate. The production image is
+// built with -tags nolab (nolab.go), which links none of them: not the
+// simulator, not the embedded nats-server, not the workload generator.
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/lab/inproc"
+	"github.com/paydedup/paydedup/internal/workload"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
+)
+
+// labBuild reports whether the lab is linked.
+const labBuild = true
+
+// labCommands are the lab's commands.
+func labCommands(a *app) []*cobra.Command {
+	return []*cobra.Command{newProviderSimCmd(a), newDemoCmd(a), newBenchCmd(a)}
+}
+
+// simulated is PAYDEDUP_PROVIDER=sim: the Stripe adapter pointed at a
+// simulator served in-process on a loopback port.
+func simulated(ctx context.Context, timeout time.Duration) (*stripe.Client, func(), error) {
+	prov, _, stop, err := inproc.Simulator(ctx, stripesim.Config{}, timeout)
+	return prov, stop, err
+}
+
+// publishGenerated publishes N generated payments and the duplicates, each
+// duplicate a few messages after its original.
+func (p *publishCmd) publishGenerated(ctx context.Context, pub *consumer.Publisher) error {
+	seed := p.seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	merchants := []string{"m_acme", "m_globex", "m_initech"}
+	if p.merchant != "" {
+		merchants = []string{p.merchant}
+	}
+	cmds := make([]workload.Command, p.generate)
+	for i := range cmds {
+		cmds[i] = workload.NewCommand(rng, fmt.Sprintf("gen-%016x-%07d", seed, i), merchants[rng.IntN(len(merchants))], rng.Float64() < p.declines)
+	}
+	for _, i := range workload.WithDuplicates(rng, p.generate, p.duplicates) {
+		if err := pub.Publish(ctx, consumer.CommandMsg(p.streams.cfg, cmds[i].Cmd.MerchantID, cmds[i].Cmd.IdempotencyKey, cmds[i].Body)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,536 @@
+// Package bench measures exactly-once throughput through real NATS
+// JetStream and PostgreSQL: it publishes payment commands first, then times
+// one worker consuming them to quiescence, with the simulator in-process,
+// and checks the simulator's ledger at the end.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/lab/inproc"
+	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/internal/workload"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
+)
+
+// Database is the local server's database when DatabaseURL is empty.
+const Database = "paydedup_bench"
+
+// Config is one bench run. The command fills it from its flags and the
+// environment.
+type Config struct {
+	DatabaseURL         string        // PostgreSQL; "" uses the local server's paydedup_bench database
+	NATSURL             string        // NATS; "" starts an embedded JetStream server
+	Payments            int           // distinct payments
+	Duplicates          float64       // fraction of payments published a second time, interleaved (0..1)
+	ProviderLatency     time.Duration // latency of every provider call
+	Concurrency         int           // payments in flight (batched mode)
+	Mode                string        // batched or naive
+	Provider            string        // sim (the simulator's Go client) or stripe (the adapter over in-process HTTP)
+	FetchBatch          int           // messages per fetch and claim (batched mode)
+	CommitBatch         int           // completions per group commit (batched mode)
+	CommitWait          time.Duration // how long a group commit waits for more completions (batched mode)
+	CompletedDuplicates bool          // afterwards, republish every payment (all completed) and time the duplicates
+	JSON                bool          // print one JSON object on the last line
+	Timeout             time.Duration // give up after this long
+	CPUProfile          string        // write a CPU profile of the consumption phase to this file
+	MemProfile          string        // write a heap profile at the end to this file
+	DLQKey              []byte        // the worker's dead-letter key
+	Out, ErrOut         io.Writer     // the report; progress
+}
+
+// Validate checks the run's figures and choices.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Payments < 1 {
+		errs = append(errs, fmt.Errorf("--payments must be at least 1, got %d", c.Payments))
+	}
+	if c.Duplicates < 0 || c.Duplicates > 1 {
+		errs = append(errs, fmt.Errorf("--duplicates must be within 0..1, got %v", c.Duplicates))
+	}
+	if c.ProviderLatency < 0 || c.ProviderLatency > 10*time.Second {
+		errs = append(errs, fmt.Errorf("--provider-latency must be within 0..10s, got %v", c.ProviderLatency))
+	}
+	if c.Concurrency < 1 || c.FetchBatch < 1 || c.CommitBatch < 1 {
+		errs = append(errs, errors.New("--concurrency, --fetch-batch and --commit-batch must be at least 1"))
+	}
+	if c.Mode != "batched" && c.Mode != "naive" {
+		errs = append(errs, fmt.Errorf("--mode must be batched or naive, got %q", c.Mode))
+	}
+	if c.Provider != "sim" && c.Provider != "stripe" {
+		errs = append(errs, fmt.Errorf("--provider must be sim or stripe, got %q", c.Provider))
+	}
+	return errors.Join(errs...)
+}
+
+// benchCmd is one run of the bench.
+type benchCmd struct{ Config }
+
+// Run runs one benchmark and prints its report to cfg.Out. It fails if any
+// payment was charged twice or lost.
+func Run(ctx context.Context, cfg Config) error {
+	return (&benchCmd{Config: cfg}).run(ctx)
+}
+
+// Result is the JSON report.
+type Result struct {
+	Mode                    string  `json:"mode"`
+	Provider                string  `json:"provider"`
+	Payments                int     `json:"payments"`
+	Duplicates              int     `json:"duplicates"`
+	Messages                int     `json:"messages"`
+	Concurrency             int     `json:"concurrency"`
+	ProviderLatencyMS       float64 `json:"provider_latency_ms"`
+	Seconds                 float64 `json:"seconds"`
+	PaymentsPerSec          float64 `json:"payments_per_sec"`
+	MessagesPerSec          float64 `json:"messages_per_sec"`
+	P50MS                   float64 `json:"p50_ms"`
+	P99MS                   float64 `json:"p99_ms"`
+	PGRoundTripsPerPayment  float64 `json:"pg_round_trips_per_payment"`
+	RSSMB                   float64 `json:"rss_mb"`
+	DoubleCharges           int     `json:"double_charges"`
+	Lost                    int     `json:"lost"`
+	CompletedDuplicates     int     `json:"completed_duplicates,omitempty"`
+	CompletedDupSeconds     float64 `json:"completed_duplicates_seconds,omitempty"`
+	CompletedDupMessagesSec float64 `json:"completed_duplicates_per_sec,omitempty"`
+}
+
+func (b *benchCmd) run(ctx context.Context) error {
+	if err := b.Validate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
+	defer cancel()
+	say := func(format string, args ...any) { fmt.Fprintf(b.ErrOut, "bench: "+format+"\n", args...) }
+
+	natsURL, stopNATS := b.NATSURL, func() {}
+	if natsURL == "" {
+		u, stop, err := inproc.NATS()
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		natsURL, stopNATS = u, stop
+		say("no NATS_URL: embedded JetStream server at %s", u)
+	}
+	defer stopNATS()
+
+	dbURL := b.DatabaseURL
+	if dbURL == "" {
+		u, _, err := localpg.Database(ctx, localpg.AdminURL, Database, 32)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		dbURL = u
+	}
+	suffix := randomSuffix()
+	schemaURL, dropSchema, err := localpg.FreshSchema(ctx, dbURL, "bench_"+suffix)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer func() { _ = dropSchema() }()
+	pool, err := dedup.Connect(ctx, schemaURL)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer pool.Close()
+	if err := localpg.Migrate(ctx, pool, nil); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		return err
+	}
+
+	nc, err := nats.Connect(natsURL, nats.Name("paydedup-bench"))
+	if err != nil {
+		return fmt.Errorf("bench: connect to NATS: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cfg := b.workerConfig(suffix)
+	cfg.DLQKey = b.DLQKey
+	if _, _, err := consumer.EnsureStreams(ctx, js, cfg); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(cctx, cfg.Stream)
+		_ = js.DeleteStream(cctx, cfg.DLQStream)
+		_ = js.DeleteStream(cctx, cfg.AdvisoryStream)
+	}()
+
+	sim := stripesim.New(stripesim.Config{Faults: stripesim.Faults{Latency: b.ProviderLatency}})
+	const apiKey = "sk_test_paydedup_bench"
+	var prov consumer.Charger = sim.Client(apiKey)
+	if b.Provider == "stripe" {
+		st, err := stripe.New(stripe.Config{
+			SecretKey: apiKey, APIBase: "http://sim.invalid", Timeout: 30 * time.Second,
+			HTTPClient: &http.Client{Transport: inProcess{sim}},
+		})
+		if err != nil {
+			return err
+		}
+		prov = st
+	}
+
+	dups := int(math.Round(b.Duplicates * float64(b.Payments)))
+	say("publishing %d payments + %d duplicates to %s", b.Payments, dups, cfg.Stream)
+	if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments, Dups: dups}); err != nil {
+		return err
+	}
+
+	counting := &countingStore{Store: store}
+	obs := newBenchObserver()
+	proc := consumer.NewProcessor(counting, prov, cfg, nil)
+	w, err := consumer.NewWorker(nc, proc, cfg, nil, obs)
+	if err != nil {
+		return err
+	}
+	if b.CPUProfile != "" {
+		f, err := os.Create(b.CPUProfile)
+		if err != nil {
+			return fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	wctx, stopWorker := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- w.Run(wctx) }()
+	messages := b.Payments + dups
+	if err := b.waitSettled(ctx, obs, int64(messages), start, say); err != nil {
+		stopWorker()
+		<-done
+		return err
+	}
+	elapsed := time.Since(start)
+	roundTrips := counting.calls.Load()
+
+	res := Result{
+		Mode: b.Mode, Provider: b.Provider, Payments: b.Payments, Duplicates: dups, Messages: messages, Concurrency: cfg.Concurrency,
+		ProviderLatencyMS: float64(b.ProviderLatency) / float64(time.Millisecond),
+		Seconds:           elapsed.Seconds(), PaymentsPerSec: float64(b.Payments) / elapsed.Seconds(),
+		MessagesPerSec: float64(messages) / elapsed.Seconds(),
+		P50MS:          obs.quantile(0.50), P99MS: obs.quantile(0.99),
+		PGRoundTripsPerPayment: float64(roundTrips) / float64(b.Payments),
+	}
+
+	if b.CompletedDuplicates {
+		obs.reset()
+		say("republishing all %d payments, every key already completed", b.Payments)
+		if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments}); err != nil {
+			stopWorker()
+			<-done
+			return err
+		}
+		start := time.Now()
+		if err := b.waitSettled(ctx, obs, int64(b.Payments), start, say); err != nil {
+			stopWorker()
+			<-done
+			return err
+		}
+		res.CompletedDuplicates = b.Payments
+		res.CompletedDupSeconds = time.Since(start).Seconds()
+		res.CompletedDupMessagesSec = float64(b.Payments) / res.CompletedDupSeconds
+	}
+	stopWorker()
+	if err := <-done; err != nil {
+		return err
+	}
+	res.RSSMB = peakRSSMB()
+	if b.MemProfile != "" {
+		f, err := os.Create(b.MemProfile)
+		if err != nil {
+			return fmt.Errorf("bench: --memprofile: %w", err)
+		}
+		runtime.GC()
+		err = pprof.WriteHeapProfile(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("bench: --memprofile: %w", err)
+		}
+	}
+	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim, workload.Numbered{N: b.Payments})
+	if err != nil {
+		return err
+	}
+
+	if b.JSON {
+		out, _ := json.Marshal(res)
+		fmt.Fprintln(b.Out, string(out))
+	} else {
+		fmt.Fprintf(b.Out, "mode %s, provider %s: %d payments (+%d duplicates) in %.2f s: %.0f payments/s, %.0f messages/s\n",
+			res.Mode, res.Provider, res.Payments, res.Duplicates, res.Seconds, res.PaymentsPerSec, res.MessagesPerSec)
+		fmt.Fprintf(b.Out, "latency fetch→settle: p50 %.1f ms, p99 %.1f ms; %.2f Postgres round trips per payment; peak RSS %.0f MB\n",
+			res.P50MS, res.P99MS, res.PGRoundTripsPerPayment, res.RSSMB)
+		if res.CompletedDuplicates > 0 {
+			fmt.Fprintf(b.Out, "completed duplicates: %d in %.2f s: %.0f messages/s\n", res.CompletedDuplicates, res.CompletedDupSeconds, res.CompletedDupMessagesSec)
+		}
+		fmt.Fprintf(b.Out, "ledger: %d double charges, %d lost\n", res.DoubleCharges, res.Lost)
+	}
+	return res.verdict()
+}
+
+// workerConfig is the worker under test: the shipped batched worker, or the
+// seeds' one-at-a-time design.
+func (b *benchCmd) workerConfig(suffix string) consumer.Config {
+	name := "BENCH_" + strings.ToUpper(suffix)
+	c := consumer.Config{
+		Stream: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
+		DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
+		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
+		Concurrency: b.Concurrency, FetchBatch: b.FetchBatch, CommitBatch: b.CommitBatch, CommitWait: b.CommitWait,
+		Holder: "bench-" + suffix,
+	}
+	if b.Mode == "naive" {
+		c.Concurrency, c.FetchBatch, c.CommitBatch = 1, 1, 1
+	}
+	return c.WithDefaults()
+}
+
+// waitSettled waits until the observer has seen n settled messages and the
+// consumer holds nothing, printing progress every second.
+func (b *benchCmd) waitSettled(ctx context.Context, obs *benchObserver, n int64, start time.Time, say func(string, ...any)) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("bench: gave up after %v with %d of %d messages settled", time.Since(start).Round(time.Second), obs.acked.Load(), n)
+		case <-tick.C:
+		}
+		if obs.acked.Load() >= n {
+			return nil
+		}
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			say("%d/%d settled, %.0f msg/s", obs.acked.Load(), n, float64(obs.acked.Load())/time.Since(start).Seconds())
+		}
+	}
+}
+
+// benchPublish publishes the workload's payments in its order, each copy
+// with its own Nats-Msg-Id so the stream keeps it.
+func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, w workload.Numbered) error {
+	// Below nats.go's default limit of 4,000 outstanding async publishes.
+	const window = 2048
+	var failure error
+	pub, err := consumer.NewPublisher(js.Conn(), consumer.PublisherConfig{
+		Window: window,
+		OnResult: func(r consumer.PublishResult) {
+			if r.Err != nil && failure == nil {
+				failure = r.Err
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	run := randomSuffix()
+	for _, c := range w.Order() {
+		p := w.Command(c.I)
+		m := consumer.CommandMsg(cfg, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
+		m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s:%s:%d", run, p.Cmd.IdempotencyKey, c.N))
+		if err := pub.Publish(ctx, m); err != nil {
+			pub.Close()
+			return fmt.Errorf("bench: publish: %w", err)
+		}
+	}
+	if st := pub.Close(); st.Failed > 0 {
+		return fmt.Errorf("bench: publish: %d messages got no PubAck: %w", st.Failed, failure)
+	}
+	return ctx.Err()
+}
+
+// benchCheck counts double charges and lost payments against the ledger.
+func benchCheck(ctx context.Context, store *dedup.Store, sim *stripesim.Simulator, w workload.Numbered) (double, lost int, err error) {
+	rows, err := workload.StoreRows(ctx, store, w.Refs())
+	if err != nil {
+		return 0, 0, err
+	}
+	double, lost = benchJudge(sim.ChargesByKey(), rows, w)
+	return double, lost, nil
+}
+
+// benchJudge counts, for the bench's payments, the keys the provider
+// charged more than once and the payments that were not charged exactly as
+// recorded. charges and rows are by "merchant_id:idempotency_key".
+func benchJudge(charges map[string]int, rows map[string]workload.Row, w workload.Numbered) (double, lost int) {
+	t := workload.Check(w.Expected(), rows, charges)
+	return len(t.Double), len(t.Unsettled) + len(t.Disagree)
+}
+
+// verdict fails a run that charged any key twice or lost a payment.
+func (r Result) verdict() error {
+	if r.DoubleCharges > 0 || r.Lost > 0 {
+		return fmt.Errorf("bench: %d double charges, %d lost", r.DoubleCharges, r.Lost)
+	}
+	return nil
+}
+
+// countingStore counts the store calls the worker makes: each is one
+// round trip to Postgres.
+type countingStore struct {
+	*dedup.Store
+	calls atomic.Int64
+}
+
+func (c *countingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+	c.calls.Add(1)
+	return c.Store.ClaimBatch(ctx, holder, lease, reqs)
+}
+
+func (c *countingStore) Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error) {
+	c.calls.Add(1)
+	return c.Store.Heartbeat(ctx, l, d)
+}
+
+func (c *countingStore) Complete(ctx context.Context, l dedup.Lease, comp dedup.Completion) error {
+	c.calls.Add(1)
+	return c.Store.Complete(ctx, l, comp)
+}
+
+func (c *countingStore) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+	c.calls.Add(1)
+	return c.Store.CompleteBatch(ctx, items)
+}
+
+func (c *countingStore) Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error) {
+	c.calls.Add(1)
+	return c.Store.Fail(ctx, l, reason)
+}
+
+func (c *countingStore) Release(ctx context.Context, l dedup.Lease, reason string) error {
+	c.calls.Add(1)
+	return c.Store.Release(ctx, l, reason)
+}
+
+// benchObserver counts settled messages and keeps a fixed-size latency
+// histogram, so memory does not grow with the number of payments.
+type benchObserver struct {
+	acked   atomic.Int64
+	mu      sync.Mutex
+	buckets [latencyBuckets]int64
+	total   int64
+}
+
+// Latency buckets: 10 per factor of two from 10 µs, up to about 10 min.
+const latencyBuckets = 260
+
+func newBenchObserver() *benchObserver { return &benchObserver{} }
+
+func (o *benchObserver) reset() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.acked.Store(0)
+	o.buckets = [latencyBuckets]int64{}
+	o.total = 0
+}
+
+// Settled counts messages that are done: acked or dead-lettered (a nakked
+// one comes back).
+func (o *benchObserver) Settled(_ consumer.Kind, act consumer.Action) {
+	if act.Kind != consumer.Nak {
+		o.acked.Add(1)
+	}
+}
+func (o *benchObserver) InFlight(int)                         {}
+func (o *benchObserver) Claimed(time.Duration, int)           {}
+func (o *benchObserver) Committed(time.Duration, int)         {}
+func (o *benchObserver) ProviderCalled(time.Duration, string) {}
+func (o *benchObserver) SettledIn(_ consumer.Kind, d time.Duration) {
+	i := 0
+	if us := float64(d) / float64(10*time.Microsecond); us > 1 {
+		i = min(int(math.Log2(us)*10), latencyBuckets-1)
+	}
+	o.mu.Lock()
+	o.buckets[i]++
+	o.total++
+	o.mu.Unlock()
+}
+
+// quantile returns the q-quantile in milliseconds (bucket upper bound).
+func (o *benchObserver) quantile(q float64) float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.total == 0 {
+		return 0
+	}
+	target := int64(math.Ceil(q * float64(o.total)))
+	var seen int64
+	for i, c := range o.buckets {
+		seen += c
+		if seen >= target {
+			return 0.01 * math.Pow(2, float64(i+1)/10)
+		}
+	}
+	return 0
+}
+
+// inProcess is an http.RoundTripper that serves requests with the
+// simulator's handler directly: the Stripe adapter's whole client path
+// (stripe-go, form encoding, response parsing) without a network hop.
+type inProcess struct{ h http.Handler }
+
+func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	t.h.ServeHTTP(rec, r.WithContext(r.Context()))
+	resp := rec.Result()
+	resp.Request = r
+	return resp, nil
+}
+
+func randomSuffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// peakRSSMB reads the process's peak resident set size (VmHWM) in MiB.
+func peakRSSMB() float64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb float64
+		if n, _ := fmt.Sscanf(sc.Text(), "VmHWM: %f kB", &kb); n == 1 {
+			return kb / 1024
+		}
+	}
+	return 0
+}
