@@ -8,8 +8,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // While the dead-letter stream refuses writes, a message that must be
@@ -19,13 +19,13 @@ import (
 func TestDLQRefusesWritesNaks(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.cfg.MaxDeliver = 1000 // the refusal, not the delivery limit, is under test
+	e.cfg.Stream.MaxDeliver = 1000 // the refusal, not the delivery limit, is under test
 	var buf testenv.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.startWorkerLogged("refused", logger)
 
 	// The DLQ holds one message and refuses the next (DiscardNew).
-	dlq, err := e.js.Stream(e.ctx, e.cfg.DLQStream)
+	dlq, err := e.js.Stream(e.ctx, e.cfg.Stream.DLQStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,12 +34,12 @@ func TestDLQRefusesWritesNaks(t *testing.T) {
 	if _, err := e.js.UpdateStream(e.ctx, full); err != nil {
 		t.Fatalf("limit the DLQ: %v", err)
 	}
-	filler := nats.NewMsg(e.cfg.DLQPrefix + ".filler")
+	filler := nats.NewMsg(e.cfg.Stream.DLQPrefix + ".filler")
 	filler.Data = []byte("occupies the only slot")
 	if _, err := e.js.PublishMsg(e.ctx, filler); err != nil {
 		t.Fatal(err)
 	}
-	probe := nats.NewMsg(e.cfg.DLQPrefix + ".probe")
+	probe := nats.NewMsg(e.cfg.Stream.DLQPrefix + ".probe")
 	if _, err := e.js.PublishMsg(e.ctx, probe); err == nil {
 		t.Fatal("the full DLQ accepted a write: the test would prove nothing")
 	}
@@ -61,7 +61,7 @@ func TestDLQRefusesWritesNaks(t *testing.T) {
 	e.quiescent()
 	var filed int
 	for _, m := range e.deadLetters() {
-		if p, err := consumer.ParseDeadLetter(m.Header); err == nil {
+		if p, err := stream.ParseDeadLetter(m.Header); err == nil {
 			filed++
 			if p.Reason != "malformed_json" || p.Deliveries < 4 {
 				t.Errorf("dead letter %+v, want malformed_json after at least 4 deliveries", p)

@@ -12,6 +12,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Store is what the processor needs from the idempotency store.
@@ -109,10 +110,10 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 		return Result{Kind: InFlight, Delay: claim.RetryIn, Err: errors.New("another worker holds the key's lease")}
 	case dedup.Mismatch:
 		if claim.FromLedger {
-			return Result{Kind: DeadLetter, Reason: ReasonKeyReused,
+			return Result{Kind: DeadLetter, Reason: stream.ReasonKeyReused,
 				Err: errors.New("idempotency key reused with a different payment: the key's record was purged and the ledger's payment under it has another amount or currency")}
 		}
-		return Result{Kind: DeadLetter, Reason: ReasonKeyReused,
+		return Result{Kind: DeadLetter, Reason: stream.ReasonKeyReused,
 			Err: errors.New("idempotency key reused with a different payment: the request fingerprint differs from the stored one")}
 	case dedup.NeedsLookup:
 		return Result{Kind: Retry, Delay: claim.RetryIn,
@@ -194,7 +195,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		case errors.Is(cerr, dedup.ErrLedgerConflict):
 			log.Error("ledger conflict: provider charge already recorded under another key", "charge_id", out.ChargeID, "error", cerr)
 			p.release(sctx, lease, cerr.Error(), log)
-			return Result{Kind: DeadLetter, Reason: ReasonLedgerConflict, Err: cerr, Attempt: lease.Attempt}
+			return Result{Kind: DeadLetter, Reason: stream.ReasonLedgerConflict, Err: cerr, Attempt: lease.Attempt}
 		default:
 			// The provider charged but we could not record it. The row stays
 			// pending; the redelivery re-calls with the same key and gets the
@@ -213,7 +214,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	switch provider.ClassOf(err) {
 	case provider.ClassMismatch:
 		p.release(sctx, lease, err.Error(), log)
-		return Result{Kind: DeadLetter, Reason: ReasonProviderMismatch, Err: err, Attempt: lease.Attempt}
+		return Result{Kind: DeadLetter, Reason: stream.ReasonProviderMismatch, Err: err, Attempt: lease.Attempt}
 	case provider.ClassRetryable:
 		status, ferr := p.store.Fail(sctx, lease, err.Error())
 		if ferr != nil {

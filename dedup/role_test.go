@@ -18,6 +18,7 @@ import (
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // The roles migrations 00002 and 00006 create.
@@ -85,7 +86,7 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := consumer.Config{
-		Holder: "role-test", Lease: 5 * time.Second, AckWait: 10 * time.Second,
+		Holder: "role-test", Lease: 5 * time.Second, Stream: stream.Config{AckWait: 10 * time.Second},
 		ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: time.Second},
 	}
 	if err := cfg.WithDefaults().Validate(); err != nil {

@@ -30,6 +30,7 @@ import (
 	"github.com/paydedup/paydedup/internal/ledgercheck"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/stream"
 )
 
 type benchCmd struct {
@@ -213,18 +214,18 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		return err
 	}
 	cfg := b.workerConfig(suffix)
-	if cfg.DLQKey, err = b.app.labDLQKey(); err != nil {
+	if cfg.Stream.DLQKey, err = b.app.labDLQKey(); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	if _, _, err := consumer.EnsureStreams(ctx, js, cfg); err != nil {
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg.Stream); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = js.DeleteStream(cctx, cfg.Stream)
-		_ = js.DeleteStream(cctx, cfg.DLQStream)
-		_ = js.DeleteStream(cctx, cfg.AdvisoryStream)
+		_ = js.DeleteStream(cctx, cfg.Stream.Stream)
+		_ = js.DeleteStream(cctx, cfg.Stream.DLQStream)
+		_ = js.DeleteStream(cctx, cfg.Stream.AdvisoryStream)
 	}()
 
 	sim := provider.NewSimulator(provider.SimConfig{Faults: provider.Faults{Latency: b.latency}})
@@ -242,7 +243,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 	}
 
 	dups := int(math.Round(b.duplicates * float64(b.payments)))
-	say("publishing %d payments + %d duplicates to %s", b.payments, dups, cfg.Stream)
+	say("publishing %d payments + %d duplicates to %s", b.payments, dups, cfg.Stream.Stream)
 	if err := benchPublish(ctx, js, cfg, b.payments, dups, "p"); err != nil {
 		return err
 	}
@@ -348,9 +349,11 @@ func (b *benchCmd) Run(ctx context.Context) error {
 func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 	name := "BENCH_" + strings.ToUpper(suffix)
 	c := consumer.Config{
-		Stream: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
-		DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
-		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
+		Stream: stream.Config{
+			Stream: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
+			DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
+			StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
+		},
 		Concurrency: b.concurrency, FetchBatch: b.fetchBatch, CommitBatch: b.commitBatch, CommitWait: b.commitWait,
 		Holder: "bench-" + suffix,
 	}
@@ -399,9 +402,9 @@ func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Conf
 		key := fmt.Sprintf("%s-%d", prefix, i)
 		body, _ := json.Marshal(payment.Command{MerchantID: "m_bench", IdempotencyKey: key, Amount: int64(100 + i%1000),
 			Currency: "usd", PaymentMethod: "pm_card_visa", Description: "bench"})
-		m := nats.NewMsg(cfg.SubjectPrefix + ".m_bench")
+		m := nats.NewMsg(cfg.Stream.SubjectPrefix + ".m_bench")
 		m.Data = body
-		m.Header.Set(consumer.HeaderIdempotencyKey, key)
+		m.Header.Set(stream.HeaderIdempotencyKey, key)
 		m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s:%s:%d", run, key, copyNo))
 		sem <- struct{}{}
 		f, err := js.PublishMsgAsync(m)

@@ -22,10 +22,12 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/ledgercheck"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Demo timings: short leases and timeouts so a crashed worker's claims are
@@ -91,7 +93,7 @@ PAYDEDUP_STREAM and friends say otherwise, and deletes the streams it created.`,
 	// as a flag default that --help would print.
 	f.StringVar(&d.dbURL, "database-url", "", "PostgreSQL URL (default: $DATABASE_URL, else the local server's database "+demoDatabase+")")
 	f.StringVar(&d.natsURL, "nats-url", "", "NATS URL (default: $NATS_URL, else an embedded JetStream server)")
-	d.streams.bindDefaults(cmd, a, consumer.Config{
+	d.streams.bindDefaults(cmd, a, stream.Config{
 		Stream: "PAYDEDUP_DEMO", SubjectPrefix: "paydedup_demo.requests",
 		DLQStream: "PAYDEDUP_DEMO_DLQ", DLQPrefix: "paydedup_demo.dlq", Durable: "paydedup-demo",
 	})
@@ -191,7 +193,7 @@ func (d *demoCmd) Run(ctx context.Context) error {
 		return err
 	}
 	cfg := d.workerConfig()
-	if cfg.DLQKey, err = d.app.labDLQKey(); err != nil {
+	if cfg.Stream.DLQKey, err = d.app.labDLQKey(); err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
 	cleanupStreams, dlqStart, err := d.setupStreams(ctx, js, cfg, natsURL)
@@ -245,9 +247,9 @@ func (d *demoCmd) Run(ctx context.Context) error {
 
 // workerConfig is the consumer configuration of the demo's workers.
 func (d *demoCmd) workerConfig() consumer.Config {
-	c := d.streams.cfg
-	c.StreamMaxAge, c.DLQMaxAge = time.Hour, time.Hour
-	c.Lease, c.AckWait, c.MaxDeliver = demoLease, demoAckWait, 20
+	c := consumer.Config{Stream: d.streams.cfg}
+	c.Stream.StreamMaxAge, c.Stream.DLQMaxAge = time.Hour, time.Hour
+	c.Lease, c.Stream.AckWait, c.Stream.MaxDeliver = demoLease, demoAckWait, 20
 	c.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: demoAttemptTimeout, InitialInterval: 50 * time.Millisecond, MaxInterval: 200 * time.Millisecond}
 	c.RetryBase, c.RetryMax = 100*time.Millisecond, time.Second
 	c.DrainTimeout, c.Concurrency, c.FetchBatch = 2*time.Second, 32, 50
@@ -301,15 +303,15 @@ func migrateUp(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) err
 // the DLQ's last sequence before the run.
 func (d *demoCmd) setupStreams(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, natsURL string) (func(), uint64, error) {
 	created := []string{}
-	for _, name := range []string{cfg.Stream, cfg.DLQStream, cfg.AdvisoryStream} {
+	for _, name := range []string{cfg.Stream.Stream, cfg.Stream.DLQStream, cfg.Stream.AdvisoryStream} {
 		if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
 			created = append(created, name)
 		}
 	}
-	if _, _, err := consumer.EnsureStreams(ctx, js, cfg); err != nil {
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg.Stream); err != nil {
 		return func() {}, 0, fmt.Errorf("demo: %w", err)
 	}
-	dlq, err := js.Stream(ctx, cfg.DLQStream)
+	dlq, err := js.Stream(ctx, cfg.Stream.DLQStream)
 	if err != nil {
 		return func() {}, 0, err
 	}
@@ -378,7 +380,7 @@ type demoRun struct {
 	start   time.Time
 
 	procs []*demoWorker
-	pub   *consumer.Publisher
+	pub   *stream.Publisher
 
 	payments  []demoPayment
 	published struct {
@@ -647,8 +649,8 @@ func (r *demoRun) message(m demoMsg) *nats.Msg {
 		return r.malformed(m.i)
 	}
 	p := r.payments[m.i]
-	msg := consumer.CommandMsg(r.cfg, p.ref.MerchantID, p.ref.IdempotencyKey, p.body)
-	id := consumer.MsgID(p.ref.MerchantID, p.ref.IdempotencyKey)
+	msg := stream.CommandMsg(r.cfg.Stream, p.ref.MerchantID, p.ref.IdempotencyKey, p.body)
+	id := stream.MsgID(p.ref.MerchantID, p.ref.IdempotencyKey)
 	switch m.kind {
 	case kindNoID:
 		msg.Header.Del(nats.MsgIdHdr)
@@ -678,7 +680,7 @@ func (r *demoRun) malformed(v int) *nats.Msg {
 		strings.Replace(valid, `"amount"`, `"coupon":"FREE","amount"`, 1),
 		strings.Replace(valid, `"merchant_id":"`+merchant+`"`, `"merchant_id":"m_other"`, 1), // subject says otherwise
 	}
-	m := nats.NewMsg(r.cfg.SubjectPrefix + "." + merchant)
+	m := nats.NewMsg(r.cfg.Stream.SubjectPrefix + "." + merchant)
 	m.Data = []byte(bodies[v%len(bodies)])
 	m.Header.Set(nats.MsgIdHdr, key)
 	return m
@@ -688,7 +690,7 @@ func (r *demoRun) malformed(v int) *nats.Msg {
 // every message is settled. settled is false when the timeout came first.
 func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
 	early, late := r.plan()
-	pub, err := consumer.NewPublisher(r.js.Conn(), consumer.PublisherConfig{})
+	pub, err := stream.NewPublisher(r.js.Conn(), stream.PublisherConfig{})
 	if err != nil {
 		return false, err
 	}
@@ -810,7 +812,7 @@ func (r *demoRun) waitQuiescent(ctx context.Context) (bool, error) {
 		refs[i] = p.ref
 	}
 	for {
-		cs, err := consumer.ConsumerState(ctx, r.js, r.cfg)
+		cs, err := stream.ConsumerState(ctx, r.js, r.cfg.Stream)
 		if err == nil && cs.NumPending == 0 && cs.NumAckPending == 0 {
 			recs, err := r.store.GetMany(ctx, refs)
 			if err == nil && !slices.ContainsFunc(recs, func(rec dedup.Record) bool { return rec.Status == dedup.StatusPending }) {
@@ -830,7 +832,7 @@ func (r *demoRun) progress(ctx context.Context) {
 	done, inFlight, dups, dead := r.totals()
 	ps := r.pub.Stats()
 	backlog := "?"
-	if cs, err := consumer.ConsumerState(ctx, r.js, r.cfg); err == nil {
+	if cs, err := stream.ConsumerState(ctx, r.js, r.cfg.Stream); err == nil {
 		backlog = fmt.Sprintf("%d", cs.NumPending+uint64(cs.NumAckPending))
 	}
 	r.say("%5.1fs  published %d  completed %d/%d  in flight %d  duplicates suppressed %d  dead-lettered %d  backlog %s",
@@ -873,7 +875,7 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 	for _, rec := range recs {
 		byRef[dedup.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey}] = rec
 	}
-	letters, err := consumer.ListDeadLetters(ctx, r.js, r.cfg, consumer.DLQFilter{})
+	letters, err := dlq.ListDeadLetters(ctx, r.js, r.cfg.Stream, dlq.DLQFilter{})
 	if err != nil {
 		return nil, fmt.Errorf("demo report: %w", err)
 	}

@@ -15,8 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // cliBuffer is an output a running command writes while the test reads.
@@ -108,7 +108,7 @@ func TestGatewayCommandRefusesBadConfiguration(t *testing.T) {
 func TestGatewayCommandServes(t *testing.T) {
 	t.Parallel()
 	u := testenv.Unique(t)
-	cfg := consumer.Config{Stream: strings.ToUpper(u), SubjectPrefix: u + ".req", DLQStream: strings.ToUpper(u) + "_DLQ",
+	cfg := stream.Config{Stream: strings.ToUpper(u), SubjectPrefix: u + ".req", DLQStream: strings.ToUpper(u) + "_DLQ",
 		DLQPrefix: u + ".dlq", Durable: "w", StreamMaxAge: time.Hour, DLQMaxAge: time.Hour}
 	nc := testenv.NATSConn(t)
 	js, err := jetstream.New(nc)
@@ -116,7 +116,7 @@ func TestGatewayCommandServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, _, err := consumer.EnsureStreams(ctx, js, cfg); err != nil {
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -16,20 +16,20 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // streamFlags name the streams, subjects and consumer every NATS-facing
 // command works on; tests point them at per-test names.
-type streamFlags struct{ cfg consumer.Config }
+type streamFlags struct{ cfg stream.Config }
 
 func (s *streamFlags) bind(cmd *cobra.Command, a *app) {
-	s.bindDefaults(cmd, a, consumer.Config{}.WithDefaults())
+	s.bindDefaults(cmd, a, stream.Config{}.WithDefaults())
 }
 
 // bindDefaults binds the flags with other defaults than the worker's.
-func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def consumer.Config) {
+func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def stream.Config) {
 	f := cmd.Flags()
 	c := &s.cfg
 	f.StringVar(&c.Stream, "stream", envOr(a.getenv, "PAYDEDUP_STREAM", def.Stream), "payments stream (PAYDEDUP_STREAM)")
@@ -113,8 +113,8 @@ shown when stderr is a terminal.`,
 	f.Float64Var(&p.declines, "declines", 0, "with --generate: fraction of payments with a card that is declined (pm_card_chargeDeclined)")
 	f.StringVar(&p.merchant, "merchant", "", "with --generate: merchant id of every payment (default: spread over m_acme, m_globex, m_initech)")
 	f.Uint64Var(&p.seed, "seed", 0, "with --generate: random seed; the same seed makes the same keys (0: random)")
-	f.IntVar(&p.window, "window", consumer.DefaultPublishWindow, "messages awaiting their PubAck at most")
-	f.DurationVar(&p.ackTimeout, "ack-timeout", consumer.DefaultPublishAckTimeout, "how long one PubAck may take before the message counts as failed")
+	f.IntVar(&p.window, "window", stream.DefaultPublishWindow, "messages awaiting their PubAck at most")
+	f.DurationVar(&p.ackTimeout, "ack-timeout", stream.DefaultPublishAckTimeout, "how long one PubAck may take before the message counts as failed")
 	f.Int64Var(&p.limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", payment.DefaultMaxAmount), "largest accepted amount in minor units, as the worker checks it (PAYDEDUP_MAX_AMOUNT)")
 	f.IntVar(&p.limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", payment.DefaultMaxBodyBytes), "largest accepted line, as the worker checks it (PAYDEDUP_MAX_BODY_BYTES)")
 	return cmd
@@ -167,9 +167,9 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	defer nc.Close()
 	start := time.Now()
 	var failures []string
-	pub, err := consumer.NewPublisher(nc, consumer.PublisherConfig{
+	pub, err := stream.NewPublisher(nc, stream.PublisherConfig{
 		Window: p.window, AckTimeout: p.ackTimeout,
-		OnResult: func(r consumer.PublishResult) {
+		OnResult: func(r stream.PublishResult) {
 			if r.Err != nil && len(failures) < 10 {
 				failures = append(failures, fmt.Sprintf("%s (%s): %v", r.Msg.Subject, r.Msg.Header.Get(nats.MsgIdHdr), r.Err))
 			}
@@ -211,7 +211,7 @@ func (p *publishCmd) Run(ctx context.Context) error {
 const maxLine = 4 << 20
 
 // publishLines publishes each valid line and reports malformed ones.
-func (p *publishCmd) publishLines(ctx context.Context, pub *consumer.Publisher) (malformed int, err error) {
+func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher) (malformed int, err error) {
 	in := p.stdin
 	if p.file != "" {
 		f, err := os.Open(p.file)
@@ -236,7 +236,7 @@ func (p *publishCmd) publishLines(ctx context.Context, pub *consumer.Publisher) 
 			fmt.Fprintf(p.app.errOut, "publish: line %d skipped: %v\n", line, err)
 			continue
 		}
-		if err := pub.Publish(ctx, consumer.CommandMsg(p.streams.cfg, c.MerchantID, c.IdempotencyKey, []byte(raw))); err != nil {
+		if err := pub.Publish(ctx, stream.CommandMsg(p.streams.cfg, c.MerchantID, c.IdempotencyKey, []byte(raw))); err != nil {
 			return malformed, err
 		}
 	}
@@ -248,7 +248,7 @@ func (p *publishCmd) publishLines(ctx context.Context, pub *consumer.Publisher) 
 
 // publishGenerated publishes N generated payments and the duplicates, each
 // duplicate a few messages after its original.
-func (p *publishCmd) publishGenerated(ctx context.Context, pub *consumer.Publisher) error {
+func (p *publishCmd) publishGenerated(ctx context.Context, pub *stream.Publisher) error {
 	seed := p.seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -263,7 +263,7 @@ func (p *publishCmd) publishGenerated(ctx context.Context, pub *consumer.Publish
 		cmds[i] = generate(rng, fmt.Sprintf("gen-%016x-%07d", seed, i), merchants[rng.IntN(len(merchants))], rng.Float64() < p.declines)
 	}
 	for _, i := range withDuplicates(rng, p.generate, p.duplicates) {
-		if err := pub.Publish(ctx, consumer.CommandMsg(p.streams.cfg, cmds[i].cmd.MerchantID, cmds[i].cmd.IdempotencyKey, cmds[i].body)); err != nil {
+		if err := pub.Publish(ctx, stream.CommandMsg(p.streams.cfg, cmds[i].cmd.MerchantID, cmds[i].cmd.IdempotencyKey, cmds[i].body)); err != nil {
 			return err
 		}
 	}

@@ -12,15 +12,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // cliWorld is one test's services for the operator commands: its own
 // streams on the shared NATS server and, when asked, its own schema.
 type cliWorld struct {
 	t   *testing.T
-	cfg consumer.Config
+	cfg stream.Config
 	env map[string]string
 	nc  *nats.Conn
 	js  jetstream.JetStream
@@ -32,7 +32,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 	t.Helper()
 	u := testenv.Unique(t)
 	name := strings.ToUpper(u)
-	cfg := consumer.Config{
+	cfg := stream.Config{
 		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
 		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, DLQKey: []byte(testenv.DLQKey),
 	}
@@ -60,7 +60,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
 	if ensure {
-		if _, _, err := consumer.EnsureStreams(context.Background(), js, cfg); err != nil {
+		if _, _, err := stream.EnsureStreams(context.Background(), js, cfg); err != nil {
 			t.Fatal(err)
 		}
 	}
