@@ -235,8 +235,8 @@ func TestMaxDeliveriesAdvisoryCopiesUnsettledMessage(t *testing.T) {
 		t.Fatalf("original message id not kept: %v", dl.Header)
 	}
 	// A repeated advisory (another pod, a retry) files nothing new.
-	adv, _ := json.Marshal(map[string]any{"stream": cfg.Stream.Stream, "consumer": cfg.Stream.Durable, "stream_seq": p.OrigSeq, "deliveries": 2})
-	if err := e.nc.Publish(stream.AdvisorySubject(cfg.Stream.Stream, cfg.Stream.Durable), adv); err != nil {
+	adv, _ := json.Marshal(map[string]any{"stream": cfg.Stream.Name, "consumer": cfg.Stream.Durable, "stream_seq": p.OrigSeq, "deliveries": 2})
+	if err := e.nc.Publish(stream.AdvisorySubject(cfg.Stream.Name, cfg.Stream.Durable), adv); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.nc.Flush(); err != nil {
@@ -277,7 +277,7 @@ func TestSIGTERMDrainNeverAcksUnfinished(t *testing.T) {
 	// Nothing unfinished was acked: every message not completed is pending
 	// redelivery in the consumer.
 	completed := e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`)
-	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Stream, e.cfg.Stream.Durable)
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestOversizedMessageIsDeadLettered(t *testing.T) {
 	maxPayload := int(e.nc.MaxPayload())
 	// The stream as an older release created it: no MaxMsgSize.
 	e.waitStreamsCreate()
-	s, err := e.js.Stream(e.ctx, e.cfg.Stream.Stream)
+	s, err := e.js.Stream(e.ctx, e.cfg.Stream.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,17 +71,17 @@ func TestOversizedMessageIsDeadLettered(t *testing.T) {
 		t.Fatalf("dead letter of %d bytes, truncated %q, length %q, reason %q", len(dl.Data), dl.Header.Get("Dlq-Body-Truncated"),
 			dl.Header.Get("Dlq-Body-Length"), dl.Header.Get(stream.HeaderDLQReason))
 	}
-	d, err := dlq.GetDeadLetter(e.ctx, e.js, e.cfg.Stream, dl.Sequence)
+	d, err := dlq.Get(e.ctx, e.js, e.cfg.Stream, dl.Sequence)
 	if err != nil || !d.Verified {
 		t.Fatalf("truncated letter does not verify: %+v %v", d.Unverified, err)
 	}
-	rep, err := dlq.ReplayDeadLetters(e.ctx, e.js, e.cfg.Stream, dlq.ReplayOptions{Seqs: []uint64{dl.Sequence}, Force: true})
+	rep, err := dlq.Replay(e.ctx, e.js, e.cfg.Stream, dlq.ReplayOptions{Seqs: []uint64{dl.Sequence}, Force: true})
 	if err != nil || rep.Refused != 1 || !strings.Contains(rep.Results[0].Detail, "truncated") {
 		t.Fatalf("replay of a truncated letter: %+v %v", rep, err)
 	}
 
 	// The stream the worker set up leaves room for the dead-letter headers.
-	s, err = e.js.Stream(e.ctx, e.cfg.Stream.Stream)
+	s, err = e.js.Stream(e.ctx, e.cfg.Stream.Name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -124,7 +124,7 @@ func (e *env) run(holder string, store consumer.Store, charger consumer.Charger,
 func (e *env) waitStreams() {
 	e.t.Helper()
 	e.eventually("streams exist", func() bool {
-		_, err1 := e.js.Stream(e.ctx, e.cfg.Stream.Stream)
+		_, err1 := e.js.Stream(e.ctx, e.cfg.Stream.Name)
 		_, err2 := e.js.Stream(e.ctx, e.cfg.Stream.DLQStream)
 		return err1 == nil && err2 == nil
 	})
@@ -185,7 +185,7 @@ func (e *env) count(sql string, args ...any) int {
 func (e *env) quiescent() {
 	e.t.Helper()
 	e.eventually("consumer quiescent", func() bool {
-		c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Stream, e.cfg.Stream.Durable)
+		c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
 		if err != nil {
 			return false
 		}
@@ -239,7 +239,7 @@ func TestSameCommandFiveTimesChargedOnce(t *testing.T) {
 	if n := len(e.deadLetters()); n != 0 {
 		t.Fatalf("%d dead letters, want 0", n)
 	}
-	s, _ := e.js.Stream(e.ctx, e.cfg.Stream.Stream)
+	s, _ := e.js.Stream(e.ctx, e.cfg.Stream.Name)
 	info, _ := s.Info(e.ctx)
 	if info.State.Msgs != 5 {
 		t.Fatalf("stream holds %d messages, want 5", info.State.Msgs)
@@ -354,7 +354,7 @@ func TestBadInputDeadLettered(t *testing.T) {
 		if string(m.Data) != c.data {
 			t.Errorf("%s: body not kept byte for byte", c.name)
 		}
-		if p.OrigSubject != e.cfg.Stream.SubjectPrefix+"."+c.merchant || p.OrigStream != e.cfg.Stream.Stream || p.OrigSeq == 0 || p.Deliveries != 1 || p.Error == "" {
+		if p.OrigSubject != e.cfg.Stream.SubjectPrefix+"."+c.merchant || p.OrigStream != e.cfg.Stream.Name || p.OrigSeq == 0 || p.Deliveries != 1 || p.Error == "" {
 			t.Errorf("%s: headers %+v", c.name, p)
 		}
 		if got := m.Header.Get("Dlq-Orig-Msg-Id"); got != fmt.Sprintf("bad-%d", i) {

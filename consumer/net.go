@@ -94,9 +94,9 @@ func (n *maxDeliveriesNet) runOnce(ctx context.Context) (netResult, error) {
 	if n.cons == nil {
 		sctx, cancel := context.WithTimeout(ctx, netTimeout)
 		defer cancel()
-		payments, err := n.js.Stream(sctx, n.cfg.Stream.Stream)
+		payments, err := n.js.Stream(sctx, n.cfg.Stream.Name)
 		if err != nil {
-			return res, fmt.Errorf("stream %s: %w", n.cfg.Stream.Stream, err)
+			return res, fmt.Errorf("stream %s: %w", n.cfg.Stream.Name, err)
 		}
 		cons, err := n.js.Consumer(sctx, n.cfg.Stream.AdvisoryStream, stream.DefaultMaxDeliverDurable)
 		if err != nil {
@@ -122,7 +122,7 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
 	var adv maxDeliveriesAdvisory
-	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 || adv.Stream != n.cfg.Stream.Stream {
+	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 || adv.Stream != n.cfg.Stream.Name {
 		n.logger.Error("unreadable MAX_DELIVERIES advisory; dropped", "error", err, "stream", adv.Stream)
 		res.Ignored++
 		_ = m.Term()
@@ -146,7 +146,7 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 	d := stream.Letter{
 		Reason:      stream.ReasonMaxDeliveries,
 		Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
-		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream.Stream, OrigSeq: adv.StreamSeq,
+		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream.Name, OrigSeq: adv.StreamSeq,
 		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: time.Now(),
 	}
 	if err := fileDeadLetter(ctx, n.js, n.cfg.Stream, d); err != nil {

@@ -144,7 +144,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 
 	// A day and an hour later: the provider has forgotten the key.
 	clk.Advance(25 * time.Hour)
-	rep, err := dlq.ReplayDeadLetters(e.ctx, js, cfg.Stream, dlq.ReplayOptions{All: true, Now: time.Now().Add(25 * time.Hour)})
+	rep, err := dlq.Replay(e.ctx, js, cfg.Stream, dlq.ReplayOptions{All: true, Now: time.Now().Add(25 * time.Hour)})
 	if err != nil || rep.Replayed != 1 {
 		t.Fatalf("replay: %+v %v", rep, err)
 	}

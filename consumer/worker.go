@@ -133,7 +133,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 
 	fetchFailures := 0
-	w.logger.Info("worker started", "stream", w.cfg.Stream.Stream, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
+	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
 		"concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease.String())
 	for ctx.Err() == nil {
 		n := w.reserve(ctx, slots)

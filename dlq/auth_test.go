@@ -26,7 +26,7 @@ func TestReplayRefusesUnauthenticatedLetters(t *testing.T) {
 	for k, v := range map[string]string{
 		stream.HeaderIdempotencyKey: "forged",
 		stream.HeaderDLQReason:      stream.ReasonMaxDeliveries, stream.HeaderDLQError: "x",
-		stream.HeaderDLQOrigSubject: cfg.SubjectPrefix + ".m_victim", stream.HeaderDLQOrigStream: cfg.Stream,
+		stream.HeaderDLQOrigSubject: cfg.SubjectPrefix + ".m_victim", stream.HeaderDLQOrigStream: cfg.Name,
 		stream.HeaderDLQOrigSeq: "1", stream.HeaderDLQDeliveries: "5",
 		stream.HeaderDLQFailedAt: time.Now().UTC().Format(time.RFC3339Nano),
 		stream.HeaderDLQAuth:     "v1=0000000000000000000000000000000000000000000000000000000000000000",
@@ -37,7 +37,7 @@ func TestReplayRefusesUnauthenticatedLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{Seqs: []uint64{ack.Sequence}, Force: true})
+	rep, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{Seqs: []uint64{ack.Sequence}, Force: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestReplayRefusesUnauthenticatedLetters(t *testing.T) {
 	if err != nil || st.StreamMessages != 0 {
 		t.Fatalf("the payments stream holds %d messages after replaying a forged letter (%v)", st.StreamMessages, err)
 	}
-	all, err := dlq.ListDeadLetters(ctx, js, cfg, dlq.DLQFilter{})
+	all, err := dlq.List(ctx, js, cfg, dlq.Filter{})
 	if err != nil || len(all) != 1 {
 		t.Fatalf("list %v %v", all, err)
 	}
@@ -67,12 +67,12 @@ func TestDeadLetterAuthAndStoredAge(t *testing.T) {
 	now := time.Now()
 	// Dlq-Failed-At claims the letter is 72 h younger than it is.
 	fresh := fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "fresh", now.Add(72*time.Hour))
-	d, err := dlq.GetDeadLetter(ctx, js, cfg, fresh)
+	d, err := dlq.Get(ctx, js, cfg, fresh)
 	if err != nil || !d.Verified {
 		t.Fatalf("a worker's letter does not verify: %+v %v", d, err)
 	}
 	later := dlq.ReplayOptions{Seqs: []uint64{fresh}, DryRun: true, Now: now.Add(72 * time.Hour)}
-	rep, err := dlq.ReplayDeadLetters(ctx, js, cfg, later)
+	rep, err := dlq.Replay(ctx, js, cfg, later)
 	if err != nil || rep.Refused != 1 {
 		t.Fatalf("72 h after it was stored, with a forged Dlq-Failed-At: %+v %v", rep, err)
 	}
@@ -100,7 +100,7 @@ func TestDeadLetterAuthAndStoredAge(t *testing.T) {
 		alter(func(m *nats.Msg) { m.Header.Add(stream.HeaderIdempotencyKey, "second") }),
 		alter(func(m *nats.Msg) { m.Header.Del("X-Custom") }),
 	}
-	rep, err = dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{Seqs: append(seqs, same), DryRun: true})
+	rep, err = dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{Seqs: append(seqs, same), DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,19 +117,19 @@ func TestDeadLetterAuthAndStoredAge(t *testing.T) {
 	// Without the key: listed as unverified; replay refuses to start.
 	nokey := cfg
 	nokey.DLQKey = nil
-	l, err := dlq.ListDeadLetters(ctx, js, nokey, dlq.DLQFilter{Limit: 1})
+	l, err := dlq.List(ctx, js, nokey, dlq.Filter{Limit: 1})
 	if err != nil || len(l) != 1 || l[0].Verified || l[0].Unverified == "" {
 		t.Fatalf("listed without a key: %+v %v", l, err)
 	}
 	for _, key := range [][]byte{nil, []byte("short")} {
 		nokey.DLQKey = key
-		if _, err := dlq.ReplayDeadLetters(ctx, js, nokey, dlq.ReplayOptions{All: true}); !errors.Is(err, stream.ErrDLQKey) {
+		if _, err := dlq.Replay(ctx, js, nokey, dlq.ReplayOptions{All: true}); !errors.Is(err, stream.ErrDLQKey) {
 			t.Fatalf("replay with key %q: %v", key, err)
 		}
 	}
 	other := cfg
 	other.DLQKey = []byte("another-key-of-at-least-thirty-two-bytes")
-	if d, err := dlq.GetDeadLetter(ctx, js, other, fresh); err != nil || d.Verified {
+	if d, err := dlq.Get(ctx, js, other, fresh); err != nil || d.Verified {
 		t.Fatalf("verified with another key: %+v %v", d, err)
 	}
 }
@@ -143,7 +143,7 @@ func TestConcurrentReplaysPublishOnce(t *testing.T) {
 	js, cfg := adminSetup(t)
 	ctx := context.Background()
 	seq := fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "twice", time.Now())
-	d, err := dlq.GetDeadLetter(ctx, js, cfg, seq)
+	d, err := dlq.Get(ctx, js, cfg, seq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestReplayAllSkipsReasonsToInvestigate(t *testing.T) {
 	fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "a", now)
 	fileDeadLetter(t, js, cfg, stream.ReasonProviderMismatch, "m_1", "b", now)
 	fileDeadLetter(t, js, cfg, stream.ReasonLedgerConflict, "m_1", "c", now)
-	all, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Force: true})
+	all, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Force: true})
 	if err != nil || all.WouldReplay != 1 || all.Skipped != 2 {
 		t.Fatalf("--all: %+v %v", all, err)
 	}
@@ -181,7 +181,7 @@ func TestReplayAllSkipsReasonsToInvestigate(t *testing.T) {
 			t.Errorf("skip of %s does not say how to replay it: %q", r.Reason, r.Detail)
 		}
 	}
-	named, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Reason: stream.ReasonLedgerConflict})
+	named, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Reason: stream.ReasonLedgerConflict})
 	if err != nil || named.WouldReplay != 1 || named.Skipped != 0 {
 		t.Fatalf("--all --reason ledger_conflict: %+v %v", named, err)
 	}
@@ -196,7 +196,7 @@ func TestReplayIsRateLimited(t *testing.T) {
 		fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", k, time.Now())
 	}
 	start := time.Now()
-	rep, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{All: true, Rate: 10})
+	rep, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, Rate: 10})
 	if err != nil || rep.Replayed != 4 {
 		t.Fatalf("replay %+v %v", rep, err)
 	}
@@ -204,7 +204,7 @@ func TestReplayIsRateLimited(t *testing.T) {
 	if d := time.Since(start); d < 300*time.Millisecond {
 		t.Fatalf("four letters replayed in %v at 10/s", d)
 	}
-	if _, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{All: true, Rate: -1}); err == nil {
+	if _, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, Rate: -1}); err == nil {
 		t.Fatal("a negative rate was accepted")
 	}
 }

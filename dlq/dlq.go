@@ -39,10 +39,10 @@ func notSetUp(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// DeadLetterCounts returns how many dead letters the DLQ stream holds per
+// Counts returns how many dead letters the DLQ stream holds per
 // reason (the last token of the subject). It wraps ErrNotSetUp when the
 // stream does not exist.
-func DeadLetterCounts(ctx context.Context, js jetstream.JetStream, cfg stream.Config) (map[string]uint64, error) {
+func Counts(ctx context.Context, js jetstream.JetStream, cfg stream.Config) (map[string]uint64, error) {
 	cfg = cfg.WithDefaults()
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
@@ -64,8 +64,8 @@ func DeadLetterCounts(ctx context.Context, js jetstream.JetStream, cfg stream.Co
 // ---------------------------------------------------------------------------
 // Reading dead letters
 
-// DeadLetterInfo is one dead letter as stored in the DLQ stream.
-type DeadLetterInfo struct {
+// Info is one dead letter as stored in the DLQ stream.
+type Info struct {
 	// Seq is the dead letter's sequence in the DLQ stream: the handle
 	// `dlq show` and `dlq replay --seq` take.
 	Seq     uint64    `json:"seq"`
@@ -90,8 +90,8 @@ type DeadLetterInfo struct {
 	Data       []byte      `json:"-"`
 }
 
-// DLQFilter selects dead letters.
-type DLQFilter struct {
+// Filter selects dead letters.
+type Filter struct {
 	// Reason keeps only dead letters with this reason; empty keeps all.
 	Reason string
 	// Since keeps only dead letters stored at or after this time; zero
@@ -106,12 +106,12 @@ type DLQFilter struct {
 // dlqFetchBatch is how many dead letters one fetch asks for.
 const dlqFetchBatch = 256
 
-// ListDeadLetters returns the dead letters matching f, oldest first. It
+// List returns the dead letters matching f, oldest first. It
 // reads them with a short-lived ephemeral consumer (no acks, one filter
 // subject, so it works with nats-server 2.9) and deletes it afterwards.
-func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg stream.Config, f DLQFilter) ([]DeadLetterInfo, error) {
-	var out []DeadLetterInfo
-	err := eachDeadLetter(ctx, js, cfg, f, func(d DeadLetterInfo) error {
+func List(ctx context.Context, js jetstream.JetStream, cfg stream.Config, f Filter) ([]Info, error) {
+	var out []Info
+	err := eachDeadLetter(ctx, js, cfg, f, func(d Info) error {
 		out = append(out, d)
 		return nil
 	})
@@ -123,7 +123,7 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg stream.Con
 // It stops at the letters the stream held when it began: one filed
 // meanwhile (a replayed message dead-lettered again) is left for the next
 // run. An error from fn stops it and is returned.
-func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg stream.Config, f DLQFilter, fn func(DeadLetterInfo) error) error {
+func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg stream.Config, f Filter, fn func(Info) error) error {
 	cfg = cfg.WithDefaults()
 	if f.Limit < 0 {
 		return fmt.Errorf("list dead letters: negative limit %d", f.Limit)
@@ -171,7 +171,7 @@ func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg stream.Conf
 		if err != nil {
 			return fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
 		}
-		var letters []DeadLetterInfo
+		var letters []Info
 		last := false
 		for m := range batch.Messages() {
 			meta, err := m.Metadata()
@@ -203,31 +203,31 @@ func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg stream.Conf
 	return nil
 }
 
-// GetDeadLetter returns one dead letter by its DLQ sequence. It wraps
-// jetstream.ErrMsgNotFound when there is none.
-func GetDeadLetter(ctx context.Context, js jetstream.JetStream, cfg stream.Config, seq uint64) (DeadLetterInfo, error) {
+// Get returns one dead letter by its DLQ sequence. It wraps ErrNotFound
+// when there is none.
+func Get(ctx context.Context, js jetstream.JetStream, cfg stream.Config, seq uint64) (Info, error) {
 	cfg = cfg.WithDefaults()
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
 	dlqs, err := js.Stream(ctx, cfg.DLQStream)
 	if err != nil {
-		return DeadLetterInfo{}, notSetUp("stream "+cfg.DLQStream, err)
+		return Info{}, notSetUp("stream "+cfg.DLQStream, err)
 	}
 	raw, err := dlqs.GetMsg(ctx, seq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return DeadLetterInfo{}, fmt.Errorf("no dead letter %d in %s: %w", seq, cfg.DLQStream, ErrDeadLetterNotFound)
+			return Info{}, fmt.Errorf("no dead letter %d in %s: %w", seq, cfg.DLQStream, ErrNotFound)
 		}
-		return DeadLetterInfo{}, fmt.Errorf("get dead letter %d from %s: %w", seq, cfg.DLQStream, err)
+		return Info{}, fmt.Errorf("get dead letter %d from %s: %w", seq, cfg.DLQStream, err)
 	}
 	return deadLetterInfo(cfg, raw.Sequence, raw.Subject, raw.Time, raw.Header, raw.Data), nil
 }
 
-// ErrDeadLetterNotFound means the DLQ stream has no message at the sequence.
-var ErrDeadLetterNotFound = errors.New("dead letter not found")
+// ErrNotFound means the DLQ stream has no message at the sequence.
+var ErrNotFound = errors.New("dead letter not found")
 
-func deadLetterInfo(cfg stream.Config, seq uint64, subject string, stored time.Time, h nats.Header, data []byte) DeadLetterInfo {
-	d := DeadLetterInfo{Seq: seq, Subject: subject, Stored: stored, Header: h, Data: data}
+func deadLetterInfo(cfg stream.Config, seq uint64, subject string, stored time.Time, h nats.Header, data []byte) Info {
+	d := Info{Seq: seq, Subject: subject, Stored: stored, Header: h, Data: data}
 	p, err := stream.ParseDeadLetter(h)
 	d.ParsedDeadLetter = p
 	if err != nil {
@@ -368,7 +368,7 @@ func (r *ReplayReport) add(res ReplayResult) {
 	}
 }
 
-// ReplayDeadLetters republishes dead letters to their original subject and
+// Replay republishes dead letters to their original subject and
 // deletes each from the DLQ stream only after the republish's PubAck.
 //
 // The republished message carries the dead letter's original headers and
@@ -384,7 +384,7 @@ func (r *ReplayReport) add(res ReplayResult) {
 //
 // The error is for failures that stop the whole replay (bad options, the
 // DLQ stream unreachable); per-letter failures are in the report.
-func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts ReplayOptions) (ReplayReport, error) {
+func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts ReplayOptions) (ReplayReport, error) {
 	cfg = cfg.WithDefaults()
 	var rep ReplayReport
 	if opts.All == (len(opts.Seqs) > 0) {
@@ -407,7 +407,7 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg stream.C
 	}
 	var dlqs jetstream.Stream
 	var lastPublish time.Time
-	judge := func(d DeadLetterInfo) error {
+	judge := func(d Info) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -427,7 +427,7 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg stream.C
 			// Defence in depth: replay only ever publishes payment commands.
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
-				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Stream)
+				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Name)
 		case now.Sub(d.Stored) > retention:
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
@@ -471,7 +471,7 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg stream.C
 	if opts.All {
 		// A rate-limited replay fetches about a minute of letters at a
 		// time, well within the reader's inactive threshold.
-		f := DLQFilter{Reason: opts.Reason}
+		f := Filter{Reason: opts.Reason}
 		if opts.Rate > 0 && !opts.DryRun {
 			f.batch = int(min(max(opts.Rate*60, 1), dlqFetchBatch))
 		}
@@ -483,9 +483,9 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg stream.C
 	seqs := slices.Clone(opts.Seqs)
 	slices.Sort(seqs)
 	for _, seq := range slices.Compact(seqs) {
-		d, err := GetDeadLetter(ctx, js, cfg, seq)
+		d, err := Get(ctx, js, cfg, seq)
 		switch {
-		case errors.Is(err, ErrDeadLetterNotFound):
+		case errors.Is(err, ErrNotFound):
 			rep.add(ReplayResult{Seq: seq, Outcome: NotFound,
 				Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)})
 		case err != nil:
@@ -504,13 +504,13 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg stream.C
 
 // replayTarget reports whether d's original subject is a payment subject of
 // the configured stream: <SubjectPrefix>.<merchant_id>.
-func replayTarget(cfg stream.Config, d DeadLetterInfo) bool {
+func replayTarget(cfg stream.Config, d Info) bool {
 	merchant, ok := strings.CutPrefix(d.OrigSubject, cfg.SubjectPrefix+".")
-	return ok && d.OrigStream == cfg.Stream && payment.ValidateMerchant(merchant) == nil
+	return ok && d.OrigStream == cfg.Name && payment.ValidateMerchant(merchant) == nil
 }
 
 // replayOne republishes d and then deletes it.
-func replayOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Stream, cfg stream.Config, d DeadLetterInfo, res *ReplayResult) {
+func replayOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Stream, cfg stream.Config, d Info, res *ReplayResult) {
 	m := nats.NewMsg(d.OrigSubject)
 	m.Data = d.Data
 	for k, vs := range d.Header {

@@ -49,7 +49,7 @@ func fileDeadLetter(t *testing.T, js jetstream.JetStream, cfg stream.Config, rea
 	h.Set(nats.MsgIdHdr, merchant+":"+key)
 	h.Set("X-Custom", "kept")
 	d := stream.Letter{
-		Reason: reason, Err: errors.New("it failed"), OrigSubject: cfg.SubjectPrefix + "." + merchant, OrigStream: cfg.Stream,
+		Reason: reason, Err: errors.New("it failed"), OrigSubject: cfg.SubjectPrefix + "." + merchant, OrigStream: cfg.Name,
 		// OrigSeq is distinct: the dead letter's Nats-Msg-Id is built from it.
 		OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 3, Header: h, Data: body(merchant, key, 100), FailedAt: failedAt,
 	}
@@ -75,7 +75,7 @@ func TestListDeadLettersFilters(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	all, err := dlq.ListDeadLetters(ctx, js, cfg, dlq.DLQFilter{})
+	all, err := dlq.List(ctx, js, cfg, dlq.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,28 +91,28 @@ func TestListDeadLettersFilters(t *testing.T) {
 		t.Fatalf("a message without Dlq headers: %+v", all[3])
 	}
 
-	byReason, err := dlq.ListDeadLetters(ctx, js, cfg, dlq.DLQFilter{Reason: stream.ReasonMaxDeliveries})
+	byReason, err := dlq.List(ctx, js, cfg, dlq.Filter{Reason: stream.ReasonMaxDeliveries})
 	if err != nil || len(byReason) != 2 || byReason[1].IdempotencyKey != "c" {
 		t.Fatalf("by reason: %+v %v", byReason, err)
 	}
-	limited, err := dlq.ListDeadLetters(ctx, js, cfg, dlq.DLQFilter{Limit: 1})
+	limited, err := dlq.List(ctx, js, cfg, dlq.Filter{Limit: 1})
 	if err != nil || len(limited) != 1 || limited[0].Seq != s1 {
 		t.Fatalf("limit 1: %+v %v", limited, err)
 	}
-	future, err := dlq.ListDeadLetters(ctx, js, cfg, dlq.DLQFilter{Since: time.Now().Add(time.Hour)})
+	future, err := dlq.List(ctx, js, cfg, dlq.Filter{Since: time.Now().Add(time.Hour)})
 	if err != nil || len(future) != 0 {
 		t.Fatalf("since the future: %+v %v", future, err)
 	}
-	none, err := dlq.ListDeadLetters(ctx, js, cfg, dlq.DLQFilter{Reason: "no_such_reason"})
+	none, err := dlq.List(ctx, js, cfg, dlq.Filter{Reason: "no_such_reason"})
 	if err != nil || len(none) != 0 {
 		t.Fatalf("unknown reason: %+v %v", none, err)
 	}
 
-	counts, err := dlq.DeadLetterCounts(ctx, js, cfg)
+	counts, err := dlq.Counts(ctx, js, cfg)
 	if err != nil || counts[stream.ReasonMaxDeliveries] != 2 || counts[stream.ReasonKeyReused] != 1 || counts["junk"] != 1 {
 		t.Fatalf("counts %v %v", counts, err)
 	}
-	if _, err := dlq.GetDeadLetter(ctx, js, cfg, 999); !errors.Is(err, dlq.ErrDeadLetterNotFound) {
+	if _, err := dlq.Get(ctx, js, cfg, 999); !errors.Is(err, dlq.ErrNotFound) {
 		t.Fatalf("missing sequence: %v", err)
 	}
 }
@@ -126,7 +126,7 @@ func TestReplayDeadLetters(t *testing.T) {
 	reused := fileDeadLetter(t, js, cfg, stream.ReasonKeyReused, "m_1", "reused", now)
 
 	streamMsgs := func() uint64 {
-		s, err := js.Stream(ctx, cfg.Stream)
+		s, err := js.Stream(ctx, cfg.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,10 +137,10 @@ func TestReplayDeadLetters(t *testing.T) {
 		return info.State.Msgs
 	}
 
-	if _, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{}); err == nil {
+	if _, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{}); err == nil {
 		t.Fatal("neither sequences nor All: accepted")
 	}
-	dry, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true})
+	dry, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,12 +152,12 @@ func TestReplayDeadLetters(t *testing.T) {
 	}
 
 	// Three days on, past the key retention, every letter is refused.
-	old, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Force: true, Now: now.Add(72 * time.Hour)})
+	old, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Force: true, Now: now.Add(72 * time.Hour)})
 	if err != nil || old.Refused != 2 || !strings.Contains(old.Results[0].Detail, "key retention") {
 		t.Fatalf("past the key retention: %+v %v", old, err)
 	}
 
-	rep, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{Seqs: []uint64{ok, reused, 999, ok}})
+	rep, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{Seqs: []uint64{ok, reused, 999, ok}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestReplayDeadLetters(t *testing.T) {
 	if res.Seq != ok || res.Outcome != dlq.Replayed || res.Subject != cfg.SubjectPrefix+".m_1" || res.MsgID != fmt.Sprintf("replay:%s:%d", cfg.DLQStream, ok) {
 		t.Fatalf("replayed %+v", res)
 	}
-	s, _ := js.Stream(ctx, cfg.Stream)
+	s, _ := js.Stream(ctx, cfg.Name)
 	m, err := s.GetMsg(ctx, res.StreamSeq)
 	if err != nil {
 		t.Fatal(err)
@@ -178,18 +178,18 @@ func TestReplayDeadLetters(t *testing.T) {
 		m.Header.Get(stream.HeaderDLQReason) != "" {
 		t.Fatalf("republished message: %q %v", m.Data, m.Header)
 	}
-	if _, err := dlq.GetDeadLetter(ctx, js, cfg, ok); !errors.Is(err, dlq.ErrDeadLetterNotFound) {
+	if _, err := dlq.Get(ctx, js, cfg, ok); !errors.Is(err, dlq.ErrNotFound) {
 		t.Fatalf("the replayed dead letter is still there: %v", err)
 	}
 
 	// A longer retention lets an old one through.
-	late, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Force: true,
+	late, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Force: true,
 		Now: now.Add(72 * time.Hour), KeyRetention: 96 * time.Hour})
 	if err != nil || late.WouldReplay != 1 {
 		t.Fatalf("with a longer retention: %+v %v", late, err)
 	}
 	// Force replays the key_reused one.
-	forced, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{All: true, Force: true})
+	forced, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, Force: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,12 +217,12 @@ func TestReplayRefusesForgedDeadLetters(t *testing.T) {
 		return ack.Sequence
 	}
 	seqs := []uint64{
-		forge("$JS.API.STREAM.PURGE."+cfg.Stream, cfg.Stream), // an API call, not a payment
-		forge("other.subject.m_1", cfg.Stream),                // outside the payments prefix
-		forge(cfg.SubjectPrefix+".m_1.extra", cfg.Stream),     // not a merchant token
-		forge(cfg.SubjectPrefix+".m_1", "SOME_OTHER_STREAM"),  // another stream's letter
+		forge("$JS.API.STREAM.PURGE."+cfg.Name, cfg.Name),    // an API call, not a payment
+		forge("other.subject.m_1", cfg.Name),                 // outside the payments prefix
+		forge(cfg.SubjectPrefix+".m_1.extra", cfg.Name),      // not a merchant token
+		forge(cfg.SubjectPrefix+".m_1", "SOME_OTHER_STREAM"), // another stream's letter
 	}
-	rep, err := dlq.ReplayDeadLetters(ctx, js, cfg, dlq.ReplayOptions{Seqs: seqs, Force: true})
+	rep, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{Seqs: seqs, Force: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestCountsNotSetUp(t *testing.T) {
 	js, cfg := adminSetup(t)
 	missing := cfg
 	missing.DLQStream = "NO_SUCH_DLQ_" + strings.ToUpper(testenv.Unique(t))
-	if _, err := dlq.DeadLetterCounts(context.Background(), js, missing); !errors.Is(err, stream.ErrNotSetUp) {
+	if _, err := dlq.Counts(context.Background(), js, missing); !errors.Is(err, stream.ErrNotSetUp) {
 		t.Fatalf("missing DLQ stream: %v", err)
 	}
 }

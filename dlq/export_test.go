@@ -10,7 +10,7 @@ import (
 
 // ReplayOneForTest replays one dead letter already read, as each of two
 // concurrent replays does after both read it and before either deleted it.
-func ReplayOneForTest(ctx context.Context, js jetstream.JetStream, cfg stream.Config, d DeadLetterInfo) (ReplayResult, error) {
+func ReplayOneForTest(ctx context.Context, js jetstream.JetStream, cfg stream.Config, d Info) (ReplayResult, error) {
 	cfg = cfg.WithDefaults()
 	dlqs, err := js.Stream(ctx, cfg.DLQStream)
 	if err != nil {

@@ -352,7 +352,7 @@ func TestHTTPAndQueueSameKey(t *testing.T) {
 
 	w.waitStatus("m_a", "http-first", dedup.StatusCompleted)
 	w.eventually("every message settled", func() bool {
-		c, err := w.js.Consumer(w.ctx, w.cfg.Stream.Stream, w.cfg.Stream.Durable)
+		c, err := w.js.Consumer(w.ctx, w.cfg.Stream.Name, w.cfg.Stream.Durable)
 		if err != nil {
 			return false
 		}

@@ -36,7 +36,7 @@ func (p *flakyPublisher) Publish(ctx context.Context, cmd *payment.Command, extr
 // storedMsgs returns the stored messages of the payments stream.
 func (w *world) storedMsgs() []*nats.Msg {
 	w.t.Helper()
-	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Stream)
+	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestRepublishOnlyWhenTheStreamLostIt(t *testing.T) {
 		t.Fatalf("%d publishes while the first copy is in the stream, want 1", n)
 	}
 
-	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Stream)
+	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -328,7 +328,7 @@ func (w *world) waitStatus(merchant, key string, st dedup.Status) {
 
 func (w *world) streamMsgs() uint64 {
 	w.t.Helper()
-	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Stream)
+	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -86,9 +86,9 @@ func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, ex
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	ack, err := p.js.PublishMsg(ctx, m, jetstream.WithExpectStream(p.cfg.Stream))
+	ack, err := p.js.PublishMsg(ctx, m, jetstream.WithExpectStream(p.cfg.Name))
 	if err != nil {
-		return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Stream, err)
+		return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)
 	}
 	return ack.Sequence, nil
 }
@@ -102,24 +102,24 @@ func (p *CommandPublisher) Stored(ctx context.Context, merchantID, key string, s
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	s, err := p.js.Stream(ctx, p.cfg.Stream)
+	s, err := p.js.Stream(ctx, p.cfg.Name)
 	if err != nil {
-		return false, fmt.Errorf("stream %s: %w", p.cfg.Stream, err)
+		return false, fmt.Errorf("stream %s: %w", p.cfg.Name, err)
 	}
 	raw, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read %s message %d: %w", p.cfg.Stream, seq, err)
+		return false, fmt.Errorf("read %s message %d: %w", p.cfg.Name, seq, err)
 	}
 	return raw.Subject == p.cfg.SubjectPrefix+"."+merchantID && raw.Header.Get(HeaderIdempotencyKey) == key, nil
 }
 
 // Ready reports whether the stream exists (the worker creates it).
 func (p *CommandPublisher) Ready(ctx context.Context) error {
-	if _, err := p.js.Stream(ctx, p.cfg.Stream); err != nil {
-		return fmt.Errorf("stream %s: %w", p.cfg.Stream, err)
+	if _, err := p.js.Stream(ctx, p.cfg.Name); err != nil {
+		return fmt.Errorf("stream %s: %w", p.cfg.Name, err)
 	}
 	return nil
 }

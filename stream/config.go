@@ -41,12 +41,12 @@ const (
 // keep. Zero values take the defaults; Validate reports contradictions by
 // the setting's name.
 type Config struct {
-	Stream        string
+	Name          string // the payments stream
 	SubjectPrefix string // publishers use <prefix>.<merchant_id>
 	DLQStream     string
 	DLQPrefix     string // dead letters go to <prefix>.<reason>
 	// AdvisoryStream captures the durable consumer's MAX_DELIVERIES
-	// advisories for the max-deliveries net; <Stream>_MAXDELIVER by default.
+	// advisories for the max-deliveries net; <Name>_MAXDELIVER by default.
 	AdvisoryStream  string
 	Durable         string
 	DuplicateWindow time.Duration
@@ -73,11 +73,11 @@ type Config struct {
 
 // WithDefaults returns c with every zero value replaced by its default.
 func (c Config) WithDefaults() Config {
-	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.Name = cmp.Or(c.Name, DefaultStream)
 	c.SubjectPrefix = cmp.Or(c.SubjectPrefix, DefaultSubjectPrefix)
 	c.DLQStream = cmp.Or(c.DLQStream, DefaultDLQStream)
 	c.DLQPrefix = cmp.Or(c.DLQPrefix, DefaultDLQPrefix)
-	c.AdvisoryStream = cmp.Or(c.AdvisoryStream, c.Stream+"_MAXDELIVER")
+	c.AdvisoryStream = cmp.Or(c.AdvisoryStream, c.Name+"_MAXDELIVER")
 	c.Durable = cmp.Or(c.Durable, DefaultDurable)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
 	c.StreamMaxAge = cmp.Or(c.StreamMaxAge, DefaultStreamMaxAge)

@@ -112,7 +112,7 @@ func TestConsumerState(t *testing.T) {
 	if _, err := stream.ConsumerState(ctx, js, missing); !errors.Is(err, stream.ErrNotSetUp) {
 		t.Fatalf("missing consumer: %v", err)
 	}
-	missing.Stream = "NO_SUCH_STREAM_" + strings.ToUpper(testenv.Unique(t))
+	missing.Name = "NO_SUCH_STREAM_" + strings.ToUpper(testenv.Unique(t))
 	if _, err := stream.ConsumerState(ctx, js, missing); !errors.Is(err, stream.ErrNotSetUp) {
 		t.Fatalf("missing stream: %v", err)
 	}

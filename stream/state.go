@@ -40,23 +40,23 @@ func ConsumerState(ctx context.Context, js jetstream.JetStream, cfg Config) (Con
 	cfg = cfg.WithDefaults()
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
-	st := ConsumerStats{Stream: cfg.Stream, Durable: cfg.Durable}
-	stream, err := js.Stream(ctx, cfg.Stream)
+	st := ConsumerStats{Stream: cfg.Name, Durable: cfg.Durable}
+	stream, err := js.Stream(ctx, cfg.Name)
 	if err != nil {
-		return st, notSetUp("stream "+cfg.Stream, err)
+		return st, notSetUp("stream "+cfg.Name, err)
 	}
 	sinfo, err := stream.Info(ctx)
 	if err != nil {
-		return st, fmt.Errorf("stream %s info: %w", cfg.Stream, err)
+		return st, fmt.Errorf("stream %s info: %w", cfg.Name, err)
 	}
 	st.StreamMessages = sinfo.State.Msgs
 	cons, err := stream.Consumer(ctx, cfg.Durable)
 	if err != nil {
-		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Stream, err)
+		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Name, err)
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Stream, err)
+		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Name, err)
 	}
 	st.NumPending, st.NumAckPending = info.NumPending, info.NumAckPending
 	st.NumRedelivered, st.NumWaiting = info.NumRedelivered, info.NumWaiting

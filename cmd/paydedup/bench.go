@@ -223,7 +223,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = js.DeleteStream(cctx, cfg.Stream.Stream)
+		_ = js.DeleteStream(cctx, cfg.Stream.Name)
 		_ = js.DeleteStream(cctx, cfg.Stream.DLQStream)
 		_ = js.DeleteStream(cctx, cfg.Stream.AdvisoryStream)
 	}()
@@ -243,7 +243,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 	}
 
 	dups := int(math.Round(b.duplicates * float64(b.payments)))
-	say("publishing %d payments + %d duplicates to %s", b.payments, dups, cfg.Stream.Stream)
+	say("publishing %d payments + %d duplicates to %s", b.payments, dups, cfg.Stream.Name)
 	if err := benchPublish(ctx, js, cfg, b.payments, dups, "p"); err != nil {
 		return err
 	}
@@ -350,7 +350,7 @@ func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 	name := "BENCH_" + strings.ToUpper(suffix)
 	c := consumer.Config{
 		Stream: stream.Config{
-			Stream: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
+			Name: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
 			DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
 			StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
 		},

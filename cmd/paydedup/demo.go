@@ -94,7 +94,7 @@ PAYDEDUP_STREAM and friends say otherwise, and deletes the streams it created.`,
 	f.StringVar(&d.dbURL, "database-url", "", "PostgreSQL URL (default: $DATABASE_URL, else the local server's database "+demoDatabase+")")
 	f.StringVar(&d.natsURL, "nats-url", "", "NATS URL (default: $NATS_URL, else an embedded JetStream server)")
 	d.streams.bindDefaults(cmd, a, stream.Config{
-		Stream: "PAYDEDUP_DEMO", SubjectPrefix: "paydedup_demo.requests",
+		Name: "PAYDEDUP_DEMO", SubjectPrefix: "paydedup_demo.requests",
 		DLQStream: "PAYDEDUP_DEMO_DLQ", DLQPrefix: "paydedup_demo.dlq", Durable: "paydedup-demo",
 	})
 	f.IntVar(&d.payments, "payments", 3000, "distinct payments to publish")
@@ -303,7 +303,7 @@ func migrateUp(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) err
 // the DLQ's last sequence before the run.
 func (d *demoCmd) setupStreams(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, natsURL string) (func(), uint64, error) {
 	created := []string{}
-	for _, name := range []string{cfg.Stream.Stream, cfg.Stream.DLQStream, cfg.Stream.AdvisoryStream} {
+	for _, name := range []string{cfg.Stream.Name, cfg.Stream.DLQStream, cfg.Stream.AdvisoryStream} {
 		if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
 			created = append(created, name)
 		}
@@ -875,7 +875,7 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 	for _, rec := range recs {
 		byRef[dedup.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey}] = rec
 	}
-	letters, err := dlq.ListDeadLetters(ctx, r.js, r.cfg.Stream, dlq.DLQFilter{})
+	letters, err := dlq.List(ctx, r.js, r.cfg.Stream, dlq.Filter{})
 	if err != nil {
 		return nil, fmt.Errorf("demo report: %w", err)
 	}

@@ -139,7 +139,7 @@ type dlqEntry struct {
 	Unverified     string    `json:"unverified,omitempty"`
 }
 
-func entry(d dlq.DeadLetterInfo) dlqEntry {
+func entry(d dlq.Info) dlqEntry {
 	return dlqEntry{
 		Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey,
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: d.Error,
@@ -161,11 +161,11 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	f := dlq.DLQFilter{Reason: l.reason, Limit: l.limit}
+	f := dlq.Filter{Reason: l.reason, Limit: l.limit}
 	if l.since > 0 {
 		f.Since = time.Now().Add(-l.since)
 	}
-	letters, err := dlq.ListDeadLetters(ctx, js, l.streams.cfg, f)
+	letters, err := dlq.List(ctx, js, l.streams.cfg, f)
 	if err != nil {
 		return err
 	}
@@ -207,7 +207,7 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 }
 
 // authText says whether a worker holding the DLQ key filed the letter.
-func authText(d dlq.DeadLetterInfo) string {
+func authText(d dlq.Info) string {
 	if d.Verified {
 		return "ok"
 	}
@@ -301,7 +301,7 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 		return err
 	}
 	defer nc.Close()
-	d, err := dlq.GetDeadLetter(ctx, js, s.streams.cfg, seq)
+	d, err := dlq.Get(ctx, js, s.streams.cfg, seq)
 	if err != nil {
 		return err
 	}
@@ -438,7 +438,7 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 	for _, s := range r.seqs {
 		opts.Seqs = append(opts.Seqs, uint64(s))
 	}
-	rep, err := dlq.ReplayDeadLetters(ctx, js, r.streams.cfg, opts)
+	rep, err := dlq.Replay(ctx, js, r.streams.cfg, opts)
 	if err != nil {
 		return err
 	}

@@ -90,8 +90,8 @@ func TestDLQListShowReplay(t *testing.T) {
 		}
 		return rec
 	}
-	deadLetters := func() []dlq.DeadLetterInfo {
-		l, err := dlq.ListDeadLetters(ctx, w.js, w.cfg, dlq.DLQFilter{})
+	deadLetters := func() []dlq.Info {
+		l, err := dlq.List(ctx, w.js, w.cfg, dlq.Filter{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +124,7 @@ func TestDLQListShowReplay(t *testing.T) {
 		h := nats.Header{}
 		h.Set(stream.HeaderIdempotencyKey, key)
 		d := stream.Letter{Reason: reason, Err: errors.New("filed by the test"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
-			OrigStream: w.cfg.Stream, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: h,
+			OrigStream: w.cfg.Name, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: h,
 			Data: []byte(paymentLine(key, amount)), FailedAt: failedAt}
 		m := d.Msg(w.cfg)
 		if key == "ancient" {
@@ -242,7 +242,7 @@ func TestDLQKeyRequired(t *testing.T) {
 	t.Parallel()
 	w := newCLIWorld(t, testenv.PostgresURL(t), true)
 	d := stream.Letter{Reason: stream.ReasonMaxDeliveries, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
-		OrigStream: w.cfg.Stream, OrigSeq: 1, Deliveries: 2, Header: nats.Header{}, Data: []byte(paymentLine("k", 100)), FailedAt: time.Now()}
+		OrigStream: w.cfg.Name, OrigSeq: 1, Deliveries: 2, Header: nats.Header{}, Data: []byte(paymentLine("k", 100)), FailedAt: time.Now()}
 	if _, err := w.js.PublishMsg(context.Background(), d.Msg(w.cfg)); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func TestDLQShowEscapesTerminalControls(t *testing.T) {
 	h.Set(stream.HeaderIdempotencyKey, "k\x1b[2J")
 	evil := "{\"merchant_id\":\"m_1\"}\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\xff\xfe\u009b31m\r"
 	d := stream.Letter{Reason: "malformed_json", Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
-		OrigStream: w.cfg.Stream, OrigSeq: 1, Deliveries: 1, Header: h, Data: []byte(evil), FailedAt: time.Now()}
+		OrigStream: w.cfg.Name, OrigSeq: 1, Deliveries: 1, Header: h, Data: []byte(evil), FailedAt: time.Now()}
 	m := d.Msg(w.cfg)
 	m.Header.Set(stream.HeaderDLQError, "bad\x1b]52;c;eA==\x07") // forged, as a letter published straight to the DLQ
 	if _, err := w.js.PublishMsg(context.Background(), m); err != nil {

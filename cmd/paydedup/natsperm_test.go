@@ -56,7 +56,7 @@ func TestDeployNATSPermissions(t *testing.T) {
 	}
 	letter := func() *nats.Msg {
 		d := stream.Letter{Reason: stream.ReasonMaxDeliveries, Err: errors.New("x"), OrigSubject: cfg.SubjectPrefix + ".m_1",
-			OrigStream: cfg.Stream, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: nats.Header{},
+			OrigStream: cfg.Name, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: nats.Header{},
 			Data: []byte(paymentLine("k", 100)), FailedAt: time.Now()}
 		return d.Msg(cfg)
 	}
@@ -87,7 +87,7 @@ func TestDeployNATSPermissions(t *testing.T) {
 		if n := stored(cfg.DLQStream); n != 1 {
 			t.Errorf("the %s filed a dead letter: the DLQ holds %d", name, n)
 		}
-		adv := nats.NewMsg(stream.AdvisorySubject(cfg.Stream, cfg.Durable))
+		adv := nats.NewMsg(stream.AdvisorySubject(cfg.Name, cfg.Durable))
 		adv.Data = []byte(`{"stream":"PAYMENTS","stream_seq":1,"deliveries":20}`)
 		_ = publish(js, adv)
 		if n := stored(cfg.AdvisoryStream); n != 0 {
@@ -100,11 +100,11 @@ func TestDeployNATSPermissions(t *testing.T) {
 	if err := operator.DeleteStream(ctx, cfg.DLQStream); err == nil {
 		t.Error("the operator deleted the DLQ stream")
 	}
-	letters, err := dlq.ListDeadLetters(ctx, operator, cfg, dlq.DLQFilter{})
+	letters, err := dlq.List(ctx, operator, cfg, dlq.Filter{})
 	if err != nil || len(letters) != 1 || !letters[0].Verified {
 		t.Fatalf("the operator cannot list the dead letters: %d listed, %v", len(letters), err)
 	}
-	rep, err := dlq.ReplayDeadLetters(ctx, operator, cfg, dlq.ReplayOptions{All: true})
+	rep, err := dlq.Replay(ctx, operator, cfg, dlq.ReplayOptions{All: true})
 	if err != nil || rep.Replayed != 1 {
 		t.Fatalf("the operator cannot replay: %+v %v", rep, err)
 	}

@@ -32,7 +32,7 @@ func (s *streamFlags) bind(cmd *cobra.Command, a *app) {
 func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def stream.Config) {
 	f := cmd.Flags()
 	c := &s.cfg
-	f.StringVar(&c.Stream, "stream", envOr(a.getenv, "PAYDEDUP_STREAM", def.Stream), "payments stream (PAYDEDUP_STREAM)")
+	f.StringVar(&c.Name, "stream", envOr(a.getenv, "PAYDEDUP_STREAM", def.Name), "payments stream (PAYDEDUP_STREAM)")
 	f.StringVar(&c.SubjectPrefix, "subject-prefix", envOr(a.getenv, "PAYDEDUP_SUBJECT_PREFIX", def.SubjectPrefix), "payment commands go to <prefix>.<merchant_id> (PAYDEDUP_SUBJECT_PREFIX)")
 	f.StringVar(&c.DLQStream, "dlq-stream", envOr(a.getenv, "PAYDEDUP_DLQ_STREAM", def.DLQStream), "dead-letter stream (PAYDEDUP_DLQ_STREAM)")
 	f.StringVar(&c.DLQPrefix, "dlq-prefix", envOr(a.getenv, "PAYDEDUP_DLQ_PREFIX", def.DLQPrefix), "dead letters go to <prefix>.<reason> (PAYDEDUP_DLQ_PREFIX)")
@@ -42,7 +42,7 @@ func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def stream.Config
 func (s *streamFlags) validate() error {
 	var errs []error
 	for _, v := range []struct{ flag, env, val string }{
-		{"--stream", "PAYDEDUP_STREAM", s.cfg.Stream}, {"--dlq-stream", "PAYDEDUP_DLQ_STREAM", s.cfg.DLQStream},
+		{"--stream", "PAYDEDUP_STREAM", s.cfg.Name}, {"--dlq-stream", "PAYDEDUP_DLQ_STREAM", s.cfg.DLQStream},
 		{"--durable", "PAYDEDUP_DURABLE", s.cfg.Durable},
 	} {
 		if v.val == "" || strings.ContainsAny(v.val, ". *>\t") {

@@ -138,7 +138,7 @@ func (s *statusCmd) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if counts, err := dlq.DeadLetterCounts(ctx, js, s.streams.cfg); err != nil {
+		if counts, err := dlq.Counts(ctx, js, s.streams.cfg); err != nil {
 			rep.Errors = append(rep.Errors, "dead letters: "+err.Error())
 		} else {
 			dl := &deadLetterCounts{Stream: s.streams.cfg.DLQStream, ByReason: counts}

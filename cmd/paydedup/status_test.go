@@ -81,7 +81,7 @@ func TestStatusJSON(t *testing.T) {
 		}
 	}
 	for i, reason := range []string{stream.ReasonMaxDeliveries, stream.ReasonMaxDeliveries, stream.ReasonKeyReused} {
-		d := stream.Letter{Reason: reason, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1", OrigStream: w.cfg.Stream,
+		d := stream.Letter{Reason: reason, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1", OrigStream: w.cfg.Name,
 			OrigSeq: uint64(i + 1), Deliveries: 1, Header: nats.Header{}, Data: []byte(`{}`), FailedAt: now}
 		if _, err := w.js.PublishMsg(ctx, d.Msg(w.cfg)); err != nil {
 			t.Fatal(err)
@@ -113,7 +113,7 @@ func TestStatusJSON(t *testing.T) {
 	if dl := rep.DeadLetters; dl == nil || dl.Total != 3 || dl.ByReason["max_deliveries"] != 2 || dl.ByReason["key_reused"] != 1 || dl.Stream != w.cfg.DLQStream {
 		t.Errorf("dead letters %+v", dl)
 	}
-	if c := rep.Consumer; c == nil || c.NumPending != 3 || c.NumAckPending != 0 || c.Durable != "w" || c.Stream != w.cfg.Stream {
+	if c := rep.Consumer; c == nil || c.NumPending != 3 || c.NumAckPending != 0 || c.Durable != "w" || c.Stream != w.cfg.Name {
 		t.Errorf("consumer %+v", c)
 	}
 	if len(rep.Errors) != 0 {

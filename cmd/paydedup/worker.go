@@ -79,7 +79,7 @@ func (w *workerCmd) validate() (consumer.Config, error) {
 	}
 	s := w.streams.cfg
 	ws := &w.worker.cfg.Stream
-	ws.Stream, ws.SubjectPrefix, ws.DLQStream = s.Stream, s.SubjectPrefix, s.DLQStream
+	ws.Name, ws.SubjectPrefix, ws.DLQStream = s.Name, s.SubjectPrefix, s.DLQStream
 	ws.DLQPrefix, ws.Durable = s.DLQPrefix, s.Durable
 	key, err := w.app.dlqKey()
 	if err != nil {

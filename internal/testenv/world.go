@@ -40,13 +40,13 @@ func Streams(t testing.TB, js jetstream.JetStream) stream.Config {
 	u := Unique(t)
 	name := strings.ToUpper(u)
 	cfg := stream.Config{
-		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
+		Name: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
 		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, DLQKey: []byte(DLQKey),
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = js.DeleteStream(ctx, cfg.Stream)
+		_ = js.DeleteStream(ctx, cfg.Name)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
 		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
