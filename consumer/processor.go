@@ -43,7 +43,7 @@ type Processor struct {
 	cfg       Config
 	logger    *slog.Logger
 	committer *committer
-	observer  Observer      // set by NewWorker; may be nil
+	observer  Observer      // set by NewWorker; NopObserver until then
 	calls     chan struct{} // the provider call pool: Concurrency calls at once
 }
 
@@ -53,7 +53,7 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 		logger = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.WithDefaults()
-	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger,
+	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger, observer: NopObserver{},
 		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait),
 		calls:     make(chan struct{}, cfg.Concurrency)}
 }
@@ -87,9 +87,7 @@ func (p *Processor) claim(ctx context.Context, cmds []*payment.Command, traceIDs
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}
-	if p.observer != nil {
-		p.observer.Claimed(time.Since(start), len(reqs))
-	}
+	p.observer.Claimed(time.Since(start), len(reqs))
 	return res, nil
 }
 
@@ -151,16 +149,14 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	}, p.cfg.ProviderTry)
 	<-p.calls
 	cancel()
-	if p.observer != nil {
-		result := "charged"
-		switch {
-		case err != nil:
-			result = provider.ClassOf(err).String()
-		case out.Declined:
-			result = "declined"
-		}
-		p.observer.ProviderCalled(time.Since(start), result)
+	result := "charged"
+	switch {
+	case err != nil:
+		result = provider.ClassOf(err).String()
+	case out.Declined:
+		result = "declined"
 	}
+	p.observer.ProviderCalled(time.Since(start), result)
 	leaseLost := lost()
 
 	// Writes below must happen even if ctx was cancelled by a drain.

@@ -34,7 +34,8 @@ const (
 )
 
 // Observer receives what the worker does; metrics implement it. A nil
-// Observer is never called.
+// Observer observes nothing. An observer that wants only some of the
+// events embeds NopObserver and implements those.
 type Observer interface {
 	// Settled reports one message's result and fate.
 	Settled(kind Kind, action Action)
@@ -48,6 +49,25 @@ type Observer interface {
 	// ("charged", "declined", or the provider.Class name of the error).
 	ProviderCalled(d time.Duration, result string)
 }
+
+// NopObserver observes nothing. Embed it in an Observer to implement only
+// the methods it needs.
+type NopObserver struct{}
+
+// Settled implements Observer.
+func (NopObserver) Settled(Kind, Action) {}
+
+// InFlight implements Observer.
+func (NopObserver) InFlight(int) {}
+
+// Claimed implements Observer.
+func (NopObserver) Claimed(time.Duration, int) {}
+
+// Committed implements Observer.
+func (NopObserver) Committed(time.Duration, int) {}
+
+// ProviderCalled implements Observer.
+func (NopObserver) ProviderCalled(time.Duration, string) {}
 
 // LatencyObserver is an optional extension of Observer: it also receives
 // how long each message took from its fetch to its settling.
@@ -71,8 +91,8 @@ type Worker struct {
 	draining atomic.Bool
 }
 
-// NewWorker validates cfg and returns a worker on the connection. obs may
-// be nil. Spans are created with the global-free tracer set by SetTracer;
+// NewWorker validates cfg and returns a worker on the connection, reporting
+// to obs (nil observes nothing). Spans are created with the global-free tracer set by SetTracer;
 // without one, a no-op tracer costs nothing.
 func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, obs Observer) (*Worker, error) {
 	cfg = cfg.WithDefaults()
@@ -88,6 +108,9 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if obs == nil {
+		obs = NopObserver{}
 	}
 	proc.observer = obs
 	proc.committer.observer = obs
@@ -335,14 +358,10 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			})
 			continue
 		}
-		if w.observer != nil {
-			w.observer.InFlight(1)
-		}
+		w.observer.InFlight(1)
 		spawn(func() {
 			defer func() { <-slots }()
-			if w.observer != nil {
-				defer w.observer.InFlight(-1)
-			}
+			defer w.observer.InFlight(-1)
 			res := w.proc.handle(in.ctx, in.cmd, claim, func() { _ = in.msg.InProgress() }, in.log)
 			w.settle(ctx, in, res)
 		})
@@ -399,11 +418,9 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 		w.deadLetteredIntake(sctx, in, act.Reason, errForDLQ, log)
 		log.Warn("message dead-lettered", "reason", act.Reason, "error", errString(errForDLQ))
 	}
-	if w.observer != nil {
-		w.observer.Settled(res.Kind, act)
-		if lo, ok := w.observer.(LatencyObserver); ok {
-			lo.SettledIn(res.Kind, time.Since(in.fetched))
-		}
+	w.observer.Settled(res.Kind, act)
+	if lo, ok := w.observer.(LatencyObserver); ok {
+		lo.SettledIn(res.Kind, time.Since(in.fetched))
 	}
 	if in.span != nil {
 		in.span.SetAttributes(attribute.String("paydedup.result", res.Kind.String()), attribute.String("paydedup.action", act.Kind.String()))

@@ -534,6 +534,7 @@ func (c *countingStore) Release(ctx context.Context, l dedup.Lease, reason strin
 // benchObserver counts settled messages and keeps a fixed-size latency
 // histogram, so memory does not grow with the number of payments.
 type benchObserver struct {
+	consumer.NopObserver
 	acked   atomic.Int64
 	mu      sync.Mutex
 	buckets [latencyBuckets]int64
@@ -560,10 +561,6 @@ func (o *benchObserver) Settled(_ consumer.Kind, act consumer.Action) {
 		o.acked.Add(1)
 	}
 }
-func (o *benchObserver) InFlight(int)                         {}
-func (o *benchObserver) Claimed(time.Duration, int)           {}
-func (o *benchObserver) Committed(time.Duration, int)         {}
-func (o *benchObserver) ProviderCalled(time.Duration, string) {}
 func (o *benchObserver) SettledIn(_ consumer.Kind, d time.Duration) {
 	i := 0
 	if us := float64(d) / float64(10*time.Microsecond); us > 1 {

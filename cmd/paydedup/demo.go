@@ -523,6 +523,7 @@ func (k *killableStore) Release(ctx context.Context, l dedup.Lease, reason strin
 
 // demoObserver counts one worker's settled messages.
 type demoObserver struct {
+	consumer.NopObserver
 	inFlight, completed, declined, duplicates, deadLettered, retried atomic.Int64
 }
 
@@ -542,10 +543,6 @@ func (o *demoObserver) Settled(kind consumer.Kind, act consumer.Action) {
 }
 
 func (o *demoObserver) InFlight(delta int) { o.inFlight.Add(int64(delta)) }
-
-func (o *demoObserver) Claimed(time.Duration, int)           {}
-func (o *demoObserver) Committed(time.Duration, int)         {}
-func (o *demoObserver) ProviderCalled(time.Duration, string) {}
 
 // totals sums the workers' counters.
 func (r *demoRun) totals() (done, inFlight, dups, dead int64) {
