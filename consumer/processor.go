@@ -58,16 +58,6 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 		calls:     make(chan struct{}, cfg.Concurrency)}
 }
 
-// Process claims and handles one command: the whole business step for a
-// single message.
-func (p *Processor) Process(ctx context.Context, cmd *payment.Command, progress func()) Result {
-	claims, err := p.Claim(ctx, []*payment.Command{cmd})
-	if err != nil {
-		return Result{Kind: Retry, Err: err}
-	}
-	return p.Handle(ctx, cmd, claims[0], progress)
-}
-
 // Claim claims a batch of commands in one round trip.
 func (p *Processor) Claim(ctx context.Context, cmds []*payment.Command) ([]dedup.ClaimResult, error) {
 	return p.claim(ctx, cmds, nil)

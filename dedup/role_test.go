@@ -98,7 +98,11 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	}
 	process := func(c *payment.Command, want consumer.Kind) {
 		t.Helper()
-		if res := proc.Process(ctx, c, nil); res.Kind != want {
+		claims, err := proc.Claim(ctx, []*payment.Command{c})
+		if err != nil {
+			t.Fatalf("%s: claim: %v", c.IdempotencyKey, err)
+		}
+		if res := proc.Handle(ctx, c, claims[0], nil); res.Kind != want {
 			t.Fatalf("%s: %s (%v), want %s", c.IdempotencyKey, res.Kind, res.Err, want)
 		}
 	}
