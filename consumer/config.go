@@ -1,19 +1,23 @@
-// Package consumer owns paydedup's JetStream side: stream and consumer
-// setup, the fetch loop, the per-message decision (ack, nak with delay, or
-// dead-letter then term), dead-letter filing (authenticated, within
-// max_payload), the durable max-deliveries net, and graceful drain.
+// Package consumer is paydedup's worker: it fetches payment commands from
+// the durable consumer (the topology is stream's), claims each batch in one
+// round trip, calls the provider, group-commits the outcomes, and acks,
+// naks with a delay, or dead-letters each message. It files the dead
+// letters (authenticated, within max_payload), runs the durable
+// max-deliveries net for messages whose worker died on every delivery,
+// continues the publisher's trace, and drains on shutdown.
 //
 // The business step, claim → provider → complete, lives in Processor and
 // never sees a jetstream.Msg; Worker is the adapter around it. One function,
 // decide, maps every result to the message's fate.
 //
-// The rules it keeps (DESIGN.md, "Per-message flow"):
+// The rules it keeps, per message:
 //   - a message is acked only after its outcome is committed in Postgres;
 //   - every message ends acked, dead-lettered with a reason (the dead letter's
 //     PubAck awaited before Term), or nakked to be redelivered; never dropped;
 //   - timeouts nest: the provider's retry budget < the lease < AckWait, so a
 //     lease cannot expire while its holder may still be calling the provider,
-//     and JetStream cannot redeliver while the lease is held.
+//     and JetStream cannot redeliver while the lease is held (Validate
+//     refuses a configuration that breaks this).
 //
 // It works with nats-server 2.9: Term (never TermWithReason), one filter
 // subject, no 2.10 features.
