@@ -27,9 +27,11 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -82,6 +84,11 @@ type Config struct {
 	RetryMax  time.Duration
 
 	Holder string // lease holder id; default host name + random suffix
+
+	// Clock tells the time a dead letter records as its Dlq-Failed-At;
+	// clock.System when nil. Durations the worker measures (latencies)
+	// use the monotonic clock, and lease times are the database's.
+	Clock clock.Clock
 }
 
 // WithDefaults returns c with every zero value replaced by its default.
@@ -99,7 +106,10 @@ func (c Config) WithDefaults() Config {
 	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
 	if c.Holder == "" {
 		host, _ := os.Hostname()
-		c.Holder = fmt.Sprintf("%s-%d-%x", cmp.Or(host, "worker"), os.Getpid(), time.Now().UnixNano()&0xffffff)
+		c.Holder = fmt.Sprintf("%s-%d-%x", cmp.Or(host, "worker"), os.Getpid(), rand.Uint32()&0xffffff)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.System{}
 	}
 	return c
 }

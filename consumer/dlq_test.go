@@ -4,10 +4,12 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -70,5 +72,24 @@ func TestDLQRefusesWritesNaks(t *testing.T) {
 	}
 	if filed != 1 {
 		t.Fatalf("%d dead letters filed, want exactly 1", filed)
+	}
+}
+
+// A dead letter's Dlq-Failed-At is the worker's clock's time (Config.Clock),
+// not the process's wall clock read directly.
+func TestDeadLetterFailedAtFromClock(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	e.cfg.Clock = clock.NewFake(at)
+	e.startWorker("clocked", nil)
+	e.publish("m_1", []byte(`{"merchant_id": "m_1", not json`), "", nil)
+	e.eventually("dead letter filed", func() bool { return len(e.deadLetters()) == 1 })
+	p, err := stream.ParseDeadLetter(e.deadLetters()[0].Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.FailedAt.Equal(at) {
+		t.Fatalf("Dlq-Failed-At %v, want the clock's %v", p.FailedAt, at)
 	}
 }

@@ -147,7 +147,7 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 		Reason:      stream.ReasonMaxDeliveries,
 		Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
 		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream.Name, OrigSeq: adv.StreamSeq,
-		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: time.Now(),
+		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: n.cfg.Clock.Now(),
 	}
 	if err := fileDeadLetter(ctx, n.js, n.cfg.Stream, d); err != nil {
 		log.Error("could not dead-letter a message that ran out of deliveries; retrying", "error", err)

@@ -404,7 +404,7 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 		d := stream.Letter{
 			Reason: act.Reason, Err: errForDLQ, OrigSubject: in.msg.Subject(), OrigStream: in.meta.Stream,
 			OrigSeq: in.meta.Sequence.Stream, Deliveries: in.meta.NumDelivered,
-			Header: in.msg.Headers(), Data: in.msg.Data(), FailedAt: time.Now(),
+			Header: in.msg.Headers(), Data: in.msg.Data(), FailedAt: w.cfg.Clock.Now(),
 		}
 		if err := fileDeadLetter(sctx, w.js, w.cfg.Stream, d); err != nil {
 			// Never drop: leave the message to be redelivered.
