@@ -53,7 +53,7 @@ fuzz-short:
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecodeMatchesReference$$' ./payment
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprint$$' ./dedup
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprintReencode$$' ./dedup
-	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzParseDeadLetter$$' ./consumer
-	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzLetterRoundTrip$$' ./consumer
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzParseDeadLetter$$' ./stream
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzLetterRoundTrip$$' ./stream
 fuzz:
 	$(MAKE) fuzz-short FUZZTIME=1100000x

@@ -18,7 +18,7 @@ type committer struct {
 	store    Store
 	maxBatch int
 	maxWait  time.Duration
-	observer Observer // may be nil
+	observer Observer // never nil: NopObserver until NewWorker sets one
 
 	mu  sync.Mutex
 	cur *commitBatch
@@ -33,7 +33,7 @@ type commitBatch struct {
 }
 
 func newCommitter(store Store, maxBatch int, maxWait time.Duration) *committer {
-	return &committer{store: store, maxBatch: max(maxBatch, 1), maxWait: maxWait}
+	return &committer{store: store, maxBatch: max(maxBatch, 1), maxWait: maxWait, observer: NopObserver{}}
 }
 
 // Complete records one completion and returns its own result: nil,
@@ -42,9 +42,7 @@ func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Comp
 	if c.maxBatch == 1 {
 		start := time.Now()
 		err := c.store.Complete(ctx, l, comp)
-		if c.observer != nil {
-			c.observer.Committed(time.Since(start), 1)
-		}
+		c.observer.Committed(time.Since(start), 1)
 		return err
 	}
 	c.mu.Lock()
@@ -77,9 +75,7 @@ func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Comp
 		c.mu.Unlock()
 		start := time.Now()
 		b.errs, b.err = c.store.CompleteBatch(ctx, b.items)
-		if c.observer != nil {
-			c.observer.Committed(time.Since(start), len(b.items))
-		}
+		c.observer.Committed(time.Since(start), len(b.items))
 		close(b.done)
 	}
 	<-b.done

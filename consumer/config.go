@@ -1,19 +1,23 @@
-// Package consumer owns paydedup's JetStream side: stream and consumer
-// setup, the fetch loop, the per-message decision (ack, nak with delay, or
-// dead-letter then term), dead-letter filing (authenticated, within
-// max_payload), the durable max-deliveries net, and graceful drain.
+// Package consumer is paydedup's worker: it fetches payment commands from
+// the durable consumer (the topology is stream's), claims each batch in one
+// round trip, calls the provider, group-commits the outcomes, and acks,
+// naks with a delay, or dead-letters each message. It files the dead
+// letters (authenticated, within max_payload), runs the durable
+// max-deliveries net for messages whose worker died on every delivery,
+// continues the publisher's trace, and drains on shutdown.
 //
 // The business step, claim → provider → complete, lives in Processor and
 // never sees a jetstream.Msg; Worker is the adapter around it. One function,
 // decide, maps every result to the message's fate.
 //
-// The rules it keeps (DESIGN.md, "Per-message flow"):
+// The rules it keeps, per message:
 //   - a message is acked only after its outcome is committed in Postgres;
 //   - every message ends acked, dead-lettered with a reason (the dead letter's
 //     PubAck awaited before Term), or nakked to be redelivered; never dropped;
 //   - timeouts nest: the provider's retry budget < the lease < AckWait, so a
 //     lease cannot expire while its holder may still be calling the provider,
-//     and JetStream cannot redeliver while the lease is held.
+//     and JetStream cannot redeliver while the lease is held (Validate
+//     refuses a configuration that breaks this).
 //
 // It works with nats-server 2.9: Term (never TermWithReason), one filter
 // subject, no 2.10 features.
@@ -23,61 +27,35 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"time"
 
-	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/stream"
 )
 
-// Defaults. Names match DESIGN.md; durations nest as the package doc says.
+// Defaults of the worker's settings; the topology's are stream's.
 const (
-	DefaultStream          = "PAYMENTS"
-	DefaultSubjectPrefix   = "payments.requests"
-	DefaultDLQStream       = "PAYMENTS_DLQ"
-	DefaultDLQPrefix       = "payments.dlq"
-	DefaultDurable         = "paydedup-worker"
-	DefaultDuplicateWindow = 2 * time.Minute
-	DefaultStreamMaxAge    = 24 * time.Hour
-	DefaultDLQMaxAge       = 14 * 24 * time.Hour
-	DefaultLease           = 45 * time.Second
-	DefaultAckWait         = 60 * time.Second
-	DefaultMaxDeliver      = 20
-	DefaultMaxAckPending   = 1000
-	DefaultConcurrency     = 64
-	DefaultFetchBatch      = 200
-	DefaultDrainTimeout    = 20 * time.Second
-	DefaultKeyRetention    = 48 * time.Hour
-	DefaultRetryBase       = time.Second
-	DefaultRetryMax        = time.Minute
-	DefaultCommitBatch     = 200
-	DefaultCommitWait      = 10 * time.Millisecond
+	DefaultLease        = 45 * time.Second
+	DefaultConcurrency  = 64
+	DefaultFetchBatch   = 200
+	DefaultDrainTimeout = 20 * time.Second
+	DefaultKeyRetention = 48 * time.Hour
+	DefaultRetryBase    = time.Second
+	DefaultRetryMax     = time.Minute
+	DefaultCommitBatch  = 200
+	DefaultCommitWait   = 10 * time.Millisecond
 )
 
-// Config configures streams, the consumer and the worker. Zero values take
-// the defaults; Validate reports contradictions by the setting's name.
+// Config configures the worker, and holds the topology it works on. Zero
+// values take the defaults; Validate reports contradictions by the
+// setting's name.
 type Config struct {
-	Stream        string
-	SubjectPrefix string // publishers use <prefix>.<merchant_id>
-	DLQStream     string
-	DLQPrefix     string // dead letters go to <prefix>.<reason>
-	// AdvisoryStream captures the durable consumer's MAX_DELIVERIES
-	// advisories for the max-deliveries net; <Stream>_MAXDELIVER by default.
-	AdvisoryStream  string
-	Durable         string
-	DuplicateWindow time.Duration
-	StreamMaxAge    time.Duration
-	DLQMaxAge       time.Duration
-	Replicas        int
-	// DLQKey authenticates dead letters (Dlq-Auth): the workers sign what
-	// they file, and replay refuses what does not verify. At least
-	// MinDLQKeyLen bytes; the worker refuses to start without it.
-	DLQKey []byte
-
-	AckWait       time.Duration
-	MaxDeliver    int
-	BackOff       []time.Duration // optional redelivery schedule after AckWait timeouts
-	MaxAckPending int
+	// Stream is the topology: streams, subjects, the durable consumer, the
+	// DLQ key and the payment limits. EnsureStreams sets it up.
+	Stream stream.Config
 
 	// Lease is how long a claim lets this worker call the provider before
 	// another may take over. It must exceed the provider retry budget and be
@@ -105,25 +83,17 @@ type Config struct {
 	RetryBase time.Duration
 	RetryMax  time.Duration
 
-	Limits payment.Limits
 	Holder string // lease holder id; default host name + random suffix
+
+	// Clock tells the time a dead letter records as its Dlq-Failed-At;
+	// clock.System when nil. Durations the worker measures (latencies)
+	// use the monotonic clock, and lease times are the database's.
+	Clock clock.Clock
 }
 
 // WithDefaults returns c with every zero value replaced by its default.
 func (c Config) WithDefaults() Config {
-	c.Stream = cmp.Or(c.Stream, DefaultStream)
-	c.SubjectPrefix = cmp.Or(c.SubjectPrefix, DefaultSubjectPrefix)
-	c.DLQStream = cmp.Or(c.DLQStream, DefaultDLQStream)
-	c.DLQPrefix = cmp.Or(c.DLQPrefix, DefaultDLQPrefix)
-	c.AdvisoryStream = cmp.Or(c.AdvisoryStream, c.Stream+"_MAXDELIVER")
-	c.Durable = cmp.Or(c.Durable, DefaultDurable)
-	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
-	c.StreamMaxAge = cmp.Or(c.StreamMaxAge, DefaultStreamMaxAge)
-	c.DLQMaxAge = cmp.Or(c.DLQMaxAge, DefaultDLQMaxAge)
-	c.Replicas = cmp.Or(c.Replicas, 1)
-	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
-	c.MaxDeliver = cmp.Or(c.MaxDeliver, DefaultMaxDeliver)
-	c.MaxAckPending = cmp.Or(c.MaxAckPending, DefaultMaxAckPending)
+	c.Stream = c.Stream.WithDefaults()
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
 	c.ProviderTry = c.ProviderTry.WithDefaults()
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
@@ -136,56 +106,51 @@ func (c Config) WithDefaults() Config {
 	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
 	if c.Holder == "" {
 		host, _ := os.Hostname()
-		c.Holder = fmt.Sprintf("%s-%d-%x", cmp.Or(host, "worker"), os.Getpid(), time.Now().UnixNano()&0xffffff)
+		c.Holder = fmt.Sprintf("%s-%d-%x", cmp.Or(host, "worker"), os.Getpid(), rand.Uint32()&0xffffff)
+	}
+	if c.Clock == nil {
+		c.Clock = clock.System{}
 	}
 	return c
 }
 
-// Validate checks that the configuration is coherent: the timeouts nest and
-// keys outlive their messages. Errors name the setting to fix.
+// Validate checks that the configuration is coherent: the topology's own
+// rules (stream.Config.Validate), the timeouts nest and keys outlive their
+// messages. Errors name the setting to fix.
 func (c Config) Validate() error {
-	var errs []error
+	errs := []error{c.Stream.Validate()}
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	s := c.Stream
 	for name, d := range map[string]time.Duration{
-		"duplicate window": c.DuplicateWindow, "stream max age": c.StreamMaxAge, "DLQ max age": c.DLQMaxAge,
-		"ack wait": c.AckWait, "lease": c.Lease, "drain timeout": c.DrainTimeout, "key retention": c.KeyRetention,
+		"lease": c.Lease, "drain timeout": c.DrainTimeout, "key retention": c.KeyRetention,
 		"retry base": c.RetryBase, "retry max": c.RetryMax,
 	} {
 		if d <= 0 {
 			bad("%s must be positive, got %v", name, d)
 		}
 	}
-	if c.MaxDeliver < 2 {
-		bad("max deliver must be at least 2 (the last delivery is used to dead-letter), got %d", c.MaxDeliver)
-	}
-	if c.Concurrency < 1 || c.FetchBatch < 1 || c.MaxAckPending < 1 {
-		bad("concurrency, fetch batch and max ack pending must be at least 1 (got %d, %d, %d)", c.Concurrency, c.FetchBatch, c.MaxAckPending)
+	if c.Concurrency < 1 || c.FetchBatch < 1 || s.MaxAckPending < 1 {
+		bad("concurrency, fetch batch and max ack pending must be at least 1 (got %d, %d, %d)", c.Concurrency, c.FetchBatch, s.MaxAckPending)
 	}
 	if c.CommitBatch < 1 || c.CommitWait < 0 || c.CommitWait > time.Second {
 		bad("commit batch must be at least 1 and commit wait within 0..1s (got %d, %v)", c.CommitBatch, c.CommitWait)
 	}
-	if c.MaxAckPending < c.Concurrency {
-		bad("max ack pending (%d) must be at least the concurrency (%d), or workers starve", c.MaxAckPending, c.Concurrency)
+	if s.MaxAckPending < c.Concurrency {
+		bad("max ack pending (%d) must be at least the concurrency (%d), or workers starve", s.MaxAckPending, c.Concurrency)
 	}
 	if budget := c.ProviderTry.Budget(); budget >= c.Lease {
 		bad("lease %v must exceed the provider retry budget %v (attempt timeout × tries + backoff): raise the lease or lower the provider timeout/tries", c.Lease, budget)
 	}
-	if c.Lease >= c.AckWait {
-		bad("ack wait %v must exceed the lease %v, or JetStream redelivers while the lease is held", c.AckWait, c.Lease)
+	if c.Lease >= s.AckWait {
+		bad("ack wait %v must exceed the lease %v, or JetStream redelivers while the lease is held", s.AckWait, c.Lease)
 	}
-	for i, b := range c.BackOff {
+	for i, b := range s.BackOff {
 		if b <= c.Lease {
 			bad("backoff step %d (%v) must exceed the lease %v", i, b, c.Lease)
 		}
 	}
-	if len(c.BackOff) > 0 && c.MaxDeliver <= len(c.BackOff) {
-		bad("max deliver (%d) must exceed the number of backoff steps (%d)", c.MaxDeliver, len(c.BackOff))
-	}
-	if c.KeyRetention <= c.StreamMaxAge {
-		bad("key retention %v must exceed the stream max age %v, or a late redelivery could find its key purged and charge again", c.KeyRetention, c.StreamMaxAge)
-	}
-	if c.DuplicateWindow > c.StreamMaxAge {
-		bad("duplicate window %v must not exceed the stream max age %v", c.DuplicateWindow, c.StreamMaxAge)
+	if c.KeyRetention <= s.StreamMaxAge {
+		bad("key retention %v must exceed the stream max age %v, or a late redelivery could find its key purged and charge again", c.KeyRetention, s.StreamMaxAge)
 	}
 	return errors.Join(errs...)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // hangingStore makes the first Complete hang until released, and every
@@ -191,9 +192,9 @@ func TestMaxDeliveriesAdvisoryCopiesUnsettledMessage(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	cfg := e.cfg
-	cfg.MaxDeliver = 2
-	cfg.AckWait = 500 * time.Millisecond
-	_, cons, err := consumer.EnsureStreams(e.ctx, e.js, cfg)
+	cfg.Stream.MaxDeliver = 2
+	cfg.Stream.AckWait = 500 * time.Millisecond
+	_, cons, err := stream.EnsureStreams(e.ctx, e.js, cfg.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,16 +228,16 @@ func TestMaxDeliveriesAdvisoryCopiesUnsettledMessage(t *testing.T) {
 		t.Fatalf("%d deliveries, want 2", deliveries.Load())
 	}
 	dl := e.deadLetters()[0]
-	p, err := consumer.ParseDeadLetter(dl.Header)
-	if err != nil || p.Reason != consumer.ReasonMaxDeliveries || p.Deliveries != 2 || string(dl.Data) != string(data) {
+	p, err := stream.ParseDeadLetter(dl.Header)
+	if err != nil || p.Reason != stream.ReasonMaxDeliveries || p.Deliveries != 2 || string(dl.Data) != string(data) {
 		t.Fatalf("dead letter %+v %v, body %q", p, err, dl.Data)
 	}
 	if dl.Header.Get("Dlq-Orig-Msg-Id") != "orig-id" {
 		t.Fatalf("original message id not kept: %v", dl.Header)
 	}
 	// A repeated advisory (another pod, a retry) files nothing new.
-	adv, _ := json.Marshal(map[string]any{"stream": cfg.Stream, "consumer": cfg.Durable, "stream_seq": p.OrigSeq, "deliveries": 2})
-	if err := e.nc.Publish(consumer.AdvisorySubject(cfg.Stream, cfg.Durable), adv); err != nil {
+	adv, _ := json.Marshal(map[string]any{"stream": cfg.Stream.Name, "consumer": cfg.Stream.Durable, "stream_seq": p.OrigSeq, "deliveries": 2})
+	if err := e.nc.Publish(stream.AdvisorySubject(cfg.Stream.Name, cfg.Stream.Durable), adv); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.nc.Flush(); err != nil {
@@ -277,7 +278,7 @@ func TestSIGTERMDrainNeverAcksUnfinished(t *testing.T) {
 	// Nothing unfinished was acked: every message not completed is pending
 	// redelivery in the consumer.
 	completed := e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`)
-	c, err := e.js.Consumer(e.ctx, e.cfg.Stream, e.cfg.Durable)
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,17 +340,17 @@ func TestMaxDeliveriesNetSurvivesRestart(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	cfg := e.cfg
-	cfg.MaxDeliver, cfg.AckWait = 2, 500*time.Millisecond
-	_, cons, err := consumer.EnsureStreams(e.ctx, e.js, cfg)
+	cfg.Stream.MaxDeliver, cfg.Stream.AckWait = 2, 500*time.Millisecond
+	_, cons, err := stream.EnsureStreams(e.ctx, e.js, cfg.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	adv, err := e.js.Stream(e.ctx, cfg.WithDefaults().AdvisoryStream)
+	adv, err := e.js.Stream(e.ctx, cfg.WithDefaults().Stream.AdvisoryStream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The DLQ refuses writes at first.
-	dlq, err := e.js.Stream(e.ctx, cfg.DLQStream)
+	dlq, err := e.js.Stream(e.ctx, cfg.Stream.DLQStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,7 @@ func TestMaxDeliveriesNetSurvivesRestart(t *testing.T) {
 	if _, err := e.js.UpdateStream(e.ctx, full); err != nil {
 		t.Fatal(err)
 	}
-	filler := nats.NewMsg(cfg.DLQPrefix + ".filler")
+	filler := nats.NewMsg(cfg.Stream.DLQPrefix + ".filler")
 	if _, err := e.js.PublishMsg(e.ctx, filler); err != nil {
 		t.Fatal(err)
 	}
@@ -400,9 +401,9 @@ func TestMaxDeliveriesNetSurvivesRestart(t *testing.T) {
 	})
 	var filed int
 	for _, m := range e.deadLetters() {
-		if p, err := consumer.ParseDeadLetter(m.Header); err == nil {
+		if p, err := stream.ParseDeadLetter(m.Header); err == nil {
 			filed++
-			if p.Reason != consumer.ReasonMaxDeliveries || p.Deliveries != 2 {
+			if p.Reason != stream.ReasonMaxDeliveries || p.Deliveries != 2 {
 				t.Errorf("dead letter %+v", p)
 			}
 		}

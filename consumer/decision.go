@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"time"
+
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Kind is what processing one message came to.
@@ -41,14 +43,6 @@ func (k Kind) String() string {
 	}
 	return "unknown"
 }
-
-// Dead-letter reasons besides payment.Reason's bad-input reasons.
-const (
-	ReasonKeyReused        = "key_reused"
-	ReasonProviderMismatch = "provider_idempotency_mismatch"
-	ReasonLedgerConflict   = "ledger_conflict"
-	ReasonMaxDeliveries    = "max_deliveries"
-)
 
 // Result is the outcome of processing one command.
 type Result struct {
@@ -106,7 +100,7 @@ func decide(r Result, deliveries uint64, maxDeliver int, base, maxDelay time.Dur
 		return Action{Kind: DeadLetterTerm, Reason: r.Reason}
 	}
 	if maxDeliver > 0 && deliveries >= uint64(maxDeliver) {
-		return Action{Kind: DeadLetterTerm, Reason: ReasonMaxDeliveries}
+		return Action{Kind: DeadLetterTerm, Reason: stream.ReasonMaxDeliveries}
 	}
 	delay := r.Delay
 	switch {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/paydedup/paydedup/stream"
 )
 
 func TestDecide(t *testing.T) {
@@ -28,10 +30,10 @@ func TestDecide(t *testing.T) {
 		{"retry, first delivery backoff", Result{Kind: Retry}, 1, Action{Kind: Nak, Delay: time.Second}},
 		{"retry, third delivery backoff", Result{Kind: Retry}, 3, Action{Kind: Nak, Delay: 4 * time.Second}},
 		{"retry, fourth delivery backoff", Result{Kind: Retry}, 4, Action{Kind: Nak, Delay: 8 * time.Second}},
-		{"retry on the last delivery", Result{Kind: Retry, Err: errors.New("503")}, max, Action{Kind: DeadLetterTerm, Reason: ReasonMaxDeliveries}},
-		{"in flight on the last delivery", Result{Kind: InFlight}, max, Action{Kind: DeadLetterTerm, Reason: ReasonMaxDeliveries}},
-		{"past the last delivery", Result{Kind: Retry}, max + 3, Action{Kind: DeadLetterTerm, Reason: ReasonMaxDeliveries}},
-		{"dead letter keeps its reason", Result{Kind: DeadLetter, Reason: ReasonKeyReused}, 1, Action{Kind: DeadLetterTerm, Reason: ReasonKeyReused}},
+		{"retry on the last delivery", Result{Kind: Retry, Err: errors.New("503")}, max, Action{Kind: DeadLetterTerm, Reason: stream.ReasonMaxDeliveries}},
+		{"in flight on the last delivery", Result{Kind: InFlight}, max, Action{Kind: DeadLetterTerm, Reason: stream.ReasonMaxDeliveries}},
+		{"past the last delivery", Result{Kind: Retry}, max + 3, Action{Kind: DeadLetterTerm, Reason: stream.ReasonMaxDeliveries}},
+		{"dead letter keeps its reason", Result{Kind: DeadLetter, Reason: stream.ReasonKeyReused}, 1, Action{Kind: DeadLetterTerm, Reason: stream.ReasonKeyReused}},
 		{"dead letter on the last delivery keeps its reason", Result{Kind: DeadLetter, Reason: "invalid_amount"}, max, Action{Kind: DeadLetterTerm, Reason: "invalid_amount"}},
 	}
 	for _, tc := range cases {

@@ -4,12 +4,14 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // While the dead-letter stream refuses writes, a message that must be
@@ -19,13 +21,13 @@ import (
 func TestDLQRefusesWritesNaks(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.cfg.MaxDeliver = 1000 // the refusal, not the delivery limit, is under test
+	e.cfg.Stream.MaxDeliver = 1000 // the refusal, not the delivery limit, is under test
 	var buf testenv.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e.startWorkerLogged("refused", logger)
 
 	// The DLQ holds one message and refuses the next (DiscardNew).
-	dlq, err := e.js.Stream(e.ctx, e.cfg.DLQStream)
+	dlq, err := e.js.Stream(e.ctx, e.cfg.Stream.DLQStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,12 +36,12 @@ func TestDLQRefusesWritesNaks(t *testing.T) {
 	if _, err := e.js.UpdateStream(e.ctx, full); err != nil {
 		t.Fatalf("limit the DLQ: %v", err)
 	}
-	filler := nats.NewMsg(e.cfg.DLQPrefix + ".filler")
+	filler := nats.NewMsg(e.cfg.Stream.DLQPrefix + ".filler")
 	filler.Data = []byte("occupies the only slot")
 	if _, err := e.js.PublishMsg(e.ctx, filler); err != nil {
 		t.Fatal(err)
 	}
-	probe := nats.NewMsg(e.cfg.DLQPrefix + ".probe")
+	probe := nats.NewMsg(e.cfg.Stream.DLQPrefix + ".probe")
 	if _, err := e.js.PublishMsg(e.ctx, probe); err == nil {
 		t.Fatal("the full DLQ accepted a write: the test would prove nothing")
 	}
@@ -61,7 +63,7 @@ func TestDLQRefusesWritesNaks(t *testing.T) {
 	e.quiescent()
 	var filed int
 	for _, m := range e.deadLetters() {
-		if p, err := consumer.ParseDeadLetter(m.Header); err == nil {
+		if p, err := stream.ParseDeadLetter(m.Header); err == nil {
 			filed++
 			if p.Reason != "malformed_json" || p.Deliveries < 4 {
 				t.Errorf("dead letter %+v, want malformed_json after at least 4 deliveries", p)
@@ -70,5 +72,24 @@ func TestDLQRefusesWritesNaks(t *testing.T) {
 	}
 	if filed != 1 {
 		t.Fatalf("%d dead letters filed, want exactly 1", filed)
+	}
+}
+
+// A dead letter's Dlq-Failed-At is the worker's clock's time (Config.Clock),
+// not the process's wall clock read directly.
+func TestDeadLetterFailedAtFromClock(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	e.cfg.Clock = clock.NewFake(at)
+	e.startWorker("clocked", nil)
+	e.publish("m_1", []byte(`{"merchant_id": "m_1", not json`), "", nil)
+	e.eventually("dead letter filed", func() bool { return len(e.deadLetters()) == 1 })
+	p, err := stream.ParseDeadLetter(e.deadLetters()[0].Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.FailedAt.Equal(at) {
+		t.Fatalf("Dlq-Failed-At %v, want the clock's %v", p.FailedAt, at)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // env is one test's world: its own Postgres schema, its own streams on the
@@ -57,8 +58,8 @@ func setupWith(t *testing.T, scfg dedup.Config) *env {
 		t.Fatal(err)
 	}
 	sim, stripe := testenv.Provider(t, 7, 2*time.Second)
-	cfg := testenv.Streams(t, js)
-	cfg.Lease, cfg.AckWait, cfg.MaxDeliver = 3*time.Second, 5*time.Second, 6
+	cfg := consumer.Config{Stream: testenv.Streams(t, js)}
+	cfg.Lease, cfg.Stream.AckWait, cfg.Stream.MaxDeliver = 3*time.Second, 5*time.Second, 6
 	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
 	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
 	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 16, 50
@@ -89,7 +90,7 @@ func (e *env) startWorkerOn(holder string, store consumer.Store) (stop func()) {
 // so a test can fill the stream first.
 func (e *env) waitStreamsCreate() {
 	e.t.Helper()
-	if _, _, err := consumer.EnsureStreams(e.ctx, e.js, e.cfg); err != nil {
+	if _, _, err := stream.EnsureStreams(e.ctx, e.js, e.cfg.Stream); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -126,8 +127,8 @@ func (e *env) run(holder string, store consumer.Store, charger consumer.Charger,
 func (e *env) waitStreams() {
 	e.t.Helper()
 	e.eventually("streams exist", func() bool {
-		_, err1 := e.js.Stream(e.ctx, e.cfg.Stream)
-		_, err2 := e.js.Stream(e.ctx, e.cfg.DLQStream)
+		_, err1 := e.js.Stream(e.ctx, e.cfg.Stream.Name)
+		_, err2 := e.js.Stream(e.ctx, e.cfg.Stream.DLQStream)
 		return err1 == nil && err2 == nil
 	})
 }
@@ -143,7 +144,7 @@ func body(merchant, key string, amount int64) []byte {
 // publish sends a raw message; msgID "" leaves Nats-Msg-Id unset.
 func (e *env) publish(merchant string, data []byte, msgID string, hdr map[string]string) {
 	e.t.Helper()
-	m := nats.NewMsg(e.cfg.SubjectPrefix + "." + merchant)
+	m := nats.NewMsg(e.cfg.Stream.SubjectPrefix + "." + merchant)
 	m.Data = data
 	for k, v := range hdr {
 		m.Header.Set(k, v)
@@ -180,7 +181,7 @@ func (e *env) count(sql string, args ...any) int {
 func (e *env) quiescent() {
 	e.t.Helper()
 	e.eventually("consumer quiescent", func() bool {
-		c, err := e.js.Consumer(e.ctx, e.cfg.Stream, e.cfg.Durable)
+		c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
 		if err != nil {
 			return false
 		}
@@ -191,7 +192,7 @@ func (e *env) quiescent() {
 
 func (e *env) deadLetters() []*jetstream.RawStreamMsg {
 	e.t.Helper()
-	s, err := e.js.Stream(e.ctx, e.cfg.DLQStream)
+	s, err := e.js.Stream(e.ctx, e.cfg.Stream.DLQStream)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestSameCommandFiveTimesChargedOnce(t *testing.T) {
 	if n := len(e.deadLetters()); n != 0 {
 		t.Fatalf("%d dead letters, want 0", n)
 	}
-	s, _ := e.js.Stream(e.ctx, e.cfg.Stream)
+	s, _ := e.js.Stream(e.ctx, e.cfg.Stream.Name)
 	info, _ := s.Info(e.ctx)
 	if info.State.Msgs != 5 {
 		t.Fatalf("stream holds %d messages, want 5", info.State.Msgs)
@@ -339,18 +340,18 @@ func TestBadInputDeadLettered(t *testing.T) {
 			t.Errorf("%s: no dead letter", c.name)
 			continue
 		}
-		p, err := consumer.ParseDeadLetter(m.Header)
+		p, err := stream.ParseDeadLetter(m.Header)
 		if err != nil {
 			t.Errorf("%s: %v", c.name, err)
 			continue
 		}
-		if p.Reason != c.reason || m.Subject != e.cfg.DLQPrefix+"."+c.reason {
+		if p.Reason != c.reason || m.Subject != e.cfg.Stream.DLQPrefix+"."+c.reason {
 			t.Errorf("%s: reason %q on %s, want %q", c.name, p.Reason, m.Subject, c.reason)
 		}
 		if string(m.Data) != c.data {
 			t.Errorf("%s: body not kept byte for byte", c.name)
 		}
-		if p.OrigSubject != e.cfg.SubjectPrefix+"."+c.merchant || p.OrigStream != e.cfg.Stream || p.OrigSeq == 0 || p.Deliveries != 1 || p.Error == "" {
+		if p.OrigSubject != e.cfg.Stream.SubjectPrefix+"."+c.merchant || p.OrigStream != e.cfg.Stream.Name || p.OrigSeq == 0 || p.Deliveries != 1 || p.Error == "" {
 			t.Errorf("%s: headers %+v", c.name, p)
 		}
 		if got := m.Header.Get("Dlq-Orig-Msg-Id"); got != fmt.Sprintf("bad-%d", i) {
@@ -392,8 +393,8 @@ func TestProviderDownMaxDeliveries(t *testing.T) {
 	e.publish("m_1", body("m_1", "down", 100), "", nil)
 	e.eventually("max_deliveries dead letter", func() bool { return len(e.deadLetters()) == 1 })
 	dl := e.deadLetters()[0]
-	p, err := consumer.ParseDeadLetter(dl.Header)
-	if err != nil || p.Reason != consumer.ReasonMaxDeliveries || p.Deliveries != uint64(e.cfg.MaxDeliver) {
+	p, err := stream.ParseDeadLetter(dl.Header)
+	if err != nil || p.Reason != stream.ReasonMaxDeliveries || p.Deliveries != uint64(e.cfg.Stream.MaxDeliver) {
 		t.Fatalf("dead letter %+v %v", p, err)
 	}
 	e.quiescent()

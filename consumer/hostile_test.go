@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // hostileCase is one kind of hostile message and the one reason it must be
@@ -131,7 +131,7 @@ func TestHostileInput(t *testing.T) {
 
 	byCase := map[string][]string{}
 	for _, m := range e.deadLetters() {
-		p, err := consumer.ParseDeadLetter(m.Header)
+		p, err := stream.ParseDeadLetter(m.Header)
 		if err != nil {
 			t.Errorf("unparseable dead letter: %v", err)
 			continue

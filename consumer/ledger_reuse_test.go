@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // TestPurgedKeyReusedDeadLettered: once a completed key's row is purged
@@ -36,8 +36,8 @@ func TestPurgedKeyReusedDeadLettered(t *testing.T) {
 	e.publish("m_1", body("m_1", "old", 999), "", nil)
 	e.eventually("key_reused dead letter", func() bool { return len(e.deadLetters()) == 1 })
 	dl := e.deadLetters()[0]
-	p, err := consumer.ParseDeadLetter(dl.Header)
-	if err != nil || p.Reason != consumer.ReasonKeyReused || !strings.Contains(dl.Header.Get("Dlq-Error"), "purged") {
+	p, err := stream.ParseDeadLetter(dl.Header)
+	if err != nil || p.Reason != stream.ReasonKeyReused || !strings.Contains(dl.Header.Get("Dlq-Error"), "purged") {
 		t.Fatalf("dead letter %+v (%q) %v, want key_reused naming the purged record", p, dl.Header.Get("Dlq-Error"), err)
 	}
 

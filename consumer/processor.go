@@ -12,6 +12,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Store is what the processor needs from the idempotency store.
@@ -42,7 +43,7 @@ type Processor struct {
 	cfg       Config
 	logger    *slog.Logger
 	committer *committer
-	observer  Observer      // set by NewWorker; may be nil
+	observer  Observer      // set by NewWorker; NopObserver until then
 	calls     chan struct{} // the provider call pool: Concurrency calls at once
 }
 
@@ -52,19 +53,9 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 		logger = slog.New(slog.DiscardHandler)
 	}
 	cfg = cfg.WithDefaults()
-	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger,
+	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger, observer: NopObserver{},
 		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait),
 		calls:     make(chan struct{}, cfg.Concurrency)}
-}
-
-// Process claims and handles one command: the whole business step for a
-// single message.
-func (p *Processor) Process(ctx context.Context, cmd *payment.Command, progress func()) Result {
-	claims, err := p.Claim(ctx, []*payment.Command{cmd})
-	if err != nil {
-		return Result{Kind: Retry, Err: err}
-	}
-	return p.Handle(ctx, cmd, claims[0], progress)
 }
 
 // Claim claims a batch of commands in one round trip.
@@ -86,9 +77,7 @@ func (p *Processor) claim(ctx context.Context, cmds []*payment.Command, traceIDs
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}
-	if p.observer != nil {
-		p.observer.Claimed(time.Since(start), len(reqs))
-	}
+	p.observer.Claimed(time.Since(start), len(reqs))
 	return res, nil
 }
 
@@ -109,10 +98,10 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 		return Result{Kind: InFlight, Delay: claim.RetryIn, Err: errors.New("another worker holds the key's lease")}
 	case dedup.Mismatch:
 		if claim.FromLedger {
-			return Result{Kind: DeadLetter, Reason: ReasonKeyReused,
+			return Result{Kind: DeadLetter, Reason: stream.ReasonKeyReused,
 				Err: errors.New("idempotency key reused with a different payment: the key's record was purged and the ledger's payment under it has another amount or currency")}
 		}
-		return Result{Kind: DeadLetter, Reason: ReasonKeyReused,
+		return Result{Kind: DeadLetter, Reason: stream.ReasonKeyReused,
 			Err: errors.New("idempotency key reused with a different payment: the request fingerprint differs from the stored one")}
 	case dedup.NeedsLookup:
 		return Result{Kind: Retry, Delay: claim.RetryIn,
@@ -150,16 +139,14 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	}, p.cfg.ProviderTry)
 	<-p.calls
 	cancel()
-	if p.observer != nil {
-		result := "charged"
-		switch {
-		case err != nil:
-			result = provider.ClassOf(err).String()
-		case out.Declined:
-			result = "declined"
-		}
-		p.observer.ProviderCalled(time.Since(start), result)
+	result := "charged"
+	switch {
+	case err != nil:
+		result = provider.ClassOf(err).String()
+	case out.Declined:
+		result = "declined"
 	}
+	p.observer.ProviderCalled(time.Since(start), result)
 	leaseLost := lost()
 
 	// Writes below must happen even if ctx was cancelled by a drain.
@@ -194,7 +181,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		case errors.Is(cerr, dedup.ErrLedgerConflict):
 			log.Error("ledger conflict: provider charge already recorded under another key", "charge_id", out.ChargeID, "error", cerr)
 			p.release(sctx, lease, cerr.Error(), log)
-			return Result{Kind: DeadLetter, Reason: ReasonLedgerConflict, Err: cerr, Attempt: lease.Attempt}
+			return Result{Kind: DeadLetter, Reason: stream.ReasonLedgerConflict, Err: cerr, Attempt: lease.Attempt}
 		default:
 			// The provider charged but we could not record it. The row stays
 			// pending; the redelivery re-calls with the same key and gets the
@@ -213,7 +200,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	switch provider.ClassOf(err) {
 	case provider.ClassMismatch:
 		p.release(sctx, lease, err.Error(), log)
-		return Result{Kind: DeadLetter, Reason: ReasonProviderMismatch, Err: err, Attempt: lease.Attempt}
+		return Result{Kind: DeadLetter, Reason: stream.ReasonProviderMismatch, Err: err, Attempt: lease.Attempt}
 	case provider.ClassRetryable:
 		status, ferr := p.store.Fail(sctx, lease, err.Error())
 		if ferr != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
@@ -96,8 +97,8 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := testenv.Streams(t, js)
-	cfg.Lease, cfg.AckWait, cfg.MaxDeliver = 3*time.Second, 5*time.Second, 2
+	cfg := consumer.Config{Stream: testenv.Streams(t, js)}
+	cfg.Lease, cfg.Stream.AckWait, cfg.Stream.MaxDeliver = 3*time.Second, 5*time.Second, 2
 	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 800 * time.Millisecond, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
 	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 200*time.Millisecond
 	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 4, 10
@@ -145,7 +146,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 
 	// A day and an hour later: the provider has forgotten the key.
 	clk.Advance(25 * time.Hour)
-	rep, err := consumer.ReplayDeadLetters(e.ctx, js, cfg, consumer.ReplayOptions{All: true, Now: time.Now().Add(25 * time.Hour)})
+	rep, err := dlq.Replay(e.ctx, js, cfg.Stream, dlq.ReplayOptions{All: true, Now: time.Now().Add(25 * time.Hour)})
 	if err != nil || rep.Replayed != 1 {
 		t.Fatalf("replay: %+v %v", rep, err)
 	}

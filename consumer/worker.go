@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // fetchWait is how long an idle fetch waits for a message. It bounds how
@@ -34,7 +34,8 @@ const (
 )
 
 // Observer receives what the worker does; metrics implement it. A nil
-// Observer is never called.
+// Observer observes nothing. An observer that wants only some of the
+// events embeds NopObserver and implements those.
 type Observer interface {
 	// Settled reports one message's result and fate.
 	Settled(kind Kind, action Action)
@@ -48,6 +49,25 @@ type Observer interface {
 	// ("charged", "declined", or the provider.Class name of the error).
 	ProviderCalled(d time.Duration, result string)
 }
+
+// NopObserver observes nothing. Embed it in an Observer to implement only
+// the methods it needs.
+type NopObserver struct{}
+
+// Settled implements Observer.
+func (NopObserver) Settled(Kind, Action) {}
+
+// InFlight implements Observer.
+func (NopObserver) InFlight(int) {}
+
+// Claimed implements Observer.
+func (NopObserver) Claimed(time.Duration, int) {}
+
+// Committed implements Observer.
+func (NopObserver) Committed(time.Duration, int) {}
+
+// ProviderCalled implements Observer.
+func (NopObserver) ProviderCalled(time.Duration, string) {}
 
 // LatencyObserver is an optional extension of Observer: it also receives
 // how long each message took from its fetch to its settling.
@@ -71,15 +91,15 @@ type Worker struct {
 	draining atomic.Bool
 }
 
-// NewWorker validates cfg and returns a worker on the connection. obs may
-// be nil. Spans are created with the global-free tracer set by SetTracer;
+// NewWorker validates cfg and returns a worker on the connection, reporting
+// to obs (nil observes nothing). Spans are created with the global-free tracer set by SetTracer;
 // without one, a no-op tracer costs nothing.
 func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, obs Observer) (*Worker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("worker configuration: %w", err)
 	}
-	if err := ValidateDLQKey(cfg.DLQKey); err != nil {
+	if err := stream.ValidateDLQKey(cfg.Stream.DLQKey); err != nil {
 		return nil, fmt.Errorf("worker configuration: %w", err)
 	}
 	if logger == nil {
@@ -88,6 +108,9 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if obs == nil {
+		obs = NopObserver{}
 	}
 	proc.observer = obs
 	proc.committer.observer = obs
@@ -109,7 +132,7 @@ func (w *Worker) Draining() bool { return w.draining.Load() }
 // finish within DrainTimeout, cancels what is still running (those rows are
 // released and their messages nakked, never acked), and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
-	_, cons, err := EnsureStreams(ctx, w.js, w.cfg)
+	_, cons, err := stream.EnsureStreams(ctx, w.js, w.cfg.Stream)
 	if err != nil {
 		return err
 	}
@@ -129,11 +152,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	// extra slots keep claims and commits of other messages overlapping
 	// with the calls, so the provider pool does not idle while a batch is
 	// claimed or committed. MaxAckPending caps them consumer-wide anyway.
-	slots := make(chan struct{}, min(w.cfg.Concurrency+2*w.cfg.FetchBatch, max(w.cfg.MaxAckPending, w.cfg.Concurrency)))
+	slots := make(chan struct{}, min(w.cfg.Concurrency+2*w.cfg.FetchBatch, max(w.cfg.Stream.MaxAckPending, w.cfg.Concurrency)))
 	var wg sync.WaitGroup
 
 	fetchFailures := 0
-	w.logger.Info("worker started", "stream", w.cfg.Stream, "consumer", w.cfg.Durable, "holder", w.cfg.Holder,
+	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
 		"concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease.String())
 	for ctx.Err() == nil {
 		n := w.reserve(ctx, slots)
@@ -335,50 +358,24 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			})
 			continue
 		}
-		if w.observer != nil {
-			w.observer.InFlight(1)
-		}
+		w.observer.InFlight(1)
 		spawn(func() {
 			defer func() { <-slots }()
-			if w.observer != nil {
-				defer w.observer.InFlight(-1)
-			}
+			defer w.observer.InFlight(-1)
 			res := w.proc.handle(in.ctx, in.cmd, claim, func() { _ = in.msg.InProgress() }, in.log)
 			w.settle(ctx, in, res)
 		})
 	}
 }
 
-// decode reads the command from a message (decodeMessage).
+// decode reads the command from a message (stream.DecodeCommand).
 func (w *Worker) decode(m jetstream.Msg) (*payment.Command, error) {
-	return decodeMessage(w.cfg, m.Subject(), m.Headers(), m.Data())
-}
-
-// decodeMessage reads a command as the worker does: strict JSON within
-// cfg's limits, the subject's merchant token, and the optional
-// Idempotency-Key header. The gateway's publisher runs it on the message it
-// is about to publish.
-func decodeMessage(cfg Config, subject string, header nats.Header, data []byte) (*payment.Command, error) {
-	env := payment.Envelope{}
-	if tok, ok := strings.CutPrefix(subject, cfg.SubjectPrefix+"."); ok {
-		env.SubjectMerchant = tok
-		if tok == "" || strings.Contains(tok, ".") {
-			return nil, &payment.ValidationError{Reason: payment.ReasonMerchantMismatch, Field: "subject",
-				Msg: fmt.Sprintf("subject %q must be %s.<merchant_id>", subject, cfg.SubjectPrefix)}
-		}
-	}
-	if vals, ok := header[HeaderIdempotencyKey]; ok {
-		env.HeaderKeySet = true
-		if len(vals) > 0 {
-			env.HeaderKey = vals[0]
-		}
-	}
-	return payment.Decode(data, env, cfg.Limits)
+	return stream.DecodeCommand(w.cfg.Stream, m.Subject(), m.Headers(), m.Data())
 }
 
 // settle carries out decide's verdict on one message.
 func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
-	act := decide(res, in.meta.NumDelivered, w.cfg.MaxDeliver, w.cfg.RetryBase, w.cfg.RetryMax)
+	act := decide(res, in.meta.NumDelivered, w.cfg.Stream.MaxDeliver, w.cfg.RetryBase, w.cfg.RetryMax)
 	log := in.log
 	if res.Attempt > 0 {
 		log = log.With("attempt", res.Attempt)
@@ -401,15 +398,15 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 		log.Debug("message nakked", "result", res.Kind.String(), "delay", delay.String(), "error", errString(res.Err))
 	case DeadLetterTerm:
 		errForDLQ := res.Err
-		if act.Reason == ReasonMaxDeliveries && res.Kind != DeadLetter {
+		if act.Reason == stream.ReasonMaxDeliveries && res.Kind != DeadLetter {
 			errForDLQ = fmt.Errorf("last allowed delivery (%d) ended %s: %v", in.meta.NumDelivered, res.Kind, res.Err)
 		}
-		d := Letter{
+		d := stream.Letter{
 			Reason: act.Reason, Err: errForDLQ, OrigSubject: in.msg.Subject(), OrigStream: in.meta.Stream,
 			OrigSeq: in.meta.Sequence.Stream, Deliveries: in.meta.NumDelivered,
-			Header: in.msg.Headers(), Data: in.msg.Data(), FailedAt: time.Now(),
+			Header: in.msg.Headers(), Data: in.msg.Data(), FailedAt: w.cfg.Clock.Now(),
 		}
-		if err := fileDeadLetter(sctx, w.js, w.cfg, d); err != nil {
+		if err := fileDeadLetter(sctx, w.js, w.cfg.Stream, d); err != nil {
 			// Never drop: leave the message to be redelivered.
 			log.Error("dead-letter publish failed; message nakked instead", "reason", act.Reason, "error", err)
 			_ = in.msg.NakWithDelay(w.cfg.RetryBase)
@@ -421,11 +418,9 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 		w.deadLetteredIntake(sctx, in, act.Reason, errForDLQ, log)
 		log.Warn("message dead-lettered", "reason", act.Reason, "error", errString(errForDLQ))
 	}
-	if w.observer != nil {
-		w.observer.Settled(res.Kind, act)
-		if lo, ok := w.observer.(LatencyObserver); ok {
-			lo.SettledIn(res.Kind, time.Since(in.fetched))
-		}
+	w.observer.Settled(res.Kind, act)
+	if lo, ok := w.observer.(LatencyObserver); ok {
+		lo.SettledIn(res.Kind, time.Since(in.fetched))
 	}
 	if in.span != nil {
 		in.span.SetAttributes(attribute.String("paydedup.result", res.Kind.String()), attribute.String("paydedup.action", act.Kind.String()))

@@ -20,6 +20,7 @@ import (
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // The roles migrations 00002 and 00006 create.
@@ -87,7 +88,7 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := consumer.Config{
-		Holder: "role-test", Lease: 5 * time.Second, AckWait: 10 * time.Second,
+		Holder: "role-test", Lease: 5 * time.Second, Stream: stream.Config{AckWait: 10 * time.Second},
 		ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: time.Second},
 	}
 	if err := cfg.WithDefaults().Validate(); err != nil {
@@ -99,7 +100,11 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	}
 	process := func(c *payment.Command, want consumer.Kind) {
 		t.Helper()
-		if res := proc.Process(ctx, c, nil); res.Kind != want {
+		claims, err := proc.Claim(ctx, []*payment.Command{c})
+		if err != nil {
+			t.Fatalf("%s: claim: %v", c.IdempotencyKey, err)
+		}
+		if res := proc.Handle(ctx, c, claims[0], nil); res.Kind != want {
 			t.Fatalf("%s: %s (%v), want %s", c.IdempotencyKey, res.Kind, res.Err, want)
 		}
 	}

@@ -738,7 +738,7 @@ func checkScaledObjects(t *testing.T, b *binary, r *rendering, w *appsv1.Deploym
 			}
 			md := tr.Metadata
 			// The worker's own names: its environment if it sets them, else
-			// consumer/config.go's defaults.
+			// stream/config.go's defaults.
 			for key, want := range map[string]string{
 				"stream":   cmp.Or(wenv["PAYDEDUP_STREAM"], b.stream),
 				"consumer": cmp.Or(wenv["PAYDEDUP_DURABLE"], b.durable),

@@ -23,14 +23,15 @@ const mainModule = ".."
 // module's source rather than imported: importing it would tie this module's
 // go.mod to every dependency bump over there.
 type binary struct {
-	// From consumer/config.go.
+	// From stream/config.go.
 	stream        string        // DefaultStream
 	durable       string        // DefaultDurable
-	drainTimeout  time.Duration // DefaultDrainTimeout
-	concurrency   int           // DefaultConcurrency
 	maxAckPending int           // DefaultMaxAckPending
-	keyRetention  time.Duration // DefaultKeyRetention
 	streamMaxAge  time.Duration // DefaultStreamMaxAge
+	// From consumer/config.go.
+	drainTimeout time.Duration // DefaultDrainTimeout
+	concurrency  int           // DefaultConcurrency
+	keyRetention time.Duration // DefaultKeyRetention
 
 	// String literals of every non-test Go file: the environment variables it
 	// reads, the HTTP routes it serves, the metric names it registers.
@@ -60,50 +61,51 @@ func readBinary(t *testing.T) *binary {
 
 func parseBinary(root string) (*binary, error) {
 	b := &binary{literals: map[string]bool{}}
-	consts, err := goConsts(filepath.Join(root, "consumer", "config.go"))
-	if err != nil {
-		return nil, err
-	}
 	for _, f := range []struct {
+		file string
 		name string
 		dst  any
 	}{
-		{"DefaultStream", &b.stream},
-		{"DefaultDurable", &b.durable},
-		{"DefaultDrainTimeout", &b.drainTimeout},
-		{"DefaultConcurrency", &b.concurrency},
-		{"DefaultMaxAckPending", &b.maxAckPending},
-		{"DefaultKeyRetention", &b.keyRetention},
-		{"DefaultStreamMaxAge", &b.streamMaxAge},
+		{"stream/config.go", "DefaultStream", &b.stream},
+		{"stream/config.go", "DefaultDurable", &b.durable},
+		{"stream/config.go", "DefaultMaxAckPending", &b.maxAckPending},
+		{"stream/config.go", "DefaultStreamMaxAge", &b.streamMaxAge},
+		{"consumer/config.go", "DefaultDrainTimeout", &b.drainTimeout},
+		{"consumer/config.go", "DefaultConcurrency", &b.concurrency},
+		{"consumer/config.go", "DefaultKeyRetention", &b.keyRetention},
 	} {
+		consts, err := goConsts(filepath.Join(root, filepath.FromSlash(f.file)))
+		if err != nil {
+			return nil, err
+		}
 		v, ok := consts[f.name]
 		if !ok {
-			return nil, fmt.Errorf("consumer/config.go: constant %s not found (renamed? update deploy/source_test.go)", f.name)
+			return nil, fmt.Errorf("%s: constant %s not found (renamed? update deploy/source_test.go)", f.file, f.name)
 		}
 		switch dst := f.dst.(type) {
 		case *string:
 			s, ok := v.(string)
 			if !ok {
-				return nil, fmt.Errorf("consumer/config.go: %s is not a string constant", f.name)
+				return nil, fmt.Errorf("%s: %s is not a string constant", f.file, f.name)
 			}
 			*dst = s
 		case *int:
 			n, ok := v.(int64)
 			if !ok {
-				return nil, fmt.Errorf("consumer/config.go: %s is not an integer constant", f.name)
+				return nil, fmt.Errorf("%s: %s is not an integer constant", f.file, f.name)
 			}
 			*dst = int(n)
 		case *time.Duration:
 			n, ok := v.(int64)
 			if !ok {
-				return nil, fmt.Errorf("consumer/config.go: %s is not a duration constant", f.name)
+				return nil, fmt.Errorf("%s: %s is not a duration constant", f.file, f.name)
 			}
 			*dst = time.Duration(n)
 		}
 	}
 
 	fset := token.NewFileSet()
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}

@@ -69,7 +69,7 @@ func (unpublished) Publish(context.Context, *payment.Command, map[string]string,
 func TestPreferWaitOtherBody422(t *testing.T) {
 	t.Parallel()
 	w := setupWith(t, gateway.Config{}, options{pub: func(p gateway.Publisher) gateway.Publisher { return unpublished{p} }})
-	m := nats.NewMsg(w.cfg.SubjectPrefix + ".m_a")
+	m := nats.NewMsg(w.cfg.Stream.SubjectPrefix + ".m_a")
 	m.Data = []byte(`{"merchant_id":"m_a","idempotency_key":"race","amount":999,"currency":"usd","payment_method":"pm_card_visa"}`)
 	if _, err := w.js.PublishMsg(w.ctx, m); err != nil {
 		t.Fatal(err)

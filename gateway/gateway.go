@@ -93,7 +93,7 @@ type Completions interface {
 }
 
 // Publisher publishes a validated command to the worker's stream.
-// consumer.CommandPublisher implements it.
+// stream.CommandPublisher implements it.
 type Publisher interface {
 	// Check builds the message Publish would publish and decodes it as the
 	// worker will; a *payment.ValidationError is why the worker would

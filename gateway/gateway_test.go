@@ -330,7 +330,7 @@ func TestHTTPAndQueueSameKey(t *testing.T) {
 	w.startWorker()
 	publish := func(key string) {
 		t.Helper()
-		m := nats.NewMsg(w.cfg.SubjectPrefix + ".m_a")
+		m := nats.NewMsg(w.cfg.Stream.SubjectPrefix + ".m_a")
 		m.Data = []byte(`{"merchant_id":"m_a","idempotency_key":"` + key + `","amount":900,"currency":"usd","payment_method":"pm_card_visa"}`)
 		if _, err := w.js.PublishMsg(w.ctx, m); err != nil { // no Nats-Msg-Id: both copies reach the stream
 			t.Fatal(err)
@@ -352,7 +352,7 @@ func TestHTTPAndQueueSameKey(t *testing.T) {
 
 	w.waitStatus("m_a", "http-first", dedup.StatusCompleted)
 	w.eventually("every message settled", func() bool {
-		c, err := w.js.Consumer(w.ctx, w.cfg.Stream, w.cfg.Durable)
+		c, err := w.js.Consumer(w.ctx, w.cfg.Stream.Name, w.cfg.Stream.Durable)
 		if err != nil {
 			return false
 		}

@@ -36,7 +36,7 @@ func (p *flakyPublisher) Publish(ctx context.Context, cmd *payment.Command, extr
 // storedMsgs returns the stored messages of the payments stream.
 func (w *world) storedMsgs() []*nats.Msg {
 	w.t.Helper()
-	s, err := w.js.Stream(w.ctx, w.cfg.Stream)
+	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestPublishedBytesAreTheValidatedBytes(t *testing.T) {
 func TestDeadLetterIsTerminalAtTheGateway(t *testing.T) {
 	t.Parallel()
 	w := setupWith(t, gateway.Config{PublishLease: time.Second, RepublishAfter: time.Second},
-		options{worker: func(c *consumer.Config) { c.Limits.MaxAmount = 1000 }})
+		options{worker: func(c *consumer.Config) { c.Stream.Limits.MaxAmount = 1000 }})
 	w.startWorker()
 	body := payBody(5000, "pm_card_visa")
 	wantStatus(t, w.post("big", body), http.StatusAccepted)
@@ -232,7 +232,7 @@ func TestRepublishOnlyWhenTheStreamLostIt(t *testing.T) {
 		t.Fatalf("%d publishes while the first copy is in the stream, want 1", n)
 	}
 
-	s, err := w.js.Stream(w.ctx, w.cfg.Stream)
+	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // world is one test's world: its own schema, streams, simulator, gateway
@@ -111,8 +112,8 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		t.Fatal(err)
 	}
 	sim, stripe := testenv.Provider(t, 9, 4*time.Second)
-	cfg := testenv.Streams(t, js)
-	cfg.Lease, cfg.AckWait, cfg.MaxDeliver = 10*time.Second, 15*time.Second, 6
+	cfg := consumer.Config{Stream: testenv.Streams(t, js)}
+	cfg.Lease, cfg.Stream.AckWait, cfg.Stream.MaxDeliver = 10*time.Second, 15*time.Second, 6
 	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 4 * time.Second, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
 	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 500*time.Millisecond
 	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 8, 20
@@ -120,7 +121,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	// create them too when it starts).
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, _, err := consumer.EnsureStreams(sctx, js, cfg); err != nil {
+	if _, _, err := stream.EnsureStreams(sctx, js, cfg.Stream); err != nil {
 		t.Fatal(err)
 	}
 
@@ -133,7 +134,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	go func() { defer close(compDone); _ = comp.Run(compCtx) }()
 	t.Cleanup(func() { stopComp(); <-compDone })
 
-	pub, err := consumer.NewCommandPublisher(nc, cfg, 0)
+	pub, err := stream.NewCommandPublisher(nc, cfg.Stream, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +329,7 @@ func (w *world) waitStatus(merchant, key string, st dedup.Status) {
 
 func (w *world) streamMsgs() uint64 {
 	w.t.Helper()
-	s, err := w.js.Stream(w.ctx, w.cfg.Stream)
+	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // natsFlags are the NATS connection settings every command shares. Secrets
@@ -159,17 +160,17 @@ func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 	f.IntVar(&c.CommitBatch, "commit-batch", a.envInt("PAYDEDUP_COMMIT_BATCH", consumer.DefaultCommitBatch), "completions per group commit at most; 1 commits each alone (PAYDEDUP_COMMIT_BATCH)")
 	f.DurationVar(&c.CommitWait, "commit-wait", a.envDuration("PAYDEDUP_COMMIT_WAIT", consumer.DefaultCommitWait), "how long a group commit waits for more completions (PAYDEDUP_COMMIT_WAIT)")
 	f.DurationVar(&c.Lease, "lease", a.envDuration("PAYDEDUP_LEASE", consumer.DefaultLease), "claim lease; must exceed the provider retry budget (PAYDEDUP_LEASE)")
-	f.DurationVar(&c.AckWait, "ack-wait", a.envDuration("PAYDEDUP_ACK_WAIT", consumer.DefaultAckWait), "JetStream AckWait; must exceed the lease (PAYDEDUP_ACK_WAIT)")
-	f.IntVar(&c.MaxDeliver, "max-deliver", a.envInt("PAYDEDUP_MAX_DELIVER", consumer.DefaultMaxDeliver), "deliveries before a message is dead-lettered as max_deliveries (PAYDEDUP_MAX_DELIVER)")
-	f.IntVar(&c.MaxAckPending, "max-ack-pending", a.envInt("PAYDEDUP_MAX_ACK_PENDING", consumer.DefaultMaxAckPending), "JetStream MaxAckPending of the consumer (PAYDEDUP_MAX_ACK_PENDING)")
+	f.DurationVar(&c.Stream.AckWait, "ack-wait", a.envDuration("PAYDEDUP_ACK_WAIT", stream.DefaultAckWait), "JetStream AckWait; must exceed the lease (PAYDEDUP_ACK_WAIT)")
+	f.IntVar(&c.Stream.MaxDeliver, "max-deliver", a.envInt("PAYDEDUP_MAX_DELIVER", stream.DefaultMaxDeliver), "deliveries before a message is dead-lettered as max_deliveries (PAYDEDUP_MAX_DELIVER)")
+	f.IntVar(&c.Stream.MaxAckPending, "max-ack-pending", a.envInt("PAYDEDUP_MAX_ACK_PENDING", stream.DefaultMaxAckPending), "JetStream MaxAckPending of the consumer (PAYDEDUP_MAX_ACK_PENDING)")
 	f.StringVar(&w.backoffRaw, "backoff", a.getenv("PAYDEDUP_BACKOFF"), "optional JetStream redelivery backoff, e.g. 1m,2m,5m; each step must exceed the lease (PAYDEDUP_BACKOFF)")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", consumer.DefaultDrainTimeout), "on SIGTERM, how long in-flight work may finish before it is released and nakked (PAYDEDUP_DRAIN_TIMEOUT)")
-	f.DurationVar(&c.StreamMaxAge, "stream-max-age", a.envDuration("PAYDEDUP_STREAM_MAX_AGE", consumer.DefaultStreamMaxAge), "MaxAge of the PAYMENTS stream; must be below key retention (PAYDEDUP_STREAM_MAX_AGE)")
-	f.DurationVar(&c.DLQMaxAge, "dlq-max-age", a.envDuration("PAYDEDUP_DLQ_MAX_AGE", consumer.DefaultDLQMaxAge), "MaxAge of the PAYMENTS_DLQ stream (PAYDEDUP_DLQ_MAX_AGE)")
-	f.DurationVar(&c.DuplicateWindow, "duplicate-window", a.envDuration("PAYDEDUP_DUPLICATE_WINDOW", consumer.DefaultDuplicateWindow), "duplicate window of the PAYMENTS stream (PAYDEDUP_DUPLICATE_WINDOW)")
+	f.DurationVar(&c.Stream.StreamMaxAge, "stream-max-age", a.envDuration("PAYDEDUP_STREAM_MAX_AGE", stream.DefaultStreamMaxAge), "MaxAge of the PAYMENTS stream; must be below key retention (PAYDEDUP_STREAM_MAX_AGE)")
+	f.DurationVar(&c.Stream.DLQMaxAge, "dlq-max-age", a.envDuration("PAYDEDUP_DLQ_MAX_AGE", stream.DefaultDLQMaxAge), "MaxAge of the PAYMENTS_DLQ stream (PAYDEDUP_DLQ_MAX_AGE)")
+	f.DurationVar(&c.Stream.DuplicateWindow, "duplicate-window", a.envDuration("PAYDEDUP_DUPLICATE_WINDOW", stream.DefaultDuplicateWindow), "duplicate window of the PAYMENTS stream (PAYDEDUP_DUPLICATE_WINDOW)")
 	f.DurationVar(&c.KeyRetention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys are kept (PAYDEDUP_KEY_RETENTION)")
-	f.Int64Var(&c.Limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", 99_999_999), "largest accepted amount in minor units (PAYDEDUP_MAX_AMOUNT)")
-	f.IntVar(&c.Limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", 64<<10), "largest accepted message body (PAYDEDUP_MAX_BODY_BYTES)")
+	f.Int64Var(&c.Stream.Limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", 99_999_999), "largest accepted amount in minor units (PAYDEDUP_MAX_AMOUNT)")
+	f.IntVar(&c.Stream.Limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", 64<<10), "largest accepted message body (PAYDEDUP_MAX_BODY_BYTES)")
 	f.IntVar(&w.maxTries, "provider-tries", a.envInt("PAYDEDUP_PROVIDER_TRIES", provider.DefaultMaxTries), "provider attempts per delivery (PAYDEDUP_PROVIDER_TRIES)")
 	f.StringVar(&c.Holder, "holder", a.getenv("PAYDEDUP_HOLDER"), "lease holder id; default host name, pid and a random suffix (PAYDEDUP_HOLDER)")
 }
@@ -187,7 +188,7 @@ func (w *workerFlags) config(p providerFlags) (consumer.Config, error) {
 			if err != nil {
 				return c, fmt.Errorf("PAYDEDUP_BACKOFF / --backoff: %w", err)
 			}
-			c.BackOff = append(c.BackOff, d)
+			c.Stream.BackOff = append(c.Stream.BackOff, d)
 		}
 	}
 	c = c.WithDefaults()
@@ -205,10 +206,10 @@ const dlqKeyEnv = "PAYDEDUP_DLQ_KEY"
 // when it is missing or too short.
 func (a *app) dlqKey() ([]byte, error) {
 	key := []byte(a.getenv(dlqKeyEnv))
-	if err := consumer.ValidateDLQKey(key); err != nil {
+	if err := stream.ValidateDLQKey(key); err != nil {
 		if len(key) == 0 {
 			return nil, fmt.Errorf("%s is not set: dead letters are authenticated with it; set the same secret of at least %d bytes on every worker and wherever dlq replay runs (e.g. openssl rand -hex 32)",
-				dlqKeyEnv, consumer.MinDLQKeyLen)
+				dlqKeyEnv, stream.MinDLQKeyLen)
 		}
 		return nil, fmt.Errorf("%s: %w", dlqKeyEnv, err)
 	}
@@ -222,7 +223,7 @@ func (a *app) labDLQKey() ([]byte, error) {
 	if a.getenv(dlqKeyEnv) != "" {
 		return a.dlqKey()
 	}
-	b := make([]byte, consumer.MinDLQKeyLen)
+	b := make([]byte, stream.MinDLQKeyLen)
 	if _, err := rand.Read(b); err != nil {
 		return nil, fmt.Errorf("generate a DLQ key: %w", err)
 	}

@@ -10,9 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/lab/demo"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/stream"
 )
 
 type demoCmd struct {
@@ -60,8 +60,8 @@ PAYDEDUP_STREAM and friends say otherwise, and deletes the streams it created.`,
 	// as a flag default that --help would print.
 	f.StringVar(&c.DatabaseURL, "database-url", "", "PostgreSQL URL (default: $DATABASE_URL, else the local server's database "+demo.Database+")")
 	f.StringVar(&c.NATSURL, "nats-url", "", "NATS URL (default: $NATS_URL, else an embedded JetStream server)")
-	d.streams.bindDefaults(cmd, a, consumer.Config{
-		Stream: "PAYDEDUP_DEMO", SubjectPrefix: "paydedup_demo.requests",
+	d.streams.bindDefaults(cmd, a, stream.Config{
+		Name: "PAYDEDUP_DEMO", SubjectPrefix: "paydedup_demo.requests",
 		DLQStream: "PAYDEDUP_DEMO_DLQ", DLQPrefix: "paydedup_demo.dlq", Durable: "paydedup-demo",
 	})
 	f.IntVar(&c.Payments, "payments", 3000, "distinct payments to publish")

@@ -16,9 +16,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/stream"
 	"github.com/spf13/cobra"
-
-	"github.com/paydedup/paydedup/consumer"
 )
 
 func newDLQCmd(a *app) *cobra.Command {
@@ -139,7 +139,7 @@ type dlqEntry struct {
 	Unverified     string    `json:"unverified,omitempty"`
 }
 
-func entry(d consumer.DeadLetterInfo) dlqEntry {
+func entry(d dlq.Info) dlqEntry {
 	return dlqEntry{
 		Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey,
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: d.Error,
@@ -161,11 +161,11 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	f := consumer.DLQFilter{Reason: l.reason, Limit: l.limit}
+	f := dlq.Filter{Reason: l.reason, Limit: l.limit}
 	if l.since > 0 {
 		f.Since = time.Now().Add(-l.since)
 	}
-	letters, err := consumer.ListDeadLetters(ctx, js, l.streams.cfg, f)
+	letters, err := dlq.List(ctx, js, l.streams.cfg, f)
 	if err != nil {
 		return err
 	}
@@ -207,7 +207,7 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 }
 
 // authText says whether a worker holding the DLQ key filed the letter.
-func authText(d consumer.DeadLetterInfo) string {
+func authText(d dlq.Info) string {
 	if d.Verified {
 		return "ok"
 	}
@@ -301,7 +301,7 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 		return err
 	}
 	defer nc.Close()
-	d, err := consumer.GetDeadLetter(ctx, js, s.streams.cfg, seq)
+	d, err := dlq.Get(ctx, js, s.streams.cfg, seq)
 	if err != nil {
 		return err
 	}
@@ -333,7 +333,7 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 	}
 	if d.Truncated {
 		fmt.Fprintf(out, "\nTRUNCATED to fit under max_payload: the original body is %s bytes (SHA-256 %s); the original is %s #%d while that stream keeps it\n",
-			termSafe(d.Header.Get(consumer.HeaderDLQBodyLength), false), termSafe(d.Header.Get(consumer.HeaderDLQBodySHA256), false), termSafe(d.OrigStream, false), d.OrigSeq)
+			termSafe(d.Header.Get(stream.HeaderDLQBodyLength), false), termSafe(d.Header.Get(stream.HeaderDLQBodySHA256), false), termSafe(d.OrigStream, false), d.OrigSeq)
 	}
 	if !d.Verified {
 		fmt.Fprintf(out, "\nUNVERIFIED: %s; replay refuses it\n", termSafe(d.Unverified, false))
@@ -396,8 +396,8 @@ named with --seq was not replayed.`,
 	f.StringVar(&r.reason, "reason", "", "only dead letters with this reason")
 	f.BoolVar(&r.dryRun, "dry-run", false, "show what would be replayed; change nothing")
 	f.BoolVar(&r.force, "force", false, "also replay reasons that cannot succeed unchanged (bad input, key_reused)")
-	f.DurationVar(&r.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "the store's key retention: older dead letters are refused (PAYDEDUP_KEY_RETENTION)")
-	f.Float64Var(&r.rate, "rate", consumer.DefaultReplayRate, "republish at most this many dead letters per second (0: no limit)")
+	f.DurationVar(&r.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", dlq.DefaultKeyRetention), "the store's key retention: older dead letters are refused (PAYDEDUP_KEY_RETENTION)")
+	f.Float64Var(&r.rate, "rate", dlq.DefaultReplayRate, "republish at most this many dead letters per second (0: no limit)")
 	f.BoolVar(&r.json, "json", false, "print the report as JSON")
 	return cmd
 }
@@ -434,16 +434,16 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	opts := consumer.ReplayOptions{All: r.all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention, Rate: r.rate}
+	opts := dlq.ReplayOptions{All: r.all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention, Rate: r.rate}
 	for _, s := range r.seqs {
 		opts.Seqs = append(opts.Seqs, uint64(s))
 	}
-	rep, err := consumer.ReplayDeadLetters(ctx, js, r.streams.cfg, opts)
+	rep, err := dlq.Replay(ctx, js, r.streams.cfg, opts)
 	if err != nil {
 		return err
 	}
 	for _, res := range rep.Results {
-		if res.Outcome == consumer.Replayed {
+		if res.Outcome == dlq.Replayed {
 			r.app.logger.Info("dead letter replayed", "dlq_seq", res.Seq, "reason", res.Reason, "merchant_id", res.MerchantID,
 				"idempotency_key", res.IdempotencyKey, "subject", res.Subject, "stream_seq", res.StreamSeq, "msg_id", res.MsgID)
 		}
@@ -465,14 +465,14 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 	return nil
 }
 
-func (r *dlqReplayCmd) print(rep consumer.ReplayReport) {
+func (r *dlqReplayCmd) print(rep dlq.ReplayReport) {
 	out := r.app.out
 	for _, res := range rep.Results {
 		who := strings.Trim(dash(res.MerchantID)+" "+dash(res.IdempotencyKey), " ")
 		switch res.Outcome {
-		case consumer.Replayed:
+		case dlq.Replayed:
 			fmt.Fprintf(out, "replayed     %d  %s  %s -> %s #%d (Nats-Msg-Id %s)\n", res.Seq, res.Reason, who, res.Subject, res.StreamSeq, res.MsgID)
-		case consumer.WouldReplay:
+		case dlq.WouldReplay:
 			fmt.Fprintf(out, "would replay %d  %s  %s -> %s\n", res.Seq, res.Reason, who, res.Subject)
 		default:
 			fmt.Fprintf(out, "%-12s %d  %s  %s: %s\n", strings.ReplaceAll(string(res.Outcome), "_", " "), res.Seq, dash(res.Reason), who, res.Detail)

@@ -16,10 +16,12 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // eventually polls cond until it holds or the deadline passes.
@@ -61,8 +63,8 @@ func TestDLQListShowReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := w.cfg
-	cfg.MaxDeliver, cfg.Lease, cfg.AckWait = 2, 2*time.Second, 3*time.Second
+	cfg := consumer.Config{Stream: w.cfg}
+	cfg.Stream.MaxDeliver, cfg.Lease, cfg.Stream.AckWait = 2, 2*time.Second, 3*time.Second
 	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 500 * time.Millisecond}
 	cfg.RetryBase, cfg.RetryMax, cfg.DrainTimeout = 50*time.Millisecond, 200*time.Millisecond, time.Second
 	cfg.Concurrency, cfg.FetchBatch, cfg.Holder = 4, 10, "dlq-test-worker"
@@ -80,7 +82,7 @@ func TestDLQListShowReplay(t *testing.T) {
 		}
 	})
 	eventually(t, "streams created", func() bool {
-		_, err := consumer.ConsumerState(ctx, w.js, w.cfg)
+		_, err := stream.ConsumerState(ctx, w.js, w.cfg)
 		return err == nil
 	})
 	status := func(key string) dedup.Record {
@@ -90,15 +92,15 @@ func TestDLQListShowReplay(t *testing.T) {
 		}
 		return rec
 	}
-	deadLetters := func() []consumer.DeadLetterInfo {
-		l, err := consumer.ListDeadLetters(ctx, w.js, w.cfg, consumer.DLQFilter{})
+	deadLetters := func() []dlq.Info {
+		l, err := dlq.List(ctx, w.js, w.cfg, dlq.Filter{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}
 	quiescent := func() bool {
-		st, err := consumer.ConsumerState(ctx, w.js, w.cfg)
+		st, err := stream.ConsumerState(ctx, w.js, w.cfg)
 		return err == nil && st.NumPending == 0 && st.NumAckPending == 0
 	}
 
@@ -122,13 +124,13 @@ func TestDLQListShowReplay(t *testing.T) {
 	// to the DLQ, without the workers' key.
 	file := func(reason, key string, amount int64, failedAt time.Time) uint64 {
 		h := nats.Header{}
-		h.Set(consumer.HeaderIdempotencyKey, key)
-		d := consumer.Letter{Reason: reason, Err: errors.New("filed by the test"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
-			OrigStream: w.cfg.Stream, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: h,
+		h.Set(stream.HeaderIdempotencyKey, key)
+		d := stream.Letter{Reason: reason, Err: errors.New("filed by the test"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
+			OrigStream: w.cfg.Name, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: h,
 			Data: []byte(paymentLine(key, amount)), FailedAt: failedAt}
 		m := d.Msg(w.cfg)
 		if key == "ancient" {
-			m.Header.Del(consumer.HeaderDLQAuth)
+			m.Header.Del(stream.HeaderDLQAuth)
 		}
 		ack, err := w.js.PublishMsg(ctx, m)
 		if err != nil {
@@ -137,9 +139,9 @@ func TestDLQListShowReplay(t *testing.T) {
 		return ack.Sequence
 	}
 	downSeq := deadLetters()[0].Seq
-	file(consumer.ReasonMaxDeliveries, "done", 100, time.Now())
-	reusedSeq := file(consumer.ReasonKeyReused, "done", 999, time.Now())
-	file(consumer.ReasonMaxDeliveries, "ancient", 300, time.Now().Add(-72*time.Hour))
+	file(stream.ReasonMaxDeliveries, "done", 100, time.Now())
+	reusedSeq := file(stream.ReasonKeyReused, "done", 999, time.Now())
+	file(stream.ReasonMaxDeliveries, "ancient", 300, time.Now().Add(-72*time.Hour))
 
 	// list
 	out, _, err := w.run("", "dlq", "list", "--json")
@@ -150,7 +152,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &listed); err != nil || len(listed) != 4 {
 		t.Fatalf("list --json: %v\n%s", err, out)
 	}
-	if l := listed[0]; l.Seq != downSeq || l.Reason != consumer.ReasonMaxDeliveries || l.MerchantID != "m_1" || l.IdempotencyKey != "down" || l.Deliveries != 2 || l.Error == "" {
+	if l := listed[0]; l.Seq != downSeq || l.Reason != stream.ReasonMaxDeliveries || l.MerchantID != "m_1" || l.IdempotencyKey != "down" || l.Deliveries != 2 || l.Error == "" {
 		t.Fatalf("first dead letter %+v", l)
 	}
 	out, _, err = w.run("", "dlq", "list", "--reason", "max_deliveries", "--since", "1h")
@@ -186,7 +188,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	}
 
 	// replay --dry-run changes nothing.
-	streamBefore, _ := consumer.ConsumerState(ctx, w.js, w.cfg)
+	streamBefore, _ := stream.ConsumerState(ctx, w.js, w.cfg)
 	out, _, err = w.run("", "dlq", "replay", "--all", "--dry-run")
 	if err != nil {
 		t.Fatalf("dry run: %v\n%s", err, out)
@@ -194,7 +196,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	if !strings.Contains(out, "2 would be replayed, 1 skipped, 1 refused") || !strings.Contains(out, "nothing changed") {
 		t.Fatalf("dry run:\n%s", out)
 	}
-	streamAfter, _ := consumer.ConsumerState(ctx, w.js, w.cfg)
+	streamAfter, _ := stream.ConsumerState(ctx, w.js, w.cfg)
 	if len(deadLetters()) != 4 || streamAfter.StreamMessages != streamBefore.StreamMessages {
 		t.Fatalf("the dry run changed something: %d dead letters, stream %d → %d messages",
 			len(deadLetters()), streamBefore.StreamMessages, streamAfter.StreamMessages)
@@ -241,8 +243,8 @@ func TestDLQListShowReplay(t *testing.T) {
 func TestDLQKeyRequired(t *testing.T) {
 	t.Parallel()
 	w := newCLIWorld(t, testenv.PostgresURL(t), true)
-	d := consumer.Letter{Reason: consumer.ReasonMaxDeliveries, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
-		OrigStream: w.cfg.Stream, OrigSeq: 1, Deliveries: 2, Header: nats.Header{}, Data: []byte(paymentLine("k", 100)), FailedAt: time.Now()}
+	d := stream.Letter{Reason: stream.ReasonMaxDeliveries, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
+		OrigStream: w.cfg.Name, OrigSeq: 1, Deliveries: 2, Header: nats.Header{}, Data: []byte(paymentLine("k", 100)), FailedAt: time.Now()}
 	if _, err := w.js.PublishMsg(context.Background(), d.Msg(w.cfg)); err != nil {
 		t.Fatal(err)
 	}
@@ -278,12 +280,12 @@ func TestDLQShowEscapesTerminalControls(t *testing.T) {
 	w := newCLIWorld(t, testenv.PostgresURL(t), true)
 	h := nats.Header{}
 	h.Set("X-Title", "\x1b]0;owned\x07")
-	h.Set(consumer.HeaderIdempotencyKey, "k\x1b[2J")
+	h.Set(stream.HeaderIdempotencyKey, "k\x1b[2J")
 	evil := "{\"merchant_id\":\"m_1\"}\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\xff\xfe\u009b31m\r"
-	d := consumer.Letter{Reason: "malformed_json", Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
-		OrigStream: w.cfg.Stream, OrigSeq: 1, Deliveries: 1, Header: h, Data: []byte(evil), FailedAt: time.Now()}
+	d := stream.Letter{Reason: "malformed_json", Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
+		OrigStream: w.cfg.Name, OrigSeq: 1, Deliveries: 1, Header: h, Data: []byte(evil), FailedAt: time.Now()}
 	m := d.Msg(w.cfg)
-	m.Header.Set(consumer.HeaderDLQError, "bad\x1b]52;c;eA==\x07") // forged, as a letter published straight to the DLQ
+	m.Header.Set(stream.HeaderDLQError, "bad\x1b]52;c;eA==\x07") // forged, as a letter published straight to the DLQ
 	if _, err := w.js.PublishMsg(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}

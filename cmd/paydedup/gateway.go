@@ -17,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // defaultHTTPAddr is where the gateway listens unless told otherwise.
@@ -75,7 +76,7 @@ within --drain-timeout (waiting requests answer 202) and exits 0.`,
 	f.DurationVar(&c.MaxWait, "max-wait", a.envDuration("PAYDEDUP_HTTP_MAX_WAIT", gateway.DefaultMaxWait), "longest Prefer: wait honoured (PAYDEDUP_HTTP_MAX_WAIT)")
 	f.DurationVar(&c.RepublishAfter, "republish-after", a.envDuration("PAYDEDUP_REPUBLISH_AFTER", gateway.DefaultRepublishAfter), "after a publish, how long a retry that finds no worker record answers 409 without asking the stream; after it, the command is published again only if the stream no longer holds it (PAYDEDUP_REPUBLISH_AFTER)")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", gateway.DefaultDrainTimeout), "on SIGTERM, how long in-flight requests may finish (PAYDEDUP_DRAIN_TIMEOUT)")
-	f.DurationVar(&g.pubWait, "publish-timeout", a.envDuration("PAYDEDUP_PUBLISH_TIMEOUT", consumer.DefaultPublishTimeout), "time to wait for the stream's PubAck (PAYDEDUP_PUBLISH_TIMEOUT)")
+	f.DurationVar(&g.pubWait, "publish-timeout", a.envDuration("PAYDEDUP_PUBLISH_TIMEOUT", stream.DefaultPublishTimeout), "time to wait for the stream's PubAck (PAYDEDUP_PUBLISH_TIMEOUT)")
 	f.DurationVar(&g.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys (and the gateway's intake rows) are kept (PAYDEDUP_KEY_RETENTION)")
 	return cmd
 }
@@ -129,7 +130,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	// read the same PAYDEDUP_MAX_BODY_BYTES and PAYDEDUP_MAX_AMOUNT.
 	pcfg := g.streams.cfg
 	pcfg.Limits = cfg.Limits
-	pub, err := consumer.NewCommandPublisher(nc, pcfg, g.pubWait)
+	pub, err := stream.NewCommandPublisher(nc, pcfg, g.pubWait)
 	if err != nil {
 		return err
 	}

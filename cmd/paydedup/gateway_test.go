@@ -15,8 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // cliBuffer is an output a running command writes while the test reads.
@@ -108,7 +108,7 @@ func TestGatewayCommandRefusesBadConfiguration(t *testing.T) {
 func TestGatewayCommandServes(t *testing.T) {
 	t.Parallel()
 	u := testenv.Unique(t)
-	cfg := consumer.Config{Stream: strings.ToUpper(u), SubjectPrefix: u + ".req", DLQStream: strings.ToUpper(u) + "_DLQ",
+	cfg := stream.Config{Name: strings.ToUpper(u), SubjectPrefix: u + ".req", DLQStream: strings.ToUpper(u) + "_DLQ",
 		DLQPrefix: u + ".dlq", Durable: "w", StreamMaxAge: time.Hour, DLQMaxAge: time.Hour}
 	nc := testenv.NATSConn(t)
 	js, err := jetstream.New(nc)
@@ -116,11 +116,11 @@ func TestGatewayCommandServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, _, err := consumer.EnsureStreams(ctx, js, cfg); err != nil {
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = js.DeleteStream(context.Background(), cfg.Stream)
+		_ = js.DeleteStream(context.Background(), cfg.Name)
 		_ = js.DeleteStream(context.Background(), cfg.DLQStream)
 		_ = js.DeleteStream(context.Background(), cfg.WithDefaults().AdvisoryStream)
 	})
@@ -129,7 +129,7 @@ func TestGatewayCommandServes(t *testing.T) {
 	ownerURL := testenv.PostgresURL(t)
 	env := map[string]string{
 		"DATABASE_URL": ownerURL, "NATS_URL": testenv.NATSURL(t),
-		"PAYDEDUP_STREAM": cfg.Stream, "PAYDEDUP_SUBJECT_PREFIX": cfg.SubjectPrefix,
+		"PAYDEDUP_STREAM": cfg.Name, "PAYDEDUP_SUBJECT_PREFIX": cfg.SubjectPrefix,
 		"PAYDEDUP_DLQ_STREAM": cfg.DLQStream, "PAYDEDUP_DLQ_PREFIX": cfg.DLQPrefix, "PAYDEDUP_DURABLE": cfg.Durable,
 		"PAYDEDUP_HTTP_ADDR": httpAddr, "PAYDEDUP_ADMIN_ADDR": adminAddr, "PAYDEDUP_LOG_LEVEL": "warn",
 	}
@@ -192,7 +192,7 @@ func TestGatewayCommandServes(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("POST: %d", resp.StatusCode)
 	}
-	s, err := js.Stream(ctx, cfg.Stream)
+	s, err := js.Stream(ctx, cfg.Name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,11 +16,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // labBuild reports whether the lab is linked.
@@ -40,7 +40,7 @@ func simulated(ctx context.Context, timeout time.Duration) (*stripe.Client, func
 
 // publishGenerated publishes N generated payments and the duplicates, each
 // duplicate a few messages after its original.
-func (p *publishCmd) publishGenerated(ctx context.Context, pub *consumer.Publisher) error {
+func (p *publishCmd) publishGenerated(ctx context.Context, pub *stream.Publisher) error {
 	seed := p.seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -55,7 +55,7 @@ func (p *publishCmd) publishGenerated(ctx context.Context, pub *consumer.Publish
 		cmds[i] = workload.NewCommand(rng, fmt.Sprintf("gen-%016x-%07d", seed, i), merchants[rng.IntN(len(merchants))], rng.Float64() < p.declines)
 	}
 	for _, i := range workload.WithDuplicates(rng, p.generate, p.duplicates) {
-		if err := pub.Publish(ctx, consumer.CommandMsg(p.streams.cfg, cmds[i].Cmd.MerchantID, cmds[i].Cmd.IdempotencyKey, cmds[i].Body)); err != nil {
+		if err := pub.Publish(ctx, stream.CommandMsg(p.streams.cfg, cmds[i].Cmd.MerchantID, cmds[i].Cmd.IdempotencyKey, cmds[i].Body)); err != nil {
 			return err
 		}
 	}

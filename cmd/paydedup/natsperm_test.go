@@ -10,8 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // The deploy tree's NATS configuration lets only the workers file dead
@@ -48,14 +49,14 @@ func TestDeployNATSPermissions(t *testing.T) {
 		return js
 	}
 	ctx := context.Background()
-	cfg := consumer.Config{DLQKey: []byte(testenv.DLQKey), StreamMaxAge: time.Hour, DLQMaxAge: time.Hour}.WithDefaults()
+	cfg := stream.Config{DLQKey: []byte(testenv.DLQKey), StreamMaxAge: time.Hour, DLQMaxAge: time.Hour}.WithDefaults()
 	worker := connect("paydedup_worker", "compose-worker")
-	if _, _, err := consumer.EnsureStreams(ctx, worker, cfg); err != nil {
+	if _, _, err := stream.EnsureStreams(ctx, worker, cfg); err != nil {
 		t.Fatalf("the worker cannot set up the streams: %v", err)
 	}
 	letter := func() *nats.Msg {
-		d := consumer.Letter{Reason: consumer.ReasonMaxDeliveries, Err: errors.New("x"), OrigSubject: cfg.SubjectPrefix + ".m_1",
-			OrigStream: cfg.Stream, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: nats.Header{},
+		d := stream.Letter{Reason: stream.ReasonMaxDeliveries, Err: errors.New("x"), OrigSubject: cfg.SubjectPrefix + ".m_1",
+			OrigStream: cfg.Name, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 2, Header: nats.Header{},
 			Data: []byte(paymentLine("k", 100)), FailedAt: time.Now()}
 		return d.Msg(cfg)
 	}
@@ -86,24 +87,24 @@ func TestDeployNATSPermissions(t *testing.T) {
 		if n := stored(cfg.DLQStream); n != 1 {
 			t.Errorf("the %s filed a dead letter: the DLQ holds %d", name, n)
 		}
-		adv := nats.NewMsg(consumer.AdvisorySubject(cfg.Stream, cfg.Durable))
+		adv := nats.NewMsg(stream.AdvisorySubject(cfg.Name, cfg.Durable))
 		adv.Data = []byte(`{"stream":"PAYMENTS","stream_seq":1,"deliveries":20}`)
 		_ = publish(js, adv)
 		if n := stored(cfg.AdvisoryStream); n != 0 {
 			t.Errorf("the %s published a MAX_DELIVERIES advisory", name)
 		}
 	}
-	if err := publish(publisher, consumer.CommandMsg(cfg, "m_1", "k1", []byte(paymentLine("k1", 100)))); err != nil {
+	if err := publish(publisher, stream.CommandMsg(cfg, "m_1", "k1", []byte(paymentLine("k1", 100)))); err != nil {
 		t.Fatalf("the publisher cannot publish a payment: %v", err)
 	}
 	if err := operator.DeleteStream(ctx, cfg.DLQStream); err == nil {
 		t.Error("the operator deleted the DLQ stream")
 	}
-	letters, err := consumer.ListDeadLetters(ctx, operator, cfg, consumer.DLQFilter{})
+	letters, err := dlq.List(ctx, operator, cfg, dlq.Filter{})
 	if err != nil || len(letters) != 1 || !letters[0].Verified {
 		t.Fatalf("the operator cannot list the dead letters: %d listed, %v", len(letters), err)
 	}
-	rep, err := consumer.ReplayDeadLetters(ctx, operator, cfg, consumer.ReplayOptions{All: true})
+	rep, err := dlq.Replay(ctx, operator, cfg, dlq.ReplayOptions{All: true})
 	if err != nil || rep.Replayed != 1 {
 		t.Fatalf("the operator cannot replay: %+v %v", rep, err)
 	}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/stream"
 )
 
 const labBuild = false
@@ -24,6 +24,6 @@ func simulated(context.Context, time.Duration) (*stripe.Client, func(), error) {
 	return nil, nil, errors.New("PAYDEDUP_PROVIDER=sim: this build leaves the simulator out (-tags nolab)")
 }
 
-func (p *publishCmd) publishGenerated(context.Context, *consumer.Publisher) error {
+func (p *publishCmd) publishGenerated(context.Context, *stream.Publisher) error {
 	return errors.New("publish: --generate: this build leaves the workload generator out (-tags nolab)")
 }

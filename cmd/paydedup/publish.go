@@ -14,23 +14,23 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // streamFlags name the streams, subjects and consumer every NATS-facing
 // command works on; tests point them at per-test names.
-type streamFlags struct{ cfg consumer.Config }
+type streamFlags struct{ cfg stream.Config }
 
 func (s *streamFlags) bind(cmd *cobra.Command, a *app) {
-	s.bindDefaults(cmd, a, consumer.Config{}.WithDefaults())
+	s.bindDefaults(cmd, a, stream.Config{}.WithDefaults())
 }
 
 // bindDefaults binds the flags with other defaults than the worker's.
-func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def consumer.Config) {
+func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def stream.Config) {
 	f := cmd.Flags()
 	c := &s.cfg
-	f.StringVar(&c.Stream, "stream", envOr(a.getenv, "PAYDEDUP_STREAM", def.Stream), "payments stream (PAYDEDUP_STREAM)")
+	f.StringVar(&c.Name, "stream", envOr(a.getenv, "PAYDEDUP_STREAM", def.Name), "payments stream (PAYDEDUP_STREAM)")
 	f.StringVar(&c.SubjectPrefix, "subject-prefix", envOr(a.getenv, "PAYDEDUP_SUBJECT_PREFIX", def.SubjectPrefix), "payment commands go to <prefix>.<merchant_id> (PAYDEDUP_SUBJECT_PREFIX)")
 	f.StringVar(&c.DLQStream, "dlq-stream", envOr(a.getenv, "PAYDEDUP_DLQ_STREAM", def.DLQStream), "dead-letter stream (PAYDEDUP_DLQ_STREAM)")
 	f.StringVar(&c.DLQPrefix, "dlq-prefix", envOr(a.getenv, "PAYDEDUP_DLQ_PREFIX", def.DLQPrefix), "dead letters go to <prefix>.<reason> (PAYDEDUP_DLQ_PREFIX)")
@@ -40,7 +40,7 @@ func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def consumer.Conf
 func (s *streamFlags) validate() error {
 	var errs []error
 	for _, v := range []struct{ flag, env, val string }{
-		{"--stream", "PAYDEDUP_STREAM", s.cfg.Stream}, {"--dlq-stream", "PAYDEDUP_DLQ_STREAM", s.cfg.DLQStream},
+		{"--stream", "PAYDEDUP_STREAM", s.cfg.Name}, {"--dlq-stream", "PAYDEDUP_DLQ_STREAM", s.cfg.DLQStream},
 		{"--durable", "PAYDEDUP_DURABLE", s.cfg.Durable},
 	} {
 		if v.val == "" || strings.ContainsAny(v.val, ". *>\t") {
@@ -111,8 +111,8 @@ shown when stderr is a terminal.`,
 	f.Float64Var(&p.declines, "declines", 0, "with --generate: fraction of payments with a card that is declined (pm_card_chargeDeclined)")
 	f.StringVar(&p.merchant, "merchant", "", "with --generate: merchant id of every payment (default: spread over m_acme, m_globex, m_initech)")
 	f.Uint64Var(&p.seed, "seed", 0, "with --generate: random seed; the same seed makes the same keys (0: random)")
-	f.IntVar(&p.window, "window", consumer.DefaultPublishWindow, "messages awaiting their PubAck at most")
-	f.DurationVar(&p.ackTimeout, "ack-timeout", consumer.DefaultPublishAckTimeout, "how long one PubAck may take before the message counts as failed")
+	f.IntVar(&p.window, "window", stream.DefaultPublishWindow, "messages awaiting their PubAck at most")
+	f.DurationVar(&p.ackTimeout, "ack-timeout", stream.DefaultPublishAckTimeout, "how long one PubAck may take before the message counts as failed")
 	f.Int64Var(&p.limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", payment.DefaultMaxAmount), "largest accepted amount in minor units, as the worker checks it (PAYDEDUP_MAX_AMOUNT)")
 	f.IntVar(&p.limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", payment.DefaultMaxBodyBytes), "largest accepted line, as the worker checks it (PAYDEDUP_MAX_BODY_BYTES)")
 	return cmd
@@ -168,9 +168,9 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	defer nc.Close()
 	start := time.Now()
 	var failures []string
-	pub, err := consumer.NewPublisher(nc, consumer.PublisherConfig{
+	pub, err := stream.NewPublisher(nc, stream.PublisherConfig{
 		Window: p.window, AckTimeout: p.ackTimeout,
-		OnResult: func(r consumer.PublishResult) {
+		OnResult: func(r stream.PublishResult) {
 			if r.Err != nil && len(failures) < 10 {
 				failures = append(failures, fmt.Sprintf("%s (%s): %v", r.Msg.Subject, r.Msg.Header.Get(nats.MsgIdHdr), r.Err))
 			}
@@ -212,7 +212,7 @@ func (p *publishCmd) Run(ctx context.Context) error {
 const maxLine = 4 << 20
 
 // publishLines publishes each valid line and reports malformed ones.
-func (p *publishCmd) publishLines(ctx context.Context, pub *consumer.Publisher) (malformed int, err error) {
+func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher) (malformed int, err error) {
 	in := p.stdin
 	if p.file != "" {
 		f, err := os.Open(p.file)
@@ -237,7 +237,7 @@ func (p *publishCmd) publishLines(ctx context.Context, pub *consumer.Publisher) 
 			fmt.Fprintf(p.app.errOut, "publish: line %d skipped: %v\n", line, err)
 			continue
 		}
-		if err := pub.Publish(ctx, consumer.CommandMsg(p.streams.cfg, c.MerchantID, c.IdempotencyKey, []byte(raw))); err != nil {
+		if err := pub.Publish(ctx, stream.CommandMsg(p.streams.cfg, c.MerchantID, c.IdempotencyKey, []byte(raw))); err != nil {
 			return malformed, err
 		}
 	}

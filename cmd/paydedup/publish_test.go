@@ -12,15 +12,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // cliWorld is one test's services for the operator commands: its own
 // streams on the shared NATS server and, when asked, its own schema.
 type cliWorld struct {
 	t   *testing.T
-	cfg consumer.Config
+	cfg stream.Config
 	env map[string]string
 	nc  *nats.Conn
 	js  jetstream.JetStream
@@ -32,14 +32,14 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 	t.Helper()
 	u := testenv.Unique(t)
 	name := strings.ToUpper(u)
-	cfg := consumer.Config{
-		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
+	cfg := stream.Config{
+		Name: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
 		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, DLQKey: []byte(testenv.DLQKey),
 	}
 	w := &cliWorld{t: t, cfg: cfg, nc: testenv.NATSConn(t), env: map[string]string{
 		"NATS_URL":                testenv.NATSURL(t),
 		"DATABASE_URL":            dbURL,
-		"PAYDEDUP_STREAM":         cfg.Stream,
+		"PAYDEDUP_STREAM":         cfg.Name,
 		"PAYDEDUP_SUBJECT_PREFIX": cfg.SubjectPrefix,
 		"PAYDEDUP_DLQ_STREAM":     cfg.DLQStream,
 		"PAYDEDUP_DLQ_PREFIX":     cfg.DLQPrefix,
@@ -55,12 +55,12 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = js.DeleteStream(ctx, cfg.Stream)
+		_ = js.DeleteStream(ctx, cfg.Name)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
 		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
 	if ensure {
-		if _, _, err := consumer.EnsureStreams(context.Background(), js, cfg); err != nil {
+		if _, _, err := stream.EnsureStreams(context.Background(), js, cfg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -84,7 +84,7 @@ func (w *cliWorld) run(stdin string, args ...string) (stdout, stderr string, err
 func (w *cliWorld) streamMsgs() []*jetstream.RawStreamMsg {
 	w.t.Helper()
 	ctx := context.Background()
-	s, err := w.js.Stream(ctx, w.cfg.Stream)
+	s, err := w.js.Stream(ctx, w.cfg.Name)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -13,8 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/reconciler"
+	"github.com/paydedup/paydedup/stream"
 )
 
 type statusCmd struct {
@@ -76,9 +77,9 @@ type statusReport struct {
 		LastHour         int64 `json:"last_hour"`
 		DeclinedLastHour int64 `json:"declined_last_hour"`
 	} `json:"completed"`
-	DeadLetters *deadLetterCounts       `json:"dead_letters"`
-	Consumer    *consumer.ConsumerStats `json:"consumer"`
-	Errors      []string                `json:"errors,omitempty"`
+	DeadLetters *deadLetterCounts     `json:"dead_letters"`
+	Consumer    *stream.ConsumerStats `json:"consumer"`
+	Errors      []string              `json:"errors,omitempty"`
 }
 
 type keyCounts struct {
@@ -137,7 +138,7 @@ func (s *statusCmd) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if counts, err := consumer.DeadLetterCounts(ctx, js, s.streams.cfg); err != nil {
+		if counts, err := dlq.Counts(ctx, js, s.streams.cfg); err != nil {
 			rep.Errors = append(rep.Errors, "dead letters: "+err.Error())
 		} else {
 			dl := &deadLetterCounts{Stream: s.streams.cfg.DLQStream, ByReason: counts}
@@ -146,7 +147,7 @@ func (s *statusCmd) Run(ctx context.Context) error {
 			}
 			rep.DeadLetters = dl
 		}
-		if cs, err := consumer.ConsumerState(ctx, js, s.streams.cfg); err != nil {
+		if cs, err := stream.ConsumerState(ctx, js, s.streams.cfg); err != nil {
 			rep.Errors = append(rep.Errors, "consumer: "+err.Error())
 		} else {
 			rep.Consumer = &cs

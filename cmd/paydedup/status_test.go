@@ -12,11 +12,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // seedStore writes rows at known times relative to now (status reads the
@@ -76,12 +76,12 @@ func TestStatusJSON(t *testing.T) {
 	ctx := context.Background()
 	for i := range 3 {
 		key := fmt.Sprintf("queued-%d", i)
-		if _, err := w.js.PublishMsg(ctx, consumer.CommandMsg(w.cfg, "m_1", key, []byte(`{}`))); err != nil {
+		if _, err := w.js.PublishMsg(ctx, stream.CommandMsg(w.cfg, "m_1", key, []byte(`{}`))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for i, reason := range []string{consumer.ReasonMaxDeliveries, consumer.ReasonMaxDeliveries, consumer.ReasonKeyReused} {
-		d := consumer.Letter{Reason: reason, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1", OrigStream: w.cfg.Stream,
+	for i, reason := range []string{stream.ReasonMaxDeliveries, stream.ReasonMaxDeliveries, stream.ReasonKeyReused} {
+		d := stream.Letter{Reason: reason, Err: errors.New("x"), OrigSubject: w.cfg.SubjectPrefix + ".m_1", OrigStream: w.cfg.Name,
 			OrigSeq: uint64(i + 1), Deliveries: 1, Header: nats.Header{}, Data: []byte(`{}`), FailedAt: now}
 		if _, err := w.js.PublishMsg(ctx, d.Msg(w.cfg)); err != nil {
 			t.Fatal(err)
@@ -113,7 +113,7 @@ func TestStatusJSON(t *testing.T) {
 	if dl := rep.DeadLetters; dl == nil || dl.Total != 3 || dl.ByReason["max_deliveries"] != 2 || dl.ByReason["key_reused"] != 1 || dl.Stream != w.cfg.DLQStream {
 		t.Errorf("dead letters %+v", dl)
 	}
-	if c := rep.Consumer; c == nil || c.NumPending != 3 || c.NumAckPending != 0 || c.Durable != "w" || c.Stream != w.cfg.Stream {
+	if c := rep.Consumer; c == nil || c.NumPending != 3 || c.NumAckPending != 0 || c.Durable != "w" || c.Stream != w.cfg.Name {
 		t.Errorf("consumer %+v", c)
 	}
 	if len(rep.Errors) != 0 {

@@ -77,13 +77,14 @@ func (w *workerCmd) validate() (consumer.Config, error) {
 		}
 	}
 	s := w.streams.cfg
-	w.worker.cfg.Stream, w.worker.cfg.SubjectPrefix, w.worker.cfg.DLQStream = s.Stream, s.SubjectPrefix, s.DLQStream
-	w.worker.cfg.DLQPrefix, w.worker.cfg.Durable = s.DLQPrefix, s.Durable
+	ws := &w.worker.cfg.Stream
+	ws.Name, ws.SubjectPrefix, ws.DLQStream = s.Name, s.SubjectPrefix, s.DLQStream
+	ws.DLQPrefix, ws.Durable = s.DLQPrefix, s.Durable
 	key, err := w.app.dlqKey()
 	if err != nil {
 		errs = append(errs, err)
 	}
-	w.worker.cfg.DLQKey = key
+	ws.DLQKey = key
 	cfg, err := w.worker.config(w.prov)
 	if err != nil {
 		errs = append(errs, err)

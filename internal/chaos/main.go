@@ -36,6 +36,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/workload"
+	"github.com/paydedup/paydedup/stream"
 )
 
 type config struct {
@@ -137,7 +138,7 @@ func (h *harness) logf(format string, args ...any) {
 // streamConfig is the consumer configuration the workers run with, so the
 // harness's EnsureStreams and the workers' agree.
 func (h *harness) streamConfig() consumer.Config {
-	return consumer.Config{AckWait: h.cfg.ackWait, MaxDeliver: h.cfg.maxDeliver, Lease: h.cfg.lease, DLQKey: []byte(h.dlqKey)}.WithDefaults()
+	return consumer.Config{Stream: stream.Config{AckWait: h.cfg.ackWait, MaxDeliver: h.cfg.maxDeliver, DLQKey: []byte(h.dlqKey)}, Lease: h.cfg.lease}.WithDefaults()
 }
 
 // run is the whole harness; it returns the exit status.
@@ -207,7 +208,7 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	}
 	w := workload.Generate(workload.MixConfig{
 		Payments: h.cfg.payments, Seed: h.cfg.seed, Run: fmt.Sprintf("r%x", h.cfg.seed&0xffffff),
-		Subject: consumer.DefaultSubjectPrefix, DuplicateRate: 0.3, MalformedRate: 0.02, ReuseRate: 0.01,
+		Subject: stream.DefaultSubjectPrefix, DuplicateRate: 0.3, MalformedRate: 0.02, ReuseRate: 0.01,
 		DeclineRate: 0.05, HeaderOnly: 0.1,
 	})
 	h.logf("workload: %d payments, %d duplicates, %d key reuses, %d malformed: %d publishes",

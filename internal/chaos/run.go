@@ -16,10 +16,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // build compiles ./cmd/paydedup into the work directory, unless -bin names
@@ -68,7 +68,7 @@ func (h *harness) connectNATS(ctx context.Context) error {
 	return waitFor(ctx, 30*time.Second, "the streams", func() bool {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		_, _, err := consumer.EnsureStreams(cctx, h.js, h.streamConfig())
+		_, _, err := stream.EnsureStreams(cctx, h.js, h.streamConfig().Stream)
 		return err == nil
 	})
 }
@@ -173,7 +173,7 @@ func (h *harness) settle(ctx context.Context) (int, error) {
 		}
 		n := 0
 		for _, d := range dls {
-			if d.Reason == consumer.ReasonMaxDeliveries {
+			if d.Reason == stream.ReasonMaxDeliveries {
 				n++
 			}
 		}
@@ -210,7 +210,7 @@ func (h *harness) waitQuiet(ctx context.Context, pendingRows func(context.Contex
 		}
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		idle := false
-		if c, err := h.js.Consumer(qctx, consumer.DefaultStream, consumer.DefaultDurable); err == nil {
+		if c, err := h.js.Consumer(qctx, stream.DefaultStream, stream.DefaultDurable); err == nil {
 			if info, err := c.Info(qctx); err == nil {
 				idle = info.NumPending == 0 && info.NumAckPending == 0
 			}
@@ -243,20 +243,20 @@ func (h *harness) waitQuiet(ctx context.Context, pendingRows func(context.Contex
 // replay files the max_deliveries dead letters back to their subjects,
 // with `paydedup dlq replay` when the binary has it, else by itself.
 func (h *harness) replay(ctx context.Context) (int, error) {
-	before, err := h.countReason(ctx, consumer.ReasonMaxDeliveries)
+	before, err := h.countReason(ctx, stream.ReasonMaxDeliveries)
 	if err != nil {
 		return 0, err
 	}
 	if h.cfg.replay == "cli" || (h.cfg.replay == "auto" && h.hasDLQReplay(ctx)) {
 		err := runOnce(ctx, "paydedup dlq replay", filepath.Join(h.logs, "dlq-replay.log"), nil, h.workerEnv(),
-			h.bin, "dlq", "replay", "--all", "--reason", consumer.ReasonMaxDeliveries)
+			h.bin, "dlq", "replay", "--all", "--reason", stream.ReasonMaxDeliveries)
 		if err != nil {
 			h.logf("%v", err)
 		}
 	} else if err := h.replaySelf(ctx); err != nil {
 		return 0, err
 	}
-	after, err := h.countReason(ctx, consumer.ReasonMaxDeliveries)
+	after, err := h.countReason(ctx, stream.ReasonMaxDeliveries)
 	return before - after, err
 }
 
@@ -269,7 +269,7 @@ func (h *harness) hasDLQReplay(ctx context.Context) bool {
 // Nats-*) republished to Dlq-Orig-Subject with a new Nats-Msg-Id, and the
 // dead letter deleted only after the PubAck.
 func (h *harness) replaySelf(ctx context.Context) error {
-	s, err := h.js.Stream(ctx, consumer.DefaultDLQStream)
+	s, err := h.js.Stream(ctx, stream.DefaultDLQStream)
 	if err != nil {
 		return err
 	}
@@ -282,11 +282,11 @@ func (h *harness) replaySelf(ctx context.Context) error {
 		if err != nil {
 			continue // deleted
 		}
-		p, err := consumer.ParseDeadLetter(raw.Header)
-		if err != nil || p.Reason != consumer.ReasonMaxDeliveries {
+		p, err := stream.ParseDeadLetter(raw.Header)
+		if err != nil || p.Reason != stream.ReasonMaxDeliveries {
 			continue
 		}
-		if !strings.HasPrefix(p.OrigSubject, consumer.DefaultSubjectPrefix+".") {
+		if !strings.HasPrefix(p.OrigSubject, stream.DefaultSubjectPrefix+".") {
 			h.logf("dead letter %d: original subject %q is not a payments subject; not replayed", seq, p.OrigSubject)
 			continue
 		}
@@ -320,7 +320,7 @@ func (h *harness) countReason(ctx context.Context, reason string) (int, error) {
 
 // deadLetters reads every dead letter back.
 func (h *harness) deadLetters(ctx context.Context) ([]workload.DeadLetter, error) {
-	s, err := h.js.Stream(ctx, consumer.DefaultDLQStream)
+	s, err := h.js.Stream(ctx, stream.DefaultDLQStream)
 	if err != nil {
 		return nil, err
 	}
@@ -338,12 +338,12 @@ func (h *harness) deadLetters(ctx context.Context) ([]workload.DeadLetter, error
 			return nil, fmt.Errorf("read dead letter %d: %w", seq, err)
 		}
 		d := workload.DeadLetter{Seq: seq, ChaosID: raw.Header.Get(workload.HeaderID)}
-		p, err := consumer.ParseDeadLetter(raw.Header)
+		p, err := stream.ParseDeadLetter(raw.Header)
 		if err != nil {
 			d.Reason = "unparseable: " + err.Error()
 		} else {
 			d.Reason = p.Reason
-			if merchant, ok := strings.CutPrefix(p.OrigSubject, consumer.DefaultSubjectPrefix+"."); ok {
+			if merchant, ok := strings.CutPrefix(p.OrigSubject, stream.DefaultSubjectPrefix+"."); ok {
 				d.Key = merchant + ":" + raw.Header.Get(workload.HeaderKey)
 			}
 		}

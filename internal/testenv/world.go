@@ -9,9 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Provider serves an in-process simulator and returns it with the Stripe
@@ -33,21 +33,21 @@ func Provider(t testing.TB, seed int64, timeout time.Duration) (*stripesim.Simul
 // CLI (PAYDEDUP_DLQ_KEY).
 const DLQKey = "paydedup-test-dlq-key-0123456789abcdef"
 
-// Streams returns a consumer configuration whose stream, subjects and
+// Streams returns a topology whose stream, subjects and
 // consumer names are unique to the test, and deletes the streams when the
 // test ends. Timeouts and sizes are left for the caller to set.
-func Streams(t testing.TB, js jetstream.JetStream) consumer.Config {
+func Streams(t testing.TB, js jetstream.JetStream) stream.Config {
 	t.Helper()
 	u := Unique(t)
 	name := strings.ToUpper(u)
-	cfg := consumer.Config{
-		Stream: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
+	cfg := stream.Config{
+		Name: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
 		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, DLQKey: []byte(DLQKey),
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = js.DeleteStream(ctx, cfg.Stream)
+		_ = js.DeleteStream(ctx, cfg.Name)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
 		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})

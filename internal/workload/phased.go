@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
-	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Kind is what a planned message is, in a phased workload.
@@ -112,13 +112,13 @@ func PlanPhased(rng *rand.Rand, cfg PhasedConfig) Phased {
 
 // Message builds the NATS message of one planned message, on cfg's
 // subjects.
-func (ph Phased) Message(cfg consumer.Config, m Planned) *nats.Msg {
+func (ph Phased) Message(cfg stream.Config, m Planned) *nats.Msg {
 	if m.Kind == KindMalformed {
 		return ph.malformed(cfg, m.I)
 	}
 	p := ph.Payments[m.I]
-	msg := consumer.CommandMsg(cfg, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
-	id := consumer.MsgID(p.Cmd.MerchantID, p.Cmd.IdempotencyKey)
+	msg := stream.CommandMsg(cfg, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
+	id := stream.MsgID(p.Cmd.MerchantID, p.Cmd.IdempotencyKey)
 	switch m.Kind {
 	case KindNoID:
 		msg.Header.Del(nats.MsgIdHdr)
@@ -136,7 +136,7 @@ func (ph Phased) Message(cfg consumer.Config, m Planned) *nats.Msg {
 }
 
 // malformed builds the v-th malformed message: each is dead-lettered.
-func (ph Phased) malformed(cfg consumer.Config, v int) *nats.Msg {
+func (ph Phased) malformed(cfg stream.Config, v int) *nats.Msg {
 	merchant := phasedMerchants[v%len(phasedMerchants)]
 	key := fmt.Sprintf("%s-bad-%d", ph.prefix, v)
 	valid := fmt.Sprintf(`{"merchant_id":%q,"idempotency_key":%q,"amount":1500,"currency":"usd","payment_method":"pm_card_visa"}`, merchant, key)

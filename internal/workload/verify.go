@@ -6,9 +6,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Row is an idempotency_keys row, joined with its payments ledger row
@@ -190,9 +190,9 @@ func Verify(w Mix, ev Evidence) Verdict {
 		switch {
 		case payment.IsInputReason(d.Reason):
 			v.Malformed++
-		case d.Reason == consumer.ReasonKeyReused:
+		case d.Reason == stream.ReasonKeyReused:
 			v.KeyReused++
-		case d.Reason == consumer.ReasonMaxDeliveries:
+		case d.Reason == stream.ReasonMaxDeliveries:
 			v.MaxDeliveries++
 		default:
 			v.Other++
@@ -224,9 +224,9 @@ func Verify(w Mix, ev Evidence) Verdict {
 		reused := 0
 		for _, d := range dlByChaos[p.ID] {
 			switch d.Reason {
-			case consumer.ReasonKeyReused:
+			case stream.ReasonKeyReused:
 				reused++
-			case consumer.ReasonMaxDeliveries:
+			case stream.ReasonMaxDeliveries:
 				// Filed, then replayed or still there: the row is completed,
 				// so the copy that ran out of deliveries was a duplicate.
 			default:

@@ -34,6 +34,7 @@ import (
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Database is the local server's database when DatabaseURL is empty.
@@ -174,16 +175,16 @@ func (b *benchCmd) run(ctx context.Context) error {
 		return err
 	}
 	cfg := b.workerConfig(suffix)
-	cfg.DLQKey = b.DLQKey
-	if _, _, err := consumer.EnsureStreams(ctx, js, cfg); err != nil {
+	cfg.Stream.DLQKey = b.DLQKey
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg.Stream); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = js.DeleteStream(cctx, cfg.Stream)
-		_ = js.DeleteStream(cctx, cfg.DLQStream)
-		_ = js.DeleteStream(cctx, cfg.AdvisoryStream)
+		_ = js.DeleteStream(cctx, cfg.Stream.Name)
+		_ = js.DeleteStream(cctx, cfg.Stream.DLQStream)
+		_ = js.DeleteStream(cctx, cfg.Stream.AdvisoryStream)
 	}()
 
 	sim := stripesim.New(stripesim.Config{Faults: stripesim.Faults{Latency: b.ProviderLatency}})
@@ -201,7 +202,7 @@ func (b *benchCmd) run(ctx context.Context) error {
 	}
 
 	dups := int(math.Round(b.Duplicates * float64(b.Payments)))
-	say("publishing %d payments + %d duplicates to %s", b.Payments, dups, cfg.Stream)
+	say("publishing %d payments + %d duplicates to %s", b.Payments, dups, cfg.Stream.Name)
 	if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments, Dups: dups}); err != nil {
 		return err
 	}
@@ -307,9 +308,11 @@ func (b *benchCmd) run(ctx context.Context) error {
 func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 	name := "BENCH_" + strings.ToUpper(suffix)
 	c := consumer.Config{
-		Stream: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
-		DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
-		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
+		Stream: stream.Config{
+			Name: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
+			DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
+			StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
+		},
 		Concurrency: b.Concurrency, FetchBatch: b.FetchBatch, CommitBatch: b.CommitBatch, CommitWait: b.CommitWait,
 		Holder: "bench-" + suffix,
 	}
@@ -347,9 +350,9 @@ func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Conf
 	// Below nats.go's default limit of 4,000 outstanding async publishes.
 	const window = 2048
 	var failure error
-	pub, err := consumer.NewPublisher(js.Conn(), consumer.PublisherConfig{
+	pub, err := stream.NewPublisher(js.Conn(), stream.PublisherConfig{
 		Window: window,
-		OnResult: func(r consumer.PublishResult) {
+		OnResult: func(r stream.PublishResult) {
 			if r.Err != nil && failure == nil {
 				failure = r.Err
 			}
@@ -361,7 +364,7 @@ func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Conf
 	run := randomSuffix()
 	for _, c := range w.Order() {
 		p := w.Command(c.I)
-		m := consumer.CommandMsg(cfg, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
+		m := stream.CommandMsg(cfg.Stream, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
 		m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s:%s:%d", run, p.Cmd.IdempotencyKey, c.N))
 		if err := pub.Publish(ctx, m); err != nil {
 			pub.Close()
@@ -440,6 +443,7 @@ func (c *countingStore) Release(ctx context.Context, l dedup.Lease, reason strin
 // benchObserver counts settled messages and keeps a fixed-size latency
 // histogram, so memory does not grow with the number of payments.
 type benchObserver struct {
+	consumer.NopObserver
 	acked   atomic.Int64
 	mu      sync.Mutex
 	buckets [latencyBuckets]int64
@@ -466,10 +470,6 @@ func (o *benchObserver) Settled(_ consumer.Kind, act consumer.Action) {
 		o.acked.Add(1)
 	}
 }
-func (o *benchObserver) InFlight(int)                         {}
-func (o *benchObserver) Claimed(time.Duration, int)           {}
-func (o *benchObserver) Committed(time.Duration, int)         {}
-func (o *benchObserver) ProviderCalled(time.Duration, string) {}
 func (o *benchObserver) SettledIn(_ consumer.Kind, d time.Duration) {
 	i := 0
 	if us := float64(d) / float64(10*time.Microsecond); us > 1 {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
 	"github.com/paydedup/paydedup/internal/redact"
@@ -33,6 +34,7 @@ import (
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Demo timings: short leases and timeouts so a crashed worker's claims are
@@ -50,20 +52,20 @@ const Database = "paydedup_demo"
 // Config is one demo run. The command fills it from its flags and the
 // environment.
 type Config struct {
-	DatabaseURL string          // PostgreSQL; "" uses the local server's paydedup_demo database
-	AdminURL    string          // the server tried when DatabaseURL is empty (localpg.AdminURL)
-	NATSURL     string          // NATS; "" starts an embedded JetStream server
-	Streams     consumer.Config // the streams, subjects and durable the run uses
-	Payments    int             // distinct payments to publish
-	Workers     int             // workers to run (one of them is killed mid-run)
-	Seed        uint64          // of the workload and the simulator's faults (0: random)
-	Duplicates  float64         // duplicate messages per payment, as a fraction
-	Declines    float64         // fraction of payments with a card that is declined
-	Timeout     time.Duration   // give up (and fail) if the messages have not settled by then
-	Verbose     bool            // show the components' logs, not only errors
-	DLQKey      []byte          // the workers' dead-letter key
-	Out, ErrOut io.Writer       // the report; progress
-	Logger      *slog.Logger    // the components' logs go through it
+	DatabaseURL string        // PostgreSQL; "" uses the local server's paydedup_demo database
+	AdminURL    string        // the server tried when DatabaseURL is empty (localpg.AdminURL)
+	NATSURL     string        // NATS; "" starts an embedded JetStream server
+	Streams     stream.Config // the streams, subjects and durable the run uses
+	Payments    int           // distinct payments to publish
+	Workers     int           // workers to run (one of them is killed mid-run)
+	Seed        uint64        // of the workload and the simulator's faults (0: random)
+	Duplicates  float64       // duplicate messages per payment, as a fraction
+	Declines    float64       // fraction of payments with a card that is declined
+	Timeout     time.Duration // give up (and fail) if the messages have not settled by then
+	Verbose     bool          // show the components' logs, not only errors
+	DLQKey      []byte        // the workers' dead-letter key
+	Out, ErrOut io.Writer     // the report; progress
+	Logger      *slog.Logger  // the components' logs go through it
 }
 
 // Validate checks the run's figures.
@@ -154,7 +156,7 @@ func (d *demoCmd) run(ctx context.Context) error {
 		return err
 	}
 	cfg := d.workerConfig()
-	cfg.DLQKey = d.DLQKey
+	cfg.Stream.DLQKey = d.DLQKey
 	cleanupStreams, dlqStart, err := d.setupStreams(ctx, js, cfg, natsURL)
 	if err != nil {
 		return err
@@ -206,9 +208,9 @@ func (d *demoCmd) run(ctx context.Context) error {
 
 // workerConfig is the consumer configuration of the demo's workers.
 func (d *demoCmd) workerConfig() consumer.Config {
-	c := d.Streams
-	c.StreamMaxAge, c.DLQMaxAge = time.Hour, time.Hour
-	c.Lease, c.AckWait, c.MaxDeliver = demoLease, demoAckWait, 20
+	c := consumer.Config{Stream: d.Streams}
+	c.Stream.StreamMaxAge, c.Stream.DLQMaxAge = time.Hour, time.Hour
+	c.Lease, c.Stream.AckWait, c.Stream.MaxDeliver = demoLease, demoAckWait, 20
 	c.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: demoAttemptTimeout, InitialInterval: 50 * time.Millisecond, MaxInterval: 200 * time.Millisecond}
 	c.RetryBase, c.RetryMax = 100*time.Millisecond, time.Second
 	c.DrainTimeout, c.Concurrency, c.FetchBatch = 2*time.Second, 32, 50
@@ -249,15 +251,15 @@ func (d *demoCmd) database(ctx context.Context) (string, error) {
 // the DLQ's last sequence before the run.
 func (d *demoCmd) setupStreams(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, natsURL string) (func(), uint64, error) {
 	created := []string{}
-	for _, name := range []string{cfg.Stream, cfg.DLQStream, cfg.AdvisoryStream} {
+	for _, name := range []string{cfg.Stream.Name, cfg.Stream.DLQStream, cfg.Stream.AdvisoryStream} {
 		if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
 			created = append(created, name)
 		}
 	}
-	if _, _, err := consumer.EnsureStreams(ctx, js, cfg); err != nil {
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg.Stream); err != nil {
 		return func() {}, 0, fmt.Errorf("demo: %w", err)
 	}
-	dlq, err := js.Stream(ctx, cfg.DLQStream)
+	dlq, err := js.Stream(ctx, cfg.Stream.DLQStream)
 	if err != nil {
 		return func() {}, 0, err
 	}
@@ -326,7 +328,7 @@ type demoRun struct {
 	start   time.Time
 
 	procs []*demoWorker
-	pub   *consumer.Publisher
+	pub   *stream.Publisher
 
 	plan      workload.Phased
 	payments  []demoPayment
@@ -469,6 +471,7 @@ func (k *killableStore) Release(ctx context.Context, l dedup.Lease, reason strin
 
 // demoObserver counts one worker's settled messages.
 type demoObserver struct {
+	consumer.NopObserver
 	inFlight, completed, declined, duplicates, deadLettered, retried atomic.Int64
 }
 
@@ -488,10 +491,6 @@ func (o *demoObserver) Settled(kind consumer.Kind, act consumer.Action) {
 }
 
 func (o *demoObserver) InFlight(delta int) { o.inFlight.Add(int64(delta)) }
-
-func (o *demoObserver) Claimed(time.Duration, int)           {}
-func (o *demoObserver) Committed(time.Duration, int)         {}
-func (o *demoObserver) ProviderCalled(time.Duration, string) {}
 
 // totals sums the workers' counters.
 func (r *demoRun) totals() (done, inFlight, dups, dead int64) {
@@ -520,7 +519,7 @@ func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
 		r.payments[i] = demoPayment{ref: dedup.KeyRef{MerchantID: g.Cmd.MerchantID, IdempotencyKey: g.Cmd.IdempotencyKey}, cmd: g.Cmd}
 	}
 	early, late := r.plan.Early, r.plan.Late
-	pub, err := consumer.NewPublisher(r.js.Conn(), consumer.PublisherConfig{})
+	pub, err := stream.NewPublisher(r.js.Conn(), stream.PublisherConfig{})
 	if err != nil {
 		return false, err
 	}
@@ -560,7 +559,7 @@ func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
 	}()
 
 	for _, m := range early {
-		if err := pub.Publish(ctx, r.plan.Message(r.cfg, m)); err != nil {
+		if err := pub.Publish(ctx, r.plan.Message(r.cfg.Stream, m)); err != nil {
 			return false, fmt.Errorf("publish: %w", err)
 		}
 		r.count(m)
@@ -617,7 +616,7 @@ func (r *demoRun) publishLate(ctx context.Context, late []workload.Planned) erro
 				rest = append(rest, m)
 				continue
 			}
-			if err := r.pub.Publish(ctx, r.plan.Message(r.cfg, m)); err != nil {
+			if err := r.pub.Publish(ctx, r.plan.Message(r.cfg.Stream, m)); err != nil {
 				return fmt.Errorf("publish: %w", err)
 			}
 			r.count(m)
@@ -642,7 +641,7 @@ func (r *demoRun) waitQuiescent(ctx context.Context) (bool, error) {
 		refs[i] = p.ref
 	}
 	for {
-		cs, err := consumer.ConsumerState(ctx, r.js, r.cfg)
+		cs, err := stream.ConsumerState(ctx, r.js, r.cfg.Stream)
 		if err == nil && cs.NumPending == 0 && cs.NumAckPending == 0 {
 			recs, err := r.store.GetMany(ctx, refs)
 			if err == nil && !slices.ContainsFunc(recs, func(rec dedup.Record) bool { return rec.Status == dedup.StatusPending }) {
@@ -662,7 +661,7 @@ func (r *demoRun) progress(ctx context.Context) {
 	done, inFlight, dups, dead := r.totals()
 	ps := r.pub.Stats()
 	backlog := "?"
-	if cs, err := consumer.ConsumerState(ctx, r.js, r.cfg); err == nil {
+	if cs, err := stream.ConsumerState(ctx, r.js, r.cfg.Stream); err == nil {
 		backlog = fmt.Sprintf("%d", cs.NumPending+uint64(cs.NumAckPending))
 	}
 	r.say("%5.1fs  published %d  completed %d/%d  in flight %d  duplicates suppressed %d  dead-lettered %d  backlog %s",
@@ -705,7 +704,7 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 	for _, rec := range recs {
 		byRef[dedup.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey}] = rec
 	}
-	letters, err := consumer.ListDeadLetters(ctx, r.js, r.cfg, consumer.DLQFilter{})
+	letters, err := dlq.List(ctx, r.js, r.cfg.Stream, dlq.Filter{})
 	if err != nil {
 		return nil, fmt.Errorf("demo report: %w", err)
 	}

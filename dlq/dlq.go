@@ -1,4 +1,8 @@
-package consumer
+// Package dlq is the operator's side of the dead-letter stream: list and
+// show dead letters (List, Get), count them by reason (Counts), and replay
+// them to the payments stream (Replay), refusing what a replay could harm.
+// The dead-letter format itself is stream's.
+package dlq
 
 import (
 	"bytes"
@@ -10,117 +14,43 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
-
-// This file is the NATS side of the operator commands (publish, status,
-// dlq list/show/replay) and of the demo: only this package speaks to NATS.
-
-// HeaderReplayOf marks a message republished from the dead-letter stream:
-// <dlq stream>:<dead letter sequence>. It is not a Dlq- header, so it
-// survives if the replayed message is dead-lettered again.
-const HeaderReplayOf = "Paydedup-Replay-Of"
-
-// ErrNotSetUp means a stream or the durable consumer does not exist yet:
-// no worker has started against this configuration.
-var ErrNotSetUp = errors.New("not set up: start a worker (paydedup worker) to create the streams and the consumer")
 
 // adminTimeout bounds one admin request to the server.
 const adminTimeout = 10 * time.Second
 
-// MsgID is the Nats-Msg-Id publishers set for a payment command, so the
-// stream's duplicate window drops quick double-publishes.
-func MsgID(merchantID, idempotencyKey string) string { return merchantID + ":" + idempotencyKey }
+// DefaultKeyRetention is ReplayOptions.KeyRetention's default: the
+// idempotency store's default key retention (dedup.DefaultRetention, the
+// worker's consumer.DefaultKeyRetention).
+const DefaultKeyRetention = 48 * time.Hour
 
-// CommandMsg builds the message for a payment command body: subject
-// <SubjectPrefix>.<merchant_id>, the Idempotency-Key header and Nats-Msg-Id
-// <merchant_id>:<idempotency_key>. The body is sent byte for byte.
-func CommandMsg(cfg Config, merchantID, idempotencyKey string, body []byte) *nats.Msg {
-	cfg = cfg.WithDefaults()
-	m := nats.NewMsg(cfg.SubjectPrefix + "." + merchantID)
-	m.Data = body
-	if idempotencyKey != "" {
-		m.Header.Set(HeaderIdempotencyKey, idempotencyKey)
-		m.Header.Set(nats.MsgIdHdr, MsgID(merchantID, idempotencyKey))
-	}
-	return m
-}
-
-// ---------------------------------------------------------------------------
-// Consumer and stream state
-
-// ConsumerStats is what the durable consumer and the streams say about the
-// backlog.
-type ConsumerStats struct {
-	Stream  string `json:"stream"`
-	Durable string `json:"durable"`
-	// NumPending is how many messages wait to be delivered for the first time.
-	NumPending uint64 `json:"num_pending"`
-	// NumAckPending is how many were delivered and not yet acked (in work,
-	// or nakked with a delay and waiting for their redelivery).
-	NumAckPending int `json:"num_ack_pending"`
-	// NumRedelivered is how many of those were delivered more than once.
-	NumRedelivered int `json:"num_redelivered"`
-	// NumWaiting is how many pull requests (idle workers) wait for messages.
-	NumWaiting int `json:"num_waiting"`
-	// StreamMessages is how many messages the payments stream holds.
-	StreamMessages uint64 `json:"stream_messages"`
-}
-
-// ConsumerState reports the durable consumer's backlog. It wraps ErrNotSetUp
-// when the stream or the consumer does not exist.
-func ConsumerState(ctx context.Context, js jetstream.JetStream, cfg Config) (ConsumerStats, error) {
-	cfg = cfg.WithDefaults()
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	st := ConsumerStats{Stream: cfg.Stream, Durable: cfg.Durable}
-	stream, err := js.Stream(ctx, cfg.Stream)
-	if err != nil {
-		return st, notSetUp("stream "+cfg.Stream, err)
-	}
-	sinfo, err := stream.Info(ctx)
-	if err != nil {
-		return st, fmt.Errorf("stream %s info: %w", cfg.Stream, err)
-	}
-	st.StreamMessages = sinfo.State.Msgs
-	cons, err := stream.Consumer(ctx, cfg.Durable)
-	if err != nil {
-		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Stream, err)
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Stream, err)
-	}
-	st.NumPending, st.NumAckPending = info.NumPending, info.NumAckPending
-	st.NumRedelivered, st.NumWaiting = info.NumRedelivered, info.NumWaiting
-	return st, nil
-}
-
+// notSetUp wraps stream.ErrNotSetUp when the stream is missing.
 func notSetUp(what string, err error) error {
 	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("%s: %w", what, ErrNotSetUp)
+		return fmt.Errorf("%s: %w", what, stream.ErrNotSetUp)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// DeadLetterCounts returns how many dead letters the DLQ stream holds per
+// Counts returns how many dead letters the DLQ stream holds per
 // reason (the last token of the subject). It wraps ErrNotSetUp when the
 // stream does not exist.
-func DeadLetterCounts(ctx context.Context, js jetstream.JetStream, cfg Config) (map[string]uint64, error) {
+func Counts(ctx context.Context, js jetstream.JetStream, cfg stream.Config) (map[string]uint64, error) {
 	cfg = cfg.WithDefaults()
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
-	stream, err := js.Stream(ctx, cfg.DLQStream)
+	dlqs, err := js.Stream(ctx, cfg.DLQStream)
 	if err != nil {
 		return nil, notSetUp("stream "+cfg.DLQStream, err)
 	}
-	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(cfg.DLQPrefix+".>"))
+	info, err := dlqs.Info(ctx, jetstream.WithSubjectFilter(cfg.DLQPrefix+".>"))
 	if err != nil {
 		return nil, fmt.Errorf("stream %s info: %w", cfg.DLQStream, err)
 	}
@@ -134,14 +64,14 @@ func DeadLetterCounts(ctx context.Context, js jetstream.JetStream, cfg Config) (
 // ---------------------------------------------------------------------------
 // Reading dead letters
 
-// DeadLetterInfo is one dead letter as stored in the DLQ stream.
-type DeadLetterInfo struct {
+// Info is one dead letter as stored in the DLQ stream.
+type Info struct {
 	// Seq is the dead letter's sequence in the DLQ stream: the handle
 	// `dlq show` and `dlq replay --seq` take.
 	Seq     uint64    `json:"seq"`
 	Subject string    `json:"subject"`
 	Stored  time.Time `json:"stored"`
-	ParsedDeadLetter
+	stream.ParsedDeadLetter
 	// MerchantID and IdempotencyKey are read, best effort, from the body,
 	// the Idempotency-Key header and the original subject; empty when the
 	// message does not say (it may be malformed: that may be why it is here).
@@ -160,8 +90,8 @@ type DeadLetterInfo struct {
 	Data       []byte      `json:"-"`
 }
 
-// DLQFilter selects dead letters.
-type DLQFilter struct {
+// Filter selects dead letters.
+type Filter struct {
 	// Reason keeps only dead letters with this reason; empty keeps all.
 	Reason string
 	// Since keeps only dead letters stored at or after this time; zero
@@ -176,12 +106,12 @@ type DLQFilter struct {
 // dlqFetchBatch is how many dead letters one fetch asks for.
 const dlqFetchBatch = 256
 
-// ListDeadLetters returns the dead letters matching f, oldest first. It
+// List returns the dead letters matching f, oldest first. It
 // reads them with a short-lived ephemeral consumer (no acks, one filter
 // subject, so it works with nats-server 2.9) and deletes it afterwards.
-func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f DLQFilter) ([]DeadLetterInfo, error) {
-	var out []DeadLetterInfo
-	err := eachDeadLetter(ctx, js, cfg, f, func(d DeadLetterInfo) error {
+func List(ctx context.Context, js jetstream.JetStream, cfg stream.Config, f Filter) ([]Info, error) {
+	var out []Info
+	err := eachDeadLetter(ctx, js, cfg, f, func(d Info) error {
 		out = append(out, d)
 		return nil
 	})
@@ -193,14 +123,14 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, f 
 // It stops at the letters the stream held when it began: one filed
 // meanwhile (a replayed message dead-lettered again) is left for the next
 // run. An error from fn stops it and is returned.
-func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, f DLQFilter, fn func(DeadLetterInfo) error) error {
+func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg stream.Config, f Filter, fn func(Info) error) error {
 	cfg = cfg.WithDefaults()
 	if f.Limit < 0 {
 		return fmt.Errorf("list dead letters: negative limit %d", f.Limit)
 	}
 	filter := cfg.DLQPrefix + ".>"
 	if f.Reason != "" {
-		filter = cfg.DLQPrefix + "." + subjectToken(f.Reason)
+		filter = cfg.DLQSubject(f.Reason)
 	}
 	cc := jetstream.ConsumerConfig{
 		Description:       "paydedup dlq reader",
@@ -241,7 +171,7 @@ func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, f D
 		if err != nil {
 			return fmt.Errorf("read stream %s: %w", cfg.DLQStream, err)
 		}
-		var letters []DeadLetterInfo
+		var letters []Info
 		last := false
 		for m := range batch.Messages() {
 			meta, err := m.Metadata()
@@ -273,32 +203,32 @@ func eachDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, f D
 	return nil
 }
 
-// GetDeadLetter returns one dead letter by its DLQ sequence. It wraps
-// jetstream.ErrMsgNotFound when there is none.
-func GetDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, seq uint64) (DeadLetterInfo, error) {
+// Get returns one dead letter by its DLQ sequence. It wraps ErrNotFound
+// when there is none.
+func Get(ctx context.Context, js jetstream.JetStream, cfg stream.Config, seq uint64) (Info, error) {
 	cfg = cfg.WithDefaults()
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
-	stream, err := js.Stream(ctx, cfg.DLQStream)
+	dlqs, err := js.Stream(ctx, cfg.DLQStream)
 	if err != nil {
-		return DeadLetterInfo{}, notSetUp("stream "+cfg.DLQStream, err)
+		return Info{}, notSetUp("stream "+cfg.DLQStream, err)
 	}
-	raw, err := stream.GetMsg(ctx, seq)
+	raw, err := dlqs.GetMsg(ctx, seq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return DeadLetterInfo{}, fmt.Errorf("no dead letter %d in %s: %w", seq, cfg.DLQStream, ErrDeadLetterNotFound)
+			return Info{}, fmt.Errorf("no dead letter %d in %s: %w", seq, cfg.DLQStream, ErrNotFound)
 		}
-		return DeadLetterInfo{}, fmt.Errorf("get dead letter %d from %s: %w", seq, cfg.DLQStream, err)
+		return Info{}, fmt.Errorf("get dead letter %d from %s: %w", seq, cfg.DLQStream, err)
 	}
 	return deadLetterInfo(cfg, raw.Sequence, raw.Subject, raw.Time, raw.Header, raw.Data), nil
 }
 
-// ErrDeadLetterNotFound means the DLQ stream has no message at the sequence.
-var ErrDeadLetterNotFound = errors.New("dead letter not found")
+// ErrNotFound means the DLQ stream has no message at the sequence.
+var ErrNotFound = errors.New("dead letter not found")
 
-func deadLetterInfo(cfg Config, seq uint64, subject string, stored time.Time, h nats.Header, data []byte) DeadLetterInfo {
-	d := DeadLetterInfo{Seq: seq, Subject: subject, Stored: stored, Header: h, Data: data}
-	p, err := ParseDeadLetter(h)
+func deadLetterInfo(cfg stream.Config, seq uint64, subject string, stored time.Time, h nats.Header, data []byte) Info {
+	d := Info{Seq: seq, Subject: subject, Stored: stored, Header: h, Data: data}
+	p, err := stream.ParseDeadLetter(h)
 	d.ParsedDeadLetter = p
 	if err != nil {
 		d.Invalid = err.Error()
@@ -306,7 +236,7 @@ func deadLetterInfo(cfg Config, seq uint64, subject string, stored time.Time, h 
 			d.Reason = strings.TrimPrefix(subject, cfg.DLQPrefix+".")
 		}
 	}
-	if err := VerifyLetter(cfg.DLQKey, h, data); err != nil {
+	if err := stream.VerifyLetter(cfg.DLQKey, h, data); err != nil {
 		d.Unverified = err.Error()
 	} else {
 		d.Verified = true
@@ -327,7 +257,7 @@ func identify(h nats.Header, data []byte, origSubject string) (merchant, key str
 		merchant, _ = body.MerchantID.(string)
 		key, _ = body.IdempotencyKey.(string)
 	}
-	key = cmp.Or(key, h.Get(HeaderIdempotencyKey))
+	key = cmp.Or(key, h.Get(stream.HeaderIdempotencyKey))
 	if merchant == "" {
 		if i := strings.LastIndexByte(origSubject, '.'); i >= 0 {
 			merchant = origSubject[i+1:]
@@ -337,7 +267,7 @@ func identify(h nats.Header, data []byte, origSubject string) (merchant, key str
 }
 
 func clipField(s string) string {
-	s = sanitizeHeader(s)
+	s = stream.SanitizeHeader(s)
 	if len(s) > 80 {
 		return s[:77] + "..."
 	}
@@ -375,14 +305,6 @@ type ReplayOptions struct {
 
 // DefaultReplayRate is the dlq replay command's default Rate.
 const DefaultReplayRate = 50
-
-// NeedsInvestigation reports whether a dead letter with this reason needs a
-// person to look before it is replayed: the provider's record disagrees with
-// ours, or the ledger conflicts. replay All skips them unless Reason names
-// them.
-func NeedsInvestigation(reason string) bool {
-	return reason == ReasonProviderMismatch || reason == ReasonLedgerConflict
-}
 
 // ReplayOutcome is what happened to one dead letter.
 type ReplayOutcome string
@@ -446,13 +368,7 @@ func (r *ReplayReport) add(res ReplayResult) {
 	}
 }
 
-// ReplayableReason reports whether a dead letter with this reason can
-// succeed when replayed unchanged: not bad input, not a reused key.
-func ReplayableReason(reason string) bool {
-	return !payment.IsInputReason(reason) && reason != ReasonKeyReused
-}
-
-// ReplayDeadLetters republishes dead letters to their original subject and
+// Replay republishes dead letters to their original subject and
 // deletes each from the DLQ stream only after the republish's PubAck.
 //
 // The republished message carries the dead letter's original headers and
@@ -468,13 +384,13 @@ func ReplayableReason(reason string) bool {
 //
 // The error is for failures that stop the whole replay (bad options, the
 // DLQ stream unreachable); per-letter failures are in the report.
-func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, opts ReplayOptions) (ReplayReport, error) {
+func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts ReplayOptions) (ReplayReport, error) {
 	cfg = cfg.WithDefaults()
 	var rep ReplayReport
 	if opts.All == (len(opts.Seqs) > 0) {
 		return rep, errors.New("replay dead letters: give either sequences or All")
 	}
-	if err := ValidateDLQKey(cfg.DLQKey); err != nil {
+	if err := stream.ValidateDLQKey(cfg.DLQKey); err != nil {
 		return rep, fmt.Errorf("replay dead letters: %w", err)
 	}
 	if opts.Rate < 0 {
@@ -489,9 +405,9 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 	if opts.Rate > 0 {
 		interval = time.Duration(float64(time.Second) / opts.Rate)
 	}
-	var stream jetstream.Stream
+	var dlqs jetstream.Stream
 	var lastPublish time.Time
-	judge := func(d DeadLetterInfo) error {
+	judge := func(d Info) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -506,33 +422,33 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 		case d.Truncated:
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("truncated: the letter keeps only part of the message (body of %s bytes, SHA-256 %s) to fit under max_payload: the original is %s #%d while the stream keeps it; publish it anew from there",
-				d.Header.Get(HeaderDLQBodyLength), d.Header.Get(HeaderDLQBodySHA256), d.OrigStream, d.OrigSeq)
+				d.Header.Get(stream.HeaderDLQBodyLength), d.Header.Get(stream.HeaderDLQBodySHA256), d.OrigStream, d.OrigSeq)
 		case !replayTarget(cfg, d):
 			// Defence in depth: replay only ever publishes payment commands.
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
-				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Stream)
+				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Name)
 		case now.Sub(d.Stored) > retention:
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
 				now.Sub(d.Stored).Round(time.Second), retention)
-		case opts.All && opts.Reason == "" && NeedsInvestigation(d.Reason):
+		case opts.All && opts.Reason == "" && stream.NeedsInvestigation(d.Reason):
 			res.Outcome = Skipped
 			res.Detail = fmt.Sprintf("%s needs investigating first (see the README); once understood, replay it with --reason %s or --seq %d",
 				d.Reason, d.Reason, d.Seq)
-		case !opts.Force && d.Reason == ReasonKeyReused:
+		case !opts.Force && d.Reason == stream.ReasonKeyReused:
 			res.Outcome = Skipped
 			res.Detail = "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"
-		case !opts.Force && !ReplayableReason(d.Reason):
+		case !opts.Force && !stream.ReplayableReason(d.Reason):
 			res.Outcome = Skipped
 			res.Detail = fmt.Sprintf("bad input (%s): a replay is dead-lettered again; fix the message and publish it anew, or use --force", d.Reason)
 		case opts.DryRun:
 			res.Outcome = WouldReplay
 		default:
-			if stream == nil {
+			if dlqs == nil {
 				var err error
 				sctx, cancel := context.WithTimeout(ctx, adminTimeout)
-				stream, err = js.Stream(sctx, cfg.DLQStream)
+				dlqs, err = js.Stream(sctx, cfg.DLQStream)
 				cancel()
 				if err != nil {
 					return notSetUp("stream "+cfg.DLQStream, err)
@@ -546,7 +462,7 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 				}
 			}
 			lastPublish = time.Now()
-			replayOne(ctx, js, stream, cfg, d, &res)
+			replayOne(ctx, js, dlqs, cfg, d, &res)
 		}
 		rep.add(res)
 		return nil
@@ -555,7 +471,7 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 	if opts.All {
 		// A rate-limited replay fetches about a minute of letters at a
 		// time, well within the reader's inactive threshold.
-		f := DLQFilter{Reason: opts.Reason}
+		f := Filter{Reason: opts.Reason}
 		if opts.Rate > 0 && !opts.DryRun {
 			f.batch = int(min(max(opts.Rate*60, 1), dlqFetchBatch))
 		}
@@ -567,9 +483,9 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 	seqs := slices.Clone(opts.Seqs)
 	slices.Sort(seqs)
 	for _, seq := range slices.Compact(seqs) {
-		d, err := GetDeadLetter(ctx, js, cfg, seq)
+		d, err := Get(ctx, js, cfg, seq)
 		switch {
-		case errors.Is(err, ErrDeadLetterNotFound):
+		case errors.Is(err, ErrNotFound):
 			rep.add(ReplayResult{Seq: seq, Outcome: NotFound,
 				Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)})
 		case err != nil:
@@ -588,17 +504,17 @@ func ReplayDeadLetters(ctx context.Context, js jetstream.JetStream, cfg Config, 
 
 // replayTarget reports whether d's original subject is a payment subject of
 // the configured stream: <SubjectPrefix>.<merchant_id>.
-func replayTarget(cfg Config, d DeadLetterInfo) bool {
+func replayTarget(cfg stream.Config, d Info) bool {
 	merchant, ok := strings.CutPrefix(d.OrigSubject, cfg.SubjectPrefix+".")
-	return ok && d.OrigStream == cfg.Stream && payment.ValidateMerchant(merchant) == nil
+	return ok && d.OrigStream == cfg.Name && payment.ValidateMerchant(merchant) == nil
 }
 
 // replayOne republishes d and then deletes it.
-func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, cfg Config, d DeadLetterInfo, res *ReplayResult) {
+func replayOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Stream, cfg stream.Config, d Info, res *ReplayResult) {
 	m := nats.NewMsg(d.OrigSubject)
 	m.Data = d.Data
 	for k, vs := range d.Header {
-		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") || k == HeaderReplayOf {
+		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") || k == stream.HeaderReplayOf {
 			continue
 		}
 		m.Header[k] = append([]string(nil), vs...)
@@ -606,9 +522,9 @@ func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 	// One id per dead letter: two replays of it (two operators, a retry
 	// after a lost PubAck) publish one message within the payments stream's
 	// duplicate window.
-	res.MsgID = replayMsgID(cfg, d.Seq)
+	res.MsgID = stream.ReplayMsgID(cfg, d.Seq)
 	m.Header.Set(nats.MsgIdHdr, res.MsgID)
-	m.Header.Set(HeaderReplayOf, cfg.DLQStream+":"+strconv.FormatUint(d.Seq, 10))
+	m.Header.Set(stream.HeaderReplayOf, cfg.DLQStream+":"+strconv.FormatUint(d.Seq, 10))
 
 	pctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	ack, err := js.PublishMsg(pctx, m)
@@ -629,10 +545,10 @@ func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 		res.Detail = "already republished by another replay"
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
-	err = stream.DeleteMsg(dctx, d.Seq)
+	err = dlqs.DeleteMsg(dctx, d.Seq)
 	if err != nil {
 		// Another replay deleted it first: done, not a failure.
-		if _, gerr := stream.GetMsg(dctx, d.Seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+		if _, gerr := dlqs.GetMsg(dctx, d.Seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
 			err = nil
 		}
 	}
@@ -644,11 +560,6 @@ func replayOne(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 		return
 	}
 	res.Outcome = Replayed
-}
-
-// replayMsgID is the Nats-Msg-Id of dead letter seq's replay.
-func replayMsgID(cfg Config, seq uint64) string {
-	return "replay:" + cfg.DLQStream + ":" + strconv.FormatUint(seq, 10)
 }
 
 // sameReplay checks that the message a duplicate PubAck points to is m.
@@ -663,183 +574,8 @@ func sameReplay(ctx context.Context, js jetstream.JetStream, ack *jetstream.PubA
 	if err != nil {
 		return err
 	}
-	if got.Subject != m.Subject || !bytes.Equal(got.Data, m.Data) || got.Header.Get(HeaderReplayOf) != m.Header.Get(HeaderReplayOf) {
+	if got.Subject != m.Subject || !bytes.Equal(got.Data, m.Data) || got.Header.Get(stream.HeaderReplayOf) != m.Header.Get(stream.HeaderReplayOf) {
 		return errors.New("another subject, body or Paydedup-Replay-Of")
 	}
 	return nil
-}
-
-// ---------------------------------------------------------------------------
-// Async publisher
-
-// Defaults for PublisherConfig.
-const (
-	DefaultPublishWindow     = 256
-	DefaultPublishAckTimeout = 10 * time.Second
-)
-
-// PublishResult is the fate of one published message.
-type PublishResult struct {
-	Msg *nats.Msg
-	// Seq is the message's stream sequence (for a duplicate, the sequence of
-	// the message it duplicates).
-	Seq uint64
-	// Duplicate: the stream's duplicate window dropped it (same Nats-Msg-Id).
-	Duplicate bool
-	// Err is set when no PubAck came.
-	Err error
-}
-
-// PublishStats counts results so far.
-type PublishStats struct {
-	Sent       int `json:"sent"`       // handed to the server
-	Stored     int `json:"stored"`     // PubAck, new message
-	Duplicates int `json:"duplicates"` // PubAck.Duplicate: dropped by the duplicate window
-	Failed     int `json:"failed"`     // no PubAck (error or timeout)
-}
-
-// Outstanding is how many messages still wait for their PubAck.
-func (s PublishStats) Outstanding() int { return s.Sent - s.Stored - s.Duplicates - s.Failed }
-
-// PublisherConfig configures a Publisher.
-type PublisherConfig struct {
-	// Window bounds the messages awaiting their PubAck; Publish blocks while
-	// it is full. DefaultPublishWindow when 0.
-	Window int
-	// AckTimeout is how long one PubAck may take. DefaultPublishAckTimeout
-	// when 0.
-	AckTimeout time.Duration
-	// OnResult, when set, is called for every message, in publish order,
-	// from one goroutine.
-	OnResult func(PublishResult)
-}
-
-// Publisher publishes asynchronously with a bounded window of messages in
-// flight, instead of one round trip per message, and awaits every PubAck.
-// Publish from one goroutine; Stats may be read from any.
-type Publisher struct {
-	js       jetstream.JetStream
-	onResult func(PublishResult)
-	slots    chan struct{}               // one per message awaiting its PubAck
-	inflight chan jetstream.PubAckFuture // in publish order; never fuller than slots
-	done     chan struct{}
-
-	mu     sync.Mutex
-	stats  PublishStats
-	closed bool
-}
-
-// NewPublisher returns a publisher on nc. Close it to await the last acks.
-func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
-	window := cmp.Or(cfg.Window, DefaultPublishWindow)
-	if window < 1 {
-		return nil, fmt.Errorf("publisher: window must be at least 1, got %d", window)
-	}
-	// The client's own pending limit sits above our window, so it never
-	// stalls: we block first.
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(window+1),
-		jetstream.WithPublishAsyncTimeout(cmp.Or(cfg.AckTimeout, DefaultPublishAckTimeout)))
-	if err != nil {
-		return nil, fmt.Errorf("publisher: %w", err)
-	}
-	p := &Publisher{
-		js: js, onResult: cfg.OnResult,
-		slots: make(chan struct{}, window), inflight: make(chan jetstream.PubAckFuture, window),
-		done: make(chan struct{}),
-	}
-	go p.collect()
-	return p, nil
-}
-
-// Publish sends m, first waiting while the window is full. A message the
-// client cannot even send is counted as failed (and reported to OnResult);
-// the error is only for ctx ending before m was sent, or a closed publisher.
-func (p *Publisher) Publish(ctx context.Context, m *nats.Msg) error {
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
-		return errors.New("publish: publisher closed")
-	}
-	select {
-	case p.slots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	p.mu.Lock()
-	p.stats.Sent++
-	p.mu.Unlock()
-	f, err := p.js.PublishMsgAsync(m)
-	if err != nil {
-		f = failedFuture(m, err) // reported in order, like the others
-	}
-	p.inflight <- f // never blocks: we hold one of its slots
-	return nil
-}
-
-// unsent is the future of a message the client could not send.
-type unsent struct {
-	msg *nats.Msg
-	err chan error
-}
-
-func failedFuture(m *nats.Msg, err error) jetstream.PubAckFuture {
-	u := unsent{msg: m, err: make(chan error, 1)}
-	u.err <- err
-	return u
-}
-
-func (u unsent) Ok() <-chan *jetstream.PubAck { return nil }
-func (u unsent) Err() <-chan error            { return u.err }
-func (u unsent) Msg() *nats.Msg               { return u.msg }
-
-// collect resolves futures in publish order and frees their slots.
-func (p *Publisher) collect() {
-	defer close(p.done)
-	for f := range p.inflight {
-		select {
-		case ack := <-f.Ok():
-			p.record(PublishResult{Msg: f.Msg(), Seq: ack.Sequence, Duplicate: ack.Duplicate})
-		case err := <-f.Err():
-			p.record(PublishResult{Msg: f.Msg(), Err: err})
-		}
-		<-p.slots
-	}
-}
-
-func (p *Publisher) record(r PublishResult) {
-	p.mu.Lock()
-	switch {
-	case r.Err != nil:
-		p.stats.Failed++
-	case r.Duplicate:
-		p.stats.Duplicates++
-	default:
-		p.stats.Stored++
-	}
-	p.mu.Unlock()
-	if p.onResult != nil {
-		p.onResult(r)
-	}
-}
-
-// Stats returns the counts so far.
-func (p *Publisher) Stats() PublishStats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stats
-}
-
-// Close waits for the PubAck (or its timeout) of every message sent and
-// returns the final counts. Publish must not be running.
-func (p *Publisher) Close() PublishStats {
-	p.mu.Lock()
-	if !p.closed {
-		p.closed = true
-		close(p.inflight)
-	}
-	p.mu.Unlock()
-	<-p.done
-	return p.Stats()
 }

@@ -1,4 +1,4 @@
-package consumer
+package stream
 
 import (
 	"bytes"
@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"math"
 	"net/textproto"
 	"strconv"
 	"strings"
@@ -88,9 +86,9 @@ func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, ex
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	ack, err := p.js.PublishMsg(ctx, m, jetstream.WithExpectStream(p.cfg.Stream))
+	ack, err := p.js.PublishMsg(ctx, m, jetstream.WithExpectStream(p.cfg.Name))
 	if err != nil {
-		return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Stream, err)
+		return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)
 	}
 	return ack.Sequence, nil
 }
@@ -104,24 +102,24 @@ func (p *CommandPublisher) Stored(ctx context.Context, merchantID, key string, s
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	s, err := p.js.Stream(ctx, p.cfg.Stream)
+	s, err := p.js.Stream(ctx, p.cfg.Name)
 	if err != nil {
-		return false, fmt.Errorf("stream %s: %w", p.cfg.Stream, err)
+		return false, fmt.Errorf("stream %s: %w", p.cfg.Name, err)
 	}
 	raw, err := s.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read %s message %d: %w", p.cfg.Stream, seq, err)
+		return false, fmt.Errorf("read %s message %d: %w", p.cfg.Name, seq, err)
 	}
 	return raw.Subject == p.cfg.SubjectPrefix+"."+merchantID && raw.Header.Get(HeaderIdempotencyKey) == key, nil
 }
 
 // Ready reports whether the stream exists (the worker creates it).
 func (p *CommandPublisher) Ready(ctx context.Context) error {
-	if _, err := p.js.Stream(ctx, p.cfg.Stream); err != nil {
-		return fmt.Errorf("stream %s: %w", p.cfg.Stream, err)
+	if _, err := p.js.Stream(ctx, p.cfg.Name); err != nil {
+		return fmt.Errorf("stream %s: %w", p.cfg.Name, err)
 	}
 	return nil
 }
@@ -153,7 +151,7 @@ func (p *CommandPublisher) message(cmd *payment.Command, extra map[string]string
 	if err != nil {
 		return nil, fmt.Errorf("headers do not survive the wire: %w", err)
 	}
-	got, err := decodeMessage(p.cfg, m.Subject, wire, data)
+	got, err := DecodeCommand(p.cfg, m.Subject, wire, data)
 	if err != nil {
 		return nil, err
 	}
@@ -200,56 +198,4 @@ func headerBlock(h nats.Header) []byte {
 	}
 	b.WriteString("\r\n")
 	return b.Bytes()
-}
-
-// intakeMarker records a dead letter on the gateway's intake
-// (dedup.Store.MarkIntakeDeadLettered).
-type intakeMarker interface {
-	MarkIntakeDeadLettered(ctx context.Context, merchantID, key string, seq uint64, reason, errText string) (bool, error)
-}
-
-// deadLetteredIntake tells the gateway's intake of a command it published
-// that the worker dead-lettered it, so the gateway answers the reason
-// instead of "queued" and stops republishing. The store marks only the
-// intake that published this very stream sequence; commands published
-// straight on the queue have none. The message is already dead-lettered:
-// a failure here is logged and changes nothing of its fate.
-//
-// Only a dead letter that is final for the client reaches the intake: bad
-// input and a reused key, which a replay would dead-letter again. A letter
-// that waits for an operator (max_deliveries, a ledger conflict, a provider
-// idempotency mismatch) may still end in a charge, or stand beside one: the
-// gateway keeps answering from the idempotency record, never "final, send
-// it again under a new key".
-func (w *Worker) deadLetteredIntake(ctx context.Context, in inbound, reason string, cause error, log *slog.Logger) {
-	if !finalForClient(reason) {
-		return
-	}
-	marker, ok := w.proc.store.(intakeMarker)
-	if !ok || in.meta == nil || in.meta.Sequence.Stream == 0 || in.meta.Sequence.Stream > math.MaxInt64 {
-		return
-	}
-	var merchant, key string
-	if in.cmd != nil {
-		merchant, key = in.cmd.MerchantID, in.cmd.IdempotencyKey
-	} else {
-		merchant, _ = strings.CutPrefix(in.msg.Subject(), w.cfg.SubjectPrefix+".")
-		key = in.msg.Headers().Get(HeaderIdempotencyKey)
-	}
-	if payment.ValidateMerchant(merchant) != nil || payment.ValidateKey(key) != nil {
-		return
-	}
-	marked, err := marker.MarkIntakeDeadLettered(ctx, merchant, key, in.meta.Sequence.Stream, reason, sanitizeHeader(errString(cause)))
-	switch {
-	case err != nil:
-		log.Warn("could not record the dead letter on the gateway's intake; the gateway shows the payment queued", "reason", reason, "error", err)
-	case marked:
-		log.Info("gateway intake marked dead-lettered", "reason", reason)
-	}
-}
-
-// finalForClient reports whether a dead letter's reason settles the payment
-// for its client: nothing was charged and a replay would not change that.
-func finalForClient(reason string) bool {
-	return reason == ReasonKeyReused || payment.IsInputReason(reason)
 }

@@ -1,4 +1,4 @@
-package consumer
+package stream
 
 import (
 	"context"
@@ -23,7 +23,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 			js.Conn().MaxPayload(), DLQHeadroom)
 	}
 	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        cfg.Stream,
+		Name:        cfg.Name,
 		Description: "paydedup payment commands",
 		Subjects:    []string{cfg.SubjectPrefix + ".>"},
 		Storage:     jetstream.FileStorage,
@@ -35,7 +35,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		MaxMsgSize:  int32(min(maxMsgSize, math.MaxInt32)),
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.Stream, err)
+		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.Name, err)
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        cfg.DLQStream,
@@ -57,7 +57,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        cfg.AdvisoryStream,
 		Description: "paydedup: MAX_DELIVERIES advisories of the workers' consumer, until the message is dead-lettered",
-		Subjects:    []string{AdvisorySubject(cfg.Stream, cfg.Durable)},
+		Subjects:    []string{AdvisorySubject(cfg.Name, cfg.Durable)},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.WorkQueuePolicy,
 		MaxAge:      cfg.StreamMaxAge, // the message it names is gone by then
@@ -76,7 +76,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 	}); err != nil {
 		return nil, nil, fmt.Errorf("create consumer %s on %s: %w", DefaultMaxDeliverDurable, cfg.AdvisoryStream, err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Name, jetstream.ConsumerConfig{
 		Durable:       cfg.Durable,
 		Description:   "paydedup workers",
 		DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -89,7 +89,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Replicas:      cfg.Replicas,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, cfg.Stream, err)
+		return nil, nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, cfg.Name, err)
 	}
 	return stream, cons, nil
 }

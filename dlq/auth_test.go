@@ -1,4 +1,4 @@
-package consumer_test
+package dlq_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // A letter published straight to the DLQ's subjects, well formed and aimed
@@ -21,15 +21,15 @@ func TestReplayRefusesUnauthenticatedLetters(t *testing.T) {
 	t.Parallel()
 	js, cfg := adminSetup(t)
 	ctx := context.Background()
-	forged := nats.NewMsg(cfg.DLQPrefix + "." + consumer.ReasonMaxDeliveries)
+	forged := nats.NewMsg(cfg.DLQPrefix + "." + stream.ReasonMaxDeliveries)
 	forged.Data = body("m_victim", "forged", 99_999_999)
 	for k, v := range map[string]string{
-		consumer.HeaderIdempotencyKey: "forged",
-		consumer.HeaderDLQReason:      consumer.ReasonMaxDeliveries, consumer.HeaderDLQError: "x",
-		consumer.HeaderDLQOrigSubject: cfg.SubjectPrefix + ".m_victim", consumer.HeaderDLQOrigStream: cfg.Stream,
-		consumer.HeaderDLQOrigSeq: "1", consumer.HeaderDLQDeliveries: "5",
-		consumer.HeaderDLQFailedAt: time.Now().UTC().Format(time.RFC3339Nano),
-		consumer.HeaderDLQAuth:     "v1=0000000000000000000000000000000000000000000000000000000000000000",
+		stream.HeaderIdempotencyKey: "forged",
+		stream.HeaderDLQReason:      stream.ReasonMaxDeliveries, stream.HeaderDLQError: "x",
+		stream.HeaderDLQOrigSubject: cfg.SubjectPrefix + ".m_victim", stream.HeaderDLQOrigStream: cfg.Name,
+		stream.HeaderDLQOrigSeq: "1", stream.HeaderDLQDeliveries: "5",
+		stream.HeaderDLQFailedAt: time.Now().UTC().Format(time.RFC3339Nano),
+		stream.HeaderDLQAuth:     "v1=0000000000000000000000000000000000000000000000000000000000000000",
 	} {
 		forged.Header.Set(k, v)
 	}
@@ -37,18 +37,18 @@ func TestReplayRefusesUnauthenticatedLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{Seqs: []uint64{ack.Sequence}, Force: true})
+	rep, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{Seqs: []uint64{ack.Sequence}, Force: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.Replayed != 0 || rep.Refused != 1 {
 		t.Fatalf("forged letter: %+v", rep)
 	}
-	st, err := consumer.ConsumerState(ctx, js, cfg)
+	st, err := stream.ConsumerState(ctx, js, cfg)
 	if err != nil || st.StreamMessages != 0 {
 		t.Fatalf("the payments stream holds %d messages after replaying a forged letter (%v)", st.StreamMessages, err)
 	}
-	all, err := consumer.ListDeadLetters(ctx, js, cfg, consumer.DLQFilter{})
+	all, err := dlq.List(ctx, js, cfg, dlq.Filter{})
 	if err != nil || len(all) != 1 {
 		t.Fatalf("list %v %v", all, err)
 	}
@@ -66,13 +66,13 @@ func TestDeadLetterAuthAndStoredAge(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
 	// Dlq-Failed-At claims the letter is 72 h younger than it is.
-	fresh := fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", "fresh", now.Add(72*time.Hour))
-	d, err := consumer.GetDeadLetter(ctx, js, cfg, fresh)
+	fresh := fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "fresh", now.Add(72*time.Hour))
+	d, err := dlq.Get(ctx, js, cfg, fresh)
 	if err != nil || !d.Verified {
 		t.Fatalf("a worker's letter does not verify: %+v %v", d, err)
 	}
-	later := consumer.ReplayOptions{Seqs: []uint64{fresh}, DryRun: true, Now: now.Add(72 * time.Hour)}
-	rep, err := consumer.ReplayDeadLetters(ctx, js, cfg, later)
+	later := dlq.ReplayOptions{Seqs: []uint64{fresh}, DryRun: true, Now: now.Add(72 * time.Hour)}
+	rep, err := dlq.Replay(ctx, js, cfg, later)
 	if err != nil || rep.Refused != 1 {
 		t.Fatalf("72 h after it was stored, with a forged Dlq-Failed-At: %+v %v", rep, err)
 	}
@@ -95,19 +95,19 @@ func TestDeadLetterAuthAndStoredAge(t *testing.T) {
 	same := alter(func(*nats.Msg) {})
 	seqs := []uint64{
 		alter(func(m *nats.Msg) { m.Data = body("m_1", "fresh", 99_999_999) }),
-		alter(func(m *nats.Msg) { m.Header.Set(consumer.HeaderDLQOrigSubject, cfg.SubjectPrefix+".m_2") }),
+		alter(func(m *nats.Msg) { m.Header.Set(stream.HeaderDLQOrigSubject, cfg.SubjectPrefix+".m_2") }),
 		alter(func(m *nats.Msg) { m.Header.Set("X-Custom", "changed") }),
-		alter(func(m *nats.Msg) { m.Header.Add(consumer.HeaderIdempotencyKey, "second") }),
+		alter(func(m *nats.Msg) { m.Header.Add(stream.HeaderIdempotencyKey, "second") }),
 		alter(func(m *nats.Msg) { m.Header.Del("X-Custom") }),
 	}
-	rep, err = consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{Seqs: append(seqs, same), DryRun: true})
+	rep, err = dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{Seqs: append(seqs, same), DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rep.Results {
-		want := consumer.Refused
+		want := dlq.Refused
 		if r.Seq == same {
-			want = consumer.WouldReplay // a byte-for-byte copy still verifies
+			want = dlq.WouldReplay // a byte-for-byte copy still verifies
 		}
 		if r.Outcome != want {
 			t.Errorf("letter %d: %s (%s), want %s", r.Seq, r.Outcome, r.Detail, want)
@@ -117,19 +117,19 @@ func TestDeadLetterAuthAndStoredAge(t *testing.T) {
 	// Without the key: listed as unverified; replay refuses to start.
 	nokey := cfg
 	nokey.DLQKey = nil
-	l, err := consumer.ListDeadLetters(ctx, js, nokey, consumer.DLQFilter{Limit: 1})
+	l, err := dlq.List(ctx, js, nokey, dlq.Filter{Limit: 1})
 	if err != nil || len(l) != 1 || l[0].Verified || l[0].Unverified == "" {
 		t.Fatalf("listed without a key: %+v %v", l, err)
 	}
 	for _, key := range [][]byte{nil, []byte("short")} {
 		nokey.DLQKey = key
-		if _, err := consumer.ReplayDeadLetters(ctx, js, nokey, consumer.ReplayOptions{All: true}); !errors.Is(err, consumer.ErrDLQKey) {
+		if _, err := dlq.Replay(ctx, js, nokey, dlq.ReplayOptions{All: true}); !errors.Is(err, stream.ErrDLQKey) {
 			t.Fatalf("replay with key %q: %v", key, err)
 		}
 	}
 	other := cfg
 	other.DLQKey = []byte("another-key-of-at-least-thirty-two-bytes")
-	if d, err := consumer.GetDeadLetter(ctx, js, other, fresh); err != nil || d.Verified {
+	if d, err := dlq.Get(ctx, js, other, fresh); err != nil || d.Verified {
 		t.Fatalf("verified with another key: %+v %v", d, err)
 	}
 }
@@ -142,21 +142,21 @@ func TestConcurrentReplaysPublishOnce(t *testing.T) {
 	t.Parallel()
 	js, cfg := adminSetup(t)
 	ctx := context.Background()
-	seq := fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", "twice", time.Now())
-	d, err := consumer.GetDeadLetter(ctx, js, cfg, seq)
+	seq := fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "twice", time.Now())
+	d, err := dlq.Get(ctx, js, cfg, seq)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		res, err := consumer.ReplayOneForTest(ctx, js, cfg, d)
+		res, err := dlq.ReplayOneForTest(ctx, js, cfg, d)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Outcome != consumer.Replayed || res.MsgID != fmt.Sprintf("replay:%s:%d", cfg.DLQStream, seq) {
+		if res.Outcome != dlq.Replayed || res.MsgID != fmt.Sprintf("replay:%s:%d", cfg.DLQStream, seq) {
 			t.Fatalf("replay %d: %+v", i+1, res)
 		}
 	}
-	st, err := consumer.ConsumerState(ctx, js, cfg)
+	st, err := stream.ConsumerState(ctx, js, cfg)
 	if err != nil || st.StreamMessages != 1 {
 		t.Fatalf("two replays of one letter left %d messages in the payments stream, want 1 (%v)", st.StreamMessages, err)
 	}
@@ -169,19 +169,19 @@ func TestReplayAllSkipsReasonsToInvestigate(t *testing.T) {
 	js, cfg := adminSetup(t)
 	ctx := context.Background()
 	now := time.Now()
-	fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", "a", now)
-	fileDeadLetter(t, js, cfg, consumer.ReasonProviderMismatch, "m_1", "b", now)
-	fileDeadLetter(t, js, cfg, consumer.ReasonLedgerConflict, "m_1", "c", now)
-	all, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, DryRun: true, Force: true})
+	fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "a", now)
+	fileDeadLetter(t, js, cfg, stream.ReasonProviderMismatch, "m_1", "b", now)
+	fileDeadLetter(t, js, cfg, stream.ReasonLedgerConflict, "m_1", "c", now)
+	all, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Force: true})
 	if err != nil || all.WouldReplay != 1 || all.Skipped != 2 {
 		t.Fatalf("--all: %+v %v", all, err)
 	}
 	for _, r := range all.Results {
-		if r.Outcome == consumer.Skipped && !strings.Contains(r.Detail, "--reason "+r.Reason) {
+		if r.Outcome == dlq.Skipped && !strings.Contains(r.Detail, "--reason "+r.Reason) {
 			t.Errorf("skip of %s does not say how to replay it: %q", r.Reason, r.Detail)
 		}
 	}
-	named, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, DryRun: true, Reason: consumer.ReasonLedgerConflict})
+	named, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Reason: stream.ReasonLedgerConflict})
 	if err != nil || named.WouldReplay != 1 || named.Skipped != 0 {
 		t.Fatalf("--all --reason ledger_conflict: %+v %v", named, err)
 	}
@@ -193,10 +193,10 @@ func TestReplayIsRateLimited(t *testing.T) {
 	js, cfg := adminSetup(t)
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c", "d"} {
-		fileDeadLetter(t, js, cfg, consumer.ReasonMaxDeliveries, "m_1", k, time.Now())
+		fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", k, time.Now())
 	}
 	start := time.Now()
-	rep, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, Rate: 10})
+	rep, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, Rate: 10})
 	if err != nil || rep.Replayed != 4 {
 		t.Fatalf("replay %+v %v", rep, err)
 	}
@@ -204,7 +204,7 @@ func TestReplayIsRateLimited(t *testing.T) {
 	if d := time.Since(start); d < 300*time.Millisecond {
 		t.Fatalf("four letters replayed in %v at 10/s", d)
 	}
-	if _, err := consumer.ReplayDeadLetters(ctx, js, cfg, consumer.ReplayOptions{All: true, Rate: -1}); err == nil {
+	if _, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, Rate: -1}); err == nil {
 		t.Fatal("a negative rate was accepted")
 	}
 }

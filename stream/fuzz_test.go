@@ -1,4 +1,4 @@
-package consumer_test
+package stream_test
 
 import (
 	"bytes"
@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // FuzzParseDeadLetter feeds ParseDeadLetter arbitrary Dlq-* header values
@@ -27,22 +27,22 @@ func FuzzParseDeadLetter(f *testing.F) {
 	f.Add("x", "e", "a b", "S", "1", "1", "yesterday")
 	f.Add("x", "e\r\nNats-Msg-Id: forged", "payments.requests.m", "S", "+1", "0x10", "2026-13-40T25:61:61Z")
 	f.Add("x", "e", "$JS.API.STREAM.PURGE.PAYMENTS", "S", "1", "1", "2026-01-02T03:04:05+02:00")
-	f.Fuzz(func(t *testing.T, reason, errText, subject, stream, seq, deliveries, failedAt string) {
+	f.Fuzz(func(t *testing.T, reason, errText, subject, origStream, seq, deliveries, failedAt string) {
 		h := nats.Header{}
 		for k, v := range map[string]string{
-			consumer.HeaderDLQReason: reason, consumer.HeaderDLQError: errText, consumer.HeaderDLQOrigSubject: subject,
-			consumer.HeaderDLQOrigStream: stream, consumer.HeaderDLQOrigSeq: seq, consumer.HeaderDLQDeliveries: deliveries,
-			consumer.HeaderDLQFailedAt: failedAt,
+			stream.HeaderDLQReason: reason, stream.HeaderDLQError: errText, stream.HeaderDLQOrigSubject: subject,
+			stream.HeaderDLQOrigStream: origStream, stream.HeaderDLQOrigSeq: seq, stream.HeaderDLQDeliveries: deliveries,
+			stream.HeaderDLQFailedAt: failedAt,
 		} {
 			if v != "" {
 				h.Set(k, v)
 			}
 		}
-		p, err := consumer.ParseDeadLetter(h)
+		p, err := stream.ParseDeadLetter(h)
 		if err != nil {
 			return
 		}
-		if p.Reason != reason || p.Reason == "" || p.Error != errText || p.OrigSubject != subject || p.OrigStream != stream {
+		if p.Reason != reason || p.Reason == "" || p.Error != errText || p.OrigSubject != subject || p.OrigStream != origStream {
 			t.Fatalf("parsed %+v from different headers", p)
 		}
 		if subject == "" || strings.ContainsAny(subject, " \t\r\n*>") {
@@ -74,13 +74,13 @@ func FuzzLetterRoundTrip(f *testing.F) {
 	f.Add("max_deliveries", strings.Repeat("é", 2000), "p.r.m", "PAYMENTS", uint64(1), uint64(20), int64(-1<<63),
 		"Nats-Expected-Stream", "X", "id", []byte(nil))
 	f.Add("", "", "", "", uint64(0), uint64(0), int64(0), "", "", "", []byte(""))
-	f.Fuzz(func(t *testing.T, reason, errText, subject, stream string, seq, deliveries uint64, failedAtNano int64,
+	f.Fuzz(func(t *testing.T, reason, errText, subject, origStream string, seq, deliveries uint64, failedAtNano int64,
 		hdrKey, hdrVal, msgID string, data []byte) {
 		orig := nats.Header{}
 		if hdrKey != "" {
 			orig.Set(hdrKey, hdrVal)
 		}
-		orig.Set(consumer.HeaderDLQReason, "forged-reason")
+		orig.Set(stream.HeaderDLQReason, "forged-reason")
 		orig.Set("Nats-Expected-Last-Sequence", "1")
 		if msgID != "" {
 			orig.Set(nats.MsgIdHdr, msgID)
@@ -90,14 +90,14 @@ func FuzzLetterRoundTrip(f *testing.F) {
 			err = errors.New(errText)
 		}
 		failedAt := time.Unix(0, failedAtNano)
-		d := consumer.Letter{Reason: reason, Err: err, OrigSubject: subject, OrigStream: stream, OrigSeq: seq,
+		d := stream.Letter{Reason: reason, Err: err, OrigSubject: subject, OrigStream: origStream, OrigSeq: seq,
 			Deliveries: deliveries, Header: orig, Data: data, FailedAt: failedAt}
-		m := d.Msg(consumer.Config{DLQKey: []byte(testenv.DLQKey)})
+		m := d.Msg(stream.Config{DLQKey: []byte(testenv.DLQKey)})
 
 		if !bytes.Equal(m.Data, data) {
 			t.Fatal("body changed")
 		}
-		if err := consumer.VerifyLetter([]byte(testenv.DLQKey), m.Header, m.Data); err != nil {
+		if err := stream.VerifyLetter([]byte(testenv.DLQKey), m.Header, m.Data); err != nil {
 			t.Fatalf("a filed letter does not verify: %v", err)
 		}
 		tok, ok := strings.CutPrefix(m.Subject, "payments.dlq.")
@@ -109,24 +109,24 @@ func FuzzLetterRoundTrip(f *testing.F) {
 				t.Fatalf("original header %s survived", k)
 			}
 		}
-		if got := m.Header.Get(consumer.HeaderDLQReason); got != reason {
+		if got := m.Header.Get(stream.HeaderDLQReason); got != reason {
 			t.Fatalf("Dlq-Reason %q, want %q (the original's forged value must not survive)", got, reason)
 		}
-		if want := "dlq:" + stream + ":" + strconv.FormatUint(seq, 10); m.Header.Get(nats.MsgIdHdr) != want {
+		if want := "dlq:" + origStream + ":" + strconv.FormatUint(seq, 10); m.Header.Get(nats.MsgIdHdr) != want {
 			t.Fatalf("Nats-Msg-Id %q, want %q", m.Header.Get(nats.MsgIdHdr), want)
 		}
-		if msgID != "" && m.Header.Get(consumer.HeaderDLQOrigMsgID) != msgID {
-			t.Fatalf("Dlq-Orig-Msg-Id %q, want %q", m.Header.Get(consumer.HeaderDLQOrigMsgID), msgID)
+		if msgID != "" && m.Header.Get(stream.HeaderDLQOrigMsgID) != msgID {
+			t.Fatalf("Dlq-Orig-Msg-Id %q, want %q", m.Header.Get(stream.HeaderDLQOrigMsgID), msgID)
 		}
 		if hdrKey != "" && !strings.HasPrefix(hdrKey, "Nats-") && !strings.HasPrefix(hdrKey, "Dlq-") && m.Header.Get(hdrKey) != hdrVal {
 			t.Fatalf("original header %s lost", hdrKey)
 		}
-		e := m.Header.Get(consumer.HeaderDLQError)
+		e := m.Header.Get(stream.HeaderDLQError)
 		if len(e) > 1024 || strings.ContainsAny(e, "\r\n\x00") {
 			t.Fatalf("Dlq-Error is %d bytes or spans lines: %.100q", len(e), e)
 		}
 
-		p, perr := consumer.ParseDeadLetter(m.Header)
+		p, perr := stream.ParseDeadLetter(m.Header)
 		validSubject := subject != "" && !strings.ContainsAny(subject, " \t\r\n*>")
 		validTime := failedAt.UTC().Year() >= 0 && failedAt.UTC().Year() <= 9999
 		switch {
@@ -138,7 +138,7 @@ func FuzzLetterRoundTrip(f *testing.F) {
 		case perr != nil:
 			t.Fatalf("filed letter does not parse: %v", perr)
 		}
-		if p.Reason != reason || p.OrigSubject != subject || p.OrigStream != stream || p.OrigSeq != seq || p.Deliveries != deliveries {
+		if p.Reason != reason || p.OrigSubject != subject || p.OrigStream != origStream || p.OrigSeq != seq || p.Deliveries != deliveries {
 			t.Fatalf("round trip changed the letter: %+v", p)
 		}
 		if !p.FailedAt.Equal(failedAt) {

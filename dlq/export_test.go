@@ -1,20 +1,22 @@
-package consumer
+package dlq
 
 import (
 	"context"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/stream"
 )
 
 // ReplayOneForTest replays one dead letter already read, as each of two
 // concurrent replays does after both read it and before either deleted it.
-func ReplayOneForTest(ctx context.Context, js jetstream.JetStream, cfg Config, d DeadLetterInfo) (ReplayResult, error) {
+func ReplayOneForTest(ctx context.Context, js jetstream.JetStream, cfg stream.Config, d Info) (ReplayResult, error) {
 	cfg = cfg.WithDefaults()
-	stream, err := js.Stream(ctx, cfg.DLQStream)
+	dlqs, err := js.Stream(ctx, cfg.DLQStream)
 	if err != nil {
 		return ReplayResult{}, err
 	}
 	res := ReplayResult{Seq: d.Seq, Reason: d.Reason, Subject: d.OrigSubject}
-	replayOne(ctx, js, stream, cfg, d, &res)
+	replayOne(ctx, js, dlqs, cfg, d, &res)
 	return res, nil
 }

@@ -1,23 +1,21 @@
-package consumer
+package stream
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
-	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/payment"
 )
 
 // Dead-letter headers. The Nats- prefix is reserved by NATS, hence Dlq-.
@@ -116,7 +114,7 @@ func (d Letter) MsgWithin(cfg Config, maxSize int) *nats.Msg {
 	}
 	errText := ""
 	if d.Err != nil {
-		errText = sanitizeHeader(d.Err.Error())
+		errText = SanitizeHeader(d.Err.Error())
 	}
 	h.Set(HeaderDLQReason, d.Reason)
 	h.Set(HeaderDLQError, errText)
@@ -148,7 +146,7 @@ func (d Letter) MsgWithin(cfg Config, maxSize int) *nats.Msg {
 		data = data[:max(0, min(len(data), maxSize-headerLen(h)-authLen))]
 	}
 	h.Set(HeaderDLQAuth, letterMAC(cfg.DLQKey, h, data))
-	return &nats.Msg{Subject: cfg.DLQPrefix + "." + subjectToken(d.Reason), Header: h, Data: data}
+	return &nats.Msg{Subject: cfg.DLQSubject(d.Reason), Header: h, Data: data}
 }
 
 // headerLen is the size of h as NATS sends it: NATS/1.0, one line per
@@ -219,8 +217,9 @@ func VerifyLetter(key []byte, h nats.Header, data []byte) error {
 	return nil
 }
 
-// sanitizeHeader keeps a header value on one line and bounded.
-func sanitizeHeader(s string) string {
+// SanitizeHeader keeps a header value on one line and bounded, as the
+// dead-letter headers require.
+func SanitizeHeader(s string) string {
 	s = strings.Map(func(r rune) rune {
 		if r < 0x20 || r == 0x7f {
 			return ' '
@@ -288,26 +287,6 @@ func ParseDeadLetter(h nats.Header) (ParsedDeadLetter, error) {
 	return p, nil
 }
 
-// fileDeadLetter files d in the dead-letter stream and waits for the
-// PubAck. It is the one place a dead letter is built, authenticated and
-// published, for the worker and the MAX_DELIVERIES net alike.
-func fileDeadLetter(ctx context.Context, js jetstream.JetStream, cfg Config, d Letter) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := js.PublishMsg(ctx, d.MsgWithin(cfg, int(js.Conn().MaxPayload()))); err != nil {
-		return fmt.Errorf("publish dead letter (%s): %w", d.Reason, err)
-	}
-	return nil
-}
-
-// maxDeliveriesAdvisory is the part of the server's advisory we use.
-type maxDeliveriesAdvisory struct {
-	Stream     string `json:"stream"`
-	Consumer   string `json:"consumer"`
-	StreamSeq  uint64 `json:"stream_seq"`
-	Deliveries uint64 `json:"deliveries"`
-}
-
 // AdvisorySubject is where the server announces that a message of the
 // consumer ran out of deliveries.
 func AdvisorySubject(stream, durable string) string {
@@ -322,127 +301,24 @@ const DefaultMaxDeliverDurable = "paydedup-maxdeliver"
 // server hands it to another worker.
 const maxDeliverAckWait = 30 * time.Second
 
-// maxDeliverRetry is the delay before an advisory whose dead letter could
-// not be filed (the DLQ refuses writes, NATS is reconnecting) is tried again.
-const maxDeliverRetry = 2 * time.Second
+// Dead-letter reasons besides payment.Reason's bad-input reasons.
+const (
+	ReasonKeyReused        = "key_reused"
+	ReasonProviderMismatch = "provider_idempotency_mismatch"
+	ReasonLedgerConflict   = "ledger_conflict"
+	ReasonMaxDeliveries    = "max_deliveries"
+)
 
-// RunMaxDeliveriesNet files a dead letter for every message that ran out of
-// deliveries without a worker filing it (a worker that died on every
-// attempt never got to), until ctx ends. The server's MAX_DELIVERIES
-// advisories are captured by the advisory stream (EnsureStreams creates
-// it), so one announced while no worker listened (a rolling restart) waits
-// there; workers share its durable consumer, and an advisory is acked only
-// after its dead letter's PubAck, so a failed publish is retried. The dead
-// letter's Nats-Msg-Id makes a second copy (the worker filed it but died
-// before its Term; an ack lost) a no-op within the DLQ's duplicate window.
-func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger) error {
-	cfg = cfg.WithDefaults()
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	n := &maxDeliveriesNet{js: js, cfg: cfg, logger: logger}
-	failures := 0
-	for ctx.Err() == nil {
-		if _, err := n.runOnce(ctx); err != nil && ctx.Err() == nil {
-			failures++
-			wait := min(fetchRetryBase<<min(failures-1, 5), fetchRetryMax)
-			logger.Warn("max-deliveries net: fetch failed; retrying", "error", err, "retry_in", wait.String())
-			select {
-			case <-ctx.Done():
-			case <-time.After(wait):
-			}
-			continue
-		}
-		failures = 0
-	}
-	return nil
+// NeedsInvestigation reports whether a dead letter with this reason needs a
+// person to look before it is replayed: the provider's record disagrees with
+// ours, or the ledger conflicts. replay All skips them unless Reason names
+// them.
+func NeedsInvestigation(reason string) bool {
+	return reason == ReasonProviderMismatch || reason == ReasonLedgerConflict
 }
 
-// maxDeliveriesNet is the state of RunMaxDeliveriesNet.
-type maxDeliveriesNet struct {
-	js       jetstream.JetStream
-	cfg      Config
-	logger   *slog.Logger
-	payments jetstream.Stream
-	cons     jetstream.Consumer
-}
-
-// netResult counts what one runOnce did with the advisories it fetched.
-type netResult struct {
-	Filed, Gone, Retried, Ignored int
-}
-
-// runOnce fetches the advisories waiting (or the first to come within
-// fetchWait) and handles each.
-func (n *maxDeliveriesNet) runOnce(ctx context.Context) (netResult, error) {
-	var res netResult
-	if n.cons == nil {
-		sctx, cancel := context.WithTimeout(ctx, adminTimeout)
-		defer cancel()
-		payments, err := n.js.Stream(sctx, n.cfg.Stream)
-		if err != nil {
-			return res, fmt.Errorf("stream %s: %w", n.cfg.Stream, err)
-		}
-		cons, err := n.js.Consumer(sctx, n.cfg.AdvisoryStream, DefaultMaxDeliverDurable)
-		if err != nil {
-			return res, fmt.Errorf("consumer %s on %s: %w", DefaultMaxDeliverDurable, n.cfg.AdvisoryStream, err)
-		}
-		n.payments, n.cons = payments, cons
-	}
-	batch, err := n.cons.Fetch(16, jetstream.FetchMaxWait(fetchWait))
-	if err != nil {
-		return res, err
-	}
-	for m := range batch.Messages() {
-		n.handle(ctx, m, &res)
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-		return res, err
-	}
-	return res, nil
-}
-
-// handle files the dead letter one advisory announces, then acks it.
-func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *netResult) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
-	defer cancel()
-	var adv maxDeliveriesAdvisory
-	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 || adv.Stream != n.cfg.Stream {
-		n.logger.Error("unreadable MAX_DELIVERIES advisory; dropped", "error", err, "stream", adv.Stream)
-		res.Ignored++
-		_ = m.Term()
-		return
-	}
-	log := n.logger.With("stream_seq", adv.StreamSeq, "deliveries", adv.Deliveries)
-	raw, err := n.payments.GetMsg(ctx, adv.StreamSeq)
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		// Expired (MaxAge) or deleted: nothing is left to file.
-		log.Error("message that ran out of deliveries is no longer in the stream; not dead-lettered")
-		res.Gone++
-		_ = m.DoubleAck(ctx)
-		return
-	case err != nil:
-		log.Warn("message that ran out of deliveries cannot be read yet; retrying", "error", err)
-		res.Retried++
-		_ = m.NakWithDelay(maxDeliverRetry)
-		return
-	}
-	d := Letter{
-		Reason:      ReasonMaxDeliveries,
-		Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
-		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream, OrigSeq: adv.StreamSeq,
-		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: time.Now(),
-	}
-	if err := fileDeadLetter(ctx, n.js, n.cfg, d); err != nil {
-		log.Error("could not dead-letter a message that ran out of deliveries; retrying", "error", err)
-		res.Retried++
-		_ = m.NakWithDelay(maxDeliverRetry)
-		return
-	}
-	if err := m.DoubleAck(ctx); err != nil {
-		log.Warn("advisory ack not confirmed; its redelivery files nothing new", "error", err)
-	}
-	res.Filed++
-	log.Warn("dead-lettered a message that ran out of deliveries")
+// ReplayableReason reports whether a dead letter with this reason can
+// succeed when replayed unchanged: not bad input, not a reused key.
+func ReplayableReason(reason string) bool {
+	return !payment.IsInputReason(reason) && reason != ReasonKeyReused
 }

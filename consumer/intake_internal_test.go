@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // markRecorder is a Store that records the dead letters told to the
@@ -38,10 +39,10 @@ func TestIntakeLearnsOnlyFinalDeadLetters(t *testing.T) {
 		{string(payment.ReasonMalformedJSON), true},
 		{string(payment.ReasonKeyMismatch), true},
 		{string(payment.ReasonBodyTooLarge), true},
-		{ReasonKeyReused, true},
-		{ReasonMaxDeliveries, false},
-		{ReasonLedgerConflict, false},
-		{ReasonProviderMismatch, false},
+		{stream.ReasonKeyReused, true},
+		{stream.ReasonMaxDeliveries, false},
+		{stream.ReasonLedgerConflict, false},
+		{stream.ReasonProviderMismatch, false},
 	}
 	for _, c := range cases {
 		rec := &markRecorder{}

@@ -1,0 +1,163 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/stream"
+)
+
+// netTimeout bounds the net's look-up of its streams and consumer.
+const netTimeout = 10 * time.Second
+
+// fileDeadLetter files d in the dead-letter stream and waits for the
+// PubAck. It is the one place a dead letter is built, authenticated and
+// published, for the worker and the MAX_DELIVERIES net alike.
+func fileDeadLetter(ctx context.Context, js jetstream.JetStream, cfg stream.Config, d stream.Letter) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := js.PublishMsg(ctx, d.MsgWithin(cfg, int(js.Conn().MaxPayload()))); err != nil {
+		return fmt.Errorf("publish dead letter (%s): %w", d.Reason, err)
+	}
+	return nil
+}
+
+// maxDeliveriesAdvisory is the part of the server's advisory we use.
+type maxDeliveriesAdvisory struct {
+	Stream     string `json:"stream"`
+	Consumer   string `json:"consumer"`
+	StreamSeq  uint64 `json:"stream_seq"`
+	Deliveries uint64 `json:"deliveries"`
+}
+
+// maxDeliverRetry is the delay before an advisory whose dead letter could
+// not be filed (the DLQ refuses writes, NATS is reconnecting) is tried again.
+const maxDeliverRetry = 2 * time.Second
+
+// RunMaxDeliveriesNet files a dead letter for every message that ran out of
+// deliveries without a worker filing it (a worker that died on every
+// attempt never got to), until ctx ends. The server's MAX_DELIVERIES
+// advisories are captured by the advisory stream (EnsureStreams creates
+// it), so one announced while no worker listened (a rolling restart) waits
+// there; workers share its durable consumer, and an advisory is acked only
+// after its dead letter's PubAck, so a failed publish is retried. The dead
+// letter's Nats-Msg-Id makes a second copy (the worker filed it but died
+// before its Term; an ack lost) a no-op within the DLQ's duplicate window.
+func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger) error {
+	cfg = cfg.WithDefaults()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	n := &maxDeliveriesNet{js: js, cfg: cfg, logger: logger}
+	failures := 0
+	for ctx.Err() == nil {
+		if _, err := n.runOnce(ctx); err != nil && ctx.Err() == nil {
+			failures++
+			wait := min(fetchRetryBase<<min(failures-1, 5), fetchRetryMax)
+			logger.Warn("max-deliveries net: fetch failed; retrying", "error", err, "retry_in", wait.String())
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			continue
+		}
+		failures = 0
+	}
+	return nil
+}
+
+// maxDeliveriesNet is the state of RunMaxDeliveriesNet.
+type maxDeliveriesNet struct {
+	js       jetstream.JetStream
+	cfg      Config
+	logger   *slog.Logger
+	payments jetstream.Stream
+	cons     jetstream.Consumer
+}
+
+// netResult counts what one runOnce did with the advisories it fetched.
+type netResult struct {
+	Filed, Gone, Retried, Ignored int
+}
+
+// runOnce fetches the advisories waiting (or the first to come within
+// fetchWait) and handles each.
+func (n *maxDeliveriesNet) runOnce(ctx context.Context) (netResult, error) {
+	var res netResult
+	if n.cons == nil {
+		sctx, cancel := context.WithTimeout(ctx, netTimeout)
+		defer cancel()
+		payments, err := n.js.Stream(sctx, n.cfg.Stream.Name)
+		if err != nil {
+			return res, fmt.Errorf("stream %s: %w", n.cfg.Stream.Name, err)
+		}
+		cons, err := n.js.Consumer(sctx, n.cfg.Stream.AdvisoryStream, stream.DefaultMaxDeliverDurable)
+		if err != nil {
+			return res, fmt.Errorf("consumer %s on %s: %w", stream.DefaultMaxDeliverDurable, n.cfg.Stream.AdvisoryStream, err)
+		}
+		n.payments, n.cons = payments, cons
+	}
+	batch, err := n.cons.Fetch(16, jetstream.FetchMaxWait(fetchWait))
+	if err != nil {
+		return res, err
+	}
+	for m := range batch.Messages() {
+		n.handle(ctx, m, &res)
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		return res, err
+	}
+	return res, nil
+}
+
+// handle files the dead letter one advisory announces, then acks it.
+func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *netResult) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	var adv maxDeliveriesAdvisory
+	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 || adv.Stream != n.cfg.Stream.Name {
+		n.logger.Error("unreadable MAX_DELIVERIES advisory; dropped", "error", err, "stream", adv.Stream)
+		res.Ignored++
+		_ = m.Term()
+		return
+	}
+	log := n.logger.With("stream_seq", adv.StreamSeq, "deliveries", adv.Deliveries)
+	raw, err := n.payments.GetMsg(ctx, adv.StreamSeq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		// Expired (MaxAge) or deleted: nothing is left to file.
+		log.Error("message that ran out of deliveries is no longer in the stream; not dead-lettered")
+		res.Gone++
+		_ = m.DoubleAck(ctx)
+		return
+	case err != nil:
+		log.Warn("message that ran out of deliveries cannot be read yet; retrying", "error", err)
+		res.Retried++
+		_ = m.NakWithDelay(maxDeliverRetry)
+		return
+	}
+	d := stream.Letter{
+		Reason:      stream.ReasonMaxDeliveries,
+		Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
+		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream.Name, OrigSeq: adv.StreamSeq,
+		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: n.cfg.Clock.Now(),
+	}
+	if err := fileDeadLetter(ctx, n.js, n.cfg.Stream, d); err != nil {
+		log.Error("could not dead-letter a message that ran out of deliveries; retrying", "error", err)
+		res.Retried++
+		_ = m.NakWithDelay(maxDeliverRetry)
+		return
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		log.Warn("advisory ack not confirmed; its redelivery files nothing new", "error", err)
+	}
+	res.Filed++
+	log.Warn("dead-lettered a message that ran out of deliveries")
+}

@@ -1,0 +1,71 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrNotSetUp means a stream or the durable consumer does not exist yet:
+// no worker has started against this configuration.
+var ErrNotSetUp = errors.New("not set up: start a worker (paydedup worker) to create the streams and the consumer")
+
+// adminTimeout bounds one admin request to the server.
+const adminTimeout = 10 * time.Second
+
+// ConsumerStats is what the durable consumer and the streams say about the
+// backlog.
+type ConsumerStats struct {
+	Stream  string `json:"stream"`
+	Durable string `json:"durable"`
+	// NumPending is how many messages wait to be delivered for the first time.
+	NumPending uint64 `json:"num_pending"`
+	// NumAckPending is how many were delivered and not yet acked (in work,
+	// or nakked with a delay and waiting for their redelivery).
+	NumAckPending int `json:"num_ack_pending"`
+	// NumRedelivered is how many of those were delivered more than once.
+	NumRedelivered int `json:"num_redelivered"`
+	// NumWaiting is how many pull requests (idle workers) wait for messages.
+	NumWaiting int `json:"num_waiting"`
+	// StreamMessages is how many messages the payments stream holds.
+	StreamMessages uint64 `json:"stream_messages"`
+}
+
+// ConsumerState reports the durable consumer's backlog. It wraps ErrNotSetUp
+// when the stream or the consumer does not exist.
+func ConsumerState(ctx context.Context, js jetstream.JetStream, cfg Config) (ConsumerStats, error) {
+	cfg = cfg.WithDefaults()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	st := ConsumerStats{Stream: cfg.Name, Durable: cfg.Durable}
+	stream, err := js.Stream(ctx, cfg.Name)
+	if err != nil {
+		return st, notSetUp("stream "+cfg.Name, err)
+	}
+	sinfo, err := stream.Info(ctx)
+	if err != nil {
+		return st, fmt.Errorf("stream %s info: %w", cfg.Name, err)
+	}
+	st.StreamMessages = sinfo.State.Msgs
+	cons, err := stream.Consumer(ctx, cfg.Durable)
+	if err != nil {
+		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Name, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Name, err)
+	}
+	st.NumPending, st.NumAckPending = info.NumPending, info.NumAckPending
+	st.NumRedelivered, st.NumWaiting = info.NumRedelivered, info.NumWaiting
+	return st, nil
+}
+
+func notSetUp(what string, err error) error {
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("%s: %w", what, ErrNotSetUp)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
