@@ -35,6 +35,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -51,8 +52,9 @@ var (
 	// double charge being recorded. Nothing was changed.
 	ErrLedgerConflict = errors.New("ledger conflict")
 	// ErrUnavailable means the database could not be reached or the
-	// statement did not finish; the operation may be retried.
-	ErrUnavailable = errors.New("database unavailable")
+	// statement did not finish; the operation may be retried. It is
+	// pg.ErrUnavailable, the same value in every store.
+	ErrUnavailable = pg.ErrUnavailable
 )
 
 // Status is the state of an idempotency record.

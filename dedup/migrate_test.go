@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
@@ -77,7 +79,7 @@ func refuses(t *testing.T, m *dedup.Migrator, want ...string) {
 func TestDownRefusesToDestroyRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	owner, err := dedup.Connect(ctx, testenv.PostgresURL(t))
+	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +162,7 @@ func TestDownRefusesToDestroyRows(t *testing.T) {
 func TestDownOverDataWithAllowDataLoss(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	owner, err := dedup.Connect(ctx, testenv.PostgresURL(t))
+	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +206,7 @@ func TestDownOverDataWithAllowDataLoss(t *testing.T) {
 func TestDownOnEmptyTablesNeedsNoFlag(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	owner, err := dedup.Connect(ctx, testenv.PostgresURL(t))
+	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,7 +45,7 @@ func asRole(t *testing.T, ownerURL, role string) *pgxpool.Pool {
 	u.User = url.User(role)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pool, err := dedup.Connect(ctx, u.String())
+	pool, err := pg.Connect(ctx, u.String())
 	if err != nil {
 		t.Fatalf("connect as %s: %v", role, err)
 	}
@@ -102,7 +104,7 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		}
 	}
 
-	owner, err := dedup.Connect(ctx, ownerURL)
+	owner, err := pg.Connect(ctx, ownerURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +232,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	t.Parallel()
 	ownerURL := testenv.PostgresURL(t)
 	ctx := context.Background()
-	owner, err := dedup.Connect(ctx, ownerURL)
+	owner, err := pg.Connect(ctx, ownerURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +397,7 @@ func TestWorkerRoleDownKeepsASharedRole(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	urlA, urlB := testenv.PostgresURL(t), testenv.PostgresURL(t)
-	ownerA, err := dedup.Connect(ctx, urlA)
+	ownerA, err := pg.Connect(ctx, urlA)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -190,7 +192,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	defer dropSchema()
-	pool, err := dedup.Connect(ctx, schemaURL)
+	pool, err := pg.Connect(ctx, schemaURL)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -606,7 +608,7 @@ func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 // freshSchema creates schema name in the database at dbURL and returns a
 // URL whose search_path selects it, and a func that drops it.
 func freshSchema(ctx context.Context, dbURL, name string) (string, func(), error) {
-	pool, err := dedup.Connect(ctx, dbURL)
+	pool, err := pg.Connect(ctx, dbURL)
 	if err != nil {
 		return "", nil, err
 	}
@@ -618,7 +620,7 @@ func freshSchema(ctx context.Context, dbURL, name string) (string, func(), error
 	drop := func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if p, err := dedup.Connect(cctx, dbURL); err == nil {
+		if p, err := pg.Connect(cctx, dbURL); err == nil {
 			_, _ = p.Exec(cctx, "DROP SCHEMA "+ident+" CASCADE")
 			p.Close()
 		}

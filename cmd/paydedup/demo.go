@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -160,7 +162,7 @@ func (d *demoCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pool, err := dedup.Connect(ctx, dbURL)
+	pool, err := pg.Connect(ctx, dbURL)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}

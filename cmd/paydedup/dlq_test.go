@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/paydedup/paydedup/consumer"
@@ -43,7 +45,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	ctx := context.Background()
 
 	// A worker on the test's streams, charging at a simulator we can break.
-	pool, err := dedup.Connect(ctx, dbURL)
+	pool, err := pg.Connect(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -107,7 +109,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := g.app.logger
-	pool, err := dedup.Connect(ctx, g.db.url)
+	pool, err := pg.Connect(ctx, g.db.url)
 	if err != nil {
 		return err
 	}

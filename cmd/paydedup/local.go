@@ -8,9 +8,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/paydedup/paydedup/internal/pg"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 // localPostgres is where demo and bench look for a database when
@@ -48,7 +48,7 @@ func startEmbeddedNATS() (clientURL string, stop func(), err error) {
 // localDatabase returns the URL of database name on the local PostgreSQL
 // (adminURL), creating the database if missing, with the pool size given.
 func localDatabase(ctx context.Context, adminURL, name string, poolSize int) (u string, created bool, err error) {
-	admin, err := dedup.Connect(ctx, adminURL)
+	admin, err := pg.Connect(ctx, adminURL)
 	if err != nil {
 		return "", false, fmt.Errorf(`no DATABASE_URL, and no PostgreSQL answers at %s (%v).
 Start one (Debian: apt-get install postgresql; or docker compose -f deploy/compose.yaml up -d),

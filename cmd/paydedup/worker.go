@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -185,7 +187,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 
 // openStore connects to Postgres and returns the store.
 func openStore(ctx context.Context, url string, retention time.Duration) (*dedup.Store, func(), error) {
-	pool, err := dedup.Connect(ctx, url)
+	pool, err := pg.Connect(ctx, url)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dedup/httpidem"
 )
@@ -35,7 +37,7 @@ func createOrder(w http.ResponseWriter, r *http.Request) {
 
 func Example() {
 	ctx := context.Background()
-	pool, err := dedup.Connect(ctx, os.Getenv("DATABASE_URL")) // migrated with paydedup migrate up
+	pool, err := pg.Connect(ctx, os.Getenv("DATABASE_URL")) // migrated with paydedup migrate up
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -13,11 +13,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -39,7 +40,7 @@ func (h *harness) build(ctx context.Context) error {
 // owner; the workers connect as paydedup_worker, the role the migration
 // creates, so the run also proves that role is enough.
 func (h *harness) migrate(ctx context.Context) error {
-	pool, err := dedup.Connect(ctx, h.pg.url("postgres", "postgres"))
+	pool, err := pg.Connect(ctx, h.pg.url("postgres", "postgres"))
 	if err != nil {
 		return err
 	}
@@ -149,7 +150,7 @@ func (h *harness) publishOne(ctx context.Context, p Publish, count bool) error {
 // max_deliveries dead letters and waits again. It returns how many dead
 // letters were replayed.
 func (h *harness) settle(ctx context.Context) (int, error) {
-	pool, err := dedup.Connect(ctx, h.pg.url("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.pg.url("postgres", "paydedup"))
 	if err != nil {
 		return 0, err
 	}
@@ -354,7 +355,7 @@ func (h *harness) deadLetters(ctx context.Context) ([]DeadLetter, error) {
 // collect reads the database and the provider's ledger.
 func (h *harness) collect(ctx context.Context) (Evidence, error) {
 	ev := Evidence{Rows: map[string]Row{}}
-	pool, err := dedup.Connect(ctx, h.pg.url("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.pg.url("postgres", "paydedup"))
 	if err != nil {
 		return ev, err
 	}
