@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/dedup/httpidem"
+	"github.com/paydedup/paydedup/httpidem"
 	"github.com/paydedup/paydedup/payment"
 )
 

@@ -9,8 +9,8 @@ import (
 
 	"github.com/paydedup/paydedup/internal/pg"
 
-	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/dedup/httpidem"
+	"github.com/paydedup/paydedup/httpidem"
+	"github.com/paydedup/paydedup/httpidem/pgstore"
 )
 
 type accountKey struct{}
@@ -41,7 +41,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	store, err := dedup.New(pool, dedup.Config{})
+	store, err := pgstore.New(pool, pgstore.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
