@@ -43,6 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -108,15 +109,6 @@ type Publisher interface {
 	Stored(ctx context.Context, merchantID, key string, seq uint64) (bool, error)
 }
 
-// Clock tells the time (for Retry-After).
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // Config configures a Gateway. Zero values take the defaults.
 type Config struct {
 	// Limits bound a command (body size, largest amount), as in the worker.
@@ -141,7 +133,8 @@ type Config struct {
 	DrainTimeout  time.Duration
 	PurgeInterval time.Duration
 
-	Clock      Clock
+	// Clock tells the time for Retry-After; the system clock when nil.
+	Clock      clock.Clock
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics go to a private registry
 }
@@ -167,7 +160,7 @@ func (c Config) WithDefaults() Config {
 		c.Limits.MaxAmount = payment.DefaultMaxAmount
 	}
 	if c.Clock == nil {
-		c.Clock = systemClock{}
+		c.Clock = clock.System{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
