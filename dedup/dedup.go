@@ -25,7 +25,9 @@
 //     resolve it, and only a lookup that proves nothing was charged starts
 //     a fresh window.
 //
-// pgx is used only here; its errors never leave the package.
+// pgx is used only in the stores (here, httpidem/pgstore) and internal/pg,
+// which they share; its errors never leave the package. cmd opens the pool
+// (pg.Connect) and hands it to the stores it builds.
 package dedup
 
 import (
