@@ -197,7 +197,10 @@ func (w *world) startWorker() {
 		w.opt.worker(&cfg)
 	}
 	proc := consumer.NewProcessor(w.store, w.gate, cfg, nil)
-	wk, err := consumer.NewWorker(w.nc, proc, cfg, nil, nil)
+	// The worker marks the intake of a command it dead-letters through the
+	// store it is given, as "paydedup worker" is wired; without it
+	// TestDeadLetterIsTerminalAtTheGateway fails.
+	wk, err := consumer.NewWorker(w.nc, proc, cfg, nil, nil, w.store)
 	if err != nil {
 		w.t.Fatal(err)
 	}

@@ -252,7 +252,7 @@ func (b *benchCmd) Run(ctx context.Context) error {
 	counting := &countingStore{Store: store}
 	obs := newBenchObserver()
 	proc := consumer.NewProcessor(counting, prov, cfg, nil)
-	w, err := consumer.NewWorker(nc, proc, cfg, nil, obs)
+	w, err := consumer.NewWorker(nc, proc, cfg, nil, obs, nil)
 	if err != nil {
 		return err
 	}

@@ -421,7 +421,7 @@ func (r *demoRun) startWorkers(ctx context.Context, prov *provider.Stripe) error
 		cfg := r.cfg
 		cfg.Holder = w.name
 		log := r.quietLogger(&w.muted).With("worker", w.name)
-		worker, err := consumer.NewWorker(nc, consumer.NewProcessor(w.store, prov, cfg, log), cfg, log, w.obs)
+		worker, err := consumer.NewWorker(nc, consumer.NewProcessor(w.store, prov, cfg, log), cfg, log, w.obs, nil)
 		if err != nil {
 			nc.Close()
 			return err

@@ -66,7 +66,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 500 * time.Millisecond}
 	cfg.RetryBase, cfg.RetryMax, cfg.DrainTimeout = 50*time.Millisecond, 200*time.Millisecond, time.Second
 	cfg.Concurrency, cfg.FetchBatch, cfg.Holder = 4, 10, "dlq-test-worker"
-	worker, err := consumer.NewWorker(testenv.NATSConn(t), consumer.NewProcessor(store, stripe, cfg, nil), cfg, nil, nil)
+	worker, err := consumer.NewWorker(testenv.NATSConn(t), consumer.NewProcessor(store, stripe, cfg, nil), cfg, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

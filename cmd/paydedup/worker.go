@@ -125,7 +125,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return c.Pending, c.Stuck, err
 	})
 	proc := consumer.NewProcessor(store, prov, cfg, log)
-	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics)
+	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, store)
 	if err != nil {
 		return err
 	}
