@@ -76,14 +76,21 @@ const (
 	purgeBatch              = 1000
 )
 
-// Store is what the gateway needs from the idempotency store.
-type Store interface {
+// Records is what the gateway reads of the worker's idempotency store
+// (*dedup.Store): a key's record, and the ledger for a key whose record was
+// purged. The gateway never writes them.
+type Records interface {
 	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
+	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
+}
+
+// Store is the gateway's own store: its intake guard rows and the API keys
+// it authenticates.
+type Store interface {
 	GetIntake(ctx context.Context, merchantID, key string) (dedup.Intake, error)
 	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (dedup.IntakeResult, error)
 	IntakePublished(ctx context.Context, in dedup.Intake, seq uint64, holdFor time.Duration) error
 	AbandonIntake(ctx context.Context, in dedup.Intake) error
-	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
 }
@@ -200,6 +207,7 @@ func (c Config) Validate() error {
 // your own.
 type Gateway struct {
 	cfg     Config
+	records Records
 	store   Store
 	comp    Completions
 	pub     Publisher
@@ -212,10 +220,11 @@ type Gateway struct {
 	drainOnce sync.Once
 }
 
-// New validates cfg and returns a gateway.
-func New(store Store, comp Completions, pub Publisher, cfg Config) (*Gateway, error) {
-	if store == nil || comp == nil || pub == nil {
-		return nil, errors.New("gateway: store, completions and publisher are required")
+// New validates cfg and returns a gateway that reads the worker's records
+// and keeps its intake and API keys in store.
+func New(records Records, store Store, comp Completions, pub Publisher, cfg Config) (*Gateway, error) {
+	if records == nil || store == nil || comp == nil || pub == nil {
+		return nil, errors.New("gateway: records, store, completions and publisher are required")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -229,7 +238,7 @@ func New(store Store, comp Completions, pub Publisher, cfg Config) (*Gateway, er
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, store: store, comp: comp, pub: pub, log: cfg.Logger, metrics: m, drain: make(chan struct{})}
+	g := &Gateway{cfg: cfg, records: records, store: store, comp: comp, pub: pub, log: cfg.Logger, metrics: m, drain: make(chan struct{})}
 	g.handler = g.routes()
 	return g, nil
 }

@@ -216,7 +216,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		defer sub.Close()
 	}
 
-	rec, err := g.store.Get(ctx, merchant, key)
+	rec, err := g.records.Get(ctx, merchant, key)
 	switch {
 	case err == nil && !bytes.Equal(rec.RequestHash, fp):
 		g.keyReused(w)
@@ -234,7 +234,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, dedup.ErrNotFound):
 		// New, or its record was purged: the payments ledger outlives
 		// records, and a key it knows with other terms is reused.
-		p, lerr := g.store.GetPayment(ctx, merchant, key)
+		p, lerr := g.records.GetPayment(ctx, merchant, key)
 		switch {
 		case lerr == nil && (p.Amount != cmd.Amount || p.Currency != cmd.Currency):
 			g.keyReused(w)
@@ -267,7 +267,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	case dedup.IntakeHeld:
 		// Another request published it (or is publishing it). The worker
 		// may have finished since the read above.
-		if rec, err := g.store.Get(ctx, merchant, key); err == nil {
+		if rec, err := g.records.Get(ctx, merchant, key); err == nil {
 			switch {
 			case !bytes.Equal(rec.RequestHash, fp):
 				g.keyReused(w)
@@ -368,7 +368,7 @@ func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, me
 	defer timer.Stop()
 	woken := false
 	for {
-		rec, err := g.store.Get(ctx, merchant, key)
+		rec, err := g.records.Get(ctx, merchant, key)
 		if err == nil && rec.Status == dedup.StatusCompleted {
 			g.metrics.waits.WithLabelValues("completed").Inc()
 			return rec, dedup.Intake{}, true
@@ -400,7 +400,7 @@ func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, me
 // when there is one, else fallback.
 func (g *Gateway) writeCurrent(ctx context.Context, w http.ResponseWriter, status int, merchant, key string, fallback Payment) {
 	p := fallback
-	if rec, err := g.store.Get(ctx, merchant, key); err == nil {
+	if rec, err := g.records.Get(ctx, merchant, key); err == nil {
 		p = paymentFromRecord(rec)
 	}
 	writeJSON(w, status, p)
@@ -427,7 +427,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 		sub = g.comp.Subscribe(merchant, key)
 		defer sub.Close()
 	}
-	rec, err := g.store.Get(ctx, merchant, key)
+	rec, err := g.records.Get(ctx, merchant, key)
 	var (
 		p    Payment
 		hash []byte // the fingerprint a dead letter must match

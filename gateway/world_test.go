@@ -144,7 +144,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if opt.pub != nil {
 		gpub = opt.pub(pub)
 	}
-	gw, err := gateway.New(gstore, comp, gpub, gcfg)
+	gw, err := gateway.New(store, gstore, comp, gpub, gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,7 +143,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	build.Set(1)
 	reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
-	gw, err := gateway.New(store, comp, pub, cfg)
+	gw, err := gateway.New(store, store, comp, pub, cfg)
 	if err != nil {
 		return err
 	}
