@@ -99,28 +99,3 @@ func TestSkewedClockBehindWritesFullLease(t *testing.T) {
 		t.Errorf("the holder lost its lease: %v", err)
 	}
 }
-
-// TestSkewedClockGatewayLeases: the gateway's publish guard is a lease
-// too. A gateway whose clock runs two minutes ahead does not take over a
-// live publish lock, and one two minutes behind writes leases others
-// respect.
-func TestSkewedClockGatewayLeases(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
-	onTime, skewed := skewedStores(t, 2*time.Minute, -2*time.Minute)
-	ahead, behind := skewed[0], skewed[1]
-	const publishLease, retention = 30 * time.Second, time.Hour
-
-	for _, tc := range []struct {
-		name          string
-		holder, other *dedup.Store
-	}{{"ahead", onTime, ahead}, {"behind", behind, onTime}} {
-		r := req("m_1", "gw-"+tc.name, 100)
-		if res, err := tc.holder.AcquireIntake(ctx, r, publishLease, retention); err != nil || res.Outcome != dedup.IntakeAcquired {
-			t.Fatalf("%s: acquire intake: %v %v", tc.name, res.Outcome, err)
-		}
-		if res, err := tc.other.AcquireIntake(ctx, r, publishLease, retention); err != nil || res.Outcome != dedup.IntakeHeld {
-			t.Errorf("%s: a second publisher on a live publish lock: %v %v, want held", tc.name, res.Outcome, err)
-		}
-	}
-}

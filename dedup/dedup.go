@@ -59,6 +59,12 @@ var (
 	ErrUnavailable = pg.ErrUnavailable
 )
 
+// CompletedChannel is the LISTEN/NOTIFY channel on which migration 00003's
+// trigger announces every idempotency_keys row that became completed and
+// has a gateway intake row (only the gateway's keys can have waiters). Its
+// payload is JSON: {"s": schema, "m": merchant_id, "k": idempotency_key}.
+const CompletedChannel = "paydedup_key_completed"
+
 // Status is the state of an idempotency record.
 type Status string
 
@@ -154,7 +160,9 @@ func NewClaimRequest(c *payment.Command) ClaimRequest {
 	}
 }
 
-func (r ClaimRequest) validate() error {
+// Validate reports why the claim request is not one the store accepts
+// (a *payment.ValidationError).
+func (r ClaimRequest) Validate() error {
 	if err := payment.ValidateMerchant(r.MerchantID); err != nil {
 		return err
 	}

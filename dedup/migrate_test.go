@@ -171,7 +171,7 @@ func TestDownOverDataWithAllowDataLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := store.CreateAPIKey(ctx, "m_1", ""); err != nil {
+	if _, err := owner.Exec(ctx, `INSERT INTO api_keys (id, merchant_id, key_hash, created_at) VALUES ('0123456789ab', 'm_1', sha256('k'), now())`); err != nil {
 		t.Fatal(err)
 	}
 	r := req("m_1", "k", 100)

@@ -22,7 +22,7 @@
 //
 // The worker's claim happens later, when it consumes the message, so the
 // gateway guards concurrent first requests with its own short-lived intake
-// row (dedup.Intake): one INSERT … ON CONFLICT decides which request
+// row (pgstore.Intake): one INSERT … ON CONFLICT decides which request
 // publishes; the others see it and answer 409 until the worker's record
 // exists. The gateway never writes idempotency_keys: a pending claim there
 // would be a lease the worker could not take until it expired.
@@ -43,6 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/payment"
 )
@@ -87,17 +88,17 @@ type Records interface {
 // Store is the gateway's own store: its intake guard rows and the API keys
 // it authenticates.
 type Store interface {
-	GetIntake(ctx context.Context, merchantID, key string) (dedup.Intake, error)
-	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (dedup.IntakeResult, error)
-	IntakePublished(ctx context.Context, in dedup.Intake, seq uint64, holdFor time.Duration) error
-	AbandonIntake(ctx context.Context, in dedup.Intake) error
+	GetIntake(ctx context.Context, merchantID, key string) (pgstore.Intake, error)
+	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error)
+	IntakePublished(ctx context.Context, in pgstore.Intake, seq uint64, holdFor time.Duration) error
+	AbandonIntake(ctx context.Context, in pgstore.Intake) error
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
 }
 
 // Completions wakes a waiter when a key may have completed.
 type Completions interface {
-	Subscribe(merchantID, key string) *dedup.Subscription
+	Subscribe(merchantID, key string) *pgstore.Subscription
 }
 
 // Publisher publishes a validated command to the worker's stream.

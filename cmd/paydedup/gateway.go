@@ -17,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/payment"
 )
@@ -118,7 +119,11 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	comp, err := dedup.NewCompletions(pool, dedup.CompletionsConfig{Logger: log})
+	gwStore, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		return err
+	}
+	comp, err := pgstore.NewCompletions(pool, pgstore.CompletionsConfig{Logger: log})
 	if err != nil {
 		return err
 	}
@@ -143,7 +148,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	build.Set(1)
 	reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
-	gw, err := gateway.New(store, store, comp, pub, cfg)
+	gw, err := gateway.New(store, gwStore, comp, pub, cfg)
 	if err != nil {
 		return err
 	}

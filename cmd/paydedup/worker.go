@@ -6,15 +6,15 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/paydedup/paydedup/internal/pg"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
 )
@@ -102,11 +102,22 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := w.app.logger
-	store, closeDB, err := openStore(ctx, w.db.url, cfg.KeyRetention)
+	pool, err := pg.Connect(ctx, w.db.url)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer pool.Close()
+	store, err := dedup.New(pool, dedup.Config{Retention: cfg.KeyRetention})
+	if err != nil {
+		return err
+	}
+	// The worker tells the gateway's intake of the final dead letters of
+	// the commands the gateway published (its role may update only the
+	// intake's dead-letter columns).
+	intake, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		return err
+	}
 	nc, err := w.nats.connect("paydedup-worker " + cfg.Holder)
 	if err != nil {
 		return err
@@ -125,7 +136,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return c.Pending, c.Stuck, err
 	})
 	proc := consumer.NewProcessor(store, prov, cfg, log)
-	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, store)
+	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package dedup
+package pgstore
 
 import (
 	"cmp"
@@ -13,13 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-)
 
-// CompletedChannel is the LISTEN/NOTIFY channel on which migration 00003's
-// trigger announces every idempotency_keys row that became completed and
-// has a gateway intake row (only the gateway's keys can have waiters). Its
-// payload is JSON: {"s": schema, "m": merchant_id, "k": idempotency_key}.
-const CompletedChannel = "paydedup_key_completed"
+	"github.com/paydedup/paydedup/dedup"
+)
 
 // Defaults for CompletionsConfig.
 const (
@@ -53,7 +49,7 @@ type CompletionsConfig struct {
 
 // Completions wakes waiters when an idempotency key becomes completed. It
 // holds one dedicated connection (not one of the pool's) that LISTENs on
-// CompletedChannel, and fans notifications out to subscribers of the
+// dedup.CompletedChannel, and fans notifications out to subscribers of the
 // (merchant, key). Whenever that connection is (re)established it wakes
 // every subscriber, since notifications sent while it was down are lost:
 // a subscriber re-reads the row when woken, so a spurious wake costs one
@@ -108,7 +104,7 @@ func (s *Subscription) wake() {
 // server, user and search_path). Call Run to start listening.
 func NewCompletions(pool *pgxpool.Pool, cfg CompletionsConfig) (*Completions, error) {
 	if pool == nil {
-		return nil, errors.New("dedup: nil pool")
+		return nil, errors.New("gateway store: nil pool")
 	}
 	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, DefaultReconnectMin)
 	cfg.ReconnectMax = cmp.Or(cfg.ReconnectMax, DefaultReconnectMax)
@@ -117,10 +113,10 @@ func NewCompletions(pool *pgxpool.Pool, cfg CompletionsConfig) (*Completions, er
 	cfg.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, DefaultConnectTimeout)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	if cfg.ReconnectMin < 0 || cfg.ReconnectMax < cfg.ReconnectMin {
-		return nil, fmt.Errorf("dedup: completions: reconnect bounds %v..%v are not a range", cfg.ReconnectMin, cfg.ReconnectMax)
+		return nil, fmt.Errorf("gateway store: completions: reconnect bounds %v..%v are not a range", cfg.ReconnectMin, cfg.ReconnectMax)
 	}
 	if cfg.PingInterval < 0 || cfg.PingTimeout < 0 || cfg.ConnectTimeout < 0 || cfg.PollInterval < 0 {
-		return nil, errors.New("dedup: completions: ping, connect and poll durations must not be negative")
+		return nil, errors.New("gateway store: completions: ping, connect and poll durations must not be negative")
 	}
 	logger := cfg.Logger
 	if logger == nil {
@@ -232,13 +228,13 @@ func (c *Completions) listen(ctx context.Context) error {
 		cancel()
 		return interpretError("read current schema", err)
 	}
-	if _, err := conn.Exec(cctx, `LISTEN `+CompletedChannel); err != nil {
+	if _, err := conn.Exec(cctx, `LISTEN `+dedup.CompletedChannel); err != nil {
 		cancel()
 		return interpretError("listen for completions", err)
 	}
 	cancel()
 	c.listening.Store(true)
-	c.logger.Debug("listening for completions", "channel", CompletedChannel, "schema", schema)
+	c.logger.Debug("listening for completions", "channel", dedup.CompletedChannel, "schema", schema)
 	c.wakeAll() // anything may have completed while we were not listening
 	for {
 		wctx, cancelWait := context.WithTimeout(ctx, c.cfg.PingInterval)

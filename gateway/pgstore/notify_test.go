@@ -1,4 +1,4 @@
-package dedup_test
+package pgstore_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 )
 
 // pgProxy forwards TCP connections to Postgres and can fail like a network:
@@ -164,13 +165,13 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // waiter waits for (m_1, key) to complete the way the gateway's Prefer: wait
 // does: subscribe, read the row, and re-read it each time it is woken. It
 // returns a channel closed once it saw the row completed.
-func waiter(ctx context.Context, b *bundle, comp *dedup.Completions, key string) <-chan struct{} {
+func waiter(ctx context.Context, b *bundle, comp *pgstore.Completions, key string) <-chan struct{} {
 	sub := comp.Subscribe("m_1", key)
 	done := make(chan struct{})
 	go func() {
 		defer sub.Close()
 		for {
-			if rec, err := b.store.Get(ctx, "m_1", key); err == nil && rec.Status == dedup.StatusCompleted {
+			if rec, err := b.worker.Get(ctx, "m_1", key); err == nil && rec.Status == dedup.StatusCompleted {
 				close(done)
 				return
 			}
@@ -185,7 +186,7 @@ func waiter(ctx context.Context, b *bundle, comp *dedup.Completions, key string)
 }
 
 // runCompletions starts comp.Run and waits until it listens.
-func runCompletions(t *testing.T, ctx context.Context, comp *dedup.Completions) {
+func runCompletions(t *testing.T, ctx context.Context, comp *pgstore.Completions) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -208,7 +209,7 @@ func completeKey(t *testing.T, b *bundle, key string) {
 		t.Fatal(err)
 	}
 	l := b.claim(t, "h", req("m_1", key, 100)).Lease
-	if err := b.store.Complete(b.ctx, *l, charged("ch_"+key)); err != nil {
+	if err := b.worker.Complete(b.ctx, *l, charged("ch_"+key)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -224,7 +225,7 @@ func TestCompletionsListenerKilled(t *testing.T) {
 	b := setup(t)
 	p := newPGProxy(t, b.pool.Config().ConnConfig.Host+":"+strconv.Itoa(int(b.pool.Config().ConnConfig.Port)))
 	name := fmt.Sprintf("paydedup-listener-%d", time.Now().UnixNano())
-	comp, err := dedup.NewCompletions(listenerThrough(t, b, p, name), dedup.CompletionsConfig{
+	comp, err := pgstore.NewCompletions(listenerThrough(t, b, p, name), pgstore.CompletionsConfig{
 		ReconnectMin: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
 		PingInterval: 200 * time.Millisecond, PingTimeout: 300 * time.Millisecond,
 		ConnectTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond,
@@ -279,7 +280,7 @@ func TestCompletionsHalfOpenListener(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := newPGProxy(t, b.pool.Config().ConnConfig.Host+":"+strconv.Itoa(int(b.pool.Config().ConnConfig.Port)))
-	comp, err := dedup.NewCompletions(listenerThrough(t, b, p, "paydedup-half-open"), dedup.CompletionsConfig{
+	comp, err := pgstore.NewCompletions(listenerThrough(t, b, p, "paydedup-half-open"), pgstore.CompletionsConfig{
 		ReconnectMin: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
 		PingInterval: 200 * time.Millisecond, PingTimeout: 300 * time.Millisecond,
 		ConnectTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond,

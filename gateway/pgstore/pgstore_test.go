@@ -1,4 +1,4 @@
-package dedup_test
+package pgstore_test
 
 import (
 	"context"
@@ -9,101 +9,72 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/payment"
 )
 
-// listen opens a connection LISTENing on the completion channel.
-func listen(t *testing.T, b *bundle) *pgx.Conn {
+// lease is the worker's lease in these tests.
+const lease = 30 * time.Second
+
+// bundle is one test's schema: the gateway's store and the worker's, on
+// one fake clock.
+type bundle struct {
+	store  *pgstore.Store
+	worker *dedup.Store
+	pool   *pgxpool.Pool
+	clock  *clock.Fake
+	ctx    context.Context
+}
+
+func setup(t testing.TB) *bundle {
 	t.Helper()
-	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+	pool := testenv.Pool(t)
+	clk := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	s, err := pgstore.New(pool, pgstore.Config{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	if _, err := conn.Exec(b.ctx, `LISTEN `+dedup.CompletedChannel); err != nil {
+	w, err := dedup.New(pool, dedup.Config{Clock: clk})
+	if err != nil {
 		t.Fatal(err)
 	}
-	return conn
+	return &bundle{store: s, worker: w, pool: pool, clock: clk, ctx: context.Background()}
 }
 
-// drain returns the keys notified before a sentinel NOTIFY sent now:
-// notifications arrive in commit order, so the sentinel proves that
-// nothing else is on its way.
-func drain(t *testing.T, b *bundle, conn *pgx.Conn) []string {
+func command(merchant, key string, amount int64) *payment.Command {
+	return &payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"}
+}
+
+func req(merchant, key string, amount int64) dedup.ClaimRequest {
+	return dedup.NewClaimRequest(command(merchant, key, amount))
+}
+
+func charged(id string) dedup.Completion {
+	return dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
+}
+
+// claim claims r for the worker holder.
+func (b *bundle) claim(t testing.TB, holder string, r dedup.ClaimRequest) dedup.ClaimResult {
 	t.Helper()
-	if _, err := b.pool.Exec(b.ctx, `SELECT pg_notify($1, 'sentinel')`, dedup.CompletedChannel); err != nil {
-		t.Fatal(err)
+	res, err := b.worker.Claim(b.ctx, holder, lease, r)
+	if err != nil {
+		t.Fatalf("claim %s: %v", r.IdempotencyKey, err)
 	}
-	var schema string
-	if err := b.pool.QueryRow(b.ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-		t.Fatal(err)
-	}
-	var keys []string
-	for {
-		ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
-		n, err := conn.WaitForNotification(ctx)
-		cancel()
-		if err != nil {
-			t.Fatalf("no sentinel: %v", err)
-		}
-		if n.Payload == "sentinel" {
-			return keys
-		}
-		var p struct{ S, M, K string }
-		if err := json.Unmarshal([]byte(n.Payload), &p); err != nil {
-			t.Fatalf("payload %q: %v", n.Payload, err)
-		}
-		if p.S == schema { // other tests' schemas notify on the same channel
-			keys = append(keys, p.M+":"+p.K)
-		}
-	}
+	return res
 }
 
-// TestCompletionNotifiedOncePerRow: the statement-level trigger notifies
-// each row that became completed, once, at commit, when the gateway took
-// the key in; other updates, and keys only the queue knows, are quiet.
-func TestCompletionNotifiedOncePerRow(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	conn := listen(t, b)
-	var leases []dedup.Lease
-	for _, k := range []string{"a", "b", "c", "d", "queue-only"} {
-		if k != "queue-only" { // only keys the gateway took in can have waiters
-			if _, err := b.store.AcquireIntake(b.ctx, req("m_1", k, 100), time.Second, time.Hour); err != nil {
-				t.Fatal(err)
-			}
-		}
-		leases = append(leases, *b.claim(t, "h", req("m_1", k, 100)).Lease)
+func (b *bundle) count(t testing.TB, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := b.pool.QueryRow(b.ctx, sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
-	if _, err := b.store.Heartbeat(b.ctx, leases[0], lease); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.Fail(b.ctx, leases[3], "503"); err != nil {
-		t.Fatal(err)
-	}
-	if got := drain(t, b, conn); len(got) != 0 {
-		t.Fatalf("claims, heartbeats and failures notified %v", got)
-	}
-	errs, err := b.store.CompleteBatch(b.ctx, []dedup.CompleteItem{
-		{Lease: leases[0], Completion: charged("ch_a")}, {Lease: leases[1], Completion: charged("ch_b")},
-		{Lease: leases[4], Completion: charged("ch_q")},
-	})
-	if err != nil || errs[0] != nil || errs[1] != nil || errs[2] != nil {
-		t.Fatalf("complete batch: %v %v", err, errs)
-	}
-	if err := b.store.Complete(b.ctx, leases[2], dedup.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	// Completing again with the same lease is a no-op and must not notify.
-	if err := b.store.Complete(b.ctx, leases[2], dedup.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	got := strings.Join(drain(t, b, conn), " ")
-	if got != "m_1:a m_1:b m_1:c" {
-		t.Fatalf("notified %q, want each completed gateway row once", got)
-	}
+	return n
 }
 
 // TestCompletionsWakeSubscribers: a subscriber of a key is woken when it
@@ -111,7 +82,7 @@ func TestCompletionNotifiedOncePerRow(t *testing.T) {
 func TestCompletionsWakeSubscribers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	comp, err := dedup.NewCompletions(b.pool, dedup.CompletionsConfig{})
+	comp, err := pgstore.NewCompletions(b.pool, pgstore.CompletionsConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +109,7 @@ func TestCompletionsWakeSubscribers(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := b.claim(t, "h", req("m_1", "x", 100)).Lease
-	if err := b.store.Complete(b.ctx, *l, charged("ch_x")); err != nil {
+	if err := b.worker.Complete(b.ctx, *l, charged("ch_x")); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -165,7 +136,7 @@ func TestIntakeGuard(t *testing.T) {
 	r := req("m_1", "k", 100)
 
 	const racers = 20
-	outcomes := make([]dedup.IntakeOutcome, racers)
+	outcomes := make([]pgstore.IntakeOutcome, racers)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range racers {
@@ -183,9 +154,9 @@ func TestIntakeGuard(t *testing.T) {
 	acquired := 0
 	for _, o := range outcomes {
 		switch o {
-		case dedup.IntakeAcquired:
+		case pgstore.IntakeAcquired:
 			acquired++
-		case dedup.IntakeHeld:
+		case pgstore.IntakeHeld:
 		default:
 			t.Fatalf("outcome %v", o)
 		}
@@ -197,19 +168,19 @@ func TestIntakeGuard(t *testing.T) {
 	if err != nil || in.Attempt != 1 || !in.PublishedAt.IsZero() {
 		t.Fatalf("intake %+v %v", in, err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != dedup.IntakeMismatch {
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
 		t.Fatalf("other payload: %v", res.Outcome)
 	}
 	if err := b.store.IntakePublished(b.ctx, in, 1, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Advance(5 * time.Minute)
-	if res, _ := b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != dedup.IntakeHeld || res.Intake.PublishedAt.IsZero() {
+	if res, _ := b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != pgstore.IntakeHeld || res.Intake.PublishedAt.IsZero() {
 		t.Fatalf("published row: %+v", res)
 	}
 	b.clock.Advance(6 * time.Minute)
 	res, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention)
-	if err != nil || res.Outcome != dedup.IntakeAcquired || res.Intake.Attempt != 2 {
+	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("takeover after the hold: %+v %v", res, err)
 	}
 	if err := b.store.IntakePublished(b.ctx, in, 1, time.Minute); !errors.Is(err, dedup.ErrLeaseLost) {
@@ -218,7 +189,7 @@ func TestIntakeGuard(t *testing.T) {
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ = b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != dedup.IntakeAcquired || res.Intake.Attempt != 3 {
+	if res, _ = b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
 		t.Fatalf("after abandon: %+v", res)
 	}
 	// Past retention the row is purged, or taken over by any payload.
@@ -233,7 +204,7 @@ func TestIntakeGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.clock.Advance(retention + time.Hour)
-	if res, _ = b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != dedup.IntakeAcquired || res.Intake.Amount != 999 {
+	if res, _ = b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 999 {
 		t.Fatalf("expired row not reusable: %+v", res)
 	}
 }
@@ -249,7 +220,7 @@ func TestIntakeFate(t *testing.T) {
 
 	// Abandoned before any publish: gone, and another payload is new.
 	res, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention)
-	if err != nil || res.Outcome != dedup.IntakeAcquired {
+	if err != nil || res.Outcome != pgstore.IntakeAcquired {
 		t.Fatalf("%+v %v", res, err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
@@ -263,12 +234,12 @@ func TestIntakeFate(t *testing.T) {
 	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != dedup.IntakeMismatch {
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
 		t.Fatalf("while the lock is held: %v", res.Outcome)
 	}
 	b.clock.Advance(lease + time.Second)
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != dedup.IntakeAcquired || res.Intake.Amount != 150 {
+	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 150 {
 		t.Fatalf("corrected payload after a dead publisher: %+v %v", res, err)
 	}
 
@@ -296,17 +267,17 @@ func TestIntakeFate(t *testing.T) {
 	}
 	b.clock.Advance(2 * time.Minute) // past the republish hold
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != dedup.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
+	if err != nil || res.Outcome != pgstore.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
 		len(res.Intake.DeadLetterError) != 1024 || res.Intake.Attempt != 2 {
 		t.Fatalf("dead-lettered intake: %+v %v", res, err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); res.Outcome != dedup.IntakeMismatch {
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); res.Outcome != pgstore.IntakeMismatch {
 		t.Fatalf("other payload on a dead letter: %v", res.Outcome)
 	}
 	// Expired: taken over afresh, its publish and dead letter forgotten.
 	b.clock.Advance(retention)
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != dedup.IntakeAcquired || res.Intake.Published() || res.Intake.DeadLettered() || res.Intake.StreamSeq != 0 {
+	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Published() || res.Intake.DeadLettered() || res.Intake.StreamSeq != 0 {
 		t.Fatalf("expired dead letter: %+v %v", res, err)
 	}
 
@@ -318,7 +289,7 @@ func TestIntakeFate(t *testing.T) {
 		terminal bool
 	}{{"p", 5, true}, {"q", 6, false}} {
 		res, err := b.store.AcquireIntake(b.ctx, req("m_1", c.key, 100), lease, retention)
-		if err != nil || res.Outcome != dedup.IntakeAcquired {
+		if err != nil || res.Outcome != pgstore.IntakeAcquired {
 			t.Fatalf("%s: %+v %v", c.key, res, err)
 		}
 		if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", c.key, 5, "key_mismatch", "x"); !ok || err != nil {
@@ -331,21 +302,6 @@ func TestIntakeFate(t *testing.T) {
 			t.Fatalf("%s: after the PubAck's record: %+v", c.key, in)
 		}
 	}
-
-	// The ledger keeps a key's amount and currency after its record.
-	if _, err := b.store.GetPayment(b.ctx, "m_1", "l"); !errors.Is(err, dedup.ErrNotFound) {
-		t.Fatalf("no ledger row: %v", err)
-	}
-	c := b.claim(t, "w", req("m_1", "l", 1000))
-	if err := b.store.Complete(b.ctx, *c.Lease, charged("ch_l")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(b.ctx, `DELETE FROM idempotency_keys`); err != nil {
-		t.Fatal(err)
-	}
-	if e, err := b.store.GetPayment(b.ctx, "m_1", "l"); err != nil || e.Amount != 1000 || e.Currency != "usd" {
-		t.Fatalf("ledger entry %+v %v", e, err)
-	}
 }
 
 func TestAPIKeys(t *testing.T) {
@@ -355,13 +311,13 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(key, dedup.APIKeyPrefix+k.ID+"_") || k.MerchantID != "m_1" {
+	if !strings.HasPrefix(key, pgstore.APIKeyPrefix+k.ID+"_") || k.MerchantID != "m_1" {
 		t.Fatalf("key %q, %+v", key, k)
 	}
 	if m, err := b.store.Authenticate(b.ctx, key); err != nil || m != "m_1" {
 		t.Fatalf("authenticate: %q %v", m, err)
 	}
-	if n := b.count(t, `SELECT count(*) FROM api_keys WHERE key_hash = $1`, dedup.HashAPIKey(key)); n != 1 {
+	if n := b.count(t, `SELECT count(*) FROM api_keys WHERE key_hash = $1`, pgstore.HashAPIKey(key)); n != 1 {
 		t.Fatal("the key's hash is not what is stored")
 	}
 	// One character changed: a different last character, whatever it was.
@@ -370,7 +326,7 @@ func TestAPIKeys(t *testing.T) {
 		last = "B"
 	}
 	for _, bad := range []string{"", key + "x", key[:len(key)-1] + last, strings.ToUpper(key)} {
-		if _, err := b.store.Authenticate(b.ctx, bad); !errors.Is(err, dedup.ErrUnauthenticated) {
+		if _, err := b.store.Authenticate(b.ctx, bad); !errors.Is(err, pgstore.ErrUnauthenticated) {
 			t.Fatalf("%q: %v", bad, err)
 		}
 	}
@@ -392,13 +348,13 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil || rk.RevokedAt.IsZero() {
 		t.Fatalf("revoke by id: %+v %v", rk, err)
 	}
-	if _, err := b.store.Authenticate(b.ctx, key); !errors.Is(err, dedup.ErrUnauthenticated) {
+	if _, err := b.store.Authenticate(b.ctx, key); !errors.Is(err, pgstore.ErrUnauthenticated) {
 		t.Fatalf("revoked key: %v", err)
 	}
 	if _, err := b.store.RevokeAPIKey(b.ctx, key2); err != nil { // by the key itself
 		t.Fatal(err)
 	}
-	if _, err := b.store.Authenticate(b.ctx, key2); !errors.Is(err, dedup.ErrUnauthenticated) {
+	if _, err := b.store.Authenticate(b.ctx, key2); !errors.Is(err, pgstore.ErrUnauthenticated) {
 		t.Fatalf("key revoked by value: %v (id %s)", err, k2.ID)
 	}
 	if _, err := b.store.RevokeAPIKey(b.ctx, "000000000000"); !errors.Is(err, dedup.ErrNotFound) {
