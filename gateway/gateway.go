@@ -96,7 +96,8 @@ type Store interface {
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
 }
 
-// Completions wakes a waiter when a key may have completed.
+// Completions wakes a waiter when a key may have completed
+// (*pgstore.Listener).
 type Completions interface {
 	Subscribe(merchantID, key string) *pgstore.Subscription
 }

@@ -129,7 +129,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		t.Fatal(err)
 	}
 
-	comp, err := pgstore.NewCompletions(pool, pgstore.CompletionsConfig{})
+	comp, err := pgstore.NewListener(pool, pgstore.ListenerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -123,7 +123,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	comp, err := pgstore.NewCompletions(pool, pgstore.CompletionsConfig{Logger: log})
+	comp, err := pgstore.NewListener(pool, pgstore.ListenerConfig{Logger: log})
 	if err != nil {
 		return err
 	}

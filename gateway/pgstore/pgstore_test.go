@@ -77,12 +77,12 @@ func (b *bundle) count(t testing.TB, sql string, args ...any) int {
 	return n
 }
 
-// TestCompletionsWakeSubscribers: a subscriber of a key is woken when it
+// TestListenerWakesSubscribers: a subscriber of a key is woken when it
 // completes, and only then.
-func TestCompletionsWakeSubscribers(t *testing.T) {
+func TestListenerWakesSubscribers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	comp, err := pgstore.NewCompletions(b.pool, pgstore.CompletionsConfig{})
+	comp, err := pgstore.NewListener(b.pool, pgstore.ListenerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

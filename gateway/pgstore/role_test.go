@@ -98,7 +98,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	comp, err := pgstore.NewCompletions(gwPool, pgstore.CompletionsConfig{})
+	comp, err := pgstore.NewListener(gwPool, pgstore.ListenerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
