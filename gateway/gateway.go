@@ -85,8 +85,8 @@ type Records interface {
 	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
 }
 
-// Store is the gateway's own store: its intake guard rows and the API keys
-// it authenticates.
+// Store is the gateway's own store (*pgstore.Store): its intake guard rows
+// and the API keys it authenticates.
 type Store interface {
 	GetIntake(ctx context.Context, merchantID, key string) (pgstore.Intake, error)
 	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error)

@@ -1,10 +1,19 @@
 // Package pgstore is the gateway's Postgres store: its intake guard rows
 // (gateway_intake), the API keys it authenticates (api_keys), and the
-// listener that wakes requests waiting on a key's completion. The tables
-// are migrated with the rest of the schema (dedup.Migrator). pgx is used
-// only here (and in internal/pg); its errors never leave the package: they
-// wrap dedup's sentinels (dedup.ErrNotFound, dedup.ErrLeaseLost,
-// dedup.ErrUnavailable), which the gateway tests with errors.Is.
+// Listener that wakes requests waiting on a key's completion. The tables
+// are migrated with the rest of the schema (dedup.Migrator).
+//
+// The Listener consumes what dedup announces on dedup.CompletedChannel (its
+// documented contract: a completed key that has an intake row, payload
+// {"s": schema, "m": merchant, "k": key}); MarkIntakeDeadLettered, which
+// the worker calls for a final dead letter, sends the same payload on the
+// same channel, so a waiting request re-reads the key and answers the dead
+// letter.
+//
+// pgx is used only here (and in internal/pg); its errors never leave the
+// package: they wrap dedup's sentinels (dedup.ErrNotFound,
+// dedup.ErrLeaseLost, dedup.ErrUnavailable), which the gateway tests with
+// errors.Is.
 package pgstore
 
 import (
