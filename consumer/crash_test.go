@@ -71,7 +71,7 @@ func TestCrashAfterChargeBeforeCommit(t *testing.T) {
 	hs := &hangingStore{Store: e.store, hung: make(chan struct{}), release: make(chan struct{})}
 	cfg := e.cfg
 	cfg.Holder = "dies"
-	w, err := consumer.NewWorker(e.nc, consumer.NewProcessor(hs, e.stripe, cfg, nil), cfg, nil, nil)
+	w, err := consumer.NewWorker(e.nc, consumer.NewProcessor(hs, e.stripe, cfg, nil), cfg, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

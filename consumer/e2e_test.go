@@ -103,7 +103,7 @@ func (e *env) run(holder string, store consumer.Store, charger consumer.Charger,
 		charger = e.stripe
 	}
 	proc := consumer.NewProcessor(store, charger, cfg, logger)
-	w, err := consumer.NewWorker(e.nc, proc, cfg, logger, nil)
+	w, err := consumer.NewWorker(e.nc, proc, cfg, logger, nil, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -10,9 +10,11 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
-// intakeMarker records a dead letter on the gateway's intake
-// (dedup.Store.MarkIntakeDeadLettered).
-type intakeMarker interface {
+// IntakeMarker records on the gateway's intake that the worker
+// dead-lettered a command the gateway published, with the dead letter's
+// reason and error text (the gateway's store implements it). The worker is
+// given one at construction.
+type IntakeMarker interface {
 	MarkIntakeDeadLettered(ctx context.Context, merchantID, key string, seq uint64, reason, errText string) (bool, error)
 }
 
@@ -33,8 +35,7 @@ func (w *Worker) deadLetteredIntake(ctx context.Context, in inbound, reason stri
 	if !finalForClient(reason) {
 		return
 	}
-	marker, ok := w.proc.store.(intakeMarker)
-	if !ok || in.meta == nil || in.meta.Sequence.Stream == 0 || in.meta.Sequence.Stream > math.MaxInt64 {
+	if w.intake == nil || in.meta == nil || in.meta.Sequence.Stream == 0 || in.meta.Sequence.Stream > math.MaxInt64 {
 		return
 	}
 	var merchant, key string
@@ -47,7 +48,7 @@ func (w *Worker) deadLetteredIntake(ctx context.Context, in inbound, reason stri
 	if payment.ValidateMerchant(merchant) != nil || payment.ValidateKey(key) != nil {
 		return
 	}
-	marked, err := marker.MarkIntakeDeadLettered(ctx, merchant, key, in.meta.Sequence.Stream, reason, stream.SanitizeHeader(errString(cause)))
+	marked, err := w.intake.MarkIntakeDeadLettered(ctx, merchant, key, in.meta.Sequence.Stream, reason, stream.SanitizeHeader(errString(cause)))
 	switch {
 	case err != nil:
 		log.Warn("could not record the dead letter on the gateway's intake; the gateway shows the payment queued", "reason", reason, "error", err)

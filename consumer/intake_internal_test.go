@@ -12,10 +12,8 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
-// markRecorder is a Store that records the dead letters told to the
-// gateway's intake; nothing else of it is called.
+// markRecorder records the dead letters told to the gateway's intake.
 type markRecorder struct {
-	Store
 	marked []string
 }
 
@@ -46,7 +44,7 @@ func TestIntakeLearnsOnlyFinalDeadLetters(t *testing.T) {
 	}
 	for _, c := range cases {
 		rec := &markRecorder{}
-		w := &Worker{cfg: Config{}.WithDefaults(), proc: &Processor{store: rec}}
+		w := &Worker{cfg: Config{}.WithDefaults(), intake: rec}
 		in := inbound{
 			meta: &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: 7}},
 			cmd:  &payment.Command{MerchantID: "m_1", IdempotencyKey: "k"},

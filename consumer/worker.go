@@ -87,14 +87,17 @@ type Worker struct {
 	logger   *slog.Logger
 	observer Observer
 	tracer   trace.Tracer
+	intake   IntakeMarker
 
 	draining atomic.Bool
 }
 
 // NewWorker validates cfg and returns a worker on the connection, reporting
-// to obs (nil observes nothing). Spans are created with the global-free tracer set by SetTracer;
+// to obs (nil observes nothing). intake is told of the final dead letters of
+// commands the gateway published (see IntakeMarker); nil where no gateway
+// publishes on the stream. Spans are created with the global-free tracer set by SetTracer;
 // without one, a no-op tracer costs nothing.
-func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, obs Observer) (*Worker, error) {
+func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, obs Observer, intake IntakeMarker) (*Worker, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("worker configuration: %w", err)
@@ -115,7 +118,7 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 	proc.observer = obs
 	proc.committer.observer = obs
 	return &Worker{cfg: cfg, nc: nc, js: js, proc: proc, logger: logger, observer: obs,
-		tracer: noop.NewTracerProvider().Tracer("paydedup")}, nil
+		tracer: noop.NewTracerProvider().Tracer("paydedup"), intake: intake}, nil
 }
 
 // SetTracer makes the worker create a span per message with tp, as a child

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
@@ -186,7 +188,7 @@ func TestMigrateUpTwiceAndDown(t *testing.T) {
 	t.Parallel()
 	u := testenv.PostgresEmptyURL(t)
 	ctx := context.Background()
-	pool, err := dedup.Connect(ctx, u)
+	pool, err := pg.Connect(ctx, u)
 	if err != nil {
 		t.Fatal(err)
 	}

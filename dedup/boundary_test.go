@@ -14,8 +14,7 @@ import (
 )
 
 // TestBoundaries: the edge values of the store's input checks. A zero lease
-// would claim a key already expired (any racer could take it over at once);
-// a label of exactly the limit is accepted and one byte more is not.
+// would claim a key already expired (any racer could take it over at once).
 func TestBoundaries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -57,12 +56,6 @@ func TestBoundaries(t *testing.T) {
 	if _, err := b.store.Purge(b.ctx, 0); err == nil {
 		t.Error("purge with limit 0 accepted")
 	}
-	if _, _, err := b.store.CreateAPIKey(b.ctx, "m_1", strings.Repeat("l", 200)); err != nil {
-		t.Errorf("label of 200 bytes: %v", err)
-	}
-	if _, _, err := b.store.CreateAPIKey(b.ctx, "m_1", strings.Repeat("l", 201)); err == nil {
-		t.Error("label of 201 bytes accepted")
-	}
 }
 
 // TestHeartbeatReturnsItsLease: a heartbeat returns the lease extended to
@@ -84,26 +77,6 @@ func TestHeartbeatReturnsItsLease(t *testing.T) {
 	down := unreachableStore(t)
 	if _, err := down.Heartbeat(context.Background(), l, time.Minute); !errors.Is(err, dedup.ErrUnavailable) {
 		t.Errorf("heartbeat with the database down: %v, want ErrUnavailable", err)
-	}
-}
-
-// TestIntakeBoundaries: the gateway's intake refuses a zero lease, a
-// retention no longer than the lease, and a zero purge limit, before any SQL.
-func TestIntakeBoundaries(t *testing.T) {
-	t.Parallel()
-	s := unreachableStore(t)
-	ctx := context.Background()
-	r := req("m_1", "intake", 1000)
-	for _, c := range []struct{ lease, retention time.Duration }{{0, time.Hour}, {time.Minute, time.Minute}} {
-		if _, err := s.AcquireIntake(ctx, r, c.lease, c.retention); err == nil || errors.Is(err, dedup.ErrUnavailable) {
-			t.Errorf("intake with lease %v, retention %v: %v, want refused before SQL", c.lease, c.retention, err)
-		}
-	}
-	if _, err := s.PurgeIntakes(ctx, 0); err == nil || errors.Is(err, dedup.ErrUnavailable) {
-		t.Errorf("purge intakes with limit 0: %v, want refused before SQL", err)
-	}
-	if _, err := s.AcquireIntake(ctx, r, time.Minute, time.Hour); !errors.Is(err, dedup.ErrUnavailable) {
-		t.Errorf("a valid intake reached no database: %v, want ErrUnavailable", err)
 	}
 }
 

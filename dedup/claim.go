@@ -135,7 +135,7 @@ func (s *Store) ClaimBatch(ctx context.Context, holder string, lease time.Durati
 		return nil, fmt.Errorf("claim keys: lease must be positive, got %v", lease)
 	}
 	for i := range reqs {
-		if err := reqs[i].validate(); err != nil {
+		if err := reqs[i].Validate(); err != nil {
 			return nil, fmt.Errorf("claim keys: request %d: %w", i, err)
 		}
 	}

@@ -25,7 +25,16 @@
 //     resolve it, and only a lookup that proves nothing was charged starts
 //     a fresh window.
 //
-// pgx is used only here; its errors never leave the package.
+// dedup knows nothing of HTTP, API keys or the gateway's intake: those are
+// the gateway's store (gateway/pgstore) and httpidem's (httpidem/pgstore),
+// on tables the same migrations create. One seam remains, a documented
+// contract: when a key that has a gateway_intake row becomes completed,
+// dedup announces it on CompletedChannel (see there), and the gateway's
+// listener, which wakes the requests waiting on the key, consumes it.
+//
+// pgx is used only in the stores (here, gateway/pgstore, httpidem/pgstore)
+// and internal/pg, which they share; its errors never leave the package. cmd opens the pool
+// (pg.Connect) and hands it to the stores it builds.
 package dedup
 
 import (
@@ -35,6 +44,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -51,9 +61,26 @@ var (
 	// double charge being recorded. Nothing was changed.
 	ErrLedgerConflict = errors.New("ledger conflict")
 	// ErrUnavailable means the database could not be reached or the
-	// statement did not finish; the operation may be retried.
-	ErrUnavailable = errors.New("database unavailable")
+	// statement did not finish; the operation may be retried. It is
+	// pg.ErrUnavailable, the same value in every store.
+	ErrUnavailable = pg.ErrUnavailable
 )
+
+// CompletedChannel is the LISTEN/NOTIFY channel on which dedup announces,
+// at commit, every idempotency_keys row that became completed and has a
+// gateway_intake row (only the gateway's keys can have waiters). It is a
+// contract with its listener (gateway/pgstore's Listener): the payload is
+// JSON, {"s": schema, "m": merchant_id, "k": idempotency_key}, where schema
+// is the one the tables live in, so that stores on other schemas of the
+// same database ignore it. A row is announced at most once, by whichever
+// path completes it: the group commit (CompleteBatch) sends its rows'
+// notifications from its own statement (one probe of gateway_intake per
+// row) and tells the row trigger of migrations 00003 and 00005 to skip them
+// (the transaction-local setting paydedup.completions_notified); every
+// other completion (Complete, the reconciler) is announced by that trigger.
+// A listener must treat a notification as a hint to re-read the row, never
+// as the outcome: notifications sent while it is not listening are lost.
+const CompletedChannel = "paydedup_key_completed"
 
 // Status is the state of an idempotency record.
 type Status string
@@ -150,7 +177,9 @@ func NewClaimRequest(c *payment.Command) ClaimRequest {
 	}
 }
 
-func (r ClaimRequest) validate() error {
+// Validate reports why the claim request is not one the store accepts
+// (a *payment.ValidationError).
+func (r ClaimRequest) Validate() error {
 	if err := payment.ValidateMerchant(r.MerchantID); err != nil {
 		return err
 	}

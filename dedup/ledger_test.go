@@ -61,3 +61,23 @@ func TestPurgedKeyReusedForAnotherPayment(t *testing.T) {
 		t.Fatalf("GetPayment of an unknown key: %v, want ErrNotFound", err)
 	}
 }
+
+// TestLedgerOutlivesRecord: the ledger keeps a key's amount and currency
+// after its record.
+func TestLedgerOutlivesRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.store.GetPayment(b.ctx, "m_1", "l"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("no ledger row: %v", err)
+	}
+	c := b.claim(t, "w", req("m_1", "l", 1000))
+	if err := b.store.Complete(b.ctx, *c.Lease, charged("ch_l")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `DELETE FROM idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := b.store.GetPayment(b.ctx, "m_1", "l"); err != nil || e.Amount != 1000 || e.Currency != "usd" {
+		t.Fatalf("ledger entry %+v %v", e, err)
+	}
+}

@@ -138,22 +138,3 @@ func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
 	}
 	return out, nil
 }
-
-// Connect opens a pgx pool for a database URL and checks that it answers.
-func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, interpretError("connect to database", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
-		return nil, interpretError(fmt.Sprintf("connect to database %s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database), err)
-	}
-	return pool, nil
-}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
@@ -77,7 +79,7 @@ func refuses(t *testing.T, m *dedup.Migrator, want ...string) {
 func TestDownRefusesToDestroyRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	owner, err := dedup.Connect(ctx, testenv.PostgresURL(t))
+	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +162,7 @@ func TestDownRefusesToDestroyRows(t *testing.T) {
 func TestDownOverDataWithAllowDataLoss(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	owner, err := dedup.Connect(ctx, testenv.PostgresURL(t))
+	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +171,7 @@ func TestDownOverDataWithAllowDataLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := store.CreateAPIKey(ctx, "m_1", ""); err != nil {
+	if _, err := owner.Exec(ctx, `INSERT INTO api_keys (id, merchant_id, key_hash, created_at) VALUES ('0123456789ab', 'm_1', sha256('k'), now())`); err != nil {
 		t.Fatal(err)
 	}
 	r := req("m_1", "k", 100)
@@ -204,7 +206,7 @@ func TestDownOverDataWithAllowDataLoss(t *testing.T) {
 func TestDownOnEmptyTablesNeedsNoFlag(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	owner, err := dedup.Connect(ctx, testenv.PostgresURL(t))
+	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/testenv"
@@ -27,7 +29,7 @@ func TestReacquireRaceOneWinner(t *testing.T) {
 	)
 	u := testenv.PostgresURL(t)
 	ctx := context.Background()
-	pool, err := dedup.Connect(ctx, u+fmt.Sprintf("&pool_max_conns=%d", racers))
+	pool, err := pg.Connect(ctx, u+fmt.Sprintf("&pool_max_conns=%d", racers))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,13 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // Defaults for Config.
@@ -29,67 +29,39 @@ const (
 	// MinRetry is the shortest RetryIn a claim reports, so a lease that is
 	// about to expire is not polled in a tight loop.
 	MinRetry = 250 * time.Millisecond
-	// maxStatementRetries bounds retries of a statement that failed with a
-	// deadlock or serialization failure (safe: each statement is atomic).
-	maxStatementRetries = 5
 	// LookupRetry is the RetryIn of a NeedsLookup result: the reconciler,
 	// not a redelivery, resolves such a row.
 	LookupRetry = time.Minute
 )
-
-// Clock tells the time. A test clock moves the store's time: every
-// statement that decides a lease, an expiry or a window takes it as @now.
-// Without one, or with a process's wall clock (a Clock whose Wall method
-// returns true, like internal/clock.System), statements use the database's
-// clock (@now is NULL), so that pods whose clocks disagree still agree on
-// who holds a lease.
-type Clock interface {
-	Now() time.Time
-}
-
-// wallClock is implemented by a process's wall clock.
-type wallClock interface{ Wall() bool }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // Config configures a Store. Zero values take the defaults.
 type Config struct {
 	Retention         time.Duration
 	ProviderKeyWindow time.Duration
 	StatementTimeout  time.Duration
-	// Clock is a test clock; leave it nil in production (see Clock).
-	Clock Clock
+	// Clock is a test clock; leave it nil in production: with none, or with
+	// a process's wall clock (clock.System), statements take the database's
+	// time, so that pods whose clocks disagree still agree on who holds a
+	// lease (see pg.Clock).
+	Clock clock.Clock
 }
 
 // Store is the Postgres idempotency store. It is safe for concurrent use.
 type Store struct {
 	pool *pgxpool.Pool
-	// clock stamps what no lease depends on (API keys' creation time).
-	clock Clock
-	// fixed is true when clock is a test clock, whose time statements take
-	// instead of the database's.
-	fixed     bool
+	// clock is the statements' @now: a test clock's time, or NULL for the
+	// database's.
+	clock     pg.Clock
 	retention time.Duration
 	window    time.Duration
 	timeout   time.Duration
 }
 
-// dbNow is the SQL for the statement's time: the test clock's when one is
-// passed as @now, else the database's (the transaction's start). Durations
-// are added to it as intervals, so no time on a lease comes from a host's
-// wall clock.
-const dbNow = `coalesce(@now::timestamptz, now())`
+// dbNow is the SQL for the statement's time (see pg.DBNow).
+const dbNow = pg.DBNow
 
 // now is the @now argument: the test clock's time, or NULL.
-func (s *Store) now() *time.Time {
-	if !s.fixed {
-		return nil
-	}
-	t := s.clock.Now()
-	return &t
-}
+func (s *Store) now() *time.Time { return s.clock.Arg() }
 
 // New returns a store on pool. The schema must be migrated (see Migrate).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
@@ -98,8 +70,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	}
 	s := &Store{
 		pool:      pool,
-		clock:     cmp.Or[Clock](cfg.Clock, systemClock{}),
-		fixed:     cfg.Clock != nil,
+		clock:     pg.NewClock(cfg.Clock),
 		retention: cmp.Or(cfg.Retention, DefaultRetention),
 		window:    cmp.Or(cfg.ProviderKeyWindow, DefaultProviderKeyWindow),
 		timeout:   cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout),
@@ -109,9 +80,6 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, errors.New("dedup: durations must not be negative")
 	case s.window >= s.retention:
 		return nil, fmt.Errorf("dedup: key retention %v must exceed the provider key window %v", s.retention, s.window)
-	}
-	if w, ok := cfg.Clock.(wallClock); ok && w.Wall() {
-		s.fixed = false
 	}
 	return s, nil
 }
@@ -181,12 +149,7 @@ func scanRecord(row pgx.Row, lead ...any) (Record, error) {
 	return r, nil
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
+func deref(s *string) string { return pg.Deref(s) }
 
 func nullable(s string) *string {
 	if s == "" {
@@ -199,18 +162,7 @@ func nullable(s string) *string {
 // Postgres broke a deadlock or a serialization conflict: every statement
 // the store runs is atomic, so a retry is safe.
 func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) error) error {
-	var err error
-	for range maxStatementRetries {
-		sctx, cancel := context.WithTimeout(ctx, s.timeout)
-		err = fn(sctx)
-		cancel()
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
-			continue
-		}
-		return err
-	}
-	return err
+	return pg.Retry(ctx, s.timeout, fn)
 }
 
 // Plans of the statements that take a batch of keys (the claim, the group
@@ -293,43 +245,16 @@ func readRows(br pgx.BatchResults, each func(pgx.Rows) error) error {
 	return rows.Err()
 }
 
+// storeErrors are the sentinels the store's errors wrap.
+var storeErrors = pg.Errors{
+	NotFound: ErrNotFound,
+	Unique:   map[string]error{"payments_charge_unique": ErrLedgerConflict, "payments_key_unique": ErrLedgerConflict},
+}
+
 // interpretError maps pgx errors to the package's errors; pgx types never
 // leave the package.
 func interpretError(op string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%s: %w", op, ErrNotFound)
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "23505" && (pgErr.ConstraintName == "payments_charge_unique" || pgErr.ConstraintName == "payments_key_unique"):
-			return fmt.Errorf("%s: %w: %s (%s)", op, ErrLedgerConflict, pgErr.ConstraintName, pgErr.Detail)
-		case pgErr.Code == "57014": // query_canceled: statement timeout
-			return fmt.Errorf("%s: %w: statement timed out", op, ErrUnavailable)
-		case pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57" || pgErr.Code == "53300":
-			return fmt.Errorf("%s: %w: %s", op, ErrUnavailable, pgErr.Message)
-		}
-		return fmt.Errorf("%s: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
-	}
-	var netErr net.Error
-	// A connection dropped mid-statement (the server restarted or stopped
-	// in immediate mode) surfaces as an unexpected EOF.
-	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || isConnectError(err) {
-		return fmt.Errorf("%s: %w: %v", op, ErrUnavailable, err)
-	}
-	if errors.Is(err, context.Canceled) {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	return fmt.Errorf("%s: %v", op, err)
-}
-
-func isConnectError(err error) bool {
-	var ce *pgconn.ConnectError
-	return errors.As(err, &ce)
+	return pg.Interpret(op, err, storeErrors)
 }
 
 // Get returns the record for a key.

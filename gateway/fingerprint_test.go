@@ -12,6 +12,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -23,7 +24,7 @@ type raceStore struct {
 	hook atomic.Pointer[func()]
 }
 
-func (s *raceStore) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (dedup.IntakeResult, error) {
+func (s *raceStore) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error) {
 	if f := s.hook.Load(); f != nil {
 		s.once.Do(*f)
 	}
@@ -84,7 +85,7 @@ func TestPreferWaitOtherBody422(t *testing.T) {
 		got <- r
 	}()
 	w.eventually("the POST published", func() bool {
-		in, err := w.store.GetIntake(w.ctx, "m_a", "race")
+		in, err := w.gwStore.GetIntake(w.ctx, "m_a", "race")
 		return err == nil && !in.PublishedAt.IsZero()
 	})
 	w.startWorker()

@@ -22,7 +22,7 @@
 //
 // The worker's claim happens later, when it consumes the message, so the
 // gateway guards concurrent first requests with its own short-lived intake
-// row (dedup.Intake): one INSERT … ON CONFLICT decides which request
+// row (pgstore.Intake): one INSERT … ON CONFLICT decides which request
 // publishes; the others see it and answer 409 until the worker's record
 // exists. The gateway never writes idempotency_keys: a pending claim there
 // would be a lease the worker could not take until it expired.
@@ -43,6 +43,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -75,21 +77,29 @@ const (
 	purgeBatch              = 1000
 )
 
-// Store is what the gateway needs from the idempotency store.
-type Store interface {
+// Records is what the gateway reads of the worker's idempotency store
+// (*dedup.Store): a key's record, and the ledger for a key whose record was
+// purged. The gateway never writes them.
+type Records interface {
 	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
-	GetIntake(ctx context.Context, merchantID, key string) (dedup.Intake, error)
-	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (dedup.IntakeResult, error)
-	IntakePublished(ctx context.Context, in dedup.Intake, seq uint64, holdFor time.Duration) error
-	AbandonIntake(ctx context.Context, in dedup.Intake) error
 	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
+}
+
+// Store is the gateway's own store (*pgstore.Store): its intake guard rows
+// and the API keys it authenticates.
+type Store interface {
+	GetIntake(ctx context.Context, merchantID, key string) (pgstore.Intake, error)
+	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error)
+	IntakePublished(ctx context.Context, in pgstore.Intake, seq uint64, holdFor time.Duration) error
+	AbandonIntake(ctx context.Context, in pgstore.Intake) error
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
 }
 
-// Completions wakes a waiter when a key may have completed.
+// Completions wakes a waiter when a key may have completed
+// (*pgstore.Listener).
 type Completions interface {
-	Subscribe(merchantID, key string) *dedup.Subscription
+	Subscribe(merchantID, key string) *pgstore.Subscription
 }
 
 // Publisher publishes a validated command to the worker's stream.
@@ -107,15 +117,6 @@ type Publisher interface {
 	// (merchantID, key) at seq.
 	Stored(ctx context.Context, merchantID, key string, seq uint64) (bool, error)
 }
-
-// Clock tells the time (for Retry-After).
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // Config configures a Gateway. Zero values take the defaults.
 type Config struct {
@@ -141,7 +142,8 @@ type Config struct {
 	DrainTimeout  time.Duration
 	PurgeInterval time.Duration
 
-	Clock      Clock
+	// Clock tells the time for Retry-After; the system clock when nil.
+	Clock      clock.Clock
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics go to a private registry
 }
@@ -167,7 +169,7 @@ func (c Config) WithDefaults() Config {
 		c.Limits.MaxAmount = payment.DefaultMaxAmount
 	}
 	if c.Clock == nil {
-		c.Clock = systemClock{}
+		c.Clock = clock.System{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -207,6 +209,7 @@ func (c Config) Validate() error {
 // your own.
 type Gateway struct {
 	cfg     Config
+	records Records
 	store   Store
 	comp    Completions
 	pub     Publisher
@@ -219,10 +222,11 @@ type Gateway struct {
 	drainOnce sync.Once
 }
 
-// New validates cfg and returns a gateway.
-func New(store Store, comp Completions, pub Publisher, cfg Config) (*Gateway, error) {
-	if store == nil || comp == nil || pub == nil {
-		return nil, errors.New("gateway: store, completions and publisher are required")
+// New validates cfg and returns a gateway that reads the worker's records
+// and keeps its intake and API keys in store.
+func New(records Records, store Store, comp Completions, pub Publisher, cfg Config) (*Gateway, error) {
+	if records == nil || store == nil || comp == nil || pub == nil {
+		return nil, errors.New("gateway: records, store, completions and publisher are required")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -236,7 +240,7 @@ func New(store Store, comp Completions, pub Publisher, cfg Config) (*Gateway, er
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, store: store, comp: comp, pub: pub, log: cfg.Logger, metrics: m, drain: make(chan struct{})}
+	g := &Gateway{cfg: cfg, records: records, store: store, comp: comp, pub: pub, log: cfg.Logger, metrics: m, drain: make(chan struct{})}
 	g.handler = g.routes()
 	return g, nil
 }

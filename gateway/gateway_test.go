@@ -429,7 +429,7 @@ func TestAuthScopesPayments(t *testing.T) {
 	}
 
 	// A revoked key is refused like an unknown one.
-	if _, err := w.store.RevokeAPIKey(w.ctx, w.keyB); err != nil {
+	if _, err := w.gwStore.RevokeAPIKey(w.ctx, w.keyB); err != nil {
 		t.Fatal(err)
 	}
 	r := w.do(http.MethodGet, "/v1/payments/shared", w.keyB, "", nil)
@@ -455,7 +455,7 @@ func TestGracefulShutdown(t *testing.T) {
 		got <- r
 	}()
 	w.eventually("published", func() bool {
-		in, err := w.store.GetIntake(w.ctx, "m_a", "drain")
+		in, err := w.gwStore.GetIntake(w.ctx, "m_a", "drain")
 		return err == nil && !in.PublishedAt.IsZero()
 	})
 	start := time.Now()

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/dedup/httpidem"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/httpidem"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -192,7 +192,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		merchant, err := g.store.Authenticate(ctx, token)
 		cancel()
 		switch {
-		case errors.Is(err, dedup.ErrUnauthenticated):
+		case errors.Is(err, pgstore.ErrUnauthenticated):
 			g.metrics.authFailures.Inc()
 			w.Header().Set("WWW-Authenticate", bearerInvalid)
 			writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})

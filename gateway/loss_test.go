@@ -15,6 +15,7 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -55,9 +56,9 @@ func (w *world) storedMsgs() []*nats.Msg {
 	return out
 }
 
-func (w *world) intake(key string) dedup.Intake {
+func (w *world) intake(key string) pgstore.Intake {
 	w.t.Helper()
-	in, err := w.store.GetIntake(w.ctx, "m_a", key)
+	in, err := w.gwStore.GetIntake(w.ctx, "m_a", key)
 	if err != nil {
 		w.t.Fatalf("intake %s: %v", key, err)
 	}
@@ -124,7 +125,7 @@ func TestPublishedBytesAreTheValidatedBytes(t *testing.T) {
 	if p := r.problem(t); p.Reason != string(payment.ReasonBodyTooLarge) {
 		t.Fatalf("problem %+v", p)
 	}
-	if _, err := w.store.GetIntake(w.ctx, "m_a", "sep"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "sep"); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("intake of a refused request: %v", err)
 	}
 	if n := w.streamMsgs(); n != 1 {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -67,7 +68,7 @@ func paymentFromRecord(rec dedup.Record) Payment {
 	return p
 }
 
-func paymentFromIntake(in dedup.Intake) Payment {
+func paymentFromIntake(in pgstore.Intake) Payment {
 	return Payment{Object: "payment", IdempotencyKey: in.IdempotencyKey, Status: StateQueued,
 		Amount: in.Amount, Currency: in.Currency, CreatedAt: in.CreatedAt.UTC()}
 }
@@ -127,7 +128,7 @@ func invalidRequest(w http.ResponseWriter, err error) {
 // (413 for its size), a key reused with another payment 422. (The worker
 // records only these final reasons on the intake: a letter that waits for
 // an operator, such as max_deliveries, may still be replayed and charge.)
-func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in dedup.Intake) {
+func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in pgstore.Intake) {
 	status, typ := http.StatusUnprocessableEntity, ProblemRejected
 	switch {
 	case in.DeadLetterReason == string(payment.ReasonBodyTooLarge):
@@ -147,10 +148,10 @@ func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in dedup.Intake) {
 
 // deadLettered returns the intake of a key when the worker dead-lettered
 // the command published for the request fingerprint hash.
-func (g *Gateway) deadLettered(ctx context.Context, merchant, key string, hash []byte) (dedup.Intake, bool) {
+func (g *Gateway) deadLettered(ctx context.Context, merchant, key string, hash []byte) (pgstore.Intake, bool) {
 	in, err := g.store.GetIntake(ctx, merchant, key)
 	if err != nil || !in.DeadLettered() || !bytes.Equal(in.RequestHash, hash) {
-		return dedup.Intake{}, false
+		return pgstore.Intake{}, false
 	}
 	return in, true
 }
@@ -210,13 +211,13 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 
 	// A waiter subscribes before anything is read or published, so a
 	// completion committed after any read below wakes it.
-	var sub *dedup.Subscription
+	var sub *pgstore.Subscription
 	if wait > 0 {
 		sub = g.comp.Subscribe(merchant, key)
 		defer sub.Close()
 	}
 
-	rec, err := g.store.Get(ctx, merchant, key)
+	rec, err := g.records.Get(ctx, merchant, key)
 	switch {
 	case err == nil && !bytes.Equal(rec.RequestHash, fp):
 		g.keyReused(w)
@@ -234,7 +235,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, dedup.ErrNotFound):
 		// New, or its record was purged: the payments ledger outlives
 		// records, and a key it knows with other terms is reused.
-		p, lerr := g.store.GetPayment(ctx, merchant, key)
+		p, lerr := g.records.GetPayment(ctx, merchant, key)
 		switch {
 		case lerr == nil && (p.Amount != cmd.Amount || p.Currency != cmd.Currency):
 			g.keyReused(w)
@@ -257,17 +258,17 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch res.Outcome {
-	case dedup.IntakeMismatch:
+	case pgstore.IntakeMismatch:
 		g.keyReused(w)
 		return
-	case dedup.IntakeDeadLettered:
+	case pgstore.IntakeDeadLettered:
 		g.metrics.idempotency.WithLabelValues("dead_lettered").Inc()
 		g.writeDeadLetter(w, res.Intake)
 		return
-	case dedup.IntakeHeld:
+	case pgstore.IntakeHeld:
 		// Another request published it (or is publishing it). The worker
 		// may have finished since the read above.
-		if rec, err := g.store.Get(ctx, merchant, key); err == nil {
+		if rec, err := g.records.Get(ctx, merchant, key); err == nil {
 			switch {
 			case !bytes.Equal(rec.RequestHash, fp):
 				g.keyReused(w)
@@ -333,7 +334,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 // the publish and its stream sequence. A client that hangs up meanwhile
 // does not cut it short. A failed publish gives the intake up: nothing
 // was accepted, and the client's retry (corrected or not) publishes anew.
-func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[string]string, in dedup.Intake, republish int, log *slog.Logger) bool {
+func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[string]string, in pgstore.Intake, republish int, log *slog.Logger) bool {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.PublishLease)
 	defer cancel()
 	start := time.Now()
@@ -363,15 +364,15 @@ func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[s
 // worker dead-lettering the command published for hash: then the intake is
 // returned, with its reason. When the wait ends otherwise, the intake is
 // read once more for a dead letter.
-func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, merchant, key string, hash []byte, wait time.Duration) (dedup.Record, dedup.Intake, bool) {
+func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, merchant, key string, hash []byte, wait time.Duration) (dedup.Record, pgstore.Intake, bool) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	woken := false
 	for {
-		rec, err := g.store.Get(ctx, merchant, key)
+		rec, err := g.records.Get(ctx, merchant, key)
 		if err == nil && rec.Status == dedup.StatusCompleted {
 			g.metrics.waits.WithLabelValues("completed").Inc()
-			return rec, dedup.Intake{}, true
+			return rec, pgstore.Intake{}, true
 		}
 		if woken {
 			if dl, ok := g.deadLettered(ctx, merchant, key, hash); ok {
@@ -389,7 +390,7 @@ func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, me
 			g.metrics.waits.WithLabelValues("shutdown").Inc()
 		case <-ctx.Done():
 			g.metrics.waits.WithLabelValues("cancelled").Inc()
-			return dedup.Record{}, dedup.Intake{}, false
+			return dedup.Record{}, pgstore.Intake{}, false
 		}
 		dl, _ := g.deadLettered(ctx, merchant, key, hash)
 		return dedup.Record{}, dl, false
@@ -400,7 +401,7 @@ func (g *Gateway) waitCompleted(ctx context.Context, sub *dedup.Subscription, me
 // when there is one, else fallback.
 func (g *Gateway) writeCurrent(ctx context.Context, w http.ResponseWriter, status int, merchant, key string, fallback Payment) {
 	p := fallback
-	if rec, err := g.store.Get(ctx, merchant, key); err == nil {
+	if rec, err := g.records.Get(ctx, merchant, key); err == nil {
 		p = paymentFromRecord(rec)
 	}
 	writeJSON(w, status, p)
@@ -422,12 +423,12 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	wait := parseWait(r.Header, g.cfg.MaxWait)
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
 	defer cancel()
-	var sub *dedup.Subscription
+	var sub *pgstore.Subscription
 	if wait > 0 {
 		sub = g.comp.Subscribe(merchant, key)
 		defer sub.Close()
 	}
-	rec, err := g.store.Get(ctx, merchant, key)
+	rec, err := g.records.Get(ctx, merchant, key)
 	var (
 		p    Payment
 		hash []byte // the fingerprint a dead letter must match

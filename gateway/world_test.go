@@ -21,6 +21,7 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripesim"
@@ -30,18 +31,19 @@ import (
 // world is one test's world: its own schema, streams, simulator, gateway
 // (served on a real listener) and, once started, a real worker.
 type world struct {
-	t      *testing.T
-	ctx    context.Context
-	pool   *pgxpool.Pool
-	store  *dedup.Store
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	sim    *stripesim.Simulator
-	gate   *gatedCharger
-	cfg    consumer.Config
-	gw     *gateway.Gateway
-	base   string
-	client *http.Client
+	t       *testing.T
+	ctx     context.Context
+	pool    *pgxpool.Pool
+	store   *dedup.Store   // the worker's records
+	gwStore *pgstore.Store // the gateway's intake and API keys
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	sim     *stripesim.Simulator
+	gate    *gatedCharger
+	cfg     consumer.Config
+	gw      *gateway.Gateway
+	base    string
+	client  *http.Client
 
 	stopServe func() error
 	opt       options
@@ -106,6 +108,10 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
+	gwStore, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	nc := testenv.NATSConn(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -125,7 +131,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		t.Fatal(err)
 	}
 
-	comp, err := dedup.NewCompletions(pool, dedup.CompletionsConfig{})
+	comp, err := pgstore.NewListener(pool, pgstore.ListenerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,15 +144,15 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var gstore gateway.Store = store
+	var gstore gateway.Store = gwStore
 	if opt.store != nil {
-		gstore = opt.store(store)
+		gstore = opt.store(gwStore)
 	}
 	var gpub gateway.Publisher = pub
 	if opt.pub != nil {
 		gpub = opt.pub(pub)
 	}
-	gw, err := gateway.New(gstore, comp, gpub, gcfg)
+	gw, err := gateway.New(store, gstore, comp, gpub, gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +177,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
 	t.Cleanup(client.CloseIdleConnections)
 
-	w := &world{t: t, ctx: ctx, pool: pool, store: store, nc: nc, js: js, sim: sim,
+	w := &world{t: t, ctx: ctx, pool: pool, store: store, gwStore: gwStore, nc: nc, js: js, sim: sim,
 		gate: &gatedCharger{next: stripe, held: map[string]chan struct{}{}},
 		cfg:  cfg, gw: gw, base: "http://" + ln.Addr().String(), client: client, stopServe: stop, opt: opt}
 	w.keyA = w.apiKey("m_a")
@@ -182,7 +188,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 
 func (w *world) apiKey(merchant string) string {
 	w.t.Helper()
-	key, _, err := w.store.CreateAPIKey(w.ctx, merchant, "test")
+	key, _, err := w.gwStore.CreateAPIKey(w.ctx, merchant, "test")
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -199,7 +205,10 @@ func (w *world) startWorker() {
 		w.opt.worker(&cfg)
 	}
 	proc := consumer.NewProcessor(w.store, w.gate, cfg, nil)
-	wk, err := consumer.NewWorker(w.nc, proc, cfg, nil, nil)
+	// The worker marks the intake of a command it dead-letters through the
+	// gateway's store it is given, as "paydedup worker" is wired; without it
+	// TestDeadLetterIsTerminalAtTheGateway fails.
+	wk, err := consumer.NewWorker(w.nc, proc, cfg, nil, nil, w.gwStore)
 	if err != nil {
 		w.t.Fatal(err)
 	}

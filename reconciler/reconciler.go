@@ -76,6 +76,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -130,12 +131,16 @@ type Looker interface {
 	Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error)
 }
 
-// Clock tells the time. The reconciler uses it only to measure how long it
-// has held a lease (the store sets lease times from the database's clock),
-// so a host clock that is off changes nothing. Tests pass the store's fake
-// clock.
-type Clock interface {
-	Now() time.Time
+// Store is what the reconciler needs of the idempotency store;
+// *dedup.Store implements it.
+type Store interface {
+	AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]dedup.Stuck, error)
+	Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error)
+	ResolveNotCharged(ctx context.Context, l dedup.Lease, reason string) error
+	Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error
+	DeferLookup(ctx context.Context, l dedup.Lease, reason string, b dedup.Backoff) (int, time.Time, error)
+	Release(ctx context.Context, l dedup.Lease, reason string) error
+	Purge(ctx context.Context, limit int) (int, error)
 }
 
 // Metrics observes every pass; the ops layer implements it (e.g. with
@@ -184,8 +189,10 @@ type Config struct {
 	// empty.
 	Holder string
 	// Clock measures the time since a lease was taken; the system clock
-	// when nil.
-	Clock Clock
+	// when nil. It is used only for that (the store sets lease times from
+	// the database's clock), so a host clock that is off changes nothing.
+	// Tests pass the store's fake clock.
+	Clock clock.Clock
 	// Logger receives JSON-friendly records; discarded when nil.
 	Logger *slog.Logger
 	// Metrics, when set, observes every pass.
@@ -244,17 +251,13 @@ func (c Config) withDefaults() (Config, error) {
 		c.Holder = defaultHolder()
 	}
 	if c.Clock == nil {
-		c.Clock = systemClock{}
+		c.Clock = clock.System{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c, nil
 }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 func defaultHolder() string {
 	host, err := os.Hostname()
@@ -269,7 +272,7 @@ func defaultHolder() string {
 // Reconciler resolves stuck pending rows and purges expired ones. It is safe
 // to run many at once, in one process or many.
 type Reconciler struct {
-	store  *dedup.Store
+	store  Store
 	looker Looker
 	cfg    Config
 	log    *slog.Logger
@@ -288,7 +291,7 @@ type Reconciler struct {
 }
 
 // New validates cfg and returns a Reconciler working on store with looker.
-func New(store *dedup.Store, looker Looker, cfg Config) (*Reconciler, error) {
+func New(store Store, looker Looker, cfg Config) (*Reconciler, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	}

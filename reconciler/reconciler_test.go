@@ -805,7 +805,7 @@ func TestNewValidatesConfig(t *testing.T) {
 	looker := lookerFunc(nil)
 	tests := []struct {
 		name   string
-		store  *dedup.Store
+		store  reconciler.Store
 		looker reconciler.Looker
 		cfg    reconciler.Config
 		want   string // "" means valid

@@ -10,6 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 type apikeyCmd struct {
@@ -67,11 +69,20 @@ schema owner (the runtime role may only read keys).`,
 	return root
 }
 
-func (c *apikeyCmd) open(ctx context.Context) (*dedup.Store, func(), error) {
+func (c *apikeyCmd) open(ctx context.Context) (*pgstore.Store, func(), error) {
 	if err := c.db.validate(); err != nil {
 		return nil, nil, err
 	}
-	return openStore(ctx, c.db.url, 0)
+	pool, err := pg.Connect(ctx, c.db.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return store, pool.Close, nil
 }
 
 func (c *apikeyCmd) create(ctx context.Context) error {

@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/paydedup/paydedup/consumer"
@@ -47,7 +49,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	ctx := context.Background()
 
 	// A worker on the test's streams, charging at a simulator we can break.
-	pool, err := dedup.Connect(ctx, dbURL)
+	pool, err := pg.Connect(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +70,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 500 * time.Millisecond}
 	cfg.RetryBase, cfg.RetryMax, cfg.DrainTimeout = 50*time.Millisecond, 200*time.Millisecond, time.Second
 	cfg.Concurrency, cfg.FetchBatch, cfg.Holder = 4, 10, "dlq-test-worker"
-	worker, err := consumer.NewWorker(testenv.NATSConn(t), consumer.NewProcessor(store, stripe, cfg, nil), cfg, nil, nil)
+	worker, err := consumer.NewWorker(testenv.NATSConn(t), consumer.NewProcessor(store, stripe, cfg, nil), cfg, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

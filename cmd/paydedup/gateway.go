@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -15,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
@@ -108,7 +111,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := g.app.logger
-	pool, err := dedup.Connect(ctx, g.db.url)
+	pool, err := pg.Connect(ctx, g.db.url)
 	if err != nil {
 		return err
 	}
@@ -117,7 +120,11 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	comp, err := dedup.NewCompletions(pool, dedup.CompletionsConfig{Logger: log})
+	gwStore, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		return err
+	}
+	comp, err := pgstore.NewListener(pool, pgstore.ListenerConfig{Logger: log})
 	if err != nil {
 		return err
 	}
@@ -142,7 +149,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	build.Set(1)
 	reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
-	gw, err := gateway.New(store, comp, pub, cfg)
+	gw, err := gateway.New(store, gwStore, comp, pub, cfg)
 	if err != nil {
 		return err
 	}

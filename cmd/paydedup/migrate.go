@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/dedup"
@@ -77,7 +79,7 @@ func (m *migrateCmd) Run(ctx context.Context, action string) error {
 	if err := m.db.validate(); err != nil {
 		return err
 	}
-	pool, err := dedup.Connect(ctx, m.db.url)
+	pool, err := pg.Connect(ctx, m.db.url)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
@@ -36,7 +37,7 @@ func TestMigrateDownRefusesToDestroyRows(t *testing.T) {
 	if _, _, err := runCLI(ctx, env, "apikey", "create", "--merchant", "m_1"); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := dedup.Connect(ctx, env["DATABASE_URL"])
+	pool, err := pg.Connect(ctx, env["DATABASE_URL"])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/paydedup/paydedup/dedup"
@@ -25,7 +27,7 @@ import (
 func seedStore(t *testing.T, dbURL string, now time.Time) {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := dedup.Connect(ctx, dbURL)
+	pool, err := pg.Connect(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,9 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -100,11 +102,22 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := w.app.logger
-	store, closeDB, err := openStore(ctx, w.db.url, cfg.KeyRetention)
+	pool, err := pg.Connect(ctx, w.db.url)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer pool.Close()
+	store, err := dedup.New(pool, dedup.Config{Retention: cfg.KeyRetention})
+	if err != nil {
+		return err
+	}
+	// The worker tells the gateway's intake of the final dead letters of
+	// the commands the gateway published (its role may update only the
+	// intake's dead-letter columns).
+	intake, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		return err
+	}
 	nc, err := w.nats.connect("paydedup-worker " + cfg.Holder)
 	if err != nil {
 		return err
@@ -123,7 +136,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return c.Pending, c.Stuck, err
 	})
 	proc := consumer.NewProcessor(store, prov, cfg, log)
-	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics)
+	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
 	if err != nil {
 		return err
 	}
@@ -185,7 +198,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 
 // openStore connects to Postgres and returns the store.
 func openStore(ctx context.Context, url string, retention time.Duration) (*dedup.Store, func(), error) {
-	pool, err := dedup.Connect(ctx, url)
+	pool, err := pg.Connect(ctx, url)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -13,10 +13,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
@@ -40,7 +41,7 @@ func (h *harness) build(ctx context.Context) error {
 // owner; the workers connect as paydedup_worker, the role the migration
 // creates, so the run also proves that role is enough.
 func (h *harness) migrate(ctx context.Context) error {
-	pool, err := dedup.Connect(ctx, h.pg.url("postgres", "postgres"))
+	pool, err := pg.Connect(ctx, h.pg.url("postgres", "postgres"))
 	if err != nil {
 		return err
 	}
@@ -150,7 +151,7 @@ func (h *harness) publishOne(ctx context.Context, p workload.Publish, count bool
 // max_deliveries dead letters and waits again. It returns how many dead
 // letters were replayed.
 func (h *harness) settle(ctx context.Context) (int, error) {
-	pool, err := dedup.Connect(ctx, h.pg.url("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.pg.url("postgres", "paydedup"))
 	if err != nil {
 		return 0, err
 	}
@@ -355,7 +356,7 @@ func (h *harness) deadLetters(ctx context.Context) ([]workload.DeadLetter, error
 // collect reads the database and the provider's ledger.
 func (h *harness) collect(ctx context.Context) (workload.Evidence, error) {
 	ev := workload.Evidence{Rows: map[string]workload.Row{}}
-	pool, err := dedup.Connect(ctx, h.pg.url("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.pg.url("postgres", "paydedup"))
 	if err != nil {
 		return ev, err
 	}

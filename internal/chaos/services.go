@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // freePort returns a loopback TCP port that was free a moment ago.
@@ -107,7 +107,7 @@ func (h *harness) startPostgres(ctx context.Context) error {
 	return waitFor(ctx, 60*time.Second, "postgres to accept connections", func() bool {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		pool, err := dedup.Connect(cctx, h.pg.url("postgres", "postgres"))
+		pool, err := pg.Connect(cctx, h.pg.url("postgres", "postgres"))
 		if err != nil {
 			return false
 		}

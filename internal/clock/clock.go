@@ -1,5 +1,7 @@
-// Package clock provides the time sources injected into the store, the
-// worker and the reconciler, so tests can move time instead of sleeping.
+// Package clock provides the time sources injected into the stores, the
+// worker, the reconciler and the gateway, so tests can move time instead of
+// sleeping. Clock is the one clock type of every service; System is the
+// production default.
 //
 // Time that decides who holds a lease never comes from a process's wall
 // clock: the store lets the database's clock decide (statements take

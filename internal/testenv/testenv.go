@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/pg"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -111,7 +113,7 @@ func PostgresURL(t testing.TB) string {
 	u := PostgresEmptyURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	pool, err := dedup.Connect(ctx, u)
+	pool, err := pg.Connect(ctx, u)
 	if err != nil {
 		t.Fatalf("connect to test schema: %v", err)
 	}
@@ -156,7 +158,7 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	u := PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	pool, err := dedup.Connect(ctx, u)
+	pool, err := pg.Connect(ctx, u)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}

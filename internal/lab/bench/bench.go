@@ -31,6 +31,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
@@ -152,7 +153,7 @@ func (b *benchCmd) run(ctx context.Context) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	defer func() { _ = dropSchema() }()
-	pool, err := dedup.Connect(ctx, schemaURL)
+	pool, err := pg.Connect(ctx, schemaURL)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -210,7 +211,7 @@ func (b *benchCmd) run(ctx context.Context) error {
 	counting := &countingStore{Store: store}
 	obs := newBenchObserver()
 	proc := consumer.NewProcessor(counting, prov, cfg, nil)
-	w, err := consumer.NewWorker(nc, proc, cfg, nil, obs)
+	w, err := consumer.NewWorker(nc, proc, cfg, nil, obs, nil)
 	if err != nil {
 		return err
 	}

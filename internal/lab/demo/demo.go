@@ -27,6 +27,7 @@ import (
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/payment"
@@ -126,7 +127,7 @@ func (d *demoCmd) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pool, err := dedup.Connect(ctx, dbURL)
+	pool, err := pg.Connect(ctx, dbURL)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
@@ -369,7 +370,7 @@ func (r *demoRun) startWorkers(ctx context.Context, prov *stripe.Client) error {
 		cfg := r.cfg
 		cfg.Holder = w.name
 		log := r.quietLogger(&w.muted).With("worker", w.name)
-		worker, err := consumer.NewWorker(nc, consumer.NewProcessor(w.store, prov, cfg, log), cfg, log, w.obs)
+		worker, err := consumer.NewWorker(nc, consumer.NewProcessor(w.store, prov, cfg, log), cfg, log, w.obs, nil)
 		if err != nil {
 			nc.Close()
 			return err

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/redact"
 )
 
@@ -26,7 +27,7 @@ const AdminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 // Database returns the URL of database name on the local PostgreSQL
 // (adminURL), creating the database if missing, with the pool size given.
 func Database(ctx context.Context, adminURL, name string, poolSize int) (u string, created bool, err error) {
-	admin, err := dedup.Connect(ctx, adminURL)
+	admin, err := pg.Connect(ctx, adminURL)
 	if err != nil {
 		return "", false, fmt.Errorf(`no DATABASE_URL, and no PostgreSQL answers at %s (%v).
 Start one (Debian: apt-get install postgresql; or docker compose -f deploy/compose.yaml up -d),
@@ -71,7 +72,7 @@ func FreshSchema(ctx context.Context, dbURL, name string) (string, func() error,
 	}
 	ident := pgx.Identifier{name}.Sanitize()
 	exec := func(ctx context.Context, sql string) error {
-		pool, err := dedup.Connect(ctx, dbURL)
+		pool, err := pg.Connect(ctx, dbURL)
 		if err != nil {
 			return err
 		}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/dedup/httpidem"
+	"github.com/paydedup/paydedup/httpidem"
 )
 
 // TestDefaultStorableBoundaries: the first and last status of each range.

@@ -1,4 +1,8 @@
-package dedup
+// Package pgstore is httpidem's Store on Postgres: table http_idempotency
+// (migration 00003), one row per (scope, key) holding the claim's lease and
+// the stored response. pgx is used only here (and in internal/pg); its
+// errors never leave the package.
+package pgstore
 
 import (
 	"bytes"
@@ -9,59 +13,68 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"cmp"
+
+	"github.com/paydedup/paydedup/httpidem"
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
-// StoredResponse is an HTTP response kept for replay, byte for byte.
-type StoredResponse struct {
-	Status int
-	Header map[string][]string
-	Body   []byte
-}
-
-// ResponseClaim is the right to run a handler for one (scope, key): the
-// net/http middleware's lease. Attempt fences a holder that was taken over.
-type ResponseClaim struct {
-	Scope          string
-	IdempotencyKey string
-	Attempt        int
-	Until          time.Time
-}
-
-// ResponseOutcome is what ClaimResponse found.
-type ResponseOutcome int
-
-// ClaimResponse outcomes.
+// Defaults for Config.
 const (
-	// ResponseClaimed: the caller holds the claim and runs the handler.
-	ResponseClaimed ResponseOutcome = iota + 1
-	// ResponseReplay: a response is stored; replay it.
-	ResponseReplay
-	// ResponseInFlight: another request holds a live claim.
-	ResponseInFlight
-	// ResponseMismatch: the key was used with another request fingerprint.
-	ResponseMismatch
+	// DefaultStatementTimeout bounds every statement the store runs.
+	DefaultStatementTimeout = 10 * time.Second
+	// minRetry is the shortest RetryIn a claim reports, so a lease that is
+	// about to expire is not polled in a tight loop.
+	minRetry = 250 * time.Millisecond
 )
 
-func (o ResponseOutcome) String() string {
-	switch o {
-	case ResponseClaimed:
-		return "claimed"
-	case ResponseReplay:
-		return "replay"
-	case ResponseInFlight:
-		return "in_flight"
-	case ResponseMismatch:
-		return "mismatch"
-	}
-	return "unknown"
+// Config configures a Store. Zero values take the defaults.
+type Config struct {
+	StatementTimeout time.Duration
+	// Clock is a test clock; leave it nil in production (see pg.Clock).
+	Clock clock.Clock
 }
 
-// ResponseClaimResult is the result of ClaimResponse.
-type ResponseClaimResult struct {
-	Outcome  ResponseOutcome
-	Claim    *ResponseClaim  // ResponseClaimed
-	Response *StoredResponse // ResponseReplay
-	RetryIn  time.Duration   // ResponseInFlight
+// Store is the Postgres store of httpidem's claims and responses. It is
+// safe for concurrent use.
+type Store struct {
+	pool    *pgxpool.Pool
+	clock   pg.Clock
+	timeout time.Duration
+}
+
+// New returns a store on pool. The schema must be migrated
+// (dedup.Migrator).
+func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("httpidem: nil pool")
+	}
+	if cfg.StatementTimeout < 0 {
+		return nil, errors.New("httpidem: statement timeout must not be negative")
+	}
+	return &Store{pool: pool, clock: pg.NewClock(cfg.Clock), timeout: cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout)}, nil
+}
+
+const dbNow = pg.DBNow
+
+func (s *Store) now() *time.Time { return s.clock.Arg() }
+
+func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) error) error {
+	return pg.Retry(ctx, s.timeout, fn)
+}
+
+func interpretError(op string, err error) error { return pg.Interpret(op, err, pg.Errors{}) }
+
+// clipError bounds what is stored in last_error.
+func clipError(s string) string {
+	const n = 1000
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 // claimResponseSQL inserts a pending claim, or takes the row over when it
@@ -85,14 +98,14 @@ RETURNING attempt, locked_until`
 // ClaimResponse claims (scope, key) for a request with fingerprint hash, in
 // its own committed statement, before the handler runs. Completed rows are
 // kept for retention.
-func (s *Store) ClaimResponse(ctx context.Context, scope, key string, hash []byte, lease, retention time.Duration) (ResponseClaimResult, error) {
+func (s *Store) ClaimResponse(ctx context.Context, scope, key string, hash []byte, lease, retention time.Duration) (httpidem.ResponseClaimResult, error) {
 	switch {
 	case key == "" || len(key) > 255:
-		return ResponseClaimResult{}, errors.New("claim response: key must be 1..255 bytes")
+		return httpidem.ResponseClaimResult{}, errors.New("claim response: key must be 1..255 bytes")
 	case len(hash) != 32:
-		return ResponseClaimResult{}, errors.New("claim response: hash must be a SHA-256 digest")
+		return httpidem.ResponseClaimResult{}, errors.New("claim response: hash must be a SHA-256 digest")
 	case lease <= 0 || retention <= lease:
-		return ResponseClaimResult{}, fmt.Errorf("claim response: need 0 < lease (%v) < retention (%v)", lease, retention)
+		return httpidem.ResponseClaimResult{}, fmt.Errorf("claim response: need 0 < lease (%v) < retention (%v)", lease, retention)
 	}
 	for range 3 {
 		args := pgx.NamedArgs{"scope": scope, "key": key, "hash": hash, "now": s.now(),
@@ -105,11 +118,11 @@ func (s *Store) ClaimResponse(ctx context.Context, scope, key string, hash []byt
 			return s.pool.QueryRow(ctx, claimResponseSQL, args).Scan(&attempt, &until)
 		})
 		if err == nil {
-			return ResponseClaimResult{Outcome: ResponseClaimed,
-				Claim: &ResponseClaim{Scope: scope, IdempotencyKey: key, Attempt: int(attempt), Until: until}}, nil
+			return httpidem.ResponseClaimResult{Outcome: httpidem.ResponseClaimed,
+				Claim: &httpidem.ResponseClaim{Scope: scope, IdempotencyKey: key, Attempt: int(attempt), Until: until}}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return ResponseClaimResult{}, interpretError("claim response", err)
+			return httpidem.ResponseClaimResult{}, interpretError("claim response", err)
 		}
 		var (
 			status                     string
@@ -128,34 +141,34 @@ func (s *Store) ClaimResponse(ctx context.Context, scope, key string, hash []byt
 			continue // purged in between: claim again
 		}
 		if err != nil {
-			return ResponseClaimResult{}, interpretError("claim response", err)
+			return httpidem.ResponseClaimResult{}, interpretError("claim response", err)
 		}
 		switch {
 		case !bytes.Equal(lastHash, hash):
-			return ResponseClaimResult{Outcome: ResponseMismatch}, nil
+			return httpidem.ResponseClaimResult{Outcome: httpidem.ResponseMismatch}, nil
 		case status == "completed" && respStatus != nil:
-			resp := &StoredResponse{Status: int(*respStatus), Body: body}
+			resp := &httpidem.StoredResponse{Status: int(*respStatus), Body: body}
 			if err := json.Unmarshal(respHeader, &resp.Header); err != nil {
-				return ResponseClaimResult{}, fmt.Errorf("claim response: stored header: %w", err)
+				return httpidem.ResponseClaimResult{}, fmt.Errorf("claim response: stored header: %w", err)
 			}
 			if resp.Body == nil {
 				resp.Body = []byte{}
 			}
-			return ResponseClaimResult{Outcome: ResponseReplay, Response: resp}, nil
+			return httpidem.ResponseClaimResult{Outcome: httpidem.ResponseReplay, Response: resp}, nil
 		default:
-			retry := MinRetry
+			retry := minRetry
 			if lockedUntil != nil {
-				retry = max(lockedUntil.Sub(now), MinRetry)
+				retry = max(lockedUntil.Sub(now), minRetry)
 			}
-			return ResponseClaimResult{Outcome: ResponseInFlight, RetryIn: retry}, nil
+			return httpidem.ResponseClaimResult{Outcome: httpidem.ResponseInFlight, RetryIn: retry}, nil
 		}
 	}
-	return ResponseClaimResult{}, fmt.Errorf("claim response: %w: the row kept disappearing", ErrUnavailable)
+	return httpidem.ResponseClaimResult{}, fmt.Errorf("claim response: %w: the row kept disappearing", pg.ErrUnavailable)
 }
 
-// CompleteResponse stores the response of a held claim. ErrLeaseLost means
+// CompleteResponse stores the response of a held claim. httpidem.ErrLeaseLost means
 // the claim was taken over (its lease passed); nothing was stored.
-func (s *Store) CompleteResponse(ctx context.Context, c ResponseClaim, resp StoredResponse) error {
+func (s *Store) CompleteResponse(ctx context.Context, c httpidem.ResponseClaim, resp httpidem.StoredResponse) error {
 	if resp.Status < 100 || resp.Status > 599 {
 		return fmt.Errorf("complete response: %d is not an HTTP status", resp.Status)
 	}
@@ -181,15 +194,15 @@ func (s *Store) CompleteResponse(ctx context.Context, c ResponseClaim, resp Stor
 			c.Scope, c.IdempotencyKey, int32(c.Attempt), int32(resp.Status), hdr, body, s.now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("complete response: %w", ErrLeaseLost)
+		return fmt.Errorf("complete response: %w", httpidem.ErrLeaseLost)
 	}
 	return interpretError("complete response", err)
 }
 
 // ReleaseResponse gives a held claim up without a stored response: the row
 // becomes `failed` and the next request with the key runs the handler.
-// ErrLeaseLost means it was taken over already.
-func (s *Store) ReleaseResponse(ctx context.Context, c ResponseClaim, reason string) error {
+// httpidem.ErrLeaseLost means it was taken over already.
+func (s *Store) ReleaseResponse(ctx context.Context, c httpidem.ResponseClaim, reason string) error {
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
 		return s.pool.QueryRow(ctx, `UPDATE http_idempotency
@@ -198,7 +211,7 @@ func (s *Store) ReleaseResponse(ctx context.Context, c ResponseClaim, reason str
 			c.Scope, c.IdempotencyKey, int32(c.Attempt), clipError(reason), s.now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("release response: %w", ErrLeaseLost)
+		return fmt.Errorf("release response: %w", httpidem.ErrLeaseLost)
 	}
 	return interpretError("release response", err)
 }

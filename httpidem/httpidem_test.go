@@ -15,8 +15,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/dedup/httpidem"
+	"github.com/paydedup/paydedup/httpidem"
+	"github.com/paydedup/paydedup/httpidem/pgstore"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
@@ -34,13 +34,13 @@ func TestMain(m *testing.M) {
 type fixture struct {
 	t     *testing.T
 	srv   *httptest.Server
-	store *dedup.Store
+	store *pgstore.Store
 	calls atomic.Int32
 }
 
 func setup(t *testing.T, cfg httpidem.Config, handler func(f *fixture, w http.ResponseWriter, r *http.Request)) *fixture {
 	t.Helper()
-	store, err := dedup.New(testenv.Pool(t), dedup.Config{})
+	store, err := pgstore.New(testenv.Pool(t), pgstore.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +317,7 @@ func TestPanicReleases(t *testing.T) {
 // key and body each get their own execution and their own response.
 func TestCallersDoNotShareKeys(t *testing.T) {
 	t.Parallel()
-	store, err := dedup.New(testenv.Pool(t), dedup.Config{})
+	store, err := pgstore.New(testenv.Pool(t), pgstore.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

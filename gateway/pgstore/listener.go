@@ -1,4 +1,4 @@
-package dedup
+package pgstore
 
 import (
 	"cmp"
@@ -13,15 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/dedup"
 )
 
-// CompletedChannel is the LISTEN/NOTIFY channel on which migration 00003's
-// trigger announces every idempotency_keys row that became completed and
-// has a gateway intake row (only the gateway's keys can have waiters). Its
-// payload is JSON: {"s": schema, "m": merchant_id, "k": idempotency_key}.
-const CompletedChannel = "paydedup_key_completed"
-
-// Defaults for CompletionsConfig.
+// Defaults for ListenerConfig.
 const (
 	DefaultReconnectMin   = 100 * time.Millisecond
 	DefaultReconnectMax   = 5 * time.Second
@@ -31,8 +27,8 @@ const (
 	DefaultPollInterval   = 2 * time.Second
 )
 
-// CompletionsConfig configures a Completions listener.
-type CompletionsConfig struct {
+// ListenerConfig configures a Listener.
+type ListenerConfig struct {
 	// ReconnectMin and ReconnectMax bound the pause between attempts to
 	// re-establish the listening connection.
 	ReconnectMin time.Duration
@@ -51,9 +47,9 @@ type CompletionsConfig struct {
 	Logger       *slog.Logger
 }
 
-// Completions wakes waiters when an idempotency key becomes completed. It
+// Listener wakes waiters when an idempotency key becomes completed. It
 // holds one dedicated connection (not one of the pool's) that LISTENs on
-// CompletedChannel, and fans notifications out to subscribers of the
+// dedup.CompletedChannel, and fans notifications out to subscribers of the
 // (merchant, key). Whenever that connection is (re)established it wakes
 // every subscriber, since notifications sent while it was down are lost:
 // a subscriber re-reads the row when woken, so a spurious wake costs one
@@ -62,9 +58,9 @@ type CompletionsConfig struct {
 // otherwise wait forever, silently) is found dead and replaced; while it is
 // down, Ready fails and every subscriber is woken each PollInterval, so
 // waiters still see their row complete, by re-reading it.
-type Completions struct {
+type Listener struct {
 	connCfg *pgx.ConnConfig
-	cfg     CompletionsConfig
+	cfg     ListenerConfig
 	logger  *slog.Logger
 
 	listening atomic.Bool
@@ -79,7 +75,7 @@ type Subscription struct {
 
 	c    chan struct{}
 	k    rowKey
-	comp *Completions
+	comp *Listener
 	once sync.Once
 }
 
@@ -104,11 +100,11 @@ func (s *Subscription) wake() {
 	}
 }
 
-// NewCompletions returns a listener that connects like pool does (same
+// NewListener returns a listener that connects like pool does (same
 // server, user and search_path). Call Run to start listening.
-func NewCompletions(pool *pgxpool.Pool, cfg CompletionsConfig) (*Completions, error) {
+func NewListener(pool *pgxpool.Pool, cfg ListenerConfig) (*Listener, error) {
 	if pool == nil {
-		return nil, errors.New("dedup: nil pool")
+		return nil, errors.New("gateway store: nil pool")
 	}
 	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, DefaultReconnectMin)
 	cfg.ReconnectMax = cmp.Or(cfg.ReconnectMax, DefaultReconnectMax)
@@ -117,16 +113,16 @@ func NewCompletions(pool *pgxpool.Pool, cfg CompletionsConfig) (*Completions, er
 	cfg.ConnectTimeout = cmp.Or(cfg.ConnectTimeout, DefaultConnectTimeout)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	if cfg.ReconnectMin < 0 || cfg.ReconnectMax < cfg.ReconnectMin {
-		return nil, fmt.Errorf("dedup: completions: reconnect bounds %v..%v are not a range", cfg.ReconnectMin, cfg.ReconnectMax)
+		return nil, fmt.Errorf("gateway store: listener: reconnect bounds %v..%v are not a range", cfg.ReconnectMin, cfg.ReconnectMax)
 	}
 	if cfg.PingInterval < 0 || cfg.PingTimeout < 0 || cfg.ConnectTimeout < 0 || cfg.PollInterval < 0 {
-		return nil, errors.New("dedup: completions: ping, connect and poll durations must not be negative")
+		return nil, errors.New("gateway store: listener: ping, connect and poll durations must not be negative")
 	}
 	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Completions{
+	return &Listener{
 		connCfg: pool.Config().ConnConfig.Copy(),
 		cfg:     cfg,
 		logger:  logger,
@@ -138,7 +134,7 @@ func NewCompletions(pool *pgxpool.Pool, cfg CompletionsConfig) (*Completions, er
 // the row: a completion committed after the read then always wakes C,
 // provided the key has an intake row (AcquireIntake) by the time the worker
 // completes it.
-func (c *Completions) Subscribe(merchantID, key string) *Subscription {
+func (c *Listener) Subscribe(merchantID, key string) *Subscription {
 	ch := make(chan struct{}, 1)
 	s := &Subscription{C: ch, c: ch, k: rowKey{merchantID, key}, comp: c}
 	c.mu.Lock()
@@ -155,10 +151,10 @@ func (c *Completions) Subscribe(merchantID, key string) *Subscription {
 // Listening reports whether the listening connection is up (it answered
 // its last ping). While it is not, waiters are woken every PollInterval to
 // re-read their rows, and all of them once it comes back.
-func (c *Completions) Listening() bool { return c.listening.Load() }
+func (c *Listener) Listening() bool { return c.listening.Load() }
 
 // Ready returns nil when listening; it suits a readiness check.
-func (c *Completions) Ready(context.Context) error {
+func (c *Listener) Ready(context.Context) error {
 	if !c.Listening() {
 		return errors.New("not listening for completions (waiters fall back to re-reading their rows)")
 	}
@@ -168,7 +164,7 @@ func (c *Completions) Ready(context.Context) error {
 // Run listens until ctx ends, reconnecting with capped exponential backoff
 // when the connection fails or stops answering its pings. It returns nil
 // when ctx ends.
-func (c *Completions) Run(ctx context.Context) error {
+func (c *Listener) Run(ctx context.Context) error {
 	pollDone := make(chan struct{})
 	defer func() { <-pollDone }()
 	go func() {
@@ -196,7 +192,7 @@ func (c *Completions) Run(ctx context.Context) error {
 
 // pollWhileDown wakes every subscriber each PollInterval while the listener
 // is down, until ctx ends.
-func (c *Completions) pollWhileDown(ctx context.Context) {
+func (c *Listener) pollWhileDown(ctx context.Context) {
 	t := time.NewTicker(c.cfg.PollInterval)
 	defer t.Stop()
 	for {
@@ -212,7 +208,7 @@ func (c *Completions) pollWhileDown(ctx context.Context) {
 }
 
 // listen runs one connection's lifetime.
-func (c *Completions) listen(ctx context.Context) error {
+func (c *Listener) listen(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout)
 	conn, err := pgx.ConnectConfig(cctx, c.connCfg)
 	if err != nil {
@@ -232,13 +228,13 @@ func (c *Completions) listen(ctx context.Context) error {
 		cancel()
 		return interpretError("read current schema", err)
 	}
-	if _, err := conn.Exec(cctx, `LISTEN `+CompletedChannel); err != nil {
+	if _, err := conn.Exec(cctx, `LISTEN `+dedup.CompletedChannel); err != nil {
 		cancel()
 		return interpretError("listen for completions", err)
 	}
 	cancel()
 	c.listening.Store(true)
-	c.logger.Debug("listening for completions", "channel", CompletedChannel, "schema", schema)
+	c.logger.Debug("listening for completions", "channel", dedup.CompletedChannel, "schema", schema)
 	c.wakeAll() // anything may have completed while we were not listening
 	for {
 		wctx, cancelWait := context.WithTimeout(ctx, c.cfg.PingInterval)
@@ -273,7 +269,7 @@ func (c *Completions) listen(ctx context.Context) error {
 	}
 }
 
-func (c *Completions) wake(k rowKey) {
+func (c *Listener) wake(k rowKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for s := range c.subs[k] {
@@ -281,7 +277,7 @@ func (c *Completions) wake(k rowKey) {
 	}
 }
 
-func (c *Completions) wakeAll() {
+func (c *Listener) wakeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range c.subs {

@@ -23,7 +23,7 @@
 // again. A handler calling another service should pass that service an
 // idempotency key derived from the request's, as paydedup's worker does.
 //
-// The Postgres store is *dedup.Store (table http_idempotency, migration
+// The Postgres store is *Store (table http_idempotency, migration
 // 00003); any Store works.
 package httpidem
 
@@ -43,8 +43,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/paydedup/paydedup/dedup"
 )
 
 // Header names.
@@ -72,11 +70,15 @@ var (
 	ErrInvalidKey = errors.New("invalid Idempotency-Key")
 )
 
-// Store keeps claims and responses. *dedup.Store implements it on Postgres.
+// ErrLeaseLost means a Store no longer holds the claim: its lease passed
+// and another request took it over. Nothing was changed.
+var ErrLeaseLost = errors.New("lease lost")
+
+// Store keeps claims and responses. *Store implements it on Postgres.
 type Store interface {
-	ClaimResponse(ctx context.Context, scope, key string, hash []byte, lease, retention time.Duration) (dedup.ResponseClaimResult, error)
-	CompleteResponse(ctx context.Context, c dedup.ResponseClaim, resp dedup.StoredResponse) error
-	ReleaseResponse(ctx context.Context, c dedup.ResponseClaim, reason string) error
+	ClaimResponse(ctx context.Context, scope, key string, hash []byte, lease, retention time.Duration) (ResponseClaimResult, error)
+	CompleteResponse(ctx context.Context, c ResponseClaim, resp StoredResponse) error
+	ReleaseResponse(ctx context.Context, c ResponseClaim, reason string) error
 }
 
 // Config configures the middleware. Zero values take the defaults.
@@ -288,16 +290,16 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		switch res.Outcome {
-		case dedup.ResponseReplay:
+		case ResponseReplay:
 			replay(w, res.Response)
 			return
-		case dedup.ResponseInFlight:
+		case ResponseInFlight:
 			secs := int((min(max(res.RetryIn, time.Second), time.Minute) + time.Second - 1) / time.Second)
 			w.Header().Set("Retry-After", strconv.Itoa(secs))
 			writeProblem(w, http.StatusConflict, "idempotency-key-in-use",
 				"A request with this Idempotency-Key is being processed; retry later with the same key.")
 			return
-		case dedup.ResponseMismatch:
+		case ResponseMismatch:
 			writeProblem(w, http.StatusUnprocessableEntity, "idempotency-key-reused",
 				"This Idempotency-Key was already used with a different request.")
 			return
@@ -307,12 +309,12 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 }
 
 // run runs the handler under a held claim and settles it.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, claim dedup.ResponseClaim, body []byte, log *slog.Logger) {
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, claim ResponseClaim, body []byte, log *slog.Logger) {
 	settleCtx := context.WithoutCancel(r.Context())
 	release := func(reason string) {
 		ctx, cancel := context.WithTimeout(settleCtx, m.cfg.StoreTimeout)
 		defer cancel()
-		if err := m.store.ReleaseResponse(ctx, claim, reason); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+		if err := m.store.ReleaseResponse(ctx, claim, reason); err != nil && !errors.Is(err, ErrLeaseLost) {
 			log.Warn("could not release the claim; it expires with its lease", "error", err)
 		}
 	}
@@ -346,7 +348,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 	case !m.cfg.Storable(status):
 		release(fmt.Sprintf("status %d is not stored", status))
 	default:
-		stored := dedup.StoredResponse{Status: status, Header: storedHeader(rec.header), Body: rec.body.Bytes()}
+		stored := StoredResponse{Status: status, Header: storedHeader(rec.header), Body: rec.body.Bytes()}
 		if rec.overflow {
 			// The handler ran: releasing the claim would run it again on
 			// the retry. Keep an error in place of the response instead.
@@ -368,13 +370,13 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 
 // notStored is what a key keeps when its response was too large to store:
 // a problem that says the request ran once, with the original status.
-func notStored(status, size, limit int) dedup.StoredResponse {
+func notStored(status, size, limit int) StoredResponse {
 	detail := fmt.Sprintf("The request with this Idempotency-Key ran once and answered %d, but its response (%d bytes) "+
 		"exceeded the %d bytes kept for replay, so it cannot be sent again. The operation was not repeated; "+
 		"do not retry it with a new key: look its result up instead.", status, size, limit)
 	rec := &recorder{header: http.Header{}, max: math.MaxInt}
 	writeProblem(rec, http.StatusInternalServerError, "response-not-stored", detail)
-	return dedup.StoredResponse{Status: http.StatusInternalServerError, Header: storedHeader(rec.header), Body: rec.body.Bytes()}
+	return StoredResponse{Status: http.StatusInternalServerError, Header: storedHeader(rec.header), Body: rec.body.Bytes()}
 }
 
 // hopByHop headers are about one connection, not the response.
@@ -390,7 +392,7 @@ func storedHeader(h http.Header) map[string][]string {
 	return out
 }
 
-func replay(w http.ResponseWriter, resp *dedup.StoredResponse) {
+func replay(w http.ResponseWriter, resp *StoredResponse) {
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = slices.Clone(v)

@@ -1,4 +1,4 @@
-package dedup
+package pgstore
 
 import (
 	"context"
@@ -100,7 +100,7 @@ func (s *Store) Authenticate(ctx context.Context, key string) (string, error) {
 
 // RevokeAPIKey revokes a key by its id (or by the key itself) and returns
 // it. Revoking a revoked key keeps its first revocation time. An unknown id
-// is ErrNotFound.
+// is dedup.ErrNotFound.
 func (s *Store) RevokeAPIKey(ctx context.Context, idOrKey string) (APIKey, error) {
 	id := idOrKey
 	if m := apiKeyRE.FindStringSubmatch(idOrKey); m != nil {

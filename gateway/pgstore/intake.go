@@ -1,4 +1,4 @@
-package dedup
+package pgstore
 
 import (
 	"bytes"
@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // Intake is the HTTP gateway's guard row for one (merchant, key): it makes
@@ -109,7 +112,7 @@ func scanIntake(row pgx.Row) (Intake, error) {
 	if seq != nil {
 		in.StreamSeq = uint64(*seq)
 	}
-	in.DeadLetterReason, in.DeadLetterError = deref(deadReason), deref(dlqErr)
+	in.DeadLetterReason, in.DeadLetterError = pg.Deref(deadReason), pg.Deref(dlqErr)
 	if deadAt != nil {
 		in.DeadLetteredAt = *deadAt
 	}
@@ -145,8 +148,8 @@ RETURNING ` + intakeColumns
 // AcquireIntake tries to make the caller the publisher of req for lease.
 // The row is kept for retention. Only IntakeAcquired lets the caller
 // publish; it must then call IntakePublished or AbandonIntake.
-func (s *Store) AcquireIntake(ctx context.Context, req ClaimRequest, lease, retention time.Duration) (IntakeResult, error) {
-	if err := req.validate(); err != nil {
+func (s *Store) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (IntakeResult, error) {
+	if err := req.Validate(); err != nil {
 		return IntakeResult{}, fmt.Errorf("acquire intake: %w", err)
 	}
 	if lease <= 0 || retention <= lease {
@@ -173,7 +176,7 @@ func (s *Store) AcquireIntake(ctx context.Context, req ClaimRequest, lease, rete
 		}
 		in, err = s.GetIntake(ctx, req.MerchantID, req.IdempotencyKey)
 		switch {
-		case errors.Is(err, ErrNotFound):
+		case errors.Is(err, dedup.ErrNotFound):
 			continue
 		case err != nil:
 			return IntakeResult{}, fmt.Errorf("acquire intake: %w", err)
@@ -185,10 +188,10 @@ func (s *Store) AcquireIntake(ctx context.Context, req ClaimRequest, lease, rete
 			return IntakeResult{Outcome: IntakeHeld, Intake: in}, nil
 		}
 	}
-	return IntakeResult{}, fmt.Errorf("acquire intake: %w: the row kept disappearing", ErrUnavailable)
+	return IntakeResult{}, fmt.Errorf("acquire intake: %w: the row kept disappearing", dedup.ErrUnavailable)
 }
 
-// GetIntake returns the guard row for a key, or ErrNotFound.
+// GetIntake returns the guard row for a key, or dedup.ErrNotFound.
 func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, error) {
 	var in Intake
 	err := s.withRetry(ctx, func(ctx context.Context) error {
@@ -208,7 +211,7 @@ func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, 
 // finding no idempotency record answers "in flight" instead of publishing
 // again. A dead letter recorded before this call (the worker was faster
 // than the gateway) is kept only if it is of this very sequence.
-// ErrLeaseLost means another request took the row over; its publish
+// dedup.ErrLeaseLost means another request took the row over; its publish
 // stands.
 func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, holdFor time.Duration) error {
 	if seq == 0 || seq > math.MaxInt64 {
@@ -225,7 +228,7 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now(), holdFor, int64(seq)).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("mark intake published: %w", ErrLeaseLost)
+		return fmt.Errorf("mark intake published: %w", dedup.ErrLeaseLost)
 	}
 	return interpretError("mark intake published", err)
 }
@@ -234,7 +237,7 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 // retry may publish at once. A row that was never published is deleted:
 // nothing was accepted under the key, so a corrected retry is new. A row
 // published before (a failed republish) keeps its publish and only
-// releases its lock. ErrLeaseLost means it was taken over already.
+// releases its lock. dedup.ErrLeaseLost means it was taken over already.
 func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 	var one int
 	err := s.withRetry(ctx, func(ctx context.Context) error {
@@ -251,7 +254,7 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("abandon intake: %w", ErrLeaseLost)
+		return fmt.Errorf("abandon intake: %w", dedup.ErrLeaseLost)
 	}
 	return interpretError("abandon intake", err)
 }
@@ -297,7 +300,7 @@ WITH marked AS (
       AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))
     RETURNING merchant_id, idempotency_key
 ), notified AS (
-    SELECT pg_notify('` + CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
+    SELECT pg_notify('` + dedup.CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
                WHERE n.oid = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = 'gateway_intake'::regclass)),
            'm', m.merchant_id, 'k', m.idempotency_key)::text)
     FROM marked m

@@ -7,8 +7,10 @@ import (
 	"net/http"
 	"os"
 
-	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/dedup/httpidem"
+	"github.com/paydedup/paydedup/internal/pg"
+
+	"github.com/paydedup/paydedup/httpidem"
+	"github.com/paydedup/paydedup/httpidem/pgstore"
 )
 
 type accountKey struct{}
@@ -35,11 +37,11 @@ func createOrder(w http.ResponseWriter, r *http.Request) {
 
 func Example() {
 	ctx := context.Background()
-	pool, err := dedup.Connect(ctx, os.Getenv("DATABASE_URL")) // migrated with paydedup migrate up
+	pool, err := pg.Connect(ctx, os.Getenv("DATABASE_URL")) // migrated with paydedup migrate up
 	if err != nil {
 		log.Fatal(err)
 	}
-	store, err := dedup.New(pool, dedup.Config{})
+	store, err := pgstore.New(pool, pgstore.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

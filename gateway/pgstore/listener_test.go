@@ -1,4 +1,4 @@
-package dedup_test
+package pgstore_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 )
 
 // pgProxy forwards TCP connections to Postgres and can fail like a network:
@@ -133,7 +134,7 @@ func (p *pgProxy) close() {
 	p.copiers.Wait()
 }
 
-// listenerThrough returns a pool whose connections (which NewCompletions
+// listenerThrough returns a pool whose connections (which NewListener
 // copies) go through p and carry application_name name.
 func listenerThrough(t *testing.T, b *bundle, p *pgProxy, name string) *pgxpool.Pool {
 	t.Helper()
@@ -164,13 +165,13 @@ func waitFor(d time.Duration, cond func() bool) bool {
 // waiter waits for (m_1, key) to complete the way the gateway's Prefer: wait
 // does: subscribe, read the row, and re-read it each time it is woken. It
 // returns a channel closed once it saw the row completed.
-func waiter(ctx context.Context, b *bundle, comp *dedup.Completions, key string) <-chan struct{} {
+func waiter(ctx context.Context, b *bundle, comp *pgstore.Listener, key string) <-chan struct{} {
 	sub := comp.Subscribe("m_1", key)
 	done := make(chan struct{})
 	go func() {
 		defer sub.Close()
 		for {
-			if rec, err := b.store.Get(ctx, "m_1", key); err == nil && rec.Status == dedup.StatusCompleted {
+			if rec, err := b.worker.Get(ctx, "m_1", key); err == nil && rec.Status == dedup.StatusCompleted {
 				close(done)
 				return
 			}
@@ -184,8 +185,8 @@ func waiter(ctx context.Context, b *bundle, comp *dedup.Completions, key string)
 	return done
 }
 
-// runCompletions starts comp.Run and waits until it listens.
-func runCompletions(t *testing.T, ctx context.Context, comp *dedup.Completions) {
+// runListener starts comp.Run and waits until it listens.
+func runListener(t *testing.T, ctx context.Context, comp *pgstore.Listener) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -208,23 +209,23 @@ func completeKey(t *testing.T, b *bundle, key string) {
 		t.Fatal(err)
 	}
 	l := b.claim(t, "h", req("m_1", key, 100)).Lease
-	if err := b.store.Complete(b.ctx, *l, charged("ch_"+key)); err != nil {
+	if err := b.worker.Complete(b.ctx, *l, charged("ch_"+key)); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestCompletionsListenerKilled: the listener's backend is killed
+// TestListenerKilled: the listener's backend is killed
 // (pg_terminate_backend) and the way back to Postgres refuses connections
 // for a while. Readiness fails until the listener is back; a waiter whose
 // key completes meanwhile (its notification is lost) still gets its answer
 // by re-reading the row; once connections are accepted again the listener
 // reconnects and readiness passes.
-func TestCompletionsListenerKilled(t *testing.T) {
+func TestListenerKilled(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := newPGProxy(t, b.pool.Config().ConnConfig.Host+":"+strconv.Itoa(int(b.pool.Config().ConnConfig.Port)))
 	name := fmt.Sprintf("paydedup-listener-%d", time.Now().UnixNano())
-	comp, err := dedup.NewCompletions(listenerThrough(t, b, p, name), dedup.CompletionsConfig{
+	comp, err := pgstore.NewListener(listenerThrough(t, b, p, name), pgstore.ListenerConfig{
 		ReconnectMin: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
 		PingInterval: 200 * time.Millisecond, PingTimeout: 300 * time.Millisecond,
 		ConnectTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond,
@@ -232,7 +233,7 @@ func TestCompletionsListenerKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCompletions(t, b.ctx, comp)
+	runListener(t, b.ctx, comp)
 	if err := comp.Ready(b.ctx); err != nil {
 		t.Fatalf("ready while listening: %v", err)
 	}
@@ -270,16 +271,16 @@ func TestCompletionsListenerKilled(t *testing.T) {
 	}
 }
 
-// TestCompletionsHalfOpenListener: the path to Postgres goes silent without
+// TestListenerHalfOpen: the path to Postgres goes silent without
 // a reset (a half-open connection: no error ever reaches the listener). The
 // listener's ping finds it dead: readiness fails, a waiter whose key
 // completes meanwhile gets its answer by re-reading the row, and once the
 // path comes back the listener reconnects and readiness passes.
-func TestCompletionsHalfOpenListener(t *testing.T) {
+func TestListenerHalfOpen(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	p := newPGProxy(t, b.pool.Config().ConnConfig.Host+":"+strconv.Itoa(int(b.pool.Config().ConnConfig.Port)))
-	comp, err := dedup.NewCompletions(listenerThrough(t, b, p, "paydedup-half-open"), dedup.CompletionsConfig{
+	comp, err := pgstore.NewListener(listenerThrough(t, b, p, "paydedup-half-open"), pgstore.ListenerConfig{
 		ReconnectMin: 50 * time.Millisecond, ReconnectMax: 200 * time.Millisecond,
 		PingInterval: 200 * time.Millisecond, PingTimeout: 300 * time.Millisecond,
 		ConnectTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond,
@@ -287,7 +288,7 @@ func TestCompletionsHalfOpenListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCompletions(t, b.ctx, comp)
+	runListener(t, b.ctx, comp)
 	got := waiter(b.ctx, b, comp, "half-open")
 
 	p.set(false, true)

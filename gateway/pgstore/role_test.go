@@ -1,0 +1,234 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// The roles migrations 00002 and 00006 create.
+const (
+	workerRole  = "paydedup_worker"
+	gatewayRole = "paydedup_gateway"
+)
+
+// asRole returns a pool on the schema of ownerURL, logged in as role (the
+// local Postgres trusts loopback, so no password).
+func asRole(t *testing.T, ownerURL, role string) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pg.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatalf("connect as %s: %v", role, err)
+	}
+	t.Cleanup(pool.Close)
+	var who string
+	if err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&who); err != nil || who != role {
+		t.Fatalf("connected as %q (%v), want %s", who, err, role)
+	}
+	return pool
+}
+
+// denied asserts that sql fails for lack of privilege (SQLSTATE 42501).
+func denied(t *testing.T, pool *pgxpool.Pool, sql string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), sql)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Errorf("%s: got %v, want permission denied (42501)", sql, err)
+	}
+}
+
+// TestGatewayRoleRunsTheGateway runs every store call of "paydedup gateway"
+// (authenticate, the intake guard, reading a payment's state, the purge of
+// guard rows, LISTEN for completions) on a pool logged in as
+// paydedup_gateway, while a worker completes the payment as
+// paydedup_worker; then shows that the role can do nothing else: it writes
+// no key, no ledger row and no API key.
+func TestGatewayRoleRunsTheGateway(t *testing.T) {
+	t.Parallel()
+	ownerURL := testenv.PostgresURL(t)
+	ctx := context.Background()
+	owner, err := pg.Connect(ctx, ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	ownerStore, err := pgstore.New(owner, pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, _, err := ownerStore.CreateAPIKey(ctx, "m_gw", "role test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwPool := asRole(t, ownerURL, gatewayRole)
+	gw, err := pgstore.New(gwPool, pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	records, err := dedup.New(gwPool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	workerPool := asRole(t, ownerURL, workerRole)
+	worker, err := dedup.New(workerPool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	workerIntake, err := pgstore.New(workerPool, pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	comp, err := pgstore.NewListener(gwPool, pgstore.ListenerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- comp.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("completions as %s: %v", gatewayRole, err)
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !comp.Listening() {
+		if time.Now().After(deadline) {
+			t.Fatalf("never listening as %s", gatewayRole)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	merchant, err := gw.Authenticate(ctx, token)
+	if err != nil || merchant != "m_gw" {
+		t.Fatalf("authenticate as %s: %q %v", gatewayRole, merchant, err)
+	}
+	req := dedup.NewClaimRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: "k1", Amount: 500, Currency: "usd", PaymentMethod: "pm_card_visa"})
+	if _, err := records.Get(ctx, merchant, "k1"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("get as %s before the claim: %v", gatewayRole, err)
+	}
+	res, err := gw.AcquireIntake(ctx, req, time.Second, time.Hour)
+	if err != nil || res.Outcome != pgstore.IntakeAcquired {
+		t.Fatalf("acquire intake as %s: %v %v", gatewayRole, res.Outcome, err)
+	}
+	if again, err := gw.AcquireIntake(ctx, req, time.Second, time.Hour); err != nil || again.Outcome != pgstore.IntakeHeld {
+		t.Fatalf("second acquire as %s: %v %v", gatewayRole, again.Outcome, err)
+	}
+	if err := gw.IntakePublished(ctx, res.Intake, 1, time.Minute); err != nil {
+		t.Fatalf("intake published as %s: %v", gatewayRole, err)
+	}
+	if _, err := gw.GetIntake(ctx, merchant, "k1"); err != nil {
+		t.Fatalf("get intake as %s: %v", gatewayRole, err)
+	}
+	other := req
+	other.IdempotencyKey = "k2"
+	res2, err := gw.AcquireIntake(ctx, other, time.Second, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.AbandonIntake(ctx, res2.Intake); err != nil {
+		t.Fatalf("abandon intake as %s: %v", gatewayRole, err)
+	}
+	if _, err := gw.PurgeIntakes(ctx, 10); err != nil {
+		t.Fatalf("purge intakes as %s: %v", gatewayRole, err)
+	}
+
+	// The worker, as its own role, claims and completes: the gateway hears
+	// it and reads the outcome.
+	sub := comp.Subscribe(merchant, "k1")
+	defer sub.Close()
+	cl, err := worker.Claim(ctx, "role-worker", time.Minute, req)
+	if err != nil || cl.Lease == nil {
+		t.Fatalf("claim as %s: %+v %v", workerRole, cl, err)
+	}
+	if err := worker.Complete(ctx, *cl.Lease, dedup.Completion{ChargeID: "ch_gw", ResponseStatus: 200, Response: []byte(`{"id":"ch_gw"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.C:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the gateway, as %s, never heard the completion", gatewayRole)
+	}
+	if rec, err := records.Get(ctx, merchant, "k1"); err != nil || rec.Status != dedup.StatusCompleted {
+		t.Fatalf("get as %s: %+v %v", gatewayRole, rec, err)
+	}
+	if recs, err := records.GetMany(ctx, []dedup.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil || len(recs) != 1 {
+		t.Fatalf("get many as %s: %d %v", gatewayRole, len(recs), err)
+	}
+	if _, err := records.Stats(ctx, time.Minute); err != nil {
+		t.Fatalf("stats as %s: %v", gatewayRole, err)
+	}
+	// Before it publishes a key whose record was purged, the gateway reads
+	// the ledger.
+	if p, err := records.GetPayment(ctx, merchant, "k1"); err != nil || p.ChargeID != "ch_gw" {
+		t.Fatalf("ledger read as %s: %+v %v", gatewayRole, p, err)
+	}
+	// The worker tells the intake of a command it dead-lettered.
+	if ok, err := workerIntake.MarkIntakeDeadLettered(ctx, merchant, "k1", 1, "key_mismatch", "x"); err != nil || !ok {
+		t.Fatalf("dead letter on the intake as %s: %v %v", workerRole, ok, err)
+	}
+	if err := records.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Managing API keys is the owner's job.
+	if _, _, err := gw.CreateAPIKey(ctx, "m_gw", "evil"); err == nil {
+		t.Fatalf("%s created an API key", gatewayRole)
+	} else if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
+		t.Fatalf("a pgx error left the gateway's store: %v", err)
+	}
+	if _, err := gw.RevokeAPIKey(ctx, token); err == nil {
+		t.Fatalf("%s revoked an API key", gatewayRole)
+	}
+	if _, err := owner.Exec(ctx, `CREATE TABLE not_for_gateways (secret text)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`INSERT INTO idempotency_keys (merchant_id, idempotency_key, request_hash, status, provider_key, amount, currency,
+			locked_by, locked_until, key_window_start, created_at, updated_at, expires_at)
+			VALUES ('m_gw', 'evil', sha256('x'), 'pending', 'pk_evil', 1, 'usd', 'h', now(), now(), now(), now(), now())`,
+		`UPDATE idempotency_keys SET status = 'failed', response = NULL, response_status = NULL, completed_at = NULL`,
+		`DELETE FROM idempotency_keys`,
+		`SELECT * FROM idempotency_keys FOR UPDATE`,
+		`INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
+			VALUES ('m_gw', 'evil', 'pk_evil', 'ch_evil', 'succeeded', 1, 'usd', now())`,
+		`UPDATE payments SET amount = amount + 1`,
+		`DELETE FROM payments`,
+		`INSERT INTO api_keys (id, merchant_id, key_hash, created_at) VALUES ('0123456789ab', 'm_gw', sha256('k'), now())`,
+		`UPDATE api_keys SET revoked_at = NULL`,
+		`DELETE FROM api_keys`,
+		`SELECT * FROM http_idempotency`,
+		`DELETE FROM http_idempotency`,
+		`TRUNCATE gateway_intake`,
+		`CREATE TABLE evil (i int)`,
+		`ALTER TABLE gateway_intake ADD COLUMN evil int`,
+		`DROP TABLE gateway_intake`,
+		`CREATE FUNCTION evil() RETURNS int LANGUAGE sql AS 'SELECT 1'`,
+		`CREATE SCHEMA evil`,
+		`SELECT * FROM goose_db_version`,
+		`SELECT * FROM not_for_gateways`,
+		`CREATE ROLE evil`,
+	} {
+		denied(t, gwPool, sql)
+	}
+}

@@ -1,0 +1,85 @@
+// Package pgstore is the gateway's Postgres store: its intake guard rows
+// (gateway_intake), the API keys it authenticates (api_keys), and the
+// Listener that wakes requests waiting on a key's completion. The tables
+// are migrated with the rest of the schema (dedup.Migrator).
+//
+// The Listener consumes what dedup announces on dedup.CompletedChannel (its
+// documented contract: a completed key that has an intake row, payload
+// {"s": schema, "m": merchant, "k": key}); MarkIntakeDeadLettered, which
+// the worker calls for a final dead letter, sends the same payload on the
+// same channel, so a waiting request re-reads the key and answers the dead
+// letter.
+//
+// pgx is used only here (and in internal/pg); its errors never leave the
+// package: they wrap dedup's sentinels (dedup.ErrNotFound,
+// dedup.ErrLeaseLost, dedup.ErrUnavailable), which the gateway tests with
+// errors.Is.
+package pgstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/pg"
+)
+
+// DefaultStatementTimeout bounds every statement the store runs.
+const DefaultStatementTimeout = 10 * time.Second
+
+// Config configures a Store. Zero values take the defaults.
+type Config struct {
+	StatementTimeout time.Duration
+	// Clock is a test clock; leave it nil in production (see pg.Clock).
+	Clock clock.Clock
+}
+
+// Store is the gateway's Postgres store. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	// clock is the statements' @now: a test clock's time, or NULL for the
+	// database's.
+	clock   pg.Clock
+	timeout time.Duration
+}
+
+// New returns a store on pool. The schema must be migrated
+// (dedup.Migrator).
+func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("gateway store: nil pool")
+	}
+	if cfg.StatementTimeout < 0 {
+		return nil, errors.New("gateway store: statement timeout must not be negative")
+	}
+	return &Store{pool: pool, clock: pg.NewClock(cfg.Clock), timeout: cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout)}, nil
+}
+
+// dbNow is the SQL for the statement's time (see pg.DBNow).
+const dbNow = pg.DBNow
+
+// now is the @now argument: the test clock's time, or NULL.
+func (s *Store) now() *time.Time { return s.clock.Arg() }
+
+// withRetry runs fn under the statement timeout, retrying a statement
+// Postgres aborted to break a deadlock or a serialization conflict.
+func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) error) error {
+	return pg.Retry(ctx, s.timeout, fn)
+}
+
+// storeErrors are the sentinels the store's errors wrap.
+var storeErrors = pg.Errors{NotFound: dedup.ErrNotFound}
+
+// interpretError maps pgx errors to the store's errors; pgx types never
+// leave the package.
+func interpretError(op string, err error) error {
+	return pg.Interpret(op, err, storeErrors)
+}
+
+// rowKey is a (merchant, key) pair.
+type rowKey struct{ merchant, key string }

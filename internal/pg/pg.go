@@ -1,0 +1,173 @@
+// Package pg holds what paydedup's Postgres stores share (dedup, the
+// gateway's store, httpidem's store): connecting, retrying a statement that
+// Postgres aborted to break a deadlock or a serialization conflict, and
+// reading pgx errors as the stores' own.
+//
+// The stores and this package are the only users of pgx. cmd is handed the
+// *pgxpool.Pool that Connect opens, to wire it into the stores it builds;
+// no pgx error leaves a store.
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/internal/clock"
+)
+
+// ErrUnavailable means the database could not be reached or the statement
+// did not finish; the operation may be retried. Every store's ErrUnavailable
+// is this value.
+var ErrUnavailable = errors.New("database unavailable")
+
+// MaxStatementRetries bounds retries of a statement that failed with a
+// deadlock or serialization failure (safe: each statement is atomic).
+const MaxStatementRetries = 5
+
+// Connect opens a pgx pool for a database URL and checks that it answers.
+func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, Interpret("connect to database", err, Errors{})
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, Interpret(fmt.Sprintf("connect to database %s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database), err, Errors{})
+	}
+	return pool, nil
+}
+
+// Retry runs fn under the statement timeout and retries it when Postgres
+// broke a deadlock or a serialization conflict: every statement the stores
+// run is atomic, so a retry is safe.
+func Retry(ctx context.Context, timeout time.Duration, fn func(ctx context.Context) error) error {
+	var err error
+	for range MaxStatementRetries {
+		sctx, cancel := context.WithTimeout(ctx, timeout)
+		err = fn(sctx)
+		cancel()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+			continue
+		}
+		return err
+	}
+	return err
+}
+
+// Errors names a store's sentinels that Interpret wraps.
+type Errors struct {
+	// NotFound is wrapped for pgx.ErrNoRows; nil leaves it uninterpreted.
+	NotFound error
+	// Unique maps the name of a unique constraint to the error a
+	// violation of it wraps (with the constraint and its detail).
+	Unique map[string]error
+}
+
+// Interpret maps err, the error of the operation op, to the store's
+// errors; pgx types never leave the stores.
+func Interpret(op string, err error, e Errors) error {
+	if err == nil {
+		return nil
+	}
+	if e.NotFound != nil && errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", op, e.NotFound)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		if target, ok := e.Unique[pgErr.ConstraintName]; ok && pgErr.Code == "23505" {
+			return fmt.Errorf("%s: %w: %s (%s)", op, target, pgErr.ConstraintName, pgErr.Detail)
+		}
+		switch {
+		case pgErr.Code == "57014": // query_canceled: statement timeout
+			return fmt.Errorf("%s: %w: statement timed out", op, ErrUnavailable)
+		case pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57" || pgErr.Code == "53300":
+			return fmt.Errorf("%s: %w: %s", op, ErrUnavailable, pgErr.Message)
+		}
+		return fmt.Errorf("%s: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
+	}
+	var netErr net.Error
+	// A connection dropped mid-statement (the server restarted or stopped
+	// in immediate mode) surfaces as an unexpected EOF.
+	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || isConnectError(err) {
+		return fmt.Errorf("%s: %w: %v", op, ErrUnavailable, err)
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return fmt.Errorf("%s: %v", op, err)
+}
+
+func isConnectError(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
+}
+
+// Deref returns *s, or "" for a NULL.
+func Deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// DBNow is the SQL for a statement's time: the test clock's when one is
+// passed as @now, else the database's (the transaction's start). Durations
+// are added to it as intervals, so no time on a lease comes from a host's
+// wall clock.
+const DBNow = `coalesce(@now::timestamptz, now())`
+
+// Clock is a store's time: what its statements take as @now, and what it
+// stamps where no lease depends on the time.
+//
+// A test clock moves the store's time: every statement that decides a
+// lease, an expiry or a window takes it as @now. Without one, or with a
+// process's wall clock (a clock whose Wall method returns true, like
+// clock.System), statements use the database's clock (@now is NULL), so
+// that pods whose clocks disagree still agree on who holds a lease.
+type Clock struct {
+	c     clock.Clock
+	fixed bool
+}
+
+// wallClock is implemented by a process's wall clock.
+type wallClock interface{ Wall() bool }
+
+// NewClock returns the store clock for c; nil is the system clock.
+func NewClock(c clock.Clock) Clock {
+	sc := Clock{c: c, fixed: c != nil}
+	if c == nil {
+		sc.c = clock.System{}
+	}
+	if w, ok := c.(wallClock); ok && w.Wall() {
+		sc.fixed = false
+	}
+	return sc
+}
+
+// Arg is the @now argument: the test clock's time, or NULL.
+func (c Clock) Arg() *time.Time {
+	if !c.fixed {
+		return nil
+	}
+	t := c.c.Now()
+	return &t
+}
+
+// Now returns the clock's time, for stamps no lease depends on.
+func (c Clock) Now() time.Time { return c.c.Now() }
