@@ -184,7 +184,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "hashes": hashes, "provider_keys": providerKeys,
 		"amounts": amounts, "currencies": currencies, "trace_ids": traces, "ords": ords,
-		"holder": holder, "now": s.now(), "lease": lease, "retention": s.retention, "window": s.window,
+		"holder": holder, "now": s.db.Now(), "lease": lease, "retention": s.retention, "window": s.window,
 	}
 
 	// A row the claim did not take is judged at the statement's own time,
@@ -196,7 +196,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 	var untaken []found
 	done := make(map[int]bool, n)
 	var now time.Time
-	err := s.withRetry(ctx, func(ctx context.Context) error {
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(done)
 		untaken = untaken[:0]
 		var err error
@@ -306,9 +306,9 @@ func (s *Store) parkForLookup(ctx context.Context, holder string, idx []int, res
 		return nil
 	}
 	args := pgx.NamedArgs{"merchants": merchants, "keys": keys, "hashes": hashes, "holder": holder,
-		"now": s.now(), "window": s.window}
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, parkSQL, args)
+		"now": s.db.Now(), "window": s.window}
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		rows, err := s.db.Pool.Query(ctx, parkSQL, args)
 		if err != nil {
 			return err
 		}

@@ -22,10 +22,10 @@ func leaseArgs(l Lease) pgx.NamedArgs {
 // another holder took the row: the caller must stop and not record anything.
 func (s *Store) Heartbeat(ctx context.Context, l Lease, d time.Duration) (Lease, error) {
 	args := leaseArgs(l)
-	args["now"], args["lease"] = s.now(), d
+	args["now"], args["lease"] = s.db.Now(), d
 	var until time.Time
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys SET locked_until = `+dbNow+` + @lease::interval, updated_at = `+dbNow+`
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE idempotency_keys SET locked_until = `+dbNow+` + @lease::interval, updated_at = `+dbNow+`
 			WHERE `+fenced+` RETURNING locked_until`, args).Scan(&until)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -74,12 +74,12 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 	if c.Declined {
 		paymentStatus = "declined"
 	}
-	args["now"], args["retention"] = s.now(), s.retention
+	args["now"], args["retention"] = s.db.Now(), s.retention
 	args["response_status"], args["response"], args["charge_id"] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
 	args["payment_status"] = paymentStatus
 	var n int64
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, completeSQL, args).Scan(&n)
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, completeSQL, args).Scan(&n)
 	})
 	if err != nil {
 		return interpretError("complete key", err)
@@ -107,10 +107,10 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 // row's new status.
 func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error) {
 	args := leaseArgs(l)
-	args["now"], args["reason"] = s.now(), clipError(reason)
+	args["now"], args["reason"] = s.db.Now(), clipError(reason)
 	var status string
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE idempotency_keys
 			SET status = CASE WHEN maybe_charged THEN 'pending' ELSE 'failed' END,
 			    locked_until = CASE WHEN maybe_charged THEN `+dbNow+` ELSE NULL END,
 			    last_error = @reason, updated_at = `+dbNow+`
@@ -131,10 +131,10 @@ func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error
 // (which re-calls with the same provider key) or resolved by the reconciler.
 func (s *Store) Release(ctx context.Context, l Lease, reason string) error {
 	args := leaseArgs(l)
-	args["now"], args["reason"] = s.now(), clipError(reason)
+	args["now"], args["reason"] = s.db.Now(), clipError(reason)
 	var one int
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE idempotency_keys
 			SET locked_until = least(locked_until, `+dbNow+`), maybe_charged = true, last_error = @reason, updated_at = `+dbNow+`
 			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
 	})
@@ -159,11 +159,11 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 	if holder == "" || lease <= 0 || limit <= 0 || grace < 0 {
 		return nil, fmt.Errorf("acquire stuck keys: need a holder, a positive lease and limit, and a non-negative grace")
 	}
-	args := pgx.NamedArgs{"holder": holder, "now": s.now(), "lease": lease, "grace": grace, "limit": int32(limit)}
+	args := pgx.NamedArgs{"holder": holder, "now": s.db.Now(), "lease": lease, "grace": grace, "limit": int32(limit)}
 	var out []Stuck
-	err := s.withRetry(ctx, func(ctx context.Context) error {
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		out = out[:0]
-		rows, err := s.pool.Query(ctx, `UPDATE idempotency_keys AS k
+		rows, err := s.db.Pool.Query(ctx, `UPDATE idempotency_keys AS k
 			SET locked_by = @holder, locked_until = `+dbNow+` + @lease::interval, attempts = k.attempts + 1,
 			    maybe_charged = true, updated_at = `+dbNow+`
 			FROM (SELECT merchant_id, idempotency_key FROM idempotency_keys
@@ -200,10 +200,10 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 // again (blind, under the same key, for one more window).
 func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) error {
 	args := leaseArgs(l)
-	args["now"], args["reason"] = s.now(), clipError(reason)
+	args["now"], args["reason"] = s.db.Now(), clipError(reason)
 	var one int
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE idempotency_keys
 			SET status = 'failed', locked_until = NULL, maybe_charged = false, key_window_start = `+dbNow+`,
 			    last_error = @reason, updated_at = `+dbNow+`, lookup_failures = 0, next_lookup_at = NULL
 			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
@@ -232,13 +232,13 @@ func (s *Store) DeferLookup(ctx context.Context, l Lease, reason string, b Backo
 		return 0, time.Time{}, fmt.Errorf("defer lookup: back-off %v..%v is not a range", b.Base, b.Max)
 	}
 	args := leaseArgs(l)
-	args["now"], args["reason"], args["base"], args["max"] = s.now(), clipError(reason), b.Base, b.Max
+	args["now"], args["reason"], args["base"], args["max"] = s.db.Now(), clipError(reason), b.Base, b.Max
 	var (
 		failures int32
 		next     time.Time
 	)
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE idempotency_keys
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE idempotency_keys
 			SET locked_until = least(locked_until, `+dbNow+`), maybe_charged = true, last_error = @reason,
 			    updated_at = `+dbNow+`, lookup_failures = lookup_failures + 1,
 			    next_lookup_at = `+dbNow+` + least(@max::interval, @base::interval * power(2, least(lookup_failures, 40)))
@@ -261,13 +261,13 @@ func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 		return 0, fmt.Errorf("purge keys: limit must be positive, got %d", limit)
 	}
 	var n int64
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys AS k USING (
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		tag, err := s.db.Pool.Exec(ctx, `DELETE FROM idempotency_keys AS k USING (
 				SELECT merchant_id, idempotency_key FROM idempotency_keys
 				WHERE status <> 'pending' AND expires_at <= `+dbNow+`
 				ORDER BY expires_at LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
 			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key AND k.status <> 'pending'`,
-			pgx.NamedArgs{"now": s.now(), "limit": int32(limit)})
+			pgx.NamedArgs{"now": s.db.Now(), "limit": int32(limit)})
 		n = tag.RowsAffected()
 		return err
 	})
@@ -352,10 +352,10 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "holders": holders, "attempts": attempts,
 		"response_statuses": statuses, "responses": responses, "charge_ids": chargeIDs, "payment_statuses": paymentStatuses,
-		"now": s.now(), "retention": s.retention,
+		"now": s.db.Now(), "retention": s.retention,
 	}
 	completed := make(map[rowKey]bool, n)
-	err := s.withRetry(ctx, func(ctx context.Context) error {
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(completed)
 		_, err := s.queryPinned(ctx, planGenericNotified, completeBatchSQL, args, func(rows pgx.Rows) error {
 			var k rowKey

@@ -32,8 +32,8 @@ func (s *Store) GetPayment(ctx context.Context, merchantID, key string) (Payment
 		p        Payment
 		chargeID *string
 	)
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `SELECT merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `SELECT merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at
 			FROM payments WHERE merchant_id = $1 AND idempotency_key = $2`, merchantID, key).
 			Scan(&p.MerchantID, &p.IdempotencyKey, &p.ProviderKey, &chargeID, &p.Status, &p.Amount, &p.Currency, &p.CreatedAt)
 	})

@@ -23,10 +23,10 @@ type PendingCounts struct {
 // longer than grace.
 func (s *Store) CountPending(ctx context.Context, grace time.Duration) (PendingCounts, error) {
 	var c PendingCounts
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE pending_since < `+dbNow+` - @grace::interval)
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE pending_since < `+dbNow+` - @grace::interval)
 			FROM idempotency_keys WHERE status = 'pending'`,
-			pgx.NamedArgs{"now": s.now(), "grace": grace}).Scan(&c.Pending, &c.Stuck)
+			pgx.NamedArgs{"now": s.db.Now(), "grace": grace}).Scan(&c.Pending, &c.Stuck)
 	})
 	if err != nil {
 		return PendingCounts{}, interpretError("count pending keys", err)

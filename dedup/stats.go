@@ -68,9 +68,9 @@ func (s *Store) Stats(ctx context.Context, grace time.Duration) (Stats, error) {
 		st     Stats
 		oldest *time.Time
 	)
-	args := pgx.NamedArgs{"now": s.now(), "grace": grace}
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, statsSQL, args).Scan(&st.Now, &st.Pending, &st.Completed, &st.Failed, &oldest,
+	args := pgx.NamedArgs{"now": s.db.Now(), "grace": grace}
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, statsSQL, args).Scan(&st.Now, &st.Pending, &st.Completed, &st.Failed, &oldest,
 			&st.Stuck, &st.LookupBackedOff, &st.MaybeCharged, &st.CompletedLastMinute, &st.CompletedLastHour, &st.DeclinedLastHour)
 	})
 	if err != nil {
@@ -112,7 +112,7 @@ func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
 			merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
 		}
 		n := len(out)
-		err := s.withRetry(ctx, func(ctx context.Context) error {
+		err := s.db.Retry(ctx, func(ctx context.Context) error {
 			out = out[:n]
 			// A batch of keys, like the claim: probed one by one under the
 			// same pinned plan, whatever the table's size or statistics.

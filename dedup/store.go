@@ -48,35 +48,27 @@ type Config struct {
 
 // Store is the Postgres idempotency store. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	// clock is the statements' @now: a test clock's time, or NULL for the
-	// database's.
-	clock     pg.Clock
+	db        pg.DB
 	retention time.Duration
 	window    time.Duration
-	timeout   time.Duration
 }
 
 // dbNow is the SQL for the statement's time (see pg.DBNow).
 const dbNow = pg.DBNow
 
-// now is the @now argument: the test clock's time, or NULL.
-func (s *Store) now() *time.Time { return s.clock.Arg() }
-
 // New returns a store on pool. The schema must be migrated (see Migrate).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
-	if pool == nil {
-		return nil, errors.New("dedup: nil pool")
+	db, err := pg.NewDB("dedup", pool, cfg.Clock, cfg.StatementTimeout, DefaultStatementTimeout)
+	if err != nil {
+		return nil, err
 	}
 	s := &Store{
-		pool:      pool,
-		clock:     pg.NewClock(cfg.Clock),
+		db:        db,
 		retention: cmp.Or(cfg.Retention, DefaultRetention),
 		window:    cmp.Or(cfg.ProviderKeyWindow, DefaultProviderKeyWindow),
-		timeout:   cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout),
 	}
 	switch {
-	case s.retention < 0 || s.window < 0 || s.timeout < 0:
+	case s.retention < 0 || s.window < 0:
 		return nil, errors.New("dedup: durations must not be negative")
 	case s.window >= s.retention:
 		return nil, fmt.Errorf("dedup: key retention %v must exceed the provider key window %v", s.retention, s.window)
@@ -89,9 +81,9 @@ func (s *Store) Retention() time.Duration { return s.retention }
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	ctx, cancel := context.WithTimeout(ctx, s.db.Timeout)
 	defer cancel()
-	if err := s.pool.Ping(ctx); err != nil {
+	if err := s.db.Pool.Ping(ctx); err != nil {
 		return interpretError("ping database", err)
 	}
 	return nil
@@ -158,13 +150,6 @@ func nullable(s string) *string {
 	return &s
 }
 
-// withRetry runs fn under the statement timeout and retries it when
-// Postgres broke a deadlock or a serialization conflict: every statement
-// the store runs is atomic, so a retry is safe.
-func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) error) error {
-	return pg.Retry(ctx, s.timeout, fn)
-}
-
 // Plans of the statements that take a batch of keys (the claim, the group
 // commit, and GetMany).
 // Their input is a batch of keys, and the only plans that stay cheap as the
@@ -201,7 +186,7 @@ func (s *Store) queryPinned(ctx context.Context, plan, sql string, args pgx.Name
 	b := &pgx.Batch{}
 	b.Queue(plan)
 	b.Queue(sql, args)
-	br := s.pool.SendBatch(ctx, b)
+	br := s.db.Pool.SendBatch(ctx, b)
 	at, err := readPinned(br, each)
 	if err != nil {
 		_ = br.Close() // the same error, or one caused by it
@@ -260,9 +245,9 @@ func interpretError(op string, err error) error {
 // Get returns the record for a key.
 func (s *Store) Get(ctx context.Context, merchantID, key string) (Record, error) {
 	var rec Record
-	err := s.withRetry(ctx, func(ctx context.Context) error {
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		var err error
-		rec, err = scanRecord(s.pool.QueryRow(ctx,
+		rec, err = scanRecord(s.db.Pool.QueryRow(ctx,
 			`SELECT `+recordColumns+` FROM idempotency_keys WHERE merchant_id = $1 AND idempotency_key = $2`,
 			merchantID, key))
 		return err

@@ -65,10 +65,10 @@ func (s *Store) CreateAPIKey(ctx context.Context, merchantID, label string) (str
 	if _, err := rand.Read(secret[:]); err != nil {
 		return "", APIKey{}, fmt.Errorf("create API key: %w", err)
 	}
-	k := APIKey{ID: hex.EncodeToString(id[:]), MerchantID: merchantID, Label: label, CreatedAt: s.clock.Now()}
+	k := APIKey{ID: hex.EncodeToString(id[:]), MerchantID: merchantID, Label: label, CreatedAt: s.db.Clock.Now()}
 	token := APIKeyPrefix + k.ID + "_" + base64.RawURLEncoding.EncodeToString(secret[:])
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (id, merchant_id, key_hash, label, created_at)
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		_, err := s.db.Pool.Exec(ctx, `INSERT INTO api_keys (id, merchant_id, key_hash, label, created_at)
 			VALUES ($1, $2, $3, $4, $5)`, k.ID, k.MerchantID, HashAPIKey(token), k.Label, k.CreatedAt)
 		return err
 	})
@@ -85,8 +85,8 @@ func (s *Store) Authenticate(ctx context.Context, key string) (string, error) {
 		return "", ErrUnauthenticated
 	}
 	var merchant string
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL`,
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL`,
 			HashAPIKey(key)).Scan(&merchant)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -107,10 +107,10 @@ func (s *Store) RevokeAPIKey(ctx context.Context, idOrKey string) (APIKey, error
 		id = m[1]
 	}
 	var k APIKey
-	err := s.withRetry(ctx, func(ctx context.Context) error {
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		var revoked *time.Time
-		err := s.pool.QueryRow(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2)
-			WHERE id = $1 RETURNING id, merchant_id, label, created_at, revoked_at`, id, s.clock.Now()).
+		err := s.db.Pool.QueryRow(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, $2)
+			WHERE id = $1 RETURNING id, merchant_id, label, created_at, revoked_at`, id, s.db.Clock.Now()).
 			Scan(&k.ID, &k.MerchantID, &k.Label, &k.CreatedAt, &revoked)
 		if revoked != nil {
 			k.RevokedAt = *revoked
@@ -127,9 +127,9 @@ func (s *Store) RevokeAPIKey(ctx context.Context, idOrKey string) (APIKey, error
 // empty), newest first.
 func (s *Store) ListAPIKeys(ctx context.Context, merchantID string) ([]APIKey, error) {
 	var out []APIKey
-	err := s.withRetry(ctx, func(ctx context.Context) error {
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		out = out[:0]
-		rows, err := s.pool.Query(ctx, `SELECT id, merchant_id, label, created_at, revoked_at FROM api_keys
+		rows, err := s.db.Pool.Query(ctx, `SELECT id, merchant_id, label, created_at, revoked_at FROM api_keys
 			WHERE $1 = '' OR merchant_id = $1 ORDER BY created_at DESC, id`, merchantID)
 		if err != nil {
 			return err

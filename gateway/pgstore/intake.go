@@ -160,12 +160,12 @@ func (s *Store) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease
 		args := pgx.NamedArgs{
 			"merchant": req.MerchantID, "key": req.IdempotencyKey, "hash": req.RequestHash,
 			"amount": req.Amount, "currency": req.Currency,
-			"now": s.now(), "lease": lease, "retention": retention,
+			"now": s.db.Now(), "lease": lease, "retention": retention,
 		}
 		var in Intake
-		err := s.withRetry(ctx, func(ctx context.Context) error {
+		err := s.db.Retry(ctx, func(ctx context.Context) error {
 			var err error
-			in, err = scanIntake(s.pool.QueryRow(ctx, acquireIntakeSQL, args))
+			in, err = scanIntake(s.db.Pool.QueryRow(ctx, acquireIntakeSQL, args))
 			return err
 		})
 		if err == nil {
@@ -194,9 +194,9 @@ func (s *Store) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease
 // GetIntake returns the guard row for a key, or dedup.ErrNotFound.
 func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, error) {
 	var in Intake
-	err := s.withRetry(ctx, func(ctx context.Context) error {
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		var err error
-		in, err = scanIntake(s.pool.QueryRow(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
+		in, err = scanIntake(s.db.Pool.QueryRow(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
 			WHERE merchant_id = $1 AND idempotency_key = $2`, merchantID, key))
 		return err
 	})
@@ -218,14 +218,14 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 		return fmt.Errorf("mark intake published: invalid stream sequence %d", seq)
 	}
 	var one int
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE gateway_intake SET published_at = coalesce($4::timestamptz, now()),
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE gateway_intake SET published_at = coalesce($4::timestamptz, now()),
 				locked_until = coalesce($4::timestamptz, now()) + $5::interval, stream_seq = $6,
 				dead_letter_reason = CASE WHEN stream_seq = $6 THEN dead_letter_reason END,
 				dead_letter_error = CASE WHEN stream_seq = $6 THEN dead_letter_error END,
 				dead_lettered_at = CASE WHEN stream_seq = $6 THEN dead_lettered_at END
 			WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 RETURNING 1`,
-			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now(), holdFor, int64(seq)).Scan(&one)
+			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now(), holdFor, int64(seq)).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("mark intake published: %w", dedup.ErrLeaseLost)
@@ -240,8 +240,8 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 // releases its lock. dedup.ErrLeaseLost means it was taken over already.
 func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 	var one int
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `WITH gone AS (
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `WITH gone AS (
 				DELETE FROM gateway_intake
 				WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 AND published_at IS NULL
 				RETURNING 1
@@ -251,7 +251,7 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 				RETURNING 1
 			)
 			SELECT 1 FROM gone UNION ALL SELECT 1 FROM released`,
-			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.now()).Scan(&one)
+			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("abandon intake: %w", dedup.ErrLeaseLost)
@@ -279,9 +279,9 @@ func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key stri
 		errText = strings.ToValidUTF8(errText[:maxDeadLetterErrorLen], "")
 	}
 	var n int64
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, markIntakeDeadLetteredSQL,
-			merchantID, key, int64(seq), reason, errText, s.now()).Scan(&n)
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, markIntakeDeadLetteredSQL,
+			merchantID, key, int64(seq), reason, errText, s.db.Now()).Scan(&n)
 	})
 	if err != nil {
 		return false, interpretError("mark intake dead-lettered", err)
@@ -316,13 +316,13 @@ func (s *Store) PurgeIntakes(ctx context.Context, limit int) (int, error) {
 		return 0, fmt.Errorf("purge intakes: limit must be positive, got %d", limit)
 	}
 	var n int64
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, `DELETE FROM gateway_intake AS g USING (
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		tag, err := s.db.Pool.Exec(ctx, `DELETE FROM gateway_intake AS g USING (
 				SELECT merchant_id, idempotency_key FROM gateway_intake WHERE expires_at <= coalesce($1::timestamptz, now())
 				ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS s
 			WHERE g.merchant_id = s.merchant_id AND g.idempotency_key = s.idempotency_key
 			  AND g.expires_at <= coalesce($1::timestamptz, now())`,
-			s.now(), int32(limit))
+			s.db.Now(), int32(limit))
 		n = tag.RowsAffected()
 		return err
 	})

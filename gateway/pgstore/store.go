@@ -17,9 +17,6 @@
 package pgstore
 
 import (
-	"cmp"
-	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,37 +37,20 @@ type Config struct {
 }
 
 // Store is the gateway's Postgres store. It is safe for concurrent use.
-type Store struct {
-	pool *pgxpool.Pool
-	// clock is the statements' @now: a test clock's time, or NULL for the
-	// database's.
-	clock   pg.Clock
-	timeout time.Duration
-}
+type Store struct{ db pg.DB }
 
 // New returns a store on pool. The schema must be migrated
 // (dedup.Migrator).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
-	if pool == nil {
-		return nil, errors.New("gateway store: nil pool")
+	db, err := pg.NewDB("gateway store", pool, cfg.Clock, cfg.StatementTimeout, DefaultStatementTimeout)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.StatementTimeout < 0 {
-		return nil, errors.New("gateway store: statement timeout must not be negative")
-	}
-	return &Store{pool: pool, clock: pg.NewClock(cfg.Clock), timeout: cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout)}, nil
+	return &Store{db: db}, nil
 }
 
 // dbNow is the SQL for the statement's time (see pg.DBNow).
 const dbNow = pg.DBNow
-
-// now is the @now argument: the test clock's time, or NULL.
-func (s *Store) now() *time.Time { return s.clock.Arg() }
-
-// withRetry runs fn under the statement timeout, retrying a statement
-// Postgres aborted to break a deadlock or a serialization conflict.
-func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) error) error {
-	return pg.Retry(ctx, s.timeout, fn)
-}
 
 // storeErrors are the sentinels the store's errors wrap.
 var storeErrors = pg.Errors{NotFound: dedup.ErrNotFound}

@@ -15,8 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"cmp"
-
 	"github.com/paydedup/paydedup/httpidem"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/pg"
@@ -40,31 +38,19 @@ type Config struct {
 
 // Store is the Postgres store of httpidem's claims and responses. It is
 // safe for concurrent use.
-type Store struct {
-	pool    *pgxpool.Pool
-	clock   pg.Clock
-	timeout time.Duration
-}
+type Store struct{ db pg.DB }
 
 // New returns a store on pool. The schema must be migrated
 // (dedup.Migrator).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
-	if pool == nil {
-		return nil, errors.New("httpidem: nil pool")
+	db, err := pg.NewDB("httpidem", pool, cfg.Clock, cfg.StatementTimeout, DefaultStatementTimeout)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.StatementTimeout < 0 {
-		return nil, errors.New("httpidem: statement timeout must not be negative")
-	}
-	return &Store{pool: pool, clock: pg.NewClock(cfg.Clock), timeout: cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout)}, nil
+	return &Store{db: db}, nil
 }
 
 const dbNow = pg.DBNow
-
-func (s *Store) now() *time.Time { return s.clock.Arg() }
-
-func (s *Store) withRetry(ctx context.Context, fn func(ctx context.Context) error) error {
-	return pg.Retry(ctx, s.timeout, fn)
-}
 
 func interpretError(op string, err error) error { return pg.Interpret(op, err, pg.Errors{}) }
 
@@ -108,14 +94,14 @@ func (s *Store) ClaimResponse(ctx context.Context, scope, key string, hash []byt
 		return httpidem.ResponseClaimResult{}, fmt.Errorf("claim response: need 0 < lease (%v) < retention (%v)", lease, retention)
 	}
 	for range 3 {
-		args := pgx.NamedArgs{"scope": scope, "key": key, "hash": hash, "now": s.now(),
+		args := pgx.NamedArgs{"scope": scope, "key": key, "hash": hash, "now": s.db.Now(),
 			"lease": lease, "retention": retention}
 		var (
 			attempt int32
 			until   time.Time
 		)
-		err := s.withRetry(ctx, func(ctx context.Context) error {
-			return s.pool.QueryRow(ctx, claimResponseSQL, args).Scan(&attempt, &until)
+		err := s.db.Retry(ctx, func(ctx context.Context) error {
+			return s.db.Pool.QueryRow(ctx, claimResponseSQL, args).Scan(&attempt, &until)
 		})
 		if err == nil {
 			return httpidem.ResponseClaimResult{Outcome: httpidem.ResponseClaimed,
@@ -131,10 +117,10 @@ func (s *Store) ClaimResponse(ctx context.Context, scope, key string, hash []byt
 			respStatus                 *int32
 			now                        time.Time
 		)
-		err = s.withRetry(ctx, func(ctx context.Context) error {
-			return s.pool.QueryRow(ctx, `SELECT status, request_hash, locked_until, response_status, response_header, response_body,
+		err = s.db.Retry(ctx, func(ctx context.Context) error {
+			return s.db.Pool.QueryRow(ctx, `SELECT status, request_hash, locked_until, response_status, response_header, response_body,
 				    coalesce($3::timestamptz, now())
-				FROM http_idempotency WHERE scope = $1 AND idempotency_key = $2`, scope, key, s.now()).
+				FROM http_idempotency WHERE scope = $1 AND idempotency_key = $2`, scope, key, s.db.Now()).
 				Scan(&status, &lastHash, &lockedUntil, &respStatus, &respHeader, &body, &now)
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -185,13 +171,13 @@ func (s *Store) CompleteResponse(ctx context.Context, c httpidem.ResponseClaim, 
 		body = []byte{}
 	}
 	var one int
-	err = s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE http_idempotency
+	err = s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE http_idempotency
 			SET status = 'completed', locked_until = NULL, response_status = $4, response_header = $5,
 			    response_body = $6, completed_at = coalesce($7::timestamptz, now()),
 			    updated_at = coalesce($7::timestamptz, now()), last_error = NULL
 			WHERE scope = $1 AND idempotency_key = $2 AND attempt = $3 AND status = 'pending' RETURNING 1`,
-			c.Scope, c.IdempotencyKey, int32(c.Attempt), int32(resp.Status), hdr, body, s.now()).Scan(&one)
+			c.Scope, c.IdempotencyKey, int32(c.Attempt), int32(resp.Status), hdr, body, s.db.Now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("complete response: %w", httpidem.ErrLeaseLost)
@@ -204,11 +190,11 @@ func (s *Store) CompleteResponse(ctx context.Context, c httpidem.ResponseClaim, 
 // httpidem.ErrLeaseLost means it was taken over already.
 func (s *Store) ReleaseResponse(ctx context.Context, c httpidem.ResponseClaim, reason string) error {
 	var one int
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, `UPDATE http_idempotency
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE http_idempotency
 			SET status = 'failed', locked_until = NULL, last_error = $4, updated_at = coalesce($5::timestamptz, now())
 			WHERE scope = $1 AND idempotency_key = $2 AND attempt = $3 AND status = 'pending' RETURNING 1`,
-			c.Scope, c.IdempotencyKey, int32(c.Attempt), clipError(reason), s.now()).Scan(&one)
+			c.Scope, c.IdempotencyKey, int32(c.Attempt), clipError(reason), s.db.Now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("release response: %w", httpidem.ErrLeaseLost)
@@ -223,13 +209,13 @@ func (s *Store) PurgeResponses(ctx context.Context, limit int) (int, error) {
 		return 0, fmt.Errorf("purge responses: limit must be positive, got %d", limit)
 	}
 	var n int64
-	err := s.withRetry(ctx, func(ctx context.Context) error {
-		tag, err := s.pool.Exec(ctx, `DELETE FROM http_idempotency AS h USING (
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		tag, err := s.db.Pool.Exec(ctx, `DELETE FROM http_idempotency AS h USING (
 				SELECT scope, idempotency_key FROM http_idempotency
 				WHERE status <> 'pending' AND expires_at <= coalesce($1::timestamptz, now())
 				ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS s
 			WHERE h.scope = s.scope AND h.idempotency_key = s.idempotency_key AND h.status <> 'pending'`,
-			s.now(), int32(limit))
+			s.db.Now(), int32(limit))
 		n = tag.RowsAffected()
 		return err
 	})

@@ -9,6 +9,7 @@
 package pg
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -171,3 +172,36 @@ func (c Clock) Arg() *time.Time {
 
 // Now returns the clock's time, for stamps no lease depends on.
 func (c Clock) Now() time.Time { return c.c.Now() }
+
+// DB is what every store stands on: its pool, the clock its statements take
+// as @now, and its statement timeout. A store keeps one in an unexported
+// field, so none of it becomes part of the store's API.
+type DB struct {
+	Pool    *pgxpool.Pool
+	Clock   Clock
+	Timeout time.Duration
+}
+
+// NewDB returns the DB of the store called name (which prefixes its
+// errors): it refuses a nil pool and a negative timeout; a zero timeout
+// takes def, and a nil clock the database's (see Clock).
+func NewDB(name string, pool *pgxpool.Pool, c clock.Clock, timeout, def time.Duration) (DB, error) {
+	if pool == nil {
+		return DB{}, fmt.Errorf("%s: nil pool", name)
+	}
+	if timeout < 0 {
+		return DB{}, fmt.Errorf("%s: statement timeout must not be negative", name)
+	}
+	return DB{Pool: pool, Clock: NewClock(c), Timeout: cmp.Or(timeout, def)}, nil
+}
+
+// Now is a statement's @now argument: the test clock's time, or NULL for
+// the database's.
+func (d DB) Now() *time.Time { return d.Clock.Arg() }
+
+// Retry runs fn under the statement timeout, retrying a statement that
+// Postgres aborted to break a deadlock or a serialization conflict (see
+// Retry): every statement a store runs is atomic, so a retry is safe.
+func (d DB) Retry(ctx context.Context, fn func(ctx context.Context) error) error {
+	return Retry(ctx, d.Timeout, fn)
+}
