@@ -266,7 +266,7 @@ func (h *harness) hasDLQReplay(ctx context.Context) bool {
 		h.bin, "dlq", "replay", "--help") == nil
 }
 
-// replaySelf is DESIGN.md's replay: the body and headers (minus Dlq-* and
+// replaySelf is the harness's own replay, for a binary without dlq replay: the body and headers (minus Dlq-* and
 // Nats-*) republished to Dlq-Orig-Subject with a new Nats-Msg-Id, and the
 // dead letter deleted only after the PubAck.
 func (h *harness) replaySelf(ctx context.Context) error {
