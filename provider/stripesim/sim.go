@@ -385,6 +385,7 @@ func New(cfg Config) *Simulator {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST "+simPathCreate, s.api(s.createIntent))
 	s.mux.HandleFunc("GET "+simPathSearch, s.api(s.searchIntents))
+	s.mux.HandleFunc("GET "+simPathCreate, s.api(s.listIntents))
 	s.mux.HandleFunc("GET "+simPathCreate+"/{id}", s.api(s.retrieveIntent))
 	s.mux.HandleFunc("GET /_sim/ledger", s.serveLedger)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
