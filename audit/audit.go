@@ -1,0 +1,407 @@
+// Package audit proves exactly-once against the provider's own records: it
+// lists the payment intents the provider created in a window, matches them
+// with the payments ledger by their metadata (merchant_id, idempotency_key),
+// and reports every disagreement: a key charged twice, an intent the ledger
+// does not know, a ledger row whose intent the provider does not have, and
+// amounts, currencies or outcomes that differ. It reads and never writes.
+// `paydedup audit` runs it; the demo and the chaos harness end with it.
+package audit
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// Provider is what the audit reads of the payment provider: its intents by
+// creation time, and one by id. stripe.Client and stripesim.Client
+// implement it.
+type Provider interface {
+	ListIntents(ctx context.Context, req provider.ListRequest) iter.Seq2[provider.Intent, error]
+	GetIntent(ctx context.Context, id string) (provider.Intent, error)
+}
+
+// Ledger is what the audit reads of the ledger; *dedup.Store implements it.
+type Ledger interface {
+	PaymentsBetween(ctx context.Context, from, to time.Time, merchantID string) ([]dedup.Payment, error)
+	PaymentsFor(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Payment, error)
+	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
+}
+
+// Defaults for Config.
+const (
+	// DefaultMargin widens the list of intents on both sides of the window.
+	// A ledger row is written when its key completes, after its intent was
+	// created: within the provider call's timeout for the worker, or when
+	// the reconciler resolves a crash (minutes). An intent created up to
+	// the margin before the window is still found by list; one older than
+	// that is retrieved by id, so the margin saves calls, not findings.
+	DefaultMargin = time.Hour
+	// DefaultSettle is how far before now a window should end (`paydedup
+	// audit` ends it there unless --until says otherwise): a payment in
+	// flight has an intent and no ledger row yet, and the reconciler
+	// resolves a crashed one within minutes (the stuck-pending alert fires
+	// at 15 minutes).
+	DefaultSettle = 15 * time.Minute
+)
+
+// Config is one audit: the window [Since, Until) of ledger rows and intents,
+// by creation time.
+type Config struct {
+	Since, Until time.Time
+	// MerchantID limits the audit to one merchant; empty for all.
+	MerchantID string
+	// Margin is DefaultMargin when 0.
+	Margin time.Duration
+}
+
+// Validate reports what is wrong with the window.
+func (c Config) Validate() error {
+	switch {
+	case c.Since.IsZero() || c.Until.IsZero():
+		return errors.New("audit: the window needs both ends")
+	case !c.Since.Before(c.Until):
+		return fmt.Errorf("audit: the window [%s, %s) is empty: since must be before until", c.Since.Format(time.RFC3339), c.Until.Format(time.RFC3339))
+	case c.Margin < 0:
+		return fmt.Errorf("audit: margin %v is negative", c.Margin)
+	}
+	return nil
+}
+
+// Kind names a finding.
+type Kind string
+
+// The findings. Each is drift: the ledger and the provider disagree.
+const (
+	// DoubleCharge: two or more charged intents for one key.
+	DoubleCharge Kind = "double_charge"
+	// MissingLedger: intents with our metadata and no ledger row for their
+	// key (a payment the provider has and we do not know the outcome of).
+	MissingLedger Kind = "missing_ledger"
+	// MissingIntent: a ledger row whose intent the provider does not have
+	// (or has under another key).
+	MissingIntent Kind = "missing_intent"
+	// AmountMismatch, CurrencyMismatch: the ledger row and its intent
+	// disagree on what was charged.
+	AmountMismatch   Kind = "amount_mismatch"
+	CurrencyMismatch Kind = "currency_mismatch"
+	// StatusMismatch: the ledger says succeeded and the intent is not
+	// charged, or the ledger says declined and it is.
+	StatusMismatch Kind = "status_mismatch"
+	// UnrecordedCharge: a charged intent for a key whose ledger row names
+	// another intent (or none): money moved that the ledger does not show.
+	UnrecordedCharge Kind = "unrecorded_charge"
+	// ExtraIntent: an uncharged intent for a key whose ledger row names
+	// another: a second provider request for one payment, which one
+	// provider key per payment should make impossible.
+	ExtraIntent Kind = "extra_intent"
+)
+
+// Kinds lists every Kind, most serious first.
+var Kinds = []Kind{DoubleCharge, UnrecordedCharge, MissingLedger, MissingIntent, StatusMismatch, AmountMismatch, CurrencyMismatch, ExtraIntent}
+
+// Finding is one disagreement, about one key.
+type Finding struct {
+	Kind           Kind   `json:"kind"`
+	MerchantID     string `json:"merchant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	// IntentIDs are the provider's intents the finding is about.
+	IntentIDs []string `json:"intent_ids,omitempty"`
+	// ChargeID is the ledger row's charge id, when there is a row.
+	ChargeID string `json:"charge_id,omitempty"`
+	// Detail says what disagrees, in words.
+	Detail string `json:"detail"`
+}
+
+// Report is an audit's result.
+type Report struct {
+	Since      time.Time `json:"since"`
+	Until      time.Time `json:"until"`
+	MerchantID string    `json:"merchant_id,omitempty"`
+	// MarginSeconds is how far the list of intents reached outside the
+	// window on each side.
+	MarginSeconds float64 `json:"margin_seconds"`
+	// Intents counts the listed intents with our metadata created in the
+	// window; Foreign those without it (another system's, on the same
+	// account), which the audit leaves alone.
+	Intents int `json:"intents"`
+	Foreign int `json:"foreign"`
+	// LedgerRows counts the ledger rows created in the window.
+	LedgerRows int `json:"ledger_rows"`
+	// Keys counts the keys audited: those of the window's intents and
+	// ledger rows.
+	Keys int `json:"keys"`
+	// Retrieved counts intents fetched by id (created outside the list's
+	// reach).
+	Retrieved int       `json:"retrieved"`
+	Findings  []Finding `json:"findings"`
+}
+
+// Drift reports whether the audit found anything.
+func (r *Report) Drift() bool { return len(r.Findings) > 0 }
+
+// Counts returns the number of findings of every kind, zeros included.
+func (r *Report) Counts() map[Kind]int {
+	m := make(map[Kind]int, len(Kinds))
+	for _, k := range Kinds {
+		m[k] = 0
+	}
+	for _, f := range r.Findings {
+		m[f.Kind]++
+	}
+	return m
+}
+
+// Summary is one line: the findings by kind, or "no drift".
+func (r *Report) Summary() string {
+	if !r.Drift() {
+		return "no drift"
+	}
+	counts := r.Counts()
+	var parts []string
+	for _, k := range Kinds {
+		if n := counts[k]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, k))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// ErrDrift is wrapped by the error of a run that found drift (see
+// DriftError).
+var ErrDrift = errors.New("the ledger and the provider disagree")
+
+// DriftError returns nil for a clean report, else an error wrapping ErrDrift
+// that names the findings by kind.
+func (r *Report) DriftError() error {
+	if !r.Drift() {
+		return nil
+	}
+	return fmt.Errorf("audit: DRIFT: %w in [%s, %s): %s", ErrDrift,
+		r.Since.UTC().Format(time.RFC3339), r.Until.UTC().Format(time.RFC3339), r.Summary())
+}
+
+// keyAudit is what the audit gathers about one key.
+type keyAudit struct {
+	ref     dedup.KeyRef
+	intents []provider.Intent
+	row     *dedup.Payment
+}
+
+// Run audits cfg's window. An error means the audit could not read
+// everything it needs (a failed page, an unreachable database) and the
+// report is withheld: a partial list would report drift that is not there.
+func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	margin := cmp.Or(cfg.Margin, DefaultMargin)
+	rep := &Report{Since: cfg.Since, Until: cfg.Until, MerchantID: cfg.MerchantID, MarginSeconds: margin.Seconds(), Findings: []Finding{}}
+	inWindow := func(t time.Time) bool { return !t.Before(cfg.Since) && t.Before(cfg.Until) }
+
+	keys := map[dedup.KeyRef]*keyAudit{}
+	get := func(ref dedup.KeyRef) *keyAudit {
+		k, ok := keys[ref]
+		if !ok {
+			k = &keyAudit{ref: ref}
+			keys[ref] = k
+		}
+		return k
+	}
+	// Intents within the margin: they settle the keys of the window, but
+	// only the window's own intents bring a key in.
+	var around []provider.Intent
+	for in, err := range prov.ListIntents(ctx, provider.ListRequest{From: cfg.Since.Add(-margin), To: cfg.Until.Add(margin)}) {
+		if err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+		switch {
+		case !in.Ours():
+			if inWindow(in.Created) {
+				rep.Foreign++
+			}
+		case cfg.MerchantID != "" && in.MerchantID != cfg.MerchantID:
+		case inWindow(in.Created):
+			rep.Intents++
+			k := get(dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey})
+			k.intents = append(k.intents, in)
+		default:
+			around = append(around, in)
+		}
+	}
+
+	rows, err := ledger.PaymentsBetween(ctx, cfg.Since, cfg.Until, cfg.MerchantID)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	rep.LedgerRows = len(rows)
+	for i := range rows {
+		get(dedup.KeyRef{MerchantID: rows[i].MerchantID, IdempotencyKey: rows[i].IdempotencyKey}).row = &rows[i]
+	}
+	for _, in := range around {
+		if k, ok := keys[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}]; ok {
+			k.intents = append(k.intents, in)
+		}
+	}
+	// The window's intents whose row was written after the window ends (or
+	// before it starts: a key completed before its intent's clock second).
+	var unrowed []dedup.KeyRef
+	for ref, k := range keys {
+		if k.row == nil {
+			unrowed = append(unrowed, ref)
+		}
+	}
+	if len(unrowed) > 0 {
+		late, err := ledger.PaymentsFor(ctx, unrowed)
+		if err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+		for i := range late {
+			keys[dedup.KeyRef{MerchantID: late[i].MerchantID, IdempotencyKey: late[i].IdempotencyKey}].row = &late[i]
+		}
+	}
+	// What the idempotency table says of keys that still have no row: a
+	// pending row is being (or waiting to be) resolved.
+	states := map[dedup.KeyRef]dedup.Record{}
+	unrowed = unrowed[:0]
+	for ref, k := range keys {
+		if k.row == nil {
+			unrowed = append(unrowed, ref)
+		}
+	}
+	if len(unrowed) > 0 {
+		recs, err := ledger.GetMany(ctx, unrowed)
+		if err != nil {
+			return nil, fmt.Errorf("audit: %w", err)
+		}
+		for _, r := range recs {
+			states[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+		}
+	}
+
+	ordered := make([]*keyAudit, 0, len(keys))
+	for _, k := range keys {
+		ordered = append(ordered, k)
+	}
+	slices.SortFunc(ordered, func(a, b *keyAudit) int {
+		return cmp.Or(strings.Compare(a.ref.MerchantID, b.ref.MerchantID), strings.Compare(a.ref.IdempotencyKey, b.ref.IdempotencyKey))
+	})
+	rep.Keys = len(ordered)
+	for _, k := range ordered {
+		found, err := k.audit(ctx, prov, states, rep)
+		if err != nil {
+			return nil, err
+		}
+		rep.Findings = append(rep.Findings, found...)
+	}
+	return rep, nil
+}
+
+// audit checks one key.
+func (k *keyAudit) audit(ctx context.Context, prov Provider, states map[dedup.KeyRef]dedup.Record, rep *Report) ([]Finding, error) {
+	slices.SortFunc(k.intents, func(a, b provider.Intent) int {
+		return cmp.Or(a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
+	})
+	k.intents = slices.CompactFunc(k.intents, func(a, b provider.Intent) bool { return a.ID == b.ID })
+	var out []Finding
+	add := func(kind Kind, ids []string, format string, args ...any) {
+		f := Finding{Kind: kind, MerchantID: k.ref.MerchantID, IdempotencyKey: k.ref.IdempotencyKey, IntentIDs: ids, Detail: fmt.Sprintf(format, args...)}
+		if k.row != nil {
+			f.ChargeID = k.row.ChargeID
+		}
+		out = append(out, f)
+	}
+
+	var charged []provider.Intent
+	for _, in := range k.intents {
+		if in.Charged() {
+			charged = append(charged, in)
+		}
+	}
+	if len(charged) > 1 {
+		add(DoubleCharge, ids(charged), "%d charged intents for one key: %s", len(charged), describe(charged))
+	}
+
+	if k.row == nil {
+		state := "no idempotency row"
+		if rec, ok := states[k.ref]; ok {
+			state = "its idempotency row is " + string(rec.Status)
+			if rec.LastError != "" {
+				state += " (last error: " + rec.LastError + ")"
+			}
+		}
+		add(MissingLedger, ids(k.intents), "no ledger row for %s; %s", describe(k.intents), state)
+		return out, nil
+	}
+
+	row := k.row
+	var mine *provider.Intent
+	if row.ChargeID != "" {
+		if i := slices.IndexFunc(k.intents, func(in provider.Intent) bool { return in.ID == row.ChargeID }); i >= 0 {
+			mine = &k.intents[i]
+		} else {
+			in, err := prov.GetIntent(ctx, row.ChargeID)
+			rep.Retrieved++
+			switch {
+			case errors.Is(err, provider.ErrNoSuchIntent):
+				add(MissingIntent, nil, "the ledger row (%s %d %s) names %s, which the provider does not have", row.Status, row.Amount, row.Currency, row.ChargeID)
+			case err != nil:
+				return nil, fmt.Errorf("audit: %w", err)
+			case in.MerchantID != k.ref.MerchantID || in.IdempotencyKey != k.ref.IdempotencyKey:
+				add(MissingIntent, []string{in.ID}, "the ledger row names %s, which the provider holds for merchant %q key %q", in.ID, in.MerchantID, in.IdempotencyKey)
+			default:
+				mine = &in
+			}
+		}
+	}
+	if mine != nil {
+		if mine.Amount != row.Amount {
+			add(AmountMismatch, []string{mine.ID}, "the ledger has %d %s, the intent %d %s", row.Amount, row.Currency, mine.Amount, mine.Currency)
+		}
+		if mine.Currency != row.Currency {
+			add(CurrencyMismatch, []string{mine.ID}, "the ledger has currency %q, the intent %q", row.Currency, mine.Currency)
+		}
+		switch {
+		case row.Status == "succeeded" && !mine.Charged():
+			add(StatusMismatch, []string{mine.ID}, "the ledger says succeeded, the intent is %s", mine.Status)
+		case row.Status == "declined" && mine.Charged():
+			add(StatusMismatch, []string{mine.ID}, "the ledger says declined, the intent is %s: money moved", mine.Status)
+		}
+	}
+	for _, in := range k.intents {
+		switch {
+		case in.ID == row.ChargeID:
+		case in.Charged() && len(charged) > 1:
+			// Reported as the double charge.
+		case in.Charged():
+			add(UnrecordedCharge, []string{in.ID}, "%s is %s, and the ledger row (%s) names %s", in.ID, in.Status, row.Status, cmp.Or(row.ChargeID, "no intent"))
+		default:
+			add(ExtraIntent, []string{in.ID}, "a second intent %s (%s) for a key whose ledger row names %s", in.ID, in.Status, cmp.Or(row.ChargeID, "no intent"))
+		}
+	}
+	return out, nil
+}
+
+func ids(ins []provider.Intent) []string {
+	out := make([]string, len(ins))
+	for i, in := range ins {
+		out[i] = in.ID
+	}
+	return out
+}
+
+func describe(ins []provider.Intent) string {
+	parts := make([]string, len(ins))
+	for i, in := range ins {
+		parts[i] = fmt.Sprintf("%s %s %d %s", in.ID, in.Status, in.Amount, in.Currency)
+	}
+	return strings.Join(parts, ", ")
+}

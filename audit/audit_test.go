@@ -1,0 +1,347 @@
+package audit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/paydedup/paydedup/audit"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/provider/stripesim"
+)
+
+const (
+	merchant = "m_audit"
+	apiKey   = "sk_test_audit"
+)
+
+var t0 = time.Date(2031, 5, 6, 7, 0, 0, 0, time.UTC)
+
+type bundle struct {
+	ctx    context.Context
+	pool   *pgxpool.Pool
+	clk    *clock.Fake
+	store  *dedup.Store
+	sim    *stripesim.Simulator
+	stripe *stripe.Client
+}
+
+// setup gives a test a migrated schema, a store on a fake clock and the
+// simulator on the same clock behind the real Stripe adapter.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	pool := testenv.Pool(t)
+	clk := clock.NewFake(t0)
+	store, err := dedup.New(pool, dedup.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := stripesim.New(stripesim.Config{Seed: 7, Now: clk.Now})
+	srv := httptest.NewServer(sim)
+	t.Cleanup(srv.Close)
+	st, err := stripe.New(stripe.Config{SecretKey: apiKey, APIBase: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.CloseIdleConnections)
+	return &bundle{ctx: t.Context(), pool: pool, clk: clk, store: store, sim: sim, stripe: st}
+}
+
+func command(merchantID, key string, amount int64, pm string) *payment.Command {
+	return &payment.Command{MerchantID: merchantID, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: pm}
+}
+
+// claim takes the key as a worker does and returns its lease.
+func (b *bundle) claim(t *testing.T, cmd *payment.Command) *dedup.Lease {
+	t.Helper()
+	res, err := b.store.Claim(b.ctx, "w1", time.Minute, dedup.NewClaimRequest(cmd))
+	if err != nil || res.Lease == nil {
+		t.Fatalf("claim %s: %+v %v", cmd.IdempotencyKey, res, err)
+	}
+	return res.Lease
+}
+
+func chargeRequest(cmd *payment.Command, providerKey string) provider.ChargeRequest {
+	return provider.ChargeRequest{ProviderKey: providerKey, MerchantID: cmd.MerchantID, IdempotencyKey: cmd.IdempotencyKey,
+		Amount: cmd.Amount, Currency: cmd.Currency, PaymentMethod: cmd.PaymentMethod}
+}
+
+// pay runs a payment as the worker does: claim, charge under the row's
+// provider key, complete with the ledger row. It returns the intent id.
+func (b *bundle) pay(t *testing.T, cmd *payment.Command) string {
+	t.Helper()
+	l := b.claim(t, cmd)
+	out, err := b.stripe.Charge(b.ctx, chargeRequest(cmd, l.ProviderKey))
+	if err != nil {
+		t.Fatalf("charge %s: %v", cmd.IdempotencyKey, err)
+	}
+	if err := b.store.Complete(b.ctx, *l, dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined,
+		ResponseStatus: out.HTTPStatus, Response: out.Response}); err != nil {
+		t.Fatalf("complete %s: %v", cmd.IdempotencyKey, err)
+	}
+	return out.ChargeID
+}
+
+// straight charges at the simulator, bypassing paydedup, under providerKey,
+// with cmd's metadata.
+func (b *bundle) straight(t *testing.T, cmd *payment.Command, providerKey string) string {
+	t.Helper()
+	out, err := b.sim.Client(apiKey).Charge(b.ctx, chargeRequest(cmd, providerKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.ChargeID
+}
+
+func (b *bundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	if _, err := b.pool.Exec(b.ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (b *bundle) run(t *testing.T, cfg audit.Config) *audit.Report {
+	t.Helper()
+	if cfg.Since.IsZero() {
+		cfg.Since, cfg.Until = t0.Add(-time.Minute), t0.Add(time.Hour)
+	}
+	rep, err := audit.Run(b.ctx, b.stripe, b.store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// payMany runs n payments a second apart, every fourth declined.
+func (b *bundle) payMany(t *testing.T, prefix string, n int) {
+	t.Helper()
+	for i := range n {
+		pm := "pm_card_visa"
+		if i%4 == 3 {
+			pm = "pm_card_chargeDeclined"
+		}
+		b.pay(t, command(merchant, fmt.Sprintf("%s-%02d", prefix, i), int64(1000+i), pm))
+		b.clk.Advance(time.Second)
+	}
+}
+
+func kinds(rep *audit.Report) []string {
+	var out []string
+	for _, f := range rep.Findings {
+		out = append(out, string(f.Kind)+" "+f.MerchantID+":"+f.IdempotencyKey)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestAuditCleanRun: payments run as the worker runs them, and an intent of
+// another system on the same account, audit clean.
+func TestAuditCleanRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.payMany(t, "clean", 20)
+	// Another system's charge: no metadata of ours.
+	if _, err := b.sim.Client(apiKey).Charge(b.ctx, provider.ChargeRequest{ProviderKey: "theirs-1", Amount: 5, Currency: "usd", PaymentMethod: "pm_card_visa"}); err != nil {
+		t.Fatal(err)
+	}
+	rep := b.run(t, audit.Config{})
+	if rep.Drift() || rep.DriftError() != nil {
+		t.Fatalf("clean run found drift: %v", kinds(rep))
+	}
+	if rep.Intents != 20 || rep.LedgerRows != 20 || rep.Keys != 20 || rep.Foreign != 1 {
+		t.Errorf("report = %+v, want 20 intents, 20 ledger rows, 20 keys, 1 foreign", rep)
+	}
+	if rep.Summary() != "no drift" {
+		t.Errorf("summary %q", rep.Summary())
+	}
+}
+
+// TestAuditFindsPlantedDrift plants each kind of drift the audit exists to
+// find, beside clean payments, and wants exactly those findings.
+func TestAuditFindsPlantedDrift(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.payMany(t, "ok", 8)
+
+	// A double charge: a second intent made straight at the simulator,
+	// under another provider key, with our metadata.
+	double := command(merchant, "double", 1500, "pm_card_visa")
+	first := b.pay(t, double)
+	second := b.straight(t, double, "another-provider-key")
+	// A ledger row whose intent the provider does not have.
+	b.exec(t, `INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
+		VALUES ($1, 'ghost', 'pk_ghost', 'pi_notattheprovider', 'succeeded', 700, 'usd', $2)`, merchant, t0.Add(30*time.Second))
+	// An intent with our metadata and no ledger row, nor any record of its
+	// key.
+	orphan := b.straight(t, command(merchant, "orphan", 900, "pm_card_visa"), "pdk-orphan")
+	// An intent whose key is claimed and never completed.
+	stuck := command(merchant, "stuck", 800, "pm_card_visa")
+	l := b.claim(t, stuck)
+	if _, err := b.stripe.Charge(b.ctx, chargeRequest(stuck, l.ProviderKey)); err != nil {
+		t.Fatal(err)
+	}
+	// The ledger and the intent disagree on the amount.
+	b.pay(t, command(merchant, "amount", 1200, "pm_card_visa"))
+	b.exec(t, `UPDATE payments SET amount = 1201 WHERE idempotency_key = 'amount'`)
+	// A decline in the ledger whose intent charged.
+	b.pay(t, command(merchant, "status", 1300, "pm_card_chargeDeclined"))
+	b.straight(t, command(merchant, "status", 1300, "pm_card_visa"), "pdk-status-2")
+
+	rep := b.run(t, audit.Config{})
+	want := []string{
+		"amount_mismatch m_audit:amount",
+		"double_charge m_audit:double",
+		"missing_intent m_audit:ghost",
+		"missing_ledger m_audit:orphan",
+		"missing_ledger m_audit:stuck",
+		"unrecorded_charge m_audit:status",
+	}
+	if got := kinds(rep); !slices.Equal(got, want) {
+		t.Fatalf("findings:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+	for _, f := range rep.Findings {
+		switch f.IdempotencyKey {
+		case "double":
+			if !slices.Equal(f.IntentIDs, []string{first, second}) && !slices.Equal(f.IntentIDs, []string{second, first}) {
+				t.Errorf("double charge names %v, want %s and %s", f.IntentIDs, first, second)
+			}
+		case "orphan":
+			if !slices.Equal(f.IntentIDs, []string{orphan}) || !strings.Contains(f.Detail, "no idempotency row") {
+				t.Errorf("orphan finding %+v", f)
+			}
+		case "stuck":
+			if !strings.Contains(f.Detail, "pending") {
+				t.Errorf("stuck finding %+v does not say the row is pending", f)
+			}
+		case "amount":
+			if !strings.Contains(f.Detail, "1201") || !strings.Contains(f.Detail, "1200") {
+				t.Errorf("amount finding %+v", f)
+			}
+		}
+	}
+	err := rep.DriftError()
+	if !errors.Is(err, audit.ErrDrift) || !strings.Contains(err.Error(), "1 double_charge") {
+		t.Errorf("DriftError = %v", err)
+	}
+
+	// Only one merchant's drift when asked for one merchant.
+	if rep := b.run(t, audit.Config{Since: t0.Add(-time.Minute), Until: t0.Add(time.Hour), MerchantID: "m_other"}); rep.Drift() || rep.Intents != 0 {
+		t.Errorf("m_other: %v, %d intents", kinds(rep), rep.Intents)
+	}
+
+	// The gauges say what the last audit found.
+	reg := prometheus.NewRegistry()
+	m := audit.NewMetrics(reg)
+	m.Observe(rep, nil, t0)
+	if got := findingsGauge(t, reg, audit.DoubleCharge); got != 1 {
+		t.Errorf("paydedup_audit_findings{kind=double_charge} = %v, want 1", got)
+	}
+	if got := findingsGauge(t, reg, audit.ExtraIntent); got != 0 {
+		t.Errorf("paydedup_audit_findings{kind=extra_intent} = %v, want 0", got)
+	}
+}
+
+// TestAuditWindowEdges: a ledger row in the window whose intent was created
+// long before it (the reconciler resolved a crash late) is matched by a
+// retrieve, not reported; an intent in the window whose row was written
+// after the window ended is matched by key; and the window's edges decide
+// which keys are audited.
+func TestAuditWindowEdges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Intent at t0; its row completed three hours later.
+	late := command(merchant, "late-row", 1000, "pm_card_visa")
+	l := b.claim(t, late)
+	out, err := b.stripe.Charge(b.ctx, chargeRequest(late, l.ProviderKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.clk.Advance(3 * time.Hour)
+	if err := b.store.Complete(b.ctx, *l, dedup.Completion{ChargeID: out.ChargeID, ResponseStatus: 200, Response: out.Response}); err != nil {
+		t.Fatal(err)
+	}
+	margin := 10 * time.Minute
+	// The window of the intent: the row lies past it and its margin.
+	rep := b.run(t, audit.Config{Since: t0.Add(-time.Minute), Until: t0.Add(time.Hour), Margin: margin})
+	if rep.Drift() || rep.Intents != 1 || rep.LedgerRows != 0 {
+		t.Fatalf("intent's window: %v, %+v", kinds(rep), rep)
+	}
+	// The window of the row: the intent lies before it and its margin.
+	rep = b.run(t, audit.Config{Since: t0.Add(2 * time.Hour), Until: t0.Add(4 * time.Hour), Margin: margin})
+	if rep.Drift() || rep.LedgerRows != 1 || rep.Intents != 0 || rep.Retrieved != 1 {
+		t.Fatalf("row's window: %v, %+v", kinds(rep), rep)
+	}
+	// A window that holds neither audits nothing.
+	rep = b.run(t, audit.Config{Since: t0.Add(time.Hour), Until: t0.Add(2 * time.Hour), Margin: margin})
+	if rep.Keys != 0 {
+		t.Fatalf("empty window audited %d keys", rep.Keys)
+	}
+	// A second charge just before the window, for a key whose first is
+	// inside it, is a double charge rather than two separate stories.
+	edge := command(merchant, "edge", 1000, "pm_card_visa")
+	b.clk.Set(t0.Add(5*time.Hour - 30*time.Second))
+	b.straight(t, edge, "pdk-edge-early")
+	b.clk.Set(t0.Add(5*time.Hour + 30*time.Second))
+	b.pay(t, edge)
+	rep = b.run(t, audit.Config{Since: t0.Add(5 * time.Hour), Until: t0.Add(6 * time.Hour), Margin: margin})
+	if got := kinds(rep); !slices.Equal(got, []string{"double_charge m_audit:edge"}) {
+		t.Fatalf("edge: %v", got)
+	}
+	if err := (audit.Config{Since: t0, Until: t0}).Validate(); err == nil {
+		t.Error("an empty window validated")
+	}
+}
+
+// TestAuditWithholdsPartialReports: when a page of the list fails, the
+// audit returns an error, never a report built on part of the list.
+func TestAuditWithholdsPartialReports(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.payMany(t, "p", 3)
+	if err := b.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := audit.Run(b.ctx, b.stripe, b.store, audit.Config{Since: t0.Add(-time.Minute), Until: t0.Add(time.Hour)})
+	if err == nil || rep != nil {
+		t.Fatalf("Run through a failing provider = %+v, %v; want an error and no report", rep, err)
+	}
+	reg := prometheus.NewRegistry()
+	m := audit.NewMetrics(reg)
+	m.Observe(nil, err, t0)
+}
+
+// findingsGauge reads paydedup_audit_findings{kind} from reg.
+func findingsGauge(t *testing.T, reg *prometheus.Registry, kind audit.Kind) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "paydedup_audit_findings" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == string(kind) {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no paydedup_audit_findings{kind=%q}", kind)
+	return 0
+}

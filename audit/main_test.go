@@ -1,0 +1,13 @@
+package audit_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/paydedup/paydedup/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
+}

@@ -1,0 +1,109 @@
+package dedup
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The audit's reads of the ledger (package audit compares them with the
+// provider's records). Read-only: nothing here writes.
+
+// auditPage is the number of ledger rows one PaymentsBetween statement
+// reads; pages follow the (created_at, id) index order.
+const auditPage = 5000
+
+const paymentColumns = `p.id, p.merchant_id, p.idempotency_key, p.provider_key, p.charge_id, p.status, p.amount, p.currency, p.created_at`
+
+// PaymentsBetween returns the ledger rows created in [from, to), of
+// merchantID only when it is not empty, oldest first. It reads in keyset
+// pages on payments_created_at, each its own statement under the store's
+// timeout, so a long window never holds one long query.
+func (s *Store) PaymentsBetween(ctx context.Context, from, to time.Time, merchantID string) ([]Payment, error) {
+	var (
+		out    []Payment
+		lastAt = from
+		lastID int64
+	)
+	for {
+		var page []Payment
+		var ids []int64
+		err := s.db.Retry(ctx, func(ctx context.Context) error {
+			page, ids = page[:0], ids[:0]
+			rows, err := s.db.Pool.Query(ctx, `SELECT `+paymentColumns+` FROM payments p
+				WHERE (p.created_at, p.id) > (@after_at, @after_id) AND p.created_at < @to
+				  AND (@merchant = '' OR p.merchant_id = @merchant)
+				ORDER BY p.created_at, p.id LIMIT @limit`,
+				pgx.NamedArgs{"after_at": lastAt, "after_id": lastID, "to": to, "merchant": merchantID, "limit": auditPage})
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				id, p, err := scanPayment(rows)
+				if err != nil {
+					return err
+				}
+				page, ids = append(page, p), append(ids, id)
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, interpretError("list payments", err)
+		}
+		out = append(out, page...)
+		if len(page) < auditPage {
+			return out, nil
+		}
+		lastAt, lastID = page[len(page)-1].CreatedAt, ids[len(ids)-1]
+	}
+}
+
+// PaymentsFor returns the ledger rows of the keys that have one, once each,
+// in no particular order; keys without a row are absent.
+func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, error) {
+	var out []Payment
+	for start := 0; start < len(refs); start += lookupBatch {
+		part := refs[start:min(start+lookupBatch, len(refs))]
+		merchants, keys := make([]string, len(part)), make([]string, len(part))
+		for i, r := range part {
+			merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
+		}
+		n := len(out)
+		err := s.db.Retry(ctx, func(ctx context.Context) error {
+			out = out[:n]
+			rows, err := s.db.Pool.Query(ctx, `SELECT `+paymentColumns+` FROM payments p
+				WHERE (p.merchant_id, p.idempotency_key) IN
+				      (SELECT DISTINCT * FROM unnest(@merchants::text[], @keys::text[]))`,
+				pgx.NamedArgs{"merchants": merchants, "keys": keys})
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				_, p, err := scanPayment(rows)
+				if err != nil {
+					return err
+				}
+				out = append(out, p)
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, interpretError("get payments", err)
+		}
+	}
+	return out, nil
+}
+
+func scanPayment(rows pgx.Rows) (int64, Payment, error) {
+	var (
+		id       int64
+		p        Payment
+		chargeID *string
+	)
+	err := rows.Scan(&id, &p.MerchantID, &p.IdempotencyKey, &p.ProviderKey, &chargeID, &p.Status, &p.Amount, &p.Currency, &p.CreatedAt)
+	p.ChargeID = deref(chargeID)
+	return id, p, err
+}
