@@ -3,6 +3,7 @@ module github.com/paydedup/paydedup/deploy
 go 1.26.0
 
 require (
+	github.com/robfig/cron/v3 v3.0.1
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	sigs.k8s.io/kustomize/api v0.21.2

@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/robfig/cron/v3"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -107,6 +109,9 @@ func TestComponents(t *testing.T) {
 		}
 		if commandDeployments(r, "gateway") == nil {
 			t.Error("components/gateway: no gateway Deployment")
+		}
+		if len(r.cronJobs) == 0 {
+			t.Error("components/audit: no audit CronJob")
 		}
 	})
 }
@@ -214,6 +219,8 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 		}
 	})
 
+	t.Run("audit cronjob", func(t *testing.T) { checkAuditCronJobs(t, r) })
+
 	t.Run("pdb", func(t *testing.T) {
 		for _, p := range r.pdbs {
 			if p.Spec.MaxUnavailable == nil || *p.Spec.MaxUnavailable != intstr.FromInt32(1) {
@@ -287,6 +294,9 @@ var databaseRoles = map[string]struct{ key, role string }{
 	"reconcile": {"database-url", "paydedup_worker"},
 	"gateway":   {"database-url-gateway", "paydedup_gateway"},
 	"migrate":   {"database-url-owner", ""},
+	// The audit only reads payments and idempotency_keys, which the
+	// worker's role may.
+	"audit": {"database-url", "paydedup_worker"},
 }
 
 // checkDatabaseRoles: every paydedup container takes DATABASE_URL from the
@@ -332,6 +342,9 @@ func podSpecs(r *rendering) map[string]*corev1.PodSpec {
 	}
 	for _, j := range r.jobs {
 		out["Job/"+j.Name] = &j.Spec.Template.Spec
+	}
+	for _, j := range r.cronJobs {
+		out["CronJob/"+j.Name] = &j.Spec.JobTemplate.Spec.Template.Spec
 	}
 	return out
 }
@@ -797,6 +810,39 @@ func TestPinned(t *testing.T) {
 	for _, tt := range tests {
 		if got := pinned(tt.image); got != tt.want {
 			t.Errorf("pinned(%q) = %v, want %v", tt.image, got, tt.want)
+		}
+	}
+}
+
+// checkAuditCronJobs: the audit CronJob runs `paydedup audit` once per
+// schedule, one at a time, and lets its exit status speak: a failed run (drift)
+// is not retried into a success and stays visible as a failed Job.
+func checkAuditCronJobs(t *testing.T, r *rendering) {
+	for _, cj := range r.cronJobs {
+		id := "CronJob " + cj.Name
+		c := cj.Spec.JobTemplate.Spec.Template.Spec.Containers
+		if len(c) != 1 || len(c[0].Args) == 0 || c[0].Args[0] != "audit" {
+			t.Errorf("%s: want one container running [audit ...]", id)
+			continue
+		}
+		if slices.Contains(c[0].Args, "--every") {
+			t.Errorf("%s: --every never exits; a CronJob runs one audit per schedule", id)
+		}
+		if _, err := cron.ParseStandard(cj.Spec.Schedule); err != nil {
+			t.Errorf("%s: schedule %q: %v", id, cj.Spec.Schedule, err)
+		}
+		if cj.Spec.ConcurrencyPolicy != batchv1.ForbidConcurrent {
+			t.Errorf("%s: concurrencyPolicy %q, want Forbid (two audits at once only double the provider's list calls)", id, cj.Spec.ConcurrencyPolicy)
+		}
+		js := cj.Spec.JobTemplate.Spec
+		if js.BackoffLimit == nil || *js.BackoffLimit != 0 {
+			t.Errorf("%s: backoffLimit %s, want 0: a run that found drift must fail its Job, not be retried", id, ptrString(js.BackoffLimit))
+		}
+		if p := js.Template.Spec.RestartPolicy; p != corev1.RestartPolicyNever {
+			t.Errorf("%s: restartPolicy %q, want Never", id, p)
+		}
+		if js.ActiveDeadlineSeconds == nil {
+			t.Errorf("%s: no activeDeadlineSeconds: a hung audit would block every later run (Forbid)", id)
 		}
 	}
 }

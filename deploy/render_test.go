@@ -33,6 +33,7 @@ type rendering struct {
 
 	deployments     []*appsv1.Deployment
 	jobs            []*batchv1.Job
+	cronJobs        []*batchv1.CronJob
 	configMaps      map[string]*corev1.ConfigMap
 	secrets         []*corev1.Secret
 	pdbs            []*policyv1.PodDisruptionBudget
@@ -60,6 +61,7 @@ var decoders = map[string]struct {
 	"Service":        {"v1", decodeInto(func(*rendering, *corev1.Service) {})},
 	"Deployment":     {"apps/v1", decodeInto(func(r *rendering, d *appsv1.Deployment) { r.deployments = append(r.deployments, d) })},
 	"Job":            {"batch/v1", decodeInto(func(r *rendering, j *batchv1.Job) { r.jobs = append(r.jobs, j) })},
+	"CronJob":        {"batch/v1", decodeInto(func(r *rendering, j *batchv1.CronJob) { r.cronJobs = append(r.cronJobs, j) })},
 	"PodDisruptionBudget": {"policy/v1", decodeInto(func(r *rendering, p *policyv1.PodDisruptionBudget) {
 		r.pdbs = append(r.pdbs, p)
 	})},
