@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/provider"
 )
@@ -51,6 +53,9 @@ const (
 	// resolves a crashed one within minutes (the stuck-pending alert fires
 	// at 15 minutes).
 	DefaultSettle = 15 * time.Minute
+	// DefaultTries and DefaultRetryWait: see Config.
+	DefaultTries     = 5
+	DefaultRetryWait = 200 * time.Millisecond
 )
 
 // Config is one audit: the window [Since, Until) of ledger rows and intents,
@@ -61,6 +66,13 @@ type Config struct {
 	MerchantID string
 	// Margin is DefaultMargin when 0.
 	Margin time.Duration
+	// Tries bounds the provider calls for one page or one intent in a row
+	// (DefaultTries when 0): a list only reads, so a failed page is asked
+	// again, the list resuming after the last intent received.
+	Tries int
+	// RetryWait is the first pause before a retry, doubling after each
+	// (DefaultRetryWait when 0).
+	RetryWait time.Duration
 }
 
 // Validate reports what is wrong with the window.
@@ -72,6 +84,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("audit: the window [%s, %s) is empty: since must be before until", c.Since.Format(time.RFC3339), c.Until.Format(time.RFC3339))
 	case c.Margin < 0:
 		return fmt.Errorf("audit: margin %v is negative", c.Margin)
+	case c.Tries < 0 || c.RetryWait < 0:
+		return fmt.Errorf("audit: tries %d and retry wait %v must not be negative", c.Tries, c.RetryWait)
 	}
 	return nil
 }
@@ -219,10 +233,12 @@ func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report
 	// Intents within the margin: they settle the keys of the window, but
 	// only the window's own intents bring a key in.
 	var around []provider.Intent
-	for in, err := range prov.ListIntents(ctx, provider.ListRequest{From: cfg.Since.Add(-margin), To: cfg.Until.Add(margin)}) {
-		if err != nil {
-			return nil, fmt.Errorf("audit: %w", err)
-		}
+	r := retrier{tries: cmp.Or(cfg.Tries, DefaultTries), wait: cmp.Or(cfg.RetryWait, DefaultRetryWait)}
+	listed, err := r.list(ctx, prov, provider.ListRequest{From: cfg.Since.Add(-margin), To: cfg.Until.Add(margin)})
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
+	for _, in := range listed {
 		switch {
 		case !in.Ours():
 			if inWindow(in.Created) {
@@ -296,7 +312,7 @@ func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report
 	})
 	rep.Keys = len(ordered)
 	for _, k := range ordered {
-		found, err := k.audit(ctx, prov, states, rep)
+		found, err := k.audit(ctx, r.getter(prov), states, rep)
 		if err != nil {
 			return nil, err
 		}
@@ -306,7 +322,7 @@ func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report
 }
 
 // audit checks one key.
-func (k *keyAudit) audit(ctx context.Context, prov Provider, states map[dedup.KeyRef]dedup.Record, rep *Report) ([]Finding, error) {
+func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, string) (provider.Intent, error), states map[dedup.KeyRef]dedup.Record, rep *Report) ([]Finding, error) {
 	slices.SortFunc(k.intents, func(a, b provider.Intent) int {
 		return cmp.Or(a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
 	})
@@ -348,7 +364,7 @@ func (k *keyAudit) audit(ctx context.Context, prov Provider, states map[dedup.Ke
 		if i := slices.IndexFunc(k.intents, func(in provider.Intent) bool { return in.ID == row.ChargeID }); i >= 0 {
 			mine = &k.intents[i]
 		} else {
-			in, err := prov.GetIntent(ctx, row.ChargeID)
+			in, err := getIntent(ctx, row.ChargeID)
 			rep.Retrieved++
 			switch {
 			case errors.Is(err, provider.ErrNoSuchIntent):
@@ -404,4 +420,74 @@ func describe(ins []provider.Intent) string {
 		parts[i] = fmt.Sprintf("%s %s %d %s", in.ID, in.Status, in.Amount, in.Currency)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// retrier repeats the provider's reads: each is safe to repeat.
+type retrier struct {
+	tries int
+	wait  time.Duration
+}
+
+func (r retrier) backoff(ctx context.Context) backoff.BackOffContext {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = r.wait, 30*r.wait, 0
+	return backoff.WithContext(b, ctx)
+}
+
+// list returns every intent of req, newest first; after a failed page it
+// lists again from the last intent received, up to r.tries failures in a
+// row.
+func (r retrier) list(ctx context.Context, prov Provider, req provider.ListRequest) ([]provider.Intent, error) {
+	var out []provider.Intent
+	b := r.backoff(ctx)
+	for fails := 0; ; {
+		var failed error
+		for in, err := range prov.ListIntents(ctx, req) {
+			if err != nil {
+				failed = err
+				break
+			}
+			out = append(out, in)
+			req.StartingAfter = in.ID
+			fails = 0
+			b.Reset()
+		}
+		if failed == nil {
+			return out, nil
+		}
+		if fails++; fails >= r.tries || ctx.Err() != nil {
+			return nil, failed
+		}
+		if err := sleep(ctx, b.NextBackOff()); err != nil {
+			return nil, failed
+		}
+	}
+}
+
+// getter is GetIntent, retried up to r.tries times; "no such intent" is an
+// answer, not a failure.
+func (r retrier) getter(prov Provider) func(context.Context, string) (provider.Intent, error) {
+	return func(ctx context.Context, id string) (provider.Intent, error) {
+		b := r.backoff(ctx)
+		for fails := 1; ; fails++ {
+			in, err := prov.GetIntent(ctx, id)
+			if err == nil || errors.Is(err, provider.ErrNoSuchIntent) || fails >= r.tries || ctx.Err() != nil {
+				return in, err
+			}
+			if serr := sleep(ctx, b.NextBackOff()); serr != nil {
+				return in, err
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

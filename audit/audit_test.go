@@ -314,7 +314,7 @@ func TestAuditWithholdsPartialReports(t *testing.T) {
 	if err := b.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := audit.Run(b.ctx, b.stripe, b.store, audit.Config{Since: t0.Add(-time.Minute), Until: t0.Add(time.Hour)})
+	rep, err := audit.Run(b.ctx, b.stripe, b.store, audit.Config{Since: t0.Add(-time.Minute), Until: t0.Add(time.Hour), RetryWait: time.Millisecond})
 	if err == nil || rep != nil {
 		t.Fatalf("Run through a failing provider = %+v, %v; want an error and no report", rep, err)
 	}
@@ -344,4 +344,34 @@ func findingsGauge(t *testing.T, reg *prometheus.Registry, kind audit.Kind) floa
 	}
 	t.Fatalf("no paydedup_audit_findings{kind=%q}", kind)
 	return 0
+}
+
+// TestAuditRidesOutProviderFaults: pages answered 500 or 429 are asked
+// again, the list resuming after the last intent received, so a flaky
+// provider still gets a whole, clean audit (and no intent twice).
+func TestAuditRidesOutProviderFaults(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.payMany(t, "flaky", 230)
+	// A ledger row beyond the list's reach, to be retrieved through faults.
+	b.clk.Advance(3 * time.Hour)
+	b.exec(t, `UPDATE payments SET created_at = $1 WHERE idempotency_key = 'flaky-00'`, b.clk.Now())
+	if err := b.sim.SetFaults(stripesim.Faults{Rate5xx: 0.3, Rate429: 0.2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct{ since, until time.Time }{
+		{t0.Add(-time.Minute), t0.Add(time.Hour)},
+		{t0.Add(2 * time.Hour), t0.Add(4 * time.Hour)},
+	} {
+		rep, err := audit.Run(b.ctx, b.stripe, b.store, audit.Config{Since: w.since, Until: w.until, Margin: time.Minute, Tries: 20, RetryWait: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Drift() {
+			t.Fatalf("faults made drift: %v", kinds(rep))
+		}
+		if w.since == t0.Add(-time.Minute) && (rep.Intents != 230 || rep.LedgerRows != 229) {
+			t.Errorf("report %+v, want 230 intents and 229 ledger rows", rep)
+		}
+	}
 }

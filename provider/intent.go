@@ -39,6 +39,9 @@ func (i Intent) Charged() bool { return i.Status == "succeeded" || i.Status == "
 // on Created.
 type ListRequest struct {
 	From, To time.Time
+	// StartingAfter, when set, resumes a list after the intent with this
+	// id (Stripe's starting_after), e.g. after a failed page.
+	StartingAfter string
 }
 
 // ErrNoSuchIntent is returned (wrapped) by an intent retrieve when the

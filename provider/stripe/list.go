@@ -33,6 +33,9 @@ func (s *Client) ListIntents(ctx context.Context, req provider.ListRequest) iter
 			},
 		}
 		params.Limit = stripego.Int64(listLimit)
+		if req.StartingAfter != "" {
+			params.StartingAfter = stripego.String(req.StartingAfter)
+		}
 		for pi, err := range s.client.V1PaymentIntents.List(ctx, params) {
 			if err != nil {
 				yield(provider.Intent{}, fmt.Errorf("list payment intents: %w", s.lookupError(err)))

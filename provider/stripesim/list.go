@@ -169,7 +169,7 @@ func (c *Client) ListIntents(ctx context.Context, req provider.ListRequest) iter
 		}
 		f := listFilter{from: req.From.Unix(), to: to}
 		start := time.Now()
-		after := ""
+		after := req.StartingAfter
 		for first := true; ; first = false {
 			_, reply, err := c.call(ctx, start, first, http.MethodGet, simPathCreate)
 			switch {
