@@ -33,6 +33,11 @@ func TestDemoSmall(t *testing.T) {
 	if dups != 120 || charged+declined != 300 || declined != 15 || dead < 2 {
 		t.Fatalf("figures: %d duplicates, %d charged, %d declined, %d dead letters\n%s", dups, charged, declined, dead, out)
 	}
+	// The final verdict beside the demo's own check: the audit of the
+	// provider's records against the ledger.
+	if !strings.Contains(out, "(paydedup audit): 300 intents, 300 ledger rows: no drift") {
+		t.Errorf("no clean audit in the report:\n%s", out)
+	}
 	if !strings.Contains(errOut, "killed demo-") || !strings.Contains(out, "one worker was killed") {
 		t.Errorf("no worker was killed:\n%s\n%s", errOut, out)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paydedup/paydedup/audit"
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
@@ -203,8 +204,27 @@ func (d *demoCmd) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	auditErr := rep.runAudit(rctx, prov, store, start)
 	rep.print(d.Out, time.Since(start))
-	return rep.verdict(settled, d.Timeout)
+	return errors.Join(rep.verdict(settled, d.Timeout), auditErr)
+}
+
+// audit is the demo's final verdict beside its own ledger check: `paydedup
+// audit` over the run, the provider's own records against the ledger. The
+// run is over, so the simulator's faults are lifted first; the window
+// starts at the run's start, leaving out earlier demos' rows in the same
+// database.
+func (rep *demoReport) runAudit(ctx context.Context, prov *stripe.Client, store *dedup.Store, start time.Time) error {
+	a, err := audit.Run(ctx, prov, store, audit.Config{Since: start, Until: time.Now().Add(time.Second), Margin: time.Minute})
+	if err != nil {
+		rep.audit = []string{fmt.Sprintf("the audit could not run: %v", err)}
+		return fmt.Errorf("demo: %w", err)
+	}
+	for _, f := range head(a.Findings) {
+		rep.audit = append(rep.audit, fmt.Sprintf("AUDIT %s %s:%s: %s", f.Kind, f.MerchantID, f.IdempotencyKey, f.Detail))
+	}
+	rep.audit = append(rep.audit, fmt.Sprintf("audited against the provider's own records (paydedup audit): %d intents, %d ledger rows: %s", a.Intents, a.LedgerRows, a.Summary()))
+	return a.DriftError()
 }
 
 // workerConfig is the consumer configuration of the demo's workers.
@@ -673,6 +693,8 @@ func (r *demoRun) progress(ctx context.Context) {
 // Report
 
 type demoReport struct {
+	// audit is what the final audit printed.
+	audit                                                  []string
 	payments, duplicates, late, windowed, reuse, malformed int
 	keysCharged                                            int
 	chargedOnce, declined, deadLetteredValid               int
@@ -801,8 +823,11 @@ func (rep *demoReport) print(out io.Writer, elapsed time.Duration) {
 		say("DISAGREES WITH THE PROVIDER: %s", k)
 	}
 	say("checked against the provider's ledger: %d keys charged, %d of them more than once", rep.keysCharged, rep.double)
+	for _, l := range rep.audit {
+		say("%s", l)
+	}
 	fmt.Fprintf(out, "demo: %d payments, %d duplicates, %d charged once, %d declined, %d double charges, %d lost, %d dead letters, %.1f s\n",
 		rep.payments, rep.duplicates, rep.chargedOnce, rep.declined, rep.double, rep.lost, rep.deadLetters, elapsed.Seconds())
 }
 
-func head(s []string) []string { return s[:min(len(s), 10)] }
+func head[T any](s []T) []T { return s[:min(len(s), 10)] }
