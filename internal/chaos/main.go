@@ -255,7 +255,15 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 		return workload.Verdict{}, err
 	}
 	ev.Replayed = replayed
-	return workload.Verify(w, ev), nil
+	v := workload.Verify(w, ev)
+	findings, err := h.audit(ctx)
+	if err != nil {
+		return workload.Verdict{}, err
+	}
+	for _, f := range findings {
+		v.Inconsistent = append(v.Inconsistent, fmt.Sprintf("audit %s %s:%s: %s", f.Kind, f.MerchantID, f.IdempotencyKey, f.Detail))
+	}
+	return v, nil
 }
 
 // faults runs the fault schedule until ctx ends: a worker SIGKILLed every
