@@ -65,11 +65,7 @@ func (s *Store) PaymentsBetween(ctx context.Context, from, to time.Time, merchan
 func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, error) {
 	var out []Payment
 	for start := 0; start < len(refs); start += lookupBatch {
-		part := refs[start:min(start+lookupBatch, len(refs))]
-		merchants, keys := make([]string, len(part)), make([]string, len(part))
-		for i, r := range part {
-			merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
-		}
+		merchants, keys := refColumns(refs[start:min(start+lookupBatch, len(refs))])
 		n := len(out)
 		err := s.db.Retry(ctx, func(ctx context.Context) error {
 			out = out[:n]

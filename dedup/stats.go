@@ -88,6 +88,15 @@ type KeyRef struct {
 	IdempotencyKey string
 }
 
+// refColumns splits refs into the two arrays a statement unnests.
+func refColumns(refs []KeyRef) (merchants, keys []string) {
+	merchants, keys = make([]string, len(refs)), make([]string, len(refs))
+	for i, r := range refs {
+		merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
+	}
+	return merchants, keys
+}
+
 // lookupBatch bounds the keys one GetMany statement asks for.
 const lookupBatch = 5000
 
@@ -106,11 +115,7 @@ func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
 	refs = uniq
 	out := make([]Record, 0, len(refs))
 	for start := 0; start < len(refs); start += lookupBatch {
-		part := refs[start:min(start+lookupBatch, len(refs))]
-		merchants, keys := make([]string, len(part)), make([]string, len(part))
-		for i, r := range part {
-			merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
-		}
+		merchants, keys := refColumns(refs[start:min(start+lookupBatch, len(refs))])
 		n := len(out)
 		err := s.db.Retry(ctx, func(ctx context.Context) error {
 			out = out[:n]
