@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/paydedup/paydedup/provider"
@@ -210,4 +211,17 @@ func (c *Client) GetIntent(ctx context.Context, id string) (provider.Intent, err
 		return provider.Intent{}, fmt.Errorf("retrieve payment intent %s: %w", id, f.LookupError())
 	}
 	return simIntentOf(in), nil
+}
+
+// dotSegment reports a path ending in "." or "..": the router would
+// redirect it to the cleaned path, and /v1/payment_intents/. to the list.
+// Stripe answers a 404 to a retrieve of such an id; so does the simulator,
+// before any fault roll (Client.retrieve relies on it).
+func dotSegment(p string) bool {
+	return strings.HasSuffix(p, "/.") || strings.HasSuffix(p, "/..")
+}
+
+func writeUnrecognized(w http.ResponseWriter, r *http.Request) {
+	writeSimError(w, http.StatusNotFound, &simError{Type: "invalid_request_error",
+		Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path)})
 }

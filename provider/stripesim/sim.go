@@ -402,7 +402,13 @@ const (
 )
 
 // ServeHTTP serves the Stripe subset and the ledger.
-func (s *Simulator) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Simulator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if dotSegment(r.URL.Path) {
+		writeUnrecognized(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // Serve listens on addr (HOST:PORT) and serves until ctx ends, then shuts down
 // gracefully within ShutdownTimeout. It returns nil after a clean shutdown.
