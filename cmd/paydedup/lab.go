@@ -23,6 +23,11 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
+// localPostgresEnv names the local server demo and bench try first when
+// DATABASE_URL is unset (default localpg.AdminURL); pointed at a closed
+// port, they go on to a private cluster.
+const localPostgresEnv = "PAYDEDUP_LOCAL_POSTGRES_URL"
+
 // labBuild reports whether the lab is linked.
 const labBuild = true
 
