@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // app holds what every subcommand shares: output streams, the environment
@@ -20,10 +23,18 @@ type app struct {
 
 	logFormat string
 	logLevel  string
-	envErrs   []error
+	// envErrs holds, by variable, why a set variable could not be parsed.
+	// Only a command that uses the variable reports it (commandEnvErrs).
+	envErrs map[string]error
 }
 
 func newRootCmd(out, errOut io.Writer, getenv func(string) string) *cobra.Command {
+	root, _ := newRoot(out, errOut, getenv)
+	return root
+}
+
+// newRoot builds the command tree and returns it with the app it shares.
+func newRoot(out, errOut io.Writer, getenv func(string) string) (*cobra.Command, *app) {
 	a := &app{out: out, errOut: errOut, getenv: getenv}
 	root := &cobra.Command{
 		Use:   "paydedup",
@@ -35,7 +46,7 @@ never charge twice.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := errors.Join(a.envErrs...); err != nil {
+			if err := a.commandEnvErrs(cmd); err != nil {
 				return err
 			}
 			return a.setupLogger()
@@ -48,7 +59,7 @@ never charge twice.`,
 	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a),
 		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a))
 	root.AddCommand(labCommands(a)...)
-	return root
+	return root, a
 }
 
 func (a *app) setupLogger() error {
@@ -66,6 +77,31 @@ func (a *app) setupLogger() error {
 		return fmt.Errorf("--log-format / PAYDEDUP_LOG_FORMAT: %q is not json or text", a.logFormat)
 	}
 	return nil
+}
+
+// envKeyInUsage finds the variables a flag's usage names, as in
+// "claim lease (PAYDEDUP_LEASE)": every flag whose default comes from a
+// variable says so that way.
+var envKeyInUsage = regexp.MustCompile(`\(([A-Z][A-Z0-9_]*)\)`)
+
+// commandEnvErrs returns the parse errors of the variables cmd's flags
+// use, each once, sorted: a bad variable breaks only the commands that read
+// it (PAYDEDUP_LEASE=45 does not stop migrate status).
+func (a *app) commandEnvErrs(cmd *cobra.Command) error {
+	seen := map[string]bool{}
+	var errs []error
+	visit := func(f *pflag.Flag) {
+		for _, m := range envKeyInUsage.FindAllStringSubmatch(f.Usage, -1) {
+			if err, ok := a.envErrs[m[1]]; ok && !seen[m[1]] {
+				seen[m[1]] = true
+				errs = append(errs, err)
+			}
+		}
+	}
+	cmd.Flags().VisitAll(visit)
+	cmd.InheritedFlags().VisitAll(visit)
+	slices.SortFunc(errs, func(x, y error) int { return strings.Compare(x.Error(), y.Error()) })
+	return errors.Join(errs...)
 }
 
 func envOr(getenv func(string) string, key, def string) string {
