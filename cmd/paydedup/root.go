@@ -43,6 +43,7 @@ func newRoot(out, errOut io.Writer, getenv func(string) string) (*cobra.Command,
 command's idempotency key in PostgreSQL before calling the payment provider,
 and acks only after the outcome is committed, so retries and redeliveries
 never charge twice.`,
+		Version:       buildVersion(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -52,12 +53,13 @@ never charge twice.`,
 			return a.setupLogger()
 		},
 	}
+	root.SetVersionTemplate("paydedup {{.Version}}\n")
 	root.SetOut(out)
 	root.SetErr(errOut)
 	root.PersistentFlags().StringVar(&a.logFormat, "log-format", envOr(getenv, "PAYDEDUP_LOG_FORMAT", "json"), "log format: json or text (PAYDEDUP_LOG_FORMAT)")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", envOr(getenv, "PAYDEDUP_LOG_LEVEL", "info"), "log level: debug, info, warn or error (PAYDEDUP_LOG_LEVEL)")
 	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a),
-		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a))
+		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a), newVersionCmd(a))
 	root.AddCommand(labCommands(a)...)
 	return root, a
 }
