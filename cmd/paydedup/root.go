@@ -21,6 +21,9 @@ type app struct {
 	getenv func(string) string
 	logger *slog.Logger
 
+	// tty says whether a stream is a terminal; nil asks the OS (tests set it).
+	tty func(io.Writer) bool
+
 	logFormat string
 	logLevel  string
 	// envErrs holds, by variable, why a set variable could not be parsed.
@@ -56,7 +59,7 @@ never charge twice.`,
 	root.SetVersionTemplate("paydedup {{.Version}}\n")
 	root.SetOut(out)
 	root.SetErr(errOut)
-	root.PersistentFlags().StringVar(&a.logFormat, "log-format", envOr(getenv, "PAYDEDUP_LOG_FORMAT", "json"), "log format: json or text (PAYDEDUP_LOG_FORMAT)")
+	root.PersistentFlags().StringVar(&a.logFormat, "log-format", envOr(getenv, "PAYDEDUP_LOG_FORMAT", "auto"), "log format: json, text, or auto: text at a terminal, else json (PAYDEDUP_LOG_FORMAT)")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", envOr(getenv, "PAYDEDUP_LOG_LEVEL", "info"), "log level: debug, info, warn or error (PAYDEDUP_LOG_LEVEL)")
 	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a),
 		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a), newVersionCmd(a))
@@ -70,13 +73,20 @@ func (a *app) setupLogger() error {
 		return fmt.Errorf("--log-level / PAYDEDUP_LOG_LEVEL: %q is not one of debug, info, warn, error", a.logLevel)
 	}
 	opts := &slog.HandlerOptions{Level: level}
-	switch strings.ToLower(a.logFormat) {
+	format := strings.ToLower(a.logFormat)
+	if format == "auto" {
+		format = "json"
+		if a.terminal(a.errOut) {
+			format = "text"
+		}
+	}
+	switch format {
 	case "json":
 		a.logger = slog.New(slog.NewJSONHandler(a.errOut, opts))
 	case "text":
 		a.logger = slog.New(slog.NewTextHandler(a.errOut, opts))
 	default:
-		return fmt.Errorf("--log-format / PAYDEDUP_LOG_FORMAT: %q is not json or text", a.logFormat)
+		return fmt.Errorf("--log-format / PAYDEDUP_LOG_FORMAT: %q is not json, text or auto", a.logFormat)
 	}
 	return nil
 }
