@@ -35,15 +35,7 @@ func (w *cliWorld) fileLetter(reason, key string) uint64 {
 // runAt runs the command tree as at a terminal (tty true) or not.
 func (w *cliWorld) runAt(tty bool, stdin string, args ...string) (stdout, stderr string, err error) {
 	w.t.Helper()
-	var out, errOut testenv.Buffer
-	root, a := newRoot(&out, &errOut, func(k string) string { return w.env[k] })
-	a.tty = func(io.Writer) bool { return tty }
-	root.SetArgs(args)
-	root.SetIn(strings.NewReader(stdin))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	err = root.ExecuteContext(ctx)
-	return out.String(), errOut.String(), err
+	return w.runTree(func(io.Writer) bool { return tty }, stdin, args...)
 }
 
 func (w *cliWorld) exists(seq uint64) bool {

@@ -13,16 +13,6 @@ import (
 	"github.com/paydedup/paydedup/internal/lab/localpg"
 )
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // waitFor polls cond every 100 ms until it holds, ctx ends or d passes.
 func waitFor(ctx context.Context, d time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(d)
@@ -64,7 +54,7 @@ func (h *harness) initPostgres(ctx context.Context) error {
 
 // initNATS prepares the NATS server process with its own store directory.
 func (h *harness) initNATS(ctx context.Context) error {
-	port, err := freePort()
+	port, err := localpg.FreePort()
 	if err != nil {
 		return err
 	}
@@ -98,7 +88,7 @@ func (h *harness) startNATS(ctx context.Context) error {
 // startSim starts the provider simulator process with the faults of the
 // run and waits for its ledger to answer.
 func (h *harness) startSim(ctx context.Context) error {
-	port, err := freePort()
+	port, err := localpg.FreePort()
 	if err != nil {
 		return err
 	}
