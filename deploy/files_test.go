@@ -108,6 +108,12 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("the go build step lacks %q: %s", want, build)
 		}
 	}
+	// paydedup version reads the build information: VCS stamping stays on
+	// (the context has no .git, so it finds nothing and VERSION names the
+	// build; a build from a clone gets its revision).
+	if strings.Contains(build, "buildvcs=false") {
+		t.Errorf("the go build step turns VCS stamping off (-buildvcs=false): paydedup version would say less: %s", build)
+	}
 	// The production binary leaves the lab out; the last build is the one
 	// the final stage copies.
 	if i := strings.LastIndex(build, "go build"); !strings.Contains(build[i:], "-tags nolab") || !strings.Contains(build[i:], "-o /out/paydedup ") {

@@ -301,6 +301,9 @@ type ReplayOptions struct {
 	// Rate bounds the republishes per second, so a large replay does not
 	// flood the workers and the provider; 0 is unbounded.
 	Rate float64
+	// OnResult, when set, is called with each letter's result as it is
+	// decided (to show progress); the report has them all at the end.
+	OnResult func(ReplayResult)
 }
 
 // DefaultReplayRate is the dlq replay command's default Rate.
@@ -387,6 +390,12 @@ func (r *ReplayReport) add(res ReplayResult) {
 func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts ReplayOptions) (ReplayReport, error) {
 	cfg = cfg.WithDefaults()
 	var rep ReplayReport
+	add := func(res ReplayResult) {
+		rep.add(res)
+		if opts.OnResult != nil {
+			opts.OnResult(res)
+		}
+	}
 	if opts.All == (len(opts.Seqs) > 0) {
 		return rep, errors.New("replay dead letters: give either sequences or All")
 	}
@@ -464,7 +473,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 			lastPublish = time.Now()
 			replayOne(ctx, js, dlqs, cfg, d, &res)
 		}
-		rep.add(res)
+		add(res)
 		return nil
 	}
 
@@ -486,12 +495,12 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 		d, err := Get(ctx, js, cfg, seq)
 		switch {
 		case errors.Is(err, ErrNotFound):
-			rep.add(ReplayResult{Seq: seq, Outcome: NotFound,
+			add(ReplayResult{Seq: seq, Outcome: NotFound,
 				Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)})
 		case err != nil:
 			return rep, fmt.Errorf("replay dead letters: %w", err)
 		case opts.Reason != "" && d.Reason != opts.Reason:
-			rep.add(ReplayResult{Seq: seq, Reason: d.Reason, MerchantID: d.MerchantID,
+			add(ReplayResult{Seq: seq, Reason: d.Reason, MerchantID: d.MerchantID,
 				IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)})
 		default:
 			if err := judge(d); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/lab/bench"
+	"github.com/paydedup/paydedup/internal/lab/localpg"
 )
 
 type benchCmd struct {
@@ -28,8 +29,11 @@ quiescence through real NATS JetStream and PostgreSQL, with the simulator
 in-process (no network hop; --provider-latency adds latency per call), and
 checks the simulator's ledger at the end: every payment charged exactly once.
 
-NATS: NATS_URL, or an embedded server. PostgreSQL: DATABASE_URL, or the local
-server's paydedup_bench database (created if missing). Each run works in a
+NATS: NATS_URL, or an embedded server. PostgreSQL: DATABASE_URL, or the
+paydedup_bench database (created if missing) on the local server
+(PAYDEDUP_LOCAL_POSTGRES_URL, default 127.0.0.1:5432), else on a private
+throwaway cluster from this machine's PostgreSQL binaries, else in a
+container when a Docker engine answers. Each run works in a
 fresh schema and fresh streams and removes them at the end.
 
 --provider sim calls the simulator through its Go client (no HTTP), so the
@@ -88,5 +92,6 @@ func (b *benchCmd) Run(ctx context.Context) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	c.DLQKey, c.Out, c.ErrOut = key, b.app.out, b.app.errOut
+	c.AdminURL = envOr(b.app.getenv, localPostgresEnv, localpg.AdminURL)
 	return bench.Run(ctx, c)
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -21,30 +22,60 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
-// natsFlags are the NATS connection settings every command shares. Secrets
-// come from the environment or files only: NATS_PASSWORD has no flag, and
-// NATS_URL (which may carry user:password@ or a token) is read after
-// parsing rather than as --nats-url's default, which --help would print.
+// natsFlags are the NATS connection settings every command shares, named
+// as the nats CLI names them (NATS_URL, NATS_CREDS, NATS_NKEY, NATS_CA,
+// NATS_CERT, NATS_KEY, NATS_USER, NATS_PASSWORD). Secrets come from the
+// environment or files only: NATS_PASSWORD has no flag, and NATS_URL
+// (which may carry user:password@ or a token) is read after parsing rather
+// than as --nats-url's default, which --help would print.
 type natsFlags struct {
 	url      string
 	creds    string
+	nkey     string
 	user     string
 	password string
 	tlsCA    string
 	tlsCert  string
 	tlsKey   string
 	getenv   func(string) string
+	errOut   io.Writer
+	warned   bool
 }
+
+// deprecatedNATSEnv maps the old TLS variables to the nats CLI's names;
+// the old ones still work, with a warning.
+var deprecatedNATSEnv = [][2]string{{"NATS_TLS_CA", "NATS_CA"}, {"NATS_TLS_CERT", "NATS_CERT"}, {"NATS_TLS_KEY", "NATS_KEY"}}
 
 func (n *natsFlags) bind(cmd *cobra.Command, a *app) {
 	f := cmd.Flags()
-	n.getenv = a.getenv
+	n.getenv, n.errOut = a.getenv, a.errOut
+	tls := func(key string) string {
+		if v := a.getenv(key); v != "" {
+			return v
+		}
+		for _, d := range deprecatedNATSEnv {
+			if d[1] == key {
+				return a.getenv(d[0])
+			}
+		}
+		return ""
+	}
 	f.StringVar(&n.url, "nats-url", "", "NATS server URL(s), comma-separated (default: $NATS_URL, else "+nats.DefaultURL+")")
 	f.StringVar(&n.creds, "nats-creds", a.getenv("NATS_CREDS"), "path of a NATS credentials file (NATS_CREDS)")
+	f.StringVar(&n.nkey, "nats-nkey", a.getenv("NATS_NKEY"), "path of a NATS nkey seed file (NATS_NKEY)")
 	f.StringVar(&n.user, "nats-user", a.getenv("NATS_USER"), "NATS user (NATS_USER); the password comes from NATS_PASSWORD only")
-	f.StringVar(&n.tlsCA, "nats-tls-ca", a.getenv("NATS_TLS_CA"), "CA file to verify the NATS server (NATS_TLS_CA)")
-	f.StringVar(&n.tlsCert, "nats-tls-cert", a.getenv("NATS_TLS_CERT"), "client certificate file for NATS (NATS_TLS_CERT)")
-	f.StringVar(&n.tlsKey, "nats-tls-key", a.getenv("NATS_TLS_KEY"), "client key file for NATS (NATS_TLS_KEY)")
+	f.StringVar(&n.tlsCA, "nats-ca", tls("NATS_CA"), "CA file to verify the NATS server (NATS_CA)")
+	f.StringVar(&n.tlsCert, "nats-cert", tls("NATS_CERT"), "client certificate file for NATS (NATS_CERT)")
+	f.StringVar(&n.tlsKey, "nats-key", tls("NATS_KEY"), "client key file for NATS (NATS_KEY)")
+	// The old flag names still work, hidden, with cobra's deprecation note.
+	for _, old := range []struct {
+		name string
+		v    *string
+		now  string
+	}{{"nats-tls-ca", &n.tlsCA, "nats-ca"}, {"nats-tls-cert", &n.tlsCert, "nats-cert"}, {"nats-tls-key", &n.tlsKey, "nats-key"}} {
+		f.StringVar(old.v, old.name, *old.v, "")
+		_ = f.MarkDeprecated(old.name, "use --"+old.now)
+	}
 	n.password = a.getenv("NATS_PASSWORD")
 }
 
@@ -60,18 +91,29 @@ func (n *natsFlags) resolve() {
 
 func (n *natsFlags) validate() error {
 	n.resolve()
-	if n.creds != "" {
-		if _, err := os.Stat(n.creds); err != nil {
-			return fmt.Errorf("NATS_CREDS / --nats-creds: %w", err)
+	if n.getenv != nil && n.errOut != nil && !n.warned {
+		n.warned = true
+		for _, d := range deprecatedNATSEnv {
+			if n.getenv(d[0]) != "" {
+				fmt.Fprintf(n.errOut, "paydedup: %s is deprecated: set %s instead (the nats CLI's name)\n", d[0], d[1])
+			}
+		}
+	}
+	var errs []error
+	for _, file := range []struct{ what, path string }{{"NATS_CREDS / --nats-creds", n.creds}, {"NATS_NKEY / --nats-nkey", n.nkey}} {
+		if file.path != "" {
+			if _, err := os.Stat(file.path); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", file.what, err))
+			}
 		}
 	}
 	if (n.tlsCert == "") != (n.tlsKey == "") {
-		return errors.New("NATS_TLS_CERT and NATS_TLS_KEY must be set together")
+		errs = append(errs, errors.New("NATS_CERT and NATS_KEY (--nats-cert, --nats-key) must be set together"))
 	}
 	if n.password != "" && n.user == "" {
-		return errors.New("NATS_PASSWORD is set without NATS_USER")
+		errs = append(errs, errors.New("NATS_PASSWORD is set without NATS_USER"))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // connect opens the NATS connection; name identifies it in server monitoring.
@@ -80,6 +122,13 @@ func (n *natsFlags) connect(name string, opts ...nats.Option) (*nats.Conn, error
 	opts = append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second), nats.MaxReconnects(-1)}, opts...)
 	if n.creds != "" {
 		opts = append(opts, nats.UserCredentials(n.creds))
+	}
+	if n.nkey != "" {
+		opt, err := nats.NkeyOptionFromSeed(n.nkey)
+		if err != nil {
+			return nil, fmt.Errorf("NATS_NKEY / --nats-nkey: %w", err)
+		}
+		opts = append(opts, opt)
 	}
 	if n.user != "" {
 		opts = append(opts, nats.UserInfo(n.user, n.password))
@@ -230,36 +279,40 @@ func (a *app) labDLQKey() ([]byte, error) {
 	return []byte(hex.EncodeToString(b)), nil
 }
 
-// Environment parsing: a malformed variable keeps the flag's default and is
-// remembered in app.envErrs, which the root command reports before any
-// subcommand runs.
+// Environment parsing: a variable is a flag's default, so --help shows the
+// value in effect. A malformed one keeps the built-in default and is
+// remembered in app.envErrs; only a command with a flag that names the
+// variable in its usage reports it (commandEnvErrs), before it runs.
 
 func (a *app) envDuration(key string, def time.Duration) time.Duration {
-	return envParse(a, key, def, time.ParseDuration, "a duration (e.g. 30s, 2m)")
+	return envParse(a, key, def, time.ParseDuration, "a duration: give a number with a unit, e.g. 45s, 2m or 1h30m")
 }
 
 func (a *app) envInt(key string, def int) int {
-	return envParse(a, key, def, strconv.Atoi, "an integer")
+	return envParse(a, key, def, strconv.Atoi, "an integer: give digits only, e.g. 32")
 }
 
 func (a *app) envInt64(key string, def int64) int64 {
-	return envParse(a, key, def, func(v string) (int64, error) { return strconv.ParseInt(v, 10, 64) }, "an integer")
+	return envParse(a, key, def, func(v string) (int64, error) { return strconv.ParseInt(v, 10, 64) }, "an integer: give digits only, e.g. 32")
 }
 
 func (a *app) envBool(key string, def bool) bool {
-	return envParse(a, key, def, strconv.ParseBool, "a boolean")
+	return envParse(a, key, def, strconv.ParseBool, "a boolean: give true or false")
 }
 
 // envParse reads key with parse; unset, it is def, and malformed, def with
 // an error remembered in a.envErrs that says what the value must be.
-func envParse[T any](a *app, key string, def T, parse func(string) (T, error), what string) T {
+func envParse[T any](a *app, key string, def T, parse func(string) (T, error), fix string) T {
 	v := a.getenv(key)
 	if v == "" {
 		return def
 	}
 	x, err := parse(v)
 	if err != nil {
-		a.envErrs = append(a.envErrs, fmt.Errorf("%s=%q is not %s", key, v, what))
+		if a.envErrs == nil {
+			a.envErrs = map[string]error{}
+		}
+		a.envErrs[key] = fmt.Errorf("%s=%q is not %s", key, v, fix)
 		return def
 	}
 	return x

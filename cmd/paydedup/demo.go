@@ -31,7 +31,10 @@ payment provider's own ledger:
 
   - NATS: NATS_URL, or else an embedded JetStream server (temporary store);
   - PostgreSQL: DATABASE_URL, or else the local server at 127.0.0.1:5432
-    (database paydedup_demo, created if missing), migrated;
+    (PAYDEDUP_LOCAL_POSTGRES_URL names another), or else a private throwaway
+    cluster from this machine's PostgreSQL binaries (initdb, pg_ctl), or
+    else a container when a Docker engine answers; there, database
+    paydedup_demo, created if missing, migrated;
   - the Stripe-compatible simulator with faults on: charges whose connection
     drops after charging, 5xx answers, latency;
   - several workers (each its own lease holder and NATS connection) and a
@@ -83,6 +86,7 @@ func (d *demoCmd) Run(ctx context.Context) error {
 	if c.NATSURL == "" {
 		c.NATSURL = d.app.getenv("NATS_URL")
 	}
+	c.AdminURL = envOr(d.app.getenv, localPostgresEnv, localpg.AdminURL)
 	if err := errors.Join(d.streams.validate(), c.Validate()); err != nil {
 		return err
 	}

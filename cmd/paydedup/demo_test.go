@@ -3,11 +3,13 @@
 package main
 
 import (
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/paydedup/paydedup/internal/lab/localpg"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
@@ -60,5 +62,33 @@ func TestDemoBadFlags(t *testing.T) {
 		if _, _, err := w.run("", c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestDemoWithoutLocalPostgres is the first run on a machine where no
+// PostgreSQL server runs: no DATABASE_URL, the local server's port closed.
+// The demo starts a private cluster from the machine's binaries, passes on
+// it, and removes it.
+func TestDemoWithoutLocalPostgres(t *testing.T) {
+	t.Parallel()
+	if _, err := localpg.FindBin(); err != nil && !testenv.InCI() {
+		t.Skip(err)
+	}
+	w := newCLIWorld(t, "", false)
+	delete(w.env, "DATABASE_URL")
+	w.env[localPostgresEnv] = "postgres://postgres@" + freeAddr(t) + "/postgres?sslmode=disable&connect_timeout=2"
+	out, errOut, err := w.run("", "demo", "--payments", "200", "--workers", "2", "--seed", "7")
+	if err != nil {
+		t.Fatalf("demo failed: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	m := regexp.MustCompile(`PostgreSQL is a private PostgreSQL cluster in (\S+)`).FindStringSubmatch(errOut)
+	if m == nil {
+		t.Fatalf("the demo does not say it started a private cluster:\n%s", errOut)
+	}
+	if !regexp.MustCompile(`(?m)^demo: 200 payments, .* 0 double charges, 0 lost, `).MatchString(out) {
+		t.Fatalf("no passing report:\n%s", out)
+	}
+	if _, err := os.Stat(m[1]); !os.IsNotExist(err) {
+		t.Errorf("the private cluster's directory %s is still there (%v)", m[1], err)
 	}
 }

@@ -23,8 +23,8 @@ import (
 
 func newDLQCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "dlq list|show|replay",
-		Short: "List, show and replay dead letters",
+		Use:   "dlq list|show|replay|delete|purge",
+		Short: "List, show, replay and delete dead letters",
 		Long: `dlq works on the dead-letter stream (PAYMENTS_DLQ): payment commands a worker
 could not process, each kept with its original body and headers and the
 Dlq-Reason, Dlq-Error, Dlq-Orig-Subject, Dlq-Orig-Seq, Dlq-Deliveries and
@@ -38,11 +38,12 @@ provider was down: replay it once the cause is fixed), and the rare
 provider_idempotency_mismatch and ledger_conflict (investigate).`,
 		Example: `  paydedup dlq list --reason max_deliveries --since 2h
   paydedup dlq show 42
-  paydedup dlq replay --all --reason max_deliveries --dry-run`,
+  paydedup dlq replay --all --reason max_deliveries --dry-run
+  paydedup dlq purge --reason malformed_json --older-than 168h`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newDLQListCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a))
+	cmd.AddCommand(newDLQListCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a), newDLQDeleteCmd(a), newDLQPurgeCmd(a))
 	return cmd
 }
 
@@ -438,12 +439,28 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 	for _, s := range r.seqs {
 		opts.Seqs = append(opts.Seqs, uint64(s))
 	}
+	finish := func() {}
+	if r.all {
+		// The letters in the stream now: the bar's total, at most.
+		var total int64 = -1
+		if s, err := js.Stream(ctx, r.streams.cfg.DLQStream); err == nil {
+			if info, err := s.Info(ctx); err == nil {
+				total = int64(info.State.Msgs)
+			}
+		}
+		bar := r.app.progress(total, "dlq replay", "letters")
+		opts.OnResult = func(dlq.ReplayResult) { _ = bar.Add(1) }
+		finish = func() { _ = bar.Finish() }
+	}
 	rep, err := dlq.Replay(ctx, js, r.streams.cfg, opts)
+	finish()
 	if err != nil {
 		return err
 	}
+	// The printed lines list every letter; the log gets one line per
+	// replayed letter only when nobody is reading them at a terminal.
 	for _, res := range rep.Results {
-		if res.Outcome == dlq.Replayed {
+		if res.Outcome == dlq.Replayed && !r.app.terminal(r.app.out) {
 			r.app.logger.Info("dead letter replayed", "dlq_seq", res.Seq, "reason", res.Reason, "merchant_id", res.MerchantID,
 				"idempotency_key", res.IdempotencyKey, "subject", res.Subject, "stream_seq", res.StreamSeq, "msg_id", res.MsgID)
 		}

@@ -23,6 +23,11 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
+// localPostgresEnv names the local server demo and bench try first when
+// DATABASE_URL is unset (default localpg.AdminURL); pointed at a closed
+// port, they go on to a private cluster.
+const localPostgresEnv = "PAYDEDUP_LOCAL_POSTGRES_URL"
+
 // labBuild reports whether the lab is linked.
 const labBuild = true
 
@@ -54,7 +59,9 @@ func (p *publishCmd) publishGenerated(ctx context.Context, pub *stream.Publisher
 	for i := range cmds {
 		cmds[i] = workload.NewCommand(rng, fmt.Sprintf("gen-%016x-%07d", seed, i), merchants[rng.IntN(len(merchants))], rng.Float64() < p.declines)
 	}
-	for _, i := range workload.WithDuplicates(rng, p.generate, p.duplicates) {
+	order := workload.WithDuplicates(rng, p.generate, p.duplicates)
+	p.bar.ChangeMax(len(order))
+	for _, i := range order {
 		if err := pub.Publish(ctx, stream.CommandMsg(p.streams.cfg, cmds[i].Cmd.MerchantID, cmds[i].Cmd.IdempotencyKey, cmds[i].Body)); err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/payment"
@@ -59,6 +60,7 @@ func (s *streamFlags) validate() error {
 
 type publishCmd struct {
 	app     *app
+	bar     *progressbar.ProgressBar // progress of the PubAcks (--generate sets its total)
 	nats    natsFlags
 	streams streamFlags
 	stdin   io.Reader
@@ -168,9 +170,13 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	defer nc.Close()
 	start := time.Now()
 	var failures []string
+	// Messages PubAcked (or failed); --generate knows how many to expect.
+	bar := p.app.progress(-1, "publish", "messages")
+	p.bar = bar
 	pub, err := stream.NewPublisher(nc, stream.PublisherConfig{
 		Window: p.window, AckTimeout: p.ackTimeout,
 		OnResult: func(r stream.PublishResult) {
+			bar.Add(1)
 			if r.Err != nil && len(failures) < 10 {
 				failures = append(failures, fmt.Sprintf("%s (%s): %v", r.Msg.Subject, r.Msg.Header.Get(nats.MsgIdHdr), r.Err))
 			}
@@ -179,10 +185,6 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	prog := newProgress(p.app.errOut, "publish", func() string {
-		s := pub.Stats()
-		return fmt.Sprintf("%d sent, %d stored, %d duplicates, %d failed", s.Sent, s.Stored, s.Duplicates, s.Failed)
-	})
 
 	var malformed int
 	var runErr error
@@ -192,7 +194,7 @@ func (p *publishCmd) Run(ctx context.Context) error {
 		malformed, runErr = p.publishLines(ctx, pub)
 	}
 	st := pub.Close()
-	prog.stop()
+	_ = bar.Finish()
 
 	fmt.Fprintf(p.app.out, "publish: %d published, %d duplicates dropped by the stream's window, %d failed, %d malformed lines skipped (%.1f s)\n",
 		st.Stored, st.Duplicates, st.Failed, malformed, time.Since(start).Seconds())
@@ -245,54 +247,4 @@ func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher) (m
 		return malformed, fmt.Errorf("publish: reading line %d: %w", line+1, err)
 	}
 	return malformed, nil
-}
-
-// progress rewrites one status line on a terminal every 200 ms; elsewhere
-// it prints nothing.
-type progress struct {
-	done chan struct{}
-	exit chan struct{}
-	w    io.Writer
-}
-
-func newProgress(w io.Writer, name string, line func() string) *progress {
-	p := &progress{done: make(chan struct{}), exit: make(chan struct{}), w: w}
-	if !isTerminal(w) {
-		close(p.exit)
-		return p
-	}
-	go func() {
-		defer close(p.exit)
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-p.done:
-				fmt.Fprintf(w, "\r\033[K")
-				return
-			case <-t.C:
-				fmt.Fprintf(w, "\r\033[K%s: %s", name, line())
-			}
-		}
-	}()
-	return p
-}
-
-func (p *progress) stop() {
-	select {
-	case <-p.done:
-	default:
-		close(p.done)
-	}
-	<-p.exit
-}
-
-// isTerminal reports whether w is a character device (a terminal).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

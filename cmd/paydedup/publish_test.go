@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,8 +71,16 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 // run runs the real command tree with the world's environment.
 func (w *cliWorld) run(stdin string, args ...string) (stdout, stderr string, err error) {
 	w.t.Helper()
+	return w.runTree(nil, stdin, args...)
+}
+
+// runTree runs the command tree; tty, when set, says which streams are
+// terminals.
+func (w *cliWorld) runTree(tty func(io.Writer) bool, stdin string, args ...string) (stdout, stderr string, err error) {
+	w.t.Helper()
 	var out, errOut testenv.Buffer
-	root := newRootCmd(&out, &errOut, func(k string) string { return w.env[k] })
+	root, a := newRoot(&out, &errOut, func(k string) string { return w.env[k] })
+	a.tty = tty
 	root.SetArgs(args)
 	root.SetIn(strings.NewReader(stdin))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http/httptest"
@@ -249,8 +250,13 @@ func startNATS(t *testing.T, conf func(*server.Options)) *server.Server {
 // connectWith resolves natsFlags from env alone, as a command would, and
 // connects.
 func connectWith(env map[string]string) error {
-	var out, errOut bytes.Buffer
-	a := &app{out: &out, errOut: &errOut, getenv: envFunc(env)}
+	var errOut bytes.Buffer
+	return connectWithErrOut(env, &errOut)
+}
+
+func connectWithErrOut(env map[string]string, errOut io.Writer) error {
+	var out bytes.Buffer
+	a := &app{out: &out, errOut: errOut, getenv: envFunc(env)}
 	cmd := &cobra.Command{Use: "x"}
 	var n natsFlags
 	n.bind(cmd, a)
@@ -372,19 +378,30 @@ func TestNATSTLS(t *testing.T) {
 			ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
 	})
 	u := srv.ClientURL() // tls://…
-	full := map[string]string{"NATS_URL": u, "NATS_TLS_CA": caPath, "NATS_TLS_CERT": cliCert.cert, "NATS_TLS_KEY": cliCert.key}
+	full := map[string]string{"NATS_URL": u, "NATS_CA": caPath, "NATS_CERT": cliCert.cert, "NATS_KEY": cliCert.key}
 	if err := connectWith(full); err != nil {
 		t.Fatalf("mutual TLS from the environment: %v", err)
 	}
-	if err := connectWith(map[string]string{"NATS_URL": u, "NATS_TLS_CA": caPath}); err == nil {
+	if err := connectWith(map[string]string{"NATS_URL": u, "NATS_CA": caPath}); err == nil {
 		t.Fatal("connected without the client certificate the server requires")
 	}
-	if err := connectWith(map[string]string{"NATS_URL": u, "NATS_TLS_CERT": cliCert.cert, "NATS_TLS_KEY": cliCert.key}); err == nil {
+	if err := connectWith(map[string]string{"NATS_URL": u, "NATS_CERT": cliCert.cert, "NATS_KEY": cliCert.key}); err == nil {
 		t.Fatal("connected without the CA: the server certificate was not verified")
 	}
-	if err := connectWith(map[string]string{"NATS_URL": u, "NATS_TLS_CA": caPath, "NATS_TLS_CERT": cliCert.cert}); err == nil ||
-		!strings.Contains(err.Error(), "NATS_TLS_KEY") {
+	if err := connectWith(map[string]string{"NATS_URL": u, "NATS_CA": caPath, "NATS_CERT": cliCert.cert}); err == nil ||
+		!strings.Contains(err.Error(), "NATS_KEY") {
 		t.Fatalf("a certificate without its key must be refused, got %v", err)
+	}
+	// The old names still connect, and say what to set instead.
+	old := map[string]string{"NATS_URL": u, "NATS_TLS_CA": caPath, "NATS_TLS_CERT": cliCert.cert, "NATS_TLS_KEY": cliCert.key}
+	var warn bytes.Buffer
+	if err := connectWithErrOut(old, &warn); err != nil {
+		t.Fatalf("mutual TLS from the deprecated NATS_TLS_* variables: %v", err)
+	}
+	for _, want := range []string{"NATS_TLS_CA is deprecated: set NATS_CA", "NATS_TLS_CERT is deprecated: set NATS_CERT", "NATS_TLS_KEY is deprecated: set NATS_KEY"} {
+		if !strings.Contains(warn.String(), want) {
+			t.Errorf("no warning %q in %q", want, warn.String())
+		}
 	}
 }
 
@@ -470,5 +487,35 @@ func TestRedactURL(t *testing.T) {
 		if got := redact.URLs(in); got != want {
 			t.Errorf("redact.URLs(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// NATS_NKEY signs the server's challenge with the seed in the file: the
+// server admits that nkey, and nobody without it.
+func TestNATSNkey(t *testing.T) {
+	t.Parallel()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	path := filepath.Join(t.TempDir(), "user.nk")
+	if err := os.WriteFile(path, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startNATS(t, func(o *server.Options) {
+		o.JetStream = false
+		o.Nkeys = []*server.NkeyUser{{Nkey: pub}}
+	})
+	if err := connectWith(map[string]string{"NATS_URL": srv.ClientURL(), "NATS_NKEY": path}); err != nil {
+		t.Fatalf("connect with NATS_NKEY: %v", err)
+	}
+	if err := connectWith(map[string]string{"NATS_URL": srv.ClientURL()}); err == nil {
+		t.Fatal("connected without the nkey the server requires")
+	}
+	if err := connectWith(map[string]string{"NATS_URL": srv.ClientURL(), "NATS_NKEY": path + ".missing"}); err == nil ||
+		!strings.Contains(err.Error(), "NATS_NKEY") {
+		t.Fatalf("a missing seed file must be named, got %v", err)
 	}
 }

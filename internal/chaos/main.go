@@ -35,6 +35,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/lab/localpg"
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -70,7 +71,7 @@ func main() {
 	flag.StringVar(&cfg.bin, "bin", "", "paydedup binary to run (default: go build ./cmd/paydedup into the work directory)")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the work directory (logs, stores) instead of removing it")
 	flag.StringVar(&cfg.natsServer, "nats-server", "/usr/sbin/nats-server", "nats-server binary")
-	flag.StringVar(&cfg.pgBin, "pg-bin", "/usr/lib/postgresql/15/bin", "directory of initdb, postgres and pg_ctl")
+	flag.StringVar(&cfg.pgBin, "pg-bin", "", "directory of initdb, postgres and pg_ctl (default: pg_config --bindir, else the newest /usr/lib/postgresql/*/bin)")
 	flag.DurationVar(&cfg.lease, "lease", 5*time.Second, "worker lease (PAYDEDUP_LEASE)")
 	flag.DurationVar(&cfg.ackWait, "ack-wait", 8*time.Second, "JetStream AckWait (PAYDEDUP_ACK_WAIT)")
 	flag.DurationVar(&cfg.providerTimeout, "provider-timeout", time.Second, "one provider call (PAYDEDUP_PROVIDER_TIMEOUT); two tries per delivery")
@@ -109,7 +110,7 @@ type harness struct {
 	bin   string
 	procs registry
 
-	pg       *pgCluster
+	pg       *localpg.Cluster
 	nats     *proc
 	natsAddr string
 	sim      *proc
@@ -157,6 +158,9 @@ func run(ctx context.Context, cfg config, out io.Writer) int {
 			h.nc.Close()
 		}
 		h.procs.killAll()
+		if h.pg != nil {
+			h.pg.Kill()
+		}
 		if cfg.keep {
 			fmt.Fprintf(out, "chaos: kept %s (logs in %s)\n", work, h.logs)
 			return
@@ -343,11 +347,11 @@ func (h *harness) restartNATS(ctx context.Context) error {
 // after a second of downtime (crash recovery replays the WAL).
 func (h *harness) restartPostgres(ctx context.Context) error {
 	h.logf("Postgres: pg_ctl stop -m immediate")
-	if err := h.stopPostgresImmediate(ctx); err != nil {
+	if err := h.pg.StopImmediate(ctx); err != nil {
 		h.logf("Postgres: stop: %v", err)
 	}
 	time.Sleep(time.Second)
-	if err := h.startPostgres(ctx); err != nil {
+	if err := h.pg.Start(ctx); err != nil {
 		return err
 	}
 	h.pgRestarts.Add(1)

@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -22,8 +19,7 @@ type proc struct {
 	path string
 	args []string
 	env  []string
-	cred *syscall.Credential // run as another user (Postgres refuses root)
-	log  string              // stdout and stderr are appended here
+	log  string // stdout and stderr are appended here
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -42,7 +38,7 @@ func (p *proc) start() error {
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: p.cred}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
@@ -136,28 +132,9 @@ func (r *registry) killAll() {
 	}
 }
 
-// postgresUser returns the credentials to run Postgres with: the postgres
-// OS user when the harness runs as root (initdb and postgres refuse root),
-// else nil (run as ourselves).
-func postgresUser() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("running as root, Postgres needs the postgres OS user: %w", err)
-	}
-	uid, err1 := strconv.Atoi(u.Uid)
-	gid, err2 := strconv.Atoi(u.Gid)
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, err
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-// runOnce runs a command to completion (initdb, pg_ctl, go build), with its
+// runOnce runs a command to completion (go build, paydedup migrate), with its
 // output in the log.
-func runOnce(ctx context.Context, name, log string, cred *syscall.Credential, env []string, path string, args ...string) error {
+func runOnce(ctx context.Context, name, log string, env []string, path string, args ...string) error {
 	logf, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -166,7 +143,7 @@ func runOnce(ctx context.Context, name, log string, cred *syscall.Credential, en
 	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: cred}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s: %w (see %s)", name, err, log)
 	}

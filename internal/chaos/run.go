@@ -33,7 +33,7 @@ func (h *harness) build(ctx context.Context) error {
 	}
 	h.bin = filepath.Join(h.work, "paydedup")
 	h.logf("building ./cmd/paydedup")
-	return runOnce(ctx, "go build ./cmd/paydedup", filepath.Join(h.logs, "build.log"), nil, os.Environ(),
+	return runOnce(ctx, "go build ./cmd/paydedup", filepath.Join(h.logs, "build.log"), os.Environ(),
 		"go", "build", "-o", h.bin, "./cmd/paydedup")
 }
 
@@ -41,7 +41,7 @@ func (h *harness) build(ctx context.Context) error {
 // owner; the workers connect as paydedup_worker, the role the migration
 // creates, so the run also proves that role is enough.
 func (h *harness) migrate(ctx context.Context) error {
-	pool, err := pg.Connect(ctx, h.pg.url("postgres", "postgres"))
+	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "postgres"))
 	if err != nil {
 		return err
 	}
@@ -50,8 +50,8 @@ func (h *harness) migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create database: %w", err)
 	}
-	return runOnce(ctx, "paydedup migrate up", filepath.Join(h.logs, "migrate.log"), nil,
-		[]string{"DATABASE_URL=" + h.pg.url("postgres", "paydedup")}, h.bin, "migrate", "up")
+	return runOnce(ctx, "paydedup migrate up", filepath.Join(h.logs, "migrate.log"),
+		[]string{"DATABASE_URL=" + h.pg.URL("postgres", "paydedup")}, h.bin, "migrate", "up")
 }
 
 // connectNATS connects the harness (reconnecting forever, across the
@@ -151,7 +151,7 @@ func (h *harness) publishOne(ctx context.Context, p workload.Publish, count bool
 // max_deliveries dead letters and waits again. It returns how many dead
 // letters were replayed.
 func (h *harness) settle(ctx context.Context) (int, error) {
-	pool, err := pg.Connect(ctx, h.pg.url("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
 	if err != nil {
 		return 0, err
 	}
@@ -229,7 +229,7 @@ func (h *harness) waitQuiet(ctx context.Context, pendingRows func(context.Contex
 			if idlePending >= 3 && time.Since(lastReconcile) > 2*time.Second {
 				lastReconcile = time.Now()
 				h.logf("consumer idle with %d pending rows: paydedup reconcile --once", pending)
-				if err := runOnce(ctx, "paydedup reconcile", filepath.Join(h.logs, "reconcile.log"), nil, h.workerEnv(),
+				if err := runOnce(ctx, "paydedup reconcile", filepath.Join(h.logs, "reconcile.log"), h.workerEnv(),
 					h.bin, "reconcile", "--once", "--grace", "1s", "--search-lag", "1s"); err != nil {
 					h.logf("%v", err)
 				}
@@ -249,7 +249,7 @@ func (h *harness) replay(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if h.cfg.replay == "cli" || (h.cfg.replay == "auto" && h.hasDLQReplay(ctx)) {
-		err := runOnce(ctx, "paydedup dlq replay", filepath.Join(h.logs, "dlq-replay.log"), nil, h.workerEnv(),
+		err := runOnce(ctx, "paydedup dlq replay", filepath.Join(h.logs, "dlq-replay.log"), h.workerEnv(),
 			h.bin, "dlq", "replay", "--all", "--reason", stream.ReasonMaxDeliveries)
 		if err != nil {
 			h.logf("%v", err)
@@ -262,7 +262,7 @@ func (h *harness) replay(ctx context.Context) (int, error) {
 }
 
 func (h *harness) hasDLQReplay(ctx context.Context) bool {
-	return runOnce(ctx, "paydedup dlq replay --help", filepath.Join(h.logs, "probe.log"), nil, nil,
+	return runOnce(ctx, "paydedup dlq replay --help", filepath.Join(h.logs, "probe.log"), nil,
 		h.bin, "dlq", "replay", "--help") == nil
 }
 
@@ -356,7 +356,7 @@ func (h *harness) deadLetters(ctx context.Context) ([]workload.DeadLetter, error
 // collect reads the database and the provider's ledger.
 func (h *harness) collect(ctx context.Context) (workload.Evidence, error) {
 	ev := workload.Evidence{Rows: map[string]workload.Row{}}
-	pool, err := pg.Connect(ctx, h.pg.url("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
 	if err != nil {
 		return ev, err
 	}

@@ -8,21 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
-	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/internal/lab/localpg"
 )
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
 
 // waitFor polls cond every 100 ms until it holds, ctx ends or d passes.
 func waitFor(ctx context.Context, d time.Duration, what string, cond func() bool) error {
@@ -49,89 +38,23 @@ func tcpUp(addr string) bool {
 	return true
 }
 
-// pgCluster is a throw-away Postgres cluster in the work directory.
-type pgCluster struct {
-	bin  string
-	dir  string
-	port int
-	cred *syscall.Credential
-	log  string
-	proc *proc
-}
-
+// initPostgres creates and starts the run's own Postgres cluster in the
+// work directory.
 func (h *harness) initPostgres(ctx context.Context) error {
-	cred, err := postgresUser()
-	if err != nil {
-		return err
-	}
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
-	dir := filepath.Join(h.work, "pg")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		return err
-	}
-	if cred != nil {
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			return err
-		}
-	}
-	pg := &pgCluster{bin: h.cfg.pgBin, dir: dir, port: port, cred: cred, log: filepath.Join(h.logs, "postgres.log")}
-	env := []string{"PATH=/usr/bin:/bin", "LANG=C", "LC_ALL=C"}
-	if err := runOnce(ctx, "initdb", pg.log, cred, env, filepath.Join(pg.bin, "initdb"),
-		"-D", dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
-		return err
-	}
-	pg.proc = h.procs.add(&proc{
-		name: "postgres", path: filepath.Join(pg.bin, "postgres"), env: env, cred: cred, log: pg.log,
-		args: []string{"-D", dir, "-p", strconv.Itoa(port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
-			// A process crash (immediate stop) loses nothing the kernel has:
-			// fsync matters only for a machine crash, which we do not test.
-			"-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
-			"-c", "shared_buffers=64MB", "-c", "log_min_messages=warning"},
+	c, err := localpg.InitCluster(ctx, localpg.ClusterConfig{
+		Bin: h.cfg.pgBin, Dir: filepath.Join(h.work, "pg"), Log: filepath.Join(h.logs, "postgres.log"),
+		Settings: localpg.FastSettings,
 	})
-	h.pg = pg
-	return h.startPostgres(ctx)
-}
-
-// ownerURL is the superuser's URL; database "" means the default.
-func (pg *pgCluster) url(user, database string) string {
-	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", user, pg.port, database)
-}
-
-func (h *harness) startPostgres(ctx context.Context) error {
-	if err := h.pg.proc.start(); err != nil {
-		return err
-	}
-	return waitFor(ctx, 60*time.Second, "postgres to accept connections", func() bool {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		pool, err := pg.Connect(cctx, h.pg.url("postgres", "postgres"))
-		if err != nil {
-			return false
-		}
-		pool.Close()
-		return true
-	})
-}
-
-// stopPostgresImmediate is `pg_ctl stop -m immediate`: the postmaster and
-// every backend quit at once, with no checkpoint; the next start replays WAL.
-func (h *harness) stopPostgresImmediate(ctx context.Context) error {
-	env := []string{"PATH=/usr/bin:/bin", "LANG=C"}
-	err := runOnce(ctx, "pg_ctl stop -m immediate", h.pg.log, h.pg.cred, env, filepath.Join(h.pg.bin, "pg_ctl"),
-		"stop", "-D", h.pg.dir, "-m", "immediate", "-w", "-t", "30")
 	if err != nil {
-		h.pg.proc.kill()
 		return err
 	}
-	return h.pg.proc.wait(30 * time.Second)
+	h.pg = c
+	return h.pg.Start(ctx)
 }
 
 // initNATS prepares the NATS server process with its own store directory.
 func (h *harness) initNATS(ctx context.Context) error {
-	port, err := freePort()
+	port, err := localpg.FreePort()
 	if err != nil {
 		return err
 	}
@@ -165,7 +88,7 @@ func (h *harness) startNATS(ctx context.Context) error {
 // startSim starts the provider simulator process with the faults of the
 // run and waits for its ledger to answer.
 func (h *harness) startSim(ctx context.Context) error {
-	port, err := freePort()
+	port, err := localpg.FreePort()
 	if err != nil {
 		return err
 	}
@@ -198,7 +121,7 @@ func (h *harness) startSim(ctx context.Context) error {
 func (h *harness) workerEnv() []string {
 	return []string{
 		"PATH=/usr/bin:/bin",
-		"DATABASE_URL=" + h.pg.url("paydedup_worker", "paydedup"),
+		"DATABASE_URL=" + h.pg.URL("paydedup_worker", "paydedup"),
 		"NATS_URL=nats://" + h.natsAddr,
 		"PAYDEDUP_PROVIDER=stripe",
 		"STRIPE_SECRET_KEY=sk_test_x",

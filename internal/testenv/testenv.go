@@ -73,7 +73,7 @@ func databaseURL() (string, error) {
 			baseErr = localErr
 			return
 		}
-		cu, cerr := postgresContainer()
+		cu, _, cerr := localpg.Container(context.Background(), "test")
 		if cerr != nil {
 			baseErr = fmt.Errorf("%w; and %v", localErr, cerr)
 			return

@@ -44,7 +44,8 @@ const Database = "paydedup_bench"
 // Config is one bench run. The command fills it from its flags and the
 // environment.
 type Config struct {
-	DatabaseURL         string        // PostgreSQL; "" uses the local server's paydedup_bench database
+	DatabaseURL         string        // PostgreSQL; "" uses the paydedup_bench database on the server localpg.Find finds
+	AdminURL            string        // the local server Find tries first ("": localpg.AdminURL)
 	NATSURL             string        // NATS; "" starts an embedded JetStream server
 	Payments            int           // distinct payments
 	Duplicates          float64       // fraction of payments published a second time, interleaved (0..1)
@@ -141,7 +142,13 @@ func (b *benchCmd) run(ctx context.Context) error {
 
 	dbURL := b.DatabaseURL
 	if dbURL == "" {
-		u, _, err := localpg.Database(ctx, localpg.AdminURL, Database, 32)
+		srv, err := localpg.Find(ctx, b.AdminURL)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		defer srv.Close()
+		say("no DATABASE_URL: PostgreSQL is %s", srv.Where)
+		u, _, err := localpg.Database(ctx, srv.AdminURL, Database, 32)
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}

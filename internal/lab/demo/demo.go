@@ -55,7 +55,7 @@ const Database = "paydedup_demo"
 // environment.
 type Config struct {
 	DatabaseURL string        // PostgreSQL; "" uses the local server's paydedup_demo database
-	AdminURL    string        // the server tried when DatabaseURL is empty (localpg.AdminURL)
+	AdminURL    string        // the local server tried first when DatabaseURL is empty ("": localpg.AdminURL)
 	NATSURL     string        // NATS; "" starts an embedded JetStream server
 	Streams     stream.Config // the streams, subjects and durable the run uses
 	Payments    int           // distinct payments to publish
@@ -124,10 +124,11 @@ func (d *demoCmd) run(ctx context.Context) error {
 		return err
 	}
 	defer stopNATS()
-	dbURL, err := d.database(ctx)
+	dbURL, closeDB, err := d.database(ctx)
 	if err != nil {
 		return err
 	}
+	defer closeDB()
 	pool, err := pg.Connect(ctx, dbURL)
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
@@ -251,20 +252,27 @@ func (d *demoCmd) startNATS() (string, func(), error) {
 	return u, stop, nil
 }
 
-// database returns the database URL: DATABASE_URL, or the local server's
-// paydedup_demo database, created if missing.
-func (d *demoCmd) database(ctx context.Context) (string, error) {
+// database returns the database URL: DATABASE_URL, or the paydedup_demo
+// database, created if missing, on the server localpg.Find finds (the
+// local one, else a private cluster or a container, which close removes).
+func (d *demoCmd) database(ctx context.Context) (u string, close func(), err error) {
 	if d.DatabaseURL != "" {
-		return d.DatabaseURL, nil
+		return d.DatabaseURL, func() {}, nil
 	}
-	u, created, err := localpg.Database(ctx, d.AdminURL, Database, 16)
+	srv, err := localpg.Find(ctx, d.AdminURL)
 	if err != nil {
-		return "", fmt.Errorf("demo: %w", err)
+		return "", nil, fmt.Errorf("demo: %w", err)
 	}
+	u, created, err := localpg.Database(ctx, srv.AdminURL, Database, 16)
+	if err != nil {
+		srv.Close()
+		return "", nil, fmt.Errorf("demo: %w", err)
+	}
+	d.say("no DATABASE_URL: PostgreSQL is %s", srv.Where)
 	if created {
 		d.say("created database %s", Database)
 	}
-	return u, nil
+	return u, srv.Close, nil
 }
 
 // setupStreams creates the demo's streams (or uses existing ones), and

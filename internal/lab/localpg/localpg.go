@@ -1,7 +1,10 @@
-// Package localpg makes the lab's room on a PostgreSQL server: the demo's
-// and the bench's own database on the machine's local server, created when
-// missing, and fresh schemas for a bench run or a test, dropped afterwards.
-// It is the lab's one place for CREATE DATABASE and CREATE SCHEMA; the
+// Package localpg finds the lab a PostgreSQL server and makes its room on
+// it. Find tries the machine's local server, then a private throwaway
+// cluster from the machine's PostgreSQL binaries (Cluster, which the chaos
+// harness also crashes and restarts), then a container; Database makes the
+// demo's and the bench's own database, created when missing, and
+// FreshSchema a schema for a bench run or a test, dropped afterwards. It is
+// the lab's one place for CREATE DATABASE and CREATE SCHEMA; the
 // migrations themselves stay in dedup.
 package localpg
 
@@ -20,19 +23,66 @@ import (
 	"github.com/paydedup/paydedup/internal/redact"
 )
 
-// AdminURL is where demo and bench look for a database when DATABASE_URL
+// AdminURL is the local server demo and bench try first when DATABASE_URL
 // is not set.
 const AdminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
-// Database returns the URL of database name on the local PostgreSQL
-// (adminURL), creating the database if missing, with the pool size given.
+// Server is a PostgreSQL server the lab may use as superuser.
+type Server struct {
+	AdminURL string // the superuser's URL of database postgres
+	Where    string // what it is, for the user: "the local server at ..."
+	Close    func() // stops and removes what Find started; a no-op for the local server
+}
+
+// Find returns a server for the lab, trying in order: localURL (AdminURL
+// when ""), the local server; a private cluster from the machine's
+// PostgreSQL binaries, in a temporary directory; a container, when a Docker
+// engine answers. When none is there, the error gives the exact commands
+// that make one.
+func Find(ctx context.Context, localURL string) (*Server, error) {
+	if localURL == "" {
+		localURL = AdminURL
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pool, localErr := pg.Connect(pctx, localURL)
+	cancel()
+	if localErr == nil {
+		pool.Close()
+		return &Server{AdminURL: localURL, Where: "the local server at " + redact.URLs(localURL), Close: func() {}}, nil
+	}
+	c, stop, clusterErr := Throwaway(ctx)
+	if clusterErr == nil {
+		return &Server{AdminURL: c.URL("postgres", "postgres"), Where: "a private PostgreSQL cluster in " + c.Dir() + " (removed at exit)", Close: stop}, nil
+	}
+	u, stopC, containerErr := Container(ctx, "postgres")
+	if containerErr == nil {
+		return &Server{AdminURL: u, Where: "a PostgreSQL container (removed at exit)", Close: stopC}, nil
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return nil, fmt.Errorf(`no DATABASE_URL, and no PostgreSQL to use:
+  - no server answers at %s (%v);
+  - no private cluster: %v;
+  - no container: %v.
+Either install PostgreSQL's server binaries (nothing needs to run: a private cluster is started and removed):
+  sudo apt-get install postgresql        # Debian, Ubuntu
+or start the compose stack's database and point paydedup at it:
+  docker compose -f deploy/compose.yaml up -d postgres
+  DATABASE_URL='%s' go run ./cmd/paydedup demo`,
+		redact.URLs(localURL), localErr, clusterErr, containerErr, ComposeURL)
+}
+
+// ComposeURL is the database of deploy/compose.yaml as its superuser, from
+// the host (the port and password that file sets).
+const ComposeURL = "postgres://postgres:postgres@127.0.0.1:15432/paydedup?sslmode=disable"
+
+// Database returns the URL of database name on the server at adminURL
+// (a superuser's), creating the database if missing, with the pool size given.
 func Database(ctx context.Context, adminURL, name string, poolSize int) (u string, created bool, err error) {
 	admin, err := pg.Connect(ctx, adminURL)
 	if err != nil {
-		return "", false, fmt.Errorf(`no DATABASE_URL, and no PostgreSQL answers at %s (%v).
-Start one (Debian: apt-get install postgresql; or docker compose -f deploy/compose.yaml up -d),
-or point paydedup at yours:
-  DATABASE_URL='postgres://USER:PASSWORD@HOST:5432/DB?sslmode=disable'`, redact.URLs(adminURL), err)
+		return "", false, fmt.Errorf("connect to PostgreSQL at %s: %w", redact.URLs(adminURL), err)
 	}
 	defer admin.Close()
 	var exists bool

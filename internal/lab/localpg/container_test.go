@@ -1,4 +1,4 @@
-package testenv
+package localpg
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/paydedup/paydedup/internal/redact"
 )
 
 // The container fallback either answers with a working database (a Docker
@@ -14,7 +16,7 @@ import (
 // must not hang the test run.
 func TestPostgresContainerFallback(t *testing.T) {
 	start := time.Now()
-	u, err := postgresContainer()
+	u, stop, err := Container(context.Background(), "test")
 	if err != nil {
 		if !strings.Contains(err.Error(), "Docker") {
 			t.Fatalf("error does not say what is missing: %v", err)
@@ -24,11 +26,12 @@ func TestPostgresContainerFallback(t *testing.T) {
 		}
 		return
 	}
+	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
-		t.Fatalf("container database %s does not answer: %v", redact(u), err)
+		t.Fatalf("container database %s does not answer: %v", redact.URLs(u), err)
 	}
 	defer conn.Close(ctx)
 	var v string
