@@ -47,6 +47,7 @@ never charge twice.`,
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", envOr(getenv, "PAYDEDUP_LOG_LEVEL", "info"), "log level: debug, info, warn or error (PAYDEDUP_LOG_LEVEL)")
 	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a),
 		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a))
+	root.AddCommand(newConsoleCmd(a))
 	root.AddCommand(labCommands(a)...)
 	return root
 }
