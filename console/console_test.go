@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -90,7 +91,12 @@ func (w *world) fileLetter(reason, merchant, key string, body []byte, hdr nats.H
 	if hdr == nil {
 		hdr = nats.Header{}
 	}
-	d := stream.Letter{Reason: reason, Err: errors.New("provider down"), OrigSubject: w.cfg.SubjectPrefix + "." + merchant,
+	why := map[string]string{
+		stream.ReasonMaxDeliveries:          "provider: 503 Service Unavailable after 6 deliveries",
+		stream.ReasonKeyReused:              "idempotency key reused with a different request",
+		string(payment.ReasonInvalidAmount): "amount: must be a positive integer of minor units",
+	}[reason]
+	d := stream.Letter{Reason: reason, Err: errors.New(cmp.Or(why, "it failed")), OrigSubject: w.cfg.SubjectPrefix + "." + merchant,
 		OrigStream: w.cfg.Name, OrigSeq: uint64(time.Now().UnixNano()), Deliveries: 6, Header: hdr, Data: body, FailedAt: time.Now()}
 	ack, err := w.js.PublishMsg(w.ctx, d.Msg(w.cfg))
 	if err != nil {
