@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -271,12 +272,7 @@ func viewLetter(d dlq.Info) letterView {
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt, Stored: d.Stored, Error: Redact(d.Error), OrigSubject: d.OrigSubject,
 		Verified: d.Verified, Unverified: d.Unverified, Invalid: d.Invalid, Truncated: d.Truncated,
 		Body: RedactBody(d.Data), BodyLen: len(d.Data)}
-	names := make([]string, 0, len(d.Header))
-	for k := range d.Header {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(d.Header)) {
 		for _, val := range d.Header[k] {
 			v.Headers = append(v.Headers, headerView{Name: k, Value: Redact(val)})
 		}
