@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short fuzz fuzz-short mutants
+.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short fuzz fuzz-short mutants console-screenshot
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -20,6 +20,10 @@ build-nolab:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The README's screenshot of the console, taken by its browser test.
+console-screenshot:
+	PAYDEDUP_CONSOLE_SCREENSHOT=$(CURDIR)/docs/console.png $(GO) test -count=1 -run '^TestBrowser' ./console
 
 # Mutants (internal/mutant/mutants.txt): each small slip in the money path,
 # applied alone to a scratch copy of the tree, must fail the tests named for

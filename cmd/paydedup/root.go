@@ -64,6 +64,7 @@ never charge twice.`,
 	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a),
 		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a), newVersionCmd(a))
 	root.AddCommand(newAuditCmd(a))
+	root.AddCommand(newConsoleCmd(a))
 	root.AddCommand(labCommands(a)...)
 	return root, a
 }

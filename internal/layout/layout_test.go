@@ -1,6 +1,6 @@
 // Package layout holds the import rules of the module's packages: the core
 // (payment, dedup, provider, stream, consumer, reconciler) imports nothing of
-// the gateway, the lab or cmd, and each outside dependency stays in the
+// the gateway, the console, the lab or cmd, and each outside dependency stays in the
 // package that owns it. (That the production build, -tags nolab, links no
 // lab is cmd/paydedup's TestNolabBuildLeavesTheLabOut.) The rules read the module's real import graph with
 // `go list`, so a new import that breaks one fails here, naming it.
@@ -88,7 +88,7 @@ func TestCoreImportsNoGatewayLabOrCmd(t *testing.T) {
 		}
 		checked++
 		for _, d := range p.Deps {
-			bad := anyUnder(d, append([]string{"gateway", "httpidem", "cmd"}, lab...))
+			bad := anyUnder(d, append([]string{"gateway", "httpidem", "console", "cmd"}, lab...))
 			if bad != "" {
 				t.Errorf("%s depends on %s (the core must not depend on %s)", path, d, bad)
 			}
@@ -118,7 +118,7 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 		{"github.com/stripe/stripe-go", []string{"provider/stripe"}},
 		{"github.com/jackc/pgx", []string{"internal/pg", "dedup", "gateway/pgstore", "httpidem/pgstore",
 			"internal/lab/localpg", "internal/testenv"}},
-		{"github.com/nats-io/nats.go", []string{"stream", "consumer", "dlq", "cmd/paydedup",
+		{"github.com/nats-io/nats.go", []string{"stream", "consumer", "dlq", "console", "cmd/paydedup",
 			"internal/lab", "internal/chaos", "internal/workload", "internal/testenv"}},
 		{"github.com/nats-io/nats-server", []string{"internal/lab/inproc", "internal/testenv"}},
 	}

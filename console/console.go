@@ -1,0 +1,525 @@
+// Package console is the operator's web page (paydedup console): the
+// stream's backlog and the consumer's lag, pending and stuck idempotency
+// rows, dead letters grouped by reason with their headers and bodies, replay
+// of one letter or a selection after a confirmation, and a payment lookup by
+// merchant and key (the key's row, its ledger row and the provider's stored
+// outcome).
+//
+// It is server-rendered (html/template escapes everything a message may
+// carry) and works without JavaScript. Reading is open to whoever reaches
+// the listener, which the command binds to loopback by default; replay, the
+// only thing that changes state, needs the operator token: a session cookie
+// (HttpOnly, SameSite=Strict) obtained by posting the token, a CSRF token in
+// every form, POST only, and net/http's cross-origin protection
+// (Sec-Fetch-Site and Origin). Without a token the console is read-only.
+// Card data never reaches a page: shown JSON loses card details and any
+// digit run that could be a card number is masked (redact.go).
+package console
+
+import (
+	"cmp"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/stream"
+)
+
+// Defaults for Config.
+const (
+	// DefaultGrace is when a pending row counts as stuck: the reconciler's
+	// default grace.
+	DefaultGrace = 2 * time.Minute
+	// DefaultLetterLimit bounds the dead letters the overview reads.
+	DefaultLetterLimit = 500
+	// DefaultSessionTTL is how long a login lasts.
+	DefaultSessionTTL = 8 * time.Hour
+	// MinTokenLen is the shortest operator token accepted.
+	MinTokenLen    = 16
+	requestTimeout = 15 * time.Second
+)
+
+// Store is what the console reads of the idempotency store (*dedup.Store).
+type Store interface {
+	Stats(ctx context.Context, grace time.Duration) (dedup.Stats, error)
+	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
+	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
+}
+
+// Config configures a Console.
+type Config struct {
+	// Stream is the topology, with the DLQ key that verifies dead letters
+	// (and that replay needs).
+	Stream stream.Config
+	// Token is the operator token replay needs (PAYDEDUP_CONSOLE_TOKEN);
+	// empty serves the console read-only. At least MinTokenLen bytes.
+	Token string
+	// ReadNeedsLogin makes every page need the login, not only replay (the
+	// command sets it when the listener is not on loopback).
+	ReadNeedsLogin bool
+	// Grace: a pending row older than this is stuck. DefaultGrace when 0.
+	Grace time.Duration
+	// KeyRetention is the store's key retention, which replay enforces
+	// (dlq.ReplayOptions.KeyRetention); dlq.DefaultKeyRetention when 0.
+	KeyRetention time.Duration
+	// ReplayRate bounds republishes per second (dlq.DefaultReplayRate when 0).
+	ReplayRate float64
+	// LetterLimit bounds the dead letters shown; DefaultLetterLimit when 0.
+	LetterLimit int
+	// SessionTTL is how long a login lasts; DefaultSessionTTL when 0.
+	SessionTTL time.Duration
+	Logger     *slog.Logger
+}
+
+// Console serves the operator's page.
+type Console struct {
+	js    jetstream.JetStream
+	store Store
+	cfg   Config
+	log   *slog.Logger
+	auth  *auth
+	tmpl  *template.Template
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+// ErrConfig is wrapped by New's configuration errors.
+var ErrConfig = errors.New("invalid console configuration")
+
+// New returns a console reading js and store.
+func New(js jetstream.JetStream, store Store, cfg Config) (*Console, error) {
+	cfg.Stream = cfg.Stream.WithDefaults()
+	cfg.Grace = cmp.Or(cfg.Grace, DefaultGrace)
+	cfg.KeyRetention = cmp.Or(cfg.KeyRetention, dlq.DefaultKeyRetention)
+	cfg.ReplayRate = cmp.Or(cfg.ReplayRate, dlq.DefaultReplayRate)
+	cfg.LetterLimit = cmp.Or(cfg.LetterLimit, DefaultLetterLimit)
+	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, DefaultSessionTTL)
+	if cfg.Token != "" && len(cfg.Token) < MinTokenLen {
+		return nil, fmt.Errorf("%w: the token has %d bytes, need at least %d (e.g. openssl rand -hex 32)", ErrConfig, len(cfg.Token), MinTokenLen)
+	}
+	if cfg.ReadNeedsLogin && cfg.Token == "" {
+		return nil, fmt.Errorf("%w: reads need a login but no token is set", ErrConfig)
+	}
+	if cfg.Grace < 0 || cfg.KeyRetention < 0 || cfg.ReplayRate < 0 || cfg.LetterLimit < 0 || cfg.SessionTTL < 0 {
+		return nil, fmt.Errorf("%w: negative grace, key retention, rate, limit or session TTL", ErrConfig)
+	}
+	a, err := newAuth(cfg.Token, cfg.SessionTTL)
+	if err != nil {
+		return nil, err
+	}
+	t, err := template.New("").Funcs(funcs).ParseFS(templateFS, "templates/*.html")
+	if err != nil {
+		return nil, fmt.Errorf("parse console templates: %w", err)
+	}
+	return &Console{js: js, store: store, cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), auth: a, tmpl: t}, nil
+}
+
+// ReadOnly reports whether replay is off: no token, or no valid DLQ key.
+func (c *Console) ReadOnly() bool { return c.readOnlyReason() != "" }
+
+func (c *Console) readOnlyReason() string {
+	switch {
+	case c.cfg.Token == "":
+		return "read-only: PAYDEDUP_CONSOLE_TOKEN is not set, so replay is off"
+	case stream.ValidateDLQKey(c.cfg.Stream.DLQKey) != nil:
+		return "read-only: PAYDEDUP_DLQ_KEY is not set (or too short), so letters cannot be verified or replayed"
+	}
+	return ""
+}
+
+// Handler returns the console's routes.
+func (c *Console) Handler() http.Handler {
+	mux := http.NewServeMux()
+	read := func(h http.HandlerFunc) http.Handler {
+		if c.cfg.ReadNeedsLogin {
+			return c.auth.requireSession(h)
+		}
+		return h
+	}
+	mux.Handle("GET /{$}", read(c.overview))
+	mux.Handle("GET /letters/{seq}", read(c.letter))
+	mux.Handle("GET /payment", read(c.payment))
+	mux.Handle("GET /login", http.HandlerFunc(c.loginPage))
+	mux.Handle("POST /login", http.HandlerFunc(c.login))
+	mux.Handle("POST /logout", c.auth.requireSession(http.HandlerFunc(c.logout)))
+	mux.Handle("POST /replay", c.auth.requireSession(http.HandlerFunc(c.replay)))
+	// Every state change is a POST above; the cross-origin check refuses
+	// a cross-site POST before any handler runs, including the login.
+	cop := http.NewCrossOriginProtection()
+	return securityHeaders(cop.Handler(mux))
+}
+
+// securityHeaders keeps the page out of frames and caches and forbids
+// scripts and styles from anywhere but the page itself.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self' 'unsafe-inline'; script-src 'none'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// page is what every template gets.
+type page struct {
+	Title    string
+	ReadOnly string // why replay is off; empty when it is on
+	LoggedIn bool
+	CSRF     string
+	Flash    string
+	Errors   []string
+	Data     any
+}
+
+func (c *Console) page(r *http.Request, title string, data any) page {
+	p := page{Title: title, ReadOnly: c.readOnlyReason(), Data: data}
+	if s, ok := c.auth.session(r); ok {
+		p.LoggedIn, p.CSRF = true, c.auth.csrf(s)
+	}
+	return p
+}
+
+func (c *Console) render(w http.ResponseWriter, status int, name string, p page) {
+	var b strings.Builder
+	if err := c.tmpl.ExecuteTemplate(&b, name, p); err != nil {
+		c.log.Error("render console page", "page", name, "error", err)
+		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// refuse answers a refused request with a page that says why.
+func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, why string) {
+	p := c.page(r, http.StatusText(status), nil)
+	p.Errors = []string{why}
+	c.render(w, status, "message.html", p)
+}
+
+// ---------------------------------------------------------------------------
+// Overview
+
+type overviewData struct {
+	Now       time.Time
+	Grace     time.Duration
+	Stats     *dedup.Stats
+	Consumer  *stream.ConsumerStats
+	Lag       uint64
+	Counts    []reasonCount
+	Total     uint64
+	Groups    []letterGroup
+	Shown     int
+	Limit     int
+	Truncated bool
+	Stream    stream.Config
+}
+
+type reasonCount struct {
+	Reason string
+	Count  uint64
+}
+
+type letterGroup struct {
+	Reason     string
+	Replayable bool
+	Letters    []letterView
+}
+
+// letterView is a dead letter as the page shows it: redacted.
+type letterView struct {
+	Seq            uint64
+	Reason         string
+	MerchantID     string
+	IdempotencyKey string
+	Deliveries     uint64
+	FailedAt       time.Time
+	Stored         time.Time
+	Error          string
+	OrigSubject    string
+	Verified       bool
+	Unverified     string
+	Invalid        string
+	Truncated      bool
+	Headers        []headerView
+	Body           string
+	BodyLen        int
+}
+
+type headerView struct{ Name, Value string }
+
+func viewLetter(d dlq.Info) letterView {
+	v := letterView{Seq: d.Seq, Reason: d.Reason, MerchantID: Redact(d.MerchantID), IdempotencyKey: Redact(d.IdempotencyKey),
+		Deliveries: d.Deliveries, FailedAt: d.FailedAt, Stored: d.Stored, Error: Redact(d.Error), OrigSubject: d.OrigSubject,
+		Verified: d.Verified, Unverified: d.Unverified, Invalid: d.Invalid, Truncated: d.Truncated,
+		Body: RedactBody(d.Data), BodyLen: len(d.Data)}
+	for _, k := range slices.Sorted(maps.Keys(d.Header)) {
+		for _, val := range d.Header[k] {
+			v.Headers = append(v.Headers, headerView{Name: k, Value: Redact(val)})
+		}
+	}
+	return v
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
+	d := overviewData{Now: time.Now(), Grace: c.cfg.Grace, Limit: c.cfg.LetterLimit, Stream: c.cfg.Stream}
+	p := c.page(r, "paydedup console", nil)
+	p.Flash = r.URL.Query().Get("flash")
+	if st, err := c.store.Stats(ctx, c.cfg.Grace); err != nil {
+		p.Errors = append(p.Errors, "idempotency store: "+err.Error())
+	} else {
+		d.Stats, d.Now = &st, st.Now
+	}
+	if cs, err := stream.ConsumerState(ctx, c.js, c.cfg.Stream); err != nil {
+		p.Errors = append(p.Errors, "consumer: "+err.Error())
+	} else {
+		d.Consumer = &cs
+		d.Lag = cs.NumPending + uint64(cs.NumAckPending)
+	}
+	if counts, err := dlq.Counts(ctx, c.js, c.cfg.Stream); err != nil {
+		p.Errors = append(p.Errors, "dead letters: "+err.Error())
+	} else {
+		for reason, n := range counts {
+			d.Counts = append(d.Counts, reasonCount{reason, n})
+			d.Total += n
+		}
+		slices.SortFunc(d.Counts, func(a, b reasonCount) int { return strings.Compare(a.Reason, b.Reason) })
+	}
+	if d.Total > 0 {
+		letters, err := dlq.List(ctx, c.js, c.cfg.Stream, dlq.Filter{Limit: c.cfg.LetterLimit})
+		if err != nil {
+			p.Errors = append(p.Errors, "dead letters: "+err.Error())
+		}
+		d.Shown, d.Truncated = len(letters), len(letters) == c.cfg.LetterLimit && d.Total > uint64(len(letters))
+		byReason := map[string]*letterGroup{}
+		for _, l := range letters {
+			g := byReason[l.Reason]
+			if g == nil {
+				g = &letterGroup{Reason: l.Reason, Replayable: stream.ReplayableReason(l.Reason) && l.Reason != stream.ReasonKeyReused}
+				byReason[l.Reason] = g
+			}
+			g.Letters = append(g.Letters, viewLetter(l))
+		}
+		for _, g := range byReason {
+			d.Groups = append(d.Groups, *g)
+		}
+		slices.SortFunc(d.Groups, func(a, b letterGroup) int { return strings.Compare(a.Reason, b.Reason) })
+	}
+	p.Data = d
+	c.render(w, http.StatusOK, "overview.html", p)
+}
+
+func (c *Console) letter(w http.ResponseWriter, r *http.Request) {
+	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err != nil || seq == 0 {
+		c.refuse(w, r, http.StatusNotFound, "not a dead-letter sequence")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
+	d, err := dlq.Get(ctx, c.js, c.cfg.Stream, seq)
+	switch {
+	case errors.Is(err, dlq.ErrNotFound):
+		c.refuse(w, r, http.StatusNotFound, fmt.Sprintf("no dead letter %d (already replayed, or expired)", seq))
+		return
+	case err != nil:
+		c.refuse(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	c.render(w, http.StatusOK, "letter.html", c.page(r, fmt.Sprintf("dead letter %d", seq), viewLetter(d)))
+}
+
+// ---------------------------------------------------------------------------
+// Payment lookup
+
+type paymentData struct {
+	MerchantID     string
+	IdempotencyKey string
+	Searched       bool
+	Record         *recordView
+	Ledger         *dedup.Payment
+	NoRecord       bool
+	NoLedger       bool
+}
+
+// recordView is an idempotency row as the page shows it: no request hash,
+// the provider's response redacted.
+type recordView struct {
+	dedup.Record
+	Response string
+}
+
+func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	d := paymentData{MerchantID: strings.TrimSpace(q.Get("merchant")), IdempotencyKey: q.Get("key")}
+	p := c.page(r, "payment lookup", nil)
+	if d.MerchantID != "" || d.IdempotencyKey != "" {
+		d.Searched = true
+		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		defer cancel()
+		rec, err := c.store.Get(ctx, d.MerchantID, d.IdempotencyKey)
+		switch {
+		case errors.Is(err, dedup.ErrNotFound):
+			d.NoRecord = true
+		case err != nil:
+			p.Errors = append(p.Errors, "idempotency row: "+err.Error())
+		default:
+			d.Record = &recordView{Record: rec, Response: RedactBody(rec.Response)}
+		}
+		pay, err := c.store.GetPayment(ctx, d.MerchantID, d.IdempotencyKey)
+		switch {
+		case errors.Is(err, dedup.ErrNotFound):
+			d.NoLedger = true
+		case err != nil:
+			p.Errors = append(p.Errors, "ledger row: "+err.Error())
+		default:
+			d.Ledger = &pay
+		}
+	}
+	p.Data = d
+	c.render(w, http.StatusOK, "payment.html", p)
+}
+
+// ---------------------------------------------------------------------------
+// Replay
+
+type replayData struct {
+	Seqs      []uint64
+	Report    dlq.ReplayReport
+	Confirmed bool
+}
+
+// replay is POST /replay with seq=N (repeated) or one=N: without confirm=yes it is a
+// dry run that shows what would happen and asks for the confirmation; with
+// it, the replay itself.
+func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
+	if why := c.readOnlyReason(); why != "" {
+		c.refuse(w, r, http.StatusForbidden, why)
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		c.refuse(w, r, http.StatusBadRequest, "unreadable form")
+		return
+	}
+	if !c.auth.checkCSRF(r, r.PostForm.Get("csrf")) {
+		c.refuse(w, r, http.StatusForbidden, "the form's CSRF token is missing or wrong: reload the page and try again")
+		return
+	}
+	// A letter's own button sends one=N, and replays it alone whatever
+	// else is ticked; "Replay selected" sends the ticked seq=N.
+	raw := r.PostForm["seq"]
+	if one := r.PostForm.Get("one"); one != "" {
+		raw = []string{one}
+	}
+	var seqs []uint64
+	for _, s := range raw {
+		seq, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || seq == 0 {
+			c.refuse(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not a dead-letter sequence", s))
+			return
+		}
+		seqs = append(seqs, seq)
+	}
+	if len(seqs) == 0 {
+		c.refuse(w, r, http.StatusBadRequest, "no dead letter selected")
+		return
+	}
+	confirmed := r.PostForm.Get("confirm") == "yes"
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout+time.Duration(float64(len(seqs))/c.cfg.ReplayRate*float64(time.Second)))
+	defer cancel()
+	rep, err := dlq.Replay(ctx, c.js, c.cfg.Stream, dlq.ReplayOptions{
+		Seqs: seqs, DryRun: !confirmed, KeyRetention: c.cfg.KeyRetention, Rate: c.cfg.ReplayRate,
+	})
+	if err != nil {
+		c.refuse(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	for i := range rep.Results {
+		rep.Results[i].MerchantID = Redact(rep.Results[i].MerchantID)
+		rep.Results[i].IdempotencyKey = Redact(rep.Results[i].IdempotencyKey)
+	}
+	if confirmed {
+		c.log.Info("dead letters replayed from the console", "requested", len(seqs), "replayed", rep.Replayed,
+			"skipped", rep.Skipped, "refused", rep.Refused, "not_found", rep.NotFound, "failed", rep.Failed)
+	}
+	title := "confirm replay"
+	if confirmed {
+		title = "replay done"
+	}
+	c.render(w, http.StatusOK, "replay.html", c.page(r, title, replayData{Seqs: seqs, Report: rep, Confirmed: confirmed}))
+}
+
+var funcs = template.FuncMap{
+	"when": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+	"ago": func(now, t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return now.Sub(t).Round(time.Second).String()
+	},
+	"dash":    func(s string) string { return cmp.Or(s, "-") },
+	"outcome": func(o dlq.ReplayOutcome) string { return strings.ReplaceAll(string(o), "_", " ") },
+}
+
+// Serve serves the console on ln until ctx ends, then lets requests in
+// flight finish for a few seconds.
+func (c *Console) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
+		WriteTimeout: 2 * time.Minute, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10,
+		ErrorLog: slog.NewLogLogger(c.log.Handler(), slog.LevelWarn)}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("serve console: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("stop console: %w", err)
+	}
+	<-done
+	return nil
+}
+
+// Loopback reports whether a listen address is on loopback only
+// ("127.0.0.1:8089", "[::1]:0", "localhost:8089"); an empty host (every
+// interface) is not.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
