@@ -83,8 +83,8 @@ type Outcome struct {
 	// methods such as bank debits): it must never be charged again under
 	// the key, and it ends succeeded or failed later. ChargeID is set.
 	Processing bool
-	// HTTPStatus is the status to store and replay: 200 for charged or
-	// processing, 402 for declined.
+	// HTTPStatus is the status to store and replay: 200 for charged, 202
+	// for processing (accepted, not finished), 402 for declined.
 	HTTPStatus int
 	// Response is the provider's exact response body, stored and replayed to
 	// duplicates.

@@ -197,7 +197,8 @@ func (m *Metrics) ObserveRun(res reconciler.RunResult, err error) {
 	}
 	for label, n := range map[string]int{
 		"completed": res.Completed, "declined": res.Declined, "failed": res.Failed,
-		"left": res.Left, "lease_lost": res.LeaseLost,
+		"left": res.Left, "lease_lost": res.LeaseLost, "foreign_intent": res.ForeignIntents,
+		"settled_succeeded": res.SettledSucceeded, "settled_failed": res.SettledFailed,
 	} {
 		if n > 0 {
 			m.reconRows.WithLabelValues(label).Add(float64(n))

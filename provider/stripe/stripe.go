@@ -428,7 +428,7 @@ func intentOutcome(pi *stripego.PaymentIntent, raw []byte) (*provider.Outcome, e
 		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), HTTPStatus: http.StatusOK, Response: raw}, nil
 	case stripego.PaymentIntentStatusProcessing:
 		// Accepted; money may still move (bank debits take days).
-		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), Processing: true, HTTPStatus: http.StatusOK, Response: raw}, nil
+		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), Processing: true, HTTPStatus: http.StatusAccepted, Response: raw}, nil
 	case stripego.PaymentIntentStatusRequiresPaymentMethod, stripego.PaymentIntentStatusCanceled,
 		stripego.PaymentIntentStatusRequiresConfirmation:
 		// The attempt failed, the intent was canceled, or it was never

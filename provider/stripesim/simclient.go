@@ -378,11 +378,15 @@ func (in *simIntent) facts() provider.IntentFacts {
 // over the intent's own (a canceled requires_action).
 func (in *simIntent) outcome(code string) *provider.Outcome {
 	if in.status == simSucceeded || in.status == simProcessing {
+		status := http.StatusOK
+		if in.status == simProcessing {
+			status = http.StatusAccepted
+		}
 		return &provider.Outcome{
 			ChargeID:   in.id,
 			Status:     in.status,
 			Processing: in.status == simProcessing,
-			HTTPStatus: http.StatusOK,
+			HTTPStatus: status,
 			Response:   renderSim(func(b []byte) []byte { return appendIntentJSON(b, in) }),
 		}
 	}

@@ -70,7 +70,7 @@ func testProcessingThenSettles(t *testing.T, newProvider newProviderFunc) {
 		req := chargeReq(tt.key)
 		req.PaymentMethod = tt.pm
 		out := mustCharge(t, env.p, req)
-		if !out.Processing || out.Declined || out.Status != "processing" || out.ChargeID == "" || out.HTTPStatus != http.StatusOK {
+		if !out.Processing || out.Declined || out.Status != "processing" || out.ChargeID == "" || out.HTTPStatus != http.StatusAccepted {
 			t.Fatalf("%s: charge = %+v, want processing", tt.pm, out)
 		}
 		wantCharges(t, env.sim, tt.key, 0)
