@@ -3,6 +3,7 @@ package stripe_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -128,5 +129,34 @@ func TestStripeSendsOffSession(t *testing.T) {
 	if len(forms) != 2 || forms[0].Get("off_session") != "true" || forms[0].Get("confirm") != "true" ||
 		forms[1].Get("off_session") != "false" {
 		t.Fatalf("forms = %v", forms)
+	}
+}
+
+// TestStripeSearchHitOfAnotherMerchantIsNotUsed: a search hit whose
+// metadata names another merchant (a search index that matched loosely) is
+// someone else's intent: the lookup reports it and completes nothing.
+func TestStripeSearchHitOfAnotherMerchantIsNotUsed(t *testing.T) {
+	t.Parallel()
+	sim := stripesim.New(stripesim.Config{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/payment_intents/search" {
+			sim.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		sim.ServeHTTP(rec, r)
+		body := bytes.ReplaceAll(rec.Body.Bytes(), []byte(`"merchant_id":"m_123"`), []byte(`"merchant_id":"m_other"`))
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	s := newStripe(t, stripe.Config{APIBase: srv.URL})
+	req := chargeReq("k-other-merchant")
+	mustCharge(t, s, req)
+	_, err := s.Lookup(context.Background(), provider.LookupRequest{ProviderKey: req.ProviderKey, MerchantID: "m_123",
+		IdempotencyKey: req.IdempotencyKey, Amount: req.Amount, Currency: req.Currency})
+	wantClass(t, err, provider.ClassUnknown)
+	if !errors.Is(err, provider.ErrForeignIntent) || !strings.Contains(err.Error(), `metadata merchant_id "m_other"`) {
+		t.Fatalf("err = %v, want ErrForeignIntent naming the merchant", err)
 	}
 }
