@@ -73,12 +73,20 @@ func (r *Rejection) error(class Class) *Error {
 	}
 }
 
-// SearchVerdict is Lookup's answer from what a search found under one key,
-// newest first: charges (Processing ones among them: money may move) and
-// declines. Several charges are a ClassUnknown error, never hidden;
-// otherwise the one charge (or processing intent), else the latest decline,
-// else not found.
-func SearchVerdict(charged, declined []*Outcome) (LookupResult, error) {
+// SearchVerdict is Lookup's answer from the outcomes of the intents a search
+// found under one key, newest first. Several charges (processing ones among
+// them: money may move) are a ClassUnknown error, never hidden; otherwise
+// the one charge (or processing intent), else the latest decline, else not
+// found.
+func SearchVerdict(found []*Outcome) (LookupResult, error) {
+	var charged, declined []*Outcome
+	for _, o := range found {
+		if o.Declined {
+			declined = append(declined, o)
+		} else {
+			charged = append(charged, o)
+		}
+	}
 	switch {
 	case len(charged) > 1:
 		return LookupResult{}, &Error{Class: ClassUnknown, Message: "multiple charges under one key: " + strings.Join(outcomeIDs(charged), ", ")}

@@ -59,20 +59,8 @@ func TestStripeRequiresActionCancelFails(t *testing.T) {
 // how it stands.
 func TestStripeLookupBelievesRetrieveNotSearch(t *testing.T) {
 	t.Parallel()
-	sim := stripesim.New(stripesim.Config{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/v1/payment_intents/search" {
-			sim.ServeHTTP(w, r)
-			return
-		}
-		rec := httptest.NewRecorder()
-		sim.ServeHTTP(rec, r)
-		// A stale index: it says succeeded while the intent is processing.
-		body := bytes.ReplaceAll(rec.Body.Bytes(), []byte(`"status":"processing"`), []byte(`"status":"succeeded"`))
-		w.WriteHeader(rec.Code)
-		_, _ = w.Write(body)
-	}))
-	t.Cleanup(srv.Close)
+	// A stale index: it says succeeded while the intent is processing.
+	srv := searchRewrite(t, `"status":"processing"`, `"status":"succeeded"`)
 	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	req := chargeReq("k-stale-search")
 	req.PaymentMethod = "pm_usBankAccount_success"
@@ -137,19 +125,7 @@ func TestStripeSendsOffSession(t *testing.T) {
 // someone else's intent: the lookup reports it and completes nothing.
 func TestStripeSearchHitOfAnotherMerchantIsNotUsed(t *testing.T) {
 	t.Parallel()
-	sim := stripesim.New(stripesim.Config{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/v1/payment_intents/search" {
-			sim.ServeHTTP(w, r)
-			return
-		}
-		rec := httptest.NewRecorder()
-		sim.ServeHTTP(rec, r)
-		body := bytes.ReplaceAll(rec.Body.Bytes(), []byte(`"merchant_id":"m_123"`), []byte(`"merchant_id":"m_other"`))
-		w.WriteHeader(rec.Code)
-		_, _ = w.Write(body)
-	}))
-	t.Cleanup(srv.Close)
+	srv := searchRewrite(t, `"merchant_id":"m_123"`, `"merchant_id":"m_other"`)
 	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	req := chargeReq("k-other-merchant")
 	mustCharge(t, s, req)
@@ -159,4 +135,23 @@ func TestStripeSearchHitOfAnotherMerchantIsNotUsed(t *testing.T) {
 	if !errors.Is(err, provider.ErrForeignIntent) || !strings.Contains(err.Error(), `metadata merchant_id "m_other"`) {
 		t.Fatalf("err = %v, want ErrForeignIntent naming the merchant", err)
 	}
+}
+
+// searchRewrite serves a simulator whose search answers have old replaced
+// by new: a search index that disagrees with the intents themselves.
+func searchRewrite(t *testing.T, old, new string) *httptest.Server {
+	t.Helper()
+	sim := stripesim.New(stripesim.Config{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/payment_intents/search" {
+			sim.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		sim.ServeHTTP(rec, r)
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(bytes.ReplaceAll(rec.Body.Bytes(), []byte(old), []byte(new)))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }

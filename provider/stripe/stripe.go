@@ -355,7 +355,7 @@ func (s *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		}
 		hits = append(hits, pi.ID)
 	}
-	var charged, declined []*provider.Outcome
+	var found []*provider.Outcome
 	for _, id := range hits {
 		pi, err := s.client.V1PaymentIntents.Retrieve(ctx, id, nil)
 		if err != nil {
@@ -365,13 +365,9 @@ func (s *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		if err != nil {
 			return provider.LookupResult{}, err
 		}
-		if res.Outcome.Declined {
-			declined = append(declined, res.Outcome)
-		} else {
-			charged = append(charged, res.Outcome)
-		}
+		found = append(found, res.Outcome)
 	}
-	return provider.SearchVerdict(charged, declined)
+	return provider.SearchVerdict(found)
 }
 
 // lookupByID is what a retrieved intent tells about req's key: nothing

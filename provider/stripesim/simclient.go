@@ -211,7 +211,7 @@ func (c *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		}
 		offset += len(page)
 	}
-	var charged, declined []*provider.Outcome
+	var found []*provider.Outcome
 	for _, id := range hits {
 		in, f, err := c.retrieve(ctx, start, false, id)
 		switch {
@@ -224,13 +224,9 @@ func (c *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		if err != nil {
 			return provider.LookupResult{}, err
 		}
-		if res.Outcome.Declined {
-			declined = append(declined, res.Outcome)
-		} else {
-			charged = append(charged, res.Outcome)
-		}
+		found = append(found, res.Outcome)
 	}
-	return provider.SearchVerdict(charged, declined)
+	return provider.SearchVerdict(found)
 }
 
 // call is the client's side of the HTTP handlers' api wrapper: the fate roll,
