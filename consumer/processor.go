@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -45,6 +46,7 @@ type Processor struct {
 	committer *committer
 	observer  Observer      // set by NewWorker; NopObserver until then
 	calls     chan struct{} // the provider call pool: Concurrency calls at once
+	auth      authGate
 }
 
 // NewProcessor returns a processor. cfg must have passed Validate.
@@ -145,6 +147,12 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		result = provider.ClassOf(err).String()
 	case out.Declined:
 		result = "declined"
+	case out.Processing:
+		result = "processing"
+	}
+	// Any answer from the provider but a refusal shows the key works again.
+	if perr := (*provider.Error)(nil); err == nil || errors.As(err, &perr) && perr.HTTPStatus != 0 && perr.Class != provider.ClassUnauthorized {
+		p.auth.accepted()
 	}
 	p.observer.ProviderCalled(time.Since(start), result)
 	leaseLost := lost()
@@ -155,23 +163,15 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	res := Result{Attempt: lease.Attempt}
 
 	if err == nil {
-		c := dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined, ResponseStatus: out.HTTPStatus, Response: out.Response}
-		if c.ResponseStatus == 0 {
-			c.ResponseStatus = 200
-			if out.Declined {
-				c.ResponseStatus = 402
-			}
-		}
-		if len(c.Response) == 0 {
-			c.Response, _ = json.Marshal(map[string]any{"id": out.ChargeID, "status": out.Status, "declined": out.Declined})
-		}
+		c := Completion(out)
 		switch cerr := p.committer.Complete(sctx, lease, c); {
 		case cerr == nil:
 			res.Kind = Completed
 			if out.Declined {
 				res.Kind = Declined
 			}
-			log.Info("payment completed", "charge_id", out.ChargeID, "declined", out.Declined, "replayed", out.Replayed)
+			log.Info("payment completed", "charge_id", out.ChargeID, "declined", out.Declined, "processing", out.Processing,
+				"decline_code", out.DeclineCode, "replayed", out.Replayed)
 			return res
 		case errors.Is(cerr, dedup.ErrLeaseLost):
 			// Another holder took over; it calls with the same provider key,
@@ -201,6 +201,25 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	case provider.ClassMismatch:
 		p.release(sctx, lease, err.Error(), log)
 		return Result{Kind: DeadLetter, Reason: stream.ReasonProviderMismatch, Err: err, Attempt: lease.Attempt}
+	case provider.ClassRejected:
+		// Not charged (the provider refused the request), so the row may
+		// become failed: a replay after someone fixed the cause re-acquires
+		// it. But it is no decline, and no retry of the same request helps.
+		if _, ferr := p.store.Fail(sctx, lease, err.Error()); ferr != nil {
+			log.Warn("could not record a rejected request", "error", ferr)
+		}
+		log.Error("provider rejected the request; dead-lettered for a person", "error", err)
+		return Result{Kind: DeadLetter, Reason: stream.ReasonProviderRejected, Err: err, Attempt: lease.Attempt}
+	case provider.ClassUnauthorized:
+		// The API key is bad or revoked: every payment would fail alike.
+		// Not charged; the worker stops fetching for a while (readiness
+		// fails) rather than fail or dead-letter the stream.
+		if _, ferr := p.store.Fail(sctx, lease, err.Error()); ferr != nil {
+			log.Warn("could not record a refused API key", "error", ferr)
+		}
+		pause := p.auth.refused(err)
+		log.Error("provider refused the API key; pausing consumption", "error", err, "pause", pause.String())
+		return Result{Kind: Retry, Delay: pause, Err: err, Attempt: lease.Attempt}
 	case provider.ClassRetryable:
 		status, ferr := p.store.Fail(sctx, lease, err.Error())
 		if ferr != nil {
@@ -217,6 +236,28 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		log.Warn("provider outcome unknown; row left pending for a redelivery or the reconciler", "error", err)
 		return Result{Kind: Retry, Err: err, Attempt: lease.Attempt}
 	}
+}
+
+// Completion is the record of a settled provider outcome: what the worker
+// and the reconciler store. A processing outcome is stored 202 (accepted, not
+// finished) and a decline 402 when the provider gave no status.
+func Completion(out *provider.Outcome) dedup.Completion {
+	c := dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
+		ResponseStatus: out.HTTPStatus, Response: out.Response}
+	if c.ResponseStatus == 0 {
+		switch {
+		case out.Declined:
+			c.ResponseStatus = http.StatusPaymentRequired
+		case out.Processing:
+			c.ResponseStatus = http.StatusAccepted
+		default:
+			c.ResponseStatus = http.StatusOK
+		}
+	}
+	if len(c.Response) == 0 {
+		c.Response, _ = json.Marshal(map[string]any{"id": out.ChargeID, "status": out.Status, "declined": out.Declined})
+	}
+	return c
 }
 
 func (p *Processor) release(ctx context.Context, lease dedup.Lease, reason string, log *slog.Logger) {

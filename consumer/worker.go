@@ -162,6 +162,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
 		"concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease.String())
 	for ctx.Err() == nil {
+		if wait := w.proc.auth.pausedFor(); wait > 0 {
+			// The provider refused our API key: fetching would only fail
+			// every payment the same way.
+			w.logger.Warn("provider refused the API key; not fetching", "retry_in", wait.String())
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+			continue
+		}
 		n := w.reserve(ctx, slots)
 		if n == 0 {
 			break

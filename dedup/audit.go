@@ -14,7 +14,7 @@ import (
 // reads; pages follow the (created_at, id) index order.
 const auditPage = 5000
 
-const paymentColumns = `p.id, p.merchant_id, p.idempotency_key, p.provider_key, p.charge_id, p.status, p.amount, p.currency, p.created_at`
+const auditColumns = `p.id, p.merchant_id, p.idempotency_key, p.provider_key, p.charge_id, p.status, p.amount, p.currency, p.created_at`
 
 // PaymentsBetween returns the ledger rows created in [from, to), of
 // merchantID only when it is not empty, oldest first. It reads in keyset
@@ -31,7 +31,7 @@ func (s *Store) PaymentsBetween(ctx context.Context, from, to time.Time, merchan
 		var ids []int64
 		err := s.db.Retry(ctx, func(ctx context.Context) error {
 			page, ids = page[:0], ids[:0]
-			rows, err := s.db.Pool.Query(ctx, `SELECT `+paymentColumns+` FROM payments p
+			rows, err := s.db.Pool.Query(ctx, `SELECT `+auditColumns+` FROM payments p
 				WHERE (p.created_at, p.id) > (@after_at, @after_id) AND p.created_at < @to
 				  AND (@merchant = '' OR p.merchant_id = @merchant)
 				ORDER BY p.created_at, p.id LIMIT @limit`,
@@ -69,7 +69,7 @@ func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, erro
 		n := len(out)
 		err := s.db.Retry(ctx, func(ctx context.Context) error {
 			out = out[:n]
-			rows, err := s.db.Pool.Query(ctx, `SELECT `+paymentColumns+` FROM payments p
+			rows, err := s.db.Pool.Query(ctx, `SELECT `+auditColumns+` FROM payments p
 				WHERE (p.merchant_id, p.idempotency_key) IN
 				      (SELECT DISTINCT * FROM unnest(@merchants::text[], @keys::text[]))`,
 				pgx.NamedArgs{"merchants": merchants, "keys": keys})

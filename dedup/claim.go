@@ -90,7 +90,7 @@ WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.merchant_id = e.merchant_id AND up
 UNION ALL
 SELECT i.ord, 4, p.merchant_id, p.idempotency_key, NULL::bytea, 'completed', p.provider_key, p.amount, p.currency,
     1, NULL::text, NULL::timestamptz, false, p.created_at, p.charge_id,
-    CASE WHEN p.status = 'declined' THEN 402 ELSE 200 END,
+    CASE p.status WHEN 'declined' THEN 402 WHEN 'failed' THEN 402 WHEN 'processing' THEN 202 ELSE 200 END,
     jsonb_build_object('id', p.charge_id, 'status', p.status, 'note', 'idempotency key purged; outcome from the ledger'),
     NULL::text, p.created_at, p.created_at, p.created_at, p.created_at, NULL::text
 FROM rest i JOIN payments p USING (merchant_id, idempotency_key)

@@ -272,6 +272,11 @@ type Completion struct {
 	// Declined records a definitive business failure (card declined,
 	// invalid payment details), stored and replayed like a success.
 	Declined bool
+	// Processing records a charge the provider accepted and has not
+	// finished (money may still move): the key is completed, never charged
+	// again, and its ledger row is `processing` until SettlePayment moves it
+	// to `succeeded` or `failed`. ChargeID is required.
+	Processing bool
 	// ResponseStatus and Response are stored and replayed to duplicates.
 	ResponseStatus int
 	Response       json.RawMessage
@@ -287,4 +292,15 @@ func validTraceID(s string) bool {
 		}
 	}
 	return true
+}
+
+// paymentStatus is the ledger status a completion writes.
+func (c Completion) paymentStatus() string {
+	switch {
+	case c.Declined:
+		return PaymentDeclined
+	case c.Processing:
+		return PaymentProcessing
+	}
+	return PaymentSucceeded
 }

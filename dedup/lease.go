@@ -66,14 +66,14 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 	if !c.Declined && c.ChargeID == "" {
 		return errors.New("complete key: a charge needs its provider charge id")
 	}
+	if c.Declined && c.Processing {
+		return errors.New("complete key: a completion is declined or processing, not both")
+	}
 	if c.ResponseStatus < 100 || c.ResponseStatus > 599 {
 		return fmt.Errorf("complete key: response status %d is not an HTTP status", c.ResponseStatus)
 	}
 	args := leaseArgs(l)
-	paymentStatus := "succeeded"
-	if c.Declined {
-		paymentStatus = "declined"
-	}
+	paymentStatus := c.paymentStatus()
 	args["now"], args["retention"] = s.db.Now(), s.retention
 	args["response_status"], args["response"], args["charge_id"] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
 	args["payment_status"] = paymentStatus
@@ -339,15 +339,12 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 	attempts, statuses, responses := make([]int32, n), make([]int32, n), make([][]byte, n)
 	for i, it := range items {
 		c := it.Completion
-		if len(c.Response) == 0 || (!c.Declined && c.ChargeID == "") || c.ResponseStatus < 100 || c.ResponseStatus > 599 {
+		if len(c.Response) == 0 || (!c.Declined && c.ChargeID == "") || (c.Declined && c.Processing) || c.ResponseStatus < 100 || c.ResponseStatus > 599 {
 			return nil, fmt.Errorf("complete keys: item %d: a completion needs a response, an HTTP status and, when charged, a charge id", i)
 		}
 		merchants[i], keys[i], holders[i], attempts[i] = it.Lease.MerchantID, it.Lease.IdempotencyKey, it.Lease.Holder, int32(it.Lease.Attempt)
 		statuses[i], responses[i], chargeIDs[i] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
-		paymentStatuses[i] = "succeeded"
-		if c.Declined {
-			paymentStatuses[i] = "declined"
-		}
+		paymentStatuses[i] = c.paymentStatus()
 	}
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "holders": holders, "attempts": attempts,

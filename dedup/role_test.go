@@ -180,14 +180,40 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		t.Fatalf("%d charges at the provider, want 4", got)
 	}
 
+	// A processing payment: the one ledger change the role may make is
+	// settling it, once; every other change is refused by the schema.
+	process(cmd("ach", "pm_usBankAccount_success"), consumer.Completed)
+	ach, err := store.GetPayment(ctx, "m_role", "ach")
+	if err != nil || ach.Status != dedup.PaymentProcessing {
+		t.Fatalf("processing payment as %s: %+v %v", workerRole, ach, err)
+	}
+	if err := store.SettlePayment(ctx, ach, dedup.PaymentSucceeded, 200, []byte(`{"id":"settled"}`)); err != nil {
+		t.Fatalf("settle as %s: %v", workerRole, err)
+	}
+	if err := store.SettlePayment(ctx, ach, dedup.PaymentFailed, 402, []byte(`{}`)); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("settling twice as %s: %v, want ErrNotFound", workerRole, err)
+	}
+	for _, sql := range []string{
+		`UPDATE payments SET status = 'failed', settled_at = now() WHERE status = 'succeeded'`,
+		`UPDATE payments SET status = 'processing' WHERE idempotency_key = 'ach'`,
+		`UPDATE payments SET settled_at = now() WHERE status = 'declined'`,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23000" {
+			t.Errorf("%s: got %v, want the ledger's guard (23000)", sql, err)
+		}
+	}
+
 	// No DDL, no grants, nothing outside its tables, and the ledger is
-	// append-only.
+	// append-only but for settling.
 	if _, err := owner.Exec(ctx, `CREATE TABLE not_for_workers (secret text)`); err != nil {
 		t.Fatal(err)
 	}
 	for _, sql := range []string{
 		`UPDATE payments SET amount = amount + 1`,
 		`UPDATE payments SET status = 'declined', charge_id = NULL WHERE status = 'succeeded'`,
+		`UPDATE payments SET charge_id = NULL`,
 		`DELETE FROM payments`,
 		`SELECT * FROM api_keys`,
 		`INSERT INTO api_keys (id, merchant_id, key_hash, created_at) VALUES ('0123456789ab', 'm_role', sha256('k'), now())`,

@@ -29,15 +29,15 @@ var metrics = map[string]struct {
 	"paydedup_complete_duration_seconds": {histogram: true},
 	"paydedup_complete_batch_size":       {histogram: true},
 	"paydedup_provider_call_duration_seconds": {histogram: true, labels: map[string][]string{
-		"result": {"charged", "declined", "unknown_outcome", "retryable", "idempotency_mismatch"},
+		"result": {"charged", "declined", "processing", "unknown_outcome", "retryable", "idempotency_mismatch", "rejected", "unauthorized"},
 	}},
 	"paydedup_provider_errors_total": {labels: map[string][]string{
-		"class": {"unknown_outcome", "retryable", "idempotency_mismatch"},
+		"class": {"unknown_outcome", "retryable", "idempotency_mismatch", "rejected", "unauthorized"},
 	}},
 	"paydedup_reconciler_runs_total":          {labels: map[string][]string{"result": {"ok", "lookup_errors", "error"}}},
 	"paydedup_reconciler_lookup_errors_total": {},
 	"paydedup_reconciler_rows_total": {labels: map[string][]string{
-		"result": {"completed", "declined", "failed", "left", "lease_lost"},
+		"result": {"completed", "declined", "failed", "left", "lease_lost", "foreign_intent", "settled_succeeded", "settled_failed"},
 	}},
 	"paydedup_purged_rows_total":                      {},
 	"paydedup_stuck_pending_rows":                     {},

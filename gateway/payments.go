@@ -20,7 +20,7 @@ import (
 // Payment states shown to clients.
 const (
 	StateQueued     = "queued"     // published; no worker has claimed it yet
-	StateProcessing = "processing" // a worker holds the key (provider call under way or outcome unknown)
+	StateProcessing = "processing" // a worker holds the key (provider call under way or outcome unknown), or the provider accepted it and money may still move (stored 202)
 	StateRetrying   = "retrying"   // known not charged; the queue retries it
 	StateSucceeded  = "succeeded"  // charged
 	StateDeclined   = "declined"   // definitively refused by the provider
@@ -54,7 +54,12 @@ func paymentFromRecord(rec dedup.Record) Payment {
 	switch rec.Status {
 	case dedup.StatusCompleted:
 		p.Status = StateDeclined
-		if rec.ResponseStatus >= 200 && rec.ResponseStatus < 300 {
+		switch {
+		case rec.ResponseStatus == http.StatusAccepted:
+			// Completed as processing: the key is settled, the money not
+			// yet (the reconciler stores the final answer later).
+			p.Status = StateProcessing
+		case rec.ResponseStatus >= 200 && rec.ResponseStatus < 300:
 			p.Status = StateSucceeded
 		}
 		at := rec.CompletedAt.UTC()

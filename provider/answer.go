@@ -31,29 +31,32 @@ type Rejection struct {
 func (r *Rejection) class() Class { return Classify(r.HTTPStatus, r.Type, r.Code, nil) }
 
 // ChargeResult is Charge's answer: a declined Outcome when the provider
-// refused the charge for good (402, or 400 on the parameters), else an
-// *Error.
+// declined the charge for good (a 402 card_error), else an *Error (a 400
+// on our parameters is ClassRejected, not a decline).
 func (r *Rejection) ChargeResult() (*Outcome, error) {
 	class := r.class()
 	if class != ClassDeclined {
 		return nil, r.error(class)
 	}
 	return &Outcome{
-		ChargeID:    r.ChargeID,
-		Status:      r.ChargeStatus,
-		Declined:    true,
-		DeclineCode: cmp.Or(r.DeclineCode, r.Code, r.Type),
+		ChargeID: r.ChargeID,
+		Status:   r.ChargeStatus,
+		Declined: true,
+		// Stripe's own reason; its error type (card_error, or whatever a
+		// last_payment_error carries) is not one.
+		DeclineCode: cmp.Or(r.DeclineCode, r.Code, "card_declined"),
 		HTTPStatus:  r.HTTPStatus,
 		Response:    r.Response,
 		Replayed:    r.Replayed,
 	}, nil
 }
 
-// LookupError is Lookup's error. A lookup cannot be declined, so a 4xx the
-// charge path would call definitive means "could not tell" here.
+// LookupError is Lookup's error. A lookup cannot be declined or rejected
+// for good, so a 4xx the charge path would call definitive means "could not
+// tell" here; a refused API key stays ClassUnauthorized.
 func (r *Rejection) LookupError() *Error {
 	class := r.class()
-	if class != ClassRetryable {
+	if class != ClassRetryable && class != ClassUnauthorized {
 		class = ClassUnknown
 	}
 	return r.error(class)
@@ -70,17 +73,23 @@ func (r *Rejection) error(class Class) *Error {
 	}
 }
 
-// SearchVerdict is Lookup's answer from what a search found under one key,
-// newest first: charges, declines and the ids of intents still processing.
-// Several charges, or one still processing, are a ClassUnknown error, never
-// hidden; otherwise the one charge, else the latest decline, else not found.
-func SearchVerdict(charged, declined []*Outcome, processing []string) (LookupResult, error) {
+// SearchVerdict is Lookup's answer from the outcomes of the intents a search
+// found under one key, newest first. Several charges (processing ones among
+// them: money may move) are a ClassUnknown error, never hidden; otherwise
+// the one charge (or processing intent), else the latest decline, else not
+// found.
+func SearchVerdict(found []*Outcome) (LookupResult, error) {
+	var charged, declined []*Outcome
+	for _, o := range found {
+		if o.Declined {
+			declined = append(declined, o)
+		} else {
+			charged = append(charged, o)
+		}
+	}
 	switch {
-	case len(charged)+len(processing) > 1 && len(charged) > 0:
-		ids := append(outcomeIDs(charged), processing...)
-		return LookupResult{}, &Error{Class: ClassUnknown, Message: "multiple charges under one key: " + strings.Join(ids, ", ")}
-	case len(processing) > 0:
-		return LookupResult{}, &Error{Class: ClassUnknown, Message: "payment intent still processing: " + strings.Join(processing, ", ")}
+	case len(charged) > 1:
+		return LookupResult{}, &Error{Class: ClassUnknown, Message: "multiple charges under one key: " + strings.Join(outcomeIDs(charged), ", ")}
 	case len(charged) == 1:
 		return LookupResult{Found: true, Outcome: charged[0]}, nil
 	case len(declined) > 0:

@@ -41,8 +41,10 @@ func TestClassify(t *testing.T) {
 		{"api_error on a 4xx", 400, "api_error", "", nil, provider.ClassUnknown},
 		{"402 card declined", 402, "card_error", "card_declined", nil, provider.ClassDeclined},
 		{"402 without type", 402, "", "", nil, provider.ClassDeclined},
-		{"400 invalid amount", 400, "invalid_request_error", "parameter_invalid_integer", nil, provider.ClassDeclined},
-		{"400 no such payment method", 400, "invalid_request_error", "resource_missing", nil, provider.ClassDeclined},
+		// A rejection is our request refused, not the card: never a decline.
+		{"400 invalid amount", 400, "invalid_request_error", "parameter_invalid_integer", nil, provider.ClassRejected},
+		{"400 no such payment method", 400, "invalid_request_error", "resource_missing", nil, provider.ClassRejected},
+		{"400 unknown parameter", 400, "invalid_request_error", "parameter_unknown", nil, provider.ClassRejected},
 		{"400 idempotency_error", 400, "idempotency_error", "", nil, provider.ClassMismatch},
 		// A 409 proves only that this copy did not run: another request
 		// under the key is running and can charge.
@@ -53,10 +55,12 @@ func TestClassify(t *testing.T) {
 		{"409 body cut short", 409, "invalid_request_error", "idempotency_key_in_use", io.ErrUnexpectedEOF, provider.ClassUnknown},
 		{"429 rate limit", 429, "invalid_request_error", "rate_limit", nil, provider.ClassRetryable},
 		{"429 bare", 429, "", "", nil, provider.ClassRetryable},
-		{"401 auth", 401, "authentication_error", "", nil, provider.ClassRetryable},
-		{"401 invalid_request_error", 401, "invalid_request_error", "", nil, provider.ClassRetryable},
-		{"403 permission", 403, "invalid_request_error", "", nil, provider.ClassRetryable},
-		{"404 resource missing", 404, "invalid_request_error", "resource_missing", nil, provider.ClassRetryable},
+		{"401 auth", 401, "authentication_error", "", nil, provider.ClassUnauthorized},
+		{"401 invalid_request_error", 401, "invalid_request_error", "", nil, provider.ClassUnauthorized},
+		{"403 permission", 403, "invalid_request_error", "", nil, provider.ClassUnauthorized},
+		{"401 body cut short", 401, "authentication_error", "", io.ErrUnexpectedEOF, provider.ClassUnauthorized},
+		{"404 resource missing", 404, "invalid_request_error", "resource_missing", nil, provider.ClassRejected},
+		{"422 with a provider body", 422, "invalid_request_error", "", nil, provider.ClassRetryable},
 		{"404 without provider body", 404, "", "", nil, provider.ClassUnknown},
 		{"200 is not a failure", 200, "", "", nil, provider.ClassUnknown},
 
@@ -153,11 +157,13 @@ func TestClassOf(t *testing.T) {
 func TestClassString(t *testing.T) {
 	t.Parallel()
 	for c, want := range map[provider.Class]string{
-		provider.ClassUnknown:   "unknown_outcome",
-		provider.ClassRetryable: "retryable",
-		provider.ClassDeclined:  "declined",
-		provider.ClassMismatch:  "idempotency_mismatch",
-		provider.Class(9):       "class(9)",
+		provider.ClassUnknown:      "unknown_outcome",
+		provider.ClassRetryable:    "retryable",
+		provider.ClassDeclined:     "declined",
+		provider.ClassMismatch:     "idempotency_mismatch",
+		provider.ClassRejected:     "rejected",
+		provider.ClassUnauthorized: "unauthorized",
+		provider.Class(9):          "class(9)",
 	} {
 		if got := c.String(); got != want {
 			t.Errorf("Class(%d).String() = %q, want %q", int(c), got, want)

@@ -32,18 +32,44 @@
 //     anything unrecognised, because it is the only safe one.
 //   - [ClassRetryable] (“retryable”): the provider provably did not execute
 //     the request and holds nothing under its key for it — a 429 rate limit,
-//     401/403, another 4xx with a provider error body, connection refused or
-//     any failure before the request left this process. Safe to retry
-//     later; only this class lets a caller record "not charged".
-//   - [ClassDeclined] (“declined”): a definitive business failure (card_error,
-//     invalid_request_error on the parameters). Charge reports it as an
-//     Outcome with Declined set, to be stored and replayed like a success.
+//     another 4xx with a provider error body, connection refused or any
+//     failure before the request left this process. Safe to retry later;
+//     with ClassRejected and ClassUnauthorized, the only classes that let a
+//     caller record "not charged".
+//   - [ClassDeclined] (“declined”): a definitive business failure (a 402
+//     card_error, whose decline_code or code is kept as the DeclineCode).
+//     Charge reports it as an Outcome with Declined set, to be stored and
+//     replayed like a success.
 //   - [ClassMismatch] (“idempotency_mismatch”): the provider saw this key with
 //     other parameters (idempotency_error), or the request cannot be sent as
 //     it is. It is a bug and is never retried.
+//   - [ClassRejected] (“rejected”): the provider refused our request (a 400
+//     invalid_request_error other than idempotency_error, or a 404 on
+//     create). Not charged, not the customer's decline: the request or the
+//     account is wrong and a person must look.
+//   - [ClassUnauthorized] (“unauthorized”): a 401 or 403, the API key is
+//     bad or revoked. Not charged; every call fails alike until the key is
+//     fixed, so the caller stops calling for a while rather than fail each
+//     payment.
+//
+// An Outcome is charged, declined or Processing. Stripe's PaymentIntent
+// statuses map to them so: succeeded (and requires_capture) is charged;
+// processing (asynchronous methods such as bank debits) is Processing: money
+// may still move, the key is settled and only a lookup by the intent's id
+// tells how it ended; requires_payment_method, canceled and
+// requires_confirmation are declined; requires_action (the customer must
+// authenticate, only on-session: off-session Stripe answers a 402
+// authentication_required) is canceled through the API under [CancelKey]
+// and then declined with [DeclineAuthenticationRequired]; if that cancel
+// fails the answer is ClassUnknown, never a decline.
 //
 // [Provider.Lookup] asks, without charging, what happened under a key. Stripe's
 // search is eventually consistent (new objects usually appear within a
 // minute), so a not-found answer is only evidence: the caller decides how long
-// it must persist before it treats the key as never charged.
+// it must persist before it treats the key as never charged. A search hit
+// counts only when its metadata, amount and currency are the row's
+// ([CheckIntent]); it is then retrieved by id before its status is believed.
+// An intent that is not the row's is reported as ClassUnknown wrapping
+// [ErrForeignIntent], so a row is never completed from someone else's
+// intent.
 package provider

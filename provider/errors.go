@@ -26,17 +26,29 @@ const (
 	ClassUnknown Class = iota
 	// ClassRetryable means the provider provably did not execute this
 	// request and holds nothing under its key because of it: a 429 rate
-	// limit, 401/403, another 4xx with a provider error body, connection
-	// refused or a failure before the request was sent.
+	// limit, a 4xx with a provider error body that no other class claims,
+	// connection refused or a failure before the request was sent.
 	ClassRetryable
-	// ClassDeclined is a definitive business failure (card_error, or
-	// invalid_request_error on the parameters); Charge reports it as an
-	// Outcome with Declined set rather than as an error.
+	// ClassDeclined is a definitive business failure (a 402 card_error);
+	// Charge reports it as an Outcome with Declined set rather than as an
+	// error.
 	ClassDeclined
 	// ClassMismatch is the provider's idempotency_error (same key, other
 	// parameters) or a request that cannot be sent as it is: a bug, never
 	// retried.
 	ClassMismatch
+	// ClassRejected means the provider refused our request as malformed or
+	// aimed at something that does not exist (a 400 invalid_request_error
+	// other than idempotency_error, or a 404 on create): nothing was charged,
+	// but no retry of the same request can succeed and it is not the
+	// customer's decline either. The message waits for a person
+	// (dead-lettered provider_rejected), never stored as a decline.
+	ClassRejected
+	// ClassUnauthorized means the provider refused our API key (401, or 403
+	// for a key without permission): nothing was charged, and every other
+	// call fails the same way until someone fixes the key. The worker stops
+	// consuming and retries later instead of failing each message.
+	ClassUnauthorized
 )
 
 // String returns the class's stable name, used in logs, metrics and
@@ -51,6 +63,10 @@ func (c Class) String() string {
 		return "declined"
 	case ClassMismatch:
 		return "idempotency_mismatch"
+	case ClassRejected:
+		return "rejected"
+	case ClassUnauthorized:
+		return "unauthorized"
 	default:
 		return fmt.Sprintf("class(%d)", int(c))
 	}
@@ -169,15 +185,18 @@ func Classify(httpStatus int, errType, errCode string, transportErr error) Class
 		return ClassRetryable
 	case httpStatus == http.StatusUnauthorized || httpStatus == http.StatusForbidden ||
 		errType == "authentication_error":
-		return ClassRetryable
+		return ClassUnauthorized
 	case errType == "card_error" || httpStatus == http.StatusPaymentRequired:
 		return ClassDeclined
-	case errType == "invalid_request_error" && httpStatus == http.StatusBadRequest:
-		// Stripe validated the parameters and refused them: definitive.
-		return ClassDeclined
+	case errType == "invalid_request_error" && httpStatus == http.StatusBadRequest,
+		errType != "" && httpStatus == http.StatusNotFound:
+		// Stripe validated the request and refused it (a parameter, a
+		// missing payment method, a wrong URL or account): nothing was
+		// charged, and it is our request that is wrong, not the card.
+		return ClassRejected
 	case errType != "" && httpStatus >= 400 && httpStatus < 500:
-		// The provider answered with its own error (e.g. 404 resource_missing)
-		// and never charges on one of these.
+		// The provider answered with its own error and never charges on
+		// one of these.
 		return ClassRetryable
 	default:
 		// A 2xx passed here, or a 4xx without a provider error body (a proxy,

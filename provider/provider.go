@@ -55,9 +55,16 @@ type ChargeRequest struct {
 	// Metadata is the command's own metadata; merchant_id and idempotency_key
 	// are added and override keys of the same name.
 	Metadata map[string]string
+	// OnSession asks for an on-session charge (the customer is present and
+	// can authenticate). The default, false, charges off-session: Stripe
+	// then answers a need for authentication with a 402
+	// authentication_required decline instead of leaving the intent open.
+	OnSession bool
 }
 
-// Outcome is a definitive result of a charge: charged, or declined.
+// Outcome is a settled result of a charge: charged, declined, or processing
+// (the provider accepted it and money may still move; only a later lookup by
+// ChargeID tells how it ended).
 type Outcome struct {
 	// ChargeID is the provider's object id ("pi_..."); it may be empty for a
 	// rejection that created no object (HTTPStatus 400).
@@ -68,11 +75,16 @@ type Outcome struct {
 	// Declined reports a definitive business failure; the charge did not
 	// happen and must not be retried.
 	Declined bool
-	// DeclineCode is the provider's reason ("generic_decline",
-	// "card_declined", "parameter_invalid_integer", ...) when Declined.
+	// DeclineCode is the provider's reason when Declined: Stripe's
+	// decline_code, else its code ("generic_decline", "card_declined",
+	// "authentication_required", ...), never its error type.
 	DeclineCode string
-	// HTTPStatus is the status to store and replay: 200 for charged, 402 for
-	// declined, 400 for invalid-request rejections.
+	// Processing reports an intent accepted but not finished (asynchronous
+	// methods such as bank debits): it must never be charged again under
+	// the key, and it ends succeeded or failed later. ChargeID is set.
+	Processing bool
+	// HTTPStatus is the status to store and replay: 200 for charged, 202
+	// for processing (accepted, not finished), 402 for declined.
 	HTTPStatus int
 	// Response is the provider's exact response body, stored and replayed to
 	// duplicates.
@@ -92,6 +104,11 @@ type LookupRequest struct {
 	IdempotencyKey string
 	// ChargeID, when known, is retrieved directly instead of searching.
 	ChargeID string
+	// Amount and Currency are the row's: a search hit whose amount or
+	// currency differ is someone else's intent and never counts (0 and ""
+	// skip the check, for callers that do not know them).
+	Amount   int64
+	Currency string
 }
 
 // LookupResult is what the provider knows about a key.
@@ -99,8 +116,8 @@ type LookupResult struct {
 	// Found is false when the provider has no charge under the key as far as
 	// its (eventually consistent) search knows now.
 	Found bool
-	// Outcome is set when Found: a charge (Declined false) or a declined
-	// intent (Declined true).
+	// Outcome is set when Found: a charge, a declined intent (Declined) or
+	// one still processing (Processing).
 	Outcome *Outcome
 }
 

@@ -63,8 +63,9 @@ func (p RetryPolicy) Budget() time.Duration {
 
 // ChargeWithRetry calls c.Charge with the same req — the same ProviderKey, so
 // the provider replays rather than charges twice — until it gets an Outcome
-// (charged or declined), a ClassMismatch or ClassDeclined error (never
-// retried), or runs out of tries or time.
+// (charged or declined), a ClassMismatch, ClassDeclined, ClassRejected or
+// ClassUnauthorized error (never retried: the same request gets the same
+// answer), or runs out of tries or time.
 //
 // ClassRetryable and ClassUnknown are retried with exponential backoff. A
 // Retry-After hint is honoured: the wait is at least that long; if it is longer
@@ -114,7 +115,7 @@ func ChargeWithRetry(ctx context.Context, c Charger, req ChargeRequest, pol Retr
 			sawUnknown = true
 		}
 		switch last.Class {
-		case ClassMismatch, ClassDeclined:
+		case ClassMismatch, ClassDeclined, ClassRejected, ClassUnauthorized:
 			return nil, backoff.Permanent(last)
 		}
 		return nil, last

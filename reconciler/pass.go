@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,12 +34,23 @@ type RunResult struct {
 	// LookupErrors is the part of Errors that were failed provider lookups;
 	// each backed its row's next lookup off.
 	LookupErrors int
+	// ForeignIntents is the part of LookupErrors where the provider held an
+	// intent under the key that is not the row's (other metadata, amount or
+	// currency): the row waits for a person, never completed from it.
+	ForeignIntents int
+	// Processing is how many rows were completed as processing (money may
+	// still move; SettledSucceeded or SettledFailed later).
+	Processing int
+	// SettledSucceeded and SettledFailed count the processing payments
+	// that this pass found finished at the provider and settled in the
+	// ledger; StillProcessing those it found still moving.
+	SettledSucceeded, SettledFailed, StillProcessing int
 	// Purged is how many expired finished rows were deleted.
 	Purged int
 }
 
 func (res RunResult) changed() bool {
-	return res.Examined > 0 || res.Purged > 0 || res.Errors > 0
+	return res.Examined > 0 || res.Purged > 0 || res.Errors > 0 || res.SettledSucceeded > 0 || res.SettledFailed > 0
 }
 
 // fate is what happened to one leased row.
@@ -48,6 +60,7 @@ const (
 	left fate = iota
 	completed
 	declined
+	processing
 	failed
 	leaseLost
 )
@@ -59,6 +72,7 @@ type verdict struct {
 	fate         fate
 	errored      bool
 	lookupFailed bool
+	foreign      bool
 	dbDown       bool
 }
 
@@ -68,6 +82,9 @@ func (res *RunResult) add(v verdict) {
 		res.Completed++
 	case declined:
 		res.Declined++
+	case processing:
+		res.Completed++
+		res.Processing++
 	case failed:
 		res.Failed++
 	case leaseLost:
@@ -80,6 +97,9 @@ func (res *RunResult) add(v verdict) {
 	}
 	if v.lookupFailed {
 		res.LookupErrors++
+	}
+	if v.foreign {
+		res.ForeignIntents++
 	}
 }
 
@@ -115,13 +135,18 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		res.add(v)
 	}
 	if !dbDown && ctx.Err() == nil {
+		r.settleProcessing(ctx, &res)
+	}
+	if !dbDown && ctx.Err() == nil {
 		r.purge(ctx, &res)
 	}
 	if res.changed() {
 		r.log.Info("reconciler pass",
-			"examined", res.Examined, "completed", res.Completed, "declined", res.Declined,
+			"examined", res.Examined, "completed", res.Completed, "declined", res.Declined, "processing", res.Processing,
 			"failed", res.Failed, "left", res.Left, "lease_lost", res.LeaseLost,
-			"errors", res.Errors, "lookup_errors", res.LookupErrors, "purged", res.Purged)
+			"errors", res.Errors, "lookup_errors", res.LookupErrors, "foreign_intents", res.ForeignIntents,
+			"settled_succeeded", res.SettledSucceeded, "settled_failed", res.SettledFailed, "still_processing", res.StillProcessing,
+			"purged", res.Purged)
 	}
 	return res, nil
 }
@@ -150,6 +175,8 @@ func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil tim
 		MerchantID:     l.MerchantID,
 		IdempotencyKey: l.IdempotencyKey,
 		ChargeID:       s.Record.ChargeID,
+		Amount:         s.Record.Amount,
+		Currency:       s.Record.Currency,
 	})
 	cancel()
 	if err == nil && found.Found && found.Outcome == nil {
@@ -179,19 +206,27 @@ func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil tim
 	}
 
 	out := found.Outcome
-	c := dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined, ResponseStatus: out.HTTPStatus, Response: out.Response}
+	c := dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
+		ResponseStatus: out.HTTPStatus, Response: out.Response}
 	if c.ResponseStatus == 0 {
 		c.ResponseStatus = http.StatusOK
-		if out.Declined {
+		switch {
+		case out.Declined:
 			c.ResponseStatus = http.StatusPaymentRequired
+		case out.Processing:
+			c.ResponseStatus = http.StatusAccepted
 		}
 	}
 	if err := r.store.Complete(wctx, l, c); err != nil {
 		return r.writeFailed(ctx, s, "complete", err)
 	}
-	if out.Declined {
+	switch {
+	case out.Declined:
 		log.Info("stuck payment resolved: declined", "charge_id", out.ChargeID, "decline_code", out.DeclineCode)
 		return verdict{fate: declined}
+	case out.Processing:
+		log.Info("stuck payment resolved: processing at the provider", "charge_id", out.ChargeID)
+		return verdict{fate: processing}
 	}
 	log.Info("stuck payment resolved: charged", "charge_id", out.ChargeID)
 	return verdict{fate: completed}
@@ -224,18 +259,25 @@ func (r *Reconciler) writeFailed(ctx context.Context, s dedup.Stuck, op string, 
 func (r *Reconciler) deferLookup(ctx context.Context, s dedup.Stuck, lookupErr error, log *slog.Logger) verdict {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
+	foreign := errors.Is(lookupErr, provider.ErrForeignIntent)
 	failures, next, err := r.store.DeferLookup(ctx, s.Lease, "provider lookup: "+lookupErr.Error(), r.backoff)
 	switch {
+	case err == nil && foreign:
+		// Someone else's intent carries this key's metadata: completing
+		// the row from it could record a payment that is not this one.
+		log.Error("provider holds an intent under this key that is not this payment's; left pending for a person",
+			"error", lookupErr, "lookup_failures", failures, "next_lookup_at", next)
+		return verdict{fate: left, errored: true, lookupFailed: true, foreign: true}
 	case err == nil:
 		log.Warn("provider lookup failed; payment left pending", "error", lookupErr,
 			"lookup_failures", failures, "next_lookup_at", next)
 		return verdict{fate: left, errored: true, lookupFailed: true}
 	case errors.Is(err, dedup.ErrLeaseLost):
-		return verdict{fate: leaseLost, errored: true, lookupFailed: true}
+		return verdict{fate: leaseLost, errored: true, lookupFailed: true, foreign: foreign}
 	}
 	log.Error("could not release a stuck payment after its lookup failed; its lease will lapse",
 		"lookup_error", lookupErr, "error", err)
-	return verdict{fate: left, errored: true, lookupFailed: true, dbDown: errors.Is(err, dedup.ErrUnavailable)}
+	return verdict{fate: left, errored: true, lookupFailed: true, foreign: foreign, dbDown: errors.Is(err, dedup.ErrUnavailable)}
 }
 
 // release gives a leased row back, still pending, even when ctx is done.
@@ -252,6 +294,78 @@ func (r *Reconciler) release(ctx context.Context, s dedup.Stuck, reason string) 
 	r.log.Error("could not release a stuck payment; its lease will lapse", "merchant_id", s.Lease.MerchantID,
 		"idempotency_key", s.Lease.IdempotencyKey, "provider_key", s.Lease.ProviderKey, "error", err)
 	return verdict{fate: left, errored: true, dbDown: errors.Is(err, dedup.ErrUnavailable)}
+}
+
+// settleProcessing looks up, by intent id, up to BatchSize payments the
+// ledger holds as processing, resuming where the last pass stopped, and
+// settles those the provider has finished: succeeded, or failed (the
+// intent went back to requires_payment_method or was canceled). Several
+// reconcilers may run it at once: SettlePayment changes only a row still
+// processing.
+func (r *Reconciler) settleProcessing(ctx context.Context, res *RunResult) {
+	r.mu.Lock()
+	cur := r.processingCursor
+	r.mu.Unlock()
+	payments, next, err := r.store.ProcessingPayments(ctx, cur, r.cfg.BatchSize)
+	if err != nil {
+		res.Errors++
+		r.log.Error("list processing payments", "error", err)
+		return
+	}
+	r.mu.Lock()
+	r.processingCursor = next
+	r.mu.Unlock()
+	for _, p := range payments {
+		if ctx.Err() != nil {
+			return
+		}
+		log := r.log.With("merchant_id", p.MerchantID, "idempotency_key", p.IdempotencyKey, "charge_id", p.ChargeID)
+		lctx, cancel := context.WithTimeout(ctx, r.cfg.LookupTimeout)
+		found, err := r.looker.Lookup(lctx, provider.LookupRequest{ProviderKey: p.ProviderKey, MerchantID: p.MerchantID,
+			IdempotencyKey: p.IdempotencyKey, ChargeID: p.ChargeID, Amount: p.Amount, Currency: p.Currency})
+		cancel()
+		switch {
+		case err != nil:
+			res.Errors++
+			res.LookupErrors++
+			if errors.Is(err, provider.ErrForeignIntent) {
+				res.ForeignIntents++
+			}
+			log.Warn("lookup of a processing payment failed; left processing", "error", err)
+			continue
+		case !found.Found || found.Outcome == nil:
+			// Retrieved by id, the intent must exist: its absence is for a
+			// person, not a reason to call the payment failed.
+			res.Errors++
+			log.Error("provider has no intent for a processing payment; left processing")
+			continue
+		case found.Outcome.ChargeID != p.ChargeID:
+			res.Errors++
+			log.Error("lookup of a processing payment found another intent; left processing", "found", found.Outcome.ChargeID)
+			continue
+		case found.Outcome.Processing:
+			res.StillProcessing++
+			continue
+		}
+		out := found.Outcome
+		status, code := dedup.PaymentSucceeded, cmp.Or(out.HTTPStatus, http.StatusOK)
+		if out.Declined {
+			status, code = dedup.PaymentFailed, cmp.Or(out.HTTPStatus, http.StatusPaymentRequired)
+		}
+		switch err := r.store.SettlePayment(context.WithoutCancel(ctx), p, status, code, out.Response); {
+		case errors.Is(err, dedup.ErrNotFound):
+			// Another reconciler settled it first.
+		case err != nil:
+			res.Errors++
+			log.Error("could not settle a processing payment", "status", status, "error", err)
+		case out.Declined:
+			res.SettledFailed++
+			log.Info("processing payment failed at the provider", "decline_code", out.DeclineCode)
+		default:
+			res.SettledSucceeded++
+			log.Info("processing payment succeeded")
+		}
+	}
 }
 
 // purge deletes expired finished rows in batches until a batch comes back

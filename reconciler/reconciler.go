@@ -68,6 +68,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -141,6 +142,8 @@ type Store interface {
 	DeferLookup(ctx context.Context, l dedup.Lease, reason string, b dedup.Backoff) (int, time.Time, error)
 	Release(ctx context.Context, l dedup.Lease, reason string) error
 	Purge(ctx context.Context, limit int) (int, error)
+	ProcessingPayments(ctx context.Context, cur dedup.ProcessingCursor, limit int) ([]dedup.Payment, dedup.ProcessingCursor, error)
+	SettlePayment(ctx context.Context, p dedup.Payment, status string, responseStatus int, response json.RawMessage) error
 }
 
 // Metrics observes every pass; the ops layer implements it (e.g. with
@@ -287,7 +290,10 @@ type Reconciler struct {
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
-	done   chan struct{}
+	// processingCursor is where the next pass resumes its scan of
+	// processing payments.
+	processingCursor dedup.ProcessingCursor
+	done             chan struct{}
 }
 
 // New validates cfg and returns a Reconciler working on store with looker.

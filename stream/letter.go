@@ -307,14 +307,20 @@ const (
 	ReasonProviderMismatch = "provider_idempotency_mismatch"
 	ReasonLedgerConflict   = "ledger_conflict"
 	ReasonMaxDeliveries    = "max_deliveries"
+	// ReasonProviderRejected: the provider refused our request (a 400
+	// invalid_request_error, a 404): not charged, not a decline; the
+	// request or the account is wrong. Dlq-Error carries the provider's
+	// error.
+	ReasonProviderRejected = "provider_rejected"
 )
 
 // NeedsInvestigation reports whether a dead letter with this reason needs a
 // person to look before it is replayed: the provider's record disagrees with
-// ours, or the ledger conflicts. replay All skips them unless Reason names
-// them.
+// ours, the ledger conflicts, or the provider rejected the request (replayed
+// unchanged before someone fixes the account or the request, it is rejected
+// again). replay All skips them unless Reason names them.
 func NeedsInvestigation(reason string) bool {
-	return reason == ReasonProviderMismatch || reason == ReasonLedgerConflict
+	return reason == ReasonProviderMismatch || reason == ReasonLedgerConflict || reason == ReasonProviderRejected
 }
 
 // ReplayableReason reports whether a dead letter with this reason can

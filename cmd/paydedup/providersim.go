@@ -46,6 +46,8 @@ STRIPE_API_BASE=http://ADDR and any STRIPE_SECRET_KEY.`,
 	f.Int64Var(&p.cfg.Seed, "seed", 0, "random seed for ids and faults (0: random)")
 	f.DurationVar(&p.cfg.KeyTTL, "key-ttl", stripesim.DefaultKeyTTL, "how long an idempotency key is remembered")
 	f.DurationVar(&p.cfg.SearchLag, "search-lag", 0, "how long new intents stay invisible to search")
+	f.DurationVar(&p.cfg.ProcessingDelay, "processing-delay", stripesim.DefaultProcessingDelay,
+		"how long a bank debit (pm_usBankAccount_success, pm_usBankAccount_accountClosed) stays processing")
 	return cmd
 }
 

@@ -170,6 +170,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 			return nil
 		})
 		admin.AddCheck("postgres", store.Ping)
+		admin.AddCheck("provider_auth", proc.ProviderAuthorized)
 		admin.AddCheck("draining", func(context.Context) error {
 			if worker.Draining() {
 				return errors.New("shutting down")

@@ -94,7 +94,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 	}, []string{"result"})
 	m.providerErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "paydedup_provider_errors_total",
-		Help: "Provider charges that ended without a definitive outcome, by class (unknown_outcome, retryable, idempotency_mismatch).",
+		Help: "Provider charges that ended without a definitive outcome, by class (unknown_outcome, retryable, idempotency_mismatch, rejected, unauthorized).",
 	}, []string{"class"})
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "paydedup_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version},
@@ -168,7 +168,7 @@ func (m *Metrics) Committed(d time.Duration, n int) {
 // ProviderCalled implements consumer.Observer.
 func (m *Metrics) ProviderCalled(d time.Duration, result string) {
 	m.providerDur.WithLabelValues(result).Observe(d.Seconds())
-	if result != "charged" && result != "declined" {
+	if result != "charged" && result != "declined" && result != "processing" {
 		m.providerErrs.WithLabelValues(result).Inc()
 	}
 }
@@ -197,7 +197,8 @@ func (m *Metrics) ObserveRun(res reconciler.RunResult, err error) {
 	}
 	for label, n := range map[string]int{
 		"completed": res.Completed, "declined": res.Declined, "failed": res.Failed,
-		"left": res.Left, "lease_lost": res.LeaseLost,
+		"left": res.Left, "lease_lost": res.LeaseLost, "foreign_intent": res.ForeignIntents,
+		"settled_succeeded": res.SettledSucceeded, "settled_failed": res.SettledFailed,
 	} {
 		if n > 0 {
 			m.reconRows.WithLabelValues(label).Add(float64(n))

@@ -7,5 +7,15 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(stopsStripeMock{m})
+}
+
+// stopsStripeMock runs the tests, then stops the stripe-mock they may have
+// started, before goleak looks for goroutines left behind.
+type stopsStripeMock struct{ m *testing.M }
+
+func (s stopsStripeMock) Run() int {
+	code := s.m.Run()
+	stopStripeMock()
+	return code
 }

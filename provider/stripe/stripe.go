@@ -117,9 +117,11 @@ func New(cfg Config) (*Client, error) {
 // client; tests call it so that no connection goroutine outlives them.
 func (s *Client) CloseIdleConnections() { s.httpClient.CloseIdleConnections() }
 
-// Charge creates and confirms a PaymentIntent under req.ProviderKey. A decline
-// (402 card_error, or 400 invalid_request_error on the parameters) is an
-// Outcome with Declined set; every other failure is an *Error.
+// Charge creates and confirms a PaymentIntent under req.ProviderKey,
+// off-session unless req.OnSession. A decline (402 card_error) is an Outcome
+// with Declined set, an intent left processing one with Processing set, and
+// one left requiring action is canceled and declined
+// (authentication_required); every other answer is an *Error.
 func (s *Client) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
 	if err := provider.CheckProviderKey(req.ProviderKey); err != nil {
 		return nil, err
@@ -138,12 +140,43 @@ func (s *Client) Charge(ctx context.Context, req provider.ChargeRequest) (*provi
 	if raw == nil {
 		return nil, &provider.Error{Class: provider.ClassUnknown, Message: "charge response has no body"}
 	}
-	out, err := intentOutcome(pi, raw)
+	out, err := s.settle(ctx, pi, raw, req.ProviderKey)
 	if err != nil {
 		return nil, err
 	}
 	out.Replayed = replayed(hdr)
 	return out, nil
+}
+
+// settle is what an intent Stripe returned means for us. One still waiting
+// for the customer to authenticate (requires_action) is canceled first: left
+// open, anyone holding its client_secret could complete it later and move
+// money under a row we recorded declined. Only a canceled intent is
+// declined; if the cancel fails the answer is ClassUnknown, and the row stays
+// pending for a redelivery or the reconciler (the cancel's own key makes a
+// second cancel replay the first).
+func (s *Client) settle(ctx context.Context, pi *stripego.PaymentIntent, raw []byte, providerKey string) (*provider.Outcome, error) {
+	if pi.Status != stripego.PaymentIntentStatusRequiresAction {
+		return intentOutcome(pi, raw)
+	}
+	if providerKey == "" {
+		return nil, &provider.Error{Class: provider.ClassUnknown, HTTPStatus: http.StatusOK,
+			Message: fmt.Sprintf("payment intent %s requires_action and no provider key to cancel it under", pi.ID)}
+	}
+	params := &stripego.PaymentIntentCancelParams{
+		CancellationReason: stripego.String(string(stripego.PaymentIntentCancellationReasonAbandoned)),
+	}
+	params.SetIdempotencyKey(provider.CancelKey(providerKey, pi.ID))
+	canceled, err := s.client.V1PaymentIntents.Cancel(ctx, pi.ID, params)
+	if err != nil {
+		return nil, &provider.Error{Class: provider.ClassUnknown, Message: fmt.Sprintf("payment intent %s requires_action; cancel failed: %v", pi.ID, s.lookupError(err)), Err: err}
+	}
+	craw, _ := lastResponse(canceled.LastResponse)
+	if craw == nil || canceled.Status != stripego.PaymentIntentStatusCanceled {
+		return nil, &provider.Error{Class: provider.ClassUnknown, HTTPStatus: http.StatusOK,
+			Message: fmt.Sprintf("payment intent %s requires_action; cancel answered %s", pi.ID, statusOr(canceled.Status))}
+	}
+	return declinedIntent(canceled, craw, provider.DeclineAuthenticationRequired), nil
 }
 
 // writtenCopies counts the copies of one request that net/http wrote in
@@ -158,7 +191,8 @@ func (w *writtenCopies) trace() *httptrace.ClientTrace {
 	}}
 }
 
-// check returns err, made ClassUnknown when it is ClassRetryable but a copy
+// check returns err, made ClassUnknown when it is "not executed"
+// (ClassRetryable, ClassRejected, ClassUnauthorized) but a copy
 // of the request other than the one it answers was written: that copy may be
 // running at the provider (a resend meets it as 409, or is refused on its
 // own with a 429 or a failed dial) and may charge. answered reports that err
@@ -166,7 +200,7 @@ func (w *writtenCopies) trace() *httptrace.ClientTrace {
 // to send.
 func (w *writtenCopies) check(err error, answered bool) error {
 	pe, ok := err.(*provider.Error)
-	if !ok || pe.Class != provider.ClassRetryable {
+	if !ok || (pe.Class != provider.ClassRetryable && pe.Class != provider.ClassRejected && pe.Class != provider.ClassUnauthorized) {
 		return err
 	}
 	earlier := int(w.n.Load())
@@ -199,10 +233,18 @@ func stripeCreateParams(req provider.ChargeRequest) *stripego.PaymentIntentCreat
 		Amount:        stripego.Int64(req.Amount),
 		Currency:      stripego.String(req.Currency),
 		PaymentMethod: stripego.String(req.PaymentMethod),
-		// A card-only intent confirms server-side without a return_url.
-		PaymentMethodTypes: stripego.StringSlice([]string{"card"}),
-		Confirm:            stripego.Bool(true),
-		Metadata:           chargeMetadata(req),
+		// The account's enabled methods (cards, bank debits), but none that
+		// redirects: an intent with no customer present confirms
+		// server-side without a return_url.
+		AutomaticPaymentMethods: &stripego.PaymentIntentCreateAutomaticPaymentMethodsParams{
+			Enabled:        stripego.Bool(true),
+			AllowRedirects: stripego.String("never"),
+		},
+		Confirm: stripego.Bool(true),
+		// Off-session: Stripe declines (402 authentication_required) what
+		// would need the absent customer to authenticate.
+		OffSession: stripego.Bool(!req.OnSession),
+		Metadata:   chargeMetadata(req),
 	}
 	if req.Description != "" {
 		params.Description = stripego.String(req.Description)
@@ -271,10 +313,15 @@ func transportError(err error) *provider.Error {
 // Lookup finds what Stripe has under the key without charging: it retrieves
 // req.ChargeID when given (falling back to search if Stripe has no such
 // intent), else searches PaymentIntents by metadata merchant_id and
-// idempotency_key. A succeeded intent is a charge; one that ended needing a
-// new payment method (or canceled, or needing customer action) is a decline;
-// none is Found=false. Several charges under one key, or an intent still
-// processing, are reported as a ClassUnknown error, never hidden.
+// idempotency_key. A search hit counts only when its metadata, amount and
+// currency match the request; any hit that does not is reported as a
+// ClassUnknown error wrapping provider.ErrForeignIntent, never used. Each
+// hit is then retrieved by id, and only the retrieved intent's status is
+// believed: a succeeded intent is a charge, a processing one is Processing,
+// one that ended needing a new payment method (or canceled, or never
+// confirmed) is a decline, and one still requiring action is canceled first
+// (see Charge). None is Found=false. Several charges under one key are a
+// ClassUnknown error, never hidden.
 //
 // Search is eventually consistent (Stripe: usually under a minute), so
 // Found=false means "not yet seen": callers decide how long it must persist.
@@ -286,7 +333,7 @@ func (s *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		pi, err := s.client.V1PaymentIntents.Retrieve(ctx, req.ChargeID, nil)
 		switch {
 		case err == nil:
-			return s.lookupByID(pi, req)
+			return s.lookupByID(ctx, pi, req)
 		case !isResourceMissing(err):
 			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent: %w", s.lookupError(err))
 		}
@@ -298,45 +345,57 @@ func (s *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 	params := &stripego.PaymentIntentSearchParams{}
 	params.Query = SearchQuery(req.MerchantID, req.IdempotencyKey)
 	params.Limit = stripego.Int64(searchLimit)
-	var charged, declined []*provider.Outcome
-	var processing []string
+	var hits []string
 	for pi, err := range s.client.V1PaymentIntents.Search(ctx, params) {
 		if err != nil {
 			return provider.LookupResult{}, fmt.Errorf("search payment intents: %w", s.lookupError(err))
 		}
-		raw, _ := lastResponse(pi.LastResponse)
-		if raw == nil {
-			if raw, err = json.Marshal(pi); err != nil {
-				return provider.LookupResult{}, fmt.Errorf("encode payment intent: %w", err)
-			}
+		if err := provider.CheckIntent(req, intentFacts(pi)); err != nil {
+			return provider.LookupResult{}, err
 		}
-		out, oerr := intentOutcome(pi, raw)
-		switch {
-		case oerr != nil:
-			processing = append(processing, pi.ID)
-		case out.Declined:
-			declined = append(declined, out)
-		default:
-			charged = append(charged, out)
-		}
+		hits = append(hits, pi.ID)
 	}
-	return provider.SearchVerdict(charged, declined, processing)
+	var found []*provider.Outcome
+	for _, id := range hits {
+		pi, err := s.client.V1PaymentIntents.Retrieve(ctx, id, nil)
+		if err != nil {
+			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent %s found by search: %w", id, s.lookupError(err))
+		}
+		res, err := s.lookupByID(ctx, pi, req)
+		if err != nil {
+			return provider.LookupResult{}, err
+		}
+		found = append(found, res.Outcome)
+	}
+	return provider.SearchVerdict(found)
 }
 
-func (s *Client) lookupByID(pi *stripego.PaymentIntent, req provider.LookupRequest) (provider.LookupResult, error) {
-	if (req.IdempotencyKey != "" && pi.Metadata[provider.MetadataIdempotencyKey] != req.IdempotencyKey) ||
-		(req.MerchantID != "" && pi.Metadata[provider.MetadataMerchantID] != req.MerchantID) {
-		return provider.LookupResult{}, &provider.Error{Class: provider.ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", pi.ID)}
+// lookupByID is what a retrieved intent tells about req's key: nothing
+// unless it is req's own (provider.CheckIntent).
+func (s *Client) lookupByID(ctx context.Context, pi *stripego.PaymentIntent, req provider.LookupRequest) (provider.LookupResult, error) {
+	if err := provider.CheckIntent(req, intentFacts(pi)); err != nil {
+		return provider.LookupResult{}, err
 	}
 	raw, _ := lastResponse(pi.LastResponse)
 	if raw == nil {
 		return provider.LookupResult{}, &provider.Error{Class: provider.ClassUnknown, Message: "lookup response has no body"}
 	}
-	out, err := intentOutcome(pi, raw)
+	out, err := s.settle(ctx, pi, raw, req.ProviderKey)
 	if err != nil {
 		return provider.LookupResult{}, err
 	}
 	return provider.LookupResult{Found: true, Outcome: out}, nil
+}
+
+// intentFacts are the fields of pi that tell whose intent it is.
+func intentFacts(pi *stripego.PaymentIntent) provider.IntentFacts {
+	return provider.IntentFacts{
+		ID:             pi.ID,
+		MerchantID:     pi.Metadata[provider.MetadataMerchantID],
+		IdempotencyKey: pi.Metadata[provider.MetadataIdempotencyKey],
+		Amount:         pi.Amount,
+		Currency:       string(pi.Currency),
+	}
 }
 
 // searchLimit is the page size of a lookup's search, the largest Stripe
@@ -356,17 +415,22 @@ func quoteSearchValue(v string) string {
 	return strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v)
 }
 
-// intentOutcome classifies a PaymentIntent object: charged, declined, or a
-// ClassUnknown error while it is still moving (processing).
+// intentOutcome classifies a PaymentIntent object that needs no call to
+// settle: charged, processing, declined, or a ClassUnknown error for a
+// status we cannot read (requires_action is settle's).
 func intentOutcome(pi *stripego.PaymentIntent, raw []byte) (*provider.Outcome, error) {
 	switch pi.Status {
 	case stripego.PaymentIntentStatusSucceeded, stripego.PaymentIntentStatusRequiresCapture:
 		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), HTTPStatus: http.StatusOK, Response: raw}, nil
+	case stripego.PaymentIntentStatusProcessing:
+		// Accepted; money may still move (bank debits take days).
+		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), Processing: true, HTTPStatus: http.StatusAccepted, Response: raw}, nil
 	case stripego.PaymentIntentStatusRequiresPaymentMethod, stripego.PaymentIntentStatusCanceled,
-		stripego.PaymentIntentStatusRequiresAction, stripego.PaymentIntentStatusRequiresConfirmation:
-		// No customer is present to complete an action, so an intent that
-		// stopped short of succeeding is a definitive decline for us.
-		return declinedIntent(pi, raw), nil
+		stripego.PaymentIntentStatusRequiresConfirmation:
+		// The attempt failed, the intent was canceled, or it was never
+		// confirmed (no one we serve holds its client_secret): nothing
+		// moved and nothing will without a new confirm.
+		return declinedIntent(pi, raw, ""), nil
 	default:
 		return nil, &provider.Error{Class: provider.ClassUnknown, HTTPStatus: http.StatusOK,
 			Message: fmt.Sprintf("payment intent %s is %s", pi.ID, statusOr(pi.Status))}
@@ -376,8 +440,11 @@ func intentOutcome(pi *stripego.PaymentIntent, raw []byte) (*provider.Outcome, e
 // declinedIntent builds the declined Outcome for an intent object. Its
 // Response has the shape of the 402 error Stripe sends for a decline
 // ({"error":{..., "payment_intent":{...}}}), so a decline found by lookup is
-// stored and replayed like one seen by Charge.
-func declinedIntent(pi *stripego.PaymentIntent, raw []byte) *provider.Outcome {
+// stored and replayed like one seen by Charge. Its type is card_error, the
+// type of every decline: last_payment_error.type may read anything
+// (api_error, idempotency_error) and is never copied. code, when not
+// empty, is the decline's reason, over the intent's own.
+func declinedIntent(pi *stripego.PaymentIntent, raw []byte, code string) *provider.Outcome {
 	body := struct {
 		Error struct {
 			Type          string          `json:"type"`
@@ -390,17 +457,18 @@ func declinedIntent(pi *stripego.PaymentIntent, raw []byte) *provider.Outcome {
 	body.Error.Type = "card_error"
 	body.Error.Message = "The payment intent is " + string(pi.Status) + "."
 	body.Error.PaymentIntent = raw
-	code := string(pi.Status)
+	reason := string(pi.Status)
 	if lpe := pi.LastPaymentError; lpe != nil {
-		if lpe.Type != "" {
-			body.Error.Type = string(lpe.Type)
-		}
 		body.Error.Code = string(lpe.Code)
 		body.Error.DeclineCode = string(lpe.DeclineCode)
 		if lpe.Msg != "" {
 			body.Error.Message = lpe.Msg
 		}
-		code = cmp.Or(string(lpe.DeclineCode), string(lpe.Code), code)
+		reason = cmp.Or(string(lpe.DeclineCode), string(lpe.Code), reason)
+	}
+	if code != "" {
+		body.Error.Code, body.Error.DeclineCode, reason = code, "", code
+		body.Error.Message = "The payment needed the customer to authenticate and was canceled."
 	}
 	resp, err := json.Marshal(body)
 	if err != nil {
@@ -411,7 +479,7 @@ func declinedIntent(pi *stripego.PaymentIntent, raw []byte) *provider.Outcome {
 		ChargeID:    pi.ID,
 		Status:      string(pi.Status),
 		Declined:    true,
-		DeclineCode: code,
+		DeclineCode: reason,
 		HTTPStatus:  http.StatusPaymentRequired,
 		Response:    resp,
 	}

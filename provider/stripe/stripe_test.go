@@ -90,7 +90,7 @@ func TestStripeRejectsBadProviderKey(t *testing.T) {
 	}
 }
 
-func TestStripeUnauthorizedIsRetryable(t *testing.T) {
+func TestStripeUnauthorizedStopsTheWorker(t *testing.T) {
 	t.Parallel()
 	// A proxy that strips the key: the simulator answers 401.
 	sim := stripesim.New(stripesim.Config{})
@@ -101,7 +101,7 @@ func TestStripeUnauthorizedIsRetryable(t *testing.T) {
 	t.Cleanup(srv.Close)
 	s := newStripe(t, stripe.Config{APIBase: srv.URL})
 	_, err := s.Charge(context.Background(), chargeReq("k-401"))
-	pe := wantClass(t, err, provider.ClassRetryable)
+	pe := wantClass(t, err, provider.ClassUnauthorized)
 	if pe.HTTPStatus != http.StatusUnauthorized {
 		t.Fatalf("error = %+v", pe)
 	}

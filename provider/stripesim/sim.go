@@ -1,6 +1,7 @@
 package stripesim
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -26,6 +27,10 @@ const (
 	// DefaultKeyTTL is how long the simulator keeps an idempotency key,
 	// like Stripe's 24 h window.
 	DefaultKeyTTL = 24 * time.Hour
+	// DefaultProcessingDelay is how long a bank debit stays processing
+	// (Stripe's test bank accounts settle within minutes; real ones take
+	// days).
+	DefaultProcessingDelay = 2 * time.Second
 	// ShutdownTimeout is how long Serve waits for in-flight requests
 	// before closing their connections.
 	ShutdownTimeout = 5 * time.Second
@@ -100,6 +105,10 @@ type Config struct {
 	// SearchLag hides intents younger than this from search, like Stripe's
 	// eventually consistent search index. Retrieve by id is never lagged.
 	SearchLag time.Duration
+	// ProcessingDelay is how long an intent of a bank-debit test method
+	// (pm_usBankAccount_success, pm_usBankAccount_accountClosed) stays
+	// processing before it succeeds or fails; DefaultProcessingDelay when 0.
+	ProcessingDelay time.Duration
 
 	// Now is the clock for key expiry, search lag and timestamps; time.Now
 	// when nil.
@@ -126,6 +135,9 @@ func (c Config) Validate() error {
 	}
 	if c.SearchLag < 0 {
 		return fmt.Errorf("%w: SearchLag %s is negative", provider.ErrInvalidConfig, c.SearchLag)
+	}
+	if c.ProcessingDelay < 0 {
+		return fmt.Errorf("%w: ProcessingDelay %s is negative", provider.ErrInvalidConfig, c.ProcessingDelay)
 	}
 	return nil
 }
@@ -168,12 +180,13 @@ type Ledger struct {
 // that calls the same simulator without HTTP. It keeps every intent in memory
 // for its lifetime. It is safe for concurrent use.
 type Simulator struct {
-	keyTTL    time.Duration
-	searchLag time.Duration
-	now       func() time.Time
-	onCharge  func(Charge)
-	log       *slog.Logger
-	mux       *http.ServeMux
+	keyTTL     time.Duration
+	searchLag  time.Duration
+	processing time.Duration
+	now        func() time.Time
+	onCharge   func(Charge)
+	log        *slog.Logger
+	mux        *http.ServeMux
 
 	mu      sync.Mutex
 	faults  Faults
@@ -207,15 +220,27 @@ const (
 	simSucceeded             = "succeeded"
 	simRequiresPaymentMethod = "requires_payment_method"
 	simRequiresConfirmation  = "requires_confirmation"
+	simRequiresAction        = "requires_action"
+	simProcessing            = "processing"
+	simCanceled              = "canceled"
 )
 
 // simIntent is a PaymentIntent as the simulator keeps it: the fields that
 // vary, from which its JSON is rendered when asked (simjson.go). Its strings
 // are copies cut from one allocation, so it holds on to no request's memory.
-// It never changes after process publishes it.
+// It never changes after process publishes it: a change of status (a
+// processing intent settling, a cancel) publishes a new copy in its place
+// (s.intents, s.order[ord]), and an idempotency key keeps the copy that
+// answered its request, as Stripe replays the first answer.
 type simIntent struct {
 	id      string
 	account string
+	// ord is the intent's index in Simulator.order.
+	ord int
+	// settleAt is when a processing intent ends: succeeded, or failed with
+	// fails when not nil.
+	settleAt time.Time
+	fails    *simDecline
 	// providerKey is the Idempotency-Key it was created under, "" if none.
 	providerKey    string
 	currency       string
@@ -293,6 +318,24 @@ var (
 	simGenericDecline    = &simDecline{"card_declined", "generic_decline", "Your card was declined."}
 	simInsufficientFunds = &simDecline{"card_declined", "insufficient_funds", "Your card has insufficient funds."}
 	simExpiredCard       = &simDecline{"expired_card", "expired_card", "Your card has expired."}
+	// simAuthRequired is what an off-session charge of a card that needs
+	// 3-D Secure gets.
+	simAuthRequired = &simDecline{provider.DeclineAuthenticationRequired, provider.DeclineAuthenticationRequired,
+		"Your card was declined. This transaction requires authentication."}
+	// simAccountClosed is how pm_usBankAccount_accountClosed ends.
+	simAccountClosed = &simDecline{"payment_method_provider_decline", "account_closed", "The customer's bank account has been closed."}
+)
+
+// Stripe's test payment methods with a behaviour other than charging at
+// once or declining.
+const (
+	// pmAuthRequired needs 3-D Secure: requires_action on-session, a 402
+	// authentication_required off-session.
+	pmAuthRequired = "pm_card_authenticationRequired"
+	// pmBankSuccess and pmBankAccountClosed are ACH Direct Debit test
+	// accounts: processing, then succeeded or failed.
+	pmBankSuccess       = "pm_usBankAccount_success"
+	pmBankAccountClosed = "pm_usBankAccount_accountClosed"
 )
 
 // simCardOnly is the payment_method_types of almost every intent, shared by
@@ -362,16 +405,17 @@ func New(cfg Config) *Simulator {
 		seed = rand.Uint64()
 	}
 	s := &Simulator{
-		keyTTL:    cfg.KeyTTL,
-		searchLag: cfg.SearchLag,
-		now:       cfg.Now,
-		onCharge:  cfg.OnCharge,
-		log:       cfg.Logger,
-		faults:    cfg.Faults,
-		rng:       rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		keys:      make(map[simKeyID]simKey),
-		accounts:  make(map[string]string),
-		intents:   make(map[string]*simIntent),
+		keyTTL:     cfg.KeyTTL,
+		searchLag:  cfg.SearchLag,
+		processing: cmp.Or(cfg.ProcessingDelay, DefaultProcessingDelay),
+		now:        cfg.Now,
+		onCharge:   cfg.OnCharge,
+		log:        cfg.Logger,
+		faults:     cfg.Faults,
+		rng:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		keys:       make(map[simKeyID]simKey),
+		accounts:   make(map[string]string),
+		intents:    make(map[string]*simIntent),
 	}
 	if s.keyTTL == 0 {
 		s.keyTTL = DefaultKeyTTL
@@ -387,6 +431,7 @@ func New(cfg Config) *Simulator {
 	s.mux.HandleFunc("GET "+simPathSearch, s.api(s.searchIntents))
 	s.mux.HandleFunc("GET "+simPathCreate, s.api(s.listIntents))
 	s.mux.HandleFunc("GET "+simPathCreate+"/{id}", s.api(s.retrieveIntent))
+	s.mux.HandleFunc("POST "+simPathCreate+"/{id}/cancel", s.api(s.cancelIntent))
 	s.mux.HandleFunc("GET /_sim/ledger", s.serveLedger)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeSimError(w, http.StatusNotFound, &simError{Type: "invalid_request_error",
@@ -474,8 +519,9 @@ func (s *Simulator) Charges() []Charge {
 // are none.
 func (s *Simulator) chargesLocked() []Charge {
 	var out []Charge
+	now := s.now()
 	for _, in := range s.order {
-		if in.status == simSucceeded {
+		if in = s.currentLocked(in, now); in.status == simSucceeded {
 			out = append(out, in.charge())
 		}
 	}
@@ -616,6 +662,7 @@ type createParams struct {
 	currency       string
 	paymentMethod  string
 	confirm        bool
+	offSession     bool
 	description    string
 	hasDescription bool
 	metadata       []simMeta // sorted by key; process takes it over
@@ -656,8 +703,50 @@ func checkPaymentMethod(pm string, confirm bool) *simError {
 	return nil
 }
 
+// createParamNames are the parameters of POST /v1/payment_intents the
+// simulator knows, besides metadata[...] and payment_method_types[n].
+var createParamNames = map[string]bool{
+	"amount": true, "currency": true, "payment_method": true, "confirm": true, "description": true,
+	"off_session": true, "automatic_payment_methods[enabled]": true, "automatic_payment_methods[allow_redirects]": true,
+}
+
+// unknownParam is Stripe's answer to a parameter it does not know: the
+// first, in name order, that known does not accept.
+func unknownParam(form url.Values, known func(string) bool) *simError {
+	names := make([]string, 0, len(form))
+	for k := range form {
+		if !known(k) {
+			names = append(names, k)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	return invalidParam(names[0], "parameter_unknown", "Received unknown parameter: "+names[0])
+}
+
+func isCreateParam(k string) bool {
+	return createParamNames[k] || isMetadataParam(k) || strings.HasPrefix(k, "payment_method_types[")
+}
+
+// parseBool reads a boolean parameter as Stripe does.
+func parseBool(form url.Values, name string) (bool, *simError) {
+	switch c := form.Get(name); c {
+	case "", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	default:
+		return false, invalidParam(name, "parameter_invalid_boolean", "Invalid boolean: "+c)
+	}
+}
+
 func parseCreate(form url.Values) (createParams, *simError) {
 	var p createParams
+	if e := unknownParam(form, isCreateParam); e != nil {
+		return p, e
+	}
 	a := form.Get("amount")
 	if a == "" {
 		return p, invalidParam("amount", "parameter_missing", "Missing required param: amount.")
@@ -674,12 +763,12 @@ func parseCreate(form url.Values) (createParams, *simError) {
 	if e := checkCurrency(p.currency); e != nil {
 		return p, e
 	}
-	switch c := form.Get("confirm"); c {
-	case "", "false":
-	case "true":
-		p.confirm = true
-	default:
-		return p, invalidParam("confirm", "parameter_invalid_boolean", "Invalid boolean: "+c)
+	var e *simError
+	if p.confirm, e = parseBool(form, "confirm"); e != nil {
+		return p, e
+	}
+	if p.offSession, e = parseBool(form, "off_session"); e != nil {
+		return p, e
 	}
 	p.paymentMethod = form.Get("payment_method")
 	if e := checkPaymentMethod(p.paymentMethod, p.confirm); e != nil {
@@ -706,9 +795,22 @@ func parseCreate(form url.Values) (createParams, *simError) {
 	slices.SortFunc(p.metadata, cmpMetaKey)
 	slices.Sort(p.methodTypes)
 	if len(p.methodTypes) == 0 {
-		p.methodTypes = simCardOnly
+		p.methodTypes = methodTypesFor(p.paymentMethod)
 	}
 	return p, nil
+}
+
+// simBankOnly is the payment_method_types of a bank-debit intent, shared:
+// never modify it.
+var simBankOnly = []string{"us_bank_account"}
+
+// methodTypesFor is the payment_method_types of an intent created with
+// automatic payment methods for pm.
+func methodTypesFor(pm string) []string {
+	if strings.HasPrefix(pm, "pm_usBankAccount") {
+		return simBankOnly
+	}
+	return simCardOnly
 }
 
 func isMetadataParam(k string) bool {
@@ -847,14 +949,26 @@ func (s *Simulator) process(account, key string, now time.Time, p *createParams)
 	case d != nil:
 		in.status = simRequiresPaymentMethod
 		in.decline = d
+	case p.paymentMethod == pmAuthRequired && p.offSession:
+		in.status = simRequiresPaymentMethod
+		in.decline = simAuthRequired
+	case p.paymentMethod == pmAuthRequired:
+		in.status = simRequiresAction
+	case p.paymentMethod == pmBankSuccess || p.paymentMethod == pmBankAccountClosed:
+		in.status = simProcessing
+		in.settleAt = now.Add(s.processing)
+		if p.paymentMethod == pmBankAccountClosed {
+			in.fails = simAccountClosed
+		}
 	default:
 		in.status = simSucceeded
 	}
+	hasCharge := in.status == simSucceeded || in.status == simProcessing
 	keepPM := in.decline == nil
 	// Every string the intent keeps is copied into one allocation: fewer
 	// objects, and none of the request's memory retained.
 	size := intentIDLen + len(p.currency) + len(p.description)
-	if in.status == simSucceeded {
+	if hasCharge {
 		size += intentIDLen
 	}
 	if keepPM {
@@ -863,10 +977,14 @@ func (s *Simulator) process(account, key string, now time.Time, p *createParams)
 	for _, m := range in.metadata {
 		size += len(m.key) + len(m.value)
 	}
-	shared := slices.Equal(in.methodTypes, simCardOnly)
-	if shared {
+	shared := true
+	switch {
+	case slices.Equal(in.methodTypes, simCardOnly):
 		in.methodTypes = simCardOnly
-	} else {
+	case slices.Equal(in.methodTypes, simBankOnly):
+		in.methodTypes = simBankOnly
+	default:
+		shared = false
 		for _, t := range in.methodTypes {
 			size += len(t)
 		}
@@ -891,7 +1009,7 @@ func (s *Simulator) process(account, key string, now time.Time, p *createParams)
 	s.mu.Lock()
 	b.WriteString("pi_")
 	s.writeRandIDLocked(&b, 24)
-	if in.status == simSucceeded {
+	if hasCharge {
 		b.WriteString("ch_")
 		s.writeRandIDLocked(&b, 24)
 	}
@@ -910,13 +1028,14 @@ func (s *Simulator) process(account, key string, now time.Time, p *createParams)
 		}
 	}
 	in.id = a.cut(intentIDLen)
-	if in.status == simSucceeded {
+	if hasCharge {
 		in.latestCharge = a.cut(intentIDLen)
 	}
 	in.account = s.internLocked(account)
 	if in.decline != nil {
 		s.declines++
 	}
+	in.ord = len(s.order)
 	s.intents[in.id] = in
 	s.order = append(s.order, in)
 	s.mu.Unlock()
@@ -952,14 +1071,85 @@ func (s *Simulator) writeRandIDLocked(b *strings.Builder, n int) {
 	}
 }
 
-// intent returns account's intent id, nil when there is none.
+// publishLocked puts in, a new copy of an intent, in the place of the old.
+func (s *Simulator) publishLocked(in *simIntent) {
+	s.intents[in.id] = in
+	s.order[in.ord] = in
+}
+
+// currentLocked returns in as it stands at now: a processing intent whose
+// time has come is replaced by its settled copy (succeeded, or failed back
+// to requires_payment_method with its decline and without its payment
+// method, as Stripe leaves a failed bank debit).
+func (s *Simulator) currentLocked(in *simIntent, now time.Time) *simIntent {
+	if in.status != simProcessing || now.Before(in.settleAt) {
+		return in
+	}
+	c := *in
+	c.settleAt, c.fails = time.Time{}, nil
+	if in.fails != nil {
+		c.status, c.decline, c.paymentMethod = simRequiresPaymentMethod, in.fails, ""
+		s.declines++
+	} else {
+		c.status = simSucceeded
+	}
+	s.publishLocked(&c)
+	return &c
+}
+
+// intent returns account's intent id as it stands now, nil when there is
+// none.
 func (s *Simulator) intent(account, id string) *simIntent {
+	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if in, ok := s.intents[id]; ok && in.account == account {
-		return in
+		return s.currentLocked(in, now)
 	}
 	return nil
+}
+
+// cancelable are the statuses from which Stripe cancels an intent.
+var cancelable = []string{simRequiresPaymentMethod, "requires_capture", simRequiresConfirmation, simRequiresAction, simProcessing}
+
+// cancel runs POST /v1/payment_intents/{id}/cancel for account under
+// idempotency key ("" for none; params is the digest of the request). It
+// returns the canceled intent (fresh, or replayed from the key), or the
+// reply that refused it.
+func (s *Simulator) cancel(account, key, id string, params [sha256.Size]byte) (*simIntent, bool, *simReply) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kid := simKeyID{account, key}
+	if key != "" {
+		if e, ok := s.keys[kid]; ok && (e.inFlight || now.Sub(e.created) < s.keyTTL) {
+			switch {
+			case e.params != params:
+				return nil, false, mismatchReply(key)
+			case e.inFlight:
+				return nil, false, simReplyKeyInUse
+			}
+			return e.intent, true, nil
+		}
+	}
+	in, ok := s.intents[id]
+	if !ok || in.account != account {
+		return nil, false, missingIntentReply(id)
+	}
+	in = s.currentLocked(in, now)
+	if !slices.Contains(cancelable, in.status) {
+		return nil, false, simReplyFor(http.StatusBadRequest, &simError{Type: "invalid_request_error", Code: "payment_intent_unexpected_state",
+			Message: "You cannot cancel this PaymentIntent because it has a status of " + in.status + ". Only a PaymentIntent with one of the following statuses may be canceled: " +
+				strings.Join(cancelable, ", ") + "."})
+	}
+	c := *in
+	c.status, c.decline, c.settleAt, c.fails = simCanceled, nil, time.Time{}, nil
+	s.publishLocked(&c)
+	if key != "" {
+		s.keys[simKeyID{s.internLocked(account), strings.Clone(key)}] = simKey{params: params, created: now, intent: &c}
+		s.sweepLocked(now)
+	}
+	return &c, false, nil
 }
 
 // searchPage returns account's intents whose metadata match every clause,
@@ -975,6 +1165,7 @@ func (s *Simulator) searchPage(account string, clauses []SearchClause, offset, l
 		if in.account != account || now.Sub(in.created) < s.searchLag || !matchClauses(in, clauses) {
 			continue
 		}
+		in = s.currentLocked(in, now)
 		switch {
 		case offset > 0:
 			offset--
@@ -1097,6 +1288,50 @@ func (s *Simulator) retrieveIntent(w http.ResponseWriter, r *http.Request, accou
 	writeSimRendered(w, http.StatusOK, func(b []byte) []byte { return appendIntentJSON(b, in) })
 }
 
+func (s *Simulator) cancelIntent(w http.ResponseWriter, r *http.Request, account string, _ roll) {
+	id := r.PathValue("id")
+	if e := cancelParams(r.PostForm); e != nil {
+		writeSimError(w, http.StatusBadRequest, e)
+		return
+	}
+	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
+	var params [sha256.Size]byte
+	if key != "" {
+		w.Header().Set("Idempotency-Key", key)
+		params = cancelDigest(id, r.PostForm.Encode())
+	}
+	in, replayed, reply := s.cancel(account, key, id, params)
+	if reply != nil {
+		writeSimReply(w, reply)
+		return
+	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	writeSimRendered(w, http.StatusOK, func(b []byte) []byte { return appendIntentJSON(b, in) })
+}
+
+// cancelReasons are Stripe's cancellation_reason values a caller may send.
+var cancelReasons = []string{"duplicate", "fraudulent", "requested_by_customer", "abandoned"}
+
+// cancelParams checks the parameters of a cancel.
+func cancelParams(form url.Values) *simError {
+	if e := unknownParam(form, func(k string) bool { return k == "cancellation_reason" }); e != nil {
+		return e
+	}
+	if r := form.Get("cancellation_reason"); r != "" && !slices.Contains(cancelReasons, r) {
+		return invalidParam("cancellation_reason", "parameter_invalid_string", "Invalid cancellation_reason: must be one of "+strings.Join(cancelReasons, ", "))
+	}
+	return nil
+}
+
+// cancelDigest is the digest a cancel of id with the encoded form leaves
+// under its key: never that of a create, so a key used for one and then the
+// other is a mismatch, as at Stripe.
+func cancelDigest(id, form string) [sha256.Size]byte {
+	return sha256.Sum256([]byte("cancel " + id + "?" + form))
+}
+
 func missingIntentReply(id string) *simReply {
 	return simReplyFor(http.StatusNotFound, &simError{Type: "invalid_request_error", Code: "resource_missing",
 		Param: "intent", Message: "No such payment_intent: '" + id + "'"})
@@ -1109,6 +1344,10 @@ const maxSearchLimit = 100
 const searchPagePrefix = "simpage_"
 
 func (s *Simulator) searchIntents(w http.ResponseWriter, r *http.Request, account string, _ roll) {
+	if e := unknownParam(r.Form, func(k string) bool { return k == "query" || k == "limit" || k == "page" }); e != nil {
+		writeSimError(w, http.StatusBadRequest, e)
+		return
+	}
 	clauses, err := ParseSearchQuery(r.Form.Get("query"))
 	if err != nil {
 		writeSimReply(w, badQueryReply(err))

@@ -121,9 +121,43 @@ func (c *Client) Charge(ctx context.Context, req provider.ChargeRequest) (*provi
 		s.fault("drop_after_charge", http.MethodPost, simPathCreate)
 		return nil, noAnswer(errSimConnectionClosed)
 	}
-	out := in.outcome()
+	out, err := c.settle(ctx, start, in, req.ProviderKey)
+	if err != nil {
+		return nil, err
+	}
 	out.Replayed = res == createReplayed
 	return out, nil
+}
+
+// settle is the adapter's settle: an intent left requiring action is
+// canceled, under provider.CancelKey, before it counts as declined; a
+// failed cancel is an unknown outcome.
+func (c *Client) settle(ctx context.Context, start time.Time, in *simIntent, providerKey string) (*provider.Outcome, error) {
+	if in.status != simRequiresAction {
+		return in.outcome(""), nil
+	}
+	if providerKey == "" {
+		return nil, &provider.Error{Class: provider.ClassUnknown, HTTPStatus: http.StatusOK,
+			Message: fmt.Sprintf("payment intent %s requires_action and no provider key to cancel it under", in.id)}
+	}
+	path := simPathCreate + "/" + in.id + "/cancel"
+	_, reply, err := c.call(ctx, start, false, http.MethodPost, path)
+	var cerr error
+	switch {
+	case err != nil:
+		cerr = noAnswer(err)
+	case reply != nil:
+		f := reply.failure()
+		cerr = f.LookupError()
+	default:
+		canceled, _, r := c.sim.cancel(c.account, provider.CancelKey(providerKey, in.id), in.id, cancelDigest(in.id, "cancellation_reason=abandoned"))
+		if r == nil {
+			return canceled.outcome(provider.DeclineAuthenticationRequired), nil
+		}
+		f := r.failure()
+		cerr = f.LookupError()
+	}
+	return nil, &provider.Error{Class: provider.ClassUnknown, Message: fmt.Sprintf("payment intent %s requires_action; cancel failed: %v", in.id, cerr), Err: cerr}
 }
 
 // Lookup finds what the simulator has under the key without charging, as
@@ -139,7 +173,7 @@ func (c *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		case err != nil:
 			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent: %w", noAnswer(err))
 		case f == nil:
-			return lookupByID(in, req)
+			return c.lookupByID(ctx, start, in, req)
 		case !resourceMissing(f):
 			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent: %w", f.LookupError())
 		}
@@ -154,7 +188,7 @@ func (c *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		{Key: provider.MetadataIdempotencyKey, Value: req.IdempotencyKey},
 		{Key: provider.MetadataMerchantID, Value: req.MerchantID},
 	}
-	var charged, declined []*provider.Outcome
+	var hits []string
 	for offset := 0; ; {
 		_, reply, err := c.call(ctx, start, offset == 0 && req.ChargeID == "", http.MethodGet, simPathSearch)
 		switch {
@@ -167,18 +201,32 @@ func (c *Client) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 		// The page size the adapter asks for.
 		page, more := c.sim.searchPage(c.account, clauses[:], offset, maxSearchLimit)
 		for _, in := range page {
-			// The simulator's intents never stay processing.
-			if out := in.outcome(); out.Declined {
-				declined = append(declined, out)
-			} else {
-				charged = append(charged, out)
+			if err := provider.CheckIntent(req, in.facts()); err != nil {
+				return provider.LookupResult{}, err
 			}
+			hits = append(hits, in.id)
 		}
 		if !more {
-			return provider.SearchVerdict(charged, declined, nil)
+			break
 		}
 		offset += len(page)
 	}
+	var found []*provider.Outcome
+	for _, id := range hits {
+		in, f, err := c.retrieve(ctx, start, false, id)
+		switch {
+		case err != nil:
+			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent %s found by search: %w", id, noAnswer(err))
+		case f != nil:
+			return provider.LookupResult{}, fmt.Errorf("retrieve payment intent %s found by search: %w", id, f.LookupError())
+		}
+		res, err := c.lookupByID(ctx, start, in, req)
+		if err != nil {
+			return provider.LookupResult{}, err
+		}
+		found = append(found, res.Outcome)
+	}
+	return provider.SearchVerdict(found)
 }
 
 // call is the client's side of the HTTP handlers' api wrapper: the fate roll,
@@ -297,47 +345,66 @@ func (c *Client) retrieve(ctx context.Context, start time.Time, first bool, id s
 	return nil, &f, nil
 }
 
-// lookupByID is the adapter's lookupByID for a retrieved intent. The adapter
-// compares the metadata it decoded from JSON, in which each invalid UTF-8
-// byte became U+FFFD; afterJSON makes the same comparison.
-func lookupByID(in *simIntent, req provider.LookupRequest) (provider.LookupResult, error) {
+// lookupByID is the adapter's lookupByID for a retrieved intent.
+func (c *Client) lookupByID(ctx context.Context, start time.Time, in *simIntent, req provider.LookupRequest) (provider.LookupResult, error) {
+	if err := provider.CheckIntent(req, in.facts()); err != nil {
+		return provider.LookupResult{}, err
+	}
+	out, err := c.settle(ctx, start, in, req.ProviderKey)
+	if err != nil {
+		return provider.LookupResult{}, err
+	}
+	return provider.LookupResult{Found: true, Outcome: out}, nil
+}
+
+// facts are in's fields as the adapter decodes them: from JSON, in which
+// each invalid UTF-8 byte of a metadata value became U+FFFD (afterJSON).
+func (in *simIntent) facts() provider.IntentFacts {
 	key, _ := in.meta(provider.MetadataIdempotencyKey)
 	merchant, _ := in.meta(provider.MetadataMerchantID)
-	if (req.IdempotencyKey != "" && afterJSON(key) != req.IdempotencyKey) ||
-		(req.MerchantID != "" && afterJSON(merchant) != req.MerchantID) {
-		return provider.LookupResult{}, &provider.Error{Class: provider.ClassUnknown, Message: fmt.Sprintf("payment intent %s belongs to another key", in.id)}
-	}
-	return provider.LookupResult{Found: true, Outcome: in.outcome()}, nil
+	return provider.IntentFacts{ID: in.id, MerchantID: afterJSON(merchant), IdempotencyKey: afterJSON(key),
+		Amount: in.amount, Currency: in.currency}
 }
 
 // outcome is what the Stripe adapter makes of the intent in, whether it
 // arrives as a create's answer or from a lookup: a succeeded intent is a
-// charge; any other is a decline whose Response has the shape of Stripe's 402
-// error (for the simulator's declines, exactly the 402 body it sends).
-func (in *simIntent) outcome() *provider.Outcome {
-	if in.status == simSucceeded {
+// charge, a processing one Processing; any other is a decline whose Response
+// has the shape of Stripe's 402 error (for the simulator's declines, exactly
+// the 402 body it sends). code, when not empty, is the decline's reason
+// over the intent's own (a canceled requires_action).
+func (in *simIntent) outcome(code string) *provider.Outcome {
+	if in.status == simSucceeded || in.status == simProcessing {
+		status := http.StatusOK
+		if in.status == simProcessing {
+			status = http.StatusAccepted
+		}
 		return &provider.Outcome{
 			ChargeID:   in.id,
 			Status:     in.status,
-			HTTPStatus: http.StatusOK,
+			Processing: in.status == simProcessing,
+			HTTPStatus: status,
 			Response:   renderSim(func(b []byte) []byte { return appendIntentJSON(b, in) }),
 		}
 	}
 	var e simError
-	code := in.status
-	if d := in.decline; d != nil {
+	reason := in.status
+	switch d := in.decline; {
+	case code != "":
+		e = simError{Type: "card_error", Code: code, Message: "The payment needed the customer to authenticate and was canceled."}
+		reason = code
+	case d != nil:
 		e = d.cardError()
-		code = cmp.Or(d.declineCode, d.code, code)
-	} else {
-		// Stopped short of succeeding (requires_confirmation): declinedIntent's
-		// defaults.
+		reason = cmp.Or(d.declineCode, d.code, reason)
+	default:
+		// Stopped short of succeeding (requires_confirmation, canceled):
+		// declinedIntent's defaults.
 		e = simError{Type: "card_error", Message: "The payment intent is " + in.status + "."}
 	}
 	return &provider.Outcome{
 		ChargeID:    in.id,
 		Status:      in.status,
 		Declined:    true,
-		DeclineCode: code,
+		DeclineCode: reason,
 		HTTPStatus:  http.StatusPaymentRequired,
 		Response:    renderSim(func(b []byte) []byte { return appendErrorJSON(b, &e, in) }),
 	}
@@ -359,10 +426,11 @@ func chargeParams(req provider.ChargeRequest) createParams {
 		currency:       req.Currency,
 		paymentMethod:  req.PaymentMethod,
 		confirm:        true,
+		offSession:     !req.OnSession,
 		description:    req.Description,
 		hasDescription: req.Description != "",
 		metadata:       md,
-		methodTypes:    simCardOnly,
+		methodTypes:    methodTypesFor(req.PaymentMethod),
 	}
 }
 
@@ -386,10 +454,10 @@ func (p *createParams) checkCharge() *simError {
 // no bracket in a name, for the simulator's body limit.
 func appendChargeForm(b []byte, p *createParams) ([]byte, int) {
 	start := len(b)
-	brackets := 2 // payment_method_types[0]
+	brackets := 4 // automatic_payment_methods[...] twice
 	b = append(b, "amount="...)
 	b = strconv.AppendInt(b, p.amount, 10)
-	b = append(b, "&confirm=true&currency="...)
+	b = append(b, "&automatic_payment_methods%5Ballow_redirects%5D=never&automatic_payment_methods%5Benabled%5D=true&confirm=true&currency="...)
 	b = appendQueryEscape(b, p.currency)
 	if p.hasDescription {
 		b = append(b, "&description="...)
@@ -407,9 +475,13 @@ func appendChargeForm(b []byte, p *createParams) ([]byte, int) {
 		b = appendQueryEscape(b, m.value)
 		brackets += 2 + strings.Count(m.key, "[") + strings.Count(m.key, "]")
 	}
+	if p.offSession {
+		b = append(b, "&off_session=true"...)
+	} else {
+		b = append(b, "&off_session=false"...)
+	}
 	b = append(b, "&payment_method="...)
 	b = appendQueryEscape(b, p.paymentMethod)
-	b = append(b, "&payment_method_types%5B0%5D=card"...)
 	// Each bracket is three bytes escaped, one on the wire.
 	return b, len(b) - start - 2*brackets
 }

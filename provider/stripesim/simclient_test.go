@@ -64,16 +64,16 @@ func TestSimClientAnswerAfterDeadline(t *testing.T) {
 	wantCharges(t, sim, "k-late", 1)
 }
 
-func TestSimClientUnauthorizedIsRetryable(t *testing.T) {
+func TestSimClientUnauthorizedStopsTheWorker(t *testing.T) {
 	t.Parallel()
 	sim := stripesim.New(stripesim.Config{})
 	_, err := sim.Client("  ").Charge(context.Background(), chargeReq("k-401"))
-	pe := wantClass(t, err, provider.ClassRetryable)
+	pe := wantClass(t, err, provider.ClassUnauthorized)
 	if pe.HTTPStatus != http.StatusUnauthorized || pe.Type != "authentication_error" {
 		t.Fatalf("error = %+v", pe)
 	}
 	_, err = sim.Client("").Lookup(context.Background(), provider.LookupRequest{MerchantID: "m_123", IdempotencyKey: "k-401"})
-	wantClass(t, err, provider.ClassRetryable)
+	wantClass(t, err, provider.ClassUnauthorized)
 	wantCharges(t, sim, "k-401", 0)
 }
 
@@ -105,10 +105,10 @@ func TestSimClientBodyTooLarge(t *testing.T) {
 	sim := stripesim.New(stripesim.Config{})
 	req := chargeReq("k-big")
 	req.Description = strings.Repeat("x", 1<<20)
-	out, err := sim.Client("sk_test").Charge(context.Background(), req)
-	if err != nil || !out.Declined || out.HTTPStatus != http.StatusBadRequest || out.DeclineCode != "invalid_request_error" ||
-		!strings.Contains(string(out.Response), "request body too large") {
-		t.Fatalf("outcome = %+v, %v", out, err)
+	_, err := sim.Client("sk_test").Charge(context.Background(), req)
+	pe := wantClass(t, err, provider.ClassRejected)
+	if pe.HTTPStatus != http.StatusBadRequest || !strings.Contains(pe.Message, "request body too large") {
+		t.Fatalf("error = %+v", pe)
 	}
 }
 

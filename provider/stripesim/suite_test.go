@@ -158,6 +158,11 @@ func runProviderSuite(t *testing.T, newProvider newProviderFunc, caps suiteCaps)
 		{"LookupMultipleCharges", testLookupMultipleCharges},
 		{"LookupQuotedKey", testLookupQuotedKey},
 		{"LookupSearchLag", testLookupSearchLag},
+		{"OffSessionAuthenticationRequired", testOffSessionAuthenticationRequired},
+		{"OnSessionRequiresActionIsCanceled", testOnSessionRequiresActionIsCanceled},
+		{"ProcessingThenSettles", testProcessingThenSettles},
+		{"DeclineKeepsStripeCodes", testDeclineKeepsStripeCodes},
+		{"LookupForeignIntent", testLookupForeignIntent},
 	}
 	if caps.transport {
 		tests = append(tests, scenario{"ConnectionRefused", testConnectionRefused})
@@ -262,9 +267,11 @@ func testInvalidRequestNotSaved(t *testing.T, newProvider newProviderFunc) {
 	env := setupSuite(t, newProvider, stripesim.Config{})
 	req := chargeReq("k-invalid")
 	req.Amount = 0
-	out := mustCharge(t, env.p, req)
-	if !out.Declined || out.HTTPStatus != 400 || out.ChargeID != "" || out.DeclineCode == "" {
-		t.Fatalf("outcome = %+v", out)
+	// A rejection, not a decline: our request is wrong, not the card.
+	_, err := env.p.Charge(context.Background(), req)
+	pe := wantClass(t, err, provider.ClassRejected)
+	if pe.HTTPStatus != 400 || pe.Code != "parameter_invalid_integer" {
+		t.Fatalf("error = %+v", pe)
 	}
 	// Nothing was saved under the key, so a corrected request is not a
 	// mismatch: it charges.
