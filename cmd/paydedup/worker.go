@@ -135,6 +135,9 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		c, err := store.CountPending(ctx, w.rec.grace)
 		return c.Pending, c.Stuck, err
 	})
+	if err := watchConsumerLag(reg, nc, cfg.Stream.Name, cfg.Stream.Durable); err != nil {
+		return err
+	}
 	proc := consumer.NewProcessor(store, prov, cfg, log)
 	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
 	if err != nil {
