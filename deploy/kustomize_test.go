@@ -102,6 +102,7 @@ func TestComponents(t *testing.T) {
 		if len(r.podMonitors) == 0 || len(r.prometheusRules) == 0 {
 			t.Error("components/monitoring: no PodMonitor or PrometheusRule")
 		}
+		checkDashboardConfigMap(t, r)
 		if reconcilers(r) == nil {
 			t.Error("components/reconciler: no reconciler Deployment")
 		}
@@ -109,6 +110,32 @@ func TestComponents(t *testing.T) {
 			t.Error("components/gateway: no gateway Deployment")
 		}
 	})
+}
+
+// checkDashboardConfigMap: components/monitoring ships the dashboard,
+// byte for byte, where Grafana's sidecar looks for it.
+func checkDashboardConfigMap(t *testing.T, r *rendering) {
+	t.Helper()
+	want, err := os.ReadFile(filepath.Join("grafana", "paydedup.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, cm := range r.configMaps {
+		if cm.Labels["grafana_dashboard"] != "1" {
+			continue
+		}
+		found = true
+		if got := cm.Data["paydedup.json"]; got != string(want) {
+			t.Errorf("ConfigMap %s: paydedup.json is not deploy/grafana/paydedup.json", cm.Name)
+		}
+		if cm.Name != "paydedup-dashboard" {
+			t.Errorf("dashboard ConfigMap named %s: a hashed name leaves copies behind", cm.Name)
+		}
+	}
+	if !found {
+		t.Error("components/monitoring: no ConfigMap labelled grafana_dashboard=1")
+	}
 }
 
 // checkRendering asserts what every rendering must hold.

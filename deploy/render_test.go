@@ -157,7 +157,7 @@ func dirs(t *testing.T, dir string) []string {
 	return out
 }
 
-// withComponents copies the kustomize tree (and the rule files it refers to)
+// withComponents copies the kustomize tree (and the rules and dashboard it refers to)
 // to a temporary directory, adds components to one overlay's kustomization
 // there, as a user adding them to that overlay would, and returns the
 // overlay's copy. Components belong in the overlay itself: layered on top of
@@ -165,7 +165,7 @@ func dirs(t *testing.T, dir string) []string {
 func withComponents(t *testing.T, overlay string, components ...string) string {
 	t.Helper()
 	tmp := t.TempDir()
-	for _, dir := range []string{kustomizeDir, "prometheus"} {
+	for _, dir := range []string{kustomizeDir, "prometheus", "grafana"} {
 		if err := os.CopyFS(filepath.Join(tmp, dir), os.DirFS(dir)); err != nil {
 			t.Fatal(err)
 		}
