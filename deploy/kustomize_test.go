@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"net"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -106,9 +109,7 @@ func TestComponents(t *testing.T) {
 		if reconcilers(r) == nil {
 			t.Error("components/reconciler: no reconciler Deployment")
 		}
-		if commandDeployments(r, "gateway") == nil {
-			t.Error("components/gateway: no gateway Deployment")
-		}
+		checkGateway(t, r)
 	})
 }
 
@@ -138,6 +139,81 @@ func checkDashboardConfigMap(t *testing.T, r *rendering) {
 	}
 }
 
+// checkGateway: components/gateway deploys the gateway as the workers are
+// (probes, resources and security are checked for every Deployment), sized
+// by an HPA that owns its replicas, with a PodDisruptionBudget and a Service.
+func checkGateway(t *testing.T, r *rendering) {
+	t.Helper()
+	gws := commandDeployments(r, "gateway")
+	if len(gws) != 1 {
+		t.Fatalf("components/gateway: %d gateway Deployments, want 1", len(gws))
+	}
+	gw := gws[0]
+	if gw.Spec.Replicas != nil {
+		t.Errorf("Deployment %s sets replicas: the HPA owns them, and every apply would reset its choice", gw.Name)
+	}
+	var hpas []*autoscalingv2.HorizontalPodAutoscaler
+	for _, h := range r.hpas {
+		if h.Spec.ScaleTargetRef.Kind == "Deployment" && h.Spec.ScaleTargetRef.Name == gw.Name {
+			hpas = append(hpas, h)
+		}
+	}
+	if len(hpas) != 1 {
+		t.Fatalf("%d HorizontalPodAutoscalers target %s, want 1", len(hpas), gw.Name)
+	}
+	h := hpas[0]
+	if h.Spec.MinReplicas == nil || *h.Spec.MinReplicas < 2 || h.Spec.MaxReplicas < *h.Spec.MinReplicas {
+		t.Errorf("HPA %s: replicas %s to %d, want at least 2 (one may be disrupted)", h.Name, ptrString(h.Spec.MinReplicas), h.Spec.MaxReplicas)
+	}
+	c := gw.Spec.Template.Spec.Containers[0]
+	for _, m := range h.Spec.Metrics {
+		if m.Resource != nil && m.Resource.Target.Type == autoscalingv2.UtilizationMetricType {
+			if _, ok := c.Resources.Requests[m.Resource.Name]; !ok {
+				t.Errorf("HPA %s scales on %s utilization, which %s does not request", h.Name, m.Resource.Name, gw.Name)
+			}
+		}
+	}
+	if !slices.ContainsFunc(r.pdbs, func(p *policyv1.PodDisruptionBudget) bool { return selects(t, p.Spec.Selector, gw) }) {
+		t.Errorf("no PodDisruptionBudget selects %s", gw.Name)
+	}
+	if !slices.ContainsFunc(r.services, func(s *corev1.Service) bool {
+		return s.Spec.Selector["app.kubernetes.io/component"] == gw.Spec.Template.Labels["app.kubernetes.io/component"] &&
+			slices.ContainsFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return resolvePort(c, p.TargetPort) > 0 })
+	}) {
+		t.Errorf("no Service routes to %s's HTTP port", gw.Name)
+	}
+	if ref := secretRef(c, "STRIPE_SECRET_KEY"); ref != nil {
+		t.Errorf("%s gets the provider key: it never charges", gw.Name)
+	}
+}
+
+// checkMemoryLimit: every Deployment's containers have a memory limit and
+// give it to the Go runtime as GOMEMLIMIT, from their own limit.
+func checkMemoryLimit(t *testing.T, r *rendering) {
+	t.Helper()
+	for _, d := range r.deployments {
+		for _, c := range d.Spec.Template.Spec.Containers {
+			id := d.Name + "/" + c.Name
+			if _, ok := c.Resources.Limits[corev1.ResourceMemory]; !ok {
+				t.Errorf("%s: no memory limit", id)
+			}
+			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMEMLIMIT" })
+			if i < 0 {
+				t.Errorf("%s: no GOMEMLIMIT: the GC would not know the container's limit", id)
+				continue
+			}
+			e := c.Env[i]
+			if e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil ||
+				e.ValueFrom.ResourceFieldRef.Resource != "limits.memory" || e.ValueFrom.ResourceFieldRef.ContainerName != c.Name {
+				t.Errorf("%s: GOMEMLIMIT must come from resourceFieldRef limits.memory of %s, got %+v", id, c.Name, e)
+			} else if dv := e.ValueFrom.ResourceFieldRef.Divisor; !dv.IsZero() && dv.Value() != 1 {
+				// Go reads a bare number as bytes: a divisor of 1Mi would make it 128 bytes.
+				t.Errorf("%s: GOMEMLIMIT divisor %s, want bytes (none)", id, dv.String())
+			}
+		}
+	}
+}
+
 // checkRendering asserts what every rendering must hold.
 func checkRendering(t *testing.T, b *binary, r *rendering) {
 	t.Helper()
@@ -149,6 +225,7 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 	t.Run("secrets", func(t *testing.T) { checkSecrets(t, r) })
 	t.Run("env names", func(t *testing.T) { checkEnvNames(t, b, r) })
 	t.Run("one image", func(t *testing.T) { checkOneImage(t, r) })
+	t.Run("memory limit", func(t *testing.T) { checkMemoryLimit(t, r) })
 
 	t.Run("probes", func(t *testing.T) {
 		for _, d := range append(append([]*appsv1.Deployment{w}, reconcilers(r)...), commandDeployments(r, "gateway")...) {
@@ -246,9 +323,20 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 			if p.Spec.MaxUnavailable == nil || *p.Spec.MaxUnavailable != intstr.FromInt32(1) {
 				t.Errorf("%s: maxUnavailable %v, want 1", p.Name, p.Spec.MaxUnavailable)
 			}
-			if !selects(t, p.Spec.Selector, w) {
-				t.Errorf("%s: selector %v does not select the worker pods", p.Name, p.Spec.Selector)
+			// Each budget selects exactly one Deployment's pods: two budgets
+			// over one pod make the eviction API refuse every drain.
+			var selected []string
+			for _, d := range r.deployments {
+				if selects(t, p.Spec.Selector, d) {
+					selected = append(selected, d.Name)
+				}
 			}
+			if len(selected) != 1 {
+				t.Errorf("%s: selects the pods of %v, want exactly one Deployment", p.Name, selected)
+			}
+		}
+		if !slices.ContainsFunc(r.pdbs, func(p *policyv1.PodDisruptionBudget) bool { return selects(t, p.Spec.Selector, w) }) {
+			t.Error("no PodDisruptionBudget selects the worker pods")
 		}
 	})
 
@@ -309,11 +397,11 @@ func commandDeployments(r *rendering, command string) []*appsv1.Deployment {
 // come from and the database role the documented example of that key logs
 // in as (migrations 00002 and 00006): each process gets only its
 // statements, and only migrations run as the owner.
-var databaseRoles = map[string]struct{ key, role string }{
-	"worker":    {"database-url", "paydedup_worker"},
-	"reconcile": {"database-url", "paydedup_worker"},
-	"gateway":   {"database-url-gateway", "paydedup_gateway"},
-	"migrate":   {"database-url-owner", ""},
+var databaseRoles = map[string]struct{ secret, key, role string }{
+	"worker":    {"paydedup", "database-url", "paydedup_worker"},
+	"reconcile": {"paydedup", "database-url", "paydedup_worker"},
+	"gateway":   {"paydedup-gateway", "database-url", "paydedup_gateway"},
+	"migrate":   {"paydedup", "database-url-owner", ""},
 }
 
 // checkDatabaseRoles: every paydedup container takes DATABASE_URL from the
@@ -335,8 +423,8 @@ func checkDatabaseRoles(t *testing.T, r *rendering) {
 				continue
 			}
 			ref := secretRef(c, "DATABASE_URL")
-			if ref == nil || ref.Name != "paydedup" || ref.Key != want.key {
-				t.Errorf("%s/%s (%s): DATABASE_URL from %v, want Secret paydedup key %s", owner, c.Name, c.Args[0], ref, want.key)
+			if ref == nil || ref.Name != want.secret || ref.Key != want.key {
+				t.Errorf("%s/%s (%s): DATABASE_URL from %v, want Secret %s key %s", owner, c.Name, c.Args[0], ref, want.secret, want.key)
 			}
 		}
 	}
@@ -344,9 +432,15 @@ func checkDatabaseRoles(t *testing.T, r *rendering) {
 		if want.role == "" {
 			continue
 		}
-		example := regexp.MustCompile(`(?m)^#\s+` + regexp.QuoteMeta(want.key) + `\s[\s\S]*?postgres://([a-z_]+):`).FindSubmatch(doc)
+		// The example under the Secret's own heading.
+		i := bytes.Index(doc, []byte(`Secret "`+want.secret+`"`))
+		if i < 0 {
+			t.Errorf("base/kustomization.yaml does not document Secret %q", want.secret)
+			continue
+		}
+		example := regexp.MustCompile(`(?m)^#\s+` + regexp.QuoteMeta(want.key) + `\s[\s\S]*?postgres://([a-z_]+):`).FindSubmatch(doc[i:])
 		if example == nil || string(example[1]) != want.role {
-			t.Errorf("base/kustomization.yaml: the example of %s must log in as %s, got %q", want.key, want.role, example)
+			t.Errorf("base/kustomization.yaml: the example of Secret %s key %s must log in as %s, got %q", want.secret, want.key, want.role, example)
 		}
 	}
 }

@@ -36,6 +36,8 @@ type rendering struct {
 	configMaps      map[string]*corev1.ConfigMap
 	secrets         []*corev1.Secret
 	pdbs            []*policyv1.PodDisruptionBudget
+	hpas            []*autoscalingv2.HorizontalPodAutoscaler
+	services        []*corev1.Service
 	scaledObjects   []*scaledObject
 	podMonitors     []*podMonitor
 	prometheusRules []*prometheusRule
@@ -57,11 +59,14 @@ var decoders = map[string]struct {
 	}},
 	"Secret":         {"v1", decodeInto(func(r *rendering, s *corev1.Secret) { r.secrets = append(r.secrets, s) })},
 	"ServiceAccount": {"v1", decodeInto(func(*rendering, *corev1.ServiceAccount) {})},
-	"Service":        {"v1", decodeInto(func(*rendering, *corev1.Service) {})},
+	"Service":        {"v1", decodeInto(func(r *rendering, s *corev1.Service) { r.services = append(r.services, s) })},
 	"Deployment":     {"apps/v1", decodeInto(func(r *rendering, d *appsv1.Deployment) { r.deployments = append(r.deployments, d) })},
 	"Job":            {"batch/v1", decodeInto(func(r *rendering, j *batchv1.Job) { r.jobs = append(r.jobs, j) })},
 	"PodDisruptionBudget": {"policy/v1", decodeInto(func(r *rendering, p *policyv1.PodDisruptionBudget) {
 		r.pdbs = append(r.pdbs, p)
+	})},
+	"HorizontalPodAutoscaler": {"autoscaling/v2", decodeInto(func(r *rendering, h *autoscalingv2.HorizontalPodAutoscaler) {
+		r.hpas = append(r.hpas, h)
 	})},
 	"ScaledObject": {"keda.sh/v1alpha1", decodeInto(func(r *rendering, s *scaledObject) {
 		r.scaledObjects = append(r.scaledObjects, s)
