@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -214,6 +215,32 @@ func checkMemoryLimit(t *testing.T, r *rendering) {
 	}
 }
 
+// checkMigrateReapply: the migrate Job's pod template is immutable, so the
+// next release's Job must replace it rather than be refused. Under Argo CD
+// a PreSync hook deleted before each creation does; under plain kubectl the
+// documented delete-then-apply, and the TTL, do. Without either, the next
+// image would never migrate (and the workers, gated on the schema version,
+// would never become ready).
+func checkMigrateReapply(t *testing.T, j *batchv1.Job) {
+	t.Helper()
+	if got := j.Annotations["argocd.argoproj.io/hook"]; got != "PreSync" {
+		t.Errorf("Job %s: argocd.argoproj.io/hook %q, want PreSync: it runs before the Deployments sync", j.Name, got)
+	}
+	if got := j.Annotations["argocd.argoproj.io/hook-delete-policy"]; !slices.Contains(strings.Split(got, ","), "BeforeHookCreation") {
+		t.Errorf("Job %s: hook-delete-policy %q lacks BeforeHookCreation: the previous Job would block the new one", j.Name, got)
+	}
+	if ttl := j.Spec.TTLSecondsAfterFinished; ttl == nil || *ttl > 3600 {
+		t.Errorf("Job %s: ttlSecondsAfterFinished %s, want at most an hour so a plain re-apply soon finds it gone", j.Name, ptrString(ttl))
+	}
+	doc, err := os.ReadFile(filepath.Join(kustomizeDir, "base", "migrate-job.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "kubectl -n NAMESPACE delete job " + j.Name + " --ignore-not-found"; !strings.Contains(string(doc), want) {
+		t.Errorf("base/migrate-job.yaml does not document the plain-kubectl re-apply (%s)", want)
+	}
+}
+
 // checkRendering asserts what every rendering must hold.
 func checkRendering(t *testing.T, b *binary, r *rendering) {
 	t.Helper()
@@ -312,6 +339,7 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 			if p := j.Spec.Template.Spec.RestartPolicy; p != corev1.RestartPolicyNever && p != corev1.RestartPolicyOnFailure {
 				t.Errorf("migrate Job restartPolicy %q", p)
 			}
+			checkMigrateReapply(t, j)
 		}
 		if !found {
 			t.Error("no Job runs [migrate up]")

@@ -173,6 +173,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 			return err
 		}
 		admin.AddCheck("postgres", store.Ping)
+		admin.AddCheck("schema", (&schemaGate{store: store, log: log}).Check)
 		admin.AddCheck("nats", func(context.Context) error {
 			if !nc.IsConnected() {
 				return fmt.Errorf("not connected (%s)", nc.Status())

@@ -46,7 +46,7 @@ never charge twice.`,
 	root.PersistentFlags().StringVar(&a.logFormat, "log-format", envOr(getenv, "PAYDEDUP_LOG_FORMAT", "json"), "log format: json or text (PAYDEDUP_LOG_FORMAT)")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", envOr(getenv, "PAYDEDUP_LOG_LEVEL", "info"), "log level: debug, info, warn or error (PAYDEDUP_LOG_LEVEL)")
 	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a),
-		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a))
+		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a), newHealthcheckCmd(a))
 	root.AddCommand(labCommands(a)...)
 	return root
 }

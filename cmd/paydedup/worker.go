@@ -158,6 +158,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 
 	// The admin listener outlives the worker's drain, so /readyz can say 503
 	// while in-flight payments finish.
+	schema := &schemaGate{store: store, log: log}
 	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAdmin()
 	g, gctx := errgroup.WithContext(ctx)
@@ -173,6 +174,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 			return nil
 		})
 		admin.AddCheck("postgres", store.Ping)
+		admin.AddCheck("schema", schema.Check)
 		admin.AddCheck("draining", func(context.Context) error {
 			if worker.Draining() {
 				return errors.New("shutting down")
@@ -181,6 +183,13 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		})
 		log.Info("admin listener", "addr", admin.Addr())
 		g.Go(func() error { return admin.Serve(adminCtx) })
+	}
+	// Migrations first: nothing is consumed or reconciled against a schema
+	// older than this code, and /readyz says why meanwhile.
+	if err := schema.Wait(gctx); err != nil {
+		// Stopped (SIGTERM) or the admin listener failed: g says which.
+		stopAdmin()
+		return g.Wait()
 	}
 	if w.reconcile {
 		rec, err := reconciler.New(store, prov, w.rec.config(w.prov, log, metrics))
