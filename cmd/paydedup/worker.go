@@ -101,6 +101,10 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	prop, err := w.app.propagator()
+	if err != nil {
+		return err
+	}
 	log := w.app.logger
 	pool, err := pg.Connect(ctx, w.db.url)
 	if err != nil {
@@ -143,6 +147,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	worker.SetPropagator(prop)
 	tp, shutdownTracing, err := w.app.tracerProvider(ctx, "paydedup-worker")
 	if err != nil {
 		return err
