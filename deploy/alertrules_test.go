@@ -2,8 +2,6 @@ package deploy
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -60,14 +58,7 @@ func firing(t *testing.T, r rule, series string, at time.Duration) []string {
 // promtool test rules: each fires on what it is for, with the labels its
 // runbook needs, and stays quiet on the ordinary case next to it.
 func TestAlertsFire(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("prometheus", "alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pr prometheusRule
-	if err := strictYAML(data, &pr); err != nil {
-		t.Fatal(err)
-	}
+	pr := loadAlerts(t)
 	rules := map[string]rule{}
 	for _, g := range pr.Spec.Groups {
 		for _, r := range g.Rules {

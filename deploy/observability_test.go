@@ -255,7 +255,9 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 }
 
-func TestPrometheusAlerts(t *testing.T) {
+// loadAlerts strict-decodes prometheus/alerts.yaml.
+func loadAlerts(t *testing.T) prometheusRule {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join("prometheus", "alerts.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -264,6 +266,11 @@ func TestPrometheusAlerts(t *testing.T) {
 	if err := strictYAML(data, &pr); err != nil {
 		t.Fatalf("prometheus/alerts.yaml: %v", err)
 	}
+	return pr
+}
+
+func TestPrometheusAlerts(t *testing.T) {
+	pr := loadAlerts(t)
 	if pr.APIVersion != "monitoring.coreos.com/v1" || pr.Kind != "PrometheusRule" {
 		t.Errorf("alerts.yaml is %s %s, want monitoring.coreos.com/v1 PrometheusRule", pr.APIVersion, pr.Kind)
 	}
@@ -361,14 +368,7 @@ func runbookAnchors(t *testing.T) map[string]bool {
 // TestRunbooksCoverAlerts: every runbook section belongs to an alert, so
 // the document does not keep procedures for alerts that are gone.
 func TestRunbooksCoverAlerts(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join("prometheus", "alerts.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pr prometheusRule
-	if err := strictYAML(data, &pr); err != nil {
-		t.Fatal(err)
-	}
+	pr := loadAlerts(t)
 	alerts := map[string]bool{}
 	for _, g := range pr.Spec.Groups {
 		for _, r := range g.Rules {
