@@ -37,13 +37,14 @@ func (c headerCarrier) Keys() []string {
 
 var traceContext = propagation.TraceContext{}
 
-// extractTrace returns ctx carrying the message's remote span context, and
-// its trace id ("" when the message has no valid traceparent).
-func extractTrace(ctx context.Context, h nats.Header) (context.Context, string) {
+// extractTrace returns ctx carrying the message's remote span context (and
+// baggage, when p reads it), and its trace id ("" when the message carries
+// no valid one).
+func extractTrace(ctx context.Context, p propagation.TextMapPropagator, h nats.Header) (context.Context, string) {
 	if len(h) == 0 {
 		return ctx, ""
 	}
-	ctx = traceContext.Extract(ctx, headerCarrier(h))
+	ctx = p.Extract(ctx, headerCarrier(h))
 	sc := trace.SpanContextFromContext(ctx)
 	if !sc.TraceID().IsValid() {
 		return ctx, ""

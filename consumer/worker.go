@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -87,6 +88,7 @@ type Worker struct {
 	logger   *slog.Logger
 	observer Observer
 	tracer   trace.Tracer
+	prop     propagation.TextMapPropagator
 	intake   IntakeMarker
 
 	draining atomic.Bool
@@ -118,7 +120,16 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 	proc.observer = obs
 	proc.committer.observer = obs
 	return &Worker{cfg: cfg, nc: nc, js: js, proc: proc, logger: logger, observer: obs,
-		tracer: noop.NewTracerProvider().Tracer("paydedup"), intake: intake}, nil
+		tracer: noop.NewTracerProvider().Tracer("paydedup"), prop: traceContext, intake: intake}, nil
+}
+
+// SetPropagator sets how the worker reads a message's trace context from
+// its headers (OTEL_PROPAGATORS); W3C traceparent alone by default. Call it
+// before Run.
+func (w *Worker) SetPropagator(p propagation.TextMapPropagator) {
+	if p != nil {
+		w.prop = p
+	}
 }
 
 // SetTracer makes the worker create a span per message with tp, as a child
@@ -320,7 +331,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			continue
 		}
 		in.meta = meta
-		in.ctx, in.traceID = extractTrace(ctx, m.Headers())
+		in.ctx, in.traceID = extractTrace(ctx, w.prop, m.Headers())
 		in.ctx, in.span = w.tracer.Start(in.ctx, "paydedup.payment", trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(attribute.Int64("messaging.message.stream_seq", int64(meta.Sequence.Stream)),
 				attribute.Int64("messaging.message.deliveries", int64(meta.NumDelivered))))

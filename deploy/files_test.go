@@ -133,6 +133,18 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("final stage: %s %v, want %s", want.cmd, got, want.args)
 		}
 	}
+	// The admin listener is on by default, at the port the image exposes,
+	// so probes and "paydedup healthcheck" need no setting.
+	var adminAddr string
+	for _, env := range df.find(last, "ENV") {
+		if v, ok := strings.CutPrefix(env, "PAYDEDUP_ADMIN_ADDR="); ok {
+			adminAddr = v
+		}
+	}
+	_, adminPort, err := net.SplitHostPort(adminAddr)
+	if err != nil || !slices.Contains(df.find(last, "EXPOSE"), adminPort) {
+		t.Errorf("final stage: ENV PAYDEDUP_ADMIN_ADDR=%q must listen on the port it EXPOSEs (%v)", adminAddr, df.find(last, "EXPOSE"))
+	}
 	if copies := df.find(last, "COPY"); !slices.ContainsFunc(copies, func(c string) bool {
 		return strings.HasPrefix(c, "--from=") && strings.HasSuffix(c, " /paydedup")
 	}) {
@@ -336,9 +348,7 @@ func TestCompose(t *testing.T) {
 				t.Errorf("%s: must wait for %s to be healthy, got %+v", name, dep, w.DependsOn[dep])
 			}
 		}
-		if w.Healthcheck == nil || !strings.Contains(strings.Join(w.Healthcheck.Test, " "), "/readyz") {
-			t.Errorf("%s: healthcheck must probe /readyz", name)
-		}
+		checkHealthcheck(t, name, w)
 		drain := b.drainTimeout
 		if v, ok := env["PAYDEDUP_DRAIN_TIMEOUT"]; ok {
 			if drain, err = time.ParseDuration(v); err != nil {
@@ -389,6 +399,8 @@ func TestCompose(t *testing.T) {
 		t.Errorf("migrate: DATABASE_URL must be the owner's, got %v", u.User)
 	}
 
+	checkHealthcheck(t, "gateway", svc("gateway"))
+
 	// Every paydedup container is the image deploy/Dockerfile builds.
 	for name, s := range cf.Services {
 		if len(s.Command) == 0 || !slices.Contains([]string{"worker", "migrate", "provider-sim", "reconcile", "gateway"}, s.Command[0]) {
@@ -397,9 +409,29 @@ func TestCompose(t *testing.T) {
 		if s.Build == nil || s.Build.Dockerfile != "deploy/Dockerfile" || path.Clean(s.Build.Context) != ".." {
 			t.Errorf("%s: must build deploy/Dockerfile with the repository as context, got %+v", name, s.Build)
 		}
+		// The shipped image (the last stage), except the lab-only simulator.
+		wantTarget := ""
+		if s.Command[0] == "provider-sim" {
+			wantTarget = "lab"
+		}
+		if s.Build != nil && s.Build.Target != wantTarget {
+			t.Errorf("%s: builds target %q, want %q (the production image for everything but the simulator)", name, s.Build.Target, wantTarget)
+		}
 		if !s.ReadOnly || s.User == "" || s.User == "0" || s.User == "root" {
 			t.Errorf("%s: run read-only and non-root (read_only %v, user %q)", name, s.ReadOnly, s.User)
 		}
+	}
+}
+
+// checkHealthcheck: a paydedup service's healthcheck runs "paydedup
+// healthcheck" (the image has no shell or wget), which probes /readyz.
+func checkHealthcheck(t *testing.T, name string, s composeService) {
+	t.Helper()
+	if s.Healthcheck == nil || !slices.Equal(s.Healthcheck.Test, []string{"CMD", "/paydedup", "healthcheck"}) {
+		t.Errorf("%s: healthcheck must be [CMD /paydedup healthcheck] (it probes /readyz on PAYDEDUP_ADMIN_ADDR), got %+v", name, s.Healthcheck)
+	}
+	if s.Environment["PAYDEDUP_ADMIN_ADDR"] == "" {
+		t.Errorf("%s: PAYDEDUP_ADMIN_ADDR must be set for the healthcheck to find the listener", name)
 	}
 }
 

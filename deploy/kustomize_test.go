@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"net"
@@ -15,8 +16,10 @@ import (
 
 	"github.com/robfig/cron/v3"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -104,16 +107,142 @@ func TestComponents(t *testing.T) {
 		if len(r.podMonitors) == 0 || len(r.prometheusRules) == 0 {
 			t.Error("components/monitoring: no PodMonitor or PrometheusRule")
 		}
+		checkDashboardConfigMap(t, r)
 		if reconcilers(r) == nil {
 			t.Error("components/reconciler: no reconciler Deployment")
 		}
-		if commandDeployments(r, "gateway") == nil {
-			t.Error("components/gateway: no gateway Deployment")
-		}
+		checkGateway(t, r)
 		if len(r.cronJobs) == 0 {
 			t.Error("components/audit: no audit CronJob")
 		}
 	})
+}
+
+// checkDashboardConfigMap: components/monitoring ships the dashboard,
+// byte for byte, where Grafana's sidecar looks for it.
+func checkDashboardConfigMap(t *testing.T, r *rendering) {
+	t.Helper()
+	want, err := os.ReadFile(filepath.Join("grafana", "paydedup.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, cm := range r.configMaps {
+		if cm.Labels["grafana_dashboard"] != "1" {
+			continue
+		}
+		found = true
+		if got := cm.Data["paydedup.json"]; got != string(want) {
+			t.Errorf("ConfigMap %s: paydedup.json is not deploy/grafana/paydedup.json", cm.Name)
+		}
+		if cm.Name != "paydedup-dashboard" {
+			t.Errorf("dashboard ConfigMap named %s: a hashed name leaves copies behind", cm.Name)
+		}
+	}
+	if !found {
+		t.Error("components/monitoring: no ConfigMap labelled grafana_dashboard=1")
+	}
+}
+
+// checkGateway: components/gateway deploys the gateway as the workers are
+// (probes, resources and security are checked for every Deployment), sized
+// by an HPA that owns its replicas, with a PodDisruptionBudget and a Service.
+func checkGateway(t *testing.T, r *rendering) {
+	t.Helper()
+	gws := commandDeployments(r, "gateway")
+	if len(gws) != 1 {
+		t.Fatalf("components/gateway: %d gateway Deployments, want 1", len(gws))
+	}
+	gw := gws[0]
+	if gw.Spec.Replicas != nil {
+		t.Errorf("Deployment %s sets replicas: the HPA owns them, and every apply would reset its choice", gw.Name)
+	}
+	var hpas []*autoscalingv2.HorizontalPodAutoscaler
+	for _, h := range r.hpas {
+		if h.Spec.ScaleTargetRef.Kind == "Deployment" && h.Spec.ScaleTargetRef.Name == gw.Name {
+			hpas = append(hpas, h)
+		}
+	}
+	if len(hpas) != 1 {
+		t.Fatalf("%d HorizontalPodAutoscalers target %s, want 1", len(hpas), gw.Name)
+	}
+	h := hpas[0]
+	if h.Spec.MinReplicas == nil || *h.Spec.MinReplicas < 2 || h.Spec.MaxReplicas < *h.Spec.MinReplicas {
+		t.Errorf("HPA %s: replicas %s to %d, want at least 2 (one may be disrupted)", h.Name, ptrString(h.Spec.MinReplicas), h.Spec.MaxReplicas)
+	}
+	c := gw.Spec.Template.Spec.Containers[0]
+	for _, m := range h.Spec.Metrics {
+		if m.Resource != nil && m.Resource.Target.Type == autoscalingv2.UtilizationMetricType {
+			if _, ok := c.Resources.Requests[m.Resource.Name]; !ok {
+				t.Errorf("HPA %s scales on %s utilization, which %s does not request", h.Name, m.Resource.Name, gw.Name)
+			}
+		}
+	}
+	if !slices.ContainsFunc(r.pdbs, func(p *policyv1.PodDisruptionBudget) bool { return selects(t, p.Spec.Selector, gw) }) {
+		t.Errorf("no PodDisruptionBudget selects %s", gw.Name)
+	}
+	if !slices.ContainsFunc(r.services, func(s *corev1.Service) bool {
+		return s.Spec.Selector["app.kubernetes.io/component"] == gw.Spec.Template.Labels["app.kubernetes.io/component"] &&
+			slices.ContainsFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return resolvePort(c, p.TargetPort) > 0 })
+	}) {
+		t.Errorf("no Service routes to %s's HTTP port", gw.Name)
+	}
+	if ref := secretRef(c, "STRIPE_SECRET_KEY"); ref != nil {
+		t.Errorf("%s gets the provider key: it never charges", gw.Name)
+	}
+}
+
+// checkMemoryLimit: every Deployment's containers have a memory limit and
+// give it to the Go runtime as GOMEMLIMIT, from their own limit.
+func checkMemoryLimit(t *testing.T, r *rendering) {
+	t.Helper()
+	for _, d := range r.deployments {
+		for _, c := range d.Spec.Template.Spec.Containers {
+			id := d.Name + "/" + c.Name
+			if _, ok := c.Resources.Limits[corev1.ResourceMemory]; !ok {
+				t.Errorf("%s: no memory limit", id)
+			}
+			i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "GOMEMLIMIT" })
+			if i < 0 {
+				t.Errorf("%s: no GOMEMLIMIT: the GC would not know the container's limit", id)
+				continue
+			}
+			e := c.Env[i]
+			if e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil ||
+				e.ValueFrom.ResourceFieldRef.Resource != "limits.memory" || e.ValueFrom.ResourceFieldRef.ContainerName != c.Name {
+				t.Errorf("%s: GOMEMLIMIT must come from resourceFieldRef limits.memory of %s, got %+v", id, c.Name, e)
+			} else if dv := e.ValueFrom.ResourceFieldRef.Divisor; !dv.IsZero() && dv.Value() != 1 {
+				// Go reads a bare number as bytes: a divisor of 1Mi would make it 128 bytes.
+				t.Errorf("%s: GOMEMLIMIT divisor %s, want bytes (none)", id, dv.String())
+			}
+		}
+	}
+}
+
+// checkMigrateReapply: the migrate Job's pod template is immutable, so the
+// next release's Job must replace it rather than be refused. Under Argo CD
+// a PreSync hook deleted before each creation does; under plain kubectl the
+// documented delete-then-apply, and the TTL, do. Without either, the next
+// image would never migrate (and the workers, gated on the schema version,
+// would never become ready).
+func checkMigrateReapply(t *testing.T, j *batchv1.Job) {
+	t.Helper()
+	if got := j.Annotations["argocd.argoproj.io/hook"]; got != "PreSync" {
+		t.Errorf("Job %s: argocd.argoproj.io/hook %q, want PreSync: it runs before the Deployments sync", j.Name, got)
+	}
+	if got := j.Annotations["argocd.argoproj.io/hook-delete-policy"]; !slices.Contains(strings.Split(got, ","), "BeforeHookCreation") {
+		t.Errorf("Job %s: hook-delete-policy %q lacks BeforeHookCreation: the previous Job would block the new one", j.Name, got)
+	}
+	if ttl := j.Spec.TTLSecondsAfterFinished; ttl == nil || *ttl > 3600 {
+		t.Errorf("Job %s: ttlSecondsAfterFinished %s, want at most an hour so a plain re-apply soon finds it gone", j.Name, ptrString(ttl))
+	}
+	doc, err := os.ReadFile(filepath.Join(kustomizeDir, "base", "migrate-job.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "kubectl -n NAMESPACE delete job " + j.Name + " --ignore-not-found"; !strings.Contains(string(doc), want) {
+		t.Errorf("base/migrate-job.yaml does not document the plain-kubectl re-apply (%s)", want)
+	}
 }
 
 // checkRendering asserts what every rendering must hold.
@@ -127,6 +256,7 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 	t.Run("secrets", func(t *testing.T) { checkSecrets(t, r) })
 	t.Run("env names", func(t *testing.T) { checkEnvNames(t, b, r) })
 	t.Run("one image", func(t *testing.T) { checkOneImage(t, r) })
+	t.Run("memory limit", func(t *testing.T) { checkMemoryLimit(t, r) })
 
 	t.Run("probes", func(t *testing.T) {
 		for _, d := range append(append([]*appsv1.Deployment{w}, reconcilers(r)...), commandDeployments(r, "gateway")...) {
@@ -213,6 +343,7 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 			if p := j.Spec.Template.Spec.RestartPolicy; p != corev1.RestartPolicyNever && p != corev1.RestartPolicyOnFailure {
 				t.Errorf("migrate Job restartPolicy %q", p)
 			}
+			checkMigrateReapply(t, j)
 		}
 		if !found {
 			t.Error("no Job runs [migrate up]")
@@ -226,9 +357,20 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 			if p.Spec.MaxUnavailable == nil || *p.Spec.MaxUnavailable != intstr.FromInt32(1) {
 				t.Errorf("%s: maxUnavailable %v, want 1", p.Name, p.Spec.MaxUnavailable)
 			}
-			if !selects(t, p.Spec.Selector, w) {
-				t.Errorf("%s: selector %v does not select the worker pods", p.Name, p.Spec.Selector)
+			// Each budget selects exactly one Deployment's pods: two budgets
+			// over one pod make the eviction API refuse every drain.
+			var selected []string
+			for _, d := range r.deployments {
+				if selects(t, p.Spec.Selector, d) {
+					selected = append(selected, d.Name)
+				}
 			}
+			if len(selected) != 1 {
+				t.Errorf("%s: selects the pods of %v, want exactly one Deployment", p.Name, selected)
+			}
+		}
+		if !slices.ContainsFunc(r.pdbs, func(p *policyv1.PodDisruptionBudget) bool { return selects(t, p.Spec.Selector, w) }) {
+			t.Error("no PodDisruptionBudget selects the worker pods")
 		}
 	})
 
@@ -289,14 +431,14 @@ func commandDeployments(r *rendering, command string) []*appsv1.Deployment {
 // come from and the database role the documented example of that key logs
 // in as (migrations 00002 and 00006): each process gets only its
 // statements, and only migrations run as the owner.
-var databaseRoles = map[string]struct{ key, role string }{
-	"worker":    {"database-url", "paydedup_worker"},
-	"reconcile": {"database-url", "paydedup_worker"},
-	"gateway":   {"database-url-gateway", "paydedup_gateway"},
-	"migrate":   {"database-url-owner", ""},
+var databaseRoles = map[string]struct{ secret, key, role string }{
+	"worker":    {"paydedup", "database-url", "paydedup_worker"},
+	"reconcile": {"paydedup", "database-url", "paydedup_worker"},
+	"gateway":   {"paydedup-gateway", "database-url", "paydedup_gateway"},
+	"migrate":   {"paydedup", "database-url-owner", ""},
 	// The audit only reads payments and idempotency_keys, which the
 	// worker's role may.
-	"audit": {"database-url", "paydedup_worker"},
+	"audit": {"paydedup", "database-url", "paydedup_worker"},
 }
 
 // checkDatabaseRoles: every paydedup container takes DATABASE_URL from the
@@ -318,8 +460,8 @@ func checkDatabaseRoles(t *testing.T, r *rendering) {
 				continue
 			}
 			ref := secretRef(c, "DATABASE_URL")
-			if ref == nil || ref.Name != "paydedup" || ref.Key != want.key {
-				t.Errorf("%s/%s (%s): DATABASE_URL from %v, want Secret paydedup key %s", owner, c.Name, c.Args[0], ref, want.key)
+			if ref == nil || ref.Name != want.secret || ref.Key != want.key {
+				t.Errorf("%s/%s (%s): DATABASE_URL from %v, want Secret %s key %s", owner, c.Name, c.Args[0], ref, want.secret, want.key)
 			}
 		}
 	}
@@ -327,9 +469,15 @@ func checkDatabaseRoles(t *testing.T, r *rendering) {
 		if want.role == "" {
 			continue
 		}
-		example := regexp.MustCompile(`(?m)^#\s+` + regexp.QuoteMeta(want.key) + `\s[\s\S]*?postgres://([a-z_]+):`).FindSubmatch(doc)
+		// The example under the Secret's own heading.
+		i := bytes.Index(doc, []byte(`Secret "`+want.secret+`"`))
+		if i < 0 {
+			t.Errorf("base/kustomization.yaml does not document Secret %q", want.secret)
+			continue
+		}
+		example := regexp.MustCompile(`(?m)^#\s+` + regexp.QuoteMeta(want.key) + `\s[\s\S]*?postgres://([a-z_]+):`).FindSubmatch(doc[i:])
 		if example == nil || string(example[1]) != want.role {
-			t.Errorf("base/kustomization.yaml: the example of %s must log in as %s, got %q", want.key, want.role, example)
+			t.Errorf("base/kustomization.yaml: the example of Secret %s key %s must log in as %s, got %q", want.secret, want.key, want.role, example)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package deploy
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,6 +11,12 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+	"sigs.k8s.io/yaml"
 )
 
 // metrics are paydedup's Prometheus metrics (internal/ops), with the label
@@ -43,18 +50,49 @@ var metrics = map[string]struct {
 	"paydedup_stuck_pending_rows":                     {},
 	"paydedup_reconciler_last_pass_timestamp_seconds": {},
 	"paydedup_build_info":                             {labels: map[string][]string{"version": nil}},
+	"paydedup_pending_rows":                           {},
+	// The workers' JetStream consumer, read from its info at scrape time.
+	"paydedup_consumer_pending_messages":     {labels: map[string][]string{"stream": nil, "consumer": nil}},
+	"paydedup_consumer_ack_pending_messages": {labels: map[string][]string{"stream": nil, "consumer": nil}},
+	"paydedup_consumer_redelivered_messages": {labels: map[string][]string{"stream": nil, "consumer": nil}},
+	"paydedup_consumer_waiting_pulls":        {labels: map[string][]string{"stream": nil, "consumer": nil}},
+	"paydedup_consumer_info_up":              {labels: map[string][]string{"stream": nil, "consumer": nil}},
+	// The gateway (gateway/metrics.go).
+	"paydedup_gateway_requests_total": {labels: map[string][]string{
+		"route": {"post_payment", "get_payment", "other"}, "code": nil,
+	}},
+	"paydedup_gateway_request_duration_seconds": {histogram: true, labels: map[string][]string{
+		"route": {"post_payment", "get_payment", "other"},
+	}},
+	"paydedup_gateway_idempotency_total": {labels: map[string][]string{
+		"result": {"new", "replayed", "in_flight", "mismatch", "dead_lettered", "not_republished"},
+	}},
+	"paydedup_gateway_publishes_total":          {labels: map[string][]string{"result": {"ok", "error"}}},
+	"paydedup_gateway_publish_duration_seconds": {histogram: true},
+	"paydedup_gateway_waits_total": {labels: map[string][]string{
+		"result": {"completed", "dead_lettered", "timeout", "shutdown", "cancelled"},
+	}},
+	"paydedup_gateway_auth_failures_total": {},
 }
 
-var (
-	metricRef  = regexp.MustCompile(`\bpaydedup_[a-z0-9_]+`)
-	selectorRe = regexp.MustCompile(`\b(paydedup_[a-z0-9_]+)\s*\{([^}]*)\}`)
-	matcherRe  = regexp.MustCompile(`\b([a-zA-Z_]+)\s*(=~|!~|!=|=)\s*"([^"]*)"`)
-)
+// promql parses expressions as Prometheus does.
+var promql = parser.NewParser(parser.Options{})
 
-// exprProblems lists the metrics a PromQL expression names and what is wrong
-// with it: a metric paydedup does not export, a histogram used bare, or a
-// label value it never sets.
+// grafanaVars are Grafana's built-in range variables, replaced by a range so
+// that dashboard queries parse as PromQL.
+var plainAlternatives = regexp.MustCompile(`^[a-z0-9_]+(\|[a-z0-9_]+)*$`)
+
+var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h")
+
+// exprProblems parses a PromQL expression (Grafana variables substituted)
+// and lists the paydedup metrics it selects and what is wrong with it: a
+// parse error, a metric paydedup does not export, a histogram used bare, or
+// a label value it never sets.
 func exprProblems(expr string) (names, problems []string) {
+	ast, err := promql.ParseExpr(grafanaVars.Replace(expr))
+	if err != nil {
+		return nil, []string{"parse: " + err.Error()}
+	}
 	base := func(ref string) string {
 		for _, suffix := range []string{"_bucket", "_count", "_sum"} {
 			if b := strings.TrimSuffix(ref, suffix); b != ref && metrics[b].histogram {
@@ -63,33 +101,48 @@ func exprProblems(expr string) (names, problems []string) {
 		}
 		return ref
 	}
-	for _, ref := range metricRef.FindAllString(expr, -1) {
-		name := base(ref)
+	parser.Inspect(ast, func(node parser.Node, _ []parser.Node) error {
+		vs, ok := node.(*parser.VectorSelector)
+		if !ok || !strings.HasPrefix(vs.Name, "paydedup_") {
+			return nil
+		}
+		name := base(vs.Name)
 		m, ok := metrics[name]
 		switch {
 		case !ok:
-			problems = append(problems, "unknown metric "+ref)
-			continue
-		case m.histogram && name == ref:
-			problems = append(problems, "histogram "+ref+" used without _bucket, _count or _sum")
+			problems = append(problems, "unknown metric "+vs.Name)
+			return nil
+		case m.histogram && name == vs.Name:
+			problems = append(problems, "histogram "+vs.Name+" used without _bucket, _count or _sum")
 		}
 		names = append(names, name)
-	}
-	for _, sel := range selectorRe.FindAllStringSubmatch(expr, -1) {
-		name := base(sel[1])
-		for _, mm := range matcherRe.FindAllStringSubmatch(sel[2], -1) {
-			label, op, value := mm[1], mm[2], mm[3]
-			values := metrics[name].labels[label]
-			if values == nil || strings.HasPrefix(op, "!") || strings.Contains(value, "$") {
+		for _, lm := range vs.LabelMatchers {
+			values := m.labels[lm.Name]
+			if values == nil || strings.Contains(lm.Value, "$") {
 				continue
 			}
-			for _, v := range strings.Split(value, "|") {
-				if !slices.Contains(values, v) {
-					problems = append(problems, fmt.Sprintf("%s{%s=%q}: %q is not one of %v", name, label, value, v, values))
+			switch lm.Type {
+			case labels.MatchEqual:
+				if !slices.Contains(values, lm.Value) {
+					problems = append(problems, fmt.Sprintf("%s{%s=%q}: %q is not one of %v", name, lm.Name, lm.Value, lm.Value, values))
+				}
+			case labels.MatchRegexp:
+				// An alternation of plain words: each must be a value paydedup
+				// sets (a typo in one would match nothing, silently). Any other
+				// regexp must match at least one.
+				if plainAlternatives.MatchString(lm.Value) {
+					for _, v := range strings.Split(lm.Value, "|") {
+						if !slices.Contains(values, v) {
+							problems = append(problems, fmt.Sprintf("%s{%s=~%q}: %q is not one of %v", name, lm.Name, lm.Value, v, values))
+						}
+					}
+				} else if !slices.ContainsFunc(values, lm.Matches) {
+					problems = append(problems, fmt.Sprintf("%s{%s=~%q} matches none of %v", name, lm.Name, lm.Value, values))
 				}
 			}
 		}
-	}
+		return nil
+	})
 	return names, problems
 }
 
@@ -194,14 +247,17 @@ func TestGrafanaDashboard(t *testing.T) {
 		}
 	}
 	// The panels the operators asked for, by title.
-	for _, want := range []string{"throughput by result", "dead letters by reason", "in flight", "p50 / p99", "unknown-outcome rate", "stuck pending", "reconcile"} {
+	for _, want := range []string{"throughput by result", "dead letters by reason", "in flight", "p50 / p99", "unknown-outcome rate", "stuck pending", "reconcile",
+		"consumer backlog", "pending rows", "gateway requests", "gateway latency"} {
 		if !slices.ContainsFunc(titles, func(s string) bool { return strings.Contains(s, want) }) {
 			t.Errorf("no panel titled like %q", want)
 		}
 	}
 }
 
-func TestPrometheusAlerts(t *testing.T) {
+// loadAlerts strict-decodes prometheus/alerts.yaml.
+func loadAlerts(t *testing.T) prometheusRule {
+	t.Helper()
 	data, err := os.ReadFile(filepath.Join("prometheus", "alerts.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -210,6 +266,11 @@ func TestPrometheusAlerts(t *testing.T) {
 	if err := strictYAML(data, &pr); err != nil {
 		t.Fatalf("prometheus/alerts.yaml: %v", err)
 	}
+	return pr
+}
+
+func TestPrometheusAlerts(t *testing.T) {
+	pr := loadAlerts(t)
 	if pr.APIVersion != "monitoring.coreos.com/v1" || pr.Kind != "PrometheusRule" {
 		t.Errorf("alerts.yaml is %s %s, want monitoring.coreos.com/v1 PrometheusRule", pr.APIVersion, pr.Kind)
 	}
@@ -234,6 +295,18 @@ func checkRules(t *testing.T, rf ruleFile) []string {
 	if len(rf.Groups) == 0 {
 		t.Error("rule file has no groups")
 	}
+	// Prometheus's own loader: the group and rule schema, every expression
+	// parsed, every annotation and label template compiled.
+	data, err := yaml.Marshal(rf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, errs := rulefmt.Parse(data, false, model.UTF8Validation, promql, slog.New(slog.DiscardHandler)); len(errs) > 0 {
+		for _, err := range errs {
+			t.Errorf("rulefmt: %v", err)
+		}
+	}
+	runbooks := runbookAnchors(t)
 	var exprs []string
 	seen := map[string]bool{}
 	for _, g := range rf.Groups {
@@ -252,8 +325,10 @@ func checkRules(t *testing.T, rf ruleFile) []string {
 			if strings.TrimSpace(r.Expr) == "" {
 				t.Errorf("%s: no expr", where)
 			}
-			if strings.Count(r.Expr, "(") != strings.Count(r.Expr, ")") {
-				t.Errorf("%s: unbalanced parentheses in %q", where, r.Expr)
+			if u := r.Annotations["runbook_url"]; !strings.HasPrefix(u, runbookBase) || !runbooks[strings.TrimPrefix(u, runbookBase)] {
+				t.Errorf("%s: runbook_url %q is not %s#<a heading of docs/runbooks.md>", where, u, runbookBase)
+			} else if want := runbookBase + strings.ToLower(r.Alert); u != want {
+				t.Errorf("%s: runbook_url %q, want its own section %s", where, u, want)
 			}
 			if len(checkExpr(t, where, r.Expr)) == 0 {
 				t.Errorf("%s: names no paydedup metric", where)
@@ -268,6 +343,43 @@ func checkRules(t *testing.T, rf ruleFile) []string {
 		}
 	}
 	return exprs
+}
+
+// runbookBase is where alerts link: docs/runbooks.md as GitHub renders it.
+const runbookBase = "https://github.com/paydedup/paydedup/blob/main/docs/runbooks.md#"
+
+// runbookAnchors returns the anchors of docs/runbooks.md's second-level
+// headings, as GitHub derives them (lower case; spaces to dashes).
+func runbookAnchors(t *testing.T) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(mainModule, "docs", "runbooks.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if h, ok := strings.CutPrefix(line, "## "); ok {
+			anchors[strings.ReplaceAll(strings.ToLower(strings.TrimSpace(h)), " ", "-")] = true
+		}
+	}
+	return anchors
+}
+
+// TestRunbooksCoverAlerts: every runbook section belongs to an alert, so
+// the document does not keep procedures for alerts that are gone.
+func TestRunbooksCoverAlerts(t *testing.T) {
+	pr := loadAlerts(t)
+	alerts := map[string]bool{}
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			alerts[strings.ToLower(r.Alert)] = true
+		}
+	}
+	for a := range runbookAnchors(t) {
+		if !alerts[a] {
+			t.Errorf("docs/runbooks.md has a section #%s for no alert", a)
+		}
+	}
 }
 
 func TestExprProblems(t *testing.T) {
@@ -285,6 +397,10 @@ func TestExprProblems(t *testing.T) {
 		{`rate(paydedup_messages_total{namespace=~"$namespace"}[5m])`, true},
 		{`rate(paydedup_message_total[5m])`, false},
 		{`paydedup_claim_duration_seconds`, false},
+		{`rate(paydedup_messages_total{result=~"processed|acked"}[5m])`, false},
+		{`sum(rate(paydedup_gateway_requests_total{code=~"5.."}[$__rate_interval]))`, true},
+		{`sum(rate(paydedup_messages_total[5m])`, false},
+		{`rate(paydedup_messages_total[5m]) +`, false},
 	}
 	for _, tt := range tests {
 		_, problems := exprProblems(tt.expr)

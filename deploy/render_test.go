@@ -37,6 +37,8 @@ type rendering struct {
 	configMaps      map[string]*corev1.ConfigMap
 	secrets         []*corev1.Secret
 	pdbs            []*policyv1.PodDisruptionBudget
+	hpas            []*autoscalingv2.HorizontalPodAutoscaler
+	services        []*corev1.Service
 	scaledObjects   []*scaledObject
 	podMonitors     []*podMonitor
 	prometheusRules []*prometheusRule
@@ -58,12 +60,15 @@ var decoders = map[string]struct {
 	}},
 	"Secret":         {"v1", decodeInto(func(r *rendering, s *corev1.Secret) { r.secrets = append(r.secrets, s) })},
 	"ServiceAccount": {"v1", decodeInto(func(*rendering, *corev1.ServiceAccount) {})},
-	"Service":        {"v1", decodeInto(func(*rendering, *corev1.Service) {})},
+	"Service":        {"v1", decodeInto(func(r *rendering, s *corev1.Service) { r.services = append(r.services, s) })},
 	"Deployment":     {"apps/v1", decodeInto(func(r *rendering, d *appsv1.Deployment) { r.deployments = append(r.deployments, d) })},
 	"Job":            {"batch/v1", decodeInto(func(r *rendering, j *batchv1.Job) { r.jobs = append(r.jobs, j) })},
 	"CronJob":        {"batch/v1", decodeInto(func(r *rendering, j *batchv1.CronJob) { r.cronJobs = append(r.cronJobs, j) })},
 	"PodDisruptionBudget": {"policy/v1", decodeInto(func(r *rendering, p *policyv1.PodDisruptionBudget) {
 		r.pdbs = append(r.pdbs, p)
+	})},
+	"HorizontalPodAutoscaler": {"autoscaling/v2", decodeInto(func(r *rendering, h *autoscalingv2.HorizontalPodAutoscaler) {
+		r.hpas = append(r.hpas, h)
 	})},
 	"ScaledObject": {"keda.sh/v1alpha1", decodeInto(func(r *rendering, s *scaledObject) {
 		r.scaledObjects = append(r.scaledObjects, s)
@@ -159,7 +164,7 @@ func dirs(t *testing.T, dir string) []string {
 	return out
 }
 
-// withComponents copies the kustomize tree (and the rule files it refers to)
+// withComponents copies the kustomize tree (and the rules and dashboard it refers to)
 // to a temporary directory, adds components to one overlay's kustomization
 // there, as a user adding them to that overlay would, and returns the
 // overlay's copy. Components belong in the overlay itself: layered on top of
@@ -167,7 +172,7 @@ func dirs(t *testing.T, dir string) []string {
 func withComponents(t *testing.T, overlay string, components ...string) string {
 	t.Helper()
 	tmp := t.TempDir()
-	for _, dir := range []string{kustomizeDir, "prometheus"} {
+	for _, dir := range []string{kustomizeDir, "prometheus", "grafana"} {
 		if err := os.CopyFS(filepath.Join(tmp, dir), os.DirFS(dir)); err != nil {
 			t.Fatal(err)
 		}

@@ -41,6 +41,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
@@ -146,6 +151,13 @@ type Config struct {
 	Clock      clock.Clock
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer // nil: metrics go to a private registry
+	// TracerProvider makes a server span per request (otelhttp), whose
+	// context the published command carries to the worker; nil makes none,
+	// and the client's own trace context travels on unchanged.
+	TracerProvider trace.TracerProvider
+	// Propagator reads a request's trace context and writes the command's
+	// (OTEL_PROPAGATORS); W3C trace context when nil.
+	Propagator propagation.TextMapPropagator
 }
 
 // WithDefaults returns c with every zero value replaced by its default.
@@ -213,6 +225,7 @@ type Gateway struct {
 	store   Store
 	comp    Completions
 	pub     Publisher
+	prop    propagation.TextMapPropagator
 	log     *slog.Logger
 	metrics *metrics
 	handler http.Handler
@@ -241,7 +254,17 @@ func New(records Records, store Store, comp Completions, pub Publisher, cfg Conf
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, records: records, store: store, comp: comp, pub: pub, log: cfg.Logger, metrics: m, drain: make(chan struct{})}
-	g.handler = g.routes()
+	if cfg.Propagator == nil {
+		cfg.Propagator = propagation.TraceContext{}
+	}
+	g.prop = cfg.Propagator
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	g.handler = otelhttp.NewHandler(g.routes(), "paydedup.gateway",
+		otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(cfg.Propagator),
+		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()))
 	return g, nil
 }
 

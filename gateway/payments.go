@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/payment"
@@ -161,9 +163,13 @@ func (g *Gateway) deadLettered(ctx context.Context, merchant, key string, hash [
 	return in, true
 }
 
-// traceHeaders are the request's headers that travel with the command.
-func traceHeaders(r *http.Request) map[string]string {
-	return map[string]string{"traceparent": r.Header.Get("Traceparent"), "tracestate": r.Header.Get("Tracestate")}
+// traceHeaders are the trace context headers that travel with the command:
+// the request's server span (or, without a tracer, the client's own
+// context) as the propagator writes it.
+func (g *Gateway) traceHeaders(r *http.Request) map[string]string {
+	carrier := propagation.MapCarrier{}
+	g.prop.Inject(r.Context(), carrier)
+	return carrier
 }
 
 // postPayment is POST /v1/payments.
@@ -198,7 +204,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	// The message that will be published, decoded as the worker will: what
 	// the worker would dead-letter is refused here, before anything is
 	// taken in.
-	extra := traceHeaders(r)
+	extra := g.traceHeaders(r)
 	if err := g.pub.Check(cmd, extra); err != nil {
 		var ve *payment.ValidationError
 		if errors.As(err, &ve) {

@@ -149,6 +149,21 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	build.Set(1)
 	reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
+	if cfg.Propagator, err = g.app.propagator(); err != nil {
+		return err
+	}
+	tp, shutdownTracing, err := g.app.tracerProvider(ctx, "paydedup-gateway")
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		cfg.TracerProvider = tp
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = shutdownTracing(sctx)
+		}()
+	}
 	gw, err := gateway.New(store, gwStore, comp, pub, cfg)
 	if err != nil {
 		return err
@@ -173,6 +188,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 			return err
 		}
 		admin.AddCheck("postgres", store.Ping)
+		admin.AddCheck("schema", (&schemaGate{store: store, log: log}).Check)
 		admin.AddCheck("nats", func(context.Context) error {
 			if !nc.IsConnected() {
 				return fmt.Errorf("not connected (%s)", nc.Status())

@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
+	"go.opentelemetry.io/contrib/propagators/autoprop"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
@@ -23,7 +26,45 @@ func (a *app) tracerProvider(ctx context.Context, service string) (trace.TracerP
 	if err != nil {
 		return nil, nil, fmt.Errorf("OTEL_EXPORTER_OTLP_ENDPOINT: %w", err)
 	}
-	res := resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(service), semconv.ServiceVersion(version))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	tp, err := a.newTracerProvider(ctx, service, sdktrace.WithBatcher(exp))
+	if err != nil {
+		return nil, nil, err
+	}
 	return tp, tp.Shutdown, nil
+}
+
+// newTracerProvider returns an SDK tracer provider whose resource names the
+// service OTEL_SERVICE_NAME, else service (the command's own name), with
+// OTEL_RESOURCE_ATTRIBUTES added.
+func (a *app) newTracerProvider(ctx context.Context, service string, opts ...sdktrace.TracerProviderOption) (*sdktrace.TracerProvider, error) {
+	res, err := resource.New(ctx,
+		resource.WithAttributes(semconv.ServiceVersion(version)),
+		resource.WithFromEnv(),
+		resource.WithAttributes(semconv.ServiceName(envOr(a.getenv, "OTEL_SERVICE_NAME", service))),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	}
+	return sdktrace.NewTracerProvider(append([]sdktrace.TracerProviderOption{sdktrace.WithResource(res)}, opts...)...), nil
+}
+
+// defaultPropagators is what OpenTelemetry SDKs use when OTEL_PROPAGATORS
+// is unset.
+const defaultPropagators = "tracecontext,baggage"
+
+// propagator returns the propagator OTEL_PROPAGATORS names (tracecontext,
+// baggage, b3, b3multi, jaeger, xray, ottrace, none; comma-separated),
+// tracecontext and baggage when it is unset.
+func (a *app) propagator() (propagation.TextMapPropagator, error) {
+	var names []string
+	for _, n := range strings.Split(envOr(a.getenv, "OTEL_PROPAGATORS", defaultPropagators), ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	p, err := autoprop.TextMapPropagator(names...)
+	if err != nil {
+		return nil, fmt.Errorf("OTEL_PROPAGATORS: %w", err)
+	}
+	return p, nil
 }

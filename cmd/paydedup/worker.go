@@ -101,6 +101,10 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	prop, err := w.app.propagator()
+	if err != nil {
+		return err
+	}
 	log := w.app.logger
 	pool, err := pg.Connect(ctx, w.db.url)
 	if err != nil {
@@ -135,11 +139,15 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		c, err := store.CountPending(ctx, w.rec.grace)
 		return c.Pending, c.Stuck, err
 	})
+	if err := watchConsumerLag(reg, nc, cfg.Stream.Name, cfg.Stream.Durable); err != nil {
+		return err
+	}
 	proc := consumer.NewProcessor(store, prov, cfg, log)
 	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
 	if err != nil {
 		return err
 	}
+	worker.SetPropagator(prop)
 	tp, shutdownTracing, err := w.app.tracerProvider(ctx, "paydedup-worker")
 	if err != nil {
 		return err
@@ -155,6 +163,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 
 	// The admin listener outlives the worker's drain, so /readyz can say 503
 	// while in-flight payments finish.
+	schema := &schemaGate{store: store, log: log}
 	adminCtx, stopAdmin := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAdmin()
 	g, gctx := errgroup.WithContext(ctx)
@@ -171,6 +180,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		})
 		admin.AddCheck("postgres", store.Ping)
 		admin.AddCheck("provider_auth", proc.ProviderAuthorized)
+		admin.AddCheck("schema", schema.Check)
 		admin.AddCheck("draining", func(context.Context) error {
 			if worker.Draining() {
 				return errors.New("shutting down")
@@ -179,6 +189,13 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		})
 		log.Info("admin listener", "addr", admin.Addr())
 		g.Go(func() error { return admin.Serve(adminCtx) })
+	}
+	// Migrations first: nothing is consumed or reconciled against a schema
+	// older than this code, and /readyz says why meanwhile.
+	if err := schema.Wait(gctx); err != nil {
+		// Stopped (SIGTERM) or the admin listener failed: g says which.
+		stopAdmin()
+		return g.Wait()
 	}
 	if w.reconcile {
 		rec, err := reconciler.New(store, prov, w.rec.config(w.prov, log, metrics))

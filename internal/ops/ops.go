@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -127,34 +126,6 @@ func (m *Metrics) Settled(kind consumer.Kind, act consumer.Action) {
 
 // dbBuckets suit single Postgres round trips: 0.5 ms to 4 s.
 var dbBuckets = prometheus.ExponentialBuckets(0.0005, 2, 14)
-
-// WatchPending registers gauges of pending and stuck rows, read from count
-// at scrape time (count must be cheap: dedup.Store.CountPending is).
-func WatchPending(reg prometheus.Registerer, count func(ctx context.Context) (pending, stuck int64, err error)) {
-	read := func(stuck bool) func() float64 {
-		return func() float64 {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			p, s, err := count(ctx)
-			if err != nil {
-				return math.NaN()
-			}
-			if stuck {
-				return float64(s)
-			}
-			return float64(p)
-		}
-	}
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "paydedup_pending_rows", Help: "Idempotency rows claimed and not finished.",
-		}, read(false)),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "paydedup_stuck_pending_rows",
-			Help: "Rows pending for longer than the reconciler grace (since they became pending; releases and failed lookups do not reset it): unresolved payments; alert when it stays above 0.",
-		}, read(true)),
-	)
-}
 
 // Claimed implements consumer.Observer.
 func (m *Metrics) Claimed(d time.Duration, _ int) { m.claimDur.Observe(d.Seconds()) }

@@ -1,0 +1,143 @@
+package ops
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// scrapeTimeout bounds one scrape-time read (a query or a consumer info).
+const scrapeTimeout = 2 * time.Second
+
+// pendingCollector exports the pending and stuck row counts from one query
+// per scrape: both gauges come from the same answer.
+type pendingCollector struct {
+	count          func(ctx context.Context) (pending, stuck int64, err error)
+	pending, stuck *prometheus.Desc
+}
+
+// WatchPending registers gauges of pending and stuck rows, read from count
+// once per scrape (count must be cheap: dedup.Store.CountPending is). When
+// count fails both read NaN, so an alert on "> 0" neither fires nor clears
+// on a database outage; the readiness check reports the outage.
+func WatchPending(reg prometheus.Registerer, count func(ctx context.Context) (pending, stuck int64, err error)) {
+	reg.MustRegister(&pendingCollector{
+		count: count,
+		pending: prometheus.NewDesc("paydedup_pending_rows",
+			"Idempotency rows claimed and not finished.", nil, nil),
+		stuck: prometheus.NewDesc("paydedup_stuck_pending_rows",
+			"Rows pending for longer than the reconciler grace (since they became pending; releases and failed lookups do not reset it): unresolved payments; alert when it stays above 0.", nil, nil),
+	})
+}
+
+func (c *pendingCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.pending
+	ch <- c.stuck
+}
+
+func (c *pendingCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	p, s, err := c.count(ctx)
+	pv, sv := float64(p), float64(s)
+	if err != nil {
+		pv, sv = math.NaN(), math.NaN()
+	}
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, pv)
+	ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, sv)
+}
+
+// ConsumerLag is what the JetStream server reports of the durable consumer
+// the workers share (jetstream.ConsumerInfo's counts).
+type ConsumerLag struct {
+	// Pending: messages in the stream the consumer has not delivered yet,
+	// the number KEDA scales the workers on.
+	Pending uint64
+	// AckPending: delivered and not yet acked (in flight or awaiting redelivery).
+	AckPending uint64
+	// Redelivered: messages of AckPending delivered more than once.
+	Redelivered uint64
+	// Waiting: pull requests waiting for messages (idle worker capacity).
+	Waiting uint64
+}
+
+// DefaultConsumerLagTTL is how long one consumer info answer serves
+// scrapes: Prometheus replicas scraping many pods ask the server once per
+// pod and interval, not once each.
+const DefaultConsumerLagTTL = 5 * time.Second
+
+// consumerCollector exports ConsumerLag, read at scrape time and kept for
+// a short TTL.
+type consumerCollector struct {
+	info func(ctx context.Context) (ConsumerLag, error)
+	ttl  time.Duration
+	now  func() time.Time
+
+	pending, ackPending, redelivered, waiting, up *prometheus.Desc
+
+	mu     sync.Mutex
+	at     time.Time
+	last   ConsumerLag
+	lastOK bool
+}
+
+// WatchConsumer registers gauges of the consumer's lag, read from info at
+// scrape time; an answer serves scrapes for ttl (DefaultConsumerLagTTL when
+// 0). Labels name the stream and the consumer, so one query sums the pods'
+// identical answers with max, not sum. When info fails the gauges are left
+// out and paydedup_consumer_info_up reads 0.
+func WatchConsumer(reg prometheus.Registerer, streamName, durable string, ttl time.Duration, info func(ctx context.Context) (ConsumerLag, error)) {
+	labels := prometheus.Labels{"stream": streamName, "consumer": durable}
+	desc := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, labels) }
+	if ttl <= 0 {
+		ttl = DefaultConsumerLagTTL
+	}
+	reg.MustRegister(&consumerCollector{
+		info: info, ttl: ttl, now: time.Now,
+		pending: desc("paydedup_consumer_pending_messages",
+			"Messages in the stream not yet delivered to the workers' consumer (JetStream num_pending): the backlog KEDA scales on."),
+		ackPending: desc("paydedup_consumer_ack_pending_messages",
+			"Messages delivered and not yet acked (JetStream num_ack_pending); capped by the consumer's MaxAckPending."),
+		redelivered: desc("paydedup_consumer_redelivered_messages",
+			"Unacked messages delivered more than once (JetStream num_redelivered)."),
+		waiting: desc("paydedup_consumer_waiting_pulls",
+			"Pull requests waiting for messages (JetStream num_waiting): idle worker capacity."),
+		up: desc("paydedup_consumer_info_up",
+			"1 when the last read of the consumer's info from JetStream succeeded, else 0."),
+	})
+}
+
+func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.pending, c.ackPending, c.redelivered, c.waiting, c.up} {
+		ch <- d
+	}
+}
+
+func (c *consumerCollector) read() (ConsumerLag, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := c.now(); c.at.IsZero() || now.Sub(c.at) >= c.ttl {
+		ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+		defer cancel()
+		lag, err := c.info(ctx)
+		c.at, c.last, c.lastOK = now, lag, err == nil
+	}
+	return c.last, c.lastOK
+}
+
+func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
+	lag, ok := c.read()
+	if !ok {
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+	for d, v := range map[*prometheus.Desc]uint64{
+		c.pending: lag.Pending, c.ackPending: lag.AckPending, c.redelivered: lag.Redelivered, c.waiting: lag.Waiting,
+	} {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+	}
+}
