@@ -144,8 +144,9 @@ type Report struct {
 	// window on each side.
 	MarginSeconds float64 `json:"margin_seconds"`
 	// Intents counts the listed intents with our metadata created in the
-	// window; Foreign those without it (another system's, on the same
-	// account), which the audit leaves alone.
+	// window (by whole seconds: one of the second Since falls in counts);
+	// Foreign those without it (another system's, on the same account),
+	// which the audit leaves alone.
 	Intents int `json:"intents"`
 	Foreign int `json:"foreign"`
 	// LedgerRows counts the ledger rows created in the window.
@@ -219,7 +220,13 @@ func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report
 	}
 	margin := cmp.Or(cfg.Margin, DefaultMargin)
 	rep := &Report{Since: cfg.Since, Until: cfg.Until, MerchantID: cfg.MerchantID, MarginSeconds: margin.Seconds(), Findings: []Finding{}}
-	inWindow := func(t time.Time) bool { return !t.Before(cfg.Since) && t.Before(cfg.Until) }
+	// An intent's created is in whole seconds (Stripe's), so one made in
+	// the window's first second reads as made before Since: an intent is
+	// the window's when its second overlaps the window. (Taken for one
+	// just outside, its orphan or second charge would go unseen; a key it
+	// brings in from just before is matched by key like any other.)
+	firstSecond := cfg.Since.Truncate(time.Second)
+	inWindow := func(created time.Time) bool { return !created.Before(firstSecond) && created.Before(cfg.Until) }
 
 	keys := map[dedup.KeyRef]*keyAudit{}
 	get := func(ref dedup.KeyRef) *keyAudit {

@@ -375,3 +375,27 @@ func TestAuditRidesOutProviderFaults(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditWindowStartingMidSecond: Stripe's created is in whole seconds,
+// so an intent made in the window's first second, after it started, reads
+// as created before the window. It is still the window's: an orphan there
+// is reported, and the window's intents are counted. (The demo's window
+// starts when it does, and most of its payments run in that first second.)
+func TestAuditWindowStartingMidSecond(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	since := t0.Add(100 * time.Millisecond)
+	// In the second before the window's: outside it.
+	b.clk.Set(t0.Add(-500 * time.Millisecond))
+	b.straight(t, command(merchant, "before", 900, "pm_card_visa"), "pdk-before")
+	b.clk.Set(t0.Add(300 * time.Millisecond))
+	b.pay(t, command(merchant, "first-second", 1000, "pm_card_visa"))
+	orphan := b.straight(t, command(merchant, "first-second-orphan", 900, "pm_card_visa"), "pdk-first-second-orphan")
+	rep := b.run(t, audit.Config{Since: since, Until: t0.Add(time.Hour), Margin: time.Minute})
+	if got, want := kinds(rep), []string{"missing_ledger m_audit:first-second-orphan"}; !slices.Equal(got, want) {
+		t.Fatalf("findings %v, want %v (orphan %s)", got, want, orphan)
+	}
+	if rep.Intents != 2 || rep.LedgerRows != 1 || rep.Keys != 2 {
+		t.Errorf("report %+v, want 2 intents, 1 ledger row, 2 keys", rep)
+	}
+}

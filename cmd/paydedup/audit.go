@@ -54,8 +54,9 @@ The window is [--since, --until) by creation time: each a duration before now
 flight, or left pending by a crash the reconciler is about to resolve, have
 their ledger row. The list reaches --margin past both ends; a ledger row whose
 intent lies further out is retrieved by id, so the margin saves calls, not
-findings. Intents without our metadata (another system's) are counted and
-left alone. audit only reads: the worker's database role suffices.
+findings. Stripe's created is in whole seconds: an intent is the window's
+when its second overlaps the window. Intents without our metadata (another
+system's) are counted and left alone. audit only reads: the worker's database role suffices.
 
 It exits 0 when the ledger and the provider agree, and non-zero with
 "audit: DRIFT: ..." when they do not (or with another error when it could not

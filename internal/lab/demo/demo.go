@@ -212,9 +212,9 @@ func (d *demoCmd) run(ctx context.Context) error {
 
 // audit is the demo's final verdict beside its own ledger check: `paydedup
 // audit` over the run, the provider's own records against the ledger. The
-// run is over, so the simulator's faults are lifted first; the window
-// starts at the run's start, leaving out earlier demos' rows in the same
-// database.
+// simulator's faults still apply (the audit asks a failed page again); the
+// window starts at the run's start, leaving out earlier demos' rows in the
+// same database, and most of the run's intents are made in its first second.
 func (rep *demoReport) runAudit(ctx context.Context, prov *stripe.Client, store *dedup.Store, start time.Time) error {
 	a, err := audit.Run(ctx, prov, store, audit.Config{Since: start, Until: time.Now().Add(time.Second), Margin: time.Minute})
 	if err != nil {
