@@ -113,6 +113,27 @@ func (b *bundle) exec(t *testing.T, sql string, args ...any) {
 	}
 }
 
+// tamper plants drift in the ledger, which refuses every update but
+// processing → settled (migration 00009's trigger): the statement runs with
+// triggers off for its transaction (session_replication_role, superuser).
+func (b *bundle) tamper(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx) //nolint:errcheck // after Commit, a no-op
+	if _, err := tx.Exec(b.ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(b.ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (b *bundle) run(t *testing.T, cfg audit.Config) *audit.Report {
 	t.Helper()
 	if cfg.Since.IsZero() {
@@ -195,7 +216,7 @@ func TestAuditFindsPlantedDrift(t *testing.T) {
 	}
 	// The ledger and the intent disagree on the amount.
 	b.pay(t, command(merchant, "amount", 1200, "pm_card_visa"))
-	b.exec(t, `UPDATE payments SET amount = 1201 WHERE idempotency_key = 'amount'`)
+	b.tamper(t, `UPDATE payments SET amount = 1201 WHERE idempotency_key = 'amount'`)
 	// A decline in the ledger whose intent charged.
 	b.pay(t, command(merchant, "status", 1300, "pm_card_chargeDeclined"))
 	b.straight(t, command(merchant, "status", 1300, "pm_card_visa"), "pdk-status-2")
@@ -355,7 +376,7 @@ func TestAuditRidesOutProviderFaults(t *testing.T) {
 	b.payMany(t, "flaky", 230)
 	// A ledger row beyond the list's reach, to be retrieved through faults.
 	b.clk.Advance(3 * time.Hour)
-	b.exec(t, `UPDATE payments SET created_at = $1 WHERE idempotency_key = 'flaky-00'`, b.clk.Now())
+	b.tamper(t, `UPDATE payments SET created_at = $1 WHERE idempotency_key = 'flaky-00'`, b.clk.Now())
 	if err := b.sim.SetFaults(stripesim.Faults{Rate5xx: 0.3, Rate429: 0.2}); err != nil {
 		t.Fatal(err)
 	}
