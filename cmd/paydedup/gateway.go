@@ -111,19 +111,11 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := g.app.logger
-	tp, shutdownTracing, err := g.app.tracerProvider(ctx, "paydedup-gateway")
+	tp, traced, stopTracing, err := g.app.tracing(ctx, "paydedup-gateway")
 	if err != nil {
 		return err
 	}
-	var traced []pg.ConnectOption
-	if tp != nil {
-		traced = append(traced, pg.WithTracerProvider(tp))
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = shutdownTracing(sctx)
-		}()
-	}
+	defer stopTracing()
 	pool, err := pg.Connect(ctx, g.db.url, traced...)
 	if err != nil {
 		return err

@@ -106,19 +106,11 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := w.app.logger
-	tp, shutdownTracing, err := w.app.tracerProvider(ctx, "paydedup-worker")
+	tp, traced, stopTracing, err := w.app.tracing(ctx, "paydedup-worker")
 	if err != nil {
 		return err
 	}
-	var traced []pg.ConnectOption
-	if tp != nil {
-		traced = append(traced, pg.WithTracerProvider(tp))
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = shutdownTracing(sctx)
-		}()
-	}
+	defer stopTracing()
 	pool, err := pg.Connect(ctx, w.db.url, traced...)
 	if err != nil {
 		return err
