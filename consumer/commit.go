@@ -35,8 +35,8 @@ type committer struct {
 
 type commitBatch struct {
 	items []dedup.CompleteItem
-	spans []trace.Span // each item's message span, for the links
-	span  trace.Span   // the commit's, set by the leader before done
+	spans []trace.Span  // each item's message span, for the links
+	span  trace.Span    // the commit's, set by the leader before done
 	full  chan struct{} // closed when the batch reaches maxBatch
 	done  chan struct{} // closed when the flush is over
 	errs  []error
