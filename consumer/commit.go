@@ -5,6 +5,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"github.com/paydedup/paydedup/dedup"
 )
 
@@ -19,6 +24,10 @@ type committer struct {
 	maxBatch int
 	maxWait  time.Duration
 	observer Observer // never nil: NopObserver until NewWorker sets one
+	// tracer makes the span of each commit: a child of the leader's
+	// message span, linked to the other messages' spans, which link back
+	// to it. A no-op tracer until Worker.SetTracer.
+	tracer trace.Tracer
 
 	mu  sync.Mutex
 	cur *commitBatch
@@ -26,6 +35,8 @@ type committer struct {
 
 type commitBatch struct {
 	items []dedup.CompleteItem
+	spans []trace.Span  // each item's message span, for the links
+	span  trace.Span    // the commit's, set by the leader before done
 	full  chan struct{} // closed when the batch reaches maxBatch
 	done  chan struct{} // closed when the flush is over
 	errs  []error
@@ -33,16 +44,19 @@ type commitBatch struct {
 }
 
 func newCommitter(store Store, maxBatch int, maxWait time.Duration) *committer {
-	return &committer{store: store, maxBatch: max(maxBatch, 1), maxWait: maxWait, observer: NopObserver{}}
+	return &committer{store: store, maxBatch: max(maxBatch, 1), maxWait: maxWait, observer: NopObserver{},
+		tracer: noop.NewTracerProvider().Tracer("")}
 }
 
 // Complete records one completion and returns its own result: nil,
 // dedup.ErrLeaseLost, dedup.ErrLedgerConflict, or the flush's error.
 func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Completion) error {
 	if c.maxBatch == 1 {
+		ctx, span := c.tracer.Start(ctx, "paydedup.commit", trace.WithAttributes(attribute.Int("paydedup.commit.size", 1)))
 		start := time.Now()
 		err := c.store.Complete(ctx, l, comp)
 		c.observer.Committed(time.Since(start), 1)
+		endSpan(span, err)
 		return err
 	}
 	c.mu.Lock()
@@ -53,6 +67,7 @@ func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Comp
 	}
 	idx := len(b.items)
 	b.items = append(b.items, dedup.CompleteItem{Lease: l, Completion: comp})
+	b.spans = append(b.spans, trace.SpanFromContext(ctx))
 	if len(b.items) >= c.maxBatch {
 		c.cur = nil
 		close(b.full)
@@ -73,14 +88,34 @@ func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Comp
 			c.cur = nil
 		}
 		c.mu.Unlock()
+		links := make([]trace.Link, 0, len(b.spans)-1)
+		for _, s := range b.spans[1:] {
+			links = append(links, trace.Link{SpanContext: s.SpanContext()})
+		}
+		var span trace.Span
+		ctx, span = c.tracer.Start(ctx, "paydedup.commit", trace.WithLinks(links...),
+			trace.WithAttributes(attribute.Int("paydedup.commit.size", len(b.items))))
 		start := time.Now()
 		b.errs, b.err = c.store.CompleteBatch(ctx, b.items)
 		c.observer.Committed(time.Since(start), len(b.items))
+		endSpan(span, b.err)
+		b.span = span
 		close(b.done)
 	}
 	<-b.done
+	if !leader && b.span.SpanContext().IsValid() {
+		trace.SpanFromContext(ctx).AddLink(trace.Link{SpanContext: b.span.SpanContext()})
+	}
 	if b.err != nil {
 		return b.err
 	}
 	return b.errs[idx]
+}
+
+// endSpan ends a commit's span, marked failed when err is not nil.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }

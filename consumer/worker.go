@@ -133,9 +133,11 @@ func (w *Worker) SetPropagator(p propagation.TextMapPropagator) {
 }
 
 // SetTracer makes the worker create a span per message with tp, as a child
-// of the message's traceparent. Call it before Run.
+// of the message's traceparent, and a span for each claim and each group
+// commit. Call it before Run.
 func (w *Worker) SetTracer(tp trace.TracerProvider) {
 	w.tracer = tp.Tracer("github.com/paydedup/paydedup/consumer")
+	w.proc.committer.tracer = w.tracer
 }
 
 // Draining reports whether the worker has stopped fetching to shut down.
@@ -362,7 +364,12 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	for i, in := range good {
 		cmds[i], traces[i] = in.cmd, in.traceID
 	}
-	claims, err := w.proc.claim(ctx, cmds, traces)
+	claimCtx, claimSpan := w.startClaimSpan(ctx, good)
+	claims, err := w.proc.claim(claimCtx, cmds, traces)
+	if err != nil {
+		claimSpan.SetStatus(codes.Error, err.Error())
+	}
+	claimSpan.End()
 	if err != nil {
 		w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
 		for _, in := range good {
@@ -390,6 +397,26 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			w.settle(ctx, in, res)
 		})
 	}
+}
+
+// startClaimSpan starts the span of a batch's one claim: a child of the
+// first message's span, linked to the others' spans, each of which links
+// back to it (a batch shares one claim, so only one trace can hold it).
+func (w *Worker) startClaimSpan(ctx context.Context, good []inbound) (context.Context, trace.Span) {
+	first := good[0].span
+	if !first.IsRecording() {
+		return ctx, first // a no-op span: its End and SetStatus do nothing
+	}
+	links := make([]trace.Link, 0, len(good)-1)
+	for _, in := range good[1:] {
+		links = append(links, trace.Link{SpanContext: in.span.SpanContext()})
+	}
+	ctx, span := w.tracer.Start(trace.ContextWithSpan(ctx, first), "paydedup.claim", trace.WithLinks(links...),
+		trace.WithAttributes(attribute.Int("messaging.batch.message_count", len(good))))
+	for _, in := range good[1:] {
+		in.span.AddLink(trace.Link{SpanContext: span.SpanContext()})
+	}
+	return ctx, span
 }
 
 // decode reads the command from a message (stream.DecodeCommand).

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -17,13 +18,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -46,6 +52,9 @@ type world struct {
 	client  *http.Client
 
 	stopServe func() error
+	tp        trace.TracerProvider          // the gateway's, the worker's, the pool's and the adapter's; nil: untraced
+	prop      propagation.TextMapPropagator // the gateway's and the worker's
+	stripeSaw *traceparents                 // the traceparent of each request the simulator served, when traced
 	opt       options
 	keyA      string // API key of merchant m_a
 	keyB      string // API key of merchant m_b
@@ -104,6 +113,9 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	t.Helper()
 	ctx := context.Background()
 	pool := testenv.Pool(t)
+	if gcfg.TracerProvider != nil {
+		pool = tracedPool(t, gcfg.TracerProvider)
+	}
 	store, err := dedup.New(pool, dedup.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +130,10 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		t.Fatal(err)
 	}
 	sim, stripe := testenv.Provider(t, 9, 4*time.Second)
+	var seen traceparents
+	if gcfg.TracerProvider != nil {
+		sim, stripe = tracedProvider(t, gcfg.TracerProvider, gcfg.Propagator, &seen)
+	}
 	cfg := consumer.Config{Stream: testenv.Streams(t, js)}
 	cfg.Lease, cfg.Stream.AckWait, cfg.Stream.MaxDeliver = 10*time.Second, 15*time.Second, 6
 	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 4 * time.Second, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
@@ -179,7 +195,8 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 
 	w := &world{t: t, ctx: ctx, pool: pool, store: store, gwStore: gwStore, nc: nc, js: js, sim: sim,
 		gate: &gatedCharger{next: stripe, held: map[string]chan struct{}{}},
-		cfg:  cfg, gw: gw, base: "http://" + ln.Addr().String(), client: client, stopServe: stop, opt: opt}
+		cfg:  cfg, gw: gw, base: "http://" + ln.Addr().String(), client: client, stopServe: stop, opt: opt,
+		tp: gcfg.TracerProvider, prop: gcfg.Propagator, stripeSaw: &seen}
 	w.keyA = w.apiKey("m_a")
 	w.keyB = w.apiKey("m_b")
 	w.eventually("completion listener up", comp.Listening)
@@ -212,6 +229,10 @@ func (w *world) startWorker() {
 	if err != nil {
 		w.t.Fatal(err)
 	}
+	if w.tp != nil {
+		wk.SetTracer(w.tp)
+		wk.SetPropagator(w.prop)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- wk.Run(ctx) }()
@@ -221,6 +242,58 @@ func (w *world) startWorker() {
 			w.t.Errorf("worker: %v", err)
 		}
 	})
+}
+
+// tracedPool is a pool on the test's schema whose statements are spans
+// from tp, as `paydedup worker` and `paydedup gateway` connect when tracing.
+func tracedPool(t *testing.T, tp trace.TracerProvider) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pg.Connect(ctx, testenv.PostgresURL(t), pg.WithTracerProvider(tp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// tracedProvider is the Stripe adapter, its calls client spans from tp
+// (otelhttp, as `paydedup worker` builds it when tracing), in front of a
+// simulator served over HTTP.
+func tracedProvider(t *testing.T, tp trace.TracerProvider, prop propagation.TextMapPropagator, seen *traceparents) (*stripesim.Simulator, *stripe.Client) {
+	t.Helper()
+	sim := stripesim.New(stripesim.Config{Seed: 9})
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		seen.add(r.Header.Get("traceparent"))
+		sim.ServeHTTP(rw, r)
+	}))
+	t.Cleanup(srv.Close)
+	hc := &http.Client{Transport: otelhttp.NewTransport(stripe.NewTransport(), otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(prop))}
+	adapter, err := stripe.New(stripe.Config{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: 4 * time.Second, HTTPClient: hc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(adapter.CloseIdleConnections)
+	return sim, adapter
+}
+
+// traceparents records the traceparent header of each request served.
+type traceparents struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (p *traceparents) add(h string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seen = append(p.seen, h)
+}
+
+func (p *traceparents) all() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.seen...)
 }
 
 // response is one HTTP answer, read whole.

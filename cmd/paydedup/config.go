@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -14,6 +15,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/redact"
@@ -184,10 +188,23 @@ func (p *providerFlags) validate() error {
 // build returns the provider: the Stripe adapter, pointed for sim at an
 // in-process simulator (lab builds only) that stop shuts down.
 func (p *providerFlags) build(ctx context.Context) (prov *stripe.Client, stop func(), err error) {
+	return p.buildTraced(ctx, nil, nil)
+}
+
+// buildTraced is build whose Stripe calls are client spans from tp (when
+// not nil), each a child of the span in the call's context, whose context
+// prop writes into the request's headers (the simulator's calls are not
+// traced).
+func (p *providerFlags) buildTraced(ctx context.Context, tp trace.TracerProvider, prop propagation.TextMapPropagator) (prov *stripe.Client, stop func(), err error) {
 	if p.kind == "sim" {
 		return simulated(ctx, p.timeout)
 	}
-	prov, err = stripe.New(stripe.Config{SecretKey: p.secretKey, APIBase: p.apiBase, Timeout: p.timeout})
+	cfg := stripe.Config{SecretKey: p.secretKey, APIBase: p.apiBase, Timeout: p.timeout}
+	if tp != nil {
+		cfg.HTTPClient = &http.Client{Transport: otelhttp.NewTransport(stripe.NewTransport(),
+			otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(prop))}
+	}
+	prov, err = stripe.New(cfg)
 	if err != nil {
 		return nil, nil, err
 	}

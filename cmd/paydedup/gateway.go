@@ -111,7 +111,12 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := g.app.logger
-	pool, err := pg.Connect(ctx, g.db.url)
+	tp, traced, stopTracing, err := g.app.tracing(ctx, "paydedup-gateway")
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	pool, err := pg.Connect(ctx, g.db.url, traced...)
 	if err != nil {
 		return err
 	}
@@ -152,17 +157,8 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if cfg.Propagator, err = g.app.propagator(); err != nil {
 		return err
 	}
-	tp, shutdownTracing, err := g.app.tracerProvider(ctx, "paydedup-gateway")
-	if err != nil {
-		return err
-	}
 	if tp != nil {
 		cfg.TracerProvider = tp
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = shutdownTracing(sctx)
-		}()
 	}
 	gw, err := gateway.New(store, gwStore, comp, pub, cfg)
 	if err != nil {

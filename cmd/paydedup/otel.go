@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/contrib/propagators/autoprop"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -12,6 +13,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // tracerProvider returns an OTLP/HTTP tracer provider when
@@ -31,6 +34,21 @@ func (a *app) tracerProvider(ctx context.Context, service string) (trace.TracerP
 		return nil, nil, err
 	}
 	return tp, tp.Shutdown, nil
+}
+
+// tracing starts the command's tracer provider (nil when tracing is off)
+// and returns the options that make its statements spans and a stop that
+// flushes the spans left (within 5 s).
+func (a *app) tracing(ctx context.Context, service string) (trace.TracerProvider, []pg.ConnectOption, func(), error) {
+	tp, shutdown, err := a.tracerProvider(ctx, service)
+	if err != nil || tp == nil {
+		return nil, nil, func() {}, err
+	}
+	return tp, []pg.ConnectOption{pg.WithTracerProvider(tp)}, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = shutdown(sctx)
+	}, nil
 }
 
 // newTracerProvider returns an SDK tracer provider whose resource names the

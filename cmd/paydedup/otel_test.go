@@ -2,14 +2,20 @@ package main
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/paydedup/paydedup/provider"
 )
 
 func TestPropagatorFromEnv(t *testing.T) {
@@ -91,6 +97,51 @@ func TestServiceNameFromEnv(t *testing.T) {
 		}
 		if got != tt.want {
 			t.Errorf("OTEL_SERVICE_NAME=%q: service.name %q, want %q", tt.env, got, tt.want)
+		}
+	}
+}
+
+// TestStripeCallsTraced: with a tracer provider, each Stripe call the
+// worker's adapter makes is a client span, a child of the caller's span,
+// whose traceparent Stripe receives; without one no header is added.
+func TestStripeCallsTraced(t *testing.T) {
+	t.Parallel()
+	for _, traced := range []bool{true, false} {
+		var got atomic.Value
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got.Store(r.Header.Get("traceparent"))
+			http.Error(w, `{"error":{"type":"api_error","message":"test"}}`, http.StatusInternalServerError)
+		}))
+		defer srv.Close()
+		rec := tracetest.NewSpanRecorder()
+		var tp trace.TracerProvider
+		if traced {
+			tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+		}
+		p := providerFlags{kind: "stripe", secretKey: "sk_test_trace", apiBase: srv.URL, timeout: 5 * time.Second}
+		prov, stop, err := p.buildTraced(context.Background(), tp, propagation.TraceContext{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		defer prov.CloseIdleConnections()
+		ctx, parent := sdktrace.NewTracerProvider().Tracer("test").Start(context.Background(), "message")
+		_, _ = prov.Charge(ctx, provider.ChargeRequest{ProviderKey: "pdk_trace", MerchantID: "m", IdempotencyKey: "k",
+			Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"})
+		parent.End()
+		header, _ := got.Load().(string)
+		if !traced {
+			if header != "" {
+				t.Errorf("untraced: Stripe saw traceparent %q, want none", header)
+			}
+			continue
+		}
+		spans := rec.Ended()
+		if len(spans) != 1 || spans[0].SpanKind() != trace.SpanKindClient || spans[0].Parent().SpanID() != parent.SpanContext().SpanID() {
+			t.Fatalf("got %d spans, want one client span under the caller's", len(spans))
+		}
+		if want := "00-" + spans[0].SpanContext().TraceID().String() + "-" + spans[0].SpanContext().SpanID().String() + "-01"; header != want {
+			t.Errorf("Stripe saw traceparent %q, want %q", header, want)
 		}
 	}
 }

@@ -106,7 +106,12 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := w.app.logger
-	pool, err := pg.Connect(ctx, w.db.url)
+	tp, traced, stopTracing, err := w.app.tracing(ctx, "paydedup-worker")
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	pool, err := pg.Connect(ctx, w.db.url, traced...)
 	if err != nil {
 		return err
 	}
@@ -127,7 +132,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	prov, stopSim, err := w.prov.build(ctx)
+	prov, stopSim, err := w.prov.buildTraced(ctx, tp, prop)
 	if err != nil {
 		return err
 	}
@@ -148,17 +153,8 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	worker.SetPropagator(prop)
-	tp, shutdownTracing, err := w.app.tracerProvider(ctx, "paydedup-worker")
-	if err != nil {
-		return err
-	}
 	if tp != nil {
 		worker.SetTracer(tp)
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = shutdownTracing(sctx)
-		}()
 	}
 
 	// The admin listener outlives the worker's drain, so /readyz can say 503

@@ -121,6 +121,7 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 		{"github.com/nats-io/nats.go", []string{"stream", "consumer", "dlq", "console", "cmd/paydedup",
 			"internal/lab", "internal/chaos", "internal/workload", "internal/testenv"}},
 		{"github.com/nats-io/nats-server", []string{"internal/lab/inproc", "internal/testenv"}},
+		{"github.com/exaring/otelpgx", []string{"internal/pg"}},
 	}
 	pkgs := list(t)
 	for _, r := range rules {

@@ -17,9 +17,12 @@ import (
 	"net"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paydedup/paydedup/internal/clock"
 )
@@ -33,11 +36,28 @@ var ErrUnavailable = errors.New("database unavailable")
 // deadlock or serialization failure (safe: each statement is atomic).
 const MaxStatementRetries = 5
 
+// ConnectOption adjusts the pool Connect opens.
+type ConnectOption func(*pgxpool.Config)
+
+// WithTracerProvider makes every statement, batch and connection acquire
+// a span from tp (otelpgx), a child of the span in the caller's context; a
+// statement run without a span in its context makes none. The statements'
+// text is recorded, their arguments (payment data) never are.
+func WithTracerProvider(tp trace.TracerProvider) ConnectOption {
+	return func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tp),
+			otelpgx.WithMeterProvider(metricnoop.NewMeterProvider()))
+	}
+}
+
 // Connect opens a pgx pool for a database URL and checks that it answers.
-func Connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+func Connect(ctx context.Context, url string, opts ...ConnectOption) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	for _, o := range opts {
+		o(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -36,7 +36,7 @@ type Config struct {
 	// empty.
 	APIBase string
 	// HTTPClient is used for every call when set; otherwise the adapter owns
-	// a client with its own transport.
+	// a client on NewTransport.
 	HTTPClient *http.Client
 	// Timeout bounds each Charge or Lookup call; DefaultTimeout when 0.
 	Timeout time.Duration
@@ -89,12 +89,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		// A worker runs many charges at once against one host: keep their
-		// connections (the default keeps 2 idle per host, so most calls
-		// would pay a new TCP and TLS handshake).
-		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 256
-		hc = &http.Client{Transport: tr}
+		hc = &http.Client{Transport: NewTransport()}
 	}
 	backends := stripego.NewBackendsWithConfig(&stripego.BackendConfig{
 		URL:               stripego.String(base),
@@ -111,6 +106,17 @@ func New(cfg Config) (*Client, error) {
 		timeout:    cmp.Or(cfg.Timeout, DefaultTimeout),
 		now:        time.Now,
 	}, nil
+}
+
+// NewTransport returns the transport the adapter uses when Config.HTTPClient
+// is nil; a caller that wraps it (tracing) sets Config.HTTPClient. A worker
+// runs many charges at once against one host: it keeps their connections
+// (the default keeps 2 idle per host, so most calls would pay a new TCP and
+// TLS handshake).
+func NewTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 256
+	return tr
 }
 
 // CloseIdleConnections closes the idle connections of the adapter's HTTP
