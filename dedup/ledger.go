@@ -1,10 +1,12 @@
 package dedup
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -145,6 +147,18 @@ WITH settled AS (
     RETURNING 1
 )
 SELECT count(*) FROM settled`
+
+// SettleStatus is the ledger status and stored HTTP status of a processing
+// payment whose provider answer is final: PaymentFailed and 402 when the
+// provider declined it (httpStatus, when not 0, over 402), else
+// PaymentSucceeded and 200. The reconciler and the gateway's webhook both
+// read an answer through it, so the two cannot settle a row differently.
+func SettleStatus(declined bool, httpStatus int) (status string, responseStatus int) {
+	if declined {
+		return PaymentFailed, cmp.Or(httpStatus, http.StatusPaymentRequired)
+	}
+	return PaymentSucceeded, cmp.Or(httpStatus, http.StatusOK)
+}
 
 // SettlePayment records how a processing payment ended: status is
 // PaymentSucceeded or PaymentFailed, responseStatus and response the final
