@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
@@ -24,6 +26,7 @@ import (
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
+	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -45,6 +48,8 @@ type world struct {
 	base    string
 	client  *http.Client
 
+	hooks     *hookRecorder        // the simulator's webhook deliveries
+	reg       *prometheus.Registry // the gateway's metrics, unless the test brought its own registerer
 	stopServe func() error
 	opt       options
 	keyA      string // API key of merchant m_a
@@ -93,6 +98,10 @@ type options struct {
 	store  func(gateway.Store) gateway.Store
 	pub    func(gateway.Publisher) gateway.Publisher
 	worker func(*consumer.Config)
+	// webhookSecret, when set, turns the gateway's Stripe webhooks on and
+	// has the simulator post its events, through w.hooks, to them.
+	webhookSecret   string
+	processingDelay time.Duration
 }
 
 func setup(t *testing.T, gcfg gateway.Config) *world {
@@ -117,7 +126,26 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim, stripe := testenv.Provider(t, 9, 4*time.Second)
+	// The listener comes first, so that the simulator knows where to post
+	// its webhooks.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	simCfg := stripesim.Config{Seed: 9, ProcessingDelay: opt.processingDelay}
+	hooks := &hookRecorder{target: base + gateway.PathStripeWebhooks}
+	if opt.webhookSecret != "" {
+		rec := httptest.NewServer(hooks)
+		t.Cleanup(rec.Close)
+		simCfg.WebhookURL, simCfg.WebhookSecret = rec.URL, opt.webhookSecret
+		v, err := stripeadapter.NewWebhookVerifier(opt.webhookSecret, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gcfg.Webhooks = gateway.Webhooks{Verifier: v, Ledger: store}
+	}
+	sim, stripe := testenv.ProviderWith(t, simCfg, 4*time.Second)
 	cfg := consumer.Config{Stream: testenv.Streams(t, js)}
 	cfg.Lease, cfg.Stream.AckWait, cfg.Stream.MaxDeliver = 10*time.Second, 15*time.Second, 6
 	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 4 * time.Second, InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond}
@@ -152,11 +180,12 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if opt.pub != nil {
 		gpub = opt.pub(pub)
 	}
-	gw, err := gateway.New(store, gstore, comp, gpub, gcfg)
-	if err != nil {
-		t.Fatal(err)
+	reg, ok := gcfg.Registerer.(*prometheus.Registry)
+	if !ok && gcfg.Registerer == nil {
+		reg = prometheus.NewRegistry()
+		gcfg.Registerer = reg
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	gw, err := gateway.New(store, gstore, comp, gpub, gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +208,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 
 	w := &world{t: t, ctx: ctx, pool: pool, store: store, gwStore: gwStore, nc: nc, js: js, sim: sim,
 		gate: &gatedCharger{next: stripe, held: map[string]chan struct{}{}},
-		cfg:  cfg, gw: gw, base: "http://" + ln.Addr().String(), client: client, stopServe: stop, opt: opt}
+		cfg:  cfg, gw: gw, base: base, client: client, stopServe: stop, opt: opt, hooks: hooks, reg: reg}
 	w.keyA = w.apiKey("m_a")
 	w.keyB = w.apiKey("m_b")
 	w.eventually("completion listener up", comp.Listening)

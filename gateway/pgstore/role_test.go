@@ -183,6 +183,26 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if p, err := records.GetPayment(ctx, merchant, "k1"); err != nil || p.ChargeID != "ch_gw" {
 		t.Fatalf("ledger read as %s: %+v %v", gatewayRole, p, err)
 	}
+	// A processing payment the Stripe webhook settles, as the reconciler
+	// does (migration 00011): the same statement, as the gateway's role.
+	achReq := dedup.NewClaimRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: "ach", Amount: 700, Currency: "usd", PaymentMethod: "pm_usBankAccount_success"})
+	achCl, err := worker.Claim(ctx, "role-worker", time.Minute, achReq)
+	if err != nil || achCl.Lease == nil {
+		t.Fatalf("claim as %s: %+v %v", workerRole, achCl, err)
+	}
+	if err := worker.Complete(ctx, *achCl.Lease, dedup.Completion{ChargeID: "pi_ach", Processing: true, ResponseStatus: 202, Response: []byte(`{"id":"pi_ach"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	ach, err := records.GetPayment(ctx, merchant, "ach")
+	if err != nil || ach.Status != dedup.PaymentProcessing {
+		t.Fatalf("processing payment as %s: %+v %v", gatewayRole, ach, err)
+	}
+	if err := records.SettlePayment(ctx, ach, dedup.PaymentSucceeded, 200, []byte(`{"id":"pi_ach","status":"succeeded"}`)); err != nil {
+		t.Fatalf("settle as %s: %v", gatewayRole, err)
+	}
+	if rec, err := records.Get(ctx, merchant, "ach"); err != nil || rec.ResponseStatus != 200 {
+		t.Fatalf("settled key as %s: %+v %v", gatewayRole, rec, err)
+	}
 	// The worker tells the intake of a command it dead-lettered.
 	if ok, err := workerIntake.MarkIntakeDeadLettered(ctx, merchant, "k1", 1, "key_mismatch", "x"); err != nil || !ok {
 		t.Fatalf("dead letter on the intake as %s: %v %v", workerRole, ok, err)
@@ -209,7 +229,8 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 			VALUES ('m_gw', 'evil', sha256('x'), 'pending', 'pk_evil', 1, 'usd', 'h', now(), now(), now(), now(), now())`,
 		`UPDATE idempotency_keys SET status = 'failed', response = NULL, response_status = NULL, completed_at = NULL`,
 		`DELETE FROM idempotency_keys`,
-		`SELECT * FROM idempotency_keys FOR UPDATE`,
+		// (SELECT ... FOR UPDATE on idempotency_keys is allowed since
+		// 00011: an UPDATE grant on any column allows row locks.)
 		`INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
 			VALUES ('m_gw', 'evil', 'pk_evil', 'ch_evil', 'succeeded', 1, 'usd', now())`,
 		`UPDATE payments SET amount = amount + 1`,
