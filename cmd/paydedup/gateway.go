@@ -63,7 +63,8 @@ paydedup_gateway, which reads API keys and payments and writes only the
 gateway's guard rows. With STRIPE_WEBHOOK_SECRET (the endpoint's signing
 secret, whsec_...) it also serves POST /v1/stripe/webhooks, which settles
 processing payments from Stripe's payment_intent.succeeded, payment_failed
-and canceled events (migration 00011 grants it that); without it the route
+and canceled events (through the settle_payment function of migration
+00011, its only write outside the guard rows); without it the route
 is not served (404). On SIGTERM it fails /readyz, lets requests finish
 within --drain-timeout (waiting requests answer 202) and exits 0.`,
 		Example: `  DATABASE_URL=postgres://paydedup_gateway@127.0.0.1:5432/paydedup?sslmode=disable \
