@@ -1,10 +1,12 @@
 package dedup
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,20 +133,23 @@ func (s *Store) ProcessingPayments(ctx context.Context, cur ProcessingCursor, li
 
 // settleSQL moves one processing ledger row to its final status and, when
 // the key's row is still kept, replaces its stored response with the final
-// one, in one statement.
-const settleSQL = `
-WITH settled AS (
-    UPDATE payments SET status = @status, settled_at = ` + dbNow + `
-    WHERE merchant_id = @merchant AND idempotency_key = @key AND charge_id = @charge_id AND status = 'processing'
-    RETURNING merchant_id, idempotency_key, charge_id
-), key_row AS (
-    UPDATE idempotency_keys k SET response_status = @response_status, response = @response, updated_at = ` + dbNow + `
-    FROM settled s
-    WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key
-      AND k.status = 'completed' AND k.charge_id = s.charge_id
-    RETURNING 1
-)
-SELECT count(*) FROM settled`
+// one, in one statement: the settle_payment function of migration 00011,
+// which the worker and the gateway roles may call but not bypass (neither
+// may update those tables itself). It is false when the row is not
+// processing; nothing is changed then.
+const settleSQL = `SELECT settle_payment(@merchant, @key, @charge_id, @status, @response_status, @response, @now)`
+
+// SettleStatus is the ledger status and stored HTTP status of a processing
+// payment whose provider answer is final: PaymentFailed and 402 when the
+// provider declined it (httpStatus, when not 0, over 402), else
+// PaymentSucceeded and 200. The reconciler and the gateway's webhook both
+// read an answer through it, so the two cannot settle a row differently.
+func SettleStatus(declined bool, httpStatus int) (status string, responseStatus int) {
+	if declined {
+		return PaymentFailed, cmp.Or(httpStatus, http.StatusPaymentRequired)
+	}
+	return PaymentSucceeded, cmp.Or(httpStatus, http.StatusOK)
+}
 
 // SettlePayment records how a processing payment ended: status is
 // PaymentSucceeded or PaymentFailed, responseStatus and response the final
@@ -161,14 +166,14 @@ func (s *Store) SettlePayment(ctx context.Context, p Payment, status string, res
 	}
 	args := pgx.NamedArgs{"merchant": p.MerchantID, "key": p.IdempotencyKey, "charge_id": p.ChargeID, "status": status,
 		"response_status": int32(responseStatus), "response": []byte(response), "now": s.db.Now()}
-	var n int64
+	var settled bool
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		return s.db.Pool.QueryRow(ctx, settleSQL, args).Scan(&n)
+		return s.db.Pool.QueryRow(ctx, settleSQL, args).Scan(&settled)
 	})
 	if err != nil {
 		return interpretError("settle payment", err)
 	}
-	if n == 0 {
+	if !settled {
 		return fmt.Errorf("settle payment: %w", ErrNotFound)
 	}
 	return nil

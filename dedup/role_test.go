@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,7 +182,8 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	}
 
 	// A processing payment: the one ledger change the role may make is
-	// settling it, once; every other change is refused by the schema.
+	// settling it, once, through settle_payment (migration 00011); it may
+	// not update the ledger itself.
 	process(cmd("ach", "pm_usBankAccount_success"), consumer.Completed)
 	ach, err := store.GetPayment(ctx, "m_role", "ach")
 	if err != nil || ach.Status != dedup.PaymentProcessing {
@@ -193,17 +195,6 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	if err := store.SettlePayment(ctx, ach, dedup.PaymentFailed, 402, []byte(`{}`)); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("settling twice as %s: %v, want ErrNotFound", workerRole, err)
 	}
-	for _, sql := range []string{
-		`UPDATE payments SET status = 'failed', settled_at = now() WHERE status = 'succeeded'`,
-		`UPDATE payments SET status = 'processing' WHERE idempotency_key = 'ach'`,
-		`UPDATE payments SET settled_at = now() WHERE status = 'declined'`,
-	} {
-		_, err := pool.Exec(ctx, sql)
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "23000" {
-			t.Errorf("%s: got %v, want the ledger's guard (23000)", sql, err)
-		}
-	}
 
 	// No DDL, no grants, nothing outside its tables, and the ledger is
 	// append-only but for settling.
@@ -212,6 +203,10 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	}
 	for _, sql := range []string{
 		`UPDATE payments SET amount = amount + 1`,
+		`UPDATE payments SET status = 'failed', settled_at = now() WHERE status = 'succeeded'`,
+		`UPDATE payments SET status = 'processing' WHERE idempotency_key = 'ach'`,
+		`UPDATE payments SET settled_at = now() WHERE status = 'declined'`,
+		`SELECT * FROM payments FOR UPDATE`,
 		`UPDATE payments SET status = 'declined', charge_id = NULL WHERE status = 'succeeded'`,
 		`UPDATE payments SET charge_id = NULL`,
 		`DELETE FROM payments`,
@@ -248,6 +243,111 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		WHERE grantee = 'PUBLIC' AND table_schema = current_schema()`).Scan(&granted))
 	if granted != 0 {
 		t.Fatalf("the worker role passed on %d privileges to PUBLIC", granted)
+	}
+}
+
+// TestSettleFunctionStaysInItsSchema: settle_payment (migration 00011) runs
+// with its owner's rights, so it must touch only the tables of the schema it
+// was created in, whatever the caller's search_path or temporary tables, and
+// only the roles that settle may call it.
+func TestSettleFunctionStaysInItsSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	urlA, urlB := testenv.PostgresURL(t), testenv.PostgresURL(t)
+	schemaOf := func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.Query().Get("search_path")
+	}
+	// The same processing payment (merchant, key, intent) in both schemas.
+	stores := map[string]*dedup.Store{}
+	for _, u := range []string{urlA, urlB} {
+		owner, err := pg.Connect(ctx, u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(owner.Close)
+		store, err := dedup.New(owner, dedup.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &payment.Command{MerchantID: "m_fn", IdempotencyKey: "ach", Amount: 900, Currency: "usd", PaymentMethod: "pm_usBankAccount_success"}
+		cl, err := store.Claim(ctx, "fn-test", time.Minute, dedup.NewClaimRequest(c))
+		if err != nil || cl.Lease == nil {
+			t.Fatalf("claim: %+v %v", cl, err)
+		}
+		must(t, store.Complete(ctx, *cl.Lease, dedup.Completion{ChargeID: "pi_fn", Processing: true, ResponseStatus: 202, Response: []byte(`{"id":"pi_fn"}`)}))
+		stores[u] = store
+	}
+	status := func(u string) (string, int) {
+		t.Helper()
+		p, err := stores[u].GetPayment(ctx, "m_fn", "ach")
+		must(t, err)
+		rec, err := stores[u].Get(ctx, "m_fn", "ach")
+		must(t, err)
+		return p.Status, rec.ResponseStatus
+	}
+
+	// Called by its schema-qualified name from a session on schema B, A's
+	// function settles A's row and leaves B's alone.
+	gwB := asRole(t, urlB, "paydedup_gateway")
+	var settled bool
+	must(t, gwB.QueryRow(ctx, `SELECT `+pgx.Identifier{schemaOf(urlA)}.Sanitize()+`.settle_payment('m_fn', 'ach', 'pi_fn', 'succeeded', 200, '{"id":"pi_fn","status":"succeeded"}', NULL)`).Scan(&settled))
+	if st, code := status(urlA); !settled || st != dedup.PaymentSucceeded || code != 200 {
+		t.Fatalf("schema A after its function: %v %s %d, want settled", settled, st, code)
+	}
+	if st, code := status(urlB); st != dedup.PaymentProcessing || code != 202 {
+		t.Fatalf("schema B after A's function: %s %d, want it untouched", st, code)
+	}
+
+	// Temporary tables named like ours do not capture the function: its
+	// search_path lists pg_temp last.
+	conn, err := gwB.Acquire(ctx)
+	must(t, err)
+	defer conn.Release()
+	for _, sql := range []string{
+		`CREATE TEMP TABLE payments (merchant_id text, idempotency_key text, charge_id text, status text, settled_at timestamptz)`,
+		`CREATE TEMP TABLE idempotency_keys (merchant_id text, idempotency_key text, charge_id text, status text,
+			response_status integer, response jsonb, updated_at timestamptz)`,
+		`INSERT INTO pg_temp.payments VALUES ('m_fn', 'ach', 'pi_fn', 'processing', NULL)`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	must(t, conn.QueryRow(ctx, `SELECT settle_payment('m_fn', 'ach', 'pi_fn', 'failed', 402, '{"error":{}}', NULL)`).Scan(&settled))
+	if st, code := status(urlB); !settled || st != dedup.PaymentFailed || code != 402 {
+		t.Fatalf("schema B under temporary look-alikes: %v %s %d, want its own row settled", settled, st, code)
+	}
+	var tempStatus string
+	must(t, conn.QueryRow(ctx, `SELECT status FROM pg_temp.payments`).Scan(&tempStatus))
+	if tempStatus != "processing" {
+		t.Fatalf("the function settled the caller's temporary table: %s", tempStatus)
+	}
+
+	// Its owner's rights, its search_path pinned, and callable only by the
+	// two roles that settle.
+	owner, err := pg.Connect(ctx, urlB)
+	must(t, err)
+	defer owner.Close()
+	var definer, ownsTables, public bool
+	var config []string
+	var callers []string
+	must(t, owner.QueryRow(ctx, `
+		SELECT p.prosecdef, p.proconfig, p.proowner = c.relowner,
+			p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a WHERE a.grantee = 0),
+			ARRAY(SELECT r.rolname FROM aclexplode(p.proacl) a JOIN pg_roles r ON r.oid = a.grantee
+				WHERE a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner ORDER BY 1)
+		FROM pg_proc p, pg_class c
+		WHERE p.proname = 'settle_payment' AND p.pronamespace = current_schema()::regnamespace
+		  AND c.oid = 'payments'::regclass`).Scan(&definer, &config, &ownsTables, &public, &callers))
+	wantPath := "search_path=" + schemaOf(urlB) + ", pg_temp"
+	if !definer || len(config) != 1 || strings.ReplaceAll(config[0], `"`, "") != wantPath || !ownsTables || public ||
+		len(callers) != 2 || callers[0] != "paydedup_gateway" || callers[1] != "paydedup_worker" {
+		t.Fatalf("settle_payment: security definer %v, config %q (want %q), owned by the tables' owner %v, PUBLIC may call %v, callers %v",
+			definer, config, wantPath, ownsTables, public, callers)
 	}
 }
 

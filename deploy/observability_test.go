@@ -59,10 +59,10 @@ var metrics = map[string]struct {
 	"paydedup_consumer_info_up":              {labels: map[string][]string{"stream": nil, "consumer": nil}},
 	// The gateway (gateway/metrics.go).
 	"paydedup_gateway_requests_total": {labels: map[string][]string{
-		"route": {"post_payment", "get_payment", "other"}, "code": nil,
+		"route": {"post_payment", "get_payment", "stripe_webhook", "other"}, "code": nil,
 	}},
 	"paydedup_gateway_request_duration_seconds": {histogram: true, labels: map[string][]string{
-		"route": {"post_payment", "get_payment", "other"},
+		"route": {"post_payment", "get_payment", "stripe_webhook", "other"},
 	}},
 	"paydedup_gateway_idempotency_total": {labels: map[string][]string{
 		"result": {"new", "replayed", "in_flight", "mismatch", "dead_lettered", "not_republished"},
@@ -73,6 +73,9 @@ var metrics = map[string]struct {
 		"result": {"completed", "dead_lettered", "timeout", "shutdown", "cancelled"},
 	}},
 	"paydedup_gateway_auth_failures_total": {},
+	"paydedup_gateway_webhook_events_total": {labels: map[string][]string{
+		"result": {"bad_signature", "ignored_type", "not_ours", "no_payment", "foreign_intent", "still_processing", "settled", "agrees", "disagrees", "error"},
+	}},
 }
 
 // promql parses expressions as Prometheus does.

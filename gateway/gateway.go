@@ -155,6 +155,8 @@ type Config struct {
 	// context the published command carries to the worker; nil makes none,
 	// and the client's own trace context travels on unchanged.
 	TracerProvider trace.TracerProvider
+	// Webhooks, with a Verifier, serves POST /v1/stripe/webhooks.
+	Webhooks Webhooks
 	// Propagator reads a request's trace context and writes the command's
 	// (OTEL_PROPAGATORS); W3C trace context when nil.
 	Propagator propagation.TextMapPropagator
@@ -210,6 +212,9 @@ func (c Config) Validate() error {
 	}
 	if c.RepublishAfter < c.PublishLease {
 		errs = append(errs, fmt.Errorf("republish after %v must be at least the publish lease %v", c.RepublishAfter, c.PublishLease))
+	}
+	if c.Webhooks.Verifier != nil && c.Webhooks.Ledger == nil {
+		errs = append(errs, errors.New("webhooks need the ledger they settle"))
 	}
 	if c.IntakeRetention <= c.RepublishAfter {
 		errs = append(errs, fmt.Errorf("intake retention %v must exceed republish after %v", c.IntakeRetention, c.RepublishAfter))

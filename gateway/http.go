@@ -206,8 +206,8 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 	})
 }
 
-// routes builds the mux: every API route is authenticated; anything else is
-// a problem+json 404 or 405.
+// routes builds the mux: every API route is authenticated (the webhook by
+// its signature); anything else is a problem+json 404 or 405.
 func (g *Gateway) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", g.instrument("post_payment", g.authenticate(http.HandlerFunc(g.postPayment))))
@@ -220,6 +220,9 @@ func (g *Gateway) routes() http.Handler {
 		w.Header().Set("Allow", http.MethodGet+", "+http.MethodHead)
 		writeProblem(w, Problem{Type: ProblemMethodNotAllowed, Status: http.StatusMethodNotAllowed, Detail: problemDetailMethodAllowed})
 	})))
+	if g.cfg.Webhooks.Verifier != nil {
+		mux.Handle("POST "+PathStripeWebhooks, g.instrument("stripe_webhook", http.HandlerFunc(g.postStripeWebhook)))
+	}
 	mux.Handle("/", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, Problem{Type: ProblemNotFound, Status: http.StatusNotFound})
 	})))

@@ -18,6 +18,7 @@ type metrics struct {
 	publishDuration prometheus.Histogram
 	waits           *prometheus.CounterVec
 	authFailures    prometheus.Counter
+	webhooks        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -52,8 +53,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "paydedup_gateway_auth_failures_total",
 			Help: "Requests with an invalid or revoked API key.",
 		}),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "paydedup_gateway_webhook_events_total",
+			Help: "Stripe webhook events by what they did: settled, agrees, disagrees (a final ledger row the event contradicts; the row is unchanged), still_processing, foreign_intent, no_payment, not_ours, ignored_type, bad_signature, error.",
+		}, []string{"result"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.idempotency, m.publishes, m.publishDuration, m.waits, m.authFailures} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.idempotency, m.publishes, m.publishDuration, m.waits, m.authFailures, m.webhooks} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("gateway metrics: %w", err)
 		}

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
@@ -29,7 +30,7 @@ import (
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/provider"
-	"github.com/paydedup/paydedup/provider/stripe"
+	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -51,6 +52,8 @@ type world struct {
 	base    string
 	client  *http.Client
 
+	hooks     *hookRecorder        // the simulator's webhook deliveries
+	reg       *prometheus.Registry // the gateway's metrics, unless the test brought its own registerer
 	stopServe func() error
 	tp        trace.TracerProvider          // the gateway's, the worker's, the pool's and the adapter's; nil: untraced
 	prop      propagation.TextMapPropagator // the gateway's and the worker's
@@ -102,6 +105,10 @@ type options struct {
 	store  func(gateway.Store) gateway.Store
 	pub    func(gateway.Publisher) gateway.Publisher
 	worker func(*consumer.Config)
+	// webhookSecret, when set, turns the gateway's Stripe webhooks on and
+	// has the simulator post its events, through w.hooks, to them.
+	webhookSecret   string
+	processingDelay time.Duration
 }
 
 func setup(t *testing.T, gcfg gateway.Config) *world {
@@ -129,7 +136,26 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sim, stripe := testenv.Provider(t, 9, 4*time.Second)
+	// The listener comes first, so that the simulator knows where to post
+	// its webhooks.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	simCfg := stripesim.Config{Seed: 9, ProcessingDelay: opt.processingDelay}
+	hooks := &hookRecorder{target: base + gateway.PathStripeWebhooks}
+	if opt.webhookSecret != "" {
+		rec := httptest.NewServer(hooks)
+		t.Cleanup(rec.Close)
+		simCfg.WebhookURL, simCfg.WebhookSecret = rec.URL, opt.webhookSecret
+		v, err := stripeadapter.NewWebhookVerifier(opt.webhookSecret, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gcfg.Webhooks = gateway.Webhooks{Verifier: v, Ledger: store}
+	}
+	sim, stripe := testenv.ProviderWith(t, simCfg, 4*time.Second)
 	var seen traceparents
 	if gcfg.TracerProvider != nil {
 		sim, stripe = tracedProvider(t, gcfg.TracerProvider, gcfg.Propagator, &seen)
@@ -168,11 +194,12 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if opt.pub != nil {
 		gpub = opt.pub(pub)
 	}
-	gw, err := gateway.New(store, gstore, comp, gpub, gcfg)
-	if err != nil {
-		t.Fatal(err)
+	reg, ok := gcfg.Registerer.(*prometheus.Registry)
+	if !ok && gcfg.Registerer == nil {
+		reg = prometheus.NewRegistry()
+		gcfg.Registerer = reg
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	gw, err := gateway.New(store, gstore, comp, gpub, gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +222,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 
 	w := &world{t: t, ctx: ctx, pool: pool, store: store, gwStore: gwStore, nc: nc, js: js, sim: sim,
 		gate: &gatedCharger{next: stripe, held: map[string]chan struct{}{}},
-		cfg:  cfg, gw: gw, base: "http://" + ln.Addr().String(), client: client, stopServe: stop, opt: opt,
+		cfg:  cfg, gw: gw, base: base, client: client, stopServe: stop, opt: opt, hooks: hooks, reg: reg,
 		tp: gcfg.TracerProvider, prop: gcfg.Propagator, stripeSaw: &seen}
 	w.keyA = w.apiKey("m_a")
 	w.keyB = w.apiKey("m_b")
@@ -261,7 +288,7 @@ func tracedPool(t *testing.T, tp trace.TracerProvider) *pgxpool.Pool {
 // tracedProvider is the Stripe adapter, its calls client spans from tp
 // (otelhttp, as `paydedup worker` builds it when tracing), in front of a
 // simulator served over HTTP.
-func tracedProvider(t *testing.T, tp trace.TracerProvider, prop propagation.TextMapPropagator, seen *traceparents) (*stripesim.Simulator, *stripe.Client) {
+func tracedProvider(t *testing.T, tp trace.TracerProvider, prop propagation.TextMapPropagator, seen *traceparents) (*stripesim.Simulator, *stripeadapter.Client) {
 	t.Helper()
 	sim := stripesim.New(stripesim.Config{Seed: 9})
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
@@ -269,8 +296,8 @@ func tracedProvider(t *testing.T, tp trace.TracerProvider, prop propagation.Text
 		sim.ServeHTTP(rw, r)
 	}))
 	t.Cleanup(srv.Close)
-	hc := &http.Client{Transport: otelhttp.NewTransport(stripe.NewTransport(), otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(prop))}
-	adapter, err := stripe.New(stripe.Config{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: 4 * time.Second, HTTPClient: hc})
+	hc := &http.Client{Transport: otelhttp.NewTransport(stripeadapter.NewTransport(), otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(prop))}
+	adapter, err := stripeadapter.New(stripeadapter.Config{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: 4 * time.Second, HTTPClient: hc})
 	if err != nil {
 		t.Fatal(err)
 	}

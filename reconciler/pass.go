@@ -1,7 +1,6 @@
 package reconciler
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -348,10 +347,7 @@ func (r *Reconciler) settleProcessing(ctx context.Context, res *RunResult) {
 			continue
 		}
 		out := found.Outcome
-		status, code := dedup.PaymentSucceeded, cmp.Or(out.HTTPStatus, http.StatusOK)
-		if out.Declined {
-			status, code = dedup.PaymentFailed, cmp.Or(out.HTTPStatus, http.StatusPaymentRequired)
-		}
+		status, code := dedup.SettleStatus(out.Declined, out.HTTPStatus)
 		switch err := r.store.SettlePayment(context.WithoutCancel(ctx), p, status, code, out.Response); {
 		case errors.Is(err, dedup.ErrNotFound):
 			// Another reconciler settled it first.

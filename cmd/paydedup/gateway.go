@@ -20,6 +20,7 @@ import (
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -36,6 +37,9 @@ type gatewayCmd struct {
 	retention time.Duration
 	pubWait   time.Duration
 	cfg       gateway.Config
+	// webhookSecret is STRIPE_WEBHOOK_SECRET, never a flag (flags show in
+	// process listings); empty leaves POST /v1/stripe/webhooks off.
+	webhookSecret string
 }
 
 func newGatewayCmd(a *app) *cobra.Command {
@@ -56,7 +60,12 @@ Requests authenticate with Authorization: Bearer <API key>; create keys with
 against the same database and stream. It needs migrations 00003 and 00006
 (run "paydedup migrate up" as the owner) and connects as the role
 paydedup_gateway, which reads API keys and payments and writes only the
-gateway's guard rows. On SIGTERM it fails /readyz, lets requests finish
+gateway's guard rows. With STRIPE_WEBHOOK_SECRET (the endpoint's signing
+secret, whsec_...) it also serves POST /v1/stripe/webhooks, which settles
+processing payments from Stripe's payment_intent.succeeded, payment_failed
+and canceled events (through the settle_payment function of migration
+00011, its only write outside the guard rows); without it the route
+is not served (404). On SIGTERM it fails /readyz, lets requests finish
 within --drain-timeout (waiting requests answer 202) and exits 0.`,
 		Example: `  DATABASE_URL=postgres://paydedup_gateway@127.0.0.1:5432/paydedup?sslmode=disable \
   PAYDEDUP_HTTP_ADDR=:8080 PAYDEDUP_ADMIN_ADDR=:9091 paydedup gateway`,
@@ -80,6 +89,7 @@ within --drain-timeout (waiting requests answer 202) and exits 0.`,
 	f.DurationVar(&c.RepublishAfter, "republish-after", a.envDuration("PAYDEDUP_REPUBLISH_AFTER", gateway.DefaultRepublishAfter), "after a publish, how long a retry that finds no worker record answers 409 without asking the stream; after it, the command is published again only if the stream no longer holds it (PAYDEDUP_REPUBLISH_AFTER)")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", gateway.DefaultDrainTimeout), "on SIGTERM, how long in-flight requests may finish (PAYDEDUP_DRAIN_TIMEOUT)")
 	f.DurationVar(&g.pubWait, "publish-timeout", a.envDuration("PAYDEDUP_PUBLISH_TIMEOUT", stream.DefaultPublishTimeout), "time to wait for the stream's PubAck (PAYDEDUP_PUBLISH_TIMEOUT)")
+	g.webhookSecret = a.getenv("STRIPE_WEBHOOK_SECRET")
 	f.DurationVar(&g.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys (and the gateway's intake rows) are kept (PAYDEDUP_KEY_RETENTION)")
 	return cmd
 }
@@ -159,6 +169,16 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	}
 	if tp != nil {
 		cfg.TracerProvider = tp
+	}
+	if g.webhookSecret != "" {
+		v, err := stripe.NewWebhookVerifier(g.webhookSecret, 0)
+		if err != nil {
+			return err
+		}
+		cfg.Webhooks = gateway.Webhooks{Verifier: v, Ledger: store}
+		log.Info("Stripe webhooks on", "path", gateway.PathStripeWebhooks)
+	} else {
+		log.Info("STRIPE_WEBHOOK_SECRET is unset: Stripe webhooks are off", "path", gateway.PathStripeWebhooks)
 	}
 	gw, err := gateway.New(store, gwStore, comp, pub, cfg)
 	if err != nil {

@@ -29,7 +29,10 @@ func newProviderSimCmd(a *app) *cobra.Command {
 Idempotency-Key, GET /v1/payment_intents/{id}, GET /v1/payment_intents/search)
 with a ledger at GET /_sim/ledger and injectable faults: latency, 5xx, 429,
 dropped connections before and after charging. Point a worker at it with
-STRIPE_API_BASE=http://ADDR and any STRIPE_SECRET_KEY.`,
+STRIPE_API_BASE=http://ADDR and any STRIPE_SECRET_KEY. With --webhook-url and
+STRIPE_WEBHOOK_SECRET it posts payment_intent.succeeded and payment_failed
+events, signed as Stripe signs them, when a processing intent settles (point
+it at a gateway's /v1/stripe/webhooks with the gateway's secret).`,
 		Example: `  paydedup provider-sim --addr 127.0.0.1:12111 --drop-after-charge 0.1 --rate-5xx 0.05 --latency 20ms
   curl -s 127.0.0.1:12111/_sim/ledger`,
 		Args: cobra.NoArgs,
@@ -48,11 +51,19 @@ STRIPE_API_BASE=http://ADDR and any STRIPE_SECRET_KEY.`,
 	f.DurationVar(&p.cfg.SearchLag, "search-lag", 0, "how long new intents stay invisible to search")
 	f.DurationVar(&p.cfg.ProcessingDelay, "processing-delay", stripesim.DefaultProcessingDelay,
 		"how long a bank debit (pm_usBankAccount_success, pm_usBankAccount_accountClosed) stays processing")
+	f.StringVar(&p.cfg.WebhookURL, "webhook-url", "", "where to post webhook events (needs STRIPE_WEBHOOK_SECRET); empty sends none")
+	p.cfg.WebhookSecret = a.getenv("STRIPE_WEBHOOK_SECRET")
 	return cmd
 }
 
 // Run serves until ctx ends.
 func (p *providerSimCmd) Run(ctx context.Context) error {
+	switch {
+	case p.cfg.WebhookURL == "":
+		p.cfg.WebhookSecret = "" // a secret alone sends nothing
+	case p.cfg.WebhookSecret == "":
+		return errors.New("provider-sim: --webhook-url needs STRIPE_WEBHOOK_SECRET, the secret the receiving gateway verifies with")
+	}
 	if err := p.cfg.Validate(); err != nil {
 		return fmt.Errorf("provider-sim: %w", err)
 	}
@@ -62,6 +73,7 @@ func (p *providerSimCmd) Run(ctx context.Context) error {
 		return fmt.Errorf("provider-sim: listen on --addr %s: %w", p.addr, err)
 	}
 	sim := stripesim.New(p.cfg)
+	defer sim.Close()
 	p.app.logger.Info("provider simulator listening", "addr", ln.Addr().String())
 	fmt.Fprintf(p.app.out, "provider-sim: listening on http://%s\n", ln.Addr())
 	if err := sim.ServeListener(ctx, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -183,6 +183,58 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if p, err := records.GetPayment(ctx, merchant, "k1"); err != nil || p.ChargeID != "ch_gw" {
 		t.Fatalf("ledger read as %s: %+v %v", gatewayRole, p, err)
 	}
+	// A processing payment the Stripe webhook settles, as the reconciler
+	// does: through the settle_payment function of migration 00011, the
+	// gateway's only way to change a key or a ledger row.
+	achReq := dedup.NewClaimRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: "ach", Amount: 700, Currency: "usd", PaymentMethod: "pm_usBankAccount_success"})
+	achCl, err := worker.Claim(ctx, "role-worker", time.Minute, achReq)
+	if err != nil || achCl.Lease == nil {
+		t.Fatalf("claim as %s: %+v %v", workerRole, achCl, err)
+	}
+	if err := worker.Complete(ctx, *achCl.Lease, dedup.Completion{ChargeID: "pi_ach", Processing: true, ResponseStatus: 202, Response: []byte(`{"id":"pi_ach"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	ach, err := records.GetPayment(ctx, merchant, "ach")
+	if err != nil || ach.Status != dedup.PaymentProcessing {
+		t.Fatalf("processing payment as %s: %+v %v", gatewayRole, ach, err)
+	}
+	if err := records.SettlePayment(ctx, ach, dedup.PaymentSucceeded, 200, []byte(`{"id":"pi_ach","status":"succeeded"}`)); err != nil {
+		t.Fatalf("settle as %s: %v", gatewayRole, err)
+	}
+	if rec, err := records.Get(ctx, merchant, "ach"); err != nil || rec.ResponseStatus != 200 {
+		t.Fatalf("settled key as %s: %+v %v", gatewayRole, rec, err)
+	}
+	// A final row is left alone: settling again, or settling a payment that
+	// never was processing, changes neither the ledger nor the stored answer.
+	if err := records.SettlePayment(ctx, ach, dedup.PaymentFailed, 402, []byte(`{"evil":true}`)); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("settling a settled payment as %s: %v, want ErrNotFound", gatewayRole, err)
+	}
+	final, err := records.GetPayment(ctx, merchant, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	answers := map[string]dedup.Record{}
+	for _, key := range []string{"ach", "k1"} {
+		if answers[key], err = records.Get(ctx, merchant, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var settled bool
+	if err := gwPool.QueryRow(ctx, `SELECT settle_payment($1, 'k1', 'ch_gw', 'failed', 402, '{"evil":true}', NULL)`, merchant).Scan(&settled); err != nil || settled {
+		t.Fatalf("settle_payment of a succeeded payment as %s: %v %v, want false", gatewayRole, settled, err)
+	}
+	for key, before := range answers {
+		rec, err := records.Get(ctx, merchant, key)
+		if err != nil || rec.ResponseStatus != before.ResponseStatus || string(rec.Response) != string(before.Response) || !rec.UpdatedAt.Equal(before.UpdatedAt) {
+			t.Fatalf("key %s after settling a final row as %s: %+v %v, want %+v", key, gatewayRole, rec, err, before)
+		}
+	}
+	if p, err := records.GetPayment(ctx, merchant, "k1"); err != nil || p != final {
+		t.Fatalf("ledger row after settling a final row as %s: %+v %v, want %+v", gatewayRole, p, err, final)
+	}
+	if p, err := records.GetPayment(ctx, merchant, "ach"); err != nil || p.Status != dedup.PaymentSucceeded {
+		t.Fatalf("settled ledger row as %s: %+v %v", gatewayRole, p, err)
+	}
 	// The worker tells the intake of a command it dead-lettered.
 	if ok, err := workerIntake.MarkIntakeDeadLettered(ctx, merchant, "k1", 1, "key_mismatch", "x"); err != nil || !ok {
 		t.Fatalf("dead letter on the intake as %s: %v %v", workerRole, ok, err)
@@ -209,10 +261,14 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 			VALUES ('m_gw', 'evil', sha256('x'), 'pending', 'pk_evil', 1, 'usd', 'h', now(), now(), now(), now(), now())`,
 		`UPDATE idempotency_keys SET status = 'failed', response = NULL, response_status = NULL, completed_at = NULL`,
 		`DELETE FROM idempotency_keys`,
+		`UPDATE idempotency_keys SET response = '{}', response_status = 200, updated_at = now()`,
 		`SELECT * FROM idempotency_keys FOR UPDATE`,
+		`SELECT * FROM idempotency_keys FOR SHARE`,
 		`INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
 			VALUES ('m_gw', 'evil', 'pk_evil', 'ch_evil', 'succeeded', 1, 'usd', now())`,
 		`UPDATE payments SET amount = amount + 1`,
+		`UPDATE payments SET status = 'failed', settled_at = now() WHERE status = 'processing'`,
+		`SELECT * FROM payments FOR UPDATE`,
 		`DELETE FROM payments`,
 		`INSERT INTO api_keys (id, merchant_id, key_hash, created_at) VALUES ('0123456789ab', 'm_gw', sha256('k'), now())`,
 		`UPDATE api_keys SET revoked_at = NULL`,

@@ -18,7 +18,15 @@ import (
 // adapter pointed at it: the real client path, the simulated provider.
 func Provider(t testing.TB, seed int64, timeout time.Duration) (*stripesim.Simulator, *stripe.Client) {
 	t.Helper()
-	sim := stripesim.New(stripesim.Config{Seed: seed})
+	return ProviderWith(t, stripesim.Config{Seed: seed}, timeout)
+}
+
+// ProviderWith is Provider with a simulator configured by cfg (webhooks,
+// a processing delay); it stops the simulator's webhooks when the test ends.
+func ProviderWith(t testing.TB, cfg stripesim.Config, timeout time.Duration) (*stripesim.Simulator, *stripe.Client) {
+	t.Helper()
+	sim := stripesim.New(cfg)
+	t.Cleanup(sim.Close)
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
 	adapter, err := stripe.New(stripe.Config{SecretKey: "sk_test_paydedup", APIBase: srv.URL, Timeout: timeout})

@@ -110,6 +110,15 @@ type Config struct {
 	// processing before it succeeds or fails; DefaultProcessingDelay when 0.
 	ProcessingDelay time.Duration
 
+	// WebhookURL, when set, receives the events of intents that settle
+	// after processing (payment_intent.succeeded, payment_intent.
+	// payment_failed), signed with WebhookSecret as Stripe signs them
+	// (Stripe-Signature). Close stops them.
+	WebhookURL    string
+	WebhookSecret string
+	// WebhookClient posts them; a client of its own when nil.
+	WebhookClient *http.Client
+
 	// Now is the clock for key expiry, search lag and timestamps; time.Now
 	// when nil.
 	Now func() time.Time
@@ -138,6 +147,9 @@ func (c Config) Validate() error {
 	}
 	if c.ProcessingDelay < 0 {
 		return fmt.Errorf("%w: ProcessingDelay %s is negative", provider.ErrInvalidConfig, c.ProcessingDelay)
+	}
+	if (c.WebhookURL == "") != (c.WebhookSecret == "") {
+		return fmt.Errorf("%w: WebhookURL and WebhookSecret go together", provider.ErrInvalidConfig)
 	}
 	return nil
 }
@@ -187,6 +199,7 @@ type Simulator struct {
 	onCharge   func(Charge)
 	log        *slog.Logger
 	mux        *http.ServeMux
+	hooks      *hooks // nil without a WebhookURL
 
 	mu      sync.Mutex
 	faults  Faults
@@ -425,6 +438,15 @@ func New(cfg Config) *Simulator {
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.WebhookURL != "" {
+		client := cfg.WebhookClient
+		if client == nil {
+			client = &http.Client{Timeout: webhookTimeout}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		s.hooks = &hooks{url: cfg.WebhookURL, secret: cfg.WebhookSecret, client: client, log: s.log,
+			timers: map[*time.Timer]struct{}{}, ctx: ctx, cancel: cancel}
 	}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST "+simPathCreate, s.api(s.createIntent))
@@ -1043,6 +1065,9 @@ func (s *Simulator) process(account, key string, now time.Time, p *createParams)
 
 	if in.status == simSucceeded && s.onCharge != nil {
 		s.onCharge(in.charge())
+	}
+	if in.status == simProcessing && s.hooks != nil {
+		s.scheduleWebhook(in.account, in.id, s.processing)
 	}
 	return in
 }

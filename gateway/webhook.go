@@ -1,0 +1,163 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// PathStripeWebhooks is where Stripe posts its events.
+const PathStripeWebhooks = "/v1/stripe/webhooks"
+
+// HeaderStripeSignature carries a webhook event's signature.
+const HeaderStripeSignature = "Stripe-Signature"
+
+// ProblemBadSignature is a webhook event whose signature did not verify.
+const ProblemBadSignature = problemTypePrefix + "webhook-signature"
+
+// maxWebhookBytes bounds an event's body; Stripe's are a few KiB.
+const maxWebhookBytes = 1 << 20
+
+// EventVerifier verifies a provider's signed webhook event and reads it
+// (*stripe.WebhookVerifier). Its error wraps provider.ErrBadSignature when
+// the event is not the provider's.
+type EventVerifier interface {
+	Verify(payload []byte, signature string) (provider.Event, error)
+}
+
+// Ledger is what the webhook reads and writes of the payments ledger
+// (*dedup.Store): a key's payment, and the one transition of a processing
+// payment to its outcome, the statement the reconciler settles with.
+type Ledger interface {
+	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
+	SettlePayment(ctx context.Context, p dedup.Payment, status string, responseStatus int, response json.RawMessage) error
+}
+
+// Webhooks configures POST /v1/stripe/webhooks. With a nil Verifier (no
+// STRIPE_WEBHOOK_SECRET) the route is not served: it is a 404 like any
+// unknown path, and nothing unsigned reaches the ledger.
+type Webhooks struct {
+	Verifier EventVerifier
+	Ledger   Ledger
+}
+
+// What a webhook event did, the values of
+// paydedup_gateway_webhook_events_total{result}.
+const (
+	WebhookBadSignature    = "bad_signature"
+	WebhookIgnoredType     = "ignored_type"
+	WebhookNotOurs         = "not_ours"
+	WebhookNoPayment       = "no_payment"
+	WebhookForeignIntent   = "foreign_intent"
+	WebhookStillProcessing = "still_processing"
+	WebhookSettled         = "settled"
+	WebhookAgrees          = "agrees"
+	WebhookDisagrees       = "disagrees"
+	WebhookError           = "error"
+)
+
+// webhookReply is the body of a 200 to Stripe (it reads only the status).
+type webhookReply struct {
+	Received bool   `json:"received"`
+	Result   string `json:"result"`
+}
+
+// postStripeWebhook verifies an event and applies it. A bad signature, an
+// old timestamp or an unreadable body is 400 and changes nothing; a fault
+// of ours is 503, so Stripe delivers the event again; anything else is 200.
+// Redeliveries need no table of seen event ids: settling changes only a row
+// still processing, so a repeated event finds the row final and agreeing.
+func (g *Gateway) postStripeWebhook(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeProblem(w, Problem{Type: ProblemTooLarge, Status: http.StatusRequestEntityTooLarge})
+			return
+		}
+		writeProblem(w, Problem{Type: ProblemInvalidRequest, Status: http.StatusBadRequest, Detail: "The event body could not be read."})
+		return
+	}
+	ev, err := g.cfg.Webhooks.Verifier.Verify(body, r.Header.Get(HeaderStripeSignature))
+	if err != nil {
+		g.metrics.webhooks.WithLabelValues(WebhookBadSignature).Inc()
+		g.log.Warn("webhook event refused", "error", err)
+		writeProblem(w, Problem{Type: ProblemBadSignature, Status: http.StatusBadRequest,
+			Detail: "The Stripe-Signature does not verify with the endpoint's signing secret, or it is too old."})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout)
+	defer cancel()
+	result, err := g.applyEvent(ctx, ev)
+	g.metrics.webhooks.WithLabelValues(result).Inc()
+	if err != nil {
+		g.log.Error("webhook event not applied; the provider will send it again", "event_id", ev.ID, "type", ev.Type, "error", err)
+		unavailable(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, webhookReply{Received: true, Result: result})
+}
+
+// applyEvent settles the processing payment an event is about, or checks
+// that a final one agrees with it, and says which it did.
+func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, error) {
+	if ev.Outcome == nil {
+		return WebhookIgnoredType, nil
+	}
+	in := ev.Intent
+	if in.MerchantID == "" || in.IdempotencyKey == "" {
+		return WebhookNotOurs, nil
+	}
+	log := g.log.With("event_id", ev.ID, "type", ev.Type, "merchant_id", in.MerchantID,
+		"idempotency_key", in.IdempotencyKey, "charge_id", in.ID)
+	ledger := g.cfg.Webhooks.Ledger
+	p, err := ledger.GetPayment(ctx, in.MerchantID, in.IdempotencyKey)
+	switch {
+	case errors.Is(err, dedup.ErrNotFound):
+		// The worker has not recorded its answer yet (or never will:
+		// the audit finds such an intent). Its own answer, or the
+		// reconciler, records the outcome.
+		log.Info("webhook event for a payment not in the ledger; ignored")
+		return WebhookNoPayment, nil
+	case err != nil:
+		return WebhookError, fmt.Errorf("read payment: %w", err)
+	}
+	if p.ChargeID != in.ID {
+		log.Error("webhook event for another intent than the ledger's; ignored", "ledger_charge_id", p.ChargeID)
+		return WebhookForeignIntent, nil
+	}
+	if err := provider.CheckIntent(provider.LookupRequest{Amount: p.Amount, Currency: p.Currency}, in); err != nil {
+		log.Error("webhook event for an intent that is not the ledger's; ignored", "error", err)
+		return WebhookForeignIntent, nil
+	}
+	out := ev.Outcome
+	if out.Processing {
+		return WebhookStillProcessing, nil
+	}
+	status, code := dedup.SettleStatus(out.Declined, out.HTTPStatus)
+	if p.Status == dedup.PaymentProcessing {
+		err := ledger.SettlePayment(ctx, p, status, code, out.Response)
+		switch {
+		case err == nil:
+			log.Info("processing payment settled by webhook", "status", status)
+			return WebhookSettled, nil
+		case !errors.Is(err, dedup.ErrNotFound):
+			return WebhookError, fmt.Errorf("settle payment: %w", err)
+		}
+		// Settled meanwhile (the reconciler, another delivery): check it.
+		if p, err = ledger.GetPayment(ctx, in.MerchantID, in.IdempotencyKey); err != nil {
+			return WebhookError, fmt.Errorf("read payment: %w", err)
+		}
+	}
+	if p.Status == status || (status == dedup.PaymentFailed && p.Status == dedup.PaymentDeclined) {
+		return WebhookAgrees, nil
+	}
+	log.Error("webhook event disagrees with the ledger; the ledger is unchanged", "ledger_status", p.Status, "event_status", status)
+	return WebhookDisagrees, nil
+}
