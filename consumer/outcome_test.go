@@ -21,6 +21,8 @@ type writes struct {
 	fail, release []string
 }
 
+func (w *writes) ProviderKeyWindow() time.Duration { return dedup.DefaultProviderKeyWindow }
+
 func (w *writes) ClaimBatch(context.Context, string, time.Duration, []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
 	return nil, errors.New("not used")
 }

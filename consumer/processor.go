@@ -24,6 +24,9 @@ type Store interface {
 	CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error)
 	Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error)
 	Release(ctx context.Context, l dedup.Lease, reason string) error
+	// ProviderKeyWindow is how long after a key's first claim the store
+	// lets its provider call go out blind (without a lookup first).
+	ProviderKeyWindow() time.Duration
 }
 
 // Charger is what the processor needs from the payment provider.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -106,6 +107,12 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 	}
 	if err := stream.ValidateDLQKey(cfg.Stream.DLQKey); err != nil {
 		return nil, fmt.Errorf("worker configuration: %w", err)
+	}
+	// A claim taken at the end of the key window may call the provider up to
+	// a lease later: that call must still meet a provider that remembers the
+	// key, or it charges a second time.
+	if w := proc.store.ProviderKeyWindow(); w+cfg.Lease >= provider.KeyLifetime {
+		return nil, fmt.Errorf("worker configuration: the provider key window %v plus the lease %v must stay under the provider's key lifetime %v, or a call made late in the window can meet a provider that forgot the key and charge again: shorten the window or the lease", w, cfg.Lease, provider.KeyLifetime)
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)

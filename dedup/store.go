@@ -76,6 +76,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// ProviderKeyWindow returns how long after a key's window starts its
+// provider call may go out blind; past it, the claim asks for a lookup.
+func (s *Store) ProviderKeyWindow() time.Duration { return s.window }
+
 // Retention returns the configured key retention.
 func (s *Store) Retention() time.Duration { return s.retention }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Metadata keys the adapters always set on a charge; they win over the
@@ -13,6 +14,12 @@ const (
 	MetadataMerchantID     = "merchant_id"
 	MetadataIdempotencyKey = "idempotency_key"
 )
+
+// KeyLifetime is how long the provider is trusted to remember an
+// idempotency key and replay its first answer: Stripe keeps keys for at
+// least 24 hours. A request under a key it has forgotten runs again, so a
+// blind call (without a lookup first) is safe only while the key is younger.
+const KeyLifetime = 24 * time.Hour
 
 // MaxProviderKeyLen is the longest provider idempotency key Stripe accepts.
 const MaxProviderKeyLen = 255
