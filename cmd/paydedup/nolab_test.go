@@ -5,13 +5,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/paydedup/paydedup/internal/testenv"
 )
 
 // TestNolabBuildLeavesTheLabOut builds the production binary as the
 // Dockerfile does (-tags nolab): it links neither the embedded nats-server,
 // nor the lab's packages, nor the simulator, and offers no lab command.
 func TestNolabBuildLeavesTheLabOut(t *testing.T) {
-	if testing.Short() {
+	if testing.Short() && !testenv.InCI() {
 		t.Skip("builds the binary")
 	}
 	t.Parallel()
