@@ -76,7 +76,7 @@ func anyUnder(path string, dirs []string) string {
 var (
 	core = []string{"payment", "dedup", "provider", "stream", "consumer", "reconciler"}
 	lab  = []string{"internal/lab", "internal/workload", "internal/chaos", "internal/testenv",
-		"internal/mutant", "provider/stripesim", "github.com/nats-io/nats-server"}
+		"internal/mutant", "internal/providertest", "provider/stripesim", "github.com/nats-io/nats-server"}
 )
 
 func TestCoreImportsNoGatewayLabOrCmd(t *testing.T) {

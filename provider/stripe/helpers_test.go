@@ -1,8 +1,6 @@
 package stripe_test
 
 import (
-	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,56 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/provider"
-	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/internal/providertest"
 )
-
-// chargeReq is a valid request for key; tests change what they need.
-func chargeReq(key string) provider.ChargeRequest {
-	return provider.ChargeRequest{
-		ProviderKey:    "pdk_" + key,
-		MerchantID:     "m_123",
-		IdempotencyKey: key,
-		Amount:         1999,
-		Currency:       "usd",
-		PaymentMethod:  "pm_card_visa",
-		Description:    "order 42",
-		Metadata:       map[string]string{"order_id": "42"},
-	}
-}
-
-func mustCharge(t *testing.T, p provider.Provider, req provider.ChargeRequest) *provider.Outcome {
-	t.Helper()
-	out, err := p.Charge(context.Background(), req)
-	if err != nil {
-		t.Fatalf("charge %s: %v", req.ProviderKey, err)
-	}
-	return out
-}
-
-func wantClass(t *testing.T, err error, want provider.Class) *provider.Error {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("err = nil, want class %s", want)
-	}
-	var pe *provider.Error
-	if !errors.As(err, &pe) {
-		t.Fatalf("err = %v (%T), want *provider.Error", err, err)
-	}
-	if got := provider.ClassOf(err); got != want {
-		t.Fatalf("class = %s, want %s (err: %v)", got, want, err)
-	}
-	return pe
-}
-
-// simServer starts a simulator behind httptest.
-func simServer(t *testing.T, cfg stripesim.Config) (*stripesim.Simulator, *httptest.Server) {
-	t.Helper()
-	sim := stripesim.New(cfg)
-	srv := httptest.NewServer(sim)
-	t.Cleanup(srv.Close)
-	return sim, srv
-}
 
 // rawResp is a response read whole.
 type rawResp struct {
@@ -110,3 +60,11 @@ func intentForm(amount string) url.Values {
 		"metadata[idempotency_key]": {"k1"},
 	}
 }
+
+// The provider tests' shared helpers (internal/providertest).
+var (
+	chargeReq  = providertest.ChargeReq
+	mustCharge = providertest.MustCharge
+	wantClass  = providertest.WantClass
+	simServer  = providertest.SimServer
+)

@@ -15,20 +15,12 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/providertest"
 	"github.com/paydedup/paydedup/provider"
 
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/provider/stripesim"
 )
-
-// simServer starts a simulator behind httptest.
-func simServer(t *testing.T, cfg stripesim.Config) (*stripesim.Simulator, *httptest.Server) {
-	t.Helper()
-	sim := stripesim.New(cfg)
-	srv := httptest.NewServer(sim)
-	t.Cleanup(srv.Close)
-	return sim, srv
-}
 
 // rawResp is a response read whole.
 type rawResp struct {
@@ -442,3 +434,8 @@ func TestSimServe(t *testing.T) {
 		t.Fatal("Serve on a bad address succeeded")
 	}
 }
+
+// The provider tests' shared helpers (internal/providertest).
+var (
+	simServer = providertest.SimServer
+)

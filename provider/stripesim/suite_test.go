@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/providertest"
 	"github.com/paydedup/paydedup/provider"
 
 	"github.com/paydedup/paydedup/provider/stripe"
@@ -84,44 +85,6 @@ func (e *suiteEnv) setFaults(t *testing.T, f stripesim.Faults) {
 	if err := e.sim.SetFaults(f); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// chargeReq is a valid request for key; tests change what they need.
-func chargeReq(key string) provider.ChargeRequest {
-	return provider.ChargeRequest{
-		ProviderKey:    "pdk_" + key,
-		MerchantID:     "m_123",
-		IdempotencyKey: key,
-		Amount:         1999,
-		Currency:       "usd",
-		PaymentMethod:  "pm_card_visa",
-		Description:    "order 42",
-		Metadata:       map[string]string{"order_id": "42"},
-	}
-}
-
-func mustCharge(t *testing.T, p provider.Provider, req provider.ChargeRequest) *provider.Outcome {
-	t.Helper()
-	out, err := p.Charge(context.Background(), req)
-	if err != nil {
-		t.Fatalf("charge %s: %v", req.ProviderKey, err)
-	}
-	return out
-}
-
-func wantClass(t *testing.T, err error, want provider.Class) *provider.Error {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("err = nil, want class %s", want)
-	}
-	var pe *provider.Error
-	if !errors.As(err, &pe) {
-		t.Fatalf("err = %v (%T), want *provider.Error", err, err)
-	}
-	if got := provider.ClassOf(err); got != want {
-		t.Fatalf("class = %s, want %s (err: %v)", got, want, err)
-	}
-	return pe
 }
 
 func wantCharges(t *testing.T, sim *stripesim.Simulator, key string, n int) {
@@ -592,3 +555,10 @@ func testLookupSearchLag(t *testing.T, newProvider newProviderFunc) {
 		t.Fatalf("lookup after the lag = %+v, %v", res, err)
 	}
 }
+
+// The provider tests' shared helpers (internal/providertest).
+var (
+	chargeReq  = providertest.ChargeReq
+	mustCharge = providertest.MustCharge
+	wantClass  = providertest.WantClass
+)
