@@ -12,7 +12,6 @@ import (
 	"github.com/paydedup/paydedup/internal/pg"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/consumer"
@@ -33,39 +32,7 @@ const workerRole = "paydedup_worker"
 // worker role (the local Postgres trusts loopback, so no password).
 func asWorker(t *testing.T, ownerURL string) *pgxpool.Pool {
 	t.Helper()
-	return asRole(t, ownerURL, workerRole)
-}
-
-// asRole returns a pool on the schema of ownerURL, logged in as role.
-func asRole(t *testing.T, ownerURL, role string) *pgxpool.Pool {
-	t.Helper()
-	u, err := url.Parse(ownerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(role)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pg.Connect(ctx, u.String())
-	if err != nil {
-		t.Fatalf("connect as %s: %v", role, err)
-	}
-	t.Cleanup(pool.Close)
-	var who string
-	if err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&who); err != nil || who != role {
-		t.Fatalf("connected as %q (%v), want %s", who, err, role)
-	}
-	return pool
-}
-
-// denied asserts that sql fails for lack of privilege (SQLSTATE 42501).
-func denied(t *testing.T, pool *pgxpool.Pool, sql string) {
-	t.Helper()
-	_, err := pool.Exec(context.Background(), sql)
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
-		t.Errorf("%s: got %v, want permission denied (42501)", sql, err)
-	}
+	return testenv.AsRole(t, ownerURL, workerRole)
 }
 
 // TestWorkerRoleRunsTheWorker runs the business step (claim → provider →
@@ -231,7 +198,7 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		`SELECT * FROM not_for_workers`,
 		`CREATE ROLE evil`,
 	} {
-		denied(t, pool, sql)
+		testenv.Denied(t, pool, sql)
 	}
 	// A GRANT without the grant option is a warning, not an error, in
 	// Postgres: check that it granted nothing.
@@ -292,7 +259,7 @@ func TestSettleFunctionStaysInItsSchema(t *testing.T) {
 
 	// Called by its schema-qualified name from a session on schema B, A's
 	// function settles A's row and leaves B's alone.
-	gwB := asRole(t, urlB, "paydedup_gateway")
+	gwB := testenv.AsRole(t, urlB, "paydedup_gateway")
 	var settled bool
 	must(t, gwB.QueryRow(ctx, `SELECT `+pgx.Identifier{schemaOf(urlA)}.Sanitize()+`.settle_payment('m_fn', 'ach', 'pi_fn', 'succeeded', 200, '{"id":"pi_fn","status":"succeeded"}', NULL)`).Scan(&settled))
 	if st, code := status(urlA); !settled || st != dedup.PaymentSucceeded || code != 200 {
@@ -388,7 +355,7 @@ func TestWorkerRoleDownKeepsASharedRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	schemaA := pgx.Identifier{u.Query().Get("search_path")}.Sanitize()
-	denied(t, workerA, `SELECT count(*) FROM `+schemaA+`.idempotency_keys`)
+	testenv.Denied(t, workerA, `SELECT count(*) FROM `+schemaA+`.idempotency_keys`)
 	if _, err := workerB.Exec(ctx, `SELECT count(*) FROM idempotency_keys`); err != nil {
 		t.Fatalf("the other schema lost its grants: %v", err)
 	}

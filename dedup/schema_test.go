@@ -29,7 +29,7 @@ func TestSchemaVersionGate(t *testing.T) {
 		t.Fatalf("BuiltSchemaVersion %d: the embedded migrations include 00010", built)
 	}
 	for _, role := range []string{workerRole, "paydedup_gateway"} {
-		s, err := dedup.New(asRole(t, ownerURL, role), dedup.Config{})
+		s, err := dedup.New(testenv.AsRole(t, ownerURL, role), dedup.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,12 +3,10 @@ package pgstore_test
 import (
 	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
@@ -22,39 +20,6 @@ const (
 	workerRole  = "paydedup_worker"
 	gatewayRole = "paydedup_gateway"
 )
-
-// asRole returns a pool on the schema of ownerURL, logged in as role (the
-// local Postgres trusts loopback, so no password).
-func asRole(t *testing.T, ownerURL, role string) *pgxpool.Pool {
-	t.Helper()
-	u, err := url.Parse(ownerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(role)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pg.Connect(ctx, u.String())
-	if err != nil {
-		t.Fatalf("connect as %s: %v", role, err)
-	}
-	t.Cleanup(pool.Close)
-	var who string
-	if err := pool.QueryRow(ctx, `SELECT current_user`).Scan(&who); err != nil || who != role {
-		t.Fatalf("connected as %q (%v), want %s", who, err, role)
-	}
-	return pool
-}
-
-// denied asserts that sql fails for lack of privilege (SQLSTATE 42501).
-func denied(t *testing.T, pool *pgxpool.Pool, sql string) {
-	t.Helper()
-	_, err := pool.Exec(context.Background(), sql)
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
-		t.Errorf("%s: got %v, want permission denied (42501)", sql, err)
-	}
-}
 
 // TestGatewayRoleRunsTheGateway runs every store call of "paydedup gateway"
 // (authenticate, the intake guard, reading a payment's state, the purge of
@@ -79,7 +44,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gwPool := asRole(t, ownerURL, gatewayRole)
+	gwPool := testenv.AsRole(t, ownerURL, gatewayRole)
 	gw, err := pgstore.New(gwPool, pgstore.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +53,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	workerPool := asRole(t, ownerURL, workerRole)
+	workerPool := testenv.AsRole(t, ownerURL, workerRole)
 	worker, err := dedup.New(workerPool, dedup.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -285,6 +250,6 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 		`SELECT * FROM not_for_gateways`,
 		`CREATE ROLE evil`,
 	} {
-		denied(t, gwPool, sql)
+		testenv.Denied(t, gwPool, sql)
 	}
 }
