@@ -86,11 +86,27 @@ func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, ex
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	ack, err := p.js.PublishMsg(ctx, m, jetstream.WithExpectStream(p.cfg.Name))
-	if err != nil {
-		return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)
+	// One try waits a quarter of the timeout (at least a second) for its
+	// PubAck; a Retryable failure (the stream leader changing, a
+	// reconnect) sends the same message, same Nats-Msg-Id, again until
+	// the timeout: a copy that did land is dropped by the duplicate window.
+	tryFor := max(p.timeout/4, time.Second)
+	for tries := 1; ; tries++ {
+		tctx, tcancel := context.WithTimeout(ctx, tryFor)
+		ack, err := p.js.PublishMsg(tctx, m, jetstream.WithExpectStream(p.cfg.Name))
+		tcancel()
+		if err == nil {
+			return ack.Sequence, nil
+		}
+		if !Retryable(err) || ctx.Err() != nil {
+			return 0, fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
+		case <-time.After(retryWait(tries)):
+		}
 	}
-	return ack.Sequence, nil
 }
 
 // Stored reports whether the stream still holds, at seq, the command of

@@ -16,7 +16,36 @@ import (
 const (
 	DefaultPublishWindow     = 256
 	DefaultPublishAckTimeout = 10 * time.Second
+	// DefaultPublishRetry is how long a message without a PubAck is sent
+	// again. It stays well inside the stream's duplicate window (2 min by
+	// default), so a copy that did land is dropped by its Nats-Msg-Id.
+	DefaultPublishRetry = 30 * time.Second
 )
+
+// Retryable reports whether a publish that got no PubAck may be sent again,
+// with the same Nats-Msg-Id: a timeout, no responders (no stream leader
+// yet), a disconnect, a server error (5xx). Across a stream leader change
+// the message may or may not have been stored; the duplicate window makes
+// a second copy harmless and the retry makes the command not lost. A
+// request the server refused (4xx: wrong stream, too large), a bad subject
+// or a closed connection is not retried.
+func Retryable(err error) bool {
+	if err == nil || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrMaxPayload) ||
+		errors.Is(err, nats.ErrBadSubject) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) && api.Code > 0 && api.Code < 500 {
+		return false
+	}
+	return true
+}
+
+// retryWait is the pause before the n-th retry (from 1): 100 ms doubling,
+// at most 1 s, about a NATS leader election's length in all.
+func retryWait(n int) time.Duration {
+	return min(100*time.Millisecond<<min(n-1, 4), time.Second)
+}
 
 // PublishResult is the fate of one published message.
 type PublishResult struct {
@@ -35,7 +64,8 @@ type PublishStats struct {
 	Sent       int `json:"sent"`       // handed to the server
 	Stored     int `json:"stored"`     // PubAck, new message
 	Duplicates int `json:"duplicates"` // PubAck.Duplicate: dropped by the duplicate window
-	Failed     int `json:"failed"`     // no PubAck (error or timeout)
+	Failed     int `json:"failed"`     // no PubAck (error or timeout), retries included
+	Retried    int `json:"retried"`    // sends again after a retryable error, same Nats-Msg-Id
 }
 
 // Outstanding is how many messages still wait for their PubAck.
@@ -49,6 +79,10 @@ type PublisherConfig struct {
 	// AckTimeout is how long one PubAck may take. DefaultPublishAckTimeout
 	// when 0.
 	AckTimeout time.Duration
+	// Retry is how long a message that got no PubAck, for a Retryable
+	// reason, is sent again with the same Nats-Msg-Id before it counts as
+	// failed. DefaultPublishRetry when 0; negative: never.
+	Retry time.Duration
 	// OnResult, when set, is called for every message, in publish order,
 	// from one goroutine.
 	OnResult func(PublishResult)
@@ -60,6 +94,7 @@ type PublisherConfig struct {
 type Publisher struct {
 	js       jetstream.JetStream
 	onResult func(PublishResult)
+	retry    time.Duration
 	slots    chan struct{}               // one per message awaiting its PubAck
 	inflight chan jetstream.PubAckFuture // in publish order; never fuller than slots
 	done     chan struct{}
@@ -84,7 +119,7 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
 	p := &Publisher{
-		js: js, onResult: cfg.OnResult,
+		js: js, onResult: cfg.OnResult, retry: cmp.Or(cfg.Retry, DefaultPublishRetry),
 		slots: make(chan struct{}, window), inflight: make(chan jetstream.PubAckFuture, window),
 		done: make(chan struct{}),
 	}
@@ -134,15 +169,39 @@ func (u unsent) Ok() <-chan *jetstream.PubAck { return nil }
 func (u unsent) Err() <-chan error            { return u.err }
 func (u unsent) Msg() *nats.Msg               { return u.msg }
 
-// collect resolves futures in publish order and frees their slots.
+// collect resolves futures in publish order and frees their slots. A
+// message whose PubAck did not come for a Retryable reason is sent again,
+// the same message (Nats-Msg-Id), until p.retry has passed since its
+// first failure; it keeps its slot meanwhile.
 func (p *Publisher) collect() {
 	defer close(p.done)
 	for f := range p.inflight {
-		select {
-		case ack := <-f.Ok():
-			p.record(PublishResult{Msg: f.Msg(), Seq: ack.Sequence, Duplicate: ack.Duplicate})
-		case err := <-f.Err():
-			p.record(PublishResult{Msg: f.Msg(), Err: err})
+		var failedAt time.Time
+		for tries := 1; ; tries++ {
+			var err error
+			select {
+			case ack := <-f.Ok():
+				p.record(PublishResult{Msg: f.Msg(), Seq: ack.Sequence, Duplicate: ack.Duplicate})
+			case err = <-f.Err():
+			}
+			if err == nil {
+				break
+			}
+			if failedAt.IsZero() {
+				failedAt = time.Now()
+			}
+			if !Retryable(err) || time.Since(failedAt) >= p.retry {
+				p.record(PublishResult{Msg: f.Msg(), Err: err})
+				break
+			}
+			time.Sleep(retryWait(tries))
+			p.mu.Lock()
+			p.stats.Retried++
+			p.mu.Unlock()
+			m := f.Msg()
+			if f, err = p.js.PublishMsgAsync(m); err != nil {
+				f = failedFuture(m, err)
+			}
 		}
 		<-p.slots
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -47,7 +48,7 @@ func TestPublisherWindowAndDuplicates(t *testing.T) {
 		mu      sync.Mutex
 		results []stream.PublishResult
 	)
-	pub, err := stream.NewPublisher(js.Conn(), stream.PublisherConfig{Window: 4, OnResult: func(r stream.PublishResult) {
+	pub, err := stream.NewPublisher(js.Conn(), stream.PublisherConfig{Window: 4, Retry: 300 * time.Millisecond, OnResult: func(r stream.PublishResult) {
 		mu.Lock()
 		defer mu.Unlock()
 		results = append(results, r)

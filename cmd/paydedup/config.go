@@ -234,6 +234,7 @@ func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 	f.DurationVar(&c.Stream.StreamMaxAge, "stream-max-age", a.envDuration("PAYDEDUP_STREAM_MAX_AGE", stream.DefaultStreamMaxAge), "MaxAge of the PAYMENTS stream; must be below key retention (PAYDEDUP_STREAM_MAX_AGE)")
 	f.DurationVar(&c.Stream.DLQMaxAge, "dlq-max-age", a.envDuration("PAYDEDUP_DLQ_MAX_AGE", stream.DefaultDLQMaxAge), "MaxAge of the PAYMENTS_DLQ stream (PAYDEDUP_DLQ_MAX_AGE)")
 	f.DurationVar(&c.Stream.DuplicateWindow, "duplicate-window", a.envDuration("PAYDEDUP_DUPLICATE_WINDOW", stream.DefaultDuplicateWindow), "duplicate window of the PAYMENTS stream (PAYDEDUP_DUPLICATE_WINDOW)")
+	f.IntVar(&c.Stream.Replicas, "stream-replicas", a.envInt("PAYDEDUP_STREAM_REPLICAS", 1), "replicas of the streams and consumers the worker creates or updates: 3 on a NATS cluster; every worker must say the same (PAYDEDUP_STREAM_REPLICAS)")
 	f.DurationVar(&c.KeyRetention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys are kept (PAYDEDUP_KEY_RETENTION)")
 	f.Int64Var(&c.Stream.Limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", 99_999_999), "largest accepted amount in minor units (PAYDEDUP_MAX_AMOUNT)")
 	f.IntVar(&c.Stream.Limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", 64<<10), "largest accepted message body (PAYDEDUP_MAX_BODY_BYTES)")
@@ -247,6 +248,9 @@ func (w *workerFlags) config(p providerFlags) (consumer.Config, error) {
 	c.ProviderTry = provider.RetryPolicy{MaxTries: w.maxTries, AttemptTimeout: p.timeout}
 	if w.maxTries < 1 {
 		return c, fmt.Errorf("PAYDEDUP_PROVIDER_TRIES / --provider-tries must be at least 1, got %d", w.maxTries)
+	}
+	if r := c.Stream.Replicas; r < 1 || r > 5 {
+		return c, fmt.Errorf("PAYDEDUP_STREAM_REPLICAS / --stream-replicas must be 1 to 5 (JetStream's limit), got %d", r)
 	}
 	if w.backoffRaw != "" {
 		for _, s := range strings.Split(w.backoffRaw, ",") {

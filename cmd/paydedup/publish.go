@@ -73,6 +73,7 @@ type publishCmd struct {
 	seed       uint64
 	window     int
 	ackTimeout time.Duration
+	retry      time.Duration
 	limits     payment.Limits
 }
 
@@ -91,6 +92,11 @@ number and skipped (the command then exits non-zero at the end). Blank lines
 and lines starting with # are ignored. Or --generate N makes N distinct
 payments; --duplicates 0.5 additionally republishes half of them (same
 Nats-Msg-Id, interleaved), which the stream's duplicate window drops.
+
+A message whose PubAck does not come (a timeout, no stream leader during a
+NATS cluster's leader change, a reconnect) is sent again, the same message
+with the same Nats-Msg-Id, for up to --retry; a copy that did land is dropped
+by the stream's duplicate window, so a command is neither lost nor doubled.
 
 The summary counts messages stored, duplicates dropped by the stream's
 duplicate window (PubAck.Duplicate) and failures (no PubAck). Progress is
@@ -115,6 +121,7 @@ shown when stderr is a terminal.`,
 	f.Uint64Var(&p.seed, "seed", 0, "with --generate: random seed; the same seed makes the same keys (0: random)")
 	f.IntVar(&p.window, "window", stream.DefaultPublishWindow, "messages awaiting their PubAck at most")
 	f.DurationVar(&p.ackTimeout, "ack-timeout", stream.DefaultPublishAckTimeout, "how long one PubAck may take before the message counts as failed")
+	f.DurationVar(&p.retry, "retry", stream.DefaultPublishRetry, "how long a message without a PubAck is sent again (same Nats-Msg-Id) before it counts as failed; stay inside the stream's duplicate window (0: the default)")
 	f.Int64Var(&p.limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", payment.DefaultMaxAmount), "largest accepted amount in minor units, as the worker checks it (PAYDEDUP_MAX_AMOUNT)")
 	f.IntVar(&p.limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", payment.DefaultMaxBodyBytes), "largest accepted line, as the worker checks it (PAYDEDUP_MAX_BODY_BYTES)")
 	return cmd
@@ -154,6 +161,9 @@ func (p *publishCmd) validate() error {
 	if p.ackTimeout <= 0 {
 		bad("--ack-timeout must be positive, got %v", p.ackTimeout)
 	}
+	if p.retry < 0 {
+		bad("--retry must not be negative, got %v", p.retry)
+	}
 	return errors.Join(errs...)
 }
 
@@ -174,7 +184,7 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	bar := p.app.progress(-1, "publish", "messages")
 	p.bar = bar
 	pub, err := stream.NewPublisher(nc, stream.PublisherConfig{
-		Window: p.window, AckTimeout: p.ackTimeout,
+		Window: p.window, AckTimeout: p.ackTimeout, Retry: p.retry,
 		OnResult: func(r stream.PublishResult) {
 			bar.Add(1)
 			if r.Err != nil && len(failures) < 10 {
@@ -196,8 +206,8 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	st := pub.Close()
 	_ = bar.Finish()
 
-	fmt.Fprintf(p.app.out, "publish: %d published, %d duplicates dropped by the stream's window, %d failed, %d malformed lines skipped (%.1f s)\n",
-		st.Stored, st.Duplicates, st.Failed, malformed, time.Since(start).Seconds())
+	fmt.Fprintf(p.app.out, "publish: %d published, %d duplicates dropped by the stream's window, %d failed, %d malformed lines skipped, %d resent without a PubAck (%.1f s)\n",
+		st.Stored, st.Duplicates, st.Failed, malformed, st.Retried, time.Since(start).Seconds())
 	for _, f := range failures {
 		fmt.Fprintln(p.app.errOut, "publish: no PubAck:", f)
 	}

@@ -59,6 +59,13 @@ type config struct {
 
 	natsRestarts, pgRestarts int
 	replay                   string // auto, cli or self
+
+	// The modes of issue 19, each in its own file.
+	natsCluster int           // nodes of a clustered NATS (cluster.go); 0: one server
+	pauses      int           // workers SIGSTOPped and SIGCONTed (pause.go)
+	pauseFor    time.Duration // how long each pause lasts
+
+	netLatency, netCuts, netPartitions bool // network faults (netfault.go)
 }
 
 func main() {
@@ -84,7 +91,20 @@ func main() {
 	flag.IntVar(&cfg.natsRestarts, "nats-restarts", 2, "times NATS is killed (-9) and restarted")
 	flag.IntVar(&cfg.pgRestarts, "pg-restarts", 2, "times Postgres is stopped (immediate) and restarted")
 	flag.StringVar(&cfg.replay, "replay", "auto", "how to replay max_deliveries dead letters: cli (paydedup dlq replay), self (the harness), auto (cli when the binary has it)")
+	flag.IntVar(&cfg.natsCluster, "nats-cluster", 0, "run a NATS cluster of this many nodes (3), streams with one replica each; NATS restarts then kill -9 single nodes, the stream leader among them (0: one server)")
+	flag.IntVar(&cfg.pauses, "pauses", 0, "times a worker holding claims is SIGSTOPped for -pause-for, then SIGCONTed")
+	flag.DurationVar(&cfg.pauseFor, "pause-for", 0, "length of a pause (default: AckWait + 2 leases, so its messages are redelivered and its leases taken over)")
+	flag.BoolVar(&cfg.netLatency, "net-latency", false, "network faults: add latency on one worker link (Postgres, a NATS node, the provider) at a time, through toxiproxy")
+	flag.BoolVar(&cfg.netCuts, "net-cuts", false, "network faults: reset the connections of one worker link mid-request")
+	flag.BoolVar(&cfg.netPartitions, "net-partitions", false, "network faults: partition one worker link completely for longer than the lease")
 	flag.Parse()
+	if cfg.pauseFor == 0 {
+		cfg.pauseFor = cfg.ackWait + 2*cfg.lease
+	}
+	if cfg.natsCluster != 0 && (cfg.natsCluster < 3 || cfg.natsCluster > 5) {
+		fmt.Fprintf(os.Stderr, "chaos: -nats-cluster must be 0 or 3 to 5 nodes, got %d\n", cfg.natsCluster)
+		os.Exit(2)
+	}
 	if cfg.seed == 0 {
 		cfg.seed = uint64(time.Now().UnixNano())
 	}
@@ -116,6 +136,10 @@ type harness struct {
 	sim      *proc
 	simAddr  string
 	slots    []*slot
+	cluster  *natsCluster // -nats-cluster
+
+	pauseStats pauseStats
+	net        *netFaults // -net-*
 
 	nc *nats.Conn
 	js jetstream.JetStream
@@ -139,7 +163,8 @@ func (h *harness) logf(format string, args ...any) {
 // streamConfig is the consumer configuration the workers run with, so the
 // harness's EnsureStreams and the workers' agree.
 func (h *harness) streamConfig() consumer.Config {
-	return consumer.Config{Stream: stream.Config{AckWait: h.cfg.ackWait, MaxDeliver: h.cfg.maxDeliver, DLQKey: []byte(h.dlqKey)}, Lease: h.cfg.lease}.WithDefaults()
+	return consumer.Config{Stream: stream.Config{AckWait: h.cfg.ackWait, MaxDeliver: h.cfg.maxDeliver, DLQKey: []byte(h.dlqKey),
+		Replicas: h.replicas()}, Lease: h.cfg.lease}.WithDefaults()
 }
 
 // run is the whole harness; it returns the exit status.
@@ -208,6 +233,10 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 		return workload.Verdict{}, err
 	}
 	if err := h.connectNATS(ctx); err != nil {
+		return workload.Verdict{}, err
+	}
+	defer h.stopNetFaults()
+	if err := h.initNetFaults(); err != nil {
 		return workload.Verdict{}, err
 	}
 	w := workload.Generate(workload.MixConfig{
@@ -296,6 +325,10 @@ func (h *harness) faults(ctx context.Context) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
+	go func() { defer wg.Done(); h.pauses(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); h.netFaultLoop(ctx) }()
+	wg.Add(1)
 	go func() { // the service restarts, in their own time line
 		defer wg.Done()
 		start := time.Now()
@@ -319,6 +352,9 @@ func (h *harness) faults(ctx context.Context) {
 		case <-time.After(time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))):
 		}
 		s := h.slots[rng.IntN(len(h.slots))]
+		if s.paused.Load() {
+			continue
+		}
 		select {
 		case <-s.proc.exited():
 			continue // already down (e.g. cannot start while NATS is down)
@@ -332,6 +368,9 @@ func (h *harness) faults(ctx context.Context) {
 // restartNATS kills nats-server with SIGKILL and starts it again on the same
 // port with the same store, after a second of downtime.
 func (h *harness) restartNATS(ctx context.Context) error {
+	if h.cluster != nil {
+		return h.restartNode(ctx)
+	}
 	h.logf("NATS: kill -9")
 	h.nats.kill()
 	time.Sleep(time.Second)

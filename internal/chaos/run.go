@@ -57,7 +57,7 @@ func (h *harness) migrate(ctx context.Context) error {
 // connectNATS connects the harness (reconnecting forever, across the
 // restarts) and creates the streams as the workers will.
 func (h *harness) connectNATS(ctx context.Context) error {
-	nc, err := nats.Connect("nats://"+h.natsAddr, nats.Name("paydedup-chaos"), nats.MaxReconnects(-1),
+	nc, err := nats.Connect(h.natsURL(), nats.Name("paydedup-chaos"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(2*time.Second))
 	if err != nil {
 		return err
@@ -423,9 +423,9 @@ func (h *harness) report(v workload.Verdict) int {
 		fmt.Fprintf(h.out, "chaos: FAILED; repeat with -seed %d -keep to keep the logs\n", h.cfg.seed)
 	}
 	fmt.Fprintf(h.out, "chaos: worker processes started %d times in all (kills and failed starts while a service was down)\n", restarts+len(h.slots))
-	fmt.Fprintf(h.out, "chaos: payments=%d publishes=%d double=%d lost=%d stuck=%d dead_letters=%d (malformed=%d key_reused=%d max_deliveries=%d) kills=%d nats_restarts=%d pg_restarts=%d seconds=%s\n",
+	fmt.Fprintf(h.out, "chaos: payments=%d publishes=%d double=%d lost=%d stuck=%d dead_letters=%d (malformed=%d key_reused=%d max_deliveries=%d) kills=%d nats_restarts=%d pg_restarts=%d%s seconds=%s\n",
 		h.cfg.payments, h.published.Load(), len(v.Double), len(v.Lost), len(v.Stuck), v.DeadLetters,
-		v.Malformed, v.KeyReused, v.MaxDeliveries, h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load(),
+		v.Malformed, v.KeyReused, v.MaxDeliveries, h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load(), h.modeSummary(),
 		strconv.Itoa(int(time.Since(h.start).Seconds())))
 	if !v.OK() {
 		return 1

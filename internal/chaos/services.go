@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/paydedup/paydedup/internal/lab/localpg"
@@ -54,6 +55,9 @@ func (h *harness) initPostgres(ctx context.Context) error {
 
 // initNATS prepares the NATS server process with its own store directory.
 func (h *harness) initNATS(ctx context.Context) error {
+	if h.cfg.natsCluster > 0 {
+		return h.initNATSCluster(ctx, h.cfg.natsCluster)
+	}
 	port, err := localpg.FreePort()
 	if err != nil {
 		return err
@@ -121,11 +125,12 @@ func (h *harness) startSim(ctx context.Context) error {
 func (h *harness) workerEnv() []string {
 	return []string{
 		"PATH=/usr/bin:/bin",
-		"DATABASE_URL=" + h.pg.URL("paydedup_worker", "paydedup"),
-		"NATS_URL=nats://" + h.natsAddr,
+		"DATABASE_URL=" + h.viaProxy(h.pg.URL("paydedup_worker", "paydedup")),
+		"NATS_URL=" + h.viaProxy(h.natsURL()),
+		"PAYDEDUP_STREAM_REPLICAS=" + strconv.Itoa(h.replicas()),
 		"PAYDEDUP_PROVIDER=stripe",
 		"STRIPE_SECRET_KEY=sk_test_x",
-		"STRIPE_API_BASE=http://" + h.simAddr,
+		"STRIPE_API_BASE=" + h.viaProxy("http://"+h.simAddr),
 		"PAYDEDUP_LEASE=" + h.cfg.lease.String(),
 		"PAYDEDUP_ACK_WAIT=" + h.cfg.ackWait.String(),
 		"PAYDEDUP_PROVIDER_TIMEOUT=" + h.cfg.providerTimeout.String(),
@@ -144,6 +149,7 @@ func (h *harness) workerEnv() []string {
 type slot struct {
 	proc     *proc
 	restarts int
+	paused   atomic.Bool // SIGSTOPped by the pause mode: not killed meanwhile
 }
 
 // superviseWorker keeps slot i running until ctx ends: a worker that dies

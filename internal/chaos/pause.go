@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/internal/pg"
+)
+
+// The pause mode (-pauses N): a worker is stopped (SIGSTOP, as a GC pause
+// or a frozen VM) while it holds claims, for longer than its lease and the
+// stream's AckWait, so another worker takes its messages over; then it is
+// continued (SIGCONT). Its late completions must be fenced out by the
+// lease (the worker logs "lease lost"), and a provider call it resends is
+// answered by the provider's idempotent replay: the ledger check at the
+// end proves no key was charged twice.
+type pauseStats struct {
+	pauses atomic.Int64 // workers stopped and continued
+	claims atomic.Int64 // pending rows the stopped workers held when stopped
+	fenced atomic.Int64 // "lease lost" lines the continued workers logged
+}
+
+// pid is the process id of the running process, 0 if none.
+func (p *proc) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	select {
+	case <-p.done:
+		return 0
+	default:
+	}
+	return p.cmd.Process.Pid
+}
+
+// pauses stops and continues a worker cfg.pauses times, spread over the
+// first 60 % of the fault phase. A pause in progress is finished (the
+// worker continued) even when ctx ends.
+func (h *harness) pauses(ctx context.Context) {
+	if h.cfg.pauses == 0 {
+		return
+	}
+	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
+	if err != nil {
+		h.logf("pause: %v", err)
+		return
+	}
+	defer pool.Close()
+	start := time.Now()
+	for k := range h.cfg.pauses {
+		at := h.cfg.duration * 60 / 100 * time.Duration(2*k+1) / time.Duration(2*h.cfg.pauses)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(start.Add(at))):
+		}
+		h.pauseOne(ctx, pool)
+	}
+}
+
+// pauseOne stops the worker that holds the most claims (trying again for a
+// few seconds while none holds any), waits cfg.pauseFor and continues it.
+func (h *harness) pauseOne(ctx context.Context, pool *pgxpool.Pool) {
+	for try := 0; try < 20 && ctx.Err() == nil; try++ {
+		var best *slot
+		bestPid, bestN := 0, 0
+		for _, s := range h.slots {
+			pid := s.proc.pid()
+			if pid == 0 {
+				continue
+			}
+			n, err := heldClaims(ctx, pool, pid)
+			if err == nil && n > bestN {
+				best, bestPid, bestN = s, pid, n
+			}
+		}
+		if best == nil {
+			time.Sleep(250 * time.Millisecond)
+			continue
+		}
+		best.paused.Store(true)
+		if err := syscall.Kill(bestPid, syscall.SIGSTOP); err != nil {
+			best.paused.Store(false)
+			continue
+		}
+		held, _ := heldClaims(context.WithoutCancel(ctx), pool, bestPid)
+		logSize := fileSize(best.proc.log)
+		h.logf("pause: SIGSTOP %s (pid %d) holding %d claims, for %v (lease %v, AckWait %v)", best.proc.name, bestPid, held, h.cfg.pauseFor, h.cfg.lease, h.cfg.ackWait)
+		time.Sleep(h.cfg.pauseFor) // not cut short: the point is to outlive the lease
+		_ = syscall.Kill(bestPid, syscall.SIGCONT)
+		h.pauseStats.pauses.Add(1)
+		h.pauseStats.claims.Add(int64(held))
+		// Its late writes happen within a heartbeat or a provider timeout
+		// of waking; the killer leaves it alone meanwhile.
+		time.Sleep(h.cfg.lease)
+		best.paused.Store(false)
+		fenced := countSince(best.proc.log, logSize, "lease lost")
+		h.pauseStats.fenced.Add(int64(fenced))
+		h.logf("pause: SIGCONT %s; it logged %d lost leases (late writes fenced out) since it was stopped", best.proc.name, fenced)
+		return
+	}
+	h.logf("pause: no worker held a claim; no pause this time")
+}
+
+// heldClaims counts the pending rows locked by the worker with this pid
+// (the default holder id is host-pid-suffix).
+func heldClaims(ctx context.Context, pool *pgxpool.Pool, pid int) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var n int
+	err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND locked_by LIKE $1`,
+		fmt.Sprintf("%%-%d-%%", pid)).Scan(&n)
+	return n, err
+}
+
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// countSince counts the lines of the file after offset that contain s.
+func countSince(path string, offset int64, s string) int {
+	b, err := os.ReadFile(path)
+	if err != nil || int64(len(b)) < offset {
+		return 0
+	}
+	return strings.Count(string(b[offset:]), s)
+}
+
+func (h *harness) pauseSummary() string {
+	if h.cfg.pauses == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" pauses=%d paused_claims=%d fenced=%d", h.pauseStats.pauses.Load(), h.pauseStats.claims.Load(), h.pauseStats.fenced.Load())
+}
