@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short fuzz fuzz-short mutants console-screenshot
+.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -39,10 +39,21 @@ deploy-test:
 
 # The chaos harness: the real binary as separate processes, with worker
 # kills, NATS kill -9 restarts and Postgres immediate stops (see README).
+# make chaos adds a three-node NATS cluster (single nodes killed, the stream
+# leader among them), worker pauses past the lease and network faults
+# (latency, cut connections, partitions) on every worker link.
 chaos:
-	$(GO) run ./internal/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4
+	$(GO) run ./internal/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions
 chaos-short:
 	$(GO) run ./internal/chaos -payments 2000
+# Throughput and p99 of 1, 2, 4 and 8 worker processes on one consumer.
+chaos-scale:
+	$(GO) run ./internal/chaos -scale 1,2,4,8
+# A steady load with periodic faults; the last line says whether memory,
+# goroutines, descriptors, connections and pending rows stayed flat.
+SOAK ?= 30m
+soak:
+	$(GO) run ./internal/chaos -soak $(SOAK)
 
 # Fuzz targets. Budgets are execution counts, not durations: with a
 # duration, Go 1.26's fuzz coordinator can report a spurious "context

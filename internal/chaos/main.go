@@ -9,7 +9,12 @@
 // charged twice, no valid payment lost, nothing left pending.
 //
 //	go run ./internal/chaos -payments 2000     # CI (make chaos-short)
-//	go run ./internal/chaos -payments 20000    # make chaos
+//	go run ./internal/chaos -payments 20000 -nats-cluster 3 -pauses 3 -net-latency -net-cuts -net-partitions  # make chaos
+//	go run ./internal/chaos -scale 1,2,4,8     # make chaos-scale
+//	go run ./internal/chaos -soak 30m          # make soak
+//
+// The modes (a three-node NATS cluster, worker pauses, network faults, the
+// scale and soak runs) each live in their own file.
 //
 // The last line is the summary; the exit status is non-zero on any
 // violation, with the offending keys listed above it. Every process and
@@ -66,6 +71,13 @@ type config struct {
 	pauseFor    time.Duration // how long each pause lasts
 
 	netLatency, netCuts, netPartitions bool // network faults (netfault.go)
+
+	scale         []int // worker counts of the scale mode (scale.go)
+	scalePayments int
+
+	soak                       time.Duration // the soak mode's length (soak.go); 0: no soak
+	soakRate                   float64
+	soakFaultEvery, soakSample time.Duration
 }
 
 func main() {
@@ -97,7 +109,21 @@ func main() {
 	flag.BoolVar(&cfg.netLatency, "net-latency", false, "network faults: add latency on one worker link (Postgres, a NATS node, the provider) at a time, through toxiproxy")
 	flag.BoolVar(&cfg.netCuts, "net-cuts", false, "network faults: reset the connections of one worker link mid-request")
 	flag.BoolVar(&cfg.netPartitions, "net-partitions", false, "network faults: partition one worker link completely for longer than the lease")
+	scale := flag.String("scale", "", "scale mode instead of a chaos run: worker counts to measure one after another, e.g. 1,2,4,8 (the simulator at 20 ms unless -latency says otherwise, no faults)")
+	flag.IntVar(&cfg.scalePayments, "scale-payments", 5000, "scale mode: payments each worker count drains")
+	flag.DurationVar(&cfg.soak, "soak", 0, "soak mode instead of a chaos run: steady load with periodic faults for this long, checking the workers' memory, goroutines, descriptors, connections and pending rows stay flat (make soak: 30m)")
+	flag.Float64Var(&cfg.soakRate, "soak-rate", 50, "soak mode: payments published per second")
+	flag.DurationVar(&cfg.soakFaultEvery, "soak-fault-every", 40*time.Second, "soak mode: one fault (worker kill, NATS restart, Postgres restart, in turn) this often")
+	flag.DurationVar(&cfg.soakSample, "soak-sample", 10*time.Second, "soak mode: how often the figures are sampled")
 	flag.Parse()
+	if *scale != "" {
+		var err error
+		if cfg.scale, err = parseScale(*scale); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
+			os.Exit(2)
+		}
+		cfg.scaleDefaults()
+	}
 	if cfg.pauseFor == 0 {
 		cfg.pauseFor = cfg.ackWait + 2*cfg.lease
 	}
@@ -203,6 +229,12 @@ func run(ctx context.Context, cfg config, out io.Writer) int {
 	if err := os.Mkdir(h.logs, 0o755); err != nil {
 		fmt.Fprintln(out, "chaos:", err)
 		return 2
+	}
+	if cfg.scale != nil {
+		return h.runScale(ctx)
+	}
+	if cfg.soak > 0 {
+		return h.runSoak(ctx)
 	}
 	h.logf("seed %d, %d payments, %d workers, fault phase %v, work directory %s", cfg.seed, cfg.payments, cfg.workers, cfg.duration, work)
 	v, err := h.execute(ctx)

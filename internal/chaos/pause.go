@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/internal/pg"
@@ -24,6 +26,8 @@ import (
 type pauseStats struct {
 	pauses atomic.Int64 // workers stopped and continued
 	claims atomic.Int64 // pending rows the stopped workers held when stopped
+	taken  atomic.Int64 // of those, rows another worker had taken over or settled when it woke
+	late   atomic.Int64 // of those, keys the continued worker logged about after waking (late calls, refused writes)
 	fenced atomic.Int64 // "lease lost" lines the continued workers logged
 }
 
@@ -78,8 +82,8 @@ func (h *harness) pauseOne(ctx context.Context, pool *pgxpool.Pool) {
 			if pid == 0 {
 				continue
 			}
-			n, err := heldClaims(ctx, pool, pid)
-			if err == nil && n > bestN {
+			keys, err := heldKeys(ctx, pool, pid)
+			if n := len(keys); err == nil && n > bestN {
 				best, bestPid, bestN = s, pid, n
 			}
 		}
@@ -92,10 +96,19 @@ func (h *harness) pauseOne(ctx context.Context, pool *pgxpool.Pool) {
 			best.paused.Store(false)
 			continue
 		}
-		held, _ := heldClaims(context.WithoutCancel(ctx), pool, bestPid)
+		keys, _ := heldKeys(context.WithoutCancel(ctx), pool, bestPid)
+		held := len(keys)
 		logSize := fileSize(best.proc.log)
 		h.logf("pause: SIGSTOP %s (pid %d) holding %d claims, for %v (lease %v, AckWait %v)", best.proc.name, bestPid, held, h.cfg.pauseFor, h.cfg.lease, h.cfg.ackWait)
 		time.Sleep(h.cfg.pauseFor) // not cut short: the point is to outlive the lease
+		still, _ := heldKeys(context.WithoutCancel(ctx), pool, bestPid)
+		taken := 0
+		for _, k := range keys {
+			if !slices.Contains(still, k) {
+				taken++
+			}
+		}
+		h.pauseStats.taken.Add(int64(taken))
 		_ = syscall.Kill(bestPid, syscall.SIGCONT)
 		h.pauseStats.pauses.Add(1)
 		h.pauseStats.claims.Add(int64(held))
@@ -103,23 +116,28 @@ func (h *harness) pauseOne(ctx context.Context, pool *pgxpool.Pool) {
 		// of waking; the killer leaves it alone meanwhile.
 		time.Sleep(h.cfg.lease)
 		best.paused.Store(false)
+		late := lateKeys(best.proc.log, logSize, keys)
+		h.pauseStats.late.Add(int64(late))
 		fenced := countSince(best.proc.log, logSize, "lease lost")
 		h.pauseStats.fenced.Add(int64(fenced))
-		h.logf("pause: SIGCONT %s; it logged %d lost leases (late writes fenced out) since it was stopped", best.proc.name, fenced)
+		h.logf("pause: SIGCONT %s: %d of its %d claims taken over or settled by others while it slept; on waking it logged about %d of them (a late call or commit given up or refused) and %d lost leases",
+			best.proc.name, taken, held, late, fenced)
 		return
 	}
 	h.logf("pause: no worker held a claim; no pause this time")
 }
 
-// heldClaims counts the pending rows locked by the worker with this pid
-// (the default holder id is host-pid-suffix).
-func heldClaims(ctx context.Context, pool *pgxpool.Pool, pid int) (int, error) {
+// heldKeys lists the pending rows locked by the worker with this pid (the
+// default holder id is host-pid-suffix).
+func heldKeys(ctx context.Context, pool *pgxpool.Pool, pid int) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	var n int
-	err := pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND locked_by LIKE $1`,
-		fmt.Sprintf("%%-%d-%%", pid)).Scan(&n)
-	return n, err
+	rows, err := pool.Query(ctx, `SELECT merchant_id || ':' || idempotency_key FROM idempotency_keys
+		WHERE status = 'pending' AND locked_by LIKE $1`, fmt.Sprintf("%%-%d-%%", pid))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 func fileSize(path string) int64 {
@@ -128,6 +146,22 @@ func fileSize(path string) int64 {
 		return 0
 	}
 	return fi.Size()
+}
+
+// lateKeys counts the keys (merchant:key) that the file's lines after
+// offset name.
+func lateKeys(path string, offset int64, keys []string) int {
+	b, err := os.ReadFile(path)
+	if err != nil || int64(len(b)) < offset {
+		return 0
+	}
+	tail, n := string(b[offset:]), 0
+	for _, k := range keys {
+		if _, key, ok := strings.Cut(k, ":"); ok && strings.Contains(tail, `"idempotency_key":"`+key+`"`) {
+			n++
+		}
+	}
+	return n
 }
 
 // countSince counts the lines of the file after offset that contain s.
@@ -143,5 +177,6 @@ func (h *harness) pauseSummary() string {
 	if h.cfg.pauses == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" pauses=%d paused_claims=%d fenced=%d", h.pauseStats.pauses.Load(), h.pauseStats.claims.Load(), h.pauseStats.fenced.Load())
+	return fmt.Sprintf(" pauses=%d paused_claims=%d taken_over=%d late_keys=%d late_lease_lost=%d", h.pauseStats.pauses.Load(), h.pauseStats.claims.Load(),
+		h.pauseStats.taken.Load(), h.pauseStats.late.Load(), h.pauseStats.fenced.Load())
 }

@@ -106,6 +106,12 @@ func (h *harness) startSim(ctx context.Context) error {
 			"--drop-after-charge", fmt.Sprint(f.dropAfterCharge), "--latency", f.latency.String(),
 			"--jitter", f.jitter.String(), "--seed", strconv.FormatUint(f.seed, 10)},
 	})
+	return h.startSimProc(ctx)
+}
+
+// startSimProc starts (or starts again, with an empty ledger) the
+// simulator process and waits for its ledger to answer.
+func (h *harness) startSimProc(ctx context.Context) error {
 	if err := h.sim.start(); err != nil {
 		return err
 	}
