@@ -10,9 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/paydedup/paydedup/internal/pg"
 )
 
@@ -59,6 +56,27 @@ func (h *harness) pauses(ctx context.Context) {
 		return
 	}
 	defer pool.Close()
+	// heldKeys lists the pending rows locked by the worker with this pid
+	// (the default holder id is host-pid-suffix), as merchant:key.
+	heldKeys := func(ctx context.Context, pid int) ([]string, error) {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		rows, err := pool.Query(ctx, `SELECT merchant_id || ':' || idempotency_key FROM idempotency_keys
+			WHERE status = 'pending' AND locked_by LIKE $1`, fmt.Sprintf("%%-%d-%%", pid))
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var keys []string
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				return nil, err
+			}
+			keys = append(keys, k)
+		}
+		return keys, rows.Err()
+	}
 	start := time.Now()
 	for k := range h.cfg.pauses {
 		at := h.cfg.duration * 60 / 100 * time.Duration(2*k+1) / time.Duration(2*h.cfg.pauses)
@@ -67,13 +85,13 @@ func (h *harness) pauses(ctx context.Context) {
 			return
 		case <-time.After(time.Until(start.Add(at))):
 		}
-		h.pauseOne(ctx, pool)
+		h.pauseOne(ctx, heldKeys)
 	}
 }
 
 // pauseOne stops the worker that holds the most claims (trying again for a
 // few seconds while none holds any), waits cfg.pauseFor and continues it.
-func (h *harness) pauseOne(ctx context.Context, pool *pgxpool.Pool) {
+func (h *harness) pauseOne(ctx context.Context, heldKeys func(context.Context, int) ([]string, error)) {
 	for try := 0; try < 20 && ctx.Err() == nil; try++ {
 		var best *slot
 		bestPid, bestN := 0, 0
@@ -82,7 +100,7 @@ func (h *harness) pauseOne(ctx context.Context, pool *pgxpool.Pool) {
 			if pid == 0 {
 				continue
 			}
-			keys, err := heldKeys(ctx, pool, pid)
+			keys, err := heldKeys(ctx, pid)
 			if n := len(keys); err == nil && n > bestN {
 				best, bestPid, bestN = s, pid, n
 			}
@@ -96,12 +114,12 @@ func (h *harness) pauseOne(ctx context.Context, pool *pgxpool.Pool) {
 			best.paused.Store(false)
 			continue
 		}
-		keys, _ := heldKeys(context.WithoutCancel(ctx), pool, bestPid)
+		keys, _ := heldKeys(context.WithoutCancel(ctx), bestPid)
 		held := len(keys)
 		logSize := fileSize(best.proc.log)
 		h.logf("pause: SIGSTOP %s (pid %d) holding %d claims, for %v (lease %v, AckWait %v)", best.proc.name, bestPid, held, h.cfg.pauseFor, h.cfg.lease, h.cfg.ackWait)
 		time.Sleep(h.cfg.pauseFor) // not cut short: the point is to outlive the lease
-		still, _ := heldKeys(context.WithoutCancel(ctx), pool, bestPid)
+		still, _ := heldKeys(context.WithoutCancel(ctx), bestPid)
 		taken := 0
 		for _, k := range keys {
 			if !slices.Contains(still, k) {
@@ -125,19 +143,6 @@ func (h *harness) pauseOne(ctx context.Context, pool *pgxpool.Pool) {
 		return
 	}
 	h.logf("pause: no worker held a claim; no pause this time")
-}
-
-// heldKeys lists the pending rows locked by the worker with this pid (the
-// default holder id is host-pid-suffix).
-func heldKeys(ctx context.Context, pool *pgxpool.Pool, pid int) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	rows, err := pool.Query(ctx, `SELECT merchant_id || ':' || idempotency_key FROM idempotency_keys
-		WHERE status = 'pending' AND locked_by LIKE $1`, fmt.Sprintf("%%-%d-%%", pid))
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 func fileSize(path string) int64 {

@@ -1,19 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math"
 	"net/http"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/paydedup/paydedup/internal/lab/localpg"
 	"github.com/paydedup/paydedup/internal/pg"
@@ -107,7 +106,11 @@ func (h *harness) runSoak(ctx context.Context) int {
 		select {
 		case <-phase.Done():
 		case <-tick.C:
-			s := h.soakRead(phase, adminAddr, pool)
+			s := h.soakRead(phase, adminAddr, func(ctx context.Context) (conns, pending float64, err error) {
+				err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = 'paydedup' AND pid <> pg_backend_pid()),
+					(SELECT count(*) FROM idempotency_keys WHERE status = 'pending')`).Scan(&conns, &pending)
+				return conns, pending, err
+			})
 			samples = append(samples, s)
 			h.logf("soak: worker-0 rss %.0f MB, %.0f goroutines, %.0f fds; %.0f database connections; %.0f pending rows; %d published",
 				s.rss/(1<<20), s.goroutines, s.fds, s.pgConns, s.pending, h.published.Load())
@@ -183,7 +186,9 @@ func (h *harness) soakFaults(ctx context.Context) {
 
 // soakRead takes one sample; a figure that cannot be read (worker 0
 // restarting, Postgres down) is NaN, which the medians leave out.
-func (h *harness) soakRead(ctx context.Context, adminAddr string, pool *pgxpool.Pool) soakSample {
+// count reads the database's connections (the querying one left out)
+// and the pending rows.
+func (h *harness) soakRead(ctx context.Context, adminAddr string, count func(context.Context) (conns, pending float64, err error)) soakSample {
 	nan := math.NaN()
 	s := soakSample{nan, nan, nan, nan, nan}
 	if m, err := scrapeMetrics(ctx, "http://"+adminAddr+"/metrics"); err == nil {
@@ -191,15 +196,14 @@ func (h *harness) soakRead(ctx context.Context, adminAddr string, pool *pgxpool.
 	}
 	qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	var conns, pending float64
-	if err := pool.QueryRow(qctx, `SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = 'paydedup' AND pid <> pg_backend_pid()),
-		(SELECT count(*) FROM idempotency_keys WHERE status = 'pending')`).Scan(&conns, &pending); err == nil {
+	if conns, pending, err := count(qctx); err == nil {
 		s.pgConns, s.pending = conns, pending
 	}
 	return s
 }
 
-// scrapeMetrics reads the unlabelled samples of a Prometheus text page.
+// scrapeMetrics reads the gauges of a Prometheus text page (the first
+// sample of each family).
 func scrapeMetrics(ctx context.Context, url string) (map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
@@ -215,18 +219,18 @@ func scrapeMetrics(ctx context.Context, url string) (map[string]float64, error) 
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: %s", url, resp.Status)
 	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", url, err)
+	}
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
-			continue
-		}
-		if f, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
-			out[name] = f
+	for name, f := range families {
+		if ms := f.GetMetric(); len(ms) > 0 && ms[0].GetGauge() != nil {
+			out[name] = ms[0].GetGauge().GetValue()
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // soakSummary compares the median of the first third of the samples with
