@@ -127,8 +127,8 @@ func main() {
 	if cfg.pauseFor == 0 {
 		cfg.pauseFor = cfg.ackWait + 2*cfg.lease
 	}
-	if cfg.natsCluster != 0 && (cfg.natsCluster < 3 || cfg.natsCluster > 5) {
-		fmt.Fprintf(os.Stderr, "chaos: -nats-cluster must be 0 or 3 to 5 nodes, got %d\n", cfg.natsCluster)
+	if err := cfg.validateModes(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(2)
 	}
 	if cfg.seed == 0 {

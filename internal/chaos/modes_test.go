@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -103,6 +104,30 @@ func TestScrapeMetrics(t *testing.T) {
 	for _, name := range []string{"go_goroutines", "process_resident_memory_bytes", "process_open_fds"} {
 		if m[name] <= 0 {
 			t.Errorf("%s = %v, want > 0 (read %d gauges)", name, m[name], len(m))
+		}
+	}
+}
+
+func TestValidateModes(t *testing.T) {
+	ok := config{lease: 5 * time.Second, pauseFor: 18 * time.Second, scalePayments: 10, soakRate: 1, soakFaultEvery: time.Second, soakSample: time.Second}
+	if err := ok.validateModes(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		edit func(*config)
+		want string
+	}{
+		"two nodes":      {func(c *config) { c.natsCluster = 2 }, "-nats-cluster"},
+		"short pause":    {func(c *config) { c.pauses, c.pauseFor = 1, time.Second }, "-pause-for"},
+		"no payments":    {func(c *config) { c.scale, c.scalePayments = []int{1}, 0 }, "-scale-payments"},
+		"negative soak":  {func(c *config) { c.soak = -time.Second }, "-soak must not"},
+		"soak and scale": {func(c *config) { c.soak, c.scale = time.Minute, []int{1} }, "exclude"},
+		"zero rate":      {func(c *config) { c.soak, c.soakRate = time.Minute, 0 }, "-soak-rate"},
+	} {
+		c := ok
+		tc.edit(&c)
+		if err := c.validateModes(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error naming %s", name, err, tc.want)
 		}
 	}
 }
