@@ -41,6 +41,9 @@ func tcpUp(addr string) bool {
 // initPostgres creates and starts the run's own Postgres cluster in the
 // work directory.
 func (h *harness) initPostgres(ctx context.Context) error {
+	if h.cfg.pgFailover > 0 {
+		return h.initFailover(ctx)
+	}
 	c, err := localpg.InitCluster(ctx, localpg.ClusterConfig{
 		Bin: h.cfg.pgBin, Dir: filepath.Join(h.work, "pg"), Log: filepath.Join(h.logs, "postgres.log"),
 		Settings: localpg.FastSettings,
@@ -121,7 +124,7 @@ func (h *harness) startSim(ctx context.Context) error {
 func (h *harness) workerEnv() []string {
 	return []string{
 		"PATH=/usr/bin:/bin",
-		"DATABASE_URL=" + h.pg.URL("paydedup_worker", "paydedup"),
+		"DATABASE_URL=" + h.dbURL("paydedup_worker", "paydedup"),
 		"NATS_URL=nats://" + h.natsAddr,
 		"PAYDEDUP_PROVIDER=stripe",
 		"STRIPE_SECRET_KEY=sk_test_x",
