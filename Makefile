@@ -40,7 +40,7 @@ deploy-test:
 # The chaos harness: the real binary as separate processes, with worker
 # kills, NATS kill -9 restarts and Postgres immediate stops (see README).
 chaos:
-	$(GO) run ./internal/chaos -payments 20000
+	$(GO) run ./internal/chaos -payments 20000 -pg-failover 2
 chaos-short:
 	$(GO) run ./internal/chaos -payments 2000
 

@@ -9,7 +9,16 @@
 // charged twice, no valid payment lost, nothing left pending.
 //
 //	go run ./internal/chaos -payments 2000     # CI (make chaos-short)
-//	go run ./internal/chaos -payments 20000    # make chaos
+//	go run ./internal/chaos -payments 20000    # the same, longer
+//
+// With -pg-failover N, Postgres is a pg_auto_failover formation (a
+// monitor, a primary and a synchronous standby) and the Postgres faults are
+// N kills -9 of the primary, each waited through the promotion and the old
+// primary's return as the standby (failover.go). In every mode the harness
+// also checks what the workers saw committed (each ack they sent, each
+// charge the provider made) against the database at the end.
+//
+//	go run ./internal/chaos -payments 20000 -pg-failover 2   # make chaos
 //
 // The last line is the summary; the exit status is non-zero on any
 // violation, with the offending keys listed above it. Every process and
