@@ -550,9 +550,20 @@ func walReceiverPID(pgdata string) int {
 func (f *formation) killNode(n *pgNode) {
 	pid := postmasterPID(n.pgdata)
 	n.run.kill()
-	if pid > 0 {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	killPostmaster(pid, n.pgdata)
+}
+
+// killPostmaster kills pid if it still is the postmaster of pgdata: a
+// stale pid file's number may belong to another process by now.
+func killPostmaster(pid int, pgdata string) {
+	if pid <= 0 {
+		return
 	}
+	cmd, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil || !bytes.Contains(cmd, []byte(pgdata)) {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
 }
 
 // postmasterPID reads the postmaster's pid from postmaster.pid, 0 if none.
@@ -578,11 +589,10 @@ func (f *formation) stop() {
 		}
 	}
 	if f.monitor != nil {
-		pid := postmasterPID(filepath.Join(f.dir, "monitor"))
+		mdata := filepath.Join(f.dir, "monitor")
+		pid := postmasterPID(mdata)
 		f.monitor.kill()
-		if pid > 0 {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+		killPostmaster(pid, mdata)
 	}
 }
 
