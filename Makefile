@@ -43,7 +43,7 @@ deploy-test:
 # leader among them), worker pauses past the lease and network faults
 # (latency, cut connections, partitions) on every worker link.
 chaos:
-	$(GO) run ./internal/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions
+	$(GO) run ./internal/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions -pg-failover 2
 chaos-short:
 	$(GO) run ./internal/chaos -payments 2000
 # Throughput and p99 of 1, 2, 4 and 8 worker processes on one consumer.

@@ -9,12 +9,19 @@
 // charged twice, no valid payment lost, nothing left pending.
 //
 //	go run ./internal/chaos -payments 2000     # CI (make chaos-short)
-//	go run ./internal/chaos -payments 20000 -nats-cluster 3 -pauses 3 -net-latency -net-cuts -net-partitions  # make chaos
+//	go run ./internal/chaos -payments 20000 -nats-cluster 3 -pauses 3 -net-latency -net-cuts -net-partitions -pg-failover 2  # make chaos
 //	go run ./internal/chaos -scale 1,2,4,8     # make chaos-scale
 //	go run ./internal/chaos -soak 30m          # make soak
 //
 // The modes (a three-node NATS cluster, worker pauses, network faults, the
-// scale and soak runs) each live in their own file.
+// scale and soak runs, Postgres failover) each live in their own file.
+//
+// With -pg-failover N, Postgres is a pg_auto_failover formation (a
+// monitor, a primary and a synchronous standby) and the Postgres faults are
+// N kills -9 of the primary, each waited through the promotion and the old
+// primary's return as the standby (failover.go). In every mode the harness
+// also checks what the workers saw committed (each ack they sent, each
+// charge the provider made) against the database at the end.
 //
 // The last line is the summary; the exit status is non-zero on any
 // violation, with the offending keys listed above it. Every process and
@@ -78,6 +85,12 @@ type config struct {
 	soak                       time.Duration // the soak mode's length (soak.go); 0: no soak
 	soakRate                   float64
 	soakFaultEvery, soakSample time.Duration
+
+	// pgFailover > 0 runs Postgres as a pg_auto_failover formation and
+	// kills -9 its primary that many times instead of the restarts
+	// (failover.go).
+	pgFailover      int
+	pgFailoverAsync bool // the negative control: an asynchronous standby
 }
 
 func main() {
@@ -102,6 +115,8 @@ func main() {
 	flag.DurationVar(&cfg.jitter, "jitter", 10*time.Millisecond, "simulator: random extra latency")
 	flag.IntVar(&cfg.natsRestarts, "nats-restarts", 2, "times NATS is killed (-9) and restarted")
 	flag.IntVar(&cfg.pgRestarts, "pg-restarts", 2, "times Postgres is stopped (immediate) and restarted")
+	flag.IntVar(&cfg.pgFailover, "pg-failover", 0, "run Postgres as a pg_auto_failover formation (monitor, primary, synchronous standby) and kill -9 the primary this many times instead of -pg-restarts")
+	flag.BoolVar(&cfg.pgFailoverAsync, "pg-failover-async", false, "with -pg-failover: keep the standby out of the replication quorum (asynchronous), the negative control: the commit check should find what the kills lost")
 	flag.StringVar(&cfg.replay, "replay", "auto", "how to replay max_deliveries dead letters: cli (paydedup dlq replay), self (the harness), auto (cli when the binary has it)")
 	flag.IntVar(&cfg.natsCluster, "nats-cluster", 0, "run a NATS cluster of this many nodes (3), streams with one replica each; NATS restarts then kill -9 single nodes, the stream leader among them (0: one server)")
 	flag.IntVar(&cfg.pauses, "pauses", 0, "times a worker holding claims is SIGSTOPped for -pause-for, then SIGCONTed")
@@ -136,6 +151,9 @@ func main() {
 	}
 	if cfg.duration == 0 {
 		cfg.duration = max(40*time.Second, time.Duration(cfg.payments/100)*time.Second)
+		if cfg.pgFailover > 0 { // a failover and the old primary's return take 15-30 s here
+			cfg.duration = max(cfg.duration, time.Duration(cfg.pgFailover+cfg.natsRestarts)*30*time.Second)
+		}
 	}
 	if cfg.quiesce == 0 {
 		cfg.quiesce = 2*time.Minute + time.Duration(cfg.payments/100)*time.Second
@@ -178,6 +196,10 @@ type harness struct {
 
 	kills, natsRestarts, pgRestarts atomic.Int64
 	published                       atomic.Int64
+
+	fo          *formation    // the failover mode's Postgres, else nil
+	witness     commitWitness // what the workers saw committed
+	pgFailovers atomic.Int64
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -209,6 +231,7 @@ func run(ctx context.Context, cfg config, out io.Writer) int {
 			h.nc.Close()
 		}
 		h.procs.killAll()
+		h.fo.stop()
 		if h.pg != nil {
 			h.pg.Kill()
 		}
@@ -267,6 +290,9 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	if err := h.connectNATS(ctx); err != nil {
 		return workload.Verdict{}, err
 	}
+	if err := h.witness.watch(h.nc); err != nil {
+		return workload.Verdict{}, err
+	}
 	defer h.stopNetFaults()
 	if err := h.initNetFaults(); err != nil {
 		return workload.Verdict{}, err
@@ -309,7 +335,7 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	if ctx.Err() != nil {
 		return workload.Verdict{}, ctx.Err()
 	}
-	h.logf("faults over: %d worker kills, %d NATS restarts, %d Postgres restarts", h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load())
+	h.logf("faults over: %d worker kills, %d NATS restarts, %d Postgres restarts, %d Postgres failovers", h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load(), h.pgFailovers.Load())
 
 	replayed, err := h.settle(ctx)
 	if err != nil {
@@ -328,6 +354,11 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	for _, f := range findings {
 		v.Inconsistent = append(v.Inconsistent, fmt.Sprintf("audit %s %s:%s: %s", f.Kind, f.MerchantID, f.IdempotencyKey, f.Detail))
 	}
+	lost, err := h.checkCommitted(ctx)
+	if err != nil {
+		return workload.Verdict{}, err
+	}
+	v.Inconsistent = append(v.Inconsistent, lost...)
 	return v, nil
 }
 
@@ -343,12 +374,16 @@ func (h *harness) faults(ctx context.Context) {
 	// Alternate NATS and Postgres restarts, evenly spread over the first
 	// 85 % of the phase, so that one is always over before the next.
 	var events []event
-	for i, j := 0, 0; i < h.cfg.natsRestarts || j < h.cfg.pgRestarts; {
-		if i < h.cfg.natsRestarts && (i <= j || j >= h.cfg.pgRestarts) {
+	pgEvents, pgEvent := h.cfg.pgRestarts, h.restartPostgres
+	if h.fo != nil {
+		pgEvents, pgEvent = h.cfg.pgFailover, h.failoverPrimary
+	}
+	for i, j := 0, 0; i < h.cfg.natsRestarts || j < pgEvents; {
+		if i < h.cfg.natsRestarts && (i <= j || j >= pgEvents) {
 			events = append(events, event{kd: "nats", fn: h.restartNATS})
 			i++
 		} else {
-			events = append(events, event{kd: "postgres", fn: h.restartPostgres})
+			events = append(events, event{kd: "postgres", fn: pgEvent})
 			j++
 		}
 	}

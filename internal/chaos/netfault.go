@@ -60,11 +60,21 @@ func (h *harness) initNetFaults() error {
 		server: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop()),
 		rng:    rand.New(rand.NewPCG(h.cfg.seed, 0x7e7)),
 	}
-	pgURL, err := url.Parse(h.pg.URL("postgres", "paydedup"))
+	pgURL, err := url.Parse(h.dbURL("postgres", "paydedup"))
 	if err != nil {
 		return err
 	}
-	upstreams := [][2]string{{"postgres", pgURL.Host}, {"provider", h.simAddr}}
+	// A failover formation's URL names every node (host1:port1,host2:port2):
+	// one link each.
+	var upstreams [][2]string
+	for i, host := range strings.Split(pgURL.Host, ",") {
+		name := "postgres"
+		if i > 0 || strings.Contains(pgURL.Host, ",") {
+			name = fmt.Sprintf("postgres-%d", i)
+		}
+		upstreams = append(upstreams, [2]string{name, host})
+	}
+	upstreams = append(upstreams, [2]string{"provider", h.simAddr})
 	if h.cluster != nil {
 		for i, a := range h.cluster.addrs {
 			upstreams = append(upstreams, [2]string{"nats-" + h.cluster.names[i], a})

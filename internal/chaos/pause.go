@@ -50,7 +50,7 @@ func (h *harness) pauses(ctx context.Context) {
 	if h.cfg.pauses == 0 {
 		return
 	}
-	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.dbURL("postgres", "paydedup"))
 	if err != nil {
 		h.logf("pause: %v", err)
 		return

@@ -19,7 +19,8 @@ type proc struct {
 	path string
 	args []string
 	env  []string
-	log  string // stdout and stderr are appended here
+	log  string              // stdout and stderr are appended here
+	cred *syscall.Credential // run as this user (Postgres refuses root); nil: as the harness
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -38,7 +39,7 @@ func (p *proc) start() error {
 	cmd := exec.Command(p.path, p.args...)
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, Credential: p.cred}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/internal/workload"
-	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -41,7 +38,7 @@ func (h *harness) build(ctx context.Context) error {
 // owner; the workers connect as paydedup_worker, the role the migration
 // creates, so the run also proves that role is enough.
 func (h *harness) migrate(ctx context.Context) error {
-	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "postgres"))
+	pool, err := pg.Connect(ctx, h.dbURL("postgres", "postgres"))
 	if err != nil {
 		return err
 	}
@@ -51,7 +48,7 @@ func (h *harness) migrate(ctx context.Context) error {
 		return fmt.Errorf("create database: %w", err)
 	}
 	return runOnce(ctx, "paydedup migrate up", filepath.Join(h.logs, "migrate.log"),
-		[]string{"DATABASE_URL=" + h.pg.URL("postgres", "paydedup")}, h.bin, "migrate", "up")
+		[]string{"DATABASE_URL=" + h.dbURL("postgres", "paydedup")}, h.bin, "migrate", "up")
 }
 
 // connectNATS connects the harness (reconnecting forever, across the
@@ -128,9 +125,10 @@ func (h *harness) publishOne(ctx context.Context, p workload.Publish, count bool
 	m.Data = p.Body
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := h.js.PublishMsg(pctx, m)
+		ack, err := h.js.PublishMsg(pctx, m)
 		cancel()
 		if err == nil {
+			h.witness.published(ack.Sequence, p)
 			if count {
 				h.published.Add(1)
 			}
@@ -151,7 +149,7 @@ func (h *harness) publishOne(ctx context.Context, p workload.Publish, count bool
 // max_deliveries dead letters and waits again. It returns how many dead
 // letters were replayed.
 func (h *harness) settle(ctx context.Context) (int, error) {
-	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.dbURL("postgres", "paydedup"))
 	if err != nil {
 		return 0, err
 	}
@@ -356,7 +354,7 @@ func (h *harness) deadLetters(ctx context.Context) ([]workload.DeadLetter, error
 // collect reads the database and the provider's ledger.
 func (h *harness) collect(ctx context.Context) (workload.Evidence, error) {
 	ev := workload.Evidence{Rows: map[string]workload.Row{}}
-	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.dbURL("postgres", "paydedup"))
 	if err != nil {
 		return ev, err
 	}
@@ -383,14 +381,9 @@ func (h *harness) collect(ctx context.Context) (workload.Evidence, error) {
 	if ev.DeadLetters, err = h.deadLetters(ctx); err != nil {
 		return ev, err
 	}
-	resp, err := http.Get("http://" + h.simAddr + "/_sim/ledger")
+	ledger, err := h.ledger(ctx)
 	if err != nil {
-		return ev, fmt.Errorf("read the provider's ledger: %w", err)
-	}
-	defer resp.Body.Close()
-	var ledger stripesim.Ledger
-	if err := json.NewDecoder(resp.Body).Decode(&ledger); err != nil {
-		return ev, fmt.Errorf("decode the provider's ledger: %w", err)
+		return ev, err
 	}
 	ev.ChargesByKey = ledger.ChargesByKey
 	for _, c := range ledger.Charges {

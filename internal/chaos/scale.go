@@ -138,7 +138,7 @@ func (h *harness) scaleRun(ctx context.Context, round, n int) (scaleResult, erro
 			p.kill()
 		}
 	}()
-	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.dbURL("postgres", "paydedup"))
 	if err != nil {
 		return r, err
 	}
@@ -205,7 +205,7 @@ func (h *harness) resetState(ctx context.Context) error {
 	if _, _, err := stream.EnsureStreams(ctx, h.js, cfg); err != nil {
 		return err
 	}
-	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.dbURL("postgres", "paydedup"))
 	if err != nil {
 		return err
 	}

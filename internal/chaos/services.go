@@ -42,6 +42,9 @@ func tcpUp(addr string) bool {
 // initPostgres creates and starts the run's own Postgres cluster in the
 // work directory.
 func (h *harness) initPostgres(ctx context.Context) error {
+	if h.cfg.pgFailover > 0 {
+		return h.initFailover(ctx)
+	}
 	c, err := localpg.InitCluster(ctx, localpg.ClusterConfig{
 		Bin: h.cfg.pgBin, Dir: filepath.Join(h.work, "pg"), Log: filepath.Join(h.logs, "postgres.log"),
 		Settings: localpg.FastSettings,
@@ -131,7 +134,7 @@ func (h *harness) startSimProc(ctx context.Context) error {
 func (h *harness) workerEnv() []string {
 	return []string{
 		"PATH=/usr/bin:/bin",
-		"DATABASE_URL=" + h.viaProxy(h.pg.URL("paydedup_worker", "paydedup")),
+		"DATABASE_URL=" + h.viaProxy(h.dbURL("paydedup_worker", "paydedup")),
 		"NATS_URL=" + h.viaProxy(h.natsURL()),
 		"PAYDEDUP_STREAM_REPLICAS=" + strconv.Itoa(h.replicas()),
 		"PAYDEDUP_PROVIDER=stripe",

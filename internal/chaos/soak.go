@@ -87,7 +87,7 @@ func (h *harness) runSoak(ctx context.Context) int {
 		go func() { defer wg.Done(); h.superviseWorker(workCtx, s) }()
 	}
 
-	pool, err := pg.Connect(ctx, h.pg.URL("postgres", "paydedup"))
+	pool, err := pg.Connect(ctx, h.dbURL("postgres", "paydedup"))
 	if err != nil {
 		h.logf("aborted: %v", err)
 		return 2

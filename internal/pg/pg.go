@@ -15,6 +15,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/exaring/otelpgx"
@@ -51,6 +54,9 @@ func WithTracerProvider(tp trace.TracerProvider) ConnectOption {
 }
 
 // Connect opens a pgx pool for a database URL and checks that it answers.
+// The URL may name several hosts (postgres://h1:5432,h2:5432/db); with
+// target_session_attrs=read-write every new connection goes to the first
+// that is a primary, so a pool follows a failover by itself.
 func Connect(ctx context.Context, url string, opts ...ConnectOption) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -67,9 +73,22 @@ func Connect(ctx context.Context, url string, opts ...ConnectOption) (*pgxpool.P
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, Interpret(fmt.Sprintf("connect to database %s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database), err, Errors{})
+		return nil, Interpret(fmt.Sprintf("connect to database %s@%s/%s", cfg.ConnConfig.User, hosts(cfg.ConnConfig.Config), cfg.ConnConfig.Database), err, Errors{})
 	}
 	return pool, nil
+}
+
+// hosts lists every host:port a URL names, the first and its fallbacks: a
+// multi-host URL (postgres://h1:5432,h2:5432/db) tries them in order, and
+// with target_session_attrs=read-write it takes the first that is a primary.
+func hosts(c pgconn.Config) string {
+	list := []string{net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port)))}
+	for _, f := range c.Fallbacks {
+		if hp := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !slices.Contains(list, hp) {
+			list = append(list, hp)
+		}
+	}
+	return strings.Join(list, ",")
 }
 
 // Retry runs fn under the statement timeout and retries it when Postgres

@@ -294,6 +294,11 @@ func Throwaway(ctx context.Context) (*Cluster, func(), error) {
 var FastSettings = []string{"fsync=off", "full_page_writes=off",
 	"max_connections=200", "shared_buffers=64MB", "log_min_messages=warning"}
 
+// PostgresUser returns the credentials to run Postgres's own tools with
+// (initdb, postgres, pg_autoctl): the postgres OS user when we run as root,
+// else nil (run as ourselves).
+func PostgresUser() (*syscall.Credential, error) { return postgresUser() }
+
 // postgresUser returns the credentials to run Postgres with: the postgres
 // OS user when we run as root (initdb and postgres refuse root), else nil
 // (run as ourselves).
