@@ -55,8 +55,14 @@ ins AS (
     FROM input
     WHERE (SELECT true FROM payments p
            WHERE p.merchant_id = input.merchant_id AND p.idempotency_key = input.idempotency_key) IS NULL
+      -- The table is partitioned by day (migration 00013): each day's
+      -- unique index catches a second claim of the same day only, so a key
+      -- held by any other day is not inserted (the lock of claimLocks makes
+      -- this see a concurrent claim's row).
+      AND (SELECT true FROM idempotency_keys r
+           WHERE r.merchant_id = input.merchant_id AND r.idempotency_key = input.idempotency_key) IS NULL
     ORDER BY merchant_id, idempotency_key
-    ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING ` + recordColumns + `
 ),
 rest AS (
@@ -105,6 +111,19 @@ SELECT i.ord, 4, p.merchant_id, p.idempotency_key, NULL::bytea, 'completed', p.p
     NULL::text, p.created_at, p.created_at, p.created_at, p.created_at, NULL::text
 FROM rest i JOIN payments p USING (merchant_id, idempotency_key)
 WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)`
+
+// claimLocks runs before claimSQL, in the same implicit transaction and
+// round trip (queryPinned): it takes a transaction advisory lock per key of
+// the batch, in hash order so that two batches never deadlock, and holds
+// them until the claim commits. claimSQL then takes its snapshot after any
+// concurrent claim of the same key committed, and sees that claim's row in
+// whichever day partition it went to (migration 00013): two workers racing
+// one key across a day boundary cannot both insert it. The locks are
+// per schema, merchant and key (a merchant id holds no ':').
+const claimLocks = `SELECT now(), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
+    (SELECT count(pg_advisory_xact_lock(h)) FROM (
+        SELECT DISTINCT hashtextextended(current_schema() || '/' || m || ':' || k, 0) AS h
+        FROM unnest(@merchants::text[], @keys::text[]) AS u(m, k) ORDER BY 1) AS l)`
 
 // reacquirable is the claim's test of a row (alias a) that may be taken
 // over: failed, or pending with an expired lease, and in either case inside
@@ -210,7 +229,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 		clear(done)
 		untaken = untaken[:0]
 		var err error
-		now, err = s.queryPinned(ctx, planGeneric, claimSQL, args, func(rows pgx.Rows) error {
+		now, err = s.queryPinned(ctx, claimLocks, claimSQL, args, func(rows pgx.Rows) error {
 			var ord, kind int32
 			rec, err := scanRecord(rows, &ord, &kind)
 			if err != nil {

@@ -268,34 +268,60 @@ func (s *Store) DeferLookup(ctx context.Context, l Lease, reason string, b Backo
 	return int(failures), next, nil
 }
 
-// Purge deletes up to limit finished rows (completed or failed) whose
-// expires_at has passed, and returns how many it deleted. Pending rows are
-// never purged: they are unresolved payments. Call it in a loop for more.
-// It walks the index on created_at (migration 00012) up to now minus the
-// store's retention: a row's expires_at is never earlier than that, and no
-// index covers expires_at or status, so that completions stay HOT updates.
-// A row older than that and not expired yet (pending, or completed late) is
-// read again by each call until it goes.
+// Purge applies the key retention and returns how many rows it removed.
+// The keys table is partitioned by day of created_at (migration 00013):
+// Purge first runs maintain_key_partitions, which creates the coming days'
+// partitions and drops, whole, every day older than the retention that
+// holds no pending row (a pending row keeps its day until it is resolved;
+// rows are never moved). Then it deletes, row by row and at most limit of
+// each, the expired finished rows of the two partitions that are not days:
+// the table's rows from before the partitioning, and the default
+// partition's (a clock outside the days created). Pending rows are never
+// removed: they are unresolved payments. Call it in a loop for more; a
+// dropped day counts all its rows.
+//
+// The row purge walks those partitions' index on created_at up to now minus
+// the store's retention: a row's expires_at is never earlier than that, and
+// no index covers expires_at or status, so that completions stay HOT
+// updates (migration 00012).
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("purge keys: limit must be positive, got %d", limit)
 	}
 	var n int64
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		tag, err := s.db.Pool.Exec(ctx, `DELETE FROM idempotency_keys AS k USING (
-				SELECT merchant_id, idempotency_key FROM idempotency_keys
-				WHERE created_at <= `+dbNow+` - @retention::interval AND status <> 'pending' AND expires_at <= `+dbNow+`
-				ORDER BY created_at LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
-			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key AND k.status <> 'pending'`,
-			pgx.NamedArgs{"now": s.db.Now(), "limit": int32(limit), "retention": s.retention})
-		n = tag.RowsAffected()
-		return err
+		return s.db.Pool.QueryRow(ctx, purgeSQL,
+			pgx.NamedArgs{"now": s.db.Now(), "limit": int32(limit), "retention": s.retention, "ahead": int32(PartitionsAhead)}).Scan(&n)
 	})
 	if err != nil {
 		return 0, interpretError("purge keys", err)
 	}
 	return int(n), nil
 }
+
+// PartitionsAhead is how many days after today Purge keeps a partition of
+// the keys table ready for.
+const PartitionsAhead = 2
+
+// purgeRows deletes expired finished rows of one partition (a name).
+func purgeRows(part string) string {
+	return `DELETE FROM ` + part + ` AS k USING (
+        SELECT merchant_id, idempotency_key FROM ` + part + `
+        WHERE created_at <= ` + dbNow + ` - @retention::interval AND status <> 'pending' AND expires_at <= ` + dbNow + `
+        ORDER BY created_at LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
+    WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key AND k.status <> 'pending'
+    RETURNING 1`
+}
+
+// purgeSQL is Purge's one statement: the partition maintenance, then the
+// row purge of the two partitions that are not days.
+var purgeSQL = `
+WITH days AS (
+    SELECT dropped_rows FROM maintain_key_partitions(@now, @retention::interval, @ahead)
+), old AS (` + purgeRows("idempotency_keys_unpartitioned") + `
+), def AS (` + purgeRows("idempotency_keys_default") + `
+)
+SELECT (SELECT dropped_rows FROM days) + (SELECT count(*) FROM old) + (SELECT count(*) FROM def)`
 
 // clipError bounds what is stored in last_error.
 func clipError(s string) string {
