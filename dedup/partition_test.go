@@ -43,6 +43,26 @@ func onePool(t *testing.T, b *bundle) (*pgxpool.Pool, int32) {
 	return pool, pid
 }
 
+// waitInTrigger polls, with a deadline, until backend pid sleeps in a test
+// trigger (pg_sleep): its statement has written its row and not committed.
+func waitInTrigger(t *testing.T, b *bundle, pid int32, who string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var wait *string
+		if err := b.pool.QueryRow(b.ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&wait); err != nil {
+			t.Fatal(err)
+		}
+		if wait != nil && *wait == "PgSleep" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never reached its write", who)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // TestClaimRaceAcrossDayBoundary races two claims of one key whose times
 // fall on either side of midnight, so into two day partitions, whose unique
 // indexes cannot see each other. The first claim is held inside its
@@ -95,20 +115,7 @@ func TestClaimRaceAcrossDayBoundary(t *testing.T) {
 	}()
 	// Wait until the first claim has inserted its row and sits in the
 	// trigger, uncommitted.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var wait *string
-		if err := b.pool.QueryRow(b.ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pidA).Scan(&wait); err != nil {
-			t.Fatal(err)
-		}
-		if wait != nil && *wait == "PgSleep" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first claim never reached its insert")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitInTrigger(t, b, pidA, "the first claim")
 	second, err := storeB.Claim(b.ctx, "after-midnight", lease, r)
 	if err != nil {
 		t.Fatal(err)
@@ -231,20 +238,7 @@ func TestClaimCannotStealReconcilerLease(t *testing.T) {
 		}
 		stuck <- err
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var wait *string
-		if err := b.pool.QueryRow(b.ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&wait); err != nil {
-			t.Fatal(err)
-		}
-		if wait != nil && *wait == "PgSleep" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the reconciler never reached its update")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitInTrigger(t, b, pid, "the reconciler")
 	res := b.claim(t, "w2", req("m_1", "steal", 1000))
 	if err := <-stuck; err != nil {
 		t.Fatal(err)
@@ -255,5 +249,37 @@ func TestClaimCannotStealReconcilerLease(t *testing.T) {
 	}
 	if res.Outcome == dedup.Reacquired || got.LockedBy != "rec" {
 		t.Fatalf("claim during the reconciler's take-over: %v, row held by %q; want the reconciler to keep it", res.Outcome, got.LockedBy)
+	}
+}
+
+// TestPurgeConcurrent runs the partition maintenance from several
+// reconcilers at once (any number may run): each creates or finds the same
+// days and drops or finds dropped the same old ones, and none fails.
+func TestPurgeConcurrent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.clock.Set(day.Add(12 * time.Hour))
+	if _, err := b.store.Purge(b.ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	done := b.claim(t, "w", req("m_1", "old", 1000))
+	if err := b.store.Complete(b.ctx, *done.Lease, charged("pi_old")); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Set(day.Add(10 * 24 * time.Hour))
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := b.store.Purge(context.Background(), 10)
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent purge: %v", err)
+		}
+	}
+	if partitionExists(t, b, "idempotency_keys_p20270310") || !partitionExists(t, b, "idempotency_keys_p20270322") {
+		t.Fatal("after concurrent purges: the old day is still there or the coming day is missing")
 	}
 }

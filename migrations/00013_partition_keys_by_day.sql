@@ -129,7 +129,8 @@ BEGIN
         EXCEPTION
             -- The day overlaps the old table's range, or rows of it are in
             -- the default partition already: the day stays where it is.
-            WHEN invalid_object_definition OR check_violation THEN NULL;
+            -- Or another reconciler created it at the same moment.
+            WHEN invalid_object_definition OR check_violation OR duplicate_table OR unique_violation THEN NULL;
         END;
     END LOOP;
 
@@ -140,17 +141,19 @@ BEGIN
         ORDER BY 1
     LOOP
         CONTINUE WHEN lo + interval '1 day' + p_retention > now_;
-        EXECUTE format('SELECT count(*) FROM pending_keys p JOIN %%I k USING (merchant_id, idempotency_key) WHERE k.status = ''pending''', part) INTO n;
-        IF n = 0 THEN
-            EXECUTE format('SELECT count(*) FROM %%I WHERE status = ''pending''', part) INTO n;
-        END IF;
-        IF n > 0 THEN
-            blocked := blocked + 1;
-            CONTINUE;
-        END IF;
         BEGIN
+            EXECUTE format('SELECT count(*) FROM pending_keys p JOIN %%I k USING (merchant_id, idempotency_key) WHERE k.status = ''pending''', part) INTO n;
+            IF n = 0 THEN
+                EXECUTE format('SELECT count(*) FROM %%I WHERE status = ''pending''', part) INTO n;
+            END IF;
+            IF n > 0 THEN
+                blocked := blocked + 1;
+                CONTINUE;
+            END IF;
             PERFORM set_config('lock_timeout', '2s', true);
             LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE;
+            -- Another reconciler may have dropped it while we waited.
+            CONTINUE WHEN to_regclass(part) IS NULL;
             EXECUTE format('SELECT count(*) FROM pending_keys p JOIN %%I k USING (merchant_id, idempotency_key) WHERE k.status = ''pending''', part) INTO n;
             IF n > 0 THEN
                 blocked := blocked + 1;
@@ -160,8 +163,10 @@ BEGIN
                 dropped := dropped + 1;
                 dropped_rows := dropped_rows + n;
             END IF;
-        EXCEPTION WHEN lock_not_available THEN
-            blocked := blocked + 1;
+        EXCEPTION
+            WHEN lock_not_available THEN blocked := blocked + 1;
+            -- Dropped by another reconciler between the list and the scan.
+            WHEN undefined_table THEN NULL;
         END;
     END LOOP;
 END
