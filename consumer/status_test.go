@@ -57,7 +57,7 @@ func TestOffSessionAuthenticationDeclined(t *testing.T) {
 		return e.count(`SELECT count(*) FROM payments WHERE status = 'declined'`) == 1
 	})
 	rec, err := e.store.Get(e.ctx, "m_1", "3ds")
-	if err != nil || rec.ResponseStatus != http.StatusPaymentRequired || !strings.Contains(string(rec.Response), `"code": "authentication_required"`) {
+	if err != nil || rec.ResponseStatus != http.StatusPaymentRequired || !strings.Contains(string(rec.Response), `"code":"authentication_required"`) {
 		t.Fatalf("record %+v (%s) %v", rec, rec.Response, err)
 	}
 }

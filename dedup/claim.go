@@ -55,8 +55,14 @@ ins AS (
     FROM input
     WHERE (SELECT true FROM payments p
            WHERE p.merchant_id = input.merchant_id AND p.idempotency_key = input.idempotency_key) IS NULL
+      -- The table is partitioned by day (migration 00013): each day's
+      -- unique index catches a second claim of the same day only, so a key
+      -- held by any other day is not inserted (the lock of claimLocks makes
+      -- this see a concurrent claim's row).
+      AND (SELECT true FROM idempotency_keys r
+           WHERE r.merchant_id = input.merchant_id AND r.idempotency_key = input.idempotency_key) IS NULL
     ORDER BY merchant_id, idempotency_key
-    ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING ` + recordColumns + `
 ),
 rest AS (
@@ -80,6 +86,16 @@ upd AS (
       AND k.merchant_id = e.merchant_id AND k.idempotency_key = e.idempotency_key
       AND k.request_hash = e.input_hash AND ` + reacquirable("k") + `
     RETURNING ` + qualified("k") + `
+),
+pend AS (
+    -- Every row the claim leaves pending is named in pending_keys (migration
+    -- 00012), the reconciler's way to it; a re-acquired pending key is there
+    -- already.
+    INSERT INTO pending_keys (merchant_id, idempotency_key)
+    SELECT merchant_id, idempotency_key FROM ins
+    UNION ALL
+    SELECT merchant_id, idempotency_key FROM upd
+    ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
 )
 SELECT i.ord, 1, ` + qualified("r") + ` FROM input i JOIN ins r USING (merchant_id, idempotency_key)
 UNION ALL
@@ -91,10 +107,23 @@ UNION ALL
 SELECT i.ord, 4, p.merchant_id, p.idempotency_key, NULL::bytea, 'completed', p.provider_key, p.amount, p.currency,
     1, NULL::text, NULL::timestamptz, false, p.created_at, p.charge_id,
     CASE p.status WHEN 'declined' THEN 402 WHEN 'failed' THEN 402 WHEN 'processing' THEN 202 ELSE 200 END,
-    jsonb_build_object('id', p.charge_id, 'status', p.status, 'note', 'idempotency key purged; outcome from the ledger'),
+    convert_to(jsonb_build_object('id', p.charge_id, 'status', p.status, 'note', 'idempotency key purged; outcome from the ledger')::text, 'UTF8'),
     NULL::text, p.created_at, p.created_at, p.created_at, p.created_at, NULL::text
 FROM rest i JOIN payments p USING (merchant_id, idempotency_key)
 WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = i.ord)`
+
+// claimLocks runs before claimSQL, in the same implicit transaction and
+// round trip (queryPinned): it takes a transaction advisory lock per key of
+// the batch, in hash order so that two batches never deadlock, and holds
+// them until the claim commits. claimSQL then takes its snapshot after any
+// concurrent claim of the same key committed, and sees that claim's row in
+// whichever day partition it went to (migration 00013): two workers racing
+// one key across a day boundary cannot both insert it. The locks are
+// per schema, merchant and key (a merchant id holds no ':').
+const claimLocks = `SELECT now(), set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
+    (SELECT count(pg_advisory_xact_lock(h)) FROM (
+        SELECT DISTINCT hashtextextended(current_schema() || '/' || m || ':' || k, 0) AS h
+        FROM unnest(@merchants::text[], @keys::text[]) AS u(m, k) ORDER BY 1) AS l)`
 
 // reacquirable is the claim's test of a row (alias a) that may be taken
 // over: failed, or pending with an expired lease, and in either case inside
@@ -200,7 +229,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 		clear(done)
 		untaken = untaken[:0]
 		var err error
-		now, err = s.queryPinned(ctx, planGeneric, claimSQL, args, func(rows pgx.Rows) error {
+		now, err = s.queryPinned(ctx, claimLocks, claimSQL, args, func(rows pgx.Rows) error {
 			var ord, kind int32
 			rec, err := scanRecord(rows, &ord, &kind)
 			if err != nil {
@@ -276,14 +305,20 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 // calls the provider for them meanwhile. The fingerprint and the window are
 // checked again on the row's latest version.
 var parkSQL = `
-UPDATE idempotency_keys AS k
-SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + `, attempts = k.attempts + 1, maybe_charged = true,
-    pending_since = ` + dbNow + `, lookup_failures = 0, next_lookup_at = NULL,
-    last_error = 'failed past the provider key window: only a provider lookup may resolve it', updated_at = ` + dbNow + `
-FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[]) AS i(merchant_id, idempotency_key, request_hash)
-WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.request_hash = i.request_hash
-  AND k.status = 'failed' AND k.key_window_start <= ` + dbNow + ` - @window::interval
-RETURNING ` + qualified("k")
+WITH parked AS (
+    UPDATE idempotency_keys AS k
+    SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + `, attempts = k.attempts + 1, maybe_charged = true,
+        pending_since = ` + dbNow + `, lookup_failures = 0, next_lookup_at = NULL,
+        last_error = 'failed past the provider key window: only a provider lookup may resolve it', updated_at = ` + dbNow + `
+    FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[]) AS i(merchant_id, idempotency_key, request_hash)
+    WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.request_hash = i.request_hash
+      AND k.status = 'failed' AND k.key_window_start <= ` + dbNow + ` - @window::interval
+    RETURNING ` + qualified("k") + `
+), pend AS (
+    INSERT INTO pending_keys (merchant_id, idempotency_key) SELECT merchant_id, idempotency_key FROM parked
+    ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+)
+SELECT * FROM parked`
 
 // parkForLookup parks the failed rows among the claim's first occurrences
 // idx that evaluate sent to a lookup, and puts the parked rows in results.

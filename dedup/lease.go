@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -38,6 +39,14 @@ func (s *Store) Heartbeat(ctx context.Context, l Lease, d time.Duration) (Lease,
 	return l, nil
 }
 
+// unpendDone is the CTE that takes the keys of a statement's CTE `done`
+// (merchant_id, idempotency_key, status) that are no longer pending out of
+// pending_keys (migration 00012), in the statement that finished them.
+const unpendDone = `unpend AS (
+    DELETE FROM pending_keys p USING done d
+    WHERE p.merchant_id = d.merchant_id AND p.idempotency_key = d.idempotency_key AND d.status <> 'pending'
+)`
+
 // completeSQL finishes the key and writes the ledger row in one statement
 // (one transaction): both or neither.
 const completeSQL = `
@@ -47,12 +56,12 @@ WITH done AS (
         completed_at = ` + dbNow + `, updated_at = ` + dbNow + `, expires_at = ` + dbNow + ` + @retention::interval,
         locked_until = NULL, last_error = NULL
     WHERE ` + fenced + `
-    RETURNING merchant_id, idempotency_key, provider_key, amount, currency
+    RETURNING merchant_id, idempotency_key, provider_key, amount, currency, status
 ), ledger AS (
     INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
     SELECT merchant_id, idempotency_key, provider_key, @charge_id, @payment_status, amount, currency, ` + dbNow + ` FROM done
     RETURNING 1
-)
+), ` + unpendDone + `
 SELECT count(*) FROM done`
 
 // Complete records a definitive outcome: the key becomes `completed` with
@@ -62,6 +71,9 @@ SELECT count(*) FROM done`
 func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 	if len(c.Response) == 0 {
 		return errors.New("complete key: empty response")
+	}
+	if !json.Valid(c.Response) {
+		return errors.New("complete key: the response is not JSON")
 	}
 	if !c.Declined && c.ChargeID == "" {
 		return errors.New("complete key: a charge needs its provider charge id")
@@ -110,11 +122,12 @@ func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error
 	args["now"], args["reason"] = s.db.Now(), clipError(reason)
 	var status string
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		return s.db.Pool.QueryRow(ctx, `UPDATE idempotency_keys
+		return s.db.Pool.QueryRow(ctx, `WITH done AS (UPDATE idempotency_keys
 			SET status = CASE WHEN maybe_charged THEN 'pending' ELSE 'failed' END,
 			    locked_until = CASE WHEN maybe_charged THEN `+dbNow+` ELSE NULL END,
 			    last_error = @reason, updated_at = `+dbNow+`
-			WHERE `+fenced+` RETURNING status`, args).Scan(&status)
+			WHERE `+fenced+` RETURNING merchant_id, idempotency_key, status), `+unpendDone+`
+			SELECT status FROM done`, args).Scan(&status)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("fail key: %w", ErrLeaseLost)
@@ -166,10 +179,11 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 		rows, err := s.db.Pool.Query(ctx, `UPDATE idempotency_keys AS k
 			SET locked_by = @holder, locked_until = `+dbNow+` + @lease::interval, attempts = k.attempts + 1,
 			    maybe_charged = true, updated_at = `+dbNow+`
-			FROM (SELECT merchant_id, idempotency_key FROM idempotency_keys
-			      WHERE status = 'pending' AND locked_until < `+dbNow+` - @grace::interval
-			        AND (next_lookup_at IS NULL OR next_lookup_at <= `+dbNow+`)
-			      ORDER BY locked_until LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
+			FROM (SELECT r.merchant_id, r.idempotency_key FROM pending_keys p
+			      JOIN idempotency_keys r ON r.merchant_id = p.merchant_id AND r.idempotency_key = p.idempotency_key
+			      WHERE r.status = 'pending' AND r.locked_until < `+dbNow+` - @grace::interval
+			        AND (r.next_lookup_at IS NULL OR r.next_lookup_at <= `+dbNow+`)
+			      ORDER BY r.locked_until LIMIT @limit FOR UPDATE OF r SKIP LOCKED) AS s
 			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key
 			RETURNING `+qualified("k"), args)
 		if err != nil {
@@ -203,10 +217,11 @@ func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) e
 	args["now"], args["reason"] = s.db.Now(), clipError(reason)
 	var one int
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		return s.db.Pool.QueryRow(ctx, `UPDATE idempotency_keys
+		return s.db.Pool.QueryRow(ctx, `WITH done AS (UPDATE idempotency_keys
 			SET status = 'failed', locked_until = NULL, maybe_charged = false, key_window_start = `+dbNow+`,
 			    last_error = @reason, updated_at = `+dbNow+`, lookup_failures = 0, next_lookup_at = NULL
-			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
+			WHERE `+fenced+` RETURNING merchant_id, idempotency_key, status), `+unpendDone+`
+			SELECT 1 FROM done`, args).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("resolve key: %w", ErrLeaseLost)
@@ -253,29 +268,60 @@ func (s *Store) DeferLookup(ctx context.Context, l Lease, reason string, b Backo
 	return int(failures), next, nil
 }
 
-// Purge deletes up to limit finished rows (completed or failed) whose
-// expires_at has passed, and returns how many it deleted. Pending rows are
-// never purged: they are unresolved payments. Call it in a loop for more.
+// Purge applies the key retention and returns how many rows it removed.
+// The keys table is partitioned by day of created_at (migration 00013):
+// Purge first runs maintain_key_partitions, which creates the coming days'
+// partitions and drops, whole, every day older than the retention that
+// holds no pending row (a pending row keeps its day until it is resolved;
+// rows are never moved). Then it deletes, row by row and at most limit of
+// each, the expired finished rows of the two partitions that are not days:
+// the table's rows from before the partitioning, and the default
+// partition's (a clock outside the days created). Pending rows are never
+// removed: they are unresolved payments. Call it in a loop for more; a
+// dropped day counts all its rows.
+//
+// The row purge walks those partitions' index on created_at up to now minus
+// the store's retention: a row's expires_at is never earlier than that, and
+// no index covers expires_at or status, so that completions stay HOT
+// updates (migration 00012).
 func (s *Store) Purge(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("purge keys: limit must be positive, got %d", limit)
 	}
 	var n int64
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		tag, err := s.db.Pool.Exec(ctx, `DELETE FROM idempotency_keys AS k USING (
-				SELECT merchant_id, idempotency_key FROM idempotency_keys
-				WHERE status <> 'pending' AND expires_at <= `+dbNow+`
-				ORDER BY expires_at LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
-			WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key AND k.status <> 'pending'`,
-			pgx.NamedArgs{"now": s.db.Now(), "limit": int32(limit)})
-		n = tag.RowsAffected()
-		return err
+		return s.db.Pool.QueryRow(ctx, purgeSQL,
+			pgx.NamedArgs{"now": s.db.Now(), "limit": int32(limit), "retention": s.retention, "ahead": int32(PartitionsAhead)}).Scan(&n)
 	})
 	if err != nil {
 		return 0, interpretError("purge keys", err)
 	}
 	return int(n), nil
 }
+
+// PartitionsAhead is how many days after today Purge keeps a partition of
+// the keys table ready for.
+const PartitionsAhead = 2
+
+// purgeRows deletes expired finished rows of one partition (a name).
+func purgeRows(part string) string {
+	return `DELETE FROM ` + part + ` AS k USING (
+        SELECT merchant_id, idempotency_key FROM ` + part + `
+        WHERE created_at <= ` + dbNow + ` - @retention::interval AND status <> 'pending' AND expires_at <= ` + dbNow + `
+        ORDER BY created_at LIMIT @limit FOR UPDATE SKIP LOCKED) AS s
+    WHERE k.merchant_id = s.merchant_id AND k.idempotency_key = s.idempotency_key AND k.status <> 'pending'
+    RETURNING 1`
+}
+
+// purgeSQL is Purge's one statement: the partition maintenance, then the
+// row purge of the two partitions that are not days.
+var purgeSQL = `
+WITH days AS (
+    SELECT dropped_rows FROM maintain_key_partitions(@now, @retention::interval, @ahead)
+), old AS (` + purgeRows("idempotency_keys_unpartitioned") + `
+), def AS (` + purgeRows("idempotency_keys_default") + `
+)
+SELECT (SELECT dropped_rows FROM days) + (SELECT count(*) FROM old) + (SELECT count(*) FROM def)`
 
 // clipError bounds what is stored in last_error.
 func clipError(s string) string {
@@ -291,7 +337,7 @@ func clipError(s string) string {
 const completeBatchSQL = `
 WITH input AS (
     SELECT * FROM unnest(@merchants::text[], @keys::text[], @holders::text[], @attempts::int[],
-                         @response_statuses::int[], @responses::jsonb[], @charge_ids::text[], @payment_statuses::text[])
+                         @response_statuses::int[], @responses::bytea[], @charge_ids::text[], @payment_statuses::text[])
         AS t(merchant_id, idempotency_key, holder, attempt, response_status, response, charge_id, payment_status)
 ), done AS (
     UPDATE idempotency_keys AS k
@@ -304,11 +350,11 @@ WITH input AS (
     -- matches: see planGeneric.
     WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.locked_until IS NOT NULL
       AND k.locked_by = i.holder AND k.attempts = i.attempt
-    RETURNING k.merchant_id, k.idempotency_key, k.provider_key, k.amount, k.currency, i.charge_id, i.payment_status
+    RETURNING k.merchant_id, k.idempotency_key, k.provider_key, k.amount, k.currency, i.charge_id, i.payment_status, k.status
 ), ledger AS (
     INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
     SELECT merchant_id, idempotency_key, provider_key, charge_id, payment_status, amount, currency, ` + dbNow + ` FROM done
-), notified AS (
+), ` + unpendDone + `, notified AS (
     -- What the completion trigger would send (migrations 00003 and 00005),
     -- for the rows a gateway request may wait on; sent at commit.
     SELECT pg_notify('` + CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
@@ -339,8 +385,8 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 	attempts, statuses, responses := make([]int32, n), make([]int32, n), make([][]byte, n)
 	for i, it := range items {
 		c := it.Completion
-		if len(c.Response) == 0 || (!c.Declined && c.ChargeID == "") || (c.Declined && c.Processing) || c.ResponseStatus < 100 || c.ResponseStatus > 599 {
-			return nil, fmt.Errorf("complete keys: item %d: a completion needs a response, an HTTP status and, when charged, a charge id", i)
+		if len(c.Response) == 0 || !json.Valid(c.Response) || (!c.Declined && c.ChargeID == "") || (c.Declined && c.Processing) || c.ResponseStatus < 100 || c.ResponseStatus > 599 {
+			return nil, fmt.Errorf("complete keys: item %d: a completion needs a JSON response, an HTTP status and, when charged, a charge id", i)
 		}
 		merchants[i], keys[i], holders[i], attempts[i] = it.Lease.MerchantID, it.Lease.IdempotencyKey, it.Lease.Holder, int32(it.Lease.Attempt)
 		statuses[i], responses[i], chargeIDs[i] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)

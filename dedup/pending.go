@@ -8,7 +8,8 @@ import (
 )
 
 // PendingCounts are the figures an operator alerts on, cheap enough to read
-// on every metrics scrape: both use the partial index on pending rows.
+// on every metrics scrape: both walk pending_keys, which names only the keys
+// in flight or stuck.
 type PendingCounts struct {
 	// Pending counts rows claimed and not finished.
 	Pending int64
@@ -25,7 +26,7 @@ func (s *Store) CountPending(ctx context.Context, grace time.Duration) (PendingC
 	var c PendingCounts
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		return s.db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE pending_since < `+dbNow+` - @grace::interval)
-			FROM idempotency_keys WHERE status = 'pending'`,
+			FROM pending_keys p JOIN idempotency_keys k USING (merchant_id, idempotency_key) WHERE k.status = 'pending'`,
 			pgx.NamedArgs{"now": s.db.Now(), "grace": grace}).Scan(&c.Pending, &c.Stuck)
 	})
 	if err != nil {

@@ -42,7 +42,7 @@ func (s Stats) Total() int64 { return s.Pending + s.Completed + s.Failed }
 
 // statsSQL reads every figure in one statement. Counting by status scans the
 // table (it is an operator's query, not the hot path); the pending figures
-// use the partial index on pending rows, the windows the ledger's index on
+// walk pending_keys (the keys in flight or stuck), the windows the ledger's index on
 // created_at (a ledger row is written in the transaction that completes the
 // key, with the same time).
 const statsSQL = `
@@ -51,10 +51,10 @@ SELECT
     (SELECT count(*) FROM idempotency_keys WHERE status = 'pending'),
     (SELECT count(*) FROM idempotency_keys WHERE status = 'completed'),
     (SELECT count(*) FROM idempotency_keys WHERE status = 'failed'),
-    (SELECT min(pending_since) FROM idempotency_keys WHERE status = 'pending'),
-    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND pending_since < ` + dbNow + ` - @grace::interval),
-    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND lookup_failures > 0),
-    (SELECT count(*) FROM idempotency_keys WHERE status = 'pending' AND maybe_charged),
+    (SELECT min(k.pending_since) FROM pending_keys p JOIN idempotency_keys k USING (merchant_id, idempotency_key) WHERE k.status = 'pending'),
+    (SELECT count(*) FROM pending_keys p JOIN idempotency_keys k USING (merchant_id, idempotency_key) WHERE k.status = 'pending' AND k.pending_since < ` + dbNow + ` - @grace::interval),
+    (SELECT count(*) FROM pending_keys p JOIN idempotency_keys k USING (merchant_id, idempotency_key) WHERE k.status = 'pending' AND k.lookup_failures > 0),
+    (SELECT count(*) FROM pending_keys p JOIN idempotency_keys k USING (merchant_id, idempotency_key) WHERE k.status = 'pending' AND k.maybe_charged),
     (SELECT count(*) FROM payments WHERE created_at > ` + dbNow + ` - interval '1 minute' AND created_at <= ` + dbNow + `),
     (SELECT count(*) FROM payments WHERE created_at > ` + dbNow + ` - interval '1 hour' AND created_at <= ` + dbNow + `),
     (SELECT count(*) FROM payments WHERE created_at > ` + dbNow + ` - interval '1 hour' AND created_at <= ` + dbNow + `

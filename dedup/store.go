@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -188,7 +189,11 @@ const (
 // statement ran at (the test clock's, or the database's now()).
 func (s *Store) queryPinned(ctx context.Context, plan, sql string, args pgx.NamedArgs, each func(pgx.Rows) error) (time.Time, error) {
 	b := &pgx.Batch{}
-	b.Queue(plan)
+	if strings.Contains(plan, "@") {
+		b.Queue(plan, args) // a prelude that takes the statement's arguments (claimLocks)
+	} else {
+		b.Queue(plan)
+	}
 	b.Queue(sql, args)
 	br := s.db.Pool.SendBatch(ctx, b)
 	at, err := readPinned(br, each)

@@ -81,8 +81,11 @@ marks it failed when the provider provably has nothing, or leaves it for the
 next pass (a failed lookup backs the row off: 1 min, doubling to 30 min). A
 "nothing" counts only once --search-lag has passed since the row's last
 lease: the provider may still be executing a request our call gave up on,
-and its search lags behind its charges. It also purges finished rows past
-their retention. Any number may
+and its search lags behind its charges. It also applies the key retention:
+it creates the keys table's coming day partitions and drops, whole, each day
+older than --key-retention that holds no pending row (a pending row keeps
+its day until it is resolved), and purges the finished rows of the
+pre-partitioning and default partitions past their retention. Any number may
 run at once. paydedup worker runs it in-process by default; this command runs
 it alone.`,
 		Example: `  paydedup reconcile --once            # one pass, then exit

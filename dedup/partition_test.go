@@ -1,0 +1,285 @@
+package dedup_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/clock"
+)
+
+// day is a UTC day well after any day the migration created, so that the
+// tests' keys land in day partitions that Purge creates (migration 00013).
+var day = time.Date(2027, 3, 10, 0, 0, 0, 0, time.UTC)
+
+func partitionExists(t *testing.T, b *bundle, name string) bool {
+	t.Helper()
+	var ok bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// onePool is a pool of one connection on b's database and schema, and that
+// connection's backend pid.
+func onePool(t *testing.T, b *bundle) (*pgxpool.Pool, int32) {
+	t.Helper()
+	cfg := b.pool.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var pid int32
+	if err := pool.QueryRow(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pool, pid
+}
+
+// waitInTrigger polls, with a deadline, until backend pid sleeps in a test
+// trigger (pg_sleep): its statement has written its row and not committed.
+func waitInTrigger(t *testing.T, b *bundle, pid int32, who string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var wait *string
+		if err := b.pool.QueryRow(b.ctx, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&wait); err != nil {
+			t.Fatal(err)
+		}
+		if wait != nil && *wait == "PgSleep" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never reached its write", who)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestClaimRaceAcrossDayBoundary races two claims of one key whose times
+// fall on either side of midnight, so into two day partitions, whose unique
+// indexes cannot see each other. The first claim is held inside its
+// statement (a test trigger sleeps after its insert) while the second
+// runs: the second must wait for the first's commit (the claim's advisory
+// lock) and then find its row in the other day (the claim's lookup across
+// partitions), and answer in flight. Without either guard both claims win
+// and the key has two rows.
+func TestClaimRaceAcrossDayBoundary(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.clock.Set(day.Add(12 * time.Hour))
+	if _, err := b.store.Purge(b.ctx, 10); err != nil { // creates the days
+		t.Fatal(err)
+	}
+	for _, p := range []string{"idempotency_keys_p20270310", "idempotency_keys_p20270311"} {
+		if !partitionExists(t, b, p) {
+			t.Fatalf("partition %s missing after Purge", p)
+		}
+	}
+	for _, q := range []string{
+		`CREATE FUNCTION test_hold_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$`,
+		`CREATE TRIGGER test_hold_insert AFTER INSERT ON idempotency_keys_p20270310
+		 FOR EACH ROW EXECUTE FUNCTION test_hold_insert()`,
+	} {
+		if _, err := b.pool.Exec(b.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	poolA, pidA := onePool(t, b)
+	storeA, err := dedup.New(poolA, dedup.Config{Clock: clock.NewFake(day.Add(24*time.Hour - 500*time.Millisecond))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storeB, err := dedup.New(b.pool, dedup.Config{Clock: clock.NewFake(day.Add(24*time.Hour + 500*time.Millisecond))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := req("m_1", "midnight", 1000)
+	type result struct {
+		res dedup.ClaimResult
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		res, err := storeA.Claim(context.Background(), "before-midnight", lease, r)
+		first <- result{res, err}
+	}()
+	// Wait until the first claim has inserted its row and sits in the
+	// trigger, uncommitted.
+	waitInTrigger(t, b, pidA, "the first claim")
+	second, err := storeB.Claim(b.ctx, "after-midnight", lease, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := <-first
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if a.res.Outcome != dedup.Claimed || second.Outcome != dedup.InFlight {
+		t.Fatalf("claims across midnight: first %v, second %v; want claimed and in flight", a.res.Outcome, second.Outcome)
+	}
+	if n := b.count(t, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'midnight'`); n != 1 {
+		t.Fatalf("%d rows for one key across two days, want 1", n)
+	}
+}
+
+// TestPurgeDropsDaysKeepsPending: a day older than the retention is dropped
+// whole, but not while it holds a pending row (even one that pending_keys
+// does not name): the day waits until the row is resolved. The ledger
+// keeps every payment, so a redelivery of a dropped key is still a
+// duplicate.
+func TestPurgeDropsDaysKeepsPending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.clock.Set(day.Add(12 * time.Hour))
+	if _, err := b.store.Purge(b.ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	const part = "idempotency_keys_p20270310"
+	done := b.claim(t, "w", req("m_1", "done", 1000))
+	if err := b.store.Complete(b.ctx, *done.Lease, charged("pi_done")); err != nil {
+		t.Fatal(err)
+	}
+	b.claim(t, "w", req("m_1", "open", 1000)) // stays pending: the worker died
+	if n := b.count(t, `SELECT count(*) FROM `+part); n != 2 {
+		t.Fatalf("%s holds %d rows, want 2", part, n)
+	}
+
+	// Past the day's end plus the retention: kept for its pending row,
+	// whether pending_keys names it or not.
+	b.clock.Set(day.Add(24*time.Hour + dedup.DefaultRetention + time.Hour))
+	for _, step := range []string{"named", "not named"} {
+		if step == "not named" {
+			if _, err := b.pool.Exec(b.ctx, `DELETE FROM pending_keys`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := b.store.Purge(b.ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		if !partitionExists(t, b, part) {
+			t.Fatalf("%s: the day was dropped with a pending row in it", step)
+		}
+		if rec, err := b.store.Get(b.ctx, "m_1", "open"); err != nil || rec.Status != dedup.StatusPending {
+			t.Fatalf("%s: pending row after purge: %+v %v", step, rec, err)
+		}
+	}
+
+	// Resolved (past its key window, only by the reconciler's lookup), the
+	// day goes whole at the next purge.
+	if _, err := b.pool.Exec(b.ctx, `INSERT INTO pending_keys VALUES ('m_1', 'open')`); err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := b.store.AcquireStuck(b.ctx, "rec", time.Minute, lease, 10)
+	if err != nil || len(stuck) != 1 {
+		t.Fatalf("reconciler found %d stuck keys (%v), want the open one", len(stuck), err)
+	}
+	if err := b.store.Complete(b.ctx, stuck[0].Lease, charged("pi_open")); err != nil {
+		t.Fatal(err)
+	}
+	n, err := b.store.Purge(b.ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if partitionExists(t, b, part) || n < 2 {
+		t.Fatalf("after the pending row completed: partition kept %v, %d rows purged", partitionExists(t, b, part), n)
+	}
+	if got := b.count(t, `SELECT count(*) FROM payments WHERE idempotency_key IN ('done', 'open')`); got != 2 {
+		t.Fatalf("ledger holds %d of the 2 payments after the day was dropped", got)
+	}
+	again := b.claim(t, "w3", req("m_1", "done", 1000))
+	if again.Outcome != dedup.Duplicate || !again.FromLedger {
+		t.Fatalf("redelivery of a dropped key: %v (from ledger %v), want a duplicate from the ledger", again.Outcome, again.FromLedger)
+	}
+}
+
+// TestClaimCannotStealReconcilerLease: a claim whose snapshot shows an
+// expired lease while the reconciler is taking the row (its update holds
+// the row, uncommitted: a test trigger sleeps after it) must not take the
+// row over once the reconciler commits: the claim re-checks the row's
+// latest version, whose lease is the reconciler's and live. The claim's
+// advisory lock does not serialise these two (the reconciler takes none).
+func TestClaimCannotStealReconcilerLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if res := b.claim(t, "w1", req("m_1", "steal", 1000)); res.Outcome != dedup.Claimed {
+		t.Fatalf("claim: %v", res.Outcome)
+	}
+	b.clock.Advance(lease + 2*time.Minute)
+	for _, q := range []string{
+		`CREATE FUNCTION test_hold_update() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$`,
+		`CREATE TRIGGER test_hold_update AFTER UPDATE ON idempotency_keys
+		 FOR EACH ROW WHEN (NEW.locked_by = 'rec') EXECUTE FUNCTION test_hold_update()`,
+	} {
+		if _, err := b.pool.Exec(b.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool, pid := onePool(t, b)
+	rec, err := dedup.New(pool, dedup.Config{Clock: b.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck := make(chan error, 1)
+	go func() {
+		s, err := rec.AcquireStuck(context.Background(), "rec", time.Minute, lease, 10)
+		if err == nil && len(s) != 1 {
+			err = fmt.Errorf("reconciler leased %d rows, want 1", len(s))
+		}
+		stuck <- err
+	}()
+	waitInTrigger(t, b, pid, "the reconciler")
+	res := b.claim(t, "w2", req("m_1", "steal", 1000))
+	if err := <-stuck; err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.store.Get(b.ctx, "m_1", "steal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Outcome == dedup.Reacquired || got.LockedBy != "rec" {
+		t.Fatalf("claim during the reconciler's take-over: %v, row held by %q; want the reconciler to keep it", res.Outcome, got.LockedBy)
+	}
+}
+
+// TestPurgeConcurrent runs the partition maintenance from several
+// reconcilers at once (any number may run): each creates or finds the same
+// days and drops or finds dropped the same old ones, and none fails.
+func TestPurgeConcurrent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.clock.Set(day.Add(12 * time.Hour))
+	if _, err := b.store.Purge(b.ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	done := b.claim(t, "w", req("m_1", "old", 1000))
+	if err := b.store.Complete(b.ctx, *done.Lease, charged("pi_old")); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Set(day.Add(10 * 24 * time.Hour))
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := b.store.Purge(context.Background(), 10)
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatalf("concurrent purge: %v", err)
+		}
+	}
+	if partitionExists(t, b, "idempotency_keys_p20270310") || !partitionExists(t, b, "idempotency_keys_p20270322") {
+		t.Fatal("after concurrent purges: the old day is still there or the coming day is missing")
+	}
+}

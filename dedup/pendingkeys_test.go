@@ -1,0 +1,115 @@
+package dedup_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+)
+
+// TestPendingKeysNameEveryPendingRow walks keys through every transition
+// and checks after each that pending_keys (migration 00012, the
+// reconciler's way to pending rows now that no index tests status) names
+// exactly the keys that are pending, and that the reconciler's scan finds a
+// stuck one. A pending key missing from it would never be resolved by a
+// lookup.
+func TestPendingKeysNameEveryPendingRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	check := func(step string) {
+		t.Helper()
+		var pending, named []string
+		rows, err := b.pool.Query(b.ctx, `SELECT idempotency_key FROM idempotency_keys WHERE status = 'pending' ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				t.Fatal(err)
+			}
+			pending = append(pending, k)
+		}
+		rows.Close()
+		rows, err = b.pool.Query(b.ctx, `SELECT idempotency_key FROM pending_keys ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				t.Fatal(err)
+			}
+			named = append(named, k)
+		}
+		rows.Close()
+		if !slices.Equal(pending, named) {
+			t.Fatalf("%s: pending rows %v, pending_keys names %v", step, pending, named)
+		}
+	}
+
+	// Claimed: named.
+	a := b.claim(t, "w1", req("m_1", "a", 1000))
+	c := b.claim(t, "w1", req("m_1", "c", 1000))
+	f := b.claim(t, "w1", req("m_1", "f", 1000))
+	check("claimed")
+
+	// Failed (provably not charged): no longer pending.
+	if st, err := b.store.Fail(b.ctx, *f.Lease, "429"); err != nil || st != dedup.StatusFailed {
+		t.Fatalf("fail: %v %v", st, err)
+	}
+	check("failed")
+
+	// Re-acquired from failed: pending again.
+	f = b.claim(t, "w2", req("m_1", "f", 1000))
+	if f.Outcome != dedup.Reacquired {
+		t.Fatalf("re-claim of a failed key: %v", f.Outcome)
+	}
+	check("re-acquired")
+
+	// Released (unknown outcome), then failed again: maybe charged, so it
+	// stays pending, and named.
+	if err := b.store.Release(b.ctx, *f.Lease, "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	f = b.claim(t, "w3", req("m_1", "f", 1000))
+	if f.Outcome != dedup.Reacquired {
+		t.Fatalf("re-claim of a released key: %v", f.Outcome)
+	}
+	if st, err := b.store.Fail(b.ctx, *f.Lease, "429"); err != nil || st != dedup.StatusPending {
+		t.Fatalf("fail of a maybe-charged key: %v %v, want it pending", st, err)
+	}
+	check("failed while maybe charged")
+
+	// Completed: gone.
+	if err := b.store.Complete(b.ctx, *a.Lease, charged("pi_a")); err != nil {
+		t.Fatal(err)
+	}
+	check("completed")
+
+	// The reconciler finds both stuck keys once their leases are long
+	// expired, and a lookup proving nothing was charged takes one out.
+	b.clock.Advance(time.Hour)
+	stuck, err := b.store.AcquireStuck(b.ctx, "rec", time.Minute, lease, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []string
+	for _, s := range stuck {
+		found = append(found, s.Record.IdempotencyKey)
+	}
+	slices.Sort(found)
+	if !slices.Equal(found, []string{"c", "f"}) {
+		t.Fatalf("reconciler found %v stuck, want [c f]", found)
+	}
+	for _, s := range stuck {
+		if s.Record.IdempotencyKey == "f" {
+			if err := b.store.ResolveNotCharged(b.ctx, s.Lease, "lookup: nothing"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check("resolved not charged")
+	_ = c
+}
