@@ -20,6 +20,9 @@ type reconcileFlags struct {
 	interval  time.Duration
 	grace     time.Duration
 	searchLag time.Duration
+	// The pause before a row's next lookup after a failed one, doubling up
+	// to backoffMax.
+	backoff, backoffMax time.Duration
 }
 
 // bind binds the flags, named with prefix ("" in reconcile, "reconcile-"
@@ -31,6 +34,10 @@ func (r *reconcileFlags) bind(cmd *cobra.Command, a *app, prefix string) {
 	f.DurationVar(&r.searchLag, prefix+"search-lag", a.envDuration("PAYDEDUP_SEARCH_LAG", reconciler.DefaultSearchLag),
 		"how long after a row's last lease ended a provider's not-found counts: the provider's execution of a request our call gave up on, plus its search lag; at least "+
 			reconciler.StripeMinSearchLag.String()+" with Stripe (PAYDEDUP_SEARCH_LAG)")
+	f.DurationVar(&r.backoff, prefix+"lookup-backoff", a.envDuration("PAYDEDUP_LOOKUP_BACKOFF", reconciler.DefaultLookupBackoff),
+		"pause before a stuck row's next provider lookup after a failed one, doubled on each consecutive failure (PAYDEDUP_LOOKUP_BACKOFF)")
+	f.DurationVar(&r.backoffMax, prefix+"lookup-backoff-max", a.envDuration("PAYDEDUP_LOOKUP_BACKOFF_MAX", reconciler.DefaultLookupBackoffMax),
+		"longest pause between a stuck row's lookups (PAYDEDUP_LOOKUP_BACKOFF_MAX)")
 }
 
 // minSearchLag is the floor of the search lag with the provider: Stripe
@@ -46,6 +53,12 @@ func minSearchLag(p providerFlags) time.Duration {
 
 // validate checks the flags for the provider.
 func (r *reconcileFlags) validate(p providerFlags) error {
+	if r.backoff <= 0 {
+		return fmt.Errorf("PAYDEDUP_LOOKUP_BACKOFF / --lookup-backoff must be positive, got %v", r.backoff)
+	}
+	if r.backoffMax < r.backoff {
+		return fmt.Errorf("PAYDEDUP_LOOKUP_BACKOFF_MAX / --lookup-backoff-max %v is shorter than PAYDEDUP_LOOKUP_BACKOFF %v", r.backoffMax, r.backoff)
+	}
 	if floor := minSearchLag(p); r.searchLag < floor {
 		return fmt.Errorf("PAYDEDUP_SEARCH_LAG / --search-lag %v is shorter than %v: Stripe may still charge up to %v after our call gave up, and its search shows a charge up to %v later, so a not-found before then proves nothing",
 			r.searchLag, floor, reconciler.StripeExecution, reconciler.StripeIndexLag)
@@ -56,7 +69,7 @@ func (r *reconcileFlags) validate(p providerFlags) error {
 // config is the reconciler configuration with the given logger and metrics.
 func (r *reconcileFlags) config(p providerFlags, log *slog.Logger, m reconciler.Metrics) reconciler.Config {
 	return reconciler.Config{Interval: r.interval, Grace: r.grace, SearchLag: r.searchLag,
-		MinSearchLag: minSearchLag(p), Logger: log, Metrics: m}
+		MinSearchLag: minSearchLag(p), LookupBackoff: r.backoff, LookupBackoffMax: r.backoffMax, Logger: log, Metrics: m}
 }
 
 type reconcileCmd struct {

@@ -150,6 +150,11 @@ func (h *harness) workerEnv() []string {
 		"PAYDEDUP_DRAIN_TIMEOUT=2s",
 		"PAYDEDUP_LOG_LEVEL=warn",
 		"PAYDEDUP_DLQ_KEY=" + h.dlqKey,
+		// A stuck row whose lookup failed (the simulator's 429s and 5xx,
+		// a network fault) is looked up again within seconds, not the
+		// production minute, so a run settles before its deadline.
+		"PAYDEDUP_LOOKUP_BACKOFF=1s",
+		"PAYDEDUP_LOOKUP_BACKOFF_MAX=5s",
 	}
 }
 
