@@ -128,12 +128,13 @@ type Result struct {
 	// CPU time per unique payment over the consumption phase, in µs (see
 	// cpu.go for how the process's time is split). PGCPUUSPerPayment is
 	// -1 when the server's processes cannot be read from this machine.
-	PGCPUUSPerPayment      float64 `json:"pg_cpu_us_per_payment"`
-	PGBackends             int     `json:"pg_backends"`
-	WorkerCPUUSPerPayment  float64 `json:"worker_cpu_us_per_payment"`
-	SimCPUUSPerPayment     float64 `json:"sim_cpu_us_per_payment"`
-	NATSCPUUSPerPayment    float64 `json:"nats_cpu_us_per_payment"`
-	ProcessCPUUSPerPayment float64 `json:"process_cpu_us_per_payment"`
+	PGCPUUSPerPayment       float64 `json:"pg_cpu_us_per_payment"`
+	PGBackends              int     `json:"pg_backends"`
+	WorkerCPUUSPerPayment   float64 `json:"worker_cpu_us_per_payment"`
+	SimCPUUSPerPayment      float64 `json:"sim_cpu_us_per_payment"`
+	NATSCPUUSPerPayment     float64 `json:"nats_cpu_us_per_payment"`
+	ProcessCPUUSPerPayment  float64 `json:"process_cpu_us_per_payment"`
+	ProcessAllocsPerPayment float64 `json:"process_allocs_per_payment"` // heap allocations, worker, simulator and NATS server together
 	// The same for the completed-duplicates phase, per message.
 	CompletedDupPGCPUUS     float64 `json:"completed_duplicates_pg_cpu_us,omitempty"`
 	CompletedDupWorkerCPUUS float64 `json:"completed_duplicates_worker_cpu_us,omitempty"`
@@ -331,6 +332,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		PGRoundTripsPerPayment: float64(roundTrips) / float64(b.Payments),
 		PGCPUUSPerPayment:      cpu.PGUS, PGBackends: cpu.PGBackends, WorkerCPUUSPerPayment: cpu.WorkerUS,
 		SimCPUUSPerPayment: cpu.SimUS, NATSCPUUSPerPayment: cpu.NATSUS, ProcessCPUUSPerPayment: cpu.ProcessUS,
+		ProcessAllocsPerPayment: cpu.Allocs,
 	}
 
 	if b.CompletedDuplicates {
@@ -408,8 +410,8 @@ func (b *benchCmd) report(res Result) {
 		if res.CompletedDuplicates > 0 {
 			fmt.Fprintf(b.Out, "completed duplicates: %d in %.2f s: %.0f messages/s\n", res.CompletedDuplicates, res.CompletedDupSeconds, res.CompletedDupMessagesSec)
 		}
-		fmt.Fprintf(b.Out, "CPU per payment: Postgres backends %s, worker %.1f µs, simulator %.1f µs, NATS server %.1f µs (process %.1f µs)\n",
-			pgFigure(res.PGCPUUSPerPayment), res.WorkerCPUUSPerPayment, res.SimCPUUSPerPayment, res.NATSCPUUSPerPayment, res.ProcessCPUUSPerPayment)
+		fmt.Fprintf(b.Out, "CPU per payment: Postgres backends %s, worker %.1f µs, simulator %.1f µs, NATS server %.1f µs (process %.1f µs, %.0f allocations)\n",
+			pgFigure(res.PGCPUUSPerPayment), res.WorkerCPUUSPerPayment, res.SimCPUUSPerPayment, res.NATSCPUUSPerPayment, res.ProcessCPUUSPerPayment, res.ProcessAllocsPerPayment)
 		fmt.Fprintf(b.Out, "live heap at the end: worker %.1f MB, simulator %.1f MB, NATS server %.1f MB\n", res.HeapWorkerMB, res.HeapSimMB, res.HeapNATSMB)
 		for _, n := range res.Naive {
 			fmt.Fprintf(b.Out, "naive, %d handlers: %d payments in %.2f s: %.0f payments/s; CPU per payment: Postgres %s, worker %.1f µs\n",

@@ -54,6 +54,7 @@ type cpuMeter struct {
 	prof    bytes.Buffer
 	file    *os.File // --cpuprofile, or nil
 	rusage  time.Duration
+	mallocs uint64
 	started time.Time
 	pgStart map[int]time.Duration
 }
@@ -61,6 +62,7 @@ type cpuMeter struct {
 // CPU is one phase's CPU time by part, in microseconds per payment.
 type CPU struct {
 	ProcessUS  float64 // the whole bench process
+	Allocs     float64 // heap allocations of the whole process
 	WorkerUS   float64 // the process minus the simulator and the NATS server
 	SimUS      float64
 	NATSUS     float64
@@ -85,14 +87,14 @@ func startCPU(ctx context.Context, pids func(context.Context) ([]int, error), pr
 		return nil, fmt.Errorf("bench: CPU profile: %w", err)
 	}
 	m.pgStart = backendCPU(ctx, pids)
-	m.rusage = processCPU()
+	m.rusage, m.mallocs = processCPU(), mallocs()
 	m.started = time.Now()
 	return m, nil
 }
 
 // stop ends the phase and splits its CPU time over payments.
 func (m *cpuMeter) stop(ctx context.Context, payments int) (CPU, error) {
-	total := processCPU() - m.rusage
+	total, allocs := processCPU()-m.rusage, mallocs()-m.mallocs
 	pgEnd := backendCPU(ctx, m.pids)
 	pprof.StopCPUProfile()
 	if m.file != nil {
@@ -109,7 +111,7 @@ func (m *cpuMeter) stop(ctx context.Context, payments int) (CPU, error) {
 		return CPU{}, fmt.Errorf("bench: read the CPU profile: %w", err)
 	}
 	per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(payments) }
-	c := CPU{ProcessUS: per(total), PGUS: -1}
+	c := CPU{ProcessUS: per(total), PGUS: -1, Allocs: float64(allocs) / float64(payments)}
 	c.SimUS = c.ProcessUS * shares[labelSim]
 	c.NATSUS = c.ProcessUS * shares[labelNATS]
 	c.WorkerUS = c.ProcessUS - c.SimUS - c.NATSUS
@@ -123,7 +125,10 @@ func (m *cpuMeter) stop(ctx context.Context, payments int) (CPU, error) {
 	return c, nil
 }
 
-// labelShares returns each label's share of a CPU profile's samples.
+// labelShares returns each part's share of a CPU profile's samples: by
+// the frames of its stack when they are the simulator's or the NATS
+// server's packages (a goroutine the server starts from a timer carries no
+// label), else by its label.
 func labelShares(raw []byte) (map[string]float64, error) {
 	p, err := profile.Parse(bytes.NewReader(raw))
 	if err != nil {
@@ -135,7 +140,9 @@ func labelShares(raw []byte) (map[string]float64, error) {
 	for _, s := range p.Sample {
 		v := s.Value[vi]
 		total += v
-		if l := s.Label[labelKey]; len(l) > 0 {
+		if part := stackOwner(s); part != "" {
+			by[part] += v
+		} else if l := s.Label[labelKey]; len(l) > 0 {
 			by[l[0]] += v
 		}
 	}
@@ -147,6 +154,12 @@ func labelShares(raw []byte) (map[string]float64, error) {
 		out[k] = float64(v) / float64(total)
 	}
 	return out, nil
+}
+
+func mallocs() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.Mallocs
 }
 
 // processCPU is the process's user and system CPU time so far.
@@ -238,7 +251,7 @@ func heapSplit() (Heap, error) {
 	var h Heap
 	for _, s := range p.Sample {
 		mb := float64(s.Value[vi]) / (1 << 20)
-		switch heapOwner(s) {
+		switch stackOwner(s) {
 		case labelSim:
 			h.SimMB += mb
 		case labelNATS:
@@ -250,7 +263,10 @@ func heapSplit() (Heap, error) {
 	return h, nil
 }
 
-func heapOwner(s *profile.Sample) string {
+// stackOwner names the part whose package has a frame in the sample's
+// stack: the worker never calls into the NATS server (its client is
+// nats.go) and reaches the simulator only through its client.
+func stackOwner(s *profile.Sample) string {
 	for _, loc := range s.Location {
 		for _, l := range loc.Line {
 			if l.Function == nil {
