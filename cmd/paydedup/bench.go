@@ -94,7 +94,7 @@ The last line with --json is one JSON object.`,
 	f.BoolVar(&c.CompletedDuplicates, "completed-duplicates", false, "afterwards, republish every payment (all completed) and time the duplicates")
 	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
 	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
-	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the consumption phase to this file (go tool pprof)")
+	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the consumption phase to this file (go tool pprof); with --completed-duplicates, that phase's to FILE.duplicates")
 	f.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end to this file (go tool pprof)")
 	c.DatabaseURL = a.getenv("DATABASE_URL")
 	c.NATSURL = a.getenv("NATS_URL")

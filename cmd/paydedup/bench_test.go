@@ -64,10 +64,11 @@ func TestBenchReportsJSON(t *testing.T) {
 				t.Errorf("naive: %.2f round trips per payment, want at least 2", r.PGRoundTripsPerPayment)
 			}
 			// The bench's backends are on this machine (testenv's local
-			// server), and the worker spends CPU on every payment; the NATS
-			// server is out of process (NATS_URL), so it has none.
+			// server), and the worker spends CPU on every payment. (The
+			// process's other tests run beside it, so the split itself is
+			// not asserted here: cpu_test.go checks it.)
 			if r.PGCPUUSPerPayment <= 0 || r.PGBackends < 1 || r.WorkerCPUUSPerPayment <= 0 || r.SimCPUUSPerPayment < 0 ||
-				r.NATSCPUUSPerPayment != 0 || r.ProcessCPUUSPerPayment < r.WorkerCPUUSPerPayment || r.HeapWorkerMB <= 0 {
+				r.NATSCPUUSPerPayment < 0 || r.ProcessCPUUSPerPayment < r.WorkerCPUUSPerPayment || r.HeapWorkerMB <= 0 {
 				t.Errorf("implausible CPU or heap figures: %+v", r)
 			}
 			wantConc := map[string]int{"naive-sim": 1, "naive-sim-8": 8}[c.name]

@@ -308,7 +308,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	start := time.Now()
 	go func() { done <- w.Run(wctx) }()
 	messages := b.Payments + dups
-	if err := b.waitSettled(ctx, obs, int64(messages), start, say); err != nil {
+	if err := b.waitSettled(ctx, nc, obs, int64(messages), start, say); err != nil {
 		stopWorker()
 		<-done
 		return res, err
@@ -343,14 +343,18 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 			<-done
 			return res, err
 		}
-		meter, err := startCPU(ctx, pids, "")
+		dupProfile := ""
+		if b.CPUProfile != "" {
+			dupProfile = b.CPUProfile + ".duplicates"
+		}
+		meter, err := startCPU(ctx, pids, dupProfile)
 		if err != nil {
 			stopWorker()
 			<-done
 			return res, err
 		}
 		start := time.Now()
-		if err := b.waitSettled(ctx, obs, int64(b.Payments), start, say); err != nil {
+		if err := b.waitSettled(ctx, nc, obs, int64(b.Payments), start, say); err != nil {
 			pprof.StopCPUProfile()
 			stopWorker()
 			<-done
@@ -408,7 +412,8 @@ func (b *benchCmd) report(res Result) {
 		fmt.Fprintf(b.Out, "latency fetch→settle: p50 %.1f ms, p99 %.1f ms; %.2f Postgres round trips per payment; peak RSS %.0f MB\n",
 			res.P50MS, res.P99MS, res.PGRoundTripsPerPayment, res.RSSMB)
 		if res.CompletedDuplicates > 0 {
-			fmt.Fprintf(b.Out, "completed duplicates: %d in %.2f s: %.0f messages/s\n", res.CompletedDuplicates, res.CompletedDupSeconds, res.CompletedDupMessagesSec)
+			fmt.Fprintf(b.Out, "completed duplicates: %d in %.2f s: %.0f messages/s; CPU per message: Postgres backends %s, worker %.1f µs\n",
+				res.CompletedDuplicates, res.CompletedDupSeconds, res.CompletedDupMessagesSec, pgFigure(res.CompletedDupPGCPUUS), res.CompletedDupWorkerCPUUS)
 		}
 		fmt.Fprintf(b.Out, "CPU per payment: Postgres backends %s, worker %.1f µs, simulator %.1f µs, NATS server %.1f µs (process %.1f µs, %.0f allocations)\n",
 			pgFigure(res.PGCPUUSPerPayment), res.WorkerCPUUSPerPayment, res.SimCPUUSPerPayment, res.NATSCPUUSPerPayment, res.ProcessCPUUSPerPayment, res.ProcessAllocsPerPayment)
@@ -454,8 +459,8 @@ func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 }
 
 // waitSettled waits until the observer has seen n settled messages and the
-// consumer holds nothing, printing progress every second.
-func (b *benchCmd) waitSettled(ctx context.Context, obs *benchObserver, n int64, start time.Time, say func(string, ...any)) error {
+// connection's acks reached the server, printing progress every second.
+func (b *benchCmd) waitSettled(ctx context.Context, nc *nats.Conn, obs *benchObserver, n int64, start time.Time, say func(string, ...any)) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	last := time.Now()
@@ -466,6 +471,11 @@ func (b *benchCmd) waitSettled(ctx context.Context, obs *benchObserver, n int64,
 		case <-tick.C:
 		}
 		if obs.acked.Load() >= n {
+			// The acks the worker does not wait for (a duplicate's) reach
+			// the server before the clock stops.
+			if err := nc.FlushWithContext(ctx); err != nil {
+				return fmt.Errorf("bench: flush the acks: %w", err)
+			}
 			return nil
 		}
 		if time.Since(last) >= time.Second {

@@ -34,9 +34,14 @@ const (
 	labelNATS = "nats_server"
 )
 
+// The label sets, made once: a provider call is labelled per payment.
+var labelSets = map[string]pprof.LabelSet{
+	labelSim: pprof.Labels(labelKey, labelSim), labelNATS: pprof.Labels(labelKey, labelNATS),
+}
+
 // labelled runs f with the goroutines it starts labelled as part.
 func labelled(ctx context.Context, part string, f func(context.Context)) {
-	pprof.Do(ctx, pprof.Labels(labelKey, part), f)
+	pprof.Do(ctx, labelSets[part], f)
 }
 
 // simCharger runs every provider call under the simulator's label.
