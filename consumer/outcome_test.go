@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,4 +100,91 @@ func TestProcessorRecordsNotChargedOnlyOnProof(t *testing.T) {
 			}
 		})
 	}
+}
+
+// beats is a store whose heartbeats succeed until lostAfter of them (0:
+// always), then report the lease lost.
+type beats struct {
+	writes
+	lostAfter int32
+	n         atomic.Int32
+}
+
+func (b *beats) Heartbeat(_ context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error) {
+	if n := b.n.Add(1); b.lostAfter > 0 && n >= b.lostAfter {
+		return dedup.Lease{}, dedup.ErrLeaseLost
+	}
+	l.Until = time.Now().Add(d)
+	return l, nil
+}
+
+// slow charges after d, or gives up when its context ends first.
+type slow struct {
+	d         time.Duration
+	cancelled atomic.Bool // the call's context was cancelled, not timed out
+}
+
+func (s *slow) Charge(ctx context.Context, _ provider.ChargeRequest) (*provider.Outcome, error) {
+	select {
+	case <-time.After(s.d):
+		return &provider.Outcome{ChargeID: "pi_1", HTTPStatus: 200, Response: []byte(`{"id":"pi_1"}`)}, nil
+	case <-ctx.Done():
+		s.cancelled.Store(errors.Is(ctx.Err(), context.Canceled))
+		return nil, &provider.Error{Class: provider.ClassUnknown, Err: ctx.Err()}
+	}
+}
+
+// TestHeartbeatDuringLongCall: a provider call longer than a third of the
+// lease has the lease extended and progress reported every third of the
+// lease, and completes; when a heartbeat finds the lease lost, the call is
+// cancelled and nothing is completed or released by the old holder. No
+// heartbeat is sent after the call is over.
+func TestHeartbeatDuringLongCall(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond // a heartbeat every 100 ms
+	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+	run := func(t *testing.T, st *beats, ch *slow) (consumer.Result, int32) {
+		cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1,
+			ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 10 * time.Second}}
+		p := consumer.NewProcessor(st, ch, cfg, nil)
+		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		var progress atomic.Int32
+		res := p.Handle(context.Background(), cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, func() { progress.Add(1) })
+		return res, progress.Load()
+	}
+	t.Run("kept", func(t *testing.T) {
+		t.Parallel()
+		st, ch := &beats{}, &slow{d: 250 * time.Millisecond}
+		res, progress := run(t, st, ch)
+		if res.Kind != consumer.Completed {
+			t.Fatalf("result %v (%v), want completed", res.Kind, res.Err)
+		}
+		if n := st.n.Load(); n < 2 || n > 3 || progress != n {
+			t.Errorf("%d heartbeats and %d progress reports in a 250 ms call, want 2 each", n, progress)
+		}
+		after := st.n.Load()
+		time.Sleep(2 * lease / 3) // no ticker left to fire: nothing may come
+		if n := st.n.Load(); n != after {
+			t.Errorf("%d heartbeats after the call ended", n-after)
+		}
+	})
+	t.Run("lost", func(t *testing.T) {
+		t.Parallel()
+		st, ch := &beats{lostAfter: 2}, &slow{d: 10 * time.Second}
+		start := time.Now()
+		res, _ := run(t, st, ch)
+		if res.Kind != consumer.Retry || res.Err == nil || !strings.Contains(res.Err.Error(), "lease lost") {
+			t.Fatalf("result %v (%v), want a retry for the lost lease", res.Kind, res.Err)
+		}
+		// Cancelled, not ended by the call's own timeout (0.9 of the
+		// lease), which would end it soon after anyway.
+		if !ch.cancelled.Load() || time.Since(start) > 2*time.Second {
+			t.Errorf("call not cancelled when the lease was lost (cancelled %v after %v)", ch.cancelled.Load(), time.Since(start))
+		}
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		if len(st.fail) != 0 || len(st.release) != 0 {
+			t.Errorf("the old holder wrote: fail %q, release %q", st.fail, st.release)
+		}
+	})
 }

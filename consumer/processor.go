@@ -269,45 +269,53 @@ func (p *Processor) release(ctx context.Context, lease dedup.Lease, reason strin
 	}
 }
 
-// heartbeat extends the lease and reports progress every third of the lease
-// while the provider call runs. If the lease is lost it cancels the call:
-// another holder now owns the key. The returned func reports whether the
-// lease was lost; it waits for the heartbeat to stop.
+// heartbeat extends the lease and reports progress every third of the
+// lease while the provider call runs. If the lease is lost it cancels the
+// call: another holder now owns the key. The returned func stops it and
+// reports whether the lease was lost; it waits for a heartbeat under way.
+//
+// A timer, not a goroutine with a ticker: almost every call ends long before
+// the first beat, and a goroutine, a ticker and its channel per payment
+// were a measurable part of the worker's allocations.
 func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, lease dedup.Lease, progress func(), log *slog.Logger) func() bool {
 	var (
-		wg   sync.WaitGroup
-		lost bool
+		mu      sync.Mutex // held by a beat while it runs
+		stopped bool
+		lost    bool
+		t       *time.Timer
 	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(p.cfg.Lease / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if progress != nil {
-				progress()
-			}
-			l, err := p.store.Heartbeat(ctx, lease, p.cfg.Lease)
-			switch {
-			case errors.Is(err, dedup.ErrLeaseLost):
-				log.Warn("lease lost during the provider call; cancelling it")
-				lost = true
-				cancel()
-				return
-			case err != nil:
-				log.Warn("lease heartbeat failed", "error", err)
-			default:
-				lease = l
-			}
+	every := p.cfg.Lease / 3
+	beat := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped || ctx.Err() != nil {
+			return
 		}
-	}()
+		if progress != nil {
+			progress()
+		}
+		l, err := p.store.Heartbeat(ctx, lease, p.cfg.Lease)
+		switch {
+		case errors.Is(err, dedup.ErrLeaseLost):
+			log.Warn("lease lost during the provider call; cancelling it")
+			lost = true
+			cancel()
+			return
+		case err != nil:
+			log.Warn("lease heartbeat failed", "error", err)
+		default:
+			lease = l
+		}
+		t.Reset(every)
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, beat)
+	mu.Unlock()
 	return func() bool {
-		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
 		return lost
 	}
 }

@@ -387,9 +387,16 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	}
 	for i, in := range good {
 		claim := claims[i]
+		if claim.Outcome == dedup.Duplicate {
+			// A duplicate's ack is not waited for (settle): settle it here,
+			// without a goroutine of its own.
+			w.settle(ctx, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
+			<-slots
+			continue
+		}
 		if claim.Outcome != dedup.Claimed && claim.Outcome != dedup.Reacquired {
-			// Duplicates and in-flight keys settle at once, concurrently:
-			// each ack is a round trip to the server.
+			// In-flight keys and the rest settle at once, concurrently:
+			// a dead letter is a round trip to the server.
 			spawn(func() {
 				defer func() { <-slots }()
 				w.settle(ctx, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
@@ -443,6 +450,17 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 	defer cancel()
 	switch act.Kind {
 	case Ack:
+		if res.Kind == Duplicate {
+			// The outcome was committed long before this copy came: an ack
+			// lost on the way only brings another copy, acked the same way.
+			// So no round trip to confirm it, which made a completed
+			// duplicate cost a request and its reply.
+			if err := in.msg.Ack(); err != nil {
+				log.Warn("ack of a duplicate failed; the redelivery will be acked as a duplicate", "error", err)
+			}
+			log.Debug("message acked", "result", res.Kind.String())
+			break
+		}
 		if err := in.msg.DoubleAck(sctx); err != nil {
 			// The outcome is committed: the redelivery finds it and acks.
 			log.Warn("ack not confirmed; the redelivery will be acked as a duplicate", "error", err)

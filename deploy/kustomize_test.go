@@ -257,6 +257,13 @@ func checkRendering(t *testing.T, b *binary, r *rendering) {
 	t.Run("env names", func(t *testing.T) { checkEnvNames(t, b, r) })
 	t.Run("one image", func(t *testing.T) { checkOneImage(t, r) })
 	t.Run("memory limit", func(t *testing.T) { checkMemoryLimit(t, r) })
+	t.Run("worker GC", func(t *testing.T) {
+		// The worker's GC pace is set in the deploy tree, not only in the
+		// bench: GOGC 200 under the GOMEMLIMIT of its own limit.
+		if got := wenv["GOGC"]; got != "200" {
+			t.Errorf("worker: GOGC=%q, want 200 (docs/performance.md)", got)
+		}
+	})
 
 	t.Run("probes", func(t *testing.T) {
 		for _, d := range append(append([]*appsv1.Deployment{w}, reconcilers(r)...), commandDeployments(r, "gateway")...) {

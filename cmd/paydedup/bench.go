@@ -44,8 +44,20 @@ every charge.
 
 --mode batched is the worker as shipped: batch fetch, one claim round trip
 per batch, a bounded pool of provider calls, group-committed completions.
---mode naive is the seeds' design: one message at a time, claim transaction,
-provider call, complete transaction, ack.
+--mode naive is the seeds' per-message design: each message alone, claim
+statement (autocommit), provider call, complete statement (autocommit), ack,
+with --concurrency handlers in parallel (default 1). --compare-naive runs
+the naive design after the batched run, at 1, 8 and 32 handlers with
+--naive-payments each, and reports the best and the ratio batched/best.
+
+--json also reports CPU time per payment over the consumption phase:
+pg_cpu_us_per_payment from /proc/<pid>/stat of the Postgres backends serving
+the bench's own connections (found by application_name; the cluster's WAL
+writer and checkpointer and other clients are not counted; -1 when the
+server is on another machine), and the bench process's CPU time split by
+pprof labels into worker_cpu_us_per_payment, sim_cpu_us_per_payment and
+nats_cpu_us_per_payment (with NATS_URL, the server is out of process and
+not counted). The live heap at the end is split the same way.
 
 --duplicates F republishes F×N of the commands with their own message ids, so
 they reach the worker (they are not dropped by the stream's duplicate
@@ -54,19 +66,27 @@ already completed, and times those separately.
 
 The last line with --json is one JSON object.`,
 		Example: `  paydedup bench --payments 20000 --mode batched --json
-  paydedup bench --payments 2000 --mode naive
+  paydedup bench --payments 2000 --mode naive --concurrency 32
+  paydedup bench --payments 20000 --compare-naive --json
   paydedup bench --payments 20000 --provider-latency 50ms --concurrency 256
   paydedup bench --payments 20000 --completed-duplicates`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return b.Run(cmd.Context()) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if b.cfg.Mode == "naive" && !cmd.Flags().Changed("concurrency") {
+				b.cfg.Concurrency = 1 // the naive design's own default: one message at a time
+			}
+			return b.Run(cmd.Context())
+		},
 	}
 	f := cmd.Flags()
 	c := &b.cfg
 	f.IntVar(&c.Payments, "payments", 20000, "distinct payments")
 	f.Float64Var(&c.Duplicates, "duplicates", 0, "fraction of payments published a second time, interleaved (0..1)")
 	f.DurationVar(&c.ProviderLatency, "provider-latency", 0, "latency of every provider call")
-	f.IntVar(&c.Concurrency, "concurrency", 256, "payments in flight (batched mode)")
+	f.IntVar(&c.Concurrency, "concurrency", 256, "provider calls in flight (batched mode); handlers in parallel (naive mode, default 1)")
 	f.StringVar(&c.Mode, "mode", "batched", "batched or naive")
+	f.BoolVar(&c.CompareNaive, "compare-naive", false, "afterwards, run the naive design at 1, 8 and 32 handlers and report batched/best")
+	f.IntVar(&c.NaivePayments, "naive-payments", 3000, "payments per naive run of --compare-naive")
 	f.StringVar(&c.Provider, "provider", "sim", "sim (the simulator's Go client) or stripe (the Stripe adapter over in-process HTTP)")
 	f.IntVar(&c.FetchBatch, "fetch-batch", consumer.DefaultFetchBatch, "messages per fetch and claim (batched mode)")
 	f.IntVar(&c.CommitBatch, "commit-batch", consumer.DefaultCommitBatch, "completions per group commit (batched mode)")
@@ -74,7 +94,7 @@ The last line with --json is one JSON object.`,
 	f.BoolVar(&c.CompletedDuplicates, "completed-duplicates", false, "afterwards, republish every payment (all completed) and time the duplicates")
 	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
 	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
-	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the consumption phase to this file (go tool pprof)")
+	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the consumption phase to this file (go tool pprof); with --completed-duplicates, that phase's to FILE.duplicates")
 	f.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end to this file (go tool pprof)")
 	c.DatabaseURL = a.getenv("DATABASE_URL")
 	c.NATSURL = a.getenv("NATS_URL")

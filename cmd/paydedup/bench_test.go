@@ -14,8 +14,8 @@ import (
 )
 
 // TestBenchReportsJSON runs the real bench, small, in both modes and with
-// both providers: the last line is the JSON report, and the simulator's
-// ledger says every payment was charged exactly once.
+// both providers: the last line is the JSON report, with CPU figures, and
+// the simulator's ledger says every payment was charged exactly once.
 func TestBenchReportsJSON(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"DATABASE_URL": testenv.PostgresURL(t), "NATS_URL": testenv.NATSURL(t)}
@@ -27,9 +27,13 @@ func TestBenchReportsJSON(t *testing.T) {
 		{"batched-sim", "batched", "sim", 400, 120, []string{"--duplicates", "0.3", "--completed-duplicates"}},
 		{"batched-stripe", "batched", "stripe", 200, 0, []string{"--provider-latency", "2ms", "--concurrency", "32"}},
 		{"naive-sim", "naive", "sim", 100, 0, nil},
+		{"naive-sim-8", "naive", "sim", 100, 0, []string{"--concurrency", "8"}},
+		{"compare-naive", "batched", "sim", 200, 0, []string{"--compare-naive", "--naive-payments", "40"}},
 	} {
+		// One at a time: each run profiles the process's CPU, which a
+		// process does for one caller at a time, and splits the process's
+		// CPU time, which a parallel run would blur.
 		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
 			args := append([]string{"bench", "--json", "--mode", c.mode, "--provider", c.provider,
 				"--payments", strconv.Itoa(c.payments)}, c.args...)
 			out, errOut, err := runCLI(context.Background(), env, args...)
@@ -59,6 +63,28 @@ func TestBenchReportsJSON(t *testing.T) {
 			case c.mode == "naive" && r.PGRoundTripsPerPayment < 2:
 				t.Errorf("naive: %.2f round trips per payment, want at least 2", r.PGRoundTripsPerPayment)
 			}
+			// The bench's backends are on this machine (testenv's local
+			// server), and the worker spends CPU on every payment. (The
+			// process's other tests run beside it, so the split itself is
+			// not asserted here: cpu_test.go checks it.)
+			if r.PGCPUUSPerPayment <= 0 || r.PGBackends < 1 || r.WorkerCPUUSPerPayment <= 0 || r.SimCPUUSPerPayment < 0 ||
+				r.NATSCPUUSPerPayment < 0 || r.ProcessCPUUSPerPayment < r.WorkerCPUUSPerPayment || r.HeapWorkerMB <= 0 {
+				t.Errorf("implausible CPU or heap figures: %+v", r)
+			}
+			wantConc := map[string]int{"naive-sim": 1, "naive-sim-8": 8}[c.name]
+			if wantConc > 0 && r.Concurrency != wantConc {
+				t.Errorf("naive ran %d handlers, want %d", r.Concurrency, wantConc)
+			}
+			if c.name == "compare-naive" {
+				if len(r.Naive) != 3 || r.NaiveBestPerSec <= 0 || r.RatioToBestNaive != r.PaymentsPerSec/r.NaiveBestPerSec {
+					t.Errorf("compare-naive: %d naive runs, best %v at %d, ratio %v", len(r.Naive), r.NaiveBestPerSec, r.NaiveBest, r.RatioToBestNaive)
+				}
+				for i, n := range r.Naive {
+					if n.Mode != "naive" || n.Concurrency != bench.NaiveConcurrencies[i] || n.Payments != 40 || n.DoubleCharges != 0 || n.Lost != 0 {
+						t.Errorf("naive run %d: %+v", i, n)
+					}
+				}
+			}
 			if c.name == "batched-sim" && (r.CompletedDuplicates != c.payments || r.CompletedDupMessagesSec <= 0) {
 				t.Errorf("completed duplicates: %d at %.0f/s, want %d", r.CompletedDuplicates, r.CompletedDupMessagesSec, c.payments)
 			}
@@ -79,6 +105,8 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"bench", "--mode", "fast"}, "--mode must be batched or naive"},
 		{[]string{"bench", "--duplicates", "1.5"}, "--duplicates must be within 0..1"},
 		{[]string{"bench", "--payments", "0"}, "--payments must be at least 1"},
+		{[]string{"bench", "--compare-naive", "--mode", "naive"}, "--compare-naive needs --mode batched"},
+		{[]string{"bench", "--compare-naive", "--naive-payments", "0"}, "--naive-payments of at least 1"},
 	} {
 		if _, _, err := runCLI(context.Background(), map[string]string{}, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want %q", c.args, err, c.want)

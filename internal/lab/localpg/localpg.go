@@ -157,3 +157,29 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error
 	_, err = m.Up(ctx)
 	return err
 }
+
+// BackendPIDs returns the process ids of the server's backends whose
+// application_name is app: the bench reads their CPU time from /proc.
+func BackendPIDs(ctx context.Context, pool *pgxpool.Pool, app string) ([]int, error) {
+	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app)
+	if err != nil {
+		return nil, fmt.Errorf("read the backends of %s: %w", app, err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("read the backends of %s: %w", app, err)
+	}
+	return pids, nil
+}
+
+// WithAppName returns a connection URL with its application_name set.
+func WithAppName(dbURL, name string) (string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
