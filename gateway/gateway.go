@@ -79,8 +79,15 @@ const (
 	DefaultQueuedRetryAfter = time.Second
 	DefaultDrainTimeout     = 20 * time.Second
 	DefaultIntake           = IntakeBatched
-	DefaultPurgeInterval    = time.Minute
-	purgeBatch              = 1000
+	// DefaultPoolSize is the PostgreSQL pool "paydedup gateway" opens
+	// unless DATABASE_URL sets pool_max_conns: a connection for each of
+	// the Flushers batches, and as many again for what runs beside them
+	// (GETs, API key look-ups on a cache miss, the purge, POSTs served per
+	// request). pgx's own default (4 on 2 cores) starves the per-request
+	// path.
+	DefaultPoolSize      = 2*DefaultFlushers + 8
+	DefaultPurgeInterval = time.Minute
+	purgeBatch           = 1000
 )
 
 // Records is what the gateway reads of the worker's idempotency store
