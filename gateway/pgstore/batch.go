@@ -164,7 +164,14 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 	marked := make(map[rowKey]bool, n)
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(marked)
-		rows, err := s.db.Pool.Query(ctx, `UPDATE gateway_intake g SET published_at = `+dbNow+`,
+		// Pipelined after a setting that makes this one transaction commit
+		// without waiting for its WAL flush: a crash may lose the mark, and
+		// a lost mark is what a failed IntakePublished already is (a retry
+		// after the publish lease publishes again; the worker's claim makes
+		// the copy harmless). The request does not wait for a second fsync.
+		b := &pgx.Batch{}
+		b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+		b.Queue(`UPDATE gateway_intake g SET published_at = `+dbNow+`,
 				locked_until = `+dbNow+` + @hold::interval, stream_seq = i.seq,
 				dead_letter_reason = CASE WHEN g.stream_seq = i.seq THEN g.dead_letter_reason END,
 				dead_letter_error = CASE WHEN g.stream_seq = i.seq THEN g.dead_letter_error END,
@@ -174,18 +181,28 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 			WHERE g.merchant_id = i.merchant_id AND g.idempotency_key = i.idempotency_key AND g.attempt = i.attempt
 			RETURNING g.merchant_id, g.idempotency_key`,
 			pgx.NamedArgs{"merchants": merchants, "keys": keys, "attempts": attempts, "seqs": seqs, "now": s.db.Now(), "hold": holdFor})
+		br := s.db.Pool.SendBatch(ctx, b)
+		defer br.Close()
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		rows, err := br.Query()
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
 		for rows.Next() {
 			var k rowKey
 			if err := rows.Scan(&k.merchant, &k.key); err != nil {
+				rows.Close()
 				return err
 			}
 			marked[k] = true
 		}
-		return rows.Err()
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return br.Close()
 	})
 	if err != nil {
 		return nil, interpretError("mark intakes published", err)

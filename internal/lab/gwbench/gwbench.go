@@ -69,6 +69,7 @@ type Config struct {
 	PoolSize    int    // the gateway's pool (pool_max_conns)
 	BatchSize   int
 	BatchWindow time.Duration
+	Flushers    int
 	JSON        bool
 	Timeout     time.Duration
 	CPUProfile  string
@@ -311,7 +312,7 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 		return Result{}, err
 	}
 	gw, err := gateway.New(records, p.gwStore, comp, pub, gateway.Config{
-		Intake: mode, BatchSize: cfg.BatchSize, BatchWindow: cfg.BatchWindow, Logger: slog.New(slog.DiscardHandler),
+		Intake: mode, BatchSize: cfg.BatchSize, BatchWindow: cfg.BatchWindow, Flushers: cfg.Flushers, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		return Result{}, err
