@@ -191,6 +191,7 @@ func (b *batcher) enqueue(it *item) error {
 	select {
 	case b.queue <- it:
 		b.merchant[m]++
+		b.g.metrics.queued.Inc()
 		return nil
 	default:
 		return errQueueFull
@@ -200,6 +201,8 @@ func (b *batcher) enqueue(it *item) error {
 func (b *batcher) dequeued(batch []*item) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.g.metrics.queued.Sub(float64(len(batch)))
+	b.g.metrics.batchSize.Observe(float64(len(batch)))
 	for _, it := range batch {
 		if b.merchant[it.cmd.MerchantID]--; b.merchant[it.cmd.MerchantID] <= 0 {
 			delete(b.merchant, it.cmd.MerchantID)
