@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/exaring/otelpgx"
@@ -47,6 +48,16 @@ func WithTracerProvider(tp trace.TracerProvider) ConnectOption {
 	return func(cfg *pgxpool.Config) {
 		cfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(tp),
 			otelpgx.WithMeterProvider(metricnoop.NewMeterProvider()))
+	}
+}
+
+// WithMaxConns sizes the pool to n connections unless the URL sets
+// pool_max_conns itself.
+func WithMaxConns(n int) ConnectOption {
+	return func(cfg *pgxpool.Config) {
+		if n > 0 && !strings.Contains(cfg.ConnString(), "pool_max_conns") {
+			cfg.MaxConns = int32(n)
+		}
 	}
 }
 
