@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/exaring/otelpgx"
@@ -60,6 +61,27 @@ func WithMaxConns(n int) ConnectOption {
 		}
 	}
 }
+
+// WithRoundTripCounter counts on n every statement and every pipelined
+// batch the pool sends: one round trip each (the benches report them).
+// It replaces any other tracer.
+func WithRoundTripCounter(n *atomic.Int64) ConnectOption {
+	return func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = roundTrips{n} }
+}
+
+type roundTrips struct{ n *atomic.Int64 }
+
+func (c roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // Connect opens a pgx pool for a database URL and checks that it answers.
 func Connect(ctx context.Context, url string, opts ...ConnectOption) (*pgxpool.Pool, error) {

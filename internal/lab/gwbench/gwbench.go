@@ -30,8 +30,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -218,33 +216,16 @@ func Run(ctx context.Context, cfg Config) error {
 	return errors.Join(errs...)
 }
 
-// roundTrips counts statements and batches sent to PostgreSQL: each is one
-// round trip.
-type roundTrips struct{ n atomic.Int64 }
-
-func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // phase is one mode's world: schema, streams, gateway.
 type phase struct {
 	cfg     Config
 	mode    string
-	pool    *pgxpool.Pool
 	gwStore *pgstore.Store
 	js      jetstream.JetStream
 	scfg    stream.Config
 	base    string
-	apiKeys []string // one per merchant
-	rt      roundTrips
+	apiKeys []string     // one per merchant
+	rt      atomic.Int64 // PostgreSQL round trips
 }
 
 func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn) (Result, error) {
@@ -255,22 +236,19 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 		return Result{}, err
 	}
 	defer func() { _ = dropSchema() }()
-	p.pool, err = pg.Connect(ctx, schemaURL, func(c *pgxpool.Config) {
-		c.MaxConns = int32(cfg.PoolSize)
-		c.ConnConfig.Tracer = &p.rt
-	})
+	pool, err := pg.Connect(ctx, schemaURL, pg.WithMaxConns(cfg.PoolSize), pg.WithRoundTripCounter(&p.rt))
 	if err != nil {
 		return Result{}, err
 	}
-	defer p.pool.Close()
-	if err := localpg.Migrate(ctx, p.pool, nil); err != nil {
+	defer pool.Close()
+	if err := localpg.Migrate(ctx, pool, nil); err != nil {
 		return Result{}, err
 	}
-	records, err := dedup.New(p.pool, dedup.Config{})
+	records, err := dedup.New(pool, dedup.Config{})
 	if err != nil {
 		return Result{}, err
 	}
-	if p.gwStore, err = pgstore.New(p.pool, pgstore.Config{}); err != nil {
+	if p.gwStore, err = pgstore.New(pool, pgstore.Config{}); err != nil {
 		return Result{}, err
 	}
 	for i := range cfg.Merchants {
@@ -280,7 +258,7 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 		}
 		p.apiKeys = append(p.apiKeys, key)
 	}
-	comp, err := pgstore.NewListener(p.pool, pgstore.ListenerConfig{})
+	comp, err := pgstore.NewListener(pool, pgstore.ListenerConfig{})
 	if err != nil {
 		return Result{}, err
 	}
@@ -384,7 +362,7 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 	}
 	var next atomic.Int64
 	outs := make([][]outcome, cfg.Connections)
-	p.rt.n.Store(0)
+	p.rt.Store(0)
 	cpu0 := cpuTime()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -413,7 +391,7 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
-	trips := p.rt.n.Load()
+	trips := p.rt.Load()
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("the load did not finish within --timeout: %w", err)
 	}
