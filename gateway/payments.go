@@ -228,8 +228,10 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		defer sub.Close()
 	}
 
-	if b := g.batch; b != nil && b.running.Load() {
-		it := &item{cmd: cmd, fp: fp, extra: extra, keyHash: apiKeyHashFrom(r.Context()), log: log, done: make(chan answer, 1)}
+	// The batch re-checks the API key its middleware hashed; a request
+	// authenticated before the batched intake started goes per request.
+	if b, hash := g.batch, apiKeyHashFrom(r.Context()); b != nil && hash != nil {
+		it := &item{cmd: cmd, fp: fp, extra: extra, keyHash: hash, log: log, done: make(chan answer, 1)}
 		if err := b.enqueue(it); err != nil {
 			g.shed(w, err)
 			return
