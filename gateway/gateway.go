@@ -78,8 +78,16 @@ const (
 	// but not yet claimed by a worker.
 	DefaultQueuedRetryAfter = time.Second
 	DefaultDrainTimeout     = 20 * time.Second
-	DefaultPurgeInterval    = time.Minute
-	purgeBatch              = 1000
+	DefaultIntake           = IntakeBatched
+	// DefaultPoolSize is the PostgreSQL pool "paydedup gateway" opens
+	// unless DATABASE_URL sets pool_max_conns: a connection for each of
+	// the Flushers batches, and as many again for what runs beside them
+	// (GETs, API key look-ups on a cache miss, the purge, POSTs served per
+	// request). pgx's own default (4 on 2 cores) starves the per-request
+	// path.
+	DefaultPoolSize      = 2*DefaultFlushers + 8
+	DefaultPurgeInterval = time.Minute
+	purgeBatch           = 1000
 )
 
 // Records is what the gateway reads of the worker's idempotency store
@@ -142,6 +150,24 @@ type Config struct {
 	IntakeRetention  time.Duration
 	QueuedRetryAfter time.Duration
 
+	// Intake is how POSTs are taken in: IntakeBatched (the default; many
+	// concurrent POSTs share each statement, see batch.go) or
+	// IntakePerRequest (each POST its own statements and commits). A Store
+	// or Records without the batch methods is served per request.
+	Intake string
+	// BatchSize bounds the POSTs one batch takes in; BatchWindow is how
+	// long a batch waits for more while a flush slot is free; Flushers is
+	// how many batches are settled at once (each holds one database
+	// connection while it runs).
+	BatchSize   int
+	BatchWindow time.Duration
+	Flushers    int
+	// QueueSize bounds the POSTs waiting for a batch: beyond it they are
+	// shed with 503. MerchantShare is the fraction of the queue one
+	// merchant may fill: beyond it its POSTs are 429.
+	QueueSize     int
+	MerchantShare float64
+
 	// DrainTimeout bounds a graceful shutdown: in-flight requests finish
 	// (waiters answer 202 at once), then connections are closed.
 	DrainTimeout  time.Duration
@@ -176,6 +202,12 @@ func (c Config) WithDefaults() Config {
 	c.QueuedRetryAfter = cmp.Or(c.QueuedRetryAfter, DefaultQueuedRetryAfter)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
+	c.Intake = cmp.Or(c.Intake, DefaultIntake)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.BatchWindow = cmp.Or(c.BatchWindow, DefaultBatchWindow)
+	c.Flushers = cmp.Or(c.Flushers, DefaultFlushers)
+	c.QueueSize = cmp.Or(c.QueueSize, DefaultQueueSize)
+	c.MerchantShare = cmp.Or(c.MerchantShare, DefaultMerchantShare)
 	if c.Limits.MaxBodyBytes <= 0 {
 		c.Limits.MaxBodyBytes = payment.DefaultMaxBodyBytes
 	}
@@ -213,6 +245,19 @@ func (c Config) Validate() error {
 	if c.RepublishAfter < c.PublishLease {
 		errs = append(errs, fmt.Errorf("republish after %v must be at least the publish lease %v", c.RepublishAfter, c.PublishLease))
 	}
+	if c.Intake != IntakeBatched && c.Intake != IntakePerRequest {
+		errs = append(errs, fmt.Errorf("intake must be %s or %s, got %q", IntakeBatched, IntakePerRequest, c.Intake))
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10000 || c.Flushers < 1 || c.QueueSize < 1 {
+		errs = append(errs, fmt.Errorf("batch size (1..10000, got %d), flushers (got %d) and queue size (got %d) must be at least 1",
+			c.BatchSize, c.Flushers, c.QueueSize))
+	}
+	if c.BatchWindow < 0 || c.BatchWindow > time.Second {
+		errs = append(errs, fmt.Errorf("batch window must be within 0..1s, got %v", c.BatchWindow))
+	}
+	if c.MerchantShare <= 0 || c.MerchantShare > 1 {
+		errs = append(errs, fmt.Errorf("merchant share must be within (0, 1], got %v", c.MerchantShare))
+	}
 	if c.Webhooks.Verifier != nil && c.Webhooks.Ledger == nil {
 		errs = append(errs, errors.New("webhooks need the ledger they settle"))
 	}
@@ -234,6 +279,7 @@ type Gateway struct {
 	log     *slog.Logger
 	metrics *metrics
 	handler http.Handler
+	batch   *batcher // nil: every POST is served per request
 
 	draining  atomic.Bool
 	drain     chan struct{} // closed when shutdown begins
@@ -263,6 +309,13 @@ func New(records Records, store Store, comp Completions, pub Publisher, cfg Conf
 		cfg.Propagator = propagation.TraceContext{}
 	}
 	g.prop = cfg.Propagator
+	if cfg.Intake == IntakeBatched {
+		bs, okS := store.(batchStore)
+		br, okR := records.(batchRecords)
+		if okS && okR {
+			g.batch = newBatcher(g, bs, br)
+		}
+	}
 	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -311,8 +364,14 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	purgeCtx, stopPurge := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { g.purgeLoop(purgeCtx) })
+	// The batched intake outlives the drain: in-flight POSTs wait on it.
+	batchCtx, stopBatch := context.WithCancel(context.WithoutCancel(ctx))
+	if g.batch != nil {
+		wg.Go(func() { g.batch.run(batchCtx) })
+	}
 	defer func() {
 		stopPurge()
+		stopBatch()
 		wg.Wait()
 	}()
 	g.log.Info("gateway listening", "addr", ln.Addr().String())

@@ -43,6 +43,7 @@ const (
 	ProblemInternal            = problemTypePrefix + "internal"
 	ProblemUnavailable         = problemTypePrefix + "unavailable"
 	ProblemMethodNotAllowed    = problemTypePrefix + "method-not-allowed"
+	ProblemRateLimited         = problemTypePrefix + "rate-limited"
 	problemContentType         = "application/problem+json"
 	jsonContentType            = "application/json"
 	maxRetryAfter              = time.Minute
@@ -59,6 +60,7 @@ const (
 	problemDetailMissingKey    = "Send an Idempotency-Key header (for example a UUID) and reuse it for every retry of this payment."
 	problemDetailUnsupported   = "Send the payment as application/json."
 	problemDetailMethodAllowed = "This method is not allowed on this resource."
+	problemDetailRateLimited   = "Your account has too many payments waiting to be taken in; retry after Retry-After with the same Idempotency-Key."
 )
 
 // Problem is an RFC 9457 problem detail. Field and Reason name what was
@@ -176,10 +178,25 @@ func merchantFrom(ctx context.Context) string {
 	return m
 }
 
+type apiKeyHashKey struct{}
+
+// apiKeyHashFrom is the hash of the request's API key (batched POSTs).
+func apiKeyHashFrom(ctx context.Context) []byte {
+	h, _ := ctx.Value(apiKeyHashKey{}).([]byte)
+	return h
+}
+
+func (g *Gateway) unauthenticated(w http.ResponseWriter) {
+	g.metrics.authFailures.Inc()
+	w.Header().Set("WWW-Authenticate", bearerInvalid)
+	writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})
+}
+
 // authenticate resolves the bearer API key to its merchant. A missing key
 // and a wrong key are both 401; nothing tells a revoked key from an unknown
-// one.
-func (g *Gateway) authenticate(next http.Handler) http.Handler {
+// one. With cached (POST while the batched intake runs) a key seen before
+// is taken from the cache: the batch re-checks it before anything is done.
+func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		token = strings.TrimSpace(token)
@@ -188,21 +205,36 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout)
-		merchant, err := g.store.Authenticate(ctx, token)
+		ctx := r.Context()
+		b := g.batch
+		if cached && b != nil && b.running.Load() {
+			if !pgstore.ValidAPIKeyShape(token) {
+				g.unauthenticated(w)
+				return
+			}
+			hash := pgstore.HashAPIKey(token)
+			ctx = context.WithValue(ctx, apiKeyHashKey{}, hash)
+			if merchant, ok := b.keys.get(hash); ok {
+				next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, merchantKey{}, merchant)))
+				return
+			}
+		}
+		actx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
+		merchant, err := g.store.Authenticate(actx, token)
 		cancel()
 		switch {
 		case errors.Is(err, pgstore.ErrUnauthenticated):
-			g.metrics.authFailures.Inc()
-			w.Header().Set("WWW-Authenticate", bearerInvalid)
-			writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})
+			g.unauthenticated(w)
 			return
 		case err != nil:
-			g.log.Error("authentication failed", "error", err)
+			g.logRequestError(r, g.log, "authentication failed", err)
 			unavailable(w)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), merchantKey{}, merchant)))
+		if hash := apiKeyHashFrom(ctx); hash != nil {
+			b.keys.put(hash, merchant)
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, merchantKey{}, merchant)))
 	})
 }
 
@@ -210,8 +242,8 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 // its signature); anything else is a problem+json 404 or 405.
 func (g *Gateway) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/payments", g.instrument("post_payment", g.authenticate(http.HandlerFunc(g.postPayment))))
-	mux.Handle("GET /v1/payments/{key}", g.instrument("get_payment", g.authenticate(http.HandlerFunc(g.getPayment))))
+	mux.Handle("POST /v1/payments", g.instrument("post_payment", g.authenticate(http.HandlerFunc(g.postPayment), true)))
+	mux.Handle("GET /v1/payments/{key}", g.instrument("get_payment", g.authenticate(http.HandlerFunc(g.getPayment), false)))
 	mux.Handle("/v1/payments", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", http.MethodPost)
 		writeProblem(w, Problem{Type: ProblemMethodNotAllowed, Status: http.StatusMethodNotAllowed, Detail: problemDetailMethodAllowed})

@@ -19,6 +19,8 @@ type metrics struct {
 	waits           *prometheus.CounterVec
 	authFailures    prometheus.Counter
 	webhooks        *prometheus.CounterVec
+	queued          prometheus.Gauge
+	batchSize       prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -34,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route"}),
 		idempotency: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_idempotency_total",
-			Help: "POST /v1/payments by what the Idempotency-Key found: new, replayed, in_flight, mismatch, dead_lettered, not_republished.",
+			Help: "POST /v1/payments by what the Idempotency-Key found: new, replayed, in_flight, mismatch, dead_lettered, not_republished; shed and shed_merchant when the batched intake had no room.",
 		}, []string{"result"}),
 		publishes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_publishes_total",
@@ -57,8 +59,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "paydedup_gateway_webhook_events_total",
 			Help: "Stripe webhook events by what they did: settled, agrees, disagrees (a final ledger row the event contradicts; the row is unchanged), still_processing, foreign_intent, no_payment, not_ours, ignored_type, bad_signature, error.",
 		}, []string{"result"}),
+		queued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "paydedup_gateway_intake_queued",
+			Help: "POSTs waiting in the batched intake's queue for a batch.",
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "paydedup_gateway_intake_batch_size",
+			Help:    "POSTs per batch of the batched intake.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.idempotency, m.publishes, m.publishDuration, m.waits, m.authFailures, m.webhooks} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.idempotency, m.publishes, m.publishDuration, m.waits, m.authFailures, m.webhooks, m.queued, m.batchSize} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("gateway metrics: %w", err)
 		}

@@ -228,19 +228,30 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		defer sub.Close()
 	}
 
+	// The batch re-checks the API key its middleware hashed; a request
+	// authenticated before the batched intake started goes per request.
+	if b, hash := g.batch, apiKeyHashFrom(r.Context()); b != nil && hash != nil {
+		it := &item{cmd: cmd, fp: fp, extra: extra, keyHash: hash, log: log, done: make(chan answer, 1)}
+		if err := b.enqueue(it); err != nil {
+			g.shed(w, err)
+			return
+		}
+		a := <-it.done // the batch answers within its own deadlines
+		if a.kind != ansAccepted {
+			g.write(w, a)
+			return
+		}
+		g.accepted(ctx, w, a.in, sub, wait, fp)
+		return
+	}
+
 	rec, err := g.records.Get(ctx, merchant, key)
 	switch {
-	case err == nil && !bytes.Equal(rec.RequestHash, fp):
-		g.keyReused(w)
-		return
-	case err == nil && rec.Status == dedup.StatusCompleted:
-		g.metrics.idempotency.WithLabelValues("replayed").Inc()
-		writeOutcome(w, rec, true)
-		return
-	case err == nil && rec.Status == dedup.StatusPending:
-		g.keyInUse(w, rec.LockedUntil.Sub(g.cfg.Clock.Now()))
-		return
 	case err == nil:
+		if a, decided := g.fromRecord(rec, fp); decided {
+			g.write(w, a)
+			return
+		}
 		// `failed` (known not charged, retried by the queue; its message
 		// may have been dead-lettered): publish if nobody is.
 	case errors.Is(err, dedup.ErrNotFound):
@@ -248,23 +259,25 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		// records, and a key it knows with other terms is reused.
 		p, lerr := g.records.GetPayment(ctx, merchant, key)
 		switch {
-		case lerr == nil && (p.Amount != cmd.Amount || p.Currency != cmd.Currency):
-			g.keyReused(w)
-			return
-		case lerr != nil && !errors.Is(lerr, dedup.ErrNotFound):
-			log.Error("read payments ledger", "error", lerr)
+		case lerr == nil:
+			if a, decided := fromLedger(p, cmd); decided {
+				g.write(w, a)
+				return
+			}
+		case !errors.Is(lerr, dedup.ErrNotFound):
+			g.logRequestError(r, log, "read payments ledger", lerr)
 			unavailable(w)
 			return
 		}
 	default:
-		log.Error("read idempotency record", "error", err)
+		g.logRequestError(r, log, "read idempotency record", err)
 		unavailable(w)
 		return
 	}
 
 	res, err := g.store.AcquireIntake(ctx, dedup.NewClaimRequest(cmd), g.cfg.PublishLease, g.cfg.IntakeRetention)
 	if err != nil {
-		log.Error("acquire intake", "error", err)
+		g.logRequestError(r, log, "acquire intake", err)
 		unavailable(w)
 		return
 	}
@@ -273,23 +286,14 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		g.keyReused(w)
 		return
 	case pgstore.IntakeDeadLettered:
-		g.metrics.idempotency.WithLabelValues("dead_lettered").Inc()
-		g.writeDeadLetter(w, res.Intake)
+		g.write(w, answer{kind: ansDeadLetter, in: res.Intake})
 		return
 	case pgstore.IntakeHeld:
 		// Another request published it (or is publishing it). The worker
 		// may have finished since the read above.
 		if rec, err := g.records.Get(ctx, merchant, key); err == nil {
-			switch {
-			case !bytes.Equal(rec.RequestHash, fp):
-				g.keyReused(w)
-				return
-			case rec.Status == dedup.StatusCompleted:
-				g.metrics.idempotency.WithLabelValues("replayed").Inc()
-				writeOutcome(w, rec, true)
-				return
-			case rec.Status == dedup.StatusPending:
-				g.keyInUse(w, rec.LockedUntil.Sub(g.cfg.Clock.Now()))
+			if a, decided := g.fromRecord(rec, fp); decided {
+				g.write(w, a)
 				return
 			}
 		}
@@ -300,19 +304,8 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	in := res.Intake
 	republish := 0
 	if in.Published() {
-		// A retry after the republish hold. While the stream still holds
-		// the published copy (the worker is behind), publishing again only
-		// adds a copy: hold the key for another period instead.
-		stored, err := g.pub.Stored(ctx, merchant, key, in.StreamSeq)
-		if err != nil {
-			log.Warn("cannot tell whether the stream holds the published copy; publishing again", "error", err)
-		}
-		if err == nil && stored {
-			if err := g.store.IntakePublished(ctx, in, in.StreamSeq, g.cfg.RepublishAfter); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
-				log.Warn("could not hold the intake again", "error", err)
-			}
-			g.metrics.idempotency.WithLabelValues("not_republished").Inc()
-			g.keyInUse(w, g.cfg.QueuedRetryAfter)
+		if g.heldAgain(ctx, in, log) {
+			g.write(w, answer{kind: ansNotRepublished})
 			return
 		}
 		republish = in.Attempt
@@ -322,6 +315,13 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.metrics.idempotency.WithLabelValues("new").Inc()
+	g.accepted(ctx, w, in, sub, wait, fp)
+}
+
+// accepted answers a POST whose command was published: 202, or with
+// Prefer: wait, its outcome if it completes within the wait.
+func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in pgstore.Intake, sub *pgstore.Subscription, wait time.Duration, fp []byte) {
+	merchant, key := in.MerchantID, in.IdempotencyKey
 	w.Header().Set("Location", location(key))
 	if wait == 0 {
 		writeJSON(w, http.StatusAccepted, paymentFromIntake(in))
@@ -341,6 +341,25 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// heldAgain handles a retry after the republish hold, whose intake it
+// acquired: while the stream still holds the published copy (the worker
+// is behind), publishing again only adds a copy, so the key is held for
+// another period instead (true). false: publish again.
+func (g *Gateway) heldAgain(ctx context.Context, in pgstore.Intake, log *slog.Logger) bool {
+	stored, err := g.pub.Stored(ctx, in.MerchantID, in.IdempotencyKey, in.StreamSeq)
+	if err != nil {
+		log.Warn("cannot tell whether the stream holds the published copy; publishing again", "error", err)
+		return false
+	}
+	if !stored {
+		return false
+	}
+	if err := g.store.IntakePublished(ctx, in, in.StreamSeq, g.cfg.RepublishAfter); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+		log.Warn("could not hold the intake again", "error", err)
+	}
+	return true
+}
+
 // publish publishes a command whose intake the caller holds, and records
 // the publish and its stream sequence. A client that hangs up meanwhile
 // does not cut it short. A failed publish gives the intake up: nothing
@@ -352,11 +371,7 @@ func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[s
 	seq, err := g.pub.Publish(pctx, cmd, extra, republish)
 	g.metrics.publishDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
-		g.metrics.publishes.WithLabelValues("error").Inc()
-		log.Error("publish failed; the client's retry will publish again", "error", err)
-		if aerr := g.store.AbandonIntake(pctx, in); aerr != nil && !errors.Is(aerr, dedup.ErrLeaseLost) {
-			log.Warn("could not release the intake; it is taken over once its lease passes", "error", aerr)
-		}
+		g.publishFailed(pctx, in, err, log)
 		return false
 	}
 	g.metrics.publishes.WithLabelValues("ok").Inc()
@@ -367,6 +382,40 @@ func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[s
 	}
 	log.Info("payment accepted", "attempt", in.Attempt, "stream_seq", seq, "republish", republish > 0)
 	return true
+}
+
+// publishFailed gives up the intake of a command whose publish failed.
+func (g *Gateway) publishFailed(ctx context.Context, in pgstore.Intake, err error, log *slog.Logger) {
+	g.metrics.publishes.WithLabelValues("error").Inc()
+	log.Error("publish failed; the client's retry will publish again", "error", err)
+	if aerr := g.store.AbandonIntake(ctx, in); aerr != nil && !errors.Is(aerr, dedup.ErrLeaseLost) {
+		log.Warn("could not release the intake; it is taken over once its lease passes", "error", aerr)
+	}
+}
+
+// shed answers a request the batched intake has no room for: 503 when
+// the queue is full, 429 when its merchant holds its share of it; both
+// say when to retry. Nothing was taken in.
+func (g *Gateway) shed(w http.ResponseWriter, err error) {
+	setRetryAfter(w, overloadRetryAfter)
+	if errors.Is(err, errMerchantBusy) {
+		g.metrics.idempotency.WithLabelValues("shed_merchant").Inc()
+		writeProblem(w, Problem{Type: ProblemRateLimited, Status: http.StatusTooManyRequests, Detail: problemDetailRateLimited})
+		return
+	}
+	g.metrics.idempotency.WithLabelValues("shed").Inc()
+	writeProblem(w, Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: problemDetailUnavailable})
+}
+
+// logRequestError logs a failed step of a request: at debug level when the
+// client went away (its context was cancelled, so the step was cut short:
+// nothing to fix), as an error otherwise.
+func (g *Gateway) logRequestError(r *http.Request, log *slog.Logger, what string, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		log.Debug(what+": the client went away", "error", err)
+		return
+	}
+	log.Error(what, "error", err)
 }
 
 // waitCompleted waits up to wait for the key to complete: it reads the

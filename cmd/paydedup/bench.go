@@ -98,6 +98,7 @@ The last line with --json is one JSON object.`,
 	f.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end to this file (go tool pprof)")
 	c.DatabaseURL = a.getenv("DATABASE_URL")
 	c.NATSURL = a.getenv("NATS_URL")
+	cmd.AddCommand(newBenchGatewayCmd(a))
 	return cmd
 }
 

@@ -36,6 +36,8 @@ type gatewayCmd struct {
 	adminAddr string
 	retention time.Duration
 	pubWait   time.Duration
+	poolSize  int
+	share     int // MerchantShare in percent
 	cfg       gateway.Config
 	// webhookSecret is STRIPE_WEBHOOK_SECRET, never a flag (flags show in
 	// process listings); empty leaves POST /v1/stripe/webhooks off.
@@ -89,6 +91,13 @@ within --drain-timeout (waiting requests answer 202) and exits 0.`,
 	f.DurationVar(&c.RepublishAfter, "republish-after", a.envDuration("PAYDEDUP_REPUBLISH_AFTER", gateway.DefaultRepublishAfter), "after a publish, how long a retry that finds no worker record answers 409 without asking the stream; after it, the command is published again only if the stream no longer holds it (PAYDEDUP_REPUBLISH_AFTER)")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", gateway.DefaultDrainTimeout), "on SIGTERM, how long in-flight requests may finish (PAYDEDUP_DRAIN_TIMEOUT)")
 	f.DurationVar(&g.pubWait, "publish-timeout", a.envDuration("PAYDEDUP_PUBLISH_TIMEOUT", stream.DefaultPublishTimeout), "time to wait for the stream's PubAck (PAYDEDUP_PUBLISH_TIMEOUT)")
+	f.StringVar(&c.Intake, "intake", envOr(a.getenv, "PAYDEDUP_GATEWAY_INTAKE", gateway.DefaultIntake), "how POSTs are taken in: batched (concurrent POSTs share each statement and commit) or per-request (PAYDEDUP_GATEWAY_INTAKE)")
+	f.IntVar(&c.BatchSize, "batch-size", a.envInt("PAYDEDUP_GATEWAY_BATCH_SIZE", gateway.DefaultBatchSize), "most POSTs one batch takes in (PAYDEDUP_GATEWAY_BATCH_SIZE)")
+	f.DurationVar(&c.BatchWindow, "batch-window", a.envDuration("PAYDEDUP_GATEWAY_BATCH_WINDOW", gateway.DefaultBatchWindow), "how long a batch waits for more POSTs while a flush slot is free (PAYDEDUP_GATEWAY_BATCH_WINDOW)")
+	f.IntVar(&c.Flushers, "flushers", a.envInt("PAYDEDUP_GATEWAY_FLUSHERS", gateway.DefaultFlushers), "batches settled at once, each on one database connection (PAYDEDUP_GATEWAY_FLUSHERS)")
+	f.IntVar(&c.QueueSize, "queue-size", a.envInt("PAYDEDUP_GATEWAY_QUEUE_SIZE", gateway.DefaultQueueSize), "POSTs that may wait for a batch; beyond it they are answered 503 with Retry-After (PAYDEDUP_GATEWAY_QUEUE_SIZE)")
+	f.IntVar(&g.share, "merchant-share", a.envInt("PAYDEDUP_GATEWAY_MERCHANT_SHARE", int(100*gateway.DefaultMerchantShare)), "percent of the queue one merchant may fill; beyond it its POSTs are 429 with Retry-After (PAYDEDUP_GATEWAY_MERCHANT_SHARE)")
+	f.IntVar(&g.poolSize, "pool-size", a.envInt("PAYDEDUP_PG_POOL_SIZE", gateway.DefaultPoolSize), "PostgreSQL connections, unless DATABASE_URL sets pool_max_conns (PAYDEDUP_PG_POOL_SIZE)")
 	g.webhookSecret = a.getenv("STRIPE_WEBHOOK_SECRET")
 	f.DurationVar(&g.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys (and the gateway's intake rows) are kept (PAYDEDUP_KEY_RETENTION)")
 	return cmd
@@ -99,10 +108,17 @@ func (g *gatewayCmd) validate() (gateway.Config, error) {
 	cfg.IntakeRetention = g.retention
 	cfg.PublishLease = max(gateway.DefaultPublishLease, 2*g.pubWait)
 	cfg.Logger = g.app.logger
+	cfg.MerchantShare = float64(g.share) / 100
 	cfg = cfg.WithDefaults()
 	errs := []error{g.db.validate(), g.nats.validate(), g.streams.validate()}
 	if g.httpAddr == "" {
 		errs = append(errs, errors.New("PAYDEDUP_HTTP_ADDR / --http-addr is empty"))
+	}
+	if g.poolSize < 1 || g.poolSize > 10000 {
+		errs = append(errs, fmt.Errorf("PAYDEDUP_PG_POOL_SIZE / --pool-size must be within 1..10000, got %d", g.poolSize))
+	}
+	if g.share < 1 || g.share > 100 {
+		errs = append(errs, fmt.Errorf("PAYDEDUP_GATEWAY_MERCHANT_SHARE / --merchant-share must be within 1..100 (percent), got %d", g.share))
 	}
 	if g.pubWait <= 0 {
 		errs = append(errs, fmt.Errorf("PAYDEDUP_PUBLISH_TIMEOUT / --publish-timeout must be positive, got %v", g.pubWait))
@@ -126,7 +142,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopTracing()
-	pool, err := pg.Connect(ctx, g.db.url, traced...)
+	pool, err := pg.Connect(ctx, g.db.url, append(traced, pg.WithMaxConns(g.poolSize))...)
 	if err != nil {
 		return err
 	}

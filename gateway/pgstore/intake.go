@@ -130,7 +130,22 @@ INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amo
     locked_until, created_at, expires_at)
 VALUES (@merchant, @key, @hash, @amount, @currency, 1, ` + dbNow + ` + @lease::interval, ` + dbNow + `,
     ` + dbNow + ` + @retention::interval)
-ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
+` + acquireIntakeConflict
+
+// acquireIntakesSQL is acquireIntakeSQL for a batch of distinct keys, in
+// key order so that concurrent batches lock rows in the same order.
+const acquireIntakesSQL = `
+INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
+    locked_until, created_at, expires_at)
+SELECT i.merchant_id, i.idempotency_key, i.request_hash, i.amount, i.currency, 1,
+    ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + ` + @retention::interval
+FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[])
+    AS i(merchant_id, idempotency_key, request_hash, amount, currency)
+ORDER BY i.merchant_id, i.idempotency_key
+` + acquireIntakeConflict
+
+// acquireIntakeConflict is the takeover rule both acquire statements share.
+const acquireIntakeConflict = `ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
 SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency,
     attempt = g.attempt + 1, locked_until = excluded.locked_until,
     published_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN NULL ELSE g.published_at END,

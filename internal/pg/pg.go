@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/exaring/otelpgx"
@@ -52,6 +53,37 @@ func WithTracerProvider(tp trace.TracerProvider) ConnectOption {
 			otelpgx.WithMeterProvider(metricnoop.NewMeterProvider()))
 	}
 }
+
+// WithMaxConns sizes the pool to n connections unless the URL sets
+// pool_max_conns itself.
+func WithMaxConns(n int) ConnectOption {
+	return func(cfg *pgxpool.Config) {
+		if n > 0 && !strings.Contains(cfg.ConnString(), "pool_max_conns") {
+			cfg.MaxConns = int32(n)
+		}
+	}
+}
+
+// WithRoundTripCounter counts on n every statement and every pipelined
+// batch the pool sends: one round trip each (the benches report them).
+// It replaces any other tracer.
+func WithRoundTripCounter(n *atomic.Int64) ConnectOption {
+	return func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = roundTrips{n} }
+}
+
+type roundTrips struct{ n *atomic.Int64 }
+
+func (c roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // Connect opens a pgx pool for a database URL and checks that it answers.
 // The URL may name several hosts (postgres://h1:5432,h2:5432/db); with

@@ -1,0 +1,87 @@
+//go:build !nolab
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/internal/lab/gwbench"
+	"github.com/paydedup/paydedup/internal/lab/localpg"
+)
+
+type benchGatewayCmd struct {
+	app *app
+	cfg gwbench.Config
+}
+
+func newBenchGatewayCmd(a *app) *cobra.Command {
+	b := &benchGatewayCmd{app: a}
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Measure the HTTP gateway's intake through real NATS and PostgreSQL",
+		Long: `bench gateway starts the gateway in process over real PostgreSQL and NATS
+JetStream (no worker: it measures what the door takes in) and drives it with
+--connections concurrent HTTP/1.1 keep-alive clients: --requests distinct
+payments with unique Idempotency-Keys, a share (--retries) sent again with
+the same key, a share (--duplicates) sent twice at the same moment. At the
+end every accepted (202) payment must be published in the gateway's intake
+and on the stream exactly once, and nothing else on the stream; otherwise
+the command exits non-zero.
+
+--mode batched is the gateway as shipped (PAYDEDUP_GATEWAY_INTAKE=batched);
+--mode per-request is the old path, each POST its own statements and
+commits; --mode both runs the two in the same run, each in a fresh schema
+and stream, and reports the speedup. Both use --pool-size connections.
+
+Figures: requests_per_sec counts every POST, accepted the 202s; latencies
+are per POST as the client sees them; pg_round_trips_per_request counts
+statements and pipelined batches sent to PostgreSQL; cpu_ms_per_request is
+this process's CPU (clients and gateway; PostgreSQL and NATS are apart).
+
+NATS: NATS_URL, or an embedded server. PostgreSQL: DATABASE_URL, or the
+paydedup_bench database on the local server, as "paydedup bench".
+The last line with --json is one JSON object.`,
+		Example: `  paydedup bench gateway --mode both --connections 128 --json
+  paydedup bench gateway --requests 100000 --mode batched`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return b.Run(cmd.Context()) },
+	}
+	f := cmd.Flags()
+	c := &b.cfg
+	f.IntVar(&c.Connections, "connections", 128, "concurrent keep-alive HTTP clients")
+	f.IntVar(&c.Requests, "requests", 30000, "distinct payments per mode")
+	f.Float64Var(&c.Retries, "retries", 0.05, "fraction of payments sent again with the same key after the answer (0..1)")
+	f.Float64Var(&c.Duplicates, "duplicates", 0.02, "fraction of payments sent twice at the same moment (0..1)")
+	f.IntVar(&c.Merchants, "merchants", 4, "merchants (one API key each) the payments are spread over")
+	f.StringVar(&c.Mode, "mode", gwbench.ModeBoth, "batched, per-request, or both")
+	f.IntVar(&c.PoolSize, "pool-size", gateway.DefaultPoolSize, "the gateway's PostgreSQL pool")
+	f.IntVar(&c.BatchSize, "batch-size", gateway.DefaultBatchSize, "POSTs per batch (batched mode)")
+	f.DurationVar(&c.BatchWindow, "batch-window", gateway.DefaultBatchWindow, "how long a batch waits for more POSTs (batched mode)")
+	f.IntVar(&c.Flushers, "flushers", gateway.DefaultFlushers, "batches settled at once (batched mode)")
+	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
+	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
+	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the batched load to this file (go tool pprof)")
+	c.DatabaseURL = a.getenv("DATABASE_URL")
+	c.NATSURL = a.getenv("NATS_URL")
+	return cmd
+}
+
+// Run runs the gateway bench.
+func (b *benchGatewayCmd) Run(ctx context.Context) error {
+	c := b.cfg
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	key, err := b.app.labDLQKey()
+	if err != nil {
+		return fmt.Errorf("bench gateway: %w", err)
+	}
+	c.DLQKey, c.Out, c.ErrOut = key, b.app.out, b.app.errOut
+	c.AdminURL = envOr(b.app.getenv, localPostgresEnv, localpg.AdminURL)
+	return gwbench.Run(ctx, c)
+}

@@ -1,0 +1,538 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// The batched intake (Config.Intake = IntakeBatched): concurrent POSTs are
+// taken in together, the way the worker group-commits its completions.
+// Each request, once validated, joins a bounded queue; a collector cuts the
+// queue into batches (up to BatchSize, waiting at most BatchWindow for more
+// while a flush slot is free) and each batch is settled with one statement
+// per step for all its keys: API keys re-checked (a revoked key is refused
+// by the next batch), records read, ledger read, intakes acquired, then
+// every acquired command published at once (each PubAck awaited), and the
+// publishes recorded in one statement. Each request waits for the batch
+// that covers it and answers exactly as the per-request path would: the
+// decision rules are the same functions.
+//
+// A full queue is answered 503 and a merchant over its share of it 429,
+// both with Retry-After, at once: the gateway sheds load instead of letting
+// requests time out.
+
+// Intake modes.
+const (
+	IntakeBatched    = "batched"
+	IntakePerRequest = "per-request"
+)
+
+// Defaults of the batched intake.
+const (
+	DefaultBatchSize   = 128
+	DefaultBatchWindow = time.Millisecond
+	DefaultFlushers    = 4
+	DefaultQueueSize   = 4096
+	// DefaultMerchantShare is the fraction of the queue one merchant may
+	// fill; beyond it its requests are 429 while others still get in.
+	DefaultMerchantShare = 0.5
+	// overloadRetryAfter is the Retry-After of a shed request.
+	overloadRetryAfter = time.Second
+	maxCachedAPIKeys   = 10000
+)
+
+// batchStore is what the batched intake needs of the gateway's store
+// (*pgstore.Store); a Store without it is served per request.
+type batchStore interface {
+	AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
+	IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error)
+	ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]string, error)
+}
+
+// batchRecords is what the batched intake reads of the worker's records
+// (*dedup.Store).
+type batchRecords interface {
+	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
+	PaymentsFor(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Payment, error)
+}
+
+// answerKind is how a request is answered.
+type answerKind int
+
+const (
+	ansPending answerKind = iota // not decided yet
+	ansAccepted
+	ansReused
+	ansReplay
+	ansInUse
+	ansDeadLetter
+	ansNotRepublished
+	ansUnavailable
+	ansUnauthenticated
+)
+
+// answer is the decision for one POST.
+type answer struct {
+	kind  answerKind
+	rec   dedup.Record   // ansReplay
+	in    pgstore.Intake // ansAccepted, ansDeadLetter
+	retry time.Duration  // ansInUse
+}
+
+// fromRecord decides a POST from the key's record, when the record decides
+// it: another fingerprint is 422, a completed key is replayed, a key a
+// worker holds is 409. A failed record decides nothing (the command is
+// published again if nobody is).
+func (g *Gateway) fromRecord(rec dedup.Record, fp []byte) (answer, bool) {
+	switch {
+	case !bytes.Equal(rec.RequestHash, fp):
+		return answer{kind: ansReused}, true
+	case rec.Status == dedup.StatusCompleted:
+		return answer{kind: ansReplay, rec: rec}, true
+	case rec.Status == dedup.StatusPending:
+		return answer{kind: ansInUse, retry: rec.LockedUntil.Sub(g.cfg.Clock.Now())}, true
+	}
+	return answer{}, false
+}
+
+// fromLedger decides a POST whose key has no record from its ledger row.
+func fromLedger(p dedup.Payment, cmd *payment.Command) (answer, bool) {
+	if p.Amount != cmd.Amount || p.Currency != cmd.Currency {
+		return answer{kind: ansReused}, true
+	}
+	return answer{}, false
+}
+
+// write answers a decided POST (not ansAccepted: the caller goes on).
+func (g *Gateway) write(w http.ResponseWriter, a answer) {
+	switch a.kind {
+	case ansReused:
+		g.keyReused(w)
+	case ansReplay:
+		g.metrics.idempotency.WithLabelValues("replayed").Inc()
+		writeOutcome(w, a.rec, true)
+	case ansInUse:
+		g.keyInUse(w, a.retry)
+	case ansNotRepublished:
+		g.metrics.idempotency.WithLabelValues("not_republished").Inc()
+		g.keyInUse(w, g.cfg.QueuedRetryAfter)
+	case ansDeadLetter:
+		g.metrics.idempotency.WithLabelValues("dead_lettered").Inc()
+		g.writeDeadLetter(w, a.in)
+	case ansUnauthenticated:
+		g.unauthenticated(w)
+	default:
+		unavailable(w)
+	}
+}
+
+// item is one POST waiting in the batched intake.
+type item struct {
+	cmd     *payment.Command
+	fp      []byte
+	extra   map[string]string
+	keyHash []byte // the API key's, re-checked by the batch
+	log     *slog.Logger
+	done    chan answer // buffered: the batch never blocks on a request
+	ans     answer
+}
+
+// Shedding errors of the batched intake.
+var (
+	errQueueFull    = errors.New("intake queue full")
+	errMerchantBusy = errors.New("merchant over its share of the intake queue")
+)
+
+// batcher is the batched intake.
+type batcher struct {
+	g       *Gateway
+	store   batchStore
+	records batchRecords
+	queue   chan *item
+	slots   chan struct{} // one per batch being flushed
+	share   int           // most queued requests of one merchant
+	running atomic.Bool
+	keys    keyCache
+
+	mu       sync.Mutex
+	merchant map[string]int // queued requests per merchant
+}
+
+func newBatcher(g *Gateway, store batchStore, records batchRecords) *batcher {
+	c := g.cfg
+	return &batcher{g: g, store: store, records: records,
+		queue: make(chan *item, c.QueueSize), slots: make(chan struct{}, c.Flushers),
+		share: max(1, int(float64(c.QueueSize)*c.MerchantShare)), merchant: map[string]int{},
+		keys: keyCache{m: map[string]string{}}}
+}
+
+// enqueue adds it to the queue, or sheds it.
+func (b *batcher) enqueue(it *item) error {
+	m := it.cmd.MerchantID
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.running.Load() {
+		return errQueueFull // stopped: the server is closing
+	}
+	if b.merchant[m] >= b.share {
+		return errMerchantBusy
+	}
+	select {
+	case b.queue <- it:
+		b.merchant[m]++
+		b.g.metrics.queued.Inc()
+		return nil
+	default:
+		return errQueueFull
+	}
+}
+
+func (b *batcher) dequeued(batch []*item) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.g.metrics.queued.Sub(float64(len(batch)))
+	b.g.metrics.batchSize.Observe(float64(len(batch)))
+	for _, it := range batch {
+		if b.merchant[it.cmd.MerchantID]--; b.merchant[it.cmd.MerchantID] <= 0 {
+			delete(b.merchant, it.cmd.MerchantID)
+		}
+	}
+}
+
+// run cuts the queue into batches and flushes them, up to Flushers at a
+// time, until ctx ends; then it flushes what is queued and waits for every
+// flush.
+func (b *batcher) run(ctx context.Context) {
+	b.running.Store(true)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	size, window := b.g.cfg.BatchSize, b.g.cfg.BatchWindow
+	timer := time.NewTimer(window)
+	defer timer.Stop()
+	for {
+		b.slots <- struct{}{}
+		var first *item
+		select {
+		case first = <-b.queue:
+		case <-ctx.Done():
+			<-b.slots
+			b.mu.Lock()
+			b.running.Store(false)
+			b.mu.Unlock()
+			b.flushRest(&wg)
+			return
+		}
+		batch := append(make([]*item, 0, size), first)
+	fill:
+		for len(batch) < size {
+			select {
+			case it := <-b.queue:
+				batch = append(batch, it)
+				continue
+			default:
+			}
+			timer.Reset(window)
+			select {
+			case it := <-b.queue:
+				batch = append(batch, it)
+				if !timer.Stop() {
+					<-timer.C
+				}
+			case <-timer.C:
+				break fill
+			}
+		}
+		b.dequeued(batch)
+		wg.Go(func() {
+			defer func() { <-b.slots }()
+			b.flush(batch)
+		})
+	}
+}
+
+// flushRest flushes requests queued when the intake stopped: none is left
+// without an answer.
+func (b *batcher) flushRest(wg *sync.WaitGroup) {
+	for {
+		var batch []*item
+		for len(batch) < b.g.cfg.BatchSize {
+			select {
+			case it := <-b.queue:
+				batch = append(batch, it)
+				continue
+			default:
+			}
+			break
+		}
+		if len(batch) == 0 {
+			return
+		}
+		b.dequeued(batch)
+		wg.Go(func() { b.flush(batch) })
+	}
+}
+
+// flush settles one batch and answers every request in it.
+func (b *batcher) flush(batch []*item) {
+	g := b.g
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	defer cancel()
+	defer func() {
+		for _, it := range batch {
+			if it.ans.kind == ansPending {
+				it.ans.kind = ansUnavailable
+			}
+			it.done <- it.ans
+		}
+	}()
+	open := func() []*item {
+		var out []*item
+		for _, it := range batch {
+			if it.ans.kind == ansPending {
+				out = append(out, it)
+			}
+		}
+		return out
+	}
+	fail := func(items []*item, what string, err error) {
+		g.log.Error(what+"; the batch is answered 503 and nothing of it was published", "error", err, "requests", len(items))
+		for _, it := range items {
+			it.ans.kind = ansUnavailable
+		}
+	}
+
+	// API keys: a key revoked since it was cached is refused now.
+	hashes := make([][]byte, 0, 4)
+	for _, it := range batch {
+		if !slices.ContainsFunc(hashes, func(h []byte) bool { return bytes.Equal(h, it.keyHash) }) {
+			hashes = append(hashes, it.keyHash)
+		}
+	}
+	active, err := b.store.ActiveAPIKeys(ctx, hashes)
+	if err != nil {
+		fail(batch, "check API keys", err)
+		return
+	}
+	for _, it := range batch {
+		if active[string(it.keyHash)] != it.cmd.MerchantID {
+			b.keys.evict(it.keyHash)
+			it.ans.kind = ansUnauthenticated
+		}
+	}
+
+	// Records, then the ledger of keys without one.
+	todo := open()
+	recs, err := b.records.GetMany(ctx, refsOf(todo))
+	if err != nil {
+		fail(todo, "read idempotency records", err)
+		return
+	}
+	byKey := make(map[dedup.KeyRef]dedup.Record, len(recs))
+	for _, r := range recs {
+		byKey[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+	}
+	var noRecord []*item
+	for _, it := range todo {
+		rec, ok := byKey[refOf(it)]
+		if !ok {
+			noRecord = append(noRecord, it)
+			continue
+		}
+		if a, decided := g.fromRecord(rec, it.fp); decided {
+			it.ans = a
+		}
+	}
+	if len(noRecord) > 0 {
+		pays, err := b.records.PaymentsFor(ctx, refsOf(noRecord))
+		if err != nil {
+			fail(noRecord, "read payments ledger", err)
+		}
+		ledger := make(map[dedup.KeyRef]dedup.Payment, len(pays))
+		for _, p := range pays {
+			ledger[dedup.KeyRef{MerchantID: p.MerchantID, IdempotencyKey: p.IdempotencyKey}] = p
+		}
+		for _, it := range noRecord {
+			if p, ok := ledger[refOf(it)]; ok && it.ans.kind == ansPending {
+				if a, decided := fromLedger(p, it.cmd); decided {
+					it.ans = a
+				}
+			}
+		}
+	}
+
+	// Intakes. Two requests for one key in one batch: the first takes it
+	// in; the other is what it would meet a moment later, the key held
+	// (409) or held for another payload (422).
+	todo = open()
+	firsts := make(map[dedup.KeyRef]*item, len(todo))
+	var reqs []dedup.ClaimRequest
+	var owners []*item
+	for _, it := range todo {
+		k := refOf(it)
+		if f, dup := firsts[k]; dup {
+			if bytes.Equal(f.fp, it.fp) {
+				it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+			} else {
+				it.ans = answer{kind: ansReused}
+			}
+			continue
+		}
+		firsts[k] = it
+		reqs = append(reqs, dedup.NewClaimRequest(it.cmd))
+		owners = append(owners, it)
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	results, err := b.store.AcquireIntakes(ctx, reqs, g.cfg.PublishLease, g.cfg.IntakeRetention)
+	if err != nil {
+		fail(owners, "acquire intakes", err)
+		return
+	}
+	var held, publish []*item
+	for i, res := range results {
+		it := owners[i]
+		switch res.Outcome {
+		case pgstore.IntakeMismatch:
+			it.ans.kind = ansReused
+		case pgstore.IntakeDeadLettered:
+			it.ans = answer{kind: ansDeadLetter, in: res.Intake}
+		case pgstore.IntakeHeld:
+			held = append(held, it)
+		default:
+			it.ans.in = res.Intake
+			publish = append(publish, it)
+		}
+	}
+	if len(held) > 0 {
+		// Another request published it; the worker may have finished since
+		// the read above.
+		recs, _ := b.records.GetMany(ctx, refsOf(held))
+		byKey := make(map[dedup.KeyRef]dedup.Record, len(recs))
+		for _, r := range recs {
+			byKey[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+		}
+		for _, it := range held {
+			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+			if rec, ok := byKey[refOf(it)]; ok {
+				if a, decided := g.fromRecord(rec, it.fp); decided {
+					it.ans = a
+				}
+			}
+		}
+	}
+	b.publish(ctx, publish)
+}
+
+// publish publishes the commands whose intake the batch acquired, all at
+// once, each PubAck awaited, and records the publishes in one statement. A
+// failed publish gives its intake up (nothing was accepted).
+func (b *batcher) publish(ctx context.Context, items []*item) {
+	g := b.g
+	pctx, cancel := context.WithTimeout(ctx, g.cfg.PublishLease)
+	defer cancel()
+	republish := make([]int, len(items))
+	for i, it := range items {
+		if in := it.ans.in; in.Published() {
+			// A retry after the republish hold: rare, one at a time.
+			republish[i] = in.Attempt
+			if g.heldAgain(pctx, in, it.log) {
+				it.ans.kind = ansNotRepublished
+			}
+		}
+	}
+	seqs := make([]uint64, len(items))
+	var wg sync.WaitGroup
+	for i, it := range items {
+		if it.ans.kind != ansPending {
+			continue
+		}
+		wg.Go(func() {
+			start := time.Now()
+			seq, err := g.pub.Publish(pctx, it.cmd, it.extra, republish[i])
+			g.metrics.publishDuration.Observe(time.Since(start).Seconds())
+			if err != nil {
+				g.publishFailed(pctx, it.ans.in, err, it.log)
+				it.ans.kind = ansUnavailable
+				return
+			}
+			g.metrics.publishes.WithLabelValues("ok").Inc()
+			seqs[i] = seq
+		})
+	}
+	wg.Wait()
+	var pubs []pgstore.Published
+	var done []*item
+	for i, it := range items {
+		if it.ans.kind == ansPending {
+			pubs = append(pubs, pgstore.Published{Intake: it.ans.in, Seq: seqs[i]})
+			done = append(done, it)
+		}
+	}
+	if len(pubs) == 0 {
+		return
+	}
+	if _, err := b.store.IntakesPublished(pctx, pubs, g.cfg.RepublishAfter); err != nil {
+		// The messages are in the stream; at worst a retry after the publish
+		// lease publishes again, which the worker's claim makes harmless.
+		g.log.Warn("could not record the publishes", "error", err, "requests", len(pubs))
+	}
+	for i, it := range done {
+		it.ans.kind = ansAccepted
+		g.metrics.idempotency.WithLabelValues("new").Inc()
+		it.log.Info("payment accepted", "attempt", it.ans.in.Attempt, "stream_seq", pubs[i].Seq, "republish", it.ans.in.Published())
+	}
+}
+
+func refOf(it *item) dedup.KeyRef {
+	return dedup.KeyRef{MerchantID: it.cmd.MerchantID, IdempotencyKey: it.cmd.IdempotencyKey}
+}
+
+func refsOf(items []*item) []dedup.KeyRef {
+	out := make([]dedup.KeyRef, len(items))
+	for i, it := range items {
+		out[i] = refOf(it)
+	}
+	return out
+}
+
+// keyCache maps API key hashes to their merchant, so that a POST does not
+// look its key up; every batch re-checks the keys of its requests
+// (ActiveAPIKeys), so a revocation is seen by the next batch.
+type keyCache struct {
+	mu sync.RWMutex
+	m  map[string]string
+}
+
+func (c *keyCache) get(hash []byte) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	m, ok := c.m[string(hash)]
+	return m, ok
+}
+
+func (c *keyCache) put(hash []byte, merchant string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= maxCachedAPIKeys {
+		clear(c.m)
+	}
+	c.m[string(hash)] = merchant
+}
+
+func (c *keyCache) evict(hash []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, string(hash))
+}

@@ -1,0 +1,386 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+)
+
+// gauge returns the value of a gauge, or a histogram's sample count.
+func (w *world) gauge(name string) float64 {
+	w.t.Helper()
+	fams, err := w.reg.Gather()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if h := m.GetHistogram(); h != nil {
+				return float64(h.GetSampleCount())
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// batched waits until the batched intake runs (it starts with Serve).
+func (w *world) batched() {
+	w.t.Helper()
+	before := w.gauge("paydedup_gateway_intake_batch_size")
+	wantStatus(w.t, w.post("warm-up-"+w.t.Name(), payBody(1, "pm_card_visa")), http.StatusAccepted)
+	if w.gauge("paydedup_gateway_intake_batch_size") == before {
+		w.t.Fatal("the POST was not taken in by a batch")
+	}
+}
+
+// concurrently sends the POSTs at once and returns their answers in order.
+func (w *world) concurrently(keys, bodies []string, apiKeys []string) []response {
+	w.t.Helper()
+	out := make([]response, len(keys))
+	var wg sync.WaitGroup
+	for i := range keys {
+		wg.Go(func() {
+			r, err := w.req(w.ctx, http.MethodPost, "/v1/payments", apiKeys[i], bodies[i], map[string]string{"Idempotency-Key": keys[i]})
+			if err != nil {
+				w.t.Error(err)
+			}
+			out[i] = r
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// TestBatchTwoIdenticalPOSTs: two concurrent first POSTs with one key in
+// one batch: one is accepted, the other is 409 (the key is being taken in),
+// as two racing requests are on the per-request path; one message.
+func TestBatchTwoIdenticalPOSTs(t *testing.T) {
+	t.Parallel()
+	w := setup(t, gateway.Config{BatchSize: 2, BatchWindow: time.Second, Flushers: 1})
+	w.batched()
+	before := w.streamMsgs()
+	body := payBody(500, "pm_card_visa")
+	rs := w.concurrently([]string{"twin", "twin"}, []string{body, body}, []string{w.keyA, w.keyA})
+	codes := map[int]int{}
+	for _, r := range rs {
+		codes[r.status]++
+		if r.status == http.StatusConflict && r.header.Get("Retry-After") == "" {
+			t.Fatal("409 without Retry-After")
+		}
+	}
+	if codes[http.StatusAccepted] != 1 || codes[http.StatusConflict] != 1 {
+		t.Fatalf("answers %v, want one 202 and one 409", codes)
+	}
+	if n := w.streamMsgs() - before; n != 1 {
+		t.Fatalf("%d messages, want 1", n)
+	}
+	// The same key with another payload in one batch: 422 for it.
+	rs = w.concurrently([]string{"twin2", "twin2"}, []string{body, payBody(501, "pm_card_visa")}, []string{w.keyA, w.keyA})
+	codes = map[int]int{}
+	for _, r := range rs {
+		codes[r.status]++
+	}
+	if codes[http.StatusAccepted] != 1 || codes[http.StatusUnprocessableEntity] != 1 {
+		t.Fatalf("answers %v, want one 202 and one 422", codes)
+	}
+	// The same key for two merchants is two payments.
+	rs = w.concurrently([]string{"shared", "shared"}, []string{body, body}, []string{w.keyA, w.keyB})
+	for _, r := range rs {
+		wantStatus(t, r, http.StatusAccepted)
+	}
+}
+
+// TestBatchRevokedKeyRefusedAtOnce: a key the cache knows is refused by
+// the next POST once revoked.
+func TestBatchRevokedKeyRefusedAtOnce(t *testing.T) {
+	t.Parallel()
+	w := setup(t, gateway.Config{})
+	w.batched()
+	wantStatus(t, w.post("before-revoke", payBody(100, "pm_card_visa")), http.StatusAccepted)
+	if _, err := w.gwStore.RevokeAPIKey(w.ctx, w.keyA); err != nil {
+		t.Fatal(err)
+	}
+	r := w.post("after-revoke", payBody(100, "pm_card_visa"))
+	wantStatus(t, r, http.StatusUnauthorized)
+	if p := r.problem(t); p.Type != gateway.ProblemUnauthenticated {
+		t.Fatalf("problem %+v", p)
+	}
+	// A replay of an accepted key is refused too.
+	wantStatus(t, w.post("before-revoke", payBody(100, "pm_card_visa")), http.StatusUnauthorized)
+	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "after-revoke"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("a revoked key's POST was taken in: %v", err)
+	}
+}
+
+// TestBatchCommitFailsAnswersAll503: when the statement that takes in a
+// batch fails (a trigger refuses one of its rows), every request of the
+// batch is answered 503 and nothing of it is published or kept.
+func TestBatchCommitFailsAnswersAll503(t *testing.T) {
+	t.Parallel()
+	w := setup(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1})
+	w.batched()
+	for _, q := range []string{
+		`CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN IF NEW.idempotency_key = 'poison' THEN RAISE EXCEPTION 'injected: commit refused'; END IF; RETURN NEW; END $$`,
+		`CREATE TRIGGER refuse_poison BEFORE INSERT ON gateway_intake FOR EACH ROW EXECUTE FUNCTION refuse_poison()`,
+	} {
+		if _, err := w.pool.Exec(w.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := w.streamMsgs()
+	keys := []string{"poison", "ok-1", "ok-2"}
+	body := payBody(100, "pm_card_visa")
+	rs := w.concurrently(keys, []string{body, body, body}, []string{w.keyA, w.keyA, w.keyA})
+	for i, r := range rs {
+		if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
+			t.Fatalf("%s: status %d (Retry-After %q), want 503 with Retry-After", keys[i], r.status, r.header.Get("Retry-After"))
+		}
+	}
+	if n := w.streamMsgs() - before; n != 0 {
+		t.Fatalf("%d messages published for a failed batch", n)
+	}
+	if n := w.count(`SELECT count(*) FROM gateway_intake WHERE idempotency_key = ANY($1)`, keys); n != 0 {
+		t.Fatalf("%d intake rows kept for a failed batch", n)
+	}
+	// The retries, in a batch of their own, are accepted.
+	rs = w.concurrently(keys[1:], []string{body, body}, []string{w.keyA, w.keyA})
+	for _, r := range rs {
+		wantStatus(t, r, http.StatusAccepted)
+	}
+}
+
+// gatedStore holds the batched intake's AcquireIntakes until released,
+// keeping the batch methods of the real store.
+type gatedStore struct {
+	*pgstore.Store
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *gatedStore) open() { s.once.Do(func() { close(s.release) }) }
+
+func (s *gatedStore) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.entered)
+		<-s.release
+	}
+	return s.Store.AcquireIntakes(ctx, reqs, lease, retention)
+}
+
+// TestBatchOverloadSheds: past what the intake can queue, a POST is
+// answered at once, 429 when its merchant holds its share of the queue
+// (while another merchant still gets in), 503 when the queue is full, both
+// with Retry-After; nothing shed is published, and every 202 is on the
+// stream exactly once.
+func TestBatchOverloadSheds(t *testing.T) {
+	t.Parallel()
+	gs := &gatedStore{entered: make(chan struct{}), release: make(chan struct{})}
+	w := setupWith(t, gateway.Config{BatchSize: 1, BatchWindow: time.Millisecond, Flushers: 1, QueueSize: 4, MerchantShare: 0.75},
+		options{store: func(s gateway.Store) gateway.Store { gs.Store = s.(*pgstore.Store); return gs }})
+	t.Cleanup(gs.open) // before the world's cleanup: the held flush ends
+	w.batched()
+	gs.armed.Store(true)
+	type sent struct {
+		key string
+		r   response
+	}
+	var mu sync.Mutex
+	var all []sent
+	var wg sync.WaitGroup
+	send := func(apiKey, key string) {
+		wg.Go(func() {
+			r, err := w.req(w.ctx, http.MethodPost, "/v1/payments", apiKey, payBody(100, "pm_card_visa"), map[string]string{"Idempotency-Key": key})
+			if err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			all = append(all, sent{key, r})
+			mu.Unlock()
+		})
+	}
+	// The first batch is held in its flush; the queue then fills.
+	send(w.keyA, "held")
+	select {
+	case <-gs.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first batch did not reach the store")
+	}
+	queued := func(n float64) func() bool {
+		return func() bool { return w.gauge("paydedup_gateway_intake_queued") == n }
+	}
+	send(w.keyA, "a-1")
+	send(w.keyA, "a-2")
+	send(w.keyA, "a-3")
+	w.eventually("three of merchant A queued", queued(3))
+	r := w.post("a-4", payBody(100, "pm_card_visa")) // A holds its share (3 of 4)
+	wantStatus(t, r, http.StatusTooManyRequests)
+	if r.header.Get("Retry-After") == "" || r.problem(t).Type != gateway.ProblemRateLimited {
+		t.Fatalf("429 %s %v", r.body, r.header)
+	}
+	send(w.keyB, "b-1") // another merchant still gets in
+	w.eventually("the queue full", queued(4))
+	r, err := w.req(w.ctx, http.MethodPost, "/v1/payments", w.keyB, payBody(100, "pm_card_visa"), map[string]string{"Idempotency-Key": "b-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, r, http.StatusServiceUnavailable)
+	if r.header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	gs.open()
+	wg.Wait()
+	accepted := map[string]bool{}
+	for _, s := range all {
+		wantStatus(t, s.r, http.StatusAccepted)
+		accepted[s.key] = true
+	}
+	if len(accepted) != 5 { // held, a-1, a-2, a-3, b-1
+		t.Fatalf("accepted %v", accepted)
+	}
+	onStream := map[string]int{}
+	for _, m := range w.storedMsgs() {
+		onStream[m.Header.Get("Idempotency-Key")]++
+	}
+	for k := range accepted {
+		if onStream[k] != 1 {
+			t.Fatalf("%s on the stream %d times", k, onStream[k])
+		}
+	}
+	for _, k := range []string{"a-4", "b-2"} {
+		if onStream[k] != 0 {
+			t.Fatalf("shed %s was published", k)
+		}
+	}
+}
+
+// TestBatchOverloadLosesNothing drives the batched intake far past its
+// queue: every POST is answered (202, or 429/503 with Retry-After; none
+// times out), every 202 is on the stream exactly once, and nothing shed is.
+func TestBatchOverloadLosesNothing(t *testing.T) {
+	t.Parallel()
+	w := setup(t, gateway.Config{BatchSize: 4, Flushers: 1, QueueSize: 8, MerchantShare: 1})
+	w.batched()
+	const n = 400
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	var missingRetryAfter atomic.Int64
+	sem := make(chan struct{}, 64)
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r, err := w.req(w.ctx, http.MethodPost, "/v1/payments", w.keyA, payBody(100, "pm_card_visa"), map[string]string{"Idempotency-Key": fmt.Sprintf("load-%d", i)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			codes[i] = r.status
+			if r.status != http.StatusAccepted && r.header.Get("Retry-After") == "" {
+				missingRetryAfter.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if m := missingRetryAfter.Load(); m > 0 {
+		t.Fatalf("%d shed answers without Retry-After", m)
+	}
+	onStream := map[string]int{}
+	for _, m := range w.storedMsgs() {
+		onStream[m.Header.Get("Idempotency-Key")]++
+	}
+	shed := 0
+	for i, c := range codes {
+		k := fmt.Sprintf("load-%d", i)
+		switch c {
+		case http.StatusAccepted:
+			if onStream[k] != 1 {
+				t.Fatalf("accepted %s on the stream %d times", k, onStream[k])
+			}
+		case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+			shed++
+			if onStream[k] != 0 {
+				t.Fatalf("shed %s was published", k)
+			}
+		default:
+			t.Fatalf("%s: status %d", k, c)
+		}
+	}
+	t.Logf("%d of %d shed", shed, n)
+}
+
+// cancellingStore cuts AcquireIntake short the way a client that hangs up
+// does: the request's context ends while the statement runs.
+type cancellingStore struct {
+	gateway.Store
+	hangUp func()
+}
+
+func (s cancellingStore) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error) {
+	s.hangUp()
+	<-ctx.Done()
+	return s.Store.AcquireIntake(ctx, req, lease, retention)
+}
+
+// records keeps log records.
+type records struct {
+	mu   sync.Mutex
+	recs []slog.Record
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.recs = append(r.recs, rec)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+func (r *records) find(msg string) (slog.Record, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rec := range r.recs {
+		if strings.Contains(rec.Message, msg) {
+			return rec, true
+		}
+	}
+	return slog.Record{}, false
+}
+
+// TestClientGoneIsDebug: a client that disconnects mid-request is logged
+// at debug level, not as an error.
+func TestClientGoneIsDebug(t *testing.T) {
+	t.Parallel()
+	logs := &records{}
+	ctx, hangUp := context.WithCancel(context.Background())
+	defer hangUp()
+	w := setupWith(t, gateway.Config{Logger: slog.New(logs)},
+		options{store: func(s gateway.Store) gateway.Store { return cancellingStore{Store: s, hangUp: hangUp} }})
+	if _, err := w.req(ctx, http.MethodPost, "/v1/payments", w.keyA, payBody(100, "pm_card_visa"), map[string]string{"Idempotency-Key": "gone"}); err == nil {
+		t.Fatal("the request was not cut short")
+	}
+	w.eventually("the gateway logged the hang-up", func() bool { _, ok := logs.find("acquire intake"); return ok })
+	rec, _ := logs.find("acquire intake")
+	if rec.Level != slog.LevelDebug {
+		t.Fatalf("a client hanging up is logged at %v: %q", rec.Level, rec.Message)
+	}
+}

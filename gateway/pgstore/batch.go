@@ -1,0 +1,249 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paydedup/paydedup/dedup"
+)
+
+// The batched intake: the gateway's fast path takes in a whole batch of
+// concurrent POSTs with a few statements instead of a few per request. Each
+// statement does for many keys what its single-key counterpart does for
+// one, under the same rules (acquireIntakeConflict is shared).
+
+// AcquireIntakes is AcquireIntake for a batch of requests with distinct
+// (merchant, key): one statement takes in every key it can, one more reads
+// the rows it could not. results[i] answers reqs[i]. An error fails the
+// whole batch: nothing was acquired by it that the caller must give up
+// (the statement is atomic).
+func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
+	if lease <= 0 || retention <= lease {
+		return nil, fmt.Errorf("acquire intakes: need 0 < lease (%v) < retention (%v)", lease, retention)
+	}
+	seen := make(map[rowKey]int, len(reqs))
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			return nil, fmt.Errorf("acquire intakes: %w", err)
+		}
+		k := rowKey{r.MerchantID, r.IdempotencyKey}
+		if _, dup := seen[k]; dup {
+			return nil, fmt.Errorf("acquire intakes: key %s/%s twice in one batch", r.MerchantID, r.IdempotencyKey)
+		}
+		seen[k] = i
+	}
+	results := make([]IntakeResult, len(reqs))
+	todo := reqs
+	// A row purged between the two statements is simply retried, as in
+	// AcquireIntake.
+	for range 3 {
+		n := len(todo)
+		merchants, keys := make([]string, n), make([]string, n)
+		hashes, amounts, currencies := make([][]byte, n), make([]int64, n), make([]string, n)
+		for i, r := range todo {
+			merchants[i], keys[i], hashes[i], amounts[i], currencies[i] = r.MerchantID, r.IdempotencyKey, r.RequestHash, r.Amount, r.Currency
+		}
+		args := pgx.NamedArgs{"merchants": merchants, "keys": keys, "hashes": hashes, "amounts": amounts,
+			"currencies": currencies, "now": s.db.Now(), "lease": lease, "retention": retention}
+		acquired := make(map[rowKey]bool, n)
+		err := s.db.Retry(ctx, func(ctx context.Context) error {
+			clear(acquired)
+			return s.eachIntake(ctx, acquireIntakesSQL, args, func(in Intake) {
+				k := rowKey{in.MerchantID, in.IdempotencyKey}
+				acquired[k] = true
+				results[seen[k]] = IntakeResult{Outcome: IntakeAcquired, Intake: in}
+			})
+		})
+		if err != nil {
+			return nil, interpretError("acquire intakes", err)
+		}
+		var rest []dedup.ClaimRequest
+		for _, r := range todo {
+			if !acquired[rowKey{r.MerchantID, r.IdempotencyKey}] {
+				rest = append(rest, r)
+			}
+		}
+		if len(rest) == 0 {
+			return results, nil
+		}
+		found, err := s.GetIntakes(ctx, rest)
+		if err != nil {
+			return nil, fmt.Errorf("acquire intakes: %w", err)
+		}
+		todo = todo[:0:0]
+		for _, r := range rest {
+			in, ok := found[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}]
+			if !ok {
+				todo = append(todo, r)
+				continue
+			}
+			results[seen[rowKey{r.MerchantID, r.IdempotencyKey}]] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+		}
+		if len(todo) == 0 {
+			return results, nil
+		}
+	}
+	return nil, fmt.Errorf("acquire intakes: %w: rows kept disappearing", dedup.ErrUnavailable)
+}
+
+// heldOutcome is what a row the caller could not take over means for a
+// request with fingerprint hash.
+func heldOutcome(in Intake, hash []byte) IntakeOutcome {
+	switch {
+	case !bytes.Equal(in.RequestHash, hash):
+		return IntakeMismatch
+	case in.DeadLettered():
+		return IntakeDeadLettered
+	default:
+		return IntakeHeld
+	}
+}
+
+// GetIntakes returns the guard rows of the requests' keys that have one.
+func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[dedup.KeyRef]Intake, error) {
+	merchants, keys := make([]string, len(reqs)), make([]string, len(reqs))
+	for i, r := range reqs {
+		merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
+	}
+	out := make(map[dedup.KeyRef]Intake, len(reqs))
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		clear(out)
+		return s.eachIntake(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
+			WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`,
+			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
+				out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
+			})
+	})
+	if err != nil {
+		return nil, interpretError("get intakes", err)
+	}
+	return out, nil
+}
+
+func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, each func(Intake)) error {
+	rows, err := s.db.Pool.Query(ctx, sql, args)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		in, err := scanIntake(rows)
+		if err != nil {
+			return err
+		}
+		each(in)
+	}
+	return rows.Err()
+}
+
+// Published is one publish to record with IntakesPublished.
+type Published struct {
+	Intake Intake
+	Seq    uint64
+}
+
+// IntakesPublished is IntakePublished for a batch, in one statement; it
+// returns, in the order given, whether each row was still held by its
+// attempt (false: another request took it over, as dedup.ErrLeaseLost
+// from IntakePublished).
+func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor time.Duration) ([]bool, error) {
+	n := len(pubs)
+	merchants, keys := make([]string, n), make([]string, n)
+	attempts, seqs := make([]int32, n), make([]int64, n)
+	for i, p := range pubs {
+		if p.Seq == 0 || p.Seq > math.MaxInt64 {
+			return nil, fmt.Errorf("mark intakes published: invalid stream sequence %d", p.Seq)
+		}
+		merchants[i], keys[i], attempts[i], seqs[i] = p.Intake.MerchantID, p.Intake.IdempotencyKey, int32(p.Intake.Attempt), int64(p.Seq)
+	}
+	marked := make(map[rowKey]bool, n)
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		clear(marked)
+		// Pipelined after a setting that makes this one transaction commit
+		// without waiting for its WAL flush: a crash may lose the mark, and
+		// a lost mark is what a failed IntakePublished already is (a retry
+		// after the publish lease publishes again; the worker's claim makes
+		// the copy harmless). The request does not wait for a second fsync.
+		b := &pgx.Batch{}
+		b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+		b.Queue(`UPDATE gateway_intake g SET published_at = `+dbNow+`,
+				locked_until = `+dbNow+` + @hold::interval, stream_seq = i.seq,
+				dead_letter_reason = CASE WHEN g.stream_seq = i.seq THEN g.dead_letter_reason END,
+				dead_letter_error = CASE WHEN g.stream_seq = i.seq THEN g.dead_letter_error END,
+				dead_lettered_at = CASE WHEN g.stream_seq = i.seq THEN g.dead_lettered_at END
+			FROM (SELECT * FROM unnest(@merchants::text[], @keys::text[], @attempts::int[], @seqs::bigint[])
+			      AS u(merchant_id, idempotency_key, attempt, seq) ORDER BY 1, 2) AS i
+			WHERE g.merchant_id = i.merchant_id AND g.idempotency_key = i.idempotency_key AND g.attempt = i.attempt
+			RETURNING g.merchant_id, g.idempotency_key`,
+			pgx.NamedArgs{"merchants": merchants, "keys": keys, "attempts": attempts, "seqs": seqs, "now": s.db.Now(), "hold": holdFor})
+		br := s.db.Pool.SendBatch(ctx, b)
+		defer br.Close()
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var k rowKey
+			if err := rows.Scan(&k.merchant, &k.key); err != nil {
+				rows.Close()
+				return err
+			}
+			marked[k] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return nil, interpretError("mark intakes published", err)
+	}
+	out := make([]bool, n)
+	for i, p := range pubs {
+		out[i] = marked[rowKey{p.Intake.MerchantID, p.Intake.IdempotencyKey}]
+	}
+	return out, nil
+}
+
+// ActiveAPIKeys returns which of the given key hashes (HashAPIKey) belong
+// to an active key, and the merchant of each: one statement for a batch of
+// requests, so that a key revoked a moment ago is refused by the next batch
+// whatever a cache still says.
+func (s *Store) ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]string, error) {
+	out := make(map[string]string, len(hashes))
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		clear(out)
+		rows, err := s.db.Pool.Query(ctx, `SELECT key_hash, merchant_id FROM api_keys
+			WHERE key_hash = ANY($1::bytea[]) AND revoked_at IS NULL`, hashes)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var h []byte
+			var m string
+			if err := rows.Scan(&h, &m); err != nil {
+				return err
+			}
+			out[string(h)] = m
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError("check API keys", err)
+	}
+	return out, nil
+}
+
+// ValidAPIKeyShape reports whether key has the shape of an API key; a key
+// of another shape is never looked up.
+func ValidAPIKeyShape(key string) bool { return apiKeyRE.MatchString(key) }

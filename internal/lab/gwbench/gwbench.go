@@ -1,0 +1,549 @@
+// Package gwbench measures the HTTP gateway: it starts "paydedup gateway"
+// in process over real PostgreSQL and NATS JetStream, drives it with
+// concurrent HTTP/1.1 keep-alive clients (unique keys, plus a share of
+// retries with the same key and of concurrent duplicates), and checks at
+// the end that every accepted payment is in the intake and on the stream
+// exactly once. No worker runs: it measures what the door takes in.
+package gwbench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/lab/inproc"
+	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/stream"
+)
+
+// Database is the local server's database when DatabaseURL is empty (the
+// worker bench's).
+const Database = "paydedup_bench"
+
+// Modes.
+const (
+	ModeBatched    = gateway.IntakeBatched
+	ModePerRequest = gateway.IntakePerRequest
+	ModeBoth       = "both"
+)
+
+// Config is one gateway bench run.
+type Config struct {
+	DatabaseURL string // PostgreSQL; "" uses the paydedup_bench database on the server localpg.Find finds
+	AdminURL    string // the local server Find tries first
+	NATSURL     string // NATS; "" starts an embedded JetStream server
+	Connections int    // concurrent keep-alive clients
+	Requests    int    // distinct payments per mode
+	Retries     float64
+	Duplicates  float64
+	Merchants   int
+	Mode        string // batched, per-request, or both (batched, then per-request, in the same run)
+	PoolSize    int    // the gateway's pool (pool_max_conns)
+	BatchSize   int
+	BatchWindow time.Duration
+	Flushers    int
+	JSON        bool
+	Timeout     time.Duration
+	CPUProfile  string
+	DLQKey      []byte
+	Out, ErrOut io.Writer
+}
+
+// Validate checks the run's figures and choices, naming the flag.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Connections < 1 || c.Connections > 10000 {
+		errs = append(errs, fmt.Errorf("--connections must be within 1..10000, got %d", c.Connections))
+	}
+	if c.Requests < 1 {
+		errs = append(errs, fmt.Errorf("--requests must be at least 1, got %d", c.Requests))
+	}
+	if c.Retries < 0 || c.Retries > 1 || c.Duplicates < 0 || c.Duplicates > 1 {
+		errs = append(errs, fmt.Errorf("--retries and --duplicates must be within 0..1, got %v and %v", c.Retries, c.Duplicates))
+	}
+	if c.Merchants < 1 || c.Merchants > 1000 {
+		errs = append(errs, fmt.Errorf("--merchants must be within 1..1000, got %d", c.Merchants))
+	}
+	if c.Mode != ModeBatched && c.Mode != ModePerRequest && c.Mode != ModeBoth {
+		errs = append(errs, fmt.Errorf("--mode must be %s, %s or %s, got %q", ModeBatched, ModePerRequest, ModeBoth, c.Mode))
+	}
+	if c.PoolSize < 1 || c.PoolSize > 1000 {
+		errs = append(errs, fmt.Errorf("--pool-size must be within 1..1000, got %d", c.PoolSize))
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout must be positive, got %v", c.Timeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Result is one mode's figures; the JSON report.
+type Result struct {
+	Mode                   string  `json:"mode"`
+	Connections            int     `json:"connections"`
+	Requests               int     `json:"requests"` // POSTs sent, retries and duplicates included
+	Seconds                float64 `json:"seconds"`
+	RequestsPerSec         float64 `json:"requests_per_sec"`
+	AcceptedPerSec         float64 `json:"accepted_per_sec"`
+	Accepted               int     `json:"accepted"`
+	Replayed               int     `json:"replayed"`
+	Conflicts              int     `json:"conflicts"`
+	Mismatches             int     `json:"mismatches"`
+	Shed                   int     `json:"shed"`
+	Errors                 int     `json:"errors"`
+	P50MS                  float64 `json:"p50_ms"`
+	P99MS                  float64 `json:"p99_ms"`
+	PGRoundTripsPerRequest float64 `json:"pg_round_trips_per_request"`
+	CPUMSPerRequest        float64 `json:"cpu_ms_per_request"` // this process: the clients and the gateway
+	RSSMB                  float64 `json:"rss_mb"`
+	OnStreamOnce           bool    `json:"on_stream_exactly_once"`
+	Missing                int     `json:"missing"`    // accepted, not on the stream or not published in the intake
+	Duplicated             int     `json:"duplicated"` // on the stream more than once
+	Unexpected             int     `json:"unexpected"` // on the stream, never accepted
+	// PerRequest and Speedup are set in mode both.
+	PerRequest *Result `json:"per_request,omitempty"`
+	Speedup    float64 `json:"speedup_accepted,omitempty"`
+}
+
+// Run runs the bench and prints its report to cfg.Out. It fails when an
+// accepted payment is missing from the intake or the stream, or is on the
+// stream twice.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	say := func(format string, args ...any) { fmt.Fprintf(cfg.ErrOut, "bench gateway: "+format+"\n", args...) }
+
+	natsURL := cfg.NATSURL
+	if natsURL == "" {
+		u, stop, err := inproc.NATS()
+		if err != nil {
+			return fmt.Errorf("bench gateway: %w", err)
+		}
+		defer stop()
+		natsURL = u
+		say("no NATS_URL: embedded JetStream server at %s", u)
+	}
+	dbURL := cfg.DatabaseURL
+	if dbURL == "" {
+		srv, err := localpg.Find(ctx, cfg.AdminURL)
+		if err != nil {
+			return fmt.Errorf("bench gateway: %w", err)
+		}
+		defer srv.Close()
+		say("no DATABASE_URL: PostgreSQL is %s", srv.Where)
+		u, _, err := localpg.Database(ctx, srv.AdminURL, Database, cfg.PoolSize)
+		if err != nil {
+			return fmt.Errorf("bench gateway: %w", err)
+		}
+		dbURL = u
+	}
+	nc, err := nats.Connect(natsURL, nats.Name("paydedup-bench-gateway"))
+	if err != nil {
+		return fmt.Errorf("bench gateway: connect to NATS: %w", err)
+	}
+	defer nc.Close()
+
+	modes := []string{cfg.Mode}
+	if cfg.Mode == ModeBoth {
+		modes = []string{ModeBatched, ModePerRequest}
+	}
+	var results []Result
+	for _, mode := range modes {
+		say("mode %s: %d payments over %d connections", mode, cfg.Requests, cfg.Connections)
+		r, err := runMode(ctx, cfg, mode, dbURL, nc)
+		if err != nil {
+			return fmt.Errorf("bench gateway (%s): %w", mode, err)
+		}
+		say("mode %s: %.0f accepted/s, p50 %.1f ms, p99 %.1f ms, %.2f round trips and %.2f ms CPU per request",
+			mode, r.AcceptedPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, r.CPUMSPerRequest)
+		results = append(results, r)
+	}
+	top := results[0]
+	if len(results) == 2 {
+		pr := results[1]
+		top.PerRequest = &pr
+		if pr.AcceptedPerSec > 0 {
+			top.Speedup = math.Round(100*top.AcceptedPerSec/pr.AcceptedPerSec) / 100
+		}
+	}
+	if cfg.JSON {
+		b, _ := json.Marshal(top)
+		fmt.Fprintln(cfg.Out, string(b))
+	} else {
+		for _, r := range results {
+			fmt.Fprintf(cfg.Out, "%-12s %8.0f accepted/s  %8.0f requests/s  p50 %6.1f ms  p99 %6.1f ms  %5.2f pg round trips/request  %5.2f ms CPU/request  rss %4.0f MB  exactly once: %v\n",
+				r.Mode, r.AcceptedPerSec, r.RequestsPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, r.CPUMSPerRequest, r.RSSMB, r.OnStreamOnce)
+		}
+		if top.Speedup > 0 {
+			fmt.Fprintf(cfg.Out, "batched / per-request: %.1f×\n", top.Speedup)
+		}
+	}
+	var errs []error
+	for _, r := range results {
+		if !r.OnStreamOnce {
+			errs = append(errs, fmt.Errorf("mode %s: %d accepted payments missing, %d on the stream twice, %d on the stream but never accepted",
+				r.Mode, r.Missing, r.Duplicated, r.Unexpected))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// phase is one mode's world: schema, streams, gateway.
+type phase struct {
+	cfg     Config
+	mode    string
+	gwStore *pgstore.Store
+	js      jetstream.JetStream
+	scfg    stream.Config
+	base    string
+	apiKeys []string     // one per merchant
+	rt      atomic.Int64 // PostgreSQL round trips
+}
+
+func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn) (Result, error) {
+	suffix := randomSuffix()
+	p := &phase{cfg: cfg, mode: mode}
+	schemaURL, dropSchema, err := localpg.FreshSchema(ctx, dbURL, "gwbench_"+suffix)
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = dropSchema() }()
+	pool, err := pg.Connect(ctx, schemaURL, pg.WithMaxConns(cfg.PoolSize), pg.WithRoundTripCounter(&p.rt))
+	if err != nil {
+		return Result{}, err
+	}
+	defer pool.Close()
+	if err := localpg.Migrate(ctx, pool, nil); err != nil {
+		return Result{}, err
+	}
+	records, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		return Result{}, err
+	}
+	if p.gwStore, err = pgstore.New(pool, pgstore.Config{}); err != nil {
+		return Result{}, err
+	}
+	for i := range cfg.Merchants {
+		key, _, err := p.gwStore.CreateAPIKey(ctx, fmt.Sprintf("m_bench%03d", i), "bench")
+		if err != nil {
+			return Result{}, err
+		}
+		p.apiKeys = append(p.apiKeys, key)
+	}
+	comp, err := pgstore.NewListener(pool, pgstore.ListenerConfig{})
+	if err != nil {
+		return Result{}, err
+	}
+	compCtx, stopComp := context.WithCancel(context.WithoutCancel(ctx))
+	var bg sync.WaitGroup
+	bg.Go(func() { _ = comp.Run(compCtx) })
+	defer func() { stopComp(); bg.Wait() }()
+
+	if p.js, err = jetstream.New(nc); err != nil {
+		return Result{}, err
+	}
+	name := "GWBENCH_" + strings.ToUpper(suffix)
+	p.scfg = stream.Config{Name: name, SubjectPrefix: "gwbench." + suffix + ".requests", DLQStream: name + "_DLQ",
+		DLQPrefix: "gwbench." + suffix + ".dlq", Durable: "paydedup-gwbench", StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
+		DLQKey: cfg.DLQKey}
+	p.scfg = p.scfg.WithDefaults()
+	if _, _, err := stream.EnsureStreams(ctx, p.js, p.scfg); err != nil {
+		return Result{}, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, s := range []string{p.scfg.Name, p.scfg.DLQStream, p.scfg.AdvisoryStream} {
+			_ = p.js.DeleteStream(cctx, s)
+		}
+	}()
+	pub, err := stream.NewCommandPublisher(nc, p.scfg, 0)
+	if err != nil {
+		return Result{}, err
+	}
+	gw, err := gateway.New(records, p.gwStore, comp, pub, gateway.Config{
+		Intake: mode, BatchSize: cfg.BatchSize, BatchWindow: cfg.BatchWindow, Flushers: cfg.Flushers, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return Result{}, err
+	}
+	p.base = "http://" + ln.Addr().String()
+	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
+	served := make(chan error, 1)
+	go func() { served <- gw.Serve(serveCtx, ln) }()
+	defer func() { stopServe(); <-served }()
+	for !comp.Listening() {
+		select {
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return p.drive(ctx, suffix)
+}
+
+// outcome of one POST.
+type outcome struct {
+	key     int
+	status  int
+	replay  bool
+	latency time.Duration
+}
+
+// drive sends the load and checks the result.
+func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
+	cfg := p.cfg
+	tr := &http.Transport{MaxIdleConns: 4 * cfg.Connections, MaxIdleConnsPerHost: 2 * cfg.Connections,
+		MaxConnsPerHost: 2 * cfg.Connections, DisableCompression: true, IdleConnTimeout: time.Minute}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	keyOf := func(i int) string { return fmt.Sprintf("gwb-%s-%08d", suffix, i) }
+	body := []byte(`{"amount":1999,"currency":"usd","payment_method":"pm_card_visa","description":"bench"}`)
+	post := func(i int) outcome {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.base+"/v1/payments", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+p.apiKeys[i%len(p.apiKeys)])
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", keyOf(i))
+		start := time.Now()
+		resp, err := client.Do(req)
+		o := outcome{key: i, latency: time.Since(start)}
+		if err != nil {
+			return o
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		o.latency = time.Since(start)
+		o.status, o.replay = resp.StatusCode, resp.Header.Get(gateway.HeaderIdempotentReplay) == "true"
+		return o
+	}
+
+	if cfg.CPUProfile != "" && p.mode == ModeBatched {
+		f, err := os.Create(cfg.CPUProfile)
+		if err != nil {
+			return Result{}, fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return Result{}, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var next atomic.Int64
+	outs := make([][]outcome, cfg.Connections)
+	p.rt.Store(0)
+	cpu0 := cpuTime()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for c := range cfg.Connections {
+		wg.Go(func() {
+			rng := mrand.New(mrand.NewPCG(uint64(c), 42))
+			for ctx.Err() == nil {
+				i := int(next.Add(1)) - 1
+				if i >= cfg.Requests {
+					return
+				}
+				if rng.Float64() < cfg.Duplicates {
+					// Two concurrent first requests for one key.
+					twin := make(chan outcome, 1)
+					go func() { twin <- post(i) }()
+					outs[c] = append(outs[c], post(i), <-twin)
+				} else {
+					outs[c] = append(outs[c], post(i))
+				}
+				if rng.Float64() < cfg.Retries {
+					outs[c] = append(outs[c], post(i)) // a client's retry
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu := cpuTime() - cpu0
+	trips := p.rt.Load()
+	if err := ctx.Err(); err != nil {
+		return Result{}, fmt.Errorf("the load did not finish within --timeout: %w", err)
+	}
+
+	r := Result{Mode: p.mode, Connections: cfg.Connections, Seconds: elapsed.Seconds(), RSSMB: peakRSSMB()}
+	var lat []time.Duration
+	accepted := map[string]bool{}
+	for _, os := range outs {
+		for _, o := range os {
+			r.Requests++
+			lat = append(lat, o.latency)
+			switch {
+			case o.status == http.StatusAccepted:
+				r.Accepted++
+				accepted[keyOf(o.key)] = true
+			case o.replay:
+				r.Replayed++
+			case o.status == http.StatusConflict:
+				r.Conflicts++
+			case o.status == http.StatusUnprocessableEntity:
+				r.Mismatches++
+			case o.status == http.StatusTooManyRequests || o.status == http.StatusServiceUnavailable:
+				r.Shed++
+			default:
+				r.Errors++
+			}
+		}
+	}
+	slices.Sort(lat)
+	q := func(f float64) float64 {
+		if len(lat) == 0 {
+			return 0
+		}
+		return float64(lat[min(len(lat)-1, int(f*float64(len(lat))))].Microseconds()) / 1000
+	}
+	r.P50MS, r.P99MS = q(0.50), q(0.99)
+	r.RequestsPerSec = float64(r.Requests) / elapsed.Seconds()
+	r.AcceptedPerSec = float64(r.Accepted) / elapsed.Seconds()
+	r.PGRoundTripsPerRequest = round2(float64(trips) / float64(r.Requests))
+	r.CPUMSPerRequest = round2(float64(cpu.Microseconds()) / 1000 / float64(r.Requests))
+	if err := p.check(ctx, accepted, &r); err != nil {
+		return Result{}, err
+	}
+	return r, nil
+}
+
+// check compares the accepted keys with the intake and the stream: each
+// accepted key published in the intake and on the stream exactly once,
+// nothing else on the stream.
+func (p *phase) check(ctx context.Context, accepted map[string]bool, r *Result) error {
+	merchantOf := func(key string) string {
+		var n int
+		_, _ = fmt.Sscanf(key[strings.LastIndexByte(key, '-')+1:], "%d", &n)
+		return fmt.Sprintf("m_bench%03d", n%len(p.apiKeys))
+	}
+	var reqs []dedup.ClaimRequest
+	for k := range accepted {
+		reqs = append(reqs, dedup.ClaimRequest{MerchantID: merchantOf(k), IdempotencyKey: k})
+	}
+	published := 0
+	for start := 0; start < len(reqs); start += 5000 {
+		found, err := p.gwStore.GetIntakes(ctx, reqs[start:min(start+5000, len(reqs))])
+		if err != nil {
+			return err
+		}
+		for _, in := range found {
+			if in.Published() {
+				published++
+			}
+		}
+	}
+	r.Missing = len(accepted) - published
+
+	s, err := p.js.Stream(ctx, p.scfg.Name)
+	if err != nil {
+		return err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	seen := map[string]int{}
+	if n := info.State.Msgs; n > 0 {
+		cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			return err
+		}
+		for got := uint64(0); got < n; {
+			batch, err := cons.FetchNoWait(1000)
+			if err != nil {
+				return err
+			}
+			for m := range batch.Messages() {
+				got++
+				seen[m.Headers().Get(stream.HeaderIdempotencyKey)]++
+			}
+			if err := batch.Error(); err != nil {
+				return err
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+	}
+	for k := range accepted {
+		switch seen[k] {
+		case 0:
+			r.Missing++
+		case 1:
+		default:
+			r.Duplicated++
+		}
+	}
+	for k := range seen {
+		if !accepted[k] {
+			r.Unexpected++
+		}
+	}
+	r.OnStreamOnce = r.Missing == 0 && r.Duplicated == 0 && r.Unexpected == 0
+	return nil
+}
+
+func round2(f float64) float64 { return math.Round(100*f) / 100 }
+
+// cpuTime is the CPU time this process used (user and system).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func randomSuffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// peakRSSMB reads the process's peak resident set size (VmHWM) in MiB.
+func peakRSSMB() float64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb float64
+		if n, _ := fmt.Sscanf(sc.Text(), "VmHWM: %f kB", &kb); n == 1 {
+			return round2(kb / 1024)
+		}
+	}
+	return 0
+}
