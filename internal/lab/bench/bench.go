@@ -5,10 +5,7 @@
 package bench
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,6 +28,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/internal/lab/procstat"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/workload"
 	"github.com/paydedup/paydedup/provider/stripe"
@@ -218,7 +216,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		}
 		dbURL = u
 	}
-	suffix := randomSuffix()
+	suffix := procstat.RunSuffix()
 	schemaURL, dropSchema, err := localpg.FreshSchema(ctx, dbURL, "bench_"+suffix)
 	if err != nil {
 		return res, fmt.Errorf("bench: %w", err)
@@ -375,7 +373,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	if err := <-done; err != nil {
 		return res, err
 	}
-	res.RSSMB = peakRSSMB()
+	res.RSSMB = procstat.PeakRSSMB()
 	heap, err := heapSplit()
 	if err != nil {
 		return res, fmt.Errorf("bench: heap profile: %w", err)
@@ -502,7 +500,7 @@ func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Conf
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	run := randomSuffix()
+	run := procstat.RunSuffix()
 	for _, c := range w.Order() {
 		p := w.Command(c.I)
 		m := stream.CommandMsg(cfg.Stream, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
@@ -651,27 +649,4 @@ func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp := rec.Result()
 	resp.Request = r
 	return resp, nil
-}
-
-func randomSuffix() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// peakRSSMB reads the process's peak resident set size (VmHWM) in MiB.
-func peakRSSMB() float64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var kb float64
-		if n, _ := fmt.Sscanf(sc.Text(), "VmHWM: %f kB", &kb); n == 1 {
-			return kb / 1024
-		}
-	}
-	return 0
 }

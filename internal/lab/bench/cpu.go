@@ -9,12 +9,12 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/google/pprof/profile"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/lab/procstat"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -92,14 +92,14 @@ func startCPU(ctx context.Context, pids func(context.Context) ([]int, error), pr
 		return nil, fmt.Errorf("bench: CPU profile: %w", err)
 	}
 	m.pgStart = backendCPU(ctx, pids)
-	m.rusage, m.mallocs = processCPU(), mallocs()
+	m.rusage, m.mallocs = procstat.CPU(), mallocs()
 	m.started = time.Now()
 	return m, nil
 }
 
 // stop ends the phase and splits its CPU time over payments.
 func (m *cpuMeter) stop(ctx context.Context, payments int) (CPU, error) {
-	total, allocs := processCPU()-m.rusage, mallocs()-m.mallocs
+	total, allocs := procstat.CPU()-m.rusage, mallocs()-m.mallocs
 	pgEnd := backendCPU(ctx, m.pids)
 	pprof.StopCPUProfile()
 	if m.file != nil {
@@ -165,15 +165,6 @@ func mallocs() uint64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.Mallocs
-}
-
-// processCPU is the process's user and system CPU time so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // backendCPU reads, from /proc, the CPU time of the Postgres backends pids

@@ -7,11 +7,8 @@
 package gwbench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,7 +24,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,6 +34,7 @@ import (
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/internal/lab/procstat"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -229,7 +226,7 @@ type phase struct {
 }
 
 func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn) (Result, error) {
-	suffix := randomSuffix()
+	suffix := procstat.RunSuffix()
 	p := &phase{cfg: cfg, mode: mode}
 	schemaURL, dropSchema, err := localpg.FreshSchema(ctx, dbURL, "gwbench_"+suffix)
 	if err != nil {
@@ -363,7 +360,7 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 	var next atomic.Int64
 	outs := make([][]outcome, cfg.Connections)
 	p.rt.Store(0)
-	cpu0 := cpuTime()
+	cpu0 := procstat.CPU()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for c := range cfg.Connections {
@@ -390,13 +387,13 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := cpuTime() - cpu0
+	cpu := procstat.CPU() - cpu0
 	trips := p.rt.Load()
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("the load did not finish within --timeout: %w", err)
 	}
 
-	r := Result{Mode: p.mode, Connections: cfg.Connections, Seconds: elapsed.Seconds(), RSSMB: peakRSSMB()}
+	r := Result{Mode: p.mode, Connections: cfg.Connections, Seconds: elapsed.Seconds(), RSSMB: round2(procstat.PeakRSSMB())}
 	var lat []time.Duration
 	accepted := map[string]bool{}
 	for _, os := range outs {
@@ -515,35 +512,3 @@ func (p *phase) check(ctx context.Context, accepted map[string]bool, r *Result) 
 }
 
 func round2(f float64) float64 { return math.Round(100*f) / 100 }
-
-// cpuTime is the CPU time this process used (user and system).
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func randomSuffix() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// peakRSSMB reads the process's peak resident set size (VmHWM) in MiB.
-func peakRSSMB() float64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var kb float64
-		if n, _ := fmt.Sscanf(sc.Text(), "VmHWM: %f kB", &kb); n == 1 {
-			return round2(kb / 1024)
-		}
-	}
-	return 0
-}

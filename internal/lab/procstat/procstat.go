@@ -1,0 +1,48 @@
+// Package procstat holds what the lab's benches read about their own
+// process (CPU time, peak memory) and the random suffix that keeps one
+// run's streams and keys apart from another's.
+package procstat
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+)
+
+// CPU is the process's user and system CPU time so far.
+func CPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// PeakRSSMB is the process's peak resident set size (VmHWM) in MiB, 0 where
+// /proc does not tell.
+func PeakRSSMB() float64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb float64
+		if n, _ := fmt.Sscanf(sc.Text(), "VmHWM: %f kB", &kb); n == 1 {
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// RunSuffix is 8 random hex digits naming one run.
+func RunSuffix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
