@@ -253,8 +253,10 @@ func TestClaimCannotStealReconcilerLease(t *testing.T) {
 }
 
 // TestPurgeConcurrent runs the partition maintenance from several
-// reconcilers at once (any number may run): each creates or finds the same
-// days and drops or finds dropped the same old ones, and none fails.
+// reconcilers at once (any number may run): one does it while the others
+// find it under way and leave it (they once deadlocked, each holding the
+// lock of a day it created and asking for the exclusive lock to drop one);
+// none fails, and the old day is gone and the coming ones are there.
 func TestPurgeConcurrent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

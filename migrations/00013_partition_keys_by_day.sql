@@ -117,6 +117,13 @@ BEGIN
         RAISE EXCEPTION 'paydedup: maintain_key_partitions needs a positive retention and 0..31 days ahead'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- One maintenance at a time per schema. Two reconcilers that had each
+    -- created a day (which locks the table) and then both asked for the
+    -- exclusive lock to drop an old one would deadlock; the one that finds
+    -- the maintenance under way leaves it to the other and returns zeros.
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('paydedup.maintain_key_partitions/' || current_schema(), 0)) THEN
+        RETURN;
+    END IF;
     FOR i IN 0..p_ahead LOOP
         lo := day0 + make_interval(days => i);
         part := 'idempotency_keys_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD');
