@@ -277,7 +277,7 @@ func TestSettleFunctionStaysInItsSchema(t *testing.T) {
 	for _, sql := range []string{
 		`CREATE TEMP TABLE payments (merchant_id text, idempotency_key text, charge_id text, status text, settled_at timestamptz)`,
 		`CREATE TEMP TABLE idempotency_keys (merchant_id text, idempotency_key text, charge_id text, status text,
-			response_status integer, response jsonb, updated_at timestamptz)`,
+			response_status integer, response bytea, updated_at timestamptz)`,
 		`INSERT INTO pg_temp.payments VALUES ('m_fn', 'ach', 'pi_fn', 'processing', NULL)`,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {

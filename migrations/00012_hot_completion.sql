@@ -85,7 +85,7 @@ CREATE OR REPLACE FUNCTION %I.settle_payment(p_merchant text, p_key text, p_char
     RETURNS boolean
     LANGUAGE plpgsql
     SECURITY DEFINER
-    SET search_path = %I, pg_temp
+    SET search_path = %I, pg_temp -- this schema's tables only, never a caller's temporary ones
 AS $body$
 DECLARE
     n bigint;
