@@ -398,11 +398,12 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 		"now": s.db.Now(), "retention": s.retention,
 	}
 	completed := make(map[rowKey]bool, n)
+	var k rowKey
+	dest := []any{&k.merchant, &k.key} // once per statement, not per row
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(completed)
 		_, err := s.queryPinned(ctx, planGenericNotified, completeBatchSQL, args, func(rows pgx.Rows) error {
-			var k rowKey
-			if err := rows.Scan(&k.merchant, &k.key); err != nil {
+			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
 			completed[k] = true
