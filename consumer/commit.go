@@ -48,10 +48,16 @@ func newCommitter(store Store, maxBatch int, maxWait time.Duration) *committer {
 		tracer: noop.NewTracerProvider().Tracer("")}
 }
 
-// Complete records one completion and returns its own result: nil,
-// dedup.ErrLeaseLost, dedup.ErrLedgerConflict, or the flush's error.
-func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Completion) error {
+// Complete records one completion by deadline and returns its own result:
+// nil, dedup.ErrLeaseLost, dedup.ErrLedgerConflict, or the flush's error.
+// The flush runs on the leader's ctx without its cancellation (a commit
+// must happen even when a drain cancelled the work) and with the leader's
+// deadline; the others wait for that flush, so only the leader makes a
+// context of its own.
+func (c *committer) Complete(ctx context.Context, deadline time.Time, l dedup.Lease, comp dedup.Completion) error {
 	if c.maxBatch == 1 {
+		ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+		defer cancel()
 		ctx, span := c.tracer.Start(ctx, "paydedup.commit", trace.WithAttributes(attribute.Int("paydedup.commit.size", 1)))
 		start := time.Now()
 		err := c.store.Complete(ctx, l, comp)
@@ -75,6 +81,9 @@ func (c *committer) Complete(ctx context.Context, l dedup.Lease, comp dedup.Comp
 	c.mu.Unlock()
 
 	if leader {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), deadline)
+		defer cancel()
 		if c.maxWait > 0 {
 			t := time.NewTimer(c.maxWait)
 			select {

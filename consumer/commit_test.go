@@ -18,13 +18,21 @@ type batchStore struct {
 	byKey map[string]error
 	err   error
 
-	mu      sync.Mutex
-	batches [][]string
+	mu        sync.Mutex
+	batches   [][]string
+	deadlines []time.Time // each flush's context deadline (zero: none)
 }
 
-func (s *batchStore) CompleteBatch(_ context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (s *batchStore) Complete(ctx context.Context, l dedup.Lease, _ dedup.Completion) error {
+	_, err := s.CompleteBatch(ctx, []dedup.CompleteItem{{Lease: l}})
+	return err
+}
+
+func (s *batchStore) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	d, _ := ctx.Deadline()
+	s.deadlines = append(s.deadlines, d)
 	var keys []string
 	errs := make([]error, len(items))
 	for i, it := range items {
@@ -61,7 +69,7 @@ func TestGroupCommitHandsEachCallerItsOwnResult(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					err := c.Complete(context.Background(), dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, Holder: "w", Attempt: 1}, dedup.Completion{})
+					err := c.Complete(context.Background(), time.Now().Add(time.Minute), dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, Holder: "w", Attempt: 1}, dedup.Completion{})
 					mu.Lock()
 					got[key] = err
 					mu.Unlock()
@@ -80,5 +88,50 @@ func TestGroupCommitHandsEachCallerItsOwnResult(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestGroupCommitFlushesByTheLeadersDeadline: the flush runs under the
+// deadline its leader was given (the worker's settle deadline), with or
+// without batching: the deadline is made by the committer, not passed in a
+// context.
+func TestGroupCommitFlushesByTheLeadersDeadline(t *testing.T) {
+	t.Parallel()
+	first, second := time.Now().Add(time.Hour), time.Now().Add(2*time.Hour)
+	lease := func(key string) dedup.Lease {
+		return dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, Holder: "w", Attempt: 1}
+	}
+
+	st := &batchStore{}
+	c := newCommitter(st, 2, time.Minute) // flushed when full
+	done := make(chan error, 1)
+	go func() { done <- c.Complete(context.Background(), first, lease("a"), dedup.Completion{}) }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		c.mu.Lock()
+		led := c.cur != nil && len(c.cur.items) == 1
+		c.mu.Unlock()
+		if led {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first caller never started a batch")
+		}
+	}
+	if err := c.Complete(context.Background(), second, lease("b"), dedup.Completion{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(st.deadlines) != 1 || !st.deadlines[0].Equal(first) {
+		t.Fatalf("flush deadlines %v, want one flush by the leader's %v", st.deadlines, first)
+	}
+
+	single := &batchStore{}
+	if err := newCommitter(single, 1, 0).Complete(context.Background(), second, lease("c"), dedup.Completion{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(single.deadlines) != 1 || !single.deadlines[0].Equal(second) {
+		t.Fatalf("unbatched commit deadlines %v, want %v", single.deadlines, second)
 	}
 }

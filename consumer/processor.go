@@ -160,27 +160,40 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	p.observer.ProviderCalled(time.Since(start), result)
 	leaseLost := lost()
 
-	// Writes below must happen even if ctx was cancelled by a drain.
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-	defer scancel()
+	// Writes below must happen even if ctx was cancelled by a drain, and
+	// all of them within settleTimeout from here. The context with that
+	// deadline is made only where a write uses it: a completion hands the
+	// deadline to the group commit, whose leader alone makes one per batch
+	// (the others wait for its flush), rather than a timer per payment.
+	// The group commit does not see ctx's cancellation either.
+	deadline := time.Now().Add(settleTimeout)
 	res := Result{Attempt: lease.Attempt}
 
+	var cerr error
 	if err == nil {
 		c := Completion(out)
-		switch cerr := p.committer.Complete(sctx, lease, c); {
+		cerr = p.committer.Complete(ctx, deadline, lease, c)
+		switch {
 		case cerr == nil:
 			res.Kind = Completed
 			if out.Declined {
 				res.Kind = Declined
 			}
-			log.Info("payment completed", "charge_id", out.ChargeID, "declined", out.Declined, "processing", out.Processing,
-				"decline_code", out.DeclineCode, "replayed", out.Replayed)
+			// Attrs, not key-value pairs: no string is put in an interface.
+			log.LogAttrs(ctx, slog.LevelInfo, "payment completed", slog.String("charge_id", out.ChargeID), slog.Bool("declined", out.Declined),
+				slog.Bool("processing", out.Processing), slog.String("decline_code", out.DeclineCode), slog.Bool("replayed", out.Replayed))
 			return res
 		case errors.Is(cerr, dedup.ErrLeaseLost):
 			// Another holder took over; it calls with the same provider key,
 			// gets this same outcome replayed, and completes the row.
 			log.Warn("lease lost before completing; the new holder will record the outcome", "charge_id", out.ChargeID)
 			return Result{Kind: Retry, Delay: time.Second, Err: cerr, Attempt: lease.Attempt}
+		}
+	}
+	sctx, scancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer scancel()
+	if err == nil {
+		switch {
 		case errors.Is(cerr, dedup.ErrLedgerConflict):
 			log.Error("ledger conflict: provider charge already recorded under another key", "charge_id", out.ChargeID, "error", cerr)
 			p.release(sctx, lease, cerr.Error(), log)
@@ -276,48 +289,62 @@ func (p *Processor) release(ctx context.Context, lease dedup.Lease, reason strin
 //
 // A timer, not a goroutine with a ticker: almost every call ends long before
 // the first beat, and a goroutine, a ticker and its channel per payment
-// were a measurable part of the worker's allocations.
+// were a measurable part of the worker's allocations. Its state is one
+// struct, not variables captured one by one by closures.
 func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, lease dedup.Lease, progress func(), log *slog.Logger) func() bool {
-	var (
-		mu      sync.Mutex // held by a beat while it runs
-		stopped bool
-		lost    bool
-		t       *time.Timer
-	)
-	every := p.cfg.Lease / 3
-	beat := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped || ctx.Err() != nil {
-			return
-		}
-		if progress != nil {
-			progress()
-		}
-		l, err := p.store.Heartbeat(ctx, lease, p.cfg.Lease)
-		switch {
-		case errors.Is(err, dedup.ErrLeaseLost):
-			log.Warn("lease lost during the provider call; cancelling it")
-			lost = true
-			cancel()
-			return
-		case err != nil:
-			log.Warn("lease heartbeat failed", "error", err)
-		default:
-			lease = l
-		}
-		t.Reset(every)
+	h := &beater{p: p, ctx: ctx, cancel: cancel, lease: lease, progress: progress, log: log, every: p.cfg.Lease / 3}
+	h.mu.Lock()
+	h.t = time.AfterFunc(h.every, h.beat)
+	h.mu.Unlock()
+	return h.stop
+}
+
+// beater is one payment's heartbeat (see Processor.heartbeat).
+type beater struct {
+	p        *Processor
+	ctx      context.Context
+	cancel   context.CancelFunc
+	progress func()
+	log      *slog.Logger
+	every    time.Duration
+
+	mu      sync.Mutex // held by a beat while it runs
+	lease   dedup.Lease
+	stopped bool
+	lost    bool
+	t       *time.Timer
+}
+
+func (h *beater) beat() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped || h.ctx.Err() != nil {
+		return
 	}
-	mu.Lock()
-	t = time.AfterFunc(every, beat)
-	mu.Unlock()
-	return func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
-		return lost
+	if h.progress != nil {
+		h.progress()
 	}
+	l, err := h.p.store.Heartbeat(h.ctx, h.lease, h.p.cfg.Lease)
+	switch {
+	case errors.Is(err, dedup.ErrLeaseLost):
+		h.log.Warn("lease lost during the provider call; cancelling it")
+		h.lost = true
+		h.cancel()
+		return
+	case err != nil:
+		h.log.Warn("lease heartbeat failed", "error", err)
+	default:
+		h.lease = l
+	}
+	h.t.Reset(h.every)
+}
+
+func (h *beater) stop() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopped = true
+	h.t.Stop()
+	return h.lost
 }
 
 // providerMetadata is the command's metadata plus the trace id stored with

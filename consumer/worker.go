@@ -327,7 +327,10 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		}()
 	}
 
-	var good []inbound
+	// Settling must happen even when the work context was cancelled: it
+	// runs on the batch context without its cancellation (see settle).
+	sbase := context.WithoutCancel(ctx)
+	good := make([]inbound, 0, len(msgs))
 	fetched := time.Now()
 	for _, m := range msgs {
 		in := inbound{msg: m, log: w.logger, fetched: fetched}
@@ -344,23 +347,22 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		in.ctx, in.span = w.tracer.Start(in.ctx, "paydedup.payment", trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(attribute.Int64("messaging.message.stream_seq", int64(meta.Sequence.Stream)),
 				attribute.Int64("messaging.message.deliveries", int64(meta.NumDelivered))))
-		in.log = w.logger.With("stream_seq", meta.Sequence.Stream, "deliveries", meta.NumDelivered)
-		if in.traceID != "" {
-			in.log = in.log.With("trace_id", in.traceID)
-		}
+		// One With for the message's attributes, not one per step: each
+		// With copies the logger and its attributes.
 		cmd, err := w.decode(m)
 		if err != nil {
+			in.log = messageLogger(w.logger, meta, in.traceID, nil)
 			var ve *payment.ValidationError
 			reason := string(payment.ReasonMalformedJSON)
 			if errors.As(err, &ve) {
 				reason = string(ve.Reason)
 			}
-			w.settle(ctx, in, Result{Kind: DeadLetter, Reason: reason, Err: err})
+			w.settle(sbase, in, Result{Kind: DeadLetter, Reason: reason, Err: err})
 			<-slots
 			continue
 		}
 		in.cmd = cmd
-		in.log = in.log.With("merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey)
+		in.log = messageLogger(w.logger, meta, in.traceID, cmd)
 		good = append(good, in)
 	}
 	if len(good) == 0 {
@@ -380,7 +382,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	if err != nil {
 		w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
 		for _, in := range good {
-			w.settle(ctx, in, Result{Kind: Retry, Delay: 2 * time.Second, Err: err})
+			w.settle(sbase, in, Result{Kind: Retry, Delay: 2 * time.Second, Err: err})
 			<-slots
 		}
 		return
@@ -390,7 +392,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		if claim.Outcome == dedup.Duplicate {
 			// A duplicate's ack is not waited for (settle): settle it here,
 			// without a goroutine of its own.
-			w.settle(ctx, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
+			w.settle(sbase, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
 			<-slots
 			continue
 		}
@@ -399,7 +401,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			// a dead letter is a round trip to the server.
 			spawn(func() {
 				defer func() { <-slots }()
-				w.settle(ctx, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
+				w.settle(sbase, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
 			})
 			continue
 		}
@@ -408,7 +410,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			defer func() { <-slots }()
 			defer w.observer.InFlight(-1)
 			res := w.proc.handle(in.ctx, in.cmd, claim, func() { _ = in.msg.InProgress() }, in.log)
-			w.settle(ctx, in, res)
+			w.settle(sbase, in, res)
 		})
 	}
 }
@@ -438,16 +440,23 @@ func (w *Worker) decode(m jetstream.Msg) (*payment.Command, error) {
 	return stream.DecodeCommand(w.cfg.Stream, m.Subject(), m.Headers(), m.Data())
 }
 
-// settle carries out decide's verdict on one message.
-func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
+// settle carries out decide's verdict on one message. base carries no
+// cancellation: settling must happen even when the work context was
+// cancelled; its round trips share one deadline, settleTimeout from here.
+func (w *Worker) settle(base context.Context, in inbound, res Result) {
 	act := decide(res, in.meta.NumDelivered, w.cfg.Stream.MaxDeliver, w.cfg.RetryBase, w.cfg.RetryMax)
-	log := in.log
-	if res.Attempt > 0 {
-		log = log.With("attempt", res.Attempt)
+	// The logger with the attempt is made when something is logged: a
+	// With per payment for a debug line that is usually off.
+	logger := func() *slog.Logger {
+		if res.Attempt > 0 {
+			return in.log.With("attempt", res.Attempt)
+		}
+		return in.log
 	}
-	// Settling must happen even when the work context was cancelled.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-	defer cancel()
+	debug := in.log.Enabled(base, slog.LevelDebug)
+	// The deadline is taken here; its context is made only for the round
+	// trips that wait (DoubleAck, the dead letter), not for an Ack or a Nak.
+	deadline := time.Now().Add(settleTimeout)
 	switch act.Kind {
 	case Ack:
 		if res.Kind == Duplicate {
@@ -456,23 +465,35 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 			// So no round trip to confirm it, which made a completed
 			// duplicate cost a request and its reply.
 			if err := in.msg.Ack(); err != nil {
-				log.Warn("ack of a duplicate failed; the redelivery will be acked as a duplicate", "error", err)
+				logger().Warn("ack of a duplicate failed; the redelivery will be acked as a duplicate", "error", err)
 			}
-			log.Debug("message acked", "result", res.Kind.String())
+			if debug {
+				logger().Debug("message acked", "result", res.Kind.String())
+			}
 			break
 		}
-		if err := in.msg.DoubleAck(sctx); err != nil {
+		sctx, cancel := context.WithDeadline(base, deadline)
+		err := in.msg.DoubleAck(sctx)
+		cancel()
+		if err != nil {
 			// The outcome is committed: the redelivery finds it and acks.
-			log.Warn("ack not confirmed; the redelivery will be acked as a duplicate", "error", err)
+			logger().Warn("ack not confirmed; the redelivery will be acked as a duplicate", "error", err)
 		}
-		log.Debug("message acked", "result", res.Kind.String())
+		if debug {
+			logger().Debug("message acked", "result", res.Kind.String())
+		}
 	case Nak:
 		delay := act.Delay + time.Duration(rand.Int64N(int64(act.Delay)/5+1))
 		if err := in.msg.NakWithDelay(delay); err != nil {
-			log.Warn("nak failed; the message will be redelivered after AckWait", "error", err)
+			logger().Warn("nak failed; the message will be redelivered after AckWait", "error", err)
 		}
-		log.Debug("message nakked", "result", res.Kind.String(), "delay", delay.String(), "error", errString(res.Err))
+		if debug {
+			logger().Debug("message nakked", "result", res.Kind.String(), "delay", delay.String(), "error", errString(res.Err))
+		}
 	case DeadLetterTerm:
+		sctx, cancel := context.WithDeadline(base, deadline)
+		defer cancel()
+		log := logger()
 		errForDLQ := res.Err
 		if act.Reason == stream.ReasonMaxDeliveries && res.Kind != DeadLetter {
 			errForDLQ = fmt.Errorf("last allowed delivery (%d) ended %s: %v", in.meta.NumDelivered, res.Kind, res.Err)
@@ -505,6 +526,21 @@ func (w *Worker) settle(ctx context.Context, in inbound, res Result) {
 		}
 		in.span.End()
 	}
+}
+
+// messageLogger is the worker's logger with a message's attributes: its
+// stream sequence and deliveries, its trace id when it has one, and the
+// command's merchant and key once decoded (cmd nil: not decodable).
+func messageLogger(l *slog.Logger, meta *jetstream.MsgMetadata, traceID string, cmd *payment.Command) *slog.Logger {
+	args := make([]any, 0, 8)
+	args = append(args, "stream_seq", meta.Sequence.Stream, "deliveries", meta.NumDelivered)
+	if traceID != "" {
+		args = append(args, "trace_id", traceID)
+	}
+	if cmd != nil {
+		args = append(args, "merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey)
+	}
+	return l.With(args...)
 }
 
 func errString(err error) string {

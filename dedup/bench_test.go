@@ -63,3 +63,12 @@ func BenchmarkClaimCompleteBatch100(b *testing.B) {
 	}
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "payments/s")
 }
+
+// BenchmarkProviderKey derives one provider key, as the claim does for
+// every payment of a batch.
+func BenchmarkProviderKey(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = dedup.ProviderKey("m_1", "550e8400-e29b-41d4-a716-446655440000")
+	}
+}

@@ -202,8 +202,8 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 	}
 
 	n := len(unique)
-	merchants, keys, providerKeys, currencies := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	hashes, amounts, ords, traces := make([][]byte, n), make([]int64, n), make([]int32, n), make([]string, n)
+	merchants, keys, providerKeys, currencies := make(textArray, n), make(textArray, n), make(textArray, n), make(textArray, n)
+	hashes, amounts, ords, traces := make(byteaArray, n), make(int8Array, n), make([]int32, n), make(textArray, n)
 	for j, i := range unique {
 		r := reqs[i]
 		merchants[j], keys[j], hashes[j] = r.MerchantID, r.IdempotencyKey, r.RequestHash
@@ -225,13 +225,14 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 	var untaken []found
 	done := make(map[int]bool, n)
 	var now time.Time
+	var ord, kind int32
+	sc := newRecordScanner(&ord, &kind)
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(done)
 		untaken = untaken[:0]
 		var err error
 		now, err = s.queryPinned(ctx, claimLocks, claimSQL, args, func(rows pgx.Rows) error {
-			var ord, kind int32
-			rec, err := scanRecord(rows, &ord, &kind)
+			rec, err := sc.scan(rows)
 			if err != nil {
 				return err
 			}

@@ -2,6 +2,8 @@ package dedup_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -95,6 +97,35 @@ func TestProviderKey(t *testing.T) {
 	}
 	if len(a) > 255 || !strings.HasPrefix(a, "pdk_") {
 		t.Fatalf("provider key %q is not a valid provider key", a)
+	}
+}
+
+// TestProviderKeyIsStable: the provider key of a key claimed before is
+// stored with its row and was sent to the provider; a build that derived
+// another would call the provider under a new key for a redelivery of an
+// old claim's message and charge it again. So the derivation never changes:
+// it is the original one, SHA-256 of a fixed prefix, the merchant id, a zero
+// byte and the key, hex, after "pdk_", for every length of key (past the
+// stack buffer too).
+func TestProviderKeyIsStable(t *testing.T) {
+	t.Parallel()
+	reference := func(m, k string) string {
+		h := sha256.New()
+		h.Write([]byte("paydedup/provider-key/v1\x00"))
+		h.Write([]byte(m))
+		h.Write([]byte{0})
+		h.Write([]byte(k))
+		return "pdk_" + hex.EncodeToString(h.Sum(nil))
+	}
+	// The key main has always derived for ("m_1", "k").
+	if got, want := dedup.ProviderKey("m_1", "k"), "pdk_12a235d458c84fb69d2a3113673c71433177dcda0cf3f622a9c30be95c37508f"; got != want {
+		t.Fatalf("ProviderKey(m_1, k) = %q, want %q", got, want)
+	}
+	for _, c := range [][2]string{{"m_1", "k"}, {"", ""}, {"m_1", "550e8400-e29b-41d4-a716-446655440000"},
+		{strings.Repeat("m", 64), strings.Repeat("~", 255)}, {"m", strings.Repeat("k", 2000)}} {
+		if got, want := dedup.ProviderKey(c[0], c[1]), reference(c[0], c[1]); got != want {
+			t.Errorf("ProviderKey(%q, %q) = %q, want %q", c[0], c[1], got, want)
+		}
 	}
 }
 

@@ -381,15 +381,15 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 	if n == 0 {
 		return nil, nil
 	}
-	merchants, keys, holders, chargeIDs, paymentStatuses := make([]string, n), make([]string, n), make([]string, n), make([]*string, n), make([]string, n)
-	attempts, statuses, responses := make([]int32, n), make([]int32, n), make([][]byte, n)
+	merchants, keys, holders, chargeIDs, paymentStatuses := make(textArray, n), make(textArray, n), make(textArray, n), make(nullTextArray, n), make(textArray, n)
+	attempts, statuses, responses := make([]int32, n), make([]int32, n), make(byteaArray, n)
 	for i, it := range items {
 		c := it.Completion
 		if len(c.Response) == 0 || !json.Valid(c.Response) || (!c.Declined && c.ChargeID == "") || (c.Declined && c.Processing) || c.ResponseStatus < 100 || c.ResponseStatus > 599 {
 			return nil, fmt.Errorf("complete keys: item %d: a completion needs a JSON response, an HTTP status and, when charged, a charge id", i)
 		}
 		merchants[i], keys[i], holders[i], attempts[i] = it.Lease.MerchantID, it.Lease.IdempotencyKey, it.Lease.Holder, int32(it.Lease.Attempt)
-		statuses[i], responses[i], chargeIDs[i] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
+		statuses[i], responses[i], chargeIDs[i] = int32(c.ResponseStatus), []byte(c.Response), c.ChargeID
 		paymentStatuses[i] = c.paymentStatus()
 	}
 	args := pgx.NamedArgs{
@@ -398,11 +398,12 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 		"now": s.db.Now(), "retention": s.retention,
 	}
 	completed := make(map[rowKey]bool, n)
+	var k rowKey
+	dest := []any{&k.merchant, &k.key} // once per statement, not per row
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(completed)
 		_, err := s.queryPinned(ctx, planGenericNotified, completeBatchSQL, args, func(rows pgx.Rows) error {
-			var k rowKey
-			if err := rows.Scan(&k.merchant, &k.key); err != nil {
+			if err := rows.Scan(dest...); err != nil {
 				return err
 			}
 			completed[k] = true

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/internal/clock"
@@ -109,41 +110,70 @@ func qualified(alias string) string {
 
 // scanRecord scans recordColumns, after any leading destinations.
 func scanRecord(row pgx.Row, lead ...any) (Record, error) {
-	var (
-		r                                  Record
-		status                             string
-		lockedBy, chargeID, lastErr, trace *string
-		lockedUntil, completedAt           *time.Time
-		responseStatus                     *int32
-		response                           []byte
-		attempts                           int32
-	)
-	dest := append(lead,
-		&r.MerchantID, &r.IdempotencyKey, &r.RequestHash, &status, &r.ProviderKey, &r.Amount, &r.Currency,
-		&attempts, &lockedBy, &lockedUntil, &r.MaybeCharged, &r.KeyWindowStart, &chargeID, &responseStatus,
-		&response, &lastErr, &r.CreatedAt, &r.UpdatedAt, &completedAt, &r.ExpiresAt, &trace)
-	if err := row.Scan(dest...); err != nil {
+	return newRecordScanner(lead...).scan(row)
+}
+
+// recordScanner holds the destinations of recordColumns (after any leading
+// ones), so that a statement reading many rows makes them once rather than
+// once per row: the destinations escape to the heap through pgx's []any.
+type recordScanner struct {
+	dest                               []any
+	r                                  Record
+	status                             string
+	lockedBy, chargeID, lastErr, trace pgtype.Text
+	lockedUntil, completedAt           pgtype.Timestamptz
+	responseStatus                     pgtype.Int4
+	response                           []byte
+	attempts                           int32
+}
+
+func newRecordScanner(lead ...any) *recordScanner {
+	s := &recordScanner{}
+	r := &s.r
+	s.dest = append(lead,
+		&r.MerchantID, &r.IdempotencyKey, &r.RequestHash, &s.status, &r.ProviderKey, &r.Amount, &r.Currency,
+		&s.attempts, &s.lockedBy, &s.lockedUntil, &r.MaybeCharged, &r.KeyWindowStart, &s.chargeID, &s.responseStatus,
+		&s.response, &s.lastErr, &r.CreatedAt, &r.UpdatedAt, &s.completedAt, &r.ExpiresAt, &s.trace)
+	return s
+}
+
+// scan reads one row. Every destination is written by each Scan (NULL
+// included), and the Record returned is a copy: what it holds (strings,
+// new byte slices) is the row's own.
+func (s *recordScanner) scan(row pgx.Row) (Record, error) {
+	if err := row.Scan(s.dest...); err != nil {
 		return Record{}, err
 	}
-	r.Status = Status(status)
-	r.Attempts = int(attempts)
-	r.LockedBy = deref(lockedBy)
-	r.ChargeID = deref(chargeID)
-	r.LastError = deref(lastErr)
-	r.TraceID = deref(trace)
-	if lockedUntil != nil {
-		r.LockedUntil = *lockedUntil
+	r := s.r
+	r.Status = Status(s.status)
+	r.Attempts = int(s.attempts)
+	r.LockedBy = s.lockedBy.String
+	r.ChargeID = s.chargeID.String
+	r.LastError = s.lastErr.String
+	r.TraceID = s.trace.String
+	var err error
+	if r.LockedUntil, err = finite(s.lockedUntil); err != nil {
+		return Record{}, err
 	}
-	if completedAt != nil {
-		r.CompletedAt = *completedAt
+	if r.CompletedAt, err = finite(s.completedAt); err != nil {
+		return Record{}, err
 	}
-	if responseStatus != nil {
-		r.ResponseStatus = int(*responseStatus)
+	if s.responseStatus.Valid {
+		r.ResponseStatus = int(s.responseStatus.Int32)
 	}
-	if response != nil {
-		r.Response = json.RawMessage(response)
+	if s.response != nil {
+		r.Response = json.RawMessage(s.response)
 	}
 	return r, nil
+}
+
+// finite is a nullable timestamp as a time.Time (zero when NULL); an
+// infinite one is an error, as scanning it into a *time.Time is.
+func finite(t pgtype.Timestamptz) (time.Time, error) {
+	if t.Valid && t.InfinityModifier != pgtype.Finite {
+		return time.Time{}, fmt.Errorf("cannot scan %v into *time.Time", t.InfinityModifier)
+	}
+	return t.Time, nil
 }
 
 func deref(s *string) string { return pg.Deref(s) }
