@@ -37,6 +37,22 @@ func streamsLater(t *testing.T, js jetstream.JetStream, delay time.Duration) (st
 	}
 }
 
+// commandPublisherLater is a command publisher (8 s timeout) on a
+// topology whose streams appear only after 700 ms (see streamsLater).
+func commandPublisherLater(t *testing.T) (jetstream.JetStream, stream.Config, *stream.CommandPublisher, func()) {
+	t.Helper()
+	js, err := jetstream.New(testenv.NATSConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, created := streamsLater(t, js, 700*time.Millisecond)
+	p, err := stream.NewCommandPublisher(js.Conn(), cfg, 8*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, cfg, p, created
+}
+
 // A message published while its stream cannot answer is sent again, with
 // the same Nats-Msg-Id, until the stream stores it: it is not lost, and a
 // retried copy is not stored twice.
@@ -87,16 +103,7 @@ func TestPublisherRetriesUntilPubAck(t *testing.T) {
 // server (another stream expected) is not retried.
 func TestCommandPublisherRetriesUntilPubAck(t *testing.T) {
 	t.Parallel()
-	nc := testenv.NATSConn(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, created := streamsLater(t, js, 700*time.Millisecond)
-	p, err := stream.NewCommandPublisher(nc, cfg, 8*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, cfg, p, created := commandPublisherLater(t)
 	ctx := context.Background()
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k-1", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
 	seq, err := p.Publish(ctx, cmd, nil, 0)
@@ -112,7 +119,7 @@ func TestCommandPublisherRetriesUntilPubAck(t *testing.T) {
 	// server refuses, at once.
 	other := cfg
 	other.Name = cfg.Name + "_OTHER"
-	wrong, err := stream.NewCommandPublisher(nc, other, 8*time.Second)
+	wrong, err := stream.NewCommandPublisher(js.Conn(), other, 8*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,16 +140,7 @@ func TestCommandPublisherRetriesUntilPubAck(t *testing.T) {
 // that cannot be built, fails alone.
 func TestCommandPublisherBatchAwaitsEveryPubAck(t *testing.T) {
 	t.Parallel()
-	nc := testenv.NATSConn(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, created := streamsLater(t, js, 700*time.Millisecond)
-	p, err := stream.NewCommandPublisher(nc, cfg, 8*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, cfg, p, created := commandPublisherLater(t)
 	ctx := context.Background()
 	cmd := func(key, desc string) *payment.Command {
 		return &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa", Description: desc}
