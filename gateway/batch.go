@@ -14,6 +14,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // The batched intake (Config.Intake = IntakeBatched): concurrent POSTs are
@@ -452,26 +453,7 @@ func (b *batcher) publish(ctx context.Context, items []*item) {
 			}
 		}
 	}
-	seqs := make([]uint64, len(items))
-	var wg sync.WaitGroup
-	for i, it := range items {
-		if it.ans.kind != ansPending {
-			continue
-		}
-		wg.Go(func() {
-			start := time.Now()
-			seq, err := g.pub.Publish(pctx, it.cmd, it.extra, republish[i])
-			g.metrics.publishDuration.Observe(time.Since(start).Seconds())
-			if err != nil {
-				g.publishFailed(pctx, it.ans.in, err, it.log)
-				it.ans.kind = ansUnavailable
-				return
-			}
-			g.metrics.publishes.WithLabelValues("ok").Inc()
-			seqs[i] = seq
-		})
-	}
-	wg.Wait()
+	seqs := b.publishAll(pctx, items, republish)
 	var pubs []pgstore.Published
 	var done []*item
 	for i, it := range items {
@@ -493,6 +475,72 @@ func (b *batcher) publish(ctx context.Context, items []*item) {
 		g.metrics.idempotency.WithLabelValues("new").Inc()
 		it.log.Info("payment accepted", "attempt", it.ans.in.Attempt, "stream_seq", pubs[i].Seq, "republish", it.ans.in.Published())
 	}
+}
+
+// batchPublisher is the optional batch publish of a Publisher
+// (*stream.CommandPublisher): every command sent at once, every PubAck
+// awaited. A Publisher without it (the tests' fault-injecting wrappers)
+// publishes each command on its own, concurrently.
+type batchPublisher interface {
+	PublishBatch(ctx context.Context, cmds []stream.BatchCommand) []stream.BatchResult
+}
+
+// publishAll publishes the pending items' commands and returns their
+// stream sequences; an item whose publish failed gives its intake up and
+// is answered 503.
+func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int) []uint64 {
+	g := b.g
+	seqs := make([]uint64, len(items))
+	settle := func(i int, seq uint64, err error, took time.Duration) {
+		it := items[i]
+		g.metrics.publishDuration.Observe(took.Seconds())
+		if err != nil {
+			g.publishFailed(ctx, it.ans.in, err, it.log)
+			it.ans.kind = ansUnavailable
+			return
+		}
+		g.metrics.publishes.WithLabelValues("ok").Inc()
+		seqs[i] = seq
+	}
+	var wg sync.WaitGroup
+	bp, ok := g.pub.(batchPublisher)
+	if !ok {
+		for i, it := range items {
+			if it.ans.kind == ansPending {
+				wg.Go(func() {
+					start := time.Now()
+					seq, err := g.pub.Publish(ctx, it.cmd, it.extra, republish[i])
+					settle(i, seq, err, time.Since(start))
+				})
+			}
+		}
+		wg.Wait()
+		return seqs
+	}
+	var cmds []stream.BatchCommand
+	var index []int
+	for i, it := range items {
+		if it.ans.kind == ansPending {
+			cmds = append(cmds, stream.BatchCommand{Cmd: it.cmd, Extra: it.extra, Republish: republish[i]})
+			index = append(index, i)
+		}
+	}
+	if len(cmds) == 0 {
+		return seqs
+	}
+	start := time.Now()
+	results := bp.PublishBatch(ctx, cmds)
+	took := time.Since(start)
+	for j, r := range results {
+		if r.Err != nil {
+			// Giving the intake up is a round trip: done at once for all.
+			wg.Go(func() { settle(index[j], r.Seq, r.Err, took) })
+			continue
+		}
+		settle(index[j], r.Seq, nil, took)
+	}
+	wg.Wait()
+	return seqs
 }
 
 func refOf(it *item) dedup.KeyRef {

@@ -384,3 +384,41 @@ func TestClientGoneIsDebug(t *testing.T) {
 		t.Fatalf("a client hanging up is logged at %v: %q", rec.Level, rec.Message)
 	}
 }
+
+// TestBatchPublishFailsAlone: in a batch published at once (the real
+// publisher's PublishBatch), a command the stream refuses is answered 503
+// and its intake given up, so that a retry publishes it; the others of the
+// batch are accepted and on the stream.
+func TestBatchPublishFailsAlone(t *testing.T) {
+	t.Parallel()
+	w := setup(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1})
+	w.batched()
+	maxMsgSize := func(n int32) {
+		t.Helper()
+		s, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := s.CachedInfo().Config
+		sc.MaxMsgSize = n
+		if _, err := w.js.UpdateStream(w.ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	maxMsgSize(700)
+	before := w.streamMsgs()
+	long := fmt.Sprintf(`{"amount":300,"currency":"usd","payment_method":"pm_card_visa","description":%q}`, strings.Repeat("x", 1000))
+	rs := w.concurrently([]string{"small-1", "long", "small-2"},
+		[]string{payBody(100, "pm_card_visa"), long, payBody(200, "pm_card_visa")}, []string{w.keyA, w.keyA, w.keyA})
+	wantStatus(t, rs[0], http.StatusAccepted)
+	wantStatus(t, rs[1], http.StatusServiceUnavailable)
+	wantStatus(t, rs[2], http.StatusAccepted)
+	if n := w.streamMsgs() - before; n != 2 {
+		t.Fatalf("%d messages, want the 2 accepted", n)
+	}
+	maxMsgSize(-1)
+	wantStatus(t, w.post("long", long), http.StatusAccepted)
+	if n := w.streamMsgs() - before; n != 3 {
+		t.Fatalf("%d messages after the retry, want 3", n)
+	}
+}

@@ -35,6 +35,7 @@ const DefaultPublishTimeout = 5 * time.Second
 type CommandPublisher struct {
 	nc      *nats.Conn
 	js      jetstream.JetStream
+	async   jetstream.JetStream // PublishBatch's: its PubAck futures time out with a try
 	cfg     Config
 	timeout time.Duration
 }
@@ -57,7 +58,11 @@ func NewCommandPublisher(nc *nats.Conn, cfg Config, timeout time.Duration) (*Com
 	if timeout == 0 {
 		timeout = DefaultPublishTimeout
 	}
-	return &CommandPublisher{nc: nc, js: js, cfg: cfg, timeout: timeout}, nil
+	async, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(max(timeout/4, time.Second)))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &CommandPublisher{nc: nc, js: js, async: async, cfg: cfg, timeout: timeout}, nil
 }
 
 // Check builds the message Publish would publish for cmd and extra and
@@ -214,4 +219,84 @@ func headerBlock(h nats.Header) []byte {
 	}
 	b.WriteString("\r\n")
 	return b.Bytes()
+}
+
+// BatchCommand is one command of a PublishBatch: what Publish takes.
+type BatchCommand struct {
+	Cmd       *payment.Command
+	Extra     map[string]string
+	Republish int
+}
+
+// BatchResult is the fate of one command of a PublishBatch: its stream
+// sequence once the stream acknowledged it, or why it has none.
+type BatchResult struct {
+	Seq uint64
+	Err error
+}
+
+// PublishBatch publishes every command of cmds at once, each checked and
+// built as Publish would (same subject, Nats-Msg-Id, headers), and awaits
+// every PubAck: one asynchronous send per command instead of a request and
+// its reply each. results[i] is the fate of cmds[i]; a command that cannot
+// be built, or that the stream refused, fails alone.
+//
+// The retry rule is Publish's: a command whose PubAck did not come for a
+// Retryable reason within a quarter of the timeout is sent again, the
+// same message (Nats-Msg-Id), until the timeout; a copy that did land is
+// dropped by the duplicate window.
+func (p *CommandPublisher) PublishBatch(ctx context.Context, cmds []BatchCommand) []BatchResult {
+	results := make([]BatchResult, len(cmds))
+	msgs := make([]*nats.Msg, len(cmds))
+	var waiting []int
+	for i, c := range cmds {
+		m, err := p.message(c.Cmd, c.Extra, c.Republish)
+		if err != nil {
+			results[i].Err = fmt.Errorf("publish command: %w", err)
+			continue
+		}
+		msgs[i] = m
+		waiting = append(waiting, i)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	tryFor := max(p.timeout/4, time.Second)
+	futures := make([]jetstream.PubAckFuture, len(cmds))
+	for tries := 1; len(waiting) > 0; tries++ {
+		for _, i := range waiting {
+			f, err := p.async.PublishMsgAsync(msgs[i], jetstream.WithExpectStream(p.cfg.Name))
+			if err != nil {
+				f = failedFuture(msgs[i], err)
+			}
+			futures[i] = f
+		}
+		tctx, tcancel := context.WithTimeout(ctx, tryFor)
+		var again []int
+		for _, i := range waiting {
+			var err error
+			select {
+			case ack := <-futures[i].Ok():
+				results[i] = BatchResult{Seq: ack.Sequence}
+				continue
+			case err = <-futures[i].Err():
+			case <-tctx.Done():
+				err = fmt.Errorf("no PubAck within %v: %w", tryFor, tctx.Err())
+			}
+			results[i].Err = fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
+			if Retryable(err) && ctx.Err() == nil {
+				again = append(again, i)
+			}
+		}
+		tcancel()
+		waiting = again
+		if len(waiting) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return results
+		case <-time.After(retryWait(tries)):
+		}
+	}
+	return results
 }

@@ -3,6 +3,7 @@ package stream_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,22 @@ func streamsLater(t *testing.T, js jetstream.JetStream, delay time.Duration) (st
 			t.Fatal(err)
 		}
 	}
+}
+
+// commandPublisherLater is a command publisher (8 s timeout) on a
+// topology whose streams appear only after 700 ms (see streamsLater).
+func commandPublisherLater(t *testing.T) (jetstream.JetStream, stream.Config, *stream.CommandPublisher, func()) {
+	t.Helper()
+	js, err := jetstream.New(testenv.NATSConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, created := streamsLater(t, js, 700*time.Millisecond)
+	p, err := stream.NewCommandPublisher(js.Conn(), cfg, 8*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, cfg, p, created
 }
 
 // A message published while its stream cannot answer is sent again, with
@@ -86,16 +103,7 @@ func TestPublisherRetriesUntilPubAck(t *testing.T) {
 // server (another stream expected) is not retried.
 func TestCommandPublisherRetriesUntilPubAck(t *testing.T) {
 	t.Parallel()
-	nc := testenv.NATSConn(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, created := streamsLater(t, js, 700*time.Millisecond)
-	p, err := stream.NewCommandPublisher(nc, cfg, 8*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, cfg, p, created := commandPublisherLater(t)
 	ctx := context.Background()
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k-1", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
 	seq, err := p.Publish(ctx, cmd, nil, 0)
@@ -111,7 +119,7 @@ func TestCommandPublisherRetriesUntilPubAck(t *testing.T) {
 	// server refuses, at once.
 	other := cfg
 	other.Name = cfg.Name + "_OTHER"
-	wrong, err := stream.NewCommandPublisher(nc, other, 8*time.Second)
+	wrong, err := stream.NewCommandPublisher(js.Conn(), other, 8*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,5 +131,67 @@ func TestCommandPublisherRetriesUntilPubAck(t *testing.T) {
 	}
 	if stream.Retryable(err) || !stream.Retryable(jetstream.ErrNoStreamResponse) || !stream.Retryable(context.DeadlineExceeded) {
 		t.Fatal("Retryable misclassifies")
+	}
+}
+
+// A batch publish awaits every PubAck: commands sent while the stream
+// cannot answer are sent again until it stores them (a twin in the batch
+// gets the first copy's sequence), and a command the stream refuses, or
+// that cannot be built, fails alone.
+func TestCommandPublisherBatchAwaitsEveryPubAck(t *testing.T) {
+	t.Parallel()
+	js, cfg, p, created := commandPublisherLater(t)
+	ctx := context.Background()
+	cmd := func(key, desc string) *payment.Command {
+		return &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa", Description: desc}
+	}
+	var batch []stream.BatchCommand
+	for _, k := range []string{"k-1", "k-2", "k-3", "k-1"} {
+		batch = append(batch, stream.BatchCommand{Cmd: cmd(k, "")})
+	}
+	res := p.PublishBatch(ctx, batch)
+	created()
+	seqs := map[uint64]bool{}
+	for i, r := range res {
+		if r.Err != nil || r.Seq == 0 {
+			t.Fatalf("command %d while the stream appears: seq %d, %v", i, r.Seq, r.Err)
+		}
+		seqs[r.Seq] = true
+	}
+	if len(seqs) != 3 || res[3].Seq != res[0].Seq {
+		t.Fatalf("sequences %+v: want 3 distinct, the twin with the first's", res)
+	}
+
+	// The stream now refuses messages over 512 bytes: the long command
+	// fails, with the server's refusal, and the others are stored.
+	s, err := js.Stream(ctx, cfg.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := s.CachedInfo().Config
+	sc.MaxMsgSize = 512
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res = p.PublishBatch(ctx, []stream.BatchCommand{
+		{Cmd: cmd("k-4", "")},
+		{Cmd: cmd("k-5", strings.Repeat("x", 1000))},
+		{Cmd: nil},
+		{Cmd: cmd("k-6", ""), Republish: 2},
+	})
+	var api *jetstream.APIError
+	switch {
+	case res[0].Err != nil || res[3].Err != nil || res[0].Seq != 4 || res[3].Seq != 5:
+		t.Fatalf("the good commands: %+v, want seqs 4 and 5", res)
+	case !errors.As(res[1].Err, &api):
+		t.Fatalf("the long command: %+v, want the server's refusal", res[1])
+	case res[2].Err == nil:
+		t.Fatal("a nil command published")
+	case time.Since(start) > 2*time.Second:
+		t.Fatalf("a refusal was retried: %v", time.Since(start))
+	}
+	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 5 {
+		t.Fatalf("stream holds %v messages (%v), want 5", info.State.Msgs, err)
 	}
 }

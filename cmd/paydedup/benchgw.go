@@ -63,6 +63,7 @@ The last line with --json is one JSON object.`,
 	f.IntVar(&c.BatchSize, "batch-size", gateway.DefaultBatchSize, "POSTs per batch (batched mode)")
 	f.DurationVar(&c.BatchWindow, "batch-window", gateway.DefaultBatchWindow, "how long a batch waits for more POSTs (batched mode)")
 	f.IntVar(&c.Flushers, "flushers", gateway.DefaultFlushers, "batches settled at once (batched mode)")
+	f.BoolVar(&c.Worker, "worker", false, "run the worker in process too (charging the Stripe simulator) and report POST→charged rate and latency, double charges and lost payments")
 	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
 	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
 	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the batched load to this file (go tool pprof)")

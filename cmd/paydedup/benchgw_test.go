@@ -62,3 +62,28 @@ func TestBenchGatewayBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// With --worker the worker charges every accepted payment once, and the
+// report has the POST→charged figures.
+func TestBenchGatewayWithWorker(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": testenv.PostgresURL(t), "NATS_URL": testenv.NATSURL(t)}
+	out, errOut, err := runCLI(context.Background(), env, "bench", "gateway", "--json", "--mode", "batched", "--worker",
+		"--requests", "300", "--connections", "16", "--retries", "0.2", "--duplicates", "0.2")
+	if err != nil {
+		t.Fatalf("bench gateway --worker: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	var r gwbench.Result
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+		t.Fatalf("last line is not the JSON report: %v\n%s", err, out)
+	}
+	// Retries meet the key held (409) or charged (replayed).
+	if !r.OnStreamOnce || r.Accepted != 300 || r.Conflicts+r.Replayed != r.Requests-300 || r.Errors != 0 {
+		t.Fatalf("report %+v", r)
+	}
+	c := r.Charged
+	if c == nil || c.Completed != 300 || c.DoubleCharges != 0 || c.Lost != 0 || c.PerSec <= 0 || c.P50MS <= 0 || c.P99MS < c.P50MS {
+		t.Fatalf("charged %+v, want 300 charged once with plausible figures", c)
+	}
+}

@@ -3,7 +3,11 @@
 // concurrent HTTP/1.1 keep-alive clients (unique keys, plus a share of
 // retries with the same key and of concurrent duplicates), and checks at
 // the end that every accepted payment is in the intake and on the stream
-// exactly once. No worker runs: it measures what the door takes in.
+// exactly once. Without Worker no worker runs: it measures what the door
+// takes in. With Worker the worker runs in process too, charging the
+// in-process Stripe simulator, and the bench also measures POST→charged
+// (the key's completed record) and counts double charges and lost
+// payments.
 package gwbench
 
 import (
@@ -29,6 +33,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/gateway/pgstore"
@@ -36,6 +41,7 @@ import (
 	"github.com/paydedup/paydedup/internal/lab/localpg"
 	"github.com/paydedup/paydedup/internal/lab/procstat"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -68,6 +74,7 @@ type Config struct {
 	JSON        bool
 	Timeout     time.Duration
 	CPUProfile  string
+	Worker      bool // run the worker in process too, against the simulator
 	DLQKey      []byte
 	Out, ErrOut io.Writer
 }
@@ -122,6 +129,8 @@ type Result struct {
 	Missing                int     `json:"missing"`    // accepted, not on the stream or not published in the intake
 	Duplicated             int     `json:"duplicated"` // on the stream more than once
 	Unexpected             int     `json:"unexpected"` // on the stream, never accepted
+	// Charged is set with Worker.
+	Charged *Charged `json:"charged,omitempty"`
 	// PerRequest and Speedup are set in mode both.
 	PerRequest *Result `json:"per_request,omitempty"`
 	Speedup    float64 `json:"speedup_accepted,omitempty"`
@@ -181,6 +190,10 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		say("mode %s: %.0f accepted/s, p50 %.1f ms, p99 %.1f ms, %.2f round trips and %.2f ms CPU per request",
 			mode, r.AcceptedPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, r.CPUMSPerRequest)
+		if c := r.Charged; c != nil {
+			say("mode %s: %d charged, %.0f charged/s, POST→charged p50 %.1f ms, p99 %.1f ms, %d double, %d lost",
+				mode, c.Completed, c.PerSec, c.P50MS, c.P99MS, c.DoubleCharges, c.Lost)
+		}
 		results = append(results, r)
 	}
 	top := results[0]
@@ -198,6 +211,10 @@ func Run(ctx context.Context, cfg Config) error {
 		for _, r := range results {
 			fmt.Fprintf(cfg.Out, "%-12s %8.0f accepted/s  %8.0f requests/s  p50 %6.1f ms  p99 %6.1f ms  %5.2f pg round trips/request  %5.2f ms CPU/request  rss %4.0f MB  exactly once: %v\n",
 				r.Mode, r.AcceptedPerSec, r.RequestsPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, r.CPUMSPerRequest, r.RSSMB, r.OnStreamOnce)
+			if c := r.Charged; c != nil {
+				fmt.Fprintf(cfg.Out, "%-12s %8.0f charged/s   POST→charged p50 %6.1f ms  p99 %6.1f ms  double %d  lost %d\n",
+					"", c.PerSec, c.P50MS, c.P99MS, c.DoubleCharges, c.Lost)
+			}
 		}
 		if top.Speedup > 0 {
 			fmt.Fprintf(cfg.Out, "batched / per-request: %.1f×\n", top.Speedup)
@@ -208,6 +225,9 @@ func Run(ctx context.Context, cfg Config) error {
 		if !r.OnStreamOnce {
 			errs = append(errs, fmt.Errorf("mode %s: %d accepted payments missing, %d on the stream twice, %d on the stream but never accepted",
 				r.Mode, r.Missing, r.Duplicated, r.Unexpected))
+		}
+		if c := r.Charged; c != nil && (c.DoubleCharges > 0 || c.Lost > 0) {
+			errs = append(errs, fmt.Errorf("mode %s: %d double charges, %d lost", r.Mode, c.DoubleCharges, c.Lost))
 		}
 	}
 	return errors.Join(errs...)
@@ -223,6 +243,8 @@ type phase struct {
 	base    string
 	apiKeys []string     // one per merchant
 	rt      atomic.Int64 // PostgreSQL round trips
+	records *dedup.Store
+	sim     *stripesim.Simulator // with Worker
 }
 
 func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn) (Result, error) {
@@ -245,6 +267,7 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 	if err != nil {
 		return Result{}, err
 	}
+	p.records = records
 	if p.gwStore, err = pgstore.New(pool, pgstore.Config{}); err != nil {
 		return Result{}, err
 	}
@@ -282,6 +305,13 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 			_ = p.js.DeleteStream(cctx, s)
 		}
 	}()
+	if cfg.Worker {
+		stop, err := p.startWorker(ctx, nc, records, suffix)
+		if err != nil {
+			return Result{}, err
+		}
+		defer stop()
+	}
 	pub, err := stream.NewCommandPublisher(nc, p.scfg, 0)
 	if err != nil {
 		return Result{}, err
@@ -316,6 +346,7 @@ type outcome struct {
 	key     int
 	status  int
 	replay  bool
+	start   time.Time
 	latency time.Duration
 }
 
@@ -335,7 +366,7 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 		req.Header.Set("Idempotency-Key", keyOf(i))
 		start := time.Now()
 		resp, err := client.Do(req)
-		o := outcome{key: i, latency: time.Since(start)}
+		o := outcome{key: i, start: start, latency: time.Since(start)}
 		if err != nil {
 			return o
 		}
@@ -396,6 +427,7 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 	r := Result{Mode: p.mode, Connections: cfg.Connections, Seconds: elapsed.Seconds(), RSSMB: round2(procstat.PeakRSSMB())}
 	var lat []time.Duration
 	accepted := map[string]bool{}
+	posted := map[string]time.Time{} // the start of each accepted POST
 	for _, os := range outs {
 		for _, o := range os {
 			r.Requests++
@@ -404,6 +436,7 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 			case o.status == http.StatusAccepted:
 				r.Accepted++
 				accepted[keyOf(o.key)] = true
+				posted[keyOf(o.key)] = o.start
 			case o.replay:
 				r.Replayed++
 			case o.status == http.StatusConflict:
@@ -417,20 +450,20 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 			}
 		}
 	}
-	slices.Sort(lat)
-	q := func(f float64) float64 {
-		if len(lat) == 0 {
-			return 0
-		}
-		return float64(lat[min(len(lat)-1, int(f*float64(len(lat))))].Microseconds()) / 1000
-	}
-	r.P50MS, r.P99MS = q(0.50), q(0.99)
+	r.P50MS, r.P99MS = quantile(lat, 0.50), quantile(lat, 0.99)
 	r.RequestsPerSec = float64(r.Requests) / elapsed.Seconds()
 	r.AcceptedPerSec = float64(r.Accepted) / elapsed.Seconds()
 	r.PGRoundTripsPerRequest = round2(float64(trips) / float64(r.Requests))
 	r.CPUMSPerRequest = round2(float64(cpu.Microseconds()) / 1000 / float64(r.Requests))
 	if err := p.check(ctx, accepted, &r); err != nil {
 		return Result{}, err
+	}
+	if cfg.Worker {
+		c, err := p.charged(ctx, p.records, posted, p.merchantOf)
+		if err != nil {
+			return Result{}, err
+		}
+		r.Charged = c
 	}
 	return r, nil
 }
@@ -439,14 +472,9 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 // accepted key published in the intake and on the stream exactly once,
 // nothing else on the stream.
 func (p *phase) check(ctx context.Context, accepted map[string]bool, r *Result) error {
-	merchantOf := func(key string) string {
-		var n int
-		_, _ = fmt.Sscanf(key[strings.LastIndexByte(key, '-')+1:], "%d", &n)
-		return fmt.Sprintf("m_bench%03d", n%len(p.apiKeys))
-	}
 	var reqs []dedup.ClaimRequest
 	for k := range accepted {
-		reqs = append(reqs, dedup.ClaimRequest{MerchantID: merchantOf(k), IdempotencyKey: k})
+		reqs = append(reqs, dedup.ClaimRequest{MerchantID: p.merchantOf(k), IdempotencyKey: k})
 	}
 	published := 0
 	for start := 0; start < len(reqs); start += 5000 {
@@ -509,6 +537,122 @@ func (p *phase) check(ctx context.Context, accepted map[string]bool, r *Result) 
 	}
 	r.OnStreamOnce = r.Missing == 0 && r.Duplicated == 0 && r.Unexpected == 0
 	return nil
+}
+
+// merchantOf is the merchant a bench key was posted for.
+func (p *phase) merchantOf(key string) string {
+	var n int
+	_, _ = fmt.Sscanf(key[strings.LastIndexByte(key, '-')+1:], "%d", &n)
+	return fmt.Sprintf("m_bench%03d", n%len(p.apiKeys))
+}
+
+// Charged is the end to end figures of a run with the worker: from each
+// accepted POST's start to its key's completed record.
+type Charged struct {
+	Completed     int     `json:"completed"`
+	PerSec        float64 `json:"charged_per_sec"` // completed / (last completion - first POST)
+	P50MS         float64 `json:"p50_ms"`
+	P99MS         float64 `json:"p99_ms"`
+	DoubleCharges int     `json:"double_charges"` // keys the provider charged more than once
+	Lost          int     `json:"lost"`           // accepted, never completed or not charged exactly once
+}
+
+// startWorker runs the worker on the phase's stream, charging an
+// in-process simulator, until the returned stop is called.
+func (p *phase) startWorker(ctx context.Context, nc *nats.Conn, records *dedup.Store, suffix string) (func(), error) {
+	p.sim = stripesim.New(stripesim.Config{})
+	wcfg := consumer.Config{Stream: p.scfg, Holder: "gwbench-" + suffix}
+	wcfg.Stream.MaxAckPending = 20000
+	wcfg = wcfg.WithDefaults()
+	proc := consumer.NewProcessor(records, p.sim.Client("sk_test_paydedup_gwbench"), wcfg, nil)
+	w, err := consumer.NewWorker(nc, proc, wcfg, nil, nil, p.gwStore)
+	if err != nil {
+		return nil, err
+	}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	return func() { stop(); <-done }, nil
+}
+
+// charged waits until every accepted key has a completed record (or ctx
+// ends) and measures POST→charged against the POSTs' starts.
+func (p *phase) charged(ctx context.Context, records *dedup.Store, posted map[string]time.Time, merchantOf func(string) string) (*Charged, error) {
+	c := &Charged{}
+	var refs []dedup.KeyRef
+	var first time.Time
+	for k, t := range posted {
+		refs = append(refs, dedup.KeyRef{MerchantID: merchantOf(k), IdempotencyKey: k})
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	done := map[string]time.Time{}
+	for len(done) < len(refs) && ctx.Err() == nil {
+		var open []dedup.KeyRef
+		for _, r := range refs {
+			if _, ok := done[r.IdempotencyKey]; !ok {
+				open = append(open, r)
+			}
+		}
+		for start := 0; start < len(open); start += 5000 {
+			recs, err := records.GetMany(ctx, open[start:min(start+5000, len(open))])
+			if err != nil {
+				return nil, err
+			}
+			for _, r := range recs {
+				if r.Status == dedup.StatusCompleted {
+					done[r.IdempotencyKey] = r.CompletedAt
+				}
+			}
+		}
+		if len(done) < len(refs) {
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	var lat []time.Duration
+	var last time.Time
+	for k, at := range done {
+		lat = append(lat, at.Sub(posted[k]))
+		if at.After(last) {
+			last = at
+		}
+	}
+	c.Completed = len(done)
+	c.P50MS, c.P99MS = quantile(lat, 0.50), quantile(lat, 0.99)
+	if len(done) > 0 {
+		c.PerSec = float64(len(done)) / last.Sub(first).Seconds()
+	}
+	c.DoubleCharges, c.Lost = judge(refs, done, p.sim.ChargesByKey())
+	return c, nil
+}
+
+// judge counts, of the accepted keys, those the provider charged more than
+// once (charges are by "merchant_id:idempotency_key") and those not
+// completed or not charged exactly once.
+func judge(accepted []dedup.KeyRef, completed map[string]time.Time, charges map[string]int) (double, lost int) {
+	for _, r := range accepted {
+		n := charges[r.MerchantID+":"+r.IdempotencyKey]
+		if n > 1 {
+			double++
+		}
+		if _, ok := completed[r.IdempotencyKey]; !ok || n != 1 {
+			lost++
+		}
+	}
+	return double, lost
+}
+
+// quantile is the f quantile of lat in milliseconds; it sorts lat.
+func quantile(lat []time.Duration, f float64) float64 {
+	if len(lat) == 0 {
+		return 0
+	}
+	slices.Sort(lat)
+	return float64(lat[min(len(lat)-1, int(f*float64(len(lat))))].Microseconds()) / 1000
 }
 
 func round2(f float64) float64 { return math.Round(100*f) / 100 }
