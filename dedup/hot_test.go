@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/paydedup/paydedup/dedup"
 )
 
@@ -32,13 +30,7 @@ func intentResponse(id string) json.RawMessage {
 func TestCompletionIsHeapOnlyUpdate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg := b.pool.Config().Copy()
-	cfg.MaxConns, cfg.MinConns = 1, 0
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, _ := onePool(t, b)
 	store, err := dedup.New(pool, dedup.Config{Clock: b.clock})
 	if err != nil {
 		t.Fatal(err)

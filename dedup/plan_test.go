@@ -55,13 +55,7 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// One connection, so the counters flushed are the store's own.
-	cfg := b.pool.Config().Copy()
-	cfg.MaxConns, cfg.MinConns = 1, 0
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, _ := onePool(t, b)
 	store, err := dedup.New(pool, dedup.Config{Clock: b.clock})
 	if err != nil {
 		t.Fatal(err)
