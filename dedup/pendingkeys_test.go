@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/paydedup/paydedup/dedup"
 )
 
@@ -19,31 +21,19 @@ func TestPendingKeysNameEveryPendingRow(t *testing.T) {
 	b := setup(t)
 	check := func(step string) {
 		t.Helper()
-		var pending, named []string
-		rows, err := b.pool.Query(b.ctx, `SELECT idempotency_key FROM idempotency_keys WHERE status = 'pending' ORDER BY 1`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
+		keys := func(sql string) []string {
+			rows, err := b.pool.Query(b.ctx, sql)
+			if err != nil {
 				t.Fatal(err)
 			}
-			pending = append(pending, k)
-		}
-		rows.Close()
-		rows, err = b.pool.Query(b.ctx, `SELECT idempotency_key FROM pending_keys ORDER BY 1`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
+			ks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
 				t.Fatal(err)
 			}
-			named = append(named, k)
+			return ks
 		}
-		rows.Close()
+		pending := keys(`SELECT idempotency_key FROM idempotency_keys WHERE status = 'pending' ORDER BY 1`)
+		named := keys(`SELECT idempotency_key FROM pending_keys ORDER BY 1`)
 		if !slices.Equal(pending, named) {
 			t.Fatalf("%s: pending rows %v, pending_keys names %v", step, pending, named)
 		}
