@@ -29,8 +29,8 @@ const defaultListLimit = 10
 // listFilter is the created range of a list, in Unix seconds, inclusive.
 type listFilter struct{ from, to int64 }
 
-func (f listFilter) match(in *simIntent) bool {
-	c := in.created.Unix()
+func (f listFilter) match(created time.Time) bool {
+	c := created.Unix()
 	return c >= f.from && c <= f.to
 }
 
@@ -44,24 +44,28 @@ var errListCursor = errors.New("no such object to start after")
 func (s *Simulator) listPage(account string, f listFilter, after string, limit int) (page []*simIntent, more bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	i := len(s.order) - 1
+	a, known := s.accounts[account]
+	i := len(s.recs) - 1
 	if after != "" {
-		for ; i >= 0 && (s.order[i].id != after || s.order[i].account != account); i-- {
+		for ; i >= 0 && (!known || s.recs[i].account != a || s.recs[i].id() != after); i-- {
 		}
 		if i < 0 {
 			return nil, false, errListCursor
 		}
 		i--
 	}
+	if !known {
+		return nil, false, nil
+	}
 	for ; i >= 0; i-- {
-		in := s.order[i]
-		if in.account != account || !f.match(in) {
+		r := &s.recs[i]
+		if r.account != a || !f.match(r.created) {
 			continue
 		}
 		if len(page) == limit {
 			return page, true, nil
 		}
-		page = append(page, in)
+		page = append(page, r.view(s.strTable))
 	}
 	return page, false, nil
 }

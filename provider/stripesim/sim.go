@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -190,7 +191,8 @@ type Ledger struct {
 // GET /_sim/ledger. Any non-empty Bearer key is accepted; each key is its own
 // account, scoping idempotency keys and intents. Client returns a Provider
 // that calls the same simulator without HTTP. It keeps every intent in memory
-// for its lifetime. It is safe for concurrent use.
+// for its lifetime, about 300 bytes each with its key (store.go). It is safe
+// for concurrent use.
 type Simulator struct {
 	keyTTL     time.Duration
 	searchLag  time.Duration
@@ -209,23 +211,23 @@ type Simulator struct {
 	// keysExpire is a time before which no key expires (zero: unknown), so
 	// that a sweep need not look at every key when none can have expired.
 	keysExpire time.Time
-	accounts   map[string]string // interned account names
-	intents    map[string]*simIntent
-	order      []*simIntent
-	declines   int
-}
-
-// simKeyID names an idempotency key within its account.
-type simKeyID struct{ account, key string }
-
-// simKey is one remembered idempotency key. The answer it replays is
-// rendered again from its intent, which never changes once created; params is
-// a digest of the request's canonical form, enough to tell another request.
-type simKey struct {
-	params   [sha256.Size]byte
-	created  time.Time
-	inFlight bool
-	intent   *simIntent
+	// accounts and accountNames intern the accounts: simRec.account and
+	// simKeyID.account are indexes in accountNames.
+	accounts     map[string]uint32
+	accountNames []string
+	// recs holds every intent as it stands, in creation order; ids finds
+	// one by id (its key is a piece of the intent's packed strings).
+	recs []simRec
+	ids  map[string]int32
+	// firsts keeps an intent as its create made it once it has changed
+	// (settled, canceled): what its create key replays.
+	firsts map[int32]simRec
+	// keyMeta is what the in-flight and cancel keys remember (simKey).
+	keyMeta map[simKeyID]simKeyMeta
+	// strTable and strIndex intern short strings that recur (store.go).
+	strTable []string
+	strIndex map[string]uint32
+	declines int
 }
 
 // Intent statuses the simulator produces.
@@ -238,22 +240,11 @@ const (
 	simCanceled              = "canceled"
 )
 
-// simIntent is a PaymentIntent as the simulator keeps it: the fields that
-// vary, from which its JSON is rendered when asked (simjson.go). Its strings
-// are copies cut from one allocation, so it holds on to no request's memory.
-// It never changes after process publishes it: a change of status (a
-// processing intent settling, a cancel) publishes a new copy in its place
-// (s.intents, s.order[ord]), and an idempotency key keeps the copy that
-// answered its request, as Stripe replays the first answer.
+// simIntent is a PaymentIntent unpacked from its simRec (store.go) to render
+// an answer (simjson.go): the fields that vary. Its strings are pieces of
+// the record's packed string.
 type simIntent struct {
-	id      string
-	account string
-	// ord is the intent's index in Simulator.order.
-	ord int
-	// settleAt is when a processing intent ends: succeeded, or failed with
-	// fails when not nil.
-	settleAt time.Time
-	fails    *simDecline
+	id string
 	// providerKey is the Idempotency-Key it was created under, "" if none.
 	providerKey    string
 	currency       string
@@ -292,22 +283,6 @@ func (in *simIntent) meta(key string) (string, bool) {
 		return in.metadata[lo].value, true
 	}
 	return "", false
-}
-
-// charge returns the ledger entry of a succeeded intent.
-func (in *simIntent) charge() Charge {
-	merchant, _ := in.meta(provider.MetadataMerchantID)
-	key, _ := in.meta(provider.MetadataIdempotencyKey)
-	return Charge{
-		ID:             in.id,
-		ProviderKey:    in.providerKey,
-		MerchantID:     merchant,
-		IdempotencyKey: key,
-		Amount:         in.amount,
-		Currency:       in.currency,
-		Status:         in.status,
-		Created:        in.created,
-	}
 }
 
 // httpStatus is the status of the create answer that made in.
@@ -427,8 +402,11 @@ func New(cfg Config) *Simulator {
 		faults:     cfg.Faults,
 		rng:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		keys:       make(map[simKeyID]simKey),
-		accounts:   make(map[string]string),
-		intents:    make(map[string]*simIntent),
+		accounts:   make(map[string]uint32),
+		ids:        make(map[string]int32),
+		firsts:     make(map[int32]simRec),
+		keyMeta:    make(map[simKeyID]simKeyMeta),
+		strIndex:   make(map[string]uint32),
 	}
 	if s.keyTTL == 0 {
 		s.keyTTL = DefaultKeyTTL
@@ -542,9 +520,9 @@ func (s *Simulator) Charges() []Charge {
 func (s *Simulator) chargesLocked() []Charge {
 	var out []Charge
 	now := s.now()
-	for _, in := range s.order {
-		if in = s.currentLocked(in, now); in.status == simSucceeded {
-			out = append(out, in.charge())
+	for ord := range s.recs {
+		if r := s.currentLocked(int32(ord), now); r.statusIs(simSucceeded) {
+			out = append(out, r.charge(s.strTable))
 		}
 	}
 	return out
@@ -554,7 +532,17 @@ func (s *Simulator) chargesLocked() []Charge {
 func (s *Simulator) ChargesByKey() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return chargesByKey(s.chargesLocked())
+	// As chargesByKey(s.chargesLocked()), without the list of charges.
+	m := make(map[string]int)
+	now := s.now()
+	for ord := range s.recs {
+		if r := s.currentLocked(int32(ord), now); r.statusIs(simSucceeded) {
+			merchant, _ := r.meta(s.strTable, provider.MetadataMerchantID)
+			key, _ := r.meta(s.strTable, provider.MetadataIdempotencyKey)
+			m[merchant+":"+key]++
+		}
+	}
+	return m
 }
 
 func chargesByKey(charges []Charge) map[string]int {
@@ -872,30 +860,37 @@ const (
 func (s *Simulator) create(account, key string, params [sha256.Size]byte, p *createParams) (createResult, *simIntent) {
 	now := s.now()
 	if key == "" {
-		return createFresh, s.process(account, "", now, p)
+		in, _ := s.process(account, "", params, now, p)
+		return createFresh, in
 	}
-	id := simKeyID{account, key}
 	s.mu.Lock()
+	id := simKeyID{key, s.accountLocked(account)}
 	e, ok := s.keys[id]
-	if ok && !e.inFlight && now.Sub(e.created) >= s.keyTTL {
-		delete(s.keys, id)
+	var meta simKeyMeta
+	if ok {
+		meta = s.keyMetaLocked(id, e)
+	}
+	if ok && !e.inFlight() && now.Sub(meta.created) >= s.keyTTL {
+		s.forgetKeyLocked(id)
 		ok = false
 	}
 	switch {
 	case !ok:
-		// Copies, so the key store holds on to no request's memory.
-		id = simKeyID{s.internLocked(account), strings.Clone(key)}
-		s.keys[id] = simKey{params: params, created: now, inFlight: true}
+		// The key is the request's string while in flight; once the intent
+		// is stored, the copy in its packed strings (below).
+		s.keys[id] = simKey{ord: -1, kind: keyInFlight}
+		s.keyMeta[id] = simKeyMeta{params, now}
 		s.sweepLocked(now)
-	case e.params != params:
+	case meta.params != params:
 		s.mu.Unlock()
 		return createMismatch, nil
-	case e.inFlight:
+	case e.inFlight():
 		s.mu.Unlock()
 		return createInFlight, nil
 	default:
+		in := s.answerLocked(e)
 		s.mu.Unlock()
-		return createReplayed, e.intent
+		return createReplayed, in
 	}
 	s.mu.Unlock()
 
@@ -904,13 +899,17 @@ func (s *Simulator) create(account, key string, params [sha256.Size]byte, p *cre
 		if !done {
 			// OnCharge panicked: forget the key rather than hold it forever.
 			s.mu.Lock()
-			delete(s.keys, id)
+			s.forgetKeyLocked(id)
 			s.mu.Unlock()
 		}
 	}()
-	in := s.process(id.account, id.key, now, p)
+	in, ord := s.process(account, key, params, now, p)
 	s.mu.Lock()
-	s.keys[id] = simKey{params: params, created: now, intent: in}
+	// Storing under an equal key replaces the map's copy of the key's
+	// string with this one, which the intent's record holds anyway; the
+	// record holds its params and time too.
+	delete(s.keyMeta, id)
+	s.keys[simKeyID{in.providerKey, id.account}] = simKey{ord: ord, kind: keyCreate}
 	s.mu.Unlock()
 	done = true
 	return createFresh, in
@@ -918,12 +917,7 @@ func (s *Simulator) create(account, key string, params [sha256.Size]byte, p *cre
 
 // internLocked returns the one copy of account the simulator keeps.
 func (s *Simulator) internLocked(account string) string {
-	if a, ok := s.accounts[account]; ok {
-		return a
-	}
-	a := strings.Clone(account)
-	s.accounts[a] = a
-	return a
+	return s.accountNames[s.accountLocked(account)]
 }
 
 // sweepLocked forgets expired keys now and then, so a long-running simulator
@@ -938,11 +932,12 @@ func (s *Simulator) sweepLocked(now time.Time) {
 	}
 	var next time.Time
 	for k, e := range s.keys {
-		if !e.inFlight && now.Sub(e.created) >= s.keyTTL {
-			delete(s.keys, k)
+		created := s.keyMetaLocked(k, e).created
+		if !e.inFlight() && now.Sub(created) >= s.keyTTL {
+			s.forgetKeyLocked(k)
 			continue
 		}
-		if exp := e.created.Add(s.keyTTL); next.IsZero() || exp.Before(next) {
+		if exp := created.Add(s.keyTTL); next.IsZero() || exp.Before(next) {
 			next = exp
 		}
 	}
@@ -952,133 +947,102 @@ func (s *Simulator) sweepLocked(now time.Time) {
 // intentIDLen is the length of "pi_" and "ch_" ids.
 const intentIDLen = 3 + 24
 
-// process performs a create at now: it charges or declines and records the
-// intent. It takes over p's metadata and methodTypes, and keeps key as it is
-// (create passes its own copy).
-func (s *Simulator) process(account, key string, now time.Time, p *createParams) *simIntent {
+// process performs a create at now under key with params (its digest):
+// it charges or declines and stores the intent, keeping none of p's memory.
+// It returns the intent and its place.
+func (s *Simulator) process(account, key string, params [sha256.Size]byte, now time.Time, p *createParams) (*simIntent, int32) {
 	d := declineFor(p.paymentMethod)
-	in := &simIntent{
-		providerKey:    key,
-		amount:         p.amount,
-		hasDescription: p.hasDescription,
-		created:        now,
-		metadata:       p.metadata,
-		methodTypes:    p.methodTypes,
-	}
+	r := simRec{amount: p.amount, created: now, params: params}
+	status := simSucceeded
 	switch {
 	case !p.confirm:
-		in.status = simRequiresConfirmation
+		status = simRequiresConfirmation
 	case d != nil:
-		in.status = simRequiresPaymentMethod
-		in.decline = d
+		status, r.decline = simRequiresPaymentMethod, d
 	case p.paymentMethod == pmAuthRequired && p.offSession:
-		in.status = simRequiresPaymentMethod
-		in.decline = simAuthRequired
+		status, r.decline = simRequiresPaymentMethod, simAuthRequired
 	case p.paymentMethod == pmAuthRequired:
-		in.status = simRequiresAction
+		status = simRequiresAction
 	case p.paymentMethod == pmBankSuccess || p.paymentMethod == pmBankAccountClosed:
-		in.status = simProcessing
-		in.settleAt = now.Add(s.processing)
+		status = simProcessing
+		r.pending = &simPending{settleAt: now.Add(s.processing)}
 		if p.paymentMethod == pmBankAccountClosed {
-			in.fails = simAccountClosed
+			r.pending.fails = simAccountClosed
 		}
-	default:
-		in.status = simSucceeded
 	}
-	hasCharge := in.status == simSucceeded || in.status == simProcessing
-	keepPM := in.decline == nil
-	// Every string the intent keeps is copied into one allocation: fewer
-	// objects, and none of the request's memory retained.
-	size := intentIDLen + len(p.currency) + len(p.description)
-	if hasCharge {
-		size += intentIDLen
+	r.status = statusIndex(status)
+	if p.hasDescription {
+		r.flags |= recHasDescription
 	}
-	if keepPM {
-		size += len(p.paymentMethod)
+	hasCharge := status == simSucceeded || status == simProcessing
+	pm := p.paymentMethod
+	if r.decline != nil {
+		pm = ""
 	}
-	for _, m := range in.metadata {
-		size += len(m.key) + len(m.value)
-	}
-	shared := true
 	switch {
-	case slices.Equal(in.methodTypes, simCardOnly):
-		in.methodTypes = simCardOnly
-	case slices.Equal(in.methodTypes, simBankOnly):
-		in.methodTypes = simBankOnly
+	case slices.Equal(p.methodTypes, simCardOnly):
+	case slices.Equal(p.methodTypes, simBankOnly):
+		r.flags |= recBankOnly
 	default:
-		shared = false
-		for _, t := range in.methodTypes {
-			size += len(t)
-		}
-	}
-	var b strings.Builder
-	b.Grow(size)
-	b.WriteString(p.currency)
-	b.WriteString(p.description)
-	if keepPM {
-		b.WriteString(p.paymentMethod)
-	}
-	for _, m := range in.metadata {
-		b.WriteString(m.key)
-		b.WriteString(m.value)
-	}
-	if !shared {
-		for _, t := range in.methodTypes {
-			b.WriteString(t)
-		}
+		r.flags |= recOwnTypes
 	}
 
+	// The packed strings (store.go), built in a recycled buffer.
+	bp := simBufs.Get().(*[]byte)
 	s.mu.Lock()
-	b.WriteString("pi_")
-	s.writeRandIDLocked(&b, 24)
+	b := s.appendRandIDLocked((*bp)[:0], "pi_")
 	if hasCharge {
-		b.WriteString("ch_")
-		s.writeRandIDLocked(&b, 24)
+		b = s.appendRandIDLocked(b, "ch_")
+	} else {
+		b = appendPacked(b, "")
 	}
-	a := arena(b.String())
-	in.currency = a.cut(len(p.currency))
-	in.description = a.cut(len(p.description))
-	if keepPM {
-		in.paymentMethod = a.cut(len(p.paymentMethod))
+	b = s.appendShortLocked(b, p.currency)
+	b = appendPacked(b, key)
+	b = s.appendShortLocked(b, pm)
+	b = s.appendShortLocked(b, p.description)
+	b = binary.AppendUvarint(b, uint64(len(p.metadata)))
+	for _, m := range p.metadata {
+		b = s.appendShortLocked(s.appendShortLocked(b, m.key), m.value)
 	}
-	for i, m := range in.metadata {
-		in.metadata[i] = simMeta{a.cut(len(m.key)), a.cut(len(m.value))}
-	}
-	if !shared {
-		for i, t := range in.methodTypes {
-			in.methodTypes[i] = a.cut(len(t))
+	if r.flags&recOwnTypes != 0 {
+		b = binary.AppendUvarint(b, uint64(len(p.methodTypes)))
+		for _, t := range p.methodTypes {
+			b = s.appendShortLocked(b, t)
 		}
 	}
-	in.id = a.cut(intentIDLen)
-	if hasCharge {
-		in.latestCharge = a.cut(intentIDLen)
-	}
-	in.account = s.internLocked(account)
-	if in.decline != nil {
+	r.strs = string(b)
+	r.account = s.accountLocked(account)
+	account = s.accountNames[r.account]
+	if r.decline != nil {
 		s.declines++
 	}
-	in.ord = len(s.order)
-	s.intents[in.id] = in
-	s.order = append(s.order, in)
+	ord := int32(len(s.recs))
+	s.recs = append(s.recs, r)
+	id := r.id()
+	s.ids[id] = ord
+	tbl := s.strTable
 	s.mu.Unlock()
-	p.metadata, p.methodTypes = nil, nil
+	*bp = b
+	putSimBuf(bp)
 
-	if in.status == simSucceeded && s.onCharge != nil {
-		s.onCharge(in.charge())
+	if r.statusIs(simSucceeded) && s.onCharge != nil {
+		s.onCharge(r.charge(tbl))
 	}
-	if in.status == simProcessing && s.hooks != nil {
-		s.scheduleWebhook(in.account, in.id, s.processing)
+	if r.statusIs(simProcessing) && s.hooks != nil {
+		s.scheduleWebhook(account, id, s.processing)
 	}
-	return in
+	return r.view(tbl), ord
 }
 
-// arena hands out consecutive pieces of one string.
-type arena string
-
-func (a *arena) cut(n int) string {
-	s := string((*a)[:n])
-	*a = (*a)[n:]
-	return s
+// appendRandIDLocked appends, in place, prefix and a random id of
+// intentIDLen in all.
+func (s *Simulator) appendRandIDLocked(b []byte, prefix string) []byte {
+	b = binary.AppendUvarint(b, uint64(intentIDLen)<<1)
+	b = append(b, prefix...)
+	for range intentIDLen - len(prefix) {
+		b = append(b, idAlphabet[s.rng.IntN(len(idAlphabet))])
+	}
+	return b
 }
 
 const idAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -1086,40 +1050,51 @@ const idAlphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 func (s *Simulator) randIDLocked(n int) string {
 	var b strings.Builder
 	b.Grow(n)
-	s.writeRandIDLocked(&b, n)
-	return b.String()
-}
-
-func (s *Simulator) writeRandIDLocked(b *strings.Builder, n int) {
 	for range n {
 		b.WriteByte(idAlphabet[s.rng.IntN(len(idAlphabet))])
 	}
+	return b.String()
 }
 
-// publishLocked puts in, a new copy of an intent, in the place of the old.
-func (s *Simulator) publishLocked(in *simIntent) {
-	s.intents[in.id] = in
-	s.order[in.ord] = in
-}
-
-// currentLocked returns in as it stands at now: a processing intent whose
-// time has come is replaced by its settled copy (succeeded, or failed back
-// to requires_payment_method with its decline and without its payment
-// method, as Stripe leaves a failed bank debit).
-func (s *Simulator) currentLocked(in *simIntent, now time.Time) *simIntent {
-	if in.status != simProcessing || now.Before(in.settleAt) {
-		return in
+// publishLocked puts r, a new state of the intent at ord, in the place of
+// the old, keeping the first for its create key.
+func (s *Simulator) publishLocked(ord int32, r simRec) {
+	if _, ok := s.firsts[ord]; !ok {
+		s.firsts[ord] = s.recs[ord]
 	}
-	c := *in
-	c.settleAt, c.fails = time.Time{}, nil
-	if in.fails != nil {
-		c.status, c.decline, c.paymentMethod = simRequiresPaymentMethod, in.fails, ""
+	s.recs[ord] = r
+}
+
+// currentLocked returns the intent at ord as it stands at now: a processing
+// intent whose time has come is replaced by its settled state (succeeded, or
+// failed back to requires_payment_method with its decline and without its
+// payment method, as Stripe leaves a failed bank debit).
+func (s *Simulator) currentLocked(ord int32, now time.Time) simRec {
+	r := s.recs[ord]
+	if !r.statusIs(simProcessing) || now.Before(r.pending.settleAt) {
+		return r
+	}
+	fails := r.pending.fails
+	r.pending = nil
+	if fails != nil {
+		r.status, r.decline = statusIndex(simRequiresPaymentMethod), fails
+		r.flags |= recLostPaymentMethod
 		s.declines++
 	} else {
-		c.status = simSucceeded
+		r.status = statusIndex(simSucceeded)
 	}
-	s.publishLocked(&c)
-	return &c
+	s.publishLocked(ord, r)
+	return r
+}
+
+// findLocked returns the place of account's intent id.
+func (s *Simulator) findLocked(account, id string) (int32, bool) {
+	ord, ok := s.ids[id]
+	if !ok {
+		return 0, false
+	}
+	a, ok := s.accounts[account]
+	return ord, ok && s.recs[ord].account == a
 }
 
 // intent returns account's intent id as it stands now, nil when there is
@@ -1128,8 +1103,9 @@ func (s *Simulator) intent(account, id string) *simIntent {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if in, ok := s.intents[id]; ok && in.account == account {
-		return s.currentLocked(in, now)
+	if ord, ok := s.findLocked(account, id); ok {
+		r := s.currentLocked(ord, now)
+		return r.view(s.strTable)
 	}
 	return nil
 }
@@ -1145,36 +1121,40 @@ func (s *Simulator) cancel(account, key, id string, params [sha256.Size]byte) (*
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	kid := simKeyID{account, key}
 	if key != "" {
-		if e, ok := s.keys[kid]; ok && (e.inFlight || now.Sub(e.created) < s.keyTTL) {
-			switch {
-			case e.params != params:
-				return nil, false, mismatchReply(key)
-			case e.inFlight:
-				return nil, false, simReplyKeyInUse
+		kid := simKeyID{key, s.accountLocked(account)}
+		if e, ok := s.keys[kid]; ok {
+			meta := s.keyMetaLocked(kid, e)
+			if e.inFlight() || now.Sub(meta.created) < s.keyTTL {
+				switch {
+				case meta.params != params:
+					return nil, false, mismatchReply(key)
+				case e.inFlight():
+					return nil, false, simReplyKeyInUse
+				}
+				return s.answerLocked(e), true, nil
 			}
-			return e.intent, true, nil
 		}
 	}
-	in, ok := s.intents[id]
-	if !ok || in.account != account {
+	ord, ok := s.findLocked(account, id)
+	if !ok {
 		return nil, false, missingIntentReply(id)
 	}
-	in = s.currentLocked(in, now)
-	if !slices.Contains(cancelable, in.status) {
+	r := s.currentLocked(ord, now)
+	if status := simStatuses[r.status]; !slices.Contains(cancelable, status) {
 		return nil, false, simReplyFor(http.StatusBadRequest, &simError{Type: "invalid_request_error", Code: "payment_intent_unexpected_state",
-			Message: "You cannot cancel this PaymentIntent because it has a status of " + in.status + ". Only a PaymentIntent with one of the following statuses may be canceled: " +
+			Message: "You cannot cancel this PaymentIntent because it has a status of " + status + ". Only a PaymentIntent with one of the following statuses may be canceled: " +
 				strings.Join(cancelable, ", ") + "."})
 	}
-	c := *in
-	c.status, c.decline, c.settleAt, c.fails = simCanceled, nil, time.Time{}, nil
-	s.publishLocked(&c)
+	r.status, r.decline, r.pending = statusIndex(simCanceled), nil, nil
+	s.publishLocked(ord, r)
 	if key != "" {
-		s.keys[simKeyID{s.internLocked(account), strings.Clone(key)}] = simKey{params: params, created: now, intent: &c}
+		kid := simKeyID{strings.Clone(key), s.accountLocked(account)}
+		s.keys[kid] = simKey{ord: ord, kind: keyCancel}
+		s.keyMeta[kid] = simKeyMeta{params, now}
 		s.sweepLocked(now)
 	}
-	return &c, false, nil
+	return r.view(s.strTable), false, nil
 }
 
 // searchPage returns account's intents whose metadata match every clause,
@@ -1185,32 +1165,26 @@ func (s *Simulator) searchPage(account string, clauses []SearchClause, offset, l
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i := len(s.order) - 1; i >= 0; i-- {
-		in := s.order[i]
-		if in.account != account || now.Sub(in.created) < s.searchLag || !matchClauses(in, clauses) {
+	a, ok := s.accounts[account]
+	if !ok {
+		return nil, false
+	}
+	for i := len(s.recs) - 1; i >= 0; i-- {
+		r := &s.recs[i]
+		if r.account != a || now.Sub(r.created) < s.searchLag || !r.matches(s.strTable, clauses) {
 			continue
 		}
-		in = s.currentLocked(in, now)
+		c := s.currentLocked(int32(i), now)
 		switch {
 		case offset > 0:
 			offset--
 		case len(page) == limit:
 			return page, true
 		default:
-			page = append(page, in)
+			page = append(page, c.view(s.strTable))
 		}
 	}
 	return page, false
-}
-
-func matchClauses(in *simIntent, clauses []SearchClause) bool {
-	for _, c := range clauses {
-		v, ok := in.meta(c.Key)
-		if !ok || v != c.Value {
-			return false
-		}
-	}
-	return true
 }
 
 // The HTTP front end.
