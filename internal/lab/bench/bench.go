@@ -373,7 +373,6 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	if err := <-done; err != nil {
 		return res, err
 	}
-	res.RSSMB = procstat.PeakRSSMB()
 	heap, err := heapSplit()
 	if err != nil {
 		return res, fmt.Errorf("bench: heap profile: %w", err)
@@ -391,10 +390,12 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 			return res, fmt.Errorf("bench: --memprofile: %w", err)
 		}
 	}
-	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim, workload.Numbered{N: b.Payments})
+	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim.ChargesByKey(), workload.Numbered{N: b.Payments})
 	if err != nil {
 		return res, err
 	}
+	// The peak of the whole run, the check of the ledger included.
+	res.RSSMB = procstat.PeakRSSMB()
 
 	return res, nil
 }
@@ -516,21 +517,34 @@ func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Conf
 	return ctx.Err()
 }
 
-// benchCheck counts double charges and lost payments against the ledger.
-func benchCheck(ctx context.Context, store *dedup.Store, sim *stripesim.Simulator, w workload.Numbered) (double, lost int, err error) {
-	rows, err := workload.StoreRows(ctx, store, w.Refs())
-	if err != nil {
-		return 0, 0, err
+// checkChunk is how many payments' rows benchCheck reads at a time: the
+// rows of all of them (stored responses included) would hold more memory
+// than the rest of the run.
+const checkChunk = 5000
+
+// benchCheck counts double charges and lost payments against the
+// provider's charges (by "merchant_id:idempotency_key"): every payment's
+// row, read a chunk at a time.
+func benchCheck(ctx context.Context, store workload.Getter, charges map[string]int, w workload.Numbered) (double, lost int, err error) {
+	refs, expected := w.Refs(), w.Expected()
+	for lo := 0; lo < len(refs); lo += checkChunk {
+		hi := min(lo+checkChunk, len(refs))
+		rows, err := workload.StoreRows(ctx, store, refs[lo:hi])
+		if err != nil {
+			return 0, 0, err
+		}
+		d, l := benchJudge(charges, rows, expected[lo:hi])
+		double, lost = d, lost+l
 	}
-	double, lost = benchJudge(sim.ChargesByKey(), rows, w)
 	return double, lost, nil
 }
 
-// benchJudge counts, for the bench's payments, the keys the provider
-// charged more than once and the payments that were not charged exactly as
-// recorded. charges and rows are by "merchant_id:idempotency_key".
-func benchJudge(charges map[string]int, rows map[string]workload.Row, w workload.Numbered) (double, lost int) {
-	t := workload.Check(w.Expected(), rows, charges)
+// benchJudge counts the keys the provider charged more than once (of all
+// its charges) and, of the expected payments, those that were not charged
+// exactly as recorded. charges and rows are by
+// "merchant_id:idempotency_key".
+func benchJudge(charges map[string]int, rows map[string]workload.Row, expected []workload.Expected) (double, lost int) {
+	t := workload.Check(expected, rows, charges)
 	return len(t.Double), len(t.Unsettled) + len(t.Disagree)
 }
 
