@@ -45,9 +45,9 @@ func (s *Simulator) listPage(account string, f listFilter, after string, limit i
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, known := s.accounts[account]
-	i := len(s.recs) - 1
+	i := s.recs.len() - 1
 	if after != "" {
-		for ; i >= 0 && (!known || s.recs[i].account != a || s.recs[i].id() != after); i-- {
+		for ; i >= 0 && (!known || s.recs.at(int32(i)).account != a || s.recs.at(int32(i)).id() != after); i-- {
 		}
 		if i < 0 {
 			return nil, false, errListCursor
@@ -58,7 +58,7 @@ func (s *Simulator) listPage(account string, f listFilter, after string, limit i
 		return nil, false, nil
 	}
 	for ; i >= 0; i-- {
-		r := &s.recs[i]
+		r := s.recs.at(int32(i))
 		if r.account != a || !f.match(r.created) {
 			continue
 		}

@@ -217,7 +217,7 @@ type Simulator struct {
 	accountNames []string
 	// recs holds every intent as it stands, in creation order; ids finds
 	// one by id (its key is a piece of the intent's packed strings).
-	recs []simRec
+	recs simRecs
 	ids  map[string]int32
 	// firsts keeps an intent as its create made it once it has changed
 	// (settled, canceled): what its create key replays.
@@ -520,7 +520,7 @@ func (s *Simulator) Charges() []Charge {
 func (s *Simulator) chargesLocked() []Charge {
 	var out []Charge
 	now := s.now()
-	for ord := range s.recs {
+	for ord := range s.recs.len() {
 		if r := s.currentLocked(int32(ord), now); r.statusIs(simSucceeded) {
 			out = append(out, r.charge(s.strTable))
 		}
@@ -535,7 +535,7 @@ func (s *Simulator) ChargesByKey() map[string]int {
 	// As chargesByKey(s.chargesLocked()), without the list of charges.
 	m := make(map[string]int)
 	now := s.now()
-	for ord := range s.recs {
+	for ord := range s.recs.len() {
 		if r := s.currentLocked(int32(ord), now); r.statusIs(simSucceeded) {
 			merchant, _ := r.meta(s.strTable, provider.MetadataMerchantID)
 			key, _ := r.meta(s.strTable, provider.MetadataIdempotencyKey)
@@ -958,9 +958,9 @@ func (s *Simulator) process(account, key string, params [sha256.Size]byte, now t
 	case !p.confirm:
 		status = simRequiresConfirmation
 	case d != nil:
-		status, r.decline = simRequiresPaymentMethod, d
+		status, r.decline = simRequiresPaymentMethod, declineIndex(d)
 	case p.paymentMethod == pmAuthRequired && p.offSession:
-		status, r.decline = simRequiresPaymentMethod, simAuthRequired
+		status, r.decline = simRequiresPaymentMethod, declineIndex(simAuthRequired)
 	case p.paymentMethod == pmAuthRequired:
 		status = simRequiresAction
 	case p.paymentMethod == pmBankSuccess || p.paymentMethod == pmBankAccountClosed:
@@ -976,7 +976,7 @@ func (s *Simulator) process(account, key string, params [sha256.Size]byte, now t
 	}
 	hasCharge := status == simSucceeded || status == simProcessing
 	pm := p.paymentMethod
-	if r.decline != nil {
+	if r.decline != 0 {
 		pm = ""
 	}
 	switch {
@@ -1013,11 +1013,10 @@ func (s *Simulator) process(account, key string, params [sha256.Size]byte, now t
 	r.strs = string(b)
 	r.account = s.accountLocked(account)
 	account = s.accountNames[r.account]
-	if r.decline != nil {
+	if r.decline != 0 {
 		s.declines++
 	}
-	ord := int32(len(s.recs))
-	s.recs = append(s.recs, r)
+	ord := s.recs.add(r)
 	id := r.id()
 	s.ids[id] = ord
 	tbl := s.strTable
@@ -1060,9 +1059,9 @@ func (s *Simulator) randIDLocked(n int) string {
 // the old, keeping the first for its create key.
 func (s *Simulator) publishLocked(ord int32, r simRec) {
 	if _, ok := s.firsts[ord]; !ok {
-		s.firsts[ord] = s.recs[ord]
+		s.firsts[ord] = *s.recs.at(ord)
 	}
-	s.recs[ord] = r
+	*s.recs.at(ord) = r
 }
 
 // currentLocked returns the intent at ord as it stands at now: a processing
@@ -1070,14 +1069,14 @@ func (s *Simulator) publishLocked(ord int32, r simRec) {
 // failed back to requires_payment_method with its decline and without its
 // payment method, as Stripe leaves a failed bank debit).
 func (s *Simulator) currentLocked(ord int32, now time.Time) simRec {
-	r := s.recs[ord]
+	r := *s.recs.at(ord)
 	if !r.statusIs(simProcessing) || now.Before(r.pending.settleAt) {
 		return r
 	}
 	fails := r.pending.fails
 	r.pending = nil
 	if fails != nil {
-		r.status, r.decline = statusIndex(simRequiresPaymentMethod), fails
+		r.status, r.decline = statusIndex(simRequiresPaymentMethod), declineIndex(fails)
 		r.flags |= recLostPaymentMethod
 		s.declines++
 	} else {
@@ -1094,7 +1093,7 @@ func (s *Simulator) findLocked(account, id string) (int32, bool) {
 		return 0, false
 	}
 	a, ok := s.accounts[account]
-	return ord, ok && s.recs[ord].account == a
+	return ord, ok && s.recs.at(ord).account == a
 }
 
 // intent returns account's intent id as it stands now, nil when there is
@@ -1146,7 +1145,7 @@ func (s *Simulator) cancel(account, key, id string, params [sha256.Size]byte) (*
 			Message: "You cannot cancel this PaymentIntent because it has a status of " + status + ". Only a PaymentIntent with one of the following statuses may be canceled: " +
 				strings.Join(cancelable, ", ") + "."})
 	}
-	r.status, r.decline, r.pending = statusIndex(simCanceled), nil, nil
+	r.status, r.decline, r.pending = statusIndex(simCanceled), 0, nil
 	s.publishLocked(ord, r)
 	if key != "" {
 		kid := simKeyID{strings.Clone(key), s.accountLocked(account)}
@@ -1169,8 +1168,8 @@ func (s *Simulator) searchPage(account string, clauses []SearchClause, offset, l
 	if !ok {
 		return nil, false
 	}
-	for i := len(s.recs) - 1; i >= 0; i-- {
-		r := &s.recs[i]
+	for i := s.recs.len() - 1; i >= 0; i-- {
+		r := s.recs.at(int32(i))
 		if r.account != a || now.Sub(r.created) < s.searchLag || !r.matches(s.strTable, clauses) {
 			continue
 		}

@@ -32,11 +32,48 @@ type simRec struct {
 	params  [sha256.Size]byte
 	created time.Time
 	amount  int64
-	decline *simDecline
 	pending *simPending // a processing intent's end, else nil
 	account uint32      // index in Simulator.accountNames
 	status  uint8       // index in simStatuses
+	decline uint8       // index in simDeclines: the card error of a declined intent
 	flags   uint8
+}
+
+// simRecs holds the records in pages of recPage, so that the store
+// neither copies them as it grows nor holds room it does not use.
+type simRecs struct {
+	pages [][]simRec
+	n     int
+}
+
+const recPage = 1024
+
+func (rs *simRecs) len() int { return rs.n }
+
+func (rs *simRecs) at(ord int32) *simRec { return &rs.pages[ord/recPage][ord%recPage] }
+
+// add appends r and returns its place.
+func (rs *simRecs) add(r simRec) int32 {
+	if rs.n%recPage == 0 {
+		rs.pages = append(rs.pages, make([]simRec, 0, recPage))
+	}
+	last := len(rs.pages) - 1
+	rs.pages[last] = append(rs.pages[last], r)
+	rs.n++
+	return int32(rs.n - 1)
+}
+
+// simDeclines are the declines an intent can carry, by simRec.decline; 0
+// is none.
+var simDeclines = [...]*simDecline{nil, simGenericDecline, simInsufficientFunds, simExpiredCard, simAuthRequired, simAccountClosed}
+
+func declineIndex(d *simDecline) uint8 {
+	for i, x := range simDeclines {
+		if x == d {
+			return uint8(i)
+		}
+	}
+	panic("stripesim: unknown decline " + d.code)
 }
 
 // simRec flags.
@@ -192,7 +229,7 @@ func (r *simRec) view(tbl []string) *simIntent {
 		description:    p.str(),
 		hasDescription: r.flags&recHasDescription != 0,
 		status:         simStatuses[r.status],
-		decline:        r.decline,
+		decline:        simDeclines[r.decline],
 		amount:         r.amount,
 		created:        r.created,
 	}
@@ -282,7 +319,7 @@ func (s *Simulator) firstLocked(ord int32) *simRec {
 	if r, ok := s.firsts[ord]; ok {
 		return &r
 	}
-	return &s.recs[ord]
+	return s.recs.at(ord)
 }
 
 // answerLocked is the intent that e replays.
@@ -290,7 +327,7 @@ func (s *Simulator) answerLocked(e simKey) *simIntent {
 	if e.kind == keyCreate {
 		return s.firstLocked(e.ord).view(s.strTable)
 	}
-	return s.recs[e.ord].view(s.strTable)
+	return s.recs.at(e.ord).view(s.strTable)
 }
 
 // accountLocked returns the index of account, adding it if new.

@@ -54,7 +54,7 @@ func TestSimRecordKeepsWhatWasSent(t *testing.T) {
 		t.Fatalf("string table has %d strings, want it full (%d)", len(sim.strTable), maxTable)
 	}
 	for _, s := range all {
-		rec := sim.recs[s.ord]
+		rec := sim.recs.at(s.ord)
 		in := rec.view(sim.strTable)
 		p := s.p
 		wantPM := p.paymentMethod
