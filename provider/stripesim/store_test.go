@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -208,4 +209,31 @@ func TestSimStoreTranscript(t *testing.T) {
 		}
 		t.Fatalf("transcript has %d lines, want %d", len(gl), len(wl))
 	}
+}
+
+// BenchmarkSimRetainedPerPayment charges b.N payments as the bench does
+// (distinct keys of one merchant, 68-character provider keys, a card that
+// charges) through the Client and reports the heap the simulator keeps per
+// payment once they are done: its intents, keys and indexes.
+func BenchmarkSimRetainedPerPayment(b *testing.B) {
+	sim := stripesim.New(stripesim.Config{Seed: 1})
+	c := sim.Client("sk_test_bench")
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ctx := context.Background()
+	for i := range b.N {
+		key := fmt.Sprintf("p-%d", i)
+		_, err := c.Charge(ctx, provider.ChargeRequest{MerchantID: "m_bench", IdempotencyKey: key,
+			ProviderKey: fmt.Sprintf("pdk_%064x", i), Amount: int64(100 + i%1000), Currency: "usd",
+			PaymentMethod: "pm_card_visa", Description: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(b.N), "retained-B/payment")
+	runtime.KeepAlive(sim)
 }
