@@ -191,7 +191,7 @@ type Ledger struct {
 // GET /_sim/ledger. Any non-empty Bearer key is accepted; each key is its own
 // account, scoping idempotency keys and intents. Client returns a Provider
 // that calls the same simulator without HTTP. It keeps every intent in memory
-// for its lifetime, about 300 bytes each with its key (store.go). It is safe
+// for its lifetime, about 330 bytes each with its key (store.go). It is safe
 // for concurrent use.
 type Simulator struct {
 	keyTTL     time.Duration

@@ -139,16 +139,9 @@ func (p *packed) num() int {
 	}
 }
 
-// The fields of strs before the metadata.
-const (
-	packedID = iota
-	packedLatestCharge
-	packedCurrency
-	packedProviderKey
-	packedPaymentMethod
-	packedDescription
-	packedFixed // the number of fields above
-)
+// packedFixed is the number of strings before the metadata: id, latest
+// charge, currency, provider key, payment method, description.
+const packedFixed = 6
 
 // appendPacked appends s in place.
 func appendPacked(b []byte, s string) []byte {
