@@ -144,7 +144,8 @@ type item struct {
 	cmd     *payment.Command
 	fp      []byte
 	extra   map[string]string
-	keyHash []byte // the API key's, re-checked by the batch
+	checked *stream.Checked // the message Check built, or nil
+	keyHash []byte          // the API key's, re-checked by the batch
 	log     *slog.Logger
 	done    chan answer // buffered: the batch never blocks on a request
 	ans     answer
@@ -503,7 +504,7 @@ func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int
 	var index []int
 	for i, it := range items {
 		if it.ans.kind == ansPending {
-			cmds = append(cmds, stream.BatchCommand{Cmd: it.cmd, Extra: it.extra, Republish: republish[i]})
+			cmds = append(cmds, stream.BatchCommand{Cmd: it.cmd, Extra: it.extra, Republish: republish[i], Checked: it.checked})
 			index = append(index, i)
 		}
 	}
