@@ -233,8 +233,6 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait := parseWait(r.Header, g.cfg.MaxWait)
-	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
-	defer cancel()
 	fp := dedup.Fingerprint(cmd)
 
 	// A waiter subscribes before anything is read or published, so a
@@ -258,9 +256,18 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 			g.write(w, a)
 			return
 		}
+		ctx := r.Context()
+		if wait > 0 { // only a wait reads after this: no timer per POST otherwise
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, g.cfg.RequestTimeout+wait)
+			defer cancel()
+		}
 		g.accepted(ctx, w, a.in, sub, wait, fp)
 		return
 	}
+
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
+	defer cancel()
 
 	rec, err := g.records.Get(ctx, merchant, key)
 	switch {

@@ -293,4 +293,7 @@ func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]b
 
 // ValidAPIKeyShape reports whether key has the shape of an API key; a key
 // of another shape is never looked up.
-func ValidAPIKeyShape(key string) bool { return apiKeyRE.MatchString(key) }
+func ValidAPIKeyShape(key string) bool {
+	_, ok := apiKeyID(key)
+	return ok
+}
