@@ -69,22 +69,7 @@ var paymentsForSQL = `SELECT ` + auditColumns + ` FROM payments p
 // in no particular order; keys without a row are absent. It takes one round
 // trip.
 func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, error) {
-	var out []Payment
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		b := &pgx.Batch{}
-		got := s.QueuePaymentsFor(b, refs)
-		if b.Len() > 0 {
-			if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
-				return err
-			}
-		}
-		out = got()
-		return nil
-	})
-	if err != nil {
-		return nil, interpretError("get payments", err)
-	}
-	return out, nil
+	return sendQueued(ctx, s, "get payments", func(b *pgx.Batch) func() []Payment { return s.QueuePaymentsFor(b, refs) })
 }
 
 // QueuePaymentsFor queues PaymentsFor's read of refs on b, as

@@ -112,10 +112,16 @@ var getManySQL = `SELECT ` + qualified("k") + `
 // particular order; keys without a row are simply absent. It takes one round
 // trip.
 func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
-	var out []Record
+	return sendQueued(ctx, s, "get keys", func(b *pgx.Batch) func() []Record { return s.QueueGetMany(b, refs) })
+}
+
+// sendQueued sends, in one round trip, what queue puts on a batch, and
+// returns what its reader gives once the batch is closed.
+func sendQueued[T any](ctx context.Context, s *Store, what string, queue func(*pgx.Batch) func() T) (T, error) {
+	var out T
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		b := &pgx.Batch{}
-		got := s.QueueGetMany(b, refs)
+		got := queue(b)
 		if b.Len() > 0 {
 			if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
 				return err
@@ -125,7 +131,8 @@ func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, interpretError("get keys", err)
+		var zero T
+		return zero, interpretError(what, err)
 	}
 	return out, nil
 }
