@@ -60,23 +60,26 @@ func (s *Store) PaymentsBetween(ctx context.Context, from, to time.Time, merchan
 	}
 }
 
+// paymentsForSQL reads the ledger rows of a batch of keys.
+var paymentsForSQL = `SELECT ` + auditColumns + ` FROM payments p
+	WHERE (p.merchant_id, p.idempotency_key) IN
+	      (SELECT DISTINCT * FROM unnest(@merchants::text[], @keys::text[]))`
+
 // PaymentsFor returns the ledger rows of the keys that have one, once each,
-// in no particular order; keys without a row are absent.
+// in no particular order; keys without a row are absent. It takes one round
+// trip.
 func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, error) {
+	return sendQueued(ctx, s, "get payments", func(b *pgx.Batch) func() []Payment { return s.QueuePaymentsFor(b, refs) })
+}
+
+// QueuePaymentsFor queues PaymentsFor's read of refs on b, as
+// QueueGetMany does GetMany's, and returns the function that gives its rows
+// once b's results are closed without error.
+func (s *Store) QueuePaymentsFor(b *pgx.Batch, refs []KeyRef) func() []Payment {
 	var out []Payment
 	for start := 0; start < len(refs); start += lookupBatch {
 		merchants, keys := refColumns(refs[start:min(start+lookupBatch, len(refs))])
-		n := len(out)
-		err := s.db.Retry(ctx, func(ctx context.Context) error {
-			out = out[:n]
-			rows, err := s.db.Pool.Query(ctx, `SELECT `+auditColumns+` FROM payments p
-				WHERE (p.merchant_id, p.idempotency_key) IN
-				      (SELECT DISTINCT * FROM unnest(@merchants::text[], @keys::text[]))`,
-				pgx.NamedArgs{"merchants": merchants, "keys": keys})
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
+		b.Queue(paymentsForSQL, pgx.NamedArgs{"merchants": merchants, "keys": keys}).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				_, p, err := scanPayment(rows)
 				if err != nil {
@@ -86,11 +89,8 @@ func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, erro
 			}
 			return rows.Err()
 		})
-		if err != nil {
-			return nil, interpretError("get payments", err)
-		}
 	}
-	return out, nil
+	return func() []Payment { return out }
 }
 
 func scanPayment(rows pgx.Rows) (int64, Payment, error) {

@@ -100,10 +100,51 @@ func refColumns(refs []KeyRef) (merchants, keys []string) {
 // lookupBatch bounds the keys one GetMany statement asks for.
 const lookupBatch = 5000
 
+// getManySQL reads the records of a batch of keys, like the claim: probed
+// one by one under the pinned plan (planGeneric), whatever the table's size
+// or statistics.
+var getManySQL = `SELECT ` + qualified("k") + `
+	FROM idempotency_keys k
+	JOIN unnest(@merchants::text[], @keys::text[]) AS i(merchant_id, idempotency_key)
+	  ON k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key`
+
 // GetMany returns the records of the keys that exist, once each, in no
 // particular order; keys without a row are simply absent. It takes one round
-// trip per few thousand keys.
+// trip.
 func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
+	return sendQueued(ctx, s, "get keys", func(b *pgx.Batch) func() []Record { return s.QueueGetMany(b, refs) })
+}
+
+// sendQueued sends, in one round trip, what queue puts on a batch, and
+// returns what its reader gives once the batch is closed.
+func sendQueued[T any](ctx context.Context, s *Store, what string, queue func(*pgx.Batch) func() T) (T, error) {
+	var out T
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		b := &pgx.Batch{}
+		got := queue(b)
+		if b.Len() > 0 {
+			if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+		}
+		out = got()
+		return nil
+	})
+	if err != nil {
+		var zero T
+		return zero, interpretError(what, err)
+	}
+	return out, nil
+}
+
+// QueueGetMany queues GetMany's read of refs on b, for a store that sends
+// it in one round trip with statements of its own (the gateway's batched
+// intake), and returns the function that gives its records once b's
+// results are closed without error. b must be sent on this store's
+// database. The planner settings it queues first hold for the rest of b's
+// implicit transaction: queue it after the statements that should not run
+// under them.
+func (s *Store) QueueGetMany(b *pgx.Batch, refs []KeyRef) func() []Record {
 	seen := make(map[KeyRef]bool, len(refs))
 	uniq := make([]KeyRef, 0, len(refs))
 	for _, r := range refs {
@@ -112,32 +153,23 @@ func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
 			uniq = append(uniq, r)
 		}
 	}
-	refs = uniq
-	out := make([]Record, 0, len(refs))
-	for start := 0; start < len(refs); start += lookupBatch {
-		merchants, keys := refColumns(refs[start:min(start+lookupBatch, len(refs))])
-		n := len(out)
-		err := s.db.Retry(ctx, func(ctx context.Context) error {
-			out = out[:n]
-			// A batch of keys, like the claim: probed one by one under the
-			// same pinned plan, whatever the table's size or statistics.
-			_, err := s.queryPinned(ctx, planGeneric, `SELECT `+qualified("k")+`
-				FROM idempotency_keys k
-				JOIN unnest(@merchants::text[], @keys::text[]) AS i(merchant_id, idempotency_key)
-				  ON k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key`,
-				pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(rows pgx.Rows) error {
-					rec, err := scanRecord(rows)
-					if err != nil {
-						return err
-					}
-					out = append(out, rec)
-					return nil
-				})
-			return err
-		})
-		if err != nil {
-			return nil, interpretError("get keys", err)
-		}
+	out := make([]Record, 0, len(uniq))
+	if len(uniq) == 0 {
+		return func() []Record { return out }
 	}
-	return out, nil
+	b.Queue(planGeneric)
+	for start := 0; start < len(uniq); start += lookupBatch {
+		merchants, keys := refColumns(uniq[start:min(start+lookupBatch, len(uniq))])
+		b.Queue(getManySQL, pgx.NamedArgs{"merchants": merchants, "keys": keys}).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				rec, err := scanRecord(rows)
+				if err != nil {
+					return err
+				}
+				out = append(out, rec)
+			}
+			return rows.Err()
+		})
+	}
+	return func() []Record { return out }
 }

@@ -23,7 +23,8 @@ import (
 // queue into batches (up to BatchSize, waiting at most BatchWindow for more
 // while a flush slot is free) and each batch is settled with one statement
 // per step for all its keys: API keys re-checked (a revoked key is refused
-// by the next batch), records read, ledger read, intakes acquired, then
+// by the next batch), records and ledger read (these three in one round
+// trip), intakes acquired, then
 // every acquired command published at once (each PubAck awaited), and the
 // publishes recorded in one statement. Each request waits for the batch
 // that covers it and answers exactly as the per-request path would: the
@@ -58,14 +59,14 @@ const (
 type batchStore interface {
 	AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
 	IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error)
-	ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]string, error)
+	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []dedup.KeyRef) (pgstore.BatchReads, error)
 }
 
 // batchRecords is what the batched intake reads of the worker's records
-// (*dedup.Store).
+// (*dedup.Store): its reads queue on the store's batch (ReadBatch).
 type batchRecords interface {
+	pgstore.RecordReads
 	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
-	PaymentsFor(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Payment, error)
 }
 
 // answerKind is how a request is answered.
@@ -143,7 +144,8 @@ type item struct {
 	cmd     *payment.Command
 	fp      []byte
 	extra   map[string]string
-	keyHash []byte // the API key's, re-checked by the batch
+	checked *stream.Checked // the message Check built, or nil
+	keyHash []byte          // the API key's, re-checked by the batch
 	log     *slog.Logger
 	done    chan answer // buffered: the batch never blocks on a request
 	ans     answer
@@ -313,61 +315,42 @@ func (b *batcher) flush(batch []*item) {
 		}
 	}
 
-	// API keys: a key revoked since it was cached is refused now.
+	// One round trip reads the API keys, the records and the ledger of
+	// every key: a key revoked since it was cached is refused now; a key
+	// with a record is decided by it, one without by its ledger row.
 	hashes := make([][]byte, 0, 4)
 	for _, it := range batch {
 		if !slices.ContainsFunc(hashes, func(h []byte) bool { return bytes.Equal(h, it.keyHash) }) {
 			hashes = append(hashes, it.keyHash)
 		}
 	}
-	active, err := b.store.ActiveAPIKeys(ctx, hashes)
+	reads, err := b.store.ReadBatch(ctx, b.records, hashes, refsOf(batch))
 	if err != nil {
-		fail(batch, "check API keys", err)
+		fail(batch, "read API keys, records and ledger", err)
 		return
 	}
 	for _, it := range batch {
-		if active[string(it.keyHash)] != it.cmd.MerchantID {
+		if reads.Active[string(it.keyHash)] != it.cmd.MerchantID {
 			b.keys.evict(it.keyHash)
 			it.ans.kind = ansUnauthenticated
 		}
 	}
-
-	// Records, then the ledger of keys without one.
-	todo := open()
-	recs, err := b.records.GetMany(ctx, refsOf(todo))
-	if err != nil {
-		fail(todo, "read idempotency records", err)
-		return
-	}
-	byKey := make(map[dedup.KeyRef]dedup.Record, len(recs))
-	for _, r := range recs {
+	byKey := make(map[dedup.KeyRef]dedup.Record, len(reads.Records))
+	for _, r := range reads.Records {
 		byKey[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
 	}
-	var noRecord []*item
-	for _, it := range todo {
-		rec, ok := byKey[refOf(it)]
-		if !ok {
-			noRecord = append(noRecord, it)
-			continue
-		}
-		if a, decided := g.fromRecord(rec, it.fp); decided {
-			it.ans = a
-		}
+	ledger := make(map[dedup.KeyRef]dedup.Payment, len(reads.Payments))
+	for _, p := range reads.Payments {
+		ledger[dedup.KeyRef{MerchantID: p.MerchantID, IdempotencyKey: p.IdempotencyKey}] = p
 	}
-	if len(noRecord) > 0 {
-		pays, err := b.records.PaymentsFor(ctx, refsOf(noRecord))
-		if err != nil {
-			fail(noRecord, "read payments ledger", err)
-		}
-		ledger := make(map[dedup.KeyRef]dedup.Payment, len(pays))
-		for _, p := range pays {
-			ledger[dedup.KeyRef{MerchantID: p.MerchantID, IdempotencyKey: p.IdempotencyKey}] = p
-		}
-		for _, it := range noRecord {
-			if p, ok := ledger[refOf(it)]; ok && it.ans.kind == ansPending {
-				if a, decided := fromLedger(p, it.cmd); decided {
-					it.ans = a
-				}
+	for _, it := range open() {
+		if rec, ok := byKey[refOf(it)]; ok {
+			if a, decided := g.fromRecord(rec, it.fp); decided {
+				it.ans = a
+			}
+		} else if p, ok := ledger[refOf(it)]; ok {
+			if a, decided := fromLedger(p, it.cmd); decided {
+				it.ans = a
 			}
 		}
 	}
@@ -375,7 +358,7 @@ func (b *batcher) flush(batch []*item) {
 	// Intakes. Two requests for one key in one batch: the first takes it
 	// in; the other is what it would meet a moment later, the key held
 	// (409) or held for another payload (422).
-	todo = open()
+	todo := open()
 	firsts := make(map[dedup.KeyRef]*item, len(todo))
 	var reqs []dedup.ClaimRequest
 	var owners []*item
@@ -521,7 +504,7 @@ func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int
 	var index []int
 	for i, it := range items {
 		if it.ans.kind == ansPending {
-			cmds = append(cmds, stream.BatchCommand{Cmd: it.cmd, Extra: it.extra, Republish: republish[i]})
+			cmds = append(cmds, stream.BatchCommand{Cmd: it.cmd, Extra: it.extra, Republish: republish[i], Checked: it.checked})
 			index = append(index, i)
 		}
 	}

@@ -45,7 +45,6 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
@@ -316,14 +315,26 @@ func New(records Records, store Store, comp Completions, pub Publisher, cfg Conf
 			g.batch = newBatcher(g, bs, br)
 		}
 	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = noop.NewTracerProvider()
+	if cfg.TracerProvider == nil {
+		// Tracing off: otelhttp's span would be a no-op one that keeps the
+		// client's span context, its attributes and wrapping computed for
+		// nothing on every request. Only that context is kept, so that the
+		// command still carries the client's trace (traceHeaders).
+		g.handler = withClientTrace(g.routes(), cfg.Propagator)
+		return g, nil
 	}
 	g.handler = otelhttp.NewHandler(g.routes(), "paydedup.gateway",
-		otelhttp.WithTracerProvider(tp), otelhttp.WithPropagators(cfg.Propagator),
+		otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(cfg.Propagator),
 		otelhttp.WithMeterProvider(metricnoop.NewMeterProvider()))
 	return g, nil
+}
+
+// withClientTrace puts the trace context the client sent (as prop reads
+// it) in each request's context.
+func withClientTrace(next http.Handler, prop propagation.TextMapPropagator) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))))
+	})
 }
 
 // Handler is the gateway's HTTP handler.

@@ -17,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Payment states shown to clients.
@@ -172,6 +173,21 @@ func (g *Gateway) traceHeaders(r *http.Request) map[string]string {
 	return carrier
 }
 
+// preparer is the optional Check of a Publisher (*stream.CommandPublisher)
+// that keeps the message it built, for the batch publish to send as is.
+type preparer interface {
+	Prepare(cmd *payment.Command, extra map[string]string) (*stream.Checked, error)
+}
+
+// check is the Publisher's Check, keeping the message when the batched
+// intake will publish it.
+func (g *Gateway) check(cmd *payment.Command, extra map[string]string) (*stream.Checked, error) {
+	if pp, ok := g.pub.(preparer); ok && g.batch != nil {
+		return pp.Prepare(cmd, extra)
+	}
+	return nil, g.pub.Check(cmd, extra)
+}
+
 // postPayment is POST /v1/payments.
 func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	merchant := merchantFrom(r.Context())
@@ -205,7 +221,8 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	// the worker would dead-letter is refused here, before anything is
 	// taken in.
 	extra := g.traceHeaders(r)
-	if err := g.pub.Check(cmd, extra); err != nil {
+	checked, err := g.check(cmd, extra)
+	if err != nil {
 		var ve *payment.ValidationError
 		if errors.As(err, &ve) {
 			invalidRequest(w, ve)
@@ -216,8 +233,6 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait := parseWait(r.Header, g.cfg.MaxWait)
-	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
-	defer cancel()
 	fp := dedup.Fingerprint(cmd)
 
 	// A waiter subscribes before anything is read or published, so a
@@ -231,7 +246,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	// The batch re-checks the API key its middleware hashed; a request
 	// authenticated before the batched intake started goes per request.
 	if b, hash := g.batch, apiKeyHashFrom(r.Context()); b != nil && hash != nil {
-		it := &item{cmd: cmd, fp: fp, extra: extra, keyHash: hash, log: log, done: make(chan answer, 1)}
+		it := &item{cmd: cmd, fp: fp, extra: extra, checked: checked, keyHash: hash, log: log, done: make(chan answer, 1)}
 		if err := b.enqueue(it); err != nil {
 			g.shed(w, err)
 			return
@@ -241,9 +256,18 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 			g.write(w, a)
 			return
 		}
+		ctx := r.Context()
+		if wait > 0 { // only a wait reads after this: no timer per POST otherwise
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, g.cfg.RequestTimeout+wait)
+			defer cancel()
+		}
 		g.accepted(ctx, w, a.in, sub, wait, fp)
 		return
 	}
+
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
+	defer cancel()
 
 	rec, err := g.records.Get(ctx, merchant, key)
 	switch {

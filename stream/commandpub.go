@@ -74,6 +74,23 @@ func (p *CommandPublisher) Check(cmd *payment.Command, extra map[string]string) 
 	return err
 }
 
+// Checked is a command's message as Prepare built and checked it, for a
+// PublishBatch that does not build it again.
+type Checked struct {
+	cmd *payment.Command
+	msg *nats.Msg
+}
+
+// Prepare is Check that keeps the message it built: given to PublishBatch
+// (BatchCommand.Checked) with the same command, it is what is published.
+func (p *CommandPublisher) Prepare(cmd *payment.Command, extra map[string]string) (*Checked, error) {
+	m, err := p.message(cmd, extra, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &Checked{cmd: cmd, msg: m}, nil
+}
+
 // Publish publishes cmd, with the extra headers given (e.g. W3C
 // traceparent and tracestate, so the worker's trace continues the HTTP
 // request's), after the same check as Check, and returns the stream
@@ -226,6 +243,9 @@ type BatchCommand struct {
 	Cmd       *payment.Command
 	Extra     map[string]string
 	Republish int
+	// Checked, when Prepare made it for Cmd and Extra, is published as is
+	// (a republish, whose Nats-Msg-Id differs, is built again).
+	Checked *Checked
 }
 
 // BatchResult is the fate of one command of a PublishBatch: its stream
@@ -250,6 +270,11 @@ func (p *CommandPublisher) PublishBatch(ctx context.Context, cmds []BatchCommand
 	msgs := make([]*nats.Msg, len(cmds))
 	var waiting []int
 	for i, c := range cmds {
+		if ch := c.Checked; ch != nil && ch.cmd == c.Cmd && c.Republish == 0 {
+			msgs[i] = ch.msg
+			waiting = append(waiting, i)
+			continue
+		}
 		m, err := p.message(c.Cmd, c.Extra, c.Republish)
 		if err != nil {
 			results[i].Err = fmt.Errorf("publish command: %w", err)

@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,9 +26,34 @@ const APIKeyPrefix = "pd_"
 // maxLabelLen bounds an API key's label (the schema checks it too).
 const maxLabelLen = 200
 
-// apiKeyRE is the shape of a key: prefix, 12 hex characters of public id,
-// underscore, 43 base64url characters (256 random bits).
-var apiKeyRE = regexp.MustCompile(`^pd_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$`)
+// The shape of a key: prefix, apiKeyIDLen lowercase hex characters of
+// public id, underscore, apiKeySecretLen base64url characters (256 random
+// bits); `^pd_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$`.
+const (
+	apiKeyIDLen     = 12
+	apiKeySecretLen = 43
+)
+
+// apiKeyID returns the public id of a key of the right shape. Checked by
+// hand rather than by a regexp: every POST checks its key's shape.
+func apiKeyID(key string) (string, bool) {
+	p := len(APIKeyPrefix)
+	if len(key) != p+apiKeyIDLen+1+apiKeySecretLen || key[:p] != APIKeyPrefix || key[p+apiKeyIDLen] != '_' {
+		return "", false
+	}
+	id := key[p : p+apiKeyIDLen]
+	for i := range len(id) {
+		if c := id[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return "", false
+		}
+	}
+	for _, c := range []byte(key[p+apiKeyIDLen+1:]) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && c != '_' && c != '-' {
+			return "", false
+		}
+	}
+	return id, true
+}
 
 // APIKey describes a stored API key. The key itself is never stored: only
 // its SHA-256.
@@ -81,7 +105,7 @@ func (s *Store) CreateAPIKey(ctx context.Context, merchantID, label string) (str
 // Authenticate returns the merchant an active key belongs to, or
 // ErrUnauthenticated.
 func (s *Store) Authenticate(ctx context.Context, key string) (string, error) {
-	if !apiKeyRE.MatchString(key) {
+	if _, ok := apiKeyID(key); !ok {
 		return "", ErrUnauthenticated
 	}
 	var merchant string
@@ -103,8 +127,8 @@ func (s *Store) Authenticate(ctx context.Context, key string) (string, error) {
 // is dedup.ErrNotFound.
 func (s *Store) RevokeAPIKey(ctx context.Context, idOrKey string) (APIKey, error) {
 	id := idOrKey
-	if m := apiKeyRE.FindStringSubmatch(idOrKey); m != nil {
-		id = m[1]
+	if kid, ok := apiKeyID(idOrKey); ok {
+		id = kid
 	}
 	var k APIKey
 	err := s.db.Retry(ctx, func(ctx context.Context) error {

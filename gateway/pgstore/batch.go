@@ -219,15 +219,28 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 // requests, so that a key revoked a moment ago is refused by the next batch
 // whatever a cache still says.
 func (s *Store) ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]string, error) {
-	out := make(map[string]string, len(hashes))
+	var out map[string]string
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		clear(out)
-		rows, err := s.db.Pool.Query(ctx, `SELECT key_hash, merchant_id FROM api_keys
-			WHERE key_hash = ANY($1::bytea[]) AND revoked_at IS NULL`, hashes)
-		if err != nil {
+		b := &pgx.Batch{}
+		got := queueActiveAPIKeys(b, hashes)
+		if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
-		defer rows.Close()
+		out = got()
+		return nil
+	})
+	if err != nil {
+		return nil, interpretError("check API keys", err)
+	}
+	return out, nil
+}
+
+// queueActiveAPIKeys queues ActiveAPIKeys' statement on b and returns the
+// function that gives its answer once b's results are closed.
+func queueActiveAPIKeys(b *pgx.Batch, hashes [][]byte) func() map[string]string {
+	out := make(map[string]string, len(hashes))
+	b.Queue(`SELECT key_hash, merchant_id FROM api_keys
+		WHERE key_hash = ANY($1::bytea[]) AND revoked_at IS NULL`, hashes).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var h []byte
 			var m string
@@ -238,12 +251,49 @@ func (s *Store) ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]
 		}
 		return rows.Err()
 	})
+	return func() map[string]string { return out }
+}
+
+// RecordReads is what ReadBatch reads of the worker's records
+// (*dedup.Store), queued on its batch.
+type RecordReads interface {
+	QueueGetMany(b *pgx.Batch, refs []dedup.KeyRef) func() []dedup.Record
+	QueuePaymentsFor(b *pgx.Batch, refs []dedup.KeyRef) func() []dedup.Payment
+}
+
+// BatchReads is what a batch of POSTs reads before it takes its keys in.
+type BatchReads struct {
+	Active   map[string]string // the active API keys among the hashes, to their merchant (ActiveAPIKeys)
+	Records  []dedup.Record    // the keys' records that exist (dedup.Store.GetMany)
+	Payments []dedup.Payment   // the keys' ledger rows that exist (dedup.Store.PaymentsFor)
+}
+
+// ReadBatch reads, in one round trip (one pipelined batch), which of hashes
+// are active API keys and the records and ledger rows of refs. records must
+// be on this store's database (the gateway passes the worker's store on the
+// same pool).
+func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]byte, refs []dedup.KeyRef) (BatchReads, error) {
+	var out BatchReads
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		b := &pgx.Batch{}
+		active := queueActiveAPIKeys(b, hashes)
+		pays := records.QueuePaymentsFor(b, refs)
+		recs := records.QueueGetMany(b, refs) // last: its planner settings hold for the rest of the batch
+		if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		out = BatchReads{Active: active(), Records: recs(), Payments: pays()}
+		return nil
+	})
 	if err != nil {
-		return nil, interpretError("check API keys", err)
+		return BatchReads{}, interpretError("read API keys, records and ledger", err)
 	}
 	return out, nil
 }
 
 // ValidAPIKeyShape reports whether key has the shape of an API key; a key
 // of another shape is never looked up.
-func ValidAPIKeyShape(key string) bool { return apiKeyRE.MatchString(key) }
+func ValidAPIKeyShape(key string) bool {
+	_, ok := apiKeyID(key)
+	return ok
+}

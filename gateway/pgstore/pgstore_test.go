@@ -361,3 +361,56 @@ func TestAPIKeys(t *testing.T) {
 		t.Fatalf("unknown id: %v", err)
 	}
 }
+
+// TestReadBatch: the batched intake's one round trip reads what the three
+// reads it replaces read: the active keys among the hashes (not a revoked
+// one), the keys' records once each, and their ledger rows.
+func TestReadBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	live, _, err := b.store.CreateAPIKey(b.ctx, "m_1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked, rk, err := b.store.CreateAPIKey(b.ctx, "m_1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.RevokeAPIKey(b.ctx, rk.ID); err != nil {
+		t.Fatal(err)
+	}
+	b.claim(t, "w", req("m_1", "pending", 100))
+	done := b.claim(t, "w", req("m_1", "done", 200))
+	if err := b.worker.Complete(b.ctx, *done.Lease, charged("ch_done")); err != nil {
+		t.Fatal(err)
+	}
+	refs := []dedup.KeyRef{{MerchantID: "m_1", IdempotencyKey: "pending"}, {MerchantID: "m_1", IdempotencyKey: "done"},
+		{MerchantID: "m_1", IdempotencyKey: "none"}, {MerchantID: "m_1", IdempotencyKey: "done"}}
+	got, err := b.store.ReadBatch(b.ctx, b.worker, [][]byte{pgstore.HashAPIKey(live), pgstore.HashAPIKey(revoked)}, refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Active) != 1 || got.Active[string(pgstore.HashAPIKey(live))] != "m_1" {
+		t.Errorf("active keys %v, want the live one only", got.Active)
+	}
+	status := map[string]dedup.Status{}
+	for _, r := range got.Records {
+		status[r.IdempotencyKey] = r.Status
+	}
+	if len(got.Records) != 2 || status["pending"] != dedup.StatusPending || status["done"] != dedup.StatusCompleted {
+		t.Errorf("records %+v, want pending and done once each", got.Records)
+	}
+	want, err := b.worker.PaymentsFor(b.ctx, refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var charge string
+	for _, p := range got.Payments {
+		if p.IdempotencyKey == "done" {
+			charge = p.ChargeID
+		}
+	}
+	if len(got.Payments) != len(want) || charge != "ch_done" {
+		t.Errorf("ledger %+v, want %+v", got.Payments, want)
+	}
+}

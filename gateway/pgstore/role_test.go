@@ -140,6 +140,10 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if recs, err := records.GetMany(ctx, []dedup.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil || len(recs) != 1 {
 		t.Fatalf("get many as %s: %d %v", gatewayRole, len(recs), err)
 	}
+	if rb, err := gw.ReadBatch(ctx, records, [][]byte{pgstore.HashAPIKey(token)}, []dedup.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil ||
+		rb.Active[string(pgstore.HashAPIKey(token))] != "m_gw" || len(rb.Records) != 1 || len(rb.Payments) != 1 {
+		t.Fatalf("read a batch as %s: %+v %v", gatewayRole, rb, err)
+	}
 	if _, err := records.Stats(ctx, time.Minute); err != nil {
 		t.Fatalf("stats as %s: %v", gatewayRole, err)
 	}

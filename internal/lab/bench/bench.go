@@ -428,13 +428,6 @@ func (b *benchCmd) report(res Result) {
 	}
 }
 
-func pgFigure(us float64) string {
-	if us < 0 {
-		return "not measurable (server not on this machine)"
-	}
-	return fmt.Sprintf("%.1f µs", us)
-}
-
 // workerConfig is the worker under test: the shipped batched worker, or the
 // seeds' one-at-a-time design.
 func (b *benchCmd) workerConfig(suffix string) consumer.Config {

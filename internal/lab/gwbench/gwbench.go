@@ -22,8 +22,6 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
-	"os"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -37,6 +35,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/lab/cpusplit"
 	"github.com/paydedup/paydedup/internal/lab/inproc"
 	"github.com/paydedup/paydedup/internal/lab/localpg"
 	"github.com/paydedup/paydedup/internal/lab/procstat"
@@ -123,7 +122,19 @@ type Result struct {
 	P50MS                  float64 `json:"p50_ms"`
 	P99MS                  float64 `json:"p99_ms"`
 	PGRoundTripsPerRequest float64 `json:"pg_round_trips_per_request"`
-	CPUMSPerRequest        float64 `json:"cpu_ms_per_request"` // this process: the clients and the gateway
+	CPUMSPerRequest        float64 `json:"cpu_ms_per_request"` // this process: the clients, the gateway and an embedded NATS server
+	// CPU time per POST over the load, in µs, split as the worker bench's
+	// (internal/lab/cpusplit): the PostgreSQL backends serving the
+	// gateway's pool (-1 when the server is not on this machine), and this
+	// process's time split into the HTTP clients, the embedded NATS server
+	// (0 with NATS_URL) and the rest, the gateway's (an upper bound: it has
+	// the runtime's background GC).
+	PGCPUUSPerRequest      float64 `json:"pg_cpu_us_per_request"`
+	PGBackends             int     `json:"pg_backends"`
+	GatewayCPUUSPerRequest float64 `json:"gateway_cpu_us_per_request"`
+	ClientCPUUSPerRequest  float64 `json:"client_cpu_us_per_request"`
+	NATSCPUUSPerRequest    float64 `json:"nats_cpu_us_per_request"`
+	AllocsPerRequest       float64 `json:"process_allocs_per_request"`
 	RSSMB                  float64 `json:"rss_mb"`
 	OnStreamOnce           bool    `json:"on_stream_exactly_once"`
 	Missing                int     `json:"missing"`    // accepted, not on the stream or not published in the intake
@@ -148,8 +159,12 @@ func Run(ctx context.Context, cfg Config) error {
 	say := func(format string, args ...any) { fmt.Fprintf(cfg.ErrOut, "bench gateway: "+format+"\n", args...) }
 
 	natsURL := cfg.NATSURL
+	var err error
 	if natsURL == "" {
-		u, stop, err := inproc.NATS()
+		var u string
+		var stop func()
+		// Under its label, so that its CPU is told apart from the gateway's.
+		parts.Do(ctx, partNATS, func(context.Context) { u, stop, err = inproc.NATS() })
 		if err != nil {
 			return fmt.Errorf("bench gateway: %w", err)
 		}
@@ -165,7 +180,8 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		defer srv.Close()
 		say("no DATABASE_URL: PostgreSQL is %s", srv.Where)
-		u, _, err := localpg.Database(ctx, srv.AdminURL, Database, cfg.PoolSize)
+		var u string
+		u, _, err = localpg.Database(ctx, srv.AdminURL, Database, cfg.PoolSize)
 		if err != nil {
 			return fmt.Errorf("bench gateway: %w", err)
 		}
@@ -188,8 +204,8 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("bench gateway (%s): %w", mode, err)
 		}
-		say("mode %s: %.0f accepted/s, p50 %.1f ms, p99 %.1f ms, %.2f round trips and %.2f ms CPU per request",
-			mode, r.AcceptedPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, r.CPUMSPerRequest)
+		say("mode %s: %.0f accepted/s, p50 %.1f ms, p99 %.1f ms, %.2f round trips per request; CPU per request: PostgreSQL backends %s, gateway %.0f µs, HTTP clients %.0f µs, NATS server %.0f µs",
+			mode, r.AcceptedPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, cpusplit.PGFigure(r.PGCPUUSPerRequest), r.GatewayCPUUSPerRequest, r.ClientCPUUSPerRequest, r.NATSCPUUSPerRequest)
 		if c := r.Charged; c != nil {
 			say("mode %s: %d charged, %.0f charged/s, POST→charged p50 %.1f ms, p99 %.1f ms, %d double, %d lost",
 				mode, c.Completed, c.PerSec, c.P50MS, c.P99MS, c.DoubleCharges, c.Lost)
@@ -211,6 +227,8 @@ func Run(ctx context.Context, cfg Config) error {
 		for _, r := range results {
 			fmt.Fprintf(cfg.Out, "%-12s %8.0f accepted/s  %8.0f requests/s  p50 %6.1f ms  p99 %6.1f ms  %5.2f pg round trips/request  %5.2f ms CPU/request  rss %4.0f MB  exactly once: %v\n",
 				r.Mode, r.AcceptedPerSec, r.RequestsPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, r.CPUMSPerRequest, r.RSSMB, r.OnStreamOnce)
+			fmt.Fprintf(cfg.Out, "%-12s CPU per request: PostgreSQL backends %s, gateway %.0f µs, HTTP clients %.0f µs, NATS server %.0f µs (%.0f allocations)\n",
+				"", cpusplit.PGFigure(r.PGCPUUSPerRequest), r.GatewayCPUUSPerRequest, r.ClientCPUUSPerRequest, r.NATSCPUUSPerRequest, r.AllocsPerRequest)
 			if c := r.Charged; c != nil {
 				fmt.Fprintf(cfg.Out, "%-12s %8.0f charged/s   POST→charged p50 %6.1f ms  p99 %6.1f ms  double %d  lost %d\n",
 					"", c.PerSec, c.P50MS, c.P99MS, c.DoubleCharges, c.Lost)
@@ -241,8 +259,9 @@ type phase struct {
 	js      jetstream.JetStream
 	scfg    stream.Config
 	base    string
-	apiKeys []string     // one per merchant
-	rt      atomic.Int64 // PostgreSQL round trips
+	apiKeys []string                             // one per merchant
+	rt      atomic.Int64                         // PostgreSQL round trips
+	pids    func(context.Context) ([]int, error) // the backends of the gateway's pool
 	records *dedup.Store
 	sim     *stripesim.Simulator // with Worker
 }
@@ -255,11 +274,18 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 		return Result{}, err
 	}
 	defer func() { _ = dropSchema() }()
-	pool, err := pg.Connect(ctx, schemaURL, pg.WithMaxConns(cfg.PoolSize), pg.WithRoundTripCounter(&p.rt))
+	// The pool's backends are found by this name to read their CPU time.
+	appName := "paydedup-gwbench-" + suffix
+	appURL, err := localpg.WithAppName(schemaURL, appName)
+	if err != nil {
+		return Result{}, err
+	}
+	pool, err := pg.Connect(ctx, appURL, pg.WithMaxConns(cfg.PoolSize), pg.WithRoundTripCounter(&p.rt))
 	if err != nil {
 		return Result{}, err
 	}
 	defer pool.Close()
+	p.pids = func(ctx context.Context) ([]int, error) { return localpg.BackendPIDs(ctx, pool, appName) }
 	if err := localpg.Migrate(ctx, pool, nil); err != nil {
 		return Result{}, err
 	}
@@ -377,51 +403,64 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 		return o
 	}
 
-	if cfg.CPUProfile != "" && p.mode == ModeBatched {
-		f, err := os.Create(cfg.CPUProfile)
-		if err != nil {
-			return Result{}, fmt.Errorf("--cpuprofile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return Result{}, err
-		}
-		defer pprof.StopCPUProfile()
+	profile := ""
+	if p.mode == ModeBatched {
+		profile = cfg.CPUProfile
 	}
+	meter, err := parts.Start(ctx, p.pids, profile)
+	if err != nil {
+		return Result{}, err
+	}
+	metering := true
+	defer func() {
+		if metering {
+			meter.Abort()
+		}
+	}()
 	var next atomic.Int64
 	outs := make([][]outcome, cfg.Connections)
 	p.rt.Store(0)
-	cpu0 := procstat.CPU()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for c := range cfg.Connections {
+		// Under the clients' label, as are the transport's goroutines they start.
 		wg.Go(func() {
-			rng := mrand.New(mrand.NewPCG(uint64(c), 42))
-			for ctx.Err() == nil {
-				i := int(next.Add(1)) - 1
-				if i >= cfg.Requests {
-					return
+			parts.Do(ctx, partClient, func(ctx context.Context) {
+				rng := mrand.New(mrand.NewPCG(uint64(c), 42))
+				for ctx.Err() == nil {
+					i := int(next.Add(1)) - 1
+					if i >= cfg.Requests {
+						return
+					}
+					if rng.Float64() < cfg.Duplicates {
+						// Two concurrent first requests for one key.
+						twin := make(chan outcome, 1)
+						go func() { twin <- post(i) }()
+						outs[c] = append(outs[c], post(i), <-twin)
+					} else {
+						outs[c] = append(outs[c], post(i))
+					}
+					if rng.Float64() < cfg.Retries {
+						outs[c] = append(outs[c], post(i)) // a client's retry
+					}
 				}
-				if rng.Float64() < cfg.Duplicates {
-					// Two concurrent first requests for one key.
-					twin := make(chan outcome, 1)
-					go func() { twin <- post(i) }()
-					outs[c] = append(outs[c], post(i), <-twin)
-				} else {
-					outs[c] = append(outs[c], post(i))
-				}
-				if rng.Float64() < cfg.Retries {
-					outs[c] = append(outs[c], post(i)) // a client's retry
-				}
-			}
+			})
 		})
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu := procstat.CPU() - cpu0
 	trips := p.rt.Load()
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("the load did not finish within --timeout: %w", err)
+	}
+	sent := 0
+	for _, os := range outs {
+		sent += len(os)
+	}
+	cpu, err := meter.Stop(ctx, sent)
+	metering = false
+	if err != nil {
+		return Result{}, err
 	}
 
 	r := Result{Mode: p.mode, Connections: cfg.Connections, Seconds: elapsed.Seconds(), RSSMB: round2(procstat.PeakRSSMB())}
@@ -454,7 +493,10 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 	r.RequestsPerSec = float64(r.Requests) / elapsed.Seconds()
 	r.AcceptedPerSec = float64(r.Accepted) / elapsed.Seconds()
 	r.PGRoundTripsPerRequest = round2(float64(trips) / float64(r.Requests))
-	r.CPUMSPerRequest = round2(float64(cpu.Microseconds()) / 1000 / float64(r.Requests))
+	r.CPUMSPerRequest = round2(cpu.ProcessUS / 1000)
+	r.PGCPUUSPerRequest, r.PGBackends = math.Round(cpu.PGUS), cpu.PGBackends
+	r.GatewayCPUUSPerRequest, r.AllocsPerRequest = math.Round(cpu.RestUS), math.Round(cpu.Allocs)
+	r.ClientCPUUSPerRequest, r.NATSCPUUSPerRequest = math.Round(cpu.Parts[partClient]), math.Round(cpu.Parts[partNATS])
 	if err := p.check(ctx, accepted, &r); err != nil {
 		return Result{}, err
 	}
@@ -656,3 +698,17 @@ func quantile(lat []time.Duration, f float64) float64 {
 }
 
 func round2(f float64) float64 { return math.Round(100*f) / 100 }
+
+// How the bench splits its process's CPU time (internal/lab/cpusplit): the
+// embedded NATS server and the load's HTTP clients (their goroutines and
+// the transport's, or a frame of the client side of net/http) apart from
+// the gateway, which has the rest.
+const (
+	partClient = "http_client"
+	partNATS   = "nats_server"
+)
+
+var parts = cpusplit.New(
+	cpusplit.Part{Name: partNATS, Packages: []string{"github.com/nats-io/nats-server/"}},
+	cpusplit.Part{Name: partClient, Packages: []string{"net/http.(*Transport).", "net/http.(*persistConn).", "net/http.persistConnWriter.", "net/http.(*Client)."}},
+)

@@ -1,4 +1,4 @@
-package bench
+package cpusplit
 
 import (
 	"bytes"
@@ -9,9 +9,10 @@ import (
 	"time"
 )
 
-// TestLabelSharesSplitsTheProfile profiles a spin under the simulator's
-// label and one without: the label's share is about half, not all or none.
-func TestLabelSharesSplitsTheProfile(t *testing.T) {
+// TestSharesSplitsTheProfile profiles a spin under one part's label and
+// one without: the label's share is about half, not all or none.
+func TestSharesSplitsTheProfile(t *testing.T) {
+	s := New(Part{Name: "sim"}, Part{Name: "nats", Packages: []string{"github.com/nats-io/nats-server/"}})
 	var buf bytes.Buffer
 	if err := pprof.StartCPUProfile(&buf); err != nil {
 		t.Fatal(err)
@@ -20,18 +21,18 @@ func TestLabelSharesSplitsTheProfile(t *testing.T) {
 		for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
 		}
 	}
-	labelled(context.Background(), labelSim, spin)
+	s.Do(context.Background(), "sim", spin)
 	spin(context.Background())
 	pprof.StopCPUProfile()
-	shares, err := labelShares(buf.Bytes())
+	shares, err := s.Shares(buf.Bytes())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := shares[labelSim]; s < 0.25 || s > 0.75 {
-		t.Errorf("simulator's share %.2f of a half-labelled profile", s)
+	if sh := shares["sim"]; sh < 0.25 || sh > 0.75 {
+		t.Errorf("the labelled part's share %.2f of a half-labelled profile", sh)
 	}
-	if s := shares[labelNATS]; s != 0 {
-		t.Errorf("NATS server's share %.2f, want 0", s)
+	if sh := shares["nats"]; sh != 0 {
+		t.Errorf("the idle part's share %.2f, want 0", sh)
 	}
 }
 
