@@ -146,7 +146,7 @@ func (w *Worker) SetPropagator(p propagation.TextMapPropagator) {
 func (w *Worker) SetTracer(tp trace.TracerProvider) {
 	w.tracer = tp.Tracer("github.com/paydedup/paydedup/consumer")
 	w.tracing = true
-	w.proc.committer.tracer = w.tracer
+	w.proc.committer.tracer, w.proc.committer.tracing = w.tracer, true
 }
 
 // Draining reports whether the worker has stopped fetching to shut down.
