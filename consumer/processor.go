@@ -136,7 +136,9 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 
 // charge calls the provider under a held lease and records the outcome.
 func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress progresser, log *slog.Logger) Result {
-	callCtx, cancel := context.WithTimeout(ctx, p.cfg.Lease-p.cfg.Lease/10)
+	// Within ctx's deadline when that comes first (the worker's batch
+	// context has it): then no timer of its own.
+	callCtx, cancel := context.WithTimeout(ctx, p.callBudget())
 	defer cancel()
 
 	// The heartbeat starts before the wait for a call slot, so the lease
@@ -307,6 +309,10 @@ func (p *Processor) release(ctx context.Context, lease dedup.Lease, reason strin
 		log.Warn("could not release the lease; it will expire", "error", err)
 	}
 }
+
+// callBudget is how long a provider call may take under a held lease,
+// from the wait for a call slot to the last retry: the lease less a tenth.
+func (p *Processor) callBudget() time.Duration { return p.cfg.Lease - p.cfg.Lease/10 }
 
 // heartbeat extends the lease and reports progress every third of the
 // lease while the provider call runs. If the lease is lost it cancels the
