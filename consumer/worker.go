@@ -318,9 +318,9 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	// Its deadline is the batch's provider calls' (Processor.charge gives
 	// a call a lease less a tenth), counted from the fetch, before the
 	// claim takes the leases: so each call's context has the batch's
-	// deadline and no timer of its own (2 allocations and a timer per
-	// payment, about 2 % of the process's CPU). The claim has the same
-	// bound; settling runs without it (batchRefs.settle).
+	// deadline and no timer of its own (a timer and about 3 allocations
+	// per payment less). The claim has the same bound; settling runs
+	// without it (batchRefs.settle).
 	fetched := time.Now()
 	ctx, cancel := context.WithDeadline(workCtx, fetched.Add(w.proc.callBudget()))
 	refs := newBatchRefs(ctx, cancel, wg)
