@@ -26,21 +26,33 @@ type committer struct {
 	observer Observer // never nil: NopObserver until NewWorker sets one
 	// tracer makes the span of each commit: a child of the leader's
 	// message span, linked to the other messages' spans, which link back
-	// to it. A no-op tracer until Worker.SetTracer.
-	tracer trace.Tracer
+	// to it. A no-op tracer until Worker.SetTracer, which sets tracing:
+	// without it the messages' spans are not collected for the links.
+	tracer  trace.Tracer
+	tracing bool
+	// rows recycles the batches' item and span slices: a batch's were
+	// made for maxBatch items, a 35 KB allocation per commit at the
+	// default size, whatever the batch's own.
+	rows sync.Pool
 
 	mu  sync.Mutex
 	cur *commitBatch
 }
 
 type commitBatch struct {
+	*commitRows
+	span trace.Span    // the commit's, set by the leader before done
+	full chan struct{} // closed when the batch reaches maxBatch
+	done chan struct{} // closed when the flush is over
+	errs []error
+	err  error
+}
+
+// commitRows is what a batch's leader flushes; the committer recycles it
+// once the flush is over (the callers then read only errs and err).
+type commitRows struct {
 	items []dedup.CompleteItem
-	spans []trace.Span  // each item's message span, for the links
-	span  trace.Span    // the commit's, set by the leader before done
-	full  chan struct{} // closed when the batch reaches maxBatch
-	done  chan struct{} // closed when the flush is over
-	errs  []error
-	err   error
+	spans []trace.Span // each item's message span, for the links (tracing only)
 }
 
 func newCommitter(store Store, maxBatch int, maxWait time.Duration) *committer {
@@ -68,12 +80,18 @@ func (c *committer) Complete(ctx context.Context, deadline time.Time, l dedup.Le
 	c.mu.Lock()
 	b, leader := c.cur, false
 	if b == nil {
-		b = &commitBatch{items: make([]dedup.CompleteItem, 0, c.maxBatch), full: make(chan struct{}), done: make(chan struct{})}
+		rows, _ := c.rows.Get().(*commitRows)
+		if rows == nil {
+			rows = &commitRows{items: make([]dedup.CompleteItem, 0, c.maxBatch)}
+		}
+		b = &commitBatch{commitRows: rows, full: make(chan struct{}), done: make(chan struct{})}
 		c.cur, leader = b, true
 	}
 	idx := len(b.items)
 	b.items = append(b.items, dedup.CompleteItem{Lease: l, Completion: comp})
-	b.spans = append(b.spans, trace.SpanFromContext(ctx))
+	if c.tracing {
+		b.spans = append(b.spans, trace.SpanFromContext(ctx))
+	}
 	if len(b.items) >= c.maxBatch {
 		c.cur = nil
 		close(b.full)
@@ -97,9 +115,12 @@ func (c *committer) Complete(ctx context.Context, deadline time.Time, l dedup.Le
 			c.cur = nil
 		}
 		c.mu.Unlock()
-		links := make([]trace.Link, 0, len(b.spans)-1)
-		for _, s := range b.spans[1:] {
-			links = append(links, trace.Link{SpanContext: s.SpanContext()})
+		var links []trace.Link
+		if len(b.spans) > 1 {
+			links = make([]trace.Link, 0, len(b.spans)-1)
+			for _, s := range b.spans[1:] {
+				links = append(links, trace.Link{SpanContext: s.SpanContext()})
+			}
 		}
 		var span trace.Span
 		ctx, span = c.tracer.Start(ctx, "paydedup.commit", trace.WithLinks(links...),
@@ -109,6 +130,8 @@ func (c *committer) Complete(ctx context.Context, deadline time.Time, l dedup.Le
 		c.observer.Committed(time.Since(start), len(b.items))
 		endSpan(span, b.err)
 		b.span = span
+		c.recycle(b.commitRows)
+		b.commitRows = nil
 		close(b.done)
 	}
 	<-b.done
@@ -119,6 +142,15 @@ func (c *committer) Complete(ctx context.Context, deadline time.Time, l dedup.Le
 		return b.err
 	}
 	return b.errs[idx]
+}
+
+// recycle clears rows (so they hold no payment or span) and keeps them for
+// the next batch.
+func (c *committer) recycle(rows *commitRows) {
+	clear(rows.items)
+	clear(rows.spans)
+	rows.items, rows.spans = rows.items[:0], rows.spans[:0]
+	c.rows.Put(rows)
 }
 
 // endSpan ends a commit's span, marked failed when err is not nil.

@@ -27,7 +27,7 @@ import (
 // env is one test's world: its own Postgres schema, its own streams on the
 // shared NATS server, its own simulator.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	pool   *pgxpool.Pool
 	store  *dedup.Store
@@ -38,14 +38,14 @@ type env struct {
 	cfg    consumer.Config
 }
 
-func setup(t *testing.T) *env {
+func setup(t testing.TB) *env {
 	t.Helper()
 	return setupWith(t, dedup.Config{})
 }
 
 // setupWith is setup with the store's configuration given (e.g. a fake
 // clock).
-func setupWith(t *testing.T, scfg dedup.Config) *env {
+func setupWith(t testing.TB, scfg dedup.Config) *env {
 	t.Helper()
 	pool := testenv.Pool(t)
 	store, err := dedup.New(pool, scfg)

@@ -31,7 +31,7 @@ type IntakeMarker interface {
 // idempotency mismatch) may still end in a charge, or stand beside one: the
 // gateway keeps answering from the idempotency record, never "final, send
 // it again under a new key".
-func (w *Worker) deadLetteredIntake(ctx context.Context, in inbound, reason string, cause error, log *slog.Logger) {
+func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
 	if !finalForClient(reason) {
 		return
 	}

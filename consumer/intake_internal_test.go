@@ -49,7 +49,7 @@ func TestIntakeLearnsOnlyFinalDeadLetters(t *testing.T) {
 			meta: &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: 7}},
 			cmd:  &payment.Command{MerchantID: "m_1", IdempotencyKey: "k"},
 		}
-		w.deadLetteredIntake(context.Background(), in, c.reason, errors.New("x"), slog.New(slog.DiscardHandler))
+		w.deadLetteredIntake(context.Background(), &in, c.reason, errors.New("x"), slog.New(slog.DiscardHandler))
 		if got := len(rec.marked) == 1; got != c.final {
 			t.Errorf("dead letter %s: intake marked final = %v, want %v", c.reason, got, c.final)
 		}

@@ -90,10 +90,29 @@ func (p *Processor) claim(ctx context.Context, cmds []*payment.Command, traceIDs
 // the provider; progress is called while the call runs (the worker uses it
 // to tell JetStream the message is still being worked on).
 func (p *Processor) Handle(ctx context.Context, cmd *payment.Command, claim dedup.ClaimResult, progress func()) Result {
-	return p.handle(ctx, cmd, claim, progress, p.logger.With("merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey))
+	log := p.logger.With("merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey)
+	if claim.Outcome == dedup.Claimed || claim.Outcome == dedup.Reacquired {
+		log = log.With("attempt", claim.Lease.Attempt)
+	}
+	var pr progresser
+	if progress != nil {
+		pr = progressFunc(progress)
+	}
+	return p.handle(ctx, cmd, claim, pr, log)
 }
 
-func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedup.ClaimResult, progress func(), log *slog.Logger) Result {
+// progresser is told while a provider call runs; a jetstream.Msg is one
+// (InProgress).
+type progresser interface{ InProgress() error }
+
+// progressFunc is a func as a progresser.
+type progressFunc func()
+
+func (f progressFunc) InProgress() error { f(); return nil }
+
+// handle is Handle for a claim whose log carries the message's attributes
+// and, for a claimed or re-acquired key, its attempt.
+func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedup.ClaimResult, progress progresser, log *slog.Logger) Result {
 	switch claim.Outcome {
 	case dedup.Claimed, dedup.Reacquired:
 		return p.charge(ctx, cmd, *claim.Lease, progress, log)
@@ -116,18 +135,19 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 }
 
 // charge calls the provider under a held lease and records the outcome.
-func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress func(), log *slog.Logger) Result {
-	log = log.With("attempt", lease.Attempt)
-	callCtx, cancel := context.WithTimeout(ctx, p.cfg.Lease-p.cfg.Lease/10)
+func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress progresser, log *slog.Logger) Result {
+	// Within ctx's deadline when that comes first (the worker's batch
+	// context has it): then no timer of its own.
+	callCtx, cancel := context.WithTimeout(ctx, p.callBudget())
 	defer cancel()
 
 	// The heartbeat starts before the wait for a call slot, so the lease
 	// cannot run out while the payment queues for the provider.
-	lost := p.heartbeat(callCtx, cancel, lease, progress, log)
+	beat := p.heartbeat(callCtx, cancel, lease, progress, log)
 	select {
 	case p.calls <- struct{}{}:
 	case <-callCtx.Done():
-		lost()
+		beat.stop()
 		p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
 		return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", callCtx.Err()), Attempt: lease.Attempt}
 	}
@@ -154,11 +174,11 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		result = "processing"
 	}
 	// Any answer from the provider but a refusal shows the key works again.
-	if perr := (*provider.Error)(nil); err == nil || errors.As(err, &perr) && perr.HTTPStatus != 0 && perr.Class != provider.ClassUnauthorized {
+	if err == nil || answeredNotRefused(err) {
 		p.auth.accepted()
 	}
 	p.observer.ProviderCalled(time.Since(start), result)
-	leaseLost := lost()
+	leaseLost := beat.stop()
 
 	// Writes below must happen even if ctx was cancelled by a drain, and
 	// all of them within settleTimeout from here. The context with that
@@ -254,6 +274,14 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	}
 }
 
+// answeredNotRefused reports whether err is an answer of the provider
+// other than a refusal of the API key. (Apart from charge, so that the
+// target errors.As needs is not allocated on every call.)
+func answeredNotRefused(err error) bool {
+	var perr *provider.Error
+	return errors.As(err, &perr) && perr.HTTPStatus != 0 && perr.Class != provider.ClassUnauthorized
+}
+
 // Completion is the record of a settled provider outcome: what the worker
 // and the reconciler store. A processing outcome is stored 202 (accepted, not
 // finished) and a decline 402 when the provider gave no status.
@@ -282,21 +310,25 @@ func (p *Processor) release(ctx context.Context, lease dedup.Lease, reason strin
 	}
 }
 
+// callBudget is how long a provider call may take under a held lease,
+// from the wait for a call slot to the last retry: the lease less a tenth.
+func (p *Processor) callBudget() time.Duration { return p.cfg.Lease - p.cfg.Lease/10 }
+
 // heartbeat extends the lease and reports progress every third of the
 // lease while the provider call runs. If the lease is lost it cancels the
-// call: another holder now owns the key. The returned func stops it and
-// reports whether the lease was lost; it waits for a heartbeat under way.
+// call: another holder now owns the key. Its stop ends it and reports
+// whether the lease was lost; it waits for a heartbeat under way.
 //
 // A timer, not a goroutine with a ticker: almost every call ends long before
 // the first beat, and a goroutine, a ticker and its channel per payment
 // were a measurable part of the worker's allocations. Its state is one
 // struct, not variables captured one by one by closures.
-func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, lease dedup.Lease, progress func(), log *slog.Logger) func() bool {
+func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, lease dedup.Lease, progress progresser, log *slog.Logger) *beater {
 	h := &beater{p: p, ctx: ctx, cancel: cancel, lease: lease, progress: progress, log: log, every: p.cfg.Lease / 3}
 	h.mu.Lock()
 	h.t = time.AfterFunc(h.every, h.beat)
 	h.mu.Unlock()
-	return h.stop
+	return h
 }
 
 // beater is one payment's heartbeat (see Processor.heartbeat).
@@ -304,7 +336,7 @@ type beater struct {
 	p        *Processor
 	ctx      context.Context
 	cancel   context.CancelFunc
-	progress func()
+	progress progresser
 	log      *slog.Logger
 	every    time.Duration
 
@@ -322,7 +354,7 @@ func (h *beater) beat() {
 		return
 	}
 	if h.progress != nil {
-		h.progress()
+		_ = h.progress.InProgress()
 	}
 	l, err := h.p.store.Heartbeat(h.ctx, h.lease, h.p.cfg.Lease)
 	switch {

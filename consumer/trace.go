@@ -22,8 +22,23 @@ func (c headerCarrier) Get(key string) string {
 	if v := nats.Header(c).Get(key); v != "" {
 		return v
 	}
-	return nats.Header(c).Get(textproto.CanonicalMIMEHeaderKey(key))
+	canon, ok := canonicalNames[key]
+	if !ok {
+		canon = textproto.CanonicalMIMEHeaderKey(key)
+	}
+	return nats.Header(c).Get(canon)
 }
+
+// canonicalNames holds the canonical form of the names the W3C propagators
+// ask for, made once: Get is asked for them on every message, and most
+// messages carry neither form.
+var canonicalNames = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"traceparent", "tracestate", "baggage"} {
+		m[k] = textproto.CanonicalMIMEHeaderKey(k)
+	}
+	return m
+}()
 
 func (c headerCarrier) Set(key, value string) { nats.Header(c).Set(key, value) }
 

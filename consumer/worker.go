@@ -89,6 +89,7 @@ type Worker struct {
 	logger   *slog.Logger
 	observer Observer
 	tracer   trace.Tracer
+	tracing  bool // SetTracer was called: spans are made per message
 	prop     propagation.TextMapPropagator
 	intake   IntakeMarker
 
@@ -144,7 +145,8 @@ func (w *Worker) SetPropagator(p propagation.TextMapPropagator) {
 // commit. Call it before Run.
 func (w *Worker) SetTracer(tp trace.TracerProvider) {
 	w.tracer = tp.Tracer("github.com/paydedup/paydedup/consumer")
-	w.proc.committer.tracer = w.tracer
+	w.tracing = true
+	w.proc.committer.tracer, w.proc.committer.tracing = w.tracer, true
 }
 
 // Draining reports whether the worker has stopped fetching to shut down.
@@ -177,6 +179,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	// claimed or committed. MaxAckPending caps them consumer-wide anyway.
 	slots := make(chan struct{}, min(w.cfg.Concurrency+2*w.cfg.FetchBatch, max(w.cfg.Stream.MaxAckPending, w.cfg.Concurrency)))
 	var wg sync.WaitGroup
+	run := newRunner()
+	// After the drain below: every task given to the runner has finished.
+	defer run.stop()
 
 	fetchFailures := 0
 	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
@@ -219,7 +224,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				w.handleBatch(workCtx, msgs, slots, &wg)
+				w.handleBatch(workCtx, msgs, slots, &wg, run)
 			}()
 		}
 	}
@@ -292,48 +297,43 @@ type inbound struct {
 	msg     jetstream.Msg
 	meta    *jetstream.MsgMetadata
 	cmd     *payment.Command
-	log     *slog.Logger
+	log     msgLog          // set once the claim's outcome is known
 	ctx     context.Context // carries the message's span
-	span    trace.Span
+	span    trace.Span      // nil when tracing is off
 	traceID string
 	fetched time.Time
 }
 
 // handleBatch decodes the batch, dead-letters bad input, claims the rest in
 // one round trip, settles duplicates and in-flight keys at once, and hands
-// claimed keys to the pool. Every message's slot is freed when it settles.
-func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup) {
+// claimed keys to the pool (run). Every message's slot is freed when it
+// settles; wg counts the work in flight for the drain.
+func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, run *runner) {
 	// The batch's messages derive their contexts from one batch context,
 	// cancelled with the work context (a drain past its deadline) or when
 	// the last of them settles. Deriving each from the work context itself
 	// made every provider call register with, and leave, one map shared by
 	// all the messages in flight: 7 % of the worker's CPU at full load.
-	ctx, cancel := context.WithCancel(workCtx)
-	var refs atomic.Int64
-	refs.Store(1)
-	release := func() {
-		if refs.Add(-1) == 0 {
-			cancel()
-		}
-	}
-	defer release()
+	//
+	// Its deadline is the batch's provider calls' (Processor.charge gives
+	// a call a lease less a tenth), counted from the fetch, before the
+	// claim takes the leases: so each call's context has the batch's
+	// deadline and no timer of its own (a timer and about 3 allocations
+	// per payment less). The claim has the same bound; settling runs
+	// without it (batchRefs.settle).
+	fetched := time.Now()
+	ctx, cancel := context.WithDeadline(workCtx, fetched.Add(w.proc.callBudget()))
+	refs := newBatchRefs(ctx, cancel, wg)
+	defer refs.release()
 	spawn := func(f func()) {
-		refs.Add(1)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer release()
-			f()
-		}()
+		refs.add()
+		run.do(task{run: f, batch: refs})
 	}
 
-	// Settling must happen even when the work context was cancelled: it
-	// runs on the batch context without its cancellation (see settle).
-	sbase := context.WithoutCancel(ctx)
+	// The messages stay in place in good from here: their loggers, and the
+	// work handed to the runner, point to them.
 	good := make([]inbound, 0, len(msgs))
-	fetched := time.Now()
 	for _, m := range msgs {
-		in := inbound{msg: m, log: w.logger, fetched: fetched}
 		meta, err := m.Metadata()
 		if err != nil {
 			// Not a JetStream message: nothing to ack. Cannot happen on a
@@ -342,36 +342,36 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			<-slots
 			continue
 		}
-		in.meta = meta
+		good = append(good, inbound{msg: m, meta: meta, fetched: fetched})
+		in := &good[len(good)-1]
 		in.ctx, in.traceID = extractTrace(ctx, w.prop, m.Headers())
-		in.ctx, in.span = w.tracer.Start(in.ctx, "paydedup.payment", trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithAttributes(attribute.Int64("messaging.message.stream_seq", int64(meta.Sequence.Stream)),
-				attribute.Int64("messaging.message.deliveries", int64(meta.NumDelivered))))
-		// One With for the message's attributes, not one per step: each
-		// With copies the logger and its attributes.
+		if w.tracing {
+			in.ctx, in.span = w.tracer.Start(in.ctx, "paydedup.payment", trace.WithSpanKind(trace.SpanKindConsumer),
+				trace.WithAttributes(attribute.Int64("messaging.message.stream_seq", int64(meta.Sequence.Stream)),
+					attribute.Int64("messaging.message.deliveries", int64(meta.NumDelivered))))
+		}
 		cmd, err := w.decode(m)
 		if err != nil {
-			in.log = messageLogger(w.logger, meta, in.traceID, nil)
+			in.log.init(w.logger, meta, in.traceID, nil, 0)
 			var ve *payment.ValidationError
 			reason := string(payment.ReasonMalformedJSON)
 			if errors.As(err, &ve) {
 				reason = string(ve.Reason)
 			}
-			w.settle(sbase, in, Result{Kind: DeadLetter, Reason: reason, Err: err})
+			w.settle(refs, in, Result{Kind: DeadLetter, Reason: reason, Err: err})
 			<-slots
+			good = good[:len(good)-1]
 			continue
 		}
 		in.cmd = cmd
-		in.log = messageLogger(w.logger, meta, in.traceID, cmd)
-		good = append(good, in)
 	}
 	if len(good) == 0 {
 		return
 	}
 	cmds := make([]*payment.Command, len(good))
 	traces := make([]string, len(good))
-	for i, in := range good {
-		cmds[i], traces[i] = in.cmd, in.traceID
+	for i := range good {
+		cmds[i], traces[i] = good[i].cmd, good[i].traceID
 	}
 	claimCtx, claimSpan := w.startClaimSpan(ctx, good)
 	claims, err := w.proc.claim(claimCtx, cmds, traces)
@@ -381,27 +381,35 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	claimSpan.End()
 	if err != nil {
 		w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
-		for _, in := range good {
-			w.settle(sbase, in, Result{Kind: Retry, Delay: 2 * time.Second, Err: err})
+		for i := range good {
+			in := &good[i]
+			in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
+			w.settle(refs, in, Result{Kind: Retry, Delay: 2 * time.Second, Err: err})
 			<-slots
 		}
 		return
 	}
-	for i, in := range good {
-		claim := claims[i]
+	for i := range good {
+		in, claim := &good[i], &claims[i]
+		// A claimed key's logger carries its attempt (see Processor.handle).
+		claimed, attempt := claim.Outcome == dedup.Claimed || claim.Outcome == dedup.Reacquired, 0
+		if claimed {
+			attempt = claim.Lease.Attempt
+		}
+		in.log.init(w.logger, in.meta, in.traceID, in.cmd, attempt)
 		if claim.Outcome == dedup.Duplicate {
 			// A duplicate's ack is not waited for (settle): settle it here,
 			// without a goroutine of its own.
-			w.settle(sbase, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
+			w.settle(refs, in, w.proc.handle(in.ctx, in.cmd, *claim, nil, in.log.logger()))
 			<-slots
 			continue
 		}
-		if claim.Outcome != dedup.Claimed && claim.Outcome != dedup.Reacquired {
+		if !claimed {
 			// In-flight keys and the rest settle at once, concurrently:
 			// a dead letter is a round trip to the server.
 			spawn(func() {
 				defer func() { <-slots }()
-				w.settle(sbase, in, w.proc.handle(in.ctx, in.cmd, claim, nil, in.log))
+				w.settle(refs, in, w.proc.handle(in.ctx, in.cmd, *claim, nil, in.log.logger()))
 			})
 			continue
 		}
@@ -409,8 +417,9 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		spawn(func() {
 			defer func() { <-slots }()
 			defer w.observer.InFlight(-1)
-			res := w.proc.handle(in.ctx, in.cmd, claim, func() { _ = in.msg.InProgress() }, in.log)
-			w.settle(sbase, in, res)
+			// The message itself reports progress: no closure per payment.
+			res := w.proc.handle(in.ctx, in.cmd, *claim, in.msg, in.log.logger())
+			w.settle(refs, in, res)
 		})
 	}
 }
@@ -420,8 +429,8 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 // back to it (a batch shares one claim, so only one trace can hold it).
 func (w *Worker) startClaimSpan(ctx context.Context, good []inbound) (context.Context, trace.Span) {
 	first := good[0].span
-	if !first.IsRecording() {
-		return ctx, first // a no-op span: its End and SetStatus do nothing
+	if first == nil || !first.IsRecording() {
+		return ctx, noop.Span{} // its End and SetStatus do nothing
 	}
 	links := make([]trace.Link, 0, len(good)-1)
 	for _, in := range good[1:] {
@@ -440,23 +449,25 @@ func (w *Worker) decode(m jetstream.Msg) (*payment.Command, error) {
 	return stream.DecodeCommand(w.cfg.Stream, m.Subject(), m.Headers(), m.Data())
 }
 
-// settle carries out decide's verdict on one message. base carries no
-// cancellation: settling must happen even when the work context was
-// cancelled; its round trips share one deadline, settleTimeout from here.
-func (w *Worker) settle(base context.Context, in inbound, res Result) {
+// settle carries out decide's verdict on one message of batch b. It runs
+// on b's settle context, which carries no cancellation: settling must
+// happen even when the work context was cancelled. A confirmed ack waits
+// under b.ackContext; a dead letter's round trips share one deadline,
+// settleTimeout from here.
+func (w *Worker) settle(b *batchRefs, in *inbound, res Result) {
+	base := b.settle
 	act := decide(res, in.meta.NumDelivered, w.cfg.Stream.MaxDeliver, w.cfg.RetryBase, w.cfg.RetryMax)
 	// The logger with the attempt is made when something is logged: a
 	// With per payment for a debug line that is usually off.
 	logger := func() *slog.Logger {
-		if res.Attempt > 0 {
-			return in.log.With("attempt", res.Attempt)
+		if res.Attempt > 0 && in.log.h.attempt == 0 {
+			return in.log.l.With("attempt", res.Attempt)
 		}
-		return in.log
+		return in.log.logger()
 	}
-	debug := in.log.Enabled(base, slog.LevelDebug)
-	// The deadline is taken here; its context is made only for the round
-	// trips that wait (DoubleAck, the dead letter), not for an Ack or a Nak.
-	deadline := time.Now().Add(settleTimeout)
+	debug := in.log.l.Enabled(base, slog.LevelDebug)
+	// A context with a deadline is made only for the round trips that wait
+	// (DoubleAck, the dead letter), not for an Ack or a Nak.
 	switch act.Kind {
 	case Ack:
 		if res.Kind == Duplicate {
@@ -472,7 +483,7 @@ func (w *Worker) settle(base context.Context, in inbound, res Result) {
 			}
 			break
 		}
-		sctx, cancel := context.WithDeadline(base, deadline)
+		sctx, cancel := b.ackContext()
 		err := in.msg.DoubleAck(sctx)
 		cancel()
 		if err != nil {
@@ -491,7 +502,7 @@ func (w *Worker) settle(base context.Context, in inbound, res Result) {
 			logger().Debug("message nakked", "result", res.Kind.String(), "delay", delay.String(), "error", errString(res.Err))
 		}
 	case DeadLetterTerm:
-		sctx, cancel := context.WithDeadline(base, deadline)
+		sctx, cancel := context.WithDeadline(base, time.Now().Add(settleTimeout))
 		defer cancel()
 		log := logger()
 		errForDLQ := res.Err
@@ -526,21 +537,6 @@ func (w *Worker) settle(base context.Context, in inbound, res Result) {
 		}
 		in.span.End()
 	}
-}
-
-// messageLogger is the worker's logger with a message's attributes: its
-// stream sequence and deliveries, its trace id when it has one, and the
-// command's merchant and key once decoded (cmd nil: not decodable).
-func messageLogger(l *slog.Logger, meta *jetstream.MsgMetadata, traceID string, cmd *payment.Command) *slog.Logger {
-	args := make([]any, 0, 8)
-	args = append(args, "stream_seq", meta.Sequence.Stream, "deliveries", meta.NumDelivered)
-	if traceID != "" {
-		args = append(args, "trace_id", traceID)
-	}
-	if cmd != nil {
-		args = append(args, "merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey)
-	}
-	return l.With(args...)
 }
 
 func errString(err error) string {

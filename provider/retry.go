@@ -87,48 +87,46 @@ func ChargeWithRetry(ctx context.Context, c Charger, req ChargeRequest, pol Retr
 		return nil, &Error{Class: ClassUnknown, Message: "not attempted", Err: err}
 	}
 
-	var (
-		last       *Error
-		sawUnknown bool
-		tries      int
-	)
-	b := &retryBackOff{
-		pol:   pol,
-		inner: backoff.NewExponentialBackOff(backoff.WithInitialInterval(pol.InitialInterval), backoff.WithMaxInterval(pol.MaxInterval), backoff.WithMaxElapsedTime(0)),
-		ctx:   ctx,
-		tries: &tries,
-		last:  &last,
-	}
-	op := func() (*Outcome, error) {
-		tries++
-		actx, cancel := context.WithTimeout(ctx, pol.AttemptTimeout)
-		out, err := c.Charge(actx, req)
-		cancel()
-		if err == nil && out == nil {
-			err = &Error{Class: ClassUnknown, Message: "provider returned neither outcome nor error"}
-		}
-		if err == nil {
-			return out, nil
-		}
-		last = asError(err)
-		if last.Class == ClassUnknown {
-			sawUnknown = true
-		}
-		switch last.Class {
-		case ClassMismatch, ClassDeclined, ClassRejected, ClassUnauthorized:
-			return nil, backoff.Permanent(last)
-		}
-		return nil, last
-	}
-
-	out, err := backoff.RetryNotifyWithData(op, backoff.WithContext(b, ctx), nil)
+	// The first attempt runs before any retry state is made: almost every
+	// call ends with it, and the state (the backoff, its context wrapper,
+	// the operation) was most of this function's allocations.
+	a := attempts{c: c, req: req, timeout: pol.AttemptTimeout}
+	out, err := a.try(ctx)
 	if err == nil {
 		return out, nil
 	}
+	if a.permanent() {
+		return nil, a.last
+	}
+
+	r := &retry{attempts: a, pol: pol, ctx: ctx}
+	r.inner = backoff.NewExponentialBackOff(backoff.WithInitialInterval(pol.InitialInterval), backoff.WithMaxInterval(pol.MaxInterval), backoff.WithMaxElapsedTime(0))
+	first := true
+	op := func() (*Outcome, error) {
+		if first {
+			// The attempt made above: backoff decides on it as on the others.
+			first = false
+			return nil, r.last
+		}
+		out, err := r.try(ctx)
+		if err == nil {
+			return out, nil
+		}
+		if r.permanent() {
+			return nil, backoff.Permanent(r.last)
+		}
+		return nil, r.last
+	}
+
+	out, err = backoff.RetryNotifyWithData(op, backoff.WithContext(r, ctx), nil)
+	if err == nil {
+		return out, nil
+	}
+	last := r.last
 	if last == nil {
 		return nil, asError(err)
 	}
-	if sawUnknown && last.Class != ClassUnknown && last.Class != ClassMismatch && last.Class != ClassDeclined {
+	if r.sawUnknown && last.Class != ClassUnknown && last.Class != ClassMismatch && last.Class != ClassDeclined {
 		return nil, &Error{
 			Class:      ClassUnknown,
 			HTTPStatus: last.HTTPStatus,
@@ -142,25 +140,64 @@ func ChargeWithRetry(ctx context.Context, c Charger, req ChargeRequest, pol Retr
 	return nil, last
 }
 
-// retryBackOff adapts backoff's exponential policy to RetryPolicy: it counts
-// tries, honours Retry-After, caps every wait at MaxInterval and stops rather
-// than wait past the context's deadline.
-type retryBackOff struct {
+// attempts makes one call's attempts and remembers what they ended with.
+type attempts struct {
+	c          Charger
+	req        ChargeRequest
+	timeout    time.Duration
+	tries      int
+	last       *Error // the last failed attempt's error
+	sawUnknown bool   // some attempt ended ClassUnknown
+}
+
+// try makes one attempt, bounded by the attempt timeout.
+func (a *attempts) try(ctx context.Context) (*Outcome, error) {
+	a.tries++
+	actx, cancel := context.WithTimeout(ctx, a.timeout)
+	out, err := a.c.Charge(actx, a.req)
+	cancel()
+	if err == nil && out == nil {
+		err = &Error{Class: ClassUnknown, Message: "provider returned neither outcome nor error"}
+	}
+	if err == nil {
+		return out, nil
+	}
+	a.last = asError(err)
+	if a.last.Class == ClassUnknown {
+		a.sawUnknown = true
+	}
+	return nil, a.last
+}
+
+// permanent reports whether the last attempt's error is never retried: the
+// same request gets the same answer.
+func (a *attempts) permanent() bool {
+	switch a.last.Class {
+	case ClassMismatch, ClassDeclined, ClassRejected, ClassUnauthorized:
+		return true
+	}
+	return false
+}
+
+// retry is a call past its first failed attempt. As a backoff.BackOff it
+// adapts backoff's exponential policy to RetryPolicy: it counts tries,
+// honours Retry-After, caps every wait at MaxInterval and stops rather than
+// wait past the context's deadline.
+type retry struct {
+	attempts
 	pol   RetryPolicy
 	inner *backoff.ExponentialBackOff
 	ctx   context.Context
-	tries *int
-	last  **Error
 }
 
-func (b *retryBackOff) Reset() { b.inner.Reset() }
+func (b *retry) Reset() { b.inner.Reset() }
 
-func (b *retryBackOff) NextBackOff() time.Duration {
-	if *b.tries >= b.pol.MaxTries {
+func (b *retry) NextBackOff() time.Duration {
+	if b.tries >= b.pol.MaxTries {
 		return backoff.Stop
 	}
 	wait := min(b.inner.NextBackOff(), b.pol.MaxInterval)
-	if last := *b.last; last != nil && last.RetryAfter > 0 {
+	if last := b.last; last != nil && last.RetryAfter > 0 {
 		if last.RetryAfter > b.pol.MaxInterval {
 			return backoff.Stop
 		}

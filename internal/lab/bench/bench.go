@@ -133,6 +133,9 @@ type Result struct {
 	NATSCPUUSPerPayment     float64 `json:"nats_cpu_us_per_payment"`
 	ProcessCPUUSPerPayment  float64 `json:"process_cpu_us_per_payment"`
 	ProcessAllocsPerPayment float64 `json:"process_allocs_per_payment"` // heap allocations, worker, simulator and NATS server together
+	// Mean rows per claim round trip and per group commit.
+	ClaimBatchMean  float64 `json:"claim_batch_mean"`
+	CommitBatchMean float64 `json:"commit_batch_mean"`
 	// The same for the completed-duplicates phase, per message.
 	CompletedDupPGCPUUS     float64 `json:"completed_duplicates_pg_cpu_us,omitempty"`
 	CompletedDupWorkerCPUUS float64 `json:"completed_duplicates_worker_cpu_us,omitempty"`
@@ -332,6 +335,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		SimCPUUSPerPayment: cpu.SimUS, NATSCPUUSPerPayment: cpu.NATSUS, ProcessCPUUSPerPayment: cpu.ProcessUS,
 		ProcessAllocsPerPayment: cpu.Allocs,
 	}
+	res.ClaimBatchMean, res.CommitBatchMean = obs.batchMeans()
 
 	if b.CompletedDuplicates {
 		obs.reset()
@@ -590,10 +594,12 @@ func (c *countingStore) Release(ctx context.Context, l dedup.Lease, reason strin
 // histogram, so memory does not grow with the number of payments.
 type benchObserver struct {
 	consumer.NopObserver
-	acked   atomic.Int64
-	mu      sync.Mutex
-	buckets [latencyBuckets]int64
-	total   int64
+	acked atomic.Int64
+	// claims and commits count batches; claimed and committed their rows.
+	claims, claimed, commits, committed atomic.Int64
+	mu                                  sync.Mutex
+	buckets                             [latencyBuckets]int64
+	total                               int64
 }
 
 // Latency buckets: 10 per factor of two from 10 µs, up to about 10 min.
@@ -607,6 +613,28 @@ func (o *benchObserver) reset() {
 	o.acked.Store(0)
 	o.buckets = [latencyBuckets]int64{}
 	o.total = 0
+}
+
+// Claimed and Committed count batches and their rows.
+func (o *benchObserver) Claimed(_ time.Duration, n int) {
+	o.claims.Add(1)
+	o.claimed.Add(int64(n))
+}
+
+func (o *benchObserver) Committed(_ time.Duration, n int) {
+	o.commits.Add(1)
+	o.committed.Add(int64(n))
+}
+
+// batchMeans returns the mean rows per claim and per commit.
+func (o *benchObserver) batchMeans() (claim, commit float64) {
+	mean := func(rows, batches int64) float64 {
+		if batches == 0 {
+			return 0
+		}
+		return float64(rows) / float64(batches)
+	}
+	return mean(o.claimed.Load(), o.claims.Load()), mean(o.committed.Load(), o.commits.Load())
 }
 
 // Settled counts messages that are done: acked or dead-lettered (a nakked
