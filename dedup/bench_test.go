@@ -2,7 +2,13 @@ package dedup_test
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
 )
@@ -70,5 +76,86 @@ func BenchmarkProviderKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = dedup.ProviderKey("m_1", "550e8400-e29b-41d4-a716-446655440000")
+	}
+}
+
+// BenchmarkBackendCPU measures what the hot statements cost PostgreSQL:
+// the CPU time of the one backend serving the store (from
+// /proc/<pid>/schedstat, in nanoseconds, so a batch is resolved), per key,
+// for a batch claim of new keys and its group commit, at the worker's
+// batch sizes (in `paydedup bench` claims average about 60 keys and group
+// commits about 110). Only on a server on this machine: it is skipped
+// when the backend's /proc entry cannot be read.
+func BenchmarkBackendCPU(b *testing.B) {
+	for _, size := range []int{60, 200} {
+		b.Run(fmt.Sprintf("batch%d", size), func(b *testing.B) {
+			bb := setup(b)
+			cfg := bb.pool.Config().Copy()
+			cfg.MaxConns, cfg.MinConns = 1, 0
+			pool, err := pgxpool.NewWithConfig(bb.ctx, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pool.Close()
+			var pid int32
+			if err := pool.QueryRow(bb.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				b.Fatal(err)
+			}
+			cpu := func() time.Duration {
+				raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+				if err != nil {
+					b.Skipf("the server's backend is not readable here: %v", err)
+				}
+				ns, err := strconv.ParseInt(strings.Fields(string(raw))[0], 10, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return time.Duration(ns)
+			}
+			store, err := dedup.New(pool, dedup.Config{}) // the database's clock, as in production
+			if err != nil {
+				b.Fatal(err)
+			}
+			var claimCPU, completeCPU time.Duration
+			n := 0
+			for b.Loop() {
+				reqs := make([]dedup.ClaimRequest, size)
+				for j := range reqs {
+					reqs[j] = req("m_1", fmt.Sprintf("550e8400-e29b-41d4-a716-%012d", n+j), 1999)
+				}
+				c0 := cpu()
+				res, err := store.ClaimBatch(bb.ctx, "bench", lease, reqs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				c1 := cpu()
+				items := make([]dedup.CompleteItem, size)
+				for j, r := range res {
+					if r.Outcome != dedup.Claimed {
+						b.Fatalf("outcome %v", r.Outcome)
+					}
+					id := fmt.Sprintf("pi_%024d", n+j)
+					items[j] = dedup.CompleteItem{Lease: *r.Lease, Completion: dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: intentResponse(id)}}
+				}
+				c2 := cpu()
+				errs, err := store.CompleteBatch(bb.ctx, items)
+				if err != nil {
+					b.Fatal(err)
+				}
+				c3 := cpu()
+				for _, e := range errs {
+					if e != nil {
+						b.Fatal(e)
+					}
+				}
+				claimCPU += c1 - c0
+				completeCPU += c3 - c2
+				n += size
+			}
+			us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(n) }
+			b.ReportMetric(us(claimCPU), "pg-claim-µs/key")
+			b.ReportMetric(us(completeCPU), "pg-complete-µs/key")
+			b.ReportMetric(us(claimCPU+completeCPU), "pg-µs/payment")
+		})
 	}
 }

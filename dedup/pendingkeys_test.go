@@ -103,3 +103,30 @@ func TestPendingKeysNameEveryPendingRow(t *testing.T) {
 	check("resolved not charged")
 	_ = c
 }
+
+// TestClaimToleratesStrayPendingName checks that a name in pending_keys
+// whose key has no row (which no statement of the store leaves behind, but
+// an operator or a future bug might) does not fail the claim of that key:
+// the claim names a new key with a plain INSERT guarded by NOT EXISTS, not
+// ON CONFLICT, and a unique violation there would fail the whole batch, on
+// every redelivery, for the other payments in it too.
+func TestClaimToleratesStrayPendingName(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(b.ctx, `INSERT INTO pending_keys (merchant_id, idempotency_key) VALUES ('m_1', 'stray')`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.store.ClaimBatch(b.ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "stray", 1000), req("m_1", "other", 1000)})
+	if err != nil {
+		t.Fatalf("claim with a stray pending name: %v", err)
+	}
+	for i, r := range res {
+		if r.Outcome != dedup.Claimed {
+			t.Fatalf("request %d: %v, want claimed", i, r.Outcome)
+		}
+	}
+	if n := b.count(t, `SELECT count(*) FROM pending_keys p JOIN idempotency_keys k USING (merchant_id, idempotency_key)
+		WHERE k.status = 'pending'`); n != 2 {
+		t.Fatalf("%d pending keys named, want 2", n)
+	}
+}
