@@ -1,0 +1,92 @@
+package pgstore_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+)
+
+// TestPublishMarkIsHeapOnlyUpdate checks that the gateway's publish mark
+// (IntakesPublished after AcquireIntakes, in batches as the batched intake
+// sends them) is a HOT update: it changes no indexed column, and the page
+// its row was inserted on has room for the new version (migration 00014).
+// At the default fillfactor none of them was HOT: each mark wrote its row
+// again elsewhere, with new entries in both of the table's indexes.
+func TestPublishMarkIsHeapOnlyUpdate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// One connection: the statistics flushed are the backend's that ran
+	// the updates.
+	cfg := b.pool.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := pgstore.New(pool, pgstore.Config{Clock: b.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates := func() (n, hot int64) {
+		t.Helper()
+		if _, err := pool.Exec(b.ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+			t.Fatal(err)
+		}
+		if err := pool.QueryRow(b.ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+			WHERE relid = 'gateway_intake'::regclass`).Scan(&n, &hot); err != nil {
+			t.Fatal(err)
+		}
+		return n, hot
+	}
+
+	const batches, size = 5, 128
+	var seq uint64
+	var marked int64
+	for batch := range batches {
+		reqs := make([]dedup.ClaimRequest, size)
+		for i := range reqs {
+			reqs[i] = req(fmt.Sprintf("m_%d", i%4), fmt.Sprintf("hot-%d-%d-0123456789abcdef0123456789abcdef", batch, i), 1999)
+		}
+		res, err := store.AcquireIntakes(b.ctx, reqs, 10*time.Second, 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pubs := make([]pgstore.Published, len(res))
+		for i, r := range res {
+			if r.Outcome != pgstore.IntakeAcquired {
+				t.Fatalf("intake %d: outcome %v, want acquired", i, r.Outcome)
+			}
+			seq++
+			pubs[i] = pgstore.Published{Intake: r.Intake, Seq: seq}
+		}
+		n0, hot0 := updates()
+		ok, err := store.IntakesPublished(b.ctx, pubs, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range ok {
+			if !o {
+				t.Fatalf("publish %d not marked", i)
+			}
+		}
+		n1, hot1 := updates()
+		if n1-n0 != size {
+			t.Fatalf("batch %d: %d rows updated, want %d", batch, n1-n0, size)
+		}
+		marked += hot1 - hot0
+		t.Logf("batch %d: %d of %d publish marks were HOT updates", batch, hot1-hot0, n1-n0)
+	}
+	if total := int64(batches * size); marked < total*95/100 {
+		t.Fatalf("%d of %d publish marks were HOT updates (pg_stat_user_tables.n_tup_hot_upd), want at least 95%%", marked, total)
+	}
+	// The marks are there: every row published, with its sequence.
+	if n := b.count(t, `SELECT count(*) FROM gateway_intake WHERE published_at IS NOT NULL AND stream_seq IS NOT NULL`); n != batches*size {
+		t.Fatalf("%d rows marked published, want %d", n, batches*size)
+	}
+}
