@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/testenv"
 )
 
 // intentResponse is a completion's response the size of a Stripe
@@ -30,24 +31,13 @@ func intentResponse(id string) json.RawMessage {
 func TestCompletionIsHeapOnlyUpdate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, _ := onePool(t, b)
+	pool, _ := testenv.OneConn(t, b.pool)
 	store, err := dedup.New(pool, dedup.Config{Clock: b.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	updates := func() (n, hot int64) {
-		t.Helper()
-		if _, err := pool.Exec(b.ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
-			t.Fatal(err)
-		}
-		// The table's own row, or its partitions' (migration 00013).
-		if err := pool.QueryRow(b.ctx, `SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0) FROM pg_stat_user_tables
-			WHERE relid = 'idempotency_keys'::regclass
-			   OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'idempotency_keys'::regclass)`).Scan(&n, &hot); err != nil {
-			t.Fatal(err)
-		}
-		return n, hot
-	}
+	// The table's own row, or its partitions' (migration 00013).
+	updates := func() (n, hot int64) { return testenv.Updates(t, pool, "idempotency_keys") }
 
 	const batches, size = 5, 200
 	var completed int64

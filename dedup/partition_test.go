@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/testenv"
 )
 
 // day is a UTC day well after any day the migration created, so that the
@@ -23,24 +22,6 @@ func partitionExists(t *testing.T, b *bundle, name string) bool {
 		t.Fatal(err)
 	}
 	return ok
-}
-
-// onePool is a pool of one connection on b's database and schema, and that
-// connection's backend pid.
-func onePool(t *testing.T, b *bundle) (*pgxpool.Pool, int32) {
-	t.Helper()
-	cfg := b.pool.Config().Copy()
-	cfg.MaxConns, cfg.MinConns = 1, 0
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	var pid int32
-	if err := pool.QueryRow(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		t.Fatal(err)
-	}
-	return pool, pid
 }
 
 // waitInTrigger polls, with a deadline, until backend pid sleeps in a test
@@ -94,7 +75,7 @@ func TestClaimRaceAcrossDayBoundary(t *testing.T) {
 		}
 	}
 
-	poolA, pidA := onePool(t, b)
+	poolA, pidA := testenv.OneConn(t, b.pool)
 	storeA, err := dedup.New(poolA, dedup.Config{Clock: clock.NewFake(day.Add(24*time.Hour - 500*time.Millisecond))})
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +206,7 @@ func TestClaimCannotStealReconcilerLease(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pool, pid := onePool(t, b)
+	pool, pid := testenv.OneConn(t, b.pool)
 	rec, err := dedup.New(pool, dedup.Config{Clock: b.clock})
 	if err != nil {
 		t.Fatal(err)

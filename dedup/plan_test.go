@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/testenv"
 )
 
 // tableScans reads, through conn's own backend, how many rows of each table
@@ -55,7 +56,7 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// One connection, so the counters flushed are the store's own.
-	pool, _ := onePool(t, b)
+	pool, _ := testenv.OneConn(t, b.pool)
 	store, err := dedup.New(pool, dedup.Config{Clock: b.clock})
 	if err != nil {
 		t.Fatal(err)

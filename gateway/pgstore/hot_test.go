@@ -5,10 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/testenv"
 )
 
 // TestPublishMarkIsHeapOnlyUpdate checks that the gateway's publish mark
@@ -22,28 +21,12 @@ func TestPublishMarkIsHeapOnlyUpdate(t *testing.T) {
 	b := setup(t)
 	// One connection: the statistics flushed are the backend's that ran
 	// the updates.
-	cfg := b.pool.Config().Copy()
-	cfg.MaxConns, cfg.MinConns = 1, 0
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, _ := testenv.OneConn(t, b.pool)
 	store, err := pgstore.New(pool, pgstore.Config{Clock: b.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	updates := func() (n, hot int64) {
-		t.Helper()
-		if _, err := pool.Exec(b.ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
-			t.Fatal(err)
-		}
-		if err := pool.QueryRow(b.ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
-			WHERE relid = 'gateway_intake'::regclass`).Scan(&n, &hot); err != nil {
-			t.Fatal(err)
-		}
-		return n, hot
-	}
+	updates := func() (n, hot int64) { return testenv.Updates(t, pool, "gateway_intake") }
 
 	const batches, size = 5, 128
 	var seq uint64
