@@ -259,7 +259,7 @@ type phase struct {
 	gwStore *pgstore.Store
 	js      jetstream.JetStream
 	scfg    stream.Config
-	base    string
+	addr    string
 	apiKeys []string                             // one per merchant
 	rt      atomic.Int64                         // PostgreSQL round trips
 	pids    func(context.Context) ([]int, error) // the backends of the gateway's pool
@@ -353,7 +353,7 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 	if err != nil {
 		return Result{}, err
 	}
-	p.base = "http://" + ln.Addr().String()
+	p.addr = ln.Addr().String()
 	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
 	served := make(chan error, 1)
 	go func() { served <- gw.Serve(serveCtx, ln) }()
@@ -380,14 +380,13 @@ type outcome struct {
 // drive sends the load and checks the result.
 func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 	cfg := p.cfg
-	addr := strings.TrimPrefix(p.base, "http://")
 	keyOf := func(i int) string { return fmt.Sprintf("gwb-%s-%08d", suffix, i) }
 	body := []byte(`{"amount":1999,"currency":"usd","payment_method":"pm_card_visa","description":"bench"}`)
 	post := func(c *client, i int) outcome {
 		c.req.Header.Set("Authorization", "Bearer "+p.apiKeys[i%len(p.apiKeys)])
 		c.req.Header.Set("Idempotency-Key", keyOf(i))
 		start := time.Now()
-		err := c.do(addr, start.Add(requestTimeout))
+		err := c.do(p.addr, start.Add(requestTimeout))
 		o := outcome{key: i, start: start, latency: time.Since(start)}
 		if err != nil {
 			return o
@@ -400,7 +399,7 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 		c := &client{}
 		c.req.Header.SetMethod(http.MethodPost)
 		c.req.SetRequestURI("/v1/payments")
-		c.req.Header.SetHost(addr)
+		c.req.Header.SetHost(p.addr)
 		c.req.Header.SetContentType("application/json")
 		c.req.SetBody(body)
 		return c
