@@ -11,40 +11,12 @@ import (
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
-// tableScans reads, through conn's own backend, how many rows of each table
-// were read by sequential scans and through indexes. The backend's pending
-// counters are flushed first, so what the store did on this connection is
-// counted.
+// tableScans reads, through pool's own backend, how many rows of the
+// keys, ledger and pending tables were read by sequential scans and
+// through indexes.
 func tableScans(t *testing.T, ctx context.Context, pool *pgxpool.Pool) map[string][2]int64 {
 	t.Helper()
-	if _, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string][2]int64{}
-	// A partition's reads count as its table's (migration 00013 partitions
-	// idempotency_keys by day).
-	rows, err := pool.Query(ctx, `SELECT coalesce(p.inhparent::regclass::text, t.relname), sum(t.seq_tup_read),
-		    sum((SELECT coalesce(sum(i.idx_tup_read), 0) FROM pg_stat_user_indexes i WHERE i.relid = t.relid))
-		FROM pg_stat_user_tables t LEFT JOIN pg_inherits p ON p.inhrelid = t.relid
-		WHERE t.schemaname = current_schema()
-		  AND coalesce(p.inhparent::regclass::text, t.relname) IN ('idempotency_keys', 'payments', 'pending_keys')
-		GROUP BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		var seq, idx int64
-		if err := rows.Scan(&name, &seq, &idx); err != nil {
-			t.Fatal(err)
-		}
-		out[name] = [2]int64{seq, idx}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testenv.TableReads(t, ctx, pool, "idempotency_keys", "payments", "pending_keys")
 }
 
 // TestHotPathReadsBoundedByBatch checks that the claim and the group commit

@@ -41,3 +41,38 @@ func Updates(t testing.TB, pool *pgxpool.Pool, table string) (n, hot int64) {
 	}
 	return n, hot
 }
+
+// TableReads flushes the statistics of pool's backend (a OneConn pool) and
+// returns, for each of tables in the current schema, how many rows were
+// read by sequential scans and how many through its indexes
+// (pg_stat_user_tables, pg_stat_user_indexes). A partition's reads count
+// as its table's.
+func TableReads(t testing.TB, ctx context.Context, pool *pgxpool.Pool, tables ...string) map[string][2]int64 {
+	t.Helper()
+	if _, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][2]int64{}
+	rows, err := pool.Query(ctx, `SELECT coalesce(p.inhparent::regclass::text, t.relname), sum(t.seq_tup_read),
+		    sum((SELECT coalesce(sum(i.idx_tup_read), 0) FROM pg_stat_user_indexes i WHERE i.relid = t.relid))
+		FROM pg_stat_user_tables t LEFT JOIN pg_inherits p ON p.inhrelid = t.relid
+		WHERE t.schemaname = current_schema()
+		  AND coalesce(p.inhparent::regclass::text, t.relname) = ANY($1)
+		GROUP BY 1`, tables)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var seq, idx int64
+		if err := rows.Scan(&name, &seq, &idx); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = [2]int64{seq, idx}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
