@@ -113,11 +113,21 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[
 	out := make(map[dedup.KeyRef]Intake, len(reqs))
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(out)
-		return s.eachIntake(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
+		b := &pgx.Batch{}
+		b.Queue(pinPlans)
+		b.Queue(`SELECT `+intakeColumns+` FROM gateway_intake
 			WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`,
-			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
+			pgx.NamedArgs{"merchants": merchants, "keys": keys}).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				in, err := scanIntake(rows)
+				if err != nil {
+					return err
+				}
 				out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
-			})
+			}
+			return rows.Err()
+		})
+		return s.db.Pool.SendBatch(ctx, b).Close()
 	})
 	if err != nil {
 		return nil, interpretError("get intakes", err)
@@ -169,8 +179,9 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 		// a lost mark is what a failed IntakePublished already is (a retry
 		// after the publish lease publishes again; the worker's claim makes
 		// the copy harmless). The request does not wait for a second fsync.
+		// The plan is pinned to a probe per key (pinPlans).
 		b := &pgx.Batch{}
-		b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+		b.Queue(pinPlans + `, set_config('synchronous_commit', 'off', true)`)
 		b.Queue(`UPDATE gateway_intake g SET published_at = `+dbNow+`,
 				locked_until = `+dbNow+` + @hold::interval, stream_seq = i.seq,
 				dead_letter_reason = CASE WHEN g.stream_seq = i.seq THEN g.dead_letter_reason END,
@@ -276,9 +287,10 @@ func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]b
 	var out BatchReads
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		b := &pgx.Batch{}
+		b.Queue(pinPlans) // for the whole batch: the ledger's read too
 		active := queueActiveAPIKeys(b, hashes)
 		pays := records.QueuePaymentsFor(b, refs)
-		recs := records.QueueGetMany(b, refs) // last: its planner settings hold for the rest of the batch
+		recs := records.QueueGetMany(b, refs)
 		if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}

@@ -52,6 +52,18 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 // dbNow is the SQL for the statement's time (see pg.DBNow).
 const dbNow = pg.DBNow
 
+// pinPlans is queued first in the pipelined batch of a statement that
+// takes a batch of keys (the publish mark, the read of held intakes, the
+// batch's reads of API keys, records and ledger): for that one implicit
+// transaction, no sequential scan and generic plans. The only plans that
+// stay cheap as the tables grow probe an index once per key; left to
+// itself the planner picks a hash join over a sequential scan of the whole
+// table when its statistics are older than the table (a young deployment,
+// or traffic that outgrew them), and every batch then reads every row.
+// The worker's statements are pinned the same way (dedup's planGeneric);
+// TestIntakeBatchReadsBoundedByBatch holds the gateway's to it.
+const pinPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
+
 // storeErrors are the sentinels the store's errors wrap.
 var storeErrors = pg.Errors{NotFound: dedup.ErrNotFound}
 
