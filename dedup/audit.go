@@ -77,6 +77,10 @@ func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, erro
 // once b's results are closed without error.
 func (s *Store) QueuePaymentsFor(b *pgx.Batch, refs []KeyRef) func() []Payment {
 	var out []Payment
+	if len(refs) == 0 {
+		return func() []Payment { return out }
+	}
+	b.Queue(planGeneric) // a probe of the ledger's unique key per key, whatever its statistics
 	for start := 0; start < len(refs); start += lookupBatch {
 		merchants, keys := refColumns(refs[start:min(start+lookupBatch, len(refs))])
 		b.Queue(paymentsForSQL, pgx.NamedArgs{"merchants": merchants, "keys": keys}).Query(func(rows pgx.Rows) error {

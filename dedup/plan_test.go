@@ -78,6 +78,16 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 		t.Errorf("get many: %d rows read by sequential scans and %d through indexes for 200 keys", seq, idx)
 	}
 
+	// So does reading their ledger rows (the gateway, the audit).
+	before = tableScans(t, b.ctx, pool)
+	if pays, err := store.PaymentsFor(b.ctx, refs); err != nil || len(pays) != len(refs) {
+		t.Fatalf("payments for: %d ledger rows, %v", len(pays), err)
+	}
+	after = tableScans(t, b.ctx, pool)
+	if seq, idx := after["payments"][0]-before["payments"][0], after["payments"][1]-before["payments"][1]; seq != 0 || idx > 8*200 {
+		t.Errorf("payments for: %d rows read by sequential scans and %d through indexes for 200 keys", seq, idx)
+	}
+
 	// Re-acquiring failed keys takes the claim's update path.
 	var failed []dedup.ClaimRequest
 	for i := range 100 {

@@ -186,7 +186,7 @@ func nullable(s string) *string {
 }
 
 // Plans of the statements that take a batch of keys (the claim, the group
-// commit, and GetMany).
+// commit, GetMany and PaymentsFor).
 // Their input is a batch of keys, and the only plans that stay cheap as the
 // tables grow probe the primary key (or the ledger's unique key) once per
 // key. Left to itself the planner often picks a sequential scan and a hash
