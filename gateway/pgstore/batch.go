@@ -113,21 +113,11 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[
 	out := make(map[dedup.KeyRef]Intake, len(reqs))
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(out)
-		b := &pgx.Batch{}
-		b.Queue(pinPlans)
-		b.Queue(`SELECT `+intakeColumns+` FROM gateway_intake
+		return s.eachIntake(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
 			WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`,
-			pgx.NamedArgs{"merchants": merchants, "keys": keys}).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				in, err := scanIntake(rows)
-				if err != nil {
-					return err
-				}
+			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
 				out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
-			}
-			return rows.Err()
-		})
-		return s.db.Pool.SendBatch(ctx, b).Close()
+			})
 	})
 	if err != nil {
 		return nil, interpretError("get intakes", err)
@@ -135,20 +125,22 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[
 	return out, nil
 }
 
+// eachIntake runs a statement over a batch of keys under pinPlans, in one
+// round trip, and calls each for every intake row it returns.
 func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, each func(Intake)) error {
-	rows, err := s.db.Pool.Query(ctx, sql, args)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		in, err := scanIntake(rows)
-		if err != nil {
-			return err
+	b := &pgx.Batch{}
+	b.Queue(pinPlans)
+	b.Queue(sql, args).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			in, err := scanIntake(rows)
+			if err != nil {
+				return err
+			}
+			each(in)
 		}
-		each(in)
-	}
-	return rows.Err()
+		return rows.Err()
+	})
+	return s.db.Pool.SendBatch(ctx, b).Close()
 }
 
 // Published is one publish to record with IntakesPublished.
@@ -287,10 +279,11 @@ func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]b
 	var out BatchReads
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		b := &pgx.Batch{}
-		b.Queue(pinPlans) // for the whole batch: the ledger's read too
-		active := queueActiveAPIKeys(b, hashes)
+		// The ledger's read first: the plan settings it queues (a probe
+		// per key) hold for the rest of the batch.
 		pays := records.QueuePaymentsFor(b, refs)
 		recs := records.QueueGetMany(b, refs)
+		active := queueActiveAPIKeys(b, hashes)
 		if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}

@@ -53,9 +53,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 const dbNow = pg.DBNow
 
 // pinPlans is queued first in the pipelined batch of a statement that
-// takes a batch of keys (the publish mark, the read of held intakes, the
-// batch's reads of API keys, records and ledger): for that one implicit
-// transaction, no sequential scan and generic plans. The only plans that
+// takes a batch of keys (the acquisition, the read of held intakes, the
+// publish mark; the batch's reads of records and ledger are pinned by
+// dedup's own settings): for that one implicit transaction, no sequential
+// scan and generic plans. The only plans that
 // stay cheap as the tables grow probe an index once per key; left to
 // itself the planner picks a hash join over a sequential scan of the whole
 // table when its statistics are older than the table (a young deployment,
