@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // DefaultNATSURL is the machine's local NATS server.
@@ -36,9 +38,37 @@ func sharedNATSURL() (string, error) {
 			natsErr = fmt.Errorf("NATS at %s has no JetStream: %w", u, err)
 			return
 		}
+		if err := anchorStreams(nc); err != nil {
+			natsErr = fmt.Errorf("NATS at %s: %w", u, err)
+			return
+		}
 		natsURL = u
 	})
 	return natsURL, natsErr
+}
+
+// AnchorStream is a file stream the tests keep on the shared server and
+// never delete. The server removes an account's streams directory when a
+// deleted stream was the last one in it, while another stream may be
+// creating its own directory there: that creation fails ("error creating
+// store for stream"), and tests of parallel packages, each deleting its
+// streams when it ends, met it. With this stream the directory is never
+// empty.
+const AnchorStream = "PAYDEDUP_TESTENV_ANCHOR"
+
+func anchorStreams(nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: AnchorStream,
+		Subjects: []string{"paydedup.testenv.anchor"}, Storage: jetstream.FileStorage, MaxMsgs: 1})
+	if err != nil {
+		return fmt.Errorf("create the tests' anchor stream: %w", err)
+	}
+	return nil
 }
 
 // NATSURL returns the URL of a JetStream-enabled NATS server for the test:
