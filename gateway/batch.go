@@ -28,7 +28,12 @@ import (
 // every acquired command published at once (each PubAck awaited), and the
 // publishes recorded in one statement. Each request waits for the batch
 // that covers it and answers exactly as the per-request path would: the
-// decision rules are the same functions.
+// decision rules are the same functions. A 202 is sent once its PubAck is
+// in, before the publishes are recorded: nothing decides on that record
+// (a failed one is only logged), a retry meanwhile finds the intake held
+// by its publish lease as it would find it held by the republish hold
+// after it, and the flush, which holds its slot until the record commits,
+// ends before the gateway's Serve returns.
 //
 // A full queue is answered 503 and a merchant over its share of it 429,
 // both with Retry-After, at once: the gateway sheds load instead of letting
@@ -149,6 +154,20 @@ type item struct {
 	log     *slog.Logger
 	done    chan answer // buffered: the batch never blocks on a request
 	ans     answer
+	sent    bool // ans is sent on done
+}
+
+// answer sends the item its answer, once; an item still undecided is
+// answered 503. Only the flush that holds the item calls it.
+func (it *item) answer() {
+	if it.sent {
+		return
+	}
+	if it.ans.kind == ansPending {
+		it.ans.kind = ansUnavailable
+	}
+	it.sent = true
+	it.done <- it.ans
 }
 
 // Shedding errors of the batched intake.
@@ -293,10 +312,7 @@ func (b *batcher) flush(batch []*item) {
 	defer cancel()
 	defer func() {
 		for _, it := range batch {
-			if it.ans.kind == ansPending {
-				it.ans.kind = ansUnavailable
-			}
-			it.done <- it.ans
+			it.answer()
 		}
 	}()
 	open := func() []*item {
@@ -420,8 +436,9 @@ func (b *batcher) flush(batch []*item) {
 }
 
 // publish publishes the commands whose intake the batch acquired, all at
-// once, each PubAck awaited, and records the publishes in one statement. A
-// failed publish gives its intake up (nothing was accepted).
+// once, each PubAck awaited, answers each published one 202, and then
+// records the publishes in one statement. A failed publish gives its
+// intake up (nothing was accepted).
 func (b *batcher) publish(ctx context.Context, items []*item) {
 	g := b.g
 	pctx, cancel := context.WithTimeout(ctx, g.cfg.PublishLease)
@@ -448,15 +465,16 @@ func (b *batcher) publish(ctx context.Context, items []*item) {
 	if len(pubs) == 0 {
 		return
 	}
-	if _, err := b.store.IntakesPublished(pctx, pubs, g.cfg.RepublishAfter); err != nil {
-		// The messages are in the stream; at worst a retry after the publish
-		// lease publishes again, which the worker's claim makes harmless.
-		g.log.Warn("could not record the publishes", "error", err, "requests", len(pubs))
-	}
 	for i, it := range done {
 		it.ans.kind = ansAccepted
 		g.metrics.idempotency.WithLabelValues("new").Inc()
 		it.log.Info("payment accepted", "attempt", it.ans.in.Attempt, "stream_seq", pubs[i].Seq, "republish", it.ans.in.Published())
+		it.answer()
+	}
+	if _, err := b.store.IntakesPublished(pctx, pubs, g.cfg.RepublishAfter); err != nil {
+		// The messages are in the stream; at worst a retry after the publish
+		// lease publishes again, which the worker's claim makes harmless.
+		g.log.Warn("could not record the publishes", "error", err, "requests", len(pubs))
 	}
 }
 

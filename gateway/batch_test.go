@@ -422,3 +422,96 @@ func TestBatchPublishFailsAlone(t *testing.T) {
 		t.Fatalf("%d messages after the retry, want 3", n)
 	}
 }
+
+// markGatedStore holds the batched intake's IntakesPublished until
+// released, keeping the rest of the real store.
+type markGatedStore struct {
+	*pgstore.Store
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *markGatedStore) open() { s.once.Do(func() { close(s.release) }) }
+
+func (s *markGatedStore) IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error) {
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.entered)
+		<-s.release
+	}
+	return s.Store.IntakesPublished(ctx, pubs, holdFor)
+}
+
+// TestBatchAcceptsBeforeThePublishMark: a batch's 202s wait for their
+// PubAcks, not for the statement that records the publishes. While that
+// statement is held, the POST is answered 202, and a retry of its key is
+// 409 with Retry-After (its intake is held by the publish lease, as after
+// the mark by the republish hold) and publishes nothing. Once released,
+// the intake is marked published with the copy's stream sequence.
+func TestBatchAcceptsBeforeThePublishMark(t *testing.T) {
+	t.Parallel()
+	gs := &markGatedStore{entered: make(chan struct{}), release: make(chan struct{})}
+	w := setupWith(t, gateway.Config{BatchSize: 1, BatchWindow: time.Millisecond, Flushers: 2},
+		options{store: func(s gateway.Store) gateway.Store { gs.Store = s.(*pgstore.Store); return gs }})
+	t.Cleanup(gs.open) // before the world's cleanup: the held flush ends
+	w.batched()
+	before := w.streamMsgs()
+	gs.armed.Store(true)
+	body := payBody(700, "pm_card_visa")
+	answered := make(chan response, 1)
+	go func() { answered <- w.post("early", body) }()
+	select {
+	case <-gs.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the batch did not reach the publish mark")
+	}
+	select {
+	case r := <-answered:
+		wantStatus(t, r, http.StatusAccepted)
+		if r.header.Get("Location") == "" {
+			t.Fatal("202 without Location")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the 202 waited for the publish mark")
+	}
+	if n := w.streamMsgs() - before; n != 1 {
+		t.Fatalf("%d messages after the 202, want 1", n)
+	}
+	in, err := w.gwStore.GetIntake(w.ctx, "m_a", "early")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Published() {
+		t.Fatal("the intake was marked while the mark was held")
+	}
+	r := w.post("early", body)
+	wantStatus(t, r, http.StatusConflict)
+	if r.header.Get("Retry-After") == "" {
+		t.Fatal("409 without Retry-After")
+	}
+	if n := w.streamMsgs() - before; n != 1 {
+		t.Fatalf("%d messages after the retry, want 1", n)
+	}
+	gs.open()
+	st, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := st.GetMsg(w.ctx, info.State.LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := last.Header.Get("Idempotency-Key"); k != "early" {
+		t.Fatalf("the stream's last message is %q's", k)
+	}
+	seq := last.Sequence
+	w.eventually("the intake marked published", func() bool {
+		in, err := w.gwStore.GetIntake(w.ctx, "m_a", "early")
+		return err == nil && in.Published() && in.StreamSeq == seq
+	})
+}

@@ -357,7 +357,9 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
 	served := make(chan error, 1)
 	go func() { served <- gw.Serve(serveCtx, ln) }()
-	defer func() { stopServe(); <-served }()
+	var stopOnce sync.Once
+	stop := func() { stopOnce.Do(func() { stopServe(); <-served }) }
+	defer stop()
 	for !comp.Listening() {
 		select {
 		case <-ctx.Done():
@@ -365,7 +367,7 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	return p.drive(ctx, suffix)
+	return p.drive(ctx, suffix, stop)
 }
 
 // outcome of one POST.
@@ -377,8 +379,9 @@ type outcome struct {
 	latency time.Duration
 }
 
-// drive sends the load and checks the result.
-func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
+// drive sends the load and checks the result; stop stops the gateway,
+// once the load's figures are taken and before the check.
+func (p *phase) drive(ctx context.Context, suffix string, stop func()) (Result, error) {
 	cfg := p.cfg
 	keyOf := func(i int) string { return fmt.Sprintf("gwb-%s-%08d", suffix, i) }
 	body := []byte(`{"amount":1999,"currency":"usd","payment_method":"pm_card_visa","description":"bench"}`)
@@ -502,6 +505,9 @@ func (p *phase) drive(ctx context.Context, suffix string) (Result, error) {
 	r.PGCPUUSPerRequest, r.PGBackends = math.Round(cpu.PGUS), cpu.PGBackends
 	r.GatewayCPUUSPerRequest, r.AllocsPerRequest = math.Round(cpu.RestUS), math.Round(cpu.Allocs)
 	r.ClientCPUUSPerRequest, r.NATSCPUUSPerRequest = math.Round(cpu.Parts[partClient]), math.Round(cpu.Parts[partNATS])
+	// A batch answers 202 before its publish mark commits; once the gateway
+	// has stopped, every flush, its mark included, has ended.
+	stop()
 	if err := p.check(ctx, accepted, &r); err != nil {
 		return Result{}, err
 	}
