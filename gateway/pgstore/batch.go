@@ -18,10 +18,11 @@ import (
 // one, under the same rules (acquireIntakeConflict is shared).
 
 // AcquireIntakes is AcquireIntake for a batch of requests with distinct
-// (merchant, key): one statement takes in every key it can, one more reads
-// the rows it could not. results[i] answers reqs[i]. An error fails the
-// whole batch: nothing was acquired by it that the caller must give up
-// (the statement is atomic).
+// (merchant, key): one statement takes in every key it can and reads the
+// rows it could not take over; only a row that a concurrent batch committed
+// while it ran is read with one more. results[i] answers reqs[i]. An error
+// fails the whole batch: nothing was acquired by it that the caller must
+// give up (the statement is atomic).
 func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
 	if lease <= 0 || retention <= lease {
 		return nil, fmt.Errorf("acquire intakes: need 0 < lease (%v) < retention (%v)", lease, retention)
@@ -50,27 +51,48 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 		}
 		args := pgx.NamedArgs{"merchants": merchants, "keys": keys, "hashes": hashes, "amounts": amounts,
 			"currencies": currencies, "now": s.db.Now(), "lease": lease, "retention": retention}
-		acquired := make(map[rowKey]bool, n)
+		acquired := make(map[rowKey]Intake, n)
+		met := make(map[rowKey]Intake)
 		err := s.db.Retry(ctx, func(ctx context.Context) error {
 			clear(acquired)
-			return s.eachIntake(ctx, acquireIntakesSQL, args, func(in Intake) {
-				k := rowKey{in.MerchantID, in.IdempotencyKey}
-				acquired[k] = true
-				results[seen[k]] = IntakeResult{Outcome: IntakeAcquired, Intake: in}
+			clear(met)
+			b := &pgx.Batch{}
+			b.Queue(pinPlans)
+			b.Queue(acquireOrReadIntakesSQL, args).Query(func(rows pgx.Rows) error {
+				for rows.Next() {
+					var took bool
+					in, err := scanIntake(rows, &took)
+					if err != nil {
+						return err
+					}
+					if k := (rowKey{in.MerchantID, in.IdempotencyKey}); took {
+						acquired[k] = in
+					} else {
+						met[k] = in
+					}
+				}
+				return rows.Err()
 			})
+			return s.db.Pool.SendBatch(ctx, b).Close()
 		})
 		if err != nil {
 			return nil, interpretError("acquire intakes", err)
 		}
 		var rest []dedup.ClaimRequest
 		for _, r := range todo {
-			if !acquired[rowKey{r.MerchantID, r.IdempotencyKey}] {
+			k := rowKey{r.MerchantID, r.IdempotencyKey}
+			if in, ok := acquired[k]; ok {
+				results[seen[k]] = IntakeResult{Outcome: IntakeAcquired, Intake: in}
+			} else if in, ok := met[k]; ok {
+				results[seen[k]] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+			} else {
 				rest = append(rest, r)
 			}
 		}
 		if len(rest) == 0 {
 			return results, nil
 		}
+		// Rows committed by a concurrent batch while the statement ran.
 		found, err := s.GetIntakes(ctx, rest)
 		if err != nil {
 			return nil, fmt.Errorf("acquire intakes: %w", err)
@@ -104,6 +126,10 @@ func heldOutcome(in Intake, hash []byte) IntakeOutcome {
 	}
 }
 
+// getIntakesSQL reads the intake rows of a batch of keys.
+const getIntakesSQL = `SELECT ` + intakeColumns + ` FROM gateway_intake
+	WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`
+
 // GetIntakes returns the guard rows of the requests' keys that have one.
 func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[dedup.KeyRef]Intake, error) {
 	merchants, keys := make([]string, len(reqs)), make([]string, len(reqs))
@@ -113,11 +139,9 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[
 	out := make(map[dedup.KeyRef]Intake, len(reqs))
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(out)
-		return s.eachIntake(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
-			WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`,
-			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
-				out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
-			})
+		return s.eachIntake(ctx, getIntakesSQL, pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
+			out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
+		})
 	})
 	if err != nil {
 		return nil, interpretError("get intakes", err)
@@ -130,17 +154,20 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[
 func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, each func(Intake)) error {
 	b := &pgx.Batch{}
 	b.Queue(pinPlans)
-	b.Queue(sql, args).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			in, err := scanIntake(rows)
-			if err != nil {
-				return err
-			}
-			each(in)
-		}
-		return rows.Err()
-	})
+	b.Queue(sql, args).Query(func(rows pgx.Rows) error { return eachRow(rows, each) })
 	return s.db.Pool.SendBatch(ctx, b).Close()
+}
+
+// eachRow calls each for every intake row of rows.
+func eachRow(rows pgx.Rows, each func(Intake)) error {
+	for rows.Next() {
+		in, err := scanIntake(rows)
+		if err != nil {
+			return err
+		}
+		each(in)
+	}
+	return rows.Err()
 }
 
 // Published is one publish to record with IntakesPublished.

@@ -93,7 +93,9 @@ type IntakeResult struct {
 const intakeColumns = `merchant_id, idempotency_key, request_hash, amount, currency, attempt, locked_until,
 	published_at, created_at, expires_at, stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at`
 
-func scanIntake(row pgx.Row) (Intake, error) {
+// scanIntake scans a row of intakeColumns, followed by extra columns into
+// extra.
+func scanIntake(row pgx.Row, extra ...any) (Intake, error) {
 	var (
 		in                 Intake
 		attempt            int32
@@ -101,8 +103,9 @@ func scanIntake(row pgx.Row) (Intake, error) {
 		seq                *int64
 		deadReason, dlqErr *string
 	)
-	if err := row.Scan(&in.MerchantID, &in.IdempotencyKey, &in.RequestHash, &in.Amount, &in.Currency, &attempt,
-		&in.LockedUntil, &published, &in.CreatedAt, &in.ExpiresAt, &seq, &deadReason, &dlqErr, &deadAt); err != nil {
+	dest := append([]any{&in.MerchantID, &in.IdempotencyKey, &in.RequestHash, &in.Amount, &in.Currency, &attempt,
+		&in.LockedUntil, &published, &in.CreatedAt, &in.ExpiresAt, &seq, &deadReason, &dlqErr, &deadAt}, extra...)
+	if err := row.Scan(dest...); err != nil {
 		return Intake{}, err
 	}
 	in.Attempt = int(attempt)
@@ -143,6 +146,20 @@ FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigin
     AS i(merchant_id, idempotency_key, request_hash, amount, currency)
 ORDER BY i.merchant_id, i.idempotency_key
 ` + acquireIntakeConflict
+
+// acquireOrReadIntakesSQL is acquireIntakesSQL followed by the rows of the
+// keys it did not take over, in one statement: each row with whether this
+// statement acquired it. The read shares the statement's snapshot, so a
+// row that a concurrent batch committed after the statement began (the
+// insert waited for it) is not in it; the caller reads those again.
+const acquireOrReadIntakesSQL = `
+WITH acquired AS (` + acquireIntakesSQL + `)
+SELECT ` + intakeColumns + `, true FROM acquired
+UNION ALL
+SELECT ` + intakeColumns + `, false FROM gateway_intake
+WHERE (merchant_id, idempotency_key) IN (
+    SELECT u.merchant_id, u.idempotency_key FROM unnest(@merchants::text[], @keys::text[]) AS u(merchant_id, idempotency_key)
+    WHERE NOT EXISTS (SELECT FROM acquired a WHERE a.merchant_id = u.merchant_id AND a.idempotency_key = u.idempotency_key))`
 
 // acquireIntakeConflict is the takeover rule both acquire statements share.
 const acquireIntakeConflict = `ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
