@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // Intake is the HTTP gateway's guard row for one (merchant, key): it makes
@@ -93,33 +93,48 @@ type IntakeResult struct {
 const intakeColumns = `merchant_id, idempotency_key, request_hash, amount, currency, attempt, locked_until,
 	published_at, created_at, expires_at, stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at`
 
-// scanIntake scans a row of intakeColumns, followed by extra columns into
-// extra.
+// intakeScan holds the scan targets of one intake row: one allocation
+// for all of them, and the nullable columns scanned in place (pointers
+// would be one allocation each).
+type intakeScan struct {
+	in                 Intake
+	attempt            int32
+	published, deadAt  pgtype.Timestamptz
+	seq                pgtype.Int8
+	deadReason, dlqErr pgtype.Text
+	dest               [15]any
+}
+
+// scanIntake scans a row of intakeColumns, followed by at most one extra
+// column into extra.
 func scanIntake(row pgx.Row, extra ...any) (Intake, error) {
-	var (
-		in                 Intake
-		attempt            int32
-		published, deadAt  *time.Time
-		seq                *int64
-		deadReason, dlqErr *string
-	)
-	dest := append([]any{&in.MerchantID, &in.IdempotencyKey, &in.RequestHash, &in.Amount, &in.Currency, &attempt,
-		&in.LockedUntil, &published, &in.CreatedAt, &in.ExpiresAt, &seq, &deadReason, &dlqErr, &deadAt}, extra...)
-	if err := row.Scan(dest...); err != nil {
+	sc := &intakeScan{}
+	in := &sc.in
+	sc.dest = [15]any{&in.MerchantID, &in.IdempotencyKey, &in.RequestHash, &in.Amount, &in.Currency, &sc.attempt,
+		&in.LockedUntil, &sc.published, &in.CreatedAt, &in.ExpiresAt, &sc.seq, &sc.deadReason, &sc.dlqErr, &sc.deadAt}
+	n := 14
+	if len(extra) > 1 {
+		return Intake{}, fmt.Errorf("scan intake: %d extra columns, at most 1", len(extra))
+	}
+	for _, e := range extra {
+		sc.dest[n] = e
+		n++
+	}
+	if err := row.Scan(sc.dest[:n]...); err != nil {
 		return Intake{}, err
 	}
-	in.Attempt = int(attempt)
-	if published != nil {
-		in.PublishedAt = *published
+	in.Attempt = int(sc.attempt)
+	if sc.published.Valid {
+		in.PublishedAt = sc.published.Time
 	}
-	if seq != nil {
-		in.StreamSeq = uint64(*seq)
+	if sc.seq.Valid {
+		in.StreamSeq = uint64(sc.seq.Int64)
 	}
-	in.DeadLetterReason, in.DeadLetterError = pg.Deref(deadReason), pg.Deref(dlqErr)
-	if deadAt != nil {
-		in.DeadLetteredAt = *deadAt
+	in.DeadLetterReason, in.DeadLetterError = sc.deadReason.String, sc.dlqErr.String
+	if sc.deadAt.Valid {
+		in.DeadLetteredAt = sc.deadAt.Time
 	}
-	return in, nil
+	return *in, nil
 }
 
 // acquireIntakeSQL inserts the guard row, or takes it over when it expired
