@@ -126,10 +126,6 @@ func heldOutcome(in Intake, hash []byte) IntakeOutcome {
 	}
 }
 
-// getIntakesSQL reads the intake rows of a batch of keys.
-const getIntakesSQL = `SELECT ` + intakeColumns + ` FROM gateway_intake
-	WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`
-
 // GetIntakes returns the guard rows of the requests' keys that have one.
 func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[dedup.KeyRef]Intake, error) {
 	merchants, keys := make([]string, len(reqs)), make([]string, len(reqs))
@@ -139,9 +135,11 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[
 	out := make(map[dedup.KeyRef]Intake, len(reqs))
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(out)
-		return s.eachIntake(ctx, getIntakesSQL, pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
-			out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
-		})
+		return s.eachIntake(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
+			WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`,
+			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
+				out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
+			})
 	})
 	if err != nil {
 		return nil, interpretError("get intakes", err)
@@ -154,20 +152,17 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[
 func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, each func(Intake)) error {
 	b := &pgx.Batch{}
 	b.Queue(pinPlans)
-	b.Queue(sql, args).Query(func(rows pgx.Rows) error { return eachRow(rows, each) })
-	return s.db.Pool.SendBatch(ctx, b).Close()
-}
-
-// eachRow calls each for every intake row of rows.
-func eachRow(rows pgx.Rows, each func(Intake)) error {
-	for rows.Next() {
-		in, err := scanIntake(rows)
-		if err != nil {
-			return err
+	b.Queue(sql, args).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			in, err := scanIntake(rows)
+			if err != nil {
+				return err
+			}
+			each(in)
 		}
-		each(in)
-	}
-	return rows.Err()
+		return rows.Err()
+	})
+	return s.db.Pool.SendBatch(ctx, b).Close()
 }
 
 // Published is one publish to record with IntakesPublished.
