@@ -152,10 +152,10 @@ func (s *recordScanner) scan(row pgx.Row) (Record, error) {
 	r.LastError = s.lastErr.String
 	r.TraceID = s.trace.String
 	var err error
-	if r.LockedUntil, err = finite(s.lockedUntil); err != nil {
+	if r.LockedUntil, err = pg.Finite(s.lockedUntil); err != nil {
 		return Record{}, err
 	}
-	if r.CompletedAt, err = finite(s.completedAt); err != nil {
+	if r.CompletedAt, err = pg.Finite(s.completedAt); err != nil {
 		return Record{}, err
 	}
 	if s.responseStatus.Valid {
@@ -165,15 +165,6 @@ func (s *recordScanner) scan(row pgx.Row) (Record, error) {
 		r.Response = json.RawMessage(s.response)
 	}
 	return r, nil
-}
-
-// finite is a nullable timestamp as a time.Time (zero when NULL); an
-// infinite one is an error, as scanning it into a *time.Time is.
-func finite(t pgtype.Timestamptz) (time.Time, error) {
-	if t.Valid && t.InfinityModifier != pgtype.Finite {
-		return time.Time{}, fmt.Errorf("cannot scan %v into *time.Time", t.InfinityModifier)
-	}
-	return t.Time, nil
 }
 
 func deref(s *string) string { return pg.Deref(s) }

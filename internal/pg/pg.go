@@ -24,6 +24,7 @@ import (
 	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
@@ -196,6 +197,15 @@ func Deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// Finite is a nullable timestamp as a time.Time (zero when NULL); an
+// infinite one is an error, as scanning it into a *time.Time is.
+func Finite(t pgtype.Timestamptz) (time.Time, error) {
+	if t.Valid && t.InfinityModifier != pgtype.Finite {
+		return time.Time{}, fmt.Errorf("cannot scan %v into *time.Time", t.InfinityModifier)
+	}
+	return t.Time, nil
 }
 
 // DBNow is the SQL for a statement's time: the test clock's when one is
