@@ -59,9 +59,10 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 			b := &pgx.Batch{}
 			b.Queue(pinPlans)
 			b.Queue(acquireOrReadIntakesSQL, args).Query(func(rows pgx.Rows) error {
+				var took bool
+				sc := newIntakeScanner(&took)
 				for rows.Next() {
-					var took bool
-					in, err := scanIntake(rows, &took)
+					in, err := sc.scan(rows)
 					if err != nil {
 						return err
 					}
@@ -153,8 +154,9 @@ func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, 
 	b := &pgx.Batch{}
 	b.Queue(pinPlans)
 	b.Queue(sql, args).Query(func(rows pgx.Rows) error {
+		sc := newIntakeScanner()
 		for rows.Next() {
-			in, err := scanIntake(rows)
+			in, err := sc.scan(rows)
 			if err != nil {
 				return err
 			}

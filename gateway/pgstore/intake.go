@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // Intake is the HTTP gateway's guard row for one (merchant, key): it makes
@@ -93,48 +94,51 @@ type IntakeResult struct {
 const intakeColumns = `merchant_id, idempotency_key, request_hash, amount, currency, attempt, locked_until,
 	published_at, created_at, expires_at, stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at`
 
-// intakeScan holds the scan targets of one intake row: one allocation
-// for all of them, and the nullable columns scanned in place (pointers
-// would be one allocation each).
-type intakeScan struct {
+// scanIntake scans one row of intakeColumns.
+func scanIntake(row pgx.Row) (Intake, error) { return newIntakeScanner().scan(row) }
+
+// intakeScanner holds the destinations of intakeColumns (then any extra
+// ones), so that a statement reading many rows makes them once rather than
+// once per row, as dedup's recordScanner does; the nullable columns are
+// scanned in place rather than through pointers, one allocation each.
+type intakeScanner struct {
+	dest               []any
 	in                 Intake
 	attempt            int32
 	published, deadAt  pgtype.Timestamptz
 	seq                pgtype.Int8
 	deadReason, dlqErr pgtype.Text
-	dest               [15]any
 }
 
-// scanIntake scans a row of intakeColumns, followed by at most one extra
-// column into extra.
-func scanIntake(row pgx.Row, extra ...any) (Intake, error) {
-	sc := &intakeScan{}
-	in := &sc.in
-	sc.dest = [15]any{&in.MerchantID, &in.IdempotencyKey, &in.RequestHash, &in.Amount, &in.Currency, &sc.attempt,
-		&in.LockedUntil, &sc.published, &in.CreatedAt, &in.ExpiresAt, &sc.seq, &sc.deadReason, &sc.dlqErr, &sc.deadAt}
-	n := 14
-	if len(extra) > 1 {
-		return Intake{}, fmt.Errorf("scan intake: %d extra columns, at most 1", len(extra))
-	}
-	for _, e := range extra {
-		sc.dest[n] = e
-		n++
-	}
-	if err := row.Scan(sc.dest[:n]...); err != nil {
+func newIntakeScanner(extra ...any) *intakeScanner {
+	s := &intakeScanner{}
+	in := &s.in
+	s.dest = append([]any{&in.MerchantID, &in.IdempotencyKey, &in.RequestHash, &in.Amount, &in.Currency, &s.attempt,
+		&in.LockedUntil, &s.published, &in.CreatedAt, &in.ExpiresAt, &s.seq, &s.deadReason, &s.dlqErr, &s.deadAt}, extra...)
+	return s
+}
+
+// scan reads one row. Every destination is written by each Scan (NULL
+// included), and the Intake returned is a copy: what it holds (strings,
+// new byte slices) is the row's own.
+func (s *intakeScanner) scan(row pgx.Row) (Intake, error) {
+	if err := row.Scan(s.dest...); err != nil {
 		return Intake{}, err
 	}
-	in.Attempt = int(sc.attempt)
-	if sc.published.Valid {
-		in.PublishedAt = sc.published.Time
+	in := s.in
+	in.Attempt = int(s.attempt)
+	var err error
+	if in.PublishedAt, err = pg.Finite(s.published); err != nil {
+		return Intake{}, err
 	}
-	if sc.seq.Valid {
-		in.StreamSeq = uint64(sc.seq.Int64)
+	if in.DeadLetteredAt, err = pg.Finite(s.deadAt); err != nil {
+		return Intake{}, err
 	}
-	in.DeadLetterReason, in.DeadLetterError = sc.deadReason.String, sc.dlqErr.String
-	if sc.deadAt.Valid {
-		in.DeadLetteredAt = sc.deadAt.Time
+	if s.seq.Valid {
+		in.StreamSeq = uint64(s.seq.Int64)
 	}
-	return *in, nil
+	in.DeadLetterReason, in.DeadLetterError = s.deadReason.String, s.dlqErr.String
+	return in, nil
 }
 
 // acquireIntakeSQL inserts the guard row, or takes it over when it expired
