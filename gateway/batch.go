@@ -445,12 +445,11 @@ func (b *batcher) publish(ctx context.Context, items []*item) {
 	defer cancel()
 	republish := make([]int, len(items))
 	for i, it := range items {
-		if in := it.ans.in; in.Published() {
-			// A retry after the republish hold: rare, one at a time.
-			republish[i] = in.Attempt
-			if g.heldAgain(pctx, in, it.log) {
-				it.ans.kind = ansNotRepublished
-			}
+		in := it.ans.in
+		republish[i] = republishOf(in)
+		// A retry after the republish hold: rare, one at a time.
+		if in.Published() && g.heldAgain(pctx, in, it.log) {
+			it.ans.kind = ansNotRepublished
 		}
 	}
 	seqs := b.publishAll(pctx, items, republish)

@@ -281,3 +281,47 @@ func TestReusedKeyAfterPurge422(t *testing.T) {
 		t.Fatalf("%d messages, want 1", n)
 	}
 }
+
+// lostMarkStore loses every publish mark, as a gateway that crashed after
+// its PubAcks (or PostgreSQL losing the mark, committed without waiting for
+// its WAL flush) leaves the intake: published, but not marked so.
+type lostMarkStore struct{ *pgstore.Store }
+
+func (s lostMarkStore) IntakesPublished(context.Context, []pgstore.Published, time.Duration) ([]bool, error) {
+	return nil, errors.New("injected: the publish mark is lost")
+}
+
+// TestLostMarkAnotherPayloadIsNotDropped: a 202 whose publish mark was lost
+// leaves an intake that looks never published, so once its lease passes a
+// POST with the same key and another payload takes it over (it cannot be
+// told from a publisher that died before its PubAck). Its command must
+// reach the stream as its own message, not as a copy of the first that the
+// stream's duplicate window drops while the POST is answered 202: the
+// worker then charges the first payload once and dead-letters the second
+// as key_reused, which the gateway reports for the key.
+func TestLostMarkAnotherPayloadIsNotDropped(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{PublishLease: 300 * time.Millisecond, RepublishAfter: time.Second},
+		options{store: func(s gateway.Store) gateway.Store { return lostMarkStore{s.(*pgstore.Store)} }})
+	w.batched()
+	before := w.streamMsgs()
+	wantStatus(t, w.post("lost-mark", payBody(100, "pm_card_visa")), http.StatusAccepted)
+	first := w.intake("lost-mark")
+	w.eventually("past the publish lease", func() bool { return time.Now().After(first.LockedUntil.Add(100 * time.Millisecond)) })
+	wantStatus(t, w.post("lost-mark", payBody(999, "pm_card_visa")), http.StatusAccepted)
+	if n := w.streamMsgs() - before; n != 2 {
+		t.Fatalf("%d messages for the key, want 2: the second payload's command was dropped as a duplicate of the first", n)
+	}
+	w.startWorker()
+	w.eventually("the second payload dead-lettered key_reused", func() bool {
+		in := w.intake("lost-mark")
+		return in.DeadLettered() && in.DeadLetterReason == "key_reused"
+	})
+	w.eventually("the first payload completed", func() bool {
+		rec, err := w.store.Get(w.ctx, "m_a", "lost-mark")
+		return err == nil && rec.Status == dedup.StatusCompleted
+	})
+	if rec, _ := w.store.Get(w.ctx, "m_a", "lost-mark"); rec.Amount != 100 {
+		t.Fatalf("completed %d, want the first payload's 100", rec.Amount)
+	}
+}

@@ -326,14 +326,11 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	}
 
 	in := res.Intake
-	republish := 0
-	if in.Published() {
-		if g.heldAgain(ctx, in, log) {
-			g.write(w, answer{kind: ansNotRepublished})
-			return
-		}
-		republish = in.Attempt
+	if in.Published() && g.heldAgain(ctx, in, log) {
+		g.write(w, answer{kind: ansNotRepublished})
+		return
 	}
+	republish := republishOf(in)
 	if !g.publish(ctx, cmd, extra, in, republish, log) {
 		unavailable(w)
 		return
@@ -363,6 +360,21 @@ func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in pgstor
 	default:
 		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentFromIntake(in))
 	}
+}
+
+// republishOf numbers a publish under in for its Nats-Msg-Id: 0 for the
+// intake's first attempt, else the attempt. An intake taken over while it
+// looks never published may follow a publish whose mark was lost (the
+// gateway stopped after its PubAck, or PostgreSQL lost the mark, committed
+// without waiting for its WAL flush). A publish of its own keeps the
+// command from being dropped by the stream's duplicate window as a copy of
+// that one, which would answer another payload 202 and never deliver it;
+// another copy of the same payload is harmless (the worker's claim).
+func republishOf(in pgstore.Intake) int {
+	if in.Attempt > 1 {
+		return in.Attempt
+	}
+	return 0
 }
 
 // heldAgain handles a retry after the republish hold, whose intake it
