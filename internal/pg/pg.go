@@ -124,22 +124,53 @@ func hosts(c pgconn.Config) string {
 	return strings.Join(list, ",")
 }
 
+// maxStalePlanRetries bounds the retries of a statement whose prepared
+// plan a migration made stale: one per pooled connection that still holds
+// the old plan (a pool is sized well below this).
+const maxStalePlanRetries = 256
+
 // Retry runs fn under the statement timeout and retries it when Postgres
-// broke a deadlock or a serialization conflict: every statement the stores
-// run is atomic, so a retry is safe.
+// broke a deadlock or a serialization conflict, or refused a prepared
+// statement whose result type a migration changed: every statement the
+// stores run is atomic, so a retry is safe.
+//
+// The stale plan: pgx prepares each statement once per connection, and
+// PostgreSQL refuses to run a prepared statement whose result columns
+// changed type or collation since ("cached plan must not change result
+// type", a migration such as 00015 run while workers and gateways are up).
+// The statement did nothing; pgx drops it from that connection's cache on
+// the error, so the next try prepares it again. Each connection of the
+// pool fails once per statement, so these retries are bounded apart from
+// the deadlock ones.
 func Retry(ctx context.Context, timeout time.Duration, fn func(ctx context.Context) error) error {
 	var err error
-	for range MaxStatementRetries {
+	for conflicts, stale := 0, 0; conflicts < MaxStatementRetries && stale < maxStalePlanRetries; {
 		sctx, cancel := context.WithTimeout(ctx, timeout)
 		err = fn(sctx)
 		cancel()
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
-			continue
+		switch {
+		case !errors.As(err, &pgErr):
+			return err
+		case pgErr.Code == "40P01" || pgErr.Code == "40001":
+			conflicts++
+		case stalePlan(err):
+			stale++
+		default:
+			return err
 		}
-		return err
 	}
 	return err
+}
+
+// stalePlan reports whether err is PostgreSQL refusing a prepared
+// statement whose result type changed since it was prepared (SQLSTATE
+// 0A000, feature_not_supported, with that message: the code alone names
+// many other things).
+func stalePlan(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "0A000" &&
+		strings.Contains(pgErr.Message, "cached plan must not change result type")
 }
 
 // Errors names a store's sentinels that Interpret wraps.

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
@@ -69,5 +71,56 @@ func TestConnectMultiHost(t *testing.T) {
 		if !strings.Contains(err.Error(), h) {
 			t.Errorf("every host dead: %q does not name %s", err, h)
 		}
+	}
+}
+
+// TestRetryPreparesAStalePlanAgain: a statement prepared on a connection
+// before a migration changed its result type fails once there ("cached
+// plan must not change result type"); Retry runs it again, prepared anew,
+// and returns its rows. Another error of the same SQLSTATE is not retried.
+func TestRetryPreparesAStalePlanAgain(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx) // one connection: its plan is the stale one
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `CREATE TABLE stale (k text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO stale VALUES ('a')`); err != nil {
+		t.Fatal(err)
+	}
+	query := func(ctx context.Context) error {
+		var k string
+		return conn.QueryRow(ctx, `SELECT k FROM stale WHERE k = $1`, "a").Scan(&k)
+	}
+	if err := query(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `ALTER TABLE stale ALTER COLUMN k TYPE text COLLATE "C"`); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	err = pg.Retry(ctx, 5*time.Second, func(ctx context.Context) error {
+		calls++
+		return query(ctx)
+	})
+	if err != nil || calls != 2 {
+		t.Fatalf("Retry over a stale plan: %v after %d calls, want nil after 2", err, calls)
+	}
+
+	calls = 0
+	err = pg.Retry(ctx, 5*time.Second, func(ctx context.Context) error {
+		calls++
+		// feature_not_supported too, but not a stale plan
+		_, err := conn.Exec(ctx, `SELECT count(*) FROM stale FOR UPDATE`)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "0A000" || calls != 1 {
+		t.Fatalf("Retry of another error: %v after %d calls, want it returned after 1", err, calls)
 	}
 }
