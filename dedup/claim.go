@@ -71,7 +71,7 @@ ins AS (
       -- this see a concurrent claim's row).
       AND (SELECT true FROM idempotency_keys r
            WHERE r.merchant_id = input.merchant_id AND r.idempotency_key = input.idempotency_key) IS NULL
-    ORDER BY merchant_id, idempotency_key
+    ORDER BY merchant_id COLLATE "C", idempotency_key COLLATE "C" -- the unique index's order (migration 00015)
     RETURNING ` + recordColumns + `
 ),
 rest AS (

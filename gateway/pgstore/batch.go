@@ -204,7 +204,8 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 				dead_letter_error = CASE WHEN g.stream_seq = i.seq THEN g.dead_letter_error END,
 				dead_lettered_at = CASE WHEN g.stream_seq = i.seq THEN g.dead_lettered_at END
 			FROM (SELECT * FROM unnest(@merchants::text[], @keys::text[], @attempts::int[], @seqs::bigint[])
-			      AS u(merchant_id, idempotency_key, attempt, seq) ORDER BY 1, 2) AS i
+			      AS u(merchant_id, idempotency_key, attempt, seq)
+			      ORDER BY merchant_id COLLATE "C", idempotency_key COLLATE "C") AS i
 			WHERE g.merchant_id = i.merchant_id AND g.idempotency_key = i.idempotency_key AND g.attempt = i.attempt
 			RETURNING g.merchant_id, g.idempotency_key`,
 			pgx.NamedArgs{"merchants": merchants, "keys": keys, "attempts": attempts, "seqs": seqs, "now": s.db.Now(), "hold": holdFor})

@@ -155,7 +155,11 @@ VALUES (@merchant, @key, @hash, @amount, @currency, 1, ` + dbNow + ` + @lease::i
 ` + acquireIntakeConflict
 
 // acquireIntakesSQL is acquireIntakeSQL for a batch of distinct keys, in
-// key order so that concurrent batches lock rows in the same order.
+// key order so that concurrent batches lock rows in the same order: byte
+// order, the primary key's (migration 00015), whatever the database's
+// default collation (a release sorting by another order beside this one
+// can deadlock with it: PostgreSQL breaks the deadlock and the batch is
+// retried, as any deadlock is).
 const acquireIntakesSQL = `
 INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
     locked_until, created_at, expires_at)
@@ -163,7 +167,7 @@ SELECT i.merchant_id, i.idempotency_key, i.request_hash, i.amount, i.currency, 1
     ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + ` + @retention::interval
 FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[])
     AS i(merchant_id, idempotency_key, request_hash, amount, currency)
-ORDER BY i.merchant_id, i.idempotency_key
+ORDER BY i.merchant_id COLLATE "C", i.idempotency_key COLLATE "C"
 ` + acquireIntakeConflict
 
 // acquireOrReadIntakesSQL is acquireIntakesSQL followed by the rows of the
