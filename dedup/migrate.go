@@ -112,6 +112,21 @@ func (m *Migrator) Up(ctx context.Context) ([]int64, error) {
 	return versions, nil
 }
 
+// UpTo applies the pending migrations up to and including version (a test's
+// way to a schema as an earlier release left it) and returns the versions
+// applied.
+func (m *Migrator) UpTo(ctx context.Context, version int64) ([]int64, error) {
+	res, err := m.provider.UpTo(ctx, version)
+	if err != nil {
+		return nil, fmt.Errorf("migrate up to %05d: %w", version, err)
+	}
+	var versions []int64
+	for _, r := range res {
+		versions = append(versions, r.Source.Version)
+	}
+	return versions, nil
+}
+
 // Down rolls back the most recent migration and returns its version. A step
 // that would drop rows refuses (and changes nothing) unless the migrator
 // was made with AllowDataLoss.

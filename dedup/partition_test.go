@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
@@ -264,5 +267,80 @@ func TestPurgeConcurrent(t *testing.T) {
 	}
 	if partitionExists(t, b, "idempotency_keys_p20270310") || !partitionExists(t, b, "idempotency_keys_p20270322") {
 		t.Fatal("after concurrent purges: the old day is still there or the coming day is missing")
+	}
+}
+
+// partitionOf returns the partition that holds the key row of key.
+func partitionOf(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, key string) string {
+	t.Helper()
+	var part string
+	if err := pool.QueryRow(context.Background(),
+		`SELECT tableoid::regclass::text FROM idempotency_keys WHERE idempotency_key = $1`, key).Scan(&part); err != nil {
+		t.Fatalf("row of %s: %v", key, err)
+	}
+	return part
+}
+
+// TestFreshInstallClaimsIntoTodaysPartition: on a fresh install the first
+// day's keys go to that day's partition (dropped whole once past the
+// retention), not to the partition 00013 left for the old table's rows,
+// which is purged row by row and has an index more (migration 00016). An
+// install whose old table holds rows keeps 00013's layout: the day's keys
+// join its rows there.
+func TestFreshInstallClaimsIntoTodaysPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	today := "idempotency_keys_p" + time.Now().UTC().Format("20060102")
+
+	// Fresh: migrated in one go, the database's clock.
+	fresh := testenv.Pool(t)
+	store, err := dedup.New(fresh, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.ClaimBatch(ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "first-day", 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	// A claim a moment before midnight may land in the next day's.
+	if got := partitionOf(t, fresh, "first-day"); got != today && time.Now().UTC().Hour() != 0 {
+		t.Errorf("a fresh install's first key went to %s, want %s", got, today)
+	}
+
+	// Rows in the old table before 00016: the layout stays.
+	owner, err := pg.Connect(ctx, testenv.PostgresEmptyURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	m, err := dedup.NewMigrator(ctx, owner, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.UpTo(ctx, 15); err != nil {
+		t.Fatal(err)
+	}
+	old, err := dedup.New(owner, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.ClaimBatch(ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "before", 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := partitionOf(t, owner, "before"); got != "idempotency_keys_unpartitioned" {
+		t.Fatalf("a key claimed at 00015 went to %s, want idempotency_keys_unpartitioned", got)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.ClaimBatch(ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "after", 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"before", "after"} {
+		if got := partitionOf(t, owner, key); got != "idempotency_keys_unpartitioned" {
+			t.Errorf("%s: in %s, want idempotency_keys_unpartitioned (it held rows)", key, got)
+		}
 	}
 }
