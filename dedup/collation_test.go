@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
@@ -151,16 +150,7 @@ WHERE c.oid IN (SELECT relid FROM pg_partition_tree(to_regclass($1)) UNION SELEC
 func TestKeyCollationMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	m, err := dedup.NewMigrator(ctx, owner, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	owner, m := migrator(t, testenv.PostgresURL(t))
 	downTo(t, m, 14)
 	assertCollation(t, owner, "default")
 

@@ -13,6 +13,23 @@ import (
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
+// migrator connects to the schema of url as its owner and opens a
+// migrator on it, both closed when the test ends.
+func migrator(t *testing.T, url string) (*pgxpool.Pool, *dedup.Migrator) {
+	t.Helper()
+	owner, err := pg.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(owner.Close)
+	m, err := dedup.NewMigrator(context.Background(), owner, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return owner, m
+}
+
 // appliedVersion is the highest applied migration.
 func appliedVersion(t *testing.T, m *dedup.Migrator) int64 {
 	t.Helper()
@@ -79,16 +96,7 @@ func refuses(t *testing.T, m *dedup.Migrator, want ...string) {
 func TestDownRefusesToDestroyRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	m, err := dedup.NewMigrator(ctx, owner, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	owner, m := migrator(t, testenv.PostgresURL(t))
 	downTo(t, m, 5)
 	exec := func(sql string) {
 		t.Helper()
@@ -205,16 +213,6 @@ func TestDownOverDataWithAllowDataLoss(t *testing.T) {
 // down without --allow-data-loss.
 func TestDownOnEmptyTablesNeedsNoFlag(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	owner, err := pg.Connect(ctx, testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	m, err := dedup.NewMigrator(ctx, owner, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	_, m := migrator(t, testenv.PostgresURL(t))
 	downTo(t, m, 0)
 }

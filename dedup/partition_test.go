@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
-	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
@@ -271,9 +270,7 @@ func TestPurgeConcurrent(t *testing.T) {
 }
 
 // partitionOf returns the partition that holds the key row of key.
-func partitionOf(t *testing.T, pool interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, key string) string {
+func partitionOf(t *testing.T, pool *pgxpool.Pool, key string) string {
 	t.Helper()
 	var part string
 	if err := pool.QueryRow(context.Background(),
@@ -309,16 +306,7 @@ func TestFreshInstallClaimsIntoTodaysPartition(t *testing.T) {
 	}
 
 	// Rows in the old table before 00016: the layout stays.
-	owner, err := pg.Connect(ctx, testenv.PostgresEmptyURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close()
-	m, err := dedup.NewMigrator(ctx, owner, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	owner, m := migrator(t, testenv.PostgresEmptyURL(t))
 	if _, err := m.UpTo(ctx, 15); err != nil {
 		t.Fatal(err)
 	}
