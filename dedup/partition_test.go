@@ -289,8 +289,6 @@ func partitionOf(t *testing.T, pool *pgxpool.Pool, key string) string {
 func TestFreshInstallClaimsIntoTodaysPartition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	today := "idempotency_keys_p" + time.Now().UTC().Format("20060102")
-
 	// Fresh: migrated in one go, the database's clock.
 	fresh := testenv.Pool(t)
 	store, err := dedup.New(fresh, dedup.Config{})
@@ -300,9 +298,15 @@ func TestFreshInstallClaimsIntoTodaysPartition(t *testing.T) {
 	if _, err := store.ClaimBatch(ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "first-day", 1000)}); err != nil {
 		t.Fatal(err)
 	}
-	// A claim a moment before midnight may land in the next day's.
-	if got := partitionOf(t, fresh, "first-day"); got != today && time.Now().UTC().Hour() != 0 {
-		t.Errorf("a fresh install's first key went to %s, want %s", got, today)
+	// The day of the row's own created_at (the database's clock), so that a
+	// claim just after midnight is judged by its own day.
+	var day string
+	if err := fresh.QueryRow(ctx, `SELECT 'idempotency_keys_p' || to_char(created_at AT TIME ZONE 'UTC', 'YYYYMMDD')
+		FROM idempotency_keys WHERE idempotency_key = 'first-day'`).Scan(&day); err != nil {
+		t.Fatal(err)
+	}
+	if got := partitionOf(t, fresh, "first-day"); got != day {
+		t.Errorf("a fresh install's first key went to %s, want %s", got, day)
 	}
 
 	// Rows in the old table before 00016: the layout stays.
