@@ -97,6 +97,21 @@ func refColumns(refs []KeyRef) (merchants, keys []string) {
 	return merchants, keys
 }
 
+// UnknownKeySQL is a predicate that holds when the key in the columns
+// merchant_id and idempotency_key of the relation alias has neither a
+// record nor a ledger row, in the snapshot of the statement it is part of:
+// for a statement of another store on this database (the gateway's
+// intake) that acts at once on keys the worker has never seen and leaves
+// the others to be decided by reading them (GetMany, PaymentsFor). Each
+// key is one probe of each table's unique key, under the plan settings of
+// the statement's batch (planGeneric or the gateway's own).
+func UnknownKeySQL(alias string) string {
+	return `NOT EXISTS (SELECT FROM idempotency_keys k
+	    WHERE k.merchant_id = ` + alias + `.merchant_id AND k.idempotency_key = ` + alias + `.idempotency_key)
+	AND NOT EXISTS (SELECT FROM payments p
+	    WHERE p.merchant_id = ` + alias + `.merchant_id AND p.idempotency_key = ` + alias + `.idempotency_key)`
+}
+
 // lookupBatch bounds the keys one GetMany statement asks for.
 const lookupBatch = 5000
 

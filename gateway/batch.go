@@ -22,10 +22,14 @@ import (
 // Each request, once validated, joins a bounded queue; a collector cuts the
 // queue into batches (up to BatchSize, waiting at most BatchWindow for more
 // while a flush slot is free) and each batch is settled with one statement
-// per step for all its keys: API keys re-checked (a revoked key is refused
-// by the next batch), records and ledger read (these three in one round
-// trip), intakes acquired, then
-// every acquired command published at once (each PubAck awaited), and the
+// per step for all its keys. The first takes in every request that only
+// its intake row can decide, in one round trip: its API key re-checked (a
+// revoked key is refused by the next batch), no record and no ledger row
+// for its key (AcquireNewIntakes). The others (retries of keys the worker
+// has seen, a second request for a key in the batch, a key no longer
+// active) have their API keys, records and ledger rows read in one round
+// trip, which decide them or leave them to AcquireIntakes. Then every
+// acquired command is published at once (each PubAck awaited), and the
 // publishes recorded in one statement. Each request waits for the batch
 // that covers it and answers exactly as the per-request path would: the
 // decision rules are the same functions. A 202 is sent once its PubAck is
@@ -62,6 +66,7 @@ const (
 // batchStore is what the batched intake needs of the gateway's store
 // (*pgstore.Store); a Store without it is served per request.
 type batchStore interface {
+	AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
 	AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
 	IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error)
 	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []dedup.KeyRef) (pgstore.BatchReads, error)
@@ -155,6 +160,9 @@ type item struct {
 	done    chan answer // buffered: the batch never blocks on a request
 	ans     answer
 	sent    bool // ans is sent on done
+	// readFirst: the batch decides it by reading its API key, record and
+	// ledger row before taking it in (readThenAcquire).
+	readFirst bool
 }
 
 // answer sends the item its answer, once; an item still undecided is
@@ -315,41 +323,131 @@ func (b *batcher) flush(batch []*item) {
 			it.answer()
 		}
 	}()
-	open := func() []*item {
-		var out []*item
-		for _, it := range batch {
-			if it.ans.kind == ansPending {
-				out = append(out, it)
-			}
-		}
-		return out
-	}
 	fail := func(items []*item, what string, err error) {
-		g.log.Error(what+"; the batch is answered 503 and nothing of it was published", "error", err, "requests", len(items))
+		g.log.Error(what+"; its requests are answered 503 and none of them was published", "error", err, "requests", len(items))
 		for _, it := range items {
 			it.ans.kind = ansUnavailable
 		}
 	}
 
-	// One round trip reads the API keys, the records and the ledger of
-	// every key: a key revoked since it was cached is refused now; a key
-	// with a record is decided by it, one without by its ledger row.
-	hashes := make([][]byte, 0, 4)
+	// Requests for one key in one batch: the first is taken in; the others
+	// wait for its outcome (below).
+	firsts := make(map[dedup.KeyRef]*item, len(batch))
+	var news, dups []*item
 	for _, it := range batch {
+		if k := refOf(it); firsts[k] != nil {
+			dups = append(dups, it)
+		} else {
+			firsts[k] = it
+			news = append(news, it)
+		}
+	}
+	// One round trip takes in every request that only its intake row can
+	// decide (its API key active, no record, no ledger row): for a batch
+	// of new payments, the whole of the batch's work before its publish.
+	reqs, apiKeys := make([]dedup.ClaimRequest, len(news)), make([][]byte, len(news))
+	for i, it := range news {
+		reqs[i], apiKeys[i] = dedup.NewClaimRequest(it.cmd), it.keyHash
+	}
+	results, err := b.store.AcquireNewIntakes(ctx, reqs, apiKeys, g.cfg.PublishLease, g.cfg.IntakeRetention)
+	if err != nil {
+		fail(batch, "acquire new intakes", err)
+		return
+	}
+	var publish, held []*item
+	settle := func(it *item, res pgstore.IntakeResult, reread bool) {
+		switch res.Outcome {
+		case pgstore.IntakeMismatch:
+			it.ans.kind = ansReused
+		case pgstore.IntakeDeadLettered:
+			it.ans = answer{kind: ansDeadLetter, in: res.Intake}
+		case pgstore.IntakeHeld:
+			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+			if reread {
+				held = append(held, it)
+			}
+		case pgstore.IntakeReadFirst:
+			it.readFirst = true
+		default:
+			it.ans.in = res.Intake
+			publish = append(publish, it)
+		}
+	}
+	// A held row met by AcquireNewIntakes had no record in the snapshot
+	// that found it held: it is 409 as of now, with nothing to read again.
+	for i, res := range results {
+		settle(news[i], res, false)
+	}
+	// Another request for a key the batch took in (or found held) has no
+	// record or ledger row either: with the same API key, it is what it
+	// would meet a moment later, the key held (409) or held for another
+	// payload (422); with another API key, or when the first was left to
+	// be read, it is decided the long way, where it meets the first's row.
+	for _, it := range dups {
+		f := firsts[refOf(it)]
+		switch {
+		case f.readFirst || !bytes.Equal(f.keyHash, it.keyHash):
+			it.readFirst = true
+		case bytes.Equal(f.fp, it.fp):
+			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+		default:
+			it.ans = answer{kind: ansReused}
+		}
+	}
+	var slow []*item // in the batch's order: the first request of a key takes it in
+	for _, it := range batch {
+		if it.readFirst {
+			slow = append(slow, it)
+		}
+	}
+	if len(slow) > 0 {
+		owners, results, err := b.readThenAcquire(ctx, slow)
+		if err != nil {
+			fail(owners, "acquire intakes", err)
+		} else {
+			for i, res := range results {
+				settle(owners[i], res, true)
+			}
+		}
+	}
+	if len(held) > 0 {
+		// Another request published it; the worker may have finished since
+		// the reads of readThenAcquire.
+		recs, _ := b.records.GetMany(ctx, refsOf(held))
+		byKey := make(map[dedup.KeyRef]dedup.Record, len(recs))
+		for _, r := range recs {
+			byKey[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+		}
+		for _, it := range held {
+			if rec, ok := byKey[refOf(it)]; ok {
+				if a, decided := g.fromRecord(rec, it.fp); decided {
+					it.ans = a
+				}
+			}
+		}
+	}
+	b.publish(ctx, publish)
+}
+
+// readThenAcquire decides the requests that AcquireNewIntakes left alone
+// (and the second and later requests of a key in one batch): one round
+// trip reads their API keys, records and ledger rows, which decide those
+// they can (a key revoked since it was cached is refused, a key with a
+// record is decided by it, one without by its ledger row), and the rest
+// are taken in with AcquireIntakes. It returns the requests it tried to
+// take in and their results; on an error, the requests it could not
+// decide (answered 503 by the caller).
+func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, []pgstore.IntakeResult, error) {
+	g := b.g
+	hashes := make([][]byte, 0, 4)
+	for _, it := range items {
 		if !slices.ContainsFunc(hashes, func(h []byte) bool { return bytes.Equal(h, it.keyHash) }) {
 			hashes = append(hashes, it.keyHash)
 		}
 	}
-	reads, err := b.store.ReadBatch(ctx, b.records, hashes, refsOf(batch))
+	reads, err := b.store.ReadBatch(ctx, b.records, hashes, refsOf(items))
 	if err != nil {
-		fail(batch, "read API keys, records and ledger", err)
-		return
-	}
-	for _, it := range batch {
-		if reads.Active[string(it.keyHash)] != it.cmd.MerchantID {
-			b.keys.evict(it.keyHash)
-			it.ans.kind = ansUnauthenticated
-		}
+		return items, nil, err
 	}
 	byKey := make(map[dedup.KeyRef]dedup.Record, len(reads.Records))
 	for _, r := range reads.Records {
@@ -359,27 +457,31 @@ func (b *batcher) flush(batch []*item) {
 	for _, p := range reads.Payments {
 		ledger[dedup.KeyRef{MerchantID: p.MerchantID, IdempotencyKey: p.IdempotencyKey}] = p
 	}
-	for _, it := range open() {
-		if rec, ok := byKey[refOf(it)]; ok {
-			if a, decided := g.fromRecord(rec, it.fp); decided {
-				it.ans = a
-			}
-		} else if p, ok := ledger[refOf(it)]; ok {
-			if a, decided := fromLedger(p, it.cmd); decided {
-				it.ans = a
-			}
-		}
-	}
-
-	// Intakes. Two requests for one key in one batch: the first takes it
-	// in; the other is what it would meet a moment later, the key held
-	// (409) or held for another payload (422).
-	todo := open()
-	firsts := make(map[dedup.KeyRef]*item, len(todo))
+	// Two requests for one key: the first takes it in; the other is what
+	// it would meet a moment later, the key held (409) or held for another
+	// payload (422). A first taken in by AcquireNewIntakes is not among
+	// items: its other requests meet its row in AcquireIntakes.
+	firsts := make(map[dedup.KeyRef]*item, len(items))
 	var reqs []dedup.ClaimRequest
 	var owners []*item
-	for _, it := range todo {
+	for _, it := range items {
 		k := refOf(it)
+		if reads.Active[string(it.keyHash)] != it.cmd.MerchantID {
+			b.keys.evict(it.keyHash)
+			it.ans.kind = ansUnauthenticated
+			continue
+		}
+		if rec, ok := byKey[k]; ok {
+			if a, decided := g.fromRecord(rec, it.fp); decided {
+				it.ans = a
+				continue
+			}
+		} else if p, ok := ledger[k]; ok {
+			if a, decided := fromLedger(p, it.cmd); decided {
+				it.ans = a
+				continue
+			}
+		}
 		if f, dup := firsts[k]; dup {
 			if bytes.Equal(f.fp, it.fp) {
 				it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
@@ -393,46 +495,13 @@ func (b *batcher) flush(batch []*item) {
 		owners = append(owners, it)
 	}
 	if len(reqs) == 0 {
-		return
+		return nil, nil, nil
 	}
 	results, err := b.store.AcquireIntakes(ctx, reqs, g.cfg.PublishLease, g.cfg.IntakeRetention)
 	if err != nil {
-		fail(owners, "acquire intakes", err)
-		return
+		return owners, nil, err
 	}
-	var held, publish []*item
-	for i, res := range results {
-		it := owners[i]
-		switch res.Outcome {
-		case pgstore.IntakeMismatch:
-			it.ans.kind = ansReused
-		case pgstore.IntakeDeadLettered:
-			it.ans = answer{kind: ansDeadLetter, in: res.Intake}
-		case pgstore.IntakeHeld:
-			held = append(held, it)
-		default:
-			it.ans.in = res.Intake
-			publish = append(publish, it)
-		}
-	}
-	if len(held) > 0 {
-		// Another request published it; the worker may have finished since
-		// the read above.
-		recs, _ := b.records.GetMany(ctx, refsOf(held))
-		byKey := make(map[dedup.KeyRef]dedup.Record, len(recs))
-		for _, r := range recs {
-			byKey[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
-		}
-		for _, it := range held {
-			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
-			if rec, ok := byKey[refOf(it)]; ok {
-				if a, decided := g.fromRecord(rec, it.fp); decided {
-					it.ans = a
-				}
-			}
-		}
-	}
-	b.publish(ctx, publish)
+	return owners, results, nil
 }
 
 // publish publishes the commands whose intake the batch acquired, all at

@@ -127,6 +127,38 @@ func TestBatchRevokedKeyRefusedAtOnce(t *testing.T) {
 	}
 }
 
+// TestBatchNewPaymentsOneRoundTripBeforePublish: a batch of new payments
+// takes one round trip to PostgreSQL before its publishes (the API keys
+// checked, the keys found unknown to the worker and taken in, by one
+// statement) and one after (the publishes recorded); every request is
+// accepted and published once.
+func TestBatchNewPaymentsOneRoundTripBeforePublish(t *testing.T) {
+	t.Parallel()
+	var trips atomic.Int64
+	w := setupWith(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1}, options{roundTrips: &trips})
+	w.batched()
+	published := func(keys ...string) func() bool {
+		return func() bool {
+			return w.count(`SELECT count(*) FROM gateway_intake WHERE idempotency_key = ANY($1) AND published_at IS NOT NULL`, keys) == len(keys)
+		}
+	}
+	w.eventually("the warm-up's publish recorded", published("warm-up-"+t.Name()))
+	before := w.streamMsgs()
+	trips.Store(0)
+	keys := []string{"new-1", "new-2", "new-3"}
+	body := payBody(100, "pm_card_visa")
+	for _, r := range w.concurrently(keys, []string{body, body, body}, []string{w.keyA, w.keyA, w.keyA}) {
+		wantStatus(t, r, http.StatusAccepted)
+	}
+	w.eventually("the publishes recorded", published(keys...))
+	if n := trips.Load(); n != 2 {
+		t.Fatalf("%d round trips for a batch of new payments, want 2 (take in, record the publishes)", n)
+	}
+	if n := w.streamMsgs() - before; n != uint64(len(keys)) {
+		t.Fatalf("%d messages published, want %d", n, len(keys))
+	}
+}
+
 // TestBatchCommitFailsAnswersAll503: when the statement that takes in a
 // batch fails (a trigger refuses one of its rows), every request of the
 // batch is answered 503 and nothing of it is published or kept.
@@ -165,7 +197,7 @@ func TestBatchCommitFailsAnswersAll503(t *testing.T) {
 	}
 }
 
-// gatedStore holds the batched intake's AcquireIntakes until released,
+// gatedStore holds the batched intake's first statement (AcquireNewIntakes) until released,
 // keeping the batch methods of the real store.
 type gatedStore struct {
 	*pgstore.Store
@@ -177,12 +209,12 @@ type gatedStore struct {
 
 func (s *gatedStore) open() { s.once.Do(func() { close(s.release) }) }
 
-func (s *gatedStore) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+func (s *gatedStore) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
 	if s.armed.CompareAndSwap(true, false) {
 		close(s.entered)
 		<-s.release
 	}
-	return s.Store.AcquireIntakes(ctx, reqs, lease, retention)
+	return s.Store.AcquireNewIntakes(ctx, reqs, apiKeys, lease, retention)
 }
 
 // TestBatchOverloadSheds: past what the intake can queue, a POST is

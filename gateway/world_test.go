@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,6 +110,10 @@ type options struct {
 	// has the simulator post its events, through w.hooks, to them.
 	webhookSecret   string
 	processingDelay time.Duration
+	// roundTrips, when set, counts the round trips of the gateway's stores
+	// (a pool of their own on the world's schema; the world's pool, the
+	// listener and the worker are not counted).
+	roundTrips *atomic.Int64
 }
 
 func setup(t *testing.T, gcfg gateway.Config) *world {
@@ -130,6 +135,22 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	gwStore, err := pgstore.New(pool, pgstore.Config{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	records, gwOwn := store, gwStore // the gateway's
+	if opt.roundTrips != nil {
+		cfg := pool.Config().Copy()
+		pg.WithRoundTripCounter(opt.roundTrips)(cfg)
+		counted, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(counted.Close)
+		if records, err = dedup.New(counted, dedup.Config{}); err != nil {
+			t.Fatal(err)
+		}
+		if gwOwn, err = pgstore.New(counted, pgstore.Config{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	nc := testenv.NATSConn(t)
 	js, err := jetstream.New(nc)
@@ -186,9 +207,9 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var gstore gateway.Store = gwStore
+	var gstore gateway.Store = gwOwn
 	if opt.store != nil {
-		gstore = opt.store(gwStore)
+		gstore = opt.store(gwOwn)
 	}
 	var gpub gateway.Publisher = pub
 	if opt.pub != nil {
@@ -199,7 +220,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		reg = prometheus.NewRegistry()
 		gcfg.Registerer = reg
 	}
-	gw, err := gateway.New(store, gstore, comp, gpub, gcfg)
+	gw, err := gateway.New(records, gstore, comp, gpub, gcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,3 +131,113 @@ func TestAcquireIntakesRace(t *testing.T) {
 		}
 	}
 }
+
+// TestAcquireNewIntakes: the batched intake's first statement takes in,
+// in one round trip, exactly the requests that only their intake row can
+// decide (an active API key of their merchant, no record, no ledger row)
+// and reads the rows it met for them; every other request is
+// IntakeReadFirst and its key is left untouched.
+func TestAcquireNewIntakes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const publishLease, retention = 10 * time.Second, 48 * time.Hour
+	apiKey := func(merchant string) []byte {
+		t.Helper()
+		key, _, err := b.store.CreateAPIKey(b.ctx, merchant, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pgstore.HashAPIKey(key)
+	}
+	m1, m2 := apiKey("m_1"), apiKey("m_2")
+	revoked, rk, err := b.store.CreateAPIKey(b.ctx, "m_1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.RevokeAPIKey(b.ctx, rk.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Keys the worker has seen: claimed, completed, and completed with its
+	// record gone (purged; the ledger row stays).
+	b.claim(t, "w", req("m_1", "pending", 100))
+	for _, k := range []string{"completed", "ledger-only"} {
+		c := b.claim(t, "w", req("m_1", k, 100))
+		if err := b.worker.Complete(b.ctx, *c.Lease, charged("ch_"+k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.pool.Exec(b.ctx, `DELETE FROM idempotency_keys WHERE idempotency_key = 'ledger-only'`); err != nil {
+		t.Fatal(err)
+	}
+	// Intake rows: two held by a publisher (one for another payload), one
+	// dead-lettered by the worker.
+	prior, err := b.store.AcquireIntakes(b.ctx, []dedup.ClaimRequest{req("m_1", "held", 100), req("m_1", "dead", 100),
+		req("m_1", "held-other", 999)}, publishLease, retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.IntakesPublished(b.ctx, []pgstore.Published{{Intake: prior[1].Intake, Seq: 7}}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", "dead", 7, "amount_over_limit", "x"); !ok || err != nil {
+		t.Fatalf("dead-letter the intake: %v %v", ok, err)
+	}
+
+	cases := []struct {
+		req    dedup.ClaimRequest
+		apiKey []byte
+		want   pgstore.IntakeOutcome
+	}{
+		{req("m_1", "new-1", 100), m1, pgstore.IntakeAcquired},
+		{req("m_1", "pending", 100), m1, pgstore.IntakeReadFirst},
+		{req("m_1", "completed", 100), m1, pgstore.IntakeReadFirst},
+		{req("m_1", "ledger-only", 100), m1, pgstore.IntakeReadFirst},
+		{req("m_1", "revoked-key", 100), pgstore.HashAPIKey(revoked), pgstore.IntakeReadFirst},
+		{req("m_1", "other-merchants-key", 100), m2, pgstore.IntakeReadFirst},
+		{req("m_1", "held", 100), m1, pgstore.IntakeHeld},
+		{req("m_1", "held-other", 100), m1, pgstore.IntakeMismatch},
+		{req("m_1", "dead", 100), m1, pgstore.IntakeDeadLettered},
+		{req("m_2", "new-2", 100), m2, pgstore.IntakeAcquired},
+	}
+	reqs, keys := make([]dedup.ClaimRequest, len(cases)), make([][]byte, len(cases))
+	for i, c := range cases {
+		reqs[i], keys[i] = c.req, c.apiKey
+	}
+	s, trips := b.counted(t)
+	trips.Store(0)
+	res, err := s.AcquireNewIntakes(b.ctx, reqs, keys, publishLease, retention)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := trips.Load(); n != 1 {
+		t.Fatalf("%d round trips, want 1", n)
+	}
+	for i, r := range res {
+		c := cases[i]
+		if r.Outcome != c.want {
+			t.Errorf("%s: outcome %v, want %v", c.req.IdempotencyKey, r.Outcome, c.want)
+			continue
+		}
+		if c.want == pgstore.IntakeReadFirst {
+			if r.Intake.MerchantID != "" {
+				t.Errorf("%s: read first with the row %+v", c.req.IdempotencyKey, r.Intake)
+			}
+			continue
+		}
+		if r.Intake.MerchantID != c.req.MerchantID || r.Intake.IdempotencyKey != c.req.IdempotencyKey || r.Intake.Attempt != 1 {
+			t.Errorf("%s: intake %+v", c.req.IdempotencyKey, r.Intake)
+		}
+	}
+	// Nothing was taken in for the keys left to be read.
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM gateway_intake WHERE idempotency_key = ANY($1)`,
+		[]string{"pending", "completed", "ledger-only", "revoked-key", "other-merchants-key"}).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d intake rows for keys left to be read, want 0", n)
+	}
+	if _, err := s.AcquireNewIntakes(b.ctx, reqs[:2], [][]byte{m1}, publishLease, retention); err == nil {
+		t.Fatal("a batch with fewer API keys than requests was accepted")
+	}
+}

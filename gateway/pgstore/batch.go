@@ -24,58 +24,18 @@ import (
 // fails the whole batch: nothing was acquired by it that the caller must
 // give up (the statement is atomic).
 func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
-	if lease <= 0 || retention <= lease {
-		return nil, fmt.Errorf("acquire intakes: need 0 < lease (%v) < retention (%v)", lease, retention)
-	}
-	seen := make(map[rowKey]int, len(reqs))
-	for i, r := range reqs {
-		if err := r.Validate(); err != nil {
-			return nil, fmt.Errorf("acquire intakes: %w", err)
-		}
-		k := rowKey{r.MerchantID, r.IdempotencyKey}
-		if _, dup := seen[k]; dup {
-			return nil, fmt.Errorf("acquire intakes: key %s/%s twice in one batch", r.MerchantID, r.IdempotencyKey)
-		}
-		seen[k] = i
+	seen, err := checkIntakeBatch(reqs, lease, retention)
+	if err != nil {
+		return nil, fmt.Errorf("acquire intakes: %w", err)
 	}
 	results := make([]IntakeResult, len(reqs))
 	todo := reqs
 	// A row purged between the two statements is simply retried, as in
 	// AcquireIntake.
 	for range 3 {
-		n := len(todo)
-		merchants, keys := make([]string, n), make([]string, n)
-		hashes, amounts, currencies := make([][]byte, n), make([]int64, n), make([]string, n)
-		for i, r := range todo {
-			merchants[i], keys[i], hashes[i], amounts[i], currencies[i] = r.MerchantID, r.IdempotencyKey, r.RequestHash, r.Amount, r.Currency
-		}
-		args := pgx.NamedArgs{"merchants": merchants, "keys": keys, "hashes": hashes, "amounts": amounts,
-			"currencies": currencies, "now": s.db.Now(), "lease": lease, "retention": retention}
-		acquired := make(map[rowKey]Intake, n)
-		met := make(map[rowKey]Intake)
-		err := s.db.Retry(ctx, func(ctx context.Context) error {
-			clear(acquired)
-			clear(met)
-			b := &pgx.Batch{}
-			b.Queue(pinPlans)
-			b.Queue(acquireOrReadIntakesSQL, args).Query(func(rows pgx.Rows) error {
-				var took bool
-				sc := newIntakeScanner(&took)
-				for rows.Next() {
-					in, err := sc.scan(rows)
-					if err != nil {
-						return err
-					}
-					if k := (rowKey{in.MerchantID, in.IdempotencyKey}); took {
-						acquired[k] = in
-					} else {
-						met[k] = in
-					}
-				}
-				return rows.Err()
-			})
-			return s.db.Pool.SendBatch(ctx, b).Close()
-		})
+		args := intakeArgs(todo, lease, retention)
+		args["now"] = s.db.Now()
+		acquired, met, err := s.acquireOrRead(ctx, acquireOrReadIntakesSQL, args)
 		if err != nil {
 			return nil, interpretError("acquire intakes", err)
 		}
@@ -112,6 +72,108 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 		}
 	}
 	return nil, fmt.Errorf("acquire intakes: %w: rows kept disappearing", dedup.ErrUnavailable)
+}
+
+// AcquireNewIntakes is AcquireIntakes for the requests that nothing but
+// their intake row can decide, in one round trip: those whose API key
+// (apiKeys[i], HashAPIKey, is the key reqs[i] came with) is active for
+// their merchant and whose key has neither a record nor a ledger row. The
+// others are IntakeReadFirst and untouched, as is a request whose row a
+// concurrent batch committed while the statement ran: the caller decides
+// them by their reads (ReadBatch) and AcquireIntakes. Every other outcome
+// is AcquireIntakes' own, and each one says the API key was active.
+//
+// It is the batched intake's first statement: for a batch of new
+// payments, the reads that would find nothing are not made, and the
+// acquisition is its only round trip before the publish.
+func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]IntakeResult, error) {
+	if len(apiKeys) != len(reqs) {
+		return nil, fmt.Errorf("acquire new intakes: %d API keys for %d requests", len(apiKeys), len(reqs))
+	}
+	if _, err := checkIntakeBatch(reqs, lease, retention); err != nil {
+		return nil, fmt.Errorf("acquire new intakes: %w", err)
+	}
+	args := intakeArgs(reqs, lease, retention)
+	args["now"], args["api_keys"] = s.db.Now(), apiKeys
+	acquired, met, err := s.acquireOrRead(ctx, acquireNewIntakesSQL, args)
+	if err != nil {
+		return nil, interpretError("acquire new intakes", err)
+	}
+	results := make([]IntakeResult, len(reqs))
+	for i, r := range reqs {
+		k := rowKey{r.MerchantID, r.IdempotencyKey}
+		if in, ok := acquired[k]; ok {
+			results[i] = IntakeResult{Outcome: IntakeAcquired, Intake: in}
+		} else if in, ok := met[k]; ok {
+			results[i] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+		} else {
+			results[i] = IntakeResult{Outcome: IntakeReadFirst}
+		}
+	}
+	return results, nil
+}
+
+// checkIntakeBatch validates a batch of requests to take in and returns
+// the index of each (merchant, key): they must be distinct.
+func checkIntakeBatch(reqs []dedup.ClaimRequest, lease, retention time.Duration) (map[rowKey]int, error) {
+	if lease <= 0 || retention <= lease {
+		return nil, fmt.Errorf("need 0 < lease (%v) < retention (%v)", lease, retention)
+	}
+	seen := make(map[rowKey]int, len(reqs))
+	for i, r := range reqs {
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
+		k := rowKey{r.MerchantID, r.IdempotencyKey}
+		if _, dup := seen[k]; dup {
+			return nil, fmt.Errorf("key %s/%s twice in one batch", r.MerchantID, r.IdempotencyKey)
+		}
+		seen[k] = i
+	}
+	return seen, nil
+}
+
+// intakeArgs are the arguments of an acquisition of reqs (intakeRequests),
+// but for now.
+func intakeArgs(reqs []dedup.ClaimRequest, lease, retention time.Duration) pgx.NamedArgs {
+	n := len(reqs)
+	merchants, keys := make([]string, n), make([]string, n)
+	hashes, amounts, currencies := make([][]byte, n), make([]int64, n), make([]string, n)
+	for i, r := range reqs {
+		merchants[i], keys[i], hashes[i], amounts[i], currencies[i] = r.MerchantID, r.IdempotencyKey, r.RequestHash, r.Amount, r.Currency
+	}
+	return pgx.NamedArgs{"merchants": merchants, "keys": keys, "hashes": hashes, "amounts": amounts,
+		"currencies": currencies, "lease": lease, "retention": retention}
+}
+
+// acquireOrRead runs an acquireOrRead statement under pinPlans, in one
+// round trip, and returns the rows it acquired and the rows it met.
+func (s *Store) acquireOrRead(ctx context.Context, sql string, args pgx.NamedArgs) (acquired, met map[rowKey]Intake, err error) {
+	acquired, met = make(map[rowKey]Intake), make(map[rowKey]Intake)
+	err = s.db.Retry(ctx, func(ctx context.Context) error {
+		clear(acquired)
+		clear(met)
+		b := &pgx.Batch{}
+		b.Queue(pinPlans)
+		b.Queue(sql, args).Query(func(rows pgx.Rows) error {
+			var took bool
+			sc := newIntakeScanner(&took)
+			for rows.Next() {
+				in, err := sc.scan(rows)
+				if err != nil {
+					return err
+				}
+				if k := (rowKey{in.MerchantID, in.IdempotencyKey}); took {
+					acquired[k] = in
+				} else {
+					met[k] = in
+				}
+			}
+			return rows.Err()
+		})
+		return s.db.Pool.SendBatch(ctx, b).Close()
+	})
+	return acquired, met, err
 }
 
 // heldOutcome is what a row the caller could not take over means for a

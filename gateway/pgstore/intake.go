@@ -69,6 +69,10 @@ const (
 	// IntakeDeadLettered: the worker dead-lettered this request's published
 	// command; the answer is final (Intake carries the reason).
 	IntakeDeadLettered
+	// IntakeReadFirst: AcquireNewIntakes left the request alone; it is
+	// decided by its API key, record and ledger row first (ReadBatch), then
+	// by AcquireIntakes.
+	IntakeReadFirst
 )
 
 func (o IntakeOutcome) String() string {
@@ -81,6 +85,8 @@ func (o IntakeOutcome) String() string {
 		return "mismatch"
 	case IntakeDeadLettered:
 		return "dead_lettered"
+	case IntakeReadFirst:
+		return "read_first"
 	}
 	return "unknown"
 }
@@ -165,24 +171,51 @@ INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amo
     locked_until, created_at, expires_at)
 SELECT i.merchant_id, i.idempotency_key, i.request_hash, i.amount, i.currency, 1,
     ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + ` + @retention::interval
-FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[])
-    AS i(merchant_id, idempotency_key, request_hash, amount, currency)
+FROM ` + intakeRequests + `
 ORDER BY i.merchant_id COLLATE "C", i.idempotency_key COLLATE "C"
 ` + acquireIntakeConflict
+
+// intakeRequests is the batch of requests the acquisition takes in, as the
+// relation i.
+const intakeRequests = `unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[])
+    AS i(merchant_id, idempotency_key, request_hash, amount, currency)`
 
 // acquireOrReadIntakesSQL is acquireIntakesSQL followed by the rows of the
 // keys it did not take over, in one statement: each row with whether this
 // statement acquired it. The read shares the statement's snapshot, so a
 // row that a concurrent batch committed after the statement began (the
 // insert waited for it) is not in it; the caller reads those again.
-const acquireOrReadIntakesSQL = `
-WITH acquired AS (` + acquireIntakesSQL + `)
+var acquireOrReadIntakesSQL = acquireOrRead("", acquireIntakesSQL,
+	`unnest(@merchants::text[], @keys::text[]) AS u(merchant_id, idempotency_key)`)
+
+// acquireNewIntakesSQL is acquireOrReadIntakesSQL for the requests whose
+// API key (@api_keys, HashAPIKey, one per request) is active for their
+// merchant and whose key has neither a record nor a ledger row
+// (dedup.UnknownKeySQL), all in the statement's snapshot; the others are
+// neither taken in nor read. A request it acquires is one that the reads
+// of its API key, record and ledger row would have left to the
+// acquisition.
+var acquireNewIntakesSQL = acquireOrRead(`new AS MATERIALIZED (
+    SELECT i.* FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[], @api_keys::bytea[])
+        AS i(merchant_id, idempotency_key, request_hash, amount, currency, api_key)
+    WHERE EXISTS (SELECT FROM api_keys a
+            WHERE a.key_hash = i.api_key AND a.merchant_id = i.merchant_id AND a.revoked_at IS NULL)
+      AND `+dedup.UnknownKeySQL("i")+`),
+`, strings.Replace(acquireIntakesSQL, intakeRequests, `new AS i`, 1), `new AS u`)
+
+// acquireOrRead is the statement that runs acquire (after the common table
+// expressions with, if any) and reads the rows of the keys of requests
+// (the relation u) that it did not take over.
+func acquireOrRead(with, acquire, requests string) string {
+	return `
+WITH ` + with + `acquired AS (` + acquire + `)
 SELECT ` + intakeColumns + `, true FROM acquired
 UNION ALL
 SELECT ` + intakeColumns + `, false FROM gateway_intake
 WHERE (merchant_id, idempotency_key) IN (
-    SELECT u.merchant_id, u.idempotency_key FROM unnest(@merchants::text[], @keys::text[]) AS u(merchant_id, idempotency_key)
+    SELECT u.merchant_id, u.idempotency_key FROM ` + requests + `
     WHERE NOT EXISTS (SELECT FROM acquired a WHERE a.merchant_id = u.merchant_id AND a.idempotency_key = u.idempotency_key))`
+}
 
 // acquireIntakeConflict is the takeover rule both acquire statements share.
 const acquireIntakeConflict = `ON CONFLICT (merchant_id, idempotency_key) DO UPDATE

@@ -13,7 +13,9 @@ import (
 // TestIntakeBatchReadsBoundedByBatch checks that the batched intake's
 // statements read rows in proportion to their batch, not to the tables:
 // the reads of records and ledger, the acquisition, the read of the keys
-// it could not take in, and the publish mark probe each key through an
+// it could not take in, the publish mark, and the first statement of a
+// batch (AcquireNewIntakes: API key, record and ledger probes, the
+// acquisition of the new keys) probe each key through an
 // index, with no sequential scan, on tables that grew since they were
 // last analysed (a young deployment, or one whose traffic outgrew its
 // statistics). Left to the planner, the publish mark was a hash join over
@@ -33,6 +35,11 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	key0, _, err := store.CreateAPIKey(b.ctx, "m_1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiKey := pgstore.HashAPIKey(key0)
 	const existing, size = 10000, 128
 	key := func(i int) string { return fmt.Sprintf("plan-%d-0123456789abcdef0123456789abcdef", i) }
 	var seq uint64
@@ -134,6 +141,40 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 			idx := after[table][1] - before[table][1]
 			if seq != 0 || idx > int64(8*size) {
 				t.Errorf("round %d: %s: %d rows read by sequential scans and %d through indexes for a batch of %d",
+					round, table, seq, idx, size)
+			}
+		}
+
+		// The first statement of a batch: keys the worker charged (all left
+		// to be read) or new ones (all taken in).
+		reqs, keys := make([]dedup.ClaimRequest, size), make([][]byte, size)
+		for i := range reqs {
+			k := refs[i].IdempotencyKey
+			if round%2 == 0 {
+				k = fmt.Sprintf("new-%d-%d", round, i)
+			}
+			reqs[i], keys[i] = req("m_1", k, 1999), apiKey
+		}
+		before = testenv.TableReads(t, b.ctx, pool, append(tables, "api_keys")...)
+		fresh, err := store.AcquireNewIntakes(b.ctx, reqs, keys, 10*time.Second, 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after = testenv.TableReads(t, b.ctx, pool, append(tables, "api_keys")...)
+		want := pgstore.IntakeAcquired
+		if round%2 == 1 {
+			want = pgstore.IntakeReadFirst
+		}
+		for i, r := range fresh {
+			if r.Outcome != want {
+				t.Fatalf("round %d: first statement: %s: %v, want %v", round, reqs[i].IdempotencyKey, r.Outcome, want)
+			}
+		}
+		for _, table := range append(tables, "api_keys") {
+			seq := after[table][0] - before[table][0]
+			idx := after[table][1] - before[table][1]
+			if seq != 0 || idx > int64(4*size) {
+				t.Errorf("round %d: first statement: %s: %d rows read by sequential scans and %d through indexes for a batch of %d",
 					round, table, seq, idx, size)
 			}
 		}
