@@ -103,6 +103,30 @@ func TestBatchTwoIdenticalPOSTs(t *testing.T) {
 	for _, r := range rs {
 		wantStatus(t, r, http.StatusAccepted)
 	}
+	// The same key under two API keys of one merchant: one 202 and one
+	// 409; and when the second API key was revoked after the cache learnt
+	// it, 401 for its POST whichever of the two the batch took first.
+	keyA2 := w.apiKey("m_a")
+	wantStatus(t, w.do(http.MethodPost, "/v1/payments", keyA2, body, map[string]string{"Idempotency-Key": "warm-" + t.Name()}), http.StatusAccepted)
+	rs = w.concurrently([]string{"twin3", "twin3"}, []string{body, body}, []string{w.keyA, keyA2})
+	codes = map[int]int{}
+	for _, r := range rs {
+		codes[r.status]++
+	}
+	if codes[http.StatusAccepted] != 1 || codes[http.StatusConflict] != 1 {
+		t.Fatalf("two API keys of one merchant: answers %v, want one 202 and one 409", codes)
+	}
+	if _, err := w.gwStore.RevokeAPIKey(w.ctx, keyA2); err != nil {
+		t.Fatal(err)
+	}
+	rs = w.concurrently([]string{"twin4", "twin4"}, []string{body, body}, []string{keyA2, w.keyA})
+	if rs[0].status != http.StatusUnauthorized || rs[1].status != http.StatusAccepted {
+		t.Fatalf("revoked second API key: answers %d and %d, want 401 and 202", rs[0].status, rs[1].status)
+	}
+	// twin, twin2, shared twice, the warm-up, twin3, twin4.
+	if n := w.streamMsgs() - before; n != 7 {
+		t.Fatalf("%d messages, want 7", n)
+	}
 }
 
 // TestBatchRevokedKeyRefusedAtOnce: a key the cache knows is refused by

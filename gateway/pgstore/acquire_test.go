@@ -1,6 +1,7 @@
 package pgstore_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -76,6 +77,59 @@ func TestAcquireIntakesHeldInOneRoundTrip(t *testing.T) {
 func TestAcquireIntakesRace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	raceAcquisitions(t, b, b.store.AcquireIntakes)
+}
+
+// TestAcquireNewIntakesRace: the same race between two batches' first
+// statements (AcquireNewIntakes): each key has exactly one publisher; the
+// other batch's request is held, or, when the winner committed while its
+// statement ran, left to be read (IntakeReadFirst), and AcquireIntakes,
+// where the gateway then takes it, finds it held by the winner.
+func TestAcquireNewIntakesRace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key, _, err := b.store.CreateAPIKey(b.ctx, "m_1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash := pgstore.HashAPIKey(key)
+	raceAcquisitions(t, b, func(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+		hashes := make([][]byte, len(reqs))
+		for i := range hashes {
+			hashes[i] = hash
+		}
+		res, err := b.store.AcquireNewIntakes(ctx, reqs, hashes, lease, retention)
+		if err != nil {
+			return nil, err
+		}
+		var later []dedup.ClaimRequest
+		var at []int
+		for i, r := range res {
+			if r.Outcome == pgstore.IntakeReadFirst {
+				later, at = append(later, reqs[i]), append(at, i)
+			}
+		}
+		if len(later) == 0 {
+			return res, nil
+		}
+		again, err := b.store.AcquireIntakes(ctx, later, lease, retention)
+		if err != nil {
+			return nil, err
+		}
+		for j, r := range again {
+			if r.Outcome != pgstore.IntakeHeld {
+				return nil, fmt.Errorf("%s: left to be read, then %v; want held by the winner", later[j].IdempotencyKey, r.Outcome)
+			}
+			res[at[j]] = r
+		}
+		return res, nil
+	})
+}
+
+// raceAcquisitions races two batches of acquire over shared keys, round
+// after round.
+func raceAcquisitions(t *testing.T, b *bundle, acquire func(context.Context, []dedup.ClaimRequest, time.Duration, time.Duration) ([]pgstore.IntakeResult, error)) {
+	t.Helper()
 	const publishLease, retention = 10 * time.Second, 48 * time.Hour
 	const rounds, size = 20, 40
 	for round := range rounds {
@@ -97,7 +151,7 @@ func TestAcquireIntakesRace(t *testing.T) {
 		for side := range batches {
 			wg.Go(func() {
 				<-start
-				res, err := b.store.AcquireIntakes(b.ctx, batches[side], publishLease, retention)
+				res, err := acquire(b.ctx, batches[side], publishLease, retention)
 				if err != nil {
 					t.Error(err)
 				}
