@@ -549,7 +549,24 @@ func TestBatchAcceptsBeforeThePublishMark(t *testing.T) {
 	if n := w.streamMsgs() - before; n != 1 {
 		t.Fatalf("%d messages after the retry, want 1", n)
 	}
+	// A GET while the mark is held never says "not accepted" of a payment
+	// answered 202: it waits for the publish to settle, and answers 409
+	// with Retry-After when it has not.
+	g := w.do(http.MethodGet, "/v1/payments/early", w.keyA, "", nil)
+	wantStatus(t, g, http.StatusConflict)
+	if p := g.problem(t); p.Type != gateway.ProblemKeyInUse || g.header.Get("Retry-After") == "" {
+		t.Fatalf("GET while the publish is unsettled: %+v, Retry-After %q", p, g.header.Get("Retry-After"))
+	}
+	// One waiting when the mark commits answers the payment, queued.
+	got := make(chan response, 1)
+	go func() { got <- w.do(http.MethodGet, "/v1/payments/early", w.keyA, "", nil) }()
+	time.Sleep(200 * time.Millisecond)
 	gs.open()
+	g = <-got
+	wantStatus(t, g, http.StatusOK)
+	if p := g.payment(t); p.Status != gateway.StateQueued || p.Amount != 700 {
+		t.Fatalf("GET once the mark committed: %+v", p)
+	}
 	st, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/paydedup/paydedup/dedup"
@@ -503,9 +504,49 @@ func (g *Gateway) writeCurrent(ctx context.Context, w http.ResponseWriter, statu
 	writeJSON(w, status, p)
 }
 
+// publishSettleWait bounds how long a GET waits for a publish in flight
+// to settle (settledIntake).
+const publishSettleWait = 2 * time.Second
+
+// settledIntake waits while in, unpublished, is still within its publish
+// lease: a publish is in flight, or a batch answered 202 once its PubAck
+// was in and has yet to record it (a GET then must not say "not
+// accepted" of a payment its client was told is accepted). It reads the
+// row again every 10 ms, for at most publishSettleWait, and returns it as
+// it then is (dedup.ErrNotFound once the publish failed and was given up),
+// with whether its publish is still unsettled.
+func (g *Gateway) settledIntake(ctx context.Context, in pgstore.Intake) (pgstore.Intake, bool, error) {
+	inFlight := func(in pgstore.Intake) bool { return !in.Published() && in.LockedUntil.After(g.cfg.Clock.Now()) }
+	if !inFlight(in) {
+		return in, false, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, publishSettleWait)
+	defer cancel()
+	errUnsettled := errors.New("publish unsettled")
+	err := backoff.Retry(func() error {
+		got, err := g.store.GetIntake(ctx, in.MerchantID, in.IdempotencyKey)
+		if err != nil {
+			return backoff.Permanent(err)
+		}
+		if in = got; inFlight(in) {
+			return errUnsettled
+		}
+		return nil
+	}, backoff.WithContext(backoff.NewConstantBackOff(10*time.Millisecond), wctx))
+	switch {
+	case err == nil:
+		return in, false, nil
+	case errors.Is(err, errUnsettled) || errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return in, true, nil
+	}
+	return in, false, err
+}
+
 // getPayment is GET /v1/payments/{key}: the payment's state and stored
 // outcome, for its own merchant only. Another merchant's key and an unknown
-// key get the same 404; a key whose publish failed is 404 "not accepted";
+// key get the same 404; a key whose publish failed is 404 "not accepted"
+// (one whose publish is in flight is waited for, then 409 if still
+// unsettled: settledIntake);
 // a key whose command the worker dead-lettered answers the dead letter's
 // reason, as a retried POST would. Prefer: wait=N waits for the completion
 // of a payment taken in by the gateway.
@@ -548,10 +589,24 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 			g.log.Error("read intake", "error", ierr)
 			unavailable(w)
 			return
-		case !in.Published():
-			notAccepted(w)
-			return
-		case in.DeadLettered():
+		}
+		if !in.Published() {
+			var unsettled bool
+			in, unsettled, ierr = g.settledIntake(ctx, in)
+			switch {
+			case errors.Is(ierr, dedup.ErrNotFound), ierr == nil && !unsettled && !in.Published():
+				notAccepted(w) // its publish failed, or its publisher stopped before the PubAck
+				return
+			case ierr != nil:
+				g.log.Error("read intake", "error", ierr)
+				unavailable(w)
+				return
+			case unsettled:
+				g.keyInUse(w, in.LockedUntil.Sub(g.cfg.Clock.Now()))
+				return
+			}
+		}
+		if in.DeadLettered() {
 			g.writeDeadLetter(w, in)
 			return
 		}
