@@ -144,6 +144,14 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 		rb.Active[string(pgstore.HashAPIKey(token))] != "m_gw" || len(rb.Records) != 1 || len(rb.Payments) != 1 {
 		t.Fatalf("read a batch as %s: %+v %v", gatewayRole, rb, err)
 	}
+	// The batch's first statement probes records and ledger (a key the
+	// worker charged is left to be read) and takes in a new key.
+	fresh, err := gw.AcquireNewIntakes(ctx, []dedup.ClaimRequest{req, dedup.NewClaimRequest(&payment.Command{MerchantID: merchant,
+		IdempotencyKey: "k-new", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"})},
+		[][]byte{pgstore.HashAPIKey(token), pgstore.HashAPIKey(token)}, 10*time.Second, time.Hour)
+	if err != nil || fresh[0].Outcome != pgstore.IntakeReadFirst || fresh[1].Outcome != pgstore.IntakeAcquired {
+		t.Fatalf("acquire new intakes as %s: %+v %v", gatewayRole, fresh, err)
+	}
 	if _, err := records.Stats(ctx, time.Minute); err != nil {
 		t.Fatalf("stats as %s: %v", gatewayRole, err)
 	}
