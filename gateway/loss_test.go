@@ -261,7 +261,7 @@ func TestRepublishOnlyWhenTheStreamLostIt(t *testing.T) {
 // currency is 422 before anything is published.
 func TestReusedKeyAfterPurge422(t *testing.T) {
 	t.Parallel()
-	w := setup(t, gateway.Config{})
+	w := setup(t, gateway.Config{BatchSize: 2, BatchWindow: 500 * time.Millisecond})
 	w.startWorker()
 	wantStatus(t, w.post("old", payBody(1000, "pm_card_visa"), "Prefer", "wait=15"), http.StatusCreated)
 	// Retention purged the record and the intake; the ledger keeps the row.
@@ -279,6 +279,17 @@ func TestReusedKeyAfterPurge422(t *testing.T) {
 	}
 	if n := w.streamMsgs(); n != 1 {
 		t.Fatalf("%d messages, want 1", n)
+	}
+	// Two POSTs of the ledger's own payload in one batch: both are decided
+	// by their reads (the key has a ledger row), and of the two only the
+	// one that took the intake in is 202.
+	body := payBody(1000, "pm_card_visa")
+	codes := map[int]int{}
+	for _, r := range w.concurrently([]string{"old", "old"}, []string{body, body}, []string{w.keyA, w.keyA}) {
+		codes[r.status]++
+	}
+	if codes[http.StatusAccepted] != 1 || codes[http.StatusConflict] != 1 {
+		t.Fatalf("two POSTs of a purged key in one batch: answers %v, want one 202 and one 409", codes)
 	}
 }
 
