@@ -91,6 +91,7 @@ The last line with --json is one JSON object.`,
 	f.IntVar(&c.FetchBatch, "fetch-batch", consumer.DefaultFetchBatch, "messages per fetch and claim (batched mode)")
 	f.IntVar(&c.CommitBatch, "commit-batch", consumer.DefaultCommitBatch, "completions per group commit (batched mode)")
 	f.DurationVar(&c.CommitWait, "commit-wait", consumer.DefaultCommitWait, "how long a group commit waits for more completions (batched mode)")
+	f.IntVar(&c.PoolSize, "pool-size", consumer.DefaultPoolSize(), "the worker's PostgreSQL connections, as paydedup worker's --pool-size (batched mode; naive mode takes at least one per handler); pool_max_conns in DATABASE_URL wins")
 	f.BoolVar(&c.CompletedDuplicates, "completed-duplicates", false, "afterwards, republish every payment (all completed) and time the duplicates")
 	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
 	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/lab/bench"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
@@ -26,6 +27,7 @@ func TestBenchReportsJSON(t *testing.T) {
 	}{
 		{"batched-sim", "batched", "sim", 400, 120, []string{"--duplicates", "0.3", "--completed-duplicates"}},
 		{"batched-stripe", "batched", "stripe", 200, 0, []string{"--provider-latency", "2ms", "--concurrency", "32"}},
+		{"batched-pool-2", "batched", "sim", 300, 0, []string{"--pool-size", "2"}},
 		{"naive-sim", "naive", "sim", 100, 0, nil},
 		{"naive-sim-8", "naive", "sim", 100, 0, []string{"--concurrency", "8"}},
 		{"compare-naive", "batched", "sim", 200, 0, []string{"--compare-naive", "--naive-payments", "40"}},
@@ -71,6 +73,16 @@ func TestBenchReportsJSON(t *testing.T) {
 				r.NATSCPUUSPerPayment < 0 || r.ProcessCPUUSPerPayment < r.WorkerCPUUSPerPayment || r.HeapWorkerMB <= 0 {
 				t.Errorf("implausible CPU or heap figures: %+v", r)
 			}
+			// The worker's pool as "paydedup worker" opens it, unless
+			// --pool-size says otherwise; the naive design has at least a
+			// connection per handler. The bench's backends are the pool's.
+			wantPool := map[string]int{"batched-pool-2": 2, "naive-sim-8": max(8, consumer.DefaultPoolSize())}[c.name]
+			if wantPool == 0 {
+				wantPool = consumer.DefaultPoolSize()
+			}
+			if r.PGPoolSize != wantPool || r.PGBackends > r.PGPoolSize {
+				t.Errorf("pool of %d connections, %d backends; want a pool of %d", r.PGPoolSize, r.PGBackends, wantPool)
+			}
 			wantConc := map[string]int{"naive-sim": 1, "naive-sim-8": 8}[c.name]
 			if wantConc > 0 && r.Concurrency != wantConc {
 				t.Errorf("naive ran %d handlers, want %d", r.Concurrency, wantConc)
@@ -105,6 +117,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"bench", "--mode", "fast"}, "--mode must be batched or naive"},
 		{[]string{"bench", "--duplicates", "1.5"}, "--duplicates must be within 0..1"},
 		{[]string{"bench", "--payments", "0"}, "--payments must be at least 1"},
+		{[]string{"bench", "--pool-size", "0"}, "--pool-size must be at least 1"},
 		{[]string{"bench", "--compare-naive", "--mode", "naive"}, "--compare-naive needs --mode batched"},
 		{[]string{"bench", "--compare-naive", "--naive-payments", "0"}, "--naive-payments of at least 1"},
 	} {

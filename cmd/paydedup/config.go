@@ -216,6 +216,7 @@ type workerFlags struct {
 	cfg        consumer.Config
 	maxTries   int
 	backoffRaw string
+	poolSize   int
 }
 
 func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
@@ -240,6 +241,7 @@ func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 	f.IntVar(&c.Stream.Limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", 64<<10), "largest accepted message body (PAYDEDUP_MAX_BODY_BYTES)")
 	f.IntVar(&w.maxTries, "provider-tries", a.envInt("PAYDEDUP_PROVIDER_TRIES", provider.DefaultMaxTries), "provider attempts per delivery (PAYDEDUP_PROVIDER_TRIES)")
 	f.StringVar(&c.Holder, "holder", a.getenv("PAYDEDUP_HOLDER"), "lease holder id; default host name, pid and a random suffix (PAYDEDUP_HOLDER)")
+	f.IntVar(&w.poolSize, "pool-size", a.envInt("PAYDEDUP_PG_POOL_SIZE", consumer.DefaultPoolSize()), "PostgreSQL connections, unless DATABASE_URL sets pool_max_conns: each statement holds one, so more only lets the server work on more at once (PAYDEDUP_PG_POOL_SIZE)")
 }
 
 // config returns the validated consumer configuration.
@@ -248,6 +250,9 @@ func (w *workerFlags) config(p providerFlags) (consumer.Config, error) {
 	c.ProviderTry = provider.RetryPolicy{MaxTries: w.maxTries, AttemptTimeout: p.timeout}
 	if w.maxTries < 1 {
 		return c, fmt.Errorf("PAYDEDUP_PROVIDER_TRIES / --provider-tries must be at least 1, got %d", w.maxTries)
+	}
+	if w.poolSize < 1 || w.poolSize > 10000 {
+		return c, fmt.Errorf("PAYDEDUP_PG_POOL_SIZE / --pool-size must be within 1..10000, got %d", w.poolSize)
 	}
 	if r := c.Stream.Replicas; r < 1 || r > 5 {
 		return c, fmt.Errorf("PAYDEDUP_STREAM_REPLICAS / --stream-replicas must be 1 to 5 (JetStream's limit), got %d", r)

@@ -111,7 +111,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopTracing()
-	pool, err := pg.Connect(ctx, w.db.url, traced...)
+	pool, err := pg.Connect(ctx, w.db.url, append(traced, pg.WithMaxConns(w.worker.poolSize))...)
 	if err != nil {
 		return err
 	}

@@ -56,6 +56,7 @@ type Config struct {
 	FetchBatch          int           // messages per fetch and claim (batched mode)
 	CommitBatch         int           // completions per group commit (batched mode)
 	CommitWait          time.Duration // how long a group commit waits for more completions (batched mode)
+	PoolSize            int           // the worker's PostgreSQL pool (batched mode; naive: at least one per handler)
 	CompletedDuplicates bool          // afterwards, republish every payment (all completed) and time the duplicates
 	JSON                bool          // print one JSON object on the last line
 	Timeout             time.Duration // give up after this long
@@ -80,8 +81,8 @@ func (c Config) Validate() error {
 	if c.CompareNaive && (c.Mode != "batched" || c.NaivePayments < 1) {
 		errs = append(errs, fmt.Errorf("--compare-naive needs --mode batched and --naive-payments of at least 1 (got %q, %d)", c.Mode, c.NaivePayments))
 	}
-	if c.Concurrency < 1 || c.FetchBatch < 1 || c.CommitBatch < 1 {
-		errs = append(errs, errors.New("--concurrency, --fetch-batch and --commit-batch must be at least 1"))
+	if c.Concurrency < 1 || c.FetchBatch < 1 || c.CommitBatch < 1 || c.PoolSize < 1 {
+		errs = append(errs, errors.New("--concurrency, --fetch-batch, --commit-batch and --pool-size must be at least 1"))
 	}
 	if c.Mode != "batched" && c.Mode != "naive" {
 		errs = append(errs, fmt.Errorf("--mode must be batched or naive, got %q", c.Mode))
@@ -116,6 +117,7 @@ type Result struct {
 	P50MS                   float64 `json:"p50_ms"`
 	P99MS                   float64 `json:"p99_ms"`
 	PGRoundTripsPerPayment  float64 `json:"pg_round_trips_per_payment"`
+	PGPoolSize              int     `json:"pg_pool_size"`
 	RSSMB                   float64 `json:"rss_mb"`
 	DoubleCharges           int     `json:"double_charges"`
 	Lost                    int     `json:"lost"`
@@ -188,6 +190,16 @@ func (b *benchCmd) run(ctx context.Context) error {
 	return res.verdict()
 }
 
+// poolSize is the run's PostgreSQL pool: the worker's (PoolSize) in
+// batched mode; in naive mode at least one connection per handler, as the
+// per-message design runs each handler's statements on its own.
+func (b *benchCmd) poolSize() int {
+	if b.Mode == "naive" {
+		return max(b.PoolSize, b.Concurrency)
+	}
+	return b.PoolSize
+}
+
 // runOnce sets up, runs and checks one bench run.
 func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	var res Result
@@ -213,7 +225,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		}
 		defer srv.Close()
 		say("no DATABASE_URL: PostgreSQL is %s", srv.Where)
-		u, _, err := localpg.Database(ctx, srv.AdminURL, Database, 32)
+		u, _, err := localpg.Database(ctx, srv.AdminURL, Database, b.poolSize())
 		if err != nil {
 			return res, fmt.Errorf("bench: %w", err)
 		}
@@ -231,7 +243,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("bench: %w", err)
 	}
-	pool, err := pg.Connect(ctx, appURL)
+	pool, err := pg.Connect(ctx, appURL, pg.WithMaxConns(b.poolSize()))
 	if err != nil {
 		return res, fmt.Errorf("bench: %w", err)
 	}
@@ -326,6 +338,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 
 	res = Result{
 		Mode: b.Mode, Provider: b.Provider, Payments: b.Payments, Duplicates: dups, Messages: messages, Concurrency: cfg.Concurrency,
+		PGPoolSize:        int(pool.Config().MaxConns),
 		ProviderLatencyMS: float64(b.ProviderLatency) / float64(time.Millisecond),
 		Seconds:           elapsed.Seconds(), PaymentsPerSec: float64(b.Payments) / elapsed.Seconds(),
 		MessagesPerSec: float64(messages) / elapsed.Seconds(),

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/internal/testenv"
+)
+
+// A pool size the worker cannot have stops it before it connects, naming
+// the variable or the flag.
+func TestWorkerRefusesBadPoolSize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := map[string]string{"PAYDEDUP_DLQ_KEY": strings.Repeat("k", 40), "DATABASE_URL": "postgres://x@127.0.0.1:1/db"}
+	for _, n := range []string{"0", "-3", "10001"} {
+		env["PAYDEDUP_PG_POOL_SIZE"] = n
+		_, _, err := runCLI(ctx, env, "worker")
+		if err == nil || !strings.Contains(err.Error(), "PAYDEDUP_PG_POOL_SIZE / --pool-size must be within 1..10000") {
+			t.Errorf("PAYDEDUP_PG_POOL_SIZE=%s worker: %v", n, err)
+		}
+	}
+	env["PAYDEDUP_PG_POOL_SIZE"] = "four"
+	if _, _, err := runCLI(ctx, env, "worker"); err == nil || !strings.Contains(err.Error(), "PAYDEDUP_PG_POOL_SIZE") {
+		t.Errorf("PAYDEDUP_PG_POOL_SIZE=four worker: %v", err)
+	}
+	delete(env, "PAYDEDUP_PG_POOL_SIZE")
+	if _, _, err := runCLI(ctx, env, "worker", "--pool-size", "0"); err == nil || !strings.Contains(err.Error(), "--pool-size must be within") {
+		t.Errorf("worker --pool-size 0: %v", err)
+	}
+}
+
+// TestWorkerPoolOfOne runs "paydedup worker" (the reconciler inside it)
+// with PAYDEDUP_PG_POOL_SIZE=1 over a backlog: it never has more than one
+// backend, and it still completes every payment, so no path of the worker
+// holds a connection while it waits for a second one (claims, group
+// commits, releases, heartbeats and the reconciler's scans queue for the
+// one connection instead). The worker's default pool is what
+// consumer.DefaultPoolSize says.
+func TestWorkerPoolOfOne(t *testing.T) {
+	t.Parallel()
+	if got := consumer.DefaultPoolSize(); got < 4 {
+		t.Fatalf("DefaultPoolSize() = %d, want at least 4", got)
+	}
+	ownerURL := testenv.PostgresURL(t)
+	app := "paydedup-pool-" + testenv.Unique(t)
+	u, err := url.Parse(withUser(t, ownerURL, "paydedup_worker"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	w := newCLIWorld(t, u.String(), true)
+	w.env["PAYDEDUP_PROVIDER"] = "sim"
+	w.env["PAYDEDUP_PG_POOL_SIZE"] = "1"
+	w.env["PAYDEDUP_CONCURRENCY"] = "64"
+	w.env["PAYDEDUP_FETCH_BATCH"] = "50"
+	w.env["PAYDEDUP_RECONCILE_INTERVAL"] = "100ms"
+	const payments = 600
+	if out, _, err := w.run("", "publish", "--generate", "600", "--merchant", "m_pool", "--seed", "7"); err != nil {
+		t.Fatalf("publish: %v\n%s", err, out)
+	}
+
+	ctx := context.Background()
+	owner, err := pg.Connect(ctx, ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close()
+	var most atomic.Int64
+	sample := func() {
+		var n int64
+		if err := owner.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil {
+			t.Error(err)
+			return
+		}
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				return
+			}
+		}
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		root := newRootCmd(&testenv.Buffer{}, &testenv.Buffer{}, func(k string) string { return w.env[k] })
+		root.SetArgs([]string{"worker"})
+		done <- root.ExecuteContext(runCtx)
+	}()
+	defer func() {
+		stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("worker did not stop")
+		}
+	}()
+	completed := func() int {
+		var n int
+		if err := owner.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, 90*time.Second, "every payment completed", func() bool {
+		sample()
+		return completed() == payments
+	})
+	sample()
+	if m := most.Load(); m != 1 {
+		t.Errorf("the worker had at most %d backends, want 1 (PAYDEDUP_PG_POOL_SIZE=1)", m)
+	}
+	var ledger, pending int
+	if err := owner.QueryRow(ctx, `SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM pending_keys)`).Scan(&ledger, &pending); err != nil {
+		t.Fatal(err)
+	}
+	if ledger != payments || pending != 0 {
+		t.Errorf("ledger %d rows, %d pending names; want %d and 0", ledger, pending, payments)
+	}
+}
