@@ -57,6 +57,13 @@ var metrics = map[string]struct {
 	"paydedup_consumer_redelivered_messages": {labels: map[string][]string{"stream": nil, "consumer": nil}},
 	"paydedup_consumer_waiting_pulls":        {labels: map[string][]string{"stream": nil, "consumer": nil}},
 	"paydedup_consumer_info_up":              {labels: map[string][]string{"stream": nil, "consumer": nil}},
+	// The PostgreSQL pool of the worker and the gateway (cmd's watchPool).
+	"paydedup_pg_pool_max_connections":            {},
+	"paydedup_pg_pool_connections":                {},
+	"paydedup_pg_pool_acquired_connections":       {},
+	"paydedup_pg_pool_acquires_total":             {},
+	"paydedup_pg_pool_waited_acquires_total":      {},
+	"paydedup_pg_pool_acquire_wait_seconds_total": {},
 	// The gateway (gateway/metrics.go).
 	"paydedup_gateway_requests_total": {labels: map[string][]string{
 		"route": {"post_payment", "get_payment", "stripe_webhook", "other"}, "code": nil,

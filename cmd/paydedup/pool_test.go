@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/testenv"
@@ -129,4 +131,78 @@ func TestWorkerPoolOfOne(t *testing.T) {
 	if ledger != payments || pending != 0 {
 		t.Errorf("ledger %d rows, %d pending names; want %d and 0", ledger, pending, payments)
 	}
+}
+
+// TestPoolMetricsShowWaits exports a real pool of one connection while two
+// statements want it: the second one's wait shows in the counters an
+// operator sizes PAYDEDUP_PG_POOL_SIZE by.
+func TestPoolMetricsShowWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pg.Connect(ctx, testenv.PostgresURL(t), pg.WithMaxConns(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	reg := prometheus.NewRegistry()
+	watchPool(reg, pool)
+	if _, err := pool.Exec(ctx, `SELECT 1`); err != nil { // the connection opens: one acquisition that waited for it
+		t.Fatal(err)
+	}
+	before := gather(t, reg)
+	held := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			close(held)
+			done <- err
+			return
+		}
+		close(held)
+		_, err = conn.Exec(ctx, `SELECT pg_sleep(0.3)`)
+		conn.Release()
+		done <- err
+	}()
+	<-held
+	if _, err := pool.Exec(ctx, `SELECT 1`); err != nil { // waits for the sleeper's connection
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	after := gather(t, reg)
+	if after["paydedup_pg_pool_max_connections"] != 1 || after["paydedup_pg_pool_connections"] != 1 || after["paydedup_pg_pool_acquired_connections"] != 0 {
+		t.Errorf("pool gauges %v, want a pool of 1 with 1 connection, none held", after)
+	}
+	if d := after["paydedup_pg_pool_acquires_total"] - before["paydedup_pg_pool_acquires_total"]; d != 2 {
+		t.Errorf("%v acquisitions, want 2", d)
+	}
+	if d := after["paydedup_pg_pool_waited_acquires_total"] - before["paydedup_pg_pool_waited_acquires_total"]; d != 1 {
+		t.Errorf("%v acquisitions waited, want 1 (the statement behind the sleeper)", d)
+	}
+	if d := after["paydedup_pg_pool_acquire_wait_seconds_total"] - before["paydedup_pg_pool_acquire_wait_seconds_total"]; d < 0.1 || d > 5 {
+		t.Errorf("waited %.3fs in all, want about the sleeper's 0.3s", d)
+	}
+}
+
+// gather returns each unlabelled metric's value.
+func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.GetGauge() != nil:
+				out[mf.GetName()] = m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				out[mf.GetName()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
 }

@@ -141,3 +141,54 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
 	}
 }
+
+// PoolStats is what a PostgreSQL connection pool reports of itself
+// (pgxpool.Stat's counts).
+type PoolStats struct {
+	Max, Total, Acquired int32
+	// Acquires counts every acquisition; Waited those that found no idle
+	// connection and waited for one (a new one or a released one), and
+	// WaitedFor their total wait.
+	Acquires, Waited int64
+	WaitedFor        time.Duration
+}
+
+// poolCollector exports PoolStats, read at scrape time (no I/O).
+type poolCollector struct {
+	stat                                          func() PoolStats
+	max, total, acquired, acquires, waited, waitS *prometheus.Desc
+}
+
+// WatchPool registers the pool's size and its queueing: how many
+// connections it may open and has open, how many statements hold one now,
+// and how often and how long acquisitions waited for one. A pool that is
+// too small for the work shows as the wait growing with the load
+// (rate(paydedup_pg_pool_acquire_wait_seconds_total) near the rate of
+// acquisitions × the statements' own duration).
+func WatchPool(reg prometheus.Registerer, stat func() PoolStats) {
+	reg.MustRegister(&poolCollector{
+		stat:     stat,
+		max:      prometheus.NewDesc("paydedup_pg_pool_max_connections", "Connections the PostgreSQL pool may open (PAYDEDUP_PG_POOL_SIZE or pool_max_conns).", nil, nil),
+		total:    prometheus.NewDesc("paydedup_pg_pool_connections", "Connections the PostgreSQL pool has open.", nil, nil),
+		acquired: prometheus.NewDesc("paydedup_pg_pool_acquired_connections", "Connections held by a statement now.", nil, nil),
+		acquires: prometheus.NewDesc("paydedup_pg_pool_acquires_total", "Connection acquisitions.", nil, nil),
+		waited:   prometheus.NewDesc("paydedup_pg_pool_waited_acquires_total", "Acquisitions that found no idle connection and waited for one.", nil, nil),
+		waitS:    prometheus.NewDesc("paydedup_pg_pool_acquire_wait_seconds_total", "Time acquisitions spent waiting for a connection.", nil, nil),
+	})
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.max, c.total, c.acquired, c.acquires, c.waited, c.waitS} {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stat()
+	ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, float64(s.Max))
+	ch <- prometheus.MustNewConstMetric(c.total, prometheus.GaugeValue, float64(s.Total))
+	ch <- prometheus.MustNewConstMetric(c.acquired, prometheus.GaugeValue, float64(s.Acquired))
+	ch <- prometheus.MustNewConstMetric(c.acquires, prometheus.CounterValue, float64(s.Acquires))
+	ch <- prometheus.MustNewConstMetric(c.waited, prometheus.CounterValue, float64(s.Waited))
+	ch <- prometheus.MustNewConstMetric(c.waitS, prometheus.CounterValue, s.WaitedFor.Seconds())
+}
