@@ -55,12 +55,12 @@ const (
 // worker may use (GOMAXPROCS), and at least 4. Every statement of the worker
 // holds one connection and never waits for a second (a claim, a group
 // commit, a release, a heartbeat, a reconciler scan), so a small pool only
-// queues statements; what it bounds is how many of them the server works
-// on at once. On 2 cores, server and worker sharing them, 4 connections
-// took 9-15 % more payments/s than 32, with 14-26 µs less PostgreSQL CPU
-// per payment and half the p99 (bench, interleaved pairs; README,
-// "Performance"): concurrent backends contend for the WAL insert and
-// flush, relation extension and buffer mapping locks instead of working.
+// queues statements; what it bounds is how many backends the server runs
+// for this worker. On 2 cores, server and worker sharing them, 4
+// connections gave less PostgreSQL CPU per payment than 32 in 13 of 13
+// interleaved bench runs (78-117 against 86-136 µs) and more payments/s in
+// 12 (README, "Performance"); the pool of 32 opened 11 to 24 backends, and
+// the more it opened, the slower the run.
 func DefaultPoolSize() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
 
 // Config configures the worker, and holds the topology it works on. Zero
