@@ -179,7 +179,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	})
 	build.Set(1)
 	reg.MustRegister(build, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	watchPool(reg, pool)
+	ops.WatchPool(reg, func() ops.PoolStat { return pool.Stat() })
 	cfg.Registerer = reg
 	if cfg.Propagator, err = g.app.propagator(); err != nil {
 		return err

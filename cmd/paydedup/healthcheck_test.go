@@ -68,24 +68,7 @@ func TestWorkerWaitsForMigrations(t *testing.T) {
 		return err
 	}
 	var logs testenv.Buffer
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		root := newRootCmd(&testenv.Buffer{}, &logs, func(k string) string { return w.env[k] })
-		root.SetArgs([]string{"worker"})
-		done <- root.ExecuteContext(runCtx)
-	}()
-	defer func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("worker: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("worker did not stop")
-		}
-	}()
+	defer startWorker(t, w.env, &logs)()
 
 	// Unready, with the reason, and the log says it once.
 	waitFor(t, 20*time.Second, "the schema log line", func() bool {
@@ -145,6 +128,30 @@ func TestWorkerWaitsForMigrations(t *testing.T) {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
+// startWorker runs "paydedup worker" with env, its logs to logs; the func
+// it returns stops it and fails the test unless it drained and exited 0.
+func startWorker(t *testing.T, env map[string]string, logs io.Writer) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		root := newRootCmd(&testenv.Buffer{}, logs, func(k string) string { return env[k] })
+		root.SetArgs([]string{"worker"})
+		done <- root.ExecuteContext(ctx)
+	}()
+	return func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("worker: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("worker did not stop")
+		}
+	}
+}
+
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)

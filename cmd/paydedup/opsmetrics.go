@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,15 +33,4 @@ func watchConsumerLag(reg prometheus.Registerer, nc *nats.Conn, streamName, dura
 		}, nil
 	})
 	return nil
-}
-
-// watchPool exports pool's size and queueing (ops.WatchPool).
-func watchPool(reg prometheus.Registerer, pool *pgxpool.Pool) {
-	ops.WatchPool(reg, func() ops.PoolStats {
-		s := pool.Stat()
-		return ops.PoolStats{
-			Max: s.MaxConns(), Total: s.TotalConns(), Acquired: s.AcquiredConns(),
-			Acquires: s.AcquireCount(), Waited: s.EmptyAcquireCount(), WaitedFor: s.EmptyAcquireWaitTime(),
-		}
-	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/testenv"
 )
@@ -91,24 +92,7 @@ func TestWorkerPoolOfOne(t *testing.T) {
 		}
 	}
 
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		root := newRootCmd(&testenv.Buffer{}, &testenv.Buffer{}, func(k string) string { return w.env[k] })
-		root.SetArgs([]string{"worker"})
-		done <- root.ExecuteContext(runCtx)
-	}()
-	defer func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("worker: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("worker did not stop")
-		}
-	}()
+	defer startWorker(t, w.env, &testenv.Buffer{})()
 	completed := func() int {
 		var n int
 		if err := owner.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`).Scan(&n); err != nil {
@@ -145,7 +129,7 @@ func TestPoolMetricsShowWaits(t *testing.T) {
 	}
 	defer pool.Close()
 	reg := prometheus.NewRegistry()
-	watchPool(reg, pool)
+	ops.WatchPool(reg, func() ops.PoolStat { return pool.Stat() })
 	if _, err := pool.Exec(ctx, `SELECT 1`); err != nil { // the connection opens: one acquisition that waited for it
 		t.Fatal(err)
 	}

@@ -140,7 +140,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
-	watchPool(reg, pool)
+	ops.WatchPool(reg, func() ops.PoolStat { return pool.Stat() })
 	ops.WatchPending(reg, func(ctx context.Context) (int64, int64, error) {
 		c, err := store.CountPending(ctx, w.rec.grace)
 		return c.Pending, c.Stuck, err

@@ -142,20 +142,23 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// PoolStats is what a PostgreSQL connection pool reports of itself
-// (pgxpool.Stat's counts).
-type PoolStats struct {
-	Max, Total, Acquired int32
-	// Acquires counts every acquisition; Waited those that found no idle
-	// connection and waited for one (a new one or a released one), and
-	// WaitedFor their total wait.
-	Acquires, Waited int64
-	WaitedFor        time.Duration
+// PoolStat is what a PostgreSQL connection pool reports of itself: the
+// methods of pgxpool.Stat the pool's metrics read. AcquireCount counts
+// every acquisition; EmptyAcquireCount those that found no idle connection
+// and waited for one (a new one or a released one), and
+// EmptyAcquireWaitTime their total wait.
+type PoolStat interface {
+	MaxConns() int32
+	TotalConns() int32
+	AcquiredConns() int32
+	AcquireCount() int64
+	EmptyAcquireCount() int64
+	EmptyAcquireWaitTime() time.Duration
 }
 
-// poolCollector exports PoolStats, read at scrape time (no I/O).
+// poolCollector exports a PoolStat, read at scrape time (no I/O).
 type poolCollector struct {
-	stat                                          func() PoolStats
+	stat                                          func() PoolStat
 	max, total, acquired, acquires, waited, waitS *prometheus.Desc
 }
 
@@ -165,7 +168,7 @@ type poolCollector struct {
 // too small for the work shows as the wait growing with the load
 // (rate(paydedup_pg_pool_acquire_wait_seconds_total) near the rate of
 // acquisitions × the statements' own duration).
-func WatchPool(reg prometheus.Registerer, stat func() PoolStats) {
+func WatchPool(reg prometheus.Registerer, stat func() PoolStat) {
 	reg.MustRegister(&poolCollector{
 		stat:     stat,
 		max:      prometheus.NewDesc("paydedup_pg_pool_max_connections", "Connections the PostgreSQL pool may open (PAYDEDUP_PG_POOL_SIZE or pool_max_conns).", nil, nil),
@@ -185,10 +188,10 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.stat()
-	ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, float64(s.Max))
-	ch <- prometheus.MustNewConstMetric(c.total, prometheus.GaugeValue, float64(s.Total))
-	ch <- prometheus.MustNewConstMetric(c.acquired, prometheus.GaugeValue, float64(s.Acquired))
-	ch <- prometheus.MustNewConstMetric(c.acquires, prometheus.CounterValue, float64(s.Acquires))
-	ch <- prometheus.MustNewConstMetric(c.waited, prometheus.CounterValue, float64(s.Waited))
-	ch <- prometheus.MustNewConstMetric(c.waitS, prometheus.CounterValue, s.WaitedFor.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.max, prometheus.GaugeValue, float64(s.MaxConns()))
+	ch <- prometheus.MustNewConstMetric(c.total, prometheus.GaugeValue, float64(s.TotalConns()))
+	ch <- prometheus.MustNewConstMetric(c.acquired, prometheus.GaugeValue, float64(s.AcquiredConns()))
+	ch <- prometheus.MustNewConstMetric(c.acquires, prometheus.CounterValue, float64(s.AcquireCount()))
+	ch <- prometheus.MustNewConstMetric(c.waited, prometheus.CounterValue, float64(s.EmptyAcquireCount()))
+	ch <- prometheus.MustNewConstMetric(c.waitS, prometheus.CounterValue, s.EmptyAcquireWaitTime().Seconds())
 }
