@@ -164,10 +164,9 @@ type poolCollector struct {
 
 // WatchPool registers the pool's size and its queueing: how many
 // connections it may open and has open, how many statements hold one now,
-// and how often and how long acquisitions waited for one. A pool that is
-// too small for the work shows as the wait growing with the load
-// (rate(paydedup_pg_pool_acquire_wait_seconds_total) near the rate of
-// acquisitions × the statements' own duration).
+// and how often and how long acquisitions waited for one. A pool too small
+// for the work shows as a wait per acquisition that grows with the load
+// while the database has cores to spare.
 func WatchPool(reg prometheus.Registerer, stat func() PoolStat) {
 	reg.MustRegister(&poolCollector{
 		stat:     stat,
