@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"net/url"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -44,13 +49,9 @@ func TestWorkerRefusesBadPoolSize(t *testing.T) {
 // backend, and it still completes every payment, so no path of the worker
 // holds a connection while it waits for a second one (claims, group
 // commits, releases, heartbeats and the reconciler's scans queue for the
-// one connection instead). The worker's default pool is what
-// consumer.DefaultPoolSize says.
+// one connection instead). Its /metrics says the pool's size.
 func TestWorkerPoolOfOne(t *testing.T) {
 	t.Parallel()
-	if got := consumer.DefaultPoolSize(); got < 4 {
-		t.Fatalf("DefaultPoolSize() = %d, want at least 4", got)
-	}
 	ownerURL := testenv.PostgresURL(t)
 	app := "paydedup-pool-" + testenv.Unique(t)
 	u, err := url.Parse(withUser(t, ownerURL, "paydedup_worker"))
@@ -66,6 +67,8 @@ func TestWorkerPoolOfOne(t *testing.T) {
 	w.env["PAYDEDUP_CONCURRENCY"] = "64"
 	w.env["PAYDEDUP_FETCH_BATCH"] = "50"
 	w.env["PAYDEDUP_RECONCILE_INTERVAL"] = "100ms"
+	adminAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	w.env["PAYDEDUP_ADMIN_ADDR"] = adminAddr
 	const payments = 600
 	if out, _, err := w.run("", "publish", "--generate", "600", "--merchant", "m_pool", "--seed", "7"); err != nil {
 		t.Fatalf("publish: %v\n%s", err, out)
@@ -108,12 +111,42 @@ func TestWorkerPoolOfOne(t *testing.T) {
 	if m := most.Load(); m != 1 {
 		t.Errorf("the worker had at most %d backends, want 1 (PAYDEDUP_PG_POOL_SIZE=1)", m)
 	}
+	resp, err := http.Get("http://" + adminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\npaydedup_pg_pool_max_connections 1\n", "\npaydedup_pg_pool_connections 1\n"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
+		}
+	}
 	var ledger, pending int
 	if err := owner.QueryRow(ctx, `SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM pending_keys)`).Scan(&ledger, &pending); err != nil {
 		t.Fatal(err)
 	}
 	if ledger != payments || pending != 0 {
 		t.Errorf("ledger %d rows, %d pending names; want %d and 0", ledger, pending, payments)
+	}
+}
+
+// Without PAYDEDUP_PG_POOL_SIZE the worker opens consumer.DefaultPoolSize
+// connections: 2 × GOMAXPROCS, at least 4.
+func TestWorkerDefaultPoolSize(t *testing.T) {
+	t.Parallel()
+	root, _ := newRoot(&testenv.Buffer{}, &testenv.Buffer{}, func(string) string { return "" })
+	cmd, _, err := root.Find([]string{"worker"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := cmd.Flags().Lookup("pool-size")
+	want := max(4, 2*runtime.GOMAXPROCS(0))
+	if f == nil || f.DefValue != strconv.Itoa(want) || consumer.DefaultPoolSize() != want {
+		t.Fatalf("worker --pool-size default %v, DefaultPoolSize() %d; want %d", f, consumer.DefaultPoolSize(), want)
 	}
 }
 
