@@ -57,7 +57,7 @@ var metrics = map[string]struct {
 	"paydedup_consumer_redelivered_messages": {labels: map[string][]string{"stream": nil, "consumer": nil}},
 	"paydedup_consumer_waiting_pulls":        {labels: map[string][]string{"stream": nil, "consumer": nil}},
 	"paydedup_consumer_info_up":              {labels: map[string][]string{"stream": nil, "consumer": nil}},
-	// The PostgreSQL pool of the worker and the gateway (cmd's watchPool).
+	// The PostgreSQL pool of the worker and the gateway (ops.WatchPool).
 	"paydedup_pg_pool_max_connections":            {},
 	"paydedup_pg_pool_connections":                {},
 	"paydedup_pg_pool_acquired_connections":       {},

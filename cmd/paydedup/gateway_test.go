@@ -141,23 +141,7 @@ func TestGatewayCommandServes(t *testing.T) {
 	gwEnv := maps.Clone(env)
 	gwEnv["DATABASE_URL"] = withUser(t, ownerURL, "paydedup_gateway")
 
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := runCLI(runCtx, gwEnv, "gateway")
-		done <- err
-	}()
-	defer func() {
-		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("gateway: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("gateway did not stop")
-		}
-	}()
+	defer startCommand(t, gwEnv, &testenv.Buffer{}, "gateway")()
 	client := &http.Client{Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
 	get := func(url string) (int, string) {

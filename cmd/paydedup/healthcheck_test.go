@@ -68,7 +68,7 @@ func TestWorkerWaitsForMigrations(t *testing.T) {
 		return err
 	}
 	var logs testenv.Buffer
-	defer startWorker(t, w.env, &logs)()
+	defer startCommand(t, w.env, &logs, "worker")()
 
 	// Unready, with the reason, and the log says it once.
 	waitFor(t, 20*time.Second, "the schema log line", func() bool {
@@ -128,15 +128,16 @@ func TestWorkerWaitsForMigrations(t *testing.T) {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
-// startWorker runs "paydedup worker" with env, its logs to logs; the func
-// it returns stops it and fails the test unless it drained and exited 0.
-func startWorker(t *testing.T, env map[string]string, logs io.Writer) (stop func()) {
+// startCommand runs a long-running command of the tree (worker, gateway)
+// with env, its logs to logs; the func it returns stops it and fails the
+// test unless it drained and exited 0.
+func startCommand(t *testing.T, env map[string]string, logs io.Writer, args ...string) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		root := newRootCmd(&testenv.Buffer{}, logs, func(k string) string { return env[k] })
-		root.SetArgs([]string{"worker"})
+		root.SetArgs(args)
 		done <- root.ExecuteContext(ctx)
 	}()
 	return func() {
@@ -144,10 +145,10 @@ func startWorker(t *testing.T, env map[string]string, logs io.Writer) (stop func
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Errorf("worker: %v", err)
+				t.Errorf("%s: %v", args[0], err)
 			}
 		case <-time.After(30 * time.Second):
-			t.Error("worker did not stop")
+			t.Errorf("%s did not stop", args[0])
 		}
 	}
 }

@@ -95,7 +95,7 @@ func TestWorkerPoolOfOne(t *testing.T) {
 		}
 	}
 
-	defer startWorker(t, w.env, &testenv.Buffer{})()
+	defer startCommand(t, w.env, &testenv.Buffer{}, "worker")()
 	completed := func() int {
 		var n int
 		if err := owner.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`).Scan(&n); err != nil {
