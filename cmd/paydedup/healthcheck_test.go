@@ -127,7 +127,6 @@ func TestWorkerWaitsForMigrations(t *testing.T) {
 	})
 }
 
-// waitFor polls cond until it holds or the deadline passes.
 // startCommand runs a long-running command of the tree (worker, gateway)
 // with env, its logs to logs; the func it returns stops it and fails the
 // test unless it drained and exited 0.
@@ -153,6 +152,7 @@ func startCommand(t *testing.T, env map[string]string, logs io.Writer, args ...s
 	}
 }
 
+// waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
