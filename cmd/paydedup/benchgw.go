@@ -44,15 +44,16 @@ statements and pipelined batches sent to PostgreSQL; cpu_ms_per_request is
 this process's CPU (clients, gateway and an embedded NATS server).
 
 CPU per POST over the load, in µs, split as "paydedup bench" splits the
-worker's: pg_cpu_us_per_request from /proc/<pid>/stat of the PostgreSQL
-backends serving the gateway's pool (-1 when the server is not on this
-machine; the cluster's WAL writer and checkpointer are not counted); this
-process's CPU (getrusage) split by a CPU profile's pprof labels and frames
-into client_cpu_us_per_request (the load's HTTP clients and their
-transport), nats_cpu_us_per_request (the embedded NATS server; 0 with
-NATS_URL, whose server is out of process) and gateway_cpu_us_per_request,
-the rest: the gateway's HTTP server, handlers, batches, pgx and nats.go,
-and the runtime's background GC (so an upper bound).
+worker's: pg_cpu_us_per_request from /proc/<pid>/schedstat (ns) of the
+PostgreSQL backends serving the gateway's pool (-1 when the server is not
+on this machine; the cluster's WAL writer and checkpointer are not
+counted); this process's CPU (getrusage) split by a CPU profile's pprof
+labels and frames into client_cpu_us_per_request (the load's HTTP clients
+and their transport), nats_cpu_us_per_request (the embedded NATS server; 0
+with NATS_URL, whose server is out of process) and
+gateway_cpu_us_per_request, the rest: the gateway's HTTP server, handlers,
+batches, pgx and nats.go, and the runtime's background GC (so an upper
+bound).
 
 NATS: NATS_URL, or an embedded server. PostgreSQL: DATABASE_URL, or the
 paydedup_bench database on the local server, as "paydedup bench".

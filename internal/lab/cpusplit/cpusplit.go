@@ -267,7 +267,11 @@ func backendCPU(ctx context.Context, pids func(context.Context) ([]int, error)) 
 // every Linux architecture Go supports.
 const clockTicks = 100
 
-// procCPU reads utime+stime of a postgres process from /proc/<pid>/stat.
+// procCPU reads the CPU time of a postgres process: its time on a CPU in
+// nanoseconds from /proc/<pid>/schedstat, or, on a kernel without it,
+// utime+stime from /proc/<pid>/stat, which counts in clock ticks (10 ms:
+// a short run's backends would read nothing). /proc/<pid>/stat also tells
+// that the process is postgres.
 func procCPU(pid int) (time.Duration, bool) {
 	if runtime.GOOS != "linux" {
 		return 0, false
@@ -280,6 +284,14 @@ func procCPU(pid int) (time.Duration, bool) {
 	i := strings.LastIndexByte(s, ')') // the command may contain spaces
 	if i < 0 || !strings.Contains(s[:i], "(postgres") {
 		return 0, false
+	}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid)); err == nil {
+		// run time (ns), run-queue wait (ns), time slices
+		if f := strings.Fields(string(b)); len(f) == 3 {
+			if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+				return time.Duration(ns), true
+			}
+		}
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 13 { // state is f[0]; utime and stime are fields 14 and 15
