@@ -138,7 +138,10 @@ type Lease struct {
 // Fingerprint returns the SHA-256 of the command's canonical encoding: the
 // same request always has the same fingerprint, whatever its JSON looked like.
 func Fingerprint(c *payment.Command) []byte {
-	sum := sha256.Sum256(c.Canonical())
+	// The encoding is put together in a buffer on the stack (a command of
+	// ordinary size fits it) and hashed at once, as ProviderKey does.
+	var in [512]byte
+	sum := sha256.Sum256(c.AppendCanonical(in[:0]))
 	return sum[:]
 }
 

@@ -3,8 +3,11 @@ package dedup_test
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -129,6 +132,62 @@ func TestProviderKeyIsStable(t *testing.T) {
 	}
 }
 
+// TestFingerprintIsStable: a key's fingerprint is stored with its row (and
+// with its gateway intake); a build that computed another for the same
+// command would take a redelivery or a retry of a payment claimed before
+// it for another payment (a mismatch, 422, the claim never resumed by its
+// own message). So the encoding never changes: SHA-256 of
+// "paydedup.command.v1", then each of merchant id, key, currency, payment
+// method and description as a big-endian uint32 length and the bytes (the
+// amount as a big-endian uint64 after the key), then the metadata's count
+// and its pairs in key order, each string length-prefixed, for every size
+// of command (past any buffer kept on the stack too).
+func TestFingerprintIsStable(t *testing.T) {
+	t.Parallel()
+	reference := func(c *payment.Command) []byte {
+		h := sha256.New()
+		h.Write([]byte("paydedup.command.v1"))
+		put := func(s string) {
+			h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(s))))
+			h.Write([]byte(s))
+		}
+		put(c.MerchantID)
+		put(c.IdempotencyKey)
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(c.Amount)))
+		put(c.Currency)
+		put(c.PaymentMethod)
+		put(c.Description)
+		keys := slices.Sorted(maps.Keys(c.Metadata))
+		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(keys))))
+		for _, k := range keys {
+			put(k)
+			put(c.Metadata[k])
+		}
+		return h.Sum(nil)
+	}
+	// The fingerprint main has always computed for baseJSON's command.
+	if got, want := hex.EncodeToString(fingerprintOf(t, baseJSON)), "d3616f185a8babad41bace1ef7f62ef549e7805d52a03f0dc5ffb3e89dfa0229"; got != want {
+		t.Fatalf("Fingerprint(baseJSON) = %s, want %s", got, want)
+	}
+	big := map[string]string{}
+	for i := range 50 {
+		big[strings.Repeat(string(rune('a'+i%26)), i+1)] = strings.Repeat("é", 100)
+	}
+	cmds := []*payment.Command{
+		{},
+		{MerchantID: "m_1", IdempotencyKey: "k", Amount: 1, Currency: "usd"},
+		{MerchantID: "m_1", IdempotencyKey: "k", Amount: -1, Currency: "usd", PaymentMethod: "pm_card_visa",
+			Description: "naïve ☃", Metadata: map[string]string{"b": "2", "a": "1", "": ""}},
+		{MerchantID: strings.Repeat("m", 64), IdempotencyKey: strings.Repeat("~", 255), Amount: 1 << 62,
+			Currency: "eur", Description: strings.Repeat("d", 5000), Metadata: big},
+	}
+	for i, c := range cmds {
+		if got, want := dedup.Fingerprint(c), reference(c); !bytes.Equal(got, want) {
+			t.Errorf("command %d: Fingerprint = %x, want %x", i, got, want)
+		}
+	}
+}
+
 // mustLoose decodes without validation, for commands the canonical encoding
 // must still distinguish.
 func mustLoose(t *testing.T, body string) *payment.Command {
@@ -141,3 +200,19 @@ func mustLoose(t *testing.T, body string) *payment.Command {
 }
 
 var jsonUnmarshal = json.Unmarshal
+
+// BenchmarkFingerprint is the fingerprint of a typical command (two
+// metadata pairs), computed once per claim by the worker and per POST by
+// the gateway: ns and allocations per command (-benchmem).
+func BenchmarkFingerprint(b *testing.B) {
+	c, err := payment.Decode([]byte(baseJSON), payment.Envelope{}, payment.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(dedup.Fingerprint(c)) != sha256.Size {
+			b.Fatal("short fingerprint")
+		}
+	}
+}

@@ -249,29 +249,35 @@ func merchantChars(s string) bool {
 // order, each length-prefixed so no two commands share an encoding, with
 // metadata sorted by key. JSON field order and whitespace do not reach it.
 func (c *Command) Canonical() []byte {
-	var b bytes.Buffer
-	b.WriteString("paydedup.command.v1")
-	put := func(s string) {
-		b.Write(binary.BigEndian.AppendUint32(nil, uint32(len(s))))
-		b.WriteString(s)
+	return c.AppendCanonical(nil)
+}
+
+// AppendCanonical appends the canonical encoding (Canonical) to dst and
+// returns the extended slice, so that a caller hashing it can keep the bytes
+// in a buffer of its own.
+func (c *Command) AppendCanonical(dst []byte) []byte {
+	put := func(b []byte, s string) []byte {
+		return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)
 	}
-	put(c.MerchantID)
-	put(c.IdempotencyKey)
-	b.Write(binary.BigEndian.AppendUint64(nil, uint64(c.Amount)))
-	put(c.Currency)
-	put(c.PaymentMethod)
-	put(c.Description)
-	keys := make([]string, 0, len(c.Metadata))
+	b := append(dst, "paydedup.command.v1"...)
+	b = put(b, c.MerchantID)
+	b = put(b, c.IdempotencyKey)
+	b = binary.BigEndian.AppendUint64(b, uint64(c.Amount))
+	b = put(b, c.Currency)
+	b = put(b, c.PaymentMethod)
+	b = put(b, c.Description)
+	var small [8]string // metadata is short: its keys sorted without a heap slice
+	keys := small[:0]
 	for k := range c.Metadata {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	b.Write(binary.BigEndian.AppendUint32(nil, uint32(len(keys))))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(keys)))
 	for _, k := range keys {
-		put(k)
-		put(c.Metadata[k])
+		b = put(b, k)
+		b = put(b, c.Metadata[k])
 	}
-	return b.Bytes()
+	return b
 }
 
 func printableASCII(s string) bool {
