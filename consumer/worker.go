@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,11 @@ import (
 // fetchWait is how long an idle fetch waits for a message. It bounds how
 // long a stop takes to be noticed.
 const fetchWait = time.Second
+
+// reserveGather is how long a saturated worker (fewer than half a fetch
+// batch of slots free) waits for settling messages to free more before it
+// fetches: fewer, bigger claims (see reserve).
+const reserveGather = time.Millisecond
 
 // A failed fetch is retried after fetchRetryBase, doubling up to
 // fetchRetryMax while failures continue.
@@ -94,6 +100,7 @@ type Worker struct {
 	intake   IntakeMarker
 
 	draining atomic.Bool
+	gather   time.Duration // reserve's wait when saturated; 0: reserveGather
 }
 
 // NewWorker validates cfg and returns a worker on the connection, reporting
@@ -246,6 +253,13 @@ func (w *Worker) Run(ctx context.Context) error {
 
 // reserve takes at least one free slot (waiting for it) and as many more as
 // are free, up to the fetch batch. It returns 0 when ctx ends first.
+//
+// When fewer than half a batch are free, the worker is saturated (its slots
+// held by messages being claimed, charged or committed): reserve then waits
+// up to reserveGather for settling messages to free more, so that it claims
+// fewer, bigger batches (each claim statement costs PostgreSQL a fixed few
+// hundred µs; measured in docs/performance.md). An idle or lightly loaded
+// worker has its slots free and never waits here.
 func (w *Worker) reserve(ctx context.Context, slots chan struct{}) int {
 	select {
 	case slots <- struct{}{}:
@@ -253,11 +267,28 @@ func (w *Worker) reserve(ctx context.Context, slots chan struct{}) int {
 		return 0
 	}
 	n := 1
+	var gather <-chan time.Time
 	for n < w.cfg.FetchBatch {
 		select {
 		case slots <- struct{}{}:
 			n++
+			continue
 		default:
+		}
+		if n >= w.cfg.FetchBatch/2 {
+			return n
+		}
+		if gather == nil {
+			t := time.NewTimer(cmp.Or(w.gather, reserveGather))
+			defer t.Stop()
+			gather = t.C
+		}
+		select {
+		case slots <- struct{}{}:
+			n++
+		case <-gather:
+			return n
+		case <-ctx.Done():
 			return n
 		}
 	}
