@@ -54,10 +54,11 @@ the naive design after the batched run, at 1, 8 and 32 handlers with
 pg_cpu_us_per_payment from /proc/<pid>/schedstat (ns) of the Postgres
 backends serving the bench's own connections (found by application_name;
 the cluster's WAL writer and checkpointer and other clients are not
-counted; -1 when the server is on another machine), and the bench process's CPU time split by
-pprof labels into worker_cpu_us_per_payment, sim_cpu_us_per_payment and
-nats_cpu_us_per_payment (with NATS_URL, the server is out of process and
-not counted). The live heap at the end is split the same way.
+counted; -1 when the server is on another machine), and the bench
+process's CPU time split by pprof labels into worker_cpu_us_per_payment,
+sim_cpu_us_per_payment and nats_cpu_us_per_payment (with NATS_URL, the
+server is out of process and not counted). The live heap at the end is
+split the same way.
 
 --duplicates F republishes F×N of the commands with their own message ids, so
 they reach the worker (they are not dropped by the stream's duplicate
