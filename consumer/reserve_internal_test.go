@@ -52,6 +52,18 @@ func TestReserveGathersABatchWhenSaturated(t *testing.T) {
 		t.Fatalf("saturated worker, nothing freed: waited %v, want about %v", waited, reserveGather)
 	}
 
+	// Fewer slots in all than half a batch (a small MaxAckPending): an idle
+	// worker takes them all at once, it does not wait for slots that
+	// cannot exist.
+	small := make(chan struct{}, 3)
+	start = time.Now()
+	if n := patient.reserve(ctx, small); n != 3 {
+		t.Fatalf("idle worker, 3 slots in all: reserved %d, want 3", n)
+	}
+	if waited := time.Since(start); waited > time.Second {
+		t.Fatalf("idle worker, 3 slots in all: waited %v for slots that do not exist", waited)
+	}
+
 	// No slot free and ctx ended: 0, at once.
 	full := fill(10)
 	ended, cancel := context.WithCancel(ctx)

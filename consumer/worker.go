@@ -254,12 +254,13 @@ func (w *Worker) Run(ctx context.Context) error {
 // reserve takes at least one free slot (waiting for it) and as many more as
 // are free, up to the fetch batch. It returns 0 when ctx ends first.
 //
-// When fewer than half a batch are free, the worker is saturated (its slots
-// held by messages being claimed, charged or committed): reserve then waits
-// up to reserveGather for settling messages to free more, so that it claims
-// fewer, bigger batches (each claim statement costs PostgreSQL a fixed few
-// hundred µs; measured in docs/performance.md). An idle or lightly loaded
-// worker has its slots free and never waits here.
+// When fewer than half a batch (or half of all the slots, if fewer) are
+// free, the worker is saturated (its slots held by messages being claimed,
+// charged or committed): reserve then waits up to reserveGather for
+// settling messages to free more, so that it claims fewer, bigger batches
+// (each claim statement costs PostgreSQL a fixed few hundred µs; measured
+// in docs/performance.md). An idle or lightly loaded worker has its slots
+// free and never waits here.
 func (w *Worker) reserve(ctx context.Context, slots chan struct{}) int {
 	select {
 	case slots <- struct{}{}:
@@ -267,6 +268,9 @@ func (w *Worker) reserve(ctx context.Context, slots chan struct{}) int {
 		return 0
 	}
 	n := 1
+	// Half a batch, or half of all the slots there are (MaxAckPending may
+	// be smaller than a batch): never a wait for slots that cannot exist.
+	half := min(w.cfg.FetchBatch, cap(slots)) / 2
 	var gather <-chan time.Time
 	for n < w.cfg.FetchBatch {
 		select {
@@ -275,7 +279,7 @@ func (w *Worker) reserve(ctx context.Context, slots chan struct{}) int {
 			continue
 		default:
 		}
-		if n >= w.cfg.FetchBatch/2 {
+		if n >= half {
 			return n
 		}
 		if gather == nil {
