@@ -244,17 +244,12 @@ func merchantChars(s string) bool {
 	return true
 }
 
-// Canonical returns the canonical encoding of the command that its
-// fingerprint is computed over: a version tag, then every field in a fixed
-// order, each length-prefixed so no two commands share an encoding, with
-// metadata sorted by key. JSON field order and whitespace do not reach it.
-func (c *Command) Canonical() []byte {
-	return c.AppendCanonical(nil)
-}
-
-// AppendCanonical appends the canonical encoding (Canonical) to dst and
-// returns the extended slice, so that a caller hashing it can keep the bytes
-// in a buffer of its own.
+// AppendCanonical appends the canonical encoding of the command that its
+// fingerprint is computed over to dst and returns the extended slice: a
+// version tag, then every field in a fixed order, each length-prefixed so
+// no two commands share an encoding, with metadata sorted by key. JSON
+// field order and whitespace do not reach it. A caller hashing it can keep
+// the bytes in a buffer of its own (dedup.Fingerprint, on the stack).
 func (c *Command) AppendCanonical(dst []byte) []byte {
 	put := func(b []byte, s string) []byte {
 		return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)
