@@ -67,16 +67,102 @@ func (w *world) concurrently(keys, bodies []string, apiKeys []string) []response
 	return out
 }
 
+// batchHolder lets a test put concurrent POSTs in one batch whatever
+// their timing: the intake cuts a batch at once when no other batch is
+// being answered, so POSTs sent together may be split. inOneBatch holds the
+// intake's only flush slot (Flushers: 1) with a POST of its own whose
+// batch waits in AcquireNewIntakes until every POST of the test is queued
+// behind it; released, that batch fails (its POST is 503, nothing of it is
+// kept or published) and the next one takes in every queued POST.
+type batchHolder struct {
+	*pgstore.Store
+	holders atomic.Int64
+	mu      sync.Mutex
+	entered chan struct{} // non-nil: the next AcquireNewIntakes is held
+	release chan struct{}
+}
+
+var errHeldBatch = errors.New("the test's holding batch")
+
+func (s *batchHolder) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+	s.mu.Lock()
+	entered, release := s.entered, s.release
+	s.entered = nil
+	s.mu.Unlock()
+	if entered == nil {
+		return s.Store.AcquireNewIntakes(ctx, reqs, apiKeys, lease, retention)
+	}
+	close(entered)
+	<-release
+	return nil, errHeldBatch
+}
+
+// setupHeld is setup with a batchHolder for the gateway's store, for
+// inOneBatch; cfg must have one flusher.
+func setupHeld(t *testing.T, cfg gateway.Config, o options) (*world, *batchHolder) {
+	t.Helper()
+	if cfg.Flushers != 1 {
+		t.Fatal("inOneBatch holds the only flush slot: set Flushers: 1")
+	}
+	h := &batchHolder{}
+	o.store = func(s gateway.Store) gateway.Store { h.Store = s.(*pgstore.Store); return h }
+	return setupWith(t, cfg, o), h
+}
+
+// inOneBatch sends the POSTs (as concurrently does) so that one batch
+// takes them all in (the config's BatchSize must hold them), and returns
+// their answers in order.
+func (w *world) inOneBatch(h *batchHolder, keys, bodies, apiKeys []string) []response {
+	w.t.Helper()
+	entered, release := make(chan struct{}), make(chan struct{})
+	h.mu.Lock()
+	h.entered, h.release = entered, release
+	h.mu.Unlock()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	held := make(chan response, 1)
+	go func() {
+		r, _ := w.req(w.ctx, http.MethodPost, "/v1/payments", w.keyA, payBody(1, "pm_card_visa"),
+			map[string]string{"Idempotency-Key": fmt.Sprintf("holder-%d", h.holders.Add(1))})
+		held <- r
+	}()
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		w.t.Fatal("the holding batch did not reach AcquireNewIntakes")
+	}
+	answers := make(chan []response, 1)
+	go func() { answers <- w.concurrently(keys, bodies, apiKeys) }()
+	w.eventually(fmt.Sprintf("%d POSTs queued behind the holding batch", len(keys)), func() bool {
+		return w.gauge("paydedup_gateway_intake_queued") == float64(len(keys))
+	})
+	batches := w.gauge("paydedup_gateway_intake_batch_size")
+	close(release)
+	if r := <-held; r.status != http.StatusServiceUnavailable {
+		w.t.Fatalf("the holding POST: status %d, want 503", r.status)
+	}
+	rs := <-answers
+	if n := w.gauge("paydedup_gateway_intake_batch_size") - batches; n != 1 {
+		w.t.Fatalf("the POSTs took %v batches, want 1", n)
+	}
+	return rs
+}
+
 // TestBatchTwoIdenticalPOSTs: two concurrent first POSTs with one key in
 // one batch: one is accepted, the other is 409 (the key is being taken in),
 // as two racing requests are on the per-request path; one message.
 func TestBatchTwoIdenticalPOSTs(t *testing.T) {
 	t.Parallel()
-	w := setup(t, gateway.Config{BatchSize: 2, BatchWindow: time.Second, Flushers: 1})
+	w, h := setupHeld(t, gateway.Config{BatchSize: 2, BatchWindow: time.Second, Flushers: 1}, options{})
 	w.batched()
 	before := w.streamMsgs()
 	body := payBody(500, "pm_card_visa")
-	rs := w.concurrently([]string{"twin", "twin"}, []string{body, body}, []string{w.keyA, w.keyA})
+	rs := w.inOneBatch(h, []string{"twin", "twin"}, []string{body, body}, []string{w.keyA, w.keyA})
 	codes := map[int]int{}
 	for _, r := range rs {
 		codes[r.status]++
@@ -91,7 +177,7 @@ func TestBatchTwoIdenticalPOSTs(t *testing.T) {
 		t.Fatalf("%d messages, want 1", n)
 	}
 	// The same key with another payload in one batch: 422 for it.
-	rs = w.concurrently([]string{"twin2", "twin2"}, []string{body, payBody(501, "pm_card_visa")}, []string{w.keyA, w.keyA})
+	rs = w.inOneBatch(h, []string{"twin2", "twin2"}, []string{body, payBody(501, "pm_card_visa")}, []string{w.keyA, w.keyA})
 	codes = map[int]int{}
 	for _, r := range rs {
 		codes[r.status]++
@@ -100,7 +186,7 @@ func TestBatchTwoIdenticalPOSTs(t *testing.T) {
 		t.Fatalf("answers %v, want one 202 and one 422", codes)
 	}
 	// The same key for two merchants is two payments.
-	rs = w.concurrently([]string{"shared", "shared"}, []string{body, body}, []string{w.keyA, w.keyB})
+	rs = w.inOneBatch(h, []string{"shared", "shared"}, []string{body, body}, []string{w.keyA, w.keyB})
 	for _, r := range rs {
 		wantStatus(t, r, http.StatusAccepted)
 	}
@@ -109,7 +195,7 @@ func TestBatchTwoIdenticalPOSTs(t *testing.T) {
 	// it, 401 for its POST whichever of the two the batch took first.
 	keyA2 := w.apiKey("m_a")
 	wantStatus(t, w.do(http.MethodPost, "/v1/payments", keyA2, body, map[string]string{"Idempotency-Key": "warm-" + t.Name()}), http.StatusAccepted)
-	rs = w.concurrently([]string{"twin3", "twin3"}, []string{body, body}, []string{w.keyA, keyA2})
+	rs = w.inOneBatch(h, []string{"twin3", "twin3"}, []string{body, body}, []string{w.keyA, keyA2})
 	codes = map[int]int{}
 	for _, r := range rs {
 		codes[r.status]++
@@ -120,7 +206,7 @@ func TestBatchTwoIdenticalPOSTs(t *testing.T) {
 	if _, err := w.gwStore.RevokeAPIKey(w.ctx, keyA2); err != nil {
 		t.Fatal(err)
 	}
-	rs = w.concurrently([]string{"twin4", "twin4"}, []string{body, body}, []string{keyA2, w.keyA})
+	rs = w.inOneBatch(h, []string{"twin4", "twin4"}, []string{body, body}, []string{keyA2, w.keyA})
 	if rs[0].status != http.StatusUnauthorized || rs[1].status != http.StatusAccepted {
 		t.Fatalf("revoked second API key: answers %d and %d, want 401 and 202", rs[0].status, rs[1].status)
 	}
@@ -160,7 +246,7 @@ func TestBatchRevokedKeyRefusedAtOnce(t *testing.T) {
 func TestBatchNewPaymentsOneRoundTripBeforePublish(t *testing.T) {
 	t.Parallel()
 	var trips atomic.Int64
-	w := setupWith(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1}, options{roundTrips: &trips})
+	w, h := setupHeld(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1}, options{roundTrips: &trips})
 	w.batched()
 	published := func(keys ...string) func() bool {
 		return func() bool {
@@ -172,7 +258,7 @@ func TestBatchNewPaymentsOneRoundTripBeforePublish(t *testing.T) {
 	trips.Store(0)
 	keys := []string{"new-1", "new-2", "new-3"}
 	body := payBody(100, "pm_card_visa")
-	for _, r := range w.concurrently(keys, []string{body, body, body}, []string{w.keyA, w.keyA, w.keyA}) {
+	for _, r := range w.inOneBatch(h, keys, []string{body, body, body}, []string{w.keyA, w.keyA, w.keyA}) {
 		wantStatus(t, r, http.StatusAccepted)
 	}
 	w.eventually("the publishes recorded", published(keys...))
@@ -184,12 +270,58 @@ func TestBatchNewPaymentsOneRoundTripBeforePublish(t *testing.T) {
 	}
 }
 
+// TestBatchGathersWhileABatchIsAnswered: while a batch is being settled,
+// POSTs gather into the next one (up to BatchSize, or the window) instead
+// of going one by one.
+func TestBatchGathersWhileABatchIsAnswered(t *testing.T) {
+	t.Parallel()
+	h := &batchHolder{}
+	w := setupWith(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 2},
+		options{store: func(s gateway.Store) gateway.Store { h.Store = s.(*pgstore.Store); return h }})
+	w.batched()
+	entered, release := make(chan struct{}), make(chan struct{})
+	h.mu.Lock()
+	h.entered, h.release = entered, release
+	h.mu.Unlock()
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open) // before the world's cleanup: the held flush ends
+	held := make(chan response, 1)
+	go func() { held <- w.post("holder", payBody(1, "pm_card_visa")) }()
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holding batch did not reach AcquireNewIntakes")
+	}
+	batches := w.gauge("paydedup_gateway_intake_batch_size")
+	body := payBody(100, "pm_card_visa")
+	answers := make(chan []response, 1)
+	go func() {
+		answers <- w.concurrently([]string{"g-1", "g-2", "g-3"}, []string{body, body, body}, []string{w.keyA, w.keyA, w.keyA})
+	}()
+	select {
+	case rs := <-answers:
+		for _, r := range rs {
+			wantStatus(t, r, http.StatusAccepted)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the POSTs were not answered while the other batch was held")
+	}
+	if n := w.gauge("paydedup_gateway_intake_batch_size") - batches; n != 1 {
+		t.Fatalf("the POSTs took %v batches while another was being answered, want 1", n)
+	}
+	open()
+	if r := <-held; r.status != http.StatusServiceUnavailable {
+		t.Fatalf("the holding POST: status %d, want 503", r.status)
+	}
+}
+
 // TestBatchCommitFailsAnswersAll503: when the statement that takes in a
 // batch fails (a trigger refuses one of its rows), every request of the
 // batch is answered 503 and nothing of it is published or kept.
 func TestBatchCommitFailsAnswersAll503(t *testing.T) {
 	t.Parallel()
-	w := setup(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1})
+	w, h := setupHeld(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1}, options{})
 	w.batched()
 	for _, q := range []string{
 		`CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -203,7 +335,7 @@ func TestBatchCommitFailsAnswersAll503(t *testing.T) {
 	before := w.streamMsgs()
 	keys := []string{"poison", "ok-1", "ok-2"}
 	body := payBody(100, "pm_card_visa")
-	rs := w.concurrently(keys, []string{body, body, body}, []string{w.keyA, w.keyA, w.keyA})
+	rs := w.inOneBatch(h, keys, []string{body, body, body}, []string{w.keyA, w.keyA, w.keyA})
 	for i, r := range rs {
 		if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
 			t.Fatalf("%s: status %d (Retry-After %q), want 503 with Retry-After", keys[i], r.status, r.header.Get("Retry-After"))
@@ -448,7 +580,7 @@ func TestClientGoneIsDebug(t *testing.T) {
 // batch are accepted and on the stream.
 func TestBatchPublishFailsAlone(t *testing.T) {
 	t.Parallel()
-	w := setup(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1})
+	w, h := setupHeld(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 1}, options{})
 	w.batched()
 	maxMsgSize := func(n int32) {
 		t.Helper()
@@ -465,7 +597,7 @@ func TestBatchPublishFailsAlone(t *testing.T) {
 	maxMsgSize(700)
 	before := w.streamMsgs()
 	long := fmt.Sprintf(`{"amount":300,"currency":"usd","payment_method":"pm_card_visa","description":%q}`, strings.Repeat("x", 1000))
-	rs := w.concurrently([]string{"small-1", "long", "small-2"},
+	rs := w.inOneBatch(h, []string{"small-1", "long", "small-2"},
 		[]string{payBody(100, "pm_card_visa"), long, payBody(200, "pm_card_visa")}, []string{w.keyA, w.keyA, w.keyA})
 	wantStatus(t, rs[0], http.StatusAccepted)
 	wantStatus(t, rs[1], http.StatusServiceUnavailable)

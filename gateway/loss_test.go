@@ -261,7 +261,7 @@ func TestRepublishOnlyWhenTheStreamLostIt(t *testing.T) {
 // currency is 422 before anything is published.
 func TestReusedKeyAfterPurge422(t *testing.T) {
 	t.Parallel()
-	w := setup(t, gateway.Config{BatchSize: 2, BatchWindow: 500 * time.Millisecond})
+	w, h := setupHeld(t, gateway.Config{BatchSize: 2, BatchWindow: 500 * time.Millisecond, Flushers: 1}, options{})
 	w.startWorker()
 	wantStatus(t, w.post("old", payBody(1000, "pm_card_visa"), "Prefer", "wait=15"), http.StatusCreated)
 	// Retention purged the record and the intake; the ledger keeps the row.
@@ -285,7 +285,7 @@ func TestReusedKeyAfterPurge422(t *testing.T) {
 	// one that took the intake in is 202.
 	body := payBody(1000, "pm_card_visa")
 	codes := map[int]int{}
-	for _, r := range w.concurrently([]string{"old", "old"}, []string{body, body}, []string{w.keyA, w.keyA}) {
+	for _, r := range w.inOneBatch(h, []string{"old", "old"}, []string{body, body}, []string{w.keyA, w.keyA}) {
 		codes[r.status]++
 	}
 	if codes[http.StatusAccepted] != 1 || codes[http.StatusConflict] != 1 {
