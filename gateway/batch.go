@@ -20,9 +20,13 @@ import (
 // The batched intake (Config.Intake = IntakeBatched): concurrent POSTs are
 // taken in together, the way the worker group-commits its completions.
 // Each request, once validated, joins a bounded queue; a collector cuts the
-// queue into batches (up to BatchSize, waiting at most BatchWindow for more
-// while a flush slot is free) and each batch is settled with one statement
-// per step for all its keys. The first takes in every request that only
+// queue into batches and each batch is settled with one statement per step
+// for all its keys. A batch takes what is queued, up to BatchSize; while
+// another batch is being settled (taken in and published, not yet
+// answered) it waits for more until BatchWindow passes without one, and
+// when none is, it is cut at once: a lone POST is not held for the window,
+// and under load the batches grow behind the ones being settled, as in a
+// group commit. The first takes in every request that only
 // its intake row can decide, in one round trip: its API key re-checked (a
 // revoked key is refused by the next batch), no record and no ledger row
 // for its key (AcquireNewIntakes). The others (retries of keys the worker
@@ -194,6 +198,10 @@ type batcher struct {
 	share   int           // most queued requests of one merchant
 	running atomic.Bool
 	keys    keyCache
+	// settling counts the batches cut and not yet answered (a batch's
+	// publish mark, after its answers, does not count).
+	settling atomic.Int64
+	idle     chan struct{} // a signal that settling fell to 0
 
 	mu       sync.Mutex
 	merchant map[string]int // queued requests per merchant
@@ -204,7 +212,7 @@ func newBatcher(g *Gateway, store batchStore, records batchRecords) *batcher {
 	return &batcher{g: g, store: store, records: records,
 		queue: make(chan *item, c.QueueSize), slots: make(chan struct{}, c.Flushers),
 		share: max(1, int(float64(c.QueueSize)*c.MerchantShare)), merchant: map[string]int{},
-		keys: keyCache{m: map[string]string{}}}
+		keys: keyCache{m: map[string]string{}}, idle: make(chan struct{}, 1)}
 }
 
 // enqueue adds it to the queue, or sheds it.
@@ -242,7 +250,8 @@ func (b *batcher) dequeued(batch []*item) {
 
 // run cuts the queue into batches and flushes them, up to Flushers at a
 // time, until ctx ends; then it flushes what is queued and waits for every
-// flush.
+// flush. A batch stops gathering when it is full, when BatchWindow passes
+// without a new request, or at once when no other batch is settling.
 func (b *batcher) run(ctx context.Context) {
 	b.running.Store(true)
 	var wg sync.WaitGroup
@@ -272,22 +281,45 @@ func (b *batcher) run(ctx context.Context) {
 				continue
 			default:
 			}
-			timer.Reset(window)
-			select {
-			case it := <-b.queue:
-				batch = append(batch, it)
-				if !timer.Stop() {
-					<-timer.C
-				}
-			case <-timer.C:
+			// Nothing is being settled: no POST will gather behind another
+			// batch, and waiting would only delay these.
+			if b.settling.Load() == 0 {
 				break fill
 			}
+			it, ok := b.gather(timer, window)
+			if !ok {
+				break fill
+			}
+			batch = append(batch, it)
 		}
 		b.dequeued(batch)
+		b.settling.Add(1)
 		wg.Go(func() {
 			defer func() { <-b.slots }()
 			b.flush(batch)
 		})
+	}
+}
+
+// gather waits for the next request while a batch is settling; it gives
+// up when window passes without one, or when the batches being settled are
+// all answered first (the next batch is then cut at once, as a group
+// commit's would be).
+func (b *batcher) gather(timer *time.Timer, window time.Duration) (*item, bool) {
+	timer.Reset(window)
+	defer timer.Stop()
+	for {
+		select {
+		case it := <-b.queue:
+			return it, true
+		case <-b.idle:
+			if b.settling.Load() == 0 {
+				return nil, false
+			}
+			// A signal from before the last batch was cut.
+		case <-timer.C:
+			return nil, false
+		}
 	}
 }
 
@@ -309,6 +341,7 @@ func (b *batcher) flushRest(wg *sync.WaitGroup) {
 			return
 		}
 		b.dequeued(batch)
+		b.settling.Add(1)
 		wg.Go(func() { b.flush(batch) })
 	}
 }
@@ -318,10 +351,22 @@ func (b *batcher) flush(batch []*item) {
 	g := b.g
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
+	var once sync.Once
+	answered := func() {
+		once.Do(func() {
+			if b.settling.Add(-1) == 0 {
+				select {
+				case b.idle <- struct{}{}:
+				default:
+				}
+			}
+		})
+	}
 	defer func() {
 		for _, it := range batch {
 			it.answer()
 		}
+		answered()
 	}()
 	fail := func(items []*item, what string, err error) {
 		g.log.Error(what+"; its requests are answered 503 and none of them was published", "error", err, "requests", len(items))
@@ -426,7 +471,7 @@ func (b *batcher) flush(batch []*item) {
 			}
 		}
 	}
-	b.publish(ctx, publish)
+	b.publish(ctx, publish, answered)
 }
 
 // readThenAcquire decides the requests that AcquireNewIntakes left alone
@@ -508,7 +553,7 @@ func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, 
 // once, each PubAck awaited, answers each published one 202, and then
 // records the publishes in one statement. A failed publish gives its
 // intake up (nothing was accepted).
-func (b *batcher) publish(ctx context.Context, items []*item) {
+func (b *batcher) publish(ctx context.Context, items []*item, answered func()) {
 	g := b.g
 	pctx, cancel := context.WithTimeout(ctx, g.cfg.PublishLease)
 	defer cancel()
@@ -539,6 +584,7 @@ func (b *batcher) publish(ctx context.Context, items []*item) {
 		it.log.Info("payment accepted", "attempt", it.ans.in.Attempt, "stream_seq", pubs[i].Seq, "republish", it.ans.in.Published())
 		it.answer()
 	}
+	answered()
 	if _, err := b.store.IntakesPublished(pctx, pubs, g.cfg.RepublishAfter); err != nil {
 		// The messages are in the stream; at worst a retry after the publish
 		// lease publishes again, which the worker's claim makes harmless.

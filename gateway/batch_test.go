@@ -270,6 +270,33 @@ func TestBatchNewPaymentsOneRoundTripBeforePublish(t *testing.T) {
 	}
 }
 
+// TestBatchLonePOSTIsNotHeld: a POST that arrives while no other batch is
+// being answered is taken in at once, not after the batch window: waiting
+// would only delay it, as nothing else is settling for other POSTs to
+// gather behind. Each POST here comes after the last was answered (its
+// publish mark may still be in flight); held for the window, five would
+// take at least five windows.
+func TestBatchLonePOSTIsNotHeld(t *testing.T) {
+	t.Parallel()
+	const window = time.Second
+	w := setup(t, gateway.Config{BatchSize: 64, BatchWindow: window, Flushers: 1})
+	w.batched()
+	ctx, cancel := context.WithTimeout(w.ctx, 5*window)
+	defer cancel()
+	before := w.gauge("paydedup_gateway_intake_batch_size")
+	for i := range 5 {
+		r, err := w.req(ctx, http.MethodPost, "/v1/payments", w.keyA, payBody(100, "pm_card_visa"),
+			map[string]string{"Idempotency-Key": fmt.Sprintf("lone-%d", i)})
+		if err != nil {
+			t.Fatalf("POST %d, alone: %v (held for the batch window?)", i, err)
+		}
+		wantStatus(t, r, http.StatusAccepted)
+	}
+	if n := w.gauge("paydedup_gateway_intake_batch_size") - before; n != 5 {
+		t.Fatalf("%v batches for 5 POSTs one after another, want 5", n)
+	}
+}
+
 // TestBatchGathersWhileABatchIsAnswered: while a batch is being settled,
 // POSTs gather into the next one (up to BatchSize, or the window) instead
 // of going one by one.

@@ -155,9 +155,10 @@ type Config struct {
 	// or Records without the batch methods is served per request.
 	Intake string
 	// BatchSize bounds the POSTs one batch takes in; BatchWindow is how
-	// long a batch waits for more while a flush slot is free; Flushers is
-	// how many batches are settled at once (each holds one database
-	// connection while it runs).
+	// long a batch waits for one more while another batch is being
+	// settled (with none, a batch is cut at once: a lone POST is never
+	// held for the window); Flushers is how many batches are settled at
+	// once (each holds one database connection while it runs).
 	BatchSize   int
 	BatchWindow time.Duration
 	Flushers    int

@@ -73,7 +73,7 @@ The last line with --json is one JSON object.`,
 	f.StringVar(&c.Mode, "mode", gwbench.ModeBoth, "batched, per-request, or both")
 	f.IntVar(&c.PoolSize, "pool-size", gateway.DefaultPoolSize, "the gateway's PostgreSQL pool")
 	f.IntVar(&c.BatchSize, "batch-size", gateway.DefaultBatchSize, "POSTs per batch (batched mode)")
-	f.DurationVar(&c.BatchWindow, "batch-window", gateway.DefaultBatchWindow, "how long a batch waits for more POSTs (batched mode)")
+	f.DurationVar(&c.BatchWindow, "batch-window", gateway.DefaultBatchWindow, "how long a batch waits for one more POST while another batch is being settled (batched mode)")
 	f.IntVar(&c.Flushers, "flushers", gateway.DefaultFlushers, "batches settled at once (batched mode)")
 	f.BoolVar(&c.Worker, "worker", false, "run the worker in process too (charging the Stripe simulator) and report POST→charged rate and latency, double charges and lost payments")
 	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
