@@ -198,8 +198,8 @@ type batcher struct {
 	share   int           // most queued requests of one merchant
 	running atomic.Bool
 	keys    keyCache
-	// settling counts the batches cut and not yet answered (a batch's
-	// publish mark, after its answers, does not count).
+	// settling counts the batches cut whose 202s are not yet sent (a
+	// batch's publish mark, after them, does not count).
 	settling atomic.Int64
 	idle     chan struct{} // a signal that settling fell to 0
 
@@ -550,8 +550,9 @@ func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, 
 }
 
 // publish publishes the commands whose intake the batch acquired, all at
-// once, each PubAck awaited, answers each published one 202, and then
-// records the publishes in one statement. A failed publish gives its
+// once, each PubAck awaited, answers each published one 202 (the batch is
+// then answered: see batcher.settling), and then records the publishes in
+// one statement. A failed publish gives its
 // intake up (nothing was accepted).
 func (b *batcher) publish(ctx context.Context, items []*item, answered func()) {
 	g := b.g
