@@ -351,16 +351,20 @@ func (b *batcher) flush(batch []*item) {
 	g := b.g
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
-	var once sync.Once
+	// answered ends the batch's settling, once: after its 202s (publish),
+	// or when the flush ends without any. Only this goroutine calls it.
+	ended := false
 	answered := func() {
-		once.Do(func() {
-			if b.settling.Add(-1) == 0 {
-				select {
-				case b.idle <- struct{}{}:
-				default:
-				}
+		if ended {
+			return
+		}
+		ended = true
+		if b.settling.Add(-1) == 0 {
+			select {
+			case b.idle <- struct{}{}:
+			default:
 			}
-		})
+		}
 	}
 	defer func() {
 		for _, it := range batch {

@@ -84,6 +84,17 @@ type batchHolder struct {
 
 var errHeldBatch = errors.New("the test's holding batch")
 
+// arm holds the next AcquireNewIntakes: entered is closed once it waits,
+// and open (idempotent) lets it go.
+func (s *batchHolder) arm() (entered <-chan struct{}, open func()) {
+	in, release := make(chan struct{}), make(chan struct{})
+	s.mu.Lock()
+	s.entered, s.release = in, release
+	s.mu.Unlock()
+	var once sync.Once
+	return in, func() { once.Do(func() { close(release) }) }
+}
+
 func (s *batchHolder) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
 	s.mu.Lock()
 	entered, release := s.entered, s.release
@@ -114,17 +125,8 @@ func setupHeld(t *testing.T, cfg gateway.Config, o options) (*world, *batchHolde
 // their answers in order.
 func (w *world) inOneBatch(h *batchHolder, keys, bodies, apiKeys []string) []response {
 	w.t.Helper()
-	entered, release := make(chan struct{}), make(chan struct{})
-	h.mu.Lock()
-	h.entered, h.release = entered, release
-	h.mu.Unlock()
-	defer func() {
-		select {
-		case <-release:
-		default:
-			close(release)
-		}
-	}()
+	entered, open := h.arm()
+	defer open()
 	held := make(chan response, 1)
 	go func() {
 		r, _ := w.req(w.ctx, http.MethodPost, "/v1/payments", w.keyA, payBody(1, "pm_card_visa"),
@@ -142,7 +144,7 @@ func (w *world) inOneBatch(h *batchHolder, keys, bodies, apiKeys []string) []res
 		return w.gauge("paydedup_gateway_intake_queued") == float64(len(keys))
 	})
 	batches := w.gauge("paydedup_gateway_intake_batch_size")
-	close(release)
+	open()
 	if r := <-held; r.status != http.StatusServiceUnavailable {
 		w.t.Fatalf("the holding POST: status %d, want 503", r.status)
 	}
@@ -306,12 +308,7 @@ func TestBatchGathersWhileABatchIsAnswered(t *testing.T) {
 	w := setupWith(t, gateway.Config{BatchSize: 3, BatchWindow: time.Second, Flushers: 2},
 		options{store: func(s gateway.Store) gateway.Store { h.Store = s.(*pgstore.Store); return h }})
 	w.batched()
-	entered, release := make(chan struct{}), make(chan struct{})
-	h.mu.Lock()
-	h.entered, h.release = entered, release
-	h.mu.Unlock()
-	var once sync.Once
-	open := func() { once.Do(func() { close(release) }) }
+	entered, open := h.arm()
 	t.Cleanup(open) // before the world's cleanup: the held flush ends
 	held := make(chan response, 1)
 	go func() { held <- w.post("holder", payBody(1, "pm_card_visa")) }()
