@@ -3,7 +3,6 @@ package dlq_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -152,7 +151,7 @@ func TestConcurrentReplaysPublishOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Outcome != dlq.Replayed || res.MsgID != fmt.Sprintf("replay:%s:%d", cfg.DLQStream, seq) {
+		if res.Outcome != dlq.Replayed || res.MsgID != stream.ReplayMsgID(cfg, seq) {
 			t.Fatalf("replay %d: %+v", i+1, res)
 		}
 	}

@@ -165,7 +165,7 @@ func TestReplayDeadLetters(t *testing.T) {
 		t.Fatalf("replay %+v", rep)
 	}
 	res := rep.Results[0]
-	if res.Seq != ok || res.Outcome != dlq.Replayed || res.Subject != cfg.SubjectPrefix+".m_1" || res.MsgID != fmt.Sprintf("replay:%s:%d", cfg.DLQStream, ok) {
+	if res.Seq != ok || res.Outcome != dlq.Replayed || res.Subject != cfg.SubjectPrefix+".m_1" || res.MsgID != stream.ReplayMsgID(cfg, ok) {
 		t.Fatalf("replayed %+v", res)
 	}
 	s, _ := js.Stream(ctx, cfg.Name)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/textproto"
-	"strconv"
 	"strings"
 	"time"
 
@@ -97,7 +96,7 @@ func (p *CommandPublisher) Prepare(cmd *payment.Command, extra map[string]string
 // window is acknowledged too, with the first copy's sequence.
 //
 // republish > 0 marks a new copy of a command whose first copy the stream
-// no longer holds: its Nats-Msg-Id gets the suffix :r<republish>, since the
+// no longer holds: its Nats-Msg-Id is RepublishMsgID(…, republish), since the
 // old id may still be inside the duplicate window, which would drop the
 // copy. The worker's claim makes any second copy harmless.
 func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (uint64, error) {
@@ -176,7 +175,7 @@ func (p *CommandPublisher) message(cmd *payment.Command, extra map[string]string
 	}
 	m := CommandMsg(p.cfg, cmd.MerchantID, cmd.IdempotencyKey, data)
 	if republish > 0 {
-		m.Header.Set(nats.MsgIdHdr, MsgID(cmd.MerchantID, cmd.IdempotencyKey)+":r"+strconv.Itoa(republish))
+		m.Header.Set(nats.MsgIdHdr, RepublishMsgID(cmd.MerchantID, cmd.IdempotencyKey, republish))
 	}
 	for k, v := range extra {
 		if v != "" && m.Header.Get(k) == "" {

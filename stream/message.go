@@ -17,7 +17,25 @@ const HeaderReplayOf = "Paydedup-Replay-Of"
 
 // MsgID is the Nats-Msg-Id publishers set for a payment command, so the
 // stream's duplicate window drops quick double-publishes.
+//
+// The ids of every publisher are told apart: a merchant id is
+// [A-Za-z0-9_-], so a command's id never starts with "~", and only the
+// project's own second copies (RepublishMsgID, ReplayMsgID) do, each with
+// its own word and a field order that parses one way. No key, merchant or
+// dead-letter sequence makes one publisher's id another's.
 func MsgID(merchantID, idempotencyKey string) string { return merchantID + ":" + idempotencyKey }
+
+// msgIDOwnPrefix starts the ids of the project's own second copies: never
+// a merchant id's first byte.
+const msgIDOwnPrefix = "~"
+
+// RepublishMsgID is the Nats-Msg-Id of the gateway's n-th new copy (n ≥ 1)
+// of a command whose first copy the stream no longer holds:
+// ~republish:<n>:<merchant_id>:<idempotency_key>. The first id may still be
+// inside the duplicate window, which would drop the copy.
+func RepublishMsgID(merchantID, idempotencyKey string, n int) string {
+	return msgIDOwnPrefix + "republish:" + strconv.Itoa(n) + ":" + merchantID + ":" + idempotencyKey
+}
 
 // CommandMsg builds the message for a payment command body: subject
 // <SubjectPrefix>.<merchant_id>, the Idempotency-Key header and Nats-Msg-Id
@@ -34,11 +52,11 @@ func CommandMsg(cfg Config, merchantID, idempotencyKey string, body []byte) *nat
 }
 
 // ReplayMsgID is the Nats-Msg-Id of the replay of dead letter seq:
-// replay:<dlq stream>:<seq>. Two replays of one letter (two operators, a
+// ~replay:<seq>:<dlq stream>. Two replays of one letter (two operators, a
 // retry after a lost PubAck) publish one message within the payments
-// stream's duplicate window.
+// stream's duplicate window; no command's id is ever a replay's (see MsgID).
 func ReplayMsgID(cfg Config, seq uint64) string {
-	return "replay:" + cfg.DLQStream + ":" + strconv.FormatUint(seq, 10)
+	return msgIDOwnPrefix + "replay:" + strconv.FormatUint(seq, 10) + ":" + cfg.DLQStream
 }
 
 // DecodeCommand reads a command from a message as the worker does: strict
