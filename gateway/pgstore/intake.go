@@ -148,11 +148,13 @@ func (s *intakeScanner) scan(row pgx.Row) (Intake, error) {
 }
 
 // acquireIntakeSQL inserts the guard row, or takes it over when it expired
-// (any fingerprint), or when its lock passed and it is not terminal: with
-// the same fingerprint, or with any while it was never published (nothing
-// was accepted under it). A row taken over afresh forgets its publish and
-// its dead letter. Concurrent callers serialise on the row: exactly one
-// gets a row back.
+// (any fingerprint), or when its lock passed and it is not terminal, with
+// the same fingerprint only: a row binds its key to the first payload that
+// may have been published under it, marked published or not (its
+// publisher died, its PubAck or its mark was lost), until it expires or a
+// refusal abandons it (AbandonIntake). A row taken over afresh forgets its
+// publish and its dead letter. Concurrent callers serialise on the row:
+// exactly one gets a row back.
 const acquireIntakeSQL = `
 INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
     locked_until, created_at, expires_at)
@@ -226,11 +228,10 @@ SET request_hash = excluded.request_hash, amount = excluded.amount, currency = e
     dead_letter_reason = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_letter_reason END,
     dead_letter_error = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_letter_error END,
     dead_lettered_at = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_lettered_at END,
-    created_at = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN excluded.created_at ELSE g.created_at END,
+    created_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN excluded.created_at ELSE g.created_at END,
     expires_at = excluded.expires_at
 WHERE g.expires_at <= ` + dbNow + `
-   OR (g.locked_until <= ` + dbNow + `
-       AND (g.published_at IS NULL OR (g.dead_lettered_at IS NULL AND g.request_hash = excluded.request_hash)))
+   OR (g.locked_until <= ` + dbNow + ` AND g.dead_lettered_at IS NULL AND g.request_hash = excluded.request_hash)
 RETURNING ` + intakeColumns
 
 // AcquireIntake tries to make the caller the publisher of req for lease.
@@ -321,11 +322,12 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 	return interpretError("mark intake published", err)
 }
 
-// AbandonIntake gives the row up after a failed publish, so the client's
-// retry may publish at once. A row that was never published is deleted:
-// nothing was accepted under the key, so a corrected retry is new. A row
-// published before (a failed republish) keeps its publish and only
-// releases its lock. dedup.ErrLeaseLost means it was taken over already.
+// AbandonIntake gives the row up after a publish the stream refused
+// (provably nothing stored), so the client's retry may publish at once. A
+// row that was never published is deleted: nothing was accepted under the
+// key, so a corrected retry is new. A row published before (a refused
+// republish) keeps its publish and only releases its lock.
+// dedup.ErrLeaseLost means it was taken over already.
 func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 	var one int
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
@@ -345,6 +347,25 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 		return fmt.Errorf("abandon intake: %w", dedup.ErrLeaseLost)
 	}
 	return interpretError("abandon intake", err)
+}
+
+// ReleaseIntake ends the publish lease of a row whose publish has an
+// unknown outcome (no PubAck: the command may be stored), keeping the row
+// and its fingerprint: the client's retry with the same payload takes it
+// over at once and publishes again under the same Nats-Msg-Id, and
+// another payload is IntakeMismatch. dedup.ErrLeaseLost means it was
+// taken over already.
+func (s *Store) ReleaseIntake(ctx context.Context, in Intake) error {
+	var one int
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `UPDATE gateway_intake SET locked_until = least(locked_until, coalesce($4::timestamptz, now()))
+			WHERE merchant_id = $1 AND idempotency_key = $2 AND attempt = $3 RETURNING 1`,
+			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now()).Scan(&one)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("release intake: %w", dedup.ErrLeaseLost)
+	}
+	return interpretError("release intake", err)
 }
 
 // MarkIntakeDeadLettered records that the worker dead-lettered the copy of

@@ -210,7 +210,7 @@ func TestIntakeGuard(t *testing.T) {
 }
 
 // TestIntakeFate: a never-published intake is forgotten on abandon (and
-// taken over by any payload once its lock passed); a dead letter marks only
+// taken over only by its own payload once its lock passed); a dead letter marks only
 // the intake that published that very stream sequence, and makes it
 // terminal until it expires; the ledger outlives the record.
 func TestIntakeFate(t *testing.T) {
@@ -229,8 +229,9 @@ func TestIntakeFate(t *testing.T) {
 	if _, err := b.store.GetIntake(b.ctx, "m_1", "a"); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("abandoned unpublished intake: %v", err)
 	}
-	// A publisher that died before its PubAck: its lock passes, and a
-	// corrected payload takes the key.
+	// A publisher that died before its PubAck (it may have sent): its lock
+	// passes, and the key stays bound to its payload; only a refusal
+	// frees it for a corrected payload.
 	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); err != nil {
 		t.Fatal(err)
 	}
@@ -238,9 +239,19 @@ func TestIntakeFate(t *testing.T) {
 		t.Fatalf("while the lock is held: %v", res.Outcome)
 	}
 	b.clock.Advance(lease + time.Second)
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+		t.Fatalf("corrected payload after a dead publisher: %v, want a mismatch", res.Outcome)
+	}
+	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention)
+	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
+		t.Fatalf("the same payload after a dead publisher: %+v %v", res, err)
+	}
+	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
+		t.Fatal(err)
+	}
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
 	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 150 {
-		t.Fatalf("corrected payload after a dead publisher: %+v %v", res, err)
+		t.Fatalf("corrected payload after a refusal: %+v %v", res, err)
 	}
 
 	// Published as sequence 7, then dead-lettered.
@@ -268,7 +279,7 @@ func TestIntakeFate(t *testing.T) {
 	b.clock.Advance(2 * time.Minute) // past the republish hold
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
 	if err != nil || res.Outcome != pgstore.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
-		len(res.Intake.DeadLetterError) != 1024 || res.Intake.Attempt != 2 {
+		len(res.Intake.DeadLetterError) != 1024 || res.Intake.Attempt != 1 {
 		t.Fatalf("dead-lettered intake: %+v %v", res, err)
 	}
 	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); res.Outcome != pgstore.IntakeMismatch {

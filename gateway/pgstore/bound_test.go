@@ -1,0 +1,102 @@
+package pgstore_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+)
+
+// TestIntakeBoundToItsFingerprint: an intake row binds its key to the
+// first payload that may have been published under it, whatever became
+// of that publish: once its lease passed with no mark of a publish (the
+// publisher died, its PubAck was lost, or the mark was), only the same
+// payload takes it over, by every acquire statement; another payload is
+// IntakeMismatch until the row expires or a refusal abandons it.
+func TestIntakeBoundToItsFingerprint(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const publishLease, retention = 10 * time.Second, 48 * time.Hour
+	m1, _, err := b.store.CreateAPIKey(b.ctx, "m_1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiKey := pgstore.HashAPIKey(m1)
+	keys := []string{"single", "batch", "new"}
+	for _, k := range keys {
+		if res, err := b.store.AcquireIntake(b.ctx, req("m_1", k, 100), publishLease, retention); err != nil || res.Outcome != pgstore.IntakeAcquired {
+			t.Fatalf("%s: %+v %v", k, res, err)
+		}
+	}
+	b.clock.Advance(publishLease + time.Second) // no mark: the outcome of the publish is unknown
+	acquire := map[string]func(dedup.ClaimRequest) (pgstore.IntakeResult, error){
+		"single": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
+			return b.store.AcquireIntake(b.ctx, r, publishLease, retention)
+		},
+		"batch": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
+			res, err := b.store.AcquireIntakes(b.ctx, []dedup.ClaimRequest{r}, publishLease, retention)
+			if err != nil {
+				return pgstore.IntakeResult{}, err
+			}
+			return res[0], nil
+		},
+		"new": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
+			res, err := b.store.AcquireNewIntakes(b.ctx, []dedup.ClaimRequest{r}, [][]byte{apiKey}, publishLease, retention)
+			if err != nil {
+				return pgstore.IntakeResult{}, err
+			}
+			return res[0], nil
+		},
+	}
+	for _, k := range keys {
+		res, err := acquire[k](req("m_1", k, 999))
+		if err != nil || res.Outcome != pgstore.IntakeMismatch || res.Intake.Amount != 100 {
+			t.Fatalf("%s: another payload after the lease: %+v %v, want a mismatch with the first payload's row", k, res, err)
+		}
+		res, err = acquire[k](req("m_1", k, 100))
+		if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 || res.Intake.Amount != 100 {
+			t.Fatalf("%s: the same payload after the lease: %+v %v", k, res, err)
+		}
+	}
+	// An unknown outcome releases the lease and keeps the binding: the
+	// same payload takes the row over at once, another is a mismatch.
+	in, err := b.store.GetIntake(b.ctx, "m_1", "single")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.ReleaseIntake(b.ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "single", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
+		t.Fatalf("another payload after a release: %v", res.Outcome)
+	}
+	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "single", 100), publishLease, retention); err != nil ||
+		res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
+		t.Fatalf("the same payload after a release: %+v %v", res, err)
+	}
+	if err := b.store.ReleaseIntake(b.ctx, in); !errors.Is(err, dedup.ErrLeaseLost) {
+		t.Fatalf("a stale release: %v", err)
+	}
+	// A refusal frees the key: a corrected payload is new.
+	if in, err = b.store.GetIntake(b.ctx, "m_1", "single"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.store.AbandonIntake(b.ctx, in); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "single", 999), publishLease, retention); err != nil ||
+		res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 999 {
+		t.Fatalf("a corrected payload after a refusal: %+v %v", res, err)
+	}
+	// Expired: any payload.
+	b.clock.Advance(retention + time.Hour)
+	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "batch", 555), publishLease, retention); err != nil ||
+		res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 555 {
+		t.Fatalf("an expired row: %+v %v", res, err)
+	}
+	if _, err := b.store.GetIntake(b.ctx, "m_1", "nothing"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatal(err)
+	}
+}
