@@ -2,7 +2,11 @@ package gateway_test
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -165,6 +169,11 @@ func TestWebhookRefusesAndChecks(t *testing.T) {
 		{"unsigned", ""},
 		{"wrong secret", stripesim.SignWebhook(succeeded, "whsec_other", time.Now())},
 		{"too old", stripesim.SignWebhook(succeeded, webhookSecret, time.Now().Add(-10*time.Minute))},
+		{"too old, signed by hand", signHMAC(succeeded, webhookSecret, time.Now().Add(-10*time.Minute))},
+		// stripe-go checks only the past side; a signature from the
+		// future is as untrustworthy as an old one.
+		{"an hour ahead", signHMAC(succeeded, webhookSecret, time.Now().Add(time.Hour))},
+		{"six minutes ahead", signHMAC(succeeded, webhookSecret, time.Now().Add(6*time.Minute))},
 		{"another body", stripesim.SignWebhook(append([]byte(" "), succeeded...), webhookSecret, time.Now())},
 	}
 	for _, c := range refused {
@@ -217,6 +226,16 @@ func TestWebhookRefusesAndChecks(t *testing.T) {
 	if p := w.payment("m_a", "ach-3"); p != settled {
 		t.Fatalf("ignored events changed the ledger: %+v", p)
 	}
+}
+
+// signHMAC signs body as Stripe does (Stripe-Signature "t=<unix>,v1=<hex
+// HMAC-SHA256 of "t.body">"), with crypto/hmac rather than any helper of the
+// code under test.
+func signHMAC(body []byte, secret string, at time.Time) string {
+	mac := hmac.New(sha256.New, []byte(secret))
+	fmt.Fprintf(mac, "%d.", at.Unix())
+	mac.Write(body)
+	return fmt.Sprintf("t=%d,v1=%s", at.Unix(), hex.EncodeToString(mac.Sum(nil)))
 }
 
 // Without a signing secret the route is not served.

@@ -2,7 +2,10 @@ package stripe
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	stripego "github.com/stripe/stripe-go/v82"
@@ -16,8 +19,9 @@ import (
 // another release train is refused, as its objects may decode wrongly.
 const APIVersion = stripego.APIVersion
 
-// DefaultWebhookTolerance is how old a webhook's signature may be
-// (stripe-go's default, as Stripe recommends): an older one is a replay.
+// DefaultWebhookTolerance is how far a webhook signature's timestamp may lie
+// from now, on either side (stripe-go's default, as Stripe recommends): an
+// older one is a replay, a newer one was not made by a clock we trust.
 const DefaultWebhookTolerance = webhook.DefaultTolerance
 
 // The event types that say how a PaymentIntent ended.
@@ -35,8 +39,8 @@ type WebhookVerifier struct {
 }
 
 // NewWebhookVerifier returns a verifier for the signing secret ("whsec_...")
-// that refuses signatures older than tolerance (DefaultWebhookTolerance
-// when 0).
+// that refuses signatures whose timestamp is more than tolerance before or
+// after now (DefaultWebhookTolerance when 0).
 func NewWebhookVerifier(secret string, tolerance time.Duration) (*WebhookVerifier, error) {
 	if secret == "" {
 		return nil, fmt.Errorf("%w: the webhook signing secret is empty", provider.ErrInvalidConfig)
@@ -61,6 +65,11 @@ func (v *WebhookVerifier) Verify(payload []byte, signature string) (provider.Eve
 	ev, err := webhook.ConstructEventWithOptions(payload, signature, v.secret,
 		webhook.ConstructEventOptions{Tolerance: v.tolerance})
 	if err != nil {
+		return provider.Event{}, fmt.Errorf("%w: %w", provider.ErrBadSignature, err)
+	}
+	// stripe-go refuses only a timestamp older than the tolerance; one
+	// from the future is refused here (|now - t| <= tolerance).
+	if err := v.checkNotAhead(signature); err != nil {
 		return provider.Event{}, fmt.Errorf("%w: %w", provider.ErrBadSignature, err)
 	}
 	out := provider.Event{ID: ev.ID, Type: string(ev.Type)}
@@ -88,4 +97,29 @@ func (v *WebhookVerifier) Verify(payload []byte, signature string) (provider.Eve
 	}
 	out.Outcome = o
 	return out, nil
+}
+
+// errSignedAhead is a signature whose timestamp lies further in the future
+// than the tolerance.
+var errSignedAhead = errors.New("timestamp is ahead of now by more than the tolerance")
+
+// checkNotAhead reads the signature's t= (the first, as stripe-go does) and
+// refuses it when it lies more than the tolerance after now.
+func (v *WebhookVerifier) checkNotAhead(signature string) error {
+	for part := range strings.SplitSeq(signature, ",") {
+		val, ok := strings.CutPrefix(part, "t=")
+		if !ok {
+			continue
+		}
+		sec, err := strconv.ParseInt(val, 10, 64)
+		if err != nil {
+			return fmt.Errorf("timestamp %q: %w", val, err)
+		}
+		// time.Now, as stripe-go's own check of the past side.
+		if ahead := time.Until(time.Unix(sec, 0)); ahead > v.tolerance {
+			return fmt.Errorf("%w (%s ahead, tolerance %s)", errSignedAhead, ahead.Round(time.Second), v.tolerance)
+		}
+		return nil
+	}
+	return errors.New("no timestamp in the signature")
 }
