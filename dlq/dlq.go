@@ -5,7 +5,6 @@
 package dlq
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -375,7 +374,7 @@ func (r *ReplayReport) add(res ReplayResult) {
 // deletes each from the DLQ stream only after the republish's PubAck.
 //
 // The republished message carries the dead letter's original headers and
-// body, a new Nats-Msg-Id replay:<dlq stream>:<dlq seq> (the original id may
+// body, a new Nats-Msg-Id stream.ReplayMsgID (the original id may
 // still be inside the stream's duplicate window; this one makes concurrent
 // replays of one letter publish it once) and Paydedup-Replay-Of.
 // Postgres still guards the charge: a replay of a completed key is acked as
@@ -546,9 +545,17 @@ func replayOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Strea
 	if ack.Duplicate {
 		// The id names this letter, but a recreated DLQ stream reuses
 		// sequences: only delete if the stored message is this letter's.
-		if err := sameReplay(ctx, js, ack, m); err != nil {
-			res.Outcome, res.Detail = Failed, fmt.Sprintf("%s was dropped as a duplicate of %s #%d, which is not this letter's replay (%v); the dead letter is kept",
+		gctx, cancel := context.WithTimeout(ctx, adminTimeout)
+		same, err := stream.SameStored(gctx, js, ack, m)
+		cancel()
+		switch {
+		case err != nil:
+			res.Outcome, res.Detail = Failed, fmt.Sprintf("%s was dropped as a duplicate of %s #%d, which could not be read (%v): unknown whether this letter was republished; the dead letter is kept, replay it again",
 				res.MsgID, ack.Stream, ack.Sequence, err)
+			return
+		case !same:
+			res.Outcome, res.Detail = Failed, fmt.Sprintf("%s was dropped as a duplicate of %s #%d, which holds another message than this letter's replay; the dead letter is kept",
+				res.MsgID, ack.Stream, ack.Sequence)
 			return
 		}
 		res.Detail = "already republished by another replay"
@@ -569,22 +576,4 @@ func replayOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Strea
 		return
 	}
 	res.Outcome = Replayed
-}
-
-// sameReplay checks that the message a duplicate PubAck points to is m.
-func sameReplay(ctx context.Context, js jetstream.JetStream, ack *jetstream.PubAck, m *nats.Msg) error {
-	gctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	s, err := js.Stream(gctx, ack.Stream)
-	if err != nil {
-		return err
-	}
-	got, err := s.GetMsg(gctx, ack.Sequence)
-	if err != nil {
-		return err
-	}
-	if got.Subject != m.Subject || !bytes.Equal(got.Data, m.Data) || got.Header.Get(stream.HeaderReplayOf) != m.Header.Get(stream.HeaderReplayOf) {
-		return errors.New("another subject, body or Paydedup-Replay-Of")
-	}
-	return nil
 }

@@ -3,11 +3,14 @@ package dlq_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/payment"
@@ -61,6 +64,57 @@ func TestCommandsNeverDroppedAsReplayOrRepublish(t *testing.T) {
 		got, err := s.GetMsg(ctx, ack.Sequence)
 		if err != nil || got.Subject != m.Subject || !bytes.Equal(got.Data, b) {
 			t.Errorf("%s/%s: the stream holds %v at #%d (%v), not the command", c.merchant, c.key, got, ack.Sequence, err)
+		}
+	}
+}
+
+// unreadable is a JetStream whose payments stream cannot be read (its
+// info request fails), as when the server times out.
+type unreadable struct {
+	jetstream.JetStream
+	name string
+}
+
+func (u unreadable) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	if name == u.name {
+		return nil, errors.New("injected: no answer from the stream")
+	}
+	return u.JetStream.Stream(ctx, name)
+}
+
+// A replay whose PubAck is a duplicate deletes the letter only when the
+// stored message is its replay (stream.SameStored): another message under
+// the id keeps the letter and says so, and a check that could not read the
+// stored message is unknown, not "another message": the letter is kept
+// and the operator told to replay it again.
+func TestReplayDuplicateOfAnotherMessageKeepsLetter(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	seq := fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "held", time.Now())
+	squatter := stream.CommandMsg(cfg, "m_1", "held", body("m_1", "held", 999))
+	squatter.Header.Set(nats.MsgIdHdr, stream.ReplayMsgID(cfg, seq))
+	if _, err := js.PublishMsg(ctx, squatter); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		js   jetstream.JetStream
+		want string
+	}{
+		{"unreadable", unreadable{js, cfg.Name}, "unknown whether"},
+		{"another message", js, "another message"},
+	} {
+		rep, err := dlq.Replay(ctx, c.js, cfg, dlq.ReplayOptions{Seqs: []uint64{seq}})
+		if err != nil || len(rep.Results) != 1 {
+			t.Fatalf("%s: %+v %v", c.name, rep, err)
+		}
+		res := rep.Results[0]
+		if res.Outcome != dlq.Failed || !strings.Contains(res.Detail, c.want) || !strings.Contains(res.Detail, "the dead letter is kept") {
+			t.Errorf("%s: %s %q, want failed saying %q and that the letter is kept", c.name, res.Outcome, res.Detail, c.want)
+		}
+		if _, err := dlq.Get(ctx, js, cfg, seq); err != nil {
+			t.Fatalf("%s: the dead letter is gone: %v", c.name, err)
 		}
 	}
 }
