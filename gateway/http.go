@@ -258,7 +258,7 @@ func (g *Gateway) routes() http.Handler {
 	mux.Handle("/", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, Problem{Type: ProblemNotFound, Status: http.StatusNotFound})
 	})))
-	return mux
+	return g.refuseDeclaredTooLarge(mux)
 }
 
 // statusRecorder remembers the status for metrics.
