@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, testenv.LeakOptions()...)
 }
 
-const token = "console-test-token-0123456789"
+const token = "c0n5013e7e57a9b1f48d26e3c7a05b9f1d84e2c6a3b7f09d5e1c4a8b2f6d03e9a7"
 
 // world is one test's console over its own schema and streams.
 type world struct {
@@ -136,6 +136,10 @@ func (w *world) send(method, path string, form url.Values, hdr map[string]string
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
 	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v // the client sends req.Host, never a Host header
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	resp, err := w.client.Do(req)
@@ -450,7 +454,7 @@ func TestRedact(t *testing.T) {
 		{"pm_card_visa", "pm_card_visa"},
 		{"4242424242424242", "[card number redacted]"},
 		{"card 4242-4242-4242-4242 ok", "card [card number redacted] ok"},
-		{"4242 4242 4242 4241", "4242 4242 4242 4241"}, // fails Luhn: not a card number
+		{"1234 1234 1234 1234", "1234 1234 1234 1234"}, // no window passes Luhn: not a card number
 		{"order 123456789012", "order 123456789012"},   // too short
 		{"2026-12-02T04:05:06Z", "2026-12-02T04:05:06Z"},
 		{"x4111111111111111y", "x[card number redacted]y"},

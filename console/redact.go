@@ -4,7 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/paydedup/paydedup/internal/redact"
 )
 
 // Card data never reaches a page. A payment command carries only a payment
@@ -18,8 +19,6 @@ import (
 const (
 	redacted        = "[redacted]"
 	redactedPAN     = "[card number redacted]"
-	minPANDigits    = 13
-	maxPANDigits    = 19
 	maxShownBodyLen = 64 << 10
 )
 
@@ -31,8 +30,12 @@ var cardKeys = map[string]bool{
 	"billing_details": true,
 }
 
-// RedactBody returns a body for display: JSON with card members replaced
-// and indented, then Redact. A body that is not JSON is only Redact-ed.
+// RedactBody returns a body for display: JSON with card members replaced,
+// every string (member names too) Redact-ed as decoded, so an escaped
+// separator ("\t", "\u003c") cannot hide a card number, then indented
+// without HTML escapes and Redact-ed as a whole (a card number split
+// across JSON numbers). A body that is not JSON is Redact-ed. Control bytes
+// and invalid UTF-8 come out escaped (\x1b, \xff), as dlq show prints them.
 func RedactBody(b []byte) string {
 	if len(b) == 0 {
 		return ""
@@ -44,30 +47,40 @@ func RedactBody(b []byte) string {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	if err := dec.Decode(&v); err == nil && !dec.More() {
-		if out, err := json.MarshalIndent(redactValue(v), "", "  "); err == nil {
-			return Redact(string(out))
+		var out bytes.Buffer
+		enc := json.NewEncoder(&out)
+		enc.SetEscapeHTML(false)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(redactValue(v)); err == nil {
+			return redact.Shown(strings.TrimSuffix(out.String(), "\n"), true)
 		}
 	}
-	return Redact(strings.ToValidUTF8(string(b), string(utf8.RuneError)))
+	return redact.Shown(string(b), true)
 }
 
 func redactValue(v any) any {
 	switch x := v.(type) {
 	case map[string]any:
+		out := make(map[string]any, len(x))
 		for k, val := range x {
 			switch {
 			case cardKeys[strings.ToLower(k)]:
-				x[k] = redacted
+				val = redacted
 			case k == "payment_method":
 				// A token stays; an expanded object shrinks to its id.
 				if obj, ok := val.(map[string]any); ok {
-					x[k] = obj["id"]
+					val = redactValue(obj["id"])
+				} else {
+					val = redactValue(val)
 				}
 			default:
-				x[k] = redactValue(val)
+				val = redactValue(val)
 			}
+			out[Redact(k)] = val
 		}
-		return x
+		return out
+	case string:
+		return Redact(x)
 	case []any:
 		for i := range x {
 			x[i] = redactValue(x[i])
@@ -77,73 +90,11 @@ func redactValue(v any) any {
 	return v
 }
 
-// Redact masks every run of 13 to 19 digits (spaces or dashes between them
-// allowed) that passes the Luhn check, as a card number would.
-func Redact(s string) string {
-	var out strings.Builder
-	for i := 0; i < len(s); {
-		if !isDigit(s[i]) {
-			out.WriteByte(s[i])
-			i++
-			continue
-		}
-		// The longest run of digits and single separators from i.
-		end, digits := i, []byte{}
-		for j := i; j < len(s); j++ {
-			switch {
-			case isDigit(s[j]):
-				digits = append(digits, s[j])
-				end = j + 1
-			case (s[j] == ' ' || s[j] == '-') && j+1 < len(s) && isDigit(s[j+1]) && j > i && isDigit(s[j-1]):
-				continue
-			default:
-				j = len(s)
-			}
-		}
-		run := s[i:end]
-		if containsPAN(digits) {
-			out.WriteString(redactedPAN)
-		} else {
-			out.WriteString(run)
-		}
-		i = end
-	}
-	return out.String()
-}
+// Redact masks every card number in s (redact.PANs): every Luhn-valid
+// window of 13 to 19 digits of a run of digits joined by anything but
+// letters.
+func Redact(s string) string { return redact.PANs(s) }
 
-// containsPAN reports whether digits may be a card number: 13..19 digits
-// that pass Luhn, or a longer run with such a window (a card number glued
-// to other digits).
-func containsPAN(digits []byte) bool {
-	switch {
-	case len(digits) < minPANDigits:
-		return false
-	case len(digits) <= maxPANDigits:
-		return luhn(digits)
-	}
-	for n := minPANDigits; n <= min(maxPANDigits, len(digits)); n++ {
-		for start := 0; start+n <= len(digits); start++ {
-			if luhn(digits[start : start+n]) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func luhn(d []byte) bool {
-	sum := 0
-	for i := len(d) - 1; i >= 0; i-- {
-		n := int(d[i] - '0')
-		if (len(d)-1-i)%2 == 1 {
-			n *= 2
-			if n > 9 {
-				n -= 9
-			}
-		}
-		sum += n
-	}
-	return sum%10 == 0
-}
-
-func isDigit(b byte) bool { return b >= '0' && b <= '9' }
+// shown is a one-line field from a message or an answer as a page shows
+// it: card numbers masked, control bytes escaped as dlq show does.
+func shown(s string) string { return redact.Shown(s, false) }

@@ -1,5 +1,7 @@
-// Package redact hides secrets in what paydedup prints: the user
-// information of server URLs, which may carry a password or a token.
+// Package redact hides secrets and card data in what paydedup prints: the
+// user information of server URLs, which may carry a password or a token;
+// card numbers in dead letters and stored provider answers; and the control
+// bytes of text from a message, which could drive a terminal.
 package redact
 
 import "strings"

@@ -1,0 +1,63 @@
+package console_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/paydedup/paydedup/console"
+)
+
+// A card number beside other digits, joined by any separator, is still
+// masked; the digits beside it stay readable when they are not part of a
+// Luhn-valid window; ordinary text is left alone.
+func TestRedactMasksCardNumbersJoinedToOtherDigits(t *testing.T) {
+	t.Parallel()
+	const m = "[card number redacted]"
+	for _, c := range []struct{ in, want string }{
+		// The bypasses: 1-3 digits beside a PAN, joined by a space or dash.
+		// The digits beside it are masked too when a window through them
+		// passes Luhn (4111...1 with the 1 or 12 beside it does).
+		{"4111111111111111 12/28", m + "8"},
+		{"order 12 4111111111111111", "order " + m},
+		{"4111111111111111 123", m + "3"},
+		{"378282246310005 1", m + " 1"},
+		{"exp 12-4111111111111111", "exp " + m},
+		{"ref 12 4111111111111111 exp 12/28", "ref " + m + " exp 12/28"},
+		{"4111111111111111, cvc 123", m + ", cvc 123"},
+		// Separators the old code did not join.
+		{"4111.1111.1111.1111", m},
+		{"4111_1111_1111_1111", m},
+		{"4111  1111  1111  1111", m},
+		{"4111\t1111\t1111\t1111", m},
+		{"4111 / 1111 / 1111 / 1111", m},
+		{"(4111)1111-1111,1111.", "(" + m + "."},
+		{"payments.requests.4111111111111111", "payments.requests." + m},
+		{"5555555555554444,4000056655665556", m}, // a window across the comma passes too
+		{"pan=4111111111111111&pan=5555555555554444", "pan=" + m + "&pan=" + m},
+		// A Luhn-valid 15-digit window is a card number's shape (an Amex).
+		{"4242 4242 4242 4241", m + "1"},
+		// Ordinary text survives.
+		{"pm_card_visa", "pm_card_visa"},
+		{"order 123456789012", "order 123456789012"},
+		{"2026-12-02T04:05:06Z", "2026-12-02T04:05:06Z"},
+		{"2026-12-02 04:05:06", "2026-12-02 04:05:06"},
+		{"order 1234, 2026-12-05, amount 1999 usd, 12/28", "order 1234, 2026-12-05, amount 1999 usd, 12/28"},
+		{"x4111111111111111y", "x" + m + "y"},
+		{"99994111111111111111", m},
+	} {
+		if got := console.Redact(c.in); got != c.want {
+			t.Errorf("Redact(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+	// A card number in a JSON string with an escaped separator, and split
+	// across JSON numbers, is masked in the shown body too.
+	for _, body := range []string{
+		`{"description":"card 4111<1111<1111<1111","metadata":{"n":"4111\t1111\t1111\t1111"}}`,
+		`{"metadata":{"a":"4111111111111111 12/28"},"x":[4111,1111,1111,1111]}`,
+	} {
+		got := console.RedactBody([]byte(body))
+		if strings.Contains(got, "1111") {
+			t.Errorf("RedactBody(%s) shows a card number:\n%s", body, got)
+		}
+	}
+}
