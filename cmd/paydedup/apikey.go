@@ -39,7 +39,9 @@ schema owner (the runtime role may only read keys).`,
 		Example: `  paydedup apikey create --merchant m_123 --label "checkout service"
   KEY=$(paydedup apikey create --merchant m_123)`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return create.create(cmd.Context()) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return explainDBError(create.create(cmd.Context()), create.db.url)
+		},
 	}
 	create.db.bind(createCmd, a)
 	createCmd.Flags().StringVar(&create.merchant, "merchant", "", "merchant id the key acts for (required)")
@@ -50,7 +52,9 @@ schema owner (the runtime role may only read keys).`,
 		Use:   "list [--merchant M]",
 		Short: "List API keys (ids, merchants, labels; never the keys)",
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return list.list(cmd.Context()) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return explainDBError(list.list(cmd.Context()), list.db.url)
+		},
 	}
 	list.db.bind(listCmd, a)
 	listCmd.Flags().StringVar(&list.merchant, "merchant", "", "only this merchant's keys")
@@ -61,7 +65,9 @@ schema owner (the runtime role may only read keys).`,
 		Short:   "Revoke an API key by its id (from apikey list) or by the key itself",
 		Example: `  paydedup apikey revoke 3f9a2c1d0b7e`,
 		Args:    cobra.ExactArgs(1),
-		RunE:    func(cmd *cobra.Command, args []string) error { return revoke.revoke(cmd.Context(), args[0]) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return explainDBError(revoke.revoke(cmd.Context(), args[0]), revoke.db.url)
+		},
 	}
 	revoke.db.bind(revokeCmd, a)
 

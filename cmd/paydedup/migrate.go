@@ -63,7 +63,7 @@ trace ids, ...) refuses and changes nothing, naming what would be lost;
 		Args:      cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs),
 		ValidArgs: []string{"up", "down", "status"},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return m.Run(cmd.Context(), args[0])
+			return explainDBError(m.Run(cmd.Context(), args[0]), m.db.url)
 		},
 	}
 	m.db.bind(cmd, a)

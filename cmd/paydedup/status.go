@@ -50,7 +50,7 @@ the database figures are still printed and the command exits non-zero.`,
   paydedup status --json | jq .dead_letters
   watch -n 5 paydedup status`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return s.Run(cmd.Context()) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return explainDBError(s.Run(cmd.Context()), s.db.url) },
 	}
 	s.db.bind(cmd, a)
 	s.nats.bind(cmd, a)

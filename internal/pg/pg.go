@@ -182,6 +182,27 @@ type Errors struct {
 	Unique map[string]error
 }
 
+// Error is a PostgreSQL error no store sentinel interprets: the server's
+// message and SQLSTATE without pgx's type, so that a command can still name
+// the fix for, say, a missing privilege (42501) or table (42P01).
+type Error struct{ Message, Code string }
+
+func (e *Error) Error() string { return e.Message + " (SQLSTATE " + e.Code + ")" }
+
+// SQLState returns the SQLSTATE of the PostgreSQL error in err's chain,
+// whether a store interpreted it or not; "" when there is none.
+func SQLState(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
 // Interpret maps err, the error of the operation op, to the store's
 // errors; pgx types never leave the stores.
 func Interpret(op string, err error, e Errors) error {
@@ -202,7 +223,7 @@ func Interpret(op string, err error, e Errors) error {
 		case pgErr.Code[:2] == "08" || pgErr.Code[:2] == "57" || pgErr.Code == "53300":
 			return fmt.Errorf("%s: %w: %s", op, ErrUnavailable, pgErr.Message)
 		}
-		return fmt.Errorf("%s: %s (SQLSTATE %s)", op, pgErr.Message, pgErr.Code)
+		return fmt.Errorf("%s: %w", op, &Error{Message: pgErr.Message, Code: pgErr.Code})
 	}
 	var netErr net.Error
 	// A connection dropped mid-statement (the server restarted or stopped
