@@ -6,14 +6,18 @@
 // outcome).
 //
 // It is server-rendered (html/template escapes everything a message may
-// carry) and works without JavaScript. Reading is open to whoever reaches
+// carry) and works without JavaScript. It answers only to localhost, IP
+// addresses and configured host names, so a web page that rebinds its own
+// name to the listener reads nothing. Reading is open to whoever reaches
 // the listener, which the command binds to loopback by default; replay, the
-// only thing that changes state, needs the operator token: a session cookie
-// (HttpOnly, SameSite=Strict) obtained by posting the token, a CSRF token in
-// every form, POST only, and net/http's cross-origin protection
-// (Sec-Fetch-Site and Origin). Without a token the console is read-only.
-// Card data never reaches a page: shown JSON loses card details and any
-// digit run that could be a card number is masked (redact.go).
+// only thing that changes state, needs the operator token (at least 128
+// bits, guessed at a throttled rate): a server-side session that logout
+// ends and that expires, in a cookie (HttpOnly, SameSite=Strict, Secure
+// when configured), a CSRF token in every form, POST only, and net/http's
+// cross-origin protection (Sec-Fetch-Site and Origin). Without a token the
+// console is read-only. Card data never reaches a page: shown JSON loses
+// card details, every text from a message or an answer has its card
+// numbers masked and its control bytes escaped (redact.go).
 package console
 
 import (
@@ -49,8 +53,12 @@ const (
 	// DefaultSessionTTL is how long a login lasts.
 	DefaultSessionTTL = 8 * time.Hour
 	// MinTokenLen is the shortest operator token accepted.
-	MinTokenLen    = 16
-	requestTimeout = 15 * time.Second
+	MinTokenLen = 16
+	// DefaultLoginRate is how many wrong logins a second are checked on
+	// average, and DefaultLoginBurst how many at once.
+	DefaultLoginRate  = 1.0
+	DefaultLoginBurst = 10
+	requestTimeout    = 15 * time.Second
 )
 
 // Store is what the console reads of the idempotency store (*dedup.Store).
@@ -82,7 +90,22 @@ type Config struct {
 	LetterLimit int
 	// SessionTTL is how long a login lasts; DefaultSessionTTL when 0.
 	SessionTTL time.Duration
-	Logger     *slog.Logger
+	// Hosts are the host names the console answers to besides localhost and
+	// IP addresses (PAYDEDUP_CONSOLE_HOSTS): any other Host header is
+	// refused, so a web page rebinding its own name to this address reads
+	// nothing.
+	Hosts []string
+	// SecureCookie marks the session cookie Secure even on a plain HTTP
+	// request (a TLS proxy in front); a TLS request always gets it.
+	SecureCookie bool
+	// LoginRate and LoginBurst bound wrong logins: LoginRate a second on
+	// average, LoginBurst at once (DefaultLoginRate and DefaultLoginBurst
+	// when 0); beyond them a login is answered 429 without being checked.
+	LoginRate  float64
+	LoginBurst int
+	// Now is the clock sessions expire by; time.Now when nil.
+	Now    func() time.Time
+	Logger *slog.Logger
 }
 
 // Console serves the operator's page.
@@ -92,6 +115,7 @@ type Console struct {
 	cfg   Config
 	log   *slog.Logger
 	auth  *auth
+	hosts map[string]bool
 	tmpl  *template.Template
 }
 
@@ -109,16 +133,31 @@ func New(js jetstream.JetStream, store Store, cfg Config) (*Console, error) {
 	cfg.ReplayRate = cmp.Or(cfg.ReplayRate, dlq.DefaultReplayRate)
 	cfg.LetterLimit = cmp.Or(cfg.LetterLimit, DefaultLetterLimit)
 	cfg.SessionTTL = cmp.Or(cfg.SessionTTL, DefaultSessionTTL)
-	if cfg.Token != "" && len(cfg.Token) < MinTokenLen {
-		return nil, fmt.Errorf("%w: the token has %d bytes, need at least %d (e.g. openssl rand -hex 32)", ErrConfig, len(cfg.Token), MinTokenLen)
+	cfg.LoginRate = cmp.Or(cfg.LoginRate, DefaultLoginRate)
+	cfg.LoginBurst = cmp.Or(cfg.LoginBurst, DefaultLoginBurst)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Token != "" {
+		if err := ValidateToken(cfg.Token); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.ReadNeedsLogin && cfg.Token == "" {
 		return nil, fmt.Errorf("%w: reads need a login but no token is set", ErrConfig)
 	}
-	if cfg.Grace < 0 || cfg.KeyRetention < 0 || cfg.ReplayRate < 0 || cfg.LetterLimit < 0 || cfg.SessionTTL < 0 {
-		return nil, fmt.Errorf("%w: negative grace, key retention, rate, limit or session TTL", ErrConfig)
+	if cfg.Grace < 0 || cfg.KeyRetention < 0 || cfg.ReplayRate < 0 || cfg.LetterLimit < 0 || cfg.SessionTTL < 0 || cfg.LoginRate < 0 || cfg.LoginBurst < 0 {
+		return nil, fmt.Errorf("%w: negative grace, key retention, rate, limit, session TTL or login rate", ErrConfig)
 	}
-	a, err := newAuth(cfg.Token, cfg.SessionTTL)
+	hosts := map[string]bool{}
+	for _, h := range cfg.Hosts {
+		name := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h)), ".")
+		if !validHostName(name) {
+			return nil, fmt.Errorf("%w: host name %q: give a plain DNS name such as console.ops.example (no scheme, port or wildcard)", ErrConfig, h)
+		}
+		hosts[name] = true
+	}
+	a, err := newAuth(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +165,7 @@ func New(js jetstream.JetStream, store Store, cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse console templates: %w", err)
 	}
-	return &Console{js: js, store: store, cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), auth: a, tmpl: t}, nil
+	return &Console{js: js, store: store, cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), auth: a, hosts: hosts, tmpl: t}, nil
 }
 
 // ReadOnly reports whether replay is off: no token, or no valid DLQ key.
@@ -159,9 +198,11 @@ func (c *Console) Handler() http.Handler {
 	mux.Handle("POST /logout", c.auth.requireSession(http.HandlerFunc(c.logout)))
 	mux.Handle("POST /replay", c.auth.requireSession(http.HandlerFunc(c.replay)))
 	// Every state change is a POST above; the cross-origin check refuses
-	// a cross-site POST before any handler runs, including the login.
+	// a cross-site POST before any handler runs, including the login. The
+	// Host check comes first: a page that rebinds its own name to this
+	// address is same-origin to itself, and would read every page.
 	cop := http.NewCrossOriginProtection()
-	return securityHeaders(cop.Handler(mux))
+	return securityHeaders(c.checkHost(cop.Handler(mux)))
 }
 
 // securityHeaders keeps the page out of frames and caches and forbids
@@ -190,7 +231,7 @@ type page struct {
 }
 
 func (c *Console) page(r *http.Request, title string, data any) page {
-	p := page{Title: title, ReadOnly: c.readOnlyReason(), Data: data}
+	p := page{Title: title, ReadOnly: c.readOnlyReason(), Data: data, Flash: flashes[r.URL.Query().Get("flash")]}
 	if s, ok := c.auth.session(r); ok {
 		p.LoggedIn, p.CSRF = true, c.auth.csrf(s)
 	}
@@ -198,6 +239,9 @@ func (c *Console) page(r *http.Request, title string, data any) page {
 }
 
 func (c *Console) render(w http.ResponseWriter, status int, name string, p page) {
+	for i, e := range p.Errors {
+		p.Errors[i] = shown(e) // an error may quote a message's subject or header
+	}
 	var b strings.Builder
 	if err := c.tmpl.ExecuteTemplate(&b, name, p); err != nil {
 		c.log.Error("render console page", "page", name, "error", err)
@@ -267,14 +311,17 @@ type letterView struct {
 
 type headerView struct{ Name, Value string }
 
+// viewLetter passes every text of a letter through shown: whoever
+// published it wrote its body, headers and subject, and a letter published
+// straight to the DLQ's subjects its reason and Dlq-* headers too.
 func viewLetter(d dlq.Info) letterView {
-	v := letterView{Seq: d.Seq, Reason: d.Reason, MerchantID: Redact(d.MerchantID), IdempotencyKey: Redact(d.IdempotencyKey),
-		Deliveries: d.Deliveries, FailedAt: d.FailedAt, Stored: d.Stored, Error: Redact(d.Error), OrigSubject: d.OrigSubject,
-		Verified: d.Verified, Unverified: d.Unverified, Invalid: d.Invalid, Truncated: d.Truncated,
+	v := letterView{Seq: d.Seq, Reason: shown(d.Reason), MerchantID: shown(d.MerchantID), IdempotencyKey: shown(d.IdempotencyKey),
+		Deliveries: d.Deliveries, FailedAt: d.FailedAt, Stored: d.Stored, Error: shown(d.Error), OrigSubject: shown(d.OrigSubject),
+		Verified: d.Verified, Unverified: shown(d.Unverified), Invalid: shown(d.Invalid), Truncated: d.Truncated,
 		Body: RedactBody(d.Data), BodyLen: len(d.Data)}
 	for _, k := range slices.Sorted(maps.Keys(d.Header)) {
 		for _, val := range d.Header[k] {
-			v.Headers = append(v.Headers, headerView{Name: k, Value: Redact(val)})
+			v.Headers = append(v.Headers, headerView{Name: shown(k), Value: shown(val)})
 		}
 	}
 	return v
@@ -285,7 +332,6 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	d := overviewData{Now: time.Now(), Grace: c.cfg.Grace, Limit: c.cfg.LetterLimit, Stream: c.cfg.Stream}
 	p := c.page(r, "paydedup console", nil)
-	p.Flash = r.URL.Query().Get("flash")
 	if st, err := c.store.Stats(ctx, c.cfg.Grace); err != nil {
 		p.Errors = append(p.Errors, "idempotency store: "+err.Error())
 	} else {
@@ -301,7 +347,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		p.Errors = append(p.Errors, "dead letters: "+err.Error())
 	} else {
 		for reason, n := range counts {
-			d.Counts = append(d.Counts, reasonCount{reason, n})
+			d.Counts = append(d.Counts, reasonCount{shown(reason), n})
 			d.Total += n
 		}
 		slices.SortFunc(d.Counts, func(a, b reasonCount) int { return strings.Compare(a.Reason, b.Reason) })
@@ -316,7 +362,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		for _, l := range letters {
 			g := byReason[l.Reason]
 			if g == nil {
-				g = &letterGroup{Reason: l.Reason, Replayable: stream.ReplayableReason(l.Reason) && l.Reason != stream.ReasonKeyReused}
+				g = &letterGroup{Reason: shown(l.Reason), Replayable: stream.ReplayableReason(l.Reason) && l.Reason != stream.ReasonKeyReused}
 				byReason[l.Reason] = g
 			}
 			g.Letters = append(g.Letters, viewLetter(l))
@@ -364,10 +410,28 @@ type paymentData struct {
 }
 
 // recordView is an idempotency row as the page shows it: no request hash,
-// the provider's response redacted.
+// every text redacted (a provider echoes a merchant's description and
+// metadata into its answer and its errors).
 type recordView struct {
 	dedup.Record
 	Response string
+}
+
+func viewRecord(rec dedup.Record) *recordView {
+	v := &recordView{Record: rec, Response: RedactBody(rec.Response)}
+	v.Record.RequestHash, v.Record.Response = nil, nil
+	for _, f := range []*string{&v.MerchantID, &v.IdempotencyKey, &v.ProviderKey, &v.Currency, &v.LockedBy, &v.ChargeID, &v.LastError, &v.TraceID} {
+		*f = shown(*f)
+	}
+	v.Status = dedup.Status(shown(string(v.Status)))
+	return v
+}
+
+func viewPayment(p dedup.Payment) *dedup.Payment {
+	for _, f := range []*string{&p.MerchantID, &p.IdempotencyKey, &p.ProviderKey, &p.ChargeID, &p.Status, &p.Currency} {
+		*f = shown(*f)
+	}
+	return &p
 }
 
 func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
@@ -385,7 +449,7 @@ func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			p.Errors = append(p.Errors, "idempotency row: "+err.Error())
 		default:
-			d.Record = &recordView{Record: rec, Response: RedactBody(rec.Response)}
+			d.Record = viewRecord(rec)
 		}
 		pay, err := c.store.GetPayment(ctx, d.MerchantID, d.IdempotencyKey)
 		switch {
@@ -394,9 +458,11 @@ func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			p.Errors = append(p.Errors, "ledger row: "+err.Error())
 		default:
-			d.Ledger = &pay
+			d.Ledger = viewPayment(pay)
 		}
 	}
+	// The form shows back what was searched for, masked like the rest.
+	d.MerchantID, d.IdempotencyKey = shown(d.MerchantID), shown(d.IdempotencyKey)
 	p.Data = d
 	c.render(w, http.StatusOK, "payment.html", p)
 }
@@ -456,8 +522,10 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for i := range rep.Results {
-		rep.Results[i].MerchantID = Redact(rep.Results[i].MerchantID)
-		rep.Results[i].IdempotencyKey = Redact(rep.Results[i].IdempotencyKey)
+		res := &rep.Results[i]
+		for _, f := range []*string{&res.Reason, &res.MerchantID, &res.IdempotencyKey, &res.Subject, &res.MsgID, &res.Detail} {
+			*f = shown(*f)
+		}
 	}
 	if confirmed {
 		c.log.Info("dead letters replayed from the console", "requested", len(seqs), "replayed", rep.Replayed,
