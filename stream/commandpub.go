@@ -19,6 +19,48 @@ import (
 // DefaultPublishTimeout bounds one publish and its PubAck.
 const DefaultPublishTimeout = 5 * time.Second
 
+// A publish has three outcomes: done (a PubAck for this command), refused
+// (the stream provably stored nothing of it) and unknown (anything else:
+// no PubAck within the timeout, a dropped connection, no responders
+// during a leader change, a context ended after the send), which means
+// the command may be stored. Publish and PublishBatch wrap every refusal
+// in ErrRefused; every other error they return is an unknown outcome.
+var (
+	// ErrRefused marks a publish the stream provably did not store: the
+	// message could not be built or failed the worker's check, the client
+	// refused it before sending it, the server answered with a JetStream
+	// API error (4xx), the stream does not exist (ErrStreamMissing), or
+	// another message holds its Nats-Msg-Id (ErrMsgIDTaken).
+	ErrRefused = errors.New("refused, nothing stored")
+	// ErrStreamMissing: the payments stream does not exist (the worker
+	// creates it). A refusal.
+	ErrStreamMissing = errors.New("the payments stream does not exist; start a worker (`paydedup worker` creates the streams)")
+	// ErrMsgIDTaken: the PubAck was a duplicate's, and the message stored
+	// under the command's Nats-Msg-Id is another command (e.g. one
+	// `paydedup publish` put on the queue with the same merchant and key):
+	// the stream dropped this one. A refusal.
+	ErrMsgIDTaken = errors.New("another command holds this command's Nats-Msg-Id in the stream's duplicate window")
+)
+
+// Refused reports whether err, from Publish or PublishBatch, is a refusal:
+// nothing of the command was stored. Any other error is an unknown
+// outcome.
+func Refused(err error) bool { return errors.Is(err, ErrRefused) }
+
+// refusal wraps err as a refusal.
+func refusal(err error) error { return fmt.Errorf("%w: %w", ErrRefused, err) }
+
+// refusedBeforeSend reports whether a publish error proves nothing was
+// stored: the client refused the message before sending it, or the
+// server answered with a JetStream API error of the request (4xx).
+func refusedBeforeSend(err error) bool {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, jetstream.ErrInvalidOption) {
+		return true
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.Code >= 400 && api.Code < 500
+}
+
 // CommandPublisher publishes validated payment commands the way the worker
 // expects them: on <SubjectPrefix>.<merchant_id>, with Nats-Msg-Id
 // <merchant_id>:<idempotency_key> (the stream's duplicate window drops quick
@@ -92,8 +134,10 @@ func (p *CommandPublisher) Prepare(cmd *payment.Command, extra map[string]string
 // Publish publishes cmd, with the extra headers given (e.g. W3C
 // traceparent and tracestate, so the worker's trace continues the HTTP
 // request's), after the same check as Check, and returns the stream
-// sequence once the stream acknowledged it. A duplicate inside the stream's
-// window is acknowledged too, with the first copy's sequence.
+// sequence once the stream acknowledged it. A duplicate inside the
+// stream's window is acknowledged too, with the first copy's sequence,
+// once the stored copy is checked to be this command (else ErrMsgIDTaken).
+// A refusal wraps ErrRefused; any other error is an unknown outcome.
 //
 // republish > 0 marks a new copy of a command whose first copy the stream
 // no longer holds: its Nats-Msg-Id is RepublishMsgID(…, republish), since the
@@ -102,7 +146,7 @@ func (p *CommandPublisher) Prepare(cmd *payment.Command, extra map[string]string
 func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (uint64, error) {
 	m, err := p.message(cmd, extra, republish)
 	if err != nil {
-		return 0, fmt.Errorf("publish command: %w", err)
+		return 0, refusal(fmt.Errorf("publish command: %w", err))
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
@@ -110,13 +154,24 @@ func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, ex
 	// PubAck; a Retryable failure (the stream leader changing, a
 	// reconnect) sends the same message, same Nats-Msg-Id, again until
 	// the timeout: a copy that did land is dropped by the duplicate window.
+	// No responders is retried here, not inside nats.go, so that a stream
+	// that does not exist is told at once (missing).
 	tryFor := max(p.timeout/4, time.Second)
 	for tries := 1; ; tries++ {
 		tctx, tcancel := context.WithTimeout(ctx, tryFor)
-		ack, err := p.js.PublishMsg(tctx, m, jetstream.WithExpectStream(p.cfg.Name))
+		ack, err := p.js.PublishMsg(tctx, m, jetstream.WithExpectStream(p.cfg.Name), jetstream.WithRetryAttempts(0))
 		tcancel()
 		if err == nil {
+			if err := p.duplicateOf(ctx, ack, m, cmd); err != nil {
+				return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)
+			}
 			return ack.Sequence, nil
+		}
+		if refusedBeforeSend(err) {
+			return 0, refusal(fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err))
+		}
+		if p.missing(ctx, err) {
+			return 0, refusal(fmt.Errorf("publish command to %s: %w (%w)", p.cfg.Name, ErrStreamMissing, err))
 		}
 		if !Retryable(err) || ctx.Err() != nil {
 			return 0, fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
@@ -127,6 +182,58 @@ func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, ex
 		case <-time.After(retryWait(tries)):
 		}
 	}
+}
+
+// missing reports whether a publish answered by no responders met a
+// stream that does not exist: the stream's info answers "stream not
+// found" at once. A leader change answers otherwise (the info, or no
+// answer in time), and the publish is retried.
+func (p *CommandPublisher) missing(ctx context.Context, err error) bool {
+	if !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, serr := p.js.Stream(ctx, p.cfg.Name)
+	return errors.Is(serr, jetstream.ErrStreamNotFound)
+}
+
+// duplicateOf checks a PubAck: a duplicate's counts as m's (cmd's) only
+// when the copy stored under its Nats-Msg-Id is this command, byte for
+// byte (SameStored) or, where the bytes differ, as the same command
+// (equal canonical encodings). Another command there is ErrMsgIDTaken, a
+// refusal; a failed read is an unknown outcome.
+func (p *CommandPublisher) duplicateOf(ctx context.Context, ack *jetstream.PubAck, m *nats.Msg, cmd *payment.Command) error {
+	if !ack.Duplicate {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
+	defer cancel()
+	same, err := SameStored(ctx, p.js, ack, m)
+	if err != nil {
+		return fmt.Errorf("check the copy a duplicate PubAck points to: %w", err)
+	}
+	if same {
+		return nil
+	}
+	// Another publisher's bytes may encode the same command.
+	s, err := p.js.Stream(ctx, ack.Stream)
+	if err != nil {
+		return fmt.Errorf("check the copy a duplicate PubAck points to: stream %s: %w", ack.Stream, err)
+	}
+	raw, err := s.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		return fmt.Errorf("check the copy a duplicate PubAck points to: read %s message %d: %w", ack.Stream, ack.Sequence, err)
+	}
+	if raw.Subject == m.Subject && raw.Header.Get(HeaderReplayOf) == m.Header.Get(HeaderReplayOf) {
+		if got, derr := DecodeCommand(p.cfg, raw.Subject, raw.Header, raw.Data); derr == nil {
+			var gotBuf, cmdBuf [512]byte
+			if bytes.Equal(got.AppendCanonical(gotBuf[:0]), cmd.AppendCanonical(cmdBuf[:0])) {
+				return nil
+			}
+		}
+	}
+	return refusal(fmt.Errorf("%w (%s message %d)", ErrMsgIDTaken, ack.Stream, ack.Sequence))
 }
 
 // Stored reports whether the stream still holds, at seq, the command of
@@ -152,9 +259,14 @@ func (p *CommandPublisher) Stored(ctx context.Context, merchantID, key string, s
 	return raw.Subject == p.cfg.SubjectPrefix+"."+merchantID && raw.Header.Get(HeaderIdempotencyKey) == key, nil
 }
 
-// Ready reports whether the stream exists (the worker creates it).
+// Ready reports whether the stream exists (the worker creates it); a
+// missing stream's error says to start a worker.
 func (p *CommandPublisher) Ready(ctx context.Context) error {
-	if _, err := p.js.Stream(ctx, p.cfg.Name); err != nil {
+	_, err := p.js.Stream(ctx, p.cfg.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("stream %s: %w", p.cfg.Name, ErrStreamMissing)
+	case err != nil:
 		return fmt.Errorf("stream %s: %w", p.cfg.Name, err)
 	}
 	return nil
@@ -260,7 +372,9 @@ type BatchResult struct {
 // built as Publish would (same subject, Nats-Msg-Id, headers), and awaits
 // every PubAck: one asynchronous send per command instead of a request and
 // its reply each. results[i] is the fate of cmds[i]; a command that cannot
-// be built, or that the stream refused, fails alone.
+// be built, or that the stream refused, fails alone. Errors are Publish's:
+// a refusal wraps ErrRefused, any other is an unknown outcome; a
+// duplicate's PubAck is checked as Publish checks it.
 //
 // The retry rule is Publish's: a command whose PubAck did not come for a
 // Retryable reason within a quarter of the timeout is sent again, the
@@ -278,7 +392,7 @@ func (p *CommandPublisher) PublishBatch(ctx context.Context, cmds []BatchCommand
 		}
 		m, err := p.message(c.Cmd, c.Extra, c.Republish)
 		if err != nil {
-			results[i].Err = fmt.Errorf("publish command: %w", err)
+			results[i].Err = refusal(fmt.Errorf("publish command: %w", err))
 			continue
 		}
 		msgs[i] = m
@@ -288,9 +402,10 @@ func (p *CommandPublisher) PublishBatch(ctx context.Context, cmds []BatchCommand
 	defer cancel()
 	tryFor := max(p.timeout/4, time.Second)
 	futures := make([]jetstream.PubAckFuture, len(cmds))
+	acks := make([]*jetstream.PubAck, len(cmds))
 	for tries := 1; len(waiting) > 0; tries++ {
 		for _, i := range waiting {
-			f, err := p.async.PublishMsgAsync(msgs[i], jetstream.WithExpectStream(p.cfg.Name))
+			f, err := p.async.PublishMsgAsync(msgs[i], jetstream.WithExpectStream(p.cfg.Name), jetstream.WithRetryAttempts(0))
 			if err != nil {
 				f = failedFuture(msgs[i], err)
 			}
@@ -298,17 +413,35 @@ func (p *CommandPublisher) PublishBatch(ctx context.Context, cmds []BatchCommand
 		}
 		tctx, tcancel := context.WithTimeout(ctx, tryFor)
 		var again []int
+		missing := -1 // whether the stream is missing, asked once a try: -1 not asked
 		for _, i := range waiting {
 			var err error
 			select {
 			case ack := <-futures[i].Ok():
 				results[i] = BatchResult{Seq: ack.Sequence}
+				acks[i] = ack
 				continue
 			case err = <-futures[i].Err():
 			case <-tctx.Done():
 				err = fmt.Errorf("no PubAck within %v: %w", tryFor, tctx.Err())
 			}
 			results[i].Err = fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
+			if refusedBeforeSend(err) {
+				results[i].Err = refusal(results[i].Err)
+				continue
+			}
+			if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+				if missing < 0 {
+					missing = 0
+					if p.missing(ctx, err) {
+						missing = 1
+					}
+				}
+				if missing == 1 {
+					results[i].Err = refusal(fmt.Errorf("publish command to %s: %w (%w)", p.cfg.Name, ErrStreamMissing, err))
+					continue
+				}
+			}
 			if Retryable(err) && ctx.Err() == nil {
 				again = append(again, i)
 			}
@@ -320,8 +453,15 @@ func (p *CommandPublisher) PublishBatch(ctx context.Context, cmds []BatchCommand
 		}
 		select {
 		case <-ctx.Done():
-			return results
+			waiting = nil
 		case <-time.After(retryWait(tries)):
+		}
+	}
+	for i, ack := range acks {
+		if ack != nil && ack.Duplicate {
+			if err := p.duplicateOf(ctx, ack, msgs[i], cmds[i].Cmd); err != nil {
+				results[i] = BatchResult{Err: fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)}
+			}
 		}
 	}
 	return results

@@ -15,12 +15,19 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
-// streamsLater gives a test its own topology and creates its streams only
-// after delay, as a stream without a leader yet looks to a publisher (no
-// responders); it returns the configuration and a wait for the creation.
+// streamsLater gives a test its own topology whose payments stream takes
+// its subjects only after delay, as a stream without a leader yet looks to
+// a publisher (no responders, while the stream exists: a stream that does
+// not exist is a refusal); it returns the configuration and a wait for
+// the streams.
 func streamsLater(t *testing.T, js jetstream.JetStream, delay time.Duration) (stream.Config, func()) {
 	t.Helper()
 	cfg := testenv.Streams(t, js).WithDefaults()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.Name, Subjects: []string{cfg.SubjectPrefix + "-later.>"}}); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	timer := time.AfterFunc(delay, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
