@@ -96,6 +96,9 @@ const (
 	ansNotRepublished
 	ansUnavailable
 	ansUnauthenticated
+	ansPublishUnknown // no PubAck: the command may be stored; the key stays bound
+	ansNotQueued      // the stream refused the publish: nothing stored, the key is free
+	ansNoStream       // ansNotQueued because the stream does not exist
 )
 
 // answer is the decision for one POST.
@@ -148,6 +151,12 @@ func (g *Gateway) write(w http.ResponseWriter, a answer) {
 		g.writeDeadLetter(w, a.in)
 	case ansUnauthenticated:
 		g.unauthenticated(w)
+	case ansPublishUnknown:
+		publishUnknown(w)
+	case ansNotQueued:
+		notQueued(w, problemDetailNotQueued)
+	case ansNoStream:
+		notQueued(w, problemDetailNoStream)
 	default:
 		unavailable(w)
 	}
@@ -556,8 +565,7 @@ func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, 
 // publish publishes the commands whose intake the batch acquired, all at
 // once, each PubAck awaited, answers each published one 202 (the batch is
 // then answered: see batcher.settling), and then records the publishes in
-// one statement. A failed publish gives its
-// intake up (nothing was accepted).
+// one statement. A failed publish is answered as publishFailed decides.
 func (b *batcher) publish(ctx context.Context, items []*item, answered func()) {
 	g := b.g
 	pctx, cancel := context.WithTimeout(ctx, g.cfg.PublishLease)
@@ -606,8 +614,9 @@ type batchPublisher interface {
 }
 
 // publishAll publishes the pending items' commands and returns their
-// stream sequences; an item whose publish failed gives its intake up and
-// is answered 503.
+// stream sequences; an item whose publish failed is answered as
+// publishFailed decides (a refusal gives its intake up; an unknown
+// outcome keeps it bound).
 func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int) []uint64 {
 	g := b.g
 	seqs := make([]uint64, len(items))
@@ -615,8 +624,7 @@ func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int
 		it := items[i]
 		g.metrics.publishDuration.Observe(took.Seconds())
 		if err != nil {
-			g.publishFailed(ctx, it.ans.in, err, it.log)
-			it.ans.kind = ansUnavailable
+			it.ans.kind = g.publishFailed(ctx, it.ans.in, err, it.log)
 			return
 		}
 		g.metrics.publishes.WithLabelValues("ok").Inc()
@@ -653,7 +661,8 @@ func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int
 	took := time.Since(start)
 	for j, r := range results {
 		if r.Err != nil {
-			// Giving the intake up is a round trip: done at once for all.
+			// Giving the intake up (or releasing it) is a round trip: done
+			// at once for all.
 			wg.Go(func() { settle(index[j], r.Seq, r.Err, took) })
 			continue
 		}

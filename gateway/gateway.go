@@ -104,6 +104,7 @@ type Store interface {
 	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error)
 	IntakePublished(ctx context.Context, in pgstore.Intake, seq uint64, holdFor time.Duration) error
 	AbandonIntake(ctx context.Context, in pgstore.Intake) error
+	ReleaseIntake(ctx context.Context, in pgstore.Intake) error
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
 }

@@ -29,21 +29,24 @@ const problemTypePrefix = "urn:paydedup:problem:"
 
 // Problem types.
 const (
-	ProblemUnauthenticated     = problemTypePrefix + "unauthenticated"
-	ProblemMissingKey          = problemTypePrefix + "missing-idempotency-key"
-	ProblemInvalidKey          = problemTypePrefix + "invalid-idempotency-key"
-	ProblemInvalidRequest      = problemTypePrefix + "invalid-request"
-	ProblemTooLarge            = problemTypePrefix + "request-too-large"
-	ProblemUnsupportedMedia    = problemTypePrefix + "unsupported-media-type"
-	ProblemKeyReused           = problemTypePrefix + "idempotency-key-reused"
-	ProblemKeyInUse            = problemTypePrefix + "idempotency-key-in-use"
-	ProblemNotFound            = problemTypePrefix + "not-found"
-	ProblemNotAccepted         = problemTypePrefix + "not-accepted"
-	ProblemRejected            = problemTypePrefix + "payment-rejected"
-	ProblemInternal            = problemTypePrefix + "internal"
-	ProblemUnavailable         = problemTypePrefix + "unavailable"
-	ProblemMethodNotAllowed    = problemTypePrefix + "method-not-allowed"
-	ProblemRateLimited         = problemTypePrefix + "rate-limited"
+	ProblemUnauthenticated  = problemTypePrefix + "unauthenticated"
+	ProblemMissingKey       = problemTypePrefix + "missing-idempotency-key"
+	ProblemInvalidKey       = problemTypePrefix + "invalid-idempotency-key"
+	ProblemInvalidRequest   = problemTypePrefix + "invalid-request"
+	ProblemTooLarge         = problemTypePrefix + "request-too-large"
+	ProblemUnsupportedMedia = problemTypePrefix + "unsupported-media-type"
+	ProblemKeyReused        = problemTypePrefix + "idempotency-key-reused"
+	ProblemKeyInUse         = problemTypePrefix + "idempotency-key-in-use"
+	ProblemNotFound         = problemTypePrefix + "not-found"
+	ProblemNotAccepted      = problemTypePrefix + "not-accepted"
+	ProblemRejected         = problemTypePrefix + "payment-rejected"
+	ProblemInternal         = problemTypePrefix + "internal"
+	ProblemUnavailable      = problemTypePrefix + "unavailable"
+	ProblemMethodNotAllowed = problemTypePrefix + "method-not-allowed"
+	ProblemRateLimited      = problemTypePrefix + "rate-limited"
+	// ProblemPublishUnknown: the command was sent to the stream but its
+	// PubAck never came; it may be queued (503).
+	ProblemPublishUnknown      = problemTypePrefix + "publish-outcome-unknown"
 	problemContentType         = "application/problem+json"
 	jsonContentType            = "application/json"
 	maxRetryAfter              = time.Minute
@@ -61,6 +64,12 @@ const (
 	problemDetailUnsupported   = "Send the payment as application/json."
 	problemDetailMethodAllowed = "This method is not allowed on this resource."
 	problemDetailRateLimited   = "Your account has too many payments waiting to be taken in; retry after Retry-After with the same Idempotency-Key."
+	problemDetailUnknown       = "The payment may have been queued: it was sent but not confirmed, so its outcome is unknown. " +
+		"Retry with the same Idempotency-Key and the same body (it is charged at most once); do not pay again under a new key. " +
+		"Another body under this key is refused (422)."
+	problemDetailNotQueued = "The payment could not be queued and nothing was accepted; retry with the same Idempotency-Key."
+	problemDetailNoStream  = "The payments stream does not exist, so nothing was accepted: the service's operator must start a worker " +
+		"(`paydedup worker` creates the streams). Retry with the same Idempotency-Key once it runs."
 )
 
 // Problem is an RFC 9457 problem detail. Field and Reason name what was
@@ -109,6 +118,20 @@ func setRetryAfter(w http.ResponseWriter, d time.Duration) {
 func unavailable(w http.ResponseWriter) {
 	setRetryAfter(w, unavailableRetryAfter)
 	writeProblem(w, Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: problemDetailUnavailable})
+}
+
+// publishUnknown answers a POST whose publish has an unknown outcome: the
+// command may be in the stream, and the key stays bound to its body.
+func publishUnknown(w http.ResponseWriter) {
+	setRetryAfter(w, unavailableRetryAfter)
+	writeProblem(w, Problem{Type: ProblemPublishUnknown, Status: http.StatusServiceUnavailable, Detail: problemDetailUnknown})
+}
+
+// notQueued answers a POST whose publish the stream refused: nothing was
+// stored, and the key is free.
+func notQueued(w http.ResponseWriter, detail string) {
+	setRetryAfter(w, unavailableRetryAfter)
+	writeProblem(w, Problem{Type: ProblemUnavailable, Status: http.StatusServiceUnavailable, Detail: detail})
 }
 
 func notAccepted(w http.ResponseWriter) {

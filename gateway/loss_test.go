@@ -17,9 +17,11 @@ import (
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
-// flakyPublisher counts publishes and fails the first fail of them.
+// flakyPublisher counts publishes and has the stream refuse the first fail
+// of them (nothing stored).
 type flakyPublisher struct {
 	gateway.Publisher
 	fail  atomic.Int64
@@ -29,7 +31,7 @@ type flakyPublisher struct {
 func (p *flakyPublisher) Publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (uint64, error) {
 	p.calls.Add(1)
 	if p.fail.Add(-1) >= 0 {
-		return 0, errors.New("injected: no PubAck")
+		return 0, fmt.Errorf("injected: %w", stream.ErrRefused)
 	}
 	return p.Publisher.Publish(ctx, cmd, extra, republish)
 }
@@ -181,10 +183,11 @@ func TestDeadLetterIsTerminalAtTheGateway(t *testing.T) {
 	}
 }
 
-// TestFailedPublishIsNotAccepted: after a publish that failed (503), GET
-// says the payment was not accepted (404, at once even with Prefer: wait)
-// and a corrected retry is accepted.
-func TestFailedPublishIsNotAccepted(t *testing.T) {
+// TestRefusedPublishIsNotAccepted: after a publish the stream refused
+// (503, nothing stored), GET says the payment was not accepted (404, at
+// once even with Prefer: wait) and a corrected retry is accepted. (A
+// publish with an unknown outcome keeps the key: TestLostPubAckIsUnknown.)
+func TestRefusedPublishIsNotAccepted(t *testing.T) {
 	t.Parallel()
 	var pub *flakyPublisher
 	w := setupWith(t, gateway.Config{}, options{pub: func(p gateway.Publisher) gateway.Publisher {
@@ -302,37 +305,43 @@ func (s lostMarkStore) IntakesPublished(context.Context, []pgstore.Published, ti
 	return nil, errors.New("injected: the publish mark is lost")
 }
 
-// TestLostMarkAnotherPayloadIsNotDropped: a 202 whose publish mark was lost
-// leaves an intake that looks never published, so once its lease passes a
-// POST with the same key and another payload takes it over (it cannot be
-// told from a publisher that died before its PubAck). Its command must
-// reach the stream as its own message, not as a copy of the first that the
-// stream's duplicate window drops while the POST is answered 202: the
-// worker then charges the first payload once and dead-letters the second
-// as key_reused, which the gateway reports for the key.
-func TestLostMarkAnotherPayloadIsNotDropped(t *testing.T) {
+// TestLostMarkAnotherPayloadIs422: a 202 whose publish mark was lost
+// leaves an intake that looks never published. Once its lease passes it
+// cannot be told from a publisher that died before or after its PubAck,
+// so the key stays bound to its payload: another payload is 422 (had it
+// taken the key over, its 202 would stand beside the first's, and whichever
+// the worker took first, one client would read the other's amount), and a
+// retry of the same payload is 202 with no second copy in the stream (the
+// same Nats-Msg-Id). The first payload is charged once.
+func TestLostMarkAnotherPayloadIs422(t *testing.T) {
 	t.Parallel()
 	w := setupWith(t, gateway.Config{PublishLease: 300 * time.Millisecond, RepublishAfter: time.Second},
 		options{store: func(s gateway.Store) gateway.Store { return lostMarkStore{s.(*pgstore.Store)} }})
 	w.batched()
-	before := w.streamMsgs()
-	wantStatus(t, w.post("lost-mark", payBody(100, "pm_card_visa")), http.StatusAccepted)
+	body := payBody(100, "pm_card_visa")
+	wantStatus(t, w.post("lost-mark", body), http.StatusAccepted)
 	first := w.intake("lost-mark")
 	w.eventually("past the publish lease", func() bool { return time.Now().After(first.LockedUntil.Add(100 * time.Millisecond)) })
-	wantStatus(t, w.post("lost-mark", payBody(999, "pm_card_visa")), http.StatusAccepted)
-	if n := w.streamMsgs() - before; n != 2 {
-		t.Fatalf("%d messages for the key, want 2: the second payload's command was dropped as a duplicate of the first", n)
+	r := w.post("lost-mark", payBody(999, "pm_card_visa"))
+	wantStatus(t, r, http.StatusUnprocessableEntity)
+	if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
+		t.Fatalf("another payload after a lost mark: %+v", p)
+	}
+	g := w.do(http.MethodGet, "/v1/payments/lost-mark", w.keyA, "", nil)
+	wantStatus(t, g, http.StatusOK)
+	if p := g.payment(t); p.Amount != 100 {
+		t.Fatalf("GET after a lost mark: %+v", p)
+	}
+	wantStatus(t, w.post("lost-mark", body), http.StatusAccepted)
+	if n := w.keyMsgs("lost-mark"); n != 1 {
+		t.Fatalf("%d messages for the key, want 1: the retry's copy is the first's (same Nats-Msg-Id)", n)
 	}
 	w.startWorker()
-	w.eventually("the second payload dead-lettered key_reused", func() bool {
-		in := w.intake("lost-mark")
-		return in.DeadLettered() && in.DeadLetterReason == "key_reused"
-	})
-	w.eventually("the first payload completed", func() bool {
-		rec, err := w.store.Get(w.ctx, "m_a", "lost-mark")
-		return err == nil && rec.Status == dedup.StatusCompleted
-	})
+	w.waitStatus("m_a", "lost-mark", dedup.StatusCompleted)
 	if rec, _ := w.store.Get(w.ctx, "m_a", "lost-mark"); rec.Amount != 100 {
 		t.Fatalf("completed %d, want the first payload's 100", rec.Amount)
+	}
+	if c := w.charges("m_a", "lost-mark"); c != 1 {
+		t.Fatalf("%d charges, want 1", c)
 	}
 }

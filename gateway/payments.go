@@ -28,6 +28,9 @@ const (
 	StateRetrying   = "retrying"   // known not charged; the queue retries it
 	StateSucceeded  = "succeeded"  // charged
 	StateDeclined   = "declined"   // definitively refused by the provider
+	// StatePublishUnknown: the gateway sent the command but got no PubAck,
+	// so it may be queued; a POST with the same key and body settles it.
+	StatePublishUnknown = "publish_unknown"
 )
 
 // Payment is the gateway's representation of a payment. For a completed
@@ -332,8 +335,8 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	republish := republishOf(in)
-	if !g.publish(ctx, cmd, extra, in, republish, log) {
-		unavailable(w)
+	if kind := g.publish(ctx, cmd, extra, in, republish, log); kind != ansAccepted {
+		g.write(w, answer{kind: kind})
 		return
 	}
 	g.metrics.idempotency.WithLabelValues("new").Inc()
@@ -363,16 +366,16 @@ func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in pgstor
 	}
 }
 
-// republishOf numbers a publish under in for its Nats-Msg-Id: 0 for the
-// intake's first attempt, else the attempt. An intake taken over while it
-// looks never published may follow a publish whose mark was lost (the
-// gateway stopped after its PubAck, or PostgreSQL lost the mark, committed
-// without waiting for its WAL flush). A publish of its own keeps the
-// command from being dropped by the stream's duplicate window as a copy of
-// that one, which would answer another payload 202 and never deliver it;
-// another copy of the same payload is harmless (the worker's claim).
+// republishOf numbers a publish under in for its Nats-Msg-Id: 0 (the
+// command's own id) unless in was published and the stream has lost that
+// copy (heldAgain), then the attempt: the old id may still be inside the
+// duplicate window, which would drop the new copy. An intake taken over
+// with no mark of a publish (its publisher died, its PubAck or its mark
+// was lost) is bound to its payload, so its retry publishes the same
+// command under the same id: a copy that did land is dropped by the
+// duplicate window, and a later one is harmless (the worker's claim).
 func republishOf(in pgstore.Intake) int {
-	if in.Attempt > 1 {
+	if in.Published() && in.Attempt > 1 {
 		return in.Attempt
 	}
 	return 0
@@ -398,18 +401,17 @@ func (g *Gateway) heldAgain(ctx context.Context, in pgstore.Intake, log *slog.Lo
 }
 
 // publish publishes a command whose intake the caller holds, and records
-// the publish and its stream sequence. A client that hangs up meanwhile
-// does not cut it short. A failed publish gives the intake up: nothing
-// was accepted, and the client's retry (corrected or not) publishes anew.
-func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[string]string, in pgstore.Intake, republish int, log *slog.Logger) bool {
+// the publish and its stream sequence; it returns ansAccepted, or how to
+// answer a failed publish (publishFailed). A client that hangs up
+// meanwhile does not cut it short.
+func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[string]string, in pgstore.Intake, republish int, log *slog.Logger) answerKind {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.PublishLease)
 	defer cancel()
 	start := time.Now()
 	seq, err := g.pub.Publish(pctx, cmd, extra, republish)
 	g.metrics.publishDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
-		g.publishFailed(pctx, in, err, log)
-		return false
+		return g.publishFailed(pctx, in, err, log)
 	}
 	g.metrics.publishes.WithLabelValues("ok").Inc()
 	if err := g.store.IntakePublished(pctx, in, seq, g.cfg.RepublishAfter); err != nil {
@@ -418,16 +420,38 @@ func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[s
 		log.Warn("could not record the publish", "error", err)
 	}
 	log.Info("payment accepted", "attempt", in.Attempt, "stream_seq", seq, "republish", republish > 0)
-	return true
+	return ansAccepted
 }
 
-// publishFailed gives up the intake of a command whose publish failed.
-func (g *Gateway) publishFailed(ctx context.Context, in pgstore.Intake, err error, log *slog.Logger) {
+// publishFailed settles the intake of a command whose publish failed and
+// returns how to answer it. A refusal (stream.Refused: the stream stored
+// nothing of it) gives the intake up, so a corrected retry is new: 422
+// when another command holds its Nats-Msg-Id, 503 "nothing accepted"
+// otherwise (saying so when the stream does not exist). Any other failure
+// is an unknown outcome: the command may be stored and charged, so the
+// intake stays bound to its payload, its lease released so that the
+// client's retry with the same body publishes again at once (same
+// Nats-Msg-Id), and the answer is 503 "outcome unknown".
+func (g *Gateway) publishFailed(ctx context.Context, in pgstore.Intake, err error, log *slog.Logger) answerKind {
 	g.metrics.publishes.WithLabelValues("error").Inc()
-	log.Error("publish failed; the client's retry will publish again", "error", err)
+	if !stream.Refused(err) {
+		log.Error("publish outcome unknown (no PubAck): the command may be queued; the key stays bound to its payload", "error", err)
+		if rerr := g.store.ReleaseIntake(ctx, in); rerr != nil && !errors.Is(rerr, dedup.ErrLeaseLost) {
+			log.Warn("could not release the intake; a retry takes it over once its lease passes", "error", rerr)
+		}
+		return ansPublishUnknown
+	}
+	log.Error("publish refused; nothing was stored", "error", err)
 	if aerr := g.store.AbandonIntake(ctx, in); aerr != nil && !errors.Is(aerr, dedup.ErrLeaseLost) {
 		log.Warn("could not release the intake; it is taken over once its lease passes", "error", aerr)
 	}
+	switch {
+	case errors.Is(err, stream.ErrMsgIDTaken):
+		return ansReused
+	case errors.Is(err, stream.ErrStreamMissing):
+		return ansNoStream
+	}
+	return ansNotQueued
 }
 
 // shed answers a request the batched intake has no room for: 503 when
@@ -594,8 +618,8 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 			var unsettled bool
 			in, unsettled, ierr = g.settledIntake(ctx, in)
 			switch {
-			case errors.Is(ierr, dedup.ErrNotFound), ierr == nil && !unsettled && !in.Published():
-				notAccepted(w) // its publish failed, or its publisher stopped before the PubAck
+			case errors.Is(ierr, dedup.ErrNotFound):
+				notAccepted(w) // its publish was refused while we waited
 				return
 			case ierr != nil:
 				g.log.Error("read intake", "error", ierr)
@@ -611,12 +635,17 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		p, hash = paymentFromIntake(in), in.RequestHash
+		if !in.Published() {
+			// No mark of a publish, and none in flight: its PubAck never
+			// came (or its mark was lost), so it may be queued.
+			p.Status = StatePublishUnknown
+		}
 	default:
 		g.log.Error("read idempotency record", "error", err)
 		unavailable(w)
 		return
 	}
-	if wait > 0 && p.CompletedAt == nil && p.Status != StateQueued {
+	if wait > 0 && p.CompletedAt == nil && p.Status != StateQueued && p.Status != StatePublishUnknown {
 		// Only keys the gateway took in notify on completion; a payment
 		// that came straight from the queue is answered at once.
 		if _, err := g.store.GetIntake(ctx, merchant, key); err != nil {

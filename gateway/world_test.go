@@ -114,6 +114,10 @@ type options struct {
 	// (a pool of their own on the world's schema; the world's pool, the
 	// listener and the worker are not counted).
 	roundTrips *atomic.Int64
+	// pubConn, when set, is the NATS connection of the gateway's publisher
+	// (e.g. through a proxy to url), and pubTimeout its publish timeout.
+	pubConn    func(t *testing.T, url string) *nats.Conn
+	pubTimeout time.Duration
 }
 
 func setup(t *testing.T, gcfg gateway.Config) *world {
@@ -203,7 +207,11 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	go func() { defer close(compDone); _ = comp.Run(compCtx) }()
 	t.Cleanup(func() { stopComp(); <-compDone })
 
-	pub, err := stream.NewCommandPublisher(nc, cfg.Stream, 0)
+	pubNC := nc
+	if opt.pubConn != nil {
+		pubNC = opt.pubConn(t, testenv.NATSURL(t))
+	}
+	pub, err := stream.NewCommandPublisher(pubNC, cfg.Stream, opt.pubTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,275 @@
+package gateway_test
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
+)
+
+// ackSwallower is a TCP proxy between the gateway's NATS connection and
+// the server. While it swallows, what the client sends (the PUB of a
+// command) reaches the server, and what the server sends back (the
+// PubAck) is discarded: a PubAck lost to an fsync stall, a leader
+// committing late or a link that dropped after the send. cut closes every
+// connection, as a dropped link does; the client reconnects through it.
+type ackSwallower struct {
+	ln      net.Listener
+	target  string
+	swallow atomic.Bool
+	mu      sync.Mutex
+	conns   map[net.Conn]bool
+	wg      sync.WaitGroup
+}
+
+func newAckSwallower(t *testing.T, target string) *ackSwallower {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &ackSwallower{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *ackSwallower) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c], p.conns[u] = true, true
+		p.mu.Unlock()
+		p.wg.Go(func() { p.pipe(u, c, false) })
+		p.wg.Go(func() { p.pipe(c, u, true) })
+	}
+}
+
+func (p *ackSwallower) pipe(dst, src net.Conn, fromServer bool) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !(fromServer && p.swallow.Load()) {
+			_, _ = dst.Write(buf[:n])
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = dst.Close()
+	_ = src.Close()
+}
+
+// cut stops swallowing and closes every connection.
+func (p *ackSwallower) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.swallow.Store(false)
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// swallowedWorld is a world whose gateway publishes through an
+// ackSwallower, with a 2 s publish timeout.
+func swallowedWorld(t *testing.T, cfg gateway.Config) (*world, *ackSwallower, *nats.Conn) {
+	t.Helper()
+	var px *ackSwallower
+	var pubNC *nats.Conn
+	w := setupWith(t, cfg, options{pubTimeout: 2 * time.Second, pubConn: func(t *testing.T, natsURL string) *nats.Conn {
+		u, err := url.Parse(natsURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		px = newAckSwallower(t, u.Host)
+		nc, err := nats.Connect("nats://"+px.ln.Addr().String(), nats.Timeout(5*time.Second),
+			nats.ReconnectWait(50*time.Millisecond), nats.MaxReconnects(-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		pubNC = nc
+		return nc
+	}})
+	return w, px, pubNC
+}
+
+// keyMsgs counts the stream's messages for a key of m_a.
+func (w *world) keyMsgs(key string) int {
+	w.t.Helper()
+	n := 0
+	for _, m := range w.storedMsgs() {
+		if m.Header.Get(stream.HeaderIdempotencyKey) == key {
+			n++
+		}
+	}
+	return n
+}
+
+// TestLostPubAckIsUnknown: the stream stored the command but its PubAck
+// never reached the gateway. The POST is 503 "outcome unknown" (never
+// "not accepted"), GET never says not-accepted, the key stays bound to
+// its payload (another is 422), and a retry with the same body is
+// accepted without a second copy in the stream: the key is charged once.
+// Both intake paths.
+func TestLostPubAckIsUnknown(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{gateway.IntakeBatched, gateway.IntakePerRequest} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			w, px, pubNC := swallowedWorld(t, gateway.Config{Intake: mode})
+			if mode == gateway.IntakeBatched {
+				w.batched()
+			}
+			c := newOpenAPIChecker(t, w) // the new answers are documented
+			body := payBody(100, "pm_card_visa")
+			px.swallow.Store(true)
+			r := c.exchange(true, http.MethodPost, "/v1/payments", w.keyA, body, map[string]string{"Idempotency-Key": "lost-ack"})
+			px.cut() // the link drops after the send; the publisher reconnects
+			wantStatus(t, r, http.StatusServiceUnavailable)
+			if p := r.problem(t); p.Type != gateway.ProblemPublishUnknown ||
+				!strings.Contains(p.Detail, "same Idempotency-Key and the same body") {
+				t.Fatalf("the 503 of a lost PubAck: %+v, want the outcome unknown", p)
+			}
+			if r.header.Get("Retry-After") == "" {
+				t.Fatal("503 without Retry-After")
+			}
+			if n := w.keyMsgs("lost-ack"); n != 1 {
+				t.Fatalf("%d messages for the key, want the 1 the stream stored", n)
+			}
+			g := c.exchange(false, http.MethodGet, "/v1/payments/lost-ack", w.keyA, "", nil)
+			wantStatus(t, g, http.StatusOK)
+			if p := g.payment(t); p.Status != gateway.StatePublishUnknown || p.Amount != 100 {
+				t.Fatalf("GET after the unknown publish: %+v", p)
+			}
+			w.eventually("the publisher reconnected", pubNC.IsConnected)
+
+			r = w.post("lost-ack", payBody(150, "pm_card_visa"))
+			wantStatus(t, r, http.StatusUnprocessableEntity)
+			if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
+				t.Fatalf("a corrected body: %+v", p)
+			}
+			wantStatus(t, w.post("lost-ack", body), http.StatusAccepted)
+			if n := w.keyMsgs("lost-ack"); n != 1 {
+				t.Fatalf("%d messages for the key after the retry, want 1 (same Nats-Msg-Id)", n)
+			}
+			if in := w.intake("lost-ack"); !in.Published() || in.Amount != 100 {
+				t.Fatalf("intake after the retry: %+v", in)
+			}
+			w.startWorker()
+			w.waitStatus("m_a", "lost-ack", dedup.StatusCompleted)
+			if c := w.charges("m_a", "lost-ack"); c != 1 {
+				t.Fatalf("%d charges, want 1", c)
+			}
+			r = w.post("lost-ack", body)
+			wantStatus(t, r, http.StatusCreated)
+			if p := r.payment(t); p.Amount != 100 || p.Status != gateway.StateSucceeded {
+				t.Fatalf("replay: %+v", p)
+			}
+		})
+	}
+}
+
+// TestMissingStreamFailsFast: with no payments stream (a gateway started
+// before any worker), a POST is refused at once, not after the publish
+// retries, with a 503 that says the stream does not exist and to start a
+// worker; nothing was stored, so the key is free for a corrected retry.
+func TestMissingStreamFailsFast(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{gateway.IntakeBatched, gateway.IntakePerRequest} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			w := setupWith(t, gateway.Config{Intake: mode}, options{})
+			if mode == gateway.IntakeBatched {
+				w.batched()
+			}
+			if err := w.js.DeleteStream(w.ctx, w.cfg.Stream.Name); err != nil {
+				t.Fatal(err)
+			}
+			c := newOpenAPIChecker(t, w)
+			start := time.Now()
+			r := c.exchange(true, http.MethodPost, "/v1/payments", w.keyA, payBody(100, "pm_card_visa"), map[string]string{"Idempotency-Key": "no-stream"})
+			took := time.Since(start)
+			t.Logf("refused after %v", took)
+			wantStatus(t, r, http.StatusServiceUnavailable)
+			p := r.problem(t)
+			if !strings.Contains(p.Detail, "does not exist") || !strings.Contains(p.Detail, "paydedup worker") {
+				t.Fatalf("problem %+v: want the detail to say the stream does not exist and to start a worker", p)
+			}
+			if took > 2500*time.Millisecond {
+				t.Fatalf("answered after %v: the publish was retried for a stream that does not exist", took)
+			}
+			if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "no-stream"); !errors.Is(err, dedup.ErrNotFound) {
+				t.Fatalf("intake after a refusal: %v, want none (the key is free)", err)
+			}
+			if _, _, err := stream.EnsureStreams(w.ctx, w.js, w.cfg.Stream); err != nil {
+				t.Fatal(err)
+			}
+			wantStatus(t, w.post("no-stream", payBody(150, "pm_card_visa")), http.StatusAccepted)
+		})
+	}
+}
+
+// TestDuplicateOfAnotherPayload422: a command published straight on the
+// queue holds the key's Nats-Msg-Id with another payload. The gateway's
+// publish is answered by a duplicate PubAck that points to that message:
+// it is not this command's publish, so the POST is 422, not 202. The same
+// payload as the stored one is accepted.
+func TestDuplicateOfAnotherPayload422(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{gateway.IntakeBatched, gateway.IntakePerRequest} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			w := setupWith(t, gateway.Config{Intake: mode}, options{})
+			if mode == gateway.IntakeBatched {
+				w.batched()
+			}
+			other := &payment.Command{MerchantID: "m_a", IdempotencyKey: "dup", Amount: 999, Currency: "usd",
+				PaymentMethod: "pm_card_visa", Description: "order", Metadata: map[string]string{"order_id": "42"}}
+			data, err := stream.EncodeCommand(other)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.js.PublishMsg(w.ctx, stream.CommandMsg(w.cfg.Stream, "m_a", "dup", data)); err != nil {
+				t.Fatal(err)
+			}
+			r := w.post("dup", payBody(100, "pm_card_visa"))
+			wantStatus(t, r, http.StatusUnprocessableEntity)
+			if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
+				t.Fatalf("problem %+v", p)
+			}
+			if n := w.keyMsgs("dup"); n != 1 {
+				t.Fatalf("%d messages for the key, want 1", n)
+			}
+			wantStatus(t, w.post("dup", payBody(999, "pm_card_visa")), http.StatusAccepted)
+			if n := w.keyMsgs("dup"); n != 1 {
+				t.Fatalf("%d messages for the key, want 1", n)
+			}
+		})
+	}
+}
