@@ -241,6 +241,24 @@ func (c *Console) checkHost(next http.Handler) http.Handler {
 	})
 }
 
+// ValidateHosts says why a configured host name is not one (Config.Hosts).
+func ValidateHosts(hosts []string) error {
+	_, err := hostNames(hosts)
+	return err
+}
+
+func hostNames(hosts []string) (map[string]bool, error) {
+	names := map[string]bool{}
+	for _, h := range hosts {
+		name := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h)), ".")
+		if !validHostName(name) {
+			return nil, fmt.Errorf("%w: host name %q: give a plain DNS name such as console.ops.example (no scheme, port or wildcard)", ErrConfig, h)
+		}
+		names[name] = true
+	}
+	return names, nil
+}
+
 // validHostName reports whether s is a plain DNS name (no port, scheme or
 // wildcard).
 func validHostName(s string) bool {

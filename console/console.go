@@ -149,13 +149,9 @@ func New(js jetstream.JetStream, store Store, cfg Config) (*Console, error) {
 	if cfg.Grace < 0 || cfg.KeyRetention < 0 || cfg.ReplayRate < 0 || cfg.LetterLimit < 0 || cfg.SessionTTL < 0 || cfg.LoginRate < 0 || cfg.LoginBurst < 0 {
 		return nil, fmt.Errorf("%w: negative grace, key retention, rate, limit, session TTL or login rate", ErrConfig)
 	}
-	hosts := map[string]bool{}
-	for _, h := range cfg.Hosts {
-		name := strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h)), ".")
-		if !validHostName(name) {
-			return nil, fmt.Errorf("%w: host name %q: give a plain DNS name such as console.ops.example (no scheme, port or wildcard)", ErrConfig, h)
-		}
-		hosts[name] = true
+	hosts, err := hostNames(cfg.Hosts)
+	if err != nil {
+		return nil, err
 	}
 	a, err := newAuth(cfg)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,13 +21,16 @@ import (
 const consoleTokenEnv = "PAYDEDUP_CONSOLE_TOKEN"
 
 type consoleCmd struct {
-	app       *app
-	db        databaseFlag
-	nats      natsFlags
-	streams   streamFlags
-	addr      string
-	grace     time.Duration
-	retention time.Duration
+	app        *app
+	db         databaseFlag
+	nats       natsFlags
+	streams    streamFlags
+	addr       string
+	grace      time.Duration
+	retention  time.Duration
+	hosts      []string
+	sessionTTL time.Duration
+	secure     string
 }
 
 func newConsoleCmd(a *app) *cobra.Command {
@@ -44,9 +48,19 @@ Replay (of one letter or a selection, after a confirmation that shows what
 would happen) needs PAYDEDUP_CONSOLE_TOKEN: log in with it on the page.
 Without it the console is read-only. It listens on 127.0.0.1 by default; on
 any other address it refuses to start without the token, and then every
-page needs the login.`,
+page needs the login and the session cookie is Secure (a TLS proxy in front;
+--secure-cookie false turns that off). The token must be hard to guess:
+about 128 bits by its length and the variety of its characters (openssl
+rand -hex 32 gives 256). A session lasts --session-ttl and ends at logout;
+wrong logins are throttled.
+
+The console answers only to localhost, IP addresses, the --addr host and
+the names in --host / PAYDEDUP_CONSOLE_HOSTS: any other Host header is
+refused with 421, so a web page that rebinds its own name to this address
+(DNS rebinding) reads nothing. Add the name your browser or proxy uses.`,
 		Example: `  PAYDEDUP_CONSOLE_TOKEN=$(openssl rand -hex 32) paydedup console
-  paydedup console --addr 127.0.0.1:9000   # read-only without the token`,
+  paydedup console --addr 127.0.0.1:9000   # read-only without the token
+  PAYDEDUP_CONSOLE_HOSTS=console.ops.example paydedup console --addr 0.0.0.0:8089`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return c.Run(cmd.Context()) },
 	}
@@ -57,17 +71,70 @@ page needs the login.`,
 	f.StringVar(&c.addr, "addr", envOr(a.getenv, "PAYDEDUP_CONSOLE_ADDR", "127.0.0.1:8089"), "listen address; not loopback needs PAYDEDUP_CONSOLE_TOKEN (PAYDEDUP_CONSOLE_ADDR)")
 	f.DurationVar(&c.grace, "grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "a pending row is stuck when pending longer than this (PAYDEDUP_RECONCILE_GRACE)")
 	f.DurationVar(&c.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", dlq.DefaultKeyRetention), "the idempotency store's key retention: replay refuses older dead letters (PAYDEDUP_KEY_RETENTION)")
+	f.StringSliceVar(&c.hosts, "host", splitList(a.getenv(consoleHostsEnv)), "a host name the console answers to besides localhost, IP addresses and the --addr host; repeat or comma-separate ("+consoleHostsEnv+")")
+	f.DurationVar(&c.sessionTTL, "session-ttl", a.envDuration(consoleSessionTTLEnv, console.DefaultSessionTTL), "how long a login lasts; logout ends it sooner ("+consoleSessionTTLEnv+")")
+	f.StringVar(&c.secure, "secure-cookie", envOr(a.getenv, consoleSecureEnv, "auto"), "mark the session cookie Secure: true, false, or auto (true off loopback) ("+consoleSecureEnv+")")
 	return cmd
+}
+
+// The console's other variables.
+const (
+	consoleHostsEnv      = "PAYDEDUP_CONSOLE_HOSTS"
+	consoleSessionTTLEnv = "PAYDEDUP_CONSOLE_SESSION_TTL"
+	consoleSecureEnv     = "PAYDEDUP_CONSOLE_SECURE_COOKIE"
+)
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// validate checks the settings before anything is connected: a bad token
+// stops the console at start, naming the variable and the rule.
+func (c *consoleCmd) validate(token string) (secure bool, err error) {
+	errs := []error{c.db.validate(), c.nats.validate(), c.streams.validate()}
+	loopback := console.Loopback(c.addr)
+	if !loopback && token == "" {
+		errs = append(errs, fmt.Errorf("--addr / PAYDEDUP_CONSOLE_ADDR %q is not a loopback address: set %s (e.g. openssl rand -hex 32) to serve beyond this machine, or listen on 127.0.0.1", c.addr, consoleTokenEnv))
+	}
+	if token != "" {
+		if err := console.ValidateToken(token); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", consoleTokenEnv, err))
+		}
+	}
+	if err := console.ValidateHosts(c.hosts); err != nil {
+		errs = append(errs, fmt.Errorf("--host / %s: %w", consoleHostsEnv, err))
+	}
+	if c.sessionTTL <= 0 {
+		errs = append(errs, fmt.Errorf("--session-ttl / %s must be a positive duration such as 8h, got %v", consoleSessionTTLEnv, c.sessionTTL))
+	}
+	switch strings.ToLower(c.secure) {
+	case "auto":
+		secure = !loopback
+	case "true", "1", "yes":
+		secure = true
+	case "false", "0", "no":
+	default:
+		errs = append(errs, fmt.Errorf("--secure-cookie / %s must be true, false or auto, got %q", consoleSecureEnv, c.secure))
+	}
+	return secure, errors.Join(errs...)
 }
 
 // Run serves the console until ctx ends.
 func (c *consoleCmd) Run(ctx context.Context) error {
-	if err := errors.Join(c.db.validate(), c.nats.validate(), c.streams.validate()); err != nil {
+	token := c.app.getenv(consoleTokenEnv)
+	secure, err := c.validate(token)
+	if err != nil {
 		return err
 	}
-	token := c.app.getenv(consoleTokenEnv)
-	if !console.Loopback(c.addr) && token == "" {
-		return fmt.Errorf("--addr / PAYDEDUP_CONSOLE_ADDR %q is not a loopback address: set %s (e.g. openssl rand -hex 32) to serve beyond this machine, or listen on 127.0.0.1", c.addr, consoleTokenEnv)
+	hosts := c.hosts
+	if h, _, err := net.SplitHostPort(c.addr); err == nil && h != "" && net.ParseIP(h) == nil {
+		hosts = append(hosts, h) // the name it listens on is its own
 	}
 	cfg := c.streams.cfg
 	if key, err := c.app.dlqKey(); err == nil {
@@ -90,7 +157,7 @@ func (c *consoleCmd) Run(ctx context.Context) error {
 		return err
 	}
 	con, err := console.New(js, store, console.Config{Stream: cfg, Token: token, ReadNeedsLogin: !console.Loopback(c.addr),
-		Grace: c.grace, KeyRetention: c.retention, Logger: c.app.logger})
+		Grace: c.grace, KeyRetention: c.retention, SessionTTL: c.sessionTTL, Hosts: hosts, SecureCookie: secure, Logger: c.app.logger})
 	if err != nil {
 		return fmt.Errorf("%s: %w", consoleTokenEnv, err)
 	}

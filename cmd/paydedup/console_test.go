@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,25 +13,77 @@ import (
 	"github.com/paydedup/paydedup/internal/testenv"
 )
 
-// The console refuses to serve beyond loopback without a token, and a
-// token too short to be one.
+// The console refuses to serve beyond loopback without a token, a token
+// too guessable to be one, and host names or a session lifetime that make
+// no sense: at start, before it connects to anything (the database here
+// does not answer), naming the variable and the rule.
 func TestConsoleRefusesUnsafeSettings(t *testing.T) {
 	t.Parallel()
-	w := newCLIWorld(t, testenv.PostgresURL(t), true)
+	w := newCLIWorld(t, "postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1", true)
+	strong := "4f9c2e7a1b8d3f60c5e2a9174d8b3e6f0a2c5e7b9d1f3a5c7e9b2d4f6a8c0e1b"
 	for _, c := range []struct {
-		token string
-		args  []string
-		want  string
+		env  map[string]string
+		args []string
+		want []string
 	}{
-		{"", []string{"console", "--addr", "0.0.0.0:0"}, "PAYDEDUP_CONSOLE_TOKEN"},
-		{"", []string{"console", "--addr", ":8089"}, "not a loopback address"},
-		{"short", []string{"console", "--addr", "127.0.0.1:0"}, "PAYDEDUP_CONSOLE_TOKEN"},
+		{map[string]string{"PAYDEDUP_CONSOLE_TOKEN": ""}, []string{"console", "--addr", "0.0.0.0:0"}, []string{"PAYDEDUP_CONSOLE_TOKEN"}},
+		{map[string]string{"PAYDEDUP_CONSOLE_TOKEN": ""}, []string{"console", "--addr", ":8089"}, []string{"not a loopback address"}},
+		{map[string]string{"PAYDEDUP_CONSOLE_TOKEN": "short"}, []string{"console", "--addr", "127.0.0.1:0"}, []string{"PAYDEDUP_CONSOLE_TOKEN", "128 bits"}},
+		{map[string]string{"PAYDEDUP_CONSOLE_TOKEN": "aaaaaaaaaaaaaaaa"}, []string{"console", "--addr", "127.0.0.1:0"}, []string{"PAYDEDUP_CONSOLE_TOKEN", "128 bits"}},
+		{map[string]string{"PAYDEDUP_CONSOLE_TOKEN": strings.Repeat("ab", 32)}, []string{"console", "--addr", "127.0.0.1:0"}, []string{"PAYDEDUP_CONSOLE_TOKEN", "128 bits"}},
+		{map[string]string{"PAYDEDUP_CONSOLE_TOKEN": strong, "PAYDEDUP_CONSOLE_HOSTS": "ops.example,*.example"}, []string{"console", "--addr", "127.0.0.1:0"}, []string{"PAYDEDUP_CONSOLE_HOSTS", "*.example"}},
+		{map[string]string{"PAYDEDUP_CONSOLE_TOKEN": strong, "PAYDEDUP_CONSOLE_SESSION_TTL": "-1h"}, []string{"console", "--addr", "127.0.0.1:0"}, []string{"PAYDEDUP_CONSOLE_SESSION_TTL"}},
+		{map[string]string{"PAYDEDUP_CONSOLE_TOKEN": strong, "PAYDEDUP_CONSOLE_SECURE_COOKIE": "maybe"}, []string{"console", "--addr", "127.0.0.1:0"}, []string{"PAYDEDUP_CONSOLE_SECURE_COOKIE"}},
 	} {
-		w.env["PAYDEDUP_CONSOLE_TOKEN"] = c.token
-		_, _, err := w.run("", c.args...)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%v with token %q: %v, want an error naming %s", c.args, c.token, err, c.want)
+		for k, v := range c.env {
+			w.env[k] = v
 		}
+		_, _, err := w.run("", c.args...)
+		for _, want := range c.want {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%v with %v: %v, want an error naming %s", c.args, c.env, err, want)
+			}
+		}
+		for k := range c.env {
+			delete(w.env, k)
+		}
+	}
+}
+
+// Off loopback the session cookie is Secure by default (a TLS proxy in
+// front sends plain HTTP), and the listen address's own name is a Host
+// the console answers to.
+func TestConsoleOffLoopbackCookieIsSecure(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, testenv.PostgresURL(t), true)
+	strong := "4f9c2e7a1b8d3f60c5e2a9174d8b3e6f0a2c5e7b9d1f3a5c7e9b2d4f6a8c0e1b"
+	w.env["PAYDEDUP_CONSOLE_TOKEN"] = strong
+	port := strconv.Itoa(testenv.FreePort(t))
+	var out, errOut testenv.Buffer
+	root := newRootCmd(&out, &errOut, func(k string) string { return w.env[k] })
+	root.SetArgs([]string{"console", "--addr", "0.0.0.0:" + port})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("console: %v\n%s", err, errOut.String())
+		}
+	}()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	var cookie string
+	eventually(t, "the console answers", func() bool {
+		resp, err := client.PostForm("http://127.0.0.1:"+port+"/login", url.Values{"token": {strong}})
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		cookie = resp.Header.Get("Set-Cookie")
+		return resp.StatusCode == http.StatusSeeOther
+	})
+	if !strings.Contains(cookie, "; Secure") {
+		t.Errorf("off loopback the session cookie is %q, want Secure", cookie)
 	}
 }
 
