@@ -23,6 +23,14 @@
 // also checks what the workers saw committed (each ack they sent, each
 // charge the provider made) against the database at the end.
 //
+// With -gateway-clients N, a `paydedup gateway` runs too, and N HTTP
+// clients pay through it by the documented client contract (gwclients.go);
+// at the end every answer's promise is checked against the provider's
+// ledger (promise.go). -puback-losses, -provider-outage and -pg-long-stop
+// add the outage faults of outage.go, and -replay none leaves the
+// max_deliveries dead letters where they are, so a run shows whether a
+// fault dead-lettered a good payment.
+//
 // The last line is the summary; the exit status is non-zero on any
 // violation, with the offending keys listed above it. Every process and
 // temporary directory it starts is removed on exit, on failure and on
@@ -70,7 +78,7 @@ type config struct {
 	latency, jitter                   time.Duration
 
 	natsRestarts, pgRestarts int
-	replay                   string // auto, cli or self
+	replay                   string // auto, cli, self or none
 
 	// The modes of issue 19, each in its own file.
 	natsCluster int           // nodes of a clustered NATS (cluster.go); 0: one server
@@ -91,6 +99,13 @@ type config struct {
 	// (failover.go).
 	pgFailover      int
 	pgFailoverAsync bool // the negative control: an asynchronous standby
+
+	// The gateway mode and the outage faults (gwclients.go, outage.go).
+	gatewayClients, gatewayPayments int
+	gatewayPublishTimeout           time.Duration
+	clientGiveUp                    time.Duration
+	pubAckLosses                    int
+	providerOutage, pgLongStop      time.Duration
 }
 
 func main() {
@@ -117,7 +132,14 @@ func main() {
 	flag.IntVar(&cfg.pgRestarts, "pg-restarts", 2, "times Postgres is stopped (immediate) and restarted")
 	flag.IntVar(&cfg.pgFailover, "pg-failover", 0, "run Postgres as a pg_auto_failover formation (monitor, primary, synchronous standby) and kill -9 the primary this many times instead of -pg-restarts")
 	flag.BoolVar(&cfg.pgFailoverAsync, "pg-failover-async", false, "with -pg-failover: keep the standby out of the replication quorum (asynchronous), the negative control: the commit check should find what the kills lost")
-	flag.StringVar(&cfg.replay, "replay", "auto", "how to replay max_deliveries dead letters: cli (paydedup dlq replay), self (the harness), auto (cli when the binary has it)")
+	flag.StringVar(&cfg.replay, "replay", "auto", "how to replay max_deliveries dead letters: cli (paydedup dlq replay), self (the harness), auto (cli when the binary has it), none (not at all: a good payment a fault dead-lettered is then reported lost)")
+	flag.IntVar(&cfg.gatewayClients, "gateway-clients", 0, "run a paydedup gateway and this many HTTP clients paying -gateway-payments through it by the client contract, and check each answer's promise at the end (0: no gateway)")
+	flag.IntVar(&cfg.gatewayPayments, "gateway-payments", 500, "with -gateway-clients: payments the clients make through the gateway")
+	flag.DurationVar(&cfg.gatewayPublishTimeout, "gateway-publish-timeout", 2*time.Second, "with -gateway-clients: the gateway's PAYDEDUP_PUBLISH_TIMEOUT")
+	flag.DurationVar(&cfg.clientGiveUp, "client-give-up", time.Minute, "with -gateway-clients: how long a client retries one payment before it gives up without a final answer")
+	flag.IntVar(&cfg.pubAckLosses, "puback-losses", 0, "with -gateway-clients: times the gateway's link to NATS holds back everything NATS sends for longer than the publish timeout (its PUBs are stored, their PubAcks lost)")
+	flag.DurationVar(&cfg.providerOutage, "provider-outage", 0, "once, refuse every worker connection to the provider for this long (longer than the delivery schedule, e.g. 30s); 0: no outage")
+	flag.DurationVar(&cfg.pgLongStop, "pg-long-stop", 0, "the first Postgres stop lasts this long instead of a second (longer than -lease, e.g. 8s); 0: off")
 	flag.IntVar(&cfg.natsCluster, "nats-cluster", 0, "run a NATS cluster of this many nodes (3), streams with one replica each; NATS restarts then kill -9 single nodes, the stream leader among them (0: one server)")
 	flag.IntVar(&cfg.pauses, "pauses", 0, "times a worker holding claims is SIGSTOPped for -pause-for, then SIGCONTed")
 	flag.DurationVar(&cfg.pauseFor, "pause-for", 0, "length of a pause (default: AckWait + 2 leases, so its messages are redelivered and its leases taken over)")
@@ -183,7 +205,9 @@ type harness struct {
 	cluster  *natsCluster // -nats-cluster
 
 	pauseStats pauseStats
-	net        *netFaults // -net-*
+	net        *netFaults  // -net-*
+	gw         *gatewayRun // -gateway-clients
+	outage     *outages    // -puback-losses, -provider-outage, -pg-long-stop
 
 	nc *nats.Conn
 	js jetstream.JetStream
@@ -293,8 +317,16 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	if err := h.witness.watch(h.nc); err != nil {
 		return workload.Verdict{}, err
 	}
+	defer h.stopOutages()
+	if err := h.initOutages(); err != nil {
+		return workload.Verdict{}, err
+	}
 	defer h.stopNetFaults()
 	if err := h.initNetFaults(); err != nil {
+		return workload.Verdict{}, err
+	}
+	defer h.stopGateway()
+	if err := h.initGateway(ctx); err != nil {
 		return workload.Verdict{}, err
 	}
 	w := workload.Generate(workload.MixConfig{
@@ -320,11 +352,23 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	}
 	defer wg.Wait()
 	defer stopWorkers()
+	if h.gw != nil {
+		if err := h.startGateway(workCtx, &wg); err != nil {
+			return workload.Verdict{}, err
+		}
+	}
 
 	faultCtx, stopFaults := context.WithTimeout(ctx, h.cfg.duration)
 	defer stopFaults()
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- h.publishAll(ctx, w.Publishes, h.cfg.duration*8/10) }()
+	clientsDone := make(chan struct{})
+	go func() {
+		defer close(clientsDone)
+		if h.gw != nil {
+			h.runClients(ctx, h.cfg.duration*8/10)
+		}
+	}()
 	faultsDone := make(chan struct{})
 	go func() { defer close(faultsDone); h.faults(faultCtx) }()
 	if err := <-pubDone; err != nil {
@@ -332,20 +376,28 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	}
 	h.logf("published %d messages (all PubAcked)", h.published.Load())
 	<-faultsDone
+	<-clientsDone
 	if ctx.Err() != nil {
 		return workload.Verdict{}, ctx.Err()
 	}
-	h.logf("faults over: %d worker kills, %d NATS restarts, %d Postgres restarts, %d Postgres failovers", h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load(), h.pgFailovers.Load())
+	h.logf("faults over: %d worker kills, %d NATS restarts, %d Postgres restarts, %d Postgres failovers%s%s",
+		h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load(), h.pgFailovers.Load(), h.outageSummary(), h.pubAckSummary())
 
 	replayed, err := h.settle(ctx)
 	if err != nil {
 		return workload.Verdict{}, err
+	}
+	if h.gw != nil {
+		h.askFinal(ctx)
 	}
 	ev, err := h.collect(ctx)
 	if err != nil {
 		return workload.Verdict{}, err
 	}
 	ev.Replayed = replayed
+	if h.gw != nil {
+		h.takeGateway(&ev)
+	}
 	v := workload.Verify(w, ev)
 	findings, err := h.audit(ctx)
 	if err != nil {
@@ -395,6 +447,10 @@ func (h *harness) faults(ctx context.Context) {
 	go func() { defer wg.Done(); h.pauses(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); h.netFaultLoop(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); h.providerOutage(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); h.pubAckLosses(ctx) }()
 	wg.Add(1)
 	go func() { // the service restarts, in their own time line
 		defer wg.Done()
@@ -450,13 +506,15 @@ func (h *harness) restartNATS(ctx context.Context) error {
 }
 
 // restartPostgres stops Postgres in immediate mode and starts it again
-// after a second of downtime (crash recovery replays the WAL).
+// after a second of downtime, or -pg-long-stop the first time (crash
+// recovery replays the WAL).
 func (h *harness) restartPostgres(ctx context.Context) error {
-	h.logf("Postgres: pg_ctl stop -m immediate")
+	down := h.pgDowntime()
+	h.logf("Postgres: pg_ctl stop -m immediate, down for %v", down)
 	if err := h.pg.StopImmediate(ctx); err != nil {
 		h.logf("Postgres: stop: %v", err)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(down)
 	if err := h.pg.Start(ctx); err != nil {
 		return err
 	}

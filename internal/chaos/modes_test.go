@@ -123,6 +123,13 @@ func TestValidateModes(t *testing.T) {
 		"negative soak":  {func(c *config) { c.soak = -time.Second }, "-soak must not"},
 		"soak and scale": {func(c *config) { c.soak, c.scale = time.Minute, []int{1} }, "exclude"},
 		"zero rate":      {func(c *config) { c.soak, c.soakRate = time.Minute, 0 }, "-soak-rate"},
+		"replay never":   {func(c *config) { c.replay = "never" }, "-replay"},
+		"short pg stop":  {func(c *config) { c.pgRestarts, c.pgLongStop = 1, time.Second }, "must exceed the lease"},
+		"no pg stop":     {func(c *config) { c.pgLongStop = 8 * time.Second }, "-pg-long-stop needs"},
+		"puback alone":   {func(c *config) { c.pubAckLosses = 2 }, "-puback-losses needs -gateway-clients"},
+		"gateway, cluster": {func(c *config) {
+			c.gatewayClients, c.gatewayPayments, c.gatewayPublishTimeout, c.clientGiveUp, c.natsCluster = 4, 10, time.Second, time.Minute, 3
+		}, "drop -nats-cluster"},
 	} {
 		c := ok
 		tc.edit(&c)

@@ -74,7 +74,7 @@ func (h *harness) initNetFaults() error {
 		}
 		upstreams = append(upstreams, [2]string{name, host})
 	}
-	upstreams = append(upstreams, [2]string{"provider", h.simAddr})
+	upstreams = append(upstreams, [2]string{"provider", h.providerAddr()})
 	if h.cluster != nil {
 		for i, a := range h.cluster.addrs {
 			upstreams = append(upstreams, [2]string{"nats-" + h.cluster.names[i], a})

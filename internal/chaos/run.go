@@ -177,7 +177,7 @@ func (h *harness) settle(ctx context.Context) (int, error) {
 			}
 		}
 		h.logf("quiescent: %d dead letters, %d of them max_deliveries", len(dls), n)
-		if n == 0 || round == 2 {
+		if n == 0 || round == 2 || h.cfg.replay == "none" {
 			return replayed, nil
 		}
 		done, err := h.replay(ctx)
@@ -412,7 +412,8 @@ func (h *harness) report(v workload.Verdict) int {
 	for _, s := range h.slots {
 		restarts += s.restarts
 	}
-	if !v.OK() {
+	promisesOK := h.reportGateway()
+	if !v.OK() || !promisesOK {
 		fmt.Fprintf(h.out, "chaos: FAILED; repeat with -seed %d -keep to keep the logs\n", h.cfg.seed)
 	}
 	fmt.Fprintf(h.out, "chaos: worker processes started %d times in all (kills and failed starts while a service was down)\n", restarts+len(h.slots))
@@ -420,7 +421,7 @@ func (h *harness) report(v workload.Verdict) int {
 		h.cfg.payments, h.published.Load(), len(v.Double), len(v.Lost), len(v.Stuck), v.DeadLetters,
 		v.Malformed, v.KeyReused, v.MaxDeliveries, h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load(), h.modeSummary(),
 		strconv.Itoa(int(time.Since(h.start).Seconds())))
-	if !v.OK() {
+	if !v.OK() || !promisesOK {
 		return 1
 	}
 	return 0

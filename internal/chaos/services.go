@@ -139,7 +139,7 @@ func (h *harness) workerEnv() []string {
 		"PAYDEDUP_STREAM_REPLICAS=" + strconv.Itoa(h.replicas()),
 		"PAYDEDUP_PROVIDER=stripe",
 		"STRIPE_SECRET_KEY=sk_test_x",
-		"STRIPE_API_BASE=" + h.viaProxy("http://"+h.simAddr),
+		"STRIPE_API_BASE=" + h.viaProxy("http://"+h.providerAddr()),
 		"PAYDEDUP_LEASE=" + h.cfg.lease.String(),
 		"PAYDEDUP_ACK_WAIT=" + h.cfg.ackWait.String(),
 		"PAYDEDUP_PROVIDER_TIMEOUT=" + h.cfg.providerTimeout.String(),

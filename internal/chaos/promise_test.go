@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		a    answer
+		want told
+	}{
+		{answer{method: "POST", status: 202, state: "queued"}, toldAccepted},
+		{answer{method: "POST", status: 201, state: "succeeded"}, toldCharged},
+		{answer{method: "POST", status: 402, state: "declined"}, toldRefused},
+		{answer{method: "POST", status: 400, problem: "invalid-request"}, toldRefused},
+		{answer{method: "POST", status: 422, problem: "idempotency-key-reused"}, toldRefused},
+		{answer{method: "POST", status: 409, problem: "idempotency-key-in-use"}, toldUnknown},
+		{answer{method: "POST", status: 429, problem: "rate-limited"}, toldUnknown},
+		{answer{method: "POST", status: 503, problem: "unavailable"}, toldUnknown},
+		{answer{method: "POST", status: 500, problem: "internal"}, toldNotAccepted},
+		{answer{method: "POST", status: 500, problem: "unavailable"}, toldUnknown},
+		{answer{method: "POST", status: 503, problem: "not-accepted"}, toldNotAccepted},
+		{answer{method: "POST", err: syscall.ECONNRESET}, toldUnknown},
+		{answer{method: "GET", status: 404, problem: "not-accepted"}, toldNotAccepted},
+		{answer{method: "GET", status: 404, problem: "not-found"}, toldNothing},
+		{answer{method: "GET", status: 200, state: "retrying"}, toldAccepted},
+		{answer{method: "GET", status: 200, state: "succeeded"}, toldCharged},
+		{answer{method: "GET", status: 200, state: "declined"}, toldRefused},
+		{answer{method: "GET", status: 401, problem: "unauthenticated"}, toldUnknown},
+	} {
+		if got := classify(tc.a); got != tc.want {
+			t.Errorf("classify(%s) = %d, want %d", tc.a.label(), got, tc.want)
+		}
+	}
+	for err, want := range map[error]string{
+		context.DeadlineExceeded: "timeout", syscall.ECONNREFUSED: "refused", io.ErrUnexpectedEOF: "reset",
+		fmt.Errorf("read: %w", syscall.ECONNRESET): "reset", errors.New("tls"): "error",
+	} {
+		if got := transportClass(err); got != want {
+			t.Errorf("transportClass(%v) = %q, want %q", err, got, want)
+		}
+	}
+}
+
+func TestCheckPromises(t *testing.T) {
+	post := func(status int, problem string) answer {
+		return answer{method: "POST", status: status, problem: problem}
+	}
+	get := func(status int, state string) answer { return answer{method: "GET", status: status, state: state} }
+	notAccepted := answer{method: "GET", status: 404, problem: "not-accepted"}
+	for _, tc := range []struct {
+		name    string
+		keys    []*keyLog
+		charges map[string]int
+		rows    map[string]string
+		broken  string // a substring of the one broken promise; "" for none
+	}{
+		{name: "accepted, charged once", keys: []*keyLog{{key: "a", answers: []answer{post(202, "")}}}, charges: map[string]int{"m:a": 1}},
+		{name: "accepted, declined and told", keys: []*keyLog{{key: "a", declines: true, answers: []answer{post(202, ""), get(200, "declined")}}}},
+		{name: "accepted, never charged, nothing told", keys: []*keyLog{{key: "a", answers: []answer{post(202, ""), get(200, "retrying")}}},
+			rows: map[string]string{"m:a": "failed"}, broken: "accepted, never charged, and no refusal told (row failed)"},
+		{name: "charged twice", keys: []*keyLog{{key: "a", answers: []answer{post(201, "")}}}, charges: map[string]int{"m:a": 2}, broken: "charged 2 times"},
+		{name: "not accepted, new key charged", keys: []*keyLog{
+			{order: 1, key: "a", answers: []answer{post(503, "unavailable"), notAccepted}},
+			{order: 1, key: "b", answers: []answer{post(202, "")}},
+		}, charges: map[string]int{"m:b": 1}},
+		{name: "not accepted, but charged", keys: []*keyLog{
+			{order: 1, key: "a", answers: []answer{post(503, "unavailable"), notAccepted}},
+			{order: 1, key: "b", answers: []answer{post(202, "")}},
+		}, charges: map[string]int{"m:a": 1, "m:b": 1}, broken: "told not accepted, but charged"},
+		{name: "refused, but charged", keys: []*keyLog{{key: "a", invalid: true, answers: []answer{post(400, "invalid-request")}}},
+			charges: map[string]int{"m:a": 1}, broken: "told refused, but charged"},
+		{name: "told charged, no charge", keys: []*keyLog{{key: "a", answers: []answer{post(201, "")}}}, broken: "told charged, but the provider has no charge"},
+		{name: "unknown, charged once", keys: []*keyLog{{key: "a", gaveUp: true, answers: []answer{post(503, "unavailable")}}}, charges: map[string]int{"m:a": 1}},
+		{name: "unknown, never charged", keys: []*keyLog{{key: "a", gaveUp: true, answers: []answer{post(503, "unavailable")}}}},
+		{name: "pending row", keys: []*keyLog{{key: "a", answers: []answer{post(202, "")}}}, charges: map[string]int{"m:a": 1},
+			rows: map[string]string{"m:a": "pending"}, broken: "still pending"},
+		{name: "accepted then not accepted", keys: []*keyLog{{key: "a", answers: []answer{post(202, ""), notAccepted}}},
+			broken: "told both accepted and not accepted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := checkPromises("m", tc.keys, tc.charges, tc.rows)
+			switch {
+			case tc.broken == "" && !v.ok():
+				t.Fatalf("broken: %v", v.broken)
+			case tc.broken != "" && (v.ok() || !strings.Contains(strings.Join(v.broken, "\n"), tc.broken)):
+				t.Fatalf("want one broken promise with %q, got %q", tc.broken, v.broken)
+			}
+		})
+	}
+	// A payment charged under two keys is broken even when no key's own
+	// answer was.
+	v := checkPromises("m", []*keyLog{
+		{order: 7, key: "a", gaveUp: true, answers: []answer{post(503, "unavailable")}},
+		{order: 7, key: "b", answers: []answer{post(202, "")}},
+	}, map[string]int{"m:a": 1, "m:b": 1}, nil)
+	if !strings.Contains(strings.Join(v.broken, "\n"), "payment 7 charged under 2 keys") {
+		t.Fatalf("a payment charged under two keys: %q", v.broken)
+	}
+}
+
+// fakeGateway answers each (method, key) from a script, then 202; it
+// records every request.
+type fakeGateway struct {
+	mu     sync.Mutex
+	script map[string][]func(http.ResponseWriter)
+	seen   []string // "POST key body"
+}
+
+func (f *fakeGateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	if r.Method == http.MethodGet {
+		key = strings.TrimPrefix(r.URL.Path, "/v1/payments/")
+	}
+	body, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	f.seen = append(f.seen, r.Method+" "+key+" "+string(body))
+	id := r.Method + " " + key
+	var next func(http.ResponseWriter)
+	if s := f.script[id]; len(s) > 0 {
+		next, f.script[id] = s[0], s[1:]
+	}
+	f.mu.Unlock()
+	if next == nil {
+		next = status(202, "")
+	}
+	next(w)
+}
+
+func status(code int, problem string) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		if problem != "" {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(code)
+			fmt.Fprintf(w, `{"type":"urn:paydedup:problem:%s","status":%d}`, problem, code)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		fmt.Fprint(w, `{"object":"payment","status":"queued"}`)
+	}
+}
+
+// TestClientFollowsTheContract drives one client's payment through a
+// scripted gateway: a 503 and a timeout are retried with the same key and
+// body, a 409 later, and a new key is used only after "not accepted".
+func TestClientFollowsTheContract(t *testing.T) {
+	hang := func(w http.ResponseWriter) { time.Sleep(300 * time.Millisecond); status(202, "")(w) }
+	for _, tc := range []struct {
+		name   string
+		script map[string][]func(http.ResponseWriter)
+		want   []string // methods and keys, in order
+	}{
+		{name: "503 then not found: same key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(503, "unavailable")}, "GET k0": {status(404, "not-found")},
+		}, want: []string{"POST k0", "GET k0", "POST k0"}},
+		{name: "503 then not accepted: new key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(503, "unavailable")}, "GET k0": {status(404, "not-accepted")},
+		}, want: []string{"POST k0", "GET k0", "POST k1"}},
+		{name: "409 and 429: same key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(409, "idempotency-key-in-use"), status(429, "rate-limited")},
+		}, want: []string{"POST k0", "POST k0", "POST k0"}},
+		{name: "500 internal: new key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(500, "internal")},
+		}, want: []string{"POST k0", "POST k1"}},
+		{name: "timeout: same key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {hang}, "GET k0": {status(503, "unavailable")},
+		}, want: []string{"POST k0", "GET k0", "POST k0"}},
+		{name: "400: final", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(400, "invalid-request")},
+		}, want: []string{"POST k0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeGateway{script: map[string][]func(http.ResponseWriter){}}
+			for k, s := range tc.script {
+				method, key, _ := strings.Cut(k, " ")
+				f.script[method+" run-o3-"+key] = s
+			}
+			srv := httptest.NewServer(f)
+			defer srv.Close()
+			h := &harness{cfg: config{clientGiveUp: 10 * time.Second, gatewayClients: 1}, gw: &gatewayRun{
+				addr: strings.TrimPrefix(srv.URL, "http://"), apiKey: "k", run: "run", counts: map[string]int{},
+				client: &http.Client{Timeout: 100 * time.Millisecond},
+			}}
+			o := gwOrder{n: 3, body: []byte(`{"amount":100}`)}
+			h.pay(context.Background(), o)
+			var got []string
+			for _, s := range f.seen {
+				method, rest, _ := strings.Cut(s, " ")
+				key, body, _ := strings.Cut(rest, " ")
+				got = append(got, method+" "+strings.TrimPrefix(key, "run-o3-"))
+				if method == http.MethodPost && !bytes.Equal([]byte(body), o.body) {
+					t.Errorf("%s sent %q, want the payment's body %q", key, body, o.body)
+				}
+			}
+			if strings.Join(got, ", ") != strings.Join(tc.want, ", ") {
+				t.Fatalf("requests %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
