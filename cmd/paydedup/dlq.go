@@ -11,12 +11,11 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/stream"
 	"github.com/spf13/cobra"
 )
@@ -140,12 +139,15 @@ type dlqEntry struct {
 	Unverified     string    `json:"unverified,omitempty"`
 }
 
+// entry is a letter as list --json and show --json print it: every text a
+// publisher may have written has its card numbers masked (encoding/json
+// escapes the control bytes).
 func entry(d dlq.Info) dlqEntry {
 	return dlqEntry{
-		Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey,
-		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: d.Error,
-		OrigSubject: d.OrigSubject, OrigSeq: d.OrigSeq, Invalid: d.Invalid,
-		Verified: d.Verified, Unverified: d.Unverified,
+		Seq: d.Seq, Reason: redact.PANs(d.Reason), MerchantID: redact.PANs(d.MerchantID), IdempotencyKey: redact.PANs(d.IdempotencyKey),
+		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: redact.PANs(d.Error),
+		OrigSubject: redact.PANs(d.OrigSubject), OrigSeq: d.OrigSeq, Invalid: redact.PANs(d.Invalid),
+		Verified: d.Verified, Unverified: redact.PANs(d.Unverified),
 	}
 }
 
@@ -215,31 +217,13 @@ func authText(d dlq.Info) string {
 	return "UNVERIFIED"
 }
 
-// termSafe makes text from a dead letter safe to print on a terminal: an
-// invalid UTF-8 byte becomes \xNN, a C0 control or DEL \xNN, a C1 control
-// or other non-printing rune (bidi overrides) \uNNNN, so no escape
-// sequence (clear screen, window title, OSC 52 clipboard write) reaches the
-// terminal. Newlines and tabs are kept when multiline.
-func termSafe(s string, multiline bool) string {
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n <= 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case multiline && (r == '\n' || r == '\t'):
-			b.WriteRune(r)
-		case r < 0x20 || r == 0x7f:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case r != ' ' && !unicode.IsPrint(r):
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String()
-}
+// termSafe makes text from a dead letter safe to print on a terminal:
+// card numbers masked (redact.PANs), then an invalid UTF-8 byte becomes
+// \xNN, a C0 control or DEL \xNN, a C1 control or other non-printing rune
+// (bidi overrides) \uNNNN, so no escape sequence (clear screen, window
+// title, OSC 52 clipboard write) reaches the terminal. Newlines and tabs
+// are kept when multiline.
+func termSafe(s string, multiline bool) string { return redact.Shown(s, multiline) }
 
 func dash(s string) string {
 	if s == "" {
@@ -268,9 +252,11 @@ func newDLQShowCmd(a *app) *cobra.Command {
 		Use:   "show SEQ",
 		Short: "Show one dead letter's headers and body",
 		Long: `show prints a dead letter's headers (the original ones and the Dlq-* ones) and its
-body. Control bytes and invalid UTF-8 are printed escaped (\x1b, \xff, \u009b),
-so a hostile message cannot drive the terminal; --json gives the body as a
-JSON string and body_base64 byte for byte.`,
+body. Card numbers are masked everywhere (any Luhn-valid 13 to 19 digits,
+whatever separators lie between them), and control bytes and invalid UTF-8
+are printed escaped (\x1b, \xff, \u009b), so a hostile message cannot drive
+the terminal; --json gives the body as a JSON string and body_base64 byte for
+byte, card numbers masked (a JSON body that held one comes re-encoded).`,
 		Example: `  paydedup dlq show 42
   paydedup dlq show 42 --json | jq -r .body`,
 		Args: cobra.ExactArgs(1),
@@ -306,7 +292,14 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 	if err != nil {
 		return err
 	}
+	body := redact.Body(d.Data)
 	if s.json {
+		headers := make(map[string][]string, len(d.Header))
+		for k, vs := range d.Header {
+			for _, v := range vs {
+				headers[redact.PANs(k)] = append(headers[redact.PANs(k)], redact.PANs(v))
+			}
+		}
 		return s.printJSON(struct {
 			dlqEntry
 			Subject string              `json:"subject"`
@@ -314,7 +307,7 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 			Headers map[string][]string `json:"headers"`
 			Body    string              `json:"body"`
 			Base64  []byte              `json:"body_base64"`
-		}{entry(d), d.Subject, d.Stored.UTC(), d.Header, string(d.Data), d.Data})
+		}{entry(d), redact.PANs(d.Subject), d.Stored.UTC(), headers, string(body), body})
 	}
 	out := s.app.out
 	fmt.Fprintf(out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, s.streams.cfg.DLQStream, termSafe(d.Subject, false), d.Stored.UTC().Format(time.RFC3339Nano))
@@ -328,7 +321,7 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 			fmt.Fprintf(out, "  %s: %s\n", termSafe(k, false), termSafe(v, false))
 		}
 	}
-	fmt.Fprintf(out, "\nbody (%d bytes; control bytes and invalid UTF-8 escaped, --json for the exact bytes):\n%s\n", len(d.Data), termSafe(string(d.Data), true))
+	fmt.Fprintf(out, "\nbody (%d bytes; card numbers masked, control bytes and invalid UTF-8 escaped, --json for the bytes):\n%s\n", len(d.Data), termSafe(string(body), true))
 	if d.Invalid != "" {
 		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", termSafe(d.Invalid, false))
 	}
@@ -459,7 +452,11 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 	}
 	// The printed lines list every letter; the log gets one line per
 	// replayed letter only when nobody is reading them at a terminal.
-	for _, res := range rep.Results {
+	for i := range rep.Results {
+		res := &rep.Results[i]
+		for _, f := range []*string{&res.Reason, &res.MerchantID, &res.IdempotencyKey, &res.Subject, &res.MsgID, &res.Detail} {
+			*f = redact.PANs(*f) // what a publisher wrote; print and JSON escape the rest
+		}
 		if res.Outcome == dlq.Replayed && !r.app.terminal(r.app.out) {
 			r.app.logger.Info("dead letter replayed", "dlq_seq", res.Seq, "reason", res.Reason, "merchant_id", res.MerchantID,
 				"idempotency_key", res.IdempotencyKey, "subject", res.Subject, "stream_seq", res.StreamSeq, "msg_id", res.MsgID)
@@ -485,14 +482,15 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 func (r *dlqReplayCmd) print(rep dlq.ReplayReport) {
 	out := r.app.out
 	for _, res := range rep.Results {
-		who := strings.Trim(dash(res.MerchantID)+" "+dash(res.IdempotencyKey), " ")
+		who := termSafe(strings.Trim(dash(res.MerchantID)+" "+dash(res.IdempotencyKey), " "), false)
+		reason, subject := termSafe(dash(res.Reason), false), termSafe(res.Subject, false)
 		switch res.Outcome {
 		case dlq.Replayed:
-			fmt.Fprintf(out, "replayed     %d  %s  %s -> %s #%d (Nats-Msg-Id %s)\n", res.Seq, res.Reason, who, res.Subject, res.StreamSeq, res.MsgID)
+			fmt.Fprintf(out, "replayed     %d  %s  %s -> %s #%d (Nats-Msg-Id %s)\n", res.Seq, reason, who, subject, res.StreamSeq, termSafe(res.MsgID, false))
 		case dlq.WouldReplay:
-			fmt.Fprintf(out, "would replay %d  %s  %s -> %s\n", res.Seq, res.Reason, who, res.Subject)
+			fmt.Fprintf(out, "would replay %d  %s  %s -> %s\n", res.Seq, reason, who, subject)
 		default:
-			fmt.Fprintf(out, "%-12s %d  %s  %s: %s\n", strings.ReplaceAll(string(res.Outcome), "_", " "), res.Seq, dash(res.Reason), who, res.Detail)
+			fmt.Fprintf(out, "%-12s %d  %s  %s: %s\n", strings.ReplaceAll(string(res.Outcome), "_", " "), res.Seq, reason, who, termSafe(res.Detail, false))
 		}
 	}
 	if r.dryRun {

@@ -318,3 +318,60 @@ func TestDLQShowEscapesTerminalControls(t *testing.T) {
 		}
 	}
 }
+
+// A dead letter is whatever its publisher sent: a card number in its body,
+// headers, error or original subject (payments.requests.<PAN>), joined to
+// other digits by any separator, never reaches dlq list, show or replay's
+// output, as text or JSON (body_base64 included).
+func TestDLQOutputMasksCardNumbers(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, testenv.PostgresURL(t), true)
+	const pan = "4111111111111111"
+	h := nats.Header{}
+	h.Set("X-Card", pan+" 12/28")
+	h.Set(stream.HeaderIdempotencyKey, "k-"+pan)
+	body := `{"merchant_id":"` + pan + `","idempotency_key":"k-` + pan + `","amount":5,"currency":"usd","payment_method":"pm_card_visa",` +
+		`"description":"order 12 ` + pan + `","metadata":{"a":"4111.1111.1111.1111","b":"4111\t1111\t1111\t1111","c":"378282246310005 1"}}`
+	d := stream.Letter{Reason: stream.ReasonMaxDeliveries, Err: errors.New("provider: card " + pan + " 123 declined"),
+		OrigSubject: w.cfg.SubjectPrefix + "." + pan, OrigStream: w.cfg.Name, OrigSeq: 1, Deliveries: 6, Header: h, Data: []byte(body), FailedAt: time.Now()}
+	if _, err := w.js.PublishMsg(context.Background(), d.Msg(w.cfg)); err != nil {
+		t.Fatal(err)
+	}
+	leaks := func(out string) []string {
+		var found []string
+		for _, s := range []string{pan, "4111.1111", "4111\t1111", `4111\t1111`, "378282246310005"} {
+			if strings.Contains(out, s) {
+				found = append(found, s)
+			}
+		}
+		return found
+	}
+	for _, args := range [][]string{
+		{"dlq", "list"}, {"dlq", "list", "--json"}, {"dlq", "show", "1"}, {"dlq", "show", "1", "--json"},
+		{"dlq", "replay", "--seq", "1", "--dry-run"}, {"dlq", "replay", "--seq", "1", "--dry-run", "--json"},
+	} {
+		out, _, err := w.run("", args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		if l := leaks(out); len(l) > 0 {
+			t.Errorf("%v shows card numbers %q:\n%s", args, l, out)
+		}
+		if !strings.Contains(out, "[card number redacted]") {
+			t.Errorf("%v shows no masked card number:\n%s", args, out)
+		}
+		if args[len(args)-1] == "--json" && args[1] == "show" {
+			var v struct {
+				Body    string              `json:"body"`
+				Base64  []byte              `json:"body_base64"`
+				Headers map[string][]string `json:"headers"`
+			}
+			if err := json.Unmarshal([]byte(out), &v); err != nil {
+				t.Fatal(err)
+			}
+			if l := leaks(string(v.Base64) + v.Body + fmt.Sprint(v.Headers)); len(l) > 0 || string(v.Base64) != v.Body {
+				t.Errorf("show --json: body_base64 %q and body %q, want the same masked bytes", v.Base64, v.Body)
+			}
+		}
+	}
+}

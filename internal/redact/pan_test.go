@@ -119,3 +119,21 @@ func TestPANsIsLinear(t *testing.T) {
 	}
 	t.Logf("%v a byte at %d bytes, %v a byte at %d bytes", pl, len(large), ps, len(small))
 }
+
+// A JSON body's escapes do not hide a card number; a body without one is
+// kept byte for byte.
+func TestBodyReadsJSONStrings(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ in, want string }{
+		{`{"b":"4111\t1111\t1111\t1111"}`, `{"b":"` + PANMask + `"}`},
+		{`{"b":"\u0034111111111111111 x"}`, `{"b":"` + PANMask + ` x"}`},
+		{`{"4111\n1111\n1111\n1111":1}`, `{"` + PANMask + `":1}`},
+		{`{"x":[4111,1111,1111,1111]}`, `{"x":[` + PANMask + `]}`},
+		{`{"a": "order 42",  "amount": 1999}`, `{"a": "order 42",  "amount": 1999}`},
+		{"not json 4111 1111 1111 1111\xff", "not json " + PANMask + "\xff"},
+	} {
+		if got := string(Body([]byte(c.in))); got != c.want {
+			t.Errorf("Body(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
