@@ -93,40 +93,139 @@ func (c Config) Validate() error {
 // Kind names a finding.
 type Kind string
 
-// The findings. Each is drift: the ledger and the provider disagree.
+// The findings. Each is drift: the ledger and the provider disagree. A
+// "possible" charge is an intent still processing: money that may yet move.
 const (
 	// DoubleCharge: two or more charged intents for one key.
 	DoubleCharge Kind = "double_charge"
+	// PossibleDoubleCharge: two or more intents for one key that charged
+	// or may still charge (processing), not all of them charged yet.
+	PossibleDoubleCharge Kind = "possible_double_charge"
+	// LostCharge: the ledger says declined or failed, and its intent
+	// charged: money moved that the ledger denies.
+	LostCharge Kind = "lost_charge"
+	// PossibleLostCharge: the ledger says declined or failed, and its
+	// intent is processing: money may still move that the ledger denies.
+	PossibleLostCharge Kind = "possible_lost_charge"
+	// UnrecordedCharge: a charged intent for a key whose ledger row names
+	// another intent (or none): money moved that the ledger does not show.
+	UnrecordedCharge Kind = "unrecorded_charge"
+	// PossibleUnrecordedCharge: the same for an intent still processing.
+	PossibleUnrecordedCharge Kind = "possible_unrecorded_charge"
 	// MissingLedger: intents with our metadata and no ledger row for their
 	// key (a payment the provider has and we do not know the outcome of).
 	MissingLedger Kind = "missing_ledger"
 	// MissingIntent: a ledger row whose intent the provider does not have
 	// (or has under another key).
 	MissingIntent Kind = "missing_intent"
+	// SuccessNotCharged: the ledger says succeeded, and its intent moved
+	// no money (declined, canceled, never confirmed).
+	SuccessNotCharged Kind = "success_not_charged"
+	// SuccessUnsettled: the ledger says succeeded, and its intent is still
+	// processing: the money may yet fail to arrive.
+	SuccessUnsettled Kind = "success_unsettled"
 	// AmountMismatch, CurrencyMismatch: the ledger row and its intent
 	// disagree on what was charged.
 	AmountMismatch   Kind = "amount_mismatch"
 	CurrencyMismatch Kind = "currency_mismatch"
-	// StatusMismatch: the ledger says succeeded and the intent is not
-	// charged, or the ledger says declined and it is.
-	StatusMismatch Kind = "status_mismatch"
-	// UnrecordedCharge: a charged intent for a key whose ledger row names
-	// another intent (or none): money moved that the ledger does not show.
-	UnrecordedCharge Kind = "unrecorded_charge"
-	// ExtraIntent: an uncharged intent for a key whose ledger row names
-	// another: a second provider request for one payment, which one
-	// provider key per payment should make impossible.
+	// UnsettledCharge, UnsettledFailure: the ledger still says processing,
+	// and its intent has charged, or has ended without money: the webhook
+	// or the reconciler has yet to settle the row.
+	UnsettledCharge  Kind = "unsettled_charge"
+	UnsettledFailure Kind = "unsettled_failure"
+	// ExtraIntent: an intent that moved no money, for a key whose ledger
+	// row names another: a second provider request for one payment, which
+	// one provider key per payment should make impossible.
 	ExtraIntent Kind = "extra_intent"
 )
 
 // Kinds lists every Kind, most serious first.
-var Kinds = []Kind{DoubleCharge, UnrecordedCharge, MissingLedger, MissingIntent, StatusMismatch, AmountMismatch, CurrencyMismatch, ExtraIntent}
+var Kinds = []Kind{DoubleCharge, PossibleDoubleCharge, LostCharge, UnrecordedCharge, PossibleLostCharge, PossibleUnrecordedCharge,
+	MissingLedger, MissingIntent, SuccessNotCharged, SuccessUnsettled, AmountMismatch, CurrencyMismatch,
+	UnsettledCharge, UnsettledFailure, ExtraIntent}
+
+// Severity says how urgent a finding is.
+type Severity string
+
+const (
+	// Critical: money moved, or may still move, that the ledger does not
+	// show, or the ledger shows money that did not move.
+	Critical Severity = "critical"
+	// Warning: the ledger lags the provider (a settle still to come), or
+	// a provider request moved no money; look if it persists.
+	Warning Severity = "warning"
+)
+
+// Severity is the kind's severity.
+func (k Kind) Severity() Severity {
+	switch k {
+	case UnsettledCharge, UnsettledFailure, ExtraIntent:
+		return Warning
+	}
+	return Critical
+}
+
+// money is what an intent's status says of the money: none moved, some may
+// still move, or it moved (captured, or held for capture).
+type money int
+
+const (
+	noMoney money = iota
+	mayMove
+	moved
+)
+
+// intentMoney classes every status of a Stripe PaymentIntent. A status not
+// in it is taken as mayMove: an unknown means "may have happened".
+var intentMoney = map[string]money{
+	"requires_payment_method": noMoney, // declined, or a bank debit that failed
+	"requires_confirmation":   noMoney,
+	"requires_action":         noMoney, // the adapter cancels it
+	"canceled":                noMoney,
+	"processing":              mayMove,
+	"requires_capture":        moved,
+	"succeeded":               moved,
+}
+
+// StatusFinding is the finding of a ledger row whose status is
+// ledgerStatus and whose own intent's is intentStatus (statusMatrix); the
+// empty Kind where they agree.
+func StatusFinding(ledgerStatus, intentStatus string) Kind {
+	return statusMatrix[ledgerStatus][moneyOf(provider.Intent{Status: intentStatus})]
+}
+
+// moneyOf is in's money.
+func moneyOf(in provider.Intent) money {
+	if m, ok := intentMoney[in.Status]; ok {
+		return m
+	}
+	return mayMove
+}
+
+// statusMatrix is what a ledger row's status and its own intent's money
+// find: the empty Kind where they agree. Every ledger status the schema
+// allows is a row; with intentMoney it compares every ledger status with
+// every intent status.
+//
+//	ledger \ intent  noMoney              mayMove (processing)  moved (succeeded, requires_capture)
+//	succeeded        success_not_charged  success_unsettled     -
+//	declined         -                    possible_lost_charge  lost_charge
+//	failed           -                    possible_lost_charge  lost_charge
+//	processing       unsettled_failure    -                     unsettled_charge
+var statusMatrix = map[string][3]Kind{
+	//                     noMoney            mayMove             moved
+	dedup.PaymentSucceeded:  {SuccessNotCharged, SuccessUnsettled, ""},
+	dedup.PaymentDeclined:   {"", PossibleLostCharge, LostCharge},
+	dedup.PaymentFailed:     {"", PossibleLostCharge, LostCharge},
+	dedup.PaymentProcessing: {UnsettledFailure, "", UnsettledCharge},
+}
 
 // Finding is one disagreement, about one key.
 type Finding struct {
-	Kind           Kind   `json:"kind"`
-	MerchantID     string `json:"merchant_id"`
-	IdempotencyKey string `json:"idempotency_key"`
+	Kind           Kind     `json:"kind"`
+	Severity       Severity `json:"severity"`
+	MerchantID     string   `json:"merchant_id"`
+	IdempotencyKey string   `json:"idempotency_key"`
 	// IntentIDs are the provider's intents the finding is about.
 	IntentIDs []string `json:"intent_ids,omitempty"`
 	// ChargeID is the ledger row's charge id, when there is a row.
@@ -336,21 +435,28 @@ func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, st
 	k.intents = slices.CompactFunc(k.intents, func(a, b provider.Intent) bool { return a.ID == b.ID })
 	var out []Finding
 	add := func(kind Kind, ids []string, format string, args ...any) {
-		f := Finding{Kind: kind, MerchantID: k.ref.MerchantID, IdempotencyKey: k.ref.IdempotencyKey, IntentIDs: ids, Detail: fmt.Sprintf(format, args...)}
+		f := Finding{Kind: kind, Severity: kind.Severity(), MerchantID: k.ref.MerchantID, IdempotencyKey: k.ref.IdempotencyKey, IntentIDs: ids, Detail: fmt.Sprintf(format, args...)}
 		if k.row != nil {
 			f.ChargeID = k.row.ChargeID
 		}
 		out = append(out, f)
 	}
 
-	var charged []provider.Intent
+	// Every intent that charged or may still charge is a possible charge:
+	// two under one key are a double charge, or may become one.
+	var possible []provider.Intent
+	allMoved := true
 	for _, in := range k.intents {
-		if in.Charged() {
-			charged = append(charged, in)
+		if m := moneyOf(in); m != noMoney {
+			possible = append(possible, in)
+			allMoved = allMoved && m == moved
 		}
 	}
-	if len(charged) > 1 {
-		add(DoubleCharge, ids(charged), "%d charged intents for one key: %s", len(charged), describe(charged))
+	switch {
+	case len(possible) > 1 && allMoved:
+		add(DoubleCharge, ids(possible), "%d charged intents for one key: %s", len(possible), describe(possible))
+	case len(possible) > 1:
+		add(PossibleDoubleCharge, ids(possible), "%d intents for one key charged or may still charge: %s", len(possible), describe(possible))
 	}
 
 	if k.row == nil {
@@ -392,20 +498,20 @@ func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, st
 		if mine.Currency != row.Currency {
 			add(CurrencyMismatch, []string{mine.ID}, "the ledger has currency %q, the intent %q", row.Currency, mine.Currency)
 		}
-		switch {
-		case row.Status == "succeeded" && !mine.Charged():
-			add(StatusMismatch, []string{mine.ID}, "the ledger says succeeded, the intent is %s", mine.Status)
-		case row.Status == "declined" && mine.Charged():
-			add(StatusMismatch, []string{mine.ID}, "the ledger says declined, the intent is %s: money moved", mine.Status)
+		if kind := StatusFinding(row.Status, mine.Status); kind != "" {
+			add(kind, []string{mine.ID}, "the ledger says %s, its intent %s is %s", row.Status, mine.ID, mine.Status)
 		}
 	}
 	for _, in := range k.intents {
+		m := moneyOf(in)
 		switch {
 		case in.ID == row.ChargeID:
-		case in.Charged() && len(charged) > 1:
-			// Reported as the double charge.
-		case in.Charged():
+		case m != noMoney && len(possible) > 1:
+			// Reported as the (possible) double charge.
+		case m == moved:
 			add(UnrecordedCharge, []string{in.ID}, "%s is %s, and the ledger row (%s) names %s", in.ID, in.Status, row.Status, cmp.Or(row.ChargeID, "no intent"))
+		case m == mayMove:
+			add(PossibleUnrecordedCharge, []string{in.ID}, "%s is %s (money may still move), and the ledger row (%s) names %s", in.ID, in.Status, row.Status, cmp.Or(row.ChargeID, "no intent"))
 		default:
 			add(ExtraIntent, []string{in.ID}, "a second intent %s (%s) for a key whose ledger row names %s", in.ID, in.Status, cmp.Or(row.ChargeID, "no intent"))
 		}

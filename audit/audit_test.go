@@ -420,3 +420,174 @@ func TestAuditWindowStartingMidSecond(t *testing.T) {
 		t.Errorf("report %+v, want 2 intents, 1 ledger row, 2 keys", rep)
 	}
 }
+
+// intentWith creates, straight at the simulator, an intent with our
+// metadata for key under providerKey, paid with pm (on-session when asked),
+// checks that the provider holds it with status want, and returns its id.
+func (b *bundle) intentWith(t *testing.T, key, pm, providerKey string, onSession bool, want string) string {
+	t.Helper()
+	req := chargeRequest(command(merchant, key, 1000, pm), providerKey)
+	req.OnSession = onSession
+	out, err := b.sim.Client(apiKey).Charge(b.ctx, req)
+	if err != nil {
+		t.Fatalf("charge %s with %s: %v", key, pm, err)
+	}
+	in, err := b.stripe.GetIntent(b.ctx, out.ChargeID)
+	if err != nil || in.Status != want {
+		t.Fatalf("intent %s of %s with %s is %q (%v), want %q", out.ChargeID, key, pm, in.Status, err, want)
+	}
+	return out.ChargeID
+}
+
+// ledgerRow writes key's ledger row with status, naming chargeID, as the
+// worker (or a settle) would have written it.
+func (b *bundle) ledgerRow(t *testing.T, key, status, chargeID string) {
+	t.Helper()
+	var settled *time.Time
+	if status == dedup.PaymentFailed {
+		at := b.clk.Now()
+		settled = &at
+	}
+	b.exec(t, `INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at, settled_at)
+		VALUES ($1, $2, $3, NULLIF($4, ''), $5, 1000, 'usd', $6, $7)`, merchant, key, "pk_"+key, chargeID, status, b.clk.Now(), settled)
+}
+
+// intentSpec is an intent status and how the simulator produces it.
+type intentSpec struct {
+	status, pm string
+	onSession  bool
+}
+
+// The intent statuses the simulator produces, and how.
+var matrixIntents = []intentSpec{
+	{"succeeded", "pm_card_visa", false},
+	{"processing", "pm_usBankAccount_success", false},
+	{"requires_payment_method", "pm_card_chargeDeclined", false},
+	{"canceled", "pm_card_authenticationRequired", true}, // requires_action, canceled by the adapter
+}
+
+// TestAuditStatusMatrix: for every ledger status and every intent status
+// the simulator produces, a ledger row naming its intent finds the
+// matrix's finding, and nothing where the two agree. A row that says
+// failed or processing beside an intent that succeeded is found, and so is
+// money that may still move (processing) beside a row that says it did not.
+func TestAuditStatusMatrix(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// ledger status → intent status → the finding ("" where they agree).
+	want := map[string]map[string]string{
+		dedup.PaymentSucceeded:  {"succeeded": "", "processing": "success_unsettled", "requires_payment_method": "success_not_charged", "canceled": "success_not_charged"},
+		dedup.PaymentDeclined:   {"succeeded": "lost_charge", "processing": "possible_lost_charge", "requires_payment_method": "", "canceled": ""},
+		dedup.PaymentFailed:     {"succeeded": "lost_charge", "processing": "possible_lost_charge", "requires_payment_method": "", "canceled": ""},
+		dedup.PaymentProcessing: {"succeeded": "unsettled_charge", "processing": "", "requires_payment_method": "unsettled_failure", "canceled": "unsettled_failure"},
+	}
+	var wantKinds []string
+	for ledger, cells := range want {
+		for _, in := range matrixIntents {
+			key := ledger + "-" + in.status
+			id := b.intentWith(t, key, in.pm, "pdk-"+key, in.onSession, in.status)
+			b.ledgerRow(t, key, ledger, id)
+			if k, ok := cells[in.status]; !ok {
+				t.Fatalf("no expectation for ledger %s, intent %s", ledger, in.status)
+			} else if k != "" {
+				wantKinds = append(wantKinds, k+" "+merchant+":"+key)
+			}
+		}
+	}
+	slices.Sort(wantKinds)
+	rep := b.run(t, audit.Config{})
+	if got := kinds(rep); !slices.Equal(got, wantKinds) {
+		t.Fatalf("findings:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(wantKinds, "\n  "))
+	}
+	if rep.Keys != 16 || rep.Intents != 16 || rep.LedgerRows != 16 {
+		t.Errorf("report %+v, want 16 keys, intents and ledger rows", rep)
+	}
+	for _, f := range rep.Findings {
+		want := audit.Critical
+		if f.Kind == audit.UnsettledCharge || f.Kind == audit.UnsettledFailure {
+			want = audit.Warning
+		}
+		if f.Severity != want {
+			t.Errorf("%s %s: severity %q, want %q", f.Kind, f.IdempotencyKey, f.Severity, want)
+		}
+	}
+}
+
+// TestStatusFindingMatrix: the whole matrix, every ledger status the
+// schema allows against every status of a Stripe PaymentIntent (and one
+// Stripe may add), including those the simulator does not produce.
+func TestStatusFindingMatrix(t *testing.T) {
+	t.Parallel()
+	statuses := []string{"succeeded", "requires_capture", "processing", "requires_payment_method",
+		"requires_confirmation", "requires_action", "canceled", "some_future_status"}
+	// One row per ledger status, one column per intent status above.
+	want := map[string][]audit.Kind{
+		dedup.PaymentSucceeded: {"", "", audit.SuccessUnsettled, audit.SuccessNotCharged,
+			audit.SuccessNotCharged, audit.SuccessNotCharged, audit.SuccessNotCharged, audit.SuccessUnsettled},
+		dedup.PaymentDeclined: {audit.LostCharge, audit.LostCharge, audit.PossibleLostCharge, "",
+			"", "", "", audit.PossibleLostCharge},
+		dedup.PaymentFailed: {audit.LostCharge, audit.LostCharge, audit.PossibleLostCharge, "",
+			"", "", "", audit.PossibleLostCharge},
+		dedup.PaymentProcessing: {audit.UnsettledCharge, audit.UnsettledCharge, "", audit.UnsettledFailure,
+			audit.UnsettledFailure, audit.UnsettledFailure, audit.UnsettledFailure, ""},
+	}
+	for ledger, row := range want {
+		for i, st := range statuses {
+			if got := audit.StatusFinding(ledger, st); got != row[i] {
+				t.Errorf("ledger %s, intent %s: %q, want %q", ledger, st, got, row[i])
+			}
+		}
+	}
+	for _, k := range audit.Kinds {
+		if s := k.Severity(); s != audit.Critical && s != audit.Warning {
+			t.Errorf("%s: severity %q", k, s)
+		}
+	}
+}
+
+// TestAuditPossibleCharges: two intents under one key of which one
+// succeeded and another is still processing (or both processing) are a
+// possible double charge, with a ledger row or without; a processing
+// intent the ledger row does not name is a possible unrecorded charge; an
+// intent that moved no money beside the row's is only an extra intent.
+func TestAuditPossibleCharges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	visa, bank, declined := matrixIntents[0], matrixIntents[1], matrixIntents[2]
+	for _, c := range []struct {
+		key string
+		// row is the ledger status naming the first intent; "" for no row.
+		row     string
+		intents []intentSpec
+		want    []string
+	}{
+		{"succeeded-and-processing", dedup.PaymentSucceeded, []intentSpec{visa, bank}, []string{"possible_double_charge"}},
+		{"processing-and-succeeded", dedup.PaymentProcessing, []intentSpec{bank, visa}, []string{"possible_double_charge"}},
+		{"processing-twice-no-row", "", []intentSpec{bank, bank}, []string{"missing_ledger", "possible_double_charge"}},
+		{"succeeded-twice", dedup.PaymentSucceeded, []intentSpec{visa, visa}, []string{"double_charge"}},
+		{"declined-and-processing", dedup.PaymentDeclined, []intentSpec{declined, bank}, []string{"possible_unrecorded_charge"}},
+		{"succeeded-and-declined", dedup.PaymentSucceeded, []intentSpec{visa, declined}, []string{"extra_intent"}},
+	} {
+		var first string
+		for i, in := range c.intents {
+			id := b.intentWith(t, c.key, in.pm, fmt.Sprintf("pdk-%s-%d", c.key, i), in.onSession, in.status)
+			if i == 0 {
+				first = id
+			}
+		}
+		if c.row != "" {
+			b.ledgerRow(t, c.key, c.row, first)
+		}
+		rep := b.run(t, audit.Config{MerchantID: merchant, Since: t0.Add(-time.Minute), Until: t0.Add(time.Hour)})
+		var got []string
+		for _, f := range rep.Findings {
+			if f.IdempotencyKey == c.key {
+				got = append(got, string(f.Kind))
+			}
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: findings %v, want %v", c.key, got, c.want)
+		}
+	}
+}

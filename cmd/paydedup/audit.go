@@ -38,16 +38,28 @@ func newAuditCmd(a *app) *cobra.Command {
 		Short: "Check the ledger against the provider's own records: exit non-zero on any drift",
 		Long: `audit lists the payment intents the provider created in a window (Stripe's list
 API, every page), matches them with the payments ledger by their metadata
-(merchant_id, idempotency_key), and reports every disagreement:
+(merchant_id, idempotency_key), and reports every disagreement, each with a
+severity (critical: money moved or may still move that the ledger does not
+show, or the ledger shows money that did not move; warning: the ledger lags
+the provider, or a request moved no money). A processing intent is money
+that may still move: it counts as a possible charge.
 
-  double_charge      two or more charged intents for one key
-  unrecorded_charge  a charged intent the ledger shows as another intent, or declined
-  missing_ledger     intents with our metadata and no ledger row (the detail says
-                     what the key's idempotency row is: pending, failed, none)
-  missing_intent     a ledger row whose intent the provider does not have
-  status_mismatch    the ledger says succeeded and the intent is not, or the reverse
+  double_charge               two or more charged intents for one key
+  possible_double_charge      two or more intents for one key that charged or may
+                              still charge (one succeeded, another processing)
+  lost_charge                 the ledger says declined or failed, its intent charged
+  unrecorded_charge           a charged intent the ledger row does not name
+  possible_lost_charge        the ledger says declined or failed, its intent is processing
+  possible_unrecorded_charge  a processing intent the ledger row does not name
+  missing_ledger              intents with our metadata and no ledger row (the detail
+                              says what the key's idempotency row is: pending, failed, none)
+  missing_intent              a ledger row whose intent the provider does not have
+  success_not_charged         the ledger says succeeded, its intent moved no money
+  success_unsettled           the ledger says succeeded, its intent is still processing
   amount_mismatch, currency_mismatch
-  extra_intent       a second, uncharged intent for one payment
+  unsettled_charge (warning)  the ledger says processing, its intent succeeded
+  unsettled_failure (warning) the ledger says processing, its intent ended without money
+  extra_intent (warning)      a second intent for one payment that moved no money
 
 The window is [--since, --until) by creation time: each a duration before now
 (24h) or an RFC 3339 time. --until defaults to 15m ago, so that payments in
@@ -202,7 +214,7 @@ func (c *auditCmd) log(rep *audit.Report, err error) {
 		return
 	}
 	for _, f := range rep.Findings {
-		log.Error("audit drift", "kind", f.Kind, "merchant_id", f.MerchantID, "idempotency_key", f.IdempotencyKey,
+		log.Error("audit drift", "kind", f.Kind, "severity", f.Severity, "merchant_id", f.MerchantID, "idempotency_key", f.IdempotencyKey,
 			"intent_ids", f.IntentIDs, "charge_id", f.ChargeID, "detail", f.Detail)
 	}
 	log.Info("audit done", "since", rep.Since, "until", rep.Until, "intents", rep.Intents, "ledger_rows", rep.LedgerRows,
@@ -226,9 +238,9 @@ func (c *auditCmd) print(rep *audit.Report) error {
 		rep.Intents, rep.Foreign, rep.LedgerRows, rep.Keys, rep.Retrieved)
 	if rep.Drift() {
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "KIND\tMERCHANT\tKEY\tINTENTS\tDETAIL")
+		fmt.Fprintln(tw, "KIND\tSEVERITY\tMERCHANT\tKEY\tINTENTS\tDETAIL")
 		for _, f := range rep.Findings {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Kind, f.MerchantID, f.IdempotencyKey, strings.Join(f.IntentIDs, ","), f.Detail)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", f.Kind, f.Severity, f.MerchantID, f.IdempotencyKey, strings.Join(f.IntentIDs, ","), f.Detail)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -84,7 +84,7 @@ func TestAuditCommand(t *testing.T) {
 	if !errors.Is(err, audit.ErrDrift) || !strings.Contains(err.Error(), "DRIFT") || !strings.Contains(err.Error(), "1 double_charge") {
 		t.Fatalf("audit of a double charge: err %v", err)
 	}
-	if !strings.Contains(out, "double_charge  m_cli     cli-2") {
+	if !strings.Contains(out, "double_charge  critical  m_cli     cli-2") {
 		t.Errorf("the table does not name the double charge:\n%s", out)
 	}
 	out, _, err = runCLI(ctx, env, "audit", "--since", "1h", "--until", "0", "--json")
@@ -95,7 +95,8 @@ func TestAuditCommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("--json printed %q: %v", out, err)
 	}
-	if len(rep.Findings) != 1 || rep.Findings[0].Kind != audit.DoubleCharge || len(rep.Findings[0].IntentIDs) != 2 {
+	if len(rep.Findings) != 1 || rep.Findings[0].Kind != audit.DoubleCharge || rep.Findings[0].Severity != audit.Critical ||
+		len(rep.Findings[0].IntentIDs) != 2 {
 		t.Errorf("--json findings %+v", rep.Findings)
 	}
 	// Another merchant's audit is clean.
