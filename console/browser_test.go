@@ -83,6 +83,11 @@ func TestBrowserReplaysADeadLetterToCompletion(t *testing.T) {
 	h.Set("Idempotency-Key", "inv-9")
 	w.fileLetter(string(payment.ReasonInvalidAmount), "m_books", "inv-9",
 		[]byte(`{"merchant_id":"m_books","idempotency_key":"inv-9","amount":-5,"currency":"usd","payment_method":"pm_card_visa"}`), h)
+	// A publisher put a card number in its subject, the key and the
+	// description, beside other digits.
+	const pan = "4111111111111111"
+	w.fileLetter(string(payment.ReasonInvalidMethod), pan, "k 12 "+pan,
+		[]byte(`{"merchant_id":"`+pan+`","idempotency_key":"k 12 `+pan+`","amount":5,"currency":"usd","payment_method":"pm_x","description":"`+pan+` 12/28"}`), nil)
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.WindowSize(1280, 1100), chromedp.Flag("disable-dev-shm-usage", true))
@@ -114,10 +119,17 @@ func TestBrowserReplaysADeadLetterToCompletion(t *testing.T) {
 	step("log in", chromedp.Navigate(w.base+"/login"), chromedp.WaitVisible(chromedp.CSS("#token")),
 		chromedp.SendKeys(chromedp.CSS("#token"), token), chromedp.Click(chromedp.CSS("#login")), chromedp.WaitVisible(row))
 	overview := text("#dead-letters")
-	for _, s := range []string{"max_deliveries", "key_reused", "invalid_amount", "order-1042", "verified"} {
+	for _, s := range []string{"max_deliveries", "key_reused", "invalid_amount", "order-1042", "verified", "[card number redacted]"} {
 		if !strings.Contains(overview, s) {
 			t.Errorf("the overview's dead letters do not show %q:\n%s", s, overview)
 		}
+	}
+	html, err := chromedp.Run(ctx, chromedp.OuterHTML(chromedp.CSS("html")))
+	if err != nil {
+		t.Fatalf("browser: read the page: %v", err)
+	}
+	if strings.Contains(html, pan) {
+		t.Errorf("the page the browser shows holds the card number %s", pan)
 	}
 	// Open the letter's headers and body for the screenshot (PNG: quality 100).
 	step("open the letter", chromedp.Click(row+" + tr summary"))
@@ -153,6 +165,15 @@ func TestBrowserReplaysADeadLetterToCompletion(t *testing.T) {
 	}
 	if ledger := text("#ledger-status"); ledger != "succeeded" {
 		t.Fatalf("ledger status %q, want succeeded", ledger)
+	}
+	// Logging out ends the session: the banner says so, and the header
+	// offers the login again.
+	step("log out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#flash")))
+	if got := text("#flash"); !strings.Contains(got, "Logged out") {
+		t.Errorf("after logging out the banner says %q", got)
+	}
+	if got := text("header"); !strings.Contains(got, "Log in to replay") {
+		t.Errorf("after logging out the header says %q", got)
 	}
 	if path := os.Getenv(screenshotEnv); path != "" {
 		if err := os.WriteFile(path, shot, 0o644); err != nil {
