@@ -1,0 +1,195 @@
+package consumer_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/testenv"
+)
+
+// loseAfterCommit is a store whose first commit, once committed, makes the
+// worker's link to NATS lose everything the worker sends: the outcome is
+// in Postgres and the ack that follows it never reaches the server.
+type loseAfterCommit struct {
+	*dedup.Store
+	link *testenv.Link
+	once sync.Once
+	lost chan struct{}
+}
+
+func (s *loseAfterCommit) cut() {
+	s.once.Do(func() {
+		if err := s.link.Lose(testenv.ClientToServer); err == nil {
+			close(s.lost)
+		}
+	})
+}
+
+func (s *loseAfterCommit) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+	err := s.Store.Complete(ctx, l, c)
+	if err == nil {
+		s.cut()
+	}
+	return err
+}
+
+func (s *loseAfterCommit) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+	errs, err := s.Store.CompleteBatch(ctx, items)
+	if err == nil {
+		s.cut()
+	}
+	return errs, err
+}
+
+// TestAckLostAfterCommitRedeliveryAcks: the worker→NATS ack boundary. The
+// worker commits the outcome and acks, and the ack is lost on the wire
+// (the server never hears it: an unknown outcome for the worker). The
+// server redelivers after AckWait; the redelivery finds the key completed
+// and acks it without calling the provider: one charge, one ledger row, no
+// dead letter.
+func TestAckLostAfterCommitRedeliveryAcks(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.waitStreamsCreate()
+	link := testenv.NewLink(t, "worker-nats", strings.TrimPrefix(testenv.NATSURL(t), "nats://"))
+	nc, err := nats.Connect(link.URL("nats"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	store := &loseAfterCommit{Store: e.store, link: link, lost: make(chan struct{})}
+	viaLink := *e
+	viaLink.nc = nc
+	viaLink.startWorkerOn("acks-into-the-void", store)
+
+	e.publish("m_1", body("m_1", "ack-lost", 4200), "", nil)
+	select {
+	case <-store.lost:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the outcome was never committed")
+	}
+	rec, err := e.store.Get(e.ctx, "m_1", "ack-lost")
+	if err != nil || rec.Status != dedup.StatusCompleted {
+		t.Fatalf("record %+v, %v; want completed before the ack", rec, err)
+	}
+	// The server did not hear the ack: the message is still pending there,
+	// and once AckWait passes it is delivered again, here to a second
+	// worker on a sound link.
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.Info(e.ctx); err != nil || info.NumAckPending != 1 {
+		t.Fatalf("consumer %+v, %v; want the message unacked", info, err)
+	}
+	e.startWorker("sound-link", nil)
+	e.quiescent()
+	info, err := c.Info(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Delivered.Consumer < 2 {
+		t.Fatalf("%d deliveries, want the first and the one after its lost ack", info.Delivered.Consumer)
+	}
+	if n := e.charges("m_1", "ack-lost"); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+	if n := e.count(`SELECT count(*) FROM payments`); n != 1 {
+		t.Fatalf("%d ledger rows, want 1", n)
+	}
+	if dls := e.deadLetters(); len(dls) != 0 {
+		t.Fatalf("%d dead letters, want none", len(dls))
+	}
+}
+
+// loseOnMismatch is a store whose first claim that finds a key reused makes
+// the worker's link to NATS lose everything the server sends: the dead
+// letter the worker then publishes is stored, and its PubAck never
+// arrives.
+type loseOnMismatch struct {
+	*dedup.Store
+	link *testenv.Link
+	once sync.Once
+	lost chan struct{}
+}
+
+func (s *loseOnMismatch) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+	res, err := s.Store.ClaimBatch(ctx, holder, lease, reqs)
+	for _, r := range res {
+		if r.Outcome == dedup.Mismatch {
+			s.once.Do(func() {
+				if lerr := s.link.Lose(testenv.ServerToClient); lerr == nil {
+					close(s.lost)
+				}
+			})
+		}
+	}
+	return res, err
+}
+
+// TestDeadLetterPubAckLostFilesOnce: the worker→NATS dead-letter boundary.
+// The worker dead-letters a reused key; the dead letter is stored and its
+// PubAck lost (an unknown outcome: it may have been filed). The worker
+// does not take the message as done: it is delivered again, and the second
+// filing, under the same Nats-Msg-Id, is dropped by the DLQ's duplicate
+// window. One dead letter, the message settled, the first payment charged
+// once.
+func TestDeadLetterPubAckLostFilesOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.waitStreamsCreate()
+	stopFirst := e.startWorker("first", nil)
+	e.publish("m_1", body("m_1", "reused", 4200), "", nil)
+	e.eventually("the first payment completed", func() bool {
+		rec, err := e.store.Get(e.ctx, "m_1", "reused")
+		return err == nil && rec.Status == dedup.StatusCompleted
+	})
+	stopFirst()
+
+	link := testenv.NewLink(t, "worker-nats", strings.TrimPrefix(testenv.NATSURL(t), "nats://"))
+	nc, err := nats.Connect(link.URL("nats"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	store := &loseOnMismatch{Store: e.store, link: link, lost: make(chan struct{})}
+	viaLink := *e
+	viaLink.nc = nc
+	viaLink.startWorkerOn("dead-letters-into-the-void", store)
+
+	e.publish("m_1", body("m_1", "reused", 9900), "", nil)
+	select {
+	case <-store.lost:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reused key was never claimed")
+	}
+	e.eventually("the dead letter stored", func() bool { return len(e.deadLetters()) == 1 })
+	if err := link.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	e.quiescent()
+	if dls := e.deadLetters(); len(dls) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dls))
+	}
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two messages, and the second delivered again after its lost PubAck.
+	if info.Delivered.Consumer < 3 {
+		t.Fatalf("%d deliveries, want the reused key's delivered again", info.Delivered.Consumer)
+	}
+	if n := e.charges("m_1", "reused"); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
+	}
+}
