@@ -54,7 +54,7 @@ type gatewayRun struct {
 	apiKey string
 	slot   *slot
 	server *toxiproxy.ApiServer
-	link   *netLink // gateway → NATS
+	links  []*netLink // gateway → each NATS node
 	client *http.Client
 	run    string // makes keys unique to this run
 
@@ -100,29 +100,48 @@ func (h *harness) initGateway(ctx context.Context) error {
 	if g.apiKey == "" {
 		return fmt.Errorf("paydedup apikey create printed no key (see %s)", log.Name())
 	}
+	h.gw = g // from here on, stopGateway closes the links made
+	upstreams := []string{h.natsAddr}
+	if h.cluster != nil {
+		upstreams = h.cluster.addrs // the nodes do not advertise each other
+	}
+	for i, u := range upstreams {
+		port, err := localpg.FreePort()
+		if err != nil {
+			return err
+		}
+		l := &netLink{name: fmt.Sprintf("gateway-nats-%d", i), addr: fmt.Sprintf("127.0.0.1:%d", port)}
+		l.proxy = toxiproxy.NewProxy(g.server, l.name, l.addr, u)
+		if err := l.proxy.Start(); err != nil {
+			return fmt.Errorf("proxy %s: %w", l.name, err)
+		}
+		g.links = append(g.links, l)
+	}
 	port, err := localpg.FreePort()
 	if err != nil {
 		return err
 	}
-	l := &netLink{name: "gateway-nats", addr: fmt.Sprintf("127.0.0.1:%d", port)}
-	l.proxy = toxiproxy.NewProxy(g.server, l.name, l.addr, h.natsAddr)
-	if err := l.proxy.Start(); err != nil {
-		return fmt.Errorf("proxy %s: %w", l.name, err)
-	}
-	g.link = l
-	if port, err = localpg.FreePort(); err != nil {
-		return err
-	}
 	g.addr = fmt.Sprintf("127.0.0.1:%d", port)
-	h.gw = g
 	return nil
 }
 
-// stopGateway closes the gateway's NATS link.
+// stopGateway closes the gateway's NATS links.
 func (h *harness) stopGateway() {
-	if h.gw != nil && h.gw.link != nil {
-		h.gw.link.proxy.Stop()
+	if h.gw == nil {
+		return
 	}
+	for _, l := range h.gw.links {
+		l.proxy.Stop()
+	}
+}
+
+// gatewayNATSURL is the gateway's NATS_URL: its links, one per node.
+func (g *gatewayRun) natsURL() string {
+	urls := make([]string, len(g.links))
+	for i, l := range g.links {
+		urls[i] = "nats://" + l.addr
+	}
+	return strings.Join(urls, ",")
 }
 
 // startGateway starts the gateway process, kept running by a supervisor
@@ -131,7 +150,7 @@ func (h *harness) startGateway(ctx context.Context, wg *sync.WaitGroup) error {
 	g := h.gw
 	env := append(h.workerEnv(),
 		"DATABASE_URL="+h.dbURL("paydedup_gateway", "paydedup"),
-		"NATS_URL=nats://"+g.link.addr,
+		"NATS_URL="+g.natsURL(),
 		"PAYDEDUP_HTTP_ADDR="+g.addr,
 		"PAYDEDUP_PUBLISH_TIMEOUT="+h.cfg.gatewayPublishTimeout.String(),
 	)

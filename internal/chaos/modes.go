@@ -50,9 +50,6 @@ func (c *config) validateModes() error {
 		if c.gatewayPayments < 1 {
 			bad("-gateway-payments must be at least 1, got %d", c.gatewayPayments)
 		}
-		if c.natsCluster > 0 {
-			bad("-gateway-clients needs the one-server NATS (its link to NATS is proxied); drop -nats-cluster")
-		}
 		if c.gatewayPublishTimeout <= 0 || c.clientGiveUp <= 0 {
 			bad("-gateway-publish-timeout and -client-give-up must be positive, got %v and %v", c.gatewayPublishTimeout, c.clientGiveUp)
 		}

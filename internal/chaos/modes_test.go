@@ -127,9 +127,9 @@ func TestValidateModes(t *testing.T) {
 		"short pg stop":  {func(c *config) { c.pgRestarts, c.pgLongStop = 1, time.Second }, "must exceed the lease"},
 		"no pg stop":     {func(c *config) { c.pgLongStop = 8 * time.Second }, "-pg-long-stop needs"},
 		"puback alone":   {func(c *config) { c.pubAckLosses = 2 }, "-puback-losses needs -gateway-clients"},
-		"gateway, cluster": {func(c *config) {
-			c.gatewayClients, c.gatewayPayments, c.gatewayPublishTimeout, c.clientGiveUp, c.natsCluster = 4, 10, time.Second, time.Minute, 3
-		}, "drop -nats-cluster"},
+		"gateway, no payments": {func(c *config) {
+			c.gatewayClients, c.gatewayPayments, c.gatewayPublishTimeout, c.clientGiveUp = 4, 0, time.Second, time.Minute
+		}, "-gateway-payments"},
 	} {
 		c := ok
 		tc.edit(&c)

@@ -95,14 +95,13 @@ func (h *harness) providerOutage(ctx context.Context) {
 	h.logf("provider outage over")
 }
 
-// pubAckLosses holds back everything NATS sends the gateway -puback-losses
+// pubAckLosses holds back everything NATS (each node) sends the gateway -puback-losses
 // times, spread over the first 80 % of the phase (while the clients pay),
 // each for the gateway's publish timeout and a second more.
 func (h *harness) pubAckLosses(ctx context.Context) {
 	if h.gw == nil || h.cfg.pubAckLosses <= 0 {
 		return
 	}
-	l := h.gw.link
 	hold := h.cfg.gatewayPublishTimeout + time.Second
 	start := time.Now()
 	for i := range h.cfg.pubAckLosses {
@@ -115,13 +114,21 @@ func (h *harness) pubAckLosses(ctx context.Context) {
 		h.logf("network: PubAcks to the gateway held back for %v (its PUBs still reach NATS)", hold)
 		name := "puback_loss"
 		toxic := `{"name":"` + name + `","stream":"downstream","type":"timeout","attributes":{"timeout":0}}`
-		if _, err := l.proxy.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
-			h.logf("network: PubAck loss: %v", err)
-			continue
+		var held []*netLink
+		for _, l := range h.gw.links {
+			if _, err := l.proxy.Toxics.AddToxicJson(strings.NewReader(toxic)); err != nil {
+				h.logf("network: PubAck loss on %s: %v", l.name, err)
+				continue
+			}
+			held = append(held, l)
 		}
-		h.gw.pubAckLosses.Add(1)
+		if len(held) > 0 {
+			h.gw.pubAckLosses.Add(1)
+		}
 		time.Sleep(hold) // not cut short by the end of the phase: undone below
-		h.removeToxics(l, []string{name})
+		for _, l := range held {
+			h.removeToxics(l, []string{name})
+		}
 	}
 }
 

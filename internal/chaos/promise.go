@@ -20,7 +20,7 @@ import (
 type told int
 
 const (
-	toldUnknown     told = iota // 503, 409, 429, a timeout, a reset: retry with the same key and body
+	toldUnknown     told = iota // 503, 409, 429, a timeout, a reset, publish_unknown: retry with the same key and body
 	toldAccepted                // 202, or a GET of a payment in flight: charged once or refused, later
 	toldCharged                 // 201, or a GET of a succeeded payment
 	toldRefused                 // 402, a GET of a declined payment, a 4xx with a reason: final, never charged
@@ -28,10 +28,12 @@ const (
 	toldNothing                 // 404 not-found of a GET: the gateway has no such payment (yet)
 )
 
-// problem types the client reads, by their documented endings.
+// problem types the client reads, by their documented endings, and the
+// one payment status that is no answer yet.
 const (
-	problemNotAccepted = "not-accepted"
-	problemInternal    = "internal" // 500: "a fault of the service; nothing was accepted"
+	problemNotAccepted  = "not-accepted"
+	problemInternal     = "internal"        // 500: "a fault of the service; nothing was accepted"
+	statePublishUnknown = "publish_unknown" // sent, not confirmed: retry the POST
 )
 
 // answer is one answer as the client saw it.
@@ -95,6 +97,8 @@ func classify(a answer) told {
 			return toldCharged
 		case "declined":
 			return toldRefused
+		case statePublishUnknown:
+			return toldUnknown // may be queued: a POST with the same key and body settles it
 		}
 		return toldAccepted // queued, processing, retrying: in flight
 	case a.status == 404 && a.method == "GET":

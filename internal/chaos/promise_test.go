@@ -35,6 +35,8 @@ func TestClassify(t *testing.T) {
 		{answer{method: "GET", status: 404, problem: "not-accepted"}, toldNotAccepted},
 		{answer{method: "GET", status: 404, problem: "not-found"}, toldNothing},
 		{answer{method: "GET", status: 200, state: "retrying"}, toldAccepted},
+		{answer{method: "GET", status: 200, state: "publish_unknown"}, toldUnknown},
+		{answer{method: "POST", status: 503, problem: "publish-outcome-unknown"}, toldUnknown},
 		{answer{method: "GET", status: 200, state: "succeeded"}, toldCharged},
 		{answer{method: "GET", status: 200, state: "declined"}, toldRefused},
 		{answer{method: "GET", status: 401, problem: "unauthenticated"}, toldUnknown},
@@ -152,6 +154,14 @@ func status(code int, problem string) func(http.ResponseWriter) {
 	}
 }
 
+func state(code int, st string) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		fmt.Fprintf(w, `{"object":"payment","status":%q}`, st)
+	}
+}
+
 // TestClientFollowsTheContract drives one client's payment through a
 // scripted gateway: a 503 and a timeout are retried with the same key and
 // body, a 409 later, and a new key is used only after "not accepted".
@@ -164,6 +174,9 @@ func TestClientFollowsTheContract(t *testing.T) {
 	}{
 		{name: "503 then not found: same key", script: map[string][]func(http.ResponseWriter){
 			"POST k0": {status(503, "unavailable")}, "GET k0": {status(404, "not-found")},
+		}, want: []string{"POST k0", "GET k0", "POST k0"}},
+		{name: "publish outcome unknown: same key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(503, "publish-outcome-unknown")}, "GET k0": {state(200, "publish_unknown")},
 		}, want: []string{"POST k0", "GET k0", "POST k0"}},
 		{name: "503 then not accepted: new key", script: map[string][]func(http.ResponseWriter){
 			"POST k0": {status(503, "unavailable")}, "GET k0": {status(404, "not-accepted")},
