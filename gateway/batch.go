@@ -120,10 +120,15 @@ func (g *Gateway) fromRecord(rec dedup.Record, fp []byte) (answer, bool) {
 	case rec.Status == dedup.StatusCompleted:
 		return answer{kind: ansReplay, rec: rec}, true
 	case rec.Status == dedup.StatusPending:
-		return answer{kind: ansInUse, retry: rec.LockedUntil.Sub(g.cfg.Clock.Now())}, true
+		// A charge takes a few seconds; the lease is only its bound.
+		return answer{kind: ansInUse, retry: min(rec.LockedUntil.Sub(g.cfg.Clock.Now()), inFlightRetryAfter)}, true
 	}
 	return answer{}, false
 }
+
+// inFlightRetryAfter is the Retry-After of a key a worker holds: about a
+// provider call's time, not its lease (the most a call may take).
+const inFlightRetryAfter = 2 * time.Second
 
 // fromLedger decides a POST whose key has no record from its ledger row.
 func fromLedger(p dedup.Payment, cmd *payment.Command) (answer, bool) {

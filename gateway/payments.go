@@ -256,15 +256,15 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		a := <-it.done // the batch answers within its own deadlines
-		if a.kind != ansAccepted {
-			g.write(w, a)
-			return
-		}
 		ctx := r.Context()
 		if wait > 0 { // only a wait reads after this: no timer per POST otherwise
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, g.cfg.RequestTimeout+wait)
 			defer cancel()
+		}
+		if a.kind != ansAccepted {
+			g.decided(ctx, w, a, sub, wait, merchant, key, fp)
+			return
 		}
 		g.accepted(ctx, w, a.in, sub, wait, fp)
 		return
@@ -277,7 +277,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		if a, decided := g.fromRecord(rec, fp); decided {
-			g.write(w, a)
+			g.decided(ctx, w, a, sub, wait, merchant, key, fp)
 			return
 		}
 		// `failed` (known not charged, retried by the queue; its message
@@ -321,17 +321,17 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		// may have finished since the read above.
 		if rec, err := g.records.Get(ctx, merchant, key); err == nil {
 			if a, decided := g.fromRecord(rec, fp); decided {
-				g.write(w, a)
+				g.decided(ctx, w, a, sub, wait, merchant, key, fp)
 				return
 			}
 		}
-		g.keyInUse(w, g.cfg.QueuedRetryAfter)
+		g.decided(ctx, w, answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}, sub, wait, merchant, key, fp)
 		return
 	}
 
 	in := res.Intake
 	if in.Published() && g.heldAgain(ctx, in, log) {
-		g.write(w, answer{kind: ansNotRepublished})
+		g.decided(ctx, w, answer{kind: ansNotRepublished}, sub, wait, merchant, key, fp)
 		return
 	}
 	republish := republishOf(in)
@@ -363,6 +363,37 @@ func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in pgstor
 		g.writeDeadLetter(w, dl)
 	default:
 		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentFromIntake(in))
+	}
+}
+
+// decided answers a POST decided without a publish of its own. A key in
+// flight (a worker holds it, or its command waits in the stream) honours
+// Prefer: wait as a new key's POST does: its outcome (replayed) once it
+// completes within the wait, the dead letter's reason if the worker
+// dead-lettered it, else the 409 with its Retry-After.
+func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, sub *pgstore.Subscription, wait time.Duration, merchant, key string, fp []byte) {
+	if wait == 0 || a.kind != ansInUse && a.kind != ansNotRepublished {
+		g.write(w, a)
+		return
+	}
+	w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
+	rec, dl, ok := g.waitCompleted(ctx, sub, merchant, key, fp, wait)
+	if !ok && !dl.DeadLettered() && ctx.Err() == nil {
+		// A key that came straight from the queue wakes no waiter: read it
+		// once more.
+		if got, err := g.records.Get(ctx, merchant, key); err == nil && got.Status == dedup.StatusCompleted {
+			rec, ok = got, true
+		}
+	}
+	switch {
+	case ok && !bytes.Equal(rec.RequestHash, fp):
+		g.keyReused(w)
+	case ok:
+		g.write(w, answer{kind: ansReplay, rec: rec})
+	case dl.DeadLettered():
+		g.write(w, answer{kind: ansDeadLetter, in: dl})
+	default:
+		g.write(w, a)
 	}
 }
 
