@@ -97,6 +97,13 @@ type Config struct {
 	RetryBase time.Duration
 	RetryMax  time.Duration
 
+	// PauseFirst and PauseLongest space the probes of a paused worker:
+	// PauseFirst after the provider or PostgreSQL is found unavailable (or
+	// the API key refused), doubling on each failed probe up to
+	// PauseLongest.
+	PauseFirst   time.Duration
+	PauseLongest time.Duration
+
 	Holder string // lease holder id; default host name + random suffix
 
 	// Clock tells the time a dead letter records as its Dlq-Failed-At;
@@ -118,6 +125,8 @@ func (c Config) WithDefaults() Config {
 	c.KeyRetention = cmp.Or(c.KeyRetention, DefaultKeyRetention)
 	c.RetryBase = cmp.Or(c.RetryBase, DefaultRetryBase)
 	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
+	c.PauseFirst = cmp.Or(c.PauseFirst, AuthPauseFirst)
+	c.PauseLongest = cmp.Or(c.PauseLongest, AuthPauseLongest)
 	if c.Holder == "" {
 		host, _ := os.Hostname()
 		c.Holder = fmt.Sprintf("%s-%d-%x", cmp.Or(host, "worker"), os.Getpid(), rand.Uint32()&0xffffff)
@@ -137,7 +146,7 @@ func (c Config) Validate() error {
 	s := c.Stream
 	for name, d := range map[string]time.Duration{
 		"lease": c.Lease, "drain timeout": c.DrainTimeout, "key retention": c.KeyRetention,
-		"retry base": c.RetryBase, "retry max": c.RetryMax,
+		"retry base": c.RetryBase, "retry max": c.RetryMax, "pause first": c.PauseFirst, "pause longest": c.PauseLongest,
 	} {
 		if d <= 0 {
 			bad("%s must be positive, got %v", name, d)
@@ -145,6 +154,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 1 || c.FetchBatch < 1 || s.MaxAckPending < 1 {
 		bad("concurrency, fetch batch and max ack pending must be at least 1 (got %d, %d, %d)", c.Concurrency, c.FetchBatch, s.MaxAckPending)
+	}
+	if c.PauseFirst > c.PauseLongest {
+		bad("the first pause %v must not exceed the longest %v", c.PauseFirst, c.PauseLongest)
 	}
 	if c.CommitBatch < 1 || c.CommitWait < 0 || c.CommitWait > time.Second {
 		bad("commit batch must be at least 1 and commit wait within 0..1s (got %d, %v)", c.CommitBatch, c.CommitWait)

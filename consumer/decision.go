@@ -56,6 +56,10 @@ type Result struct {
 	Err error
 	// Attempt is the lease's attempt number when the key was claimed.
 	Attempt int
+	// pause is the cause of the worker's pause when an outage cut this
+	// message's work short (see gate): the worker holds the message and
+	// runs it again when the pause ends, instead of settling this result.
+	pause string
 }
 
 // ActionKind is the fate of a message.

@@ -49,7 +49,7 @@ type Processor struct {
 	committer *committer
 	observer  Observer      // set by NewWorker; NopObserver until then
 	calls     chan struct{} // the provider call pool: Concurrency calls at once
-	auth      authGate
+	gate      *gate         // pauses the worker while the provider or PostgreSQL is out
 }
 
 // NewProcessor returns a processor. cfg must have passed Validate.
@@ -60,7 +60,7 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 	cfg = cfg.WithDefaults()
 	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger, observer: NopObserver{},
 		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait),
-		calls:     make(chan struct{}, cfg.Concurrency)}
+		calls:     make(chan struct{}, cfg.Concurrency), gate: newGate(cfg.PauseFirst, cfg.PauseLongest)}
 }
 
 // Claim claims a batch of commands in one round trip.
@@ -82,8 +82,15 @@ func (p *Processor) claim(ctx context.Context, cmds []*payment.Command, traceIDs
 	if err != nil {
 		return nil, fmt.Errorf("claim batch: %w", err)
 	}
+	p.gate.storeWorks()
 	p.observer.Claimed(time.Since(start), len(reqs))
 	return res, nil
+}
+
+// claimFailed is the result of a message whose batch could not be claimed:
+// retried later, and held through the pause when PostgreSQL is unreachable.
+func (p *Processor) claimFailed(err error) Result {
+	return Result{Kind: Retry, Delay: 2 * time.Second, Err: err, pause: p.gate.storeFailed(err)}
 }
 
 // Handle acts on one claim result. Only a claimed or re-acquired key calls
@@ -173,9 +180,22 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	case out.Processing:
 		result = "processing"
 	}
-	// Any answer from the provider but a refusal shows the key works again.
-	if err == nil || answeredNotRefused(err) {
-		p.auth.accepted()
+	// Any answer from the provider but a refusal shows the key works again;
+	// only one that is not "unavailable" shows the provider works. A call
+	// that ended unavailable counts towards an outage (see OutageAnswers).
+	var outage string
+	switch {
+	case err == nil:
+		p.gate.answered()
+	case providerUnavailable(err):
+		if answeredNotRefused(err) {
+			p.gate.keyWorks()
+		}
+		if p.gate.unavailable(cmd.MerchantID+":"+cmd.IdempotencyKey, err) {
+			outage = PauseProviderUnavailable
+		}
+	case answeredNotRefused(err):
+		p.gate.answered()
 	}
 	p.observer.ProviderCalled(time.Since(start), result)
 	leaseLost := beat.stop()
@@ -195,6 +215,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		cerr = p.committer.Complete(ctx, deadline, lease, c)
 		switch {
 		case cerr == nil:
+			p.gate.storeWorks()
 			res.Kind = Completed
 			if out.Declined {
 				res.Kind = Declined
@@ -224,7 +245,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 			// outcome replayed.
 			log.Error("could not record the outcome; the redelivery will replay it", "charge_id", out.ChargeID, "error", cerr)
 			p.release(sctx, lease, cerr.Error(), log)
-			return Result{Kind: Retry, Err: cerr, Attempt: lease.Attempt}
+			return Result{Kind: Retry, Err: cerr, Attempt: lease.Attempt, pause: p.gate.storeFailed(cerr)}
 		}
 	}
 
@@ -253,15 +274,15 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		if _, ferr := p.store.Fail(sctx, lease, err.Error()); ferr != nil {
 			log.Warn("could not record a refused API key", "error", ferr)
 		}
-		pause := p.auth.refused(err)
+		pause := p.gate.close(PauseProviderAuth, err)
 		log.Error("provider refused the API key; pausing consumption", "error", err, "pause", pause.String())
-		return Result{Kind: Retry, Delay: pause, Err: err, Attempt: lease.Attempt}
+		return Result{Kind: Retry, Delay: pause, Err: err, Attempt: lease.Attempt, pause: PauseProviderAuth}
 	case provider.ClassRetryable:
 		status, ferr := p.store.Fail(sctx, lease, err.Error())
 		if ferr != nil {
 			log.Warn("could not record a known-not-charged failure", "error", ferr)
 		}
-		res.Kind, res.Err = Retry, err
+		res.Kind, res.Err, res.pause = Retry, err, outage
 		if perr != nil {
 			res.Delay = perr.RetryAfter
 		}
@@ -270,7 +291,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	default: // unknown outcome: it may have charged
 		p.release(sctx, lease, err.Error(), log)
 		log.Warn("provider outcome unknown; row left pending for a redelivery or the reconciler", "error", err)
-		return Result{Kind: Retry, Err: err, Attempt: lease.Attempt}
+		return Result{Kind: Retry, Err: err, Attempt: lease.Attempt, pause: outage}
 	}
 }
 

@@ -100,7 +100,8 @@ type Worker struct {
 	intake   IntakeMarker
 
 	draining atomic.Bool
-	gather   time.Duration // reserve's wait when saturated; 0: reserveGather
+	gather   time.Duration   // reserve's wait when saturated; 0: reserveGather
+	stop     <-chan struct{} // closed when Run's context ends: held messages are let go
 }
 
 // NewWorker validates cfg and returns a worker on the connection, reporting
@@ -190,19 +191,34 @@ func (w *Worker) Run(ctx context.Context) error {
 	// After the drain below: every task given to the runner has finished.
 	defer run.stop()
 
+	w.stop = ctx.Done()
 	fetchFailures := 0
+	pausedFor := ""
 	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
 		"concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease.String())
 	for ctx.Err() == nil {
-		if wait := w.proc.auth.pausedFor(); wait > 0 {
-			// The provider refused our API key: fetching would only fail
-			// every payment the same way.
-			w.logger.Warn("provider refused the API key; not fetching", "retry_in", wait.String())
+		if wait, opened := w.proc.gate.fetchWait(); wait > 0 {
+			// The provider refused our API key, or the provider or
+			// PostgreSQL is out: fetching would only fail every payment
+			// the same way, and spend its deliveries.
+			if cause, err, _, held, _ := w.proc.gate.state(); cause != pausedFor {
+				pausedFor = cause
+				w.logger.Warn("worker paused; not fetching", "cause", cause, "error", errString(err), "held", held, "retry_in", wait.String())
+			}
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
-			case <-time.After(wait):
+			case <-opened:
+			case <-t.C:
 			}
+			t.Stop()
 			continue
+		}
+		if pausedFor != "" {
+			if cause, _, _, _, _ := w.proc.gate.state(); cause == "" {
+				w.logger.Info("worker resumed", "cause", pausedFor)
+				pausedFor = ""
+			}
 		}
 		n := w.reserve(ctx, slots)
 		if n == 0 {
@@ -415,12 +431,24 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	}
 	claimSpan.End()
 	if err != nil {
-		w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
+		res := w.proc.claimFailed(err)
+		if res.pause != "" {
+			w.logger.Error("claim failed: PostgreSQL unreachable; messages held until it answers", "batch", len(good), "error", err)
+		} else {
+			w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
+		}
 		for i := range good {
 			in := &good[i]
 			in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
-			w.settle(refs, in, Result{Kind: Retry, Delay: 2 * time.Second, Err: err})
-			<-slots
+			if res.pause == "" {
+				w.settle(refs, in, res)
+				<-slots
+				continue
+			}
+			spawn(func() {
+				defer func() { <-slots }()
+				w.settle(refs, in, w.hold(workCtx, in, res))
+			})
 		}
 		return
 	}
@@ -451,9 +479,12 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		w.observer.InFlight(1)
 		spawn(func() {
 			defer func() { <-slots }()
-			defer w.observer.InFlight(-1)
 			// The message itself reports progress: no closure per payment.
 			res := w.proc.handle(in.ctx, in.cmd, *claim, in.msg, in.log.logger())
+			w.observer.InFlight(-1)
+			if res.pause != "" {
+				res = w.hold(workCtx, in, res)
+			}
 			w.settle(refs, in, res)
 		})
 	}

@@ -231,6 +231,8 @@ func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 	f.IntVar(&c.Stream.MaxDeliver, "max-deliver", a.envInt("PAYDEDUP_MAX_DELIVER", stream.DefaultMaxDeliver), "deliveries before a message is dead-lettered as max_deliveries (PAYDEDUP_MAX_DELIVER)")
 	f.IntVar(&c.Stream.MaxAckPending, "max-ack-pending", a.envInt("PAYDEDUP_MAX_ACK_PENDING", stream.DefaultMaxAckPending), "JetStream MaxAckPending of the consumer (PAYDEDUP_MAX_ACK_PENDING)")
 	f.StringVar(&w.backoffRaw, "backoff", a.getenv("PAYDEDUP_BACKOFF"), "optional JetStream redelivery backoff, e.g. 1m,2m,5m; each step must exceed the lease (PAYDEDUP_BACKOFF)")
+	f.DurationVar(&c.PauseFirst, "pause-first", a.envDuration("PAYDEDUP_PAUSE_FIRST", consumer.AuthPauseFirst), "while the provider or PostgreSQL is out (or the API key refused), the pause before the first probe, doubled after each failed probe (PAYDEDUP_PAUSE_FIRST)")
+	f.DurationVar(&c.PauseLongest, "pause-longest", a.envDuration("PAYDEDUP_PAUSE_LONGEST", consumer.AuthPauseLongest), "the longest pause between probes of a paused worker (PAYDEDUP_PAUSE_LONGEST)")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", consumer.DefaultDrainTimeout), "on SIGTERM, how long in-flight work may finish before it is released and nakked (PAYDEDUP_DRAIN_TIMEOUT)")
 	f.DurationVar(&c.Stream.StreamMaxAge, "stream-max-age", a.envDuration("PAYDEDUP_STREAM_MAX_AGE", stream.DefaultStreamMaxAge), "MaxAge of the PAYMENTS stream; must be below key retention (PAYDEDUP_STREAM_MAX_AGE)")
 	f.DurationVar(&c.Stream.DLQMaxAge, "dlq-max-age", a.envDuration("PAYDEDUP_DLQ_MAX_AGE", stream.DefaultDLQMaxAge), "MaxAge of the PAYMENTS_DLQ stream (PAYDEDUP_DLQ_MAX_AGE)")

@@ -149,6 +149,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	proc := consumer.NewProcessor(store, prov, cfg, log)
+	watchPause(reg, proc)
 	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
 	if err != nil {
 		return err
@@ -176,7 +177,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 			return nil
 		})
 		admin.AddCheck("postgres", store.Ping)
-		admin.AddCheck("provider_auth", proc.ProviderAuthorized)
+		admin.AddCheck("paused", proc.Paused)
 		admin.AddCheck("schema", schema.Check)
 		admin.AddCheck("draining", func(context.Context) error {
 			if worker.Draining() {
@@ -223,4 +224,27 @@ func openStore(ctx context.Context, url string, retention time.Duration) (*dedup
 		return nil, nil, err
 	}
 	return store, pool.Close, nil
+}
+
+// watchPause exports the worker's pause: paydedup_worker_paused is 1 for
+// the cause of a pause (the API key refused, the provider or PostgreSQL
+// unavailable) and 0 for the others; paydedup_worker_held_messages counts
+// the messages held meanwhile, neither nakked nor fetched again.
+func watchPause(reg prometheus.Registerer, proc *consumer.Processor) {
+	for _, cause := range consumer.PauseCauses {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "paydedup_worker_paused",
+			Help:        "1 while the worker is paused (fetching nothing, holding the messages in hand) for this cause, else 0.",
+			ConstLabels: prometheus.Labels{"cause": cause},
+		}, func() float64 {
+			if proc.PauseCause() == cause {
+				return 1
+			}
+			return 0
+		}))
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "paydedup_worker_held_messages",
+		Help: "Messages the worker holds through a pause, to run again when it ends.",
+	}, func() float64 { return float64(proc.Held()) }))
 }

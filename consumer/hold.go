@@ -1,0 +1,131 @@
+package consumer
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// holdInFlight bounds how many times a held message that, run again, meets
+// a live lease on its key (its own, from a commit the outage cut short,
+// until that lease expires) waits for the lease and runs again, before it
+// is settled as any in-flight key: nakked.
+const holdInFlight = 3
+
+// hold keeps a message whose work an outage cut short (res.pause: the
+// worker is paused) instead of settling it: a nak would bring a
+// redelivery, and every delivery spends one of MaxDeliver, so an outage
+// longer than the nak schedule would dead-letter every message in hand.
+// The message stays in hand (InProgress every third of the lease keeps
+// its AckWait from running out; it counts against MaxAckPending like any
+// message in hand) until the gate opens or this message is the one to
+// probe; then it runs again, from its claim. It returns the result to
+// settle: the first that is not cut short by an outage, or the last one
+// when the worker stops (a stop settles it as it is: nakked, never acked).
+//
+// Nothing of the lease nesting changes: a held message holds no lease (its
+// row was failed or released, or its lease runs out), and each run takes
+// a new claim and a new call budget inside a fresh AckWait.
+func (w *Worker) hold(workCtx context.Context, in *inbound, res Result) Result {
+	g := w.proc.gate
+	g.hold(1)
+	defer g.hold(-1)
+	log := in.log.logger()
+	log.Debug("message held while the worker is paused", "cause", res.pause, "error", errString(res.Err))
+	_ = in.msg.InProgress()
+	last := time.Now() // the message's AckWait last started
+	waits := 0
+	for {
+		probing := false
+		switch {
+		case res.pause != "":
+			var ok bool
+			if ok, probing = w.await(in, &last); !ok {
+				return res
+			}
+		case res.Kind == InFlight && waits < holdInFlight:
+			waits++
+			if !w.keep(in, &last, res.Delay, nil) {
+				return res
+			}
+		default:
+			return res
+		}
+		res = w.rerun(workCtx, in)
+		last = time.Now()
+		if probing {
+			g.probed(res.pause != "")
+			log.Info("probe after a pause", "cause_after", res.pause, "result", res.Kind.String(), "error", errString(res.Err))
+		}
+	}
+}
+
+// await waits while the gate is closed, keeping the message in progress,
+// until it opens or the message is the one to probe (probing). It returns
+// false when the worker stops.
+func (w *Worker) await(in *inbound, last *time.Time) (ok, probing bool) {
+	for {
+		open, probing, wait, opened := w.proc.gate.probe()
+		if open || probing {
+			return true, probing
+		}
+		if !w.keep(in, last, wait, opened) {
+			return false, false
+		}
+	}
+}
+
+// keep waits d, or until opened is closed, and tells the server the
+// message is in progress every third of the lease. It returns false when
+// the worker stops.
+func (w *Worker) keep(in *inbound, last *time.Time, d time.Duration, opened <-chan struct{}) bool {
+	every := w.cfg.Lease / 3
+	end := time.Now().Add(d)
+	for {
+		now := time.Now()
+		if now.Sub(*last) >= every {
+			_ = in.msg.InProgress()
+			*last = now
+		}
+		left := end.Sub(now)
+		if left <= 0 {
+			return true
+		}
+		t := time.NewTimer(min(left, every-now.Sub(*last)))
+		select {
+		case <-w.stop:
+			t.Stop()
+			return false
+		case <-opened:
+			t.Stop()
+			return true
+		case <-t.C:
+		}
+	}
+}
+
+// rerun runs a held message again from its claim, under a call budget of
+// its own (its batch's deadline is long past).
+func (w *Worker) rerun(workCtx context.Context, in *inbound) Result {
+	_ = in.msg.InProgress() // the claim's lease nests inside a fresh AckWait
+	ctx, cancel := context.WithTimeout(workCtx, w.proc.callBudget())
+	defer cancel()
+	if in.span != nil {
+		ctx = trace.ContextWithSpan(ctx, in.span)
+	}
+	claims, err := w.proc.claim(ctx, []*payment.Command{in.cmd}, []string{in.traceID})
+	if err != nil {
+		return w.proc.claimFailed(err)
+	}
+	claim := claims[0]
+	if claim.Outcome != dedup.Claimed && claim.Outcome != dedup.Reacquired {
+		return w.proc.handle(ctx, in.cmd, claim, nil, in.log.logger())
+	}
+	w.observer.InFlight(1)
+	defer w.observer.InFlight(-1)
+	return w.proc.handle(ctx, in.cmd, claim, in.msg, in.log.logger())
+}

@@ -1,0 +1,345 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/stream"
+)
+
+// outageConfig is a delivery schedule an outage outlasts in a few seconds:
+// three deliveries, naks of at most 300 ms, and pauses of 100 ms doubling
+// to 400 ms between probes.
+func outageConfig(e *env) {
+	e.cfg.Stream.MaxDeliver = 3
+	e.cfg.RetryBase, e.cfg.RetryMax = 50*time.Millisecond, 300*time.Millisecond
+	e.cfg.PauseFirst, e.cfg.PauseLongest = 100*time.Millisecond, 400*time.Millisecond
+}
+
+// runPausable runs a worker on store and charger like env.run, and returns
+// its processor (for the readiness check) and its stop.
+func (e *env) runPausable(holder string, store consumer.Store, charger consumer.Charger) (*consumer.Processor, func()) {
+	e.t.Helper()
+	cfg := e.cfg
+	cfg.Holder = holder
+	proc := consumer.NewProcessor(store, charger, cfg, nil)
+	w, err := consumer.NewWorker(e.nc, proc, cfg, nil, nil, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("worker %s: %v", holder, err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	e.waitStreams()
+	return proc, stop
+}
+
+// noDeadLetterWhile fails the test at the first dead letter filed during d
+// (polled), and returns when d is over.
+func (e *env) noDeadLetterWhile(what string, d time.Duration) {
+	e.t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if dls := e.deadLetters(); len(dls) > 0 {
+			p, _ := stream.ParseDeadLetter(dls[0].Header)
+			e.t.Fatalf("%d dead letter(s) during %s, the first %s after %d deliveries: %s", len(dls), what, p.Reason, p.Deliveries, p.Error)
+		}
+	}
+}
+
+// exhausted is how many messages ran out of deliveries: the MAX_DELIVERIES
+// advisories the advisory stream captured.
+func (e *env) exhausted() uint64 {
+	e.t.Helper()
+	s, err := e.js.Stream(e.ctx, e.cfg.WithDefaults().Stream.AdvisoryStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// chargedOnceEach fails unless every key was charged exactly once and its
+// row completed.
+func (e *env) chargedOnceEach(keys []string) {
+	e.t.Helper()
+	for _, k := range keys {
+		if n := e.charges("m_1", k); n != 1 {
+			e.t.Errorf("%s charged %d times, want 1", k, n)
+		}
+	}
+	if n := e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); n != len(keys) {
+		e.t.Errorf("%d rows completed, want %d", n, len(keys))
+	}
+}
+
+// TestProviderOutagePausesWithoutSpendingDeliveries: the provider answers
+// every call 429 for longer than the whole delivery schedule (three
+// deliveries of at most 300 ms naks). The worker pauses (readiness says
+// why), keeps the messages it holds, probes, and files no dead letter; no
+// message runs out of deliveries. When the provider answers again every
+// payment is charged exactly once.
+func TestProviderOutagePausesWithoutSpendingDeliveries(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	if err := e.sim.SetFaults(stripesim.Faults{Rate429: 1}); err != nil {
+		t.Fatal(err)
+	}
+	proc, _ := e.runPausable("w1", e.store, e.stripe)
+	var keys []string
+	for i := range 10 {
+		keys = append(keys, fmt.Sprintf("out-%d", i))
+		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+	}
+	e.eventually("readiness says the provider is unavailable", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable)
+	})
+	// Ten times the delivery schedule.
+	e.noDeadLetterWhile("the outage", 10*time.Duration(e.cfg.Stream.MaxDeliver)*e.cfg.RetryMax)
+	if err := proc.Paused(e.ctx); !errors.Is(err, consumer.ErrProviderUnavailable) {
+		t.Fatalf("readiness at the end of the outage = %v, want ErrProviderUnavailable", err)
+	}
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("all completed after the outage", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == len(keys)
+	})
+	e.quiescent()
+	e.chargedOnceEach(keys)
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+	if n := e.exhausted(); n != 0 {
+		t.Fatalf("%d messages ran out of deliveries, want 0", n)
+	}
+	if err := proc.Paused(e.ctx); err != nil {
+		t.Fatalf("readiness after the outage: %v", err)
+	}
+}
+
+// TestStopDuringOutageNaksHeldWork: SIGTERM while the worker holds messages
+// through a provider outage acks none of them; a worker started after the
+// outage charges each once.
+func TestStopDuringOutageNaksHeldWork(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	if err := e.sim.SetFaults(stripesim.Faults{RateFailBeforeCharge: 1}); err != nil {
+		t.Fatal(err)
+	}
+	proc, stop := e.runPausable("w1", e.store, e.stripe)
+	var keys []string
+	for i := range 6 {
+		keys = append(keys, fmt.Sprintf("held-%d", i))
+		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+	}
+	e.eventually("paused", func() bool { return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable) })
+	stop()
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owed := int(info.NumPending) + info.NumAckPending; owed != len(keys) {
+		t.Fatalf("%d messages still owed after the stop, want %d: held work was acked", owed, len(keys))
+	}
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.runPausable("w2", e.store, e.stripe)
+	e.eventually("all completed after a restart", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == len(keys)
+	})
+	e.quiescent()
+	e.chargedOnceEach(keys)
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+}
+
+// loneFailure answers 429 for one key and passes the others on.
+type loneFailure struct {
+	consumer.Charger
+	key string
+}
+
+func (l loneFailure) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if req.IdempotencyKey == l.key {
+		return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429, Type: "rate_limit_error", Message: "rate limited"}
+	}
+	return l.Charger.Charge(ctx, req)
+}
+
+// TestLoneFailureStillRunsOutOfDeliveries: one message the provider keeps
+// refusing while the others are charged is its own failure, not an outage:
+// it is dead-lettered max_deliveries on its last delivery and the worker
+// never pauses.
+func TestLoneFailureStillRunsOutOfDeliveries(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	proc, _ := e.runPausable("w1", e.store, loneFailure{Charger: e.stripe, key: "lone"})
+	e.publish("m_1", body("m_1", "lone", 100), "", nil)
+	var keys []string
+	for i := range 20 {
+		keys = append(keys, fmt.Sprintf("ok-%d", i))
+		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+	}
+	e.eventually("max_deliveries dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	p, err := stream.ParseDeadLetter(e.deadLetters()[0].Header)
+	if err != nil || p.Reason != stream.ReasonMaxDeliveries || p.Deliveries != uint64(e.cfg.Stream.MaxDeliver) {
+		t.Fatalf("dead letter %+v %v, want max_deliveries after %d", p, err, e.cfg.Stream.MaxDeliver)
+	}
+	e.quiescent()
+	for _, k := range keys {
+		if n := e.charges("m_1", k); n != 1 {
+			t.Errorf("%s charged %d times, want 1", k, n)
+		}
+	}
+	if err := proc.Paused(e.ctx); err != nil {
+		t.Fatalf("readiness = %v: one failing message paused the worker", err)
+	}
+}
+
+// pgLink is a TCP proxy in front of PostgreSQL that can be taken down:
+// then every open connection is closed and new ones are refused.
+type pgLink struct{ proxy *toxiproxy.Proxy }
+
+func newPGLink(t *testing.T, upstream string) *pgLink {
+	t.Helper()
+	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	p := toxiproxy.NewProxy(server, "postgres", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), upstream)
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	l := &pgLink{proxy: p}
+	t.Cleanup(l.down)
+	return l
+}
+
+func (l *pgLink) down() { l.proxy.Stop() }
+
+func (l *pgLink) up(t *testing.T) {
+	t.Helper()
+	if err := l.proxy.Start(); err != nil {
+		t.Fatalf("postgres link back up: %v", err)
+	}
+}
+
+// TestPostgresOutagePausesWithoutSpendingDeliveries: PostgreSQL becomes
+// unreachable from the worker for several leases, with payments between
+// their charge and their commit and more arriving. Claims and commits fail
+// with connection errors; the worker pauses (readiness says why), files no
+// dead letter, and when PostgreSQL is back every payment completes, each
+// charged once.
+func TestPostgresOutagePausesWithoutSpendingDeliveries(t *testing.T) {
+	t.Parallel()
+	u := testenv.PostgresURL(t)
+	direct, err := pg.Connect(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := newPGLink(t, pu.Host)
+	pu.Host = link.proxy.Listen
+	viaLink, err := pg.Connect(context.Background(), pu.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(viaLink.Close)
+	store, err := dedup.New(viaLink, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	directStore, err := dedup.New(direct, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := testenv.NATSConn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim, client := testenv.Provider(t, 7, 2*time.Second)
+	cfg := consumer.Config{Stream: testenv.Streams(t, js)}
+	cfg.Lease, cfg.Stream.AckWait = time.Second, 2*time.Second
+	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 700 * time.Millisecond}
+	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 16, 50
+	e := &env{t: t, ctx: context.Background(), pool: direct, store: directStore, nc: nc, js: js, sim: sim, stripe: client, cfg: cfg}
+	outageConfig(e)
+	// Each charge takes 200 ms: the cut finds payments charged and not yet
+	// committed.
+	if err := sim.SetFaults(stripesim.Faults{Latency: 200 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	proc, _ := e.runPausable("w1", store, client)
+	var keys []string
+	publish := func(n int) {
+		for range n {
+			k := fmt.Sprintf("pg-%d", len(keys))
+			keys = append(keys, k)
+			e.publish("m_1", body("m_1", k, 100), "", nil)
+		}
+	}
+	publish(10)
+	e.eventually("charges under way", func() bool { return len(sim.Charges()) > 0 })
+	link.down()
+	publish(10)
+	e.eventually("readiness says PostgreSQL is unavailable", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrStoreUnavailable)
+	})
+	// Four leases, and ten times the delivery schedule.
+	e.noDeadLetterWhile("the outage", max(4*cfg.Lease, 10*time.Duration(e.cfg.Stream.MaxDeliver)*e.cfg.RetryMax))
+	link.up(t)
+	e.eventually("all completed after the outage", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == len(keys)
+	})
+	e.quiescent()
+	e.chargedOnceEach(keys)
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+	if n := e.exhausted(); n != 0 {
+		t.Fatalf("%d messages ran out of deliveries, want 0", n)
+	}
+	if err := proc.Paused(e.ctx); err != nil {
+		t.Fatalf("readiness after the outage: %v", err)
+	}
+}
