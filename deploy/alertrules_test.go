@@ -148,6 +148,21 @@ func TestAlertsFire(t *testing.T) {
 			at: 15 * time.Minute,
 		},
 		{
+			name: "worker paused for 5m", alert: "PaydedupWorkerPaused",
+			series: `load 1m
+				paydedup_worker_paused{namespace="pay",pod="w1",cause="provider_unavailable"} 0x5 1x15
+				paydedup_worker_paused{namespace="pay",pod="w1",cause="postgres_unavailable"} 0x20
+				paydedup_worker_paused{namespace="pay",pod="w2",cause="provider_unavailable"} 0x20`,
+			at:   15 * time.Minute,
+			want: []string{`{cause="provider_unavailable", namespace="pay"}`},
+		},
+		{
+			name: "worker paused briefly", alert: "PaydedupWorkerPaused",
+			series: `load 1m
+				paydedup_worker_paused{namespace="pay",pod="w1",cause="postgres_unavailable"} 0x10 1x3 0x10`,
+			at: 20 * time.Minute,
+		},
+		{
 			name: "slow reads", alert: "PaydedupGatewaySlowReads",
 			series: `load 1m
 				paydedup_gateway_request_duration_seconds_bucket{namespace="pay",pod="g1",route="get_payment",le="0.5"} 0+10x30

@@ -51,6 +51,9 @@ var metrics = map[string]struct {
 	"paydedup_reconciler_last_pass_timestamp_seconds": {},
 	"paydedup_build_info":                             {labels: map[string][]string{"version": nil}},
 	"paydedup_pending_rows":                           {},
+	// A worker's pause (consumer's gate) and the messages it holds.
+	"paydedup_worker_paused":        {labels: map[string][]string{"cause": {"provider_auth", "provider_unavailable", "postgres_unavailable"}}},
+	"paydedup_worker_held_messages": {},
 	// The workers' JetStream consumer, read from its info at scrape time.
 	"paydedup_consumer_pending_messages":     {labels: map[string][]string{"stream": nil, "consumer": nil}},
 	"paydedup_consumer_ack_pending_messages": {labels: map[string][]string{"stream": nil, "consumer": nil}},
