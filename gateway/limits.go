@@ -20,10 +20,13 @@ func (g *Gateway) bodyLimit(r *http.Request) int64 {
 
 // refuseDeclaredTooLarge answers 413 at once to a request whose
 // Content-Length already says its body is larger than its route reads,
-// without reading any of it, and closes the connection: otherwise the
+// without reading any of it, and with Connection: close: otherwise the
 // handler would wait for a body that may never come (a client declaring
-// 10 GB and sending nothing) until the read timeout, and answer 400. A
-// body without a Content-Length (chunked) is still bounded as it is read.
+// 10 GB and sending nothing) until the read timeout, and answer 400. The
+// server then closes the connection (net/http first discards up to 256 KiB
+// of a declared body, so that a client sending it reads the 413 rather
+// than a reset; a larger one not at all). A body without a Content-Length
+// (chunked) is still bounded as it is read.
 func (g *Gateway) refuseDeclaredTooLarge(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		limit := g.bodyLimit(r)
