@@ -1,15 +1,19 @@
 package stream
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/payment"
 )
 
 // Defaults for PublisherConfig.
@@ -47,25 +51,51 @@ func retryWait(n int) time.Duration {
 	return min(100*time.Millisecond<<min(n-1, 4), time.Second)
 }
 
-// PublishResult is the fate of one published message.
+// PublishResult is the fate of one published message: stored, a
+// duplicate of itself (done earlier), refused (Reused, or Err with
+// Refused: not stored), or unknown (Err without Refused: it may have been
+// stored).
 type PublishResult struct {
 	Msg *nats.Msg
-	// Seq is the message's stream sequence (for a duplicate, the sequence of
-	// the message it duplicates).
-	Seq uint64
-	// Duplicate: the stream's duplicate window dropped it (same Nats-Msg-Id).
+	// Stream and Seq are where the PubAck says the message is (for a
+	// duplicate or a reused key, the message holding its Nats-Msg-Id).
+	Stream string
+	Seq    uint64
+	// Duplicate: the stream's duplicate window dropped it (same
+	// Nats-Msg-Id), and the stream holds the same message, or the same
+	// payment command however its JSON is written, at Seq.
 	Duplicate bool
-	// Err is set when no PubAck came.
+	// Reused: the duplicate window dropped it, but the stream holds another
+	// payload under its Nats-Msg-Id at Seq (the same idempotency key for
+	// another payment): this message was not stored.
+	Reused bool
+	// Err is set when no PubAck came (after the retries), or when a
+	// duplicate's stored message could not be read.
 	Err error
+	// Refused: Err proves the message was not stored (the server refused
+	// it, or the client could not send it). Otherwise an Err is unknown:
+	// it may have been stored.
+	Refused bool
 }
+
+// Unknown reports whether the message may or may not be in the stream:
+// no PubAck came, or it was dropped as a duplicate of a message that could
+// not be read. Publishing it again, the same message, is safe: the
+// duplicate window and the worker's claim drop a second copy.
+func (r PublishResult) Unknown() bool { return r.Err != nil && !r.Refused }
 
 // PublishStats counts results so far.
 type PublishStats struct {
 	Sent       int `json:"sent"`       // handed to the server
 	Stored     int `json:"stored"`     // PubAck, new message
-	Duplicates int `json:"duplicates"` // PubAck.Duplicate: dropped by the duplicate window
-	Failed     int `json:"failed"`     // no PubAck (error or timeout), retries included
-	Retried    int `json:"retried"`    // sends again after a retryable error, same Nats-Msg-Id
+	Duplicates int `json:"duplicates"` // PubAck.Duplicate, and the stream holds this same command
+	Reused     int `json:"reused"`     // PubAck.Duplicate, but another payload holds the Nats-Msg-Id: not stored
+	Refused    int `json:"refused"`    // refused by the server or the client: not stored
+	Unknown    int `json:"unknown"`    // no PubAck after the retries, or a duplicate that could not be checked: may be stored
+	// Failed is every message not known to be stored as sent: Reused +
+	// Refused + Unknown.
+	Failed  int `json:"failed"`
+	Retried int `json:"retried"` // sends again after a retryable error, same Nats-Msg-Id
 }
 
 // Outstanding is how many messages still wait for their PubAck.
@@ -81,7 +111,7 @@ type PublisherConfig struct {
 	AckTimeout time.Duration
 	// Retry is how long a message that got no PubAck, for a Retryable
 	// reason, is sent again with the same Nats-Msg-Id before it counts as
-	// failed. DefaultPublishRetry when 0; negative: never.
+	// unknown. DefaultPublishRetry when 0; negative: never.
 	Retry time.Duration
 	// OnResult, when set, is called for every message, in publish order,
 	// from one goroutine.
@@ -92,12 +122,15 @@ type PublisherConfig struct {
 // flight, instead of one round trip per message, and awaits every PubAck.
 // Publish from one goroutine; Stats may be read from any.
 type Publisher struct {
-	js       jetstream.JetStream
-	onResult func(PublishResult)
-	retry    time.Duration
-	slots    chan struct{}               // one per message awaiting its PubAck
-	inflight chan jetstream.PubAckFuture // in publish order; never fuller than slots
-	done     chan struct{}
+	js         jetstream.JetStream
+	onResult   func(PublishResult)
+	retry      time.Duration
+	ackTimeout time.Duration               // also bounds the check of a duplicate
+	streams    *cachedStreams              // js for the checks of duplicates
+	slots      chan struct{}               // one per message awaiting its PubAck (or its check)
+	inflight   chan jetstream.PubAckFuture // in publish order; never fuller than slots
+	decided    chan decided                // in publish order; never fuller than slots
+	done       chan struct{}
 
 	mu     sync.Mutex
 	stats  PublishStats
@@ -120,15 +153,19 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 	}
 	p := &Publisher{
 		js: js, onResult: cfg.OnResult, retry: cmp.Or(cfg.Retry, DefaultPublishRetry),
-		slots: make(chan struct{}, window), inflight: make(chan jetstream.PubAckFuture, window),
-		done: make(chan struct{}),
+		ackTimeout: cmp.Or(cfg.AckTimeout, DefaultPublishAckTimeout),
+		streams:    &cachedStreams{JetStream: js, streams: map[string]jetstream.Stream{}},
+		slots:      make(chan struct{}, window), inflight: make(chan jetstream.PubAckFuture, window),
+		decided: make(chan decided, window), done: make(chan struct{}),
 	}
 	go p.collect()
+	go p.report()
 	return p, nil
 }
 
 // Publish sends m, first waiting while the window is full. A message the
-// client cannot even send is counted as failed (and reported to OnResult);
+// client cannot even send is counted (and reported to OnResult) like one
+// without a PubAck;
 // the error is only for ctx ending before m was sent, or a closed publisher.
 func (p *Publisher) Publish(ctx context.Context, m *nats.Msg) error {
 	p.mu.Lock()
@@ -169,19 +206,29 @@ func (u unsent) Ok() <-chan *jetstream.PubAck { return nil }
 func (u unsent) Err() <-chan error            { return u.err }
 func (u unsent) Msg() *nats.Msg               { return u.msg }
 
-// collect resolves futures in publish order and frees their slots. A
-// message whose PubAck did not come for a Retryable reason is sent again,
-// the same message (Nats-Msg-Id), until p.retry has passed since its
-// first failure; it keeps its slot meanwhile.
+// decided is a message's result, or, while a duplicate PubAck is being
+// checked, where its result will come.
+type decided struct {
+	r     PublishResult
+	check <-chan PublishResult
+}
+
+// collect resolves futures in publish order and hands their results to
+// report. A message whose PubAck did not come for a Retryable reason is
+// sent again, the same message (Nats-Msg-Id), until p.retry has passed
+// since its first failure; it keeps its slot meanwhile. A duplicate PubAck
+// is checked against the stored message (checkDuplicate) on a goroutine of
+// its own, so the checks of a window's duplicates overlap like its
+// PubAcks.
 func (p *Publisher) collect() {
-	defer close(p.done)
+	defer close(p.decided)
 	for f := range p.inflight {
 		var failedAt time.Time
 		for tries := 1; ; tries++ {
 			var err error
 			select {
 			case ack := <-f.Ok():
-				p.record(PublishResult{Msg: f.Msg(), Seq: ack.Sequence, Duplicate: ack.Duplicate})
+				p.decided <- p.acked(f.Msg(), ack)
 			case err = <-f.Err():
 			}
 			if err == nil {
@@ -191,7 +238,7 @@ func (p *Publisher) collect() {
 				failedAt = time.Now()
 			}
 			if !Retryable(err) || time.Since(failedAt) >= p.retry {
-				p.record(PublishResult{Msg: f.Msg(), Err: err})
+				p.decided <- decided{r: PublishResult{Msg: f.Msg(), Err: err, Refused: publishRefused(err)}}
 				break
 			}
 			time.Sleep(retryWait(tries))
@@ -203,14 +250,147 @@ func (p *Publisher) collect() {
 				f = failedFuture(m, err)
 			}
 		}
+	}
+}
+
+// acked is the result of m's PubAck; a duplicate's comes from its check.
+func (p *Publisher) acked(m *nats.Msg, ack *jetstream.PubAck) decided {
+	r := PublishResult{Msg: m, Stream: ack.Stream, Seq: ack.Sequence}
+	if !ack.Duplicate {
+		return decided{r: r}
+	}
+	check := make(chan PublishResult, 1)
+	go func() {
+		p.checkDuplicate(&r, ack)
+		check <- r
+	}()
+	return decided{check: check}
+}
+
+// report records results in publish order, waiting for a duplicate's
+// check, and frees their slots.
+func (p *Publisher) report() {
+	defer close(p.done)
+	for d := range p.decided {
+		r := d.r
+		if d.check != nil {
+			r = <-d.check
+		}
+		p.record(r)
 		<-p.slots
 	}
+}
+
+// cachedStreams is a JetStream that looks each stream up once: a
+// duplicate's check (SameStored) is then one request, for the message.
+type cachedStreams struct {
+	jetstream.JetStream
+	mu      sync.Mutex
+	streams map[string]jetstream.Stream
+}
+
+func (c *cachedStreams) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	c.mu.Lock()
+	s, ok := c.streams[name]
+	c.mu.Unlock()
+	if ok {
+		return s, nil
+	}
+	s, err := c.JetStream.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.streams[name] = s
+	c.mu.Unlock()
+	return s, nil
+}
+
+// publishRefused reports whether a publish error proves the message was not
+// stored: the server refused it (4xx: another stream, too large), or the
+// client never sent it (too large, a bad subject). Anything else (a
+// timeout, no responders after the retries, a closed connection, a
+// cancelled context) may have been stored.
+func publishRefused(err error) bool {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) {
+		return true
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.Code > 0 && api.Code < 500
+}
+
+// checkDuplicate decides a duplicate PubAck: a duplicate of m when the
+// stream holds m at ack.Sequence (SameStored), or the same payment command
+// written otherwise (another JSON field order or spacing); a reused key when
+// it holds another payload; unknown when that message could not be read.
+func (p *Publisher) checkDuplicate(r *PublishResult, ack *jetstream.PubAck) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.ackTimeout)
+	defer cancel()
+	same, err := SameStored(ctx, p.streams, ack, r.Msg)
+	if err == nil && !same {
+		same, err = p.sameCommandStored(ctx, ack, r.Msg)
+	}
+	switch {
+	case err != nil:
+		r.Err = fmt.Errorf("dropped as a duplicate of %s #%d, which could not be read: %w", ack.Stream, ack.Sequence, err)
+	case same:
+		r.Duplicate = true
+	default:
+		r.Reused = true
+	}
+}
+
+// sameCommandStored reports whether the message at ack.Sequence is, on m's
+// subject, the same payment command as m by the canonical encoding its
+// fingerprint is made of. A body that is not a command is compared by its
+// bytes only (SameStored did).
+func (p *Publisher) sameCommandStored(ctx context.Context, ack *jetstream.PubAck, m *nats.Msg) (bool, error) {
+	s, err := p.streams.Stream(ctx, ack.Stream)
+	if err != nil {
+		return false, fmt.Errorf("stream %s: %w", ack.Stream, err)
+	}
+	got, err := s.GetMsg(ctx, ack.Sequence)
+	if err != nil {
+		return false, fmt.Errorf("read %s message %d: %w", ack.Stream, ack.Sequence, err)
+	}
+	if got.Subject != m.Subject {
+		return false, nil
+	}
+	stored, err := comparableCommand(got.Header, got.Data)
+	if err != nil {
+		return false, nil
+	}
+	sent, err := comparableCommand(m.Header, m.Data)
+	if err != nil {
+		return false, nil
+	}
+	return bytes.Equal(stored.AppendCanonical(nil), sent.AppendCanonical(nil)), nil
+}
+
+// comparableCommand decodes a command with its Idempotency-Key header and no
+// size or amount limit: it is compared, not judged.
+func comparableCommand(h nats.Header, data []byte) (*payment.Command, error) {
+	env := payment.Envelope{}
+	if vals, ok := h[HeaderIdempotencyKey]; ok {
+		env.HeaderKeySet = true
+		if len(vals) > 0 {
+			env.HeaderKey = vals[0]
+		}
+	}
+	return payment.Decode(data, env, payment.Limits{MaxBodyBytes: math.MaxInt, MaxAmount: math.MaxInt64})
 }
 
 func (p *Publisher) record(r PublishResult) {
 	p.mu.Lock()
 	switch {
+	case r.Reused:
+		p.stats.Reused++
+		p.stats.Failed++
+	case r.Err != nil && r.Refused:
+		p.stats.Refused++
+		p.stats.Failed++
 	case r.Err != nil:
+		p.stats.Unknown++
 		p.stats.Failed++
 	case r.Duplicate:
 		p.stats.Duplicates++
