@@ -97,10 +97,21 @@ A message whose PubAck does not come (a timeout, no stream leader during a
 NATS cluster's leader change, a reconnect) is sent again, the same message
 with the same Nats-Msg-Id, for up to --retry; a copy that did land is dropped
 by the stream's duplicate window, so a command is neither lost nor doubled.
+One still without a PubAck after that is unknown: it may have been stored;
+publish it again, the same line, and the duplicate window and the worker's
+claim make that safe.
 
-The summary counts messages stored, duplicates dropped by the stream's
-duplicate window (PubAck.Duplicate) and failures (no PubAck). Progress is
-shown when stderr is a terminal.`,
+A message the duplicate window dropped is checked against the one the
+stream holds under its Nats-Msg-Id: the same payment (byte for byte, or the
+same fields written otherwise) is a harmless duplicate; another payment
+under the same key is a reused key, named on its own line with the stream
+sequence holding the other payment: it was not published, and a different
+payment needs a new idempotency key.
+
+The summary counts messages stored, duplicates, reused keys, messages the
+stream refused (not stored) and unknown ones. Any reused key, refusal,
+unknown message or malformed line makes the command exit non-zero. Progress
+is shown when stderr is a terminal.`,
 		Example: `  paydedup publish --file payments.jsonl
   echo '{"merchant_id":"m_1","idempotency_key":"order-42","amount":1999,"currency":"usd","payment_method":"pm_card_visa"}' | paydedup publish
   paydedup publish --generate 10000 --duplicates 0.3 --declines 0.05 --merchant m_1`,
@@ -120,8 +131,8 @@ shown when stderr is a terminal.`,
 	f.StringVar(&p.merchant, "merchant", "", "with --generate: merchant id of every payment (default: spread over m_acme, m_globex, m_initech)")
 	f.Uint64Var(&p.seed, "seed", 0, "with --generate: random seed; the same seed makes the same keys (0: random)")
 	f.IntVar(&p.window, "window", stream.DefaultPublishWindow, "messages awaiting their PubAck at most")
-	f.DurationVar(&p.ackTimeout, "ack-timeout", stream.DefaultPublishAckTimeout, "how long one PubAck may take before the message counts as failed")
-	f.DurationVar(&p.retry, "retry", stream.DefaultPublishRetry, "how long a message without a PubAck is sent again (same Nats-Msg-Id) before it counts as failed; stay inside the stream's duplicate window (0: the default)")
+	f.DurationVar(&p.ackTimeout, "ack-timeout", stream.DefaultPublishAckTimeout, "how long one PubAck may take before the message is sent again")
+	f.DurationVar(&p.retry, "retry", stream.DefaultPublishRetry, "how long a message without a PubAck is sent again (same Nats-Msg-Id) before it counts as unknown; stay inside the stream's duplicate window (0: the default)")
 	f.Int64Var(&p.limits.MaxAmount, "max-amount", a.envInt64("PAYDEDUP_MAX_AMOUNT", payment.DefaultMaxAmount), "largest accepted amount in minor units, as the worker checks it (PAYDEDUP_MAX_AMOUNT)")
 	f.IntVar(&p.limits.MaxBodyBytes, "max-body-bytes", a.envInt("PAYDEDUP_MAX_BODY_BYTES", payment.DefaultMaxBodyBytes), "largest accepted line, as the worker checks it (PAYDEDUP_MAX_BODY_BYTES)")
 	return cmd
@@ -167,8 +178,9 @@ func (p *publishCmd) validate() error {
 	return errors.Join(errs...)
 }
 
-// Run publishes and prints the summary. It fails if any line was malformed
-// or any message got no PubAck.
+// Run publishes and prints the summary. It fails if any line was
+// malformed, any key was reused for another payment, or any message was
+// refused or is unknown.
 func (p *publishCmd) Run(ctx context.Context) error {
 	if err := p.validate(); err != nil {
 		return err
@@ -179,7 +191,7 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	}
 	defer nc.Close()
 	start := time.Now()
-	var failures []string
+	var report publishReport
 	// Messages PubAcked (or failed); --generate knows how many to expect.
 	bar := p.app.progress(-1, "publish", "messages")
 	p.bar = bar
@@ -187,9 +199,7 @@ func (p *publishCmd) Run(ctx context.Context) error {
 		Window: p.window, AckTimeout: p.ackTimeout, Retry: p.retry,
 		OnResult: func(r stream.PublishResult) {
 			bar.Add(1)
-			if r.Err != nil && len(failures) < 10 {
-				failures = append(failures, fmt.Sprintf("%s (%s): %v", r.Msg.Subject, r.Msg.Header.Get(nats.MsgIdHdr), r.Err))
-			}
+			report.add(r)
 		},
 	})
 	if err != nil {
@@ -206,18 +216,82 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	st := pub.Close()
 	_ = bar.Finish()
 
-	fmt.Fprintf(p.app.out, "publish: %d published, %d duplicates dropped by the stream's window, %d failed, %d malformed lines skipped, %d resent without a PubAck (%.1f s)\n",
-		st.Stored, st.Duplicates, st.Failed, malformed, st.Retried, time.Since(start).Seconds())
-	for _, f := range failures {
-		fmt.Fprintln(p.app.errOut, "publish: no PubAck:", f)
+	fmt.Fprintf(p.app.out, "publish: %d published, %d duplicates dropped by the stream's window, %d reused keys, %d refused, %d unknown, %d malformed lines skipped, %d resent without a PubAck (%.1f s)\n",
+		st.Stored, st.Duplicates, st.Reused, st.Refused, st.Unknown, malformed, st.Retried, time.Since(start).Seconds())
+	report.print(p.app.errOut)
+	errs := []error{runErr}
+	if st.Reused > 0 {
+		errs = append(errs, fmt.Errorf("publish: %d reused keys: the stream holds another payment under each of these keys, so they were not published; a different payment needs a new idempotency key", st.Reused))
 	}
+	if st.Unknown > 0 {
+		errs = append(errs, fmt.Errorf("publish: %d messages unknown: they may have been stored; publish them again with the same Nats-Msg-Id (the same lines): the duplicate window and the worker's claim make that safe", st.Unknown))
+	}
+	if st.Refused > 0 {
+		errs = append(errs, fmt.Errorf("publish: %d messages refused by the stream or the client: not stored; fix what each line says and publish it again", st.Refused))
+	}
+	if malformed > 0 {
+		errs = append(errs, fmt.Errorf("publish: %d malformed lines skipped: fix them and publish them again", malformed))
+	}
+	return errors.Join(errs...)
+}
+
+// publishReport keeps the first messages of each kind that was not done,
+// to name them after the summary (OnResult runs on one goroutine).
+type publishReport struct {
+	reused, unknown, refused     []string
+	moreReused, moreUnk, moreRef int
+}
+
+// publishReportLines bounds the lines printed per kind.
+const publishReportLines = 20
+
+func (r *publishReport) add(res stream.PublishResult) {
+	keep := func(lines *[]string, more *int, format string, args ...any) {
+		if len(*lines) == publishReportLines {
+			*more++
+			return
+		}
+		*lines = append(*lines, fmt.Sprintf(format, args...))
+	}
+	m := res.Msg
+	merchant := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	who := fmt.Sprintf("merchant %s, key %q", merchant, m.Header.Get(stream.HeaderIdempotencyKey))
 	switch {
-	case runErr != nil:
-		return runErr
-	case malformed > 0 || st.Failed > 0:
-		return fmt.Errorf("publish: %d malformed lines, %d messages failed", malformed, st.Failed)
+	case res.Reused:
+		keep(&r.reused, &r.moreReused, "publish: reused key: %s: the stream holds another payment under this key (%s #%d, Nats-Msg-Id %q), so this one was dropped and not published; a different payment needs a new idempotency key",
+			who, streamOf(res), res.Seq, m.Header.Get(nats.MsgIdHdr))
+	case res.Unknown() && res.Seq != 0:
+		keep(&r.unknown, &r.moreUnk, "publish: unknown: %s (Nats-Msg-Id %q): %v: the stream may hold this payment or another under its key; publish it again with the same Nats-Msg-Id, the duplicate window and the worker's claim make that safe",
+			who, m.Header.Get(nats.MsgIdHdr), res.Err)
+	case res.Unknown():
+		keep(&r.unknown, &r.moreUnk, "publish: unknown: %s (Nats-Msg-Id %q): no PubAck: %v: it may have been stored; publish it again with the same Nats-Msg-Id, the duplicate window and the worker's claim make that safe",
+			who, m.Header.Get(nats.MsgIdHdr), res.Err)
+	case res.Err != nil:
+		keep(&r.refused, &r.moreRef, "publish: refused: %s (Nats-Msg-Id %q): %v: not stored", who, m.Header.Get(nats.MsgIdHdr), res.Err)
 	}
-	return nil
+}
+
+// streamOf names the stream holding a reused key's other payment.
+func streamOf(res stream.PublishResult) string {
+	if res.Stream != "" {
+		return res.Stream
+	}
+	return "the stream"
+}
+
+func (r *publishReport) print(w io.Writer) {
+	for _, k := range []struct {
+		lines []string
+		more  int
+		what  string
+	}{{r.reused, r.moreReused, "reused keys"}, {r.unknown, r.moreUnk, "unknown messages"}, {r.refused, r.moreRef, "refused messages"}} {
+		for _, l := range k.lines {
+			fmt.Fprintln(w, l)
+		}
+		if k.more > 0 {
+			fmt.Fprintf(w, "publish: and %d more %s\n", k.more, k.what)
+		}
+	}
 }
 
 // maxLine bounds one input line; the worker's body limit applies after.

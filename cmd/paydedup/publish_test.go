@@ -135,7 +135,7 @@ func TestPublishFileWithMalformedLine(t *testing.T) {
 			t.Errorf("stderr does not say %q:\n%s", want, errOut)
 		}
 	}
-	if !strings.Contains(out, "publish: 2 published, 1 duplicates dropped by the stream's window, 0 failed, 2 malformed lines skipped") {
+	if !strings.Contains(out, "publish: 2 published, 1 duplicates dropped by the stream's window, 0 reused keys, 0 refused, 0 unknown, 2 malformed lines skipped") {
 		t.Errorf("summary:\n%s", out)
 	}
 	msgs := w.streamMsgs()
@@ -162,7 +162,7 @@ func TestPublishGenerated(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if !strings.Contains(out, "publish: 40 published, 20 duplicates dropped by the stream's window, 0 failed") {
+	if !strings.Contains(out, "publish: 40 published, 20 duplicates dropped by the stream's window, 0 reused keys, 0 refused, 0 unknown") {
 		t.Fatalf("summary:\n%s", out)
 	}
 	msgs := w.streamMsgs()
@@ -205,5 +205,99 @@ func TestPublishBadFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want it to say %q", c.args, err, c.want)
 		}
+	}
+}
+
+// A key published again with another payment inside the duplicate window
+// is a reused key, not a duplicate: the stream dropped this payment and
+// holds the other, so publish names merchant, key and the sequence holding
+// the other payload and exits non-zero. The same payment again, byte for
+// byte or written otherwise, is a harmless duplicate and exits zero.
+func TestPublishReusedKeyExitsNonZero(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, "", true)
+	first := `{"merchant_id":"m_1","idempotency_key":"k-1","amount":1999,"currency":"usd","payment_method":"pm_card_visa"}`
+	if out, errOut, err := w.run(first+"\n", "publish"); err != nil || !strings.Contains(out, "1 published") {
+		t.Fatalf("first publish: %v\n%s%s", err, out, errOut)
+	}
+
+	rewritten := `{"payment_method":"pm_card_visa", "currency":"usd", "amount":1999, "idempotency_key":"k-1", "merchant_id":"m_1"}`
+	out, errOut, err := w.run(first+"\n"+rewritten+"\n", "publish")
+	if err != nil || !strings.Contains(out, "0 published, 2 duplicates dropped by the stream's window, 0 reused keys") || strings.Contains(errOut, "reused") {
+		t.Fatalf("the same payment again: %v\n%s%s", err, out, errOut)
+	}
+
+	other := strings.Replace(first, `"amount":1999`, `"amount":2500`, 1)
+	out, errOut, err = w.run(other+"\n", "publish")
+	if err == nil {
+		t.Fatalf("another payment under key k-1 exited zero:\n%s%s", out, errOut)
+	}
+	if !strings.Contains(err.Error(), "reused") || !strings.Contains(err.Error(), "new idempotency key") {
+		t.Errorf("error %q does not say the key was reused and what to do", err)
+	}
+	if !strings.Contains(out, "0 published, 0 duplicates dropped by the stream's window, 1 reused keys") {
+		t.Errorf("summary:\n%s", out)
+	}
+	for _, want := range []string{"reused key", "merchant m_1", `key "k-1"`, w.cfg.Name + " #1", "not published"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, errOut)
+		}
+	}
+
+	// Within one run: a new key, then another payment under it.
+	k2 := strings.Replace(first, `"k-1"`, `"k-2"`, 1)
+	out, errOut, err = w.run(k2+"\n"+strings.Replace(k2, `"usd"`, `"eur"`, 1)+"\n", "publish")
+	if err == nil || !strings.Contains(out, "1 published, 0 duplicates dropped by the stream's window, 1 reused keys") ||
+		!strings.Contains(errOut, `key "k-2"`) || !strings.Contains(errOut, w.cfg.Name+" #2") {
+		t.Fatalf("a key reused within one run: %v\n%s%s", err, out, errOut)
+	}
+
+	msgs := w.streamMsgs()
+	if len(msgs) != 2 || string(msgs[0].Data) != first || string(msgs[1].Data) != k2 {
+		t.Fatalf("the stream holds %d messages, want the first payment of each key", len(msgs))
+	}
+}
+
+// A message whose PubAck never came is unknown, never "failed": it may have
+// been stored, and publish says to publish it again with the same
+// Nats-Msg-Id, and exits non-zero. One the stream refused is not stored.
+func TestPublishWithoutPubAckIsUnknown(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, "", false) // no stream: nothing answers
+	line := `{"merchant_id":"m_1","idempotency_key":"k-1","amount":1999,"currency":"usd","payment_method":"pm_card_visa"}`
+	out, errOut, err := w.run(line+"\n", "publish", "--retry", "300ms", "--ack-timeout", "1s")
+	if err == nil {
+		t.Fatalf("publish without a PubAck exited zero:\n%s%s", out, errOut)
+	}
+	all := out + errOut + err.Error()
+	if strings.Contains(all, "failed") || strings.Contains(all, "not published") {
+		t.Errorf("a message without a PubAck is reported as failed or not published:\n%s", all)
+	}
+	if !strings.Contains(out, "0 published, 0 duplicates dropped by the stream's window, 0 reused keys, 0 refused, 1 unknown") {
+		t.Errorf("summary:\n%s", out)
+	}
+	for _, want := range []string{"unknown", "merchant m_1", `key "k-1"`, "may have been stored", "same Nats-Msg-Id"} {
+		if !strings.Contains(errOut, want) || !strings.Contains(err.Error(), "may have been stored") {
+			t.Errorf("stderr or the error does not say %q:\n%s\n%v", want, errOut, err)
+		}
+	}
+
+	// The stream refuses a message over its size limit: not stored.
+	if _, _, err := stream.EnsureStreams(context.Background(), w.js, w.cfg); err != nil {
+		t.Fatal(err)
+	}
+	s, err := w.js.Stream(context.Background(), w.cfg.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := s.CachedInfo().Config
+	sc.MaxMsgSize = 64
+	if _, err := w.js.UpdateStream(context.Background(), sc); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err = w.run(line+"\n", "publish", "--retry", "300ms")
+	if err == nil || !strings.Contains(out, "0 reused keys, 1 refused, 0 unknown") || !strings.Contains(errOut, "refused") ||
+		!strings.Contains(errOut, "not stored") {
+		t.Fatalf("a message the stream refused: %v\n%s%s", err, out, errOut)
 	}
 }
