@@ -204,13 +204,16 @@ func (l loneFailure) Charge(ctx context.Context, req provider.ChargeRequest) (*p
 }
 
 // TestLoneFailureStillRunsOutOfDeliveries: one message the provider keeps
-// refusing while the others are charged is its own failure, not an outage:
-// it is dead-lettered max_deliveries on its last delivery and the worker
-// never pauses.
+// refusing while the others are charged is its own failure, not an outage,
+// however many times in a row it fails: it is dead-lettered max_deliveries
+// on its last delivery and the worker never pauses.
 func TestLoneFailureStillRunsOutOfDeliveries(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	outageConfig(e)
+	// More deliveries than the answers that make an outage: the lone
+	// key's later ones fail with no other answer between them.
+	e.cfg.Stream.MaxDeliver = 2 * consumer.OutageAnswers
 	proc, _ := e.runPausable("w1", e.store, loneFailure{Charger: e.stripe, key: "lone"})
 	e.publish("m_1", body("m_1", "lone", 100), "", nil)
 	var keys []string
