@@ -385,13 +385,18 @@ func (h *harness) takeGateway(ev *workload.Evidence) {
 	}
 	ev.Charges = slices.DeleteFunc(ev.Charges, func(c workload.Charge) bool { return strings.HasPrefix(c.Key, prefix) })
 	dls := 0
+	reasons := map[string][]string{}
 	ev.DeadLetters = slices.DeleteFunc(ev.DeadLetters, func(d workload.DeadLetter) bool {
 		ours := strings.HasPrefix(d.Key, prefix)
 		if ours {
 			dls++
+			reasons[d.Key] = append(reasons[d.Key], d.Reason)
 		}
 		return ours
 	})
+	for _, k := range g.keys {
+		k.deadLetters = reasons[prefix+k.key]
+	}
 	g.verdict, g.checked = checkPromises(gwMerchant, g.keys, charges, rows), true
 	h.logf("gateway: %d dead letters of the clients' keys", dls)
 }

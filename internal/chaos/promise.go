@@ -119,6 +119,8 @@ type keyLog struct {
 	invalid  bool // a body the gateway must refuse (400)
 	answers  []answer
 	gaveUp   bool // the client stopped retrying without a final answer
+
+	deadLetters []string // the reasons of the key's dead letters, for the report
 }
 
 // what folds the key's answers.
@@ -161,7 +163,11 @@ func checkPromises(merchant string, keys []*keyLog, charges map[string]int, rowS
 		for _, a := range k.answers {
 			seen = append(seen, a.label())
 		}
-		v.broken = append(v.broken, fmt.Sprintf("%s: %s (answers: %s)", k.key, fmt.Sprintf(format, args...), strings.Join(seen, ", ")))
+		dls := ""
+		if len(k.deadLetters) > 0 {
+			dls = "; dead letters: " + strings.Join(k.deadLetters, ", ")
+		}
+		v.broken = append(v.broken, fmt.Sprintf("%s: %s (answers: %s%s)", k.key, fmt.Sprintf(format, args...), strings.Join(seen, ", "), dls))
 	}
 	paid := map[int][]string{}
 	orders := map[int]bool{}
