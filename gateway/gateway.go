@@ -124,7 +124,9 @@ type Publisher interface {
 	Check(cmd *payment.Command, extra map[string]string) error
 	// Publish publishes the checked message and returns its stream
 	// sequence after the PubAck. republish > 0 numbers a new copy of a
-	// command whose first copy the stream no longer holds.
+	// command whose first copy the stream no longer holds. An error that
+	// wraps stream.ErrRefused is a refusal (nothing stored); any other is
+	// an unknown outcome (the command may be stored).
 	Publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (uint64, error)
 	// Stored reports whether the stream still holds the command of
 	// (merchantID, key) at seq.
