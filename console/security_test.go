@@ -196,9 +196,10 @@ func TestEveryFieldIsRedactedAndPrintable(t *testing.T) {
 	m := forged.Msg(w.cfg)
 	m.Subject = w.cfg.DLQPrefix + "." + pan
 	m.Header.Set(stream.HeaderDLQReason, pan)
+	m.Header.Set(nats.MsgIdHdr, "forged")
 	ack2, err := w.js.PublishMsg(w.ctx, m)
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || ack2.Duplicate {
+		t.Fatalf("publish the forged letter: %v %+v", err, ack2)
 	}
 	w.login()
 	pages := map[string]string{}

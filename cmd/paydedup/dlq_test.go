@@ -322,7 +322,8 @@ func TestDLQShowEscapesTerminalControls(t *testing.T) {
 // A dead letter is whatever its publisher sent: a card number in its body,
 // headers, error or original subject (payments.requests.<PAN>), joined to
 // other digits by any separator, never reaches dlq list, show or replay's
-// output, as text or JSON (body_base64 included).
+// output, nor status's dead letters by reason, as text or JSON
+// (body_base64 included).
 func TestDLQOutputMasksCardNumbers(t *testing.T) {
 	t.Parallel()
 	w := newCLIWorld(t, testenv.PostgresURL(t), true)
@@ -337,6 +338,15 @@ func TestDLQOutputMasksCardNumbers(t *testing.T) {
 	if _, err := w.js.PublishMsg(context.Background(), d.Msg(w.cfg)); err != nil {
 		t.Fatal(err)
 	}
+	// A letter published straight to the DLQ's subjects, a card number as
+	// its reason (what status counts by).
+	forged := d.Msg(w.cfg)
+	forged.Subject = w.cfg.DLQPrefix + "." + pan
+	forged.Header.Set(stream.HeaderDLQReason, pan)
+	forged.Header.Set(nats.MsgIdHdr, "forged")
+	if _, err := w.js.PublishMsg(context.Background(), forged); err != nil {
+		t.Fatal(err)
+	}
 	leaks := func(out string) []string {
 		var found []string
 		for _, s := range []string{pan, "4111.1111", "4111\t1111", `4111\t1111`, "378282246310005"} {
@@ -349,9 +359,13 @@ func TestDLQOutputMasksCardNumbers(t *testing.T) {
 	for _, args := range [][]string{
 		{"dlq", "list"}, {"dlq", "list", "--json"}, {"dlq", "show", "1"}, {"dlq", "show", "1", "--json"},
 		{"dlq", "replay", "--seq", "1", "--dry-run"}, {"dlq", "replay", "--seq", "1", "--dry-run", "--json"},
+		{"status"}, {"status", "--json"},
 	} {
 		out, _, err := w.run("", args...)
-		if err != nil {
+		if err != nil && args[0] != "status" { // status exits non-zero here: the world has no consumer
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		if false {
 			t.Fatalf("%v: %v\n%s", args, err, out)
 		}
 		if l := leaks(out); len(l) > 0 {

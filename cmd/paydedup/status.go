@@ -141,8 +141,9 @@ func (s *statusCmd) Run(ctx context.Context) error {
 		if counts, err := dlq.Counts(ctx, js, s.streams.cfg); err != nil {
 			rep.Errors = append(rep.Errors, "dead letters: "+err.Error())
 		} else {
-			dl := &deadLetterCounts{Stream: s.streams.cfg.DLQStream, ByReason: counts}
-			for _, n := range counts {
+			dl := &deadLetterCounts{Stream: s.streams.cfg.DLQStream, ByReason: map[string]uint64{}}
+			for reason, n := range counts {
+				dl.ByReason[termSafe(reason, false)] += n // a subject token anyone on the DLQ's subjects chose
 				dl.Total += n
 			}
 			rep.DeadLetters = dl
