@@ -66,6 +66,7 @@ type gatewayRun struct {
 	checked bool
 
 	pubAckLosses atomic.Int64
+	kills        atomic.Int64
 }
 
 func (h *harness) gatewayOn() bool { return h.cfg.gatewayClients > 0 }
@@ -435,16 +436,42 @@ func (h *harness) reportGateway() bool {
 	return v.ok()
 }
 
+// gatewayKillLoop kills the gateway (-9) -gateway-kills times, spread
+// over the first 80 % of the phase, between the PubAck losses; its
+// supervisor starts it again.
+func (h *harness) gatewayKillLoop(ctx context.Context) {
+	if h.gw == nil || h.cfg.gatewayKills <= 0 {
+		return
+	}
+	start := time.Now()
+	for i := range h.cfg.gatewayKills {
+		at := start.Add(h.cfg.duration * 8 / 10 * time.Duration(4*i+3) / time.Duration(4*h.cfg.gatewayKills))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Until(at)):
+		}
+		select {
+		case <-h.gw.slot.proc.exited():
+			continue // down already
+		default:
+		}
+		h.logf("gateway: kill -9")
+		h.gw.slot.proc.kill()
+		h.gw.kills.Add(1)
+	}
+}
+
 func (h *harness) pubAckSummary() string {
 	if h.gw == nil {
 		return ""
 	}
-	return fmt.Sprintf(" puback_losses=%d", h.gw.pubAckLosses.Load())
+	return fmt.Sprintf(" puback_losses=%d gateway_kills=%d", h.gw.pubAckLosses.Load(), h.gw.kills.Load())
 }
 
 func (h *harness) gatewaySummary() string {
 	if h.gw == nil {
 		return ""
 	}
-	return fmt.Sprintf(" gateway_keys=%d promises_broken=%d puback_losses=%d", h.gw.verdict.keys, len(h.gw.verdict.broken), h.gw.pubAckLosses.Load())
+	return fmt.Sprintf(" gateway_keys=%d promises_broken=%d", h.gw.verdict.keys, len(h.gw.verdict.broken)) + h.pubAckSummary()
 }

@@ -104,7 +104,7 @@ type config struct {
 	gatewayClients, gatewayPayments int
 	gatewayPublishTimeout           time.Duration
 	clientGiveUp                    time.Duration
-	pubAckLosses                    int
+	pubAckLosses, gatewayKills      int
 	providerOutage, pgLongStop      time.Duration
 }
 
@@ -138,6 +138,7 @@ func main() {
 	flag.DurationVar(&cfg.gatewayPublishTimeout, "gateway-publish-timeout", 2*time.Second, "with -gateway-clients: the gateway's PAYDEDUP_PUBLISH_TIMEOUT")
 	flag.DurationVar(&cfg.clientGiveUp, "client-give-up", time.Minute, "with -gateway-clients: how long a client retries one payment before it gives up without a final answer")
 	flag.IntVar(&cfg.pubAckLosses, "puback-losses", 0, "with -gateway-clients: times the gateway's link to NATS holds back everything NATS sends for longer than the publish timeout (its PUBs are stored, their PubAcks lost)")
+	flag.IntVar(&cfg.gatewayKills, "gateway-kills", 0, "with -gateway-clients: times the gateway is killed (-9) mid-run and started again (its clients see resets and refused connections)")
 	flag.DurationVar(&cfg.providerOutage, "provider-outage", 0, "once, refuse every worker connection to the provider for this long (longer than the delivery schedule, e.g. 30s); 0: no outage")
 	flag.DurationVar(&cfg.pgLongStop, "pg-long-stop", 0, "the first Postgres stop lasts this long instead of a second (longer than -lease, e.g. 8s); 0: off")
 	flag.IntVar(&cfg.natsCluster, "nats-cluster", 0, "run a NATS cluster of this many nodes (3), streams with one replica each; NATS restarts then kill -9 single nodes, the stream leader among them (0: one server)")
@@ -451,6 +452,8 @@ func (h *harness) faults(ctx context.Context) {
 	go func() { defer wg.Done(); h.providerOutage(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); h.pubAckLosses(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); h.gatewayKillLoop(ctx) }()
 	wg.Add(1)
 	go func() { // the service restarts, in their own time line
 		defer wg.Done()
