@@ -62,6 +62,10 @@ type Result struct {
 	pause string
 }
 
+// held reports whether the worker holds the message instead of settling
+// r: only a retry that an outage cut short.
+func (r Result) held() bool { return r.Kind == Retry && r.pause != "" }
+
 // ActionKind is the fate of a message.
 type ActionKind int
 

@@ -42,7 +42,7 @@ func (w *Worker) hold(workCtx context.Context, in *inbound, res Result) Result {
 	for {
 		probing := false
 		switch {
-		case res.pause != "":
+		case res.held():
 			var ok bool
 			if ok, probing = w.await(in, &last); !ok {
 				return res
@@ -58,7 +58,7 @@ func (w *Worker) hold(workCtx context.Context, in *inbound, res Result) Result {
 		res = w.rerun(workCtx, in)
 		last = time.Now()
 		if probing {
-			g.probed(res.pause != "")
+			g.probed(res.held())
 			log.Info("probe after a pause", "cause_after", res.pause, "result", res.Kind.String(), "error", errString(res.Err))
 		}
 	}
