@@ -163,7 +163,9 @@ func TestStopDuringOutageNaksHeldWork(t *testing.T) {
 		keys = append(keys, fmt.Sprintf("held-%d", i))
 		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
 	}
-	e.eventually("paused", func() bool { return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable) })
+	e.eventually("paused, holding messages", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable) && proc.Held() > 0
+	})
 	stop()
 	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
 	if err != nil {
