@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -191,5 +192,94 @@ func TestDeadLetterPubAckLostFilesOnce(t *testing.T) {
 	}
 	if n := e.charges("m_1", "reused"); n != 1 {
 		t.Fatalf("%d charges, want 1", n)
+	}
+}
+
+// answerLost is a store whose first claim and first commit are carried out
+// and then reported failed, as when the connection drops after PostgreSQL
+// committed and before its answer arrived.
+type answerLost struct {
+	*dedup.Store
+	claim, commit sync.Once
+	claimLost     chan struct{}
+	commitLost    chan struct{}
+}
+
+func (s *answerLost) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+	res, err := s.Store.ClaimBatch(ctx, holder, lease, reqs)
+	if err != nil {
+		return res, err
+	}
+	lost := false
+	s.claim.Do(func() { lost = true; close(s.claimLost) })
+	if lost {
+		return nil, fmt.Errorf("claim keys: %w: connection reset after the commit", dedup.ErrUnavailable)
+	}
+	return res, nil
+}
+
+func (s *answerLost) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+	errs, err := s.Store.CompleteBatch(ctx, items)
+	if err != nil {
+		return errs, err
+	}
+	lost := false
+	s.commit.Do(func() { lost = true; close(s.commitLost) })
+	if lost {
+		return nil, fmt.Errorf("complete keys: %w: connection reset after the commit", dedup.ErrUnavailable)
+	}
+	return errs, nil
+}
+
+func (s *answerLost) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+	if err := s.Store.Complete(ctx, l, c); err != nil {
+		return err
+	}
+	lost := false
+	s.commit.Do(func() { lost = true; close(s.commitLost) })
+	if lost {
+		return fmt.Errorf("complete key: %w: connection reset after the commit", dedup.ErrUnavailable)
+	}
+	return nil
+}
+
+// TestClaimAndCommitAnswersLost: the worker→PostgreSQL boundary. The first
+// claim and the first commit take effect, and their answers are lost: the
+// worker sees an error that may have happened. A claim it cannot see is a
+// lease it holds without knowing (the message waits for the lease and is
+// claimed again); a commit it cannot see is an outcome already recorded
+// (the next claim finds it completed and acks). Each payment is charged
+// once and completed, and nothing is dead-lettered.
+func TestClaimAndCommitAnswersLost(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.waitStreamsCreate()
+	const n = 20
+	for i := range n {
+		e.publish("m_1", body("m_1", fmt.Sprintf("lost-%d", i), 100), "", nil)
+	}
+	s := &answerLost{Store: e.store, claimLost: make(chan struct{}), commitLost: make(chan struct{})}
+	e.startWorkerOn("w1", s)
+	e.eventually("all completed", func() bool {
+		return e.count(`SELECT count(*) FROM payments`) == n
+	})
+	e.quiescent()
+	for _, ch := range []chan struct{}{s.claimLost, s.commitLost} {
+		select {
+		case <-ch:
+		default:
+			t.Fatal("a claim's or a commit's answer was never lost")
+		}
+	}
+	for i := range n {
+		if c := e.charges("m_1", fmt.Sprintf("lost-%d", i)); c != 1 {
+			t.Fatalf("lost-%d: %d charges, want 1", i, c)
+		}
+	}
+	if k := e.count(`SELECT count(*) FROM idempotency_keys WHERE status <> 'completed'`); k != 0 {
+		t.Fatalf("%d keys not completed", k)
+	}
+	if dls := e.deadLetters(); len(dls) != 0 {
+		t.Fatalf("%d dead letters, want none", len(dls))
 	}
 }
