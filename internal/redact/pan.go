@@ -145,7 +145,8 @@ func (r *panRedactor) appendRun(out []byte, s string, start, end int) []byte {
 		}
 		switch {
 		case to < 0:
-		case from < maskTo:
+		case from < maskTo || from == maskTo && r.pos[from] == r.pos[from-1]+1:
+			// Overlapping, or touching with no byte between: one stretch.
 			maskTo = max(maskTo, to)
 		default:
 			flush()
