@@ -1,0 +1,130 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// TestGateTellsOutageFromLoneFailure is the rule of OutageAnswers and
+// OutageKeys, answer by answer: "ok" is an answer that shows the provider
+// works, any other word a call of that key that ended unavailable.
+func TestGateTellsOutageFromLoneFailure(t *testing.T) {
+	tests := []struct {
+		name    string
+		answers []string
+		paused  bool
+	}{
+		{"one key failing again and again", []string{"a", "a", "a", "a", "a", "a", "a", "a", "a", "a"}, false},
+		{"two keys failing in turn", []string{"a", "b", "a", "b", "a", "b", "a", "b"}, false},
+		{"three keys, four answers", []string{"a", "b", "c", "a"}, false},
+		{"three keys, five answers", []string{"a", "b", "c", "a", "b"}, true},
+		{"five keys", []string{"a", "b", "c", "d", "e"}, true},
+		{"an answer between", []string{"a", "b", "c", "d", "ok", "e", "f", "g", "h"}, false},
+		{"an answer, then five", []string{"a", "b", "ok", "c", "d", "e", "f", "g"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := newGate(time.Minute, time.Hour)
+			var paused bool
+			for _, a := range tt.answers {
+				if a == "ok" {
+					g.answered()
+					continue
+				}
+				paused = g.unavailable(a, errors.New("429"))
+			}
+			if paused != tt.paused || (g.closed.Load() != tt.paused) {
+				t.Fatalf("paused %v (gate closed %v), want %v", paused, g.closed.Load(), tt.paused)
+			}
+			if tt.paused {
+				if cause, _, _, _, _ := g.state(); cause != PauseProviderUnavailable {
+					t.Fatalf("cause %q", cause)
+				}
+				g.answered()
+				if g.closed.Load() {
+					t.Fatal("an answer did not open the gate")
+				}
+			}
+		})
+	}
+}
+
+// Each cause is opened only by what shows it gone.
+func TestGateCauses(t *testing.T) {
+	g := newGate(time.Minute, time.Hour)
+	if c := g.storeFailed(fmt.Errorf("claim keys: %w", dedup.ErrLeaseLost)); c != "" || g.closed.Load() {
+		t.Fatalf("a lost lease paused the worker (%q)", c)
+	}
+	if c := g.storeFailed(fmt.Errorf("claim keys: %w: connection refused", dedup.ErrUnavailable)); c != PauseStoreUnavailable {
+		t.Fatalf("cause %q, want %q", c, PauseStoreUnavailable)
+	}
+	g.answered()
+	if !g.closed.Load() {
+		t.Fatal("a provider answer opened a pause for PostgreSQL")
+	}
+	g.storeWorks()
+	if g.closed.Load() {
+		t.Fatal("a statement that reached PostgreSQL did not open the gate")
+	}
+	g.close(PauseProviderAuth, errors.New("401"))
+	g.storeWorks()
+	if !g.closed.Load() {
+		t.Fatal("PostgreSQL opened a pause for the API key")
+	}
+	g.keyWorks()
+	if g.closed.Load() {
+		t.Fatal("an answer that was no refusal did not open the API key's pause")
+	}
+	for _, tt := range []struct {
+		err  error
+		want bool
+	}{
+		{&provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429}, true},
+		{&provider.Error{Class: provider.ClassRetryable}, true}, // a refused dial
+		{&provider.Error{Class: provider.ClassUnknown, HTTPStatus: 503}, true},
+		{&provider.Error{Class: provider.ClassUnknown}, true}, // no answer
+		{&provider.Error{Class: provider.ClassUnknown, HTTPStatus: 409}, false},
+		{&provider.Error{Class: provider.ClassRejected, HTTPStatus: 400}, false},
+		{&provider.Error{Class: provider.ClassUnauthorized, HTTPStatus: 401}, false},
+		{errors.New("not a provider error"), false},
+	} {
+		if got := providerUnavailable(tt.err); got != tt.want {
+			t.Errorf("providerUnavailable(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+// One held message probes when a pause ends; a failed probe doubles the
+// pause, up to the longest.
+func TestGateProbes(t *testing.T) {
+	g := newGate(time.Millisecond, 4*time.Millisecond)
+	g.close(PauseProviderUnavailable, errors.New("503"))
+	if open, probing, wait, _ := g.probe(); open || probing || wait <= 0 {
+		t.Fatalf("during the pause: open %v, probing %v, wait %v", open, probing, wait)
+	}
+	for want := 1; want <= 5; want++ {
+		var probing bool
+		deadline := time.Now().Add(5 * time.Second)
+		for !probing {
+			if time.Now().After(deadline) {
+				t.Fatal("the pause never ended")
+			}
+			_, probing, _, _ = g.probe()
+		}
+		if _, again, _, _ := g.probe(); again {
+			t.Fatal("two probes at once")
+		}
+		if _, _, streak, _, _ := g.state(); streak != want {
+			t.Fatalf("streak %d, want %d", streak, want)
+		}
+		g.probed(true)
+	}
+	if _, _, _, _, until := g.state(); time.Until(until) > 4*time.Millisecond {
+		t.Fatalf("pause %v, longer than the longest", time.Until(until))
+	}
+}
