@@ -251,6 +251,9 @@ func (h *harness) payKey(ctx context.Context, k *keyLog, body []byte, deadline t
 		if t != toldUnknown {
 			return t
 		}
+		if h.cfg.clientsNewKeyOn503 && a.status == http.StatusServiceUnavailable {
+			return toldNotAccepted // the negative control's slip: it was not told so
+		}
 		if a.status == 0 || a.status == http.StatusServiceUnavailable {
 			// Did it go through? The documented way to ask.
 			ga, _ := h.ask(ctx, k, http.MethodGet, nil)

@@ -105,6 +105,7 @@ type config struct {
 	gatewayPublishTimeout           time.Duration
 	clientGiveUp                    time.Duration
 	pubAckLosses, gatewayKills      int
+	clientsNewKeyOn503              bool // the negative control: clients that break the contract
 	providerOutage, pgLongStop      time.Duration
 }
 
@@ -138,6 +139,7 @@ func main() {
 	flag.DurationVar(&cfg.gatewayPublishTimeout, "gateway-publish-timeout", 2*time.Second, "with -gateway-clients: the gateway's PAYDEDUP_PUBLISH_TIMEOUT")
 	flag.DurationVar(&cfg.clientGiveUp, "client-give-up", time.Minute, "with -gateway-clients: how long a client retries one payment before it gives up without a final answer")
 	flag.IntVar(&cfg.pubAckLosses, "puback-losses", 0, "with -gateway-clients: times the gateway's link to NATS holds back everything NATS sends for longer than the publish timeout (its PUBs are stored, their PubAcks lost)")
+	flag.BoolVar(&cfg.clientsNewKeyOn503, "clients-new-key-on-503", false, "with -gateway-clients: the negative control: clients break the contract and pay again under a new key after any 503; the promise check should find payments charged under two keys")
 	flag.IntVar(&cfg.gatewayKills, "gateway-kills", 0, "with -gateway-clients: times the gateway is killed (-9) mid-run and started again (its clients see resets and refused connections)")
 	flag.DurationVar(&cfg.providerOutage, "provider-outage", 0, "once, refuse every worker connection to the provider for this long (longer than the delivery schedule, e.g. 30s); 0: no outage")
 	flag.DurationVar(&cfg.pgLongStop, "pg-long-stop", 0, "the first Postgres stop lasts this long instead of a second (longer than -lease, e.g. 8s); 0: off")

@@ -57,6 +57,9 @@ func (c *config) validateModes() error {
 	if c.pubAckLosses < 0 || c.pubAckLosses > 0 && c.gatewayClients == 0 {
 		bad("-puback-losses needs -gateway-clients (it cuts the gateway's link to NATS), got %d", c.pubAckLosses)
 	}
+	if c.clientsNewKeyOn503 && c.gatewayClients == 0 {
+		bad("-clients-new-key-on-503 needs -gateway-clients")
+	}
 	if c.gatewayKills < 0 || c.gatewayKills > 0 && c.gatewayClients == 0 {
 		bad("-gateway-kills needs -gateway-clients, got %d", c.gatewayKills)
 	}

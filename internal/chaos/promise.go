@@ -140,6 +140,35 @@ func (k *keyLog) what() (accepted, charged, refused, notAccepted bool) {
 	return
 }
 
+// nothingAccepted reports whether every answer to the key said, as
+// documented, that nothing was accepted: 503 unavailable, 429, 500
+// internal, not-accepted, or a GET's plain 404.
+func (k *keyLog) nothingAccepted() bool {
+	for _, a := range k.answers {
+		switch {
+		case a.status == 503 && a.problem == "unavailable", a.status == 429,
+			a.status == 500 && a.problem == problemInternal, a.problem == problemNotAccepted,
+			a.method == "GET" && a.status == 404 && a.problem == "not-found":
+		default:
+			return false
+		}
+	}
+	return len(k.answers) > 0
+}
+
+// told lists the key's answers and dead letters, for a report.
+func (k *keyLog) told() string {
+	seen := make([]string, len(k.answers))
+	for i, a := range k.answers {
+		seen[i] = a.label()
+	}
+	s := "answers: " + strings.Join(seen, ", ")
+	if len(k.deadLetters) > 0 {
+		s += "; dead letters: " + strings.Join(k.deadLetters, ", ")
+	}
+	return s
+}
+
 // promiseVerdict is the promise check of the gateway's keys.
 type promiseVerdict struct {
 	keys, orders                          int
@@ -159,24 +188,16 @@ func (v promiseVerdict) ok() bool { return len(v.broken) == 0 }
 func checkPromises(merchant string, keys []*keyLog, charges map[string]int, rowStatus map[string]string) promiseVerdict {
 	var v promiseVerdict
 	broke := func(k *keyLog, format string, args ...any) {
-		var seen []string
-		for _, a := range k.answers {
-			seen = append(seen, a.label())
-		}
-		dls := ""
-		if len(k.deadLetters) > 0 {
-			dls = "; dead letters: " + strings.Join(k.deadLetters, ", ")
-		}
-		v.broken = append(v.broken, fmt.Sprintf("%s: %s (answers: %s%s)", k.key, fmt.Sprintf(format, args...), strings.Join(seen, ", "), dls))
+		v.broken = append(v.broken, fmt.Sprintf("%s: %s (%s)", k.key, fmt.Sprintf(format, args...), k.told()))
 	}
-	paid := map[int][]string{}
+	paid := map[int][]*keyLog{}
 	orders := map[int]bool{}
 	for _, k := range keys {
 		v.keys++
 		orders[k.order] = true
 		n := charges[merchant+":"+k.key]
 		if n > 0 {
-			paid[k.order] = append(paid[k.order], k.key)
+			paid[k.order] = append(paid[k.order], k)
 		}
 		if n == 1 {
 			v.chargedOnce++
@@ -193,6 +214,9 @@ func checkPromises(merchant string, keys []*keyLog, charges map[string]int, rowS
 		if notAccepted && n > 0 {
 			broke(k, "told not accepted, but charged")
 		}
+		if k.nothingAccepted() && n > 0 {
+			broke(k, "every answer said nothing was accepted, yet charged")
+		}
 		if notAccepted && (accepted || charged) {
 			broke(k, "told both accepted and not accepted")
 		}
@@ -208,8 +232,8 @@ func checkPromises(merchant string, keys []*keyLog, charges map[string]int, rowS
 		if (accepted || charged) && !refused && n == 0 {
 			broke(k, "accepted, never charged, and no refusal told (row %s)", or(rowStatus[merchant+":"+k.key], "missing"))
 		}
-		if k.invalid && !refused {
-			broke(k, "an invalid payment that was not refused")
+		if k.invalid && (accepted || charged) {
+			broke(k, "an invalid payment accepted")
 		}
 		if k.declines && charged {
 			broke(k, "a declining card told charged")
@@ -221,7 +245,11 @@ func checkPromises(merchant string, keys []*keyLog, charges map[string]int, rowS
 	v.orders = len(orders)
 	for order, ks := range paid {
 		if len(ks) > 1 {
-			v.broken = append(v.broken, fmt.Sprintf("payment %d charged under %d keys: %s", order, len(ks), strings.Join(ks, ", ")))
+			var each []string
+			for _, k := range ks {
+				each = append(each, k.key+" ("+k.told()+")")
+			}
+			v.broken = append(v.broken, fmt.Sprintf("payment %d charged under %d keys: %s", order, len(ks), strings.Join(each, "; ")))
 		}
 	}
 	slices.Sort(v.broken)

@@ -84,8 +84,14 @@ func TestCheckPromises(t *testing.T) {
 		{name: "refused, but charged", keys: []*keyLog{{key: "a", invalid: true, answers: []answer{post(400, "invalid-request")}}},
 			charges: map[string]int{"m:a": 1}, broken: "told refused, but charged"},
 		{name: "told charged, no charge", keys: []*keyLog{{key: "a", answers: []answer{post(201, "")}}}, broken: "told charged, but the provider has no charge"},
-		{name: "unknown, charged once", keys: []*keyLog{{key: "a", gaveUp: true, answers: []answer{post(503, "unavailable")}}}, charges: map[string]int{"m:a": 1}},
+		{name: "unknown, charged once", keys: []*keyLog{{key: "a", gaveUp: true, answers: []answer{{method: "POST", err: context.DeadlineExceeded}}}}, charges: map[string]int{"m:a": 1}},
 		{name: "unknown, never charged", keys: []*keyLog{{key: "a", gaveUp: true, answers: []answer{post(503, "unavailable")}}}},
+		{name: "unavailable only, charged", keys: []*keyLog{{key: "a", gaveUp: true, answers: []answer{post(503, "unavailable"), {method: "GET", status: 404, problem: "not-found"}}}},
+			charges: map[string]int{"m:a": 1}, broken: "every answer said nothing was accepted, yet charged"},
+		{name: "unavailable, then accepted and charged", keys: []*keyLog{{key: "a", answers: []answer{post(503, "unavailable"), post(202, "")}}},
+			charges: map[string]int{"m:a": 1}},
+		{name: "publish unknown, given up, charged", keys: []*keyLog{{key: "a", gaveUp: true, answers: []answer{post(503, "publish-outcome-unknown")}}},
+			charges: map[string]int{"m:a": 1}},
 		{name: "pending row", keys: []*keyLog{{key: "a", answers: []answer{post(202, "")}}}, charges: map[string]int{"m:a": 1},
 			rows: map[string]string{"m:a": "pending"}, broken: "still pending"},
 		{name: "accepted then not accepted", keys: []*keyLog{{key: "a", answers: []answer{post(202, ""), notAccepted}}},
@@ -104,7 +110,7 @@ func TestCheckPromises(t *testing.T) {
 	// A payment charged under two keys is broken even when no key's own
 	// answer was.
 	v := checkPromises("m", []*keyLog{
-		{order: 7, key: "a", gaveUp: true, answers: []answer{post(503, "unavailable")}},
+		{order: 7, key: "a", gaveUp: true, answers: []answer{{method: "POST", err: context.DeadlineExceeded}}},
 		{order: 7, key: "b", answers: []answer{post(202, "")}},
 	}, map[string]int{"m:a": 1, "m:b": 1}, nil)
 	if !strings.Contains(strings.Join(v.broken, "\n"), "payment 7 charged under 2 keys") {
