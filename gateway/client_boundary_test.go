@@ -1,9 +1,14 @@
 package gateway_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
@@ -64,5 +69,56 @@ func TestAnswerLostRetrySameBodyChargedOnce(t *testing.T) {
 	}
 	if n := w.keyMsgs(key); n != 1 {
 		t.Fatalf("%d copies of the command in the stream, want 1", n)
+	}
+}
+
+// settleAnswerLost settles the first payment it is given and then reports
+// a failure, as when PostgreSQL committed and its answer was lost.
+type settleAnswerLost struct {
+	gateway.Ledger
+	once sync.Once
+}
+
+func (l *settleAnswerLost) SettlePayment(ctx context.Context, p dedup.Payment, status string, responseStatus int, response json.RawMessage) error {
+	if err := l.Ledger.SettlePayment(ctx, p, status, responseStatus, response); err != nil {
+		return err
+	}
+	lost := false
+	l.once.Do(func() { lost = true })
+	if lost {
+		return fmt.Errorf("settle payment: %w: connection reset after the commit", dedup.ErrUnavailable)
+	}
+	return nil
+}
+
+// TestWebhookSettleAnswerLostRedeliveryAgrees: the webhook→PostgreSQL
+// boundary. The event's settle commits and its answer is lost: the
+// gateway cannot say it was applied, so it answers 503 and Stripe sends
+// the event again; the redelivery finds the payment settled and agrees.
+// One charge, the ledger settled once.
+func TestWebhookSettleAnswerLostRedeliveryAgrees(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, options{webhookSecret: webhookSecret, processingDelay: 300 * time.Millisecond,
+		ledger: func(l gateway.Ledger) gateway.Ledger { return &settleAnswerLost{Ledger: l} }})
+	w.startWorker()
+	wantStatus(t, w.post("ach-lost", payBody(1500, "pm_usBankAccount_success"), "Prefer", "wait=10"), http.StatusCreated)
+	w.eventually("the webhook's settle committed", func() bool {
+		p, err := w.store.GetPayment(w.ctx, "m_a", "ach-lost")
+		return err == nil && p.Status == dedup.PaymentSucceeded
+	})
+	w.eventually("the webhook answered", func() bool { return len(w.hooks.deliveries()) == 1 })
+	got := w.hooks.deliveries()[0]
+	if got.status != http.StatusServiceUnavailable {
+		t.Fatalf("first delivery answered %d, want 503 (its outcome was not known)", got.status)
+	}
+	settled := w.payment("m_a", "ach-lost")
+	if code, res := w.webhook(got.body, got.signature); code != http.StatusOK || res != gateway.WebhookAgrees {
+		t.Fatalf("redelivery: %d %q, want 200 %q", code, res, gateway.WebhookAgrees)
+	}
+	if again := w.payment("m_a", "ach-lost"); again != settled {
+		t.Fatalf("the redelivery changed the ledger: %+v, was %+v", again, settled)
+	}
+	if n := w.charges("m_a", "ach-lost"); n != 1 {
+		t.Fatalf("%d charges, want 1", n)
 	}
 }

@@ -108,7 +108,9 @@ type options struct {
 	worker func(*consumer.Config)
 	// webhookSecret, when set, turns the gateway's Stripe webhooks on and
 	// has the simulator post its events, through w.hooks, to them.
-	webhookSecret   string
+	webhookSecret string
+	// ledger, when set, wraps the webhooks' ledger (to lose its answers).
+	ledger          func(gateway.Ledger) gateway.Ledger
 	processingDelay time.Duration
 	// roundTrips, when set, counts the round trips of the gateway's stores
 	// (a pool of their own on the world's schema; the world's pool, the
@@ -178,7 +180,11 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		if err != nil {
 			t.Fatal(err)
 		}
-		gcfg.Webhooks = gateway.Webhooks{Verifier: v, Ledger: store}
+		var ledger gateway.Ledger = store
+		if opt.ledger != nil {
+			ledger = opt.ledger(ledger)
+		}
+		gcfg.Webhooks = gateway.Webhooks{Verifier: v, Ledger: ledger}
 	}
 	sim, stripe := testenv.ProviderWith(t, simCfg, 4*time.Second)
 	var seen traceparents
