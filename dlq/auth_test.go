@@ -135,8 +135,9 @@ func TestDeadLetterAuthAndStoredAge(t *testing.T) {
 
 // Two replays of one dead letter that both read it before either deleted
 // it publish one message: the replay's Nats-Msg-Id is
-// replay:<dlq stream>:<seq>, so the second is a duplicate, and the letter
-// already deleted by the first counts as replayed, not as a failure.
+// ~replay:<seq>:<dlq stream> (stream.ReplayMsgID), so the second is a
+// duplicate, and the letter already deleted by the first counts as
+// replayed, not as a failure.
 func TestConcurrentReplaysPublishOnce(t *testing.T) {
 	t.Parallel()
 	js, cfg := adminSetup(t)
