@@ -256,6 +256,21 @@ func TestPublishReusedKeyExitsNonZero(t *testing.T) {
 	if len(msgs) != 2 || string(msgs[0].Data) != first || string(msgs[1].Data) != k2 {
 		t.Fatalf("the stream holds %d messages, want the first payment of each key", len(msgs))
 	}
+
+	// The message holding k-1's id is gone while the id is still in the
+	// window: a duplicate that cannot be checked is unknown, not done.
+	s, err := w.js.Stream(context.Background(), w.cfg.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err = w.run(first+"\n", "publish")
+	if err == nil || !strings.Contains(out, "0 duplicates dropped by the stream's window, 0 reused keys, 0 refused, 1 unknown") ||
+		!strings.Contains(errOut, "could not be read") || !strings.Contains(err.Error(), "may have been stored") {
+		t.Fatalf("a duplicate of a message that cannot be read: %v\n%s%s", err, out, errOut)
+	}
 }
 
 // A message whose PubAck never came is unknown, never "failed": it may have
