@@ -152,11 +152,15 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 		return nil, fmt.Errorf("publisher: %w", err)
 	}
 	p := &Publisher{
-		js: js, onResult: cfg.OnResult, retry: cmp.Or(cfg.Retry, DefaultPublishRetry),
+		js:         js,
+		onResult:   cfg.OnResult,
+		retry:      cmp.Or(cfg.Retry, DefaultPublishRetry),
 		ackTimeout: cmp.Or(cfg.AckTimeout, DefaultPublishAckTimeout),
 		streams:    &cachedStreams{JetStream: js, streams: map[string]jetstream.Stream{}},
-		slots:      make(chan struct{}, window), inflight: make(chan jetstream.PubAckFuture, window),
-		decided: make(chan decided, window), done: make(chan struct{}),
+		slots:      make(chan struct{}, window),
+		inflight:   make(chan jetstream.PubAckFuture, window),
+		decided:    make(chan decided, window),
+		done:       make(chan struct{}),
 	}
 	go p.collect()
 	go p.report()
@@ -165,8 +169,8 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 
 // Publish sends m, first waiting while the window is full. A message the
 // client cannot even send is counted (and reported to OnResult) like one
-// without a PubAck;
-// the error is only for ctx ending before m was sent, or a closed publisher.
+// without a PubAck; the error is only for ctx ending before m was sent, or
+// a closed publisher.
 func (p *Publisher) Publish(ctx context.Context, m *nats.Msg) error {
 	p.mu.Lock()
 	closed := p.closed
