@@ -272,43 +272,8 @@ func (l *pgLink) up(t *testing.T) {
 // charged once.
 func TestPostgresOutagePausesWithoutSpendingDeliveries(t *testing.T) {
 	t.Parallel()
-	u := testenv.PostgresURL(t)
-	direct, err := pg.Connect(context.Background(), u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	pu, err := url.Parse(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	link := newPGLink(t, pu.Host)
-	pu.Host = link.proxy.Listen
-	viaLink, err := pg.Connect(context.Background(), pu.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(viaLink.Close)
-	store, err := dedup.New(viaLink, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	directStore, err := dedup.New(direct, dedup.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc := testenv.NATSConn(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sim, client := testenv.Provider(t, 7, 2*time.Second)
-	cfg := consumer.Config{Stream: testenv.Streams(t, js)}
-	cfg.Lease, cfg.Stream.AckWait = time.Second, 2*time.Second
-	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 700 * time.Millisecond}
-	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 16, 50
-	e := &env{t: t, ctx: context.Background(), pool: direct, store: directStore, nc: nc, js: js, sim: sim, stripe: client, cfg: cfg}
-	outageConfig(e)
+	e, link, store := pgOutageEnv(t)
+	sim, client, cfg := e.sim, e.stripe, e.cfg
 	// Each charge takes 200 ms: the cut finds payments charged and not yet
 	// committed.
 	if err := sim.SetFaults(stripesim.Faults{Latency: 200 * time.Millisecond}); err != nil {
@@ -346,5 +311,82 @@ func TestPostgresOutagePausesWithoutSpendingDeliveries(t *testing.T) {
 	}
 	if err := proc.Paused(e.ctx); err != nil {
 		t.Fatalf("readiness after the outage: %v", err)
+	}
+}
+
+// pgOutageEnv is a test's world whose worker store reaches PostgreSQL
+// through a link the test can take down; the test's own reads go direct.
+func pgOutageEnv(t *testing.T) (*env, *pgLink, *dedup.Store) {
+	t.Helper()
+	u := testenv.PostgresURL(t)
+	direct, err := pg.Connect(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := newPGLink(t, pu.Host)
+	pu.Host = link.proxy.Listen
+	viaLink, err := pg.Connect(context.Background(), pu.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(viaLink.Close)
+	store, err := dedup.New(viaLink, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	directStore, err := dedup.New(direct, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := testenv.NATSConn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim, client := testenv.Provider(t, 7, 2*time.Second)
+	cfg := consumer.Config{Stream: testenv.Streams(t, js)}
+	cfg.Lease, cfg.Stream.AckWait = time.Second, 2*time.Second
+	cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 700 * time.Millisecond}
+	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 16, 50
+	e := &env{t: t, ctx: context.Background(), pool: direct, store: directStore, nc: nc, js: js, sim: sim, stripe: client, cfg: cfg}
+	outageConfig(e)
+	return e, link, store
+}
+
+// TestPostgresOutageAtClaimHoldsTheBatch: PostgreSQL is unreachable before
+// the messages arrive, so the batch the worker fetches fails at its claim.
+// It is held: nakked, nothing would probe but the fetch after each pause,
+// which would spend a delivery of each message every time. When PostgreSQL
+// is back all complete, each charged once.
+func TestPostgresOutageAtClaimHoldsTheBatch(t *testing.T) {
+	t.Parallel()
+	e, link, store := pgOutageEnv(t)
+	proc, _ := e.runPausable("w1", store, e.stripe)
+	link.down()
+	var keys []string
+	for i := range 10 {
+		keys = append(keys, fmt.Sprintf("claim-%d", i))
+		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+	}
+	e.eventually("readiness says PostgreSQL is unavailable", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrStoreUnavailable)
+	})
+	e.noDeadLetterWhile("the outage", max(4*e.cfg.Lease, 10*time.Duration(e.cfg.Stream.MaxDeliver)*e.cfg.RetryMax))
+	if proc.Held() == 0 {
+		t.Fatal("no message held at the end of the outage")
+	}
+	link.up(t)
+	e.eventually("all completed after the outage", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == len(keys)
+	})
+	e.quiescent()
+	e.chargedOnceEach(keys)
+	if n := e.exhausted(); n != 0 {
+		t.Fatalf("%d messages ran out of deliveries, want 0", n)
 	}
 }
