@@ -162,7 +162,7 @@ func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, ex
 		ack, err := p.js.PublishMsg(tctx, m, jetstream.WithExpectStream(p.cfg.Name), jetstream.WithRetryAttempts(0))
 		tcancel()
 		if err == nil {
-			if err := p.duplicateOf(ctx, ack, m, cmd); err != nil {
+			if err := p.duplicateOf(ctx, ack, m); err != nil {
 				return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)
 			}
 			return ack.Sequence, nil
@@ -198,12 +198,11 @@ func (p *CommandPublisher) missing(ctx context.Context, err error) bool {
 	return errors.Is(serr, jetstream.ErrStreamNotFound)
 }
 
-// duplicateOf checks a PubAck: a duplicate's counts as m's (cmd's) only
-// when the copy stored under its Nats-Msg-Id is this command, byte for
-// byte (SameStored) or, where the bytes differ, as the same command
-// (equal canonical encodings). Another command there is ErrMsgIDTaken, a
-// refusal; a failed read is an unknown outcome.
-func (p *CommandPublisher) duplicateOf(ctx context.Context, ack *jetstream.PubAck, m *nats.Msg, cmd *payment.Command) error {
+// duplicateOf checks a PubAck: a duplicate's counts as m's only when the
+// copy stored under its Nats-Msg-Id is this command (SameStored). Another
+// command there is ErrMsgIDTaken, a refusal; a failed read is an unknown
+// outcome.
+func (p *CommandPublisher) duplicateOf(ctx context.Context, ack *jetstream.PubAck, m *nats.Msg) error {
 	if !ack.Duplicate {
 		return nil
 	}
@@ -213,27 +212,10 @@ func (p *CommandPublisher) duplicateOf(ctx context.Context, ack *jetstream.PubAc
 	if err != nil {
 		return fmt.Errorf("check the copy a duplicate PubAck points to: %w", err)
 	}
-	if same {
-		return nil
+	if !same {
+		return refusal(fmt.Errorf("%w (%s message %d)", ErrMsgIDTaken, ack.Stream, ack.Sequence))
 	}
-	// Another publisher's bytes may encode the same command.
-	s, err := p.js.Stream(ctx, ack.Stream)
-	if err != nil {
-		return fmt.Errorf("check the copy a duplicate PubAck points to: stream %s: %w", ack.Stream, err)
-	}
-	raw, err := s.GetMsg(ctx, ack.Sequence)
-	if err != nil {
-		return fmt.Errorf("check the copy a duplicate PubAck points to: read %s message %d: %w", ack.Stream, ack.Sequence, err)
-	}
-	if raw.Subject == m.Subject && raw.Header.Get(HeaderReplayOf) == m.Header.Get(HeaderReplayOf) {
-		if got, derr := DecodeCommand(p.cfg, raw.Subject, raw.Header, raw.Data); derr == nil {
-			var gotBuf, cmdBuf [512]byte
-			if bytes.Equal(got.AppendCanonical(gotBuf[:0]), cmd.AppendCanonical(cmdBuf[:0])) {
-				return nil
-			}
-		}
-	}
-	return refusal(fmt.Errorf("%w (%s message %d)", ErrMsgIDTaken, ack.Stream, ack.Sequence))
+	return nil
 }
 
 // Stored reports whether the stream still holds, at seq, the command of
@@ -459,7 +441,7 @@ func (p *CommandPublisher) PublishBatch(ctx context.Context, cmds []BatchCommand
 	}
 	for i, ack := range acks {
 		if ack != nil && ack.Duplicate {
-			if err := p.duplicateOf(ctx, ack, msgs[i], cmds[i].Cmd); err != nil {
+			if err := p.duplicateOf(ctx, ack, msgs[i]); err != nil {
 				results[i] = BatchResult{Err: fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)}
 			}
 		}

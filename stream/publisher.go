@@ -1,19 +1,15 @@
 package stream
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/paydedup/paydedup/payment"
 )
 
 // Defaults for PublisherConfig.
@@ -324,16 +320,13 @@ func publishRefused(err error) bool {
 }
 
 // checkDuplicate decides a duplicate PubAck: a duplicate of m when the
-// stream holds m at ack.Sequence (SameStored), or the same payment command
-// written otherwise (another JSON field order or spacing); a reused key when
-// it holds another payload; unknown when that message could not be read.
+// stream holds m, or the same payment command written otherwise, at
+// ack.Sequence (SameStored); a reused key when it holds another payload;
+// unknown when that message could not be read.
 func (p *Publisher) checkDuplicate(r *PublishResult, ack *jetstream.PubAck) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.ackTimeout)
 	defer cancel()
 	same, err := SameStored(ctx, p.streams, ack, r.Msg)
-	if err == nil && !same {
-		same, err = p.sameCommandStored(ctx, ack, r.Msg)
-	}
 	switch {
 	case err != nil:
 		r.Err = fmt.Errorf("dropped as a duplicate of %s #%d, which could not be read: %w", ack.Stream, ack.Sequence, err)
@@ -342,46 +335,6 @@ func (p *Publisher) checkDuplicate(r *PublishResult, ack *jetstream.PubAck) {
 	default:
 		r.Reused = true
 	}
-}
-
-// sameCommandStored reports whether the message at ack.Sequence is, on m's
-// subject, the same payment command as m by the canonical encoding its
-// fingerprint is made of. A body that is not a command is compared by its
-// bytes only (SameStored did).
-func (p *Publisher) sameCommandStored(ctx context.Context, ack *jetstream.PubAck, m *nats.Msg) (bool, error) {
-	s, err := p.streams.Stream(ctx, ack.Stream)
-	if err != nil {
-		return false, fmt.Errorf("stream %s: %w", ack.Stream, err)
-	}
-	got, err := s.GetMsg(ctx, ack.Sequence)
-	if err != nil {
-		return false, fmt.Errorf("read %s message %d: %w", ack.Stream, ack.Sequence, err)
-	}
-	if got.Subject != m.Subject {
-		return false, nil
-	}
-	stored, err := comparableCommand(got.Header, got.Data)
-	if err != nil {
-		return false, nil
-	}
-	sent, err := comparableCommand(m.Header, m.Data)
-	if err != nil {
-		return false, nil
-	}
-	return bytes.Equal(stored.AppendCanonical(nil), sent.AppendCanonical(nil)), nil
-}
-
-// comparableCommand decodes a command with its Idempotency-Key header and no
-// size or amount limit: it is compared, not judged.
-func comparableCommand(h nats.Header, data []byte) (*payment.Command, error) {
-	env := payment.Envelope{}
-	if vals, ok := h[HeaderIdempotencyKey]; ok {
-		env.HeaderKeySet = true
-		if len(vals) > 0 {
-			env.HeaderKey = vals[0]
-		}
-	}
-	return payment.Decode(data, env, payment.Limits{MaxBodyBytes: math.MaxInt, MaxAmount: math.MaxInt64})
 }
 
 func (p *Publisher) record(r PublishResult) {
