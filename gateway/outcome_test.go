@@ -2,12 +2,9 @@ package gateway_test
 
 import (
 	"errors"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,99 +12,27 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/internal/testenv"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
 
-// ackSwallower is a TCP proxy between the gateway's NATS connection and
-// the server. While it swallows, what the client sends (the PUB of a
-// command) reaches the server, and what the server sends back (the
-// PubAck) is discarded: a PubAck lost to an fsync stall, a leader
-// committing late or a link that dropped after the send. cut closes every
-// connection, as a dropped link does; the client reconnects through it.
-type ackSwallower struct {
-	ln      net.Listener
-	target  string
-	swallow atomic.Bool
-	mu      sync.Mutex
-	conns   map[net.Conn]bool
-	wg      sync.WaitGroup
-}
-
-func newAckSwallower(t *testing.T, target string) *ackSwallower {
+// swallowedWorld is a world whose gateway publishes through a
+// testenv.Link, with a 2 s publish timeout: while the link loses what the
+// server sends, the PUB of a command reaches the server and its PubAck is
+// lost (an fsync stall, a leader committing late, a link that dropped
+// after the send); Restore drops the link, and the publisher reconnects.
+func swallowedWorld(t *testing.T, cfg gateway.Config) (*world, *testenv.Link, *nats.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &ackSwallower{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *ackSwallower) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		u, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns[c], p.conns[u] = true, true
-		p.mu.Unlock()
-		p.wg.Go(func() { p.pipe(u, c, false) })
-		p.wg.Go(func() { p.pipe(c, u, true) })
-	}
-}
-
-func (p *ackSwallower) pipe(dst, src net.Conn, fromServer bool) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !(fromServer && p.swallow.Load()) {
-			_, _ = dst.Write(buf[:n])
-		}
-		if err != nil {
-			break
-		}
-	}
-	_ = dst.Close()
-	_ = src.Close()
-}
-
-// cut stops swallowing and closes every connection.
-func (p *ackSwallower) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.swallow.Store(false)
-	for c := range p.conns {
-		_ = c.Close()
-		delete(p.conns, c)
-	}
-}
-
-// swallowedWorld is a world whose gateway publishes through an
-// ackSwallower, with a 2 s publish timeout.
-func swallowedWorld(t *testing.T, cfg gateway.Config) (*world, *ackSwallower, *nats.Conn) {
-	t.Helper()
-	var px *ackSwallower
+	var link *testenv.Link
 	var pubNC *nats.Conn
 	w := setupWith(t, cfg, options{pubTimeout: 2 * time.Second, pubConn: func(t *testing.T, natsURL string) *nats.Conn {
 		u, err := url.Parse(natsURL)
 		if err != nil {
 			t.Fatal(err)
 		}
-		px = newAckSwallower(t, u.Host)
-		nc, err := nats.Connect("nats://"+px.ln.Addr().String(), nats.Timeout(5*time.Second),
+		link = testenv.NewLink(t, "gateway-nats", u.Host)
+		nc, err := nats.Connect(link.URL("nats"), nats.Timeout(5*time.Second),
 			nats.ReconnectWait(50*time.Millisecond), nats.MaxReconnects(-1))
 		if err != nil {
 			t.Fatal(err)
@@ -116,7 +41,7 @@ func swallowedWorld(t *testing.T, cfg gateway.Config) (*world, *ackSwallower, *n
 		pubNC = nc
 		return nc
 	}})
-	return w, px, pubNC
+	return w, link, pubNC
 }
 
 // keyMsgs counts the stream's messages for a key of m_a.
@@ -148,9 +73,13 @@ func TestLostPubAckIsUnknown(t *testing.T) {
 			}
 			c := newOpenAPIChecker(t, w) // the new answers are documented
 			body := payBody(100, "pm_card_visa")
-			px.swallow.Store(true)
+			if err := px.Lose(testenv.ServerToClient); err != nil {
+				t.Fatal(err)
+			}
 			r := c.exchange(true, http.MethodPost, "/v1/payments", w.keyA, body, map[string]string{"Idempotency-Key": "lost-ack"})
-			px.cut() // the link drops after the send; the publisher reconnects
+			if err := px.Restore(); err != nil { // the link drops after the send; the publisher reconnects
+				t.Fatal(err)
+			}
 			wantStatus(t, r, http.StatusServiceUnavailable)
 			if p := r.problem(t); p.Type != gateway.ProblemPublishUnknown ||
 				!strings.Contains(p.Detail, "same Idempotency-Key and the same body") {
