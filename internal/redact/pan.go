@@ -27,20 +27,22 @@ const (
 // Luhn-valid window stay readable. The work is a constant per byte: seven
 // window lengths per digit, each checked in O(1) with prefix sums.
 func PANs(s string) string {
-	if countDigits(s) < minPANDigits {
+	longest := longestRun(s)
+	if longest < minPANDigits {
 		return s
 	}
-	var r panRedactor
+	r := newPANRedactor(longest)
 	return string(r.appendRedacted(make([]byte, 0, len(s)), s))
 }
 
 // PANBytes is PANs for a body: invalid UTF-8 and every other byte outside a
 // masked stretch are kept as they are.
 func PANBytes(b []byte) []byte {
-	if countDigits(string(b)) < minPANDigits {
+	longest := longestRun(string(b))
+	if longest < minPANDigits {
 		return b
 	}
-	var r panRedactor
+	r := newPANRedactor(longest)
 	return r.appendRedacted(make([]byte, 0, len(b)), string(b))
 }
 
@@ -60,6 +62,26 @@ type panRedactor struct {
 	pos    []int
 	p0, p1 []int
 	checks int // Luhn checks made, which the tests bound per digit
+}
+
+// newPANRedactor sizes the run buffers for the longest joined run, once.
+func newPANRedactor(longest int) *panRedactor {
+	return &panRedactor{pos: make([]int, 0, longest), p0: make([]int, 0, longest+1), p1: make([]int, 0, longest+1)}
+}
+
+// longestRun is the number of digits of the longest joined run of s.
+func longestRun(s string) int {
+	longest, run := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case isDigit(c):
+			run++
+			longest = max(longest, run)
+		case isLetter(c):
+			run = 0
+		}
+	}
+	return longest
 }
 
 func (r *panRedactor) appendRedacted(out []byte, s string) []byte {
