@@ -122,7 +122,7 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 			"internal/lab", "internal/chaos", "internal/workload", "internal/testenv"}},
 		{"github.com/nats-io/nats-server", []string{"internal/lab/inproc", "internal/testenv"}},
 		{"github.com/exaring/otelpgx", []string{"internal/pg"}},
-		{"github.com/Shopify/toxiproxy", []string{"internal/chaos"}},
+		{"github.com/Shopify/toxiproxy", []string{"internal/chaos", "internal/testenv"}},
 	}
 	pkgs := list(t)
 	for _, r := range rules {
