@@ -70,5 +70,6 @@ fuzz-short:
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprintReencode$$' ./dedup
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzParseDeadLetter$$' ./stream
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzLetterRoundTrip$$' ./stream
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzRedactPANs$$' ./internal/redact
 fuzz:
 	$(MAKE) fuzz-short FUZZTIME=1100000x
