@@ -112,6 +112,11 @@ type PublisherConfig struct {
 	// OnResult, when set, is called for every message, in publish order,
 	// from one goroutine.
 	OnResult func(PublishResult)
+	// Stream, when set, is the stream the messages are for: a publish that
+	// finds no responders asks for it, and one that does not exist is a
+	// refusal told at once (ErrStreamMissing), not retried as a leader
+	// change would be.
+	Stream string
 }
 
 // Publisher publishes asynchronously with a bounded window of messages in
@@ -122,6 +127,7 @@ type Publisher struct {
 	onResult   func(PublishResult)
 	retry      time.Duration
 	ackTimeout time.Duration               // also bounds the check of a duplicate
+	stream     string                      // PublisherConfig.Stream
 	streams    *cachedStreams              // js for the checks of duplicates
 	slots      chan struct{}               // one per message awaiting its PubAck (or its check)
 	inflight   chan jetstream.PubAckFuture // in publish order; never fuller than slots
@@ -152,6 +158,7 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 		onResult:   cfg.OnResult,
 		retry:      cmp.Or(cfg.Retry, DefaultPublishRetry),
 		ackTimeout: cmp.Or(cfg.AckTimeout, DefaultPublishAckTimeout),
+		stream:     cfg.Stream,
 		streams:    &cachedStreams{JetStream: js, streams: map[string]jetstream.Stream{}},
 		slots:      make(chan struct{}, window),
 		inflight:   make(chan jetstream.PubAckFuture, window),
@@ -237,6 +244,10 @@ func (p *Publisher) collect() {
 			if failedAt.IsZero() {
 				failedAt = time.Now()
 			}
+			if p.streamMissing(err) {
+				p.decided <- decided{r: PublishResult{Msg: f.Msg(), Err: fmt.Errorf("%w (%w)", ErrStreamMissing, err), Refused: true}}
+				break
+			}
 			if !Retryable(err) || time.Since(failedAt) >= p.retry {
 				p.decided <- decided{r: PublishResult{Msg: f.Msg(), Err: err, Refused: publishRefused(err)}}
 				break
@@ -251,6 +262,19 @@ func (p *Publisher) collect() {
 			}
 		}
 	}
+}
+
+// streamMissing reports whether a publish answered by no responders met a
+// stream that does not exist (its info answers "stream not found" at
+// once), rather than a leader change, which is retried.
+func (p *Publisher) streamMissing(err error) bool {
+	if p.stream == "" || !errors.Is(err, jetstream.ErrNoStreamResponse) && !errors.Is(err, nats.ErrNoResponders) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, serr := p.js.Stream(ctx, p.stream)
+	return errors.Is(serr, jetstream.ErrStreamNotFound)
 }
 
 // acked is the result of m's PubAck; a duplicate's comes from its check.

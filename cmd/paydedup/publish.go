@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
@@ -185,18 +186,30 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	if err := p.validate(); err != nil {
 		return err
 	}
+	in := p.stdin
+	if p.generate == 0 && p.file != "" {
+		f, err := os.Open(p.file)
+		if err != nil {
+			return fmt.Errorf("publish: --file: %w", err)
+		}
+		defer f.Close()
+		in = f
+	}
 	nc, err := p.nats.connect("paydedup-publish")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
+	if err := streamExists(ctx, nc, p.streams.cfg.Name); err != nil {
+		return err
+	}
 	start := time.Now()
 	var report publishReport
 	// Messages PubAcked (or failed); --generate knows how many to expect.
 	bar := p.app.progress(-1, "publish", "messages")
 	p.bar = bar
 	pub, err := stream.NewPublisher(nc, stream.PublisherConfig{
-		Window: p.window, AckTimeout: p.ackTimeout, Retry: p.retry,
+		Window: p.window, AckTimeout: p.ackTimeout, Retry: p.retry, Stream: p.streams.cfg.Name,
 		OnResult: func(r stream.PublishResult) {
 			bar.Add(1)
 			report.add(r)
@@ -211,7 +224,7 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	if p.generate > 0 {
 		runErr = p.publishGenerated(ctx, pub)
 	} else {
-		malformed, runErr = p.publishLines(ctx, pub)
+		malformed, runErr = p.publishLines(ctx, pub, in)
 	}
 	st := pub.Close()
 	_ = bar.Finish()
@@ -298,16 +311,7 @@ func (r *publishReport) print(w io.Writer) {
 const maxLine = 4 << 20
 
 // publishLines publishes each valid line and reports malformed ones.
-func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher) (malformed int, err error) {
-	in := p.stdin
-	if p.file != "" {
-		f, err := os.Open(p.file)
-		if err != nil {
-			return 0, fmt.Errorf("publish: --file: %w", err)
-		}
-		defer f.Close()
-		in = f
-	}
+func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher, in io.Reader) (malformed int, err error) {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64<<10), maxLine)
 	line := 0
@@ -331,4 +335,22 @@ func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher) (m
 		return malformed, fmt.Errorf("publish: reading line %d: %w", line+1, err)
 	}
 	return malformed, nil
+}
+
+// streamExists checks, before anything is published, that the payments
+// stream exists: without it every publish would wait out its retries for a
+// stream leader that will never come.
+func streamExists(ctx context.Context, nc *nats.Conn, name string) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("publish: stream %s does not exist: start a worker first (`paydedup worker` creates the streams), or name the right one with --stream / PAYDEDUP_STREAM", name)
+	} else if err != nil {
+		return fmt.Errorf("publish: stream %s: %w", name, err)
+	}
+	return nil
 }

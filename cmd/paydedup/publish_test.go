@@ -278,9 +278,14 @@ func TestPublishReusedKeyExitsNonZero(t *testing.T) {
 // Nats-Msg-Id, and exits non-zero. One the stream refused is not stored.
 func TestPublishWithoutPubAckIsUnknown(t *testing.T) {
 	t.Parallel()
-	w := newCLIWorld(t, "", false) // no stream: nothing answers
+	w := newCLIWorld(t, "", false)
+	if _, _, err := stream.EnsureStreams(context.Background(), w.js, w.cfg); err != nil {
+		t.Fatal(err)
+	}
 	line := `{"merchant_id":"m_1","idempotency_key":"k-1","amount":1999,"currency":"usd","payment_method":"pm_card_visa"}`
-	out, errOut, err := w.run(line+"\n", "publish", "--retry", "300ms", "--ack-timeout", "1s")
+	// The stream exists and no leader answers for the subject (as in a
+	// leader election): no PubAck.
+	out, errOut, err := w.run(line+"\n", "publish", "--retry", "300ms", "--ack-timeout", "1s", "--subject-prefix", w.cfg.SubjectPrefix+"-elsewhere")
 	if err == nil {
 		t.Fatalf("publish without a PubAck exited zero:\n%s%s", out, errOut)
 	}
@@ -298,9 +303,6 @@ func TestPublishWithoutPubAckIsUnknown(t *testing.T) {
 	}
 
 	// The stream refuses a message over its size limit: not stored.
-	if _, _, err := stream.EnsureStreams(context.Background(), w.js, w.cfg); err != nil {
-		t.Fatal(err)
-	}
 	s, err := w.js.Stream(context.Background(), w.cfg.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -314,5 +316,21 @@ func TestPublishWithoutPubAckIsUnknown(t *testing.T) {
 	if err == nil || !strings.Contains(out, "0 reused keys, 1 refused, 0 unknown") || !strings.Contains(errOut, "refused") ||
 		!strings.Contains(errOut, "not stored") {
 		t.Fatalf("a message the stream refused: %v\n%s%s", err, out, errOut)
+	}
+}
+
+// With no payments stream (no worker has started yet), publish stops at
+// once, naming the stream and saying to start a worker, instead of
+// resending every message for --retry.
+func TestPublishMissingStreamFailsFast(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, "", false)
+	start := time.Now()
+	_, _, err := w.run("", "publish", "--generate", "3")
+	if err == nil || !strings.Contains(err.Error(), "start a worker") || !strings.Contains(err.Error(), w.cfg.Name) {
+		t.Fatalf("publish without a stream: %v, want it to name %s and say to start a worker", err, w.cfg.Name)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("publish without a stream took %v, want an answer at once", took)
 	}
 }
