@@ -18,6 +18,14 @@ type IntakeMarker interface {
 	MarkIntakeDeadLettered(ctx context.Context, merchantID, key string, seq uint64, reason, errText string) (bool, error)
 }
 
+// OperatorMarker is the optional part of an IntakeMarker that records a
+// dead letter that waits for an operator (the gateway's store implements
+// it): not final, the gateway shows the payment waiting for an operator
+// until a worker claims the key again.
+type OperatorMarker interface {
+	MarkIntakeForOperator(ctx context.Context, merchantID, key, reason, errText string) (bool, error)
+}
+
 // deadLetteredIntake tells the gateway's intake of a command it published
 // that the worker dead-lettered it, so the gateway answers the reason
 // instead of "queued" and stops republishing. The store marks only the
@@ -25,14 +33,17 @@ type IntakeMarker interface {
 // straight on the queue have none. The message is already dead-lettered:
 // a failure here is logged and changes nothing of its fate.
 //
-// Only a dead letter that is final for the client reaches the intake: bad
-// input and a reused key, which a replay would dead-letter again. A letter
-// that waits for an operator (max_deliveries, a ledger conflict, a provider
-// idempotency mismatch) may still end in a charge, or stand beside one: the
-// gateway keeps answering from the idempotency record, never "final, send
-// it again under a new key".
+// Only a dead letter that is final for the client is recorded as final:
+// bad input and a reused key, which a replay would dead-letter again. A
+// letter that waits for an operator (max_deliveries, provider_rejected, a
+// ledger conflict, a provider idempotency mismatch) may still end in a
+// charge, or stand beside one: it is recorded apart (OperatorMarker), and
+// the gateway answers "waiting for an operator" beside the idempotency
+// record, never "final, send it again under a new key".
 func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
-	if !finalForClient(reason) {
+	final := finalForClient(reason)
+	op, canWait := w.intake.(OperatorMarker)
+	if !final && !canWait {
 		return
 	}
 	if w.intake == nil || in.meta == nil || in.meta.Sequence.Stream == 0 || in.meta.Sequence.Stream > math.MaxInt64 {
@@ -48,7 +59,18 @@ func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason str
 	if payment.ValidateMerchant(merchant) != nil || payment.ValidateKey(key) != nil {
 		return
 	}
-	marked, err := w.intake.MarkIntakeDeadLettered(ctx, merchant, key, in.meta.Sequence.Stream, reason, stream.SanitizeHeader(errString(cause)))
+	errText := stream.SanitizeHeader(errString(cause))
+	if !final {
+		marked, err := op.MarkIntakeForOperator(ctx, merchant, key, reason, errText)
+		switch {
+		case err != nil:
+			log.Warn("could not record on the gateway's intake that the payment waits for an operator; the gateway shows the record's state", "reason", reason, "error", err)
+		case marked:
+			log.Info("gateway intake marked waiting for an operator", "reason", reason)
+		}
+		return
+	}
+	marked, err := w.intake.MarkIntakeDeadLettered(ctx, merchant, key, in.meta.Sequence.Stream, reason, errText)
 	switch {
 	case err != nil:
 		log.Warn("could not record the dead letter on the gateway's intake; the gateway shows the payment queued", "reason", reason, "error", err)

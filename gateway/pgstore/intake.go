@@ -46,6 +46,15 @@ type Intake struct {
 	DeadLetterReason string
 	DeadLetterError  string
 	DeadLetteredAt   time.Time
+	// OperatorReason is set once the worker dead-lettered a copy of the
+	// key for an operator (provider_rejected, max_deliveries...): not
+	// final, a replay may still charge it. OperatorError is the letter's
+	// error text, OperatorAt when it was filed (database time): the
+	// payment waits for an operator while its record has not changed
+	// since (WaitsForOperator).
+	OperatorReason string
+	OperatorError  string
+	OperatorAt     time.Time
 }
 
 // Published reports whether the command was published (PubAck received).
@@ -53,6 +62,21 @@ func (in Intake) Published() bool { return !in.PublishedAt.IsZero() }
 
 // DeadLettered reports whether the worker dead-lettered the published copy.
 func (in Intake) DeadLettered() bool { return in.DeadLetterReason != "" }
+
+// WaitsForOperator reports whether the payment waits for an operator: a
+// copy of it was dead-lettered for an operator and no worker has claimed
+// the key since. rec is the key's record, nil when it has none. A
+// completed record, or one changed after the letter (a replay was
+// claimed), shows its own state.
+func (in Intake) WaitsForOperator(rec *dedup.Record) bool {
+	if in.OperatorReason == "" || in.DeadLettered() {
+		return false
+	}
+	if rec == nil {
+		return true
+	}
+	return rec.Status != dedup.StatusCompleted && !rec.UpdatedAt.After(in.OperatorAt)
+}
 
 // IntakeOutcome is what AcquireIntake found.
 type IntakeOutcome int
@@ -98,7 +122,8 @@ type IntakeResult struct {
 }
 
 const intakeColumns = `merchant_id, idempotency_key, request_hash, amount, currency, attempt, locked_until,
-	published_at, created_at, expires_at, stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at`
+	published_at, created_at, expires_at, stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at,
+	operator_reason, operator_error, operator_at`
 
 // scanIntake scans one row of intakeColumns.
 func scanIntake(row pgx.Row) (Intake, error) { return newIntakeScanner().scan(row) }
@@ -108,19 +133,21 @@ func scanIntake(row pgx.Row) (Intake, error) { return newIntakeScanner().scan(ro
 // once per row, as dedup's recordScanner does; the nullable columns are
 // scanned in place rather than through pointers, one allocation each.
 type intakeScanner struct {
-	dest               []any
-	in                 Intake
-	attempt            int32
-	published, deadAt  pgtype.Timestamptz
-	seq                pgtype.Int8
-	deadReason, dlqErr pgtype.Text
+	dest                        []any
+	in                          Intake
+	attempt                     int32
+	published, deadAt, opAt     pgtype.Timestamptz
+	seq                         pgtype.Int8
+	deadReason, dlqErr          pgtype.Text
+	operatorReason, operatorErr pgtype.Text
 }
 
 func newIntakeScanner(extra ...any) *intakeScanner {
 	s := &intakeScanner{}
 	in := &s.in
 	s.dest = append([]any{&in.MerchantID, &in.IdempotencyKey, &in.RequestHash, &in.Amount, &in.Currency, &s.attempt,
-		&in.LockedUntil, &s.published, &in.CreatedAt, &in.ExpiresAt, &s.seq, &s.deadReason, &s.dlqErr, &s.deadAt}, extra...)
+		&in.LockedUntil, &s.published, &in.CreatedAt, &in.ExpiresAt, &s.seq, &s.deadReason, &s.dlqErr, &s.deadAt,
+		&s.operatorReason, &s.operatorErr, &s.opAt}, extra...)
 	return s
 }
 
@@ -140,6 +167,10 @@ func (s *intakeScanner) scan(row pgx.Row) (Intake, error) {
 	if in.DeadLetteredAt, err = pg.Finite(s.deadAt); err != nil {
 		return Intake{}, err
 	}
+	if in.OperatorAt, err = pg.Finite(s.opAt); err != nil {
+		return Intake{}, err
+	}
+	in.OperatorReason, in.OperatorError = s.operatorReason.String, s.operatorErr.String
 	if s.seq.Valid {
 		in.StreamSeq = uint64(s.seq.Int64)
 	}
@@ -228,6 +259,9 @@ SET request_hash = excluded.request_hash, amount = excluded.amount, currency = e
     dead_letter_reason = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_letter_reason END,
     dead_letter_error = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_letter_error END,
     dead_lettered_at = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.dead_lettered_at END,
+    operator_reason = CASE WHEN g.expires_at <= ` + dbNow + ` THEN NULL ELSE g.operator_reason END,
+    operator_error = CASE WHEN g.expires_at <= ` + dbNow + ` THEN NULL ELSE g.operator_error END,
+    operator_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN NULL ELSE g.operator_at END,
     created_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN excluded.created_at ELSE g.created_at END,
     expires_at = excluded.expires_at
 WHERE g.expires_at <= ` + dbNow + `
@@ -407,6 +441,49 @@ WITH marked AS (
     SET dead_letter_reason = $4, dead_letter_error = $5, dead_lettered_at = coalesce($6::timestamptz, now()), stream_seq = $3
     WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL
       AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))
+    RETURNING merchant_id, idempotency_key
+), notified AS (
+    SELECT pg_notify('` + dedup.CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
+               WHERE n.oid = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = 'gateway_intake'::regclass)),
+           'm', m.merchant_id, 'k', m.idempotency_key)::text)
+    FROM marked m
+)
+SELECT count(*) FROM marked WHERE (SELECT count(*) FROM notified) >= 0`
+
+// MarkIntakeForOperator records that the worker dead-lettered a copy of
+// (merchant, key) for an operator (a reason a replay may still charge:
+// provider_rejected, max_deliveries...), with its reason and error text,
+// and wakes the requests waiting on the key. Unlike MarkIntakeDeadLettered
+// it matches any copy of the key, the gateway's publish or an operator's
+// replay: the letter says what the key's payment waits for, not that
+// the gateway's publish is settled, and nothing final is derived from it
+// (the gateway compares it with the record: Intake.WaitsForOperator). A
+// key without an intake row (published straight on the queue), or with a
+// final dead letter, is left alone (false, nil).
+func (s *Store) MarkIntakeForOperator(ctx context.Context, merchantID, key string, reason, errText string) (bool, error) {
+	if reason == "" {
+		return false, errors.New("mark intake waiting for an operator: empty reason")
+	}
+	if len(errText) > maxDeadLetterErrorLen {
+		errText = strings.ToValidUTF8(errText[:maxDeadLetterErrorLen], "")
+	}
+	var n int64
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, markIntakeForOperatorSQL, merchantID, key, reason, errText, s.db.Now()).Scan(&n)
+	})
+	if err != nil {
+		return false, interpretError("mark intake waiting for an operator", err)
+	}
+	return n > 0, nil
+}
+
+// markIntakeForOperatorSQL is markIntakeDeadLetteredSQL for a letter that
+// waits for an operator.
+const markIntakeForOperatorSQL = `
+WITH marked AS (
+    UPDATE gateway_intake
+    SET operator_reason = $3, operator_error = $4, operator_at = coalesce($5::timestamptz, now())
+    WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL AND expires_at > coalesce($5::timestamptz, now())
     RETURNING merchant_id, idempotency_key
 ), notified AS (
     SELECT pg_notify('` + dedup.CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
