@@ -99,13 +99,14 @@ const (
 	ansPublishUnknown // no PubAck: the command may be stored; the key stays bound
 	ansNotQueued      // the stream refused the publish: nothing stored, the key is free
 	ansNoStream       // ansNotQueued because the stream does not exist
+	ansWaiting        // the payment waits for an operator (202, waiting_for_operator); nothing published
 )
 
 // answer is the decision for one POST.
 type answer struct {
 	kind  answerKind
-	rec   dedup.Record   // ansReplay
-	in    pgstore.Intake // ansAccepted, ansDeadLetter
+	rec   dedup.Record   // ansReplay, ansWaiting (zero: no record)
+	in    pgstore.Intake // ansAccepted, ansDeadLetter, ansWaiting
 	retry time.Duration  // ansInUse
 }
 
@@ -124,6 +125,46 @@ func (g *Gateway) fromRecord(rec dedup.Record, fp []byte) (answer, bool) {
 		return answer{kind: ansInUse, retry: min(rec.LockedUntil.Sub(g.cfg.Clock.Now()), inFlightRetryAfter)}, true
 	}
 	return answer{}, false
+}
+
+// mayWaitForOperator reports whether a POST that fromRecord decided (a
+// and decided are its answer) must read the key's intake first, for a
+// dead letter that waits for an operator: a key whose lease ran out
+// (a max_deliveries letter leaves it pending) is answered 409 otherwise. A
+// failed record is not decided here: AcquireIntake(s) returns its intake
+// row, which fromOperator reads.
+func (g *Gateway) mayWaitForOperator(rec dedup.Record, fp []byte, a answer, decided bool) bool {
+	return decided && a.kind == ansInUse && rec.Status == dedup.StatusPending &&
+		!rec.LockedUntil.After(g.cfg.Clock.Now()) && bytes.Equal(rec.RequestHash, fp)
+}
+
+// fromOperator decides a POST from the intake row AcquireIntake(s)
+// returned (res) and the key's record (nil: none) when the payment waits
+// for an operator (pgstore.Intake.WaitsForOperator): 202 with its state,
+// never a publish (an operator's replay decides whether it is charged),
+// never a final answer (the replay may still charge it). An intake the
+// request acquired must then be released (releaseWaiting).
+func fromOperator(rec *dedup.Record, res pgstore.IntakeResult, fp []byte) (answer, bool) {
+	if res.Outcome != pgstore.IntakeAcquired && res.Outcome != pgstore.IntakeHeld ||
+		!bytes.Equal(res.Intake.RequestHash, fp) || !res.Intake.WaitsForOperator(rec) {
+		return answer{}, false
+	}
+	a := answer{kind: ansWaiting, in: res.Intake}
+	if rec != nil {
+		a.rec = *rec
+	}
+	return a, true
+}
+
+// releaseWaiting gives back an intake acquired only to find that its
+// payment waits for an operator (fromOperator): nothing was published.
+func (g *Gateway) releaseWaiting(ctx context.Context, res pgstore.IntakeResult, log *slog.Logger) {
+	if res.Outcome != pgstore.IntakeAcquired {
+		return
+	}
+	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+		log.Warn("could not release the intake of a payment waiting for an operator; a retry takes it over once its lease passes", "error", err)
+	}
 }
 
 // inFlightRetryAfter is the Retry-After of a key a worker holds: about a
@@ -154,6 +195,10 @@ func (g *Gateway) write(w http.ResponseWriter, a answer) {
 	case ansDeadLetter:
 		g.metrics.idempotency.WithLabelValues("dead_lettered").Inc()
 		g.writeDeadLetter(w, a.in)
+	case ansWaiting:
+		g.metrics.idempotency.WithLabelValues("waiting_for_operator").Inc()
+		w.Header().Set("Location", location(a.in.IdempotencyKey))
+		writeJSON(w, http.StatusAccepted, waitingPayment(a.rec, a.in))
 	case ansUnauthenticated:
 		g.unauthenticated(w)
 	case ansPublishUnknown:
@@ -174,6 +219,7 @@ type item struct {
 	extra   map[string]string
 	checked *stream.Checked // the message Check built, or nil
 	keyHash []byte          // the API key's, re-checked by the batch
+	rec     *dedup.Record   // the key's record, when readThenAcquire found one
 	log     *slog.Logger
 	done    chan answer // buffered: the batch never blocks on a request
 	ans     answer
@@ -419,6 +465,11 @@ func (b *batcher) flush(batch []*item) {
 	}
 	var publish, held []*item
 	settle := func(it *item, res pgstore.IntakeResult, reread bool) {
+		if a, waits := fromOperator(it.rec, res, it.fp); waits {
+			g.releaseWaiting(ctx, res, it.log)
+			it.ans = a
+			return
+		}
 		switch res.Outcome {
 		case pgstore.IntakeMismatch:
 			it.ans.kind = ansReused
@@ -535,7 +586,16 @@ func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, 
 			continue
 		}
 		if rec, ok := byKey[k]; ok {
-			if a, decided := g.fromRecord(rec, it.fp); decided {
+			it.rec = &rec
+			a, decided := g.fromRecord(rec, it.fp)
+			if g.mayWaitForOperator(rec, it.fp, a, decided) {
+				// Rare (a lease that ran out): read one at a time.
+				if in, ok := g.fate(ctx, it.cmd.MerchantID, it.cmd.IdempotencyKey, it.fp, &rec); ok {
+					it.ans = fateAnswer(rec, in)
+					continue
+				}
+			}
+			if decided {
 				it.ans = a
 				continue
 			}

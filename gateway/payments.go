@@ -31,6 +31,12 @@ const (
 	// StatePublishUnknown: the gateway sent the command but got no PubAck,
 	// so it may be queued; a POST with the same key and body settles it.
 	StatePublishUnknown = "publish_unknown"
+	// StateWaitingForOperator: the worker dead-lettered it for a person
+	// (Payment.Reason says why: provider_rejected, max_deliveries...).
+	// Not final: nothing retries it until an operator replays the letter,
+	// and the replay may still charge it; once a worker claims the key
+	// again, the payment shows its record's state again.
+	StateWaitingForOperator = "waiting_for_operator"
 )
 
 // Payment is the gateway's representation of a payment. For a completed
@@ -47,6 +53,9 @@ type Payment struct {
 	CompletedAt    *time.Time `json:"completed_at,omitempty"`
 	// Outcome is the provider's stored answer, once completed.
 	Outcome *Outcome `json:"outcome,omitempty"`
+	// Reason is the dead letter's reason of a payment waiting for an
+	// operator.
+	Reason string `json:"reason,omitempty"`
 }
 
 // Outcome is the stored provider response of a completed payment.
@@ -77,6 +86,18 @@ func paymentFromRecord(rec dedup.Record) Payment {
 	default:
 		p.Status = StateProcessing
 	}
+	return p
+}
+
+// waitingPayment is the payment of a key that waits for an operator
+// (Intake.WaitsForOperator): its record's fields when it has one, else
+// its intake's.
+func waitingPayment(rec dedup.Record, in pgstore.Intake) Payment {
+	p := paymentFromIntake(in)
+	if rec.IdempotencyKey != "" {
+		p = paymentFromRecord(rec)
+	}
+	p.Status, p.Reason = StateWaitingForOperator, in.OperatorReason
 	return p
 }
 
@@ -158,14 +179,25 @@ func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in pgstore.Intake) {
 		Detail: detail + ". This is final for this Idempotency-Key; send a corrected payment with a new key."})
 }
 
-// deadLettered returns the intake of a key when the worker dead-lettered
-// the command published for the request fingerprint hash.
-func (g *Gateway) deadLettered(ctx context.Context, merchant, key string, hash []byte) (pgstore.Intake, bool) {
+// fate returns the intake of a key, for the request fingerprint hash,
+// when it settles the answer beside the record rec (nil: none): the
+// worker dead-lettered the command (final: Intake.DeadLettered), or the
+// payment waits for an operator (Intake.WaitsForOperator).
+func (g *Gateway) fate(ctx context.Context, merchant, key string, hash []byte, rec *dedup.Record) (pgstore.Intake, bool) {
 	in, err := g.store.GetIntake(ctx, merchant, key)
-	if err != nil || !in.DeadLettered() || !bytes.Equal(in.RequestHash, hash) {
+	if err != nil || !bytes.Equal(in.RequestHash, hash) || !in.DeadLettered() && !in.WaitsForOperator(rec) {
 		return pgstore.Intake{}, false
 	}
 	return in, true
+}
+
+// fateAnswer is the answer of a POST from an intake fate returned, with
+// the key's record (zero: none).
+func fateAnswer(rec dedup.Record, in pgstore.Intake) answer {
+	if in.DeadLettered() {
+		return answer{kind: ansDeadLetter, in: in}
+	}
+	return answer{kind: ansWaiting, in: in, rec: rec}
 }
 
 // traceHeaders are the trace context headers that travel with the command:
@@ -276,7 +308,14 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	rec, err := g.records.Get(ctx, merchant, key)
 	switch {
 	case err == nil:
-		if a, decided := g.fromRecord(rec, fp); decided {
+		a, decided := g.fromRecord(rec, fp)
+		if g.mayWaitForOperator(rec, fp, a, decided) {
+			if in, ok := g.fate(ctx, merchant, key, fp, &rec); ok {
+				g.write(w, fateAnswer(rec, in))
+				return
+			}
+		}
+		if decided {
 			g.decided(ctx, w, a, sub, wait, merchant, key, fp)
 			return
 		}
@@ -303,10 +342,19 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	var recp *dedup.Record // the key's record, nil when it has none
+	if err == nil {
+		recp = &rec
+	}
 	res, err := g.store.AcquireIntake(ctx, dedup.NewClaimRequest(cmd), g.cfg.PublishLease, g.cfg.IntakeRetention)
 	if err != nil {
 		g.logRequestError(r, log, "acquire intake", err)
 		unavailable(w)
+		return
+	}
+	if a, waits := fromOperator(recp, res, fp); waits {
+		g.releaseWaiting(ctx, res, log)
+		g.write(w, a)
 		return
 	}
 	switch res.Outcome {
@@ -361,6 +409,8 @@ func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in pgstor
 		writeOutcome(w, rec, false)
 	case dl.DeadLettered():
 		g.writeDeadLetter(w, dl)
+	case dl.OperatorReason != "":
+		g.write(w, answer{kind: ansWaiting, in: dl, rec: rec})
 	default:
 		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentFromIntake(in))
 	}
@@ -378,7 +428,7 @@ func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, 
 	}
 	w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
 	rec, dl, ok := g.waitCompleted(ctx, sub, merchant, key, fp, wait)
-	if !ok && !dl.DeadLettered() && ctx.Err() == nil {
+	if !ok && dl.IdempotencyKey == "" && ctx.Err() == nil {
 		// A key that came straight from the queue wakes no waiter: read it
 		// once more.
 		if got, err := g.records.Get(ctx, merchant, key); err == nil && got.Status == dedup.StatusCompleted {
@@ -390,8 +440,8 @@ func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, 
 		g.keyReused(w)
 	case ok:
 		g.write(w, answer{kind: ansReplay, rec: rec})
-	case dl.DeadLettered():
-		g.write(w, answer{kind: ansDeadLetter, in: dl})
+	case dl.IdempotencyKey != "":
+		g.write(w, fateAnswer(rec, dl))
 	default:
 		g.write(w, a)
 	}
@@ -513,23 +563,34 @@ func (g *Gateway) logRequestError(r *http.Request, log *slog.Logger, what string
 // waitCompleted waits up to wait for the key to complete: it reads the
 // record, then sleeps until a notification, the end of the wait, the client
 // leaving or a shutdown. No polling. A notification is a completion, or the
-// worker dead-lettering the command published for hash: then the intake is
-// returned, with its reason. When the wait ends otherwise, the intake is
-// read once more for a dead letter.
+// worker dead-lettering the command published for hash (final, or for an
+// operator): then the intake is returned (fate), with its reason, and the
+// record as read (zero when none). When the wait ends otherwise, the
+// intake is read once more.
 func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, merchant, key string, hash []byte, wait time.Duration) (dedup.Record, pgstore.Intake, bool) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	woken := false
+	var rec dedup.Record
+	var recp *dedup.Record
 	for {
-		rec, err := g.records.Get(ctx, merchant, key)
+		got, err := g.records.Get(ctx, merchant, key)
+		rec, recp = dedup.Record{}, nil
+		if err == nil {
+			rec, recp = got, &got
+		}
 		if err == nil && rec.Status == dedup.StatusCompleted {
 			g.metrics.waits.WithLabelValues("completed").Inc()
 			return rec, pgstore.Intake{}, true
 		}
 		if woken {
-			if dl, ok := g.deadLettered(ctx, merchant, key, hash); ok {
-				g.metrics.waits.WithLabelValues("dead_lettered").Inc()
-				return dedup.Record{}, dl, false
+			if dl, ok := g.fate(ctx, merchant, key, hash, recp); ok {
+				if dl.DeadLettered() {
+					g.metrics.waits.WithLabelValues("dead_lettered").Inc()
+				} else {
+					g.metrics.waits.WithLabelValues("waiting_for_operator").Inc()
+				}
+				return rec, dl, false
 			}
 		}
 		select {
@@ -544,8 +605,8 @@ func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, 
 			g.metrics.waits.WithLabelValues("cancelled").Inc()
 			return dedup.Record{}, pgstore.Intake{}, false
 		}
-		dl, _ := g.deadLettered(ctx, merchant, key, hash)
-		return dedup.Record{}, dl, false
+		dl, _ := g.fate(ctx, merchant, key, hash, recp)
+		return rec, dl, false
 	}
 }
 
@@ -628,10 +689,13 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		p, hash = paymentFromRecord(rec), rec.RequestHash
-		if rec.Status == dedup.StatusFailed {
-			if dl, ok := g.deadLettered(ctx, merchant, key, hash); ok {
-				g.writeDeadLetter(w, dl)
-				return
+		if rec.Status != dedup.StatusCompleted {
+			if dl, ok := g.fate(ctx, merchant, key, hash, &rec); ok {
+				if dl.DeadLettered() {
+					g.writeDeadLetter(w, dl)
+					return
+				}
+				p = waitingPayment(rec, dl)
 			}
 		}
 	case errors.Is(err, dedup.ErrNotFound):
@@ -666,7 +730,9 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		p, hash = paymentFromIntake(in), in.RequestHash
-		if !in.Published() {
+		if in.WaitsForOperator(nil) {
+			p = waitingPayment(dedup.Record{}, in)
+		} else if !in.Published() {
 			// No mark of a publish, and none in flight: its PubAck never
 			// came (or its mark was lost), so it may be queued.
 			p.Status = StatePublishUnknown
@@ -675,6 +741,9 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 		g.log.Error("read idempotency record", "error", err)
 		unavailable(w)
 		return
+	}
+	if p.Status == StateWaitingForOperator {
+		wait = 0 // nothing moves until an operator replays it: answered at once
 	}
 	if wait > 0 && p.CompletedAt == nil && p.Status != StateQueued && p.Status != StatePublishUnknown {
 		// Only keys the gateway took in notify on completion; a payment
@@ -686,11 +755,14 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	if wait > 0 && p.CompletedAt == nil {
 		w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
 		rec, dl, ok := g.waitCompleted(ctx, sub, merchant, key, hash, wait)
-		if ok {
+		switch {
+		case ok:
 			p = paymentFromRecord(rec)
-		} else if dl.DeadLettered() {
+		case dl.DeadLettered():
 			g.writeDeadLetter(w, dl)
 			return
+		case dl.IdempotencyKey != "":
+			p = waitingPayment(rec, dl)
 		}
 	}
 	writeJSON(w, http.StatusOK, p)
