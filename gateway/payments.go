@@ -159,8 +159,9 @@ func invalidRequest(w http.ResponseWriter, err error) {
 // writeDeadLetter answers a key whose published command the worker
 // dead-lettered: final, with the dead letter's reason. Bad input is 400
 // (413 for its size), a key reused with another payment 422. (The worker
-// records only these final reasons on the intake: a letter that waits for
-// an operator, such as max_deliveries, may still be replayed and charge.)
+// records only these final reasons as final: a letter that waits for an
+// operator, such as max_deliveries, may still be replayed and charge; it
+// is answered waiting_for_operator, never so.)
 func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in pgstore.Intake) {
 	status, typ := http.StatusUnprocessableEntity, ProblemRejected
 	switch {
@@ -664,8 +665,9 @@ func (g *Gateway) settledIntake(ctx context.Context, in pgstore.Intake) (pgstore
 // (one whose publish is in flight is waited for, then 409 if still
 // unsettled: settledIntake);
 // a key whose command the worker dead-lettered answers the dead letter's
-// reason, as a retried POST would. Prefer: wait=N waits for the completion
-// of a payment taken in by the gateway.
+// reason, as a retried POST would; one that waits for an operator is 200
+// waiting_for_operator with the letter's reason, at once. Prefer: wait=N
+// waits for the completion of a payment taken in by the gateway.
 func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	merchant := merchantFrom(r.Context())
 	key := r.PathValue("key")
