@@ -73,9 +73,10 @@ func TestOperatorLetterWaitsForOperator(t *testing.T) {
 				t.Fatalf("GET payment %+v, want waiting_for_operator with reason %s", p, stream.ReasonProviderRejected)
 			}
 			// Asked to wait, GET answers at once: nothing moves until an
-			// operator replays it.
+			// operator replays it. The answers match openapi.yaml.
+			c := newOpenAPIChecker(t, w)
 			start := time.Now()
-			g := w.do(http.MethodGet, "/v1/payments/rej", w.keyA, "", map[string]string{"Prefer": "wait=10"})
+			g := c.exchange(true, http.MethodGet, "/v1/payments/rej", w.keyA, "", map[string]string{"Prefer": "wait=10"})
 			wantStatus(t, g, http.StatusOK)
 			if p := g.payment(t); p.Status != gateway.StateWaitingForOperator || time.Since(start) > 5*time.Second {
 				t.Fatalf("GET with Prefer: wait: %+v after %v", p, time.Since(start))
@@ -83,8 +84,9 @@ func TestOperatorLetterWaitsForOperator(t *testing.T) {
 
 			first := w.intake("rej")
 			w.eventually("past the republish hold", func() bool { return time.Now().After(first.LockedUntil.Add(100 * time.Millisecond)) })
-			for _, hdr := range [][]string{nil, nil, {"Prefer", "wait=5"}} {
-				r := w.post("rej", body, hdr...)
+			for _, hdr := range []map[string]string{{}, {}, {"Prefer": "wait=5"}} {
+				hdr["Idempotency-Key"] = "rej"
+				r := c.exchange(true, http.MethodPost, "/v1/payments", w.keyA, body, hdr)
 				wantStatus(t, r, http.StatusAccepted)
 				if p := r.payment(t); p.Status != gateway.StateWaitingForOperator || p.Reason != stream.ReasonProviderRejected {
 					t.Fatalf("retried POST %v: payment %+v, want waiting_for_operator (%s)", hdr, p, stream.ReasonProviderRejected)
