@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route"}),
 		idempotency: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_idempotency_total",
-			Help: "POST /v1/payments by what the Idempotency-Key found: new, replayed, in_flight, mismatch, dead_lettered, not_republished; shed and shed_merchant when the batched intake had no room.",
+			Help: "POST /v1/payments by what the Idempotency-Key found: new, replayed, in_flight, mismatch, dead_lettered, waiting_for_operator, not_republished; shed and shed_merchant when the batched intake had no room.",
 		}, []string{"result"}),
 		publishes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_publishes_total",
@@ -49,7 +49,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_waits_total",
-			Help: "Prefer: wait requests by how the wait ended: completed, dead_lettered, timeout, shutdown, cancelled.",
+			Help: "Prefer: wait requests by how the wait ended: completed, dead_lettered, waiting_for_operator, timeout, shutdown, cancelled.",
 		}, []string{"result"}),
 		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "paydedup_gateway_auth_failures_total",
