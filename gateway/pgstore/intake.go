@@ -442,13 +442,7 @@ WITH marked AS (
     WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL
       AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))
     RETURNING merchant_id, idempotency_key
-), notified AS (
-    SELECT pg_notify('` + dedup.CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
-               WHERE n.oid = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = 'gateway_intake'::regclass)),
-           'm', m.merchant_id, 'k', m.idempotency_key)::text)
-    FROM marked m
-)
-SELECT count(*) FROM marked WHERE (SELECT count(*) FROM notified) >= 0`
+` + notifyMarkedSQL
 
 // MarkIntakeForOperator records that the worker dead-lettered a copy of
 // (merchant, key) for an operator (a reason a replay may still charge:
@@ -485,6 +479,12 @@ WITH marked AS (
     SET operator_reason = $3, operator_error = $4, operator_at = coalesce($5::timestamptz, now())
     WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL AND expires_at > coalesce($5::timestamptz, now())
     RETURNING merchant_id, idempotency_key
+` + notifyMarkedSQL
+
+// notifyMarkedSQL ends a statement whose CTE "marked" returns the intakes
+// it marked: at commit, it wakes the gateway requests waiting on those keys
+// (the completion channel's payload), and it returns how many it marked.
+const notifyMarkedSQL = `
 ), notified AS (
     SELECT pg_notify('` + dedup.CompletedChannel + `', json_build_object('s', (SELECT n.nspname FROM pg_namespace n
                WHERE n.oid = (SELECT c.relnamespace FROM pg_class c WHERE c.oid = 'gateway_intake'::regclass)),
