@@ -16,8 +16,29 @@ import (
 // The runner runs every task, hands a task to a goroutine that finished
 // one rather than start another, cancels a batch's context only after its
 // last task, and stop leaves no goroutine behind (goleak in TestMain).
+//
+// A goroutine counts itself idle just before it parks, so a task handed
+// over in between finds no receiver and starts a goroutine of its own (as
+// it may in production: harmless). On a loaded machine that can happen in
+// any one round; a runner that never reuses its goroutines starts three
+// in every round, so the test asks for one round with a single goroutine.
 func TestRunnerReusesGoroutinesAndReleasesBatches(t *testing.T) {
 	t.Parallel()
+	var started []int64
+	for range 20 {
+		n := runThreeTasksInTurn(t)
+		if n == 1 {
+			return
+		}
+		started = append(started, n)
+	}
+	t.Errorf("3 tasks one after another started %v goroutines in 20 rounds, want 1 in some round", started)
+}
+
+// runThreeTasksInTurn runs three tasks of one batch, each after the
+// previous is over, and returns how many goroutines the runner started.
+func runThreeTasksInTurn(t *testing.T) int64 {
+	t.Helper()
 	r := newRunner()
 	var wg sync.WaitGroup
 	ctx, cancel := context.WithCancel(context.Background())
@@ -35,9 +56,6 @@ func TestRunnerReusesGoroutinesAndReleasesBatches(t *testing.T) {
 		r.do(task{run: func() { ran <- i }, batch: b})
 	}
 	<-ran
-	if started := r.started.Load(); started != 1 {
-		t.Errorf("3 tasks one after another started %d goroutines, want 1", started)
-	}
 	if ctx.Err() != nil {
 		t.Fatal("the batch's context was cancelled while its handler still holds it")
 	}
@@ -47,6 +65,7 @@ func TestRunnerReusesGoroutinesAndReleasesBatches(t *testing.T) {
 		t.Fatal("the batch's context was not cancelled after its last task")
 	}
 	r.stop()
+	return r.started.Load()
 }
 
 // waitIdle waits until one of r's goroutines waits for work.
