@@ -116,7 +116,7 @@ func TestTableMatchesTree(t *testing.T) {
 	if err := Check(root, ms); err != nil {
 		t.Error(err)
 	}
-	testFunc := regexp.MustCompile(`(?m)^func (Test\w+)\(t \*testing\.T\)`)
+	testFunc := regexp.MustCompile(`(?m)^func ((?:Test|Fuzz)\w+)\((?:t \*testing\.T|f \*testing\.F)\)`)
 	for _, m := range ms {
 		re := regexp.MustCompile(m.Run)
 		for _, p := range m.Packages {
