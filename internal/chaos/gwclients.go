@@ -67,6 +67,7 @@ type gatewayRun struct {
 
 	pubAckLosses atomic.Int64
 	kills        atomic.Int64
+	holding      atomic.Bool // a PubAck loss is on (a kill waits it out)
 }
 
 func (h *harness) gatewayOn() bool { return h.cfg.gatewayClients > 0 }
@@ -459,6 +460,9 @@ func (h *harness) gatewayKillLoop(ctx context.Context) {
 			continue // down already
 		default:
 		}
+		// A kill while Postgres or NATS is down, or PubAcks are held back,
+		// would blur the faults: wait them out (at most 20 s).
+		_ = waitFor(ctx, 20*time.Second, "the services", func() bool { return h.restarting.Load() == 0 && !h.gw.holding.Load() })
 		h.logf("gateway: kill -9")
 		h.gw.slot.proc.kill()
 		h.gw.kills.Add(1)

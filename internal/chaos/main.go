@@ -227,6 +227,7 @@ type harness struct {
 	fo          *formation    // the failover mode's Postgres, else nil
 	witness     commitWitness // what the workers saw committed
 	pgFailovers atomic.Int64
+	restarting  atomic.Int32 // a NATS or Postgres restart under way (the PubAck losses wait it out)
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -467,9 +468,11 @@ func (h *harness) faults(ctx context.Context) {
 			case <-time.After(time.Until(start.Add(e.at))):
 			}
 			// A restart is finished even if the phase ends meanwhile.
+			h.restarting.Add(1)
 			if err := e.fn(context.WithoutCancel(ctx)); err != nil {
 				h.logf("%s restart failed: %v", e.kd, err)
 			}
+			h.restarting.Add(-1)
 		}
 	}()
 	for {

@@ -111,6 +111,16 @@ func (h *harness) pubAckLosses(ctx context.Context) {
 			return
 		case <-time.After(time.Until(at)):
 		}
+		// A window while NATS or Postgres restarts, or the gateway is
+		// down, loses no PubAck: wait for them (at most 20 s).
+		_ = waitFor(ctx, 20*time.Second, "the services", func() bool {
+			select {
+			case <-h.gw.slot.proc.exited():
+				return false
+			default:
+			}
+			return h.restarting.Load() == 0
+		})
 		h.logf("network: PubAcks to the gateway held back for %v (its PUBs still reach NATS)", hold)
 		name := "puback_loss"
 		toxic := `{"name":"` + name + `","stream":"downstream","type":"timeout","attributes":{"timeout":0}}`
@@ -124,11 +134,13 @@ func (h *harness) pubAckLosses(ctx context.Context) {
 		}
 		if len(held) > 0 {
 			h.gw.pubAckLosses.Add(1)
+			h.gw.holding.Store(true)
 		}
 		time.Sleep(hold) // not cut short by the end of the phase: undone below
 		for _, l := range held {
 			h.removeToxics(l, []string{name})
 		}
+		h.gw.holding.Store(false)
 	}
 }
 
