@@ -154,6 +154,11 @@ func TestStopDuringOutageNaksHeldWork(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	outageConfig(e)
+	// The answers before the gate closes are nakked and spend deliveries;
+	// on a loaded machine a message could spend all three, and a stop then
+	// settles it as its last delivery (max_deliveries). This test is about
+	// the stop: give each message room.
+	e.cfg.Stream.MaxDeliver = 10
 	if err := e.sim.SetFaults(stripesim.Faults{RateFailBeforeCharge: 1}); err != nil {
 		t.Fatal(err)
 	}
