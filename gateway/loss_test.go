@@ -283,6 +283,11 @@ func TestReusedKeyAfterPurge422(t *testing.T) {
 	if n := w.streamMsgs(); n != 1 {
 		t.Fatalf("%d messages, want 1", n)
 	}
+	// Decided by the ledger row, before any publish: not by the stream's
+	// duplicate window refusing another payload under the key's id.
+	if n := w.publishes(); n != 1 {
+		t.Fatalf("%v publishes, want only the first payment's", n)
+	}
 	// Two POSTs of the ledger's own payload in one batch: both are decided
 	// by their reads (the key has a ledger row), and of the two only the
 	// one that took the intake in is 202.
@@ -344,4 +349,23 @@ func TestLostMarkAnotherPayloadIs422(t *testing.T) {
 	if c := w.charges("m_a", "lost-mark"); c != 1 {
 		t.Fatalf("%d charges, want 1", c)
 	}
+}
+
+// publishes is how many publishes the gateway attempted, whatever their
+// result (paydedup_gateway_publishes_total).
+func (w *world) publishes() float64 {
+	w.t.Helper()
+	fams, err := w.reg.Gather()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	n := 0.0
+	for _, f := range fams {
+		if f.GetName() == "paydedup_gateway_publishes_total" {
+			for _, m := range f.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
 }
