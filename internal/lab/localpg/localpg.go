@@ -183,3 +183,31 @@ func WithAppName(dbURL, name string) (string, error) {
 	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
+
+// Observer watches a database from outside the process under test: how
+// many payments its ledger has settled, and which backends serve a client.
+type Observer struct{ pool *pgxpool.Pool }
+
+// Observe connects one connection to dbURL.
+func Observe(ctx context.Context, dbURL string) (*Observer, error) {
+	pool, err := pg.Connect(ctx, dbURL, pg.WithMaxConns(1))
+	if err != nil {
+		return nil, err
+	}
+	return &Observer{pool}, nil
+}
+
+// Settled counts the ledger's settled payments (succeeded or declined).
+func (o *Observer) Settled(ctx context.Context) (int, error) {
+	var n int
+	err := o.pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE status IN ('succeeded', 'declined')`).Scan(&n)
+	return n, err
+}
+
+// BackendPIDs is BackendPIDs on the observer's connection.
+func (o *Observer) BackendPIDs(ctx context.Context, app string) ([]int, error) {
+	return BackendPIDs(ctx, o.pool, app)
+}
+
+// Close closes the connection.
+func (o *Observer) Close() { o.pool.Close() }

@@ -1,0 +1,70 @@
+//go:build !nolab
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/internal/lab/shipbench"
+)
+
+func newBenchShippedCmd(a *app) *cobra.Command {
+	var c shipbench.Config
+	cmd := &cobra.Command{
+		Use:   "shipped",
+		Short: "Measure the worker as deployed: paydedup worker in its own process, over TCP",
+		Long: `bench shipped measures what users run: it publishes a backlog with this
+binary's own "publish --generate", then times this binary's "worker" command,
+in its own process with its defaults, draining it through a NATS server and
+a provider in processes of their own, over TCP.
+
+--provider stripe (the default) is production's path: the Stripe adapter
+(stripe-go over HTTP) calling "paydedup provider-sim" in its own process, so
+the simulator's CPU is counted apart, as Stripe's servers would be. --provider
+sim is PAYDEDUP_PROVIDER=sim: the simulator served inside the worker's
+process, whose CPU then counts as the worker's.
+
+CPU per payment is read from /proc for each process apart: the worker, its
+PostgreSQL backends (by application_name), provider-sim, and the NATS
+server when this command started it (no NATS_URL: nats-server from PATH on
+a free loopback port). The simulator's ledger is checked at the end: no key
+charged twice, every payment settled.
+
+PostgreSQL: DATABASE_URL, or the paydedup_bench database on the local
+server (PAYDEDUP_LOCAL_POSTGRES_URL); each run works in a fresh schema and
+fresh streams and removes them at the end. --worker-env passes settings to
+the worker (repeatable), e.g. --worker-env PAYDEDUP_CONCURRENCY=256.`,
+		Example: `  paydedup bench shipped --payments 60000 --json
+  paydedup bench shipped --provider sim
+  paydedup bench shipped --worker-env PAYDEDUP_LOG_LEVEL=warn`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if c.Binary == "" {
+				bin, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("bench shipped: find this binary: %w", err)
+				}
+				c.Binary = bin
+			}
+			c.Out, c.ErrOut = a.out, a.errOut
+			c.AdminURL = envOr(a.getenv, localPostgresEnv, localpg.AdminURL)
+			_, err := shipbench.Run(cmd.Context(), c)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&c.Payments, "payments", 60000, "distinct payments published, then drained")
+	f.StringVar(&c.Provider, "provider", shipbench.ProviderStripe, "stripe (the adapter calling provider-sim in its own process) or sim (PAYDEDUP_PROVIDER=sim, the simulator inside the worker)")
+	f.StringArrayVar(&c.WorkerEnv, "worker-env", nil, "KEY=VALUE setting for the worker (repeatable)")
+	f.StringVar(&c.Binary, "binary", "", "the paydedup binary whose commands are measured (default: this one)")
+	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
+	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
+	c.NATSURL = a.getenv("NATS_URL")
+	c.DatabaseURL = a.getenv("DATABASE_URL")
+	return cmd
+}

@@ -1,0 +1,75 @@
+//go:build !nolab
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/paydedup/paydedup/internal/lab/shipbench"
+	"github.com/paydedup/paydedup/internal/testenv"
+)
+
+// TestBenchShippedRunsTheRealWorker builds the binary and measures its own
+// worker command, small, with both providers: every payment settled, none
+// charged twice (by the simulator's ledger, which the stripe provider
+// serves from its own process), and CPU figures read for each process.
+func TestBenchShippedRunsTheRealWorker(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "paydedup")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	env := map[string]string{"DATABASE_URL": testenv.PostgresURL(t), "NATS_URL": testenv.NATSURL(t)}
+	for _, provider := range []string{shipbench.ProviderStripe, shipbench.ProviderSim} {
+		t.Run(provider, func(t *testing.T) {
+			out, errOut, err := runCLI(context.Background(), env, "bench", "shipped", "--binary", bin, "--json",
+				"--payments", "300", "--provider", provider, "--worker-env", "PAYDEDUP_LOG_LEVEL=warn")
+			if err != nil {
+				t.Fatalf("bench shipped: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+			}
+			lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+			var r shipbench.Result
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+				t.Fatalf("last line is not the JSON report: %v\n%s", err, out)
+			}
+			if r.Mode != "shipped" || r.Provider != provider || r.Payments != 300 || r.Lost != 0 {
+				t.Errorf("report %+v, want shipped, %s, 300 payments, none lost", r, provider)
+			}
+			wantDoubles := 0
+			if provider == shipbench.ProviderSim {
+				wantDoubles = -1 // the ledger is inside the worker: not checked
+			}
+			if r.DoubleCharges != wantDoubles {
+				t.Errorf("double charges %d, want %d", r.DoubleCharges, wantDoubles)
+			}
+			if r.PaymentsPerSec <= 0 || r.WorkerCPUUSPerPayment <= 0 || r.WorkerRSSMB <= 0 || r.PGCPUUSPerPayment <= 0 || r.PGBackends < 1 {
+				t.Errorf("implausible figures: %+v", r)
+			}
+			if (provider == shipbench.ProviderStripe) != (r.SimCPUUSPerPayment > 0) {
+				t.Errorf("provider-sim CPU %v µs with provider %s", r.SimCPUUSPerPayment, provider)
+			}
+		})
+	}
+}
+
+func TestBenchShippedRejectsBadSettings(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--payments", "0"}, "--payments"},
+		{[]string{"--provider", "paypal"}, "--provider"},
+		{[]string{"--worker-env", "NOEQUALS"}, "--worker-env"},
+	} {
+		_, _, err := runCLI(context.Background(), nil, append([]string{"bench", "shipped"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: err %v, want one naming %s", c.args, err, c.want)
+		}
+	}
+}

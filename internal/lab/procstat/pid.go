@@ -1,0 +1,54 @@
+package procstat
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// PIDCPU is another process's CPU time so far, all its threads' (those
+// gone included): utime+stime from /proc/<pid>/stat, in clock ticks of
+// 10 ms. (/proc/<pid>/schedstat counts the main thread only.) false when
+// /proc does not tell (not Linux, the process is gone or not ours).
+func PIDCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')') // the command may contain spaces
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 { // state is f[0]; utime and stime are fields 14 and 15
+		return 0, false
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(ut+st) * time.Second / 100, true // USER_HZ
+}
+
+// PIDPeakRSSMB is another process's peak resident set size (VmHWM) in MiB,
+// 0 where /proc does not tell.
+func PIDPeakRSSMB(pid int) float64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb float64
+		if n, _ := fmt.Sscanf(sc.Text(), "VmHWM: %f kB", &kb); n == 1 {
+			return kb / 1024
+		}
+	}
+	return 0
+}
