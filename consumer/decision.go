@@ -60,6 +60,10 @@ type Result struct {
 	// message's work short (see gate): the worker holds the message and
 	// runs it again when the pause ends, instead of settling this result.
 	pause string
+	// unavailable: the provider call ended as the outage rule counts
+	// (providerUnavailable). On the message's last delivery the worker
+	// then asks the provider whether it is down (Worker.lastDelivery).
+	unavailable bool
 }
 
 // held reports whether the worker holds the message instead of settling
@@ -107,7 +111,7 @@ func decide(r Result, deliveries uint64, maxDeliver int, base, maxDelay time.Dur
 	case DeadLetter:
 		return Action{Kind: DeadLetterTerm, Reason: r.Reason}
 	}
-	if maxDeliver > 0 && deliveries >= uint64(maxDeliver) {
+	if lastDelivery(deliveries, maxDeliver) {
 		return Action{Kind: DeadLetterTerm, Reason: stream.ReasonMaxDeliveries}
 	}
 	delay := r.Delay
@@ -121,6 +125,12 @@ func decide(r Result, deliveries uint64, maxDeliver int, base, maxDelay time.Dur
 		delay = min(delay, backoff(deliveries, base, maxDelay))
 	}
 	return Action{Kind: Nak, Delay: min(delay, maxDelay)}
+}
+
+// lastDelivery reports whether delivery number deliveries is the last that
+// MaxDeliver allows (0: no limit): a retry then is dead-lettered.
+func lastDelivery(deliveries uint64, maxDeliver int) bool {
+	return maxDeliver > 0 && deliveries >= uint64(maxDeliver)
 }
 
 // backoff is base doubling per delivery, capped at maxDelay.

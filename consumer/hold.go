@@ -55,13 +55,38 @@ func (w *Worker) hold(workCtx context.Context, in *inbound, res Result) Result {
 		default:
 			return res
 		}
-		res = w.rerun(workCtx, in)
+		res = w.lastDelivery(workCtx, in, w.rerun(workCtx, in))
 		last = time.Now()
 		if probing {
 			g.probed(res.held())
 			log.Info("probe after a pause", "cause_after", res.pause, "result", res.Kind.String(), "error", errString(res.Err))
 		}
 	}
+}
+
+// lastDelivery holds the last delivery of a message whose provider call
+// ended unavailable while the worker is not paused (too few keys failed
+// for the outage rule, see OutageKeys: one payment during an outage) when
+// the provider, asked without charging (Processor.providerDown), is down
+// too: the worker then pauses, and res is returned cut short by the
+// outage, to be held like every message an outage interrupts. An outage
+// is no message's fault; settled, res would be dead-lettered
+// max_deliveries for an operator to replay. When the provider answers the
+// probe the failure is the message's own, and res is returned as it is.
+func (w *Worker) lastDelivery(ctx context.Context, in *inbound, res Result) Result {
+	if !res.unavailable || res.held() || !lastDelivery(in.meta.NumDelivered, w.cfg.Stream.MaxDeliver) {
+		return res
+	}
+	_ = in.msg.InProgress() // the probe runs inside a fresh AckWait
+	down, err := w.proc.providerDown(ctx, in.cmd)
+	log := in.log.logger()
+	if !down {
+		log.Info("last delivery failed while the provider answers a lookup; the failure is the payment's own", "error", errString(res.Err), "lookup_error", errString(err))
+		return res
+	}
+	log.Warn("provider unavailable on a message's last delivery and to a lookup: worker paused, message held", "error", errString(res.Err), "lookup_error", errString(err))
+	res.pause = PauseProviderUnavailable
+	return res
 }
 
 // await waits while the gate is closed, keeping the message in progress,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,23 +198,82 @@ func TestStopDuringOutageNaksHeldWork(t *testing.T) {
 	}
 }
 
-// loneFailure answers 429 for one key and passes the others on.
+// TestLowTrafficOutageHoldsTheLastDelivery: one payment alone, and the
+// provider answers every call 429 (or 500) for longer than its three
+// deliveries: too few keys for the outage rule. On the last delivery the
+// worker asks the provider something that charges nothing; that fails
+// too, so the worker pauses and holds the message instead of
+// dead-lettering it max_deliveries. When the provider answers again the
+// payment is charged exactly once.
+func TestLowTrafficOutageHoldsTheLastDelivery(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		faults stripesim.Faults
+	}{
+		{"429", stripesim.Faults{Rate429: 1}},
+		{"500", stripesim.Faults{Rate5xx: 1}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			outageConfig(e)
+			if err := e.sim.SetFaults(c.faults); err != nil {
+				t.Fatal(err)
+			}
+			proc, _ := e.runPausable("w1", e.store, e.stripe)
+			e.publish("m_1", body("m_1", "alone", 100), "", nil)
+			// Ten times the delivery schedule.
+			e.noDeadLetterWhile("the outage", 10*time.Duration(e.cfg.Stream.MaxDeliver)*e.cfg.RetryMax)
+			if err := proc.Paused(e.ctx); !errors.Is(err, consumer.ErrProviderUnavailable) || proc.Held() != 1 {
+				t.Fatalf("readiness at the end of the outage = %v holding %d, want ErrProviderUnavailable holding 1", err, proc.Held())
+			}
+			if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
+				t.Fatal(err)
+			}
+			e.eventually("completed after the outage", func() bool {
+				return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == 1
+			})
+			e.quiescent()
+			e.chargedOnceEach([]string{"alone"})
+			if n := len(e.deadLetters()); n != 0 {
+				t.Fatalf("%d dead letters, want 0", n)
+			}
+			if n := e.exhausted(); n != 0 {
+				t.Fatalf("%d messages ran out of deliveries, want 0", n)
+			}
+			if err := proc.Paused(e.ctx); err != nil {
+				t.Fatalf("readiness after the outage: %v", err)
+			}
+		})
+	}
+}
+
+// loneFailure answers 429 for one key and passes the others on; its
+// lookups (which charge nothing) reach the provider and are counted.
 type loneFailure struct {
-	consumer.Charger
-	key string
+	provider.Provider
+	key     string
+	lookups *atomic.Int32
+}
+
+func (l loneFailure) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
+	l.lookups.Add(1)
+	return l.Provider.Lookup(ctx, req)
 }
 
 func (l loneFailure) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
 	if req.IdempotencyKey == l.key {
 		return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429, Type: "rate_limit_error", Message: "rate limited"}
 	}
-	return l.Charger.Charge(ctx, req)
+	return l.Provider.Charge(ctx, req)
 }
 
 // TestLoneFailureStillRunsOutOfDeliveries: one message the provider keeps
 // refusing while the others are charged is its own failure, not an outage,
-// however many times in a row it fails: it is dead-lettered max_deliveries
-// on its last delivery and the worker never pauses.
+// however many times in a row it fails: on its last delivery the provider
+// answers the worker's lookup, so it is dead-lettered max_deliveries and
+// the worker never pauses.
 func TestLoneFailureStillRunsOutOfDeliveries(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -221,7 +281,8 @@ func TestLoneFailureStillRunsOutOfDeliveries(t *testing.T) {
 	// More deliveries than the answers that make an outage: the lone
 	// key's later ones fail with no other answer between them.
 	e.cfg.Stream.MaxDeliver = 2 * consumer.OutageAnswers
-	proc, _ := e.runPausable("w1", e.store, loneFailure{Charger: e.stripe, key: "lone"})
+	lone := loneFailure{Provider: e.stripe, key: "lone", lookups: new(atomic.Int32)}
+	proc, _ := e.runPausable("w1", e.store, lone)
 	e.publish("m_1", body("m_1", "lone", 100), "", nil)
 	var keys []string
 	for i := range 20 {
@@ -241,6 +302,9 @@ func TestLoneFailureStillRunsOutOfDeliveries(t *testing.T) {
 	}
 	if err := proc.Paused(e.ctx); err != nil {
 		t.Fatalf("readiness = %v: one failing message paused the worker", err)
+	}
+	if n := lone.lookups.Load(); n != 1 {
+		t.Fatalf("%d lookups, want 1: the last delivery asks whether the provider is down", n)
 	}
 }
 

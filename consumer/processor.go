@@ -184,10 +184,11 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	// only one that is not "unavailable" shows the provider works. A call
 	// that ended unavailable counts towards an outage (see OutageAnswers).
 	var outage string
+	down := providerUnavailable(err)
 	switch {
 	case err == nil:
 		p.gate.answered()
-	case providerUnavailable(err):
+	case down:
 		if answeredNotRefused(err) {
 			p.gate.keyWorks()
 		}
@@ -282,7 +283,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		if ferr != nil {
 			log.Warn("could not record a known-not-charged failure", "error", ferr)
 		}
-		res.Kind, res.Err, res.pause = Retry, err, outage
+		res.Kind, res.Err, res.pause, res.unavailable = Retry, err, outage, down
 		if perr != nil {
 			res.Delay = perr.RetryAfter
 		}
@@ -291,8 +292,59 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	default: // unknown outcome: it may have charged
 		p.release(sctx, lease, err.Error(), log)
 		log.Warn("provider outcome unknown; row left pending for a redelivery or the reconciler", "error", err)
-		return Result{Kind: Retry, Err: err, Attempt: lease.Attempt, pause: outage}
+		return Result{Kind: Retry, Err: err, Attempt: lease.Attempt, pause: outage, unavailable: down}
 	}
+}
+
+// Prober is the optional part of a Charger that asks the provider about a
+// key without moving money; every provider.Provider is one (Lookup). The
+// worker asks it on a message's last delivery, after a provider call that
+// ended unavailable, to tell an outage from the message's own failure. A
+// Charger without it is never asked: the message runs out of deliveries.
+type Prober interface {
+	Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error)
+}
+
+// providerDown asks the provider, without charging, what it has under
+// cmd's key, and reports whether that call too ended unavailable (a 429,
+// a 5xx, no answer): then the provider, not this payment, is failing, and
+// the worker pauses (cause provider_unavailable) as for an outage of many
+// keys. Any other answer shows the provider working. It also returns the
+// probe's error; false, nil when the charger cannot be asked.
+func (p *Processor) providerDown(ctx context.Context, cmd *payment.Command) (bool, error) {
+	prober, ok := p.charger.(Prober)
+	if !ok {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ProviderTry.AttemptTimeout)
+	defer cancel()
+	_, err := prober.Lookup(ctx, provider.LookupRequest{MerchantID: cmd.MerchantID, IdempotencyKey: cmd.IdempotencyKey,
+		Amount: cmd.Amount, Currency: cmd.Currency})
+	switch {
+	case err == nil:
+		p.gate.answered()
+	case probeUnanswered(err):
+		if answeredNotRefused(err) {
+			p.gate.keyWorks()
+		}
+		p.gate.close(PauseProviderUnavailable, err)
+		return true, err
+	case answeredNotRefused(err):
+		p.gate.answered()
+	}
+	return false, err
+}
+
+// probeUnanswered reports whether a probe's error shows the provider
+// failing (providerUnavailable) rather than answering. A lookup's own
+// verdicts (a foreign intent, several charges under one key) carry neither
+// a status nor a transport error: they are answers.
+func probeUnanswered(err error) bool {
+	var perr *provider.Error
+	if !providerUnavailable(err) || !errors.As(err, &perr) {
+		return false
+	}
+	return perr.HTTPStatus != 0 || (perr.Err != nil && !errors.Is(perr.Err, provider.ErrForeignIntent))
 }
 
 // answeredNotRefused reports whether err is an answer of the provider

@@ -482,6 +482,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			// The message itself reports progress: no closure per payment.
 			res := w.proc.handle(in.ctx, in.cmd, *claim, in.msg, in.log.logger())
 			w.observer.InFlight(-1)
+			res = w.lastDelivery(workCtx, in, res)
 			if res.held() {
 				res = w.hold(workCtx, in, res)
 			}
