@@ -198,7 +198,7 @@ func TestMaxDeliveriesAdvisoryCopiesUnsettledMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopNet := runNet(t, e, cfg)
+	stopNet := runNet(t, e, cfg, nil)
 	defer stopNet()
 	data := body("m_1", "never-settled", 100)
 	e.publish("m_1", data, "orig-id", nil)
@@ -314,12 +314,13 @@ func TestSIGTERMDrainNeverAcksUnfinished(t *testing.T) {
 
 var _ = nats.MsgIdHdr
 
-// runNet runs the max-deliveries net until the returned stop is called.
-func runNet(t *testing.T, e *env, cfg consumer.Config) (stop func()) {
+// runNet runs the max-deliveries net, telling intake (nil: none), until
+// the returned stop is called.
+func runNet(t *testing.T, e *env, cfg consumer.Config, intake consumer.OperatorMarker) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, nil) }()
+	go func() { done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, nil, intake) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -380,7 +381,7 @@ func TestMaxDeliveriesNetSurvivesRestart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, slog.New(slog.NewJSONHandler(&buf, nil)))
+		done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, slog.New(slog.NewJSONHandler(&buf, nil)), nil)
 	}()
 	defer func() { cancel(); <-done }()
 	e.eventually("the net tried the refusing DLQ twice", func() bool {

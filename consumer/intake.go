@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -51,12 +53,11 @@ func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason str
 	}
 	var merchant, key string
 	if in.cmd != nil {
-		merchant, key = in.cmd.MerchantID, in.cmd.IdempotencyKey
+		merchant, key = letterKey(w.cfg.Stream, in.cmd, "", nil)
 	} else {
-		merchant, _ = strings.CutPrefix(in.msg.Subject(), w.cfg.Stream.SubjectPrefix+".")
-		key = in.msg.Headers().Get(stream.HeaderIdempotencyKey)
+		merchant, key = letterKey(w.cfg.Stream, nil, in.msg.Subject(), in.msg.Headers())
 	}
-	if payment.ValidateMerchant(merchant) != nil || payment.ValidateKey(key) != nil {
+	if merchant == "" {
 		return
 	}
 	errText := stream.SanitizeHeader(errString(cause))
@@ -83,4 +84,20 @@ func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason str
 // for its client: nothing was charged and a replay would not change that.
 func finalForClient(reason string) bool {
 	return reason == stream.ReasonKeyReused || payment.IsInputReason(reason)
+}
+
+// letterKey is the merchant and idempotency key of a dead-lettered
+// message: its decoded command's, else read from its subject and header
+// as the gateway publishes them. Both are "" when they are not valid.
+func letterKey(cfg stream.Config, cmd *payment.Command, subject string, header nats.Header) (merchant, key string) {
+	if cmd != nil {
+		merchant, key = cmd.MerchantID, cmd.IdempotencyKey
+	} else {
+		merchant, _ = strings.CutPrefix(subject, cfg.SubjectPrefix+".")
+		key = header.Get(stream.HeaderIdempotencyKey)
+	}
+	if payment.ValidateMerchant(merchant) != nil || payment.ValidateKey(key) != nil {
+		return "", ""
+	}
+	return merchant, key
 }

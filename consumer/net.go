@@ -50,12 +50,16 @@ const maxDeliverRetry = 2 * time.Second
 // after its dead letter's PubAck, so a failed publish is retried. The dead
 // letter's Nats-Msg-Id makes a second copy (the worker filed it but died
 // before its Term; an ack lost) a no-op within the DLQ's duplicate window.
-func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger) error {
+//
+// After a letter's PubAck the net records on the gateway's intake, through
+// intake, that the payment waits for an operator, as the worker does for
+// the letters it files (nil where no gateway publishes on the stream).
+func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger, intake OperatorMarker) error {
 	cfg = cfg.WithDefaults()
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	n := &maxDeliveriesNet{js: js, cfg: cfg, logger: logger}
+	n := &maxDeliveriesNet{js: js, cfg: cfg, logger: logger, intake: intake}
 	failures := 0
 	for ctx.Err() == nil {
 		if _, err := n.runOnce(ctx); err != nil && ctx.Err() == nil {
@@ -78,6 +82,7 @@ type maxDeliveriesNet struct {
 	js       jetstream.JetStream
 	cfg      Config
 	logger   *slog.Logger
+	intake   OperatorMarker // nil: no gateway intake to tell
 	payments jetstream.Stream
 	cons     jetstream.Consumer
 }
@@ -155,9 +160,33 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 		_ = m.NakWithDelay(maxDeliverRetry)
 		return
 	}
+	n.markIntake(ctx, raw, d.Err, log)
 	if err := m.DoubleAck(ctx); err != nil {
 		log.Warn("advisory ack not confirmed; its redelivery files nothing new", "error", err)
 	}
 	res.Filed++
 	log.Warn("dead-lettered a message that ran out of deliveries")
+}
+
+// markIntake records on the gateway's intake that the payment of raw, just
+// dead-lettered max_deliveries, waits for an operator; the gateway would
+// otherwise answer "queued" for a payment no worker will process. The
+// letter is filed already: a failure here is logged and changes nothing.
+// A command published straight on the queue has no intake row.
+func (n *maxDeliveriesNet) markIntake(ctx context.Context, raw *jetstream.RawStreamMsg, cause error, log *slog.Logger) {
+	if n.intake == nil {
+		return
+	}
+	cmd, _ := stream.DecodeCommand(n.cfg.Stream, raw.Subject, raw.Header, raw.Data)
+	merchant, key := letterKey(n.cfg.Stream, cmd, raw.Subject, raw.Header)
+	if merchant == "" {
+		return
+	}
+	marked, err := n.intake.MarkIntakeForOperator(ctx, merchant, key, stream.ReasonMaxDeliveries, stream.SanitizeHeader(errString(cause)))
+	switch {
+	case err != nil:
+		log.Warn("could not record on the gateway's intake that the payment waits for an operator; the gateway shows the record's state", "error", err)
+	case marked:
+		log.Info("gateway intake marked waiting for an operator", "reason", stream.ReasonMaxDeliveries)
+	}
 }

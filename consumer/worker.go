@@ -172,7 +172,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	netDone := make(chan struct{})
 	go func() {
 		defer close(netDone)
-		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger)
+		op, _ := w.intake.(OperatorMarker)
+		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger, op)
 	}()
 	defer func() { <-netDone }()
 
