@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -383,24 +384,28 @@ func TestKeyReusedDeadLettered(t *testing.T) {
 	}
 }
 
-func TestProviderDownMaxDeliveries(t *testing.T) {
+// TestProviderDownHoldsMaybeCharged: the provider answers every call 500,
+// the lookup of the last delivery too. The payment is held through the
+// pause, not dead-lettered max_deliveries (an outage is no message's
+// fault), and its row, whose calls all ended in 5xx, stays pending and
+// maybe_charged: never completed, never failed.
+func TestProviderDownHoldsMaybeCharged(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	if err := e.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
 		t.Fatal(err)
 	}
-	e.startWorker("w1", nil)
+	proc, _ := e.runPausable("w1", e.store, e.stripe)
 	e.publish("m_1", body("m_1", "down", 100), "", nil)
-	e.eventually("max_deliveries dead letter", func() bool { return len(e.deadLetters()) == 1 })
-	dl := e.deadLetters()[0]
-	p, err := stream.ParseDeadLetter(dl.Header)
-	if err != nil || p.Reason != stream.ReasonMaxDeliveries || p.Deliveries != uint64(e.cfg.Stream.MaxDeliver) {
-		t.Fatalf("dead letter %+v %v", p, err)
+	e.eventually("paused, holding the payment", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable) && proc.Held() == 1
+	})
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
 	}
-	e.quiescent()
 	rec, _ := e.store.Get(e.ctx, "m_1", "down")
-	if rec.Status == dedup.StatusCompleted {
-		t.Fatal("row completed although the provider never answered")
+	if rec.Status != dedup.StatusPending {
+		t.Fatalf("row %s although the provider never answered, want pending", rec.Status)
 	}
 	if !rec.MaybeCharged {
 		t.Fatal("a row whose calls all ended in 5xx must stay maybe_charged")
