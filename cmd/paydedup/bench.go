@@ -60,6 +60,16 @@ sim_cpu_us_per_payment and nats_cpu_us_per_payment (with NATS_URL, the
 server is out of process and not counted). The live heap at the end is
 split the same way.
 
+--preload-rows N fills the fresh schema, before publishing, with N finished
+payments as the worker leaves them (set-based INSERT … SELECT, then VACUUM
+(ANALYZE)): ledger rows, and for the newest --preload-keys of them their
+completed idempotency-key rows, created over the last 48 h (the key
+retention) in day partitions laid out as a deployment two days old has them;
+the older ledger rows' keys are purged, as in production. Two days of keys
+at the bench's rate would be billions of rows: --preload-keys is capped at
+10,000,000 by default. --timeout covers the preload. --window N reports
+payments/s and the resident set per window of N settled payments.
+
 --duplicates F republishes F×N of the commands with their own message ids, so
 they reach the worker (they are not dropped by the stream's duplicate
 window). --completed-duplicates then republishes all N again, every key
@@ -70,7 +80,9 @@ The last line with --json is one JSON object.`,
   paydedup bench --payments 2000 --mode naive --concurrency 32
   paydedup bench --payments 20000 --compare-naive --json
   paydedup bench --payments 20000 --provider-latency 50ms --concurrency 256
-  paydedup bench --payments 20000 --completed-duplicates`,
+  paydedup bench --payments 20000 --completed-duplicates
+  paydedup bench --payments 60000 --preload-rows 10000000 --timeout 2h --json
+  paydedup bench --payments 1000000 --window 100000 --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if b.cfg.Mode == "naive" && !cmd.Flags().Changed("concurrency") {
@@ -98,6 +110,10 @@ The last line with --json is one JSON object.`,
 	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
 	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the consumption phase to this file (go tool pprof); with --completed-duplicates, that phase's to FILE.duplicates")
 	f.StringVar(&c.MemProfile, "memprofile", "", "write a heap profile at the end to this file (go tool pprof)")
+	f.IntVar(&c.PreloadRows, "preload-rows", 0, "before publishing, fill the fresh schema with this many finished payments (ledger rows; see --preload-keys)")
+	f.IntVar(&c.PreloadKeys, "preload-keys", -1, "of the preloaded payments, how many (the newest) keep their key rows, spread over the last 48 h; default min(--preload-rows, 10000000)")
+	f.BoolVar(&c.PreloadVacuum, "preload-vacuum", true, "VACUUM (ANALYZE) the preloaded tables, as a long-lived table is vacuumed; false: ANALYZE only")
+	f.IntVar(&c.Window, "window", 0, "also report payments/s and RSS per window of this many settled payments (0: none)")
 	c.DatabaseURL = a.getenv("DATABASE_URL")
 	c.NATSURL = a.getenv("NATS_URL")
 	cmd.AddCommand(newBenchGatewayCmd(a))
@@ -108,6 +124,9 @@ The last line with --json is one JSON object.`,
 // Run runs one benchmark.
 func (b *benchCmd) Run(ctx context.Context) error {
 	c := b.cfg
+	if c.PreloadKeys < 0 {
+		c.PreloadKeys = min(c.PreloadRows, bench.DefaultPreloadKeysCap)
+	}
 	if err := c.Validate(); err != nil {
 		return err
 	}

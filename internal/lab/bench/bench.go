@@ -63,6 +63,10 @@ type Config struct {
 	CPUProfile          string        // write a CPU profile of the consumption phase to this file
 	MemProfile          string        // write a heap profile at the end to this file
 	DLQKey              []byte        // the worker's dead-letter key
+	PreloadRows         int           // finished payments in the ledger before the run (see Preload)
+	PreloadKeys         int           // of them, the newest with their key rows (at most PreloadRows)
+	PreloadVacuum       bool          // VACUUM (ANALYZE) after the preload, not only ANALYZE
+	Window              int           // report payments/s and RSS per this many settled payments (0: none)
 	Out, ErrOut         io.Writer     // the report; progress
 }
 
@@ -84,6 +88,9 @@ func (c Config) Validate() error {
 	if c.Concurrency < 1 || c.FetchBatch < 1 || c.CommitBatch < 1 || c.PoolSize < 1 {
 		errs = append(errs, errors.New("--concurrency, --fetch-batch, --commit-batch and --pool-size must be at least 1"))
 	}
+	if c.PreloadRows < 0 || c.PreloadKeys < 0 || c.Window < 0 {
+		errs = append(errs, fmt.Errorf("--preload-rows, --preload-keys and --window must not be negative (got %d, %d, %d)", c.PreloadRows, c.PreloadKeys, c.Window))
+	}
 	if c.Mode != "batched" && c.Mode != "naive" {
 		errs = append(errs, fmt.Errorf("--mode must be batched or naive, got %q", c.Mode))
 	}
@@ -100,6 +107,23 @@ type benchCmd struct{ Config }
 // payment was charged twice or lost.
 func Run(ctx context.Context, cfg Config) error {
 	return (&benchCmd{Config: cfg}).run(ctx)
+}
+
+// Measure runs one bench run (no --compare-naive) and returns its result
+// without printing it; the error reports a double charge or a lost
+// payment as Run's does.
+func Measure(ctx context.Context, cfg Config) (Result, error) {
+	b := &benchCmd{Config: cfg}
+	if err := b.Validate(); err != nil {
+		return Result{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
+	defer cancel()
+	res, err := b.runOnce(ctx)
+	if err != nil {
+		return res, err
+	}
+	return res, res.verdict()
 }
 
 // Result is the JSON report.
@@ -146,6 +170,18 @@ type Result struct {
 	HeapSimMB    float64 `json:"heap_sim_mb"`
 	HeapNATSMB   float64 `json:"heap_nats_mb"`
 
+	// With --preload-rows: the finished payments in the tables before the
+	// run, and how long they took to write and to vacuum or analyze.
+	PreloadRows          int     `json:"preload_rows"`
+	PreloadKeys          int     `json:"preload_keys"`
+	PreloadSeconds       float64 `json:"preload_seconds,omitempty"`
+	PreloadVacuumSeconds float64 `json:"preload_vacuum_seconds,omitempty"`
+	PreloadLedgerMB      float64 `json:"preload_ledger_mb,omitempty"`
+	PreloadKeysMB        float64 `json:"preload_keys_mb,omitempty"`
+	// With --window: the rate and the resident set per window of settled
+	// payments of the consumption phase.
+	Windows []Window `json:"windows,omitempty"`
+
 	// With --compare-naive: the naive design at each concurrency, the
 	// best of them, and this run's payments/s over the best's.
 	Naive            []Result `json:"naive,omitempty"`
@@ -172,6 +208,7 @@ func (b *benchCmd) run(ctx context.Context) error {
 			nb := &benchCmd{Config: b.Config}
 			nb.Mode, nb.Concurrency, nb.Payments, nb.Duplicates = "naive", n, b.NaivePayments, 0
 			nb.CompletedDuplicates, nb.CompareNaive, nb.CPUProfile, nb.MemProfile = false, false, "", ""
+			nb.Window = 0
 			nr, err := nb.runOnce(ctx)
 			if err != nil {
 				return fmt.Errorf("naive at concurrency %d: %w", n, err)
@@ -293,6 +330,24 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		prov = st
 	}
 
+	var pre PreloadStats
+	if b.PreloadRows > 0 {
+		say("preloading %d finished payments, %d of them with their keys", b.PreloadRows, min(b.PreloadKeys, b.PreloadRows))
+		db := DB{
+			Exec: func(ctx context.Context, sql string, args ...any) error {
+				_, err := pool.Exec(ctx, sql, args...)
+				return err
+			},
+			Scan: func(ctx context.Context, sql string, dest []any, args ...any) error {
+				return pool.QueryRow(ctx, sql, args...).Scan(dest...)
+			},
+		}
+		pre, err = PreloadFill(ctx, db, Preload{Rows: b.PreloadRows, Keys: b.PreloadKeys, Vacuum: b.PreloadVacuum, Progress: b.ErrOut})
+		if err != nil {
+			return res, err
+		}
+	}
+
 	dups := int(math.Round(b.Duplicates * float64(b.Payments)))
 	say("publishing %d payments + %d duplicates to %s", b.Payments, dups, cfg.Stream.Name)
 	if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments, Dups: dups}); err != nil {
@@ -301,6 +356,9 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 
 	counting := &countingStore{Store: store}
 	obs := newBenchObserver()
+	if b.Window > 0 {
+		obs.win = &windows{size: int64(b.Window)}
+	}
 	proc := consumer.NewProcessor(counting, prov, cfg, nil)
 	w, err := consumer.NewWorker(nc, proc, cfg, nil, obs, nil)
 	if err != nil {
@@ -326,7 +384,8 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		<-done
 		return res, err
 	}
-	elapsed := time.Since(start)
+	end := time.Now()
+	elapsed := end.Sub(start)
 	roundTrips := counting.calls.Load()
 	cpu, err := meter.stop(ctx, b.Payments)
 	metering = false
@@ -349,6 +408,11 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		ProcessAllocsPerPayment: cpu.Allocs,
 	}
 	res.ClaimBatchMean, res.CommitBatchMean = obs.batchMeans()
+	res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds = pre.Rows, pre.Keys, pre.LoadSeconds, pre.VacuumSeconds
+	res.PreloadLedgerMB, res.PreloadKeysMB = pre.LedgerMB, pre.KeysMB
+	if obs.win != nil {
+		res.Windows = obs.win.rates(start, end, obs.paid.Load())
+	}
 
 	if b.CompletedDuplicates {
 		obs.reset()
@@ -434,6 +498,13 @@ func (b *benchCmd) report(res Result) {
 		fmt.Fprintf(b.Out, "CPU per payment: Postgres backends %s, worker %.1f µs, simulator %.1f µs, NATS server %.1f µs (process %.1f µs, %.0f allocations)\n",
 			pgFigure(res.PGCPUUSPerPayment), res.WorkerCPUUSPerPayment, res.SimCPUUSPerPayment, res.NATSCPUUSPerPayment, res.ProcessCPUUSPerPayment, res.ProcessAllocsPerPayment)
 		fmt.Fprintf(b.Out, "live heap at the end: worker %.1f MB, simulator %.1f MB, NATS server %.1f MB\n", res.HeapWorkerMB, res.HeapSimMB, res.HeapNATSMB)
+		if res.PreloadRows > 0 {
+			fmt.Fprintf(b.Out, "preloaded %d ledger rows (%d with their keys) in %.0f s, +%.0f s vacuum/analyze; ledger %.0f MB, keys %.0f MB\n",
+				res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds, res.PreloadLedgerMB, res.PreloadKeysMB)
+		}
+		for _, w := range res.Windows {
+			fmt.Fprintf(b.Out, "window to %d settled: %.0f payments/s, RSS %.0f MB\n", w.Settled, w.PaymentsPerSec, w.RSSMB)
+		}
 		for _, n := range res.Naive {
 			fmt.Fprintf(b.Out, "naive, %d handlers: %d payments in %.2f s: %.0f payments/s; CPU per payment: Postgres %s, worker %.1f µs\n",
 				n.Concurrency, n.Payments, n.Seconds, n.PaymentsPerSec, pgFigure(n.PGCPUUSPerPayment), n.WorkerCPUUSPerPayment)
@@ -608,6 +679,10 @@ func (c *countingStore) Release(ctx context.Context, l dedup.Lease, reason strin
 type benchObserver struct {
 	consumer.NopObserver
 	acked atomic.Int64
+	// paid counts the settled messages that settled a payment (charged or
+	// declined), for win (nil without --window).
+	paid atomic.Int64
+	win  *windows
 	// claims and commits count batches; claimed and committed their rows.
 	claims, claimed, commits, committed atomic.Int64
 	mu                                  sync.Mutex
@@ -652,9 +727,15 @@ func (o *benchObserver) batchMeans() (claim, commit float64) {
 
 // Settled counts messages that are done: acked or dead-lettered (a nakked
 // one comes back).
-func (o *benchObserver) Settled(_ consumer.Kind, act consumer.Action) {
-	if act.Kind != consumer.Nak {
-		o.acked.Add(1)
+func (o *benchObserver) Settled(kind consumer.Kind, act consumer.Action) {
+	if act.Kind == consumer.Nak {
+		return
+	}
+	o.acked.Add(1)
+	if kind == consumer.Completed || kind == consumer.Declined {
+		if n := o.paid.Add(1); o.win != nil && n%o.win.size == 0 {
+			o.win.mark(n, time.Now())
+		}
 	}
 }
 func (o *benchObserver) SettledIn(_ consumer.Kind, d time.Duration) {
