@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot
+.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot bench-growth
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -20,6 +20,14 @@ build-nolab:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# The bench with the tables already full: one run per ROWS ledger rows
+# preloaded (keys over the last 48 h, capped at 10M), payments/s and CPU per
+# payment against the rows present, plotted to docs/perf/growth.png and
+# tabled in docs/perf/growth.md (docs/performance.md, "As the tables grow").
+ROWS ?= 0,1000000,3000000,10000000
+bench-growth:
+	$(GO) run ./cmd/paydedup bench growth --rows $(ROWS) --payments 60000
 
 # The README's screenshot of the console, taken by its browser test.
 console-screenshot:
