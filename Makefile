@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot bench-growth
+.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot bench-compare bench-growth
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -28,6 +28,18 @@ bench:
 ROWS ?= 0,1000000,3000000,10000000
 bench-growth:
 	$(GO) run ./cmd/paydedup bench growth --rows $(ROWS) --payments 60000
+
+# The worker's rate beside River's, on the same PostgreSQL in the same run:
+# paydedup bench and River's own "river bench", N each, A B A B, best of
+# two, the ratio in the last line's JSON (docs/performance.md). River's CLI
+# is built from the copy in internal/lab/benchcompare/river (its go.mod
+# pins River's version) into bin/river.
+N ?= 60000
+RIVER_SRC = internal/lab/benchcompare/river
+bin/river: $(RIVER_SRC)/go.mod $(RIVER_SRC)/go.sum
+	cd $(RIVER_SRC) && GOBIN=$(CURDIR)/bin $(GO) install .
+bench-compare: bin/river
+	$(GO) run ./cmd/paydedup bench compare --payments $(N) --river $(CURDIR)/bin/river --json
 
 # The README's screenshot of the console, taken by its browser test.
 console-screenshot:

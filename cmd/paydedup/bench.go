@@ -117,6 +117,7 @@ The last line with --json is one JSON object.`,
 	c.DatabaseURL = a.getenv("DATABASE_URL")
 	c.NATSURL = a.getenv("NATS_URL")
 	cmd.AddCommand(newBenchGatewayCmd(a))
+	cmd.AddCommand(newBenchCompareCmd(a))
 	cmd.AddCommand(newBenchGrowthCmd(a))
 	cmd.AddCommand(newBenchShippedCmd(a))
 	return cmd
