@@ -14,26 +14,35 @@ import (
 	"testing"
 )
 
-// The closing figures of testdata/river_bench_60000.txt: River's real
-// output, captured from "river bench --num-total-jobs 60000" on this
-// project's machine (River v0.51.2, the CLI in ./river).
-const (
-	riverRealRate    = 6799.7
-	riverRealSeconds = 8.823923762
-)
-
+// ParseRiver reads the closing line of real runs: River's own CLI's
+// ("river bench --num-total-jobs 60000", River v0.51.2, captured when
+// make bench-compare ran that CLI) and our program's in ./river, which
+// prints the same line.
 func TestParseRiverRealOutput(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("testdata/river_bench_60000.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := ParseRiver(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f.Items != 60000 || f.Rate != riverRealRate || math.Abs(f.Seconds-riverRealSeconds) > 1e-9 {
-		t.Fatalf("read %+v, want 60000 jobs at %v/s over %vs", f, riverRealRate, riverRealSeconds)
+	for _, c := range []struct {
+		file    string
+		jobs    int
+		rate    float64
+		seconds float64
+	}{
+		{"testdata/river_bench_60000.txt", 60000, 6799.7, 8.823923762},
+		{"testdata/river_program_60000.txt", 60000, 5488.0, 10.932864903},
+	} {
+		t.Run(c.file, func(t *testing.T) {
+			t.Parallel()
+			b, err := os.ReadFile(c.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := ParseRiver(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Items != c.jobs || f.Rate != c.rate || math.Abs(f.Seconds-c.seconds) > 1e-9 {
+				t.Fatalf("read %+v, want %d jobs at %v/s over %vs", f, c.jobs, c.rate, c.seconds)
+			}
+		})
 	}
 }
 

@@ -21,11 +21,13 @@ const RiverDatabase = "paydedup_river"
 
 // RiverInstall says how to get the river binary, for the error when it is
 // missing.
-const RiverInstall = "make bench-compare builds River's CLI into bin/river (from internal/lab/benchcompare/river); or pass --river PATH"
+const RiverInstall = "make bench-compare builds bin/river, paydedup's measurement of River (the library, v0.51.2) by the method of River's own river bench, from internal/lab/benchcompare/river; or pass --river PATH"
 
-// River is River's own benchmark, "river bench -n N", which inserts n jobs
-// and times a client with a no-op worker until all are worked; its schema is
-// raised once first with "river migrate-up". dbURL is River's database.
+// River is our measurement of River's library by the method of River's own
+// "river bench --num-total-jobs N" (the program in ./river): it inserts n
+// jobs, then times a client with a no-op worker until all are worked; its
+// schema is raised once first with "river migrate-up". dbURL is River's
+// database.
 func River(bin, dbURL string, n int) Contestant {
 	return Contestant{
 		Name:    "river",
@@ -44,7 +46,8 @@ func River(bin, dbURL string, n int) Contestant {
 
 // RiverDatabaseURL returns the URL of RiverDatabase on the server at
 // adminURL (a superuser's), creating the database when missing. The URL
-// sets no pool size, so River's CLI opens its own default pool.
+// sets no pool size, so the river program opens pgx's default pool, as
+// River's own CLI does.
 func RiverDatabaseURL(ctx context.Context, adminURL string) (string, error) {
 	u, _, err := localpg.Database(ctx, adminURL, RiverDatabase, 1)
 	if err != nil {
@@ -60,7 +63,8 @@ func RiverDatabaseURL(ctx context.Context, adminURL string) (string, error) {
 	return p.String(), nil
 }
 
-// riverTotal is river bench's closing line (cmd/river/riverbench):
+// riverTotal is the closing line of river bench, the same in River's own
+// CLI (cmd/river/riverbench) and in our program in ./river:
 //
 //	bench: total jobs worked [ %10d ], total jobs inserted [ %10d ], overall job/sec [ %10.1f ], running %s
 var riverTotal = regexp.MustCompile(`total jobs worked\s*\[\s*(\d+)\s*\],\s*total jobs inserted\s*\[\s*(\d+)\s*\],\s*overall job/sec\s*\[\s*([^\]\s]+)\s*\],\s*running\s+(\S+)`)
