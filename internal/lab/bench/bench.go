@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -359,8 +360,9 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	if b.Window > 0 {
 		obs.win = &windows{size: int64(b.Window)}
 	}
-	proc := consumer.NewProcessor(counting, prov, cfg, nil)
-	w, err := consumer.NewWorker(nc, proc, cfg, nil, obs, nil)
+	log := shippedLogger()
+	proc := consumer.NewProcessor(counting, prov, cfg, log)
+	w, err := consumer.NewWorker(nc, proc, cfg, log, obs, nil)
 	if err != nil {
 		return res, err
 	}
@@ -778,4 +780,11 @@ func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp := rec.Result()
 	resp.Request = r
 	return resp, nil
+}
+
+// shippedLogger logs as `paydedup worker` does by default, JSON at info (a
+// line per payment), into io.Discard: the bench pays for making the lines,
+// as the shipped worker does, but not for writing them to a terminal.
+func shippedLogger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
