@@ -263,10 +263,6 @@ func backendCPU(ctx context.Context, pids func(context.Context) ([]int, error)) 
 	return out
 }
 
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on
-// every Linux architecture Go supports.
-const clockTicks = 100
-
 // procCPU reads the CPU time of a postgres process: its time on a CPU in
 // nanoseconds from /proc/<pid>/schedstat, or, on a kernel without it,
 // utime+stime from /proc/<pid>/stat, which counts in clock ticks (10 ms:
@@ -293,16 +289,7 @@ func procCPU(pid int) (time.Duration, bool) {
 			}
 		}
 	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 { // state is f[0]; utime and stime are fields 14 and 15
-		return 0, false
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks, true
+	return procstat.PIDCPU(pid)
 }
 
 // PGFigure is a Postgres CPU figure, or why there is none.

@@ -37,8 +37,12 @@ func PIDCPU(pid int) (time.Duration, bool) {
 
 // PIDPeakRSSMB is another process's peak resident set size (VmHWM) in MiB,
 // 0 where /proc does not tell.
-func PIDPeakRSSMB(pid int) float64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+func PIDPeakRSSMB(pid int) float64 { return peakRSSMB(fmt.Sprintf("/proc/%d/status", pid)) }
+
+// peakRSSMB reads VmHWM from a /proc status file, in MiB; 0 where it
+// cannot.
+func peakRSSMB(status string) float64 {
+	f, err := os.Open(status)
 	if err != nil {
 		return 0
 	}

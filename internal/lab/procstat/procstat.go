@@ -4,11 +4,8 @@
 package procstat
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
-	"os"
 	"syscall"
 	"time"
 )
@@ -24,21 +21,7 @@ func CPU() time.Duration {
 
 // PeakRSSMB is the process's peak resident set size (VmHWM) in MiB, 0 where
 // /proc does not tell.
-func PeakRSSMB() float64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var kb float64
-		if n, _ := fmt.Sscanf(sc.Text(), "VmHWM: %f kB", &kb); n == 1 {
-			return kb / 1024
-		}
-	}
-	return 0
-}
+func PeakRSSMB() float64 { return peakRSSMB("/proc/self/status") }
 
 // RunSuffix is 8 random hex digits naming one run.
 func RunSuffix() string {
