@@ -104,6 +104,15 @@ type Config struct {
 	PauseFirst   time.Duration
 	PauseLongest time.Duration
 
+	// NetRequeues is how many times the max-deliveries net publishes a
+	// message again, as a new message with deliveries of its own, when it
+	// ran out of deliveries with no worker settling it (the workers that
+	// held it were killed or stopped, which is no fault of the message's),
+	// before it files it max_deliveries. It bounds the deliveries of a
+	// message that kills every worker that takes it to
+	// (NetRequeues+1) × MaxDeliver. Zero (not defaulted) files at once.
+	NetRequeues int
+
 	Holder string // lease holder id; default host name + random suffix
 
 	// Clock tells the time a dead letter records as its Dlq-Failed-At;
@@ -111,6 +120,11 @@ type Config struct {
 	// use the monotonic clock, and lease times are the database's.
 	Clock clock.Clock
 }
+
+// DefaultNetRequeues is the command's default NetRequeues: with the
+// default MaxDeliver, 60 deliveries before a message whose workers all
+// die holding it is filed.
+const DefaultNetRequeues = 2
 
 // WithDefaults returns c with every zero value replaced by its default.
 func (c Config) WithDefaults() Config {
@@ -154,6 +168,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 1 || c.FetchBatch < 1 || s.MaxAckPending < 1 {
 		bad("concurrency, fetch batch and max ack pending must be at least 1 (got %d, %d, %d)", c.Concurrency, c.FetchBatch, s.MaxAckPending)
+	}
+	if c.NetRequeues < 0 {
+		bad("net requeues must not be negative, got %d", c.NetRequeues)
 	}
 	if c.PauseFirst > c.PauseLongest {
 		bad("the first pause %v must not exceed the longest %v", c.PauseFirst, c.PauseLongest)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,6 +53,12 @@ const maxDeliverRetry = 2 * time.Second
 // letter's Nats-Msg-Id makes a second copy (the worker filed it but died
 // before its Term; an ack lost) a no-op within the DLQ's duplicate window.
 //
+// A message no worker settled on any delivery is no proof of a fault of
+// its own: its workers were killed or stopped holding it. Up to
+// cfg.NetRequeues times the net publishes it again instead, as a new
+// message with deliveries of its own (requeue); only then, or when the
+// new copy's publish is refused, is the letter filed.
+//
 // After a letter's PubAck the net records on the gateway's intake, through
 // intake, that the payment waits for an operator, as the worker does for
 // the letters it files (nil where no gateway publishes on the stream).
@@ -89,7 +97,7 @@ type maxDeliveriesNet struct {
 
 // netResult counts what one runOnce did with the advisories it fetched.
 type netResult struct {
-	Filed, Gone, Retried, Ignored int
+	Filed, Requeued, Gone, Retried, Ignored int
 }
 
 // runOnce fetches the advisories waiting (or the first to come within
@@ -148,9 +156,28 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 		_ = m.NakWithDelay(maxDeliverRetry)
 		return
 	}
+	requeues, ok := requeuesOf(raw.Header)
+	if ok && requeues < n.cfg.NetRequeues {
+		switch n.requeue(ctx, raw, requeues, log) {
+		case requeued:
+			if err := m.DoubleAck(ctx); err != nil {
+				log.Warn("advisory ack not confirmed; its redelivery publishes nothing new", "error", err)
+			}
+			res.Requeued++
+			return
+		case requeueUnknown:
+			res.Retried++
+			_ = m.NakWithDelay(maxDeliverRetry)
+			return
+		}
+	}
+	cause := fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries)
+	if requeues > 0 {
+		cause = fmt.Errorf("delivery limit %d reached without a worker settling the message, which was published again %d time(s) before", adv.Deliveries, requeues)
+	}
 	d := stream.Letter{
 		Reason:      stream.ReasonMaxDeliveries,
-		Err:         fmt.Errorf("delivery limit %d reached without a worker settling the message", adv.Deliveries),
+		Err:         cause,
 		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream.Name, OrigSeq: adv.StreamSeq,
 		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: n.cfg.Clock.Now(),
 	}
@@ -166,6 +193,74 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 	}
 	res.Filed++
 	log.Warn("dead-lettered a message that ran out of deliveries")
+}
+
+// requeuesOf reads a message's Paydedup-Requeues header: 0 when absent;
+// ok is false for a value the net never writes (the message is filed).
+func requeuesOf(h nats.Header) (n int, ok bool) {
+	v := h.Get(stream.HeaderRequeues)
+	if v == "" {
+		return 0, true
+	}
+	n, err := strconv.Atoi(v)
+	return n, err == nil && n >= 0
+}
+
+// requeueOutcome is how a requeue's publish ended.
+type requeueOutcome int
+
+const (
+	requeued       requeueOutcome = iota // the new copy is stored
+	requeueRefused                       // another message holds its id: file the letter
+	requeueUnknown                       // may be stored: try again, same id
+)
+
+// requeue publishes raw, which ran out of deliveries after requeues
+// earlier copies, again as a new message: the same subject, body and
+// headers, Paydedup-Requeues one more, and Nats-Msg-Id
+// stream.RequeueMsgID of raw's sequence, so a retry after a lost PubAck
+// (or another worker's net handling the same advisory) stores one copy.
+// A duplicate PubAck counts only once the stored copy is checked to be
+// this command. PostgreSQL still guards the charge: a copy of a completed
+// key is acked as a duplicate.
+func (n *maxDeliveriesNet) requeue(ctx context.Context, raw *jetstream.RawStreamMsg, requeues int, log *slog.Logger) requeueOutcome {
+	m := nats.NewMsg(raw.Subject)
+	m.Data = raw.Data
+	for k, vs := range raw.Header {
+		if strings.HasPrefix(k, "Nats-") || k == stream.HeaderRequeues {
+			continue
+		}
+		m.Header[k] = append([]string(nil), vs...)
+	}
+	id := stream.RequeueMsgID(n.cfg.Stream, raw.Sequence)
+	m.Header.Set(nats.MsgIdHdr, id)
+	m.Header.Set(stream.HeaderRequeues, strconv.Itoa(requeues+1))
+	pctx, cancel := context.WithTimeout(ctx, netTimeout)
+	defer cancel()
+	ack, err := n.js.PublishMsg(pctx, m)
+	var refused *jetstream.APIError
+	if errors.As(err, &refused) {
+		log.Error("the stream refused a message published again; filing it as a dead letter", "error", err, "msg_id", id)
+		return requeueRefused
+	}
+	if err != nil {
+		log.Warn("could not publish again a message that ran out of deliveries; unknown whether it was stored, retrying under the same id", "error", err, "msg_id", id)
+		return requeueUnknown
+	}
+	if ack.Duplicate {
+		same, err := stream.SameStored(pctx, n.js, ack, m)
+		switch {
+		case err != nil:
+			log.Warn("a message published again was dropped as a duplicate that cannot be read; retrying", "error", err, "msg_id", id)
+			return requeueUnknown
+		case !same:
+			log.Error("another message holds the id of a message published again; filing it as a dead letter", "msg_id", id, "holder_seq", ack.Sequence)
+			return requeueRefused
+		}
+	}
+	log.Warn("message ran out of deliveries with no worker settling it (its workers were killed or stopped); published again",
+		"msg_id", id, "new_seq", ack.Sequence, "requeues", requeues+1, "of", n.cfg.NetRequeues)
+	return requeued
 }
 
 // markIntake records on the gateway's intake that the payment of raw, just

@@ -376,7 +376,9 @@ func (r *ReplayReport) add(res ReplayResult) {
 // The republished message carries the dead letter's original headers and
 // body, a new Nats-Msg-Id stream.ReplayMsgID (the original id may
 // still be inside the stream's duplicate window; this one makes concurrent
-// replays of one letter publish it once) and Paydedup-Replay-Of.
+// replays of one letter publish it once) and Paydedup-Replay-Of; a
+// Paydedup-Requeues count is dropped, so the max-deliveries net may publish
+// the replay again as it would a new command.
 // Postgres still guards the charge: a replay of a completed key is acked as
 // a duplicate, and a crash between the PubAck and the delete at worst
 // publishes it twice. Dead letters that do not verify with cfg.DLQKey, or
@@ -522,7 +524,7 @@ func replayOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Strea
 	m := nats.NewMsg(d.OrigSubject)
 	m.Data = d.Data
 	for k, vs := range d.Header {
-		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") || k == stream.HeaderReplayOf {
+		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") || k == stream.HeaderReplayOf || k == stream.HeaderRequeues {
 			continue
 		}
 		m.Header[k] = append([]string(nil), vs...)

@@ -15,12 +15,17 @@ import (
 // survives if the replayed message is dead-lettered again.
 const HeaderReplayOf = "Paydedup-Replay-Of"
 
+// HeaderRequeues counts how many times the max-deliveries net published a
+// command again after it ran out of deliveries with no worker settling it
+// (see RequeueMsgID). A replay starts the count again.
+const HeaderRequeues = "Paydedup-Requeues"
+
 // MsgID is the Nats-Msg-Id publishers set for a payment command, so the
 // stream's duplicate window drops quick double-publishes.
 //
 // The ids of every publisher are told apart: a merchant id is
 // [A-Za-z0-9_-], so a command's id never starts with "~", and only the
-// project's own second copies (RepublishMsgID, ReplayMsgID) do, each with
+// project's own second copies (RepublishMsgID, ReplayMsgID, RequeueMsgID) do, each with
 // its own word and a field order that parses one way. No key, merchant or
 // dead-letter sequence makes one publisher's id another's.
 func MsgID(merchantID, idempotencyKey string) string { return merchantID + ":" + idempotencyKey }
@@ -57,6 +62,15 @@ func CommandMsg(cfg Config, merchantID, idempotencyKey string, body []byte) *nat
 // stream's duplicate window; no command's id is ever a replay's (see MsgID).
 func ReplayMsgID(cfg Config, seq uint64) string {
 	return msgIDOwnPrefix + "replay:" + strconv.FormatUint(seq, 10) + ":" + cfg.DLQStream
+}
+
+// RequeueMsgID is the Nats-Msg-Id of the max-deliveries net's new copy of
+// message seq of the payments stream, which ran out of deliveries with no
+// worker settling it: ~requeue:<seq>:<stream>. Two copies of one message
+// (the net's retry after a lost PubAck, two workers' nets handling one
+// advisory) publish one message within the stream's duplicate window.
+func RequeueMsgID(cfg Config, seq uint64) string {
+	return msgIDOwnPrefix + "requeue:" + strconv.FormatUint(seq, 10) + ":" + cfg.Name
 }
 
 // DecodeCommand reads a command from a message as the worker does: strict

@@ -16,6 +16,7 @@ const (
 	kindCommand   msgIDKind = "command"
 	kindRepublish msgIDKind = "republish"
 	kindReplay    msgIDKind = "replay"
+	kindRequeue   msgIDKind = "requeue"
 )
 
 // parsedMsgID is what a Nats-Msg-Id says, read back.
@@ -25,7 +26,7 @@ type parsedMsgID struct {
 	key      string
 	n        int    // republish
 	seq      uint64 // replay
-	dlq      string // replay
+	dlq      string // replay: the DLQ stream; requeue: the payments stream
 }
 
 // parseMsgID reads an id back by the scheme MsgID documents: a command's
@@ -56,6 +57,12 @@ func parseMsgID(id string) (p parsedMsgID, ok bool) {
 				return p, false
 			}
 			return parsedMsgID{kind: kindReplay, seq: seq, dlq: rest}, true
+		case "requeue":
+			seq, err := strconv.ParseUint(num, 10, 64)
+			if err != nil || rest == "" {
+				return p, false
+			}
+			return parsedMsgID{kind: kindRequeue, seq: seq, dlq: rest}, true
 		}
 		return p, false
 	}
@@ -71,7 +78,7 @@ func parseMsgID(id string) (p parsedMsgID, ok bool) {
 var (
 	msgIDMerchants = []string{"replay", "republish", "m", "m_1", "r1", "dlq", "PAYMENTS_DLQ", "-", "_", "a-b_C9"}
 	msgIDKeys      = []string{
-		"k", "k:r1", "k:r2", "r1", ":r1", "PAYMENTS_DLQ:2", "PAYMENTS_DLQ:18446744073709551615", "~replay:2:PAYMENTS_DLQ",
+		"k", "k:r1", "k:r2", "r1", ":r1", "PAYMENTS_DLQ:2", "PAYMENTS_DLQ:18446744073709551615", "~replay:2:PAYMENTS_DLQ", "~requeue:2:PAYMENTS",
 		"~", "~~", ":", "::", "replay", "replay:", "republish:1:m:k", "~republish:1:m:k", "2:PAYMENTS_DLQ", "a b",
 		" ", "x:~y", strings.Repeat(":", 255), strings.Repeat("~", 255),
 	}
@@ -123,6 +130,8 @@ func TestMsgIDsOfPublishersNeverCollide(t *testing.T) {
 	replay := func(dlq string, seq uint64) {
 		id := stream.ReplayMsgID(stream.Config{DLQStream: dlq}, seq)
 		ids = append(ids, built{id, parsedMsgID{kind: kindReplay, dlq: dlq, seq: seq}})
+		id = stream.RequeueMsgID(stream.Config{Name: dlq}, seq)
+		ids = append(ids, built{id, parsedMsgID{kind: kindRequeue, dlq: dlq, seq: seq}})
 	}
 	for _, m := range msgIDMerchants {
 		for _, k := range msgIDKeys {

@@ -229,6 +229,7 @@ func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 	f.DurationVar(&c.Lease, "lease", a.envDuration("PAYDEDUP_LEASE", consumer.DefaultLease), "claim lease; must exceed the provider retry budget (PAYDEDUP_LEASE)")
 	f.DurationVar(&c.Stream.AckWait, "ack-wait", a.envDuration("PAYDEDUP_ACK_WAIT", stream.DefaultAckWait), "JetStream AckWait; must exceed the lease (PAYDEDUP_ACK_WAIT)")
 	f.IntVar(&c.Stream.MaxDeliver, "max-deliver", a.envInt("PAYDEDUP_MAX_DELIVER", stream.DefaultMaxDeliver), "deliveries before a message is dead-lettered as max_deliveries (PAYDEDUP_MAX_DELIVER)")
+	f.IntVar(&c.NetRequeues, "net-requeues", a.envInt("PAYDEDUP_NET_REQUEUES", consumer.DefaultNetRequeues), "times a message that ran out of deliveries with no worker settling it (its workers killed or stopped) is published again before it is dead-lettered as max_deliveries; 0 files it at once (PAYDEDUP_NET_REQUEUES)")
 	f.IntVar(&c.Stream.MaxAckPending, "max-ack-pending", a.envInt("PAYDEDUP_MAX_ACK_PENDING", stream.DefaultMaxAckPending), "JetStream MaxAckPending of the consumer (PAYDEDUP_MAX_ACK_PENDING)")
 	f.StringVar(&w.backoffRaw, "backoff", a.getenv("PAYDEDUP_BACKOFF"), "optional JetStream redelivery backoff, e.g. 1m,2m,5m; each step must exceed the lease (PAYDEDUP_BACKOFF)")
 	f.DurationVar(&c.PauseFirst, "pause-first", a.envDuration("PAYDEDUP_PAUSE_FIRST", consumer.AuthPauseFirst), "while the provider or PostgreSQL is out (or the API key refused), the pause before the first probe, doubled after each failed probe (PAYDEDUP_PAUSE_FIRST)")

@@ -58,3 +58,14 @@ func TestEveryParsedVariableHasACommand(t *testing.T) {
 		}
 	}
 }
+
+// A negative PAYDEDUP_NET_REQUEUES stops the worker before it starts,
+// naming the setting.
+func TestNegativeNetRequeuesRefused(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": testenv.PostgresURL(t), "PAYDEDUP_LOG_LEVEL": "warn", "PAYDEDUP_NET_REQUEUES": "-1"}
+	_, _, err := runCLI(context.Background(), env, "worker")
+	if err == nil || !strings.Contains(err.Error(), "net requeues must not be negative, got -1") {
+		t.Fatalf("PAYDEDUP_NET_REQUEUES=-1 worker: %v, want the setting named", err)
+	}
+}
