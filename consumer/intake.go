@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -26,6 +27,57 @@ type IntakeMarker interface {
 // until a worker claims the key again.
 type OperatorMarker interface {
 	MarkIntakeForOperator(ctx context.Context, merchantID, key, reason, errText string) (bool, error)
+}
+
+// PauseNoter is the optional part of an IntakeMarker that records the
+// worker's pauses where the gateway reads them (the gateway's store
+// implements it), so a client asking about a payment that waits is told
+// the workers are paused, and why. cause "" clears the worker's note.
+type PauseNoter interface {
+	NotePause(ctx context.Context, holder, cause string, since time.Time) error
+}
+
+// PauseNoteEvery is how often a paused worker writes its pause again; the
+// gateway counts a note for a few of these (pgstore.PauseFresh), so a
+// worker killed while paused stops counting soon after.
+const PauseNoteEvery = 5 * time.Second
+
+// notePauses writes the worker's pause through the intake's PauseNoter
+// every PauseNoteEvery while the worker is paused, and clears it once the
+// worker works again or stops, until ctx ends. A failed write is logged at
+// debug and tried at the next tick: the note only informs clients (the
+// pause itself, its metric and /readyz do not depend on it).
+func (w *Worker) notePauses(ctx context.Context) {
+	pn, ok := w.intake.(PauseNoter)
+	if !ok {
+		return
+	}
+	noted := ""
+	write := func(ctx context.Context, cause string, since time.Time) {
+		wctx, cancel := context.WithTimeout(ctx, PauseNoteEvery)
+		defer cancel()
+		if err := pn.NotePause(wctx, w.cfg.Holder, cause, since); err != nil {
+			w.logger.Debug("could not record the worker's pause for the gateway", "cause", cause, "error", err)
+			return
+		}
+		noted = cause
+	}
+	t := time.NewTicker(PauseNoteEvery)
+	defer t.Stop()
+	for {
+		cause, since := w.proc.gate.pausedSince()
+		if cause != "" || noted != "" {
+			write(ctx, cause, since)
+		}
+		select {
+		case <-ctx.Done():
+			if noted != "" {
+				write(context.WithoutCancel(ctx), "", time.Time{})
+			}
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // deadLetteredIntake tells the gateway's intake of a command it published

@@ -71,6 +71,7 @@ type gate struct {
 	mu       sync.Mutex
 	cause    string // "" while open
 	err      error
+	since    time.Time // start of the current pause
 	until    time.Time // end of the current pause
 	streak   int       // pauses in a row
 	probing  bool
@@ -108,7 +109,7 @@ func (g *gate) closeLocked(cause string, err error) time.Duration {
 		g.cause = cause
 		return time.Until(g.until)
 	}
-	g.cause, g.streak = cause, 1
+	g.cause, g.streak, g.since = cause, 1, time.Now()
 	pause := g.pauseLocked()
 	g.until = time.Now().Add(pause)
 	g.opened = make(chan struct{})
@@ -120,7 +121,7 @@ func (g *gate) closeLocked(cause string, err error) time.Duration {
 func (g *gate) openLocked(causes ...string) {
 	for _, c := range causes {
 		if g.cause == c {
-			g.cause, g.err, g.streak, g.until, g.probing = "", nil, 0, time.Time{}, false
+			g.cause, g.err, g.streak, g.since, g.until, g.probing = "", nil, 0, time.Time{}, time.Time{}, false
 			g.closed.Store(false)
 			close(g.opened)
 			return
@@ -262,6 +263,14 @@ func (g *gate) state() (cause string, err error, streak, held int, until time.Ti
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.cause, g.err, g.streak, g.held, g.until
+}
+
+// pausedSince returns the cause of the pause ("" when open) and when it
+// began.
+func (g *gate) pausedSince() (cause string, since time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.cause, g.since
 }
 
 // providerUnavailable reports whether a provider call's error shows the

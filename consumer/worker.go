@@ -176,6 +176,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger, op)
 	}()
 	defer func() { <-netDone }()
+	notesDone := make(chan struct{})
+	go func() {
+		defer close(notesDone)
+		w.notePauses(ctx)
+	}()
+	defer func() { <-notesDone }()
 
 	// Work runs on its own context: a stop must not cut a provider call
 	// short before the drain deadline.

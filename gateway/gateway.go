@@ -107,6 +107,9 @@ type Store interface {
 	ReleaseIntake(ctx context.Context, in pgstore.Intake) error
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
+	// WorkerPauses is the pause the workers report now, if any (see
+	// consumer.PauseNoter).
+	WorkerPauses(ctx context.Context) (pgstore.WorkerPause, bool, error)
 }
 
 // Completions wakes a waiter when a key may have completed
@@ -283,6 +286,7 @@ type Gateway struct {
 	metrics *metrics
 	handler http.Handler
 	batch   *batcher // nil: every POST is served per request
+	pauses  pauseCache
 
 	draining  atomic.Bool
 	drain     chan struct{} // closed when shutdown begins

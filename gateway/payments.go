@@ -56,6 +56,20 @@ type Payment struct {
 	// Reason is the dead letter's reason of a payment waiting for an
 	// operator.
 	Reason string `json:"reason,omitempty"`
+	// Delay says why a payment that waits for a worker (queued, retrying)
+	// is not moving: the workers are paused. Absent while none is.
+	Delay *Delay `json:"delay,omitempty"`
+}
+
+// Delay is what the paused workers report: the cause most of them give
+// (provider_unavailable: the provider refuses or does not answer;
+// provider_auth: it refuses the API key; postgres_unavailable), since when,
+// and how many workers. Payments resume on their own when it ends; none
+// of their deliveries is spent meanwhile.
+type Delay struct {
+	Cause         string    `json:"cause"`
+	Since         time.Time `json:"since"`
+	WorkersPaused int       `json:"workers_paused"`
 }
 
 // Outcome is the stored provider response of a completed payment.
@@ -747,6 +761,9 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	if p.Status == StateWaitingForOperator {
 		wait = 0 // nothing moves until an operator replays it: answered at once
 	}
+	if p.Status == StateQueued || p.Status == StateRetrying {
+		p.Delay = g.pauses.get(ctx, g.store, g.log)
+	}
 	if wait > 0 && p.CompletedAt == nil && p.Status != StateQueued && p.Status != StatePublishUnknown {
 		// Only keys the gateway took in notify on completion; a payment
 		// that came straight from the queue is answered at once.
@@ -765,6 +782,9 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 			return
 		case dl.IdempotencyKey != "":
 			p = waitingPayment(rec, dl)
+		}
+		if p.Status == StateQueued || p.Status == StateRetrying {
+			p.Delay = g.pauses.get(ctx, g.store, g.log)
 		}
 	}
 	writeJSON(w, http.StatusOK, p)

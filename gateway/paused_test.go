@@ -1,0 +1,67 @@
+package gateway_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/provider/stripesim"
+)
+
+// TestGetSaysWorkersArePaused: during a provider outage the workers pause
+// and spend no delivery, so a payment taken in reads "retrying" or
+// "queued" for as long as the outage lasts. GET says why: a delay with the
+// pause's cause, since when, and how many workers; once the provider
+// answers, the payment is charged and the delay is gone.
+func TestGetSaysWorkersArePaused(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, options{worker: func(c *consumer.Config) {
+		c.PauseFirst, c.PauseLongest = 100*time.Millisecond, 400*time.Millisecond
+	}})
+	if err := w.sim.SetFaults(stripesim.Faults{Rate429: 1}); err != nil {
+		t.Fatal(err)
+	}
+	w.startWorker()
+	body := payBody(700, "pm_card_visa")
+	for i := range 4 {
+		wantStatus(t, w.post(fmt.Sprintf("out-%d", i), body), http.StatusAccepted)
+	}
+	var p gateway.Payment
+	w.eventually("GET says the workers are paused", func() bool {
+		r := w.do(http.MethodGet, "/v1/payments/out-0", w.keyA, "", nil)
+		if r.status != http.StatusOK {
+			return false
+		}
+		p = r.payment(t)
+		return p.Delay != nil
+	})
+	if p.Status != gateway.StateRetrying && p.Status != gateway.StateQueued {
+		t.Errorf("status %q during the outage, want retrying or queued", p.Status)
+	}
+	if d := p.Delay; d.Cause != consumer.PauseProviderUnavailable || d.WorkersPaused != 1 || d.Since.IsZero() || time.Since(d.Since) > time.Minute {
+		t.Errorf("delay %+v, want provider_unavailable, 1 worker, since moments ago", *d)
+	}
+
+	if err := w.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	w.eventually("charged after the outage, no delay", func() bool {
+		r := w.do(http.MethodGet, "/v1/payments/out-0", w.keyA, "", nil)
+		if r.status != http.StatusOK {
+			return false
+		}
+		p = r.payment(t)
+		return p.Status == gateway.StateSucceeded
+	})
+	if p.Delay != nil {
+		t.Errorf("a charged payment carries a delay %+v", *p.Delay)
+	}
+	// A payment that still waits once the workers work again shows no
+	// delay either: the worker cleared its note.
+	w.eventually("the worker's note cleared", func() bool {
+		return w.count(`SELECT count(*) FROM worker_pauses`) == 0
+	})
+}

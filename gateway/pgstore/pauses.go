@@ -1,0 +1,68 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+)
+
+// PauseFresh is how long a worker's pause row counts after its last
+// write: a paused worker writes it every few seconds (consumer's
+// PauseNoteEvery), so an older row is a worker that was killed paused.
+const PauseFresh = 30 * time.Second
+
+// WorkerPause is what the paused workers report: the cause most of them
+// give, since when the earliest of those paused, and how many do.
+type WorkerPause struct {
+	Cause   string
+	Since   time.Time
+	Workers int
+}
+
+// NotePause records that the worker holder is paused for cause since
+// since (migration 00018's worker_pauses); an empty cause deletes its row.
+// The worker calls it every few seconds while paused, and once more when
+// it works again.
+func (s *Store) NotePause(ctx context.Context, holder, cause string, since time.Time) error {
+	if holder == "" {
+		return errors.New("note worker pause: empty holder")
+	}
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		var err error
+		if cause == "" {
+			_, err = s.db.Pool.Exec(ctx, `DELETE FROM worker_pauses WHERE holder = $1`, holder)
+			return err
+		}
+		_, err = s.db.Pool.Exec(ctx, `INSERT INTO worker_pauses (holder, cause, since, seen_at)
+			VALUES ($1, $2, $3, coalesce($4::timestamptz, now()))
+			ON CONFLICT (holder) DO UPDATE SET cause = excluded.cause, since = excluded.since, seen_at = excluded.seen_at`,
+			holder, cause, since, s.db.Now())
+		return err
+	})
+	if err != nil {
+		return interpretError("note worker pause", err)
+	}
+	return nil
+}
+
+// WorkerPauses returns the pause the workers report now (rows written
+// within PauseFresh); ok is false when none is paused.
+func (s *Store) WorkerPauses(ctx context.Context) (p WorkerPause, ok bool, err error) {
+	err = s.db.Retry(ctx, func(ctx context.Context) error {
+		err := s.db.Pool.QueryRow(ctx, `SELECT cause, min(since), count(*) FROM worker_pauses
+			WHERE seen_at > coalesce($1::timestamptz, now()) - $2::interval
+			GROUP BY cause ORDER BY count(*) DESC, min(since) LIMIT 1`, s.db.Now(), PauseFresh).Scan(&p.Cause, &p.Since, &p.Workers)
+		return err
+	})
+	if err != nil {
+		err = interpretError("read worker pauses", err)
+		if errors.Is(err, dedup.ErrNotFound) {
+			return WorkerPause{}, false, nil
+		}
+		return WorkerPause{}, false, err
+	}
+	p.Since = p.Since.UTC()
+	return p, true, nil
+}
