@@ -104,13 +104,16 @@ type Config struct {
 	PauseFirst   time.Duration
 	PauseLongest time.Duration
 
-	// NetRequeues is how many times the max-deliveries net publishes a
-	// message again, as a new message with deliveries of its own, when it
-	// ran out of deliveries with no worker settling it (the workers that
-	// held it were killed or stopped, which is no fault of the message's),
-	// before it files it max_deliveries. It bounds the deliveries of a
-	// message that kills every worker that takes it to
-	// (NetRequeues+1) × MaxDeliver. Zero (not defaulted) files at once.
+	// NetRequeues is how many times a message whose deliveries ran out
+	// without an outcome is published again, as a new message with
+	// deliveries of its own, before it is filed max_deliveries: by the
+	// max-deliveries net when no worker settled its last delivery (the
+	// workers that held it were killed or stopped), by the worker when its
+	// last delivery ended without an outcome (a 429, a 5xx, a held lease:
+	// the deliveries before may have been spent by kills). It bounds the
+	// deliveries of a message that kills every worker, or fails alone every
+	// time, to (NetRequeues+1) × MaxDeliver. Zero (not defaulted) files at
+	// once.
 	NetRequeues int
 
 	Holder string // lease holder id; default host name + random suffix

@@ -78,6 +78,10 @@ const (
 	Ack ActionKind = iota + 1
 	Nak
 	DeadLetterTerm
+	// Requeue: the last delivery ended without an outcome and the message
+	// was published again as a new message (Worker.requeueLast), then
+	// termed.
+	Requeue
 )
 
 func (a ActionKind) String() string {
@@ -88,6 +92,8 @@ func (a ActionKind) String() string {
 		return "nak"
 	case DeadLetterTerm:
 		return "dead_letter"
+	case Requeue:
+		return "requeue"
 	}
 	return "unknown"
 }

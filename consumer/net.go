@@ -216,28 +216,36 @@ const (
 )
 
 // requeue publishes raw, which ran out of deliveries after requeues
-// earlier copies, again as a new message: the same subject, body and
-// headers, Paydedup-Requeues one more, and Nats-Msg-Id
-// stream.RequeueMsgID of raw's sequence, so a retry after a lost PubAck
-// (or another worker's net handling the same advisory) stores one copy.
-// A duplicate PubAck counts only once the stored copy is checked to be
-// this command. PostgreSQL still guards the charge: a copy of a completed
-// key is acked as a duplicate.
+// earlier copies, again (see publishAgain).
 func (n *maxDeliveriesNet) requeue(ctx context.Context, raw *jetstream.RawStreamMsg, requeues int, log *slog.Logger) requeueOutcome {
-	m := nats.NewMsg(raw.Subject)
-	m.Data = raw.Data
-	for k, vs := range raw.Header {
+	return publishAgain(ctx, n.js, n.cfg, raw.Subject, raw.Header, raw.Data, raw.Sequence, requeues, log,
+		"message ran out of deliveries with no worker settling it (its workers were killed or stopped); published again")
+}
+
+// publishAgain publishes message seq of the payments stream (subject,
+// header, data), which ran out of deliveries after requeues earlier
+// copies, again as a new message with deliveries of its own: the same
+// subject, body and headers, Paydedup-Requeues one more, and Nats-Msg-Id
+// stream.RequeueMsgID(seq), so a retry after a lost PubAck (or the net
+// and the worker both handling the message) stores one copy. A duplicate
+// PubAck counts only once the stored copy is checked to be this command.
+// PostgreSQL still guards the charge: a copy of a completed key is acked
+// as a duplicate. done is logged at warn on success.
+func publishAgain(ctx context.Context, js jetstream.JetStream, cfg Config, subject string, header nats.Header, data []byte, seq uint64, requeues int, log *slog.Logger, done string) requeueOutcome {
+	m := nats.NewMsg(subject)
+	m.Data = data
+	for k, vs := range header {
 		if strings.HasPrefix(k, "Nats-") || k == stream.HeaderRequeues {
 			continue
 		}
 		m.Header[k] = append([]string(nil), vs...)
 	}
-	id := stream.RequeueMsgID(n.cfg.Stream, raw.Sequence)
+	id := stream.RequeueMsgID(cfg.Stream, seq)
 	m.Header.Set(nats.MsgIdHdr, id)
 	m.Header.Set(stream.HeaderRequeues, strconv.Itoa(requeues+1))
 	pctx, cancel := context.WithTimeout(ctx, netTimeout)
 	defer cancel()
-	ack, err := n.js.PublishMsg(pctx, m)
+	ack, err := js.PublishMsg(pctx, m)
 	var refused *jetstream.APIError
 	if errors.As(err, &refused) {
 		log.Error("the stream refused a message published again; filing it as a dead letter", "error", err, "msg_id", id)
@@ -248,7 +256,7 @@ func (n *maxDeliveriesNet) requeue(ctx context.Context, raw *jetstream.RawStream
 		return requeueUnknown
 	}
 	if ack.Duplicate {
-		same, err := stream.SameStored(pctx, n.js, ack, m)
+		same, err := stream.SameStored(pctx, js, ack, m)
 		switch {
 		case err != nil:
 			log.Warn("a message published again was dropped as a duplicate that cannot be read; retrying", "error", err, "msg_id", id)
@@ -258,8 +266,7 @@ func (n *maxDeliveriesNet) requeue(ctx context.Context, raw *jetstream.RawStream
 			return requeueRefused
 		}
 	}
-	log.Warn("message ran out of deliveries with no worker settling it (its workers were killed or stopped); published again",
-		"msg_id", id, "new_seq", ack.Sequence, "requeues", requeues+1, "of", n.cfg.NetRequeues)
+	log.Warn(done, "msg_id", id, "new_seq", ack.Sequence, "requeues", requeues+1, "of", cfg.NetRequeues)
 	return requeued
 }
 

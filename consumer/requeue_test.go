@@ -14,6 +14,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -243,5 +244,107 @@ func TestNetRequeuePubAckLost(t *testing.T) {
 	}
 	if dls := e.deadLetters(); len(dls) != 0 {
 		t.Fatalf("%d dead letters, want none", len(dls))
+	}
+}
+
+// unlucky answers 429 to the first fails charges of one key and passes
+// everything else on: a payment whose deliveries run out on transient
+// answers, though nothing is wrong with it.
+type unlucky struct {
+	provider.Provider
+	key   string
+	fails int32
+	calls *atomic.Int32
+}
+
+func (u unlucky) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if req.IdempotencyKey == u.key && u.calls.Add(1) <= u.fails {
+		return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429, Type: "rate_limit_error", Message: "rate limited"}
+	}
+	return u.Provider.Charge(ctx, req)
+}
+
+// TestLastDeliveryWithoutOutcomeIsPublishedAgain: a payment whose last
+// delivery ends without an outcome (a 429 while the provider answers the
+// lookup, so no outage) is published again by the worker, up to
+// NetRequeues times, and charged once when the provider takes it; only a
+// payment that keeps failing through every copy is filed max_deliveries,
+// its letter counting the copies. Kills may have spent the deliveries
+// before the last; the last one failing alone proves nothing against the
+// payment.
+func TestLastDeliveryWithoutOutcomeIsPublishedAgain(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		fails   int32
+		letters int
+	}{
+		{"recovers in its copy", 0, 0}, // every try of every delivery of the command
+		{"fails through every copy", 1 << 30, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			outageConfig(e)
+			e.cfg.Stream.MaxDeliver = 2 * consumer.OutageAnswers
+			e.cfg.NetRequeues = 1
+			tries := int32(e.cfg.Stream.MaxDeliver * e.cfg.ProviderTry.MaxTries)
+			fails := tc.fails
+			if fails == 0 {
+				fails = tries
+			}
+			u := unlucky{Provider: e.stripe, key: "unlucky", fails: fails, calls: new(atomic.Int32)}
+			e.runPausable("w1", e.store, u)
+			e.publish("m_1", body("m_1", "unlucky", 100), "", nil)
+			var keys []string
+			for i := range 20 {
+				keys = append(keys, fmt.Sprintf("ok-%d", i))
+				e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+			}
+			if tc.letters == 0 {
+				e.eventually("the unlucky payment charged", func() bool {
+					rec, err := e.store.Get(e.ctx, "m_1", "unlucky")
+					return (err == nil && rec.Status == dedup.StatusCompleted) || len(e.deadLetters()) > 0
+				})
+			} else {
+				e.eventually("the letter filed", func() bool { return len(e.deadLetters()) > 0 })
+			}
+			e.quiescent()
+			dls := e.deadLetters()
+			if len(dls) != tc.letters {
+				for _, d := range dls {
+					p, _ := stream.ParseDeadLetter(d.Header)
+					t.Logf("dead letter %s: %s (%s: %q)", p.Reason, p.Error, stream.HeaderRequeues, d.Header.Get(stream.HeaderRequeues))
+				}
+				t.Fatalf("%d dead letters, want %d", len(dls), tc.letters)
+			}
+			copies := 0
+			for _, m := range e.streamMsgs(e.cfg) {
+				if m.Header.Get(stream.HeaderRequeues) != "" {
+					copies++
+				}
+			}
+			if copies != 1 {
+				t.Errorf("%d copies published again, want 1", copies)
+			}
+			if tc.letters == 0 {
+				if n := e.charges("m_1", "unlucky"); n != 1 {
+					t.Fatalf("charged %d times, want 1", n)
+				}
+			} else {
+				p, err := stream.ParseDeadLetter(dls[0].Header)
+				if err != nil || p.Reason != stream.ReasonMaxDeliveries || dls[0].Header.Get(stream.HeaderRequeues) != "1" {
+					t.Fatalf("letter %+v %v (%s %q), want max_deliveries of the copy", p, err, stream.HeaderRequeues, dls[0].Header.Get(stream.HeaderRequeues))
+				}
+				if n := u.calls.Load(); n != 2*tries {
+					t.Errorf("%d charge attempts, want %d: every try of every delivery of the command and of its copy", n, 2*tries)
+				}
+			}
+			for _, k := range keys {
+				if n := e.charges("m_1", k); n != 1 {
+					t.Errorf("%s charged %d times, want 1", k, n)
+				}
+			}
+		})
 	}
 }

@@ -579,6 +579,10 @@ func (w *Worker) settle(b *batchRefs, in *inbound, res Result) {
 		sctx, cancel := context.WithDeadline(base, time.Now().Add(settleTimeout))
 		defer cancel()
 		log := logger()
+		if again, ok := w.requeueLast(sctx, in, act, res, log); ok {
+			act = again
+			break
+		}
 		errForDLQ := res.Err
 		if act.Reason == stream.ReasonMaxDeliveries && res.Kind != DeadLetter {
 			errForDLQ = fmt.Errorf("last allowed delivery (%d) ended %s: %v", in.meta.NumDelivered, res.Kind, res.Err)
@@ -611,6 +615,39 @@ func (w *Worker) settle(b *batchRefs, in *inbound, res Result) {
 		}
 		in.span.End()
 	}
+}
+
+// requeueLast publishes a message again, as a new message with deliveries
+// of its own (publishAgain), when its last delivery ended without an
+// outcome (a 429, a 5xx, a lease held by another worker, an unknown
+// outcome: nothing about the payment itself) and it was published again
+// fewer than NetRequeues times: the deliveries before may have been spent
+// by workers killed holding it, and max_deliveries is for a message that
+// fails alone, which it still is after NetRequeues copies. On success the
+// original is termed (Requeue). When the publish's outcome is unknown the
+// message is nakked: the server gives up on it and the max-deliveries net
+// publishes it again under the same id. ok is false when the message is
+// to be dead-lettered as act says.
+func (w *Worker) requeueLast(ctx context.Context, in *inbound, act Action, res Result, log *slog.Logger) (Action, bool) {
+	if act.Reason != stream.ReasonMaxDeliveries || res.Kind == DeadLetter || in.meta == nil {
+		return act, false
+	}
+	requeues, ok := requeuesOf(in.msg.Headers())
+	if !ok || requeues >= w.cfg.NetRequeues {
+		return act, false
+	}
+	switch publishAgain(ctx, w.js, w.cfg, in.msg.Subject(), in.msg.Headers(), in.msg.Data(), in.meta.Sequence.Stream, requeues, log,
+		"last allowed delivery ended "+res.Kind.String()+"; published again") {
+	case requeued:
+		if err := in.msg.Term(); err != nil {
+			log.Warn("term failed after publishing the message again; the server gives up on it after AckWait and the net's copy is a duplicate", "error", err)
+		}
+		return Action{Kind: Requeue}, true
+	case requeueUnknown:
+		_ = in.msg.NakWithDelay(w.cfg.RetryBase)
+		return Action{Kind: Nak, Delay: w.cfg.RetryBase}, true
+	}
+	return act, false
 }
 
 func errString(err error) string {

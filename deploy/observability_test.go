@@ -28,7 +28,7 @@ var metrics = map[string]struct {
 	labels    map[string][]string
 }{
 	"paydedup_messages_total": {labels: map[string][]string{
-		"result": {"processed", "declined", "duplicate", "in_flight_nak", "retry_nak", "dead_lettered"},
+		"result": {"processed", "declined", "duplicate", "in_flight_nak", "retry_nak", "dead_lettered", "requeued"},
 	}},
 	"paydedup_dead_lettered_total":       {labels: map[string][]string{"reason": nil}},
 	"paydedup_in_flight":                 {},

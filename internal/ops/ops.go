@@ -44,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_messages_total",
-			Help: "Payment command messages settled, by result (processed, declined, duplicate, in_flight_nak, retry_nak, dead_lettered).",
+			Help: "Payment command messages settled, by result (processed, declined, duplicate, in_flight_nak, retry_nak, dead_lettered, requeued).",
 		}, []string{"result"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_dead_lettered_total",
@@ -111,6 +111,8 @@ func (m *Metrics) Settled(kind consumer.Kind, act consumer.Action) {
 	case act.Kind == consumer.DeadLetterTerm:
 		m.messages.WithLabelValues("dead_lettered").Inc()
 		m.deadLettered.WithLabelValues(act.Reason).Inc()
+	case act.Kind == consumer.Requeue:
+		m.messages.WithLabelValues("requeued").Inc()
 	case kind == consumer.Completed:
 		m.messages.WithLabelValues("processed").Inc()
 	case kind == consumer.Declined:
