@@ -120,6 +120,7 @@ The last line with --json is one JSON object.`,
 	cmd.AddCommand(newBenchCompareCmd(a))
 	cmd.AddCommand(newBenchGrowthCmd(a))
 	cmd.AddCommand(newBenchShippedCmd(a))
+	cmd.AddCommand(newBenchDoorCmd(a))
 	return cmd
 }
 

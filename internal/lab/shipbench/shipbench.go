@@ -160,20 +160,11 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	scfg := stream.Config{
-		Name: "SHIP_" + suffix, SubjectPrefix: "ship." + suffix + ".requests",
-		DLQStream: "SHIP_" + suffix + "_DLQ", DLQPrefix: "ship." + suffix + ".dlq", Durable: "paydedup-worker",
-	}.WithDefaults()
+	scfg := streamConfig(suffix)
 	if err := r.streams(ctx, natsURL, scfg); err != nil {
 		return res, err
 	}
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	env := []string{
-		"NATS_URL=" + natsURL, "PAYDEDUP_DLQ_KEY=" + hex.EncodeToString(key),
-		"PAYDEDUP_STREAM=" + scfg.Name, "PAYDEDUP_SUBJECT_PREFIX=" + scfg.SubjectPrefix,
-		"PAYDEDUP_DLQ_STREAM=" + scfg.DLQStream, "PAYDEDUP_DLQ_PREFIX=" + scfg.DLQPrefix, "PAYDEDUP_DURABLE=" + scfg.Durable,
-	}
+	env := commonEnv(natsURL, scfg)
 	if err := r.exec(ctx, "migrate", append(env, "DATABASE_URL="+dbURL), "migrate", "up"); err != nil {
 		return res, err
 	}
@@ -182,16 +173,11 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 		return res, err
 	}
 
-	simURL, simPID := "", 0
-	switch r.cfg.Provider {
-	case ProviderStripe:
-		if simURL, simPID, err = r.providerSim(ctx); err != nil {
-			return res, err
-		}
-		env = append(env, "PAYDEDUP_PROVIDER=stripe", "STRIPE_API_BASE="+simURL, "STRIPE_SECRET_KEY=sk_test_paydedup_shipbench")
-	case ProviderSim:
-		env = append(env, "PAYDEDUP_PROVIDER=sim")
+	simURL, simPID, provEnv, err := r.provider(ctx)
+	if err != nil {
+		return res, err
 	}
+	env = append(env, provEnv...)
 	appName := "paydedup-shipbench-" + suffix
 	workerURL, err := localpg.WithAppName(dbURL, appName)
 	if err != nil {
@@ -238,6 +224,40 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// streamConfig is the run's own streams, named after its suffix.
+func streamConfig(suffix string) stream.Config {
+	return stream.Config{
+		Name: "SHIP_" + suffix, SubjectPrefix: "ship." + suffix + ".requests",
+		DLQStream: "SHIP_" + suffix + "_DLQ", DLQPrefix: "ship." + suffix + ".dlq", Durable: "paydedup-worker",
+	}.WithDefaults()
+}
+
+// commonEnv is what each of the binary's commands is given: the NATS
+// server, a fresh dead-letter key and the run's streams.
+func commonEnv(natsURL string, scfg stream.Config) []string {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	return []string{
+		"NATS_URL=" + natsURL, "PAYDEDUP_DLQ_KEY=" + hex.EncodeToString(key),
+		"PAYDEDUP_STREAM=" + scfg.Name, "PAYDEDUP_SUBJECT_PREFIX=" + scfg.SubjectPrefix,
+		"PAYDEDUP_DLQ_STREAM=" + scfg.DLQStream, "PAYDEDUP_DLQ_PREFIX=" + scfg.DLQPrefix, "PAYDEDUP_DURABLE=" + scfg.Durable,
+	}
+}
+
+// provider starts what cfg.Provider needs (provider-sim for stripe) and
+// returns the simulator's URL and pid (empty for sim) and the worker's
+// settings for it.
+func (r *run) provider(ctx context.Context) (string, int, []string, error) {
+	if r.cfg.Provider == ProviderSim {
+		return "", 0, []string{"PAYDEDUP_PROVIDER=sim"}, nil
+	}
+	simURL, simPID, err := r.providerSim(ctx)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	return simURL, simPID, []string{"PAYDEDUP_PROVIDER=stripe", "STRIPE_API_BASE=" + simURL, "STRIPE_SECRET_KEY=sk_test_paydedup_shipbench"}, nil
 }
 
 // nats returns the NATS server's URL, and its pid when this run started it.
