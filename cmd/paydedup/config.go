@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -183,6 +184,23 @@ func (p *providerFlags) validate() error {
 		return fmt.Errorf("PAYDEDUP_PROVIDER_TIMEOUT / --provider-timeout must be positive, got %v", p.timeout)
 	}
 	return nil
+}
+
+// describe is what the worker logs at start about its provider: which one,
+// its API base, and whether the key is a live or a test one (its prefix:
+// sk_live_/rk_live_, sk_test_/rk_test_), never the key.
+func (p *providerFlags) describe() []any {
+	if p.kind == "sim" {
+		return []any{"provider", "sim", "api_base", "in-process simulator", "mode", "sim"}
+	}
+	mode := "unknown key prefix"
+	switch {
+	case strings.HasPrefix(p.secretKey, "sk_live_"), strings.HasPrefix(p.secretKey, "rk_live_"):
+		mode = "live"
+	case strings.HasPrefix(p.secretKey, "sk_test_"), strings.HasPrefix(p.secretKey, "rk_test_"):
+		mode = "test"
+	}
+	return []any{"provider", p.kind, "api_base", cmp.Or(p.apiBase, stripe.DefaultAPIBase), "mode", mode}
 }
 
 // build returns the provider: the Stripe adapter, pointed for sim at an

@@ -32,9 +32,11 @@ PAYDEDUP_DLQ_KEY). A dead letter is named by its sequence in that stream.
 
 Reasons: bad input (malformed_json, missing_key, invalid_amount, ...: the
 publisher must fix the message), key_reused (the same key with another
-payment: a client bug), max_deliveries (ran out of deliveries, e.g. the
-provider was down: replay it once the cause is fixed), and the rare
-provider_idempotency_mismatch and ledger_conflict (investigate).`,
+payment: a client bug), max_deliveries (failed alone through every delivery
+and every copy published again: replay it once the cause is fixed; an
+outage pauses the workers and files none), provider_rejected (the provider
+refused the request as sent: investigate, then replay or publish anew), and
+the rare provider_idempotency_mismatch and ledger_conflict (investigate).`,
 		Example: `  paydedup dlq list --reason max_deliveries --since 2h
   paydedup dlq show 42
   paydedup dlq replay --all --reason max_deliveries --dry-run

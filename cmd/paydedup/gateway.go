@@ -59,10 +59,10 @@ GET /v1/payments/{idempotency_key} shows a payment's state and outcome.
 
 Requests authenticate with Authorization: Bearer <API key>; create keys with
 "paydedup apikey create". The gateway does not charge: run "paydedup worker"
-against the same database and stream. It needs migrations 00003 and 00006
-(run "paydedup migrate up" as the owner) and connects as the role
-paydedup_gateway, which reads API keys and payments and writes only the
-gateway's guard rows. With STRIPE_WEBHOOK_SECRET (the endpoint's signing
+against the same database and stream. It needs every migration this
+binary carries (run "paydedup migrate up" as the owner; it is not ready
+until then) and connects as the role paydedup_gateway, which reads API keys
+and payments and writes only the gateway's guard rows. With STRIPE_WEBHOOK_SECRET (the endpoint's signing
 secret, whsec_...) it also serves POST /v1/stripe/webhooks, which settles
 processing payments from Stripe's payment_intent.succeeded, payment_failed
 and canceled events (through the settle_payment function of migration

@@ -35,10 +35,10 @@ func newStatusCmd(a *app) *cobra.Command {
 		Long: `status reads PostgreSQL and NATS and shows:
 
   - idempotency rows by status (pending, completed, failed);
-  - the oldest pending row, and how many are stuck: pending with a lease that
-    expired more than --grace ago (their worker is gone; a redelivery or the
-    reconciler should resolve them soon: if the number stays up, look at the
-    reconciler's logs and at the provider);
+  - the oldest pending row, and how many are stuck: pending for more than
+    --grace (their worker is gone or their outcome is unknown; a redelivery
+    or the reconciler should resolve them soon: if the number stays up, look
+    at the reconciler's logs and at the provider);
   - outcomes committed in the last minute and the last hour;
   - dead letters by reason;
   - the workers' consumer: messages not yet delivered (pending) and delivered
@@ -55,7 +55,7 @@ the database figures are still printed and the command exits non-zero.`,
 	s.db.bind(cmd, a)
 	s.nats.bind(cmd, a)
 	s.streams.bind(cmd, a)
-	cmd.Flags().DurationVar(&s.grace, "grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "a pending row is stuck when its lease expired longer ago than this (PAYDEDUP_RECONCILE_GRACE)")
+	cmd.Flags().DurationVar(&s.grace, "grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "a row is stuck when it has been pending for longer than this (PAYDEDUP_RECONCILE_GRACE)")
 	cmd.Flags().BoolVar(&s.json, "json", false, "print one JSON object")
 	return cmd
 }

@@ -48,11 +48,20 @@ Every setting comes from the environment and can be overridden by its flag.
 A contradictory configuration (e.g. a lease shorter than the provider retry
 budget) is refused at start with the setting named. On SIGTERM or SIGINT it
 stops fetching, lets in-flight payments finish within --drain-timeout,
-releases and naks what is left (never acks unfinished work) and exits 0.`,
+releases and naks what is left (never acks unfinished work) and exits 0.
+
+Required, with no flag (secrets never go on a command line):
+  PAYDEDUP_DLQ_KEY   the dead letters' HMAC key, at least 32 bytes (openssl
+                     rand -hex 32), the same on every worker and wherever
+                     "paydedup dlq replay" runs
+  STRIPE_SECRET_KEY  the Stripe API key (sk_test_... in test mode), unless
+                     PAYDEDUP_PROVIDER=sim
+and DATABASE_URL (or --database-url). NATS_URL defaults to the local server.`,
 		Example: `  DATABASE_URL=postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable \
+  PAYDEDUP_DLQ_KEY=$(openssl rand -hex 32) \
   PAYDEDUP_PROVIDER=sim PAYDEDUP_ADMIN_ADDR=127.0.0.1:9090 paydedup worker
 
-  STRIPE_SECRET_KEY=sk_live_... paydedup worker --concurrency 128 --lease 60s --ack-wait 90s`,
+  STRIPE_SECRET_KEY=sk_test_... PAYDEDUP_DLQ_KEY=... paydedup worker --concurrency 128 --lease 60s --ack-wait 90s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return w.Run(cmd.Context()) },
 	}
@@ -137,6 +146,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopSim()
+	log.Info("payment provider", w.prov.describe()...)
 
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
