@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot bench-compare bench-growth
+.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot bench-compare bench-growth bench-door
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -41,6 +41,13 @@ bin/river: $(RIVER_SRC)/go.mod $(RIVER_SRC)/go.sum $(wildcard $(RIVER_SRC)/*.go)
 	cd $(RIVER_SRC) && GOBIN=$(CURDIR)/bin $(GO) install .
 bench-compare: bin/river
 	$(GO) run ./cmd/paydedup bench compare --payments $(N) --river $(CURDIR)/bin/river --json
+
+# The gateway as shipped under wrk (Debian's, installed when missing), then
+# the worker draining what it accepted, then POST to charged with both on
+# (docs/performance.md, "The door as shipped").
+bench-door:
+	command -v wrk || (apt-get update && apt-get install -y wrk)
+	$(GO) run ./cmd/paydedup bench door --json
 
 # The README's screenshot of the console, taken by its browser test.
 console-screenshot:
