@@ -70,15 +70,15 @@ deploy-test:
 # HTTP clients keep the client contract through a gateway whose PubAcks are
 # lost at times, the provider and Postgres go away for longer than the
 # delivery schedule and a lease: every promise a client was given is
-# checked at the end. The max_deliveries letters are still replayed by the
-# harness (-replay none shows what a run dead-letters: see README).
+# checked at the end. No dead letter is replayed (-replay none): a good
+# payment a fault dead-lettered shows as a lost one (see README).
 # make chaos adds a three-node NATS cluster (single nodes killed, the stream
 # leader among them), worker pauses past the lease and network faults
 # (latency, cut connections, partitions) on every worker link.
 chaos:
-	$(GO) run ./internal/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions -pg-failover 2 -gateway-clients 16 -gateway-payments 5000 -puback-losses 4 -gateway-kills 2 -provider-outage 30s
+	$(GO) run ./internal/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions -pg-failover 2 -gateway-clients 16 -gateway-payments 5000 -puback-losses 4 -gateway-kills 2 -provider-outage 30s -replay none
 chaos-short:
-	$(GO) run ./internal/chaos -payments 2000 -gateway-clients 8 -gateway-payments 500 -puback-losses 3 -gateway-kills 2 -provider-outage 30s -pg-long-stop 8s
+	$(GO) run ./internal/chaos -payments 2000 -gateway-clients 8 -gateway-payments 500 -puback-losses 3 -gateway-kills 2 -provider-outage 30s -pg-long-stop 8s -replay none
 # Throughput and p99 of 1, 2, 4 and 8 worker processes on one consumer.
 chaos-scale:
 	$(GO) run ./internal/chaos -scale 1,2,4,8
