@@ -32,11 +32,11 @@ bench-growth:
 # The worker's rate beside River's, on the same PostgreSQL in the same run:
 # paydedup bench and bin/river bench, N each, A B A B, best of two, the
 # ratio in the last line's JSON (docs/performance.md). bin/river is our own
-# program in internal/lab/benchcompare/river: it measures River (the
+# program in lab/benchcompare/river: it measures River (the
 # library, pinned in its go.mod) by the method of River's own "river bench",
 # whose CLI the module proxy here does not serve.
 N ?= 60000
-RIVER_SRC = internal/lab/benchcompare/river
+RIVER_SRC = lab/benchcompare/river
 bin/river: $(RIVER_SRC)/go.mod $(RIVER_SRC)/go.sum $(wildcard $(RIVER_SRC)/*.go)
 	cd $(RIVER_SRC) && GOBIN=$(CURDIR)/bin $(GO) install .
 bench-compare: bin/river
@@ -53,12 +53,12 @@ bench-door:
 console-screenshot:
 	PAYDEDUP_CONSOLE_SCREENSHOT=$(CURDIR)/docs/console.png $(GO) test -count=1 -run '^TestBrowser' ./console
 
-# Mutants (internal/mutant/mutants.txt): each small slip in the money path,
+# Mutants (lab/cmd/mutant/mutants.txt): each small slip in the money path,
 # applied alone to a scratch copy of the tree, must fail the tests named for
 # it. Never edits the working tree.
 MUTANTFLAGS ?=
 mutants:
-	$(GO) run ./internal/mutant $(MUTANTFLAGS)
+	$(GO) run ./lab/cmd/mutant $(MUTANTFLAGS)
 
 # The deploy tree, rendered and checked offline (its own module, so the
 # Kubernetes libraries stay out of the main one).
@@ -76,17 +76,17 @@ deploy-test:
 # leader among them), worker pauses past the lease and network faults
 # (latency, cut connections, partitions) on every worker link.
 chaos:
-	$(GO) run ./internal/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions -pg-failover 2 -gateway-clients 16 -gateway-payments 5000 -puback-losses 4 -gateway-kills 2 -provider-outage 30s -replay none
+	$(GO) run ./lab/cmd/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions -pg-failover 2 -gateway-clients 16 -gateway-payments 5000 -puback-losses 4 -gateway-kills 2 -provider-outage 30s -replay none
 chaos-short:
-	$(GO) run ./internal/chaos -payments 2000 -gateway-clients 8 -gateway-payments 500 -puback-losses 3 -gateway-kills 2 -provider-outage 30s -pg-long-stop 8s -replay none
+	$(GO) run ./lab/cmd/chaos -payments 2000 -gateway-clients 8 -gateway-payments 500 -puback-losses 3 -gateway-kills 2 -provider-outage 30s -pg-long-stop 8s -replay none
 # Throughput and p99 of 1, 2, 4 and 8 worker processes on one consumer.
 chaos-scale:
-	$(GO) run ./internal/chaos -scale 1,2,4,8
+	$(GO) run ./lab/cmd/chaos -scale 1,2,4,8
 # A steady load with periodic faults; the last line says whether memory,
 # goroutines, descriptors, connections and pending rows stayed flat.
 SOAK ?= 30m
 soak:
-	$(GO) run ./internal/chaos -soak $(SOAK)
+	$(GO) run ./lab/cmd/chaos -soak $(SOAK)
 
 # Fuzz targets. Budgets are execution counts, not durations: with a
 # duration, Go 1.26's fuzz coordinator can report a spurious "context

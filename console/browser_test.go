@@ -14,7 +14,7 @@ import (
 
 	"github.com/paydedup/paydedup/console"
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"

@@ -17,11 +17,11 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/internal/testenv"
-	"github.com/paydedup/paydedup/internal/workload"
+	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/lab/workload"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
-	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
 )
 

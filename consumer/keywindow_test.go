@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
 )

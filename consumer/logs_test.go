@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/internal/testenv"
-	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 func TestLogsCarryContextAndNoCardData(t *testing.T) {

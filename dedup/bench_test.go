@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // BenchmarkClaimComplete is the seeds' design: one claim and one complete

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // intentResponse is a completion's response the size of a Stripe

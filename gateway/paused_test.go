@@ -8,7 +8,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/gateway"
-	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/lab/stripesim"
 )
 
 // TestGetSaysWorkersArePaused: during a provider outage the workers pause

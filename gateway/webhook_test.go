@@ -16,7 +16,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
-	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/lab/stripesim"
 )
 
 const webhookSecret = "whsec_paydedup_test"

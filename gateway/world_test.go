@@ -29,10 +29,10 @@ import (
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/provider"
 	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
-	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
 )
 

@@ -17,7 +17,7 @@ import (
 
 	"github.com/paydedup/paydedup/httpidem"
 	"github.com/paydedup/paydedup/httpidem/pgstore"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 func TestMain(m *testing.M) {

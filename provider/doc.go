@@ -4,7 +4,7 @@
 // retry helper ([ChargeWithRetry]) built on backoff/v4. It imports no
 // provider's client library: the Stripe adapter is provider/stripe (on
 // stripe-go), and a Stripe-compatible simulator with fault injection, for
-// tests, demos and the benchmark, is provider/stripesim.
+// tests, demos and the benchmark, is lab/stripesim.
 //
 // # The provider contract
 //

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
-	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/reconciler"
 )
 

@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/lab/bench"
-	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/lab/bench"
+	"github.com/paydedup/paydedup/lab/localpg"
 )
 
 type benchCmd struct {

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/lab/bench"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/bench"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // TestBenchReportsJSON runs the real bench, small, in both modes and with

@@ -11,8 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/internal/lab/benchcompare"
-	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/lab/benchcompare"
+	"github.com/paydedup/paydedup/lab/localpg"
 )
 
 type benchCompareCmd struct {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/internal/lab/localpg"
-	"github.com/paydedup/paydedup/internal/lab/shipbench"
+	"github.com/paydedup/paydedup/lab/localpg"
+	"github.com/paydedup/paydedup/lab/shipbench"
 )
 
 func newBenchDoorCmd(a *app) *cobra.Command {

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/internal/lab/shipbench"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/shipbench"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // TestBenchDoorRunsTheRealGateway builds the binary and runs a short door

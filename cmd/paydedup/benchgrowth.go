@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/lab/growth"
-	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/lab/growth"
+	"github.com/paydedup/paydedup/lab/localpg"
 )
 
 type benchGrowthCmd struct {

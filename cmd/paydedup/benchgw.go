@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/gateway"
-	"github.com/paydedup/paydedup/internal/lab/gwbench"
-	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/lab/gwbench"
+	"github.com/paydedup/paydedup/lab/localpg"
 )
 
 type benchGatewayCmd struct {

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/internal/lab/gwbench"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/gwbench"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // TestBenchGatewayReportsJSON runs the real gateway bench, small, in both

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // The console refuses to serve beyond loopback without a token, a token

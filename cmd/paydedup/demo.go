@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/internal/lab/demo"
-	"github.com/paydedup/paydedup/internal/lab/localpg"
+	"github.com/paydedup/paydedup/lab/demo"
+	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/stream"
 )
 

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/internal/lab/localpg"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/localpg"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // TestDemoSmall runs the real demo, reduced, on the test's own schema and

@@ -12,7 +12,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/internal/pg"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 func TestHealthcheckTarget(t *testing.T) {

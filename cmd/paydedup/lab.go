@@ -16,10 +16,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/internal/lab/inproc"
-	"github.com/paydedup/paydedup/internal/workload"
+	"github.com/paydedup/paydedup/lab/inproc"
+	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/lab/workload"
 	"github.com/paydedup/paydedup/provider/stripe"
-	"github.com/paydedup/paydedup/provider/stripesim"
 	"github.com/paydedup/paydedup/stream"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/paydedup/paydedup/internal/pg"
 
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // migrateVersion is the highest applied migration, from "migrate status".

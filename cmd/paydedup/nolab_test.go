@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // TestNolabBuildLeavesTheLabOut builds the production binary as the
@@ -23,7 +23,7 @@ func TestNolabBuildLeavesTheLabOut(t *testing.T) {
 	}
 	const mod = "github.com/paydedup/paydedup"
 	for _, pkg := range strings.Fields(string(out)) {
-		for _, bad := range []string{"github.com/nats-io/nats-server", mod + "/internal/lab", mod + "/internal/workload", mod + "/provider/stripesim"} {
+		for _, bad := range []string{"github.com/nats-io/nats-server", mod + "/lab", mod + "/lab/workload", mod + "/lab/stripesim"} {
 			if pkg == bad || strings.HasPrefix(pkg, bad+"/") {
 				t.Errorf("the nolab build links %s", pkg)
 			}

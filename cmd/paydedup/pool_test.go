@@ -18,7 +18,7 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/internal/pg"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // A pool size the worker cannot have stops it before it connects, naming

@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/lab/stripesim"
 )
 
 type providerSimCmd struct {

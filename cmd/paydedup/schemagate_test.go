@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // TestDatabaseErrorsNameTheFix runs the commands a new user meets first

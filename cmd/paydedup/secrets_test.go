@@ -29,8 +29,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/internal/redact"
-	"github.com/paydedup/paydedup/internal/testenv"
-	"github.com/paydedup/paydedup/provider/stripesim"
+	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // Marker secrets: none may ever appear in help output, errors or logs.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // TestPublishMarkIsHeapOnlyUpdate checks that the gateway's publish mark

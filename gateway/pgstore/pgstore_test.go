@@ -14,7 +14,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/payment"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/paydedup/paydedup/httpidem"
 	"github.com/paydedup/paydedup/httpidem/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 type bundle struct {

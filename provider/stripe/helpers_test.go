@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/internal/providertest"
+	"github.com/paydedup/paydedup/lab/providertest"
 )
 
 // rawResp is a response read whole.
@@ -61,7 +61,7 @@ func intentForm(amount string) url.Values {
 	}
 }
 
-// The provider tests' shared helpers (internal/providertest).
+// The provider tests' shared helpers (lab/providertest).
 var (
 	chargeReq  = providertest.ChargeReq
 	mustCharge = providertest.MustCharge

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
-	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // stepClock is a simulator clock that moves one second per reading.

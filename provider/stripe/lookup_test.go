@@ -4,9 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
-	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // TestStripeLookupByIDChecksMerchant: a charge id that belongs to the same

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
-	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 // fast keeps retries quick.

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
-	"github.com/paydedup/paydedup/provider/stripesim"
 )
 
 func newStripe(t *testing.T, cfg stripe.Config) *stripe.Client {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/internal/testenv"
+	"github.com/paydedup/paydedup/lab/testenv"
 )
 
 // stripe-mock (github.com/stripe/stripe-mock, a tool in go.mod) is Stripe's

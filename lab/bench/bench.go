@@ -1,0 +1,790 @@
+// Package bench measures exactly-once throughput through real NATS
+// JetStream and PostgreSQL: it publishes payment commands first, then times
+// one worker consuming them to quiescence, with the simulator in-process,
+// and checks the simulator's ledger at the end.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/lab/inproc"
+	"github.com/paydedup/paydedup/lab/localpg"
+	"github.com/paydedup/paydedup/lab/procstat"
+	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/lab/workload"
+	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/stream"
+)
+
+// Database is the local server's database when DatabaseURL is empty.
+const Database = "paydedup_bench"
+
+// Config is one bench run. The command fills it from its flags and the
+// environment.
+type Config struct {
+	DatabaseURL         string        // PostgreSQL; "" uses the paydedup_bench database on the server localpg.Find finds
+	AdminURL            string        // the local server Find tries first ("": localpg.AdminURL)
+	NATSURL             string        // NATS; "" starts an embedded JetStream server
+	Payments            int           // distinct payments
+	Duplicates          float64       // fraction of payments published a second time, interleaved (0..1)
+	ProviderLatency     time.Duration // latency of every provider call
+	Concurrency         int           // payments in flight: provider calls (batched), handlers (naive)
+	Mode                string        // batched or naive
+	CompareNaive        bool          // afterwards, run the naive design at 1, 8 and 32 handlers and report the best
+	NaivePayments       int           // payments per naive run of CompareNaive
+	Provider            string        // sim (the simulator's Go client) or stripe (the adapter over in-process HTTP)
+	FetchBatch          int           // messages per fetch and claim (batched mode)
+	CommitBatch         int           // completions per group commit (batched mode)
+	CommitWait          time.Duration // how long a group commit waits for more completions (batched mode)
+	PoolSize            int           // the worker's PostgreSQL pool (batched mode; naive: at least one per handler)
+	CompletedDuplicates bool          // afterwards, republish every payment (all completed) and time the duplicates
+	JSON                bool          // print one JSON object on the last line
+	Timeout             time.Duration // give up after this long
+	CPUProfile          string        // write a CPU profile of the consumption phase to this file
+	MemProfile          string        // write a heap profile at the end to this file
+	DLQKey              []byte        // the worker's dead-letter key
+	PreloadRows         int           // finished payments in the ledger before the run (see Preload)
+	PreloadKeys         int           // of them, the newest with their key rows (at most PreloadRows)
+	PreloadVacuum       bool          // VACUUM (ANALYZE) after the preload, not only ANALYZE
+	Window              int           // report payments/s and RSS per this many settled payments (0: none)
+	Out, ErrOut         io.Writer     // the report; progress
+}
+
+// Validate checks the run's figures and choices.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Payments < 1 {
+		errs = append(errs, fmt.Errorf("--payments must be at least 1, got %d", c.Payments))
+	}
+	if c.Duplicates < 0 || c.Duplicates > 1 {
+		errs = append(errs, fmt.Errorf("--duplicates must be within 0..1, got %v", c.Duplicates))
+	}
+	if c.ProviderLatency < 0 || c.ProviderLatency > 10*time.Second {
+		errs = append(errs, fmt.Errorf("--provider-latency must be within 0..10s, got %v", c.ProviderLatency))
+	}
+	if c.CompareNaive && (c.Mode != "batched" || c.NaivePayments < 1) {
+		errs = append(errs, fmt.Errorf("--compare-naive needs --mode batched and --naive-payments of at least 1 (got %q, %d)", c.Mode, c.NaivePayments))
+	}
+	if c.Concurrency < 1 || c.FetchBatch < 1 || c.CommitBatch < 1 || c.PoolSize < 1 {
+		errs = append(errs, errors.New("--concurrency, --fetch-batch, --commit-batch and --pool-size must be at least 1"))
+	}
+	if c.PreloadRows < 0 || c.PreloadKeys < 0 || c.Window < 0 {
+		errs = append(errs, fmt.Errorf("--preload-rows, --preload-keys and --window must not be negative (got %d, %d, %d)", c.PreloadRows, c.PreloadKeys, c.Window))
+	}
+	if c.Mode != "batched" && c.Mode != "naive" {
+		errs = append(errs, fmt.Errorf("--mode must be batched or naive, got %q", c.Mode))
+	}
+	if c.Provider != "sim" && c.Provider != "stripe" {
+		errs = append(errs, fmt.Errorf("--provider must be sim or stripe, got %q", c.Provider))
+	}
+	return errors.Join(errs...)
+}
+
+// benchCmd is one run of the bench.
+type benchCmd struct{ Config }
+
+// Run runs one benchmark and prints its report to cfg.Out. It fails if any
+// payment was charged twice or lost.
+func Run(ctx context.Context, cfg Config) error {
+	return (&benchCmd{Config: cfg}).run(ctx)
+}
+
+// Measure runs one bench run (no --compare-naive) and returns its result
+// without printing it; the error reports a double charge or a lost
+// payment as Run's does.
+func Measure(ctx context.Context, cfg Config) (Result, error) {
+	b := &benchCmd{Config: cfg}
+	if err := b.Validate(); err != nil {
+		return Result{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
+	defer cancel()
+	res, err := b.runOnce(ctx)
+	if err != nil {
+		return res, err
+	}
+	return res, res.verdict()
+}
+
+// Result is the JSON report.
+type Result struct {
+	Mode                    string  `json:"mode"`
+	Provider                string  `json:"provider"`
+	Payments                int     `json:"payments"`
+	Duplicates              int     `json:"duplicates"`
+	Messages                int     `json:"messages"`
+	Concurrency             int     `json:"concurrency"`
+	ProviderLatencyMS       float64 `json:"provider_latency_ms"`
+	Seconds                 float64 `json:"seconds"`
+	PaymentsPerSec          float64 `json:"payments_per_sec"`
+	MessagesPerSec          float64 `json:"messages_per_sec"`
+	P50MS                   float64 `json:"p50_ms"`
+	P99MS                   float64 `json:"p99_ms"`
+	PGRoundTripsPerPayment  float64 `json:"pg_round_trips_per_payment"`
+	PGPoolSize              int     `json:"pg_pool_size"`
+	RSSMB                   float64 `json:"rss_mb"`
+	DoubleCharges           int     `json:"double_charges"`
+	Lost                    int     `json:"lost"`
+	CompletedDuplicates     int     `json:"completed_duplicates,omitempty"`
+	CompletedDupSeconds     float64 `json:"completed_duplicates_seconds,omitempty"`
+	CompletedDupMessagesSec float64 `json:"completed_duplicates_per_sec,omitempty"`
+
+	// CPU time per unique payment over the consumption phase, in µs (see
+	// cpu.go for how the process's time is split). PGCPUUSPerPayment is
+	// -1 when the server's processes cannot be read from this machine.
+	PGCPUUSPerPayment       float64 `json:"pg_cpu_us_per_payment"`
+	PGBackends              int     `json:"pg_backends"`
+	WorkerCPUUSPerPayment   float64 `json:"worker_cpu_us_per_payment"`
+	SimCPUUSPerPayment      float64 `json:"sim_cpu_us_per_payment"`
+	NATSCPUUSPerPayment     float64 `json:"nats_cpu_us_per_payment"`
+	ProcessCPUUSPerPayment  float64 `json:"process_cpu_us_per_payment"`
+	ProcessAllocsPerPayment float64 `json:"process_allocs_per_payment"` // heap allocations, worker, simulator and NATS server together
+	// Mean rows per claim round trip and per group commit.
+	ClaimBatchMean  float64 `json:"claim_batch_mean"`
+	CommitBatchMean float64 `json:"commit_batch_mean"`
+	// The same for the completed-duplicates phase, per message.
+	CompletedDupPGCPUUS     float64 `json:"completed_duplicates_pg_cpu_us,omitempty"`
+	CompletedDupWorkerCPUUS float64 `json:"completed_duplicates_worker_cpu_us,omitempty"`
+	// The live heap at the end by part, after a GC (heap profile).
+	HeapWorkerMB float64 `json:"heap_worker_mb"`
+	HeapSimMB    float64 `json:"heap_sim_mb"`
+	HeapNATSMB   float64 `json:"heap_nats_mb"`
+
+	// With --preload-rows: the finished payments in the tables before the
+	// run, and how long they took to write and to vacuum or analyze.
+	PreloadRows          int     `json:"preload_rows"`
+	PreloadKeys          int     `json:"preload_keys"`
+	PreloadSeconds       float64 `json:"preload_seconds,omitempty"`
+	PreloadVacuumSeconds float64 `json:"preload_vacuum_seconds,omitempty"`
+	PreloadLedgerMB      float64 `json:"preload_ledger_mb,omitempty"`
+	PreloadKeysMB        float64 `json:"preload_keys_mb,omitempty"`
+	// With --window: the rate and the resident set per window of settled
+	// payments of the consumption phase.
+	Windows []Window `json:"windows,omitempty"`
+
+	// With --compare-naive: the naive design at each concurrency, the
+	// best of them, and this run's payments/s over the best's.
+	Naive            []Result `json:"naive,omitempty"`
+	NaiveBest        int      `json:"naive_best_concurrency,omitempty"`
+	NaiveBestPerSec  float64  `json:"naive_best_payments_per_sec,omitempty"`
+	RatioToBestNaive float64  `json:"ratio_to_best_naive,omitempty"`
+}
+
+// NaiveConcurrencies are the handler counts --compare-naive tries.
+var NaiveConcurrencies = []int{1, 8, 32}
+
+func (b *benchCmd) run(ctx context.Context) error {
+	if err := b.Validate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.Timeout)
+	defer cancel()
+	res, err := b.runOnce(ctx)
+	if err != nil {
+		return err
+	}
+	if b.CompareNaive {
+		for _, n := range NaiveConcurrencies {
+			nb := &benchCmd{Config: b.Config}
+			nb.Mode, nb.Concurrency, nb.Payments, nb.Duplicates = "naive", n, b.NaivePayments, 0
+			nb.CompletedDuplicates, nb.CompareNaive, nb.CPUProfile, nb.MemProfile = false, false, "", ""
+			nb.Window = 0
+			nr, err := nb.runOnce(ctx)
+			if err != nil {
+				return fmt.Errorf("naive at concurrency %d: %w", n, err)
+			}
+			if err := nr.verdict(); err != nil {
+				return fmt.Errorf("naive at concurrency %d: %w", n, err)
+			}
+			res.Naive = append(res.Naive, nr)
+			if nr.PaymentsPerSec > res.NaiveBestPerSec {
+				res.NaiveBest, res.NaiveBestPerSec = n, nr.PaymentsPerSec
+			}
+		}
+		res.RatioToBestNaive = res.PaymentsPerSec / res.NaiveBestPerSec
+	}
+	b.report(res)
+	return res.verdict()
+}
+
+// poolSize is the run's PostgreSQL pool: the worker's (PoolSize) in
+// batched mode; in naive mode at least one connection per handler, as the
+// per-message design runs each handler's statements on its own.
+func (b *benchCmd) poolSize() int {
+	if b.Mode == "naive" {
+		return max(b.PoolSize, b.Concurrency)
+	}
+	return b.PoolSize
+}
+
+// runOnce sets up, runs and checks one bench run.
+func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
+	var res Result
+	say := func(format string, args ...any) { fmt.Fprintf(b.ErrOut, "bench: "+format+"\n", args...) }
+
+	natsURL, stopNATS := b.NATSURL, func() {}
+	if natsURL == "" {
+		var err error
+		// Under its label, so that its CPU is told apart from the worker's.
+		labelled(ctx, labelNATS, func(context.Context) { natsURL, stopNATS, err = inproc.NATS() })
+		if err != nil {
+			return res, fmt.Errorf("bench: %w", err)
+		}
+		say("no NATS_URL: embedded JetStream server at %s", natsURL)
+	}
+	defer stopNATS()
+
+	dbURL := b.DatabaseURL
+	if dbURL == "" {
+		srv, err := localpg.Find(ctx, b.AdminURL)
+		if err != nil {
+			return res, fmt.Errorf("bench: %w", err)
+		}
+		defer srv.Close()
+		say("no DATABASE_URL: PostgreSQL is %s", srv.Where)
+		u, _, err := localpg.Database(ctx, srv.AdminURL, Database, b.poolSize())
+		if err != nil {
+			return res, fmt.Errorf("bench: %w", err)
+		}
+		dbURL = u
+	}
+	suffix := procstat.RunSuffix()
+	schemaURL, dropSchema, err := localpg.FreshSchema(ctx, dbURL, "bench_"+suffix)
+	if err != nil {
+		return res, fmt.Errorf("bench: %w", err)
+	}
+	defer func() { _ = dropSchema() }()
+	// The pool's backends are found by this name to read their CPU time.
+	appName := "paydedup-bench-" + suffix
+	appURL, err := localpg.WithAppName(schemaURL, appName)
+	if err != nil {
+		return res, fmt.Errorf("bench: %w", err)
+	}
+	pool, err := pg.Connect(ctx, appURL, pg.WithMaxConns(b.poolSize()))
+	if err != nil {
+		return res, fmt.Errorf("bench: %w", err)
+	}
+	defer pool.Close()
+	if err := localpg.Migrate(ctx, pool, nil); err != nil {
+		return res, fmt.Errorf("bench: %w", err)
+	}
+	pids := func(ctx context.Context) ([]int, error) { return localpg.BackendPIDs(ctx, pool, appName) }
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		return res, err
+	}
+
+	nc, err := nats.Connect(natsURL, nats.Name("paydedup-bench"))
+	if err != nil {
+		return res, fmt.Errorf("bench: connect to NATS: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return res, err
+	}
+	cfg := b.workerConfig(suffix)
+	cfg.Stream.DLQKey = b.DLQKey
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg.Stream); err != nil {
+		return res, fmt.Errorf("bench: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = js.DeleteStream(cctx, cfg.Stream.Name)
+		_ = js.DeleteStream(cctx, cfg.Stream.DLQStream)
+		_ = js.DeleteStream(cctx, cfg.Stream.AdvisoryStream)
+	}()
+
+	sim := stripesim.New(stripesim.Config{Faults: stripesim.Faults{Latency: b.ProviderLatency}})
+	const apiKey = "sk_test_paydedup_bench"
+	var prov consumer.Charger = simCharger{sim.Client(apiKey)}
+	if b.Provider == "stripe" {
+		st, err := stripe.New(stripe.Config{
+			SecretKey: apiKey, APIBase: "http://sim.invalid", Timeout: 30 * time.Second,
+			HTTPClient: &http.Client{Transport: inProcess{sim}},
+		})
+		if err != nil {
+			return res, err
+		}
+		prov = st
+	}
+
+	var pre PreloadStats
+	if b.PreloadRows > 0 {
+		say("preloading %d finished payments, %d of them with their keys", b.PreloadRows, min(b.PreloadKeys, b.PreloadRows))
+		db := DB{
+			Exec: func(ctx context.Context, sql string, args ...any) error {
+				_, err := pool.Exec(ctx, sql, args...)
+				return err
+			},
+			Scan: func(ctx context.Context, sql string, dest []any, args ...any) error {
+				return pool.QueryRow(ctx, sql, args...).Scan(dest...)
+			},
+		}
+		pre, err = PreloadFill(ctx, db, Preload{Rows: b.PreloadRows, Keys: b.PreloadKeys, Vacuum: b.PreloadVacuum, Progress: b.ErrOut})
+		if err != nil {
+			return res, err
+		}
+	}
+
+	dups := int(math.Round(b.Duplicates * float64(b.Payments)))
+	say("publishing %d payments + %d duplicates to %s", b.Payments, dups, cfg.Stream.Name)
+	if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments, Dups: dups}); err != nil {
+		return res, err
+	}
+
+	counting := &countingStore{Store: store}
+	obs := newBenchObserver()
+	if b.Window > 0 {
+		obs.win = &windows{size: int64(b.Window)}
+	}
+	log := shippedLogger()
+	proc := consumer.NewProcessor(counting, prov, cfg, log)
+	w, err := consumer.NewWorker(nc, proc, cfg, log, obs, nil)
+	if err != nil {
+		return res, err
+	}
+	meter, err := startCPU(ctx, pids, b.CPUProfile)
+	if err != nil {
+		return res, err
+	}
+	metering := true
+	defer func() {
+		if metering {
+			pprof.StopCPUProfile()
+		}
+	}()
+	wctx, stopWorker := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- w.Run(wctx) }()
+	messages := b.Payments + dups
+	if err := b.waitSettled(ctx, nc, obs, int64(messages), start, say); err != nil {
+		stopWorker()
+		<-done
+		return res, err
+	}
+	end := time.Now()
+	elapsed := end.Sub(start)
+	roundTrips := counting.calls.Load()
+	cpu, err := meter.stop(ctx, b.Payments)
+	metering = false
+	if err != nil {
+		stopWorker()
+		<-done
+		return res, err
+	}
+
+	res = Result{
+		Mode: b.Mode, Provider: b.Provider, Payments: b.Payments, Duplicates: dups, Messages: messages, Concurrency: cfg.Concurrency,
+		PGPoolSize:        int(pool.Config().MaxConns),
+		ProviderLatencyMS: float64(b.ProviderLatency) / float64(time.Millisecond),
+		Seconds:           elapsed.Seconds(), PaymentsPerSec: float64(b.Payments) / elapsed.Seconds(),
+		MessagesPerSec: float64(messages) / elapsed.Seconds(),
+		P50MS:          obs.quantile(0.50), P99MS: obs.quantile(0.99),
+		PGRoundTripsPerPayment: float64(roundTrips) / float64(b.Payments),
+		PGCPUUSPerPayment:      cpu.PGUS, PGBackends: cpu.PGBackends, WorkerCPUUSPerPayment: cpu.WorkerUS,
+		SimCPUUSPerPayment: cpu.SimUS, NATSCPUUSPerPayment: cpu.NATSUS, ProcessCPUUSPerPayment: cpu.ProcessUS,
+		ProcessAllocsPerPayment: cpu.Allocs,
+	}
+	res.ClaimBatchMean, res.CommitBatchMean = obs.batchMeans()
+	res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds = pre.Rows, pre.Keys, pre.LoadSeconds, pre.VacuumSeconds
+	res.PreloadLedgerMB, res.PreloadKeysMB = pre.LedgerMB, pre.KeysMB
+	if obs.win != nil {
+		res.Windows = obs.win.rates(start, end, obs.paid.Load())
+	}
+
+	if b.CompletedDuplicates {
+		obs.reset()
+		say("republishing all %d payments, every key already completed", b.Payments)
+		if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments}); err != nil {
+			stopWorker()
+			<-done
+			return res, err
+		}
+		dupProfile := ""
+		if b.CPUProfile != "" {
+			dupProfile = b.CPUProfile + ".duplicates"
+		}
+		meter, err := startCPU(ctx, pids, dupProfile)
+		if err != nil {
+			stopWorker()
+			<-done
+			return res, err
+		}
+		start := time.Now()
+		if err := b.waitSettled(ctx, nc, obs, int64(b.Payments), start, say); err != nil {
+			pprof.StopCPUProfile()
+			stopWorker()
+			<-done
+			return res, err
+		}
+		dcpu, err := meter.stop(ctx, b.Payments)
+		if err != nil {
+			stopWorker()
+			<-done
+			return res, err
+		}
+		res.CompletedDupPGCPUUS, res.CompletedDupWorkerCPUUS = dcpu.PGUS, dcpu.WorkerUS
+		res.CompletedDuplicates = b.Payments
+		res.CompletedDupSeconds = time.Since(start).Seconds()
+		res.CompletedDupMessagesSec = float64(b.Payments) / res.CompletedDupSeconds
+	}
+	stopWorker()
+	if err := <-done; err != nil {
+		return res, err
+	}
+	heap, err := heapSplit()
+	if err != nil {
+		return res, fmt.Errorf("bench: heap profile: %w", err)
+	}
+	res.HeapWorkerMB, res.HeapSimMB, res.HeapNATSMB = heap.WorkerMB, heap.SimMB, heap.NATSMB
+	if b.MemProfile != "" {
+		f, err := os.Create(b.MemProfile)
+		if err != nil {
+			return res, fmt.Errorf("bench: --memprofile: %w", err)
+		}
+		runtime.GC()
+		err = pprof.WriteHeapProfile(f)
+		f.Close()
+		if err != nil {
+			return res, fmt.Errorf("bench: --memprofile: %w", err)
+		}
+	}
+	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim.ChargesByKey(), workload.Numbered{N: b.Payments})
+	if err != nil {
+		return res, err
+	}
+	// The peak of the whole run, the check of the ledger included.
+	res.RSSMB = procstat.PeakRSSMB()
+
+	return res, nil
+}
+
+// report prints the run: one JSON object, or lines for a person.
+func (b *benchCmd) report(res Result) {
+	if b.JSON {
+		out, _ := json.Marshal(res)
+		fmt.Fprintln(b.Out, string(out))
+	} else {
+		fmt.Fprintf(b.Out, "mode %s, provider %s: %d payments (+%d duplicates) in %.2f s: %.0f payments/s, %.0f messages/s\n",
+			res.Mode, res.Provider, res.Payments, res.Duplicates, res.Seconds, res.PaymentsPerSec, res.MessagesPerSec)
+		fmt.Fprintf(b.Out, "latency fetch→settle: p50 %.1f ms, p99 %.1f ms; %.2f Postgres round trips per payment; peak RSS %.0f MB\n",
+			res.P50MS, res.P99MS, res.PGRoundTripsPerPayment, res.RSSMB)
+		if res.CompletedDuplicates > 0 {
+			fmt.Fprintf(b.Out, "completed duplicates: %d in %.2f s: %.0f messages/s; CPU per message: Postgres backends %s, worker %.1f µs\n",
+				res.CompletedDuplicates, res.CompletedDupSeconds, res.CompletedDupMessagesSec, pgFigure(res.CompletedDupPGCPUUS), res.CompletedDupWorkerCPUUS)
+		}
+		fmt.Fprintf(b.Out, "CPU per payment: Postgres backends %s, worker %.1f µs, simulator %.1f µs, NATS server %.1f µs (process %.1f µs, %.0f allocations)\n",
+			pgFigure(res.PGCPUUSPerPayment), res.WorkerCPUUSPerPayment, res.SimCPUUSPerPayment, res.NATSCPUUSPerPayment, res.ProcessCPUUSPerPayment, res.ProcessAllocsPerPayment)
+		fmt.Fprintf(b.Out, "live heap at the end: worker %.1f MB, simulator %.1f MB, NATS server %.1f MB\n", res.HeapWorkerMB, res.HeapSimMB, res.HeapNATSMB)
+		if res.PreloadRows > 0 {
+			fmt.Fprintf(b.Out, "preloaded %d ledger rows (%d with their keys) in %.0f s, +%.0f s vacuum/analyze; ledger %.0f MB, keys %.0f MB\n",
+				res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds, res.PreloadLedgerMB, res.PreloadKeysMB)
+		}
+		for _, w := range res.Windows {
+			fmt.Fprintf(b.Out, "window to %d settled: %.0f payments/s, RSS %.0f MB\n", w.Settled, w.PaymentsPerSec, w.RSSMB)
+		}
+		for _, n := range res.Naive {
+			fmt.Fprintf(b.Out, "naive, %d handlers: %d payments in %.2f s: %.0f payments/s; CPU per payment: Postgres %s, worker %.1f µs\n",
+				n.Concurrency, n.Payments, n.Seconds, n.PaymentsPerSec, pgFigure(n.PGCPUUSPerPayment), n.WorkerCPUUSPerPayment)
+		}
+		if res.NaiveBestPerSec > 0 {
+			fmt.Fprintf(b.Out, "batched / best naive (%d handlers): %.1f×\n", res.NaiveBest, res.RatioToBestNaive)
+		}
+		fmt.Fprintf(b.Out, "ledger: %d double charges, %d lost\n", res.DoubleCharges, res.Lost)
+	}
+}
+
+// workerConfig is the worker under test: the shipped batched worker, or the
+// seeds' one-at-a-time design.
+func (b *benchCmd) workerConfig(suffix string) consumer.Config {
+	name := "BENCH_" + strings.ToUpper(suffix)
+	c := consumer.Config{
+		Stream: stream.Config{
+			Name: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
+			DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
+			StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
+		},
+		Concurrency: b.Concurrency, FetchBatch: b.FetchBatch, CommitBatch: b.CommitBatch, CommitWait: b.CommitWait,
+		Holder: "bench-" + suffix,
+	}
+	if b.Mode == "naive" {
+		// Concurrency handlers, each message alone: a claim statement
+		// (autocommit), the provider call, a complete statement
+		// (autocommit), the ack.
+		c.FetchBatch, c.CommitBatch = 1, 1
+	}
+	return c.WithDefaults()
+}
+
+// waitSettled waits until the observer has seen n settled messages and the
+// connection's acks reached the server, printing progress every second.
+func (b *benchCmd) waitSettled(ctx context.Context, nc *nats.Conn, obs *benchObserver, n int64, start time.Time, say func(string, ...any)) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("bench: gave up after %v with %d of %d messages settled", time.Since(start).Round(time.Second), obs.acked.Load(), n)
+		case <-tick.C:
+		}
+		if obs.acked.Load() >= n {
+			// The acks the worker does not wait for (a duplicate's) reach
+			// the server before the clock stops.
+			if err := nc.FlushWithContext(ctx); err != nil {
+				return fmt.Errorf("bench: flush the acks: %w", err)
+			}
+			return nil
+		}
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			say("%d/%d settled, %.0f msg/s", obs.acked.Load(), n, float64(obs.acked.Load())/time.Since(start).Seconds())
+		}
+	}
+}
+
+// benchPublish publishes the workload's payments in its order, each copy
+// with its own Nats-Msg-Id so the stream keeps it.
+func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, w workload.Numbered) error {
+	// Below nats.go's default limit of 4,000 outstanding async publishes.
+	const window = 2048
+	var failure error
+	pub, err := stream.NewPublisher(js.Conn(), stream.PublisherConfig{
+		Window: window,
+		OnResult: func(r stream.PublishResult) {
+			if r.Err != nil && failure == nil {
+				failure = r.Err
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	run := procstat.RunSuffix()
+	for _, c := range w.Order() {
+		p := w.Command(c.I)
+		m := stream.CommandMsg(cfg.Stream, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
+		m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s:%s:%d", run, p.Cmd.IdempotencyKey, c.N))
+		if err := pub.Publish(ctx, m); err != nil {
+			pub.Close()
+			return fmt.Errorf("bench: publish: %w", err)
+		}
+	}
+	if st := pub.Close(); st.Failed > 0 {
+		return fmt.Errorf("bench: publish: %d messages got no PubAck: %w", st.Failed, failure)
+	}
+	return ctx.Err()
+}
+
+// checkChunk is how many payments' rows benchCheck reads at a time: the
+// rows of all of them (stored responses included) would hold more memory
+// than the rest of the run.
+const checkChunk = 5000
+
+// benchCheck counts double charges and lost payments against the
+// provider's charges (by "merchant_id:idempotency_key"): every payment's
+// row, read a chunk at a time.
+func benchCheck(ctx context.Context, store workload.Getter, charges map[string]int, w workload.Numbered) (double, lost int, err error) {
+	refs, expected := w.Refs(), w.Expected()
+	for lo := 0; lo < len(refs); lo += checkChunk {
+		hi := min(lo+checkChunk, len(refs))
+		rows, err := workload.StoreRows(ctx, store, refs[lo:hi])
+		if err != nil {
+			return 0, 0, err
+		}
+		d, l := benchJudge(charges, rows, expected[lo:hi])
+		double, lost = d, lost+l
+	}
+	return double, lost, nil
+}
+
+// benchJudge counts the keys the provider charged more than once (of all
+// its charges) and, of the expected payments, those that were not charged
+// exactly as recorded. charges and rows are by
+// "merchant_id:idempotency_key".
+func benchJudge(charges map[string]int, rows map[string]workload.Row, expected []workload.Expected) (double, lost int) {
+	t := workload.Check(expected, rows, charges)
+	return len(t.Double), len(t.Unsettled) + len(t.Disagree)
+}
+
+// verdict fails a run that charged any key twice or lost a payment.
+func (r Result) verdict() error {
+	if r.DoubleCharges > 0 || r.Lost > 0 {
+		return fmt.Errorf("bench: %d double charges, %d lost", r.DoubleCharges, r.Lost)
+	}
+	return nil
+}
+
+// countingStore counts the store calls the worker makes: each is one
+// round trip to Postgres.
+type countingStore struct {
+	*dedup.Store
+	calls atomic.Int64
+}
+
+func (c *countingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+	c.calls.Add(1)
+	return c.Store.ClaimBatch(ctx, holder, lease, reqs)
+}
+
+func (c *countingStore) Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error) {
+	c.calls.Add(1)
+	return c.Store.Heartbeat(ctx, l, d)
+}
+
+func (c *countingStore) Complete(ctx context.Context, l dedup.Lease, comp dedup.Completion) error {
+	c.calls.Add(1)
+	return c.Store.Complete(ctx, l, comp)
+}
+
+func (c *countingStore) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+	c.calls.Add(1)
+	return c.Store.CompleteBatch(ctx, items)
+}
+
+func (c *countingStore) Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error) {
+	c.calls.Add(1)
+	return c.Store.Fail(ctx, l, reason)
+}
+
+func (c *countingStore) Release(ctx context.Context, l dedup.Lease, reason string) error {
+	c.calls.Add(1)
+	return c.Store.Release(ctx, l, reason)
+}
+
+// benchObserver counts settled messages and keeps a fixed-size latency
+// histogram, so memory does not grow with the number of payments.
+type benchObserver struct {
+	consumer.NopObserver
+	acked atomic.Int64
+	// paid counts the settled messages that settled a payment (charged or
+	// declined), for win (nil without --window).
+	paid atomic.Int64
+	win  *windows
+	// claims and commits count batches; claimed and committed their rows.
+	claims, claimed, commits, committed atomic.Int64
+	mu                                  sync.Mutex
+	buckets                             [latencyBuckets]int64
+	total                               int64
+}
+
+// Latency buckets: 10 per factor of two from 10 µs, up to about 10 min.
+const latencyBuckets = 260
+
+func newBenchObserver() *benchObserver { return &benchObserver{} }
+
+func (o *benchObserver) reset() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.acked.Store(0)
+	o.buckets = [latencyBuckets]int64{}
+	o.total = 0
+}
+
+// Claimed and Committed count batches and their rows.
+func (o *benchObserver) Claimed(_ time.Duration, n int) {
+	o.claims.Add(1)
+	o.claimed.Add(int64(n))
+}
+
+func (o *benchObserver) Committed(_ time.Duration, n int) {
+	o.commits.Add(1)
+	o.committed.Add(int64(n))
+}
+
+// batchMeans returns the mean rows per claim and per commit.
+func (o *benchObserver) batchMeans() (claim, commit float64) {
+	mean := func(rows, batches int64) float64 {
+		if batches == 0 {
+			return 0
+		}
+		return float64(rows) / float64(batches)
+	}
+	return mean(o.claimed.Load(), o.claims.Load()), mean(o.committed.Load(), o.commits.Load())
+}
+
+// Settled counts messages that are done: acked or dead-lettered (a nakked
+// one comes back).
+func (o *benchObserver) Settled(kind consumer.Kind, act consumer.Action) {
+	if act.Kind == consumer.Nak {
+		return
+	}
+	o.acked.Add(1)
+	if kind == consumer.Completed || kind == consumer.Declined {
+		if n := o.paid.Add(1); o.win != nil && n%o.win.size == 0 {
+			o.win.mark(n, time.Now())
+		}
+	}
+}
+func (o *benchObserver) SettledIn(_ consumer.Kind, d time.Duration) {
+	i := 0
+	if us := float64(d) / float64(10*time.Microsecond); us > 1 {
+		i = min(int(math.Log2(us)*10), latencyBuckets-1)
+	}
+	o.mu.Lock()
+	o.buckets[i]++
+	o.total++
+	o.mu.Unlock()
+}
+
+// quantile returns the q-quantile in milliseconds (bucket upper bound).
+func (o *benchObserver) quantile(q float64) float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.total == 0 {
+		return 0
+	}
+	target := int64(math.Ceil(q * float64(o.total)))
+	var seen int64
+	for i, c := range o.buckets {
+		seen += c
+		if seen >= target {
+			return 0.01 * math.Pow(2, float64(i+1)/10)
+		}
+	}
+	return 0
+}
+
+// inProcess is an http.RoundTripper that serves requests with the
+// simulator's handler directly: the Stripe adapter's whole client path
+// (stripe-go, form encoding, response parsing) without a network hop.
+type inProcess struct{ h http.Handler }
+
+func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	labelled(r.Context(), labelSim, func(context.Context) { t.h.ServeHTTP(rec, r.WithContext(r.Context())) })
+	resp := rec.Result()
+	resp.Request = r
+	return resp, nil
+}
+
+// shippedLogger logs as `paydedup worker` does by default, JSON at info (a
+// line per payment), into io.Discard: the bench pays for making the lines,
+// as the shipped worker does, but not for writing them to a terminal.
+func shippedLogger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
