@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -202,6 +203,64 @@ func (o *Observer) Settled(ctx context.Context) (int, error) {
 	var n int
 	err := o.pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE status IN ('succeeded', 'declined')`).Scan(&n)
 	return n, err
+}
+
+// Completed counts the completed idempotency keys.
+func (o *Observer) Completed(ctx context.Context) (int, error) {
+	var n int
+	err := o.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`).Scan(&n)
+	return n, err
+}
+
+// Published counts the gateway's intakes of merchant whose key starts with
+// prefix and whose command was published (a POST the gateway took in,
+// answered or not).
+func (o *Observer) Published(ctx context.Context, merchant, prefix string) (int, error) {
+	var n int
+	err := o.pool.QueryRow(ctx, `SELECT count(*) FROM gateway_intake
+		WHERE merchant_id = $1 AND idempotency_key LIKE $2 AND published_at IS NOT NULL`, merchant, likePrefix(prefix)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count published intakes: %w", err)
+	}
+	return n, nil
+}
+
+// Uncompleted counts those published intakes whose payment is not
+// completed.
+func (o *Observer) Uncompleted(ctx context.Context, merchant, prefix string) (int, error) {
+	var n int
+	err := o.pool.QueryRow(ctx, `SELECT count(*) FROM gateway_intake g
+		WHERE g.merchant_id = $1 AND g.idempotency_key LIKE $2 AND g.published_at IS NOT NULL
+		  AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
+		    WHERE k.merchant_id = g.merchant_id AND k.idempotency_key = g.idempotency_key AND k.status = 'completed')`,
+		merchant, likePrefix(prefix)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count uncompleted intakes: %w", err)
+	}
+	return n, nil
+}
+
+// POSTToCharged reads, for the completed payments of merchant whose key
+// starts with prefix, how many there are, the seconds from the first
+// intake to the last completion, and the median and 99th percentile of
+// each one's intake-to-completion time in seconds (the database's clock).
+func (o *Observer) POSTToCharged(ctx context.Context, merchant, prefix string) (n int, seconds, p50, p99 float64, err error) {
+	err = o.pool.QueryRow(ctx, `SELECT count(*),
+		coalesce(extract(epoch FROM max(k.completed_at) - min(g.created_at)), 0),
+		coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM k.completed_at - g.created_at)), 0),
+		coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM k.completed_at - g.created_at)), 0)
+	FROM gateway_intake g JOIN idempotency_keys k USING (merchant_id, idempotency_key)
+	WHERE g.merchant_id = $1 AND g.idempotency_key LIKE $2 AND k.status = 'completed'`,
+		merchant, likePrefix(prefix)).Scan(&n, &seconds, &p50, &p99)
+	if err != nil {
+		err = fmt.Errorf("read POST to charged times: %w", err)
+	}
+	return n, seconds, p50, p99, err
+}
+
+// likePrefix is a LIKE pattern for keys that start with prefix.
+func likePrefix(prefix string) string {
+	return strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(prefix) + "%"
 }
 
 // BackendPIDs is BackendPIDs on the observer's connection.

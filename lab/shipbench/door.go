@@ -15,9 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/procstat"
 )
@@ -175,31 +172,6 @@ type wrkReport struct {
 	MaxUS        float64 `json:"max_us"`
 }
 
-// SQL the door bench reads the run's schema with (lab only: the schema is
-// the run's own and dropped at the end).
-const (
-	sqlCompleted = `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`
-	// sqlPublished counts a phase's POSTs the gateway published: wrk does
-	// not count the answers to requests still in flight when it stops, but
-	// the gateway took them in.
-	sqlPublished = `SELECT count(*) FROM gateway_intake
-	WHERE merchant_id = $1 AND idempotency_key LIKE $2 AND published_at IS NOT NULL`
-	// sqlUncompleted counts a phase's published POSTs whose payment is not
-	// completed.
-	sqlUncompleted = `SELECT count(*) FROM gateway_intake g
-	WHERE g.merchant_id = $1 AND g.idempotency_key LIKE $2 AND g.published_at IS NOT NULL
-	  AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
-	    WHERE k.merchant_id = g.merchant_id AND k.idempotency_key = g.idempotency_key AND k.status = 'completed')`
-	// sqlPOSTToCharged: for one phase's keys, from the gateway's intake row
-	// (written before the command is published) to the worker's completion.
-	sqlPOSTToCharged = `SELECT count(*),
-		coalesce(extract(epoch FROM max(k.completed_at) - min(g.created_at)), 0),
-		coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM k.completed_at - g.created_at)), 0),
-		coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM k.completed_at - g.created_at)), 0)
-	FROM gateway_intake g JOIN idempotency_keys k USING (merchant_id, idempotency_key)
-	WHERE g.merchant_id = $1 AND g.idempotency_key LIKE $2 AND k.status = 'completed'`
-)
-
 // RunDoor runs the door bench and prints it.
 func RunDoor(ctx context.Context, cfg DoorConfig) (DoorResult, error) {
 	if err := cfg.Validate(); err != nil {
@@ -236,7 +208,7 @@ type door struct {
 	script string
 	apiKey string
 	url    string
-	db     *pgxpool.Pool
+	obs    *localpg.Observer
 }
 
 func (d *door) measure(ctx context.Context) (DoorResult, error) {
@@ -262,10 +234,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	if err != nil {
 		return res, err
 	}
-	if d.db, err = pg.Connect(ctx, dbURL, pg.WithMaxConns(1)); err != nil {
-		return res, err
-	}
-	d.defer_(d.db.Close)
+	d.obs = observer
 	scfg := streamConfig(suffix)
 	if err := d.streams(ctx, natsURL, scfg); err != nil {
 		return res, err
@@ -320,7 +289,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	if err != nil {
 		return res, err
 	}
-	backlog, err := d.count(ctx, sqlPublished, "door-"+suffix)
+	backlog, err := d.obs.Published(ctx, DoorMerchant, "door-"+suffix+"-")
 	if err != nil {
 		return res, err
 	}
@@ -347,7 +316,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 		return res, err
 	}
 	res.P2CRequests, res.P2CAccepted, res.P2CNon202, res.P2CPOSTP99US = w2.Requests, w2.Accepted, w2.Non202, w2.P99US
-	published2, err := d.count(ctx, sqlPublished, "p2c-"+suffix)
+	published2, err := d.obs.Published(ctx, DoorMerchant, "p2c-"+suffix+"-")
 	if err != nil {
 		return res, err
 	}
@@ -355,7 +324,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 		return res, fmt.Errorf("%w (%d of %d completed; the worker's log: %s)", err, total, backlog+published2, filepath.Join(d.tmp, "worker.log"))
 	}
 	var p50, p99 float64
-	if err := d.db.QueryRow(ctx, sqlPOSTToCharged, DoorMerchant, "p2c-"+suffix+"-%").Scan(&res.P2CCompleted, &res.P2CSeconds, &p50, &p99); err != nil {
+	if res.P2CCompleted, res.P2CSeconds, p50, p99, err = d.obs.POSTToCharged(ctx, DoorMerchant, "p2c-"+suffix+"-"); err != nil {
 		return res, fmt.Errorf("read POST to charged times: %w", err)
 	}
 	res.POSTToChargedP50MS, res.POSTToChargedP99MS = p50*1000, p99*1000
@@ -368,7 +337,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	// Checks: every published POST completed (and so every 202, which wrk
 	// may have seen fewer of), no key charged twice.
 	for _, prefix := range []string{"door-" + suffix, "p2c-" + suffix} {
-		n, err := d.count(ctx, sqlUncompleted, prefix)
+		n, err := d.obs.Uncompleted(ctx, DoorMerchant, prefix+"-")
 		if err != nil {
 			return res, err
 		}
@@ -471,15 +440,6 @@ func (d *door) runWrk(ctx context.Context, prefix string) (wrkReport, error) {
 	return wrkReport{}, fmt.Errorf("wrk printed no report line:\n%s", tail(out))
 }
 
-// count runs one of the counting statements for the keys of one phase.
-func (d *door) count(ctx context.Context, sql, prefix string) (int, error) {
-	var n int
-	if err := d.db.QueryRow(ctx, sql, DoorMerchant, prefix+"-%").Scan(&n); err != nil {
-		return 0, fmt.Errorf("count keys: %w", err)
-	}
-	return n, nil
-}
-
 // waitCompleted polls idempotency_keys until n keys are completed, the
 // worker exits or ctx ends, and returns how many completed.
 func (d *door) waitCompleted(ctx context.Context, n int, worker *exec.Cmd) (int, error) {
@@ -487,7 +447,8 @@ func (d *door) waitCompleted(ctx context.Context, n int, worker *exec.Cmd) (int,
 	defer tick.Stop()
 	done := 0
 	for {
-		if err := d.db.QueryRow(ctx, sqlCompleted).Scan(&done); err != nil && ctx.Err() == nil {
+		var err error
+		if done, err = d.obs.Completed(ctx); err != nil && ctx.Err() == nil {
 			return done, fmt.Errorf("count completed keys: %w", err)
 		}
 		if done >= n {
