@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/migrations/migrate"
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/testenv"
@@ -193,7 +194,7 @@ func TestMigrateUpTwiceAndDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	m, err := dedup.NewMigrator(ctx, pool, nil)
+	m, err := migrate.NewMigrator(ctx, pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

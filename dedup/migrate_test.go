@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/migrations/migrate"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -15,14 +16,14 @@ import (
 
 // migrator connects to the schema of url as its owner and opens a
 // migrator on it, both closed when the test ends.
-func migrator(t *testing.T, url string) (*pgxpool.Pool, *dedup.Migrator) {
+func migrator(t *testing.T, url string) (*pgxpool.Pool, *migrate.Migrator) {
 	t.Helper()
 	owner, err := pg.Connect(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(owner.Close)
-	m, err := dedup.NewMigrator(context.Background(), owner, nil)
+	m, err := migrate.NewMigrator(context.Background(), owner, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +32,7 @@ func migrator(t *testing.T, url string) (*pgxpool.Pool, *dedup.Migrator) {
 }
 
 // appliedVersion is the highest applied migration.
-func appliedVersion(t *testing.T, m *dedup.Migrator) int64 {
+func appliedVersion(t *testing.T, m *migrate.Migrator) int64 {
 	t.Helper()
 	st, err := m.Status(context.Background())
 	if err != nil {
@@ -58,7 +59,7 @@ func count(t *testing.T, pool *pgxpool.Pool, sql string) int {
 
 // downTo rolls back, without --allow-data-loss, until version is the
 // highest applied; it fails the test if a step refuses.
-func downTo(t *testing.T, m *dedup.Migrator, version int64) {
+func downTo(t *testing.T, m *migrate.Migrator, version int64) {
 	t.Helper()
 	for appliedVersion(t, m) > version {
 		if _, err := m.Down(context.Background()); err != nil {
@@ -69,7 +70,7 @@ func downTo(t *testing.T, m *dedup.Migrator, version int64) {
 
 // refuses asserts that one Down step fails naming every one of want and
 // changes nothing: the version stays.
-func refuses(t *testing.T, m *dedup.Migrator, want ...string) {
+func refuses(t *testing.T, m *migrate.Migrator, want ...string) {
 	t.Helper()
 	before := appliedVersion(t, m)
 	_, err := m.Down(context.Background())
@@ -146,7 +147,7 @@ func TestDownRefusesToDestroyRows(t *testing.T) {
 		t.Fatalf("the ledger has %d rows after a refused down, want 1", n)
 	}
 
-	allow, err := dedup.NewMigratorWith(ctx, owner, dedup.MigratorConfig{AllowDataLoss: true})
+	allow, err := migrate.NewMigratorWith(ctx, owner, migrate.MigratorConfig{AllowDataLoss: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestDownOverDataWithAllowDataLoss(t *testing.T) {
 	if err := store.Complete(ctx, *cl.Lease, charged("ch_1")); err != nil {
 		t.Fatal(err)
 	}
-	m, err := dedup.NewMigratorWith(ctx, owner, dedup.MigratorConfig{AllowDataLoss: true})
+	m, err := migrate.NewMigratorWith(ctx, owner, migrate.MigratorConfig{AllowDataLoss: true})
 	if err != nil {
 		t.Fatal(err)
 	}

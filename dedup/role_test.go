@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/migrations/migrate"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -330,7 +331,7 @@ func TestWorkerRoleDownKeepsASharedRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ownerA.Close()
-	m, err := dedup.NewMigrator(ctx, ownerA, nil)
+	m, err := migrate.NewMigrator(ctx, ownerA, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

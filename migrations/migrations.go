@@ -1,5 +1,6 @@
 // Package migrations holds paydedup's schema as goose SQL files, embedded so
-// the binary migrates its database without files on disk. dedup applies them.
+// the binary migrates its database without files on disk. Package
+// migrations/migrate applies them.
 package migrations
 
 import "embed"

@@ -7,10 +7,9 @@ import (
 	"text/tabwriter"
 
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/migrations/migrate"
 
 	"github.com/spf13/cobra"
-
-	"github.com/paydedup/paydedup/dedup"
 )
 
 // databaseFlag binds --database-url, falling back to DATABASE_URL. The
@@ -84,7 +83,7 @@ func (m *migrateCmd) Run(ctx context.Context, action string) error {
 		return err
 	}
 	defer pool.Close()
-	mig, err := dedup.NewMigratorWith(ctx, pool, dedup.MigratorConfig{Logger: m.app.logger, AllowDataLoss: m.allowDataLoss})
+	mig, err := migrate.NewMigratorWith(ctx, pool, migrate.MigratorConfig{Logger: m.app.logger, AllowDataLoss: m.allowDataLoss})
 	if err != nil {
 		return err
 	}

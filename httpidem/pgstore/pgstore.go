@@ -41,7 +41,7 @@ type Config struct {
 type Store struct{ db pg.DB }
 
 // New returns a store on pool. The schema must be migrated
-// (dedup.Migrator).
+// (migrations/migrate).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	db, err := pg.NewDB("httpidem", pool, cfg.Clock, cfg.StatementTimeout, DefaultStatementTimeout)
 	if err != nil {

@@ -162,7 +162,8 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 		allowed []string
 	}{
 		{"github.com/stripe/stripe-go", []string{"provider/stripe"}},
-		{"github.com/jackc/pgx", []string{"internal/pg", "dedup", "gateway/pgstore", "httpidem/pgstore",
+		{"github.com/pressly/goose", []string{"migrations/migrate"}},
+		{"github.com/jackc/pgx", []string{"internal/pg", "dedup", "migrations/migrate", "gateway/pgstore", "httpidem/pgstore",
 			"lab/localpg", "lab/testenv"}},
 		{"github.com/nats-io/nats.go", []string{"stream", "consumer", "dlq", "console", "cmd/paydedup",
 			"lab", "lab/cmd/chaos", "lab/workload", "lab/testenv"}},

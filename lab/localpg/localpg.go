@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/redact"
+	"github.com/paydedup/paydedup/migrations/migrate"
 )
 
 // AdminURL is the local server demo and bench try first when DATABASE_URL
@@ -150,7 +150,7 @@ func FreshSchema(ctx context.Context, dbURL, name string) (string, func() error,
 
 // Migrate applies the schema migrations.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
-	m, err := dedup.NewMigrator(ctx, pool, logger)
+	m, err := migrate.NewMigrator(ctx, pool, logger)
 	if err != nil {
 		return err
 	}

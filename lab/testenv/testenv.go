@@ -24,11 +24,11 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/migrations/migrate"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/localpg"
 )
 
@@ -118,7 +118,7 @@ func PostgresURL(t testing.TB) string {
 		t.Fatalf("connect to test schema: %v", err)
 	}
 	defer pool.Close()
-	m, err := dedup.NewMigrator(ctx, pool, nil)
+	m, err := migrate.NewMigrator(ctx, pool, nil)
 	if err != nil {
 		t.Fatalf("migrate test schema: %v", err)
 	}

@@ -1,4 +1,6 @@
-package dedup
+// Package migrate applies paydedup's embedded migrations (package
+// migrations) with goose, over a pgx pool.
+package migrate
 
 import (
 	"context"
@@ -15,6 +17,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/migrations"
 )
 
@@ -60,7 +63,7 @@ func NewMigrator(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (
 func NewMigratorWith(ctx context.Context, pool *pgxpool.Pool, cfg MigratorConfig) (*Migrator, error) {
 	var schema string
 	if err := pool.QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&schema); err != nil {
-		return nil, interpretError("read current schema", err)
+		return nil, pg.Interpret("read current schema", err, pg.Errors{})
 	}
 	if schema == "" {
 		return nil, errors.New("migrate: the connection has no current schema: check search_path in DATABASE_URL")
