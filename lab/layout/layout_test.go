@@ -155,7 +155,8 @@ func TestNothingImportsCmd(t *testing.T) {
 	}
 }
 
-// Each outside dependency lives in the packages that own it (STYLE.md).
+// Each outside dependency lives in the packages that own it, so a driver or
+// an SDK is wrapped once and its types do not spread.
 func TestOutsideDependenciesStayHome(t *testing.T) {
 	rules := []struct {
 		dep     string
