@@ -33,10 +33,9 @@ end every accepted (202) payment must be published in the gateway's intake
 and on the stream exactly once, and nothing else on the stream; otherwise
 the command exits non-zero.
 
---mode batched is the gateway as shipped (PAYDEDUP_GATEWAY_INTAKE=batched);
---mode per-request is the old path, each POST its own statements and
-commits; --mode both runs the two in the same run, each in a fresh schema
-and stream, and reports the speedup. Both use --pool-size connections.
+It measures the gateway as shipped: its batched intake, the only way a
+POST is taken in (there is no --mode any more: the per-request path it
+was compared with is gone), on --pool-size connections.
 
 Figures: requests_per_sec counts every POST, accepted the 202s; latencies
 are per POST as the client sees them; pg_round_trips_per_request counts
@@ -58,27 +57,26 @@ bound).
 NATS: NATS_URL, or an embedded server. PostgreSQL: DATABASE_URL, or the
 paydedup_bench database on the local server, as "paydedup bench".
 The last line with --json is one JSON object.`,
-		Example: `  paydedup bench gateway --mode both --connections 128 --json
-  paydedup bench gateway --requests 100000 --mode batched`,
+		Example: `  paydedup bench gateway --connections 128 --json
+  paydedup bench gateway --requests 100000 --worker`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return b.Run(cmd.Context()) },
 	}
 	f := cmd.Flags()
 	c := &b.cfg
 	f.IntVar(&c.Connections, "connections", 128, "concurrent keep-alive HTTP clients")
-	f.IntVar(&c.Requests, "requests", 30000, "distinct payments per mode")
+	f.IntVar(&c.Requests, "requests", 30000, "distinct payments")
 	f.Float64Var(&c.Retries, "retries", 0.05, "fraction of payments sent again with the same key after the answer (0..1)")
 	f.Float64Var(&c.Duplicates, "duplicates", 0.02, "fraction of payments sent twice at the same moment (0..1)")
 	f.IntVar(&c.Merchants, "merchants", 4, "merchants (one API key each) the payments are spread over")
-	f.StringVar(&c.Mode, "mode", gwbench.ModeBoth, "batched, per-request, or both")
 	f.IntVar(&c.PoolSize, "pool-size", gateway.DefaultPoolSize, "the gateway's PostgreSQL pool")
-	f.IntVar(&c.BatchSize, "batch-size", gateway.DefaultBatchSize, "POSTs per batch (batched mode)")
-	f.DurationVar(&c.BatchWindow, "batch-window", gateway.DefaultBatchWindow, "how long a batch waits for one more POST while another batch is being settled (batched mode)")
-	f.IntVar(&c.Flushers, "flushers", gateway.DefaultFlushers, "batches settled at once (batched mode)")
+	f.IntVar(&c.BatchSize, "batch-size", gateway.DefaultBatchSize, "POSTs per batch")
+	f.DurationVar(&c.BatchWindow, "batch-window", gateway.DefaultBatchWindow, "how long a batch waits for one more POST while another batch is being settled")
+	f.IntVar(&c.Flushers, "flushers", gateway.DefaultFlushers, "batches settled at once")
 	f.BoolVar(&c.Worker, "worker", false, "run the worker in process too (charging the Stripe simulator) and report POST→charged rate and latency, double charges and lost payments")
 	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
 	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
-	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the batched load to this file (go tool pprof)")
+	f.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the load to this file (go tool pprof)")
 	c.DatabaseURL = a.getenv("DATABASE_URL")
 	c.NATSURL = a.getenv("NATS_URL")
 	return cmd

@@ -12,37 +12,29 @@ import (
 	"github.com/paydedup/paydedup/lab/testenv"
 )
 
-// TestBenchGatewayReportsJSON runs the real gateway bench, small, in both
-// modes: the last line is the JSON report, with the per-request run beside
-// the batched one, and every accepted payment on the stream exactly once.
+// TestBenchGatewayReportsJSON runs the real gateway bench, small: the last
+// line is the JSON report, with every accepted payment on the stream
+// exactly once.
 func TestBenchGatewayReportsJSON(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"DATABASE_URL": testenv.PostgresURL(t), "NATS_URL": testenv.NATSURL(t)}
-	out, errOut, err := runCLI(context.Background(), env, "bench", "gateway", "--json", "--mode", "both",
+	out, errOut, err := runCLI(context.Background(), env, "bench", "gateway", "--json",
 		"--requests", "300", "--connections", "16", "--retries", "0.2", "--duplicates", "0.2")
 	if err != nil {
 		t.Fatalf("bench gateway: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	var r gwbench.Result
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+	var m gwbench.Result
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &m); err != nil {
 		t.Fatalf("last line is not the JSON report: %v\n%s", err, out)
 	}
-	if r.PerRequest == nil || r.Mode != "batched" || r.PerRequest.Mode != "per-request" || r.Speedup <= 0 {
-		t.Fatalf("report %+v, want batched with the per-request run beside it", r)
+	// 300 payments, each accepted once; retries and the second of each
+	// duplicate pair are 409 (no worker runs).
+	if !m.OnStreamOnce || m.Accepted != 300 || m.Conflicts != m.Requests-300 || m.Errors != 0 || m.Shed != 0 {
+		t.Errorf("report %+v", m)
 	}
-	for _, m := range []gwbench.Result{r, *r.PerRequest} {
-		// 300 payments, each accepted once; retries and the second of each
-		// duplicate pair are 409 (no worker runs).
-		if !m.OnStreamOnce || m.Accepted != 300 || m.Conflicts != m.Requests-300 || m.Errors != 0 || m.Shed != 0 {
-			t.Errorf("%s: %+v", m.Mode, m)
-		}
-		if m.RequestsPerSec <= 0 || m.P50MS <= 0 || m.P99MS < m.P50MS || m.RSSMB <= 0 || m.PGRoundTripsPerRequest <= 0 {
-			t.Errorf("%s: implausible figures %+v", m.Mode, m)
-		}
-	}
-	if r.PGRoundTripsPerRequest >= r.PerRequest.PGRoundTripsPerRequest {
-		t.Errorf("batched takes %.2f round trips per request, per-request %.2f", r.PGRoundTripsPerRequest, r.PerRequest.PGRoundTripsPerRequest)
+	if m.RequestsPerSec <= 0 || m.P50MS <= 0 || m.P99MS < m.P50MS || m.RSSMB <= 0 || m.PGRoundTripsPerRequest <= 0 {
+		t.Errorf("implausible figures %+v", m)
 	}
 }
 
@@ -52,7 +44,7 @@ func TestBenchGatewayBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"bench", "gateway", "--mode", "fast"}, "--mode must be batched, per-request or both"},
+		{[]string{"bench", "gateway", "--mode", "batched"}, "unknown flag: --mode"},
 		{[]string{"bench", "gateway", "--connections", "0"}, "--connections must be within 1..10000"},
 		{[]string{"bench", "gateway", "--retries", "2"}, "--retries and --duplicates must be within 0..1"},
 		{[]string{"bench", "gateway", "--pool-size", "0"}, "--pool-size must be within 1..1000"},
@@ -68,7 +60,7 @@ func TestBenchGatewayBadFlags(t *testing.T) {
 func TestBenchGatewayWithWorker(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"DATABASE_URL": testenv.PostgresURL(t), "NATS_URL": testenv.NATSURL(t)}
-	out, errOut, err := runCLI(context.Background(), env, "bench", "gateway", "--json", "--mode", "batched", "--worker",
+	out, errOut, err := runCLI(context.Background(), env, "bench", "gateway", "--json", "--worker",
 		"--requests", "300", "--connections", "16", "--retries", "0.2", "--duplicates", "0.2")
 	if err != nil {
 		t.Fatalf("bench gateway --worker: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)

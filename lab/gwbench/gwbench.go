@@ -49,25 +49,17 @@ import (
 // worker bench's).
 const Database = "paydedup_bench"
 
-// Modes.
-const (
-	ModeBatched    = gateway.IntakeBatched
-	ModePerRequest = gateway.IntakePerRequest
-	ModeBoth       = "both"
-)
-
 // Config is one gateway bench run.
 type Config struct {
 	DatabaseURL string // PostgreSQL; "" uses the paydedup_bench database on the server localpg.Find finds
 	AdminURL    string // the local server Find tries first
 	NATSURL     string // NATS; "" starts an embedded JetStream server
 	Connections int    // concurrent keep-alive clients
-	Requests    int    // distinct payments per mode
+	Requests    int    // distinct payments
 	Retries     float64
 	Duplicates  float64
 	Merchants   int
-	Mode        string // batched, per-request, or both (batched, then per-request, in the same run)
-	PoolSize    int    // the gateway's pool (pool_max_conns)
+	PoolSize    int // the gateway's pool (pool_max_conns)
 	BatchSize   int
 	BatchWindow time.Duration
 	Flushers    int
@@ -94,9 +86,6 @@ func (c Config) Validate() error {
 	if c.Merchants < 1 || c.Merchants > 1000 {
 		errs = append(errs, fmt.Errorf("--merchants must be within 1..1000, got %d", c.Merchants))
 	}
-	if c.Mode != ModeBatched && c.Mode != ModePerRequest && c.Mode != ModeBoth {
-		errs = append(errs, fmt.Errorf("--mode must be %s, %s or %s, got %q", ModeBatched, ModePerRequest, ModeBoth, c.Mode))
-	}
 	if c.PoolSize < 1 || c.PoolSize > 1000 {
 		errs = append(errs, fmt.Errorf("--pool-size must be within 1..1000, got %d", c.PoolSize))
 	}
@@ -106,9 +95,8 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Result is one mode's figures; the JSON report.
+// Result is the run's figures; the JSON report.
 type Result struct {
-	Mode                   string  `json:"mode"`
 	Connections            int     `json:"connections"`
 	Requests               int     `json:"requests"` // POSTs sent, retries and duplicates included
 	Seconds                float64 `json:"seconds"`
@@ -143,9 +131,6 @@ type Result struct {
 	Unexpected             int     `json:"unexpected"` // on the stream, never accepted
 	// Charged is set with Worker.
 	Charged *Charged `json:"charged,omitempty"`
-	// PerRequest and Speedup are set in mode both.
-	PerRequest *Result `json:"per_request,omitempty"`
-	Speedup    float64 `json:"speedup_accepted,omitempty"`
 }
 
 // Run runs the bench and prints its report to cfg.Out. It fails when an
@@ -194,68 +179,44 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer nc.Close()
 
-	modes := []string{cfg.Mode}
-	if cfg.Mode == ModeBoth {
-		modes = []string{ModeBatched, ModePerRequest}
+	say("%d payments over %d connections", cfg.Requests, cfg.Connections)
+	r, err := runOnce(ctx, cfg, dbURL, nc)
+	if err != nil {
+		return fmt.Errorf("bench gateway: %w", err)
 	}
-	var results []Result
-	for _, mode := range modes {
-		say("mode %s: %d payments over %d connections", mode, cfg.Requests, cfg.Connections)
-		r, err := runMode(ctx, cfg, mode, dbURL, nc)
-		if err != nil {
-			return fmt.Errorf("bench gateway (%s): %w", mode, err)
-		}
-		say("mode %s: %.0f accepted/s, p50 %.1f ms, p99 %.1f ms, %.2f round trips per request; CPU per request: PostgreSQL backends %s, gateway %.0f µs, HTTP clients %.0f µs, NATS server %.0f µs",
-			mode, r.AcceptedPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, cpusplit.PGFigure(r.PGCPUUSPerRequest), r.GatewayCPUUSPerRequest, r.ClientCPUUSPerRequest, r.NATSCPUUSPerRequest)
-		if c := r.Charged; c != nil {
-			say("mode %s: %d charged, %.0f charged/s, POST→charged p50 %.1f ms, p99 %.1f ms, %d double, %d lost",
-				mode, c.Completed, c.PerSec, c.P50MS, c.P99MS, c.DoubleCharges, c.Lost)
-		}
-		results = append(results, r)
-	}
-	top := results[0]
-	if len(results) == 2 {
-		pr := results[1]
-		top.PerRequest = &pr
-		if pr.AcceptedPerSec > 0 {
-			top.Speedup = math.Round(100*top.AcceptedPerSec/pr.AcceptedPerSec) / 100
-		}
+	say("%.0f accepted/s, p50 %.1f ms, p99 %.1f ms, %.2f round trips per request; CPU per request: PostgreSQL backends %s, gateway %.0f µs, HTTP clients %.0f µs, NATS server %.0f µs",
+		r.AcceptedPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, cpusplit.PGFigure(r.PGCPUUSPerRequest), r.GatewayCPUUSPerRequest, r.ClientCPUUSPerRequest, r.NATSCPUUSPerRequest)
+	if c := r.Charged; c != nil {
+		say("%d charged, %.0f charged/s, POST→charged p50 %.1f ms, p99 %.1f ms, %d double, %d lost",
+			c.Completed, c.PerSec, c.P50MS, c.P99MS, c.DoubleCharges, c.Lost)
 	}
 	if cfg.JSON {
-		b, _ := json.Marshal(top)
+		b, _ := json.Marshal(r)
 		fmt.Fprintln(cfg.Out, string(b))
 	} else {
-		for _, r := range results {
-			fmt.Fprintf(cfg.Out, "%-12s %8.0f accepted/s  %8.0f requests/s  p50 %6.1f ms  p99 %6.1f ms  %5.2f pg round trips/request  %5.2f ms CPU/request  rss %4.0f MB  exactly once: %v\n",
-				r.Mode, r.AcceptedPerSec, r.RequestsPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, r.CPUMSPerRequest, r.RSSMB, r.OnStreamOnce)
-			fmt.Fprintf(cfg.Out, "%-12s CPU per request: PostgreSQL backends %s, gateway %.0f µs, HTTP clients %.0f µs, NATS server %.0f µs (%.0f allocations)\n",
-				"", cpusplit.PGFigure(r.PGCPUUSPerRequest), r.GatewayCPUUSPerRequest, r.ClientCPUUSPerRequest, r.NATSCPUUSPerRequest, r.AllocsPerRequest)
-			if c := r.Charged; c != nil {
-				fmt.Fprintf(cfg.Out, "%-12s %8.0f charged/s   POST→charged p50 %6.1f ms  p99 %6.1f ms  double %d  lost %d\n",
-					"", c.PerSec, c.P50MS, c.P99MS, c.DoubleCharges, c.Lost)
-			}
-		}
-		if top.Speedup > 0 {
-			fmt.Fprintf(cfg.Out, "batched / per-request: %.1f×\n", top.Speedup)
+		fmt.Fprintf(cfg.Out, "%8.0f accepted/s  %8.0f requests/s  p50 %6.1f ms  p99 %6.1f ms  %5.2f pg round trips/request  %5.2f ms CPU/request  rss %4.0f MB  exactly once: %v\n",
+			r.AcceptedPerSec, r.RequestsPerSec, r.P50MS, r.P99MS, r.PGRoundTripsPerRequest, r.CPUMSPerRequest, r.RSSMB, r.OnStreamOnce)
+		fmt.Fprintf(cfg.Out, "CPU per request: PostgreSQL backends %s, gateway %.0f µs, HTTP clients %.0f µs, NATS server %.0f µs (%.0f allocations)\n",
+			cpusplit.PGFigure(r.PGCPUUSPerRequest), r.GatewayCPUUSPerRequest, r.ClientCPUUSPerRequest, r.NATSCPUUSPerRequest, r.AllocsPerRequest)
+		if c := r.Charged; c != nil {
+			fmt.Fprintf(cfg.Out, "%8.0f charged/s   POST→charged p50 %6.1f ms  p99 %6.1f ms  double %d  lost %d\n",
+				c.PerSec, c.P50MS, c.P99MS, c.DoubleCharges, c.Lost)
 		}
 	}
 	var errs []error
-	for _, r := range results {
-		if !r.OnStreamOnce {
-			errs = append(errs, fmt.Errorf("mode %s: %d accepted payments missing, %d on the stream twice, %d on the stream but never accepted",
-				r.Mode, r.Missing, r.Duplicated, r.Unexpected))
-		}
-		if c := r.Charged; c != nil && (c.DoubleCharges > 0 || c.Lost > 0) {
-			errs = append(errs, fmt.Errorf("mode %s: %d double charges, %d lost", r.Mode, c.DoubleCharges, c.Lost))
-		}
+	if !r.OnStreamOnce {
+		errs = append(errs, fmt.Errorf("%d accepted payments missing, %d on the stream twice, %d on the stream but never accepted",
+			r.Missing, r.Duplicated, r.Unexpected))
+	}
+	if c := r.Charged; c != nil && (c.DoubleCharges > 0 || c.Lost > 0) {
+		errs = append(errs, fmt.Errorf("%d double charges, %d lost", c.DoubleCharges, c.Lost))
 	}
 	return errors.Join(errs...)
 }
 
-// phase is one mode's world: schema, streams, gateway.
+// phase is the run's world: schema, streams, gateway.
 type phase struct {
 	cfg     Config
-	mode    string
 	gwStore *pgstore.Store
 	js      jetstream.JetStream
 	scfg    stream.Config
@@ -267,9 +228,9 @@ type phase struct {
 	sim     *stripesim.Simulator // with Worker
 }
 
-func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn) (Result, error) {
+func runOnce(ctx context.Context, cfg Config, dbURL string, nc *nats.Conn) (Result, error) {
 	suffix := procstat.RunSuffix()
-	p := &phase{cfg: cfg, mode: mode}
+	p := &phase{cfg: cfg}
 	schemaURL, dropSchema, err := localpg.FreshSchema(ctx, dbURL, "gwbench_"+suffix)
 	if err != nil {
 		return Result{}, err
@@ -344,7 +305,7 @@ func runMode(ctx context.Context, cfg Config, mode, dbURL string, nc *nats.Conn)
 		return Result{}, err
 	}
 	gw, err := gateway.New(records, p.gwStore, comp, pub, gateway.Config{
-		Intake: mode, BatchSize: cfg.BatchSize, BatchWindow: cfg.BatchWindow, Flushers: cfg.Flushers, Logger: slog.New(slog.DiscardHandler),
+		BatchSize: cfg.BatchSize, BatchWindow: cfg.BatchWindow, Flushers: cfg.Flushers, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		return Result{}, err
@@ -408,11 +369,7 @@ func (p *phase) drive(ctx context.Context, suffix string, stop func()) (Result, 
 		return c
 	}
 
-	profile := ""
-	if p.mode == ModeBatched {
-		profile = cfg.CPUProfile
-	}
-	meter, err := parts.Start(ctx, p.pids, profile)
+	meter, err := parts.Start(ctx, p.pids, cfg.CPUProfile)
 	if err != nil {
 		return Result{}, err
 	}
@@ -471,7 +428,7 @@ func (p *phase) drive(ctx context.Context, suffix string, stop func()) (Result, 
 		return Result{}, err
 	}
 
-	r := Result{Mode: p.mode, Connections: cfg.Connections, Seconds: elapsed.Seconds(), RSSMB: round2(procstat.PeakRSSMB())}
+	r := Result{Connections: cfg.Connections, Seconds: elapsed.Seconds(), RSSMB: round2(procstat.PeakRSSMB())}
 	var lat []time.Duration
 	accepted := map[string]bool{}
 	posted := map[string]time.Time{} // the start of each accepted POST
