@@ -17,8 +17,8 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
-// The batched intake (Config.Intake = IntakeBatched): concurrent POSTs are
-// taken in together, the way the worker group-commits its completions.
+// The batched intake: every POST is taken in by it, and concurrent POSTs
+// are taken in together, the way the worker group-commits its completions.
 // Each request, once validated, joins a bounded queue; a collector cuts the
 // queue into batches and each batch is settled with one statement per step
 // for all its keys. A batch takes what is queued, up to BatchSize; while
@@ -35,8 +35,8 @@ import (
 // trip, which decide them or leave them to AcquireIntakes. Then every
 // acquired command is published at once (each PubAck awaited), and the
 // publishes recorded in one statement. Each request waits for the batch
-// that covers it and answers exactly as the per-request path would: the
-// decision rules are the same functions. A 202 is sent once its PubAck is
+// that covers it; the rules that decide it are functions the Prefer: wait
+// reads and GET share (fromRecord, fate). A 202 is sent once its PubAck is
 // in, before the publishes are recorded: nothing decides on that record
 // (a failed one is only logged), a retry meanwhile finds the intake held
 // by its publish lease as it would find it held by the republish hold
@@ -46,12 +46,6 @@ import (
 // A full queue is answered 503 and a merchant over its share of it 429,
 // both with Retry-After, at once: the gateway sheds load instead of letting
 // requests time out.
-
-// Intake modes.
-const (
-	IntakeBatched    = "batched"
-	IntakePerRequest = "per-request"
-)
 
 // Defaults of the batched intake.
 const (
@@ -66,22 +60,6 @@ const (
 	overloadRetryAfter = time.Second
 	maxCachedAPIKeys   = 10000
 )
-
-// batchStore is what the batched intake needs of the gateway's store
-// (*pgstore.Store); a Store without it is served per request.
-type batchStore interface {
-	AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
-	AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
-	IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error)
-	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []dedup.KeyRef) (pgstore.BatchReads, error)
-}
-
-// batchRecords is what the batched intake reads of the worker's records
-// (*dedup.Store): its reads queue on the store's batch (ReadBatch).
-type batchRecords interface {
-	pgstore.RecordReads
-	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
-}
 
 // answerKind is how a request is answered.
 type answerKind int
@@ -131,14 +109,14 @@ func (g *Gateway) fromRecord(rec dedup.Record, fp []byte) (answer, bool) {
 // and decided are its answer) must read the key's intake first, for a
 // dead letter that waits for an operator: a key whose lease ran out
 // (a max_deliveries letter leaves it pending) is answered 409 otherwise. A
-// failed record is not decided here: AcquireIntake(s) returns its intake
-// row, which fromOperator reads.
+// failed record is not decided here: the batch's acquisition returns its
+// intake row, which fromOperator reads.
 func (g *Gateway) mayWaitForOperator(rec dedup.Record, fp []byte, a answer, decided bool) bool {
 	return decided && a.kind == ansInUse && rec.Status == dedup.StatusPending &&
 		!rec.LockedUntil.After(g.cfg.Clock.Now()) && bytes.Equal(rec.RequestHash, fp)
 }
 
-// fromOperator decides a POST from the intake row AcquireIntake(s)
+// fromOperator decides a POST from the intake row the batch's acquisition
 // returned (res) and the key's record (nil: none) when the payment waits
 // for an operator (pgstore.Intake.WaitsForOperator): 202 with its state,
 // never a publish (an operator's replay decides whether it is charged),
@@ -251,8 +229,8 @@ var (
 // batcher is the batched intake.
 type batcher struct {
 	g       *Gateway
-	store   batchStore
-	records batchRecords
+	store   Store
+	records Records
 	queue   chan *item
 	slots   chan struct{} // one per batch being flushed
 	share   int           // most queued requests of one merchant
@@ -267,13 +245,16 @@ type batcher struct {
 	merchant map[string]int // queued requests per merchant
 }
 
-func newBatcher(g *Gateway, store batchStore, records batchRecords) *batcher {
+func newBatcher(g *Gateway, store Store, records Records) *batcher {
 	c := g.cfg
 	return &batcher{g: g, store: store, records: records,
 		queue: make(chan *item, c.QueueSize), slots: make(chan struct{}, c.Flushers),
 		share: max(1, int(float64(c.QueueSize)*c.MerchantShare)), merchant: map[string]int{},
 		keys: keyCache{m: map[string]string{}}, idle: make(chan struct{}, 1)}
 }
+
+// open lets requests join the queue; run takes them from it.
+func (b *batcher) open() { b.running.Store(true) }
 
 // enqueue adds it to the queue, or sheds it.
 func (b *batcher) enqueue(it *item) error {
@@ -313,7 +294,6 @@ func (b *batcher) dequeued(batch []*item) {
 // flush. A batch stops gathering when it is full, when BatchWindow passes
 // without a new request, or at once when no other batch is settling.
 func (b *batcher) run(ctx context.Context) {
-	b.running.Store(true)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	size, window := b.g.cfg.BatchSize, b.g.cfg.BatchWindow

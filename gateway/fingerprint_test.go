@@ -16,24 +16,24 @@ import (
 	"github.com/paydedup/paydedup/payment"
 )
 
-// raceStore runs a hook once before AcquireIntake, between the gateway's
-// first read of the record and its intake.
+// raceStore runs a hook once before AcquireNewIntakes, between the
+// retry's arrival and its batch's first statement.
 type raceStore struct {
 	gateway.Store
 	once sync.Once
 	hook atomic.Pointer[func()]
 }
 
-func (s *raceStore) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error) {
+func (s *raceStore) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
 	if f := s.hook.Load(); f != nil {
 		s.once.Do(*f)
 	}
-	return s.Store.AcquireIntake(ctx, req, lease, retention)
+	return s.Store.AcquireNewIntakes(ctx, reqs, apiKeys, lease, retention)
 }
 
 // TestIntakeHeldOtherBody422: a retry finds the intake held by its first
 // request, but another body claimed the key meanwhile (a queue publisher's,
-// between the retry's read and its intake): 422, not 409 or a replay.
+// just before the retry's batch): 422, not 409 or a replay.
 func TestIntakeHeldOtherBody422(t *testing.T) {
 	t.Parallel()
 	rs := &raceStore{}

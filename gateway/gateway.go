@@ -77,13 +77,11 @@ const (
 	// but not yet claimed by a worker.
 	DefaultQueuedRetryAfter = time.Second
 	DefaultDrainTimeout     = 20 * time.Second
-	DefaultIntake           = IntakeBatched
 	// DefaultPoolSize is the PostgreSQL pool "paydedup gateway" opens
 	// unless DATABASE_URL sets pool_max_conns: a connection for each of
 	// the Flushers batches, and as many again for what runs beside them
-	// (GETs, API key look-ups on a cache miss, the purge, POSTs served per
-	// request). pgx's own default (4 on 2 cores) starves the per-request
-	// path.
+	// (GETs, API key look-ups on a cache miss, the purge, the Prefer: wait
+	// reads).
 	DefaultPoolSize      = 2*DefaultFlushers + 8
 	DefaultPurgeInterval = time.Minute
 	purgeBatch           = 1000
@@ -91,17 +89,25 @@ const (
 
 // Records is what the gateway reads of the worker's idempotency store
 // (*dedup.Store): a key's record, and the ledger for a key whose record was
-// purged. The gateway never writes them.
+// purged, one key at a time or, for a batch of POSTs, many at once (its
+// reads queued on the batch's round trip: Store.ReadBatch). The gateway
+// never writes them.
 type Records interface {
 	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
 	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
+	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
+	pgstore.RecordReads
 }
 
-// Store is the gateway's own store (*pgstore.Store): its intake guard rows
-// and the API keys it authenticates.
+// Store is the gateway's own store (*pgstore.Store): its intake guard rows,
+// taken in a batch of POSTs at a time (see batch.go), and the API keys it
+// authenticates.
 type Store interface {
 	GetIntake(ctx context.Context, merchantID, key string) (pgstore.Intake, error)
-	AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error)
+	AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
+	AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
+	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []dedup.KeyRef) (pgstore.BatchReads, error)
+	IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error)
 	IntakePublished(ctx context.Context, in pgstore.Intake, seq uint64, holdFor time.Duration) error
 	AbandonIntake(ctx context.Context, in pgstore.Intake) error
 	ReleaseIntake(ctx context.Context, in pgstore.Intake) error
@@ -155,11 +161,6 @@ type Config struct {
 	IntakeRetention  time.Duration
 	QueuedRetryAfter time.Duration
 
-	// Intake is how POSTs are taken in: IntakeBatched (the default; many
-	// concurrent POSTs share each statement, see batch.go) or
-	// IntakePerRequest (each POST its own statements and commits). A Store
-	// or Records without the batch methods is served per request.
-	Intake string
 	// BatchSize bounds the POSTs one batch takes in; BatchWindow is how
 	// long a batch waits for one more while another batch is being
 	// settled (with none, a batch is cut at once: a lone POST is never
@@ -208,7 +209,6 @@ func (c Config) WithDefaults() Config {
 	c.QueuedRetryAfter = cmp.Or(c.QueuedRetryAfter, DefaultQueuedRetryAfter)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
-	c.Intake = cmp.Or(c.Intake, DefaultIntake)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.BatchWindow = cmp.Or(c.BatchWindow, DefaultBatchWindow)
 	c.Flushers = cmp.Or(c.Flushers, DefaultFlushers)
@@ -251,9 +251,6 @@ func (c Config) Validate() error {
 	if c.RepublishAfter < c.PublishLease {
 		errs = append(errs, fmt.Errorf("republish after %v must be at least the publish lease %v", c.RepublishAfter, c.PublishLease))
 	}
-	if c.Intake != IntakeBatched && c.Intake != IntakePerRequest {
-		errs = append(errs, fmt.Errorf("intake must be %s or %s, got %q", IntakeBatched, IntakePerRequest, c.Intake))
-	}
 	if c.BatchSize < 1 || c.BatchSize > 10000 || c.Flushers < 1 || c.QueueSize < 1 {
 		errs = append(errs, fmt.Errorf("batch size (1..10000, got %d), flushers (got %d) and queue size (got %d) must be at least 1",
 			c.BatchSize, c.Flushers, c.QueueSize))
@@ -273,8 +270,9 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Gateway is the HTTP ingress. Serve it, or mount Handler on a server of
-// your own.
+// Gateway is the HTTP ingress. Serve it: POSTs are taken in by the
+// batched intake, which runs while Serve does (Handler mounted on a server
+// of your own answers them 503 otherwise).
 type Gateway struct {
 	cfg     Config
 	records Records
@@ -285,7 +283,7 @@ type Gateway struct {
 	log     *slog.Logger
 	metrics *metrics
 	handler http.Handler
-	batch   *batcher // nil: every POST is served per request
+	batch   *batcher // takes every POST in (batch.go)
 	pauses  pauseCache
 
 	draining  atomic.Bool
@@ -316,13 +314,7 @@ func New(records Records, store Store, comp Completions, pub Publisher, cfg Conf
 		cfg.Propagator = propagation.TraceContext{}
 	}
 	g.prop = cfg.Propagator
-	if cfg.Intake == IntakeBatched {
-		bs, okS := store.(batchStore)
-		br, okR := records.(batchRecords)
-		if okS && okR {
-			g.batch = newBatcher(g, bs, br)
-		}
-	}
+	g.batch = newBatcher(g, store, records)
 	if cfg.TracerProvider == nil {
 		// Tracing off: otelhttp's span would be a no-op one that keeps the
 		// client's span context, its attributes and wrapping computed for
@@ -378,16 +370,16 @@ func (g *Gateway) Server() *http.Server {
 // returns nil after a drain.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	srv := g.Server()
+	var wg sync.WaitGroup
+	// The batched intake takes POSTs in from the first request served, and
+	// outlives the drain: in-flight POSTs wait on it.
+	batchCtx, stopBatch := context.WithCancel(context.WithoutCancel(ctx))
+	g.batch.open()
+	wg.Go(func() { g.batch.run(batchCtx) })
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	purgeCtx, stopPurge := context.WithCancel(ctx)
-	var wg sync.WaitGroup
 	wg.Go(func() { g.purgeLoop(purgeCtx) })
-	// The batched intake outlives the drain: in-flight POSTs wait on it.
-	batchCtx, stopBatch := context.WithCancel(context.WithoutCancel(ctx))
-	if g.batch != nil {
-		wg.Go(func() { g.batch.run(batchCtx) })
-	}
 	defer func() {
 		stopPurge()
 		stopBatch()

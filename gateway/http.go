@@ -203,7 +203,8 @@ func merchantFrom(ctx context.Context) string {
 
 type apiKeyHashKey struct{}
 
-// apiKeyHashFrom is the hash of the request's API key (batched POSTs).
+// apiKeyHashFrom is the hash of the request's API key (POSTs: the batch
+// re-checks it).
 func apiKeyHashFrom(ctx context.Context) []byte {
 	h, _ := ctx.Value(apiKeyHashKey{}).([]byte)
 	return h
@@ -217,8 +218,8 @@ func (g *Gateway) unauthenticated(w http.ResponseWriter) {
 
 // authenticate resolves the bearer API key to its merchant. A missing key
 // and a wrong key are both 401; nothing tells a revoked key from an unknown
-// one. With cached (POST while the batched intake runs) a key seen before
-// is taken from the cache: the batch re-checks it before anything is done.
+// one. With cached (POST: the batched intake) a key seen before is taken
+// from the cache: the batch re-checks it before anything is done.
 func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
@@ -229,15 +230,14 @@ func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 			return
 		}
 		ctx := r.Context()
-		b := g.batch
-		if cached && b != nil && b.running.Load() {
+		if cached {
 			if !pgstore.ValidAPIKeyShape(token) {
 				g.unauthenticated(w)
 				return
 			}
 			hash := pgstore.HashAPIKey(token)
 			ctx = context.WithValue(ctx, apiKeyHashKey{}, hash)
-			if merchant, ok := b.keys.get(hash); ok {
+			if merchant, ok := g.batch.keys.get(hash); ok {
 				next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, merchantKey{}, merchant)))
 				return
 			}
@@ -255,7 +255,7 @@ func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 			return
 		}
 		if hash := apiKeyHashFrom(ctx); hash != nil {
-			b.keys.put(hash, merchant)
+			g.batch.keys.put(hash, merchant)
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, merchantKey{}, merchant)))
 	})

@@ -19,9 +19,9 @@ import (
 	"github.com/paydedup/paydedup/gateway"
 )
 
-// unavailableKey is an API key whose lookup fails, as when the gateway's
-// database is down.
-const unavailableKey = "key-whose-lookup-fails"
+// unavailableKey is an API key, well formed, whose lookup fails, as when
+// the gateway's database is down.
+const unavailableKey = "pd_00000000fa11_lookupFailslookupFailslookupFailslookupFail"
 
 type failingAuth struct{ gateway.Store }
 

@@ -61,69 +61,61 @@ func (w *world) keyMsgs(key string) int {
 // "not accepted"), GET never says not-accepted, the key stays bound to
 // its payload (another is 422), and a retry with the same body is
 // accepted without a second copy in the stream: the key is charged once.
-// Both intake paths.
 func TestLostPubAckIsUnknown(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{gateway.IntakeBatched, gateway.IntakePerRequest} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			w, px, pubNC := swallowedWorld(t, gateway.Config{Intake: mode})
-			if mode == gateway.IntakeBatched {
-				w.batched()
-			}
-			c := newOpenAPIChecker(t, w) // the new answers are documented
-			body := payBody(100, "pm_card_visa")
-			if err := px.Lose(testenv.ServerToClient); err != nil {
-				t.Fatal(err)
-			}
-			r := c.exchange(true, http.MethodPost, "/v1/payments", w.keyA, body, map[string]string{"Idempotency-Key": "lost-ack"})
-			if err := px.Restore(); err != nil { // the link drops after the send; the publisher reconnects
-				t.Fatal(err)
-			}
-			wantStatus(t, r, http.StatusServiceUnavailable)
-			if p := r.problem(t); p.Type != gateway.ProblemPublishUnknown ||
-				!strings.Contains(p.Detail, "same Idempotency-Key and the same body") {
-				t.Fatalf("the 503 of a lost PubAck: %+v, want the outcome unknown", p)
-			}
-			if r.header.Get("Retry-After") == "" {
-				t.Fatal("503 without Retry-After")
-			}
-			if n := w.keyMsgs("lost-ack"); n != 1 {
-				t.Fatalf("%d messages for the key, want the 1 the stream stored", n)
-			}
-			g := c.exchange(false, http.MethodGet, "/v1/payments/lost-ack", w.keyA, "", nil)
-			wantStatus(t, g, http.StatusOK)
-			if p := g.payment(t); p.Status != gateway.StatePublishUnknown || p.Amount != 100 {
-				t.Fatalf("GET after the unknown publish: %+v", p)
-			}
-			w.eventually("the publisher reconnected", pubNC.IsConnected)
+	w, px, pubNC := swallowedWorld(t, gateway.Config{})
+	w.batched()
+	c := newOpenAPIChecker(t, w) // the new answers are documented
+	body := payBody(100, "pm_card_visa")
+	if err := px.Lose(testenv.ServerToClient); err != nil {
+		t.Fatal(err)
+	}
+	r := c.exchange(true, http.MethodPost, "/v1/payments", w.keyA, body, map[string]string{"Idempotency-Key": "lost-ack"})
+	if err := px.Restore(); err != nil { // the link drops after the send; the publisher reconnects
+		t.Fatal(err)
+	}
+	wantStatus(t, r, http.StatusServiceUnavailable)
+	if p := r.problem(t); p.Type != gateway.ProblemPublishUnknown ||
+		!strings.Contains(p.Detail, "same Idempotency-Key and the same body") {
+		t.Fatalf("the 503 of a lost PubAck: %+v, want the outcome unknown", p)
+	}
+	if r.header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	if n := w.keyMsgs("lost-ack"); n != 1 {
+		t.Fatalf("%d messages for the key, want the 1 the stream stored", n)
+	}
+	g := c.exchange(false, http.MethodGet, "/v1/payments/lost-ack", w.keyA, "", nil)
+	wantStatus(t, g, http.StatusOK)
+	if p := g.payment(t); p.Status != gateway.StatePublishUnknown || p.Amount != 100 {
+		t.Fatalf("GET after the unknown publish: %+v", p)
+	}
+	w.eventually("the publisher reconnected", pubNC.IsConnected)
 
-			r = w.post("lost-ack", payBody(150, "pm_card_visa"))
-			wantStatus(t, r, http.StatusUnprocessableEntity)
-			if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
-				t.Fatalf("a corrected body: %+v", p)
-			}
-			wantStatus(t, w.post("lost-ack", body), http.StatusAccepted)
-			if n := w.keyMsgs("lost-ack"); n != 1 {
-				t.Fatalf("%d messages for the key after the retry, want 1 (same Nats-Msg-Id)", n)
-			}
-			// The batched intake answers 202 once the PubAck is in and marks
-			// the publish just after (TestBatchAcceptsBeforeThePublishMark).
-			w.eventually("the retry's publish marked", func() bool { return w.intake("lost-ack").Published() })
-			if in := w.intake("lost-ack"); in.Amount != 100 {
-				t.Fatalf("intake after the retry: %+v", in)
-			}
-			w.startWorker()
-			w.waitStatus("m_a", "lost-ack", dedup.StatusCompleted)
-			if c := w.charges("m_a", "lost-ack"); c != 1 {
-				t.Fatalf("%d charges, want 1", c)
-			}
-			r = w.post("lost-ack", body)
-			wantStatus(t, r, http.StatusCreated)
-			if p := r.payment(t); p.Amount != 100 || p.Status != gateway.StateSucceeded {
-				t.Fatalf("replay: %+v", p)
-			}
-		})
+	r = w.post("lost-ack", payBody(150, "pm_card_visa"))
+	wantStatus(t, r, http.StatusUnprocessableEntity)
+	if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
+		t.Fatalf("a corrected body: %+v", p)
+	}
+	wantStatus(t, w.post("lost-ack", body), http.StatusAccepted)
+	if n := w.keyMsgs("lost-ack"); n != 1 {
+		t.Fatalf("%d messages for the key after the retry, want 1 (same Nats-Msg-Id)", n)
+	}
+	// The batched intake answers 202 once the PubAck is in and marks
+	// the publish just after (TestBatchAcceptsBeforeThePublishMark).
+	w.eventually("the retry's publish marked", func() bool { return w.intake("lost-ack").Published() })
+	if in := w.intake("lost-ack"); in.Amount != 100 {
+		t.Fatalf("intake after the retry: %+v", in)
+	}
+	w.startWorker()
+	w.waitStatus("m_a", "lost-ack", dedup.StatusCompleted)
+	if c := w.charges("m_a", "lost-ack"); c != 1 {
+		t.Fatalf("%d charges, want 1", c)
+	}
+	r = w.post("lost-ack", body)
+	wantStatus(t, r, http.StatusCreated)
+	if p := r.payment(t); p.Amount != 100 || p.Status != gateway.StateSucceeded {
+		t.Fatalf("replay: %+v", p)
 	}
 }
 
@@ -133,38 +125,31 @@ func TestLostPubAckIsUnknown(t *testing.T) {
 // worker; nothing was stored, so the key is free for a corrected retry.
 func TestMissingStreamFailsFast(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{gateway.IntakeBatched, gateway.IntakePerRequest} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			w := setupWith(t, gateway.Config{Intake: mode}, options{})
-			if mode == gateway.IntakeBatched {
-				w.batched()
-			}
-			if err := w.js.DeleteStream(w.ctx, w.cfg.Stream.Name); err != nil {
-				t.Fatal(err)
-			}
-			c := newOpenAPIChecker(t, w)
-			start := time.Now()
-			r := c.exchange(true, http.MethodPost, "/v1/payments", w.keyA, payBody(100, "pm_card_visa"), map[string]string{"Idempotency-Key": "no-stream"})
-			took := time.Since(start)
-			t.Logf("refused after %v", took)
-			wantStatus(t, r, http.StatusServiceUnavailable)
-			p := r.problem(t)
-			if !strings.Contains(p.Detail, "does not exist") || !strings.Contains(p.Detail, "paydedup worker") {
-				t.Fatalf("problem %+v: want the detail to say the stream does not exist and to start a worker", p)
-			}
-			if took > 2500*time.Millisecond {
-				t.Fatalf("answered after %v: the publish was retried for a stream that does not exist", took)
-			}
-			if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "no-stream"); !errors.Is(err, dedup.ErrNotFound) {
-				t.Fatalf("intake after a refusal: %v, want none (the key is free)", err)
-			}
-			if _, _, err := stream.EnsureStreams(w.ctx, w.js, w.cfg.Stream); err != nil {
-				t.Fatal(err)
-			}
-			wantStatus(t, w.post("no-stream", payBody(150, "pm_card_visa")), http.StatusAccepted)
-		})
+	w := setupWith(t, gateway.Config{}, options{})
+	w.batched()
+	if err := w.js.DeleteStream(w.ctx, w.cfg.Stream.Name); err != nil {
+		t.Fatal(err)
 	}
+	c := newOpenAPIChecker(t, w)
+	start := time.Now()
+	r := c.exchange(true, http.MethodPost, "/v1/payments", w.keyA, payBody(100, "pm_card_visa"), map[string]string{"Idempotency-Key": "no-stream"})
+	took := time.Since(start)
+	t.Logf("refused after %v", took)
+	wantStatus(t, r, http.StatusServiceUnavailable)
+	p := r.problem(t)
+	if !strings.Contains(p.Detail, "does not exist") || !strings.Contains(p.Detail, "paydedup worker") {
+		t.Fatalf("problem %+v: want the detail to say the stream does not exist and to start a worker", p)
+	}
+	if took > 2500*time.Millisecond {
+		t.Fatalf("answered after %v: the publish was retried for a stream that does not exist", took)
+	}
+	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "no-stream"); !errors.Is(err, dedup.ErrNotFound) {
+		t.Fatalf("intake after a refusal: %v, want none (the key is free)", err)
+	}
+	if _, _, err := stream.EnsureStreams(w.ctx, w.js, w.cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, w.post("no-stream", payBody(150, "pm_card_visa")), http.StatusAccepted)
 }
 
 // TestDuplicateOfAnotherPayload422: a command published straight on the
@@ -174,34 +159,27 @@ func TestMissingStreamFailsFast(t *testing.T) {
 // payload as the stored one is accepted.
 func TestDuplicateOfAnotherPayload422(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{gateway.IntakeBatched, gateway.IntakePerRequest} {
-		t.Run(mode, func(t *testing.T) {
-			t.Parallel()
-			w := setupWith(t, gateway.Config{Intake: mode}, options{})
-			if mode == gateway.IntakeBatched {
-				w.batched()
-			}
-			other := &payment.Command{MerchantID: "m_a", IdempotencyKey: "dup", Amount: 999, Currency: "usd",
-				PaymentMethod: "pm_card_visa", Description: "order", Metadata: map[string]string{"order_id": "42"}}
-			data, err := stream.EncodeCommand(other)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := w.js.PublishMsg(w.ctx, stream.CommandMsg(w.cfg.Stream, "m_a", "dup", data)); err != nil {
-				t.Fatal(err)
-			}
-			r := w.post("dup", payBody(100, "pm_card_visa"))
-			wantStatus(t, r, http.StatusUnprocessableEntity)
-			if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
-				t.Fatalf("problem %+v", p)
-			}
-			if n := w.keyMsgs("dup"); n != 1 {
-				t.Fatalf("%d messages for the key, want 1", n)
-			}
-			wantStatus(t, w.post("dup", payBody(999, "pm_card_visa")), http.StatusAccepted)
-			if n := w.keyMsgs("dup"); n != 1 {
-				t.Fatalf("%d messages for the key, want 1", n)
-			}
-		})
+	w := setupWith(t, gateway.Config{}, options{})
+	w.batched()
+	other := &payment.Command{MerchantID: "m_a", IdempotencyKey: "dup", Amount: 999, Currency: "usd",
+		PaymentMethod: "pm_card_visa", Description: "order", Metadata: map[string]string{"order_id": "42"}}
+	data, err := stream.EncodeCommand(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.js.PublishMsg(w.ctx, stream.CommandMsg(w.cfg.Stream, "m_a", "dup", data)); err != nil {
+		t.Fatal(err)
+	}
+	r := w.post("dup", payBody(100, "pm_card_visa"))
+	wantStatus(t, r, http.StatusUnprocessableEntity)
+	if p := r.problem(t); p.Type != gateway.ProblemKeyReused {
+		t.Fatalf("problem %+v", p)
+	}
+	if n := w.keyMsgs("dup"); n != 1 {
+		t.Fatalf("%d messages for the key, want 1", n)
+	}
+	wantStatus(t, w.post("dup", payBody(999, "pm_card_visa")), http.StatusAccepted)
+	if n := w.keyMsgs("dup"); n != 1 {
+		t.Fatalf("%d messages for the key, want 1", n)
 	}
 }

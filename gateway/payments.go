@@ -230,10 +230,10 @@ type preparer interface {
 	Prepare(cmd *payment.Command, extra map[string]string) (*stream.Checked, error)
 }
 
-// check is the Publisher's Check, keeping the message when the batched
-// intake will publish it.
+// check is the Publisher's Check, keeping the message for the batch to
+// publish when the Publisher can.
 func (g *Gateway) check(cmd *payment.Command, extra map[string]string) (*stream.Checked, error) {
-	if pp, ok := g.pub.(preparer); ok && g.batch != nil {
+	if pp, ok := g.pub.(preparer); ok {
 		return pp.Prepare(cmd, extra)
 	}
 	return nil, g.pub.Check(cmd, extra)
@@ -294,116 +294,23 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		defer sub.Close()
 	}
 
-	// The batch re-checks the API key its middleware hashed; a request
-	// authenticated before the batched intake started goes per request.
-	if b, hash := g.batch, apiKeyHashFrom(r.Context()); b != nil && hash != nil {
-		it := &item{cmd: cmd, fp: fp, extra: extra, checked: checked, keyHash: hash, log: log, done: make(chan answer, 1)}
-		if err := b.enqueue(it); err != nil {
-			g.shed(w, err)
-			return
-		}
-		a := <-it.done // the batch answers within its own deadlines
-		ctx := r.Context()
-		if wait > 0 { // only a wait reads after this: no timer per POST otherwise
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, g.cfg.RequestTimeout+wait)
-			defer cancel()
-		}
-		if a.kind != ansAccepted {
-			g.decided(ctx, w, a, sub, wait, merchant, key, fp)
-			return
-		}
-		g.accepted(ctx, w, a.in, sub, wait, fp)
+	it := &item{cmd: cmd, fp: fp, extra: extra, checked: checked, keyHash: apiKeyHashFrom(r.Context()), log: log, done: make(chan answer, 1)}
+	if err := g.batch.enqueue(it); err != nil {
+		g.shed(w, err)
 		return
 	}
-
-	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
-	defer cancel()
-
-	rec, err := g.records.Get(ctx, merchant, key)
-	switch {
-	case err == nil:
-		a, decided := g.fromRecord(rec, fp)
-		if g.mayWaitForOperator(rec, fp, a, decided) {
-			if in, ok := g.fate(ctx, merchant, key, fp, &rec); ok {
-				g.write(w, fateAnswer(rec, in))
-				return
-			}
-		}
-		if decided {
-			g.decided(ctx, w, a, sub, wait, merchant, key, fp)
-			return
-		}
-		// `failed` (known not charged, retried by the queue; its message
-		// may have been dead-lettered): publish if nobody is.
-	case errors.Is(err, dedup.ErrNotFound):
-		// New, or its record was purged: the payments ledger outlives
-		// records, and a key it knows with other terms is reused.
-		p, lerr := g.records.GetPayment(ctx, merchant, key)
-		switch {
-		case lerr == nil:
-			if a, decided := fromLedger(p, cmd); decided {
-				g.write(w, a)
-				return
-			}
-		case !errors.Is(lerr, dedup.ErrNotFound):
-			g.logRequestError(r, log, "read payments ledger", lerr)
-			unavailable(w)
-			return
-		}
-	default:
-		g.logRequestError(r, log, "read idempotency record", err)
-		unavailable(w)
+	a := <-it.done // the batch answers within its own deadlines
+	ctx := r.Context()
+	if wait > 0 { // only a wait reads after this: no timer per POST otherwise
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.cfg.RequestTimeout+wait)
+		defer cancel()
+	}
+	if a.kind != ansAccepted {
+		g.decided(ctx, w, a, sub, wait, merchant, key, fp)
 		return
 	}
-
-	var recp *dedup.Record // the key's record, nil when it has none
-	if err == nil {
-		recp = &rec
-	}
-	res, err := g.store.AcquireIntake(ctx, dedup.NewClaimRequest(cmd), g.cfg.PublishLease, g.cfg.IntakeRetention)
-	if err != nil {
-		g.logRequestError(r, log, "acquire intake", err)
-		unavailable(w)
-		return
-	}
-	if a, waits := fromOperator(recp, res, fp); waits {
-		g.releaseWaiting(ctx, res, log)
-		g.write(w, a)
-		return
-	}
-	switch res.Outcome {
-	case pgstore.IntakeMismatch:
-		g.keyReused(w)
-		return
-	case pgstore.IntakeDeadLettered:
-		g.write(w, answer{kind: ansDeadLetter, in: res.Intake})
-		return
-	case pgstore.IntakeHeld:
-		// Another request published it (or is publishing it). The worker
-		// may have finished since the read above.
-		if rec, err := g.records.Get(ctx, merchant, key); err == nil {
-			if a, decided := g.fromRecord(rec, fp); decided {
-				g.decided(ctx, w, a, sub, wait, merchant, key, fp)
-				return
-			}
-		}
-		g.decided(ctx, w, answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}, sub, wait, merchant, key, fp)
-		return
-	}
-
-	in := res.Intake
-	if in.Published() && g.heldAgain(ctx, in, log) {
-		g.decided(ctx, w, answer{kind: ansNotRepublished}, sub, wait, merchant, key, fp)
-		return
-	}
-	republish := republishOf(in)
-	if kind := g.publish(ctx, cmd, extra, in, republish, log); kind != ansAccepted {
-		g.write(w, answer{kind: kind})
-		return
-	}
-	g.metrics.idempotency.WithLabelValues("new").Inc()
-	g.accepted(ctx, w, in, sub, wait, fp)
+	g.accepted(ctx, w, a.in, sub, wait, fp)
 }
 
 // accepted answers a POST whose command was published: 202, or with
@@ -494,29 +401,6 @@ func (g *Gateway) heldAgain(ctx context.Context, in pgstore.Intake, log *slog.Lo
 		log.Warn("could not hold the intake again", "error", err)
 	}
 	return true
-}
-
-// publish publishes a command whose intake the caller holds, and records
-// the publish and its stream sequence; it returns ansAccepted, or how to
-// answer a failed publish (publishFailed). A client that hangs up
-// meanwhile does not cut it short.
-func (g *Gateway) publish(ctx context.Context, cmd *payment.Command, extra map[string]string, in pgstore.Intake, republish int, log *slog.Logger) answerKind {
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.PublishLease)
-	defer cancel()
-	start := time.Now()
-	seq, err := g.pub.Publish(pctx, cmd, extra, republish)
-	g.metrics.publishDuration.Observe(time.Since(start).Seconds())
-	if err != nil {
-		return g.publishFailed(pctx, in, err, log)
-	}
-	g.metrics.publishes.WithLabelValues("ok").Inc()
-	if err := g.store.IntakePublished(pctx, in, seq, g.cfg.RepublishAfter); err != nil {
-		// The message is in the stream; at worst a retry after the publish
-		// lease publishes again, which the worker's claim makes harmless.
-		log.Warn("could not record the publish", "error", err)
-	}
-	log.Info("payment accepted", "attempt", in.Attempt, "stream_seq", seq, "republish", republish > 0)
-	return ansAccepted
 }
 
 // publishFailed settles the intake of a command whose publish failed and

@@ -56,6 +56,9 @@ Idempotency-Key header, publishes it to the workers' stream once, and answers
 it). Retries with the same key replay the stored outcome (Idempotent-Replayed:
 true), 409 while it is in flight, 422 when the payload differs.
 GET /v1/payments/{idempotency_key} shows a payment's state and outcome.
+Concurrent POSTs are taken in together, a batch sharing each statement and
+commit (--batch-size, --batch-window, --flushers); beyond --queue-size
+waiting POSTs it answers 503, beyond a merchant's --merchant-share 429.
 
 Requests authenticate with Authorization: Bearer <API key>; create keys with
 "paydedup apikey create". The gateway does not charge: run "paydedup worker"
@@ -91,7 +94,6 @@ within --drain-timeout (waiting requests answer 202) and exits 0.`,
 	f.DurationVar(&c.RepublishAfter, "republish-after", a.envDuration("PAYDEDUP_REPUBLISH_AFTER", gateway.DefaultRepublishAfter), "after a publish, how long a retry that finds no worker record answers 409 without asking the stream; after it, the command is published again only if the stream no longer holds it (PAYDEDUP_REPUBLISH_AFTER)")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", gateway.DefaultDrainTimeout), "on SIGTERM, how long in-flight requests may finish (PAYDEDUP_DRAIN_TIMEOUT)")
 	f.DurationVar(&g.pubWait, "publish-timeout", a.envDuration("PAYDEDUP_PUBLISH_TIMEOUT", stream.DefaultPublishTimeout), "time to wait for the stream's PubAck (PAYDEDUP_PUBLISH_TIMEOUT)")
-	f.StringVar(&c.Intake, "intake", envOr(a.getenv, "PAYDEDUP_GATEWAY_INTAKE", gateway.DefaultIntake), "how POSTs are taken in: batched (concurrent POSTs share each statement and commit) or per-request (PAYDEDUP_GATEWAY_INTAKE)")
 	f.IntVar(&c.BatchSize, "batch-size", a.envInt("PAYDEDUP_GATEWAY_BATCH_SIZE", gateway.DefaultBatchSize), "most POSTs one batch takes in (PAYDEDUP_GATEWAY_BATCH_SIZE)")
 	f.DurationVar(&c.BatchWindow, "batch-window", a.envDuration("PAYDEDUP_GATEWAY_BATCH_WINDOW", gateway.DefaultBatchWindow), "how long a batch waits for one more POST while another batch is being settled; with none it is cut at once (PAYDEDUP_GATEWAY_BATCH_WINDOW)")
 	f.IntVar(&c.Flushers, "flushers", a.envInt("PAYDEDUP_GATEWAY_FLUSHERS", gateway.DefaultFlushers), "batches settled at once, each on one database connection (PAYDEDUP_GATEWAY_FLUSHERS)")
@@ -137,6 +139,9 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := g.app.logger
+	if v := g.app.getenv("PAYDEDUP_GATEWAY_INTAKE"); v != "" {
+		log.Warn("PAYDEDUP_GATEWAY_INTAKE is ignored: every POST is taken in by the batched intake, the only one", "value", v)
+	}
 	tp, traced, stopTracing, err := g.app.tracing(ctx, "paydedup-gateway")
 	if err != nil {
 		return err

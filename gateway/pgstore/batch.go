@@ -12,7 +12,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 )
 
-// The batched intake: the gateway's fast path takes in a whole batch of
+// The batched intake: the gateway takes in a whole batch of
 // concurrent POSTs with a few statements instead of a few per request. Each
 // statement does for many keys what its single-key counterpart does for
 // one, under the same rules (acquireIntakeConflict is shared).
