@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // The audit's reads of the ledger (package audit compares them with the
@@ -69,21 +71,20 @@ var paymentsForSQL = `SELECT ` + auditColumns + ` FROM payments p
 // in no particular order; keys without a row are absent. It takes one round
 // trip.
 func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, error) {
-	return sendQueued(ctx, s, "get payments", func(b *pgx.Batch) func() []Payment { return s.QueuePaymentsFor(b, refs) })
+	return sendQueued(ctx, s, "get payments", func(b *pg.Batch) func() []Payment { return s.QueuePaymentsFor(b, refs) })
 }
 
 // QueuePaymentsFor queues PaymentsFor's read of refs on b, as
 // QueueGetMany does GetMany's, and returns the function that gives its rows
-// once b's results are closed without error.
-func (s *Store) QueuePaymentsFor(b *pgx.Batch, refs []KeyRef) func() []Payment {
+// once b is sent without error.
+func (s *Store) QueuePaymentsFor(b *pg.Batch, refs []KeyRef) func() []Payment {
 	var out []Payment
 	if len(refs) == 0 {
 		return func() []Payment { return out }
 	}
-	b.Queue(planGeneric) // a probe of the ledger's unique key per key, whatever its statistics
 	for start := 0; start < len(refs); start += lookupBatch {
 		merchants, keys := refColumns(refs[start:min(start+lookupBatch, len(refs))])
-		b.Queue(paymentsForSQL, pgx.NamedArgs{"merchants": merchants, "keys": keys}).Query(func(rows pgx.Rows) error {
+		b.Query(paymentsForSQL, func(rows pgx.Rows) error {
 			for rows.Next() {
 				_, p, err := scanPayment(rows)
 				if err != nil {
@@ -92,7 +93,7 @@ func (s *Store) QueuePaymentsFor(b *pgx.Batch, refs []KeyRef) func() []Payment {
 				out = append(out, p)
 			}
 			return rows.Err()
-		})
+		}, pgx.NamedArgs{"merchants": merchants, "keys": keys})
 	}
 	return func() []Payment { return out }
 }

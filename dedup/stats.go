@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // Stats is the store's state as an operator reads it (paydedup status).
@@ -127,20 +129,18 @@ var getManySQL = `SELECT ` + qualified("k") + `
 // particular order; keys without a row are simply absent. It takes one round
 // trip.
 func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
-	return sendQueued(ctx, s, "get keys", func(b *pgx.Batch) func() []Record { return s.QueueGetMany(b, refs) })
+	return sendQueued(ctx, s, "get keys", func(b *pg.Batch) func() []Record { return s.QueueGetMany(b, refs) })
 }
 
 // sendQueued sends, in one round trip, what queue puts on a batch, and
 // returns what its reader gives once the batch is closed.
-func sendQueued[T any](ctx context.Context, s *Store, what string, queue func(*pgx.Batch) func() T) (T, error) {
+func sendQueued[T any](ctx context.Context, s *Store, what string, queue func(*pg.Batch) func() T) (T, error) {
 	var out T
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		b := &pgx.Batch{}
+		b := pg.NewBatch()
 		got := queue(b)
-		if b.Len() > 0 {
-			if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
-				return err
-			}
+		if err := s.db.Send(ctx, b); err != nil {
+			return err
 		}
 		out = got()
 		return nil
@@ -154,12 +154,9 @@ func sendQueued[T any](ctx context.Context, s *Store, what string, queue func(*p
 
 // QueueGetMany queues GetMany's read of refs on b, for a store that sends
 // it in one round trip with statements of its own (the gateway's batched
-// intake), and returns the function that gives its records once b's
-// results are closed without error. b must be sent on this store's
-// database. The planner settings it queues first hold for the rest of b's
-// implicit transaction: queue it after the statements that should not run
-// under them.
-func (s *Store) QueueGetMany(b *pgx.Batch, refs []KeyRef) func() []Record {
+// intake), and returns the function that gives its records once b is sent
+// without error. b must be sent on this store's database.
+func (s *Store) QueueGetMany(b *pg.Batch, refs []KeyRef) func() []Record {
 	seen := make(map[KeyRef]bool, len(refs))
 	uniq := make([]KeyRef, 0, len(refs))
 	for _, r := range refs {
@@ -172,10 +169,9 @@ func (s *Store) QueueGetMany(b *pgx.Batch, refs []KeyRef) func() []Record {
 	if len(uniq) == 0 {
 		return func() []Record { return out }
 	}
-	b.Queue(planGeneric)
 	for start := 0; start < len(uniq); start += lookupBatch {
 		merchants, keys := refColumns(uniq[start:min(start+lookupBatch, len(uniq))])
-		b.Queue(getManySQL, pgx.NamedArgs{"merchants": merchants, "keys": keys}).Query(func(rows pgx.Rows) error {
+		b.Query(getManySQL, func(rows pgx.Rows) error {
 			for rows.Next() {
 				rec, err := scanRecord(rows)
 				if err != nil {
@@ -184,7 +180,7 @@ func (s *Store) QueueGetMany(b *pgx.Batch, refs []KeyRef) func() []Record {
 				out = append(out, rec)
 			}
 			return rows.Err()
-		})
+		}, pgx.NamedArgs{"merchants": merchants, "keys": keys})
 	}
 	return func() []Record { return out }
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
 )
 
 // The batched intake: the gateway takes in a whole batch of
@@ -311,9 +312,9 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 func (s *Store) ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]string, error) {
 	var out map[string]string
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		b := &pgx.Batch{}
+		b := pg.NewBatch()
 		got := queueActiveAPIKeys(b, hashes)
-		if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
+		if err := s.db.Send(ctx, b); err != nil {
 			return err
 		}
 		out = got()
@@ -326,11 +327,11 @@ func (s *Store) ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]
 }
 
 // queueActiveAPIKeys queues ActiveAPIKeys' statement on b and returns the
-// function that gives its answer once b's results are closed.
-func queueActiveAPIKeys(b *pgx.Batch, hashes [][]byte) func() map[string]string {
+// function that gives its answer once b is sent.
+func queueActiveAPIKeys(b *pg.Batch, hashes [][]byte) func() map[string]string {
 	out := make(map[string]string, len(hashes))
-	b.Queue(`SELECT key_hash, merchant_id FROM api_keys
-		WHERE key_hash = ANY($1::bytea[]) AND revoked_at IS NULL`, hashes).Query(func(rows pgx.Rows) error {
+	b.Query(`SELECT key_hash, merchant_id FROM api_keys
+		WHERE key_hash = ANY($1::bytea[]) AND revoked_at IS NULL`, func(rows pgx.Rows) error {
 		for rows.Next() {
 			var h []byte
 			var m string
@@ -340,15 +341,15 @@ func queueActiveAPIKeys(b *pgx.Batch, hashes [][]byte) func() map[string]string 
 			out[string(h)] = m
 		}
 		return rows.Err()
-	})
+	}, hashes)
 	return func() map[string]string { return out }
 }
 
 // RecordReads is what ReadBatch reads of the worker's records
 // (*dedup.Store), queued on its batch.
 type RecordReads interface {
-	QueueGetMany(b *pgx.Batch, refs []dedup.KeyRef) func() []dedup.Record
-	QueuePaymentsFor(b *pgx.Batch, refs []dedup.KeyRef) func() []dedup.Payment
+	QueueGetMany(b *pg.Batch, refs []dedup.KeyRef) func() []dedup.Record
+	QueuePaymentsFor(b *pg.Batch, refs []dedup.KeyRef) func() []dedup.Payment
 }
 
 // BatchReads is what a batch of POSTs reads before it takes its keys in.
@@ -365,13 +366,11 @@ type BatchReads struct {
 func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]byte, refs []dedup.KeyRef) (BatchReads, error) {
 	var out BatchReads
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		b := &pgx.Batch{}
-		// The ledger's read first: the plan settings it queues (a probe
-		// per key) hold for the rest of the batch.
+		b := pg.NewBatch() // pinned: every read below probes its index per key
 		pays := records.QueuePaymentsFor(b, refs)
 		recs := records.QueueGetMany(b, refs)
 		active := queueActiveAPIKeys(b, hashes)
-		if err := s.db.Pool.SendBatch(ctx, b).Close(); err != nil {
+		if err := s.db.Send(ctx, b); err != nil {
 			return err
 		}
 		out = BatchReads{Active: active(), Records: recs(), Payments: pays()}

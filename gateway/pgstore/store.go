@@ -1,7 +1,7 @@
 // Package pgstore is the gateway's Postgres store: its intake guard rows
 // (gateway_intake), the API keys it authenticates (api_keys), and the
 // Listener that wakes requests waiting on a key's completion. The tables
-// are migrated with the rest of the schema (dedup.Migrator).
+// are migrated with the rest of the schema (migrations/migrate).
 //
 // The Listener consumes what dedup announces on dedup.CompletedChannel (its
 // documented contract: a completed key that has an intake row, payload
@@ -40,7 +40,7 @@ type Config struct {
 type Store struct{ db pg.DB }
 
 // New returns a store on pool. The schema must be migrated
-// (dedup.Migrator).
+// (migrations/migrate).
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	db, err := pg.NewDB("gateway store", pool, cfg.Clock, cfg.StatementTimeout, DefaultStatementTimeout)
 	if err != nil {
@@ -54,16 +54,10 @@ const dbNow = pg.DBNow
 
 // pinPlans is queued first in the pipelined batch of a statement that
 // takes a batch of keys (the acquisition, the read of held intakes, the
-// publish mark; the batch's reads of records and ledger are pinned by
-// dedup's own settings): for that one implicit transaction, no sequential
-// scan and generic plans. The only plans that
-// stay cheap as the tables grow probe an index once per key; left to
-// itself the planner picks a hash join over a sequential scan of the whole
-// table when its statistics are older than the table (a young deployment,
-// or traffic that outgrew them), and every batch then reads every row.
-// The worker's statements are pinned the same way (dedup's planGeneric);
-// TestIntakeBatchReadsBoundedByBatch holds the gateway's to it.
-const pinPlans = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
+// publish mark), as pg.NewBatch pins the batch of reads: a probe per key
+// whatever the tables' statistics. TestIntakeBatchReadsBoundedByBatch
+// holds the gateway's statements to it.
+const pinPlans = pg.PinPlans
 
 // storeErrors are the sentinels the store's errors wrap.
 var storeErrors = pg.Errors{NotFound: dedup.ErrNotFound}
