@@ -19,9 +19,9 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// metrics are paydedup's Prometheus metrics (internal/ops), with the label
+// metrics are paydedup's Prometheus metrics (ops), with the label
 // values the dashboard and the alerts may match on. Keep it in step with
-// internal/ops: a name here that the binary does not export fails
+// ops: a name here that the binary does not export fails
 // TestMetricsExported.
 var metrics = map[string]struct {
 	histogram bool

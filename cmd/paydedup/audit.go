@@ -14,7 +14,7 @@ import (
 
 	"github.com/paydedup/paydedup/audit"
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/ops"
 )
 
 type auditCmd struct {

@@ -18,7 +18,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/gateway/pgstore"
-	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ops"
 )
 
 func TestHealthcheckTarget(t *testing.T) {

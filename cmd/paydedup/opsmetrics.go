@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/ops"
 )
 
 // watchConsumerLag exports the durable consumer's lag on reg, read from

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/reconciler"
 )
 

@@ -13,8 +13,8 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
-	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/reconciler"
 )
 

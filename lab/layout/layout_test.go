@@ -145,6 +145,27 @@ func TestWhatShipsIsOutsideLab(t *testing.T) {
 	}
 }
 
+// TestInternalIsTheBasement: what internal/ holds (the clock, the pg
+// helpers, redaction) stands under every other package, so it imports
+// nothing of the module outside internal/: no import runs back up a floor.
+func TestInternalIsTheBasement(t *testing.T) {
+	checked := 0
+	for path, p := range list(t) {
+		if !under(path, "internal") {
+			continue
+		}
+		checked++
+		for _, d := range p.Imports {
+			if strings.HasPrefix(d, module+"/") && !under(d, "internal") {
+				t.Errorf("%s imports %s: internal/ is the floor under the module's packages", path, d)
+			}
+		}
+	}
+	if checked < 3 {
+		t.Fatalf("checked %d packages under internal/; the rule checks nothing", checked)
+	}
+}
+
 func TestNothingImportsCmd(t *testing.T) {
 	for path, p := range list(t) {
 		for _, d := range p.Imports {

@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/internal/ops"
+	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/reconciler"
 )
 

@@ -16,8 +16,8 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
-	"github.com/paydedup/paydedup/internal/ops"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/reconciler"
 )
