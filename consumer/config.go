@@ -56,11 +56,8 @@ const (
 // holds one connection and never waits for a second (a claim, a group
 // commit, a release, a heartbeat, a reconciler scan), so a small pool only
 // queues statements; what it bounds is how many backends the server runs
-// for this worker. On 2 cores, server and worker sharing them, 4
-// connections gave less PostgreSQL CPU per payment than 32 in 13 of 13
-// interleaved bench runs (78-117 against 86-136 µs) and more payments/s in
-// 12 (README, "Performance"); the pool of 32 opened 11 to 24 backends, and
-// the more it opened, the slower the run.
+// for this worker, and fewer backends cost the server less CPU per payment
+// (docs/performance.md).
 func DefaultPoolSize() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
 
 // Config configures the worker, and holds the topology it works on. Zero

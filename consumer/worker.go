@@ -281,8 +281,8 @@ func (w *Worker) Run(ctx context.Context) error {
 // free, the worker is saturated (its slots held by messages being claimed,
 // charged or committed): reserve then waits up to reserveGather for
 // settling messages to free more, so that it claims fewer, bigger batches
-// (each claim statement costs PostgreSQL a fixed few hundred µs; measured
-// in docs/performance.md). An idle or lightly loaded worker has its slots
+// (each claim statement has a fixed cost in PostgreSQL; see
+// docs/performance.md). An idle or lightly loaded worker has its slots
 // free and never waits here.
 func (w *Worker) reserve(ctx context.Context, slots chan struct{}) int {
 	select {

@@ -33,8 +33,8 @@ import (
 //   - the final SELECT returns the row each input now has: inserted,
 //     re-acquired, or found untouched (from the snapshot). An inserted row
 //     comes without its input's ord (claimRound finds the input by the
-//     key): joining the inserted rows back to the input hashed every
-//     inserted row again, about 0.5-1 µs a key;
+//     key), since joining the inserted rows back to the input would hash
+//     every inserted row again;
 //   - a key whose row was purged after its retention but whose payment is
 //     in the ledger (never purged) is not inserted again: it comes back as
 //     a completed row built from the ledger row, with no fingerprint

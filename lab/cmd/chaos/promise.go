@@ -12,8 +12,8 @@ import (
 )
 
 // The client's side of the gateway mode (-gateway-clients): what each
-// answer told the client, from the documented contract only (README "HTTP
-// API", openapi.yaml), never from the gateway's code, and the promise
+// answer told the client, from the documented contract only (docs/clients.md,
+// docs/http-api.md, openapi.yaml), never from the gateway's code, and the promise
 // check at the end of the run.
 
 // told is what one answer told the client about one key.
