@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Metrics are the gauges of the last audit, for alerting: `paydedup audit
@@ -17,25 +18,25 @@ type Metrics struct {
 
 // NewMetrics registers the audit's metrics on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
 	m := &Metrics{
-		findings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		findings: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "paydedup_audit_findings",
 			Help: "Findings of the last completed audit, by kind; any value above 0 is drift between the ledger and the provider.",
 		}, []string{"kind"}),
-		intents: prometheus.NewGauge(prometheus.GaugeOpts{
+		intents: f.NewGauge(prometheus.GaugeOpts{
 			Name: "paydedup_audit_intents",
 			Help: "Provider intents with paydedup's metadata in the last completed audit's window.",
 		}),
-		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+		lastSuccess: f.NewGauge(prometheus.GaugeOpts{
 			Name: "paydedup_audit_last_success_timestamp_seconds",
 			Help: "When the last audit completed (with or without findings), Unix seconds; stale means the audit itself is failing.",
 		}),
-		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+		runs: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_audit_runs_total",
 			Help: "Audits run, by result: clean, drift, or error (could not read the provider or the ledger).",
 		}, []string{"result"}),
 	}
-	reg.MustRegister(m.findings, m.intents, m.lastSuccess, m.runs)
 	for _, k := range Kinds {
 		m.findings.WithLabelValues(string(k))
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/paydedup/paydedup/consumer"
@@ -41,67 +42,66 @@ type Metrics struct {
 
 // NewMetrics registers the metrics on reg.
 func NewMetrics(reg prometheus.Registerer, version string) *Metrics {
+	f := promauto.With(reg)
 	m := &Metrics{
-		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+		messages: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_messages_total",
 			Help: "Payment command messages settled, by result (processed, declined, duplicate, in_flight_nak, retry_nak, dead_lettered, requeued).",
 		}, []string{"result"}),
-		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
+		deadLettered: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_dead_lettered_total",
 			Help: "Messages filed in the dead-letter stream, by reason.",
 		}, []string{"reason"}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+		inFlight: f.NewGauge(prometheus.GaugeOpts{
 			Name: "paydedup_in_flight",
 			Help: "Claimed payments whose provider call and commit are in progress.",
 		}),
-		reconRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+		reconRuns: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_reconciler_runs_total",
 			Help: "Reconciler passes, by result: ok; lookup_errors (it ran, and provider lookups failed); error (it could not run).",
 		}, []string{"result"}),
-		lookupErrs: prometheus.NewCounter(prometheus.CounterOpts{
+		lookupErrs: f.NewCounter(prometheus.CounterOpts{
 			Name: "paydedup_reconciler_lookup_errors_total",
 			Help: "Provider lookups of stuck rows that failed; each row's next lookup is backed off.",
 		}),
-		reconRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+		reconRows: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_reconciler_rows_total",
 			Help: "Stuck rows handled by the reconciler, by result (completed, declined, failed, left, lease_lost).",
 		}, []string{"result"}),
-		purged: prometheus.NewCounter(prometheus.CounterOpts{
+		purged: f.NewCounter(prometheus.CounterOpts{
 			Name: "paydedup_purged_rows_total",
 			Help: "Expired finished idempotency rows purged.",
 		}),
-		lastReconPass: prometheus.NewGauge(prometheus.GaugeOpts{
+		lastReconPass: f.NewGauge(prometheus.GaugeOpts{
 			Name: "paydedup_reconciler_last_pass_timestamp_seconds",
 			Help: "Unix time of the last reconciler pass that ran and was not stopped by failing lookups (some lookup answered, or none failed).",
 		}),
 	}
-	m.claimDur = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.claimDur = f.NewHistogram(prometheus.HistogramOpts{
 		Name: "paydedup_claim_duration_seconds", Help: "Duration of one batch claim (one round trip to Postgres).",
 		Buckets: dbBuckets,
 	})
-	m.commitDur = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.commitDur = f.NewHistogram(prometheus.HistogramOpts{
 		Name: "paydedup_complete_duration_seconds", Help: "Duration of one group commit of completions (key and ledger).",
 		Buckets: dbBuckets,
 	})
-	m.commitSize = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.commitSize = f.NewHistogram(prometheus.HistogramOpts{
 		Name: "paydedup_complete_batch_size", Help: "Completions per group commit.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 9),
 	})
-	m.providerDur = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	m.providerDur = f.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "paydedup_provider_call_duration_seconds", Help: "Duration of one provider charge, retries included, by result.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 	}, []string{"result"})
-	m.providerErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.providerErrs = f.NewCounterVec(prometheus.CounterOpts{
 		Name: "paydedup_provider_errors_total",
 		Help: "Provider charges that ended without a definitive outcome, by class (unknown_outcome, retryable, idempotency_mismatch, rejected, unauthorized).",
 	}, []string{"class"})
-	build := prometheus.NewGauge(prometheus.GaugeOpts{
+	build := f.NewGauge(prometheus.GaugeOpts{
 		Name: "paydedup_build_info", Help: "Build information.", ConstLabels: prometheus.Labels{"version": version},
 	})
 	build.Set(1)
-	reg.MustRegister(m.messages, m.deadLettered, m.inFlight, m.reconRuns, m.reconRows, m.lookupErrs, m.purged, m.lastReconPass, build,
-		m.claimDur, m.commitDur, m.commitSize, m.providerDur, m.providerErrs,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
