@@ -3,13 +3,8 @@
 package main
 
 import (
-	"fmt"
-	"os"
-	"time"
-
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/shipbench"
 )
 
@@ -44,15 +39,9 @@ Debian's wrk (apt-get install -y wrk) or run make bench-door.`,
   paydedup bench door --seconds 30 --connections 256`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if c.Binary == "" {
-				bin, err := os.Executable()
-				if err != nil {
-					return fmt.Errorf("bench door: find this binary: %w", err)
-				}
-				c.Binary = bin
+			if err := resolveSetup(a, &c.Setup, "bench door"); err != nil {
+				return err
 			}
-			c.Out, c.ErrOut = a.out, a.errOut
-			c.AdminURL = envOr(a.getenv, localPostgresEnv, localpg.AdminURL)
 			_, err := shipbench.RunDoor(cmd.Context(), c)
 			return err
 		},
@@ -61,11 +50,6 @@ Debian's wrk (apt-get install -y wrk) or run make bench-door.`,
 	f.IntVar(&c.Seconds, "seconds", shipbench.DefaultDoorSeconds, "length of each wrk phase, in seconds")
 	f.IntVar(&c.Connections, "connections", shipbench.DefaultDoorConnections, "wrk's open connections (-c)")
 	f.IntVar(&c.Threads, "threads", shipbench.DefaultDoorThreads, "wrk's threads (-t)")
-	f.StringVar(&c.Provider, "provider", shipbench.ProviderStripe, "stripe (the adapter calling provider-sim in its own process) or sim (PAYDEDUP_PROVIDER=sim, the simulator inside the worker)")
-	f.StringVar(&c.Binary, "binary", "", "the paydedup binary whose commands are measured (default: this one)")
-	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line of stdout")
-	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
-	c.NATSURL = a.getenv("NATS_URL")
-	c.DatabaseURL = a.getenv("DATABASE_URL")
+	bindSetup(cmd, a, &c.Setup)
 	return cmd
 }

@@ -44,27 +44,43 @@ the worker (repeatable), e.g. --worker-env PAYDEDUP_CONCURRENCY=256.`,
   paydedup bench shipped --worker-env PAYDEDUP_LOG_LEVEL=warn`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if c.Binary == "" {
-				bin, err := os.Executable()
-				if err != nil {
-					return fmt.Errorf("bench shipped: find this binary: %w", err)
-				}
-				c.Binary = bin
+			if err := resolveSetup(a, &c.Setup, "bench shipped"); err != nil {
+				return err
 			}
-			c.Out, c.ErrOut = a.out, a.errOut
-			c.AdminURL = envOr(a.getenv, localPostgresEnv, localpg.AdminURL)
 			_, err := shipbench.Run(cmd.Context(), c)
 			return err
 		},
 	}
 	f := cmd.Flags()
 	f.IntVar(&c.Payments, "payments", 60000, "distinct payments published, then drained")
-	f.StringVar(&c.Provider, "provider", shipbench.ProviderStripe, "stripe (the adapter calling provider-sim in its own process) or sim (PAYDEDUP_PROVIDER=sim, the simulator inside the worker)")
 	f.StringArrayVar(&c.WorkerEnv, "worker-env", nil, "KEY=VALUE setting for the worker (repeatable)")
-	f.StringVar(&c.Binary, "binary", "", "the paydedup binary whose commands are measured (default: this one)")
-	f.BoolVar(&c.JSON, "json", false, "print one JSON object on the last line")
-	f.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "give up after this long")
-	c.NATSURL = a.getenv("NATS_URL")
-	c.DatabaseURL = a.getenv("DATABASE_URL")
+	bindSetup(cmd, a, &c.Setup)
 	return cmd
+}
+
+// bindSetup binds the flags and variables every bench of the shipped binary
+// shares (bench shipped, bench door).
+func bindSetup(cmd *cobra.Command, a *app, s *shipbench.Setup) {
+	f := cmd.Flags()
+	f.StringVar(&s.Provider, "provider", shipbench.ProviderStripe, "stripe (the adapter calling provider-sim in its own process) or sim (PAYDEDUP_PROVIDER=sim, the simulator inside the worker)")
+	f.StringVar(&s.Binary, "binary", "", "the paydedup binary whose commands are measured (default: this one)")
+	f.BoolVar(&s.JSON, "json", false, "print one JSON object on the last line of stdout")
+	f.DurationVar(&s.Timeout, "timeout", 10*time.Minute, "give up after this long")
+	s.NATSURL = a.getenv("NATS_URL")
+	s.DatabaseURL = a.getenv("DATABASE_URL")
+}
+
+// resolveSetup fills in what bindSetup leaves to the run: this binary
+// unless --binary, the outputs, the local PostgreSQL's admin URL.
+func resolveSetup(a *app, s *shipbench.Setup, name string) error {
+	if s.Binary == "" {
+		bin, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("%s: find this binary: %w", name, err)
+		}
+		s.Binary = bin
+	}
+	s.Out, s.ErrOut = a.out, a.errOut
+	s.AdminURL = envOr(a.getenv, localPostgresEnv, localpg.AdminURL)
+	return nil
 }

@@ -33,17 +33,10 @@ var ErrNoWrk = errors.New("wrk is not on PATH: install Debian's wrk (apt-get ins
 
 // DoorConfig is one run of the door bench.
 type DoorConfig struct {
-	Binary      string // the paydedup executable to run
-	Seconds     int    // length of each wrk phase
-	Connections int    // wrk -c
-	Threads     int    // wrk -t
-	Provider    string // ProviderStripe or ProviderSim
-	NATSURL     string // empty: nats-server from PATH, as Config.NATSURL
-	DatabaseURL string
-	AdminURL    string
-	Timeout     time.Duration
-	JSON        bool
-	Out, ErrOut io.Writer
+	Setup
+	Seconds     int // length of each wrk phase
+	Connections int // wrk -c
+	Threads     int // wrk -t
 }
 
 // Validate names the first bad setting.
@@ -184,8 +177,7 @@ func RunDoor(ctx context.Context, cfg DoorConfig) (DoorResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	r := &run{
-		cfg: Config{Binary: cfg.Binary, Provider: cfg.Provider, NATSURL: cfg.NATSURL, DatabaseURL: cfg.DatabaseURL,
-			AdminURL: cfg.AdminURL, Timeout: cfg.Timeout, Out: cfg.Out, ErrOut: cfg.ErrOut},
+		cfg: Config{Setup: cfg.Setup},
 		say: func(format string, args ...any) { fmt.Fprintf(cfg.ErrOut, "bench door: "+format+"\n", args...) },
 	}
 	defer r.cleanup()

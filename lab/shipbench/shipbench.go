@@ -51,12 +51,11 @@ const (
 // DATABASE_URL is given, the in-process bench's.
 const Database = "paydedup_bench"
 
-// Config is one run.
-type Config struct {
-	Binary    string   // the paydedup executable to run
-	Payments  int      // distinct payments published, then drained
-	Provider  string   // ProviderStripe or ProviderSim
-	WorkerEnv []string // KEY=VALUE settings for the worker beyond its defaults
+// Setup is what every run of the shipped binary shares: the binary, the
+// provider, where NATS and PostgreSQL are, and where the report goes.
+type Setup struct {
+	Binary   string // the paydedup executable to run
+	Provider string // ProviderStripe or ProviderSim
 	// NATSURL is the NATS server; empty starts nats-server from PATH on a
 	// free loopback port, whose CPU is then measured too.
 	NATSURL     string
@@ -65,6 +64,13 @@ type Config struct {
 	Timeout     time.Duration
 	JSON        bool
 	Out, ErrOut io.Writer
+}
+
+// Config is one run of bench shipped.
+type Config struct {
+	Setup
+	Payments  int      // distinct payments published, then drained
+	WorkerEnv []string // KEY=VALUE settings for the worker beyond its defaults
 }
 
 // Validate names the first bad setting.
