@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // metrics are the gateway's Prometheus metrics. Labels are low-cardinality:
@@ -23,56 +24,59 @@ type metrics struct {
 	batchSize       prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+// newMetrics makes the gateway's metrics on reg; a registration that
+// fails (a second gateway on one registry) is an error, not a panic.
+func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			m, err = nil, fmt.Errorf("gateway metrics: %v", r)
+		}
+	}()
+	f := promauto.With(reg)
+	m = &metrics{
+		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_requests_total",
 			Help: "HTTP requests answered by the gateway, by route and status code.",
 		}, []string{"route", "code"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		duration: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "paydedup_gateway_request_duration_seconds",
 			Help:    "Time to answer an HTTP request, Prefer: wait included, by route.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"route"}),
-		idempotency: prometheus.NewCounterVec(prometheus.CounterOpts{
+		idempotency: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_idempotency_total",
 			Help: "POST /v1/payments by what the Idempotency-Key found: new, replayed, in_flight, mismatch, dead_lettered, waiting_for_operator, not_republished; shed and shed_merchant when the batched intake had no room.",
 		}, []string{"result"}),
-		publishes: prometheus.NewCounterVec(prometheus.CounterOpts{
+		publishes: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_publishes_total",
 			Help: "Commands published to JetStream by the gateway, by result (ok, error).",
 		}, []string{"result"}),
-		publishDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		publishDuration: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "paydedup_gateway_publish_duration_seconds",
 			Help:    "Time from publish to PubAck.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+		waits: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_waits_total",
 			Help: "Prefer: wait requests by how the wait ended: completed, dead_lettered, waiting_for_operator, timeout, shutdown, cancelled.",
 		}, []string{"result"}),
-		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+		authFailures: f.NewCounter(prometheus.CounterOpts{
 			Name: "paydedup_gateway_auth_failures_total",
 			Help: "Requests with an invalid or revoked API key.",
 		}),
-		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+		webhooks: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_webhook_events_total",
 			Help: "Stripe webhook events by what they did: settled, agrees, disagrees (a final ledger row the event contradicts; the row is unchanged), still_processing, foreign_intent, no_payment, not_ours, ignored_type, bad_signature, error.",
 		}, []string{"result"}),
-		queued: prometheus.NewGauge(prometheus.GaugeOpts{
+		queued: f.NewGauge(prometheus.GaugeOpts{
 			Name: "paydedup_gateway_intake_queued",
 			Help: "POSTs waiting in the batched intake's queue for a batch.",
 		}),
-		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+		batchSize: f.NewHistogram(prometheus.HistogramOpts{
 			Name:    "paydedup_gateway_intake_batch_size",
 			Help:    "POSTs per batch of the batched intake.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
-	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.idempotency, m.publishes, m.publishDuration, m.waits, m.authFailures, m.webhooks, m.queued, m.batchSize} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("gateway metrics: %w", err)
-		}
 	}
 	return m, nil
 }
