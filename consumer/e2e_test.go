@@ -193,7 +193,13 @@ func (e *env) quiescent() {
 
 func (e *env) deadLetters() []*jetstream.RawStreamMsg {
 	e.t.Helper()
-	s, err := e.js.Stream(e.ctx, e.cfg.Stream.DLQStream)
+	return e.streamMessages(e.cfg.Stream.DLQStream)
+}
+
+// streamMessages reads every message stream holds.
+func (e *env) streamMessages(name string) []*jetstream.RawStreamMsg {
+	e.t.Helper()
+	s, err := e.js.Stream(e.ctx, name)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -203,8 +209,7 @@ func (e *env) deadLetters() []*jetstream.RawStreamMsg {
 	}
 	var out []*jetstream.RawStreamMsg
 	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
-		m, err := s.GetMsg(e.ctx, seq)
-		if err == nil {
+		if m, err := s.GetMsg(e.ctx, seq); err == nil {
 			out = append(out, m)
 		}
 	}

@@ -48,21 +48,7 @@ func dyingWorker(t *testing.T, cons jetstream.Consumer, stop <-chan struct{}) (d
 // streamMsgs reads every message the payments stream holds.
 func (e *env) streamMsgs(cfg consumer.Config) []*jetstream.RawStreamMsg {
 	e.t.Helper()
-	s, err := e.js.Stream(e.ctx, cfg.Stream.Name)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := s.Info(e.ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var out []*jetstream.RawStreamMsg
-	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
-		if m, err := s.GetMsg(e.ctx, seq); err == nil {
-			out = append(out, m)
-		}
-	}
-	return out
+	return e.streamMessages(cfg.Stream.Name)
 }
 
 // requeueSetup is a stream whose messages run out after 2 deliveries of
