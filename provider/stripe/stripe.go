@@ -1,11 +1,13 @@
 package stripe
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -94,6 +96,7 @@ func New(cfg Config) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{Transport: NewTransport()}
 	}
+	hc = withSizedBodies(hc)
 	backends := stripego.NewBackendsWithConfig(&stripego.BackendConfig{
 		URL:               stripego.String(base),
 		HTTPClient:        hc,
@@ -122,6 +125,48 @@ func NewTransport() *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 256
 	return tr
+}
+
+// withSizedBodies returns a copy of hc whose transport gives every request
+// body stripe-go sends its length. stripe-go puts its form on the request as
+// a reader net/http cannot size (Content-Length 0, a body, GetBody set), so
+// net/http sent each POST chunked: a goroutine and a timer probed the body,
+// the headers went out in a write of their own and the body in another.
+// Sized, a POST is one write (TestRequestsCarryTheirLength).
+func withSizedBodies(hc *http.Client) *http.Client {
+	c := *hc
+	c.Transport = sizedBodies{next: cmp.Or[http.RoundTripper](hc.Transport, http.DefaultTransport)}
+	return &c
+}
+
+// sizedBodies is the RoundTripper of withSizedBodies.
+type sizedBodies struct{ next http.RoundTripper }
+
+func (t sizedBodies) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body == nil || req.Body == http.NoBody || req.ContentLength != 0 || req.GetBody == nil {
+		return t.next.RoundTrip(req)
+	}
+	body, err := io.ReadAll(req.Body)
+	req.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("stripe: read the request body: %w", err)
+	}
+	// A shallow copy, as net/http makes of requests it rewrites: a
+	// RoundTripper must not change the request it was given. GetBody stays
+	// set, so net/http may still resend the request (see Client).
+	sized := *req
+	sized.ContentLength = int64(len(body))
+	sized.Body = io.NopCloser(bytes.NewReader(body))
+	sized.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return t.next.RoundTrip(&sized)
+}
+
+// CloseIdleConnections closes the idle connections of the transport under
+// t, as http.Client.CloseIdleConnections does for the transport it holds.
+func (t sizedBodies) CloseIdleConnections() {
+	if c, ok := t.next.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // CloseIdleConnections closes the idle connections of the adapter's HTTP
