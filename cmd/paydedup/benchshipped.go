@@ -23,9 +23,12 @@ binary's own "publish --generate", then times this binary's "worker" command,
 in its own process with its defaults, draining it through a NATS server and
 a provider in processes of their own, over TCP.
 
---provider stripe (the default) is production's path: the Stripe adapter
-(stripe-go over HTTP) calling "paydedup provider-sim" in its own process, so
-the simulator's CPU is counted apart, as Stripe's servers would be. --provider
+--provider stripe-tls (the default) is production's path: the Stripe adapter
+(stripe-go) calling "paydedup provider-sim" in its own process over HTTPS
+and HTTP/2, as it calls api.stripe.com, with a certificate made for the run
+that the worker trusts through SSL_CERT_FILE; the simulator's CPU is counted
+apart, as Stripe's servers would be. --provider stripe is the same over
+plain HTTP/1.1, which leaves the worker's TLS and HTTP/2 cost out. --provider
 sim is PAYDEDUP_PROVIDER=sim: the simulator served inside the worker's
 process, whose CPU then counts as the worker's.
 
@@ -62,7 +65,7 @@ the worker (repeatable), e.g. --worker-env PAYDEDUP_CONCURRENCY=256.`,
 // shares (bench shipped, bench door).
 func bindSetup(cmd *cobra.Command, a *app, s *shipbench.Setup) {
 	f := cmd.Flags()
-	f.StringVar(&s.Provider, "provider", shipbench.ProviderStripe, "stripe (the adapter calling provider-sim in its own process) or sim (PAYDEDUP_PROVIDER=sim, the simulator inside the worker)")
+	f.StringVar(&s.Provider, "provider", shipbench.ProviderStripeTLS, "stripe-tls (the adapter calling provider-sim in its own process over HTTPS and HTTP/2), stripe (the same over plain HTTP/1.1) or sim (PAYDEDUP_PROVIDER=sim, the simulator inside the worker)")
 	f.StringVar(&s.Binary, "binary", "", "the paydedup binary whose commands are measured (default: this one)")
 	f.BoolVar(&s.JSON, "json", false, "print one JSON object on the last line of stdout")
 	f.DurationVar(&s.Timeout, "timeout", 10*time.Minute, "give up after this long")

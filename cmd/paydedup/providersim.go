@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -15,9 +16,10 @@ import (
 )
 
 type providerSimCmd struct {
-	app  *app
-	addr string
-	cfg  stripesim.Config
+	app             *app
+	addr            string
+	tlsCert, tlsKey string
+	cfg             stripesim.Config
 }
 
 func newProviderSimCmd(a *app) *cobra.Command {
@@ -32,9 +34,14 @@ dropped connections before and after charging. Point a worker at it with
 STRIPE_API_BASE=http://ADDR and any STRIPE_SECRET_KEY. With --webhook-url and
 STRIPE_WEBHOOK_SECRET it posts payment_intent.succeeded and payment_failed
 events, signed as Stripe signs them, when a processing intent settles (point
-it at a gateway's /v1/stripe/webhooks with the gateway's secret).`,
+it at a gateway's /v1/stripe/webhooks with the gateway's secret).
+
+With --tls-cert and --tls-key it serves HTTPS, HTTP/2 offered by ALPN as
+api.stripe.com does: point a worker at it with STRIPE_API_BASE=https://ADDR
+and SSL_CERT_FILE naming a file that holds the certificate (or its CA).`,
 		Example: `  paydedup provider-sim --addr 127.0.0.1:12111 --drop-after-charge 0.1 --rate-5xx 0.05 --latency 20ms
-  curl -s 127.0.0.1:12111/_sim/ledger`,
+  curl -s 127.0.0.1:12111/_sim/ledger
+  paydedup provider-sim --tls-cert sim.pem --tls-key sim-key.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return p.Run(cmd.Context()) },
 	}
@@ -51,6 +58,8 @@ it at a gateway's /v1/stripe/webhooks with the gateway's secret).`,
 	f.DurationVar(&p.cfg.SearchLag, "search-lag", 0, "how long new intents stay invisible to search")
 	f.DurationVar(&p.cfg.ProcessingDelay, "processing-delay", stripesim.DefaultProcessingDelay,
 		"how long a bank debit (pm_usBankAccount_success, pm_usBankAccount_accountClosed) stays processing")
+	f.StringVar(&p.tlsCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; needs --tls-key")
+	f.StringVar(&p.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&p.cfg.WebhookURL, "webhook-url", "", "where to post webhook events (needs STRIPE_WEBHOOK_SECRET); empty sends none")
 	p.cfg.WebhookSecret = a.getenv("STRIPE_WEBHOOK_SECRET")
 	return cmd
@@ -67,15 +76,31 @@ func (p *providerSimCmd) Run(ctx context.Context) error {
 	if err := p.cfg.Validate(); err != nil {
 		return fmt.Errorf("provider-sim: %w", err)
 	}
+	scheme, tlsCfg := "http", (*tls.Config)(nil)
+	switch {
+	case (p.tlsCert == "") != (p.tlsKey == ""):
+		return errors.New("provider-sim: --tls-cert and --tls-key go together: give both or neither")
+	case p.tlsCert != "":
+		cert, err := tls.LoadX509KeyPair(p.tlsCert, p.tlsKey)
+		if err != nil {
+			return fmt.Errorf("provider-sim: --tls-cert %s, --tls-key %s: %w", p.tlsCert, p.tlsKey, err)
+		}
+		// "h2" first: net/http's server then speaks HTTP/2 to a client that
+		// offers it, as Stripe's API does.
+		scheme, tlsCfg = "https", &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}
+	}
 	p.cfg.Logger = p.app.logger
 	ln, err := net.Listen("tcp", p.addr)
 	if err != nil {
 		return fmt.Errorf("provider-sim: listen on --addr %s: %w", p.addr, err)
 	}
+	if tlsCfg != nil {
+		ln = tls.NewListener(ln, tlsCfg)
+	}
 	sim := stripesim.New(p.cfg)
 	defer sim.Close()
-	p.app.logger.Info("provider simulator listening", "addr", ln.Addr().String())
-	fmt.Fprintf(p.app.out, "provider-sim: listening on http://%s\n", ln.Addr())
+	p.app.logger.Info("provider simulator listening", "addr", ln.Addr().String(), "scheme", scheme)
+	fmt.Fprintf(p.app.out, "provider-sim: listening on %s://%s\n", scheme, ln.Addr())
 	if err := sim.ServeListener(ctx, ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

@@ -48,8 +48,8 @@ func (c DoorConfig) Validate() error {
 		return fmt.Errorf("--threads must be at least 1, got %d", c.Threads)
 	case c.Connections < c.Threads:
 		return fmt.Errorf("--connections must be at least --threads (%d), got %d", c.Threads, c.Connections)
-	case c.Provider != ProviderStripe && c.Provider != ProviderSim:
-		return fmt.Errorf("--provider must be %s or %s, got %q", ProviderStripe, ProviderSim, c.Provider)
+	case !validProvider(c.Provider):
+		return providerError(c.Provider)
 	case c.Timeout <= 0:
 		return fmt.Errorf("--timeout must be positive, got %s", c.Timeout)
 	}
@@ -339,7 +339,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 		res.Lost = max(res.Lost, w2.Accepted-res.P2CCompleted)
 	}
 	if simURL != "" {
-		if res.DoubleCharges, err = doubles(ctx, simURL); err != nil {
+		if res.DoubleCharges, err = d.doubles(ctx, simURL); err != nil {
 			return res, err
 		}
 	}

@@ -41,11 +41,24 @@ const (
 	// `paydedup provider-sim` in its own process: what production runs,
 	// with the simulator's CPU counted apart, as Stripe's would be.
 	ProviderStripe = "stripe"
+	// ProviderStripeTLS is ProviderStripe over HTTPS: provider-sim serves
+	// TLS with a certificate made for the run, and the worker, trusting it
+	// through SSL_CERT_FILE, speaks HTTP/2 to it as it does to
+	// api.stripe.com. The worker's TLS and HTTP/2 CPU is counted as its own.
+	ProviderStripeTLS = "stripe-tls"
 	// ProviderSim is PAYDEDUP_PROVIDER=sim: the adapter calling a
 	// simulator served inside the worker's own process, whose CPU then
 	// counts as the worker's.
 	ProviderSim = "sim"
 )
+
+func validProvider(p string) bool {
+	return p == ProviderStripeTLS || p == ProviderStripe || p == ProviderSim
+}
+
+func providerError(p string) error {
+	return fmt.Errorf("--provider must be %s, %s or %s, got %q", ProviderStripeTLS, ProviderStripe, ProviderSim, p)
+}
 
 // Database is the database the runs' schemas are made in when no
 // DATABASE_URL is given, the in-process bench's.
@@ -55,7 +68,7 @@ const Database = "paydedup_bench"
 // provider, where NATS and PostgreSQL are, and where the report goes.
 type Setup struct {
 	Binary   string // the paydedup executable to run
-	Provider string // ProviderStripe or ProviderSim
+	Provider string // ProviderStripeTLS, ProviderStripe or ProviderSim
 	// NATSURL is the NATS server; empty starts nats-server from PATH on a
 	// free loopback port, whose CPU is then measured too.
 	NATSURL     string
@@ -78,8 +91,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Payments < 1:
 		return fmt.Errorf("--payments must be at least 1, got %d", c.Payments)
-	case c.Provider != ProviderStripe && c.Provider != ProviderSim:
-		return fmt.Errorf("--provider must be %s or %s, got %q", ProviderStripe, ProviderSim, c.Provider)
+	case !validProvider(c.Provider):
+		return providerError(c.Provider)
 	case c.Timeout <= 0:
 		return fmt.Errorf("--timeout must be positive, got %s", c.Timeout)
 	}
@@ -137,6 +150,7 @@ type run struct {
 	say      func(string, ...any)
 	cleanups []func()
 	tmp      string
+	simHTTP  *http.Client // reads provider-sim's ledger (trusting its certificate with ProviderStripeTLS)
 }
 
 func (r *run) cleanup() {
@@ -225,7 +239,7 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	res.Lost = r.cfg.Payments - settled
 	res.DoubleCharges = -1
 	if simURL != "" {
-		if res.DoubleCharges, err = doubles(ctx, simURL); err != nil {
+		if res.DoubleCharges, err = r.doubles(ctx, simURL); err != nil {
 			return res, err
 		}
 	}
@@ -259,11 +273,24 @@ func (r *run) provider(ctx context.Context) (string, int, []string, error) {
 	if r.cfg.Provider == ProviderSim {
 		return "", 0, []string{"PAYDEDUP_PROVIDER=sim"}, nil
 	}
-	simURL, simPID, err := r.providerSim(ctx)
+	env := []string{"PAYDEDUP_PROVIDER=stripe", "STRIPE_SECRET_KEY=sk_test_paydedup_shipbench"}
+	args := []string{"provider-sim", "--addr", "127.0.0.1:0", "--log-level", "warn"}
+	r.simHTTP = http.DefaultClient
+	if r.cfg.Provider == ProviderStripeTLS {
+		cert, key, client, err := selfSigned(r.tmp)
+		if err != nil {
+			return "", 0, nil, fmt.Errorf("make provider-sim's certificate: %w", err)
+		}
+		args = append(args, "--tls-cert", cert, "--tls-key", key)
+		env = append(env, "SSL_CERT_FILE="+cert)
+		r.simHTTP = client
+		r.defer_(client.CloseIdleConnections)
+	}
+	simURL, simPID, err := r.providerSim(ctx, args)
 	if err != nil {
 		return "", 0, nil, err
 	}
-	return simURL, simPID, []string{"PAYDEDUP_PROVIDER=stripe", "STRIPE_API_BASE=" + simURL, "STRIPE_SECRET_KEY=sk_test_paydedup_shipbench"}, nil
+	return simURL, simPID, append(env, "STRIPE_API_BASE="+simURL), nil
 }
 
 // nats returns the NATS server's URL, and its pid when this run started it.
@@ -360,9 +387,9 @@ func (r *run) streams(ctx context.Context, natsURL string, cfg stream.Config) er
 	return nil
 }
 
-// providerSim starts `paydedup provider-sim` on a free port.
-func (r *run) providerSim(ctx context.Context) (string, int, error) {
-	cmd := exec.Command(r.cfg.Binary, "provider-sim", "--addr", "127.0.0.1:0", "--log-level", "warn")
+// providerSim starts `paydedup provider-sim` with args (a free port).
+func (r *run) providerSim(ctx context.Context, args []string) (string, int, error) {
+	cmd := exec.Command(r.cfg.Binary, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", 0, err
@@ -484,12 +511,12 @@ func backendsCPU(ctx context.Context, obs *localpg.Observer, app string) (time.D
 
 // doubles reads the simulator's ledger and counts the keys charged more
 // than once.
-func doubles(ctx context.Context, simURL string) (int, error) {
+func (r *run) doubles(ctx context.Context, simURL string) (int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, simURL+"/_sim/ledger", nil)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := r.simHTTP.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("read the simulator's ledger: %w", err)
 	}

@@ -17,15 +17,18 @@ import (
 // net/http its form as a reader net/http cannot size, which made each POST
 // chunked, its headers flushed in a write of their own, after a goroutine
 // and a timer probed the body. It holds with the adapter's own client and
-// with one a caller gives it (the worker's traced client).
+// with one a caller gives it (the worker's traced client), and over TLS,
+// where the adapter's transport speaks HTTP/2 as it does to api.stripe.com.
 func TestRequestsCarryTheirLength(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		client *http.Client
+		tls    bool
 	}{
-		{"own client", nil},
-		{"caller's client", &http.Client{Transport: stripe.NewTransport()}},
+		{"own client", nil, false},
+		{"caller's client", &http.Client{Transport: stripe.NewTransport()}, false},
+		{"TLS and HTTP/2", nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -34,10 +37,12 @@ func TestRequestsCarryTheirLength(t *testing.T) {
 				mu   sync.Mutex
 				seen []string
 			)
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.Method == http.MethodPost {
 					mu.Lock()
 					switch {
+					case tc.tls && r.ProtoMajor != 2:
+						seen = append(seen, r.URL.Path+": "+r.Proto+" over TLS, want HTTP/2")
 					case len(r.TransferEncoding) > 0:
 						seen = append(seen, r.URL.Path+": Transfer-Encoding "+r.TransferEncoding[0])
 					case r.ContentLength <= 0:
@@ -47,6 +52,15 @@ func TestRequestsCarryTheirLength(t *testing.T) {
 				}
 				sim.ServeHTTP(w, r)
 			}))
+			if tc.tls {
+				srv.EnableHTTP2 = true
+				srv.StartTLS()
+				tr := stripe.NewTransport()
+				tr.TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone() // trusts srv's certificate
+				tc.client = &http.Client{Transport: tr}
+			} else {
+				srv.Start()
+			}
 			t.Cleanup(srv.Close)
 			if tc.client != nil {
 				t.Cleanup(tc.client.CloseIdleConnections)
