@@ -142,6 +142,8 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if v := g.app.getenv("PAYDEDUP_GATEWAY_INTAKE"); v != "" {
 		log.Warn("PAYDEDUP_GATEWAY_INTAKE is ignored: every POST is taken in by the batched intake, the only one", "value", v)
 	}
+	gogc, memLimit := g.app.tuneGC()
+	log.Info("garbage collector", "gogc", gogc, "gomemlimit", memLimit)
 	tp, traced, stopTracing, err := g.app.tracing(ctx, "paydedup-gateway")
 	if err != nil {
 		return err

@@ -115,6 +115,8 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return err
 	}
 	log := w.app.logger
+	gogc, memLimit := w.app.tuneGC()
+	log.Info("garbage collector", "gogc", gogc, "gomemlimit", memLimit)
 	tp, traced, stopTracing, err := w.app.tracing(ctx, "paydedup-worker")
 	if err != nil {
 		return err

@@ -1,0 +1,32 @@
+package main
+
+import (
+	"math"
+	"runtime/debug"
+	"strconv"
+)
+
+// DefaultGOGC is the garbage collector's target for the long-running
+// commands (worker, gateway) when GOGC is not set. Go's default, 100,
+// collects each time the heap doubles its live part; a worker's live heap
+// is small (tens of MiB) and its garbage is made per message, so at 100 the
+// collector took about a sixth of the worker's CPU. At 400 the worker spent
+// 134 µs of CPU per payment instead of 162-170, its peak RSS 95 MiB instead
+// of 66-75 (bench shipped, 60,000 payments). GOGC, and GOMEMLIMIT for a pod
+// with a memory limit, still win: the runtime reads them itself.
+const DefaultGOGC = 400
+
+// tuneGC sets the collector's target to DefaultGOGC unless the environment
+// sets GOGC, and returns what is in effect, for the start log: GOGC, and
+// the memory limit in bytes ("off" when there is none).
+func (a *app) tuneGC() (gogc, memLimit string) {
+	memLimit = "off"
+	if l := debug.SetMemoryLimit(-1); l != math.MaxInt64 { // a negative limit reads it
+		memLimit = strconv.FormatInt(l, 10)
+	}
+	if v := a.getenv("GOGC"); v != "" {
+		return v, memLimit
+	}
+	debug.SetGCPercent(DefaultGOGC)
+	return strconv.Itoa(DefaultGOGC), memLimit
+}
