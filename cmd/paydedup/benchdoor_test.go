@@ -54,6 +54,10 @@ func TestBenchDoorRunsTheRealGateway(t *testing.T) {
 	if r.GatewayCPUUSPerPOST <= 0 || r.PGCPUUSPerPOST <= 0 {
 		t.Errorf("CPU per POST not read: gateway %v µs, PostgreSQL %v µs", r.GatewayCPUUSPerPOST, r.PGCPUUSPerPOST)
 	}
+	if r.WorkerCPUUSPerPayment <= 0 || r.WorkerPGCPUUSPerPayment <= 0 || r.SimCPUUSPerPayment <= 0 || r.GatewayCPUUSPerPaymentDraining < 0 {
+		t.Errorf("CPU per payment drained not read: worker %v µs, its PostgreSQL %v µs, provider-sim %v µs, gateway %v µs",
+			r.WorkerCPUUSPerPayment, r.WorkerPGCPUUSPerPayment, r.SimCPUUSPerPayment, r.GatewayCPUUSPerPaymentDraining)
+	}
 	if r.DoubleCharges != 0 || r.Lost != 0 {
 		t.Errorf("double charges %d, lost %d, want none", r.DoubleCharges, r.Lost)
 	}

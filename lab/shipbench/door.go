@@ -85,6 +85,14 @@ type DoorResult struct {
 	WorkerPaymentsPerSec float64 `json:"worker_payments_per_sec"`
 	// DoorOverWorker is door_accepted_per_sec / worker_payments_per_sec.
 	DoorOverWorker float64 `json:"door_over_worker"`
+	// CPU per payment drained, by process: the worker, its PostgreSQL
+	// backends, and the idle gateway, which hears every completion of a
+	// key it took in (dedup.CompletedChannel). provider-sim's is
+	// sim_cpu_us_per_payment (-1 with ProviderSim).
+	WorkerCPUUSPerPayment          float64 `json:"worker_cpu_us_per_payment"`
+	WorkerPGCPUUSPerPayment        float64 `json:"worker_pg_cpu_us_per_payment"`
+	GatewayCPUUSPerPaymentDraining float64 `json:"gateway_cpu_us_per_payment_draining"`
+	SimCPUUSPerPayment             float64 `json:"sim_cpu_us_per_payment"`
 
 	// Phase "post-to-charged": wrk again with the worker running.
 	P2CRequests        int     `json:"p2c_requests"`
@@ -205,7 +213,8 @@ type door struct {
 
 func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	res := DoorResult{Mode: "door", Provider: d.dcfg.Provider, Connections: d.dcfg.Connections, Threads: d.dcfg.Threads,
-		GatewayCPUUSPerPOST: -1, PGCPUUSPerPOST: -1, DoubleCharges: -1}
+		GatewayCPUUSPerPOST: -1, PGCPUUSPerPOST: -1, DoubleCharges: -1,
+		WorkerCPUUSPerPayment: -1, WorkerPGCPUUSPerPayment: -1, GatewayCPUUSPerPaymentDraining: -1, SimCPUUSPerPayment: -1}
 	tmp, err := os.MkdirTemp("", "paydedup-doorbench-")
 	if err != nil {
 		return res, err
@@ -238,7 +247,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	if d.apiKey, err = d.createKey(ctx, append(env, "DATABASE_URL="+dbURL)); err != nil {
 		return res, err
 	}
-	simURL, _, provEnv, err := d.provider(ctx)
+	simURL, simPID, provEnv, err := d.provider(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -277,7 +286,8 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	}
 
 	// Phase worker: drain the door's backlog.
-	workerURL, err := localpg.WithAppName(dbURL, "paydedup-doorbench-worker-"+suffix)
+	workerApp := "paydedup-doorbench-worker-" + suffix
+	workerURL, err := localpg.WithAppName(dbURL, workerApp)
 	if err != nil {
 		return res, err
 	}
@@ -286,6 +296,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 		return res, err
 	}
 	d.say("phase worker: `paydedup worker` (provider %s) drains the %d published (%d answered 202 before wrk stopped)", d.dcfg.Provider, backlog, w1.Accepted)
+	gwCPU0, simCPU0 := cpuOf(gw.Process.Pid), cpuOf(simPID)
 	start := time.Now()
 	worker, err := d.start(ctx, "worker", append(append(env, provEnv...), "DATABASE_URL="+workerURL), "worker")
 	if err != nil {
@@ -295,6 +306,15 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	elapsed := time.Since(start)
 	if err != nil {
 		return res, fmt.Errorf("%w (%d of %d completed; the worker's log: %s)", err, done, backlog, filepath.Join(d.tmp, "worker.log"))
+	}
+	perPayment := func(c time.Duration) float64 { return float64(c.Microseconds()) / float64(backlog) }
+	res.WorkerCPUUSPerPayment = perPayment(cpuOf(worker.Process.Pid))
+	res.GatewayCPUUSPerPaymentDraining = perPayment(cpuOf(gw.Process.Pid) - gwCPU0)
+	if wpg, n := backendsCPU(ctx, observer, workerApp); n > 0 {
+		res.WorkerPGCPUUSPerPayment = perPayment(wpg)
+	}
+	if simPID != 0 {
+		res.SimCPUUSPerPayment = perPayment(cpuOf(simPID) - simCPU0)
 	}
 	res.WorkerPayments, res.WorkerSeconds = backlog, elapsed.Seconds()
 	res.WorkerPaymentsPerSec = float64(backlog) / elapsed.Seconds()
@@ -468,6 +488,8 @@ func (d *door) report(res DoorResult) {
 		figure(res.GatewayCPUUSPerPOST), res.GatewayCores, res.GatewayRSSMB, figure(res.PGCPUUSPerPOST))
 	fmt.Fprintf(out, "  worker: %d drained in %.2fs: %.0f payments/s; door/worker %.2f\n",
 		res.WorkerPayments, res.WorkerSeconds, res.WorkerPaymentsPerSec, res.DoorOverWorker)
+	fmt.Fprintf(out, "  CPU per payment drained: worker %s, its PostgreSQL %s, provider-sim %s, the idle gateway %s\n",
+		figure(res.WorkerCPUUSPerPayment), figure(res.WorkerPGCPUUSPerPayment), figure(res.SimCPUUSPerPayment), figure(res.GatewayCPUUSPerPaymentDraining))
 	fmt.Fprintf(out, "  post-to-charged: %d accepted, %d completed in %.2fs: %.0f charged/s, POST to charged p50 %.1f ms, p99 %.1f ms\n",
 		res.P2CAccepted, res.P2CCompleted, res.P2CSeconds, res.ChargedPerSec, res.POSTToChargedP50MS, res.POSTToChargedP99MS)
 	dbl := fmt.Sprint(res.DoubleCharges)
