@@ -23,7 +23,9 @@ Idempotency-Key per request. It runs three phases:
                    latency p50/p99/max, gateway and PostgreSQL CPU per POST
                    (from /proc, the gateway's backends by application_name);
   worker           this binary's "worker" drains what the door accepted:
-                   payments/s, the figure the door is compared with;
+                   payments/s, the figure the door is compared with, and
+                   CPU per payment of the worker, its PostgreSQL backends,
+                   provider-sim and the idle gateway;
   post-to-charged  wrk again with the worker running, then until every
                    accepted payment is completed: charged/s (completions
                    over the time from the first POST to the last
