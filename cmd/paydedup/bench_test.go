@@ -31,6 +31,7 @@ func TestBenchReportsJSON(t *testing.T) {
 		{"naive-sim", "naive", "sim", 100, 0, nil},
 		{"naive-sim-8", "naive", "sim", 100, 0, []string{"--concurrency", "8"}},
 		{"compare-naive", "batched", "sim", 200, 0, []string{"--compare-naive", "--naive-payments", "40"}},
+		{"warmup", "batched", "sim", 300, 0, []string{"--warmup", "200", "--window", "100"}},
 	} {
 		// One at a time: each run profiles the process's CPU, which a
 		// process does for one caller at a time, and splits the process's
@@ -97,6 +98,19 @@ func TestBenchReportsJSON(t *testing.T) {
 					}
 				}
 			}
+			// The warm-up's payments are worked first by a worker of their
+			// own and checked in the ledger (a lost or double one fails the
+			// run), but the clock and the windows count the timed ones only.
+			if c.name == "warmup" {
+				if r.WarmupPayments != 200 || !strings.Contains(errOut, "warm-up: 200 payments settled") {
+					t.Errorf("warm-up: %d in the report; stderr:\n%s", r.WarmupPayments, errOut)
+				}
+				if n := len(r.Windows); n != 3 || r.Windows[n-1].Settled != int64(c.payments) {
+					t.Errorf("windows %+v, want 3 over the %d timed payments", r.Windows, c.payments)
+				}
+			} else if r.WarmupPayments != 0 {
+				t.Errorf("a warm-up of %d without --warmup", r.WarmupPayments)
+			}
 			if c.name == "batched-sim" && (r.CompletedDuplicates != c.payments || r.CompletedDupMessagesSec <= 0) {
 				t.Errorf("completed duplicates: %d at %.0f/s, want %d", r.CompletedDuplicates, r.CompletedDupMessagesSec, c.payments)
 			}
@@ -120,6 +134,9 @@ func TestBenchBadFlags(t *testing.T) {
 		{[]string{"bench", "--pool-size", "0"}, "--pool-size must be at least 1"},
 		{[]string{"bench", "--compare-naive", "--mode", "naive"}, "--compare-naive needs --mode batched"},
 		{[]string{"bench", "--compare-naive", "--naive-payments", "0"}, "--naive-payments of at least 1"},
+		{[]string{"bench", "--warmup", "-1"}, "--warmup must not be negative"},
+		{[]string{"bench", "--warmup", "100", "--duplicates", "0.1"}, "--warmup cannot be combined with --duplicates"},
+		{[]string{"bench", "growth", "--warmup", "-5", "--rows", "0"}, "--warmup must not be negative"},
 	} {
 		if _, _, err := runCLI(context.Background(), map[string]string{}, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want %q", c.args, err, c.want)

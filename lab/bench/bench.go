@@ -5,6 +5,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -68,6 +69,7 @@ type Config struct {
 	PreloadKeys         int           // of them, the newest with their key rows (at most PreloadRows)
 	PreloadVacuum       bool          // VACUUM (ANALYZE) after the preload, not only ANALYZE
 	Window              int           // report payments/s and RSS per this many settled payments (0: none)
+	Warmup              int           // payments the worker settles before the clock and the CPU meters start
 	Out, ErrOut         io.Writer     // the report; progress
 }
 
@@ -91,6 +93,14 @@ func (c Config) Validate() error {
 	}
 	if c.PreloadRows < 0 || c.PreloadKeys < 0 || c.Window < 0 {
 		errs = append(errs, fmt.Errorf("--preload-rows, --preload-keys and --window must not be negative (got %d, %d, %d)", c.PreloadRows, c.PreloadKeys, c.Window))
+	}
+	if c.Warmup < 0 {
+		errs = append(errs, fmt.Errorf("--warmup must not be negative, got %d", c.Warmup))
+	}
+	if c.Warmup > 0 && (c.Duplicates > 0 || c.CompareNaive) {
+		// The duplicates are spread over the whole numbered workload, the
+		// warm-up's share included; the naive runs would each warm up too.
+		errs = append(errs, errors.New("--warmup cannot be combined with --duplicates or --compare-naive"))
 	}
 	if c.Mode != "batched" && c.Mode != "naive" {
 		errs = append(errs, fmt.Errorf("--mode must be batched or naive, got %q", c.Mode))
@@ -129,23 +139,27 @@ func Measure(ctx context.Context, cfg Config) (Result, error) {
 
 // Result is the JSON report.
 type Result struct {
-	Mode                    string  `json:"mode"`
-	Provider                string  `json:"provider"`
-	Payments                int     `json:"payments"`
-	Duplicates              int     `json:"duplicates"`
-	Messages                int     `json:"messages"`
-	Concurrency             int     `json:"concurrency"`
-	ProviderLatencyMS       float64 `json:"provider_latency_ms"`
-	Seconds                 float64 `json:"seconds"`
-	PaymentsPerSec          float64 `json:"payments_per_sec"`
-	MessagesPerSec          float64 `json:"messages_per_sec"`
-	P50MS                   float64 `json:"p50_ms"`
-	P99MS                   float64 `json:"p99_ms"`
-	PGRoundTripsPerPayment  float64 `json:"pg_round_trips_per_payment"`
-	PGPoolSize              int     `json:"pg_pool_size"`
-	RSSMB                   float64 `json:"rss_mb"`
-	DoubleCharges           int     `json:"double_charges"`
-	Lost                    int     `json:"lost"`
+	Mode                   string  `json:"mode"`
+	Provider               string  `json:"provider"`
+	Payments               int     `json:"payments"`
+	Duplicates             int     `json:"duplicates"`
+	Messages               int     `json:"messages"`
+	Concurrency            int     `json:"concurrency"`
+	ProviderLatencyMS      float64 `json:"provider_latency_ms"`
+	Seconds                float64 `json:"seconds"`
+	PaymentsPerSec         float64 `json:"payments_per_sec"`
+	MessagesPerSec         float64 `json:"messages_per_sec"`
+	P50MS                  float64 `json:"p50_ms"`
+	P99MS                  float64 `json:"p99_ms"`
+	PGRoundTripsPerPayment float64 `json:"pg_round_trips_per_payment"`
+	PGPoolSize             int     `json:"pg_pool_size"`
+	RSSMB                  float64 `json:"rss_mb"`
+	DoubleCharges          int     `json:"double_charges"`
+	Lost                   int     `json:"lost"`
+	// With --warmup: the payments worked before the timed ones, by a
+	// worker of their own; every figure but the check of the ledger (which
+	// covers them too) is of the timed payments.
+	WarmupPayments          int     `json:"warmup_payments,omitempty"`
 	CompletedDuplicates     int     `json:"completed_duplicates,omitempty"`
 	CompletedDupSeconds     float64 `json:"completed_duplicates_seconds,omitempty"`
 	CompletedDupMessagesSec float64 `json:"completed_duplicates_per_sec,omitempty"`
@@ -349,23 +363,44 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		}
 	}
 
+	counting := &countingStore{Store: store}
+	log := shippedLogger()
+	proc := consumer.NewProcessor(counting, prov, cfg, log)
+
+	// The warm-up: Warmup payments of their own, published and worked as
+	// the timed ones are, by a worker of their own that stops once they
+	// are settled, untimed and unmetered. What a run right after a bulk
+	// load pays once (the first reads of the loaded pages, the first
+	// writes of their hint bits) is not what a deployment pays on tables
+	// it has been writing to for days.
+	if b.Warmup > 0 {
+		say("warm-up: publishing and working %d payments, untimed", b.Warmup)
+		t0 := time.Now()
+		if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Warmup}, 0); err != nil {
+			return res, err
+		}
+		if err := b.work(ctx, nc, proc, cfg, log, newBenchObserver(), b.Warmup, say); err != nil {
+			return res, fmt.Errorf("bench: warm-up: %w", err)
+		}
+		say("warm-up: %d payments settled in %.1f s", b.Warmup, time.Since(t0).Seconds())
+	}
+
 	dups := int(math.Round(b.Duplicates * float64(b.Payments)))
+	total := b.Warmup + b.Payments // the timed payments are numbered after the warm-up's
 	say("publishing %d payments + %d duplicates to %s", b.Payments, dups, cfg.Stream.Name)
-	if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments, Dups: dups}); err != nil {
+	if err := benchPublish(ctx, js, cfg, workload.Numbered{N: total, Dups: dups}, b.Warmup); err != nil {
 		return res, err
 	}
 
-	counting := &countingStore{Store: store}
 	obs := newBenchObserver()
 	if b.Window > 0 {
 		obs.win = &windows{size: int64(b.Window)}
 	}
-	log := shippedLogger()
-	proc := consumer.NewProcessor(counting, prov, cfg, log)
 	w, err := consumer.NewWorker(nc, proc, cfg, log, obs, nil)
 	if err != nil {
 		return res, err
 	}
+	tripsBefore := counting.calls.Load()
 	meter, err := startCPU(ctx, pids, b.CPUProfile)
 	if err != nil {
 		return res, err
@@ -388,7 +423,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	}
 	end := time.Now()
 	elapsed := end.Sub(start)
-	roundTrips := counting.calls.Load()
+	roundTrips := counting.calls.Load() - tripsBefore
 	cpu, err := meter.stop(ctx, b.Payments)
 	metering = false
 	if err != nil {
@@ -407,7 +442,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		PGRoundTripsPerPayment: float64(roundTrips) / float64(b.Payments),
 		PGCPUUSPerPayment:      cpu.PGUS, PGBackends: cpu.PGBackends, WorkerCPUUSPerPayment: cpu.WorkerUS,
 		SimCPUUSPerPayment: cpu.SimUS, NATSCPUUSPerPayment: cpu.NATSUS, ProcessCPUUSPerPayment: cpu.ProcessUS,
-		ProcessAllocsPerPayment: cpu.Allocs,
+		ProcessAllocsPerPayment: cpu.Allocs, WarmupPayments: b.Warmup,
 	}
 	res.ClaimBatchMean, res.CommitBatchMean = obs.batchMeans()
 	res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds = pre.Rows, pre.Keys, pre.LoadSeconds, pre.VacuumSeconds
@@ -419,7 +454,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	if b.CompletedDuplicates {
 		obs.reset()
 		say("republishing all %d payments, every key already completed", b.Payments)
-		if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments}); err != nil {
+		if err := benchPublish(ctx, js, cfg, workload.Numbered{N: b.Payments}, 0); err != nil {
 			stopWorker()
 			<-done
 			return res, err
@@ -473,7 +508,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 			return res, fmt.Errorf("bench: --memprofile: %w", err)
 		}
 	}
-	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim.ChargesByKey(), workload.Numbered{N: b.Payments})
+	res.DoubleCharges, res.Lost, err = benchCheck(ctx, store, sim.ChargesByKey(), workload.Numbered{N: total})
 	if err != nil {
 		return res, err
 	}
@@ -491,6 +526,9 @@ func (b *benchCmd) report(res Result) {
 	} else {
 		fmt.Fprintf(b.Out, "mode %s, provider %s: %d payments (+%d duplicates) in %.2f s: %.0f payments/s, %.0f messages/s\n",
 			res.Mode, res.Provider, res.Payments, res.Duplicates, res.Seconds, res.PaymentsPerSec, res.MessagesPerSec)
+		if res.WarmupPayments > 0 {
+			fmt.Fprintf(b.Out, "(timed after a warm-up of %d payments, worked the same way and not counted)\n", res.WarmupPayments)
+		}
 		fmt.Fprintf(b.Out, "latency fetch→settle: p50 %.1f ms, p99 %.1f ms; %.2f Postgres round trips per payment; peak RSS %.0f MB\n",
 			res.P50MS, res.P99MS, res.PGRoundTripsPerPayment, res.RSSMB)
 		if res.CompletedDuplicates > 0 {
@@ -540,6 +578,21 @@ func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 	return c.WithDefaults()
 }
 
+// work runs a worker of proc until obs has seen n settled messages, then
+// stops it.
+func (b *benchCmd) work(ctx context.Context, nc *nats.Conn, proc *consumer.Processor, cfg consumer.Config, log *slog.Logger, obs *benchObserver, n int, say func(string, ...any)) error {
+	w, err := consumer.NewWorker(nc, proc, cfg, log, obs, nil)
+	if err != nil {
+		return err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	err = b.waitSettled(ctx, nc, obs, int64(n), time.Now(), say)
+	stop()
+	return cmp.Or(err, <-done)
+}
+
 // waitSettled waits until the observer has seen n settled messages and the
 // connection's acks reached the server, printing progress every second.
 func (b *benchCmd) waitSettled(ctx context.Context, nc *nats.Conn, obs *benchObserver, n int64, start time.Time, say func(string, ...any)) error {
@@ -567,9 +620,9 @@ func (b *benchCmd) waitSettled(ctx context.Context, nc *nats.Conn, obs *benchObs
 	}
 }
 
-// benchPublish publishes the workload's payments in its order, each copy
-// with its own Nats-Msg-Id so the stream keeps it.
-func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, w workload.Numbered) error {
+// benchPublish publishes the workload's payments from the first-th on, in
+// its order, each copy with its own Nats-Msg-Id so the stream keeps it.
+func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Config, w workload.Numbered, first int) error {
 	// Below nats.go's default limit of 4,000 outstanding async publishes.
 	const window = 2048
 	var failure error
@@ -586,6 +639,9 @@ func benchPublish(ctx context.Context, js jetstream.JetStream, cfg consumer.Conf
 	}
 	run := procstat.RunSuffix()
 	for _, c := range w.Order() {
+		if c.I < first {
+			continue
+		}
 		p := w.Command(c.I)
 		m := stream.CommandMsg(cfg.Stream, p.Cmd.MerchantID, p.Cmd.IdempotencyKey, p.Body)
 		m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("%s:%s:%d", run, p.Cmd.IdempotencyKey, c.N))

@@ -105,6 +105,18 @@ func Change(v, base float64) string {
 	return fmt.Sprintf("%+.1f %%", 100*(v-base)/base)
 }
 
+// Title says what each run of the curve timed.
+func Title(pts []Point) string {
+	if len(pts) == 0 {
+		return "bench as the tables grow"
+	}
+	r := pts[0].Result
+	if r.WarmupPayments > 0 {
+		return fmt.Sprintf("bench as the tables grow (%d payments per run, after a warm-up of %d)", r.Payments, r.WarmupPayments)
+	}
+	return fmt.Sprintf("bench as the tables grow (%d payments per run, right after the preload)", r.Payments)
+}
+
 // Plot draws payments/s (top) and CPU per payment, worker and Postgres
 // (bottom), against the ledger rows present, into a PNG at path.
 func Plot(pts []Point, path string) error {
@@ -118,7 +130,7 @@ func Plot(pts []Point, path string) error {
 		}
 	}
 	top := plot.New()
-	top.Title.Text = "bench as the tables grow (60,000 payments per run)"
+	top.Title.Text = Title(pts)
 	top.X.Label.Text = "ledger rows present (millions)"
 	top.Y.Label.Text = "payments/s"
 	top.Y.Min = 0

@@ -54,6 +54,20 @@ func TestCurve(t *testing.T) {
 	}
 }
 
+// TestTitle says what each run timed: after a warm-up, or right after the
+// preload.
+func TestTitle(t *testing.T) {
+	t.Parallel()
+	warm := []Point{{Result: bench.Result{Payments: 60000, WarmupPayments: 30000}}}
+	cold := []Point{{Result: bench.Result{Payments: 20000}}}
+	if got, want := Title(warm), "bench as the tables grow (60000 payments per run, after a warm-up of 30000)"; got != want {
+		t.Errorf("warm: %q, want %q", got, want)
+	}
+	if got, want := Title(cold), "bench as the tables grow (20000 payments per run, right after the preload)"; got != want {
+		t.Errorf("cold: %q, want %q", got, want)
+	}
+}
+
 func TestChange(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
