@@ -57,13 +57,17 @@ func (h *msgHandler) attrs(buf []slog.Attr) []slog.Attr {
 func (h *msgHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.inner.Enabled(ctx, l) }
 
 func (h *msgHandler) Handle(ctx context.Context, r slog.Record) error {
-	var buf [6]slog.Attr
-	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
-	out.AddAttrs(h.attrs(buf[:0])...)
+	// The message's attributes and the record's, gathered first and added
+	// in one call: a record keeps five inline and the rest in a slice, which
+	// an AddAttrs per attribute grew several times per line.
+	var buf [16]slog.Attr
+	all := h.attrs(buf[:0])
 	r.Attrs(func(a slog.Attr) bool {
-		out.AddAttrs(a)
+		all = append(all, a)
 		return true
 	})
+	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	out.AddAttrs(all...)
 	return h.inner.Handle(ctx, out)
 }
 
