@@ -74,6 +74,11 @@ func TestBenchReportsJSON(t *testing.T) {
 				r.NATSCPUUSPerPayment < 0 || r.ProcessCPUUSPerPayment < r.WorkerCPUUSPerPayment || r.HeapWorkerMB <= 0 {
 				t.Errorf("implausible CPU or heap figures: %+v", r)
 			}
+			// Every payment writes WAL (its key row, its ledger row); the
+			// figure is the cluster's, other tests' writes included.
+			if r.PGWALBytesPerPayment <= 0 || r.PGCheckpoints < 0 {
+				t.Errorf("WAL: %v bytes per payment, %d checkpoints", r.PGWALBytesPerPayment, r.PGCheckpoints)
+			}
 			// The worker's pool as "paydedup worker" opens it, unless
 			// --pool-size says otherwise; the naive design has at least a
 			// connection per handler. The bench's backends are the pool's.

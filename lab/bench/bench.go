@@ -18,11 +18,13 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -167,8 +169,15 @@ type Result struct {
 	// CPU time per unique payment over the consumption phase, in µs (see
 	// cpu.go for how the process's time is split). PGCPUUSPerPayment is
 	// -1 when the server's processes cannot be read from this machine.
-	PGCPUUSPerPayment       float64 `json:"pg_cpu_us_per_payment"`
-	PGBackends              int     `json:"pg_backends"`
+	PGCPUUSPerPayment float64 `json:"pg_cpu_us_per_payment"`
+	PGBackends        int     `json:"pg_backends"`
+	// The cluster's WAL written over the consumption phase, per payment,
+	// and the checkpoints the cluster began meanwhile (pg_stat_bgwriter):
+	// a page's first change after a checkpoint logs the whole page. Both
+	// are the whole cluster's (the bench is its only writer when nothing
+	// else runs); -1 when the server does not tell.
+	PGWALBytesPerPayment    float64 `json:"pg_wal_bytes_per_payment"`
+	PGCheckpoints           int     `json:"pg_checkpoints"`
 	WorkerCPUUSPerPayment   float64 `json:"worker_cpu_us_per_payment"`
 	SimCPUUSPerPayment      float64 `json:"sim_cpu_us_per_payment"`
 	NATSCPUUSPerPayment     float64 `json:"nats_cpu_us_per_payment"`
@@ -401,6 +410,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	tripsBefore := counting.calls.Load()
+	walBefore := readWAL(ctx, pool)
 	meter, err := startCPU(ctx, pids, b.CPUProfile)
 	if err != nil {
 		return res, err
@@ -426,6 +436,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	roundTrips := counting.calls.Load() - tripsBefore
 	cpu, err := meter.stop(ctx, b.Payments)
 	metering = false
+	walBytes, checkpoints := readWAL(ctx, pool).since(walBefore, b.Payments)
 	if err != nil {
 		stopWorker()
 		<-done
@@ -443,6 +454,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		PGCPUUSPerPayment:      cpu.PGUS, PGBackends: cpu.PGBackends, WorkerCPUUSPerPayment: cpu.WorkerUS,
 		SimCPUUSPerPayment: cpu.SimUS, NATSCPUUSPerPayment: cpu.NATSUS, ProcessCPUUSPerPayment: cpu.ProcessUS,
 		ProcessAllocsPerPayment: cpu.Allocs, WarmupPayments: b.Warmup,
+		PGWALBytesPerPayment: walBytes, PGCheckpoints: checkpoints,
 	}
 	res.ClaimBatchMean, res.CommitBatchMean = obs.batchMeans()
 	res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds = pre.Rows, pre.Keys, pre.LoadSeconds, pre.VacuumSeconds
@@ -538,6 +550,10 @@ func (b *benchCmd) report(res Result) {
 		fmt.Fprintf(b.Out, "CPU per payment: Postgres backends %s, worker %.1f µs, simulator %.1f µs, NATS server %.1f µs (process %.1f µs, %.0f allocations)\n",
 			pgFigure(res.PGCPUUSPerPayment), res.WorkerCPUUSPerPayment, res.SimCPUUSPerPayment, res.NATSCPUUSPerPayment, res.ProcessCPUUSPerPayment, res.ProcessAllocsPerPayment)
 		fmt.Fprintf(b.Out, "live heap at the end: worker %.1f MB, simulator %.1f MB, NATS server %.1f MB\n", res.HeapWorkerMB, res.HeapSimMB, res.HeapNATSMB)
+		if res.PGWALBytesPerPayment >= 0 {
+			fmt.Fprintf(b.Out, "PostgreSQL's WAL: %.0f bytes per payment, %d checkpoints begun during the run (the whole cluster's)\n",
+				res.PGWALBytesPerPayment, res.PGCheckpoints)
+		}
 		if res.PreloadRows > 0 {
 			fmt.Fprintf(b.Out, "preloaded %d ledger rows (%d with their keys) in %.0f s, +%.0f s vacuum/analyze; ledger %.0f MB, keys %.0f MB\n",
 				res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds, res.PreloadLedgerMB, res.PreloadKeysMB)
@@ -576,6 +592,53 @@ func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 		c.FetchBatch, c.CommitBatch = 1, 1
 	}
 	return c.WithDefaults()
+}
+
+// walMark is where the cluster's WAL stood, and how many checkpoints it
+// had begun; ok is false when the server did not tell.
+type walMark struct {
+	lsn         string
+	checkpoints int
+	ok          bool
+}
+
+func readWAL(ctx context.Context, pool *pgxpool.Pool) walMark {
+	var m walMark
+	err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text,
+        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)::int`).Scan(&m.lsn, &m.checkpoints)
+	m.ok = err == nil
+	return m
+}
+
+// since returns the WAL bytes per payment written since before, and the
+// checkpoints begun since; -1 and -1 when either mark is missing.
+func (m walMark) since(before walMark, payments int) (bytesPerPayment float64, checkpoints int) {
+	if !m.ok || !before.ok {
+		return -1, -1
+	}
+	end, err1 := parseLSN(m.lsn)
+	start, err2 := parseLSN(before.lsn)
+	if err1 != nil || err2 != nil {
+		return -1, -1
+	}
+	return float64(end-start) / float64(max(payments, 1)), m.checkpoints - before.checkpoints
+}
+
+// parseLSN reads a pg_lsn's text form, two hexadecimal halves "X/Y".
+func parseLSN(s string) (uint64, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, fmt.Errorf("not an LSN: %q", s)
+	}
+	h, err := strconv.ParseUint(hi, 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("not an LSN: %q", s)
+	}
+	l, err := strconv.ParseUint(lo, 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("not an LSN: %q", s)
+	}
+	return h<<32 | l, nil
 }
 
 // work runs a worker of proc until obs has seen n settled messages, then

@@ -80,19 +80,23 @@ func Run(ctx context.Context, cfg Config) ([]Point, error) {
 // point (the empty database when the curve starts at 0).
 func Table(pts []Point) string {
 	var b strings.Builder
-	b.WriteString("| ledger rows | key rows | payments/s | vs first | worker µs/payment | vs first | Postgres µs/payment | vs first | preload s (+ vacuum s) |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| ledger rows | key rows | payments/s | vs first | worker µs/payment | vs first | Postgres µs/payment | vs first | preload s (+ vacuum s) | WAL bytes/payment | checkpoints begun |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	if len(pts) == 0 {
 		return b.String()
 	}
 	base := pts[0].Result
 	for _, p := range pts {
 		r := p.Result
-		fmt.Fprintf(&b, "| %d | %d | %.0f | %s | %.1f | %s | %.1f | %s | %.0f (+%.0f) |\n",
+		wal, ckpt := "n/a", "n/a"
+		if r.PGWALBytesPerPayment >= 0 {
+			wal, ckpt = fmt.Sprintf("%.0f", r.PGWALBytesPerPayment), fmt.Sprint(r.PGCheckpoints)
+		}
+		fmt.Fprintf(&b, "| %d | %d | %.0f | %s | %.1f | %s | %.1f | %s | %.0f (+%.0f) | %s | %s |\n",
 			p.Rows, r.PreloadKeys, r.PaymentsPerSec, Change(r.PaymentsPerSec, base.PaymentsPerSec),
 			r.WorkerCPUUSPerPayment, Change(r.WorkerCPUUSPerPayment, base.WorkerCPUUSPerPayment),
 			r.PGCPUUSPerPayment, Change(r.PGCPUUSPerPayment, base.PGCPUUSPerPayment),
-			r.PreloadSeconds, r.PreloadVacuumSeconds)
+			r.PreloadSeconds, r.PreloadVacuumSeconds, wal, ckpt)
 	}
 	return b.String()
 }
