@@ -24,7 +24,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -354,18 +353,18 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		prov = st
 	}
 
+	db := DB{
+		Exec: func(ctx context.Context, sql string, args ...any) error {
+			_, err := pool.Exec(ctx, sql, args...)
+			return err
+		},
+		Scan: func(ctx context.Context, sql string, dest []any, args ...any) error {
+			return pool.QueryRow(ctx, sql, args...).Scan(dest...)
+		},
+	}
 	var pre PreloadStats
 	if b.PreloadRows > 0 {
 		say("preloading %d finished payments, %d of them with their keys", b.PreloadRows, min(b.PreloadKeys, b.PreloadRows))
-		db := DB{
-			Exec: func(ctx context.Context, sql string, args ...any) error {
-				_, err := pool.Exec(ctx, sql, args...)
-				return err
-			},
-			Scan: func(ctx context.Context, sql string, dest []any, args ...any) error {
-				return pool.QueryRow(ctx, sql, args...).Scan(dest...)
-			},
-		}
 		pre, err = PreloadFill(ctx, db, Preload{Rows: b.PreloadRows, Keys: b.PreloadKeys, Vacuum: b.PreloadVacuum, Progress: b.ErrOut})
 		if err != nil {
 			return res, err
@@ -410,7 +409,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	tripsBefore := counting.calls.Load()
-	walBefore := readWAL(ctx, pool)
+	walBefore := readWAL(ctx, db)
 	meter, err := startCPU(ctx, pids, b.CPUProfile)
 	if err != nil {
 		return res, err
@@ -436,7 +435,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	roundTrips := counting.calls.Load() - tripsBefore
 	cpu, err := meter.stop(ctx, b.Payments)
 	metering = false
-	walBytes, checkpoints := readWAL(ctx, pool).since(walBefore, b.Payments)
+	walBytes, checkpoints := readWAL(ctx, db).since(walBefore, b.Payments)
 	if err != nil {
 		stopWorker()
 		<-done
@@ -602,10 +601,10 @@ type walMark struct {
 	ok          bool
 }
 
-func readWAL(ctx context.Context, pool *pgxpool.Pool) walMark {
+func readWAL(ctx context.Context, db DB) walMark {
 	var m walMark
-	err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text,
-        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)::int`).Scan(&m.lsn, &m.checkpoints)
+	err := db.Scan(ctx, `SELECT pg_current_wal_lsn()::text,
+        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter)::int`, []any{&m.lsn, &m.checkpoints})
 	m.ok = err == nil
 	return m
 }
