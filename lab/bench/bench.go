@@ -70,7 +70,7 @@ type Config struct {
 	PreloadKeys         int           // of them, the newest with their key rows (at most PreloadRows)
 	PreloadVacuum       bool          // VACUUM (ANALYZE) after the preload, not only ANALYZE
 	Window              int           // report payments/s and RSS per this many settled payments (0: none)
-	Warmup              int           // payments the worker settles before the clock and the CPU meters start
+	Warmup              int           // payments of their own settled first by a worker of their own, untimed
 	Out, ErrOut         io.Writer     // the report; progress
 }
 
