@@ -205,6 +205,21 @@ func (o *Observer) Settled(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// LedgerIDs is how many ids the ledger's identity has handed out: an upper
+// bound on its rows (an insert that rolled back used one too), so on how
+// many payments it has settled and how many keys are completed (a
+// completion writes its ledger row in the same transaction). Reading it
+// costs a page of the sequence, where Settled and Completed scan their
+// tables: a poller counts only once the bound allows its target.
+func (o *Observer) LedgerIDs(ctx context.Context) (int64, error) {
+	var n int64
+	err := o.pool.QueryRow(ctx, `SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('payments', 'id')::regclass), 0)`).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("read the ledger's ids: %w", err)
+	}
+	return n, nil
+}
+
 // Completed counts the completed idempotency keys.
 func (o *Observer) Completed(ctx context.Context) (int, error) {
 	var n int

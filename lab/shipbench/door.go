@@ -455,26 +455,7 @@ func (d *door) runWrk(ctx context.Context, prefix string) (wrkReport, error) {
 // waitCompleted polls idempotency_keys until n keys are completed, the
 // worker exits or ctx ends, and returns how many completed.
 func (d *door) waitCompleted(ctx context.Context, n int, worker *exec.Cmd) (int, error) {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	done := 0
-	for {
-		var err error
-		if done, err = d.obs.Completed(ctx); err != nil && ctx.Err() == nil {
-			return done, fmt.Errorf("count completed keys: %w", err)
-		}
-		if done >= n {
-			return done, nil
-		}
-		if !alive(worker.Process.Pid) {
-			return done, errors.New("the worker exited before the backlog was drained")
-		}
-		select {
-		case <-ctx.Done():
-			return done, fmt.Errorf("backlog not drained: %w", ctx.Err())
-		case <-tick.C:
-		}
-	}
+	return waitCount(ctx, d.obs, n, worker, 100*time.Millisecond, "completed keys", d.obs.Completed)
 }
 
 // report prints the figures on stderr, and with --json the JSON object on
