@@ -1,6 +1,10 @@
 package dedup
 
-import "github.com/jackc/pgx/v5/pgtype"
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+)
 
 // The hot statements take their batches as array parameters. pgx encodes a
 // plain []string or [][]byte through an ArrayGetter whose Index returns each
@@ -23,6 +27,9 @@ type int8Array []int64
 // byteaArray is a bytea[] parameter; a nil element is NULL.
 type byteaArray [][]byte
 
+// timestamptzArray is a timestamptz[] parameter.
+type timestamptzArray []time.Time
+
 type textElem string
 
 func (e *textElem) TextValue() (pgtype.Text, error) {
@@ -36,6 +43,12 @@ func (e *int8Elem) Int64Value() (pgtype.Int8, error) {
 }
 
 type byteaElem []byte
+
+type timestamptzElem time.Time
+
+func (e *timestamptzElem) TimestamptzValue() (pgtype.Timestamptz, error) {
+	return pgtype.Timestamptz{Time: time.Time(*e), Valid: true}, nil
+}
 
 func (e *byteaElem) BytesValue() ([]byte, error) { return *e, nil }
 
@@ -73,3 +86,7 @@ func (a byteaArray) Index(i int) any {
 func (a int8Array) Dimensions() []pgtype.ArrayDimension { return dims(len(a), a == nil) }
 func (a int8Array) Index(i int) any                     { return (*int8Elem)(&a[i]) }
 func (a int8Array) IndexType() any                      { return (*int8Elem)(nil) }
+
+func (a timestamptzArray) Dimensions() []pgtype.ArrayDimension { return dims(len(a), a == nil) }
+func (a timestamptzArray) Index(i int) any                     { return (*timestamptzElem)(&a[i]) }
+func (a timestamptzArray) IndexType() any                      { return (*timestamptzElem)(nil) }

@@ -266,7 +266,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 				results[i] = ClaimResult{Outcome: out, Record: rec, Lease: &Lease{
 					MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey, ProviderKey: rec.ProviderKey,
 					Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: rec.MaybeCharged,
-					TraceID: rec.TraceID,
+					TraceID: rec.TraceID, CreatedAt: rec.CreatedAt,
 				}}
 			default:
 				untaken = append(untaken, found{i, rec})

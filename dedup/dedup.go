@@ -133,6 +133,12 @@ type Lease struct {
 	// under ProviderKey: the call must reuse the key (it does) and a
 	// known-not-charged failure of this call proves nothing.
 	MaybeCharged bool
+	// CreatedAt is the row's created_at: when its key was first claimed,
+	// which never changes, and the day partition the row lives in
+	// (migration 00013). The completion names it, so that PostgreSQL
+	// looks for the row in that partition alone rather than probing every
+	// live day's key index for it.
+	CreatedAt time.Time
 }
 
 // Fingerprint returns the SHA-256 of the command's canonical encoding: the

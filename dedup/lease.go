@@ -15,6 +15,13 @@ import (
 const fenced = `merchant_id = @merchant AND idempotency_key = @key AND status = 'pending'
 	AND locked_by = @holder AND attempts = @attempt`
 
+// errNoClaimTime is the error of a completion whose lease does not say when
+// its key was claimed (Lease.CreatedAt): every lease the Store hands out
+// does, and without it the row could not be found in its partition.
+func errNoClaimTime(op string) error {
+	return fmt.Errorf("%s: the lease carries no claim time (Lease.CreatedAt): leases come from Claim, ClaimBatch or AcquireStuck", op)
+}
+
 func leaseArgs(l Lease) pgx.NamedArgs {
 	return pgx.NamedArgs{"merchant": l.MerchantID, "key": l.IdempotencyKey, "holder": l.Holder, "attempt": int32(l.Attempt)}
 }
@@ -48,14 +55,15 @@ const unpendDone = `unpend AS (
 )`
 
 // completeSQL finishes the key and writes the ledger row in one statement
-// (one transaction): both or neither.
+// (one transaction): both or neither. The row is looked for in the day
+// partition its created_at (the lease's) names, not in every live one.
 const completeSQL = `
 WITH done AS (
     UPDATE idempotency_keys
     SET status = 'completed', response_status = @response_status, response = @response, charge_id = @charge_id,
         completed_at = ` + dbNow + `, updated_at = ` + dbNow + `, expires_at = ` + dbNow + ` + @retention::interval,
         locked_until = NULL, last_error = NULL
-    WHERE ` + fenced + `
+    WHERE ` + fenced + ` AND created_at = @created_at
     RETURNING merchant_id, idempotency_key, provider_key, amount, currency, status
 ), ledger AS (
     INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
@@ -84,9 +92,12 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 	if c.ResponseStatus < 100 || c.ResponseStatus > 599 {
 		return fmt.Errorf("complete key: response status %d is not an HTTP status", c.ResponseStatus)
 	}
+	if l.CreatedAt.IsZero() {
+		return errNoClaimTime("complete key")
+	}
 	args := leaseArgs(l)
 	paymentStatus := c.paymentStatus()
-	args["now"], args["retention"] = s.db.Now(), s.retention
+	args["now"], args["retention"], args["created_at"] = s.db.Now(), s.retention, l.CreatedAt
 	args["response_status"], args["response"], args["charge_id"] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
 	args["payment_status"] = paymentStatus
 	var n int64
@@ -198,6 +209,7 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 			out = append(out, Stuck{Record: rec, Lease: Lease{
 				MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey, ProviderKey: rec.ProviderKey,
 				Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: true, TraceID: rec.TraceID,
+				CreatedAt: rec.CreatedAt,
 			}})
 		}
 		return rows.Err()
@@ -333,12 +345,17 @@ func clipError(s string) string {
 }
 
 // completeBatchSQL is completeSQL for many leases in one statement: a group
-// commit. Rows whose lease was lost are simply not updated.
+// commit. Rows whose lease was lost are simply not updated. Each row is
+// looked for in the day partition its lease's created_at names: the plan's
+// run-time partition pruning then skips every other live day's key index,
+// which the probe would otherwise descend (two or three levels deep each
+// once the days hold millions of keys) to find nothing.
 const completeBatchSQL = `
 WITH input AS (
     SELECT * FROM unnest(@merchants::text[], @keys::text[], @holders::text[], @attempts::int[],
-                         @response_statuses::int[], @responses::bytea[], @charge_ids::text[], @payment_statuses::text[])
-        AS t(merchant_id, idempotency_key, holder, attempt, response_status, response, charge_id, payment_status)
+                         @response_statuses::int[], @responses::bytea[], @charge_ids::text[], @payment_statuses::text[],
+                         @created_ats::timestamptz[])
+        AS t(merchant_id, idempotency_key, holder, attempt, response_status, response, charge_id, payment_status, created_at)
 ), done AS (
     UPDATE idempotency_keys AS k
     SET status = 'completed', response_status = i.response_status, response = i.response, charge_id = i.charge_id,
@@ -349,7 +366,7 @@ WITH input AS (
     -- pending_has_lease), written so that no partial index on status
     -- matches: see planGeneric.
     WHERE k.merchant_id = i.merchant_id AND k.idempotency_key = i.idempotency_key AND k.locked_until IS NOT NULL
-      AND k.locked_by = i.holder AND k.attempts = i.attempt
+      AND k.locked_by = i.holder AND k.attempts = i.attempt AND k.created_at = i.created_at
     RETURNING k.merchant_id, k.idempotency_key, k.provider_key, k.amount, k.currency, i.charge_id, i.payment_status, k.status
 ), ledger AS (
     INSERT INTO payments (merchant_id, idempotency_key, provider_key, charge_id, status, amount, currency, created_at)
@@ -383,11 +400,16 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 	}
 	merchants, keys, holders, chargeIDs, paymentStatuses := make(textArray, n), make(textArray, n), make(textArray, n), make(nullTextArray, n), make(textArray, n)
 	attempts, statuses, responses := make([]int32, n), make([]int32, n), make(byteaArray, n)
+	createdAts := make(timestamptzArray, n)
 	for i, it := range items {
 		c := it.Completion
 		if len(c.Response) == 0 || !json.Valid(c.Response) || (!c.Declined && c.ChargeID == "") || (c.Declined && c.Processing) || c.ResponseStatus < 100 || c.ResponseStatus > 599 {
 			return nil, fmt.Errorf("complete keys: item %d: a completion needs a JSON response, an HTTP status and, when charged, a charge id", i)
 		}
+		if it.Lease.CreatedAt.IsZero() {
+			return nil, errNoClaimTime(fmt.Sprintf("complete keys: item %d", i))
+		}
+		createdAts[i] = it.Lease.CreatedAt
 		merchants[i], keys[i], holders[i], attempts[i] = it.Lease.MerchantID, it.Lease.IdempotencyKey, it.Lease.Holder, int32(it.Lease.Attempt)
 		statuses[i], responses[i], chargeIDs[i] = int32(c.ResponseStatus), []byte(c.Response), c.ChargeID
 		paymentStatuses[i] = c.paymentStatus()
@@ -395,7 +417,7 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "holders": holders, "attempts": attempts,
 		"response_statuses": statuses, "responses": responses, "charge_ids": chargeIDs, "payment_statuses": paymentStatuses,
-		"now": s.db.Now(), "retention": s.retention,
+		"created_ats": createdAts, "now": s.db.Now(), "retention": s.retention,
 	}
 	completed := make(map[rowKey]bool, n)
 	var k rowKey

@@ -3,6 +3,8 @@ package dedup_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -334,5 +336,145 @@ func TestFreshInstallClaimsIntoTodaysPartition(t *testing.T) {
 		if got := partitionOf(t, owner, key); got != "idempotency_keys_unpartitioned" {
 			t.Errorf("%s: in %s, want idempotency_keys_unpartitioned (it held rows)", key, got)
 		}
+	}
+}
+
+// keyIndexScans flushes the statistics of pool's backend (a OneConn pool)
+// and returns how many index scans each partition of idempotency_keys has
+// had.
+func keyIndexScans(t *testing.T, ctx context.Context, pool *pgxpool.Pool) map[string]int64 {
+	t.Helper()
+	if _, err := pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT i.relname, sum(i.idx_scan)::bigint FROM pg_stat_user_indexes i
+		JOIN pg_inherits p ON p.inhrelid = i.relid
+		WHERE p.inhparent = 'idempotency_keys'::regclass GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var part string
+		var n int64
+		if err := rows.Scan(&part, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[part] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestCompletionLooksInItsDayOnly: a completion finds its row in the day
+// partition its lease's claim time names, and does not probe the key index
+// of any other live day (at millions of keys a day, each such probe is a
+// descent two or three levels deep that finds nothing). Keys claimed on two
+// days, completed together and one alone: only those two days' indexes
+// are scanned, and every key completes.
+func TestCompletionLooksInItsDayOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.clock.Set(day.Add(12 * time.Hour))
+	if _, err := b.store.Purge(b.ctx, 10); err != nil { // creates the days
+		t.Fatal(err)
+	}
+	pool, _ := testenv.OneConn(t, b.pool)
+	store, err := dedup.New(pool, dedup.Config{Clock: b.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var items []dedup.CompleteItem
+	claimOn := func(at time.Time, keys ...string) {
+		t.Helper()
+		b.clock.Set(at)
+		for _, k := range keys {
+			res, err := store.Claim(b.ctx, "w1", time.Hour, req("m_1", k, 1000))
+			if err != nil || res.Lease == nil {
+				t.Fatalf("claim %s: %+v, %v", k, res, err)
+			}
+			items = append(items, dedup.CompleteItem{Lease: *res.Lease, Completion: charged("ch_" + k)})
+		}
+	}
+	claimOn(day.Add(12*time.Hour), "d1-a", "d1-b", "d1-alone")
+	claimOn(day.Add(36*time.Hour), "d2-a")
+	if got := partitionOf(t, b.pool, "d1-a"); got != "idempotency_keys_p20270310" {
+		t.Fatalf("d1-a is in %s", got)
+	}
+	if got := partitionOf(t, b.pool, "d2-a"); got != "idempotency_keys_p20270311" {
+		t.Fatalf("d2-a is in %s", got)
+	}
+
+	scanned := func(before, after map[string]int64) []string {
+		var out []string
+		for part, n := range after {
+			if n > before[part] {
+				out = append(out, part)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	before := keyIndexScans(t, b.ctx, pool)
+	errs, err := store.CompleteBatch(b.ctx, []dedup.CompleteItem{items[0], items[1], items[3]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range errs {
+		if e != nil {
+			t.Fatalf("item %d: %v", i, e)
+		}
+	}
+	after := keyIndexScans(t, b.ctx, pool)
+	if got, want := scanned(before, after), []string{"idempotency_keys_p20270310", "idempotency_keys_p20270311"}; !slices.Equal(got, want) {
+		t.Errorf("the group commit scanned the key indexes of %v, want those of its rows' days %v", got, want)
+	}
+
+	before = after
+	if err := store.Complete(b.ctx, items[2].Lease, items[2].Completion); err != nil {
+		t.Fatal(err)
+	}
+	after = keyIndexScans(t, b.ctx, pool)
+	if got, want := scanned(before, after), []string{"idempotency_keys_p20270310"}; !slices.Equal(got, want) {
+		t.Errorf("the completion scanned the key indexes of %v, want its row's day's %v", got, want)
+	}
+	if n := b.count(t, `SELECT count(*) FROM payments`); n != 4 {
+		t.Fatalf("%d ledger rows, want the 4 completed", n)
+	}
+	if n := b.count(t, `SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); n != 4 {
+		t.Fatalf("%d completed keys, want 4", n)
+	}
+}
+
+// TestCompletionNeedsTheClaimTime: a lease without its claim time cannot
+// complete (its row's day is unknown); the completion says why, and the
+// row is left as it was, so the same lease with its time completes it.
+func TestCompletionNeedsTheClaimTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := b.claim(t, "w1", req("m_1", "no-time", 1000))
+	l := *res.Lease
+	if l.CreatedAt.IsZero() {
+		t.Fatal("the claim's lease carries no claim time")
+	}
+	bare := l
+	bare.CreatedAt = time.Time{}
+	if err := b.store.Complete(b.ctx, bare, charged("ch_1")); err == nil || !strings.Contains(err.Error(), "Lease.CreatedAt") {
+		t.Fatalf("Complete without the claim time: %v, want an error naming Lease.CreatedAt", err)
+	}
+	if _, err := b.store.CompleteBatch(b.ctx, []dedup.CompleteItem{{Lease: bare, Completion: charged("ch_1")}}); err == nil || !strings.Contains(err.Error(), "Lease.CreatedAt") {
+		t.Fatalf("CompleteBatch without the claim time: %v, want an error naming Lease.CreatedAt", err)
+	}
+	if rec, err := b.store.Get(b.ctx, "m_1", "no-time"); err != nil || rec.Status != dedup.StatusPending || rec.LockedBy != "w1" {
+		t.Fatalf("row after the refused completions: %+v, %v; want pending under w1", rec, err)
+	}
+	if err := b.store.Complete(b.ctx, l, charged("ch_1")); err != nil {
+		t.Fatalf("Complete with the claim time: %v", err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM payments WHERE idempotency_key = 'no-time'`); n != 1 {
+		t.Fatalf("%d ledger rows, want 1", n)
 	}
 }
