@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
@@ -353,17 +354,10 @@ func keyIndexScans(t *testing.T, ctx context.Context, pool *pgxpool.Pool) map[st
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
 	out := map[string]int64{}
-	for rows.Next() {
-		var part string
-		var n int64
-		if err := rows.Scan(&part, &n); err != nil {
-			t.Fatal(err)
-		}
-		out[part] = n
-	}
-	if err := rows.Err(); err != nil {
+	var part string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&part, &n}, func() error { out[part] = n; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return out
