@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -27,8 +28,13 @@ func TestBenchShippedRunsTheRealWorker(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": testenv.PostgresURL(t), "NATS_URL": testenv.NATSURL(t)}
 	for _, provider := range []string{shipbench.ProviderStripeTLS, shipbench.ProviderStripe, shipbench.ProviderSim} {
 		t.Run(provider, func(t *testing.T) {
-			out, errOut, err := runCLI(context.Background(), env, "bench", "shipped", "--binary", bin, "--json",
-				"--payments", "300", "--provider", provider, "--worker-env", "PAYDEDUP_LOG_LEVEL=warn")
+			args := []string{"bench", "shipped", "--binary", bin, "--json",
+				"--payments", "300", "--provider", provider, "--worker-env", "PAYDEDUP_LOG_LEVEL=warn"}
+			if provider == shipbench.ProviderSim {
+				// An admin address of the user's own: the batches are read there.
+				args = append(args, "--worker-env", fmt.Sprintf("PAYDEDUP_ADMIN_ADDR=127.0.0.1:%d", testenv.FreePort(t)))
+			}
+			out, errOut, err := runCLI(context.Background(), env, args...)
 			if err != nil {
 				t.Fatalf("bench shipped: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 			}
@@ -49,6 +55,11 @@ func TestBenchShippedRunsTheRealWorker(t *testing.T) {
 			}
 			if r.PaymentsPerSec <= 0 || r.WorkerCPUUSPerPayment <= 0 || r.WorkerRSSMB <= 0 || r.PGCPUUSPerPayment <= 0 || r.PGBackends < 1 {
 				t.Errorf("implausible figures: %+v", r)
+			}
+			// The worker's defaults: fetch batches and group commits of at
+			// most 200.
+			if r.ClaimBatchMean < 1 || r.ClaimBatchMean > 200 || r.CommitBatchMean < 1 || r.CommitBatchMean > 200 {
+				t.Errorf("the worker's batches: %v messages per claim, %v per group commit; want both within 1..200", r.ClaimBatchMean, r.CommitBatchMean)
 			}
 			if (provider != shipbench.ProviderSim) != (r.SimCPUUSPerPayment > 0) {
 				t.Errorf("provider-sim CPU %v µs with provider %s", r.SimCPUUSPerPayment, provider)

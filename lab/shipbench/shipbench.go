@@ -28,6 +28,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/procstat"
@@ -120,8 +122,12 @@ type Result struct {
 	PGBackends            int      `json:"pg_backends"`
 	SimCPUUSPerPayment    float64  `json:"sim_cpu_us_per_payment"`
 	NATSCPUUSPerPayment   float64  `json:"nats_cpu_us_per_payment"`
-	DoubleCharges         int      `json:"double_charges"` // -1: the simulator's ledger is inside the worker (ProviderSim)
-	Lost                  int      `json:"lost"`
+	// The worker's mean batches, from its own /metrics: messages per claim
+	// statement, and completions per group commit (-1: not read).
+	ClaimBatchMean  float64 `json:"claim_batch_mean"`
+	CommitBatchMean float64 `json:"commit_batch_mean"`
+	DoubleCharges   int     `json:"double_charges"` // -1: the simulator's ledger is inside the worker (ProviderSim)
+	Lost            int     `json:"lost"`
 }
 
 // Run runs one measurement and prints it.
@@ -203,6 +209,17 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
+	// The admin listener is on, as the deploy tree has it (its probes and
+	// Prometheus need it): the bench reads the worker's batches there.
+	adminAddr := adminAddrOf(r.cfg.WorkerEnv)
+	if adminAddr == "" {
+		port, err := freePort()
+		if err != nil {
+			return res, err
+		}
+		adminAddr = fmt.Sprintf("127.0.0.1:%d", port)
+		env = append(env, "PAYDEDUP_ADMIN_ADDR="+adminAddr)
+	}
 	env = append(append(env, "DATABASE_URL="+workerURL), r.cfg.WorkerEnv...)
 
 	simCPU0, natsCPU0 := cpuOf(simPID), cpuOf(natsPID)
@@ -235,6 +252,12 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	}
 	if natsPID != 0 {
 		res.NATSCPUUSPerPayment = us(natsCPU - natsCPU0)
+	}
+	res.ClaimBatchMean, res.CommitBatchMean = -1, -1
+	if claim, commit, err := workerBatches(ctx, adminAddr); err == nil {
+		res.ClaimBatchMean, res.CommitBatchMean = claim, commit
+	} else {
+		r.say("the worker's batches are not reported: %v", err)
 	}
 	res.Lost = r.cfg.Payments - settled
 	res.DoubleCharges = -1
@@ -554,6 +577,9 @@ func (r *run) report(res Result) {
 	fmt.Fprintf(out, "  %d payments in %.2fs: %.0f payments/s\n", res.Payments, res.Seconds, res.PaymentsPerSec)
 	fmt.Fprintf(out, "  CPU per payment: worker %.0f µs (%.2f cores, peak RSS %.0f MiB), PostgreSQL %s, provider-sim %s, nats-server %s\n",
 		res.WorkerCPUUSPerPayment, res.WorkerCores, res.WorkerRSSMB, figure(res.PGCPUUSPerPayment), figure(res.SimCPUUSPerPayment), figure(res.NATSCPUUSPerPayment))
+	if res.ClaimBatchMean >= 0 {
+		fmt.Fprintf(out, "  the worker's batches: %.1f messages per claim, %.1f completions per group commit\n", res.ClaimBatchMean, res.CommitBatchMean)
+	}
 	dbl := fmt.Sprint(res.DoubleCharges)
 	if res.DoubleCharges < 0 {
 		dbl = "not checked (the simulator is inside the worker)"
@@ -588,6 +614,60 @@ func cpuOf(pid int) time.Duration {
 }
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// adminAddrOf is the PAYDEDUP_ADMIN_ADDR among env (the last one wins, as
+// in the worker's environment), or "".
+func adminAddrOf(env []string) string {
+	addr := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PAYDEDUP_ADMIN_ADDR="); ok {
+			addr = v
+		}
+	}
+	return addr
+}
+
+// workerBatches reads the worker's /metrics at addr: the messages it
+// settled per claim statement (paydedup_messages_total over
+// paydedup_claim_duration_seconds' count) and the completions per group
+// commit (paydedup_complete_batch_size's mean).
+func workerBatches(ctx context.Context, addr string) (claim, commit float64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("GET %s/metrics: %s", addr, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, 0, fmt.Errorf("GET %s/metrics: %w", addr, err)
+	}
+	var messages float64
+	for _, m := range families["paydedup_messages_total"].GetMetric() {
+		messages += m.GetCounter().GetValue()
+	}
+	var claims, commits, completions float64
+	for _, m := range families["paydedup_claim_duration_seconds"].GetMetric() {
+		claims += float64(m.GetHistogram().GetSampleCount())
+	}
+	for _, m := range families["paydedup_complete_batch_size"].GetMetric() {
+		commits += float64(m.GetHistogram().GetSampleCount())
+		completions += m.GetHistogram().GetSampleSum()
+	}
+	if claims == 0 || commits == 0 {
+		return 0, 0, fmt.Errorf("GET %s/metrics: %v claims and %v group commits counted", addr, claims, commits)
+	}
+	return messages / claims, completions / commits, nil
+}
 
 func freePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
