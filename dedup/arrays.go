@@ -44,13 +44,13 @@ func (e *int8Elem) Int64Value() (pgtype.Int8, error) {
 
 type byteaElem []byte
 
+func (e *byteaElem) BytesValue() ([]byte, error) { return *e, nil }
+
 type timestamptzElem time.Time
 
 func (e *timestamptzElem) TimestamptzValue() (pgtype.Timestamptz, error) {
 	return pgtype.Timestamptz{Time: time.Time(*e), Valid: true}, nil
 }
-
-func (e *byteaElem) BytesValue() ([]byte, error) { return *e, nil }
 
 // dims is an array's one dimension, or nil (a NULL array) for a nil
 // slice, as pgx's own FlatArray does.
