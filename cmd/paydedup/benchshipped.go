@@ -38,6 +38,11 @@ server when this command started it (no NATS_URL: nats-server from PATH on
 a free loopback port). The simulator's ledger is checked at the end: no key
 charged twice, every payment settled.
 
+The worker's admin listener is on, as the deploy tree runs it
+(PAYDEDUP_ADMIN_ADDR on a free loopback port, or the one --worker-env
+gives), and the worker's mean batches are read from its /metrics at the
+end: messages per claim statement, completions per group commit.
+
 PostgreSQL: DATABASE_URL, or the paydedup_bench database on the local
 server (PAYDEDUP_LOCAL_POSTGRES_URL); each run works in a fresh schema and
 fresh streams and removes them at the end. --worker-env passes settings to
