@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -14,25 +12,11 @@ import (
 // 10 ms. (/proc/<pid>/schedstat counts the main thread only.) false when
 // /proc does not tell (not Linux, the process is gone or not ours).
 func PIDCPU(pid int) (time.Duration, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := readStat(pid)
 	if err != nil {
 		return 0, false
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')') // the command may contain spaces
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 { // state is f[0]; utime and stime are fields 14 and 15
-		return 0, false
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return time.Duration(ut+st) * time.Second / 100, true // USER_HZ
+	return time.Duration(st.utime+st.stime) * time.Second / 100, true // USER_HZ
 }
 
 // PIDPeakRSSMB is another process's peak resident set size (VmHWM) in MiB,

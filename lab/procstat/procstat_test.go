@@ -1,6 +1,8 @@
 package procstat
 
 import (
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -18,5 +20,55 @@ func TestReadsTheProcess(t *testing.T) {
 	a, b := RunSuffix(), RunSuffix()
 	if len(a) != 8 || a == b {
 		t.Errorf("run suffixes %q and %q, want two distinct 8-digit ones", a, b)
+	}
+}
+
+// TreeCPU counts a parent's own time, the time of a child still running,
+// and the time of a child that has exited and been waited for: the three
+// places a PostgreSQL server's CPU goes while a client's pool comes and
+// goes. This test process is the parent.
+func TestTreeCPUCountsLiveAndExitedChildren(t *testing.T) {
+	burn := func() *exec.Cmd {
+		// About 300 ms of CPU in a shell of its own.
+		cmd := exec.Command("sh", "-c", `end=$(( $(date +%s%N) + 300000000 )); while [ "$(date +%s%N)" -lt "$end" ]; do :; done`)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	self := os.Getpid()
+	before, err := TreeCPU(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exited := burn()
+	if err := exited.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	spentExited := exited.ProcessState.UserTime() + exited.ProcessState.SystemTime()
+	live := burn()
+	defer func() { _ = live.Wait() }()
+	time.Sleep(150 * time.Millisecond)
+	liveCPU, ok := PIDCPU(live.Process.Pid)
+	if !ok {
+		t.Fatal("the running child's /proc entry is not readable")
+	}
+	after, err := TreeCPU(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The exited child's shell forked date processes of its own; its
+	// ProcessState counts only the shell, so the tree holds at least that.
+	if got, want := after-before, spentExited+liveCPU; got < want-20*time.Millisecond {
+		t.Errorf("tree CPU grew by %v; the exited child spent %v and the running one %v so far", got, spentExited, liveCPU)
+	}
+	if spentExited <= 0 || liveCPU <= 0 {
+		t.Errorf("children spent %v and %v: the burn did not run", spentExited, liveCPU)
+	}
+	if ppid, err := PPID(live.Process.Pid); err != nil || ppid != self {
+		t.Errorf("PPID of the child: %d, %v; want %d", ppid, err, self)
+	}
+	if _, err := TreeCPU(1 << 30); err == nil {
+		t.Error("a process that does not exist: no error")
 	}
 }
