@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/paydedup/paydedup/lab/benchcompare"
 	"github.com/paydedup/paydedup/lab/localpg"
+	"github.com/paydedup/paydedup/lab/procstat"
 )
 
 type benchCompareCmd struct {
@@ -45,7 +47,14 @@ paydedup's bench uses DATABASE_URL and NATS_URL as "paydedup bench" does.
 "make bench-compare" builds River's CLI into bin/river and runs this.
 
 The per-run process CPU is each command's own (user+system, setup
-included) per item. The last line with --json is one JSON object.`,
+included) per item. PostgreSQL's is the whole server's over the same
+command (every backend, those a pool opened and closed included, and its
+background workers: autovacuum, the WAL writer, the checkpointer), read
+from /proc through the postmaster when the server runs on this machine;
+"both" is the two added, what one item cost the machine. When the server
+is elsewhere, or paydedup's DATABASE_URL names another server than
+River's, PostgreSQL's columns say "-" (-1 in the JSON), and a line on
+standard error says why. The last line with --json is one JSON object.`,
 		Example: `  make bench-compare N=20000
   paydedup bench compare --river bin/river --payments 60000 --json`,
 		Args: cobra.NoArgs,
@@ -84,6 +93,7 @@ func (b *benchCompareCmd) Run(ctx context.Context) error {
 		}
 	}
 	_, err = benchcompare.Compare(ctx, benchcompare.Config{
+		ServerCPU: b.serverMeter(ctx, dbURL),
 		Contestants: []benchcompare.Contestant{
 			benchcompare.Paydedup(self, b.payments),
 			benchcompare.River(river, dbURL, b.payments),
@@ -98,4 +108,24 @@ func (b *benchCompareCmd) Run(ctx context.Context) error {
 		return fmt.Errorf("bench compare: %w", err)
 	}
 	return nil
+}
+
+// serverMeter returns the reader of the PostgreSQL server's CPU time that
+// both contestants use: River's database's server, when it runs on this
+// machine and paydedup's bench uses the same one. nil, with a line on
+// standard error saying why, when it cannot be metered.
+func (b *benchCompareCmd) serverMeter(ctx context.Context, riverURL string) func() (time.Duration, error) {
+	pm, err := localpg.Postmaster(ctx, riverURL)
+	if err == nil {
+		ours := cmp.Or(b.app.getenv("DATABASE_URL"), envOr(b.app.getenv, localPostgresEnv, localpg.AdminURL))
+		var pm2 int
+		if pm2, err = localpg.Postmaster(ctx, ours); err == nil && pm2 != pm {
+			err = fmt.Errorf("paydedup's DATABASE_URL is served by postmaster %d, River's database by %d", pm2, pm)
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(b.app.errOut, "bench compare: PostgreSQL's CPU is not metered: %v\n", err)
+		return nil
+	}
+	return func() (time.Duration, error) { return procstat.TreeCPU(pm) }
 }

@@ -54,6 +54,15 @@ type Run struct {
 	WallSeconds  float64 `json:"wall_seconds"`
 	CPUSeconds   float64 `json:"cpu_seconds"`
 	CPUUSPerItem float64 `json:"cpu_us_per_item"`
+	// ServerCPUSeconds is the whole PostgreSQL server's CPU time over the
+	// same command (Config.ServerCPU: every backend, those the command's
+	// pool opened and closed included, and the background workers), and
+	// ServerCPUUSPerItem that per item; MachineCPUUSPerItem is the
+	// process's and the server's together. All three are -1 when the
+	// server is not metered.
+	ServerCPUSeconds    float64 `json:"server_cpu_seconds"`
+	ServerCPUUSPerItem  float64 `json:"server_cpu_us_per_item"`
+	MachineCPUUSPerItem float64 `json:"machine_cpu_us_per_item"`
 }
 
 // Best is a contestant's best run.
@@ -85,6 +94,11 @@ type Config struct {
 	Out, ErrOut io.Writer
 	// Exec runs one command; nil runs it as a child process. Tests replace it.
 	Exec func(ctx context.Context, args, env []string, stderr io.Writer) (Output, error)
+	// ServerCPU, when set, reads the PostgreSQL server's CPU time so far
+	// (procstat.TreeCPU of its postmaster); it is read before and after
+	// each run. The contestants share one server, so this is what each
+	// one's work cost it, on the machine the rate was measured on.
+	ServerCPU func() (time.Duration, error)
 }
 
 // Output is what one command left: its standard output, and the time it took.
@@ -150,18 +164,34 @@ func Compare(ctx context.Context, cfg Config) (Result, error) {
 	for round := 1; round <= cfg.Rounds; round++ {
 		for _, k := range cfg.Contestants {
 			fmt.Fprintf(cfg.ErrOut, "benchcompare: round %d/%d: %s: %s\n", round, cfg.Rounds, k.Name, strings.Join(k.Command, " "))
+			server0, err := serverCPU(cfg.ServerCPU)
+			if err != nil {
+				return res, fmt.Errorf("%s, round %d: %w", k.Name, round, err)
+			}
 			out, err := cfg.Exec(ctx, k.Command, k.Env, cfg.ErrOut)
 			if err != nil {
 				return res, fmt.Errorf("%s, round %d: %w%s", k.Name, round, err, tail(out.Stdout))
+			}
+			server1, err := serverCPU(cfg.ServerCPU)
+			if err != nil {
+				return res, fmt.Errorf("%s, round %d: %w", k.Name, round, err)
 			}
 			f, err := k.Parse(out.Stdout)
 			if err != nil {
 				return res, fmt.Errorf("%s, round %d: %w", k.Name, round, err)
 			}
 			r := Run{Name: k.Name, Unit: k.Unit, Round: round, Figures: f,
-				WallSeconds: out.WallSeconds, CPUSeconds: out.CPUSeconds}
+				WallSeconds: out.WallSeconds, CPUSeconds: out.CPUSeconds,
+				ServerCPUSeconds: -1, ServerCPUUSPerItem: -1, MachineCPUUSPerItem: -1}
+			if cfg.ServerCPU != nil {
+				r.ServerCPUSeconds = (server1 - server0).Seconds()
+			}
 			if f.Items > 0 {
 				r.CPUUSPerItem = out.CPUSeconds * 1e6 / float64(f.Items)
+				if cfg.ServerCPU != nil {
+					r.ServerCPUUSPerItem = r.ServerCPUSeconds * 1e6 / float64(f.Items)
+					r.MachineCPUUSPerItem = r.CPUUSPerItem + r.ServerCPUUSPerItem
+				}
 			}
 			res.Runs = append(res.Runs, r)
 		}
@@ -177,6 +207,18 @@ func Compare(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// serverCPU reads the server's CPU time through read, 0 without a meter.
+func serverCPU(read func() (time.Duration, error)) (time.Duration, error) {
+	if read == nil {
+		return 0, nil
+	}
+	d, err := read()
+	if err != nil {
+		return 0, fmt.Errorf("read PostgreSQL's CPU time: %w", err)
+	}
+	return d, nil
 }
 
 // Bests picks each contestant's fastest run (the earlier round on a tie)
@@ -212,9 +254,16 @@ func Bests(runs []Run, contestants []Contestant, baseline string) ([]Best, error
 // result as one JSON object on the last line.
 func (r Result) Report(w io.Writer, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tcontestant\trate\tunit\titems\tseconds\twall s\tprocess CPU µs/item\t")
+	fmt.Fprintln(tw, "round\tcontestant\trate\tunit\titems\tseconds\twall s\tprocess CPU µs/item\tPostgreSQL CPU µs/item\tboth µs/item\t")
+	perItem := func(v float64) string {
+		if v < 0 {
+			return "-" // not metered
+		}
+		return fmt.Sprintf("%.1f", v)
+	}
 	for _, x := range r.Runs {
-		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%s\t%d\t%.2f\t%.1f\t%.1f\t\n", x.Round, x.Name, x.Rate, x.Unit, x.Items, x.Seconds, x.WallSeconds, x.CPUUSPerItem)
+		fmt.Fprintf(tw, "%d\t%s\t%.1f\t%s\t%d\t%.2f\t%.1f\t%.1f\t%s\t%s\t\n", x.Round, x.Name, x.Rate, x.Unit, x.Items, x.Seconds,
+			x.WallSeconds, x.CPUUSPerItem, perItem(x.ServerCPUUSPerItem), perItem(x.MachineCPUUSPerItem))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

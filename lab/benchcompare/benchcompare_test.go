@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // ParseRiver reads the closing line of real runs: River's own CLI's
@@ -158,11 +159,21 @@ func TestCompareInterleavesAndReports(t *testing.T) {
 	t.Parallel()
 	rates := map[string][]string{"a": {"10", "30"}, "b": {"20", "15"}}
 	var calls []string
+	// The server's CPU: each run of a costs it 0.2 s, each run of b 0.1 s,
+	// and 25 ms more passes by each read of the meter (other work): a run
+	// is charged what passed between its two reads, its own second step
+	// included.
+	var server time.Duration
+	serverCPU := func() (time.Duration, error) {
+		server += 25 * time.Millisecond
+		return server, nil
+	}
 	fake := func(_ context.Context, args, _ []string, _ io.Writer) (Output, error) {
 		calls = append(calls, strings.Join(args, " "))
 		if args[1] == "prepare" {
 			return Output{}, nil
 		}
+		server += map[string]time.Duration{"a": 200 * time.Millisecond, "b": 100 * time.Millisecond}[args[0]]
 		n := 0
 		for _, c := range calls {
 			if c == strings.Join(args, " ") {
@@ -181,7 +192,7 @@ func TestCompareInterleavesAndReports(t *testing.T) {
 			{Name: "a", Unit: "payments/s", Command: []string{"a", "run"}, Parse: parse},
 			{Name: "b", Unit: "jobs/s", Prepare: [][]string{{"b", "prepare"}}, Command: []string{"b", "run"}, Parse: parse},
 		},
-		JSON: true, Out: &out, Exec: fake,
+		JSON: true, Out: &out, Exec: fake, ServerCPU: serverCPU,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -201,6 +212,45 @@ func TestCompareInterleavesAndReports(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "ratio a/b: 1.50") {
 		t.Errorf("table:\n%s", out.String())
+	}
+	// Each run is charged the server's CPU between its own two reads.
+	for _, r := range got.Runs {
+		want := map[string]float64{"a": 225, "b": 125}[r.Name] // µs per item: (run + one read's step) / 1,000 items
+		if math.Abs(r.ServerCPUUSPerItem-want) > 1e-6 || math.Abs(r.MachineCPUUSPerItem-(500+want)) > 1e-6 {
+			t.Errorf("%s round %d: PostgreSQL %v and both %v µs per item, want %v and %v", r.Name, r.Round, r.ServerCPUUSPerItem, r.MachineCPUUSPerItem, want, 500+want)
+		}
+	}
+
+	// Without a meter, the server's figures say so.
+	res, err = Compare(context.Background(), Config{
+		Contestants: []Contestant{
+			{Name: "a", Unit: "payments/s", Command: []string{"a", "run"}, Parse: parse},
+			{Name: "b", Unit: "jobs/s", Command: []string{"b", "run"}, Parse: parse},
+		},
+		Rounds: 1, Exec: func(_ context.Context, args, _ []string, _ io.Writer) (Output, error) {
+			return Output{Stdout: []byte("rate 10\n"), CPUSeconds: 0.5}, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Runs {
+		if r.ServerCPUSeconds != -1 || r.ServerCPUUSPerItem != -1 || r.MachineCPUUSPerItem != -1 {
+			t.Errorf("unmetered run %+v: want -1 for the server's figures", r)
+		}
+	}
+
+	// A meter that cannot be read stops the comparison.
+	_, err = Compare(context.Background(), Config{
+		Contestants: []Contestant{
+			{Name: "a", Unit: "payments/s", Command: []string{"a", "run"}, Parse: parse},
+			{Name: "b", Unit: "jobs/s", Command: []string{"b", "run"}, Parse: parse},
+		},
+		Exec:      fake,
+		ServerCPU: func() (time.Duration, error) { return 0, errors.New("no /proc here") },
+	})
+	if err == nil || !strings.Contains(err.Error(), "no /proc here") || !strings.Contains(err.Error(), "PostgreSQL's CPU") {
+		t.Errorf("unreadable meter: %v", err)
 	}
 }
 

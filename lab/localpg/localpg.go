@@ -21,6 +21,7 @@ import (
 
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/redact"
+	"github.com/paydedup/paydedup/lab/procstat"
 	"github.com/paydedup/paydedup/migrations/migrate"
 )
 
@@ -171,6 +172,28 @@ func BackendPIDs(ctx context.Context, pool *pgxpool.Pool, app string) ([]int, er
 		return nil, fmt.Errorf("read the backends of %s: %w", app, err)
 	}
 	return pids, nil
+}
+
+// Postmaster returns the process id of the postmaster of the server at
+// dbURL, when that server runs on this machine and /proc shows it (the
+// parent of a backend of ours): procstat.TreeCPU of it is the server's
+// whole CPU time. An error naming why otherwise (a server elsewhere, or
+// another kernel).
+func Postmaster(ctx context.Context, dbURL string) (int, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return 0, fmt.Errorf("find the postmaster: connect to PostgreSQL at %s: %w", redact.URLs(dbURL), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var backend int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		return 0, fmt.Errorf("find the postmaster: %w", err)
+	}
+	pm, err := procstat.PPID(backend)
+	if err != nil {
+		return 0, fmt.Errorf("find the postmaster: the server's backend %d is not on this machine's /proc: %w", backend, err)
+	}
+	return pm, nil
 }
 
 // WithAppName returns a connection URL with its application_name set.
