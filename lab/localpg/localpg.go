@@ -189,12 +189,24 @@ func Postmaster(ctx context.Context, dbURL string) (int, error) {
 	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
 		return 0, fmt.Errorf("find the postmaster: %w", err)
 	}
-	pm, err := procstat.PPID(backend)
+	// A server in a container reports its own namespace's pid, which on
+	// this machine's /proc may be another process: both must be
+	// PostgreSQL's.
+	pm, comm, err := procstat.PPID(backend)
 	if err != nil {
 		return 0, fmt.Errorf("find the postmaster: the server's backend %d is not on this machine's /proc: %w", backend, err)
 	}
+	pmComm, err := procstat.Comm(pm)
+	if err != nil || !isPostgres(comm) || !isPostgres(pmComm) {
+		return 0, fmt.Errorf("find the postmaster: process %d on this machine (%q, parent %d %q) is not the server's backend %d: the server runs elsewhere or in another pid namespace", backend, comm, pm, pmComm, backend)
+	}
 	return pm, nil
 }
+
+// isPostgres reports whether a process's command name is a PostgreSQL
+// server's (the postmaster and the backends are "postgres"; older
+// packagings named the postmaster "postmaster").
+func isPostgres(comm string) bool { return comm == "postgres" || comm == "postmaster" }
 
 // WithAppName returns a connection URL with its application_name set.
 func WithAppName(dbURL, name string) (string, error) {

@@ -40,8 +40,8 @@ func TestPostmasterMetersABackendThatClosed(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
 		t.Fatal(err)
 	}
-	if ppid, err := procstat.PPID(backend); err != nil || ppid != pm {
-		t.Fatalf("backend %d: parent %d (%v), want the postmaster %d", backend, ppid, err, pm)
+	if ppid, comm, err := procstat.PPID(backend); err != nil || ppid != pm || comm != "postgres" {
+		t.Fatalf("backend %d (%q): parent %d (%v), want the postmaster %d", backend, comm, ppid, err, pm)
 	}
 	if _, err := conn.Exec(ctx, "SELECT count(*) FROM generate_series(1, 4000000)"); err != nil {
 		t.Fatal(err)

@@ -65,8 +65,8 @@ func TestTreeCPUCountsLiveAndExitedChildren(t *testing.T) {
 	if spentExited <= 0 || liveCPU <= 0 {
 		t.Errorf("children spent %v and %v: the burn did not run", spentExited, liveCPU)
 	}
-	if ppid, err := PPID(live.Process.Pid); err != nil || ppid != self {
-		t.Errorf("PPID of the child: %d, %v; want %d", ppid, err, self)
+	if ppid, comm, err := PPID(live.Process.Pid); err != nil || ppid != self || comm != "sh" {
+		t.Errorf("PPID of the child: %d, %q, %v; want %d, \"sh\"", ppid, comm, err, self)
 	}
 	if _, err := TreeCPU(1 << 30); err == nil {
 		t.Error("a process that does not exist: no error")

@@ -11,6 +11,7 @@ import (
 
 // stat is what TreeCPU reads of one /proc/<pid>/stat line.
 type stat struct {
+	comm                         string // the command name, as the kernel keeps it (15 bytes at most)
 	ppid                         int
 	utime, stime, cutime, cstime int64 // clock ticks (USER_HZ, 100 a second)
 }
@@ -32,6 +33,9 @@ func readStat(pid int) (stat, error) {
 		return stat{}, fmt.Errorf("/proc/%d/stat: %d fields after the command name, want at least 15", pid, len(f))
 	}
 	var st stat
+	if j := strings.IndexByte(s, '('); j >= 0 && j < i {
+		st.comm = s[j+1 : i]
+	}
 	var errs [5]error
 	st.ppid, errs[0] = strconv.Atoi(f[1])
 	st.utime, errs[1] = strconv.ParseInt(f[11], 10, 64)
@@ -44,10 +48,16 @@ func readStat(pid int) (stat, error) {
 	return st, nil
 }
 
-// PPID is a process's parent, from /proc.
-func PPID(pid int) (int, error) {
+// PPID is a process's parent and the process's command name, from /proc.
+func PPID(pid int) (ppid int, comm string, err error) {
 	st, err := readStat(pid)
-	return st.ppid, err
+	return st.ppid, st.comm, err
+}
+
+// Comm is a process's command name, from /proc.
+func Comm(pid int) (string, error) {
+	st, err := readStat(pid)
+	return st.comm, err
 }
 
 // TreeCPU is the CPU time, user and system, that a process and its
