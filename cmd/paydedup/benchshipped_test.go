@@ -61,6 +61,14 @@ func TestBenchShippedRunsTheRealWorker(t *testing.T) {
 			if r.ClaimBatchMean < 1 || r.ClaimBatchMean > 200 || r.CommitBatchMean < 1 || r.CommitBatchMean > 200 {
 				t.Errorf("the worker's batches: %v messages per claim, %v per group commit; want both within 1..200", r.ClaimBatchMean, r.CommitBatchMean)
 			}
+			// The whole server over the drain holds at least the worker's
+			// own backends (other tests share the server: more, never less).
+			if r.PGServerCPUUSPerPayment < 0 && testenv.InCI() {
+				t.Errorf("the server's CPU was not read; CI runs PostgreSQL on this machine: %+v", r)
+			}
+			if r.PGServerCPUUSPerPayment >= 0 && r.PGServerCPUUSPerPayment < r.PGCPUUSPerPayment-100 {
+				t.Errorf("the server's CPU %v µs per payment is below its worker backends' %v", r.PGServerCPUUSPerPayment, r.PGCPUUSPerPayment)
+			}
 			if (provider != shipbench.ProviderSim) != (r.SimCPUUSPerPayment > 0) {
 				t.Errorf("provider-sim CPU %v µs with provider %s", r.SimCPUUSPerPayment, provider)
 			}

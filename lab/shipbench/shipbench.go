@@ -120,8 +120,15 @@ type Result struct {
 	WorkerRSSMB           float64  `json:"worker_rss_mb"`
 	PGCPUUSPerPayment     float64  `json:"pg_cpu_us_per_payment"`
 	PGBackends            int      `json:"pg_backends"`
-	SimCPUUSPerPayment    float64  `json:"sim_cpu_us_per_payment"`
-	NATSCPUUSPerPayment   float64  `json:"nats_cpu_us_per_payment"`
+	// PGServerCPUUSPerPayment is the whole PostgreSQL server's CPU over
+	// the drain, per payment: the worker's backends, the background
+	// workers (autovacuum, the WAL writer, the checkpointer) and the
+	// bench's own observer, and whatever else the server ran meanwhile
+	// (so it is the deployment's figure only on a server the run has to
+	// itself). -1 when the server is not on this machine.
+	PGServerCPUUSPerPayment float64 `json:"pg_server_cpu_us_per_payment"`
+	SimCPUUSPerPayment      float64 `json:"sim_cpu_us_per_payment"`
+	NATSCPUUSPerPayment     float64 `json:"nats_cpu_us_per_payment"`
 	// The worker's mean batches, from its own /metrics: messages per claim
 	// statement, and completions per group commit (-1: not read).
 	ClaimBatchMean  float64 `json:"claim_batch_mean"`
@@ -169,7 +176,7 @@ func (r *run) defer_(f func()) { r.cleanups = append(r.cleanups, f) }
 
 func (r *run) measure(ctx context.Context) (Result, error) {
 	res := Result{Mode: "shipped", Provider: r.cfg.Provider, WorkerEnv: r.cfg.WorkerEnv, Payments: r.cfg.Payments,
-		NATSCPUUSPerPayment: -1, SimCPUUSPerPayment: -1, PGCPUUSPerPayment: -1}
+		NATSCPUUSPerPayment: -1, SimCPUUSPerPayment: -1, PGCPUUSPerPayment: -1, PGServerCPUUSPerPayment: -1}
 	tmp, err := os.MkdirTemp("", "paydedup-shipbench-")
 	if err != nil {
 		return res, err
@@ -222,7 +229,20 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	}
 	env = append(append(env, "DATABASE_URL="+workerURL), r.cfg.WorkerEnv...)
 
+	postmaster, err := localpg.Postmaster(ctx, dbURL)
+	if err != nil {
+		r.say("the PostgreSQL server's own CPU is not reported: %v", err)
+		postmaster = 0
+	}
+	serverCPU := func() (time.Duration, bool) {
+		if postmaster == 0 {
+			return 0, false
+		}
+		d, err := procstat.TreeCPU(postmaster)
+		return d, err == nil
+	}
 	simCPU0, natsCPU0 := cpuOf(simPID), cpuOf(natsPID)
+	server0, server0OK := serverCPU()
 	r.say("draining with `paydedup worker` (provider %s)", r.cfg.Provider)
 	start := time.Now()
 	worker, err := r.start(ctx, "worker", env, "worker")
@@ -235,6 +255,7 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	res.WorkerRSSMB = procstat.PIDPeakRSSMB(worker.Process.Pid)
 	pgCPU, backends := backendsCPU(ctx, observer, appName)
 	simCPU, natsCPU := cpuOf(simPID), cpuOf(natsPID)
+	server1, server1OK := serverCPU()
 	if err != nil {
 		return res, fmt.Errorf("%w (%d of %d settled; the worker's log: %s)", err, settled, r.cfg.Payments, filepath.Join(r.tmp, "worker.log"))
 	}
@@ -246,6 +267,9 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	res.WorkerCores = workerCPU.Seconds() / elapsed.Seconds()
 	if backends > 0 {
 		res.PGCPUUSPerPayment, res.PGBackends = us(pgCPU), backends
+	}
+	if server0OK && server1OK {
+		res.PGServerCPUUSPerPayment = us(server1 - server0)
 	}
 	if simPID != 0 {
 		res.SimCPUUSPerPayment = us(simCPU - simCPU0)
@@ -577,6 +601,9 @@ func (r *run) report(res Result) {
 	fmt.Fprintf(out, "  %d payments in %.2fs: %.0f payments/s\n", res.Payments, res.Seconds, res.PaymentsPerSec)
 	fmt.Fprintf(out, "  CPU per payment: worker %.0f µs (%.2f cores, peak RSS %.0f MiB), PostgreSQL %s, provider-sim %s, nats-server %s\n",
 		res.WorkerCPUUSPerPayment, res.WorkerCores, res.WorkerRSSMB, figure(res.PGCPUUSPerPayment), figure(res.SimCPUUSPerPayment), figure(res.NATSCPUUSPerPayment))
+	if res.PGServerCPUUSPerPayment >= 0 {
+		fmt.Fprintf(out, "  the whole PostgreSQL server over the drain (background workers included): %.0f µs per payment\n", res.PGServerCPUUSPerPayment)
+	}
 	if res.ClaimBatchMean >= 0 {
 		fmt.Fprintf(out, "  the worker's batches: %.1f messages per claim, %.1f completions per group commit\n", res.ClaimBatchMean, res.CommitBatchMean)
 	}
