@@ -35,7 +35,9 @@ process, whose CPU then counts as the worker's.
 CPU per payment is read from /proc for each process apart: the worker, its
 PostgreSQL backends (by application_name), provider-sim, and the NATS
 server when this command started it (no NATS_URL: nats-server from PATH on
-a free loopback port). The simulator's ledger is checked at the end: no key
+a free loopback port), and the whole PostgreSQL server over the drain
+(through its postmaster, when the server runs on this machine: background
+workers included). The simulator's ledger is checked at the end: no key
 charged twice, every payment settled.
 
 The worker's admin listener is on, as the deploy tree runs it
