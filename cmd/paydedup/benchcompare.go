@@ -14,7 +14,6 @@ import (
 
 	"github.com/paydedup/paydedup/lab/benchcompare"
 	"github.com/paydedup/paydedup/lab/localpg"
-	"github.com/paydedup/paydedup/lab/procstat"
 )
 
 type benchCompareCmd struct {
@@ -115,17 +114,17 @@ func (b *benchCompareCmd) Run(ctx context.Context) error {
 // machine and paydedup's bench uses the same one. nil, with a line on
 // standard error saying why, when it cannot be metered.
 func (b *benchCompareCmd) serverMeter(ctx context.Context, riverURL string) func() (time.Duration, error) {
-	pm, err := localpg.Postmaster(ctx, riverURL)
+	river, err := localpg.MeterServer(ctx, riverURL)
 	if err == nil {
 		ours := cmp.Or(b.app.getenv("DATABASE_URL"), envOr(b.app.getenv, localPostgresEnv, localpg.AdminURL))
-		var pm2 int
-		if pm2, err = localpg.Postmaster(ctx, ours); err == nil && pm2 != pm {
-			err = fmt.Errorf("paydedup's DATABASE_URL is served by postmaster %d, River's database by %d", pm2, pm)
+		var m localpg.ServerMeter
+		if m, err = localpg.MeterServer(ctx, ours); err == nil && m != river {
+			err = fmt.Errorf("paydedup's DATABASE_URL is served by postmaster %d, River's database by %d", m.Postmaster, river.Postmaster)
 		}
 	}
 	if err != nil {
 		fmt.Fprintf(b.app.errOut, "bench compare: PostgreSQL's CPU is not metered: %v\n", err)
 		return nil
 	}
-	return func() (time.Duration, error) { return procstat.TreeCPU(pm) }
+	return river.CPU
 }

@@ -203,6 +203,19 @@ func Postmaster(ctx context.Context, dbURL string) (int, error) {
 	return pm, nil
 }
 
+// ServerMeter reads the CPU time of a PostgreSQL server on this machine:
+// its postmaster and every child (procstat.TreeCPU).
+type ServerMeter struct{ Postmaster int }
+
+// MeterServer finds the postmaster of the server at dbURL (Postmaster).
+func MeterServer(ctx context.Context, dbURL string) (ServerMeter, error) {
+	pm, err := Postmaster(ctx, dbURL)
+	return ServerMeter{pm}, err
+}
+
+// CPU is the server's whole CPU time so far.
+func (m ServerMeter) CPU() (time.Duration, error) { return procstat.TreeCPU(m.Postmaster) }
+
 // isPostgres reports whether a process's command name is a PostgreSQL
 // server's (the postmaster and the backends are "postgres"; older
 // packagings named the postmaster "postmaster").

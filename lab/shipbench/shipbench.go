@@ -229,20 +229,12 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	}
 	env = append(append(env, "DATABASE_URL="+workerURL), r.cfg.WorkerEnv...)
 
-	postmaster, err := localpg.Postmaster(ctx, dbURL)
-	if err != nil {
-		r.say("the PostgreSQL server's own CPU is not reported: %v", err)
-		postmaster = 0
-	}
-	serverCPU := func() (time.Duration, bool) {
-		if postmaster == 0 {
-			return 0, false
-		}
-		d, err := procstat.TreeCPU(postmaster)
-		return d, err == nil
+	server, serverErr := localpg.MeterServer(ctx, dbURL)
+	if serverErr != nil {
+		r.say("the PostgreSQL server's own CPU is not reported: %v", serverErr)
 	}
 	simCPU0, natsCPU0 := cpuOf(simPID), cpuOf(natsPID)
-	server0, server0OK := serverCPU()
+	server0, server0Err := server.CPU()
 	r.say("draining with `paydedup worker` (provider %s)", r.cfg.Provider)
 	start := time.Now()
 	worker, err := r.start(ctx, "worker", env, "worker")
@@ -255,7 +247,7 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	res.WorkerRSSMB = procstat.PIDPeakRSSMB(worker.Process.Pid)
 	pgCPU, backends := backendsCPU(ctx, observer, appName)
 	simCPU, natsCPU := cpuOf(simPID), cpuOf(natsPID)
-	server1, server1OK := serverCPU()
+	server1, server1Err := server.CPU()
 	if err != nil {
 		return res, fmt.Errorf("%w (%d of %d settled; the worker's log: %s)", err, settled, r.cfg.Payments, filepath.Join(r.tmp, "worker.log"))
 	}
@@ -268,7 +260,7 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 	if backends > 0 {
 		res.PGCPUUSPerPayment, res.PGBackends = us(pgCPU), backends
 	}
-	if server0OK && server1OK {
+	if serverErr == nil && server0Err == nil && server1Err == nil {
 		res.PGServerCPUUSPerPayment = us(server1 - server0)
 	}
 	if simPID != 0 {
