@@ -98,6 +98,9 @@ func (f Faults) Validate() error {
 type Config struct {
 	// Faults are the initial injected faults.
 	Faults Faults
+	// Model is the provider's latency and account limits (model.go); its
+	// zero value answers at once, without limits. Counted in Stats.
+	Model Model
 	// Seed makes ids and fault rolls reproducible; 0 picks a random seed.
 	Seed int64
 	// KeyTTL is how long an idempotency key is remembered; after it the same
@@ -138,6 +141,9 @@ type Config struct {
 // and durations non-negative.
 func (c Config) Validate() error {
 	if err := c.Faults.Validate(); err != nil {
+		return err
+	}
+	if err := c.Model.Validate(); err != nil {
 		return err
 	}
 	if c.KeyTTL < 0 {
@@ -202,6 +208,8 @@ type Simulator struct {
 	log        *slog.Logger
 	mux        *http.ServeMux
 	hooks      *hooks // nil without a WebhookURL
+	model      Model
+	lim        *limiter
 
 	mu      sync.Mutex
 	faults  Faults
@@ -372,6 +380,8 @@ type simReply struct {
 	err    *simError
 	// retryAfter is the Retry-After header, in whole seconds; 0 for none.
 	retryAfter time.Duration
+	// reason is the Stripe-Rate-Limited-Reason header; "" for none.
+	reason string
 }
 
 func simReplyFor(status int, e *simError) *simReply { return &simReply{status: status, err: e} }
@@ -400,6 +410,8 @@ func New(cfg Config) *Simulator {
 		onCharge:   cfg.OnCharge,
 		log:        cfg.Logger,
 		faults:     cfg.Faults,
+		model:      cfg.Model,
+		lim:        newLimiter(cfg.Model),
 		rng:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		keys:       make(map[simKeyID]simKey),
 		accounts:   make(map[string]uint32),
@@ -427,12 +439,13 @@ func New(cfg Config) *Simulator {
 			timers: map[*time.Timer]struct{}{}, ctx: ctx, cancel: cancel}
 	}
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("POST "+simPathCreate, s.api(s.createIntent))
-	s.mux.HandleFunc("GET "+simPathSearch, s.api(s.searchIntents))
-	s.mux.HandleFunc("GET "+simPathCreate, s.api(s.listIntents))
-	s.mux.HandleFunc("GET "+simPathCreate+"/{id}", s.api(s.retrieveIntent))
-	s.mux.HandleFunc("POST "+simPathCreate+"/{id}/cancel", s.api(s.cancelIntent))
+	s.mux.HandleFunc("POST "+simPathCreate, s.api(KindCreate, s.createIntent))
+	s.mux.HandleFunc("GET "+simPathSearch, s.api(KindSearch, s.searchIntents))
+	s.mux.HandleFunc("GET "+simPathCreate, s.api(KindList, s.listIntents))
+	s.mux.HandleFunc("GET "+simPathCreate+"/{id}", s.api(KindRetrieve, s.retrieveIntent))
+	s.mux.HandleFunc("POST "+simPathCreate+"/{id}/cancel", s.api(KindCancel, s.cancelIntent))
 	s.mux.HandleFunc("GET /_sim/ledger", s.serveLedger)
+	s.mux.HandleFunc("GET /_sim/stats", s.serveStats)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeSimError(w, http.StatusNotFound, &simError{Type: "invalid_request_error",
 			Message: fmt.Sprintf("Unrecognized request URL (%s: %s).", r.Method, r.URL.Path)})
@@ -621,6 +634,11 @@ func (s *Simulator) roll(withID bool) roll {
 		for range 14 {
 			s.rng.IntN(len(idAlphabet))
 		}
+	}
+	// Drawn last, and only with a model latency, so that a seed gives the
+	// fates it gave before the model existed.
+	if s.model.LatencyMedian > 0 {
+		r.delay += s.model.Latency(s.rng.NormFloat64())
 	}
 	return r
 }
@@ -1188,8 +1206,9 @@ func (s *Simulator) searchPage(account string, clauses []SearchClause, offset, l
 
 // The HTTP front end.
 
-// api wraps an endpoint with body parsing, latency, faults and auth.
-func (s *Simulator) api(h func(http.ResponseWriter, *http.Request, string, roll)) http.HandlerFunc {
+// api wraps an endpoint of kind (KindCreate…) with body parsing, the
+// account's limits, latency, faults and auth.
+func (s *Simulator) api(kind string, h func(http.ResponseWriter, *http.Request, string, roll)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		// Read the body before waiting: only then does net/http notice a
 		// client that hangs up, and cancel r.Context().
@@ -1197,12 +1216,28 @@ func (s *Simulator) api(h func(http.ResponseWriter, *http.Request, string, roll)
 		formErr := r.ParseForm()
 		fate := s.roll(true)
 		w.Header().Set("Request-Id", fate.requestID)
+		account, _ := bearer(r)
+		// Stripe's limiters answer before anything else is done, and
+		// at once.
+		limited, release := s.lim.enter(kind, account, s.now())
+		switch limited {
+		case ReasonGlobalRate:
+			writeSimReply(w, simReplyGlobalRate)
+			return
+		case ReasonGlobalConcurrency:
+			writeSimReply(w, simReplyGlobalConcurrency)
+			return
+		}
+		defer release()
 		if err := sleepCtx(r.Context(), fate.delay); err != nil {
 			dropConn(w)
 			return
 		}
-		account, _ := bearer(r)
+		s.lim.slept(fate.delay)
 		reply, drop := s.admit(fate, account, r.Method, r.URL.Path)
+		if reply == simReplyRateLimited {
+			s.lim.injected()
+		}
 		switch {
 		case drop:
 			dropConn(w)
@@ -1382,6 +1417,9 @@ func badQueryReply(err error) *simReply {
 func writeSimReply(w http.ResponseWriter, r *simReply) {
 	if r.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(r.retryAfter/time.Second), 10))
+	}
+	if r.reason != "" {
+		w.Header().Set(HeaderRateLimitedReason, r.reason)
 	}
 	writeSimError(w, r.status, r.err)
 }
