@@ -1,7 +1,7 @@
 # paydedup. `make test` is the test command the README and CI use.
 GO ?= go
 
-.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot bench-compare bench-growth bench-door
+.PHONY: test lint build build-nolab bench deploy-test chaos chaos-short chaos-scale soak fuzz fuzz-short mutants console-screenshot bench-compare bench-growth bench-door bench-provider
 
 test:
 	$(GO) test -race -count=1 ./...
@@ -49,6 +49,19 @@ bench-compare: bin/river
 bench-door:
 	command -v wrk || (apt-get update && apt-get install -y wrk)
 	$(GO) run ./cmd/paydedup bench door --json
+
+# The shipped worker against the provider as it really is (docs/performance.md,
+# "Against a provider as it really is"): one worker at its defaults against a
+# 300 ms provider, two workers under Stripe's live-mode 100/s, and merchant B's
+# 100 payments behind merchant A's backlog under 1,000/s. PROVIDER_PAYMENTS
+# and PROVIDER_BACKLOG scale them.
+PROVIDER_PAYMENTS ?= 3000
+PROVIDER_BACKLOG ?= 20000
+bench-provider:
+	$(GO) build -o bin/paydedup ./cmd/paydedup
+	bin/paydedup bench provider --payments $(PROVIDER_PAYMENTS) --json
+	bin/paydedup bench provider --payments $(PROVIDER_PAYMENTS) --workers 2 --rate-limit 100 --json
+	bin/paydedup bench provider --rate-limit 1000 --merchant-a-backlog $(PROVIDER_BACKLOG) --merchant-b-payments 100 --merchant-b-after 2s --json
 
 # The README's screenshot of the console, taken by its browser test.
 console-screenshot:

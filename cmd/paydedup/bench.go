@@ -129,6 +129,7 @@ The last line with --json is one JSON object.`,
 	cmd.AddCommand(newBenchGrowthCmd(a))
 	cmd.AddCommand(newBenchShippedCmd(a))
 	cmd.AddCommand(newBenchDoorCmd(a))
+	cmd.AddCommand(newBenchProviderCmd(a))
 	return cmd
 }
 

@@ -321,6 +321,29 @@ func (o *Observer) POSTToCharged(ctx context.Context, merchant, prefix string) (
 	return n, seconds, p50, p99, err
 }
 
+// CompletedAt returns when each completed key was completed (the
+// database's clock), by "merchant_id:idempotency_key".
+func (o *Observer) CompletedAt(ctx context.Context) (map[string]time.Time, error) {
+	rows, err := o.pool.Query(ctx, `SELECT merchant_id, idempotency_key, completed_at FROM idempotency_keys WHERE status = 'completed'`)
+	if err != nil {
+		return nil, fmt.Errorf("read completion times: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]time.Time{}
+	for rows.Next() {
+		var merchant, key string
+		var at time.Time
+		if err := rows.Scan(&merchant, &key, &at); err != nil {
+			return nil, fmt.Errorf("read completion times: %w", err)
+		}
+		out[merchant+":"+key] = at
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read completion times: %w", err)
+	}
+	return out, nil
+}
+
 // likePrefix is a LIKE pattern for keys that start with prefix.
 func likePrefix(prefix string) string {
 	return strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(prefix) + "%"

@@ -247,7 +247,7 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	if d.apiKey, err = d.createKey(ctx, append(env, "DATABASE_URL="+dbURL)); err != nil {
 		return res, err
 	}
-	simURL, simPID, provEnv, err := d.provider(ctx)
+	simURL, simPID, provEnv, err := d.provider(ctx, nil)
 	if err != nil {
 		return res, err
 	}

@@ -206,7 +206,7 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 		return res, err
 	}
 
-	simURL, simPID, provEnv, err := r.provider(ctx)
+	simURL, simPID, provEnv, err := r.provider(ctx, nil)
 	if err != nil {
 		return res, err
 	}
@@ -305,15 +305,15 @@ func commonEnv(natsURL string, scfg stream.Config) []string {
 	}
 }
 
-// provider starts what cfg.Provider needs (provider-sim for stripe) and
-// returns the simulator's URL and pid (empty for sim) and the worker's
-// settings for it.
-func (r *run) provider(ctx context.Context) (string, int, []string, error) {
+// provider starts what cfg.Provider needs (provider-sim for stripe, with
+// simArgs added to its flags) and returns the simulator's URL and pid
+// (empty for sim) and the worker's settings for it.
+func (r *run) provider(ctx context.Context, simArgs []string) (string, int, []string, error) {
 	if r.cfg.Provider == ProviderSim {
 		return "", 0, []string{"PAYDEDUP_PROVIDER=sim"}, nil
 	}
 	env := []string{"PAYDEDUP_PROVIDER=stripe", "STRIPE_SECRET_KEY=sk_test_paydedup_shipbench"}
-	args := []string{"provider-sim", "--addr", "127.0.0.1:0", "--log-level", "warn"}
+	args := append([]string{"provider-sim", "--addr", "127.0.0.1:0", "--log-level", "warn"}, simArgs...)
 	r.simHTTP = http.DefaultClient
 	if r.cfg.Provider == ProviderStripeTLS {
 		cert, key, client, err := selfSigned(r.tmp)
