@@ -91,10 +91,10 @@ func (f Faults) Validate() error {
 	return nil
 }
 
-// Config configures a Simulator. The fields of Faults, Seed, KeyTTL and
-// SearchLag map one to one to the flags of `paydedup provider-sim` (e.g.
-// --rate-5xx, --latency, --key-ttl); Now, OnCharge and Logger are hooks for
-// tests and wiring.
+// Config configures a Simulator. The fields of Faults, Model, Seed, KeyTTL
+// and SearchLag map one to one to the flags of `paydedup provider-sim`
+// (e.g. --rate-5xx, --latency, --latency-median, --rate-limit, --key-ttl);
+// Now, OnCharge and Logger are hooks for tests and wiring.
 type Config struct {
 	// Faults are the initial injected faults.
 	Faults Faults
@@ -194,7 +194,7 @@ type Ledger struct {
 // Simulator is an http.Handler speaking the subset of Stripe's v1 wire format
 // that paydedup uses: POST /v1/payment_intents (with idempotency keys),
 // GET /v1/payment_intents/{id} and GET /v1/payment_intents/search, plus
-// GET /_sim/ledger. Any non-empty Bearer key is accepted; each key is its own
+// GET /_sim/ledger and GET /_sim/stats. Any non-empty Bearer key is accepted; each key is its own
 // account, scoping idempotency keys and intents. Client returns a Provider
 // that calls the same simulator without HTTP. It keeps every intent in memory
 // for its lifetime, about 330 bytes each with its key (store.go). It is safe
