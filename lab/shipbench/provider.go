@@ -314,7 +314,7 @@ func (p *provBench) measure(ctx context.Context) (ProviderResult, error) {
 		res.WorkerRSSMB = append(res.WorkerRSSMB, procstat.PIDPeakRSSMB(w.Process.Pid))
 	}
 	if waitErr != nil {
-		return res, fmt.Errorf("%w (%d of %d settled; the workers' logs: %s)", waitErr, settled, len(pubs), strings.Join(logs, ", "))
+		return res, fmt.Errorf("%w (%d of %d settled; the first worker's log ends:\n%s)", waitErr, settled, len(pubs), logTail(logs[0]))
 	}
 	after, err := p.simStats(ctx, simURL)
 	if err != nil {
@@ -480,10 +480,10 @@ func (p *provBench) workers(ctx context.Context, env []string) ([]*exec.Cmd, []s
 				break
 			}
 			if !alive(cmds[i].Process.Pid) {
-				return nil, nil, fmt.Errorf("worker %d exited before it was ready; its log: %s", i, logs[i])
+				return nil, nil, fmt.Errorf("worker %d exited before it was ready; its log ends:\n%s", i, logTail(logs[i]))
 			}
 			if time.Now().After(deadline) || ctx.Err() != nil {
-				return nil, nil, fmt.Errorf("worker %d not ready at %s/readyz within 60s; its log: %s", i, admin, logs[i])
+				return nil, nil, fmt.Errorf("worker %d not ready at %s/readyz within 60s; its log ends:\n%s", i, admin, logTail(logs[i]))
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -587,6 +587,15 @@ func deadLetters(ctx context.Context, nc *nats.Conn, name string) (int, error) {
 		return 0, fmt.Errorf("read the dead-letter stream %s: %w", name, err)
 	}
 	return int(info.State.Msgs), nil
+}
+
+// logTail is the end of a worker's log (removed with the run's directory).
+func logTail(file string) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err.Error()
+	}
+	return tail(b)
 }
 
 // countLines counts the lines of file that contain s.
