@@ -291,9 +291,10 @@ type ReplayOptions struct {
 	// retention rule.
 	Force bool
 	// KeyRetention is the idempotency store's key retention: a dead letter
-	// stored longer ago than this (by the stream's own time, not the
-	// forgeable Dlq-Failed-At) is refused, because its key may be
-	// purged and a replay could charge again. DefaultKeyRetention when 0.
+	// that failed longer ago than this is refused, because its key may be
+	// purged and a replay could charge again. Its age runs from the earlier
+	// of its authenticated Dlq-Failed-At and the stream's stored time
+	// (failedAt). DefaultKeyRetention when 0.
 	KeyRetention time.Duration
 	// Now is the time the retention rule is judged at; time.Now() when zero.
 	Now time.Time
@@ -438,10 +439,10 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
 				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Name)
-		case now.Sub(d.Stored) > retention:
+		case now.Sub(failedAt(d)) > retention:
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
-				now.Sub(d.Stored).Round(time.Second), retention)
+				now.Sub(failedAt(d)).Round(time.Second), retention)
 		case opts.All && opts.Reason == "" && stream.NeedsInvestigation(d.Reason):
 			res.Outcome = Skipped
 			res.Detail = fmt.Sprintf("%s needs investigating first (docs/runbooks.md); once understood, replay it with --reason %s or --seq %d",
@@ -510,6 +511,18 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 		}
 	}
 	return rep, nil
+}
+
+// failedAt is when a verified letter's age starts: the earlier of the
+// Dlq-Failed-At its Dlq-Auth covers and the time the stream stored it. The
+// stored time alone is reset by re-filing a copy of the letter (anyone who
+// may publish on the DLQ's subjects can; dlq resign does, on purpose); the
+// header alone would trust a worker's clock set in the future.
+func failedAt(d Info) time.Time {
+	if d.Verified && !d.FailedAt.IsZero() && d.FailedAt.Before(d.Stored) {
+		return d.FailedAt
+	}
+	return d.Stored
 }
 
 // replayTarget reports whether d's original subject is a payment subject of

@@ -369,9 +369,10 @@ is acked as a duplicate and never charged twice.
 It needs PAYDEDUP_DLQ_KEY, the secret the workers authenticate dead letters
 with, and refuses any letter that does not verify with it: a message
 published straight to the DLQ's subjects is never replayed. It refuses dead
-letters stored longer ago than the key retention (PAYDEDUP_KEY_RETENTION, by
-the stream's own time): their key may have been purged, and a replay could
-charge again. It skips reasons that cannot succeed unchanged (bad input, and
+letters that failed longer ago than the key retention (PAYDEDUP_KEY_RETENTION,
+from the earlier of the authenticated Dlq-Failed-At and the stream's stored
+time, so a re-filed copy is as old as the original): their key may have been
+purged, and a replay could charge again. It skips reasons that cannot succeed unchanged (bad input, and
 key_reused) unless --force. --all also skips provider_idempotency_mismatch and
 ledger_conflict, which need investigating first, unless --reason names them
 (or --seq names the letter). --all reads the stream a batch at a time and
