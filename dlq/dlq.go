@@ -83,10 +83,16 @@ type Info struct {
 	// filed it as it is. Unverified says why not; such a letter (perhaps
 	// published straight to the DLQ's subjects) is listed but never
 	// replayed.
-	Verified   bool        `json:"verified"`
-	Unverified string      `json:"unverified,omitempty"`
-	Header     nats.Header `json:"header,omitempty"`
-	Data       []byte      `json:"-"`
+	Verified   bool   `json:"verified"`
+	Unverified string `json:"unverified,omitempty"`
+	// KeyID is the Dlq-Key-Id of the key that verified it; PreviousKey:
+	// that key is a previous one (stream.Config.DLQPreviousKeys), so the
+	// letter stops verifying when that key is dropped unless Resign signs
+	// it with the current key first.
+	KeyID       string      `json:"key_id,omitempty"`
+	PreviousKey bool        `json:"previous_key,omitempty"`
+	Header      nats.Header `json:"header,omitempty"`
+	Data        []byte      `json:"-"`
 }
 
 // Filter selects dead letters.
@@ -235,10 +241,10 @@ func deadLetterInfo(cfg stream.Config, seq uint64, subject string, stored time.T
 			d.Reason = strings.TrimPrefix(subject, cfg.DLQPrefix+".")
 		}
 	}
-	if err := stream.VerifyLetter(cfg.DLQKey, h, data); err != nil {
+	if v, err := stream.VerifyLetter(cfg, h, data); err != nil {
 		d.Unverified = err.Error()
 	} else {
-		d.Verified = true
+		d.Verified, d.KeyID, d.PreviousKey = true, v.KeyID, v.Previous
 	}
 	d.MerchantID, d.IdempotencyKey = identify(h, data, p.OrigSubject)
 	return d
@@ -382,7 +388,8 @@ func (r *ReplayReport) add(res ReplayResult) {
 // the replay again as it would a new command.
 // Postgres still guards the charge: a replay of a completed key is acked as
 // a duplicate, and a crash between the PubAck and the delete at worst
-// publishes it twice. Dead letters that do not verify with cfg.DLQKey, or
+// publishes it twice. Dead letters that verify with neither cfg.DLQKey nor
+// one of cfg.DLQPreviousKeys, or
 // were stored longer ago than opts.KeyRetention, are refused; reasons that
 // cannot succeed are skipped unless opts.Force. Without a valid cfg.DLQKey
 // it replays nothing and returns an error wrapping ErrDLQKey.
@@ -401,7 +408,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 	if opts.All == (len(opts.Seqs) > 0) {
 		return rep, errors.New("replay dead letters: give either sequences or All")
 	}
-	if err := stream.ValidateDLQKey(cfg.DLQKey); err != nil {
+	if err := errors.Join(stream.ValidateDLQKey(cfg.DLQKey), stream.ValidateDLQPreviousKeys(cfg.DLQPreviousKeys)); err != nil {
 		return rep, fmt.Errorf("replay dead letters: %w", err)
 	}
 	if opts.Rate < 0 {
