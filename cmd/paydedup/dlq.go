@@ -22,8 +22,8 @@ import (
 
 func newDLQCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "dlq list|show|replay|delete|purge",
-		Short: "List, show, replay and delete dead letters",
+		Use:   "dlq list|show|replay|resign|delete|purge",
+		Short: "List, show, replay, re-sign and delete dead letters",
 		Long: `dlq works on the dead-letter stream (PAYMENTS_DLQ): payment commands a worker
 could not process, each kept with its original body and headers and the
 Dlq-Reason, Dlq-Error, Dlq-Orig-Subject, Dlq-Orig-Seq, Dlq-Deliveries and
@@ -48,7 +48,7 @@ the rare provider_idempotency_mismatch and ledger_conflict (investigate).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newDLQListCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a), newDLQDeleteCmd(a), newDLQPurgeCmd(a))
+	cmd.AddCommand(newDLQListCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a), newDLQResignCmd(a), newDLQDeleteCmd(a), newDLQPurgeCmd(a))
 	return cmd
 }
 
