@@ -298,6 +298,8 @@ type letterView struct {
 	OrigSubject    string
 	Verified       bool
 	Unverified     string
+	KeyID          string // the DLQ key that verified it (Dlq-Key-Id)
+	PreviousKey    bool   // that key is one of PAYDEDUP_DLQ_PREVIOUS_KEYS
 	Invalid        string
 	Truncated      bool
 	Headers        []headerView
@@ -313,7 +315,7 @@ type headerView struct{ Name, Value string }
 func viewLetter(d dlq.Info) letterView {
 	v := letterView{Seq: d.Seq, Reason: shown(d.Reason), MerchantID: shown(d.MerchantID), IdempotencyKey: shown(d.IdempotencyKey),
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt, Stored: d.Stored, Error: shown(d.Error), OrigSubject: shown(d.OrigSubject),
-		Verified: d.Verified, Unverified: shown(d.Unverified), Invalid: shown(d.Invalid), Truncated: d.Truncated,
+		Verified: d.Verified, Unverified: shown(d.Unverified), KeyID: d.KeyID, PreviousKey: d.PreviousKey, Invalid: shown(d.Invalid), Truncated: d.Truncated,
 		Body: RedactBody(d.Data), BodyLen: len(d.Data)}
 	for _, k := range slices.Sorted(maps.Keys(d.Header)) {
 		for _, val := range d.Header[k] {

@@ -469,3 +469,26 @@ func TestRedact(t *testing.T) {
 		t.Errorf("RedactBody kept card or personal data, or lost the token:\n%s", got)
 	}
 }
+
+// After a DLQ key rotation the console verifies and replays a letter
+// signed with the previous key, and says so on the letter's page.
+func TestLetterSignedWithAPreviousKeyReplays(t *testing.T) {
+	t.Parallel()
+	w := setup(t, console.Config{Token: token})
+	seq := w.fileLetter(stream.ReasonMaxDeliveries, "m_1", "k1", nil, nil) // signed with testenv.DLQKey
+	cfg := w.cfg
+	cfg.DLQKey, cfg.DLQPreviousKeys = []byte("console-rotated-dlq-key-0123456789abcdef"), [][]byte{[]byte(testenv.DLQKey)}
+	con, err := console.New(w.js, w.store, console.Config{Stream: cfg, Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con.Handler())
+	t.Cleanup(srv.Close)
+	w.base = srv.URL
+	w.login()
+	want(t, w.get("/letters/"+strconv.FormatUint(seq, 10)), http.StatusOK, "signed with a previous DLQ key ("+stream.DLQKeyID([]byte(testenv.DLQKey))+")")
+	want(t, w.post("/replay", seqForm(seq, "confirm", "yes", "csrf", w.csrf())), http.StatusOK, "1 replayed")
+	if w.letterExists(seq) {
+		t.Fatal("a letter signed with a previous key was not replayed")
+	}
+}

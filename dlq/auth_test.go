@@ -208,3 +208,49 @@ func TestReplayIsRateLimited(t *testing.T) {
 		t.Fatal("a negative rate was accepted")
 	}
 }
+
+// Replay judges a letter's age by the failure time its Dlq-Auth covers,
+// not only by when the stream stored it: a verified letter copied back
+// onto the DLQ's subjects (by anyone who may publish there) gets a new
+// stored time, but keeps its authenticated Dlq-Failed-At, so an old
+// letter stays too old to replay.
+func TestReplayAgeFromAuthenticatedFailureTime(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	now := time.Now()
+	orig := fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "old", now.Add(-72*time.Hour))
+	d, err := dlq.Get(ctx, js, cfg, orig)
+	if err != nil || !d.Verified {
+		t.Fatalf("original: %+v %v", d, err)
+	}
+	// Re-filed byte for byte (a new Nats-Msg-Id, or the stream drops it).
+	m := nats.NewMsg(d.Subject)
+	m.Data = d.Data
+	for k, vs := range d.Header {
+		m.Header[k] = append([]string(nil), vs...)
+	}
+	m.Header.Set(nats.MsgIdHdr, "refiled")
+	ack, err := js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := dlq.Get(ctx, js, cfg, ack.Sequence); err != nil || !c.Verified || now.Sub(c.Stored) > time.Minute {
+		t.Fatalf("the copy: %+v %v", c, err)
+	}
+	rep, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{Seqs: []uint64{orig, ack.Sequence}, DryRun: true, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if r.Outcome != dlq.Refused || !strings.Contains(r.Detail, "key retention") {
+			t.Errorf("letter %d that failed 72 h ago: %s (%s), want refused for the key retention", r.Seq, r.Outcome, r.Detail)
+		}
+	}
+	// A young letter is still replayable.
+	young := fileDeadLetter(t, js, cfg, stream.ReasonMaxDeliveries, "m_1", "young", now.Add(-time.Hour))
+	rep, err = dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{Seqs: []uint64{young}, DryRun: true, Now: now})
+	if err != nil || rep.WouldReplay != 1 {
+		t.Fatalf("a letter that failed an hour ago: %+v %v", rep, err)
+	}
+}

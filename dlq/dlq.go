@@ -83,10 +83,16 @@ type Info struct {
 	// filed it as it is. Unverified says why not; such a letter (perhaps
 	// published straight to the DLQ's subjects) is listed but never
 	// replayed.
-	Verified   bool        `json:"verified"`
-	Unverified string      `json:"unverified,omitempty"`
-	Header     nats.Header `json:"header,omitempty"`
-	Data       []byte      `json:"-"`
+	Verified   bool   `json:"verified"`
+	Unverified string `json:"unverified,omitempty"`
+	// KeyID is the Dlq-Key-Id of the key that verified it; PreviousKey:
+	// that key is a previous one (stream.Config.DLQPreviousKeys), so the
+	// letter stops verifying when that key is dropped unless Resign signs
+	// it with the current key first.
+	KeyID       string      `json:"key_id,omitempty"`
+	PreviousKey bool        `json:"previous_key,omitempty"`
+	Header      nats.Header `json:"header,omitempty"`
+	Data        []byte      `json:"-"`
 }
 
 // Filter selects dead letters.
@@ -235,10 +241,10 @@ func deadLetterInfo(cfg stream.Config, seq uint64, subject string, stored time.T
 			d.Reason = strings.TrimPrefix(subject, cfg.DLQPrefix+".")
 		}
 	}
-	if err := stream.VerifyLetter(cfg.DLQKey, h, data); err != nil {
+	if v, err := stream.VerifyLetter(cfg, h, data); err != nil {
 		d.Unverified = err.Error()
 	} else {
-		d.Verified = true
+		d.Verified, d.KeyID, d.PreviousKey = true, v.KeyID, v.Previous
 	}
 	d.MerchantID, d.IdempotencyKey = identify(h, data, p.OrigSubject)
 	return d
@@ -291,9 +297,10 @@ type ReplayOptions struct {
 	// retention rule.
 	Force bool
 	// KeyRetention is the idempotency store's key retention: a dead letter
-	// stored longer ago than this (by the stream's own time, not the
-	// forgeable Dlq-Failed-At) is refused, because its key may be
-	// purged and a replay could charge again. DefaultKeyRetention when 0.
+	// that failed longer ago than this is refused, because its key may be
+	// purged and a replay could charge again. Its age runs from the earlier
+	// of its authenticated Dlq-Failed-At and the stream's stored time
+	// (failedAt). DefaultKeyRetention when 0.
 	KeyRetention time.Duration
 	// Now is the time the retention rule is judged at; time.Now() when zero.
 	Now time.Time
@@ -381,7 +388,8 @@ func (r *ReplayReport) add(res ReplayResult) {
 // the replay again as it would a new command.
 // Postgres still guards the charge: a replay of a completed key is acked as
 // a duplicate, and a crash between the PubAck and the delete at worst
-// publishes it twice. Dead letters that do not verify with cfg.DLQKey, or
+// publishes it twice. Dead letters that verify with neither cfg.DLQKey nor
+// one of cfg.DLQPreviousKeys, or
 // were stored longer ago than opts.KeyRetention, are refused; reasons that
 // cannot succeed are skipped unless opts.Force. Without a valid cfg.DLQKey
 // it replays nothing and returns an error wrapping ErrDLQKey.
@@ -400,7 +408,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 	if opts.All == (len(opts.Seqs) > 0) {
 		return rep, errors.New("replay dead letters: give either sequences or All")
 	}
-	if err := stream.ValidateDLQKey(cfg.DLQKey); err != nil {
+	if err := errors.Join(stream.ValidateDLQKey(cfg.DLQKey), stream.ValidateDLQPreviousKeys(cfg.DLQPreviousKeys)); err != nil {
 		return rep, fmt.Errorf("replay dead letters: %w", err)
 	}
 	if opts.Rate < 0 {
@@ -438,10 +446,10 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
 				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Name)
-		case now.Sub(d.Stored) > retention:
+		case now.Sub(failedAt(d)) > retention:
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
-				now.Sub(d.Stored).Round(time.Second), retention)
+				now.Sub(failedAt(d)).Round(time.Second), retention)
 		case opts.All && opts.Reason == "" && stream.NeedsInvestigation(d.Reason):
 			res.Outcome = Skipped
 			res.Detail = fmt.Sprintf("%s needs investigating first (docs/runbooks.md); once understood, replay it with --reason %s or --seq %d",
@@ -510,6 +518,18 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 		}
 	}
 	return rep, nil
+}
+
+// failedAt is when a verified letter's age starts: the earlier of the
+// Dlq-Failed-At its Dlq-Auth covers and the time the stream stored it. The
+// stored time alone is reset by re-filing a copy of the letter (anyone who
+// may publish on the DLQ's subjects can; dlq resign does, on purpose); the
+// header alone would trust a worker's clock set in the future.
+func failedAt(d Info) time.Time {
+	if d.Verified && !d.FailedAt.IsZero() && d.FailedAt.Before(d.Stored) {
+		return d.FailedAt
+	}
+	return d.Stored
 }
 
 // replayTarget reports whether d's original subject is a payment subject of

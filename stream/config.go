@@ -57,6 +57,11 @@ type Config struct {
 	// they file, and replay refuses what does not verify. At least
 	// MinDLQKeyLen bytes; the worker refuses to start without it.
 	DLQKey []byte
+	// DLQPreviousKeys verify dead letters too, and never sign: the keys
+	// DLQKey replaced, kept while letters signed with them may still be
+	// replayed (the rotation in docs/operations.md). Each at least
+	// MinDLQKeyLen bytes.
+	DLQPreviousKeys [][]byte
 
 	// AckWait, MaxDeliver, BackOff and MaxAckPending configure the durable
 	// consumer.

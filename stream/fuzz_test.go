@@ -97,7 +97,7 @@ func FuzzLetterRoundTrip(f *testing.F) {
 		if !bytes.Equal(m.Data, data) {
 			t.Fatal("body changed")
 		}
-		if err := stream.VerifyLetter([]byte(testenv.DLQKey), m.Header, m.Data); err != nil {
+		if _, err := stream.VerifyLetter(stream.Config{DLQKey: []byte(testenv.DLQKey)}, m.Header, m.Data); err != nil {
 			t.Fatalf("a filed letter does not verify: %v", err)
 		}
 		tok, ok := strings.CutPrefix(m.Subject, "payments.dlq.")

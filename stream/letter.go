@@ -32,6 +32,11 @@ const (
 	// its body, its other headers and its original subject, keyed with the
 	// DLQ key the workers and the operator's CLI share.
 	HeaderDLQAuth = "Dlq-Auth"
+	// HeaderDLQKeyID names the DLQ key that made Dlq-Auth (DLQKeyID), so
+	// a letter is checked against that key alone and dlq show can say it
+	// was signed with a previous key. Letters filed before it existed lack
+	// it and are checked against each configured key.
+	HeaderDLQKeyID = "Dlq-Key-Id"
 	// A dead letter that would exceed the server's max_payload keeps a
 	// prefix of the body and says so: Dlq-Body-Truncated: true, with the
 	// original body's length and SHA-256 (the original stays in its stream,
@@ -88,10 +93,31 @@ func ValidateDLQKey(key []byte) error {
 	return nil
 }
 
+// ValidateDLQPreviousKeys checks each previous DLQ key as ValidateDLQKey
+// checks the current one; the error says which, by its position (1-based),
+// never by its value.
+func ValidateDLQPreviousKeys(keys [][]byte) error {
+	var errs []error
+	for i, k := range keys {
+		if err := ValidateDLQKey(k); err != nil {
+			errs = append(errs, fmt.Errorf("previous key %d of %d: %w", i+1, len(keys), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// DLQKeyID names a DLQ key without revealing it: the first 8 bytes of its
+// SHA-256, in hex (printf %s "$PAYDEDUP_DLQ_KEY" | sha256sum | cut -c1-16).
+// It is no easier to guess a key from than from the letters' HMACs.
+func DLQKeyID(key []byte) string {
+	sum := sha256.Sum256(key)
+	return hex.EncodeToString(sum[:8])
+}
+
 // Msg builds the dead-letter message: the original body and headers (NATS
 // control headers dropped, the original Nats-Msg-Id kept as Dlq-Orig-Msg-Id)
 // plus the Dlq-* headers, on <DLQPrefix>.<reason>, authenticated with
-// cfg.DLQKey (Dlq-Auth). Its Nats-Msg-Id is dlq:<stream>:<seq>, so one
+// cfg.DLQKey (Dlq-Auth, Dlq-Key-Id). Its Nats-Msg-Id is dlq:<stream>:<seq>, so one
 // stream message is filed at most once within the dead-letter stream's
 // duplicate window.
 func (d Letter) Msg(cfg Config) *nats.Msg { return d.MsgWithin(cfg, 0) }
@@ -124,6 +150,8 @@ func (d Letter) MsgWithin(cfg Config, maxSize int) *nats.Msg {
 	h.Set(HeaderDLQDeliveries, strconv.FormatUint(d.Deliveries, 10))
 	h.Set(HeaderDLQFailedAt, d.FailedAt.UTC().Format(time.RFC3339Nano))
 	h.Set(nats.MsgIdHdr, fmt.Sprintf("dlq:%s:%d", d.OrigStream, d.OrigSeq))
+	// Set before the size is measured: the key id has a fixed size too.
+	h.Set(HeaderDLQKeyID, DLQKeyID(cfg.DLQKey))
 	data := d.Data
 	// The Dlq-Auth value's size is fixed: "v1=" and 64 hex digits.
 	const authLen = len(HeaderDLQAuth) + len(": v1=\r\n") + 2*sha256.Size
@@ -147,6 +175,16 @@ func (d Letter) MsgWithin(cfg Config, maxSize int) *nats.Msg {
 	}
 	h.Set(HeaderDLQAuth, letterMAC(cfg.DLQKey, h, data))
 	return &nats.Msg{Subject: cfg.DLQSubject(d.Reason), Header: h, Data: data}
+}
+
+// SignLetter signs a stored dead letter's headers h and body data anew
+// with cfg.DLQKey: Dlq-Key-Id names the current key and Dlq-Auth is its
+// HMAC; every other header, Dlq-Failed-At included, is kept. dlq resign
+// uses it on letters that verified with a previous key, before that key
+// is dropped. h is changed in place.
+func SignLetter(cfg Config, h nats.Header, data []byte) {
+	h.Set(HeaderDLQKeyID, DLQKeyID(cfg.DLQKey))
+	h.Set(HeaderDLQAuth, letterMAC(cfg.DLQKey, h, data))
 }
 
 // headerLen is the size of h as NATS sends it: NATS/1.0, one line per
@@ -202,19 +240,58 @@ func writeCount(h hash.Hash, n int) {
 // another key), or there is no key to check it with.
 var ErrUnverified = errors.New("dead letter not authenticated")
 
-// VerifyLetter checks a stored dead letter's Dlq-Auth against key.
-func VerifyLetter(key []byte, h nats.Header, data []byte) error {
-	if len(key) == 0 {
-		return fmt.Errorf("%w: no DLQ key to check it with", ErrUnverified)
+// Verification says which configured key verified a dead letter.
+type Verification struct {
+	// KeyID is the Dlq-Key-Id of the key that verified it.
+	KeyID string
+	// Previous: that key is one of Config.DLQPreviousKeys, not DLQKey.
+	// The letter stops verifying when that key is dropped, unless it is
+	// re-signed first (dlq resign).
+	Previous bool
+}
+
+// VerifyLetter checks a stored dead letter's Dlq-Auth against cfg.DLQKey
+// and cfg.DLQPreviousKeys. A letter that names its key (Dlq-Key-Id, which
+// the HMAC covers) is checked against that key alone; one filed before
+// letters named their key, against each key in turn.
+func VerifyLetter(cfg Config, h nats.Header, data []byte) (Verification, error) {
+	type candidate struct {
+		key      []byte
+		previous bool
+	}
+	var keys []candidate
+	if len(cfg.DLQKey) > 0 {
+		keys = append(keys, candidate{cfg.DLQKey, false})
+	}
+	for _, k := range cfg.DLQPreviousKeys {
+		if len(k) > 0 {
+			keys = append(keys, candidate{k, true})
+		}
+	}
+	if len(keys) == 0 {
+		return Verification{}, fmt.Errorf("%w: no DLQ key to check it with", ErrUnverified)
 	}
 	got := h.Get(HeaderDLQAuth)
 	if got == "" {
-		return fmt.Errorf("%w: no %s header", ErrUnverified, HeaderDLQAuth)
+		return Verification{}, fmt.Errorf("%w: no %s header", ErrUnverified, HeaderDLQAuth)
 	}
-	if !hmac.Equal([]byte(got), []byte(letterMAC(key, h, data))) {
-		return fmt.Errorf("%w: %s does not match (forged, altered, or filed with another key)", ErrUnverified, HeaderDLQAuth)
+	id := h.Get(HeaderDLQKeyID)
+	tried := false
+	for _, k := range keys {
+		kid := DLQKeyID(k.key)
+		if id != "" && id != kid {
+			continue
+		}
+		tried = true
+		if hmac.Equal([]byte(got), []byte(letterMAC(k.key, h, data))) {
+			return Verification{KeyID: kid, Previous: k.previous}, nil
+		}
 	}
-	return nil
+	if !tried {
+		return Verification{}, fmt.Errorf("%w: signed with DLQ key %s, which is neither the current DLQ key nor a previous one configured here (forged, or its key was dropped)",
+			ErrUnverified, SanitizeHeader(id))
+	}
+	return Verification{}, fmt.Errorf("%w: %s does not match (forged, altered, or filed with another key)", ErrUnverified, HeaderDLQAuth)
 }
 
 // SanitizeHeader keeps a header value on one line and bounded, as the

@@ -49,7 +49,7 @@ func TestLetterWithinMaxPayload(t *testing.T) {
 		if got := m.Header.Get(stream.HeaderDLQHeadersDrop) != ""; got != c.headersDroped || (got && m.Header.Get("X-Big") != "") {
 			t.Errorf("%s: headers dropped %v, want %v", c.name, got, c.headersDroped)
 		}
-		if err := stream.VerifyLetter(cfg.DLQKey, m.Header, m.Data); err != nil {
+		if _, err := stream.VerifyLetter(cfg, m.Header, m.Data); err != nil {
 			t.Errorf("%s: %v", c.name, err)
 		}
 		if p, err := stream.ParseDeadLetter(m.Header); err != nil || p.Truncated != c.truncated || p.OrigSeq != 9 {

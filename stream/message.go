@@ -64,6 +64,14 @@ func ReplayMsgID(cfg Config, seq uint64) string {
 	return msgIDOwnPrefix + "replay:" + strconv.FormatUint(seq, 10) + ":" + cfg.DLQStream
 }
 
+// ResignMsgID is the Nats-Msg-Id of dead letter seq filed anew under the
+// DLQ key keyID (dlq resign): ~resign:<seq>:<dlq stream>:<key id>. Two
+// re-signings of one letter (a retry after a lost PubAck, two operators)
+// file one copy within the dead-letter stream's duplicate window.
+func ResignMsgID(cfg Config, seq uint64, keyID string) string {
+	return msgIDOwnPrefix + "resign:" + strconv.FormatUint(seq, 10) + ":" + cfg.DLQStream + ":" + keyID
+}
+
 // RequeueMsgID is the Nats-Msg-Id of the max-deliveries net's new copy of
 // message seq of the payments stream, which ran out of deliveries with no
 // worker settling it: ~requeue:<seq>:<stream>. Two copies of one message

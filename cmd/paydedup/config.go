@@ -312,6 +312,38 @@ func (a *app) dlqKey() ([]byte, error) {
 	return key, nil
 }
 
+// dlqPreviousKeysEnv lists the DLQ keys PAYDEDUP_DLQ_KEY replaced: they
+// verify dead letters and never sign (the rotation in docs/operations.md).
+const dlqPreviousKeysEnv = "PAYDEDUP_DLQ_PREVIOUS_KEYS"
+
+// dlqPreviousKeys returns PAYDEDUP_DLQ_PREVIOUS_KEYS's keys, comma-separated
+// with blanks around each ignored (none when unset), and an error naming
+// the variable and the key's position when one is empty or too short.
+func (a *app) dlqPreviousKeys() ([][]byte, error) {
+	raw := a.getenv(dlqPreviousKeysEnv)
+	if strings.TrimSpace(raw) == "" {
+		return nil, nil
+	}
+	var keys [][]byte
+	for _, k := range strings.Split(raw, ",") {
+		keys = append(keys, []byte(strings.TrimSpace(k)))
+	}
+	if err := stream.ValidateDLQPreviousKeys(keys); err != nil {
+		return nil, fmt.Errorf("%s (comma-separated keys that %s had before, each of at least %d bytes): %w",
+			dlqPreviousKeysEnv, dlqKeyEnv, stream.MinDLQKeyLen, err)
+	}
+	return keys, nil
+}
+
+// dlqKeys sets cfg's current and previous DLQ keys from the environment:
+// those that are valid, and an error naming each variable that is not.
+func (a *app) dlqKeys(cfg *stream.Config) error {
+	key, kerr := a.dlqKey()
+	prev, perr := a.dlqPreviousKeys()
+	cfg.DLQKey, cfg.DLQPreviousKeys = key, prev
+	return errors.Join(kerr, perr)
+}
+
 // labDLQKey is the DLQ key of the demo's and the bench's in-process
 // workers: PAYDEDUP_DLQ_KEY when set (it must then be valid), else a random
 // key for this run only.

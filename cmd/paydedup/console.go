@@ -41,7 +41,7 @@ func newConsoleCmd(a *app) *cobra.Command {
 		Long: `console serves a web page that shows the stream's backlog and the consumer's
 lag, pending and stuck idempotency rows, the dead letters grouped by reason
 (with their headers and bodies, and whether each verifies with
-PAYDEDUP_DLQ_KEY), and a payment lookup by merchant and key (the key's row,
+PAYDEDUP_DLQ_KEY or one of PAYDEDUP_DLQ_PREVIOUS_KEYS), and a payment lookup by merchant and key (the key's row,
 its ledger row and the provider's stored outcome). Card data is masked.
 
 Replay (of one letter or a selection, after a confirmation that shows what
@@ -141,6 +141,9 @@ func (c *consoleCmd) Run(ctx context.Context) error {
 		cfg.DLQKey = key
 	} else {
 		c.app.logger.Warn("dead letters cannot be verified or replayed", "error", err)
+	}
+	if cfg.DLQPreviousKeys, err = c.app.dlqPreviousKeys(); err != nil {
+		return err
 	}
 	store, closeDB, err := openStore(ctx, c.db.url, 0)
 	if err != nil {

@@ -22,13 +22,17 @@ import (
 
 func newDLQCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "dlq list|show|replay|delete|purge",
-		Short: "List, show, replay and delete dead letters",
+		Use:   "dlq list|show|replay|resign|delete|purge",
+		Short: "List, show, replay, re-sign and delete dead letters",
 		Long: `dlq works on the dead-letter stream (PAYMENTS_DLQ): payment commands a worker
 could not process, each kept with its original body and headers and the
 Dlq-Reason, Dlq-Error, Dlq-Orig-Subject, Dlq-Orig-Seq, Dlq-Deliveries and
 Dlq-Failed-At headers, authenticated by Dlq-Auth (an HMAC keyed with
-PAYDEDUP_DLQ_KEY). A dead letter is named by its sequence in that stream.
+PAYDEDUP_DLQ_KEY, named by Dlq-Key-Id). Letters signed with a key that
+PAYDEDUP_DLQ_KEY replaced verify while that key is listed in
+PAYDEDUP_DLQ_PREVIOUS_KEYS (comma-separated); dlq resign signs them with the
+current key before it is dropped. A dead letter is named by its sequence in
+that stream.
 
 Reasons: bad input (malformed_json, missing_key, invalid_amount, ...: the
 publisher must fix the message), key_reused (the same key with another
@@ -44,7 +48,7 @@ the rare provider_idempotency_mismatch and ledger_conflict (investigate).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newDLQListCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a), newDLQDeleteCmd(a), newDLQPurgeCmd(a))
+	cmd.AddCommand(newDLQListCmd(a), newDLQShowCmd(a), newDLQReplayCmd(a), newDLQResignCmd(a), newDLQDeleteCmd(a), newDLQPurgeCmd(a))
 	return cmd
 }
 
@@ -55,7 +59,8 @@ type dlqBase struct {
 	nats    natsFlags
 	streams streamFlags
 	// keyErr says why dead letters cannot be verified (PAYDEDUP_DLQ_KEY
-	// missing or too short); list and show still work and say so.
+	// missing or too short, or PAYDEDUP_DLQ_PREVIOUS_KEYS malformed); list
+	// and show still work and say so.
 	keyErr error
 }
 
@@ -68,11 +73,7 @@ func (b *dlqBase) connect() (*nats.Conn, jetstream.JetStream, error) {
 	if err := errors.Join(b.nats.validate(), b.streams.validate()); err != nil {
 		return nil, nil, err
 	}
-	if key, err := b.app.dlqKey(); err == nil {
-		b.streams.cfg.DLQKey = key
-	} else {
-		b.keyErr = err
-	}
+	b.keyErr = b.app.dlqKeys(&b.streams.cfg)
 	nc, err := b.nats.connect("paydedup-dlq")
 	if err != nil {
 		return nil, nil, err
@@ -139,6 +140,10 @@ type dlqEntry struct {
 	Invalid        string    `json:"invalid,omitempty"`
 	Verified       bool      `json:"verified"`
 	Unverified     string    `json:"unverified,omitempty"`
+	// KeyID names the DLQ key that verified it (Dlq-Key-Id); PreviousKey:
+	// one of PAYDEDUP_DLQ_PREVIOUS_KEYS (dlq resign before dropping it).
+	KeyID       string `json:"key_id,omitempty"`
+	PreviousKey bool   `json:"previous_key,omitempty"`
 }
 
 // entry is a letter as list --json and show --json print it: every text a
@@ -149,7 +154,7 @@ func entry(d dlq.Info) dlqEntry {
 		Seq: d.Seq, Reason: redact.PANs(d.Reason), MerchantID: redact.PANs(d.MerchantID), IdempotencyKey: redact.PANs(d.IdempotencyKey),
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: redact.PANs(d.Error),
 		OrigSubject: redact.PANs(d.OrigSubject), OrigSeq: d.OrigSeq, Invalid: redact.PANs(d.Invalid),
-		Verified: d.Verified, Unverified: redact.PANs(d.Unverified),
+		Verified: d.Verified, Unverified: redact.PANs(d.Unverified), KeyID: d.KeyID, PreviousKey: d.PreviousKey,
 	}
 }
 
@@ -211,9 +216,13 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 	return nil
 }
 
-// authText says whether a worker holding the DLQ key filed the letter.
+// authText says whether a worker holding the DLQ key filed the letter, and
+// whether that key is a previous one.
 func authText(d dlq.Info) string {
-	if d.Verified {
+	switch {
+	case d.Verified && d.PreviousKey:
+		return "ok(previous)"
+	case d.Verified:
 		return "ok"
 	}
 	return "UNVERIFIED"
@@ -331,6 +340,10 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 		fmt.Fprintf(out, "\nTRUNCATED to fit under max_payload: the original body is %s bytes (SHA-256 %s); the original is %s #%d while that stream keeps it\n",
 			termSafe(d.Header.Get(stream.HeaderDLQBodyLength), false), termSafe(d.Header.Get(stream.HeaderDLQBodySHA256), false), termSafe(d.OrigStream, false), d.OrigSeq)
 	}
+	if d.PreviousKey {
+		fmt.Fprintf(out, "\nsigned with a previous DLQ key (Dlq-Key-Id %s, listed in %s): it stops verifying when that key is dropped; paydedup dlq resign signs it with the current key\n",
+			d.KeyID, dlqPreviousKeysEnv)
+	}
 	if !d.Verified {
 		fmt.Fprintf(out, "\nUNVERIFIED: %s; replay refuses it\n", termSafe(d.Unverified, false))
 		if s.keyErr != nil {
@@ -369,9 +382,10 @@ is acked as a duplicate and never charged twice.
 It needs PAYDEDUP_DLQ_KEY, the secret the workers authenticate dead letters
 with, and refuses any letter that does not verify with it: a message
 published straight to the DLQ's subjects is never replayed. It refuses dead
-letters stored longer ago than the key retention (PAYDEDUP_KEY_RETENTION, by
-the stream's own time): their key may have been purged, and a replay could
-charge again. It skips reasons that cannot succeed unchanged (bad input, and
+letters that failed longer ago than the key retention (PAYDEDUP_KEY_RETENTION,
+from the earlier of the authenticated Dlq-Failed-At and the stream's stored
+time, so a re-filed copy is as old as the original): their key may have been
+purged, and a replay could charge again. It skips reasons that cannot succeed unchanged (bad input, and
 key_reused) unless --force. --all also skips provider_idempotency_mismatch and
 ledger_conflict, which need investigating first, unless --reason names them
 (or --seq names the letter). --all reads the stream a batch at a time and
@@ -422,7 +436,7 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 	if err := r.validate(); err != nil {
 		return err
 	}
-	if _, err := r.app.dlqKey(); err != nil {
+	if err := r.app.dlqKeys(&stream.Config{}); err != nil {
 		return fmt.Errorf("dlq replay: %w", err)
 	}
 	nc, js, err := r.connect()

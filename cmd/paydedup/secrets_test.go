@@ -41,9 +41,13 @@ const (
 	markStripe = "sk_test_MARKERstripe5d2"
 	markNatsPW = "MARKERnatspw0e8b"
 	markDLQKey = "MARKERdlqkey-0123456789abcdef0123456789"
+	// markDLQOld is a previous DLQ key (PAYDEDUP_DLQ_PREVIOUS_KEYS).
+	markDLQOld = "MARKERdlqold-0123456789abcdef0123456789"
+	// markDLQShort is a previous DLQ key too short to be valid.
+	markDLQShort = "MARKERdlqshort"
 )
 
-var markers = []string{markDB, markNATS, markNATS2, markStripe, markNatsPW, markDLQKey}
+var markers = []string{markDB, markNATS, markNATS2, markStripe, markNatsPW, markDLQKey, markDLQOld, markDLQShort}
 
 func envFunc(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
@@ -149,6 +153,12 @@ func TestFailingStartNeverLogsSecrets(t *testing.T) {
 			e["DATABASE_URL"] = "postgres://u:" + markDB + "@127.0.0.1:notaport/db"
 		}, []string{"worker"}},
 		{"worker, flag URLs", nil, []string{"worker", "--database-url", "postgres://u:" + markDB + "@" + freeAddr(t) + "/db"}},
+		{"worker, a previous DLQ key too short", func(e map[string]string) {
+			e["PAYDEDUP_DLQ_PREVIOUS_KEYS"] = markDLQOld + "," + markDLQShort
+		}, []string{"worker"}},
+		{"dlq replay, a previous DLQ key too short", func(e map[string]string) {
+			e["PAYDEDUP_DLQ_PREVIOUS_KEYS"] = markDLQShort + "," + markDLQOld
+		}, []string{"dlq", "replay", "--all"}},
 		{"migrate up, database down", nil, []string{"migrate", "up"}},
 		{"migrate status, unparseable URL", func(e map[string]string) {
 			e["DATABASE_URL"] = "postgres://u:" + markDB + "@[::1/db"
@@ -202,6 +212,7 @@ func TestRunningWorkerNeverLogsSecrets(t *testing.T) {
 		"PAYDEDUP_LOG_LEVEL": "debug",
 		"PAYDEDUP_DLQ_KEY":   markDLQKey,
 	}
+	env["PAYDEDUP_DLQ_PREVIOUS_KEYS"] = markDLQOld
 	var out, errOut testenv.Buffer
 	root := newRootCmd(&out, &errOut, envFunc(env))
 	root.SetArgs([]string{"worker"})

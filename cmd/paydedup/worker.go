@@ -56,7 +56,12 @@ Required, with no flag (secrets never go on a command line):
                      "paydedup dlq replay" runs
   STRIPE_SECRET_KEY  the Stripe API key (sk_test_... in test mode), unless
                      PAYDEDUP_PROVIDER=sim
-and DATABASE_URL (or --database-url). NATS_URL defaults to the local server.`,
+and DATABASE_URL (or --database-url). NATS_URL defaults to the local server.
+
+Optional, with no flag:
+  PAYDEDUP_DLQ_PREVIOUS_KEYS  the DLQ keys PAYDEDUP_DLQ_KEY replaced, comma-
+                     separated, each at least 32 bytes: they verify dead
+                     letters and never sign (docs/operations.md, rotation)`,
 		Example: `  DATABASE_URL=postgres://postgres@127.0.0.1:5432/paydedup?sslmode=disable \
   PAYDEDUP_DLQ_KEY=$(openssl rand -hex 32) \
   PAYDEDUP_PROVIDER=sim PAYDEDUP_ADMIN_ADDR=127.0.0.1:9090 paydedup worker
@@ -91,11 +96,11 @@ func (w *workerCmd) validate() (consumer.Config, error) {
 	ws := &w.worker.cfg.Stream
 	ws.Name, ws.SubjectPrefix, ws.DLQStream = s.Name, s.SubjectPrefix, s.DLQStream
 	ws.DLQPrefix, ws.Durable = s.DLQPrefix, s.Durable
-	key, err := w.app.dlqKey()
-	if err != nil {
+	// The worker signs with the current key only; it checks the previous
+	// ones so that a bad list stops the rollout at its first pod.
+	if err := w.app.dlqKeys(ws); err != nil {
 		errs = append(errs, err)
 	}
-	ws.DLQKey = key
 	cfg, err := w.worker.config(w.prov)
 	if err != nil {
 		errs = append(errs, err)
