@@ -66,7 +66,8 @@ against the same database and stream. It needs every migration this
 binary carries (run "paydedup migrate up" as the owner; it is not ready
 until then) and connects as the role paydedup_gateway, which reads API keys
 and payments and writes only the gateway's guard rows. With STRIPE_WEBHOOK_SECRET (the endpoint's signing
-secret, whsec_...) it also serves POST /v1/stripe/webhooks, which settles
+secret, whsec_...; during a roll of the secret "new,old", an event verifying
+with either) it also serves POST /v1/stripe/webhooks, which settles
 processing payments from Stripe's payment_intent.succeeded, payment_failed
 and canceled events (through the settle_payment function of migration
 00011, its only write outside the guard rows); without it the route
@@ -121,6 +122,11 @@ func (g *gatewayCmd) validate() (gateway.Config, error) {
 	}
 	if g.share < 1 || g.share > 100 {
 		errs = append(errs, fmt.Errorf("PAYDEDUP_GATEWAY_MERCHANT_SHARE / --merchant-share must be within 1..100 (percent), got %d", g.share))
+	}
+	if g.webhookSecret != "" {
+		if _, err := stripe.ParseWebhookSecrets(g.webhookSecret); err != nil {
+			errs = append(errs, fmt.Errorf("STRIPE_WEBHOOK_SECRET: %w", err))
+		}
 	}
 	if g.pubWait <= 0 {
 		errs = append(errs, fmt.Errorf("PAYDEDUP_PUBLISH_TIMEOUT / --publish-timeout must be positive, got %v", g.pubWait))
@@ -197,10 +203,10 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if g.webhookSecret != "" {
 		v, err := stripe.NewWebhookVerifier(g.webhookSecret, 0)
 		if err != nil {
-			return err
+			return fmt.Errorf("STRIPE_WEBHOOK_SECRET: %w", err)
 		}
 		cfg.Webhooks = gateway.Webhooks{Verifier: v, Ledger: store}
-		log.Info("Stripe webhooks on", "path", gateway.PathStripeWebhooks)
+		log.Info("Stripe webhooks on", "path", gateway.PathStripeWebhooks, "secrets", v.Secrets())
 	} else {
 		log.Info("STRIPE_WEBHOOK_SECRET is unset: Stripe webhooks are off", "path", gateway.PathStripeWebhooks)
 	}
