@@ -1,7 +1,10 @@
 package gateway_test
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -183,5 +186,92 @@ func TestWebhookSecretRotationLosesNoEvent(t *testing.T) {
 	body := intentEvent("evt_early", "payment_intent.succeeded", "pi_elsewhere", "succeeded", 1, nil)
 	if code, _ := w.webhook(body, signWith(body, time.Now(), oldSecret)); code != http.StatusBadRequest {
 		t.Fatalf("new secret only, signed with the old: %d, want 400", code)
+	}
+}
+
+// rawPost writes a webhook POST's head and the first part of its body on
+// a connection of its own and leaves the rest unsent, as a slow or hostile
+// client does; it returns the status of the answer, which must come within
+// three seconds (the read timeout is 15 s), while the body is still open.
+func (w *world) rawPost(sig string, declared int, part []byte) int {
+	w.t.Helper()
+	hdr := ""
+	if sig != "" {
+		hdr = gateway.HeaderStripeSignature + ": " + sig + "\r\n"
+	}
+	return w.rawRequest(gateway.PathStripeWebhooks, hdr, declared, part)
+}
+
+// rawRequest is rawPost to path with the header lines hdr.
+func (w *world) rawRequest(path, hdr string, declared int, part []byte) int {
+	w.t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(w.base, "http://"))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer conn.Close()
+	head := "POST " + path + " HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n" + hdr
+	if declared >= 0 {
+		head += fmt.Sprintf("Content-Length: %d\r\n\r\n", declared)
+	} else {
+		head += "Transfer-Encoding: chunked\r\n\r\n"
+		part = fmt.Appendf(nil, "%x\r\n%s\r\n", len(part), part)
+	}
+	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := conn.Write(append([]byte(head), part...)); err != nil {
+		w.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		w.t.Fatalf("no answer while the body is unfinished: %v", err)
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// The webhook checks the signature header before it reads a body, reads at
+// most MaxBodyBytes + WebhookEnvelopeBytes of it, and answers a larger one
+// 413 while the client is still sending; nothing is parsed before the
+// signature verifies.
+func TestWebhookBodyBoundedBeforeVerification(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, options{webhookSecret: webhookSecret})
+	limit := 64<<10 + gateway.WebhookEnvelopeBytes // the default command limit + the envelope
+	good := signHMAC([]byte("x"), webhookSecret, time.Now())
+
+	// A header no body can make verify: 400 before any of the body, which
+	// is never sent.
+	twoT := fmt.Sprintf("t=%d,%s", time.Now().Unix(), good)
+	for name, sig := range map[string]string{"unsigned": "", "two t=": twoT,
+		"an hour old": signHMAC([]byte("x"), webhookSecret, time.Now().Add(-time.Hour))} {
+		if code := w.rawPost(sig, 10<<10, nil); code != http.StatusBadRequest {
+			t.Errorf("%s, body unsent: %d, want 400", name, code)
+		}
+	}
+	// A well-formed header: a body declared over the limit is 413 unread;
+	// one sent chunked is 413 as soon as the limit is passed.
+	if code := w.rawPost(good, limit+1, nil); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("declared %d bytes: %d, want 413", limit+1, code)
+	}
+	if code := w.rawPost(good, -1, bytes.Repeat([]byte("a"), limit+1)); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("chunked, %d bytes and more to come: %d, want 413", limit+1, code)
+	}
+	// The same for a payment: 413 once past the limit, not after the
+	// client sends the rest.
+	auth := "Authorization: Bearer " + w.keyA + "\r\nIdempotency-Key: big-1\r\n"
+	if code := w.rawRequest("/v1/payments", auth, -1, bytes.Repeat([]byte("a"), 64<<10+1)); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("a payment, chunked, over the limit and more to come: %d, want 413", code)
+	}
+	// A body that is not JSON under a signature that does not verify is a
+	// bad signature, not a parse error.
+	code, _ := w.webhook([]byte("{not json"), good)
+	if code != http.StatusBadRequest || w.webhookResults(gateway.WebhookBadSignature) != 4 {
+		t.Errorf("unsigned garbage: %d, bad_signature %v, want 400 and 4", code, w.webhookResults(gateway.WebhookBadSignature))
+	}
+	// An event at the limit is read and verified.
+	ev := intentEvent("evt_big", "payment_intent.succeeded", "pi_elsewhere", "succeeded", 1, map[string]string{"order": "7"})
+	ev = append(ev[:len(ev)-1], []byte(`,"pad":"`+strings.Repeat("p", limit-len(ev)-10)+`"}`)...)
+	if code, res := w.webhook(ev, stripesim.SignWebhook(ev, webhookSecret, time.Now())); code != http.StatusOK || res != gateway.WebhookNotOurs {
+		t.Errorf("an event of %d bytes: %d %q, want 200 %q", len(ev), code, res, gateway.WebhookNotOurs)
 	}
 }
