@@ -56,55 +56,22 @@ func newAuth(cfg Config) (*auth, error) {
 }
 
 // ValidateToken says why an operator token is too guessable: it needs an
-// estimated MinTokenBits bits, its length times the lesser of the bits a
-// character its character classes allow (lower, upper, digits, others)
-// and the bits its characters' frequencies show (so "aaaa..." or
-// "abab..." has next to none).
+// estimated MinTokenBits bits (estimateToken: its unpredictable characters
+// times the lesser of the bits its character classes allow and the bits
+// its characters' frequencies show; sequences, repeats and keyboard walks
+// count for nothing) and MinTokenLen characters.
 func ValidateToken(token string) error {
-	bits := tokenBits(token)
+	est := estimateToken(token)
+	bits := est.bits
 	if len(token) < MinTokenLen || bits < MinTokenBits {
-		return fmt.Errorf("%w: the token is too guessable: about %.0f bits estimated from its %d characters and their variety, need at least %d bits and %d characters: draw one with openssl rand -hex 32",
-			ErrConfig, bits, len(token), MinTokenBits, MinTokenLen)
+		why := ""
+		if est.pattern != "" {
+			why = fmt.Sprintf(" (%d of them predictable; the longest stretch is %s)", est.predictable, est.pattern)
+		}
+		return fmt.Errorf("%w: the token is too guessable: about %.0f bits estimated from its %d characters and their variety%s, need at least %d bits and %d characters: make one with `paydedup console token` (or openssl rand -hex 32)",
+			ErrConfig, bits, len([]rune(token)), why, MinTokenBits, MinTokenLen)
 	}
 	return nil
-}
-
-func tokenBits(token string) float64 {
-	if token == "" {
-		return 0
-	}
-	var lower, upper, digit, other bool
-	count := map[rune]int{}
-	n := 0
-	for _, r := range token {
-		switch {
-		case r >= 'a' && r <= 'z':
-			lower = true
-		case r >= 'A' && r <= 'Z':
-			upper = true
-		case r >= '0' && r <= '9':
-			digit = true
-		default:
-			other = true
-		}
-		count[r]++
-		n++
-	}
-	alphabet := 0
-	for _, c := range []struct {
-		has  bool
-		size int
-	}{{lower, 26}, {upper, 26}, {digit, 10}, {other, 33}} {
-		if c.has {
-			alphabet += c.size
-		}
-	}
-	shannon := 0.0
-	for _, k := range count {
-		p := float64(k) / float64(n)
-		shannon -= p * math.Log2(p)
-	}
-	return float64(n) * min(math.Log2(float64(alphabet)), shannon)
 }
 
 // tokenOK compares in constant time; hashing first hides the token's length.

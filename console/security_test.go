@@ -150,9 +150,33 @@ func TestWeakTokensAreRefused(t *testing.T) {
 			t.Errorf("token %q: %v, want ErrConfig naming the 128-bit rule", tok, err)
 		}
 	}
-	for _, tok := range []string{token, "console-test-token-0123456789-and-more", "4f9c2e7a1b8d3f60c5e2a9174d8b3e6f0a2c5e7b9d1f3a5c7e9b2d4f6a8c0e1b", "Zq3+Yk8/Pw2mR7xT5vN1bL9cH4gF6dS0aE2jU8oI3y="} {
+	for _, tok := range []string{token, "4f9c2e7a1b8d3f60c5e2a9174d8b3e6f0a2c5e7b9d1f3a5c7e9b2d4f6a8c0e1b", "Zq3+Yk8/Pw2mR7xT5vN1bL9cH4gF6dS0aE2jU8oI3y="} {
 		if _, err := console.New(nil, nil, console.Config{Token: tok}); err != nil {
 			t.Errorf("token %q: %v", tok, err)
+		}
+	}
+}
+
+// Tokens that pass a count of characters and their variety but that a
+// guesser tries first are refused, naming what gives them away and how to
+// make a good one: a sequence, a repeat, keyboard walks, and a phrase with
+// a sequence in it.
+func TestPredictableTokensAreRefused(t *testing.T) {
+	t.Parallel()
+	for tok, why := range map[string]string{
+		"abcdefghijklmnopqrstuvwxyzab":            "ascending sequence",
+		"zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPON": "descending sequence",
+		"0123456789abcdef0123456789abcdef":        "repeat",
+		"qwertyuiopasdfghjklzxcvbnm1234567890":    "keyboard walk",
+		"1qaz2wsx3edc4rfv5tgb6yhn7ujm8ik,9ol.":    "keyboard walk",
+		"QWERTYUIOP{}ASDFGHJKL:ZXCVBNM<>?!@#$%^&": "keyboard walk",
+		"console-test-token-0123456789-and-more":  "ascending sequence",
+		"Tr0ub4dor&3-Tr0ub4dor&3-Tr0ub4dor&3-xyz": "repeat",
+	} {
+		_, err := console.New(nil, nil, console.Config{Token: tok})
+		if !errors.Is(err, console.ErrConfig) || !strings.Contains(err.Error(), "128 bits") ||
+			!strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), "paydedup console token") {
+			t.Errorf("token %q: %v, want ErrConfig naming the 128-bit rule, %q and paydedup console token", tok, err, why)
 		}
 	}
 }

@@ -175,6 +175,17 @@ type Config struct {
 	QueueSize     int
 	MerchantShare float64
 
+	// AuthFailures is how many failed authentications a source address
+	// (IPv4, or an IPv6 /64) may make at once, earned back over
+	// AuthFailureWindow; beyond them its requests are 429 with Retry-After,
+	// without an API key look-up. Negative turns the throttle off (behind
+	// a proxy every client has the proxy's address).
+	AuthFailures      int
+	AuthFailureWindow time.Duration
+	// MaxConns bounds the open connections; one more is answered 503 and
+	// closed at once.
+	MaxConns int
+
 	// DrainTimeout bounds a graceful shutdown: in-flight requests finish
 	// (waiters answer 202 at once), then connections are closed.
 	DrainTimeout  time.Duration
@@ -214,6 +225,9 @@ func (c Config) WithDefaults() Config {
 	c.Flushers = cmp.Or(c.Flushers, DefaultFlushers)
 	c.QueueSize = cmp.Or(c.QueueSize, DefaultQueueSize)
 	c.MerchantShare = cmp.Or(c.MerchantShare, DefaultMerchantShare)
+	c.AuthFailures = cmp.Or(c.AuthFailures, DefaultAuthFailures)
+	c.AuthFailureWindow = cmp.Or(c.AuthFailureWindow, DefaultAuthFailureWindow)
+	c.MaxConns = cmp.Or(c.MaxConns, DefaultMaxConns)
 	if c.Limits.MaxBodyBytes <= 0 {
 		c.Limits.MaxBodyBytes = payment.DefaultMaxBodyBytes
 	}
@@ -261,6 +275,15 @@ func (c Config) Validate() error {
 	if c.MerchantShare <= 0 || c.MerchantShare > 1 {
 		errs = append(errs, fmt.Errorf("merchant share must be within (0, 1], got %v", c.MerchantShare))
 	}
+	if c.AuthFailures > 100000 {
+		errs = append(errs, fmt.Errorf("auth failures must be at most 100000, got %d", c.AuthFailures))
+	}
+	if c.AuthFailureWindow < time.Second || c.AuthFailureWindow > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("auth failure window must be within 1s..24h, got %v", c.AuthFailureWindow))
+	}
+	if c.MaxConns < 1 || c.MaxConns > 1000000 {
+		errs = append(errs, fmt.Errorf("max conns must be within 1..1000000, got %d", c.MaxConns))
+	}
 	if c.Webhooks.Verifier != nil && c.Webhooks.Ledger == nil {
 		errs = append(errs, errors.New("webhooks need the ledger they settle"))
 	}
@@ -283,7 +306,8 @@ type Gateway struct {
 	log     *slog.Logger
 	metrics *metrics
 	handler http.Handler
-	batch   *batcher // takes every POST in (batch.go)
+	batch   *batcher      // takes every POST in (batch.go)
+	auths   *authThrottle // nil: off
 	pauses  pauseCache
 
 	draining  atomic.Bool
@@ -315,6 +339,7 @@ func New(records Records, store Store, comp Completions, pub Publisher, cfg Conf
 	}
 	g.prop = cfg.Propagator
 	g.batch = newBatcher(g, store, records)
+	g.auths = newAuthThrottle(cfg.AuthFailures, cfg.AuthFailureWindow, cfg.Clock)
 	if cfg.TracerProvider == nil {
 		// Tracing off: otelhttp's span would be a no-op one that keeps the
 		// client's span context, its attributes and wrapping computed for
@@ -364,12 +389,14 @@ func (g *Gateway) Server() *http.Server {
 	}
 }
 
-// Serve serves on ln until ctx ends, and purges expired intake rows. Then it
+// Serve serves on ln, at most MaxConns connections at once, until ctx
+// ends, and purges expired intake rows. Then it
 // drains: readiness fails, waiting requests answer 202, in-flight requests
 // finish within DrainTimeout, and remaining connections are closed. It
 // returns nil after a drain.
 func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	srv := g.Server()
+	ln = &connLimitListener{Listener: ln, max: int64(g.cfg.MaxConns), refused: g.metrics.connsRefused, gauge: g.metrics.connsOpen}
 	var wg sync.WaitGroup
 	// The batched intake takes POSTs in from the first request served, and
 	// outlives the drain: in-flight POSTs wait on it.

@@ -219,9 +219,14 @@ func (g *Gateway) unauthenticated(w http.ResponseWriter) {
 // authenticate resolves the bearer API key to its merchant. A missing key
 // and a wrong key are both 401; nothing tells a revoked key from an unknown
 // one. With cached (POST: the batched intake) a key seen before is taken
-// from the cache: the batch re-checks it before anything is done.
+// from the cache: the batch re-checks it before anything is done. A source
+// address that failed too often is 429 before anything else, a cached key
+// included (else a guess that hit the cache would go unthrottled).
 func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.throttled(w, r) {
+			return
+		}
 		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		token = strings.TrimSpace(token)
 		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
@@ -232,6 +237,7 @@ func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 		ctx := r.Context()
 		if cached {
 			if !pgstore.ValidAPIKeyShape(token) {
+				g.authFailed(r)
 				g.unauthenticated(w)
 				return
 			}
@@ -247,6 +253,7 @@ func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 		cancel()
 		switch {
 		case errors.Is(err, pgstore.ErrUnauthenticated):
+			g.authFailed(r)
 			g.unauthenticated(w)
 			return
 		case err != nil:

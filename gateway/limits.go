@@ -8,12 +8,12 @@ import (
 	"github.com/paydedup/paydedup/payment"
 )
 
-// bodyLimit is the largest body the route of r reads: the webhook's for
+// bodyLimit is the largest body the route of r reads: webhookLimit for
 // Stripe's events, Limits.MaxBodyBytes (PAYDEDUP_MAX_BODY_BYTES) for
 // everything else.
 func (g *Gateway) bodyLimit(r *http.Request) int64 {
 	if r.URL.Path == PathStripeWebhooks {
-		return maxWebhookBytes
+		return g.webhookLimit()
 	}
 	return int64(g.cfg.Limits.MaxBodyBytes)
 }

@@ -19,6 +19,9 @@ type metrics struct {
 	publishDuration prometheus.Histogram
 	waits           *prometheus.CounterVec
 	authFailures    prometheus.Counter
+	authThrottled   prometheus.Counter
+	connsRefused    prometheus.Counter
+	connsOpen       prometheus.Gauge
 	webhooks        *prometheus.CounterVec
 	queued          prometheus.Gauge
 	batchSize       prometheus.Histogram
@@ -63,6 +66,18 @@ func newMetrics(reg prometheus.Registerer) (m *metrics, err error) {
 		authFailures: f.NewCounter(prometheus.CounterOpts{
 			Name: "paydedup_gateway_auth_failures_total",
 			Help: "Requests with an invalid or revoked API key.",
+		}),
+		authThrottled: f.NewCounter(prometheus.CounterOpts{
+			Name: "paydedup_gateway_auth_throttled_total",
+			Help: "Requests answered 429 without an API key look-up because their source address failed to authenticate too often.",
+		}),
+		connsRefused: f.NewCounter(prometheus.CounterOpts{
+			Name: "paydedup_gateway_connections_refused_total",
+			Help: "Connections answered 503 and closed at once because the gateway had its maximum open.",
+		}),
+		connsOpen: f.NewGauge(prometheus.GaugeOpts{
+			Name: "paydedup_gateway_connections_open",
+			Help: "Connections the gateway holds open.",
 		}),
 		webhooks: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "paydedup_gateway_webhook_events_total",

@@ -176,11 +176,12 @@ func TestGatewayAnswersMatchOpenAPI(t *testing.T) {
 
 	// Only a fault of the service, or a command the worker dead-letters
 	// (which the gateway's own checks keep from being published), gives
-	// these; only an overload gives a 429 (TestBatchOverloadSheds); only
-	// a publish unsettled for seconds a GET's 409
+	// these; only an overload gives a 429 (TestBatchOverloadSheds), or
+	// failed authentications a GET's (TestFailedAuthenticationsAreThrottled);
+	// only a publish unsettled for seconds a GET's 409
 	// (TestBatchAcceptsBeforeThePublishMark holds one).
 	unseen := map[string]bool{"POST /v1/payments 500": true, "POST /v1/payments 429": true, "GET /v1/payments/{key} 400": true,
-		"GET /v1/payments/{key} 409": true,
+		"GET /v1/payments/{key} 409": true, "GET /v1/payments/{key} 429": true,
 		"GET /v1/payments/{key} 413": true, "GET /v1/payments/{key} 422": true, "GET /v1/payments/{key} 503": true}
 	var missing []string
 	for path, item := range c.doc.Paths.Map() {

@@ -255,6 +255,11 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
+			// Closed, not drained (up to 256 KiB, waiting on a client
+			// that may never send it): MaxBytesReader tells net/http to
+			// close only when given its own ResponseWriter, and w is
+			// wrapped.
+			w.Header().Set("Connection", "close")
 			writeProblem(w, Problem{Type: ProblemTooLarge, Status: http.StatusRequestEntityTooLarge,
 				Detail: "The body exceeds " + strconv.Itoa(g.cfg.Limits.MaxBodyBytes) + " bytes.", Reason: string(payment.ReasonBodyTooLarge)})
 			return

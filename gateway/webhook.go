@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -21,13 +23,29 @@ const HeaderStripeSignature = "Stripe-Signature"
 // ProblemBadSignature is a webhook event whose signature did not verify.
 const ProblemBadSignature = problemTypePrefix + "webhook-signature"
 
-// maxWebhookBytes bounds an event's body; Stripe's are a few KiB.
-const maxWebhookBytes = 1 << 20
+// WebhookEnvelopeBytes is what a webhook event may hold beyond the command
+// it is about: the event reads at most Limits.MaxBodyBytes plus this
+// (128 KiB with the defaults), all before its signature is verified. A
+// Stripe event about a payment intent is the intent and an envelope, a
+// few KiB of Stripe's own fields (an intent, its last error, the event's
+// id, type and request), plus what the command put in it (description,
+// metadata, statement descriptor), which the gateway bounded by
+// MaxBodyBytes when it took the command in. An event over the bound is
+// 413: Stripe tries it again for days, and the reconciler settles the
+// payment meanwhile, so a bound too tight costs latency, not a payment;
+// one too loose lets anyone make the gateway read and hash it.
+const WebhookEnvelopeBytes = 64 << 10
 
 // EventVerifier verifies a provider's signed webhook event and reads it
-// (*stripe.WebhookVerifier). Its error wraps provider.ErrBadSignature when
+// (*stripe.WebhookVerifier). Its errors wrap provider.ErrBadSignature when
 // the event is not the provider's.
 type EventVerifier interface {
+	// CheckSignature refuses a signature header that no body could make
+	// verify (malformed, ambiguous, outside the tolerance): it runs before
+	// the body is read.
+	CheckSignature(signature string) error
+	// Verify checks the body against the header and reads the event; it
+	// parses nothing before the signature verifies.
 	Verify(payload []byte, signature string) (provider.Event, error)
 }
 
@@ -68,28 +86,51 @@ type webhookReply struct {
 	Result   string `json:"result"`
 }
 
-// postStripeWebhook verifies an event and applies it. A bad signature, an
-// old timestamp or an unreadable body is 400 and changes nothing; a fault
-// of ours is 503, so Stripe delivers the event again; anything else is 200.
+// webhookLimit is the most of a webhook event's body the gateway reads.
+func (g *Gateway) webhookLimit() int64 {
+	return int64(g.cfg.Limits.MaxBodyBytes) + WebhookEnvelopeBytes
+}
+
+// postStripeWebhook verifies an event and applies it. The signature
+// header is checked before any of the body is read, and the body is read
+// up to webhookLimit only (a declared larger one never: limits.go), then
+// verified before anything parses it. A bad signature, an old timestamp
+// or an unreadable body is 400 and changes nothing; a fault of ours is
+// 503, so Stripe delivers the event again; anything else is 200.
 // Redeliveries need no table of seen event ids: settling changes only a row
 // still processing, so a repeated event finds the row final and agreeing.
 func (g *Gateway) postStripeWebhook(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWebhookBytes))
+	sigs := r.Header.Values(HeaderStripeSignature)
+	sig := ""
+	err := errors.New("more than one Stripe-Signature header")
+	if len(sigs) <= 1 {
+		sig = r.Header.Get(HeaderStripeSignature)
+		err = g.cfg.Webhooks.Verifier.CheckSignature(sig)
+	}
+	if err != nil {
+		// Unread: the connection is closed after the answer rather than
+		// the body read and discarded first (net/http would, up to 256 KiB).
+		w.Header().Set("Connection", "close")
+		g.refuseEvent(w, err)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.webhookLimit()))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			writeProblem(w, Problem{Type: ProblemTooLarge, Status: http.StatusRequestEntityTooLarge})
+			// Closed, not drained: MaxBytesReader tells net/http to close
+			// only when given its own ResponseWriter, and w is wrapped.
+			w.Header().Set("Connection", "close")
+			writeProblem(w, Problem{Type: ProblemTooLarge, Status: http.StatusRequestEntityTooLarge,
+				Detail: "The event exceeds " + strconv.FormatInt(tooLarge.Limit, 10) + " bytes.", Reason: string(payment.ReasonBodyTooLarge)})
 			return
 		}
 		writeProblem(w, Problem{Type: ProblemInvalidRequest, Status: http.StatusBadRequest, Detail: "The event body could not be read."})
 		return
 	}
-	ev, err := g.cfg.Webhooks.Verifier.Verify(body, r.Header.Get(HeaderStripeSignature))
+	ev, err := g.cfg.Webhooks.Verifier.Verify(body, sig)
 	if err != nil {
-		g.metrics.webhooks.WithLabelValues(WebhookBadSignature).Inc()
-		g.log.Warn("webhook event refused", "error", err)
-		writeProblem(w, Problem{Type: ProblemBadSignature, Status: http.StatusBadRequest,
-			Detail: "The Stripe-Signature does not verify with the endpoint's signing secret, or it is too old."})
+		g.refuseEvent(w, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout)
@@ -102,6 +143,14 @@ func (g *Gateway) postStripeWebhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, webhookReply{Received: true, Result: result})
+}
+
+// refuseEvent answers an event whose signature does not verify.
+func (g *Gateway) refuseEvent(w http.ResponseWriter, err error) {
+	g.metrics.webhooks.WithLabelValues(WebhookBadSignature).Inc()
+	g.log.Warn("webhook event refused", "error", err)
+	writeProblem(w, Problem{Type: ProblemBadSignature, Status: http.StatusBadRequest,
+		Detail: "The Stripe-Signature does not verify with the endpoint's signing secret, or it is too old."})
 }
 
 // applyEvent settles the processing payment an event is about, or checks

@@ -109,6 +109,9 @@ type options struct {
 	// webhookSecret, when set, turns the gateway's Stripe webhooks on and
 	// has the simulator post its events, through w.hooks, to them.
 	webhookSecret string
+	// webhookVerifier, when set, verifies the webhooks instead of one built
+	// from webhookSecret (which the simulator still signs with).
+	webhookVerifier gateway.EventVerifier
 	// ledger, when set, wraps the webhooks' ledger (to lose its answers).
 	ledger          func(gateway.Ledger) gateway.Ledger
 	processingDelay time.Duration
@@ -180,11 +183,15 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var verifier gateway.EventVerifier = v
+		if opt.webhookVerifier != nil {
+			verifier = opt.webhookVerifier
+		}
 		var ledger gateway.Ledger = store
 		if opt.ledger != nil {
 			ledger = opt.ledger(ledger)
 		}
-		gcfg.Webhooks = gateway.Webhooks{Verifier: v, Ledger: ledger}
+		gcfg.Webhooks = gateway.Webhooks{Verifier: verifier, Ledger: ledger}
 	}
 	sim, stripe := testenv.ProviderWith(t, simCfg, 4*time.Second)
 	var seen traceparents

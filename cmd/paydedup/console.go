@@ -50,15 +50,16 @@ Without it the console is read-only. It listens on 127.0.0.1 by default; on
 any other address it refuses to start without the token, and then every
 page needs the login and the session cookie is Secure (a TLS proxy in front;
 --secure-cookie false turns that off). The token must be hard to guess:
-about 128 bits by its length and the variety of its characters (openssl
-rand -hex 32 gives 256). A session lasts --session-ttl and ends at logout;
+about 128 bits by its length and the variety of its characters, with
+sequences, repeats and keyboard walks counting for nothing; "paydedup
+console token" prints one of 256 random bits. A session lasts --session-ttl and ends at logout;
 wrong logins are throttled.
 
 The console answers only to localhost, IP addresses, the --addr host and
 the names in --host / PAYDEDUP_CONSOLE_HOSTS: any other Host header is
 refused with 421, so a web page that rebinds its own name to this address
 (DNS rebinding) reads nothing. Add the name your browser or proxy uses.`,
-		Example: `  PAYDEDUP_CONSOLE_TOKEN=$(openssl rand -hex 32) paydedup console
+		Example: `  PAYDEDUP_CONSOLE_TOKEN=$(paydedup console token) paydedup console
   paydedup console --addr 127.0.0.1:9000   # read-only without the token
   PAYDEDUP_CONSOLE_HOSTS=console.ops.example paydedup console --addr 0.0.0.0:8089`,
 		Args: cobra.NoArgs,
@@ -67,6 +68,7 @@ refused with 421, so a web page that rebinds its own name to this address
 	c.db.bind(cmd, a)
 	c.nats.bind(cmd, a)
 	c.streams.bind(cmd, a)
+	cmd.AddCommand(newConsoleTokenCmd(a))
 	f := cmd.Flags()
 	f.StringVar(&c.addr, "addr", envOr(a.getenv, "PAYDEDUP_CONSOLE_ADDR", "127.0.0.1:8089"), "listen address; not loopback needs PAYDEDUP_CONSOLE_TOKEN (PAYDEDUP_CONSOLE_ADDR)")
 	f.DurationVar(&c.grace, "grace", a.envDuration("PAYDEDUP_RECONCILE_GRACE", reconciler.DefaultGrace), "a pending row is stuck when pending longer than this (PAYDEDUP_RECONCILE_GRACE)")
@@ -75,6 +77,31 @@ refused with 421, so a web page that rebinds its own name to this address
 	f.DurationVar(&c.sessionTTL, "session-ttl", a.envDuration(consoleSessionTTLEnv, console.DefaultSessionTTL), "how long a login lasts; logout ends it sooner ("+consoleSessionTTLEnv+")")
 	f.StringVar(&c.secure, "secure-cookie", envOr(a.getenv, consoleSecureEnv, "auto"), "mark the session cookie Secure: true, false, or auto (true off loopback) ("+consoleSecureEnv+")")
 	return cmd
+}
+
+// newConsoleTokenCmd is `paydedup console token`: a token of
+// console.NewTokenBytes random bytes (crypto/rand) in hex, on a line of its
+// own, for PAYDEDUP_CONSOLE_TOKEN.
+func newConsoleTokenCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "token",
+		Short: "Print a new console token (256 random bits, hex) for PAYDEDUP_CONSOLE_TOKEN",
+		Long: `token prints a new operator token for PAYDEDUP_CONSOLE_TOKEN: 32 bytes from
+the operating system's cryptographic random source, in hex. The console
+refuses a token estimated at less than 128 bits; this one has 256. It is
+printed only: keep it in your secret store, and restart the console with
+it to log everyone out.`,
+		Example: `  PAYDEDUP_CONSOLE_TOKEN=$(paydedup console token) paydedup console`,
+		Args:    cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			tok, err := console.NewToken()
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(a.out, tok)
+			return err
+		},
+	}
 }
 
 // The console's other variables.
@@ -100,7 +127,7 @@ func (c *consoleCmd) validate(token string) (secure bool, err error) {
 	errs := []error{c.db.validate(), c.nats.validate(), c.streams.validate()}
 	loopback := console.Loopback(c.addr)
 	if !loopback && token == "" {
-		errs = append(errs, fmt.Errorf("--addr / PAYDEDUP_CONSOLE_ADDR %q is not a loopback address: set %s (e.g. openssl rand -hex 32) to serve beyond this machine, or listen on 127.0.0.1", c.addr, consoleTokenEnv))
+		errs = append(errs, fmt.Errorf("--addr / PAYDEDUP_CONSOLE_ADDR %q is not a loopback address: set %s (make one with `paydedup console token`) to serve beyond this machine, or listen on 127.0.0.1", c.addr, consoleTokenEnv))
 	}
 	if token != "" {
 		if err := console.ValidateToken(token); err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/console"
 	"github.com/paydedup/paydedup/lab/testenv"
 )
 
@@ -46,6 +47,34 @@ func TestConsoleRefusesUnsafeSettings(t *testing.T) {
 		}
 		for k := range c.env {
 			delete(w.env, k)
+		}
+	}
+}
+
+// `paydedup console token` prints a token the console accepts, another
+// each time; a predictable one stops the console at start, naming the
+// variable, what gives it away and the command that makes a good one.
+func TestConsoleTokenCommand(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, "postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1", true)
+	seen := map[string]bool{}
+	for range 3 {
+		out, _, err := w.run("", "console", "token")
+		tok := strings.TrimSuffix(out, "\n")
+		if err != nil || len(tok) != 64 || strings.Contains(tok, "\n") || seen[tok] {
+			t.Fatalf("console token: %q %v, want a new line of 64 hex characters", out, err)
+		}
+		seen[tok] = true
+		if err := console.ValidateToken(tok); err != nil {
+			t.Fatalf("the printed token is refused: %v", err)
+		}
+	}
+	w.env["PAYDEDUP_CONSOLE_TOKEN"] = "qwertyuiopasdfghjklzxcvbnm1234567890"
+	defer delete(w.env, "PAYDEDUP_CONSOLE_TOKEN")
+	_, _, err := w.run("", "console", "--addr", "127.0.0.1:0")
+	for _, want := range []string{"PAYDEDUP_CONSOLE_TOKEN", "keyboard walk", "paydedup console token"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("a keyboard walk as the token: %v, want an error naming %q", err, want)
 		}
 	}
 }

@@ -59,6 +59,10 @@ GET /v1/payments/{idempotency_key} shows a payment's state and outcome.
 Concurrent POSTs are taken in together, a batch sharing each statement and
 commit (--batch-size, --batch-window, --flushers); beyond --queue-size
 waiting POSTs it answers 503, beyond a merchant's --merchant-share 429.
+A source address that failed to authenticate --auth-failures times is
+answered 429 without an API key look-up until it earns them back over
+--auth-failure-window; beyond --max-conns open connections one more is
+answered 503 and closed.
 
 Requests authenticate with Authorization: Bearer <API key>; create keys with
 "paydedup apikey create". The gateway does not charge: run "paydedup worker"
@@ -66,7 +70,8 @@ against the same database and stream. It needs every migration this
 binary carries (run "paydedup migrate up" as the owner; it is not ready
 until then) and connects as the role paydedup_gateway, which reads API keys
 and payments and writes only the gateway's guard rows. With STRIPE_WEBHOOK_SECRET (the endpoint's signing
-secret, whsec_...) it also serves POST /v1/stripe/webhooks, which settles
+secret, whsec_...; during a roll of the secret "new,old", an event verifying
+with either) it also serves POST /v1/stripe/webhooks, which settles
 processing payments from Stripe's payment_intent.succeeded, payment_failed
 and canceled events (through the settle_payment function of migration
 00011, its only write outside the guard rows); without it the route
@@ -99,6 +104,9 @@ within --drain-timeout (waiting requests answer 202) and exits 0.`,
 	f.IntVar(&c.Flushers, "flushers", a.envInt("PAYDEDUP_GATEWAY_FLUSHERS", gateway.DefaultFlushers), "batches settled at once, each on one database connection (PAYDEDUP_GATEWAY_FLUSHERS)")
 	f.IntVar(&c.QueueSize, "queue-size", a.envInt("PAYDEDUP_GATEWAY_QUEUE_SIZE", gateway.DefaultQueueSize), "POSTs that may wait for a batch; beyond it they are answered 503 with Retry-After (PAYDEDUP_GATEWAY_QUEUE_SIZE)")
 	f.IntVar(&g.share, "merchant-share", a.envInt("PAYDEDUP_GATEWAY_MERCHANT_SHARE", int(100*gateway.DefaultMerchantShare)), "percent of the queue one merchant may fill; beyond it its POSTs are 429 with Retry-After (PAYDEDUP_GATEWAY_MERCHANT_SHARE)")
+	f.IntVar(&c.AuthFailures, "auth-failures", a.envInt("PAYDEDUP_GATEWAY_AUTH_FAILURES", gateway.DefaultAuthFailures), "failed authentications a source address may make at once, earned back over --auth-failure-window; beyond them it is answered 429 without a key look-up; 0 turns this off, as behind a proxy that hides client addresses (PAYDEDUP_GATEWAY_AUTH_FAILURES)")
+	f.DurationVar(&c.AuthFailureWindow, "auth-failure-window", a.envDuration("PAYDEDUP_GATEWAY_AUTH_FAILURE_WINDOW", gateway.DefaultAuthFailureWindow), "how long a source takes to earn back --auth-failures failures (PAYDEDUP_GATEWAY_AUTH_FAILURE_WINDOW)")
+	f.IntVar(&c.MaxConns, "max-conns", a.envInt("PAYDEDUP_GATEWAY_MAX_CONNS", gateway.DefaultMaxConns), "open connections at most; one more is answered 503 with Retry-After and closed (PAYDEDUP_GATEWAY_MAX_CONNS)")
 	f.IntVar(&g.poolSize, "pool-size", a.envInt("PAYDEDUP_PG_POOL_SIZE", gateway.DefaultPoolSize), "PostgreSQL connections, unless DATABASE_URL sets pool_max_conns (PAYDEDUP_PG_POOL_SIZE)")
 	g.webhookSecret = a.getenv("STRIPE_WEBHOOK_SECRET")
 	f.DurationVar(&g.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", consumer.DefaultKeyRetention), "how long finished keys (and the gateway's intake rows) are kept (PAYDEDUP_KEY_RETENTION)")
@@ -111,8 +119,16 @@ func (g *gatewayCmd) validate() (gateway.Config, error) {
 	cfg.PublishLease = max(gateway.DefaultPublishLease, 2*g.pubWait)
 	cfg.Logger = g.app.logger
 	cfg.MerchantShare = float64(g.share) / 100
+	authFailures := cfg.AuthFailures
+	if authFailures == 0 {
+		cfg.AuthFailures = -1 // off, not the default
+	}
 	cfg = cfg.WithDefaults()
 	errs := []error{g.db.validate(), g.nats.validate(), g.streams.validate()}
+	if authFailures < 0 {
+		errs = append(errs, fmt.Errorf("PAYDEDUP_GATEWAY_AUTH_FAILURES / --auth-failures must be at least 0 (0: off), got %d", authFailures))
+	}
+
 	if g.httpAddr == "" {
 		errs = append(errs, errors.New("PAYDEDUP_HTTP_ADDR / --http-addr is empty"))
 	}
@@ -121,6 +137,11 @@ func (g *gatewayCmd) validate() (gateway.Config, error) {
 	}
 	if g.share < 1 || g.share > 100 {
 		errs = append(errs, fmt.Errorf("PAYDEDUP_GATEWAY_MERCHANT_SHARE / --merchant-share must be within 1..100 (percent), got %d", g.share))
+	}
+	if g.webhookSecret != "" {
+		if _, err := stripe.ParseWebhookSecrets(g.webhookSecret); err != nil {
+			errs = append(errs, fmt.Errorf("STRIPE_WEBHOOK_SECRET: %w", err))
+		}
 	}
 	if g.pubWait <= 0 {
 		errs = append(errs, fmt.Errorf("PAYDEDUP_PUBLISH_TIMEOUT / --publish-timeout must be positive, got %v", g.pubWait))
@@ -197,10 +218,10 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if g.webhookSecret != "" {
 		v, err := stripe.NewWebhookVerifier(g.webhookSecret, 0)
 		if err != nil {
-			return err
+			return fmt.Errorf("STRIPE_WEBHOOK_SECRET: %w", err)
 		}
 		cfg.Webhooks = gateway.Webhooks{Verifier: v, Ledger: store}
-		log.Info("Stripe webhooks on", "path", gateway.PathStripeWebhooks)
+		log.Info("Stripe webhooks on", "path", gateway.PathStripeWebhooks, "secrets", v.Secrets())
 	} else {
 		log.Info("STRIPE_WEBHOOK_SECRET is unset: Stripe webhooks are off", "path", gateway.PathStripeWebhooks)
 	}

@@ -100,6 +100,22 @@ func TestGatewayCommandRefusesBadConfiguration(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "max wait") || !strings.Contains(err.Error(), "republish after") {
 		t.Fatalf("got %v", err)
 	}
+	// The door limits and the webhook secrets, each named.
+	for k, v := range map[string]string{
+		"PAYDEDUP_GATEWAY_AUTH_FAILURES":       "-1",
+		"PAYDEDUP_GATEWAY_AUTH_FAILURE_WINDOW": "10ms",
+		"PAYDEDUP_GATEWAY_MAX_CONNS":           "-5",
+		"STRIPE_WEBHOOK_SECRET":                "whsec_new,,whsec_old",
+	} {
+		env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1:1/db", "PAYDEDUP_LOG_LEVEL": "error", k: v}
+		_, _, err := runCLI(context.Background(), env, "gateway")
+		want := map[string]string{"PAYDEDUP_GATEWAY_AUTH_FAILURES": "PAYDEDUP_GATEWAY_AUTH_FAILURES",
+			"PAYDEDUP_GATEWAY_AUTH_FAILURE_WINDOW": "auth failure window", "PAYDEDUP_GATEWAY_MAX_CONNS": "max conns",
+			"STRIPE_WEBHOOK_SECRET": "STRIPE_WEBHOOK_SECRET"}[k]
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "whsec_") {
+			t.Errorf("%s=%s: %v, want an error naming %q (and no secret)", k, v, err, want)
+		}
+	}
 }
 
 // TestGatewayCommandServes runs "paydedup gateway" as deployed, logged in

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -37,6 +38,23 @@ type hooks struct {
 	wg     sync.WaitGroup
 	ctx    context.Context
 	cancel context.CancelFunc
+}
+
+// signWebhookAll signs payload with each of secrets, separated by commas
+// (STRIPE_WEBHOOK_SECRET during a roll), as Stripe signs while an
+// endpoint's old and new secrets overlap: one t=, a v1= per secret.
+func signWebhookAll(payload []byte, secrets string, t time.Time) string {
+	var sig string
+	for i, secret := range strings.Split(secrets, ",") {
+		one := SignWebhook(payload, strings.TrimSpace(secret), t)
+		if i == 0 {
+			sig = one
+			continue
+		}
+		_, v1, _ := strings.Cut(one, ",")
+		sig += "," + v1
+	}
+	return sig
 }
 
 // SignWebhook returns the Stripe-Signature header value of payload signed
@@ -100,7 +118,7 @@ func (s *Simulator) sendSettled(account, id string) {
 // deliver posts one signed event, trying again on a failure.
 func (s *Simulator) deliver(payload []byte, signedAt time.Time) {
 	h := s.hooks
-	sig := SignWebhook(payload, h.secret, signedAt)
+	sig := signWebhookAll(payload, h.secret, signedAt)
 	for attempt := range webhookAttempts {
 		if attempt > 0 {
 			select {
