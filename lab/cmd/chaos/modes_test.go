@@ -186,17 +186,20 @@ func TestProviderModelArgs(t *testing.T) {
 }
 
 // The report counts the account's 429s apart from the injected ones, the
-// workers' pause lines by cause, and checks -provider-max-429-share.
+// workers' pause lines by cause (and on a 429) and their messages at the
+// last delivery, and checks -provider-max-429-share.
 func TestProviderLoad(t *testing.T) {
 	dir := t.TempDir()
 	logs := map[string]string{
 		"worker-0.log": `---- 2026-12-07T00:00:00Z: start worker-0
-{"time":"2026-12-07T00:00:01Z","level":"WARN","msg":"worker paused; not fetching","cause":"provider_unavailable","held":3}
+{"time":"2026-12-07T00:00:01Z","level":"WARN","msg":"worker paused; not fetching","cause":"provider_unavailable","error":"provider: retryable: status 429 invalid_request_error/rate_limit: Too many requests","held":3}
+{"time":"2026-12-07T00:00:01Z","level":"WARN","msg":"provider unavailable on a message's last delivery and to a lookup: worker paused, message held","deliveries":5}
 {"time":"2026-12-07T00:00:02Z","level":"INFO","msg":"worker resumed","cause":"provider_unavailable"}
 {"time":"2026-12-07T00:00:03Z","level":"WARN","msg":"worker paused; not fetching","cause":"postgres_unavailable","held":0}
 `,
 		"worker-1.log": `{"time":"2026-12-07T00:00:01Z","level":"WARN","msg":"worker paused; not fetching","cause":"provider_unavailable","held":1}
 {"time":"2026-12-07T00:00:01Z","level":"WARN","msg":"probe after a pause","note":"worker paused; not fetching"}
+{"time":"2026-12-07T00:00:01Z","level":"WARN","msg":"last allowed delivery ended retry; published again","deliveries":5}
 not json: worker paused; not fetching
 `,
 		"gateway.log": `{"msg":"worker paused; not fetching","cause":"provider_unavailable"}` + "\n",
@@ -206,11 +209,12 @@ not json: worker paused; not fetching
 			t.Fatal(err)
 		}
 	}
-	pauses := countPauses(dir)
-	if want := map[string]int{"provider_unavailable": 2, "postgres_unavailable": 1}; !maps.Equal(pauses, want) {
-		t.Errorf("countPauses = %v, want %v", pauses, want)
+	logged := readWorkerLogs(dir)
+	if want := map[string]int{"provider_unavailable": 2, "postgres_unavailable": 1}; !maps.Equal(logged.pauses, want) ||
+		logged.pausesOn429 != 1 || logged.lastDeliveries != 2 {
+		t.Errorf("readWorkerLogs = %+v, want pauses %v, 1 on a 429, 2 last deliveries", logged, want)
 	}
-	l := providerLoad{read: true, pauses: pauses, stats: stripesim.Stats{
+	l := providerLoad{read: true, logged: logged, stats: stripesim.Stats{
 		Requests: map[string]int64{"create": 900, "retrieve": 100}, RequestsTotal: 1000,
 		RateLimited:      map[string]int64{stripesim.ReasonGlobalRate: 30, stripesim.ReasonGlobalConcurrency: 10, stripesim.ReasonInjected: 50},
 		RateLimitedTotal: 90, PeakInFlight: 64,
@@ -220,7 +224,8 @@ not json: worker paused; not fetching
 	}
 	line := l.providerLine()
 	for _, want := range []string{"1000 requests (create=900 retrieve=100)", "90 answered 429 (global-concurrency=10 global-rate=30 injected=50)",
-		"refused 4.0 %", "peak in flight 64", "worker pauses 3 (postgres_unavailable=1 provider_unavailable=2)"} {
+		"refused 4.0 %", "peak in flight 64", "worker pauses 3 (postgres_unavailable=1 provider_unavailable=2; 1 on a 429)",
+		"last delivery without an outcome 2"} {
 		if !strings.Contains(line, want) {
 			t.Errorf("providerLine() = %q, lacks %q", line, want)
 		}
@@ -229,7 +234,7 @@ not json: worker paused; not fetching
 	if err := h.checkProviderLoad(); err != nil {
 		t.Errorf("4 %% under a 5 %% bound: %v", err)
 	}
-	if s := h.providerSummary(); !strings.Contains(s, "provider_429_share=0.040") || !strings.Contains(s, "worker_pauses=3") {
+	if s := h.providerSummary(); !strings.Contains(s, "provider_429_share=0.040") || !strings.Contains(s, "worker_pauses=3 worker_pauses_on_429=1 last_deliveries=2") {
 		t.Errorf("providerSummary() = %q", s)
 	}
 	h.cfg.providerMax429Share = 0.02

@@ -30,10 +30,6 @@ import (
 // shows whether the fleet hammered the account; -provider-max-429-share
 // turns a share of 429s above it into a violation.
 
-// workerPausedMsg is the worker's log message when it stops fetching
-// (consumer/worker.go), counted by cause.
-const workerPausedMsg = "worker paused; not fetching"
-
 // rateLimitMode reports whether any of the provider model's flags is set.
 func (c *config) rateLimitMode() bool {
 	return c.providerRateLimit > 0 || c.providerConcurrencyLimit > 0 || c.providerLatencyMedian > 0 || c.providerRate > 0
@@ -107,11 +103,11 @@ func (c *config) providerRateEnv() []string {
 }
 
 // providerLoad is what the provider saw of the run: the simulator's
-// counters and the workers' pauses.
+// counters and what the workers logged of it.
 type providerLoad struct {
 	read   bool // the simulator's stats were read
 	stats  stripesim.Stats
-	pauses map[string]int // the workers' "worker paused" lines by cause
+	logged workerLog
 }
 
 // limited is the 429s of the account's limiters (the rate and
@@ -130,7 +126,7 @@ func (l providerLoad) limitedShare() float64 {
 
 func (l providerLoad) pauseTotal() int {
 	n := 0
-	for _, c := range l.pauses {
+	for _, c := range l.logged.pauses {
 		n += c
 	}
 	return n
@@ -140,7 +136,7 @@ func (l providerLoad) pauseTotal() int {
 // pauses; a failure to read is logged, not fatal: the stats describe the
 // run, the promise checks judge it.
 func (h *harness) readProviderLoad(ctx context.Context) {
-	l := providerLoad{pauses: countPauses(h.logs)}
+	l := providerLoad{logged: readWorkerLogs(h.logs)}
 	st, err := h.simStats(ctx)
 	if err != nil {
 		h.logf("provider: %v", err)
@@ -174,11 +170,30 @@ func (h *harness) simStats(ctx context.Context) (stripesim.Stats, error) {
 	return st, nil
 }
 
-// countPauses counts the workers' "worker paused; not fetching" lines
-// (JSON, the workers' log format off a terminal) in every worker log of
-// dir, by cause.
-func countPauses(dir string) map[string]int {
-	out := map[string]int{}
+// workerLog is what the workers' logs say of the provider's answers.
+type workerLog struct {
+	// pauses counts the "worker paused; not fetching" lines by cause;
+	// pausesOn429 those of them whose error is a 429 (a rate limit read
+	// as an outage).
+	pauses      map[string]int
+	pausesOn429 int
+	// lastDeliveries counts the lines of a message that reached its last
+	// allowed delivery without an outcome (held through a pause, or
+	// published again): deliveries spent by the provider's answers.
+	lastDeliveries int
+}
+
+// The log messages workerLog counts (consumer/worker.go, consumer/hold.go).
+const (
+	workerPausedMsg    = "worker paused; not fetching"
+	lastDeliveryMsg    = "last allowed delivery ended"
+	heldLastDeliverMsg = "provider unavailable on a message's last delivery"
+)
+
+// readWorkerLogs reads every worker log of dir (JSON lines, the workers'
+// log format off a terminal).
+func readWorkerLogs(dir string) workerLog {
+	out := workerLog{pauses: map[string]int{}}
 	paths, _ := filepath.Glob(filepath.Join(dir, "worker-*.log"))
 	for _, p := range paths {
 		f, err := os.Open(p)
@@ -188,21 +203,30 @@ func countPauses(dir string) map[string]int {
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			line := sc.Bytes()
-			if !strings.Contains(string(line), workerPausedMsg) {
+			line := sc.Text()
+			if !strings.Contains(line, workerPausedMsg) && !strings.Contains(line, lastDeliveryMsg) && !strings.Contains(line, heldLastDeliverMsg) {
 				continue
 			}
 			var rec struct {
 				Msg   string `json:"msg"`
 				Cause string `json:"cause"`
+				Error string `json:"error"`
 			}
-			if err := json.Unmarshal(line, &rec); err != nil || rec.Msg != workerPausedMsg {
+			if json.Unmarshal([]byte(line), &rec) != nil {
 				continue
 			}
-			if rec.Cause == "" {
-				rec.Cause = "unknown"
+			switch {
+			case rec.Msg == workerPausedMsg:
+				if rec.Cause == "" {
+					rec.Cause = "unknown"
+				}
+				out.pauses[rec.Cause]++
+				if strings.Contains(rec.Error, "status 429") {
+					out.pausesOn429++
+				}
+			case strings.HasPrefix(rec.Msg, lastDeliveryMsg), strings.HasPrefix(rec.Msg, heldLastDeliverMsg):
+				out.lastDeliveries++
 			}
-			out[rec.Cause]++
 		}
 		f.Close()
 	}
@@ -228,9 +252,10 @@ func (l providerLoad) providerLine() string {
 		}
 	}
 	fmt.Fprintf(&b, "; worker pauses %d", l.pauseTotal())
-	if len(l.pauses) > 0 {
-		b.WriteString(" (" + countsByKey(l.pauses) + ")")
+	if len(l.logged.pauses) > 0 {
+		fmt.Fprintf(&b, " (%s; %d on a 429)", countsByKey(l.logged.pauses), l.logged.pausesOn429)
 	}
+	fmt.Fprintf(&b, "; messages at their last delivery without an outcome %d", l.logged.lastDeliveries)
 	return b.String()
 }
 
@@ -240,8 +265,8 @@ func (h *harness) providerSummary() string {
 		return ""
 	}
 	l := h.load
-	return fmt.Sprintf(" provider_requests=%d provider_429_limits=%d provider_429_share=%.3f provider_peak_in_flight=%d worker_pauses=%d",
-		l.stats.RequestsTotal, l.limited(), l.limitedShare(), l.stats.PeakInFlight, l.pauseTotal())
+	return fmt.Sprintf(" provider_requests=%d provider_429_limits=%d provider_429_share=%.3f provider_peak_in_flight=%d worker_pauses=%d worker_pauses_on_429=%d last_deliveries=%d",
+		l.stats.RequestsTotal, l.limited(), l.limitedShare(), l.stats.PeakInFlight, l.pauseTotal(), l.logged.pausesOn429, l.logged.lastDeliveries)
 }
 
 // checkProviderLoad is the violation of -provider-max-429-share, if any.
