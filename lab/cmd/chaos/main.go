@@ -31,6 +31,12 @@
 // max_deliveries dead letters where they are, so a run shows whether a
 // fault dead-lettered a good payment.
 //
+// -provider-rate-limit, -provider-concurrency-limit,
+// -provider-latency-median and -provider-latency-p99 make the simulator the
+// provider as it really is: slow, and limiting the account, answering 429
+// rate_limit past its limits (ratelimit.go). Every run reports what the
+// provider saw (the simulator's GET /_sim/stats) and the workers' pauses.
+//
 // The last line is the summary; the exit status is non-zero on any
 // violation, with the offending keys listed above it. Every process and
 // temporary directory it starts is removed on exit, on failure and on
