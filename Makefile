@@ -88,11 +88,17 @@ deploy-test:
 # payment a fault dead-lettered shows as a lost one (see README).
 # make chaos adds a three-node NATS cluster (single nodes killed, the stream
 # leader among them), worker pauses past the lease and network faults
-# (latency, cut connections, partitions) on every worker link.
+# (latency, cut connections, partitions) on every worker link, and the
+# provider as it really is: 50 ms median, 200 ms p99, the account limited to
+# 200 requests/s (the run ends with the 429s and pauses it caused).
 chaos:
-	$(GO) run ./lab/cmd/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions -pg-failover 2 -gateway-clients 16 -gateway-payments 5000 -puback-losses 4 -gateway-kills 2 -provider-outage 30s -replay none
+	$(GO) run ./lab/cmd/chaos -payments 20000 -nats-cluster 3 -nats-restarts 4 -pauses 3 -net-latency -net-cuts -net-partitions -pg-failover 2 -gateway-clients 16 -gateway-payments 5000 -puback-losses 4 -gateway-kills 2 -provider-outage 30s -replay none -provider-rate-limit 200 -provider-latency-median 50ms -provider-latency-p99 200ms
+# make chaos-short runs twice: once against the fast simulator, once
+# against a slow one limiting the account to 100 requests/s and 25 in
+# flight (Stripe live mode's rate), the same faults (about 2 minutes more).
 chaos-short:
 	$(GO) run ./lab/cmd/chaos -payments 2000 -gateway-clients 8 -gateway-payments 500 -puback-losses 3 -gateway-kills 2 -provider-outage 30s -pg-long-stop 8s -replay none
+	$(GO) run ./lab/cmd/chaos -payments 2000 -gateway-clients 8 -gateway-payments 500 -puback-losses 3 -gateway-kills 2 -provider-outage 30s -pg-long-stop 8s -replay none -provider-rate-limit 100 -provider-concurrency-limit 25 -provider-latency-median 50ms -provider-latency-p99 200ms
 # Throughput and p99 of 1, 2, 4 and 8 worker processes on one consumer.
 chaos-scale:
 	$(GO) run ./lab/cmd/chaos -scale 1,2,4,8

@@ -31,6 +31,12 @@
 // max_deliveries dead letters where they are, so a run shows whether a
 // fault dead-lettered a good payment.
 //
+// -provider-rate-limit, -provider-concurrency-limit,
+// -provider-latency-median and -provider-latency-p99 make the simulator the
+// provider as it really is: slow, and limiting the account, answering 429
+// rate_limit past its limits (ratelimit.go). Every run reports what the
+// provider saw (the simulator's GET /_sim/stats) and the workers' pauses.
+//
 // The last line is the summary; the exit status is non-zero on any
 // violation, with the offending keys listed above it. Every process and
 // temporary directory it starts is removed on exit, on failure and on
@@ -46,6 +52,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -107,6 +114,14 @@ type config struct {
 	pubAckLosses, gatewayKills      int
 	clientsNewKeyOn503              bool // the negative control: clients that break the contract
 	providerOutage, pgLongStop      time.Duration
+
+	// The provider as it really is (ratelimit.go): the simulator's latency
+	// model and account limits, the workers' fleet budget.
+	providerRateLimit                         float64 // requests/s of the account; 0: none
+	providerConcurrencyLimit                  int     // requests in flight of the account; 0: none
+	providerLatencyMedian, providerLatencyP99 time.Duration
+	providerRate                              float64 // PAYDEDUP_PROVIDER_RATE; 0: not set
+	providerMax429Share                       float64 // a violation above it; 0: not checked
 }
 
 func main() {
@@ -143,6 +158,12 @@ func main() {
 	flag.IntVar(&cfg.gatewayKills, "gateway-kills", 0, "with -gateway-clients: times the gateway is killed (-9) mid-run and started again (its clients see resets and refused connections)")
 	flag.DurationVar(&cfg.providerOutage, "provider-outage", 0, "once, refuse every worker connection to the provider for this long (longer than the delivery schedule, e.g. 30s); 0: no outage")
 	flag.DurationVar(&cfg.pgLongStop, "pg-long-stop", 0, "the first Postgres stop lasts this long instead of a second (longer than -lease, e.g. 8s); 0: off")
+	flag.Float64Var(&cfg.providerRateLimit, "provider-rate-limit", 0, "simulator: the account's requests per second (every endpoint, every worker, the reconciler and the audit alike), answered 429 rate_limit global-rate past it (--rate-limit; Stripe live mode 100); 0: none")
+	flag.IntVar(&cfg.providerConcurrencyLimit, "provider-concurrency-limit", 0, "simulator: the account's requests in flight, answered 429 rate_limit global-concurrency past it (--concurrency-limit); 0: none")
+	flag.DurationVar(&cfg.providerLatencyMedian, "provider-latency-median", 0, "simulator: median of a log-normal latency of every request (--latency-median), on top of -latency and -jitter; 0: none")
+	flag.DurationVar(&cfg.providerLatencyP99, "provider-latency-p99", 0, "simulator: 99th percentile of that latency (--latency-p99), under -provider-timeout; 0: always the median")
+	flag.Float64Var(&cfg.providerRate, "provider-rate", 0, "the workers' fleet-wide provider budget in requests per second (PAYDEDUP_PROVIDER_RATE, set only when this is); 0: not set")
+	flag.Float64Var(&cfg.providerMax429Share, "provider-max-429-share", 0, "a violation when the account's limits answered more than this share (0..1) of the provider requests 429 (the injected -rate-429 ones not counted); 0: reported, not checked")
 	flag.IntVar(&cfg.natsCluster, "nats-cluster", 0, "run a NATS cluster of this many nodes (3), streams with one replica each; NATS restarts then kill -9 single nodes, the stream leader among them (0: one server)")
 	flag.IntVar(&cfg.pauses, "pauses", 0, "times a worker holding claims is SIGSTOPped for -pause-for, then SIGCONTed")
 	flag.DurationVar(&cfg.pauseFor, "pause-for", 0, "length of a pause (default: AckWait + 2 leases, so its messages are redelivered and its leases taken over)")
@@ -208,9 +229,10 @@ type harness struct {
 	cluster  *natsCluster // -nats-cluster
 
 	pauseStats pauseStats
-	net        *netFaults  // -net-*
-	gw         *gatewayRun // -gateway-clients
-	outage     *outages    // -puback-losses, -provider-outage, -pg-long-stop
+	net        *netFaults   // -net-*
+	gw         *gatewayRun  // -gateway-clients
+	outage     *outages     // -puback-losses, -provider-outage, -pg-long-stop
+	load       providerLoad // what the provider saw, read at the end (ratelimit.go)
 
 	nc *nats.Conn
 	js jetstream.JetStream
@@ -288,11 +310,19 @@ func run(ctx context.Context, cfg config, out io.Writer) int {
 		return h.runSoak(ctx)
 	}
 	h.logf("seed %d, %d payments, %d workers, fault phase %v, work directory %s", cfg.seed, cfg.payments, cfg.workers, cfg.duration, work)
+	if cfg.rateLimitMode() {
+		h.logf("provider as it really is: simulator %s, workers %v", strings.Join(cfg.simModelArgs(), " "), cfg.providerRateEnv())
+	}
 	v, err := h.execute(ctx)
 	if err != nil {
 		h.logf("aborted: %v", err)
 		if ctx.Err() != nil {
 			return 130
+		}
+		// What the provider saw may say why (a 429 storm that never settles).
+		if h.simAddr != "" && !h.load.read {
+			h.readProviderLoad(context.Background())
+			h.logf("%s", h.load.providerLine())
 		}
 		return 2
 	}
@@ -415,6 +445,10 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 		return workload.Verdict{}, err
 	}
 	v.Inconsistent = append(v.Inconsistent, lost...)
+	h.readProviderLoad(ctx)
+	if err := h.checkProviderLoad(); err != nil {
+		v.Inconsistent = append(v.Inconsistent, "provider load: "+err.Error())
+	}
 	return v, nil
 }
 

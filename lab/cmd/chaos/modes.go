@@ -8,7 +8,7 @@ import (
 // modeSummary is the modes' part of the summary line (each mode's counts,
 // empty for a mode that is off).
 func (h *harness) modeSummary() string {
-	return h.clusterSummary() + h.pauseSummary() + h.netSummary() + h.outageSummary() + h.gatewaySummary()
+	return h.clusterSummary() + h.pauseSummary() + h.netSummary() + h.outageSummary() + h.gatewaySummary() + h.providerSummary()
 }
 
 // validateModes checks the modes' flags, naming the one to fix.
@@ -77,5 +77,6 @@ func (c *config) validateModes() error {
 	if (c.gatewayClients > 0 || c.providerOutage > 0 || c.pgLongStop > 0) && (c.scale != nil || c.soak > 0) {
 		bad("-gateway-clients, -provider-outage and -pg-long-stop are for a chaos run, not -scale or -soak")
 	}
+	errs = append(errs, c.validateProvider()...)
 	return errors.Join(errs...)
 }

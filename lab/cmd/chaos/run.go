@@ -416,6 +416,7 @@ func (h *harness) report(v workload.Verdict) int {
 	if !v.OK() || !promisesOK {
 		fmt.Fprintf(h.out, "chaos: FAILED; repeat with -seed %d -keep to keep the logs\n", h.cfg.seed)
 	}
+	fmt.Fprintf(h.out, "chaos: %s\n", h.load.providerLine())
 	fmt.Fprintf(h.out, "chaos: worker processes started %d times in all (kills and failed starts while a service was down)\n", restarts+len(h.slots))
 	fmt.Fprintf(h.out, "chaos: payments=%d publishes=%d double=%d lost=%d stuck=%d dead_letters=%d (malformed=%d key_reused=%d max_deliveries=%d) kills=%d nats_restarts=%d pg_restarts=%d%s seconds=%s\n",
 		h.cfg.payments, h.published.Load(), len(v.Double), len(v.Lost), len(v.Stuck), v.DeadLetters,

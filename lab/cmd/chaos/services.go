@@ -109,6 +109,7 @@ func (h *harness) startSim(ctx context.Context) error {
 			"--drop-after-charge", fmt.Sprint(f.dropAfterCharge), "--latency", f.latency.String(),
 			"--jitter", f.jitter.String(), "--seed", strconv.FormatUint(f.seed, 10)},
 	})
+	h.sim.args = append(h.sim.args, f.simModelArgs()...)
 	return h.startSimProc(ctx)
 }
 
@@ -132,7 +133,7 @@ func (h *harness) startSimProc(ctx context.Context) error {
 // dlq commands the harness runs): short timeouts that still nest,
 // provider-timeout × tries + backoff < lease < ack wait.
 func (h *harness) workerEnv() []string {
-	return []string{
+	return append([]string{
 		"PATH=/usr/bin:/bin",
 		"DATABASE_URL=" + h.viaProxy(h.dbURL("paydedup_worker", "paydedup")),
 		"NATS_URL=" + h.viaProxy(h.natsURL()),
@@ -155,7 +156,7 @@ func (h *harness) workerEnv() []string {
 		// production minute, so a run settles before its deadline.
 		"PAYDEDUP_LOOKUP_BACKOFF=1s",
 		"PAYDEDUP_LOOKUP_BACKOFF_MAX=5s",
-	}
+	}, h.cfg.providerRateEnv()...)
 }
 
 // slot is one worker position: a supervisor keeps a worker process running
