@@ -70,6 +70,8 @@ type callLimit struct {
 	limit    float64
 	inflight int
 	waiters  []chan struct{}
+	room     chan struct{} // closed when at most roomFor calls wait (waitRoom)
+	roomFor  int
 	peak     int // most calls in flight at once since the start
 
 	win struct {
@@ -120,6 +122,7 @@ func (l *callLimit) acquire(ctx context.Context) error {
 	for i, w := range l.waiters {
 		if w == ready {
 			l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
+			l.grant()
 			return errors.Join(errLimitWait, ctx.Err())
 		}
 	}
@@ -212,6 +215,33 @@ func (l *callLimit) grant() {
 		l.inflight++
 		l.peak = max(l.peak, l.inflight)
 	}
+	if l.room != nil && len(l.waiters) <= l.roomFor {
+		close(l.room)
+		l.room = nil
+	}
+}
+
+// waitRoom waits while more than most claimed payments wait for a call
+// slot, or until ctx ends. The worker fetches no more meanwhile: its
+// messages would only wait in line, their leases held, and past the call
+// budget be released and nakked, a delivery spent. One caller at a time.
+func (l *callLimit) waitRoom(ctx context.Context, most int) {
+	l.mu.Lock()
+	for len(l.waiters) > most {
+		if l.room == nil {
+			l.room = make(chan struct{})
+		}
+		room := l.room
+		l.roomFor = most
+		l.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return
+		}
+		l.mu.Lock()
+	}
+	l.mu.Unlock()
 }
 
 // set sets the limit within its floor and ceiling. Call with mu held.
@@ -228,7 +258,16 @@ func (l *callLimit) newWindow(now time.Time, settle bool) {
 // endWindow closes the window if it is long and full enough, and moves the
 // limit by what it saw. Call with mu held.
 func (l *callLimit) endWindow(now time.Time) {
-	if now.Sub(l.win.start) < max(minWindow, l.noLoad()) || l.win.n < minSamples {
+	if now.Sub(l.win.start) < max(minWindow, l.noLoad()) {
+		return
+	}
+	if l.win.settle && l.win.n < minSamples {
+		// The calls started under the limit before have had their round
+		// trip: the next window measures the limit now.
+		l.newWindow(now, false)
+		return
+	}
+	if l.win.n < minSamples {
 		return
 	}
 	mean := l.win.sum / time.Duration(l.win.n)

@@ -288,3 +288,49 @@ func TestCallLimitConcurrent(t *testing.T) {
 		t.Errorf("after all: %+v, peak seen %d", s, peak.Load())
 	}
 }
+
+// TestCallLimitWaitRoom: the fetch loop's wait ends once few enough calls
+// wait for a slot, and when its context ends.
+func TestCallLimitWaitRoom(t *testing.T) {
+	t.Parallel()
+	l := newCallLimit(1, time.Now)
+	if err := l.acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	acquired := make(chan error, 3)
+	for range 3 {
+		go func() { acquired <- l.acquire(ctx) }()
+	}
+	for deadline := time.Now().Add(5 * time.Second); l.snapshot().Waiting < 3; {
+		if time.Now().After(deadline) {
+			t.Fatal("the callers never waited")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan struct{})
+	go func() { l.waitRoom(context.Background(), 1); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("waitRoom returned with 3 calls waiting")
+	case <-time.After(20 * time.Millisecond):
+	}
+	l.release(time.Millisecond, signalIgnore) // one waiter gets the slot: 2 wait
+	l.release(time.Millisecond, signalIgnore)
+	if err := <-acquired; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("waitRoom still waiting with 1 call waiting")
+	}
+	stopped, stop := context.WithCancel(context.Background())
+	stop()
+	l.waitRoom(stopped, 0) // returns at once: its context ended
+	cancel()
+	for range 2 {
+		<-acquired
+	}
+}

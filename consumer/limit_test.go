@@ -1,0 +1,172 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// slowCharger is an in-process provider that answers each charge after a
+// latency (latency()), and counts the calls in flight and the calls per
+// provider key.
+type slowCharger struct {
+	latency func() time.Duration
+
+	inflight, peak atomic.Int64
+	mu             sync.Mutex
+	calls          map[string]int
+}
+
+func newSlowCharger(latency func() time.Duration) *slowCharger {
+	return &slowCharger{latency: latency, calls: map[string]int{}}
+}
+
+func (c *slowCharger) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	n := c.inflight.Add(1)
+	defer c.inflight.Add(-1)
+	for p := c.peak.Load(); n > p && !c.peak.CompareAndSwap(p, n); p = c.peak.Load() {
+	}
+	t := time.NewTimer(c.latency())
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return nil, &provider.Error{Class: provider.ClassUnknown, Err: ctx.Err()}
+	}
+	c.mu.Lock()
+	c.calls[req.ProviderKey]++
+	c.mu.Unlock()
+	return &provider.Outcome{ChargeID: "ch_" + req.ProviderKey, Status: "succeeded", HTTPStatus: 200, Response: instantResponse}, nil
+}
+
+// logNormal300 is the issue's provider: median 300 ms, p99 about 900 ms.
+func logNormal300() time.Duration {
+	return time.Duration(float64(300*time.Millisecond) * math.Exp(math.Log(3)/2.326*rand.NormFloat64()))
+}
+
+// defaults gives the worker every default setting (but the test's own
+// streams).
+func (e *env) defaults() {
+	s := e.cfg.Stream
+	s.AckWait, s.MaxDeliver = 0, 0
+	e.cfg = consumer.Config{Stream: s}
+}
+
+// publishBacklog publishes n payments of one merchant before any worker
+// runs.
+func (e *env) publishBacklog(prefix string, n int) {
+	e.t.Helper()
+	e.waitStreamsCreate()
+	for i := range n {
+		m := nats.NewMsg(e.cfg.Stream.SubjectPrefix + ".m_1")
+		m.Data = body("m_1", fmt.Sprintf("%s-%d", prefix, i), 100)
+		if _, err := e.js.PublishMsgAsync(m); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		e.t.Fatal("publishing did not complete")
+	}
+}
+
+// TestDefaultWorkerFollowsSlowProvider: with its defaults, one worker
+// against a provider answering in 300 ms grows its calls in flight far
+// past the old fixed 64 (which capped it near 200 payments/s), and
+// charges every payment once.
+func TestDefaultWorkerFollowsSlowProvider(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.defaults()
+	const n = 4000
+	e.publishBacklog("slow", n)
+	c := newSlowCharger(func() time.Duration { return 300 * time.Millisecond })
+	start := time.Now()
+	e.startWorker("slow", c)
+	e.eventually("all completed", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == n
+	})
+	rate := n / time.Since(start).Seconds()
+	e.quiescent()
+	t.Logf("peak %d calls in flight, %.0f payments/s", c.peak.Load(), rate)
+	if p := c.peak.Load(); p <= 300 {
+		t.Errorf("at most %d calls in flight, want more than 300", p)
+	}
+	// The old fixed 64 calls in flight capped it at 64 / 0.3 s = 213/s.
+	if rate < 250 {
+		t.Errorf("%.0f payments/s, want more than 250", rate)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.calls) != n {
+		t.Errorf("%d provider keys charged, want %d", len(c.calls), n)
+	}
+	for k, calls := range c.calls {
+		if calls != 1 {
+			t.Errorf("provider key %s charged %d times", k, calls)
+		}
+	}
+}
+
+// BenchmarkWorkerSlowProvider runs one worker with its defaults against an
+// in-process provider answering with a median of 300 ms and a p99 of about
+// 900 ms (log-normal), on b.N payments published first, and reports
+// payments/s, the peak of calls in flight, the process's peak RSS over the
+// drain and its growth per call in flight. Run it with a fixed count, e.g.
+// -bench WorkerSlowProvider -benchtime 20000x.
+func BenchmarkWorkerSlowProvider(b *testing.B) {
+	e := setup(b)
+	e.defaults()
+	e.publishBacklog("bench", b.N)
+	c := newSlowCharger(logNormal300)
+	// The peak RSS from here on (clear_refs 5 resets VmHWM).
+	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	baseRSS := procStatusKB(b, "VmRSS")
+	b.ResetTimer()
+	start := time.Now()
+	stop := e.startWorker("bench", c)
+	e.eventually("all completed", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == b.N
+	})
+	e.quiescent()
+	b.StopTimer()
+	peakRSS := procStatusKB(b, "VmHWM")
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "payments/s")
+	b.ReportMetric(float64(c.peak.Load()), "peak-in-flight")
+	b.ReportMetric(float64(peakRSS)/1024, "peak-rss-MB")
+	b.ReportMetric(float64(peakRSS-baseRSS)/float64(max(c.peak.Load(), 1)), "rss-KB/call")
+	stop()
+}
+
+// procStatusKB reads a kB figure of /proc/self/status.
+func procStatusKB(b *testing.B, field string) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n
+		}
+	}
+	b.Fatalf("no %s in /proc/self/status", field)
+	return 0
+}
