@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
@@ -16,7 +18,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
 )
 
 // slowCharger is an in-process provider that answers each charge after a
@@ -150,6 +154,57 @@ func BenchmarkWorkerSlowProvider(b *testing.B) {
 	b.ReportMetric(float64(peakRSS)/1024, "peak-rss-MB")
 	b.ReportMetric(float64(peakRSS-baseRSS)/float64(max(c.peak.Load(), 1)), "rss-KB/call")
 	stop()
+}
+
+// BenchmarkWorkerSlowProviderHTTP is BenchmarkWorkerSlowProvider through
+// the Stripe adapter, over TLS and HTTP/1.1 (a connection per call in
+// flight), to the simulator answering in 250–350 ms in the same process:
+// its RSS per call in flight counts the client's connection and TLS state
+// and the server's too, an upper bound of the worker's own.
+func BenchmarkWorkerSlowProviderHTTP(b *testing.B) {
+	e := setup(b)
+	e.defaults()
+	sim := stripesim.New(stripesim.Config{Seed: 7, Faults: stripesim.Faults{Latency: 250 * time.Millisecond, Jitter: 100 * time.Millisecond}})
+	b.Cleanup(sim.Close)
+	srv := httptest.NewTLSServer(sim)
+	b.Cleanup(srv.Close)
+	tr := stripe.NewTransport()
+	tr.TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
+	adapter, err := stripe.New(stripe.Config{SecretKey: "sk_test_paydedup", APIBase: srv.URL, HTTPClient: &http.Client{Transport: tr}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(adapter.CloseIdleConnections)
+	e.publishBacklog("bench", b.N)
+	var peak atomic.Int64
+	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+	baseRSS := procStatusKB(b, "VmRSS")
+	b.ResetTimer()
+	start := time.Now()
+	proc := consumer.NewProcessor(e.store, adapter, e.cfg, nil)
+	e.cfg.Holder = "bench"
+	w, err := consumer.NewWorker(e.nc, proc, e.cfg, nil, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	e.eventually("all completed", func() bool {
+		peak.Store(max(peak.Load(), int64(proc.CallLimit().Peak)))
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == b.N
+	})
+	e.quiescent()
+	b.StopTimer()
+	peakRSS := procStatusKB(b, "VmHWM")
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "payments/s")
+	b.ReportMetric(float64(peak.Load()), "peak-in-flight")
+	b.ReportMetric(float64(peakRSS)/1024, "peak-rss-MB")
+	b.ReportMetric(float64(peakRSS-baseRSS)/float64(max(peak.Load(), 1)), "rss-KB/call")
+	cancel()
+	if err := <-done; err != nil {
+		b.Error(err)
+	}
 }
 
 // procStatusKB reads a kB figure of /proc/self/status.
