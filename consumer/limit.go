@@ -54,7 +54,7 @@ var errLimitWait = errors.New("no provider call slot")
 // of about one round trip: while the window's mean latency stays within
 // limitTolerance of the no-load latency (the least window mean of the last
 // 10–20 s, as TCP Vegas's base RTT and BBR's min RTT) and calls waited for a
-// slot, it grows (by half while latency is near no-load, by its square root
+// slot, it grows (doubling while latency is near no-load, by its square root
 // near the tolerance); when latency climbs past it, it shrinks by the ratio;
 // on a timeout, an unknown outcome or a concurrency 429 it is cut by a
 // quarter (AIMD). Windows, not single samples: a provider's latency has a
@@ -258,14 +258,21 @@ func (l *callLimit) newWindow(now time.Time, settle bool) {
 // endWindow closes the window if it is long and full enough, and moves the
 // limit by what it saw. Call with mu held.
 func (l *callLimit) endWindow(now time.Time) {
-	if now.Sub(l.win.start) < max(minWindow, l.noLoad()) {
+	since := now.Sub(l.win.start)
+	if since < max(minWindow, l.noLoad()) {
 		return
 	}
-	if l.win.settle && l.win.n < minSamples {
-		// The calls started under the limit before have had their round
-		// trip: the next window measures the limit now.
-		l.newWindow(now, false)
-		return
+	if l.win.settle {
+		// It lasts until the calls started under the limit before have
+		// ended (most within one and a half of the last mean latency):
+		// then the next window measures the limit now.
+		if since < l.latency*3/2 {
+			return
+		}
+		if l.win.n < minSamples {
+			l.newWindow(now, false)
+			return
+		}
 	}
 	if l.win.n < minSamples {
 		return
@@ -301,7 +308,7 @@ func (l *callLimit) endWindow(now time.Time) {
 		l.cutAt, l.threshold, l.cutMean = now, limit, mean
 	case l.win.waited && fast && mean <= noLoad+(bound-noLoad)/2:
 		l.cutMean = 0
-		limit += max(limit/2, math.Sqrt(limit))
+		limit *= 2
 	case l.win.waited:
 		l.cutMean = 0
 		limit += math.Sqrt(limit)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -205,6 +206,105 @@ func BenchmarkWorkerSlowProviderHTTP(b *testing.B) {
 	if err := <-done; err != nil {
 		b.Error(err)
 	}
+}
+
+// BenchmarkWorkerSlowProviderPaced publishes to one worker with its
+// defaults at a steady 1,000 payments/s against the in-process provider
+// of BenchmarkWorkerSlowProvider (log-normal, median 300 ms, p99 ~900 ms):
+// 10,000 payments to warm it up (its limit grows, and the backlog of its
+// first seconds drains), then b.N measured. It reports publish →
+// charged (the row's completed_at) p50 and p99 of the measured ones, the
+// provider's own p99 over them, and the overhead of the one over the
+// other. Run it with a fixed count, e.g. -benchtime 10000x.
+func BenchmarkWorkerSlowProviderPaced(b *testing.B) {
+	e := setup(b)
+	e.defaults()
+	var mu sync.Mutex
+	var own []time.Duration
+	c := newSlowCharger(func() time.Duration {
+		d := logNormal300()
+		mu.Lock()
+		own = append(own, d)
+		mu.Unlock()
+		return d
+	})
+	e.waitStreamsCreate()
+	proc := consumer.NewProcessor(e.store, c, e.cfg, nil)
+	cfg := e.cfg
+	cfg.Holder = "bench"
+	w, err := consumer.NewWorker(e.nc, proc, cfg, nil, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	if os.Getenv("PAYDEDUP_BENCH_TRACE") != "" {
+		go func() {
+			for ctx.Err() == nil {
+				time.Sleep(250 * time.Millisecond)
+				fmt.Fprintf(os.Stderr, "%+v\n", proc.CallLimit())
+			}
+		}()
+	}
+	const warm, rate = 10000, 1000
+	published := make(map[string]time.Time, b.N)
+	publish := func(prefix string, n int, record bool) {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; i < n; {
+			<-tick.C
+			for j := 0; j < rate/100 && i < n; i, j = i+1, j+1 {
+				key := fmt.Sprintf("%s-%d", prefix, i)
+				m := nats.NewMsg(e.cfg.Stream.SubjectPrefix + ".m_1")
+				m.Data = body("m_1", key, 100)
+				if record {
+					published[key] = time.Now()
+				}
+				if _, err := e.js.PublishMsgAsync(m); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	publish("warm", warm, false)
+	mu.Lock()
+	own = own[:0]
+	mu.Unlock()
+	b.ResetTimer()
+	publish("paced", b.N, true)
+	e.eventually("all completed", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == warm+b.N
+	})
+	b.StopTimer()
+	rows, err := e.pool.Query(e.ctx, `SELECT idempotency_key, completed_at FROM idempotency_keys WHERE idempotency_key LIKE 'paced-%'`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var lat []time.Duration
+	for rows.Next() {
+		var key string
+		var at time.Time
+		if err := rows.Scan(&key, &at); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, at.Sub(published[key]))
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
+	slices.Sort(lat)
+	mu.Lock()
+	slices.Sort(own)
+	ownP99 := own[len(own)*99/100]
+	mu.Unlock()
+	p99 := lat[len(lat)*99/100]
+	b.ReportMetric(lat[len(lat)/2].Seconds()*1000, "p50-ms")
+	b.ReportMetric(p99.Seconds()*1000, "p99-ms")
+	b.ReportMetric(ownP99.Seconds()*1000, "provider-p99-ms")
+	b.ReportMetric((p99-ownP99).Seconds()*1000, "overhead-p99-ms")
+	b.ReportMetric(float64(c.peak.Load()), "peak-in-flight")
 }
 
 // procStatusKB reads a kB figure of /proc/self/status.
