@@ -85,8 +85,8 @@ type LatencyObserver interface {
 
 // Worker is the JetStream adapter around a Processor: it fetches batches,
 // decodes and validates, claims each batch in one round trip, runs provider
-// calls on a bounded pool, and acks, naks or dead-letters each message by
-// decide. Run it once.
+// calls under an adaptive limit (up to Concurrency), and acks, naks or
+// dead-letters each message by decide. Run it once.
 type Worker struct {
 	cfg      Config
 	nc       *nats.Conn
