@@ -27,7 +27,8 @@ const (
 	limitTolerance = 1.5
 	limitSlack     = 2 * time.Millisecond
 	// limitBackoff is the multiplicative decrease on a timeout, an unknown
-	// outcome or a concurrency 429, at most once a window.
+	// outcome or a concurrency 429, at most once for the calls in flight at
+	// the last cut.
 	limitBackoff = 0.75
 	// A window lasts at least the no-load latency and minWindow, and holds
 	// at least minSamples answers: the mean of fewer is too noisy, with the
@@ -51,15 +52,17 @@ var errLimitWait = errors.New("no provider call slot")
 // callLimit is the adaptive number of provider calls in flight, between a
 // floor and a ceiling (Concurrency). It is a gradient limit in the manner of
 // Netflix's Gradient2 and Envoy's adaptive concurrency, measured per window
-// of about one round trip: while the window's mean latency stays within
-// limitTolerance of the no-load latency (the least window mean of the last
-// 10–20 s, as TCP Vegas's base RTT and BBR's min RTT) and calls waited for a
-// slot, it grows (doubling while latency is near no-load, by its square root
-// near the tolerance); when latency climbs past it, it shrinks by the ratio;
-// on a timeout, an unknown outcome or a concurrency 429 it is cut by a
-// quarter (AIMD). Windows, not single samples: a provider's latency has a
-// long tail (p99 three times the median), and one slow answer is no sign
-// of queueing while a window's mean is.
+// of about one round trip, with TCP's slow start and AIMD around it: while
+// the window's mean latency stays within 1.5 times the no-load latency (the
+// least window mean of the last 5–10 minutes, as TCP Vegas's base RTT and
+// BBR's min RTT) and calls waited for a slot, it grows (doubling up to the
+// last cut, by its square root past it); when latency climbs past that, it
+// shrinks back to where the provider does not queue; on a timeout, an
+// unknown outcome or a concurrency 429 it is cut by a quarter at once. Not
+// a library: none of the Go ports of concurrency-limits is kept here, and
+// this is small. Windows, not single samples: a provider's latency has a
+// long tail (p99 three times the median), and one slow answer is no sign of
+// queueing while a window's mean is.
 //
 // Its wait is FIFO; its state is behind one mutex taken twice a call.
 type callLimit struct {
