@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -94,7 +95,7 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 			t.Fatalf("at %v: limit %d (floor %d, ceiling %d), %d in flight", clock.Sub(start), lim, l.floor, l.ceiling, inflight)
 		}
 		c := heap.Pop(&q).(call)
-		if testing.Verbose() && c.end.Sub(start)/time.Second != clock.Sub(start)/time.Second {
+		if traceLimit && c.end.Sub(start)/time.Second != clock.Sub(start)/time.Second {
 			t.Logf("%v: limit %d, %d in flight, window latency %v, no-load %v", c.end.Sub(start).Truncate(time.Second), lim, inflight, l.latency, l.noLoad())
 		}
 		*clock = c.end
@@ -122,6 +123,9 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 	}
 	return res
 }
+
+// traceLimit logs the limit every simulated second (PAYDEDUP_TRACE_LIMIT=1).
+var traceLimit = os.Getenv("PAYDEDUP_TRACE_LIMIT") != ""
 
 func newSimLimit(ceiling int) (*callLimit, *time.Time) {
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -240,7 +240,7 @@ func BenchmarkWorkerSlowProviderPaced(b *testing.B) {
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	if os.Getenv("PAYDEDUP_BENCH_TRACE") != "" {
+	if os.Getenv("PAYDEDUP_TRACE_LIMIT") != "" {
 		go func() {
 			for ctx.Err() == nil {
 				time.Sleep(250 * time.Millisecond)
