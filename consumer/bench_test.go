@@ -24,7 +24,7 @@ func (instantCharger) Charge(_ context.Context, req provider.ChargeRequest) (*pr
 }
 
 // BenchmarkWorkerPayment times the worker as shipped (batch fetch, one
-// claim per batch, the call pool, group commits, DoubleAck) consuming b.N
+// claim per batch, the call limit, group commits, DoubleAck) consuming b.N
 // payments published first, on the shared NATS server and Postgres, with
 // a charger that answers at once. NATS and Postgres run out of process, so
 // allocs/op is the worker's own allocations per payment (plus the

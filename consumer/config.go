@@ -40,7 +40,7 @@ import (
 // Defaults of the worker's settings; the topology's are stream's.
 const (
 	DefaultLease        = 45 * time.Second
-	DefaultConcurrency  = 64
+	DefaultConcurrency  = 1000 // the ceiling of the adaptive call limit
 	DefaultFetchBatch   = 200
 	DefaultDrainTimeout = 20 * time.Second
 	DefaultKeyRetention = 48 * time.Hour
@@ -80,7 +80,11 @@ type Config struct {
 	CommitBatch int
 	CommitWait  time.Duration
 
-	Concurrency  int // provider calls in flight per process
+	// Concurrency is the ceiling of the provider calls in flight per
+	// process. The number in flight adapts between MinConcurrency (or
+	// Concurrency, if lower) and it, by the provider's latency and answers
+	// (see callLimit); the ceiling bounds the memory they take.
+	Concurrency  int
 	FetchBatch   int // messages per fetch; claimed in one round trip
 	DrainTimeout time.Duration
 

@@ -47,9 +47,9 @@ type Processor struct {
 	cfg       Config
 	logger    *slog.Logger
 	committer *committer
-	observer  Observer      // set by NewWorker; NopObserver until then
-	calls     chan struct{} // the provider call pool: Concurrency calls at once
-	gate      *gate         // pauses the worker while the provider or PostgreSQL is out
+	observer  Observer   // set by NewWorker; NopObserver until then
+	calls     *callLimit // the provider calls in flight: an adaptive limit up to Concurrency
+	gate      *gate      // pauses the worker while the provider or PostgreSQL is out
 }
 
 // NewProcessor returns a processor. cfg must have passed Validate.
@@ -60,7 +60,7 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 	cfg = cfg.WithDefaults()
 	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger, observer: NopObserver{},
 		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait),
-		calls:     make(chan struct{}, cfg.Concurrency), gate: newGate(cfg.PauseFirst, cfg.PauseLongest)}
+		calls:     newCallLimit(cfg.Concurrency, time.Now), gate: newGate(cfg.PauseFirst, cfg.PauseLongest)}
 }
 
 // Claim claims a batch of commands in one round trip.
@@ -151,9 +151,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	// The heartbeat starts before the wait for a call slot, so the lease
 	// cannot run out while the payment queues for the provider.
 	beat := p.heartbeat(callCtx, cancel, lease, progress, log)
-	select {
-	case p.calls <- struct{}{}:
-	case <-callCtx.Done():
+	if p.calls.acquire(callCtx) != nil {
 		beat.stop()
 		p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
 		return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", callCtx.Err()), Attempt: lease.Attempt}
@@ -169,7 +167,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		Description:    cmd.Description,
 		Metadata:       providerMetadata(cmd.Metadata, lease.TraceID),
 	}, p.cfg.ProviderTry)
-	<-p.calls
+	p.calls.release(time.Since(start), signalOf(callCtx, err))
 	cancel()
 	result := "charged"
 	switch {

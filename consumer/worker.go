@@ -85,8 +85,8 @@ type LatencyObserver interface {
 
 // Worker is the JetStream adapter around a Processor: it fetches batches,
 // decodes and validates, claims each batch in one round trip, runs provider
-// calls on a bounded pool, and acks, naks or dead-letters each message by
-// decide. Run it once.
+// calls under an adaptive limit (up to Concurrency), and acks, naks or
+// dead-letters each message by decide. Run it once.
 type Worker struct {
 	cfg      Config
 	nc       *nats.Conn
@@ -188,10 +188,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
 	// Slots bound the messages between fetch and settle; the processor's
-	// call pool bounds the provider calls among them (Concurrency). The
-	// extra slots keep claims and commits of other messages overlapping
-	// with the calls, so the provider pool does not idle while a batch is
-	// claimed or committed. MaxAckPending caps them consumer-wide anyway.
+	// call limit bounds the provider calls among them (it adapts, up to
+	// Concurrency). The extra slots keep claims and commits of other
+	// messages overlapping with the calls, so the call limit does not idle
+	// while a batch is claimed or committed. MaxAckPending caps them
+	// consumer-wide anyway. Below its ceiling, the limit's own line of
+	// waiting payments (waitRoom) holds back the fetches.
 	slots := make(chan struct{}, min(w.cfg.Concurrency+2*w.cfg.FetchBatch, max(w.cfg.Stream.MaxAckPending, w.cfg.Concurrency)))
 	var wg sync.WaitGroup
 	run := newRunner()
@@ -202,7 +204,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	fetchFailures := 0
 	pausedFor := ""
 	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
-		"concurrency", w.cfg.Concurrency, "lease", w.cfg.Lease.String())
+		"concurrency", w.cfg.Concurrency, "concurrency_floor", w.proc.calls.floor, "lease", w.cfg.Lease.String())
 	for ctx.Err() == nil {
 		if wait, opened := w.proc.gate.fetchWait(); wait > 0 {
 			// The provider refused our API key, or the provider or
@@ -227,6 +229,7 @@ func (w *Worker) Run(ctx context.Context) error {
 				pausedFor = ""
 			}
 		}
+		w.proc.calls.waitRoom(ctx, 2*w.cfg.FetchBatch)
 		n := w.reserve(ctx, slots)
 		if n == 0 {
 			break

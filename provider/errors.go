@@ -91,6 +91,8 @@ type Error struct {
 	Type, Code, Message string
 	// RetryAfter is the provider's Retry-After hint, 0 when none.
 	RetryAfter time.Duration
+	// RateLimitReason is a 429's Stripe-Rate-Limited-Reason header, "" when none.
+	RateLimitReason string
 	// Err is the underlying transport (or local) error, if any.
 	Err error
 }

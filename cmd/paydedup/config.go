@@ -240,7 +240,7 @@ type workerFlags struct {
 func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 	f := cmd.Flags()
 	c := &w.cfg
-	f.IntVar(&c.Concurrency, "concurrency", a.envInt("PAYDEDUP_CONCURRENCY", consumer.DefaultConcurrency), "provider calls in flight per process; up to two fetch batches more are claimed or committed meanwhile (PAYDEDUP_CONCURRENCY)")
+	f.IntVar(&c.Concurrency, "concurrency", a.envInt("PAYDEDUP_CONCURRENCY", consumer.DefaultConcurrency), "ceiling of the provider calls in flight per process, which adapt to the provider's latency between 16 and it; up to two fetch batches more are claimed or committed meanwhile (PAYDEDUP_CONCURRENCY)")
 	f.IntVar(&c.FetchBatch, "fetch-batch", a.envInt("PAYDEDUP_FETCH_BATCH", consumer.DefaultFetchBatch), "messages per fetch, claimed in one round trip (PAYDEDUP_FETCH_BATCH)")
 	f.IntVar(&c.CommitBatch, "commit-batch", a.envInt("PAYDEDUP_COMMIT_BATCH", consumer.DefaultCommitBatch), "completions per group commit at most; 1 commits each alone (PAYDEDUP_COMMIT_BATCH)")
 	f.DurationVar(&c.CommitWait, "commit-wait", a.envDuration("PAYDEDUP_COMMIT_WAIT", consumer.DefaultCommitWait), "how long a group commit waits for more completions (PAYDEDUP_COMMIT_WAIT)")

@@ -167,6 +167,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	}
 	proc := consumer.NewProcessor(store, prov, cfg, log)
 	watchPause(reg, proc)
+	watchCallLimit(reg, proc)
 	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
 	if err != nil {
 		return err
@@ -264,4 +265,29 @@ func watchPause(reg prometheus.Registerer, proc *consumer.Processor) {
 		Name: "paydedup_worker_held_messages",
 		Help: "Messages the worker holds through a pause, to run again when it ends.",
 	}, func() float64 { return float64(proc.Held()) }))
+}
+
+// watchCallLimit reports the adaptive limit of provider calls in flight:
+// where it stands, the calls in flight, and the latencies it moves by.
+func watchCallLimit(reg prometheus.Registerer, proc *consumer.Processor) {
+	for _, g := range []struct {
+		name, help string
+		value      func(consumer.CallLimit) float64
+	}{
+		{"paydedup_provider_call_limit", "Provider calls the worker lets be in flight now; it adapts to the provider's latency and answers, between the floor (16) and PAYDEDUP_CONCURRENCY.",
+			func(c consumer.CallLimit) float64 { return float64(c.Limit) }},
+		{"paydedup_provider_call_limit_ceiling", "PAYDEDUP_CONCURRENCY: the most provider calls the worker lets be in flight.",
+			func(c consumer.CallLimit) float64 { return float64(c.Ceiling) }},
+		{"paydedup_provider_calls_in_flight", "Provider calls in flight now.",
+			func(c consumer.CallLimit) float64 { return float64(c.InFlight) }},
+		{"paydedup_provider_calls_waiting", "Claimed payments waiting for a provider call slot.",
+			func(c consumer.CallLimit) float64 { return float64(c.Waiting) }},
+		{"paydedup_provider_call_latency_seconds", "Mean latency of the provider calls answered in the call limit's last window (about one round trip).",
+			func(c consumer.CallLimit) float64 { return c.Latency.Seconds() }},
+		{"paydedup_provider_call_noload_latency_seconds", "The provider's latency without queueing, as the call limit estimates it (the least window mean); above 1.5 times it the limit shrinks.",
+			func(c consumer.CallLimit) float64 { return c.NoLoad.Seconds() }},
+	} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: g.name, Help: g.help},
+			func() float64 { return g.value(proc.CallLimit()) }))
+	}
 }

@@ -120,12 +120,18 @@ func New(cfg Config) (*Client, error) {
 // is nil; a caller that wraps it (tracing) sets Config.HTTPClient. A worker
 // runs many charges at once against one host: it keeps their connections
 // (the default keeps 2 idle per host, so most calls would pay a new TCP and
-// TLS handshake).
+// TLS handshake). MaxIdlePerHost covers the worker's default ceiling of
+// calls in flight (1000, PAYDEDUP_CONCURRENCY): over HTTP/1.1 each call in
+// flight holds a connection, and one returned past the idle cap is closed.
 func NewTransport() *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 512, 256
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 2*MaxIdlePerHost, MaxIdlePerHost
 	return tr
 }
+
+// MaxIdlePerHost is how many idle connections to the provider NewTransport
+// keeps.
+const MaxIdlePerHost = 1024
 
 // withSizedBodies returns a copy of hc whose transport gives every request
 // body stripe-go sends its length. stripe-go puts its form on the request as
