@@ -2,6 +2,7 @@ package stream
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -77,7 +78,17 @@ func RequeueMsgID(cfg Config, seq uint64) string {
 // JSON within cfg's limits, the subject's merchant token, and the optional
 // Idempotency-Key header. The gateway's publisher runs it on the message it
 // is about to publish.
+//
+// A message with card data in its subject or any header (cardDataHeaders)
+// is refused as card_data before its body is read; in the body, Decode
+// refuses it.
 func DecodeCommand(cfg Config, subject string, header nats.Header, data []byte) (*payment.Command, error) {
+	if err := payment.CheckCardData("subject", subject); err != nil {
+		return nil, err
+	}
+	if err := cardDataHeaders(header); err != nil {
+		return nil, err
+	}
 	env := payment.Envelope{}
 	if tok, ok := strings.CutPrefix(subject, cfg.SubjectPrefix+"."); ok {
 		env.SubjectMerchant = tok
@@ -93,4 +104,44 @@ func DecodeCommand(cfg Config, subject string, header nats.Header, data []byte) 
 		}
 	}
 	return payment.Decode(data, env, cfg.Limits)
+}
+
+// cardDataHeaders returns the card_data error naming the first header (by
+// name) whose name or value looks like it holds a card number. Every header
+// is stored with the message and its dead letter, but two are left out:
+// the W3C trace context (traceparent, tracestate) is made by tracers, not
+// typed, and a span id of sixteen decimal digits or a vendor's
+// millisecond timestamp would refuse a payment for what is not card data.
+// Nats-Msg-Id is checked between its colons: it joins the merchant id and
+// the key, each checked on its own, and a numeric merchant beside a
+// numeric key is not a card number.
+func cardDataHeaders(h nats.Header) error {
+	if len(h) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		if k == "traceparent" || k == "tracestate" {
+			continue
+		}
+		if err := payment.CheckCardData("a header name", k); err != nil {
+			return err
+		}
+		for _, v := range h[k] {
+			parts := []string{v}
+			if k == nats.MsgIdHdr {
+				parts = strings.Split(v, ":")
+			}
+			for _, p := range parts {
+				if err := payment.CheckCardData("header "+k, p); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
