@@ -68,8 +68,9 @@ func cardCases(pan string) []cardCase {
 // TestCardDataDeadLettered: the stream door. A message with card data is
 // dead-lettered card_data naming the field, its stored letter (body,
 // headers, original subject) keeps no card number and still verifies, it
-// is never claimed, and the provider never receives the number, not even a
-// key holding one (which Stripe would keep as metadata). Before the door,
+// is never claimed, the original is erased from the payments stream, and
+// the provider never receives the number, not even a key holding one
+// (which Stripe would keep as metadata). Before the door,
 // each of these was stored, claimed and charged with the number sent to
 // the provider as metadata, or dead-lettered byte for byte with another
 // reason.
@@ -159,6 +160,12 @@ func runCardDataDoor(t *testing.T, pan string, needles ...string) {
 	}
 	if n := e.count(`SELECT count(*) FROM idempotency_keys`); n != 1 {
 		t.Errorf("%d keys claimed: card data must never be", n)
+	}
+	// The payments stream keeps messages until MaxAge: the originals are
+	// erased from it once their letters are filed.
+	kept := e.streamMessages(e.cfg.Stream.Name)
+	if len(kept) != 1 || !strings.Contains(string(kept[0].Data), "c-after") {
+		t.Errorf("the payments stream keeps %d messages, want only the good one", len(kept))
 	}
 	reqs := rec.requests()
 	if len(reqs) == 0 {
