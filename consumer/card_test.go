@@ -196,3 +196,37 @@ func TestCardDataUnicodeDigits(t *testing.T) {
 	t.Parallel()
 	runCardDataDoor(t, "４１１１ １１１１ １１１１ １１１１", "４１１１ １１１１ １１１１ １１１１", "４１１１１１１１１１１１１１１１", "１１１１ １１１１")
 }
+
+// TestNetFilesCardDataMasked: a message holding card data whose deliveries
+// all ran out (its workers died, or the DLQ refused its letter each time)
+// is filed by the max-deliveries net as card_data, masked, at once: not
+// published again (each copy would store the number once more), and erased
+// from the payments stream. Before, the net published it again and then
+// filed it max_deliveries, byte for byte, as a replayable letter.
+func TestNetFilesCardDataMasked(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg, cons := requeueSetup(t, e, e.js, 1)
+	e.publish("m_1", []byte(`{"merchant_id":"m_1","idempotency_key":"c-net","amount":100,"currency":"usd","payment_method":"pm_card_visa","description":"4111 1111 1111 1111"}`),
+		stream.MsgID("m_1", "c-net"), nil)
+	stop := make(chan struct{})
+	_, dead := dyingWorker(t, cons, stop)
+	e.eventually("the net filed the letter", func() bool { return len(e.deadLetters()) == 1 })
+	close(stop)
+	<-dead
+	m := e.deadLetters()[0]
+	p, err := stream.ParseDeadLetter(m.Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Reason != string(payment.ReasonCardData) || !strings.Contains(p.Error, ": description: ") {
+		t.Errorf("the net filed %s (%s), want card_data naming description", p.Reason, p.Error)
+	}
+	if strings.Contains(string(m.Data), "1111") || !strings.Contains(string(m.Data), redact.PANMask) {
+		t.Errorf("the letter keeps the card number: %s", m.Data)
+	}
+	if err := stream.VerifyLetter([]byte(testenv.DLQKey), m.Header, m.Data); err != nil {
+		t.Error(err)
+	}
+	e.eventually("the original erased, and no copy published", func() bool { return len(e.streamMsgs(cfg)) == 0 })
+}
