@@ -118,3 +118,21 @@ func TestCardDataLetterMasked(t *testing.T) {
 		t.Error("a letter of another reason was masked")
 	}
 }
+
+// The header check runs on every message the worker reads: without card
+// data it allocates nothing, so DecodeCommand costs what Decode does.
+func TestDecodeCommandCardDataCheckAllocatesNothing(t *testing.T) {
+	cfg := stream.Config{}.WithDefaults()
+	data := []byte(`{"merchant_id":"m_1","idempotency_key":"order-42","amount":1999,"currency":"usd","payment_method":"pm_card_visa","description":"order 42"}`)
+	h := nats.Header{}
+	h.Set(stream.HeaderIdempotencyKey, "order-42")
+	h.Set(nats.MsgIdHdr, "m_1:order-42")
+	h.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	subject := cfg.SubjectPrefix + ".m_1"
+	env := payment.Envelope{SubjectMerchant: "m_1", HeaderKey: "order-42", HeaderKeySet: true}
+	decode := testing.AllocsPerRun(200, func() { _, _ = payment.Decode(data, env, payment.Limits{}) })
+	full := testing.AllocsPerRun(200, func() { _, _ = stream.DecodeCommand(cfg, subject, h, data) })
+	if full > decode {
+		t.Fatalf("DecodeCommand makes %v allocations, Decode %v: the card-data check allocates", full, decode)
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -114,9 +115,18 @@ func DecodeCommand(cfg Config, subject string, header nats.Header, data []byte) 
 // millisecond timestamp would refuse a payment for what is not card data.
 // Nats-Msg-Id is checked between its colons: it joins the merchant id and
 // the key, each checked on its own, and a numeric merchant beside a
-// numeric key is not a card number.
+// numeric key is not a card number. It runs on every message, so the
+// common case (no card data) allocates nothing: the names are sorted only
+// once one is found.
 func cardDataHeaders(h nats.Header) error {
-	if len(h) == 0 {
+	found := false
+	for k, vs := range h {
+		if headerCardData(k, vs) != "" {
+			found = true
+			break
+		}
+	}
+	if !found {
 		return nil
 	}
 	names := make([]string, 0, len(h))
@@ -125,23 +135,39 @@ func cardDataHeaders(h nats.Header) error {
 	}
 	slices.Sort(names)
 	for _, k := range names {
-		if k == "traceparent" || k == "tracestate" {
-			continue
-		}
-		if err := payment.CheckCardData("a header name", k); err != nil {
-			return err
-		}
-		for _, v := range h[k] {
-			parts := []string{v}
-			if k == nats.MsgIdHdr {
-				parts = strings.Split(v, ":")
-			}
-			for _, p := range parts {
-				if err := payment.CheckCardData("header "+k, p); err != nil {
-					return err
-				}
-			}
+		if field := headerCardData(k, h[k]); field != "" {
+			return payment.CardDataError(field)
 		}
 	}
 	return nil
+}
+
+// headerCardData is the field a card_data error names for header k with
+// values vs, or "" when neither holds what looks like a card number.
+func headerCardData(k string, vs []string) string {
+	if k == "traceparent" || k == "tracestate" {
+		return ""
+	}
+	if redact.ContainsPAN(k) {
+		return "a header name"
+	}
+	for _, v := range vs {
+		if k != nats.MsgIdHdr {
+			if redact.ContainsPAN(v) {
+				return "header " + k
+			}
+			continue
+		}
+		for rest := v; ; {
+			part, after, more := strings.Cut(rest, ":")
+			if redact.ContainsPAN(part) {
+				return "header " + k
+			}
+			if !more {
+				break
+			}
+			rest = after
+		}
+	}
+	return ""
 }
