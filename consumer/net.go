@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -156,8 +157,14 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 		_ = m.NakWithDelay(maxDeliverRetry)
 		return
 	}
+	// A message holding card data is filed card_data at once, its letter
+	// masked and the original erased, never published again: every copy
+	// would be refused, and each would store the number once more.
+	_, decodeErr := stream.DecodeCommand(n.cfg.Stream, raw.Subject, raw.Header, raw.Data)
+	var ve *payment.ValidationError
+	cardData := errors.As(decodeErr, &ve) && ve.Reason == payment.ReasonCardData
 	requeues, ok := requeuesOf(raw.Header)
-	if ok && requeues < n.cfg.NetRequeues {
+	if ok && !cardData && requeues < n.cfg.NetRequeues {
 		switch n.requeue(ctx, raw, requeues, log) {
 		case requeued:
 			if err := m.DoubleAck(ctx); err != nil {
@@ -181,13 +188,22 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream.Name, OrigSeq: adv.StreamSeq,
 		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: n.cfg.Clock.Now(),
 	}
+	if cardData {
+		d.Reason, d.Err = string(payment.ReasonCardData), decodeErr
+	}
 	if err := fileDeadLetter(ctx, n.js, n.cfg.Stream, d); err != nil {
 		log.Error("could not dead-letter a message that ran out of deliveries; retrying", "error", err)
 		res.Retried++
 		_ = m.NakWithDelay(maxDeliverRetry)
 		return
 	}
-	n.markIntake(ctx, raw, d.Err, log)
+	if cardData {
+		if err := n.payments.SecureDeleteMsg(ctx, adv.StreamSeq); err != nil {
+			log.Warn("could not erase a message holding card data from its stream; it stays until the stream's MaxAge", "error", err)
+		}
+	} else {
+		n.markIntake(ctx, raw, d.Err, log)
+	}
 	if err := m.DoubleAck(ctx); err != nil {
 		log.Warn("advisory ack not confirmed; its redelivery files nothing new", "error", err)
 	}

@@ -604,6 +604,9 @@ func (w *Worker) settle(b *batchRefs, in *inbound, res Result) {
 		if err := in.msg.Term(); err != nil {
 			log.Warn("term failed after dead-lettering; a redelivery would be filed again and deduplicated", "error", err)
 		}
+		if act.Reason == string(payment.ReasonCardData) {
+			w.eraseCardData(sctx, in, log)
+		}
 		w.deadLetteredIntake(sctx, in, act.Reason, errForDLQ, log)
 		log.Warn("message dead-lettered", "reason", act.Reason, "error", errString(errForDLQ))
 	}

@@ -294,7 +294,7 @@ type ReplayOptions struct {
 	DryRun bool
 	// Force also replays reasons that cannot succeed unchanged: bad input
 	// (payment.IsInputReason) and key_reused. It never overrides the key
-	// retention rule.
+	// retention rule, nor replays a card_data letter (its body is masked).
 	Force bool
 	// KeyRetention is the idempotency store's key retention: a dead letter
 	// that failed longer ago than this is refused, because its key may be
@@ -437,6 +437,11 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 			// Anyone who may publish on the DLQ's subjects could forge one;
 			// replay publishes with the operator's credentials.
 			res.Outcome, res.Detail = Refused, d.Unverified+": refusing to replay it"
+		case d.Reason == string(payment.ReasonCardData):
+			// Even with Force: the letter keeps the body with its card
+			// number masked, so a replay would publish another command.
+			res.Outcome = Refused
+			res.Detail = "card data: the message held what looks like a card number, which the letter keeps masked, so a replay would be another command; the client must send the payment anew with a payment-method token (pm_...), never the card number"
 		case d.Truncated:
 			res.Outcome = Refused
 			res.Detail = fmt.Sprintf("truncated: the letter keeps only part of the message (body of %s bytes, SHA-256 %s) to fit under max_payload: the original is %s #%d while the stream keeps it; publish it anew from there",

@@ -44,6 +44,10 @@ const (
 	ProblemUnavailable      = problemTypePrefix + "unavailable"
 	ProblemMethodNotAllowed = problemTypePrefix + "method-not-allowed"
 	ProblemRateLimited      = problemTypePrefix + "rate-limited"
+	// ProblemCardData: a field (or the Idempotency-Key) holds what looks
+	// like a card number; the payment is refused before anything is
+	// stored, published or logged, and the answer names the field only.
+	ProblemCardData = problemTypePrefix + "card-data"
 	// ProblemPublishUnknown: the command was sent to the stream but its
 	// PubAck never came; it may be queued (503).
 	ProblemPublishUnknown      = problemTypePrefix + "publish-outcome-unknown"

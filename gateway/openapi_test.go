@@ -145,6 +145,14 @@ func TestGatewayAnswersMatchOpenAPI(t *testing.T) {
 	wantStatus(t, post(false, w.keyA, "k-type", ok, "Content-Type", "text/plain"), http.StatusUnsupportedMediaType)
 	big := fmt.Sprintf(`{"amount":5,"currency":"usd","payment_method":"pm_card_visa","description":%q}`, strings.Repeat("x", 70<<10))
 	wantStatus(t, post(false, w.keyA, "k-big", big), http.StatusRequestEntityTooLarge)
+	// Card data, in a field or in the key: the card-data problem.
+	card := `{"amount":5,"currency":"usd","payment_method":"pm_card_visa","description":"4111 1111 1111 1111"}`
+	for _, r := range []response{post(true, w.keyA, "k-card", card), post(true, w.keyA, "4111111111111111", ok)} {
+		wantStatus(t, r, http.StatusUnprocessableEntity)
+		if p := r.problem(t); p.Type != gateway.ProblemCardData {
+			t.Errorf("card data: problem %+v", p)
+		}
+	}
 
 	// No worker yet: accepted, queued, held against a concurrent retry,
 	// and guarded against another payment under the same key.

@@ -164,8 +164,12 @@ func invalidRequest(w http.ResponseWriter, err error) {
 	}
 	status := http.StatusBadRequest
 	typ := ProblemInvalidRequest
-	if ve.Reason == payment.ReasonBodyTooLarge {
+	switch ve.Reason {
+	case payment.ReasonBodyTooLarge:
 		status, typ = http.StatusRequestEntityTooLarge, ProblemTooLarge
+	case payment.ReasonCardData:
+		// Well-formed, but refused for what it holds: 422, not 400.
+		status, typ = http.StatusUnprocessableEntity, ProblemCardData
 	}
 	writeProblem(w, Problem{Type: typ, Status: status, Detail: ve.Msg, Field: ve.Field, Reason: string(ve.Reason)})
 }
@@ -181,6 +185,8 @@ func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in pgstore.Intake) {
 	switch {
 	case in.DeadLetterReason == string(payment.ReasonBodyTooLarge):
 		status, typ = http.StatusRequestEntityTooLarge, ProblemTooLarge
+	case in.DeadLetterReason == string(payment.ReasonCardData):
+		typ = ProblemCardData
 	case payment.IsInputReason(in.DeadLetterReason):
 		status, typ = http.StatusBadRequest, ProblemInvalidRequest
 	case in.DeadLetterReason == "key_reused":
@@ -242,6 +248,16 @@ func (g *Gateway) check(cmd *payment.Command, extra map[string]string) (*stream.
 // postPayment is POST /v1/payments.
 func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 	merchant := merchantFrom(r.Context())
+	// Card data is refused at the door, the key's before anything else,
+	// even a key otherwise invalid (decodeCommand refuses the body's, the
+	// publisher's check the headers the command carries): nothing of it is
+	// stored, published or logged.
+	for _, v := range r.Header.Values("Idempotency-Key") {
+		if err := payment.CheckCardData("Idempotency-Key", v); err != nil {
+			invalidRequest(w, err)
+			return
+		}
+	}
 	key, prob := parseIdempotencyKey(r.Header)
 	if prob != nil {
 		writeProblem(w, *prob)

@@ -64,6 +64,10 @@ const (
 	ReasonInvalidMethod    Reason = "invalid_payment_method"
 	ReasonInvalidDesc      Reason = "invalid_description"
 	ReasonInvalidMetadata  Reason = "invalid_metadata"
+	// ReasonCardData: something in the command looks like a card number
+	// (a PAN). Commands carry payment-method tokens; paydedup refuses to
+	// hold card data, whatever else is wrong with the message (card.go).
+	ReasonCardData Reason = "card_data"
 )
 
 // InputReasons lists every Reason: all of them mean the message itself is
@@ -73,6 +77,7 @@ var InputReasons = []Reason{
 	ReasonDuplicateField, ReasonMissingKey, ReasonInvalidKey, ReasonKeyMismatch,
 	ReasonInvalidMerchant, ReasonMerchantMismatch, ReasonInvalidAmount, ReasonAmountOverLimit,
 	ReasonInvalidCurrency, ReasonInvalidMethod, ReasonInvalidDesc, ReasonInvalidMetadata,
+	ReasonCardData,
 }
 
 // IsInputReason reports whether r is one of the bad-input reasons.
@@ -123,8 +128,24 @@ type Envelope struct {
 }
 
 // Decode strictly decodes and validates a command body. Any problem is a
-// *ValidationError; Decode never panics on hostile input.
+// *ValidationError; Decode never panics on hostile input. A command with
+// card data anywhere (refuseCardData) is refused as card_data, whatever
+// else is wrong with it, so no other reason's error quotes a card number.
 func Decode(body []byte, env Envelope, lim Limits) (*Command, error) {
+	c, err := decode(body, env, lim)
+	if cerr := refuseCardData(body, env, c, err); cerr != nil {
+		return nil, cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// decode is Decode without the card-data door. When the body decodes but
+// the command is invalid it returns the command with the error, for the
+// door to name the field holding card data.
+func decode(body []byte, env Envelope, lim Limits) (*Command, error) {
 	lim = lim.withDefaults()
 	if len(body) > lim.MaxBodyBytes {
 		return nil, invalid(ReasonBodyTooLarge, "", "body is %d bytes, limit is %d", len(body), lim.MaxBodyBytes)
@@ -148,20 +169,20 @@ func Decode(body []byte, env Envelope, lim Limits) (*Command, error) {
 		return nil, err
 	}
 	if len(bytes.TrimLeft(body[end:], " \t\r\n")) > 0 {
-		return nil, invalid(ReasonMalformedJSON, "", "trailing data after the JSON object")
+		return c, invalid(ReasonMalformedJSON, "", "trailing data after the JSON object")
 	}
 	if env.HeaderKeySet {
 		if c.IdempotencyKey == "" {
 			c.IdempotencyKey = env.HeaderKey
 		} else if env.HeaderKey != c.IdempotencyKey {
-			return nil, invalid(ReasonKeyMismatch, "idempotency_key", "Idempotency-Key header %q differs from the body's %q", clip(env.HeaderKey), clip(c.IdempotencyKey))
+			return c, invalid(ReasonKeyMismatch, "idempotency_key", "Idempotency-Key header %q differs from the body's %q", clip(env.HeaderKey), clip(c.IdempotencyKey))
 		}
 	}
 	if err := c.Validate(lim); err != nil {
-		return nil, err
+		return c, err
 	}
 	if env.SubjectMerchant != "" && env.SubjectMerchant != c.MerchantID {
-		return nil, invalid(ReasonMerchantMismatch, "merchant_id", "subject merchant %q differs from the body's %q", clip(env.SubjectMerchant), c.MerchantID)
+		return c, invalid(ReasonMerchantMismatch, "merchant_id", "subject merchant %q differs from the body's %q", clip(env.SubjectMerchant), c.MerchantID)
 	}
 	return c, nil
 }

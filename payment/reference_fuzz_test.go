@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/paydedup/paydedup/internal/redact"
 )
 
 // FuzzDecodeMatchesReference holds Decode to referenceDecode, the
@@ -152,6 +154,21 @@ func checkMatchesReference(t *testing.T, body []byte, env Envelope) {
 	t.Helper()
 	want, wantErr := referenceDecode(body, env, Limits{})
 	got, gotErr := Decode(body, env, Limits{})
+	var cardVE *ValidationError
+	if errors.As(gotErr, &cardVE) && cardVE.Reason == ReasonCardData {
+		// The card-data door stands in front of the decoding the reference
+		// holds: it must have seen card data where the door looks.
+		partial, _ := decode(body, env, Limits{}) // the command, valid or not, when the body decodes
+		seen := env.HeaderKeySet && redact.ContainsPAN(env.HeaderKey) || redact.ContainsPAN(env.SubjectMerchant) ||
+			wantErr != nil && bodyStringsHoldPAN(body) || partial != nil && partial.cardData() != nil
+		if !seen {
+			t.Fatalf("Decode(%q, %+v) = %v, but nothing there looks like a card number; reference: %+v, %v", body, env, gotErr, want, wantErr)
+		}
+		return
+	}
+	if wantErr == nil && want.cardData() != nil {
+		t.Fatalf("Decode(%q, %+v) = %+v, %v: the card-data door let a card number in", body, env, got, gotErr)
+	}
 	if (wantErr == nil) != (gotErr == nil) {
 		t.Fatalf("Decode(%q, %+v) = %+v, %v; reference: %+v, %v", body, env, got, gotErr, want, wantErr)
 	}

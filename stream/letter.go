@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -72,7 +73,7 @@ type Letter struct {
 	OrigSeq     uint64
 	Deliveries  uint64
 	Header      nats.Header // the original headers
-	Data        []byte      // the original body, byte for byte
+	Data        []byte      // the original body, byte for byte (masked for card_data: see Msg)
 	FailedAt    time.Time
 }
 
@@ -120,6 +121,13 @@ func DLQKeyID(key []byte) string {
 // cfg.DLQKey (Dlq-Auth, Dlq-Key-Id). Its Nats-Msg-Id is dlq:<stream>:<seq>, so one
 // stream message is filed at most once within the dead-letter stream's
 // duplicate window.
+//
+// A card_data letter keeps no card number: its body, its original headers
+// (names and values, Nats-Msg-Id included) and its original subject are
+// masked (maskCardData) before anything else, so Dlq-Auth is computed over
+// what is stored, and the original is kept nowhere (its error names the
+// field, never the value). Such a letter cannot be replayed: the masked body
+// would be another command.
 func (d Letter) Msg(cfg Config) *nats.Msg { return d.MsgWithin(cfg, 0) }
 
 // MsgWithin is Msg for a server whose max_payload is maxSize (0: no bound).
@@ -128,6 +136,9 @@ func (d Letter) Msg(cfg Config) *nats.Msg { return d.MsgWithin(cfg, 0) }
 // too large, drops them (Dlq-Headers-Dropped).
 func (d Letter) MsgWithin(cfg Config, maxSize int) *nats.Msg {
 	cfg = cfg.WithDefaults()
+	if d.Reason == string(payment.ReasonCardData) {
+		d = d.maskCardData()
+	}
 	h := nats.Header{}
 	for k, vs := range d.Header {
 		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") {
@@ -185,6 +196,27 @@ func (d Letter) MsgWithin(cfg Config, maxSize int) *nats.Msg {
 func SignLetter(cfg Config, h nats.Header, data []byte) {
 	h.Set(HeaderDLQKeyID, DLQKeyID(cfg.DLQKey))
 	h.Set(HeaderDLQAuth, letterMAC(cfg.DLQKey, h, data))
+}
+
+// maskCardData is d with every card number in its body, original headers
+// and original subject masked. The body is masked as JSON too
+// (redact.Body), since an escape in a string hides a number from a byte
+// scan. In the subject and header names, where white space cannot go, the
+// mask's spaces become underscores.
+func (d Letter) maskCardData() Letter {
+	noSpace := func(s string) string { return strings.ReplaceAll(s, " ", "_") }
+	d.Data = redact.Body(d.Data)
+	d.OrigSubject = noSpace(redact.PANs(d.OrigSubject))
+	h := make(nats.Header, len(d.Header))
+	for k, vs := range d.Header {
+		masked := make([]string, len(vs))
+		for i, v := range vs {
+			masked[i] = redact.PANs(v)
+		}
+		h[noSpace(redact.PANs(k))] = masked
+	}
+	d.Header = h
+	return d
 }
 
 // headerLen is the size of h as NATS sends it: NATS/1.0, one line per

@@ -2,11 +2,13 @@ package stream
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -85,7 +87,17 @@ func RequeueMsgID(cfg Config, seq uint64) string {
 // JSON within cfg's limits, the subject's merchant token, and the optional
 // Idempotency-Key header. The gateway's publisher runs it on the message it
 // is about to publish.
+//
+// A message with card data in its subject or any header (cardDataHeaders)
+// is refused as card_data before its body is read; in the body, Decode
+// refuses it.
 func DecodeCommand(cfg Config, subject string, header nats.Header, data []byte) (*payment.Command, error) {
+	if err := payment.CheckCardData("subject", subject); err != nil {
+		return nil, err
+	}
+	if err := cardDataHeaders(header); err != nil {
+		return nil, err
+	}
 	env := payment.Envelope{}
 	if tok, ok := strings.CutPrefix(subject, cfg.SubjectPrefix+"."); ok {
 		env.SubjectMerchant = tok
@@ -101,4 +113,69 @@ func DecodeCommand(cfg Config, subject string, header nats.Header, data []byte) 
 		}
 	}
 	return payment.Decode(data, env, cfg.Limits)
+}
+
+// cardDataHeaders returns the card_data error naming the first header (by
+// name) whose name or value looks like it holds a card number. Every header
+// is stored with the message and its dead letter, but two are left out:
+// the W3C trace context (traceparent, tracestate) is made by tracers, not
+// typed, and a span id of sixteen decimal digits or a vendor's
+// millisecond timestamp would refuse a payment for what is not card data.
+// Nats-Msg-Id is checked between its colons: it joins the merchant id and
+// the key, each checked on its own, and a numeric merchant beside a
+// numeric key is not a card number. It runs on every message, so the
+// common case (no card data) allocates nothing: the names are sorted only
+// once one is found.
+func cardDataHeaders(h nats.Header) error {
+	found := false
+	for k, vs := range h {
+		if headerCardData(k, vs) != "" {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return nil
+	}
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		if field := headerCardData(k, h[k]); field != "" {
+			return payment.CardDataError(field)
+		}
+	}
+	return nil
+}
+
+// headerCardData is the field a card_data error names for header k with
+// values vs, or "" when neither holds what looks like a card number.
+func headerCardData(k string, vs []string) string {
+	if k == "traceparent" || k == "tracestate" {
+		return ""
+	}
+	if redact.ContainsPAN(k) {
+		return "a header name"
+	}
+	for _, v := range vs {
+		if k != nats.MsgIdHdr {
+			if redact.ContainsPAN(v) {
+				return "header " + k
+			}
+			continue
+		}
+		for rest := v; ; {
+			part, after, more := strings.Cut(rest, ":")
+			if redact.ContainsPAN(part) {
+				return "header " + k
+			}
+			if !more {
+				break
+			}
+			rest = after
+		}
+	}
+	return ""
 }

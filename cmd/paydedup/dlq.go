@@ -35,8 +35,9 @@ current key before it is dropped. A dead letter is named by its sequence in
 that stream.
 
 Reasons: bad input (malformed_json, missing_key, invalid_amount, ...: the
-publisher must fix the message), key_reused (the same key with another
-payment: a client bug), max_deliveries (failed alone through every delivery
+publisher must fix the message; card_data: something in it looked like a
+card number, which the letter keeps masked), key_reused (the same key with
+another payment: a client bug), max_deliveries (failed alone through every delivery
 and every copy published again: replay it once the cause is fixed; an
 outage pauses the workers and files none), provider_rejected (the provider
 refused the request as sent: investigate, then replay or publish anew), and
@@ -386,7 +387,10 @@ letters that failed longer ago than the key retention (PAYDEDUP_KEY_RETENTION,
 from the earlier of the authenticated Dlq-Failed-At and the stream's stored
 time, so a re-filed copy is as old as the original): their key may have been
 purged, and a replay could charge again. It skips reasons that cannot succeed unchanged (bad input, and
-key_reused) unless --force. --all also skips provider_idempotency_mismatch and
+key_reused) unless --force. It never replays a card_data letter, not even
+with --force: its card number is masked, so the replay would be another
+command; the client must send the payment anew with a payment-method token.
+--all also skips provider_idempotency_mismatch and
 ledger_conflict, which need investigating first, unless --reason names them
 (or --seq names the letter). --all reads the stream a batch at a time and
 republishes at most --rate letters per second, so a large backlog does not

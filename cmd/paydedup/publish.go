@@ -89,7 +89,9 @@ waits for every PubAck (asynchronously, a bounded window of messages in flight).
 
 Input is one JSON payment command per line, from stdin or --file; each line is
 validated as a worker would, and a malformed line is reported with its line
-number and skipped (the command then exits non-zero at the end). Blank lines
+number and skipped (the command then exits non-zero at the end); a line with
+something that looks like a card number is refused the same way, naming the
+field, never the number: commands carry payment-method tokens. Blank lines
 and lines starting with # are ignored. Or --generate N makes N distinct
 payments; --duplicates 0.5 additionally republishes half of them (same
 Nats-Msg-Id, interleaved), which the stream's duplicate window drops.
@@ -219,12 +221,12 @@ func (p *publishCmd) Run(ctx context.Context) error {
 		return err
 	}
 
-	var malformed int
+	var malformed, cardData int
 	var runErr error
 	if p.generate > 0 {
 		runErr = p.publishGenerated(ctx, pub)
 	} else {
-		malformed, runErr = p.publishLines(ctx, pub, in)
+		malformed, cardData, runErr = p.publishLines(ctx, pub, in)
 	}
 	st := pub.Close()
 	_ = bar.Finish()
@@ -242,7 +244,10 @@ func (p *publishCmd) Run(ctx context.Context) error {
 	if st.Refused > 0 {
 		errs = append(errs, fmt.Errorf("publish: %d messages refused by the stream or the client: not stored; fix what each line says and publish it again", st.Refused))
 	}
-	if malformed > 0 {
+	if cardData > 0 {
+		errs = append(errs, fmt.Errorf("publish: %d lines refused for card data (each named above with its field): nothing of them was published; send a payment-method token (pm_...), never a card number", cardData))
+	}
+	if malformed -= cardData; malformed > 0 {
 		errs = append(errs, fmt.Errorf("publish: %d malformed lines skipped: fix them and publish them again", malformed))
 	}
 	return errors.Join(errs...)
@@ -311,7 +316,10 @@ func (r *publishReport) print(w io.Writer) {
 const maxLine = 4 << 20
 
 // publishLines publishes each valid line and reports malformed ones.
-func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher, in io.Reader) (malformed int, err error) {
+// malformed counts every line skipped, cardData those of them refused
+// because they hold what looks like a card number (payment.ReasonCardData),
+// which are named as refused: no part of such a line is published.
+func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher, in io.Reader) (malformed, cardData int, err error) {
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64<<10), maxLine)
 	line := 0
@@ -322,19 +330,26 @@ func (p *publishCmd) publishLines(ctx context.Context, pub *stream.Publisher, in
 			continue
 		}
 		c, err := payment.Decode([]byte(raw), payment.Envelope{}, p.limits)
-		if err != nil {
+		var ve *payment.ValidationError
+		switch {
+		case errors.As(err, &ve) && ve.Reason == payment.ReasonCardData:
+			malformed++
+			cardData++
+			fmt.Fprintf(p.app.errOut, "publish: line %d refused, not published: %v\n", line, err)
+			continue
+		case err != nil:
 			malformed++
 			fmt.Fprintf(p.app.errOut, "publish: line %d skipped: %v\n", line, err)
 			continue
 		}
 		if err := pub.Publish(ctx, stream.CommandMsg(p.streams.cfg, c.MerchantID, c.IdempotencyKey, []byte(raw))); err != nil {
-			return malformed, err
+			return malformed, cardData, err
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return malformed, fmt.Errorf("publish: reading line %d: %w", line+1, err)
+		return malformed, cardData, fmt.Errorf("publish: reading line %d: %w", line+1, err)
 	}
-	return malformed, nil
+	return malformed, cardData, nil
 }
 
 // streamExists checks, before anything is published, that the payments
