@@ -165,10 +165,22 @@ func (w *Worker) Draining() bool { return w.draining.Load() }
 // finish within DrainTimeout, cancels what is still running (those rows are
 // released and their messages nakked, never acked), and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
-	_, cons, err := stream.EnsureStreams(ctx, w.js, w.cfg.Stream)
+	payments, cons, err := stream.EnsureStreams(ctx, w.js, w.cfg.Stream)
 	if err != nil {
 		return err
 	}
+	if eff := payments.CachedInfo().Config.Duplicates; eff != w.cfg.Stream.DuplicateWindow {
+		// EnsureStreams only widens the window: another worker's is wider.
+		w.logger.Info("the payments stream keeps a wider duplicate window than this worker's; working with the stream's",
+			"duplicate_window", eff.String(), "configured", w.cfg.Stream.DuplicateWindow.String())
+		w.cfg.Stream.DuplicateWindow = eff
+	}
+	trimDone := make(chan struct{})
+	go func() {
+		defer close(trimDone)
+		runStreamTrimmer(ctx, w.js, w.cfg, w.logger)
+	}()
+	defer func() { <-trimDone }()
 	netDone := make(chan struct{})
 	go func() {
 		defer close(netDone)

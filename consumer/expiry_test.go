@@ -1,0 +1,69 @@
+package consumer_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/lab/stripesim"
+)
+
+// oldStream creates the payments stream as a worker before this one did:
+// Limits retention, a max age (2 s here, 24 h by default) and DiscardOld.
+func (e *env) oldStream(maxAge time.Duration) {
+	e.t.Helper()
+	if _, err := e.js.CreateStream(e.ctx, jetstream.StreamConfig{
+		Name: e.cfg.Stream.Name, Subjects: []string{e.cfg.Stream.SubjectPrefix + ".>"}, Storage: jetstream.FileStorage,
+		Retention: jetstream.LimitsPolicy, MaxAge: maxAge, Duplicates: maxAge, Discard: jetstream.DiscardOld,
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestOutageLongerThanStreamMaxAgeLosesNothing: the provider drops every
+// call for longer than the payments stream of an older worker kept a
+// message (a 2 s max age here, 24 h by default). The worker updates the
+// stream on start; every payment published before the outage is charged
+// exactly once after it; none expires from the stream unprocessed.
+func TestOutageLongerThanStreamMaxAgeLosesNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	e.cfg.Stream.MaxDeliver = 10
+	// The trimmer runs through the outage: it must remove only what is
+	// settled.
+	e.cfg.TrimInterval = 200 * time.Millisecond
+	e.oldStream(2 * time.Second)
+	if err := e.sim.SetFaults(stripesim.Faults{RateFailBeforeCharge: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e.cfg.FetchBatch, e.cfg.Concurrency, e.cfg.Stream.MaxAckPending = 2, 2, 2
+	proc, _ := e.runPausable("w1", e.store, e.stripe)
+	var keys []string
+	for i := range 8 {
+		keys = append(keys, fmt.Sprintf("long-%d", i))
+		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+	}
+	e.eventually("paused", func() bool { return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable) })
+	// The outage outlasts the old max age by half again.
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	for e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) < len(keys) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`); n != len(keys) {
+		t.Fatalf("%d of %d payments charged after the outage, %d dead letters: the rest expired from the stream unprocessed", n, len(keys), len(e.deadLetters()))
+	}
+	e.quiescent()
+	e.chargedOnceEach(keys)
+	e.eventually("the settled commands trimmed from the stream", func() bool { return len(e.streamMessages(e.cfg.Stream.Name)) == 0 })
+}
