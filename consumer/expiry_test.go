@@ -10,6 +10,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // oldStream creates the payments stream as a worker before this one did:
@@ -66,4 +67,41 @@ func TestOutageLongerThanStreamMaxAgeLosesNothing(t *testing.T) {
 	e.quiescent()
 	e.chargedOnceEach(keys)
 	e.eventually("the settled commands trimmed from the stream", func() bool { return len(e.streamMessages(e.cfg.Stream.Name)) == 0 })
+}
+
+// TestStopHoldingALastDeliveryDuringAnOutage: a worker holds a message on
+// its last delivery through a provider outage (one payment: the last
+// delivery's lookup finds the provider down and pauses the worker), and is
+// stopped. The message is not dead-lettered: an outage is no message's
+// fault. A second worker, started after the outage, charges it once.
+func TestStopHoldingALastDeliveryDuringAnOutage(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	e.cfg.Stream.MaxDeliver = 2
+	if err := e.sim.SetFaults(stripesim.Faults{RateFailBeforeCharge: 1}); err != nil {
+		t.Fatal(err)
+	}
+	proc, stop := e.runPausable("w1", e.store, e.stripe)
+	e.publish("m_1", body("m_1", "last-held", 100), "", nil)
+	e.eventually("paused, holding the message", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable) && proc.Held() == 1
+	})
+	stop()
+	if dls := e.deadLetters(); len(dls) != 0 {
+		p, _ := stream.ParseDeadLetter(dls[0].Header)
+		t.Fatalf("the stop dead-lettered the held last delivery: %s after %d deliveries: %s", p.Reason, p.Deliveries, p.Error)
+	}
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	e.runPausable("w2", e.store, e.stripe)
+	e.eventually("charged after the outage", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == 1
+	})
+	e.quiescent()
+	e.chargedOnceEach([]string{"last-held"})
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
 }
