@@ -97,4 +97,9 @@ func TestGetSaysWhyAProcessingPaymentWaits(t *testing.T) {
 	if p.Delay == nil || p.Delay.Cause != consumer.PauseProviderUnavailable {
 		t.Fatalf("GET of a %s payment during the outage: delay %+v, want the workers' pause (provider_unavailable)", p.Status, p.Delay)
 	}
+	// And when it is tried again: the worker's next probe, within its
+	// longest pause (400 ms here) of now, give or take a note's age (5 s).
+	if r := p.Delay.RetryAt; r == nil || r.Before(p.Delay.Since) || time.Until(*r) > time.Second {
+		t.Fatalf("delay %+v: want retry_at, the worker's next try, after since and within its longest pause", p.Delay)
+	}
 }

@@ -65,12 +65,16 @@ type Payment struct {
 // Delay is what the paused workers report: the cause most of them give
 // (provider_unavailable: the provider refuses or does not answer;
 // provider_auth: it refuses the API key; postgres_unavailable), since when,
-// and how many workers. Payments resume on their own when it ends; none
+// how many workers, and when they try again. Payments resume on their own when it ends; none
 // of their deliveries is spent meanwhile.
 type Delay struct {
 	Cause         string    `json:"cause"`
 	Since         time.Time `json:"since"`
 	WorkersPaused int       `json:"workers_paused"`
+	// RetryAt is when the soonest of those workers tries again; the
+	// payment moves then if the outage is over. Absent when no worker
+	// says.
+	RetryAt *time.Time `json:"retry_at,omitempty"`
 }
 
 // Outcome is the stored provider response of a completed payment.
