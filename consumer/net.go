@@ -247,6 +247,13 @@ func publishAgain(ctx context.Context, js jetstream.JetStream, cfg Config, subje
 	pctx, cancel := context.WithTimeout(ctx, netTimeout)
 	defer cancel()
 	ack, err := js.PublishMsg(pctx, m)
+	if stream.StreamFull(err) {
+		// Full for now (an outage fills it): not stored, and room comes
+		// as the workers settle what it holds. Tried again later under
+		// the same id, never filed for it.
+		log.Warn("the payments stream is full; publishing again later", "error", err, "msg_id", id)
+		return requeueUnknown
+	}
 	var refused *jetstream.APIError
 	if errors.As(err, &refused) {
 		log.Error("the stream refused a message published again; filing it as a dead letter", "error", err, "msg_id", id)

@@ -140,3 +140,35 @@ func TestFullStreamRefusesAtTheDoor(t *testing.T) {
 		t.Fatalf("the full stream holds %d messages from %d, want the 3 stored from 1", info.State.Msgs, info.State.FirstSeq)
 	}
 }
+
+// The publisher of `paydedup publish` counts a full stream's answer as a
+// refusal at once (not stored: publish the line again later), not as an
+// unknown outcome after retrying it for its whole retry time.
+func TestPublisherFullStreamIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	js, err := jetstream.New(testenv.NATSConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testenv.Streams(t, js)
+	cfg.StreamMaxMsgs = 1
+	cfg = cfg.WithDefaults()
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := stream.NewPublisher(js.Conn(), stream.PublisherConfig{Window: 1, Retry: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for _, k := range []string{"a", "b"} {
+		if err := pub.Publish(ctx, stream.CommandMsg(cfg, "m_1", k, body("m_1", k, 100))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := pub.Close()
+	if st.Stored != 1 || st.Refused != 1 || st.Unknown != 0 || time.Since(start) > 10*time.Second {
+		t.Fatalf("stats %+v after %v: want 1 stored, 1 refused at once", st, time.Since(start))
+	}
+}
