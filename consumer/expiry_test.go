@@ -1,8 +1,10 @@
 package consumer_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +12,8 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -101,6 +105,62 @@ func TestStopHoldingALastDeliveryDuringAnOutage(t *testing.T) {
 	})
 	e.quiescent()
 	e.chargedOnceEach([]string{"last-held"})
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+}
+
+// keyRefuser answers every call 401 authentication_error while refuse is
+// set (an API key revoked on a Friday evening), and passes calls through
+// to the provider otherwise.
+type keyRefuser struct {
+	p      *stripe.Client
+	refuse atomic.Bool
+}
+
+func (k *keyRefuser) err() error {
+	return &provider.Error{Class: provider.Classify(401, "authentication_error", "", nil), HTTPStatus: 401, Type: "authentication_error"}
+}
+
+func (k *keyRefuser) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if k.refuse.Load() {
+		return nil, k.err()
+	}
+	return k.p.Charge(ctx, req)
+}
+
+func (k *keyRefuser) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
+	if k.refuse.Load() {
+		return provider.LookupResult{}, k.err()
+	}
+	return k.p.Lookup(ctx, req)
+}
+
+// TestKeyRefusedLongerThanStreamMaxAgeLosesNothing: the provider refuses
+// the API key for longer than an older worker's stream kept a message;
+// when the key is accepted again every payment is charged once.
+func TestKeyRefusedLongerThanStreamMaxAgeLosesNothing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	e.cfg.Stream.MaxDeliver = 10
+	e.oldStream(2 * time.Second)
+	k := &keyRefuser{p: e.stripe}
+	k.refuse.Store(true)
+	proc, _ := e.runPausable("w1", e.store, k)
+	var keys []string
+	for i := range 8 {
+		keys = append(keys, fmt.Sprintf("revoked-%d", i))
+		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+	}
+	e.eventually("paused on the refused key", func() bool { return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnauthorized) })
+	time.Sleep(3 * time.Second) // the key stays refused past the old max age
+	k.refuse.Store(false)
+	e.eventually("all charged once the key is accepted", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == len(keys)
+	})
+	e.quiescent()
+	e.chargedOnceEach(keys)
 	if n := len(e.deadLetters()); n != 0 {
 		t.Fatalf("%d dead letters, want 0", n)
 	}
