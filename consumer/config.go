@@ -89,8 +89,11 @@ type Config struct {
 	DrainTimeout time.Duration
 
 	// KeyRetention is the store's retention of finished keys. It must
-	// outlive the stream's MaxAge, or a late redelivery could find its key
-	// purged and charge again.
+	// outlive the redelivery schedule of a claimed message
+	// (RedeliverySchedule), or a late redelivery could find its key purged
+	// and charge again. The stream has no max age: a message never fetched
+	// has no key, and a fetched one is redelivered within the schedule
+	// while workers fetch.
 	KeyRetention time.Duration
 
 	// RetryBase and RetryMax shape the nak delay after a failure that is
@@ -116,6 +119,10 @@ type Config struct {
 	// time, to (NetRequeues+1) × MaxDeliver. Zero (not defaulted) files at
 	// once.
 	NetRequeues int
+
+	// TrimInterval is how often the worker purges the commands the workers
+	// settled from the payments stream (it has no max age).
+	TrimInterval time.Duration
 
 	Holder string // lease holder id; default host name + random suffix
 
@@ -143,6 +150,7 @@ func (c Config) WithDefaults() Config {
 	c.KeyRetention = cmp.Or(c.KeyRetention, DefaultKeyRetention)
 	c.RetryBase = cmp.Or(c.RetryBase, DefaultRetryBase)
 	c.RetryMax = cmp.Or(c.RetryMax, DefaultRetryMax)
+	c.TrimInterval = cmp.Or(c.TrimInterval, DefaultTrimInterval)
 	c.PauseFirst = cmp.Or(c.PauseFirst, AuthPauseFirst)
 	c.PauseLongest = cmp.Or(c.PauseLongest, AuthPauseLongest)
 	if c.Holder == "" {
@@ -165,6 +173,7 @@ func (c Config) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"lease": c.Lease, "drain timeout": c.DrainTimeout, "key retention": c.KeyRetention,
 		"retry base": c.RetryBase, "retry max": c.RetryMax, "pause first": c.PauseFirst, "pause longest": c.PauseLongest,
+		"trim interval": c.TrimInterval,
 	} {
 		if d <= 0 {
 			bad("%s must be positive, got %v", name, d)
@@ -196,8 +205,35 @@ func (c Config) Validate() error {
 			bad("backoff step %d (%v) must exceed the lease %v", i, b, c.Lease)
 		}
 	}
-	if c.KeyRetention <= s.StreamMaxAge {
-		bad("key retention %v must exceed the stream max age %v, or a late redelivery could find its key purged and charge again", c.KeyRetention, s.StreamMaxAge)
+	if sched := RedeliverySchedule(c); c.KeyRetention <= sched {
+		bad("key retention %v must exceed the redelivery schedule %v ((net requeues+1) × max deliver × the longest of ack wait, retry max and the backoff steps), or a late redelivery could find its key purged and charge again", c.KeyRetention, sched)
+	}
+	if need := DuplicateWindowNeed(c); s.DuplicateWindow <= need {
+		bad("duplicate window %v must exceed %v (ack wait + retry base + the max-deliveries net's retry and fetch), or a requeue whose PubAck was lost can be stored twice", s.DuplicateWindow, need)
 	}
 	return errors.Join(errs...)
+}
+
+// RedeliverySchedule bounds how long after a key's claim its message can
+// still be redelivered while the workers fetch: each of MaxDeliver
+// deliveries waits at most the longest of AckWait, RetryMax and the
+// BackOff steps, and the message may be published again NetRequeues
+// times with deliveries of its own. A key must outlive it.
+func RedeliverySchedule(c Config) time.Duration {
+	s := c.Stream
+	step := max(s.AckWait, c.RetryMax, c.Lease)
+	for _, b := range s.BackOff {
+		step = max(step, b)
+	}
+	return time.Duration(c.NetRequeues+1) * time.Duration(s.MaxDeliver) * step
+}
+
+// DuplicateWindowNeed is the shortest duplicate window that keeps a
+// requeue stored once: a requeue whose PubAck was lost is published again,
+// under the same Nats-Msg-Id, by the max-deliveries net once the server
+// gives up on the original (its nak delay, RetryBase, or AckWait when the
+// term was lost) and the net has fetched the advisory and waited its
+// retry.
+func DuplicateWindowNeed(c Config) time.Duration {
+	return max(c.Stream.AckWait, c.RetryBase) + fetchWait + maxDeliverRetry
 }

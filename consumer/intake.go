@@ -34,7 +34,7 @@ type OperatorMarker interface {
 // implements it), so a client asking about a payment that waits is told
 // the workers are paused, and why. cause "" clears the worker's note.
 type PauseNoter interface {
-	NotePause(ctx context.Context, holder, cause string, since time.Time) error
+	NotePause(ctx context.Context, holder, cause string, since, retryAt time.Time) error
 }
 
 // PauseNoteEvery is how often a paused worker writes its pause again; the
@@ -53,10 +53,10 @@ func (w *Worker) notePauses(ctx context.Context) {
 		return
 	}
 	noted := ""
-	write := func(ctx context.Context, cause string, since time.Time) {
+	write := func(ctx context.Context, cause string, since, retryAt time.Time) {
 		wctx, cancel := context.WithTimeout(ctx, PauseNoteEvery)
 		defer cancel()
-		if err := pn.NotePause(wctx, w.cfg.Holder, cause, since); err != nil {
+		if err := pn.NotePause(wctx, w.cfg.Holder, cause, since, retryAt); err != nil {
 			w.logger.Debug("could not record the worker's pause for the gateway", "cause", cause, "error", err)
 			return
 		}
@@ -67,12 +67,12 @@ func (w *Worker) notePauses(ctx context.Context) {
 	for {
 		cause, since := w.proc.gate.pausedSince()
 		if cause != "" || noted != "" {
-			write(ctx, cause, since)
+			write(ctx, cause, since, w.proc.gate.retryAt())
 		}
 		select {
 		case <-ctx.Done():
 			if noted != "" {
-				write(context.WithoutCancel(ctx), "", time.Time{})
+				write(context.WithoutCancel(ctx), "", time.Time{}, time.Time{})
 			}
 			return
 		case <-t.C:

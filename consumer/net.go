@@ -234,20 +234,21 @@ const (
 // requeue publishes raw, which ran out of deliveries after requeues
 // earlier copies, again (see publishAgain).
 func (n *maxDeliveriesNet) requeue(ctx context.Context, raw *jetstream.RawStreamMsg, requeues int, log *slog.Logger) requeueOutcome {
-	return publishAgain(ctx, n.js, n.cfg, raw.Subject, raw.Header, raw.Data, raw.Sequence, requeues, log,
+	return publishAgain(ctx, n.js, n.cfg, raw.Subject, raw.Header, raw.Data, raw.Sequence, requeues+1, log,
 		"message ran out of deliveries with no worker settling it (its workers were killed or stopped); published again")
 }
 
 // publishAgain publishes message seq of the payments stream (subject,
-// header, data), which ran out of deliveries after requeues earlier
-// copies, again as a new message with deliveries of its own: the same
-// subject, body and headers, Paydedup-Requeues one more, and Nats-Msg-Id
+// header, data), which ran out of deliveries, again as a new message with
+// deliveries of its own: the same subject, body and headers,
+// Paydedup-Requeues set to next (one more than the copies before, or as
+// many when an outage, no fault of the message, spent them), and Nats-Msg-Id
 // stream.RequeueMsgID(seq), so a retry after a lost PubAck (or the net
 // and the worker both handling the message) stores one copy. A duplicate
 // PubAck counts only once the stored copy is checked to be this command.
 // PostgreSQL still guards the charge: a copy of a completed key is acked
 // as a duplicate. done is logged at warn on success.
-func publishAgain(ctx context.Context, js jetstream.JetStream, cfg Config, subject string, header nats.Header, data []byte, seq uint64, requeues int, log *slog.Logger, done string) requeueOutcome {
+func publishAgain(ctx context.Context, js jetstream.JetStream, cfg Config, subject string, header nats.Header, data []byte, seq uint64, next int, log *slog.Logger, done string) requeueOutcome {
 	m := nats.NewMsg(subject)
 	m.Data = data
 	for k, vs := range header {
@@ -258,10 +259,17 @@ func publishAgain(ctx context.Context, js jetstream.JetStream, cfg Config, subje
 	}
 	id := stream.RequeueMsgID(cfg.Stream, seq)
 	m.Header.Set(nats.MsgIdHdr, id)
-	m.Header.Set(stream.HeaderRequeues, strconv.Itoa(requeues+1))
+	m.Header.Set(stream.HeaderRequeues, strconv.Itoa(next))
 	pctx, cancel := context.WithTimeout(ctx, netTimeout)
 	defer cancel()
 	ack, err := js.PublishMsg(pctx, m)
+	if stream.StreamFull(err) {
+		// Full for now (an outage fills it): not stored, and room comes
+		// as the workers settle what it holds. Tried again later under
+		// the same id, never filed for it.
+		log.Warn("the payments stream is full; publishing again later", "error", err, "msg_id", id)
+		return requeueUnknown
+	}
 	var refused *jetstream.APIError
 	if errors.As(err, &refused) {
 		log.Error("the stream refused a message published again; filing it as a dead letter", "error", err, "msg_id", id)
@@ -282,7 +290,7 @@ func publishAgain(ctx context.Context, js jetstream.JetStream, cfg Config, subje
 			return requeueRefused
 		}
 	}
-	log.Warn(done, "msg_id", id, "new_seq", ack.Sequence, "requeues", requeues+1, "of", cfg.NetRequeues)
+	log.Warn(done, "msg_id", id, "new_seq", ack.Sequence, "requeues", next, "of", cfg.NetRequeues)
 	return requeued
 }
 

@@ -265,6 +265,21 @@ func (g *gate) state() (cause string, err error, streak, held int, until time.Ti
 	return g.cause, g.err, g.streak, g.held, g.until
 }
 
+// retryAt is when a paused worker next tries the provider (or
+// PostgreSQL) again: its next probe, or about now while one is under way
+// or due (a probe waits for no timer then). Zero when open.
+func (g *gate) retryAt() time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cause == "" {
+		return time.Time{}
+	}
+	if now := time.Now(); g.until.Before(now) {
+		return now
+	}
+	return g.until
+}
+
 // pausedSince returns the cause of the pause ("" when open) and when it
 // began.
 func (g *gate) pausedSince() (cause string, since time.Time) {

@@ -165,10 +165,22 @@ func (w *Worker) Draining() bool { return w.draining.Load() }
 // finish within DrainTimeout, cancels what is still running (those rows are
 // released and their messages nakked, never acked), and returns nil.
 func (w *Worker) Run(ctx context.Context) error {
-	_, cons, err := stream.EnsureStreams(ctx, w.js, w.cfg.Stream)
+	payments, cons, err := stream.EnsureStreams(ctx, w.js, w.cfg.Stream)
 	if err != nil {
 		return err
 	}
+	if eff := payments.CachedInfo().Config.Duplicates; eff != w.cfg.Stream.DuplicateWindow {
+		// EnsureStreams only widens the window: another worker's is wider.
+		w.logger.Info("the payments stream keeps a wider duplicate window than this worker's; working with the stream's",
+			"duplicate_window", eff.String(), "configured", w.cfg.Stream.DuplicateWindow.String())
+		w.cfg.Stream.DuplicateWindow = eff
+	}
+	trimDone := make(chan struct{})
+	go func() {
+		defer close(trimDone)
+		runStreamTrimmer(ctx, w.js, w.cfg, w.logger)
+	}()
+	defer func() { <-trimDone }()
 	netDone := make(chan struct{})
 	go func() {
 		defer close(netDone)
@@ -639,11 +651,17 @@ func (w *Worker) requeueLast(ctx context.Context, in *inbound, act Action, res R
 		return act, false
 	}
 	requeues, ok := requeuesOf(in.msg.Headers())
-	if !ok || requeues >= w.cfg.NetRequeues {
+	next, done := requeues+1, "last allowed delivery ended "+res.Kind.String()+"; published again"
+	if res.held() {
+		// Held through an outage until the worker stopped: the outage, no
+		// fault of the message, spent its deliveries. Published again
+		// without counting a requeue, it waits in the stream for the
+		// outage's end instead of being filed max_deliveries.
+		next, done = requeues, "last allowed delivery held through an outage until the worker stopped; published again"
+	} else if !ok || requeues >= w.cfg.NetRequeues {
 		return act, false
 	}
-	switch publishAgain(ctx, w.js, w.cfg, in.msg.Subject(), in.msg.Headers(), in.msg.Data(), in.meta.Sequence.Stream, requeues, log,
-		"last allowed delivery ended "+res.Kind.String()+"; published again") {
+	switch publishAgain(ctx, w.js, w.cfg, in.msg.Subject(), in.msg.Headers(), in.msg.Data(), in.meta.Sequence.Stream, next, log, done) {
 	case requeued:
 		if err := in.msg.Term(); err != nil {
 			log.Warn("term failed after publishing the message again; the server gives up on it after AckWait and the net's copy is a duplicate", "error", err)

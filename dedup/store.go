@@ -21,7 +21,9 @@ import (
 // Defaults for Config.
 const (
 	// DefaultRetention is how long a finished key is kept. It must outlive
-	// every copy of its message: the stream's and the DLQ's MaxAge.
+	// the redelivery schedule of its message (the payments stream has no
+	// max age; consumer.RedeliverySchedule) and dlq replay refuses letters
+	// older than it.
 	DefaultRetention = 48 * time.Hour
 	// DefaultProviderKeyWindow is how long the provider is trusted to replay
 	// a key: Stripe keeps keys at least 24 h; we keep a margin.

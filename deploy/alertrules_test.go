@@ -97,6 +97,25 @@ func TestAlertsFire(t *testing.T) {
 			at: 25 * time.Minute,
 		},
 		{
+			name: "payments stream filling", alert: "PaydedupPaymentsStreamFilling",
+			series: `load 1m
+				paydedup_stream_bytes{namespace="pay",stream="PAYMENTS",consumer="paydedup-worker",pod="w1"} 0+100x30
+				paydedup_stream_max_bytes{namespace="pay",stream="PAYMENTS",consumer="paydedup-worker",pod="w1"} 2000x30
+				paydedup_stream_messages{namespace="pay",stream="PAYMENTS",consumer="paydedup-worker",pod="w1"} 10x30
+				paydedup_stream_max_messages{namespace="pay",stream="PAYMENTS",consumer="paydedup-worker",pod="w1"} 1000x30`,
+			at:   25 * time.Minute,
+			want: []string{`{namespace="pay", stream="PAYMENTS"}`},
+		},
+		{
+			name: "payments stream with room, and one without a bound", alert: "PaydedupPaymentsStreamFilling",
+			series: `load 1m
+				paydedup_stream_bytes{namespace="pay",stream="PAYMENTS",consumer="paydedup-worker",pod="w1"} 1000x30
+				paydedup_stream_max_bytes{namespace="pay",stream="PAYMENTS",consumer="paydedup-worker",pod="w1"} 2000x30
+				paydedup_stream_messages{namespace="pay",stream="OLD",consumer="paydedup-worker",pod="w1"} 5000x30
+				paydedup_stream_max_messages{namespace="pay",stream="OLD",consumer="paydedup-worker",pod="w1"} -1x30`,
+			at: 25 * time.Minute,
+		},
+		{
 			name: "consumer info unreadable", alert: "PaydedupConsumerInfoFailing",
 			series: `load 1m
 				paydedup_consumer_info_up{namespace="pay",stream="PAYMENTS",consumer="paydedup-worker",pod="w1"} 0x20`,

@@ -24,10 +24,9 @@ const mainModule = ".."
 // go.mod to every dependency bump over there.
 type binary struct {
 	// From stream/config.go.
-	stream        string        // DefaultStream
-	durable       string        // DefaultDurable
-	maxAckPending int           // DefaultMaxAckPending
-	streamMaxAge  time.Duration // DefaultStreamMaxAge
+	stream        string // DefaultStream
+	durable       string // DefaultDurable
+	maxAckPending int    // DefaultMaxAckPending
 	// From consumer/config.go.
 	drainTimeout time.Duration // DefaultDrainTimeout
 	concurrency  int           // DefaultConcurrency
@@ -69,7 +68,6 @@ func parseBinary(root string) (*binary, error) {
 		{"stream/config.go", "DefaultStream", &b.stream},
 		{"stream/config.go", "DefaultDurable", &b.durable},
 		{"stream/config.go", "DefaultMaxAckPending", &b.maxAckPending},
-		{"stream/config.go", "DefaultStreamMaxAge", &b.streamMaxAge},
 		{"consumer/config.go", "DefaultDrainTimeout", &b.drainTimeout},
 		{"consumer/config.go", "DefaultConcurrency", &b.concurrency},
 		{"consumer/config.go", "DefaultKeyRetention", &b.keyRetention},

@@ -65,3 +65,41 @@ func TestGetSaysWorkersArePaused(t *testing.T) {
 		return w.count(`SELECT count(*) FROM worker_pauses`) == 0
 	})
 }
+
+// TestGetSaysWhyAProcessingPaymentWaits: during an outage whose calls end
+// unknown (the provider drops the connection before it processes
+// anything), a payment's key stays pending and GET says "processing".
+// It says why it waits too: the workers' pause.
+func TestGetSaysWhyAProcessingPaymentWaits(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, options{worker: func(c *consumer.Config) {
+		c.PauseFirst, c.PauseLongest = 100*time.Millisecond, 400*time.Millisecond
+	}})
+	if err := w.sim.SetFaults(stripesim.Faults{RateFailBeforeCharge: 1}); err != nil {
+		t.Fatal(err)
+	}
+	w.startWorker()
+	body := payBody(700, "pm_card_visa")
+	for i := range 4 {
+		wantStatus(t, w.post(fmt.Sprintf("unk-%d", i), body), http.StatusAccepted)
+	}
+	w.eventually("the worker paused", func() bool { return w.count(`SELECT count(*) FROM worker_pauses`) > 0 })
+	var p gateway.Payment
+	w.eventually("GET says processing", func() bool {
+		r := w.do(http.MethodGet, "/v1/payments/unk-0", w.keyA, "", nil)
+		p = r.payment(t)
+		return r.status == http.StatusOK && p.Status == gateway.StateProcessing
+	})
+	// The pause is read at most once a second.
+	for end := time.Now().Add(3 * time.Second); p.Delay == nil && p.Status == gateway.StateProcessing && time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		p = w.do(http.MethodGet, "/v1/payments/unk-0", w.keyA, "", nil).payment(t)
+	}
+	if p.Delay == nil || p.Delay.Cause != consumer.PauseProviderUnavailable {
+		t.Fatalf("GET of a %s payment during the outage: delay %+v, want the workers' pause (provider_unavailable)", p.Status, p.Delay)
+	}
+	// And when it is tried again: the worker's next probe, within its
+	// longest pause (400 ms here) of now, give or take a note's age (5 s).
+	if r := p.Delay.RetryAt; r == nil || r.Before(p.Delay.Since) || time.Until(*r) > time.Second {
+		t.Fatalf("delay %+v: want retry_at, the worker's next try, after since and within its longest pause", p.Delay)
+	}
+}

@@ -38,6 +38,9 @@ func (c *pauseCache) get(ctx context.Context, store Store, log *slog.Logger) *De
 	var d *Delay
 	if ok {
 		d = &Delay{Cause: p.Cause, Since: p.Since, WorkersPaused: p.Workers}
+		if !p.RetryAt.IsZero() {
+			d.RetryAt = &p.RetryAt
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

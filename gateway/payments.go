@@ -56,20 +56,25 @@ type Payment struct {
 	// Reason is the dead letter's reason of a payment waiting for an
 	// operator.
 	Reason string `json:"reason,omitempty"`
-	// Delay says why a payment that waits for a worker (queued, retrying)
-	// is not moving: the workers are paused. Absent while none is.
+	// Delay says why a payment that waits for a worker (queued, retrying,
+	// or processing with its outcome unknown) is not moving: the workers
+	// are paused. Absent while none is.
 	Delay *Delay `json:"delay,omitempty"`
 }
 
 // Delay is what the paused workers report: the cause most of them give
 // (provider_unavailable: the provider refuses or does not answer;
 // provider_auth: it refuses the API key; postgres_unavailable), since when,
-// and how many workers. Payments resume on their own when it ends; none
+// how many workers, and when they try again. Payments resume on their own when it ends; none
 // of their deliveries is spent meanwhile.
 type Delay struct {
 	Cause         string    `json:"cause"`
 	Since         time.Time `json:"since"`
 	WorkersPaused int       `json:"workers_paused"`
+	// RetryAt is when the soonest of those workers tries again; the
+	// payment moves then if the outage is over. Absent when no worker
+	// says.
+	RetryAt *time.Time `json:"retry_at,omitempty"`
 }
 
 // Outcome is the stored provider response of a completed payment.
@@ -666,7 +671,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	if p.Status == StateWaitingForOperator {
 		wait = 0 // nothing moves until an operator replays it: answered at once
 	}
-	if p.Status == StateQueued || p.Status == StateRetrying {
+	if waitsForWorker(p) {
 		p.Delay = g.pauses.get(ctx, g.store, g.log)
 	}
 	if wait > 0 && p.CompletedAt == nil && p.Status != StateQueued && p.Status != StatePublishUnknown {
@@ -688,11 +693,20 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 		case dl.IdempotencyKey != "":
 			p = waitingPayment(rec, dl)
 		}
-		if p.Status == StateQueued || p.Status == StateRetrying {
+		if waitsForWorker(p) {
 			p.Delay = g.pauses.get(ctx, g.store, g.log)
 		}
 	}
 	writeJSON(w, http.StatusOK, p)
+}
+
+// waitsForWorker reports whether p waits for a worker to move it: queued,
+// retrying, or processing with no outcome stored (its key pending: a call
+// under way, or one whose outcome is unknown, which a worker or the
+// reconciler settles). A payment completed as processing (a stored 202)
+// waits for the provider instead.
+func waitsForWorker(p Payment) bool {
+	return p.Status == StateQueued || p.Status == StateRetrying || (p.Status == StateProcessing && p.CompletedAt == nil)
 }
 
 // decodeCommand decodes a POST body, which is a payment command without

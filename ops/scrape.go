@@ -62,6 +62,15 @@ type ConsumerLag struct {
 	Redelivered uint64
 	// Waiting: pull requests waiting for messages (idle worker capacity).
 	Waiting uint64
+	// StreamBytes and StreamMsgs are what the payments stream holds;
+	// StreamMaxBytes and StreamMaxMsgs its bounds (-1: none). The stream
+	// has no max age: an outage fills it, and when it reaches a bound it
+	// refuses publishes.
+	StreamBytes, StreamMsgs       uint64
+	StreamMaxBytes, StreamMaxMsgs int64
+	// OldestUnsettledAge is how long ago the oldest command the workers
+	// have not settled was stored (0: none waits).
+	OldestUnsettledAge time.Duration
 }
 
 // DefaultConsumerLagTTL is how long one consumer info answer serves
@@ -77,6 +86,7 @@ type consumerCollector struct {
 	now  func() time.Time
 
 	pending, ackPending, redelivered, waiting, up *prometheus.Desc
+	bytes, msgs, maxBytes, maxMsgs, oldest        *prometheus.Desc
 
 	mu     sync.Mutex
 	at     time.Time
@@ -107,11 +117,20 @@ func WatchConsumer(reg prometheus.Registerer, streamName, durable string, ttl ti
 			"Pull requests waiting for messages (JetStream num_waiting): idle worker capacity."),
 		up: desc("paydedup_consumer_info_up",
 			"1 when the last read of the consumer's info from JetStream succeeded, else 0."),
+		bytes: desc("paydedup_stream_bytes",
+			"Bytes the payments stream holds: the commands not yet settled, and the settled ones until the workers trim them."),
+		msgs: desc("paydedup_stream_messages", "Messages the payments stream holds."),
+		maxBytes: desc("paydedup_stream_max_bytes",
+			"The payments stream's bound in bytes (PAYDEDUP_STREAM_MAX_BYTES; -1: none). At the bound it refuses publishes (the gateway answers 503)."),
+		maxMsgs: desc("paydedup_stream_max_messages",
+			"The payments stream's bound in messages (PAYDEDUP_STREAM_MAX_MSGS; -1: none)."),
+		oldest: desc("paydedup_stream_oldest_unsettled_age_seconds",
+			"How long ago the oldest command the workers have not settled was stored; 0 when none waits."),
 	})
 }
 
 func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.ackPending, c.redelivered, c.waiting, c.up} {
+	for _, d := range []*prometheus.Desc{c.pending, c.ackPending, c.redelivered, c.waiting, c.up, c.bytes, c.msgs, c.maxBytes, c.maxMsgs, c.oldest} {
 		ch <- d
 	}
 }
@@ -137,9 +156,13 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 	for d, v := range map[*prometheus.Desc]uint64{
 		c.pending: lag.Pending, c.ackPending: lag.AckPending, c.redelivered: lag.Redelivered, c.waiting: lag.Waiting,
+		c.bytes: lag.StreamBytes, c.msgs: lag.StreamMsgs,
 	} {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
 	}
+	ch <- prometheus.MustNewConstMetric(c.maxBytes, prometheus.GaugeValue, float64(lag.StreamMaxBytes))
+	ch <- prometheus.MustNewConstMetric(c.maxMsgs, prometheus.GaugeValue, float64(lag.StreamMaxMsgs))
+	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, lag.OldestUnsettledAge.Seconds())
 }
 
 // PoolStat is what a PostgreSQL connection pool reports of itself: the

@@ -55,7 +55,8 @@ func TestConsumerLagGauges(t *testing.T) {
 		if fail.Load() {
 			return ops.ConsumerLag{}, errors.New("nats: timeout")
 		}
-		return ops.ConsumerLag{Pending: 1200, AckPending: 64, Redelivered: 3, Waiting: 2}, nil
+		return ops.ConsumerLag{Pending: 1200, AckPending: 64, Redelivered: 3, Waiting: 2,
+			StreamBytes: 1 << 20, StreamMsgs: 1300, StreamMaxBytes: 4 << 30, StreamMaxMsgs: -1, OldestUnsettledAge: 90 * time.Second}, nil
 	})
 	want := `
 # HELP paydedup_consumer_pending_messages Messages in the stream not yet delivered to the workers' consumer (JetStream num_pending): the backlog KEDA scales on.
@@ -67,8 +68,21 @@ paydedup_consumer_redelivered_messages{consumer="paydedup-worker",stream="PAYMEN
 # HELP paydedup_consumer_info_up 1 when the last read of the consumer's info from JetStream succeeded, else 0.
 # TYPE paydedup_consumer_info_up gauge
 paydedup_consumer_info_up{consumer="paydedup-worker",stream="PAYMENTS"} 1
+# HELP paydedup_stream_bytes Bytes the payments stream holds: the commands not yet settled, and the settled ones until the workers trim them.
+# TYPE paydedup_stream_bytes gauge
+paydedup_stream_bytes{consumer="paydedup-worker",stream="PAYMENTS"} 1.048576e+06
+# HELP paydedup_stream_max_bytes The payments stream's bound in bytes (PAYDEDUP_STREAM_MAX_BYTES; -1: none). At the bound it refuses publishes (the gateway answers 503).
+# TYPE paydedup_stream_max_bytes gauge
+paydedup_stream_max_bytes{consumer="paydedup-worker",stream="PAYMENTS"} 4.294967296e+09
+# HELP paydedup_stream_max_messages The payments stream's bound in messages (PAYDEDUP_STREAM_MAX_MSGS; -1: none).
+# TYPE paydedup_stream_max_messages gauge
+paydedup_stream_max_messages{consumer="paydedup-worker",stream="PAYMENTS"} -1
+# HELP paydedup_stream_oldest_unsettled_age_seconds How long ago the oldest command the workers have not settled was stored; 0 when none waits.
+# TYPE paydedup_stream_oldest_unsettled_age_seconds gauge
+paydedup_stream_oldest_unsettled_age_seconds{consumer="paydedup-worker",stream="PAYMENTS"} 90
 `
-	names := []string{"paydedup_consumer_pending_messages", "paydedup_consumer_redelivered_messages", "paydedup_consumer_info_up"}
+	names := []string{"paydedup_consumer_pending_messages", "paydedup_consumer_redelivered_messages", "paydedup_consumer_info_up",
+		"paydedup_stream_bytes", "paydedup_stream_max_bytes", "paydedup_stream_max_messages", "paydedup_stream_oldest_unsettled_age_seconds"}
 	for range 3 {
 		if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 			t.Fatal(err)

@@ -40,6 +40,11 @@ var (
 	// `paydedup publish` put on the queue with the same merchant and key):
 	// the stream dropped this one. A refusal.
 	ErrMsgIDTaken = errors.New("another command holds this command's Nats-Msg-Id in the stream's duplicate window")
+	// ErrStreamFull: the payments stream holds its bound of messages or
+	// bytes (Config.StreamMaxMsgs, StreamMaxBytes) and refuses new ones
+	// (DiscardNew): it sheds at the door, never a stored command. A
+	// refusal.
+	ErrStreamFull = errors.New("the payments stream is full; it refuses new commands until the workers settle the ones it holds")
 )
 
 // Refused reports whether err, from Publish or PublishBatch, is a refusal:
@@ -48,13 +53,40 @@ var (
 func Refused(err error) bool { return errors.Is(err, ErrRefused) }
 
 // refusal wraps err as a refusal.
-func refusal(err error) error { return fmt.Errorf("%w: %w", ErrRefused, err) }
+func refusal(err error) error {
+	if StreamFull(err) && !errors.Is(err, ErrStreamFull) {
+		return fmt.Errorf("%w: %w: %w", ErrRefused, ErrStreamFull, err)
+	}
+	return fmt.Errorf("%w: %w", ErrRefused, err)
+}
+
+// jsErrCodeStreamStoreFailed is the server's JSStreamStoreFailedF, which
+// nats.go does not name.
+const jsErrCodeStreamStoreFailed jetstream.ErrorCode = 10077
+
+// StreamFull reports whether err is a stream's refusal of a message
+// because it holds its bound (JetStream's store error 10077, "maximum
+// messages exceeded" or "maximum bytes exceeded", answered 503 under
+// DiscardNew): nothing was stored.
+func StreamFull(err error) bool {
+	if errors.Is(err, ErrStreamFull) {
+		return true
+	}
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || api.ErrorCode != jsErrCodeStreamStoreFailed {
+		return false
+	}
+	return strings.Contains(api.Description, "maximum messages exceeded") || strings.Contains(api.Description, "maximum bytes exceeded")
+}
 
 // refusedBeforeSend reports whether a publish error proves nothing was
 // stored: the client refused the message before sending it, or the
 // server answered with a JetStream API error of the request (4xx).
 func refusedBeforeSend(err error) bool {
 	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, jetstream.ErrInvalidOption) {
+		return true
+	}
+	if StreamFull(err) {
 		return true
 	}
 	var api *jetstream.APIError

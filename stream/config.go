@@ -29,12 +29,21 @@ const (
 	DefaultDLQPrefix       = "payments.dlq"
 	DefaultDurable         = "paydedup-worker"
 	DefaultDuplicateWindow = 2 * time.Minute
-	DefaultStreamMaxAge    = 24 * time.Hour
-	DefaultDLQMaxAge       = 14 * 24 * time.Hour
-	DefaultAckWait         = 60 * time.Second
-	DefaultMaxDeliver      = 20
-	DefaultMaxAckPending   = 1000
+	// DefaultStreamMaxBytes and DefaultStreamMaxMsgs bound the payments
+	// stream. It keeps every command until a worker settles it (no max
+	// age: a pause of any length must not delete one); when it is full it
+	// refuses new publishes (DiscardNew), which the publisher sees.
+	DefaultStreamMaxBytes int64 = 4 << 30
+	DefaultStreamMaxMsgs  int64 = 10_000_000
+	DefaultDLQMaxAge            = 14 * 24 * time.Hour
+	DefaultAckWait              = 60 * time.Second
+	DefaultMaxDeliver           = 20
+	DefaultMaxAckPending        = 1000
 )
+
+// MinStreamMaxBytes is the smallest bound of the payments stream: room for
+// a few of the largest messages the server accepts.
+const MinStreamMaxBytes = 1 << 20
 
 // Config is the topology: the streams, their subjects, the durable
 // consumer, the dead-letter key and the limits a command's message must
@@ -50,9 +59,14 @@ type Config struct {
 	AdvisoryStream  string
 	Durable         string
 	DuplicateWindow time.Duration
-	StreamMaxAge    time.Duration
-	DLQMaxAge       time.Duration
-	Replicas        int
+	// StreamMaxBytes and StreamMaxMsgs bound the payments stream. There is
+	// no max age: a command stays until a worker settles it, however long
+	// the workers pause; a full stream refuses the publish instead
+	// (ErrStreamFull), so the publisher's client learns it was not stored.
+	StreamMaxBytes int64
+	StreamMaxMsgs  int64
+	DLQMaxAge      time.Duration
+	Replicas       int
 	// DLQKey authenticates dead letters (Dlq-Auth): the workers sign what
 	// they file, and replay refuses what does not verify. At least
 	// MinDLQKeyLen bytes; the worker refuses to start without it.
@@ -85,7 +99,8 @@ func (c Config) WithDefaults() Config {
 	c.AdvisoryStream = cmp.Or(c.AdvisoryStream, c.Name+"_MAXDELIVER")
 	c.Durable = cmp.Or(c.Durable, DefaultDurable)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
-	c.StreamMaxAge = cmp.Or(c.StreamMaxAge, DefaultStreamMaxAge)
+	c.StreamMaxBytes = cmp.Or(c.StreamMaxBytes, DefaultStreamMaxBytes)
+	c.StreamMaxMsgs = cmp.Or(c.StreamMaxMsgs, DefaultStreamMaxMsgs)
 	c.DLQMaxAge = cmp.Or(c.DLQMaxAge, DefaultDLQMaxAge)
 	c.Replicas = cmp.Or(c.Replicas, 1)
 	c.AckWait = cmp.Or(c.AckWait, DefaultAckWait)
@@ -96,13 +111,13 @@ func (c Config) WithDefaults() Config {
 
 // Validate checks that the topology is coherent. Errors name the setting
 // to fix. The worker's settings that must nest with it (the lease within
-// AckWait, the key retention beyond StreamMaxAge) are checked by the
-// consumer's configuration.
+// AckWait, the key retention beyond the redelivery schedule) are checked
+// by the consumer's configuration.
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	for name, d := range map[string]time.Duration{
-		"duplicate window": c.DuplicateWindow, "stream max age": c.StreamMaxAge, "DLQ max age": c.DLQMaxAge,
+		"duplicate window": c.DuplicateWindow, "DLQ max age": c.DLQMaxAge,
 		"ack wait": c.AckWait,
 	} {
 		if d <= 0 {
@@ -115,8 +130,11 @@ func (c Config) Validate() error {
 	if len(c.BackOff) > 0 && c.MaxDeliver <= len(c.BackOff) {
 		bad("max deliver (%d) must exceed the number of backoff steps (%d)", c.MaxDeliver, len(c.BackOff))
 	}
-	if c.DuplicateWindow > c.StreamMaxAge {
-		bad("duplicate window %v must not exceed the stream max age %v", c.DuplicateWindow, c.StreamMaxAge)
+	if c.StreamMaxBytes < MinStreamMaxBytes {
+		bad("stream max bytes must be at least %d, got %d", MinStreamMaxBytes, c.StreamMaxBytes)
+	}
+	if c.StreamMaxMsgs < 1 {
+		bad("stream max msgs must be at least 1, got %d", c.StreamMaxMsgs)
 	}
 	return errors.Join(errs...)
 }

@@ -27,11 +27,11 @@ const (
 // yet), a disconnect, a server error (5xx). Across a stream leader change
 // the message may or may not have been stored; the duplicate window makes
 // a second copy harmless and the retry makes the command not lost. A
-// request the server refused (4xx: wrong stream, too large), a bad subject
-// or a closed connection is not retried.
+// request the server refused (4xx: wrong stream, too large; a full stream,
+// StreamFull), a bad subject or a closed connection is not retried.
 func Retryable(err error) bool {
 	if err == nil || errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrMaxPayload) ||
-		errors.Is(err, nats.ErrBadSubject) || errors.Is(err, context.Canceled) {
+		errors.Is(err, nats.ErrBadSubject) || errors.Is(err, context.Canceled) || StreamFull(err) {
 		return false
 	}
 	var api *jetstream.APIError
@@ -331,12 +331,13 @@ func (c *cachedStreams) Stream(ctx context.Context, name string) (jetstream.Stre
 }
 
 // publishRefused reports whether a publish error proves the message was not
-// stored: the server refused it (4xx: another stream, too large), or the
-// client never sent it (too large, a bad subject). Anything else (a
+// stored: the server refused it (4xx: another stream, too large; a full
+// stream, StreamFull), or the client never sent it (too large, a bad
+// subject). Anything else (a
 // timeout, no responders after the retries, a closed connection, a
 // cancelled context) may have been stored.
 func publishRefused(err error) bool {
-	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || StreamFull(err) {
 		return true
 	}
 	var api *jetstream.APIError

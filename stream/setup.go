@@ -2,8 +2,10 @@ package stream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -22,19 +24,33 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		return nil, nil, fmt.Errorf("the server's max_payload %d leaves no room for messages and their dead-letter headers (%d bytes)",
 			js.Conn().MaxPayload(), DLQHeadroom)
 	}
-	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	want := jetstream.StreamConfig{
 		Name:        cfg.Name,
 		Description: "paydedup payment commands",
 		Subjects:    []string{cfg.SubjectPrefix + ".>"},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      cfg.StreamMaxAge,
-		Duplicates:  cfg.DuplicateWindow,
-		Replicas:    cfg.Replicas,
-		Discard:     jetstream.DiscardOld,
-		MaxMsgSize:  int32(min(maxMsgSize, math.MaxInt32)),
-	})
+		// No MaxAge: a command stays until a worker settles it, however
+		// long the workers pause (the trimmer removes what they settled).
+		// A full stream refuses the publish (DiscardNew): it sheds at the
+		// door, where the publisher sees it, never a stored command.
+		MaxBytes:   cfg.StreamMaxBytes,
+		MaxMsgs:    cfg.StreamMaxMsgs,
+		Duplicates: cfg.DuplicateWindow,
+		Replicas:   cfg.Replicas,
+		Discard:    jetstream.DiscardNew,
+		MaxMsgSize: int32(min(maxMsgSize, math.MaxInt32)),
+	}
+	if cur, err := js.Stream(ctx, cfg.Name); err == nil {
+		want = Settle(cur.CachedInfo(), want)
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil, fmt.Errorf("read stream %s: %w", cfg.Name, err)
+	}
+	stream, err := js.CreateOrUpdateStream(ctx, want)
 	if err != nil {
+		if strings.Contains(err.Error(), "insufficient") {
+			return nil, nil, fmt.Errorf("create stream %s: the server cannot reserve PAYDEDUP_STREAM_MAX_BYTES=%d: lower it or raise the server's max_file_store: %w", cfg.Name, cfg.StreamMaxBytes, err)
+		}
 		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.Name, err)
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
@@ -60,8 +76,9 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		Subjects:    []string{AdvisorySubject(cfg.Name, cfg.Durable)},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.WorkQueuePolicy,
-		MaxAge:      cfg.StreamMaxAge, // the message it names is gone by then
-		Replicas:    cfg.Replicas,
+		// No MaxAge: the message it names stays in the payments stream
+		// until it is filed.
+		Replicas: cfg.Replicas,
 	}); err != nil {
 		return nil, nil, fmt.Errorf("create stream %s: %w", cfg.AdvisoryStream, err)
 	}
@@ -92,4 +109,23 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg Config) (jet
 		return nil, nil, fmt.Errorf("create consumer %s on %s: %w", cfg.Durable, cfg.Name, err)
 	}
 	return stream, cons, nil
+}
+
+// Settle returns the payments stream's settings EnsureStreams writes over
+// the stream's current ones, cur: each setting moves only in its safe
+// direction, so that workers started with different values do not flip
+// the stream back and forth, and an update never deletes a stored
+// command. The duplicate window only widens (a narrower one could store a
+// requeue twice); a bound only grows, and never falls below what the
+// stream holds (the server enforces a bound by deleting the oldest
+// messages, DiscardNew or not); MaxAge is removed (a stream made by an
+// older worker expired commands after it) and Discard becomes DiscardNew.
+// Lowering a bound is an operator's deliberate act on the stream, not a
+// worker's start.
+func Settle(cur *jetstream.StreamInfo, want jetstream.StreamConfig) jetstream.StreamConfig {
+	want.Duplicates = max(want.Duplicates, cur.Config.Duplicates)
+	want.MaxBytes = max(want.MaxBytes, cur.Config.MaxBytes, int64(min(cur.State.Bytes, math.MaxInt64)))
+	want.MaxMsgs = max(want.MaxMsgs, cur.Config.MaxMsgs, int64(min(cur.State.Msgs, math.MaxInt64)))
+	want.MaxAge = 0
+	return want
 }

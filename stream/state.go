@@ -32,7 +32,23 @@ type ConsumerStats struct {
 	NumWaiting int `json:"num_waiting"`
 	// StreamMessages is how many messages the payments stream holds.
 	StreamMessages uint64 `json:"stream_messages"`
+	// StreamBytes is how many bytes it holds; StreamMaxBytes and
+	// StreamMaxMsgs are its bounds (-1: none), at which it refuses
+	// publishes. It has no max age: an outage fills it.
+	StreamBytes    uint64 `json:"stream_bytes"`
+	StreamMaxBytes int64  `json:"stream_max_bytes"`
+	StreamMaxMsgs  int64  `json:"stream_max_msgs"`
+	// OldestUnsettled is when the oldest command the workers have not
+	// settled was stored: the first message above the consumer's ack floor
+	// (zero when nothing waits). On NATS 2.9 the floor can stay at a
+	// message that ran out of deliveries, which then counts as unsettled
+	// until the consumer catches up.
+	OldestUnsettled time.Time `json:"oldest_unsettled,omitzero"`
 }
+
+// oldestScan bounds the sequences read past the ack floor to find the
+// oldest unsettled message (deleted ones are skipped).
+const oldestScan = 16
 
 // ConsumerState reports the durable consumer's backlog. It wraps ErrNotSetUp
 // when the stream or the consumer does not exist.
@@ -49,7 +65,8 @@ func ConsumerState(ctx context.Context, js jetstream.JetStream, cfg Config) (Con
 	if err != nil {
 		return st, fmt.Errorf("stream %s info: %w", cfg.Name, err)
 	}
-	st.StreamMessages = sinfo.State.Msgs
+	st.StreamMessages, st.StreamBytes = sinfo.State.Msgs, sinfo.State.Bytes
+	st.StreamMaxBytes, st.StreamMaxMsgs = sinfo.Config.MaxBytes, sinfo.Config.MaxMsgs
 	cons, err := stream.Consumer(ctx, cfg.Durable)
 	if err != nil {
 		return st, notSetUp("consumer "+cfg.Durable+" on "+cfg.Name, err)
@@ -60,6 +77,19 @@ func ConsumerState(ctx context.Context, js jetstream.JetStream, cfg Config) (Con
 	}
 	st.NumPending, st.NumAckPending = info.NumPending, info.NumAckPending
 	st.NumRedelivered, st.NumWaiting = info.NumRedelivered, info.NumWaiting
+	if st.NumPending > 0 || st.NumAckPending > 0 {
+		for seq, n := max(info.AckFloor.Stream+1, sinfo.State.FirstSeq), 0; seq <= sinfo.State.LastSeq && n < oldestScan; seq, n = seq+1, n+1 {
+			raw, err := stream.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				return st, fmt.Errorf("stream %s message %d: %w", cfg.Name, seq, err)
+			}
+			st.OldestUnsettled = raw.Time.UTC()
+			break
+		}
+	}
 	return st, nil
 }
 

@@ -235,6 +235,7 @@ type workerFlags struct {
 	maxTries   int
 	backoffRaw string
 	poolSize   int
+	maxAgeSet  bool // PAYDEDUP_STREAM_MAX_AGE is set: refused
 }
 
 func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
@@ -253,7 +254,9 @@ func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 	f.DurationVar(&c.PauseFirst, "pause-first", a.envDuration("PAYDEDUP_PAUSE_FIRST", consumer.AuthPauseFirst), "while the provider or PostgreSQL is out (or the API key refused), the pause before the first probe, doubled after each failed probe (PAYDEDUP_PAUSE_FIRST)")
 	f.DurationVar(&c.PauseLongest, "pause-longest", a.envDuration("PAYDEDUP_PAUSE_LONGEST", consumer.AuthPauseLongest), "the longest pause between probes of a paused worker (PAYDEDUP_PAUSE_LONGEST)")
 	f.DurationVar(&c.DrainTimeout, "drain-timeout", a.envDuration("PAYDEDUP_DRAIN_TIMEOUT", consumer.DefaultDrainTimeout), "on SIGTERM, how long in-flight work may finish before it is released and nakked (PAYDEDUP_DRAIN_TIMEOUT)")
-	f.DurationVar(&c.Stream.StreamMaxAge, "stream-max-age", a.envDuration("PAYDEDUP_STREAM_MAX_AGE", stream.DefaultStreamMaxAge), "MaxAge of the PAYMENTS stream; must be below key retention (PAYDEDUP_STREAM_MAX_AGE)")
+	f.Int64Var(&c.Stream.StreamMaxBytes, "stream-max-bytes", a.envInt64("PAYDEDUP_STREAM_MAX_BYTES", stream.DefaultStreamMaxBytes), "bound of the PAYMENTS stream in bytes; when full it refuses publishes (the client gets 503), it never deletes a stored command; size it for the longest provider outage at the publish rate; it only ever grows on an existing stream (PAYDEDUP_STREAM_MAX_BYTES)")
+	f.Int64Var(&c.Stream.StreamMaxMsgs, "stream-max-msgs", a.envInt64("PAYDEDUP_STREAM_MAX_MSGS", stream.DefaultStreamMaxMsgs), "bound of the PAYMENTS stream in messages, like --stream-max-bytes (PAYDEDUP_STREAM_MAX_MSGS)")
+	w.maxAgeSet = a.getenv("PAYDEDUP_STREAM_MAX_AGE") != ""
 	f.DurationVar(&c.Stream.DLQMaxAge, "dlq-max-age", a.envDuration("PAYDEDUP_DLQ_MAX_AGE", stream.DefaultDLQMaxAge), "MaxAge of the PAYMENTS_DLQ stream (PAYDEDUP_DLQ_MAX_AGE)")
 	f.DurationVar(&c.Stream.DuplicateWindow, "duplicate-window", a.envDuration("PAYDEDUP_DUPLICATE_WINDOW", stream.DefaultDuplicateWindow), "duplicate window of the PAYMENTS stream (PAYDEDUP_DUPLICATE_WINDOW)")
 	f.IntVar(&c.Stream.Replicas, "stream-replicas", a.envInt("PAYDEDUP_STREAM_REPLICAS", 1), "replicas of the streams and consumers the worker creates or updates: 3 on a NATS cluster; every worker must say the same (PAYDEDUP_STREAM_REPLICAS)")
@@ -269,6 +272,12 @@ func (w *workerFlags) bind(cmd *cobra.Command, a *app) {
 func (w *workerFlags) config(p providerFlags) (consumer.Config, error) {
 	c := w.cfg
 	c.ProviderTry = provider.RetryPolicy{MaxTries: w.maxTries, AttemptTimeout: p.timeout}
+	if w.maxAgeSet {
+		// A max age deletes commands a paused worker has not settled: a
+		// pause (a key refused on a Friday evening) has no bound a max age
+		// could be checked against.
+		return c, fmt.Errorf("PAYDEDUP_STREAM_MAX_AGE is no longer supported: the PAYMENTS stream keeps every command until it is settled, however long the provider is out; unset it and bound the stream with PAYDEDUP_STREAM_MAX_BYTES / PAYDEDUP_STREAM_MAX_MSGS")
+	}
 	if w.maxTries < 1 {
 		return c, fmt.Errorf("PAYDEDUP_PROVIDER_TRIES / --provider-tries must be at least 1, got %d", w.maxTries)
 	}

@@ -125,7 +125,7 @@ func TestGatewayCommandServes(t *testing.T) {
 	t.Parallel()
 	u := testenv.Unique(t)
 	cfg := stream.Config{Name: strings.ToUpper(u), SubjectPrefix: u + ".req", DLQStream: strings.ToUpper(u) + "_DLQ",
-		DLQPrefix: u + ".dlq", Durable: "w", StreamMaxAge: time.Hour, DLQMaxAge: time.Hour}
+		DLQPrefix: u + ".dlq", Durable: "w", StreamMaxBytes: 256 << 20, DLQMaxAge: time.Hour}
 	nc := testenv.NATSConn(t)
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -49,7 +49,7 @@ func TestDeployNATSPermissions(t *testing.T) {
 		return js
 	}
 	ctx := context.Background()
-	cfg := stream.Config{DLQKey: []byte(testenv.DLQKey), StreamMaxAge: time.Hour, DLQMaxAge: time.Hour}.WithDefaults()
+	cfg := stream.Config{DLQKey: []byte(testenv.DLQKey), StreamMaxBytes: 256 << 20, DLQMaxAge: time.Hour}.WithDefaults()
 	worker := connect("paydedup_worker", "compose-worker")
 	if _, _, err := stream.EnsureStreams(ctx, worker, cfg); err != nil {
 		t.Fatalf("the worker cannot set up the streams: %v", err)

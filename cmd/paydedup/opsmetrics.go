@@ -3,12 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paydedup/paydedup/ops"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // watchConsumerLag exports the durable consumer's lag on reg, read from
@@ -19,18 +21,22 @@ func watchConsumerLag(reg prometheus.Registerer, nc *nats.Conn, streamName, dura
 		return fmt.Errorf("consumer lag metrics: %w", err)
 	}
 	ops.WatchConsumer(reg, streamName, durable, ops.DefaultConsumerLagTTL, func(ctx context.Context) (ops.ConsumerLag, error) {
-		// Consumer fetches the info once; CachedInfo is that answer.
-		c, err := js.Consumer(ctx, streamName, durable)
+		st, err := stream.ConsumerState(ctx, js, stream.Config{Name: streamName, Durable: durable})
 		if err != nil {
 			return ops.ConsumerLag{}, err
 		}
-		info := c.CachedInfo()
-		return ops.ConsumerLag{
-			Pending:     info.NumPending,
-			AckPending:  uint64(info.NumAckPending),
-			Redelivered: uint64(info.NumRedelivered),
-			Waiting:     uint64(info.NumWaiting),
-		}, nil
+		lag := ops.ConsumerLag{
+			Pending:     st.NumPending,
+			AckPending:  uint64(st.NumAckPending),
+			Redelivered: uint64(st.NumRedelivered),
+			Waiting:     uint64(st.NumWaiting),
+			StreamBytes: st.StreamBytes, StreamMsgs: st.StreamMessages,
+			StreamMaxBytes: st.StreamMaxBytes, StreamMaxMsgs: st.StreamMaxMsgs,
+		}
+		if !st.OldestUnsettled.IsZero() {
+			lag.OldestUnsettledAge = max(time.Since(st.OldestUnsettled), 0)
+		}
+		return lag, nil
 	})
 	return nil
 }

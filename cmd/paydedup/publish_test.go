@@ -35,7 +35,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 	name := strings.ToUpper(u)
 	cfg := stream.Config{
 		Name: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
-		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, DLQKey: []byte(testenv.DLQKey),
+		StreamMaxBytes: 256 << 20, DLQMaxAge: time.Hour, DLQKey: []byte(testenv.DLQKey),
 	}
 	w := &cliWorld{t: t, cfg: cfg, nc: testenv.NATSConn(t), env: map[string]string{
 		"NATS_URL":                testenv.NATSURL(t),

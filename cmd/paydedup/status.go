@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -211,10 +212,30 @@ func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 		fmt.Fprintf(w, "pending\t%d\t(not yet delivered)\n", c.NumPending)
 		fmt.Fprintf(w, "ack pending\t%d\t(delivered, not yet acked: in work or waiting for a redelivery)\n", c.NumAckPending)
 		fmt.Fprintf(w, "redelivered\t%d\n", c.NumRedelivered)
-		fmt.Fprintf(w, "stream holds\t%d\n", c.StreamMessages)
+		fmt.Fprintf(w, "stream holds\t%d\t(of %s messages; %s of %s bytes: full, it refuses publishes)\n", c.StreamMessages,
+			bound(c.StreamMaxMsgs), fill(int64(c.StreamBytes), c.StreamMaxBytes), bound(c.StreamMaxBytes))
+		if !c.OldestUnsettled.IsZero() {
+			fmt.Fprintf(w, "oldest unsettled\t%s\t(stored %s)\n", time.Since(c.OldestUnsettled).Round(time.Second), c.OldestUnsettled.Format(time.RFC3339))
+		}
 	}
 	for _, e := range rep.Errors {
 		fmt.Fprintf(w, "\nerror: %s\n", e)
 	}
 	return w.Flush()
+}
+
+// bound prints a stream bound: "no bound" for -1.
+func bound(n int64) string {
+	if n < 0 {
+		return "no bound"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// fill prints n and, under a bound, its share of it.
+func fill(n, limit int64) string {
+	if limit <= 0 {
+		return strconv.FormatInt(n, 10)
+	}
+	return fmt.Sprintf("%d (%.1f%%)", n, 100*float64(n)/float64(limit))
 }

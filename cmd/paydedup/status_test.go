@@ -118,6 +118,12 @@ func TestStatusJSON(t *testing.T) {
 	if c := rep.Consumer; c == nil || c.NumPending != 3 || c.NumAckPending != 0 || c.Durable != "w" || c.Stream != w.cfg.Name {
 		t.Errorf("consumer %+v", c)
 	}
+	// The stream's fill against its bound, and the age of the oldest
+	// command not settled: the first of the three queued.
+	if c := rep.Consumer; c == nil || c.StreamMessages != 3 || c.StreamBytes == 0 || c.StreamMaxBytes != w.cfg.WithDefaults().StreamMaxBytes ||
+		c.StreamMaxMsgs != w.cfg.WithDefaults().StreamMaxMsgs || c.OldestUnsettled.IsZero() || time.Since(c.OldestUnsettled) > time.Minute {
+		t.Errorf("stream fill %+v", c)
+	}
 	if len(rep.Errors) != 0 {
 		t.Errorf("errors %v", rep.Errors)
 	}
@@ -128,7 +134,8 @@ func TestStatusJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, re := range []string{`completed\s+4`, `pending\s+2`, `stuck\s+1\s+\(pending for more than 1h0m0s\)`, `oldest pending\s+2h0m\d+s ago`,
-		`max_deliveries\s+2`, `key_reused\s+1`, `last hour\s+3\s+\(1 declined\)`, `pending\s+3\s+\(not yet delivered\)`} {
+		`max_deliveries\s+2`, `key_reused\s+1`, `last hour\s+3\s+\(1 declined\)`, `pending\s+3\s+\(not yet delivered\)`,
+		`stream holds\s+3\s+\(of \d+ messages; \d+ \(0\.0%\) of \d+ bytes`, `oldest unsettled\s+\d+s`} {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("status output does not match %q:\n%s", re, out)
 		}

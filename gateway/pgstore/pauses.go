@@ -19,13 +19,18 @@ type WorkerPause struct {
 	Cause   string
 	Since   time.Time
 	Workers int
+	// RetryAt is the soonest of those workers' next tries (zero when none
+	// says: a worker that predates migration 00022).
+	RetryAt time.Time
 }
 
 // NotePause records that the worker holder is paused for cause since
-// since (migration 00018's worker_pauses); an empty cause deletes its row.
+// since and tries again at retryAt (migration 00018's worker_pauses, and
+// 00022's retry_at; a zero retryAt is stored NULL); an empty cause deletes
+// its row.
 // The worker calls it every few seconds while paused, and once more when
 // it works again.
-func (s *Store) NotePause(ctx context.Context, holder, cause string, since time.Time) error {
+func (s *Store) NotePause(ctx context.Context, holder, cause string, since, retryAt time.Time) error {
 	if holder == "" {
 		return errors.New("note worker pause: empty holder")
 	}
@@ -35,10 +40,14 @@ func (s *Store) NotePause(ctx context.Context, holder, cause string, since time.
 			_, err = s.db.Pool.Exec(ctx, `DELETE FROM worker_pauses WHERE holder = $1`, holder)
 			return err
 		}
-		_, err = s.db.Pool.Exec(ctx, `INSERT INTO worker_pauses (holder, cause, since, seen_at)
-			VALUES ($1, $2, $3, coalesce($4::timestamptz, now()))
-			ON CONFLICT (holder) DO UPDATE SET cause = excluded.cause, since = excluded.since, seen_at = excluded.seen_at`,
-			holder, cause, since, s.db.Now())
+		var retry *time.Time
+		if !retryAt.IsZero() {
+			retry = &retryAt
+		}
+		_, err = s.db.Pool.Exec(ctx, `INSERT INTO worker_pauses (holder, cause, since, seen_at, retry_at)
+			VALUES ($1, $2, $3, coalesce($4::timestamptz, now()), $5)
+			ON CONFLICT (holder) DO UPDATE SET cause = excluded.cause, since = excluded.since, seen_at = excluded.seen_at, retry_at = excluded.retry_at`,
+			holder, cause, since, s.db.Now(), retry)
 		return err
 	})
 	if err != nil {
@@ -51,9 +60,13 @@ func (s *Store) NotePause(ctx context.Context, holder, cause string, since time.
 // within PauseFresh); ok is false when none is paused.
 func (s *Store) WorkerPauses(ctx context.Context) (p WorkerPause, ok bool, err error) {
 	err = s.db.Retry(ctx, func(ctx context.Context) error {
-		err := s.db.Pool.QueryRow(ctx, `SELECT cause, min(since), count(*) FROM worker_pauses
+		var retry *time.Time
+		err := s.db.Pool.QueryRow(ctx, `SELECT cause, min(since), count(*), min(retry_at) FROM worker_pauses
 			WHERE seen_at > coalesce($1::timestamptz, now()) - $2::interval
-			GROUP BY cause ORDER BY count(*) DESC, min(since) LIMIT 1`, s.db.Now(), PauseFresh).Scan(&p.Cause, &p.Since, &p.Workers)
+			GROUP BY cause ORDER BY count(*) DESC, min(since) LIMIT 1`, s.db.Now(), PauseFresh).Scan(&p.Cause, &p.Since, &p.Workers, &retry)
+		if retry != nil {
+			p.RetryAt = retry.UTC()
+		}
 		return err
 	})
 	if err != nil {

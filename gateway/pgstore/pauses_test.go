@@ -19,21 +19,22 @@ func TestWorkerPausesCountOnlyFreshNotes(t *testing.T) {
 	}
 	t0 := b.clock.Now()
 	for holder, cause := range map[string]string{"w1": "provider_unavailable", "w2": "provider_unavailable", "w3": "provider_auth"} {
-		if err := b.store.NotePause(b.ctx, holder, cause, t0.Add(-time.Duration(len(holder))*time.Second)); err != nil {
+		if err := b.store.NotePause(b.ctx, holder, cause, t0.Add(-time.Duration(len(holder))*time.Second), t0.Add(time.Duration(len(cause))*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := b.store.NotePause(b.ctx, "w2", "provider_unavailable", t0.Add(-time.Minute)); err != nil {
+	if err := b.store.NotePause(b.ctx, "w2", "provider_unavailable", t0.Add(-time.Minute), t0.Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	p, ok, err := b.store.WorkerPauses(b.ctx)
-	if err != nil || !ok || p.Cause != "provider_unavailable" || p.Workers != 2 || !p.Since.Equal(t0.Add(-time.Minute)) {
-		t.Fatalf("pauses %+v %v %v, want provider_unavailable by 2 workers since a minute ago", p, ok, err)
+	if err != nil || !ok || p.Cause != "provider_unavailable" || p.Workers != 2 || !p.Since.Equal(t0.Add(-time.Minute)) ||
+		!p.RetryAt.Equal(t0.Add(5*time.Second)) {
+		t.Fatalf("pauses %+v %v %v, want provider_unavailable by 2 workers since a minute ago, the soonest retry in 5s", p, ok, err)
 	}
-	if err := b.store.NotePause(b.ctx, "w1", "", time.Time{}); err != nil {
+	if err := b.store.NotePause(b.ctx, "w1", "", time.Time{}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.store.NotePause(b.ctx, "w2", "", time.Time{}); err != nil {
+	if err := b.store.NotePause(b.ctx, "w2", "", time.Time{}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	if p, ok, err := b.store.WorkerPauses(b.ctx); err != nil || !ok || p.Cause != "provider_auth" || p.Workers != 1 {

@@ -579,7 +579,7 @@ func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 		Stream: stream.Config{
 			Name: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
 			DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
-			StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, MaxAckPending: 20000,
+			DLQMaxAge: time.Hour, MaxAckPending: 20000,
 		},
 		Concurrency: b.Concurrency, FetchBatch: b.FetchBatch, CommitBatch: b.CommitBatch, CommitWait: b.CommitWait,
 		Holder: "bench-" + suffix,

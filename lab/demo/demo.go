@@ -231,7 +231,7 @@ func (rep *demoReport) runAudit(ctx context.Context, prov *stripe.Client, store 
 // workerConfig is the consumer configuration of the demo's workers.
 func (d *demoCmd) workerConfig() consumer.Config {
 	c := consumer.Config{Stream: d.Streams}
-	c.Stream.StreamMaxAge, c.Stream.DLQMaxAge = time.Hour, time.Hour
+	c.Stream.StreamMaxBytes, c.Stream.DLQMaxAge = 256<<20, time.Hour
 	c.Lease, c.Stream.AckWait, c.Stream.MaxDeliver = demoLease, demoAckWait, 20
 	c.ProviderTry = provider.RetryPolicy{MaxTries: 2, AttemptTimeout: demoAttemptTimeout, InitialInterval: 50 * time.Millisecond, MaxInterval: 200 * time.Millisecond}
 	c.RetryBase, c.RetryMax = 100*time.Millisecond, time.Second

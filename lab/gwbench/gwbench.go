@@ -280,7 +280,7 @@ func runOnce(ctx context.Context, cfg Config, dbURL string, nc *nats.Conn) (Resu
 	}
 	name := "GWBENCH_" + strings.ToUpper(suffix)
 	p.scfg = stream.Config{Name: name, SubjectPrefix: "gwbench." + suffix + ".requests", DLQStream: name + "_DLQ",
-		DLQPrefix: "gwbench." + suffix + ".dlq", Durable: "paydedup-gwbench", StreamMaxAge: time.Hour, DLQMaxAge: time.Hour,
+		DLQPrefix: "gwbench." + suffix + ".dlq", Durable: "paydedup-gwbench", DLQMaxAge: time.Hour,
 		DLQKey: cfg.DLQKey}
 	p.scfg = p.scfg.WithDefaults()
 	if _, _, err := stream.EnsureStreams(ctx, p.js, p.scfg); err != nil {

@@ -50,7 +50,7 @@ func Streams(t testing.TB, js jetstream.JetStream) stream.Config {
 	name := strings.ToUpper(u)
 	cfg := stream.Config{
 		Name: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
-		StreamMaxAge: time.Hour, DLQMaxAge: time.Hour, DLQKey: []byte(DLQKey),
+		StreamMaxBytes: 64 << 20, DLQMaxAge: time.Hour, DLQKey: []byte(DLQKey),
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
