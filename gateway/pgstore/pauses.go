@@ -20,13 +20,13 @@ type WorkerPause struct {
 	Since   time.Time
 	Workers int
 	// RetryAt is the soonest of those workers' next tries (zero when none
-	// says: a worker that predates migration 00022).
+	// says: a worker that predates migration 00019).
 	RetryAt time.Time
 }
 
 // NotePause records that the worker holder is paused for cause since
 // since and tries again at retryAt (migration 00018's worker_pauses, and
-// 00022's retry_at; a zero retryAt is stored NULL); an empty cause deletes
+// 00019's retry_at; a zero retryAt is stored NULL); an empty cause deletes
 // its row.
 // The worker calls it every few seconds while paused, and once more when
 // it works again.
