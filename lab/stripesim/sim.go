@@ -372,6 +372,9 @@ type simReply struct {
 	err    *simError
 	// retryAfter is the Retry-After header, in whole seconds; 0 for none.
 	retryAfter time.Duration
+	// rateLimitReason is the Stripe-Rate-Limited-Reason header of a 429;
+	// "" for none.
+	rateLimitReason string
 }
 
 func simReplyFor(status int, e *simError) *simReply { return &simReply{status: status, err: e} }
@@ -1382,6 +1385,9 @@ func badQueryReply(err error) *simReply {
 func writeSimReply(w http.ResponseWriter, r *simReply) {
 	if r.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(r.retryAfter/time.Second), 10))
+	}
+	if r.rateLimitReason != "" {
+		w.Header().Set(provider.HeaderRateLimitedReason, r.rateLimitReason)
 	}
 	writeSimError(w, r.status, r.err)
 }
