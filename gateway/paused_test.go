@@ -1,14 +1,18 @@
 package gateway_test
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/gateway"
-	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/provider"
 )
 
 // TestGetSaysWorkersArePaused: during a provider outage the workers pause
@@ -18,12 +22,14 @@ import (
 // answers, the payment is charged and the delay is gone.
 func TestGetSaysWorkersArePaused(t *testing.T) {
 	t.Parallel()
+	// The provider cannot be reached (a refused connection: provably not
+	// charged, so the rows are failed and read "retrying"); a 429 would
+	// be no outage.
+	down := new(atomic.Bool)
+	down.Store(true)
 	w := setupWith(t, gateway.Config{}, options{worker: func(c *consumer.Config) {
 		c.PauseFirst, c.PauseLongest = 100*time.Millisecond, 400*time.Millisecond
-	}})
-	if err := w.sim.SetFaults(stripesim.Faults{Rate429: 1}); err != nil {
-		t.Fatal(err)
-	}
+	}, charger: func(next consumer.Charger) consumer.Charger { return unreachable{next: next, down: down} }})
 	w.startWorker()
 	body := payBody(700, "pm_card_visa")
 	for i := range 4 {
@@ -45,9 +51,7 @@ func TestGetSaysWorkersArePaused(t *testing.T) {
 		t.Errorf("delay %+v, want provider_unavailable, 1 worker, since moments ago", *d)
 	}
 
-	if err := w.sim.SetFaults(stripesim.Faults{}); err != nil {
-		t.Fatal(err)
-	}
+	down.Store(false)
 	w.eventually("charged after the outage, no delay", func() bool {
 		r := w.do(http.MethodGet, "/v1/payments/out-0", w.keyA, "", nil)
 		if r.status != http.StatusOK {
@@ -64,4 +68,18 @@ func TestGetSaysWorkersArePaused(t *testing.T) {
 	w.eventually("the worker's note cleared", func() bool {
 		return w.count(`SELECT count(*) FROM worker_pauses`) == 0
 	})
+}
+
+// unreachable refuses the connection to every charge while down.
+type unreachable struct {
+	next consumer.Charger
+	down *atomic.Bool
+}
+
+func (u unreachable) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if u.down.Load() {
+		err := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		return nil, &provider.Error{Class: provider.Classify(0, "", "", err), Err: err}
+	}
+	return u.next.Charge(ctx, req)
 }

@@ -1,0 +1,125 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// errStopping ends a rate-limited payment's wait when the worker stops.
+var errStopping = errors.New("worker stopping")
+
+// rateLimited calls the provider again, under the same lease, while it
+// answers err, a rate limit (provider.RateLimitOf): a 429 proves the
+// request was not executed and says nothing against the payment or about
+// an outage, only that the account asks for fewer requests. So the row is
+// neither failed nor released, no delivery is spent and the worker does
+// not pause: the payment waits (the provider's Retry-After, else a backoff
+// from RetryBase doubling to RetryMax) and calls again with the same
+// provider key.
+//
+// Nothing of the lease nesting changes: each wait is cut in steps of a
+// third of the lease, each followed by a heartbeat that extends the lease
+// by a whole lease and the message's AckWait (InProgress); a call starts
+// only right after such a heartbeat succeeded, under a call budget of its
+// own (the lease less a tenth, as the first call). beat is the first
+// call's heartbeat, stopped here; the returned beater is the last call's,
+// to be stopped by the caller as the first one would have been.
+//
+// It returns the first answer that is not a rate limit, or the rate limit
+// still in hand when the wait ended without a call: the worker stopping, a
+// drain cancelling ctx, a heartbeat failing (the lease is then not known
+// to outlast a call). A lost lease is reported by the returned beater.
+func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger) (*provider.Outcome, error, *beater) {
+	// The rounds outlive the batch's deadline (the first call's budget),
+	// never a drain's cancellation.
+	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBase()
+	stopAfter := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancelBase()
+		}
+	})
+	defer stopAfter()
+
+	for n := 1; ; n++ {
+		rl := provider.RateLimitOf(err)
+		if rl == nil {
+			return nil, err, beat
+		}
+		if beat.stop() {
+			return nil, err, beat
+		}
+		lease := beat.current()
+		wait := p.rateLimitWait(rl, n)
+		log.LogAttrs(ctx, slog.LevelDebug, "provider rate limit; waiting under the lease", slog.String("reason", rl.RateLimitReason),
+			slog.Int("round", n), slog.Duration("wait", wait), slog.String("error", err.Error()))
+		if werr := p.waitUnderLease(base, &lease, wait, progress); werr != nil {
+			if errors.Is(werr, dedup.ErrLeaseLost) {
+				beat.markLost()
+				log.Warn("lease lost while waiting for the provider's rate limit")
+			} else if !errors.Is(werr, errStopping) && base.Err() == nil {
+				log.Warn("lease heartbeat failed while waiting for the provider's rate limit; not calling again under it", "error", werr)
+			}
+			return nil, err, beat
+		}
+		callCtx, cancel := context.WithTimeout(base, p.callBudget())
+		beat = p.heartbeat(callCtx, cancel, lease, progress, log)
+		var out *provider.Outcome
+		out, err = provider.ChargeWithRetry(callCtx, p.charger, req, p.cfg.ProviderTry)
+		cancel()
+		if err == nil {
+			return out, nil, beat
+		}
+	}
+}
+
+// rateLimitWait is how long to wait after the n-th rate-limited call in a
+// row: the provider's (or the budget's) Retry-After, else RetryBase
+// doubling to RetryMax, with a fifth of jitter so that the payments
+// refused together do not come back together.
+func (p *Processor) rateLimitWait(rl *provider.Error, n int) time.Duration {
+	d := rl.RetryAfter
+	if d <= 0 {
+		d = backoff(uint64(n), p.cfg.RetryBase, p.cfg.RetryMax)
+	}
+	return d + time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
+// waitUnderLease waits d in steps of a third of the lease, and after each
+// step extends the lease by a whole lease and tells the message it is in
+// progress; it ends with such a heartbeat, so a call may follow. It
+// returns dedup.ErrLeaseLost, a store error, errStopping or ctx's error.
+func (p *Processor) waitUnderLease(ctx context.Context, lease *dedup.Lease, d time.Duration, progress progresser) error {
+	every := p.cfg.Lease / 3
+	for {
+		step := min(d, every)
+		t := time.NewTimer(step)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-p.stop:
+			t.Stop()
+			return errStopping
+		}
+		d -= step
+		if progress != nil {
+			_ = progress.InProgress()
+		}
+		l, err := p.store.Heartbeat(ctx, *lease, p.cfg.Lease)
+		if err != nil {
+			return err
+		}
+		*lease = l
+		if d <= 0 {
+			return nil
+		}
+	}
+}
