@@ -269,6 +269,11 @@ func (b *Budget) wait(ctx context.Context) error {
 		b.rate = g.Rate
 		b.metrics.rate.Set(g.Rate)
 		b.tokens, b.until = g.Tokens, time.Now().Add(b.cfg.GrantTTL)
+		if b.unlimited {
+			// Nothing limits the fleet until a 429 anywhere lowers the
+			// rate: ask again soon, so that every process hears of it.
+			b.until = time.Now().Add(min(b.cfg.GrantTTL, b.cfg.GrantPeriod))
+		}
 		b.mu.Unlock()
 		if g.Tokens == 0 {
 			if err := sleep(ctx, max(g.RetryIn, time.Millisecond)); err != nil {
@@ -310,10 +315,13 @@ func (b *Budget) fallbackLocked(err error) *rate.Limiter {
 	return b.fallback
 }
 
-// sleep waits d unless ctx's deadline comes first: then it returns at once
-// the budget's rate-limit error, with d as its RetryAfter.
+// sleep waits d unless ctx's deadline leaves less than d for the call
+// after it: then it returns at once the budget's rate-limit error, with d
+// as its RetryAfter. A wait that left the call too little of its timeout
+// would turn a request that was never sent into a timeout, an unknown
+// outcome.
 func sleep(ctx context.Context, d time.Duration) error {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 2*d {
 		return budgetError(d, nil)
 	}
 	t := time.NewTimer(d)

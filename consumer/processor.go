@@ -155,9 +155,28 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	select {
 	case p.calls <- struct{}{}:
 	case <-callCtx.Done():
-		beat.stop()
-		p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
-		return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", callCtx.Err()), Attempt: lease.Attempt}
+		// The slots are held by calls that wait for the provider's rate
+		// limit or the fleet's budget: this payment waits too, under its
+		// lease, rather than spend a delivery (see slotUnderLease). Only a
+		// drain, a stop, a lost lease or a failed heartbeat end the wait.
+		lost := beat.stop()
+		werr := errLeaseLost
+		if !lost {
+			lease = beat.current()
+			base, release := detach(ctx)
+			defer release()
+			werr = p.slotUnderLease(base, &lease, progress)
+			if werr == nil {
+				callCtx, cancel = context.WithTimeout(base, p.callBudget())
+				defer cancel()
+				beat = p.heartbeat(callCtx, cancel, lease, progress, log)
+				break
+			}
+		}
+		if !errors.Is(werr, dedup.ErrLeaseLost) && !errors.Is(werr, errLeaseLost) {
+			p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
+		}
+		return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt}
 	}
 	start := time.Now()
 	req := provider.ChargeRequest{

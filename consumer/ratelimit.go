@@ -14,6 +14,66 @@ import (
 // errStopping ends a rate-limited payment's wait when the worker stops.
 var errStopping = errors.New("worker stopping")
 
+// errLeaseLost is a lease found lost by the heartbeat of a call.
+var errLeaseLost = errors.New("lease lost")
+
+// detach returns a context with ctx's values and its cancellation (a
+// drain), but not its deadline (the batch's call budget): the waits of a
+// payment under its lease outlive the batch.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel()
+		}
+	})
+	return base, func() { stop(); cancel() }
+}
+
+// slotUnderLease waits for a provider call slot when the batch's deadline
+// passed first: the slots are held by calls waiting for a rate limit or
+// the fleet's budget, and this payment's turn comes with theirs. Every
+// third of the lease it extends the lease and the message's AckWait, and
+// once it has the slot it heartbeats again, so the call that follows has a
+// whole call budget inside the lease. It returns holding the slot, or
+// dedup.ErrLeaseLost, a store error, errStopping or ctx's error.
+func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, progress progresser) error {
+	beat := func() error {
+		if progress != nil {
+			_ = progress.InProgress()
+		}
+		l, err := p.store.Heartbeat(ctx, *lease, p.cfg.Lease)
+		if err == nil {
+			*lease = l
+		}
+		return err
+	}
+	if err := beat(); err != nil {
+		return err
+	}
+	t := time.NewTimer(p.cfg.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case p.calls <- struct{}{}:
+			if err := beat(); err != nil {
+				<-p.calls
+				return err
+			}
+			return nil
+		case <-t.C:
+			if err := beat(); err != nil {
+				return err
+			}
+			t.Reset(p.cfg.Lease / 3)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.stop:
+			return errStopping
+		}
+	}
+}
+
 // rateLimited calls the provider again, under the same lease, while it
 // answers err, a rate limit (provider.RateLimitOf): a 429 proves the
 // request was not executed and says nothing against the payment or about
@@ -38,14 +98,8 @@ var errStopping = errors.New("worker stopping")
 func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger) (*provider.Outcome, error, *beater) {
 	// The rounds outlive the batch's deadline (the first call's budget),
 	// never a drain's cancellation.
-	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelBase()
-	stopAfter := context.AfterFunc(ctx, func() {
-		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			cancelBase()
-		}
-	})
-	defer stopAfter()
+	base, release := detach(ctx)
+	defer release()
 
 	for n := 1; ; n++ {
 		rl := provider.RateLimitOf(err)
