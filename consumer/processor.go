@@ -51,6 +51,7 @@ type Processor struct {
 	calls     chan struct{}   // the provider call pool: Concurrency calls at once
 	gate      *gate           // pauses the worker while the provider or PostgreSQL is out
 	stop      <-chan struct{} // closed when the worker stops: rate-limited waits end
+	waits     rateWaits       // payments waiting for a rate limit or the budget
 }
 
 // NewProcessor returns a processor. cfg must have passed Validate.

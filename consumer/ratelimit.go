@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/paydedup/paydedup/dedup"
@@ -13,6 +14,40 @@ import (
 
 // errStopping ends a rate-limited payment's wait when the worker stops.
 var errStopping = errors.New("worker stopping")
+
+// WaitRateLimited is the cause a worker notes for the gateway (beside the
+// pauses', see PauseNoter) while it works but payments wait for the
+// provider's rate limit or the fleet's provider budget. It is no pause:
+// the worker fetches, its readiness holds, and paydedup_worker_paused does
+// not count it.
+const WaitRateLimited = "rate_limited"
+
+// rateWaits counts the payments waiting for a rate limit or the budget,
+// and since when some have been.
+type rateWaits struct {
+	mu    sync.Mutex
+	n     int
+	since time.Time
+}
+
+// add moves the count by delta (±1).
+func (r *rateWaits) add(delta int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == 0 && delta > 0 {
+		r.since = time.Now()
+	}
+	r.n += delta
+}
+
+// RateLimited reports how many payments wait for the provider's rate
+// limit or the fleet's budget (under their leases), and since when some
+// have been waiting.
+func (p *Processor) RateLimited() (n int, since time.Time) {
+	p.waits.mu.Lock()
+	defer p.waits.mu.Unlock()
+	return p.waits.n, p.waits.since
+}
 
 // errLeaseLost is a lease found lost by the heartbeat of a call.
 var errLeaseLost = errors.New("lease lost")
@@ -38,6 +73,8 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 // whole call budget inside the lease. It returns holding the slot, or
 // dedup.ErrLeaseLost, a store error, errStopping or ctx's error.
 func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, progress progresser) error {
+	p.waits.add(1)
+	defer p.waits.add(-1)
 	beat := func() error {
 		if progress != nil {
 			_ = progress.InProgress()
@@ -100,6 +137,8 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 	// never a drain's cancellation.
 	base, release := detach(ctx)
 	defer release()
+	p.waits.add(1)
+	defer p.waits.add(-1)
 
 	for n := 1; ; n++ {
 		rl := provider.RateLimitOf(err)

@@ -83,3 +83,58 @@ func (u unreachable) Charge(ctx context.Context, req provider.ChargeRequest) (*p
 	}
 	return u.next.Charge(ctx, req)
 }
+
+// throttledCharger answers every charge 429 rate_limit while limited.
+type throttledCharger struct {
+	next    consumer.Charger
+	limited *atomic.Bool
+}
+
+func (c throttledCharger) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if c.limited.Load() {
+		return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: http.StatusTooManyRequests, Code: "rate_limit",
+			RateLimitReason: provider.ReasonGlobalRate, Message: "Too many requests hit the API too quickly."}
+	}
+	return c.next.Charge(ctx, req)
+}
+
+// TestGetSaysPaymentsWaitForTheRateLimit: while the provider answers 429,
+// the worker is not paused but its payments wait under their leases; GET
+// of such a payment says processing with a delay rate_limited, and once
+// the provider answers the payment is charged and the delay is gone.
+func TestGetSaysPaymentsWaitForTheRateLimit(t *testing.T) {
+	t.Parallel()
+	limited := new(atomic.Bool)
+	limited.Store(true)
+	w := setupWith(t, gateway.Config{}, options{
+		charger: func(next consumer.Charger) consumer.Charger { return throttledCharger{next: next, limited: limited} }})
+	w.startWorker()
+	wantStatus(t, w.post("rl-0", payBody(700, "pm_card_visa")), http.StatusAccepted)
+	var p gateway.Payment
+	w.eventually("GET says the payment waits for the rate limit", func() bool {
+		r := w.do(http.MethodGet, "/v1/payments/rl-0", w.keyA, "", nil)
+		if r.status != http.StatusOK {
+			return false
+		}
+		p = r.payment(t)
+		return p.Delay != nil
+	})
+	if p.Status != gateway.StateProcessing || p.Delay.Cause != consumer.WaitRateLimited || p.Delay.WorkersPaused != 1 {
+		t.Errorf("payment %s with delay %+v during the rate limit, want processing, rate_limited, 1 worker", p.Status, *p.Delay)
+	}
+	limited.Store(false)
+	w.eventually("charged after the rate limit, no delay", func() bool {
+		r := w.do(http.MethodGet, "/v1/payments/rl-0", w.keyA, "", nil)
+		if r.status != http.StatusOK {
+			return false
+		}
+		p = r.payment(t)
+		return p.Status == gateway.StateSucceeded
+	})
+	if p.Delay != nil {
+		t.Errorf("a charged payment carries a delay %+v", *p.Delay)
+	}
+	if n := w.charges("m_a", "rl-0"); n != 1 {
+		t.Errorf("charged %d times, want 1", n)
+	}
+}

@@ -56,14 +56,17 @@ type Payment struct {
 	// Reason is the dead letter's reason of a payment waiting for an
 	// operator.
 	Reason string `json:"reason,omitempty"`
-	// Delay says why a payment that waits for a worker (queued, retrying)
-	// is not moving: the workers are paused. Absent while none is.
+	// Delay says why a payment that waits for a worker (queued, retrying,
+	// processing without an outcome) is not moving: the workers are
+	// paused, or wait for the provider's rate limit. Absent while none is.
 	Delay *Delay `json:"delay,omitempty"`
 }
 
 // Delay is what the paused workers report: the cause most of them give
 // (provider_unavailable: the provider refuses or does not answer;
-// provider_auth: it refuses the API key; postgres_unavailable), since when,
+// provider_auth: it refuses the API key; postgres_unavailable; or
+// rate_limited, the workers working but payments waiting for the
+// provider's rate limit or the fleet's budget), since when,
 // and how many workers. Payments resume on their own when it ends; none
 // of their deliveries is spent meanwhile.
 type Delay struct {
@@ -645,7 +648,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	if p.Status == StateWaitingForOperator {
 		wait = 0 // nothing moves until an operator replays it: answered at once
 	}
-	if p.Status == StateQueued || p.Status == StateRetrying {
+	if waitsForWorker(p) {
 		p.Delay = g.pauses.get(ctx, g.store, g.log)
 	}
 	if wait > 0 && p.CompletedAt == nil && p.Status != StateQueued && p.Status != StatePublishUnknown {
@@ -667,11 +670,19 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 		case dl.IdempotencyKey != "":
 			p = waitingPayment(rec, dl)
 		}
-		if p.Status == StateQueued || p.Status == StateRetrying {
+		if waitsForWorker(p) {
 			p.Delay = g.pauses.get(ctx, g.store, g.log)
 		}
 	}
 	writeJSON(w, http.StatusOK, p)
+}
+
+// waitsForWorker reports whether p waits for a worker: queued, retrying,
+// or processing without a stored outcome (a worker holds the key: its call
+// may be waiting for the provider's rate limit). GET says why with the
+// workers' note (Delay) when there is one.
+func waitsForWorker(p Payment) bool {
+	return p.Status == StateQueued || p.Status == StateRetrying || p.Status == StateProcessing && p.CompletedAt == nil
 }
 
 // decodeCommand decodes a POST body, which is a payment command without
