@@ -249,6 +249,12 @@ func TestProcessorWaitsOutARateLimit(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
 	run := func(ctx context.Context, st *beats, ch *limitedFor) (consumer.Result, int32) {
+		// A wait that never ends (no heartbeat finds the lease lost)
+		// fails the test in seconds rather than hang it: cancelled, as a
+		// drain does (a deadline does not end the wait).
+		ctx, cancel := context.WithCancel(ctx)
+		defer time.AfterFunc(5*time.Second, cancel).Stop()
+		defer cancel()
 		cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 			ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 100 * time.Millisecond}}
 		p := consumer.NewProcessor(st, ch, cfg, nil)
