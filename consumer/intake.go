@@ -66,6 +66,13 @@ func (w *Worker) notePauses(ctx context.Context) {
 	defer t.Stop()
 	for {
 		cause, since := w.proc.gate.pausedSince()
+		if cause == "" {
+			// Not paused, but payments wait for the provider's rate
+			// limit or the fleet's budget: say so too.
+			if n, s := w.proc.RateLimited(); n > 0 {
+				cause, since = WaitRateLimited, s
+			}
+		}
 		if cause != "" || noted != "" {
 			write(ctx, cause, since, w.proc.gate.retryAt())
 		}

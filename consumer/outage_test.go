@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -103,7 +105,7 @@ func (e *env) chargedOnceEach(keys []string) {
 }
 
 // TestProviderOutagePausesWithoutSpendingDeliveries: the provider answers
-// every call 429 for longer than the whole delivery schedule (three
+// every call 500 for longer than the whole delivery schedule (three
 // deliveries of at most 300 ms naks). The worker pauses (readiness says
 // why), keeps the messages it holds, probes, and files no dead letter; no
 // message runs out of deliveries. When the provider answers again every
@@ -112,7 +114,7 @@ func TestProviderOutagePausesWithoutSpendingDeliveries(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	outageConfig(e)
-	if err := e.sim.SetFaults(stripesim.Faults{Rate429: 1}); err != nil {
+	if err := e.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
 		t.Fatal(err)
 	}
 	proc, _ := e.runPausable("w1", e.store, e.stripe)
@@ -199,7 +201,8 @@ func TestStopDuringOutageNaksHeldWork(t *testing.T) {
 }
 
 // TestLowTrafficOutageHoldsTheLastDelivery: one payment alone, and the
-// provider answers every call 429 (or 500) for longer than its three
+// provider answers every call 500 (or refuses the connection) for longer
+// than its three
 // deliveries: too few keys for the outage rule. On the last delivery the
 // worker asks the provider something that charges nothing; that fails
 // too, so the worker pauses and holds the message instead of
@@ -211,7 +214,6 @@ func TestLowTrafficOutageHoldsTheLastDelivery(t *testing.T) {
 		name   string
 		faults stripesim.Faults
 	}{
-		{"429", stripesim.Faults{Rate429: 1}},
 		{"500", stripesim.Faults{Rate5xx: 1}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -249,7 +251,15 @@ func TestLowTrafficOutageHoldsTheLastDelivery(t *testing.T) {
 	}
 }
 
-// loneFailure answers 429 for one key and passes the others on; its
+// refusedConnection is a call that provably never reached the provider
+// (ClassRetryable, and unavailable in the outage rule's count; a 429 is
+// neither: see TestRateLimitWaitsUnderTheLease).
+func refusedConnection() error {
+	err := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	return &provider.Error{Class: provider.Classify(0, "", "", err), Err: err}
+}
+
+// loneFailure refuses the connection for one key and passes the others on; its
 // lookups (which charge nothing) reach the provider and are counted.
 type loneFailure struct {
 	provider.Provider
@@ -264,7 +274,7 @@ func (l loneFailure) Lookup(ctx context.Context, req provider.LookupRequest) (pr
 
 func (l loneFailure) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
 	if req.IdempotencyKey == l.key {
-		return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429, Type: "rate_limit_error", Message: "rate limited"}
+		return nil, refusedConnection()
 	}
 	return l.Provider.Charge(ctx, req)
 }

@@ -75,7 +75,6 @@ func TestProcessorRecordsNotChargedOnlyOnProof(t *testing.T) {
 		{"429 lock_timeout", answer(429, "invalid_request_error", "lock_timeout"), false},
 		{"500 api_error", answer(500, "api_error", ""), false},
 		{"connection dropped after writing", &provider.Error{Class: provider.Classify(0, "", "", io.EOF), Err: io.EOF}, false},
-		{"429 rate limit", answer(429, "invalid_request_error", "rate_limit"), true},
 		{"401", answer(401, "authentication_error", ""), true},
 		{"connection refused", &provider.Error{Class: provider.Classify(0, "", "", refused), Err: refused}, true},
 	}

@@ -289,12 +289,15 @@ func (g *gate) pausedSince() (cause string, since time.Time) {
 }
 
 // providerUnavailable reports whether a provider call's error shows the
-// provider, not this request, failing: a 429, a 5xx, a connection refused
-// or a call that got no answer. A 409 (another request under the key is
-// running) and every answer about the request itself are not.
+// provider, not this request, failing: a 5xx, a connection refused or a
+// call that got no answer. A 409 (another request under the key is
+// running), a rate limit (429: the account asks for fewer requests; see
+// Processor.rateLimited) and every answer about the request itself are
+// not.
 func providerUnavailable(err error) bool {
 	var perr *provider.Error
-	if !errors.As(err, &perr) {
+	if !errors.As(err, &perr) || perr.RateLimited() {
+		// A rate limit is the account's budget speaking, never an outage.
 		return false
 	}
 	switch perr.Class {

@@ -84,7 +84,11 @@ func TestGateCauses(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{&provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429}, true},
+		// A rate limit is the account's budget, never an outage; not even
+		// after an unknown outcome made the call's error unknown.
+		{&provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429}, false},
+		{&provider.Error{Class: provider.ClassUnknown, HTTPStatus: 429, Code: "rate_limit"}, false},
+		{&provider.Error{Class: provider.ClassRetryable, RateLimitReason: provider.ReasonBudget}, false},
 		{&provider.Error{Class: provider.ClassRetryable}, true}, // a refused dial
 		{&provider.Error{Class: provider.ClassUnknown, HTTPStatus: 503}, true},
 		{&provider.Error{Class: provider.ClassUnknown}, true}, // no answer

@@ -47,9 +47,11 @@ type Processor struct {
 	cfg       Config
 	logger    *slog.Logger
 	committer *committer
-	observer  Observer   // set by NewWorker; NopObserver until then
-	calls     *callLimit // the provider calls in flight: an adaptive limit up to Concurrency
-	gate      *gate      // pauses the worker while the provider or PostgreSQL is out
+	observer  Observer        // set by NewWorker; NopObserver until then
+	calls     *callLimit      // the provider calls in flight: an adaptive limit up to Concurrency
+	gate      *gate           // pauses the worker while the provider or PostgreSQL is out
+	stop      <-chan struct{} // closed when the worker stops: rate-limited waits end
+	waits     rateWaits       // payments waiting for a rate limit or the budget
 }
 
 // NewProcessor returns a processor. cfg must have passed Validate.
@@ -152,12 +154,32 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	// cannot run out while the payment queues for the provider.
 	beat := p.heartbeat(callCtx, cancel, lease, progress, log)
 	if p.calls.acquire(callCtx) != nil {
-		beat.stop()
-		p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
-		return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", callCtx.Err()), Attempt: lease.Attempt}
+		// The slots are held by calls that wait for the provider's rate
+		// limit or the fleet's budget: this payment waits too, under its
+		// lease, rather than spend a delivery (see slotUnderLease). Only a
+		// drain, a stop, a lost lease or a failed heartbeat end the wait.
+		lost := beat.stop()
+		werr := errLeaseLost
+		if !lost {
+			lease = beat.current()
+			base, release := detach(ctx)
+			defer release()
+			werr = p.slotUnderLease(base, &lease, progress)
+			if werr == nil {
+				callCtx, cancel = context.WithTimeout(base, p.callBudget())
+				defer cancel()
+				beat = p.heartbeat(callCtx, cancel, lease, progress, log)
+			}
+		}
+		if werr != nil {
+			if !errors.Is(werr, dedup.ErrLeaseLost) && !errors.Is(werr, errLeaseLost) {
+				p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
+			}
+			return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt}
+		}
 	}
 	start := time.Now()
-	out, err := provider.ChargeWithRetry(callCtx, p.charger, provider.ChargeRequest{
+	req := provider.ChargeRequest{
 		ProviderKey:    lease.ProviderKey,
 		MerchantID:     cmd.MerchantID,
 		IdempotencyKey: cmd.IdempotencyKey,
@@ -166,9 +188,19 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		PaymentMethod:  cmd.PaymentMethod,
 		Description:    cmd.Description,
 		Metadata:       providerMetadata(cmd.Metadata, lease.TraceID),
-	}, p.cfg.ProviderTry)
-	p.calls.release(time.Since(start), signalOf(callCtx, err))
+	}
+	out, err := provider.ChargeWithRetry(callCtx, p.charger, req, p.cfg.ProviderTry)
+	// The limit learns from the first call alone: a rate-limited wait
+	// below is the budget's, not the provider's latency.
+	took, signal := time.Since(start), signalOf(callCtx, err)
 	cancel()
+	if err != nil && provider.RateLimitOf(err) != nil {
+		// The payment keeps its call slot while it waits: the provider
+		// asks for fewer requests, and a slot freed would only send
+		// another payment into the same limit.
+		out, err, beat = p.rateLimited(ctx, beat, req, err, progress, log)
+	}
+	p.calls.release(took, signal)
 	result := "charged"
 	switch {
 	case err != nil:
@@ -183,7 +215,15 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	// that ended unavailable counts towards an outage (see OutageAnswers).
 	var outage string
 	down := providerUnavailable(err)
+	rl := provider.RateLimitOf(err)
 	switch {
+	case rl != nil:
+		// Still rate-limited: the wait ended without a call (a stop, a
+		// drain, a heartbeat that failed). A rate limit shows neither an
+		// outage nor a working provider; only the key works.
+		if rl.HTTPStatus != 0 {
+			p.gate.keyWorks()
+		}
 	case err == nil:
 		p.gate.answered()
 	case down:
@@ -250,6 +290,14 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 
 	if leaseLost {
 		return Result{Kind: Retry, Delay: time.Second, Err: fmt.Errorf("lease lost during the provider call: %w", err), Attempt: lease.Attempt}
+	}
+	if rl != nil {
+		// Not executed, but the row is neither failed (nothing about the
+		// payment failed) nor left leased (the worker lets it go): released
+		// for the next delivery, which calls under the same provider key.
+		p.release(sctx, lease, err.Error(), log)
+		log.Info("provider rate limit outlasted the wait; released for a redelivery", "reason", rl.RateLimitReason, "error", err)
+		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt}
 	}
 	var perr *provider.Error
 	errors.As(err, &perr)
@@ -440,6 +488,20 @@ func (h *beater) beat() {
 		h.lease = l
 	}
 	h.t.Reset(h.every)
+}
+
+// current is the lease as the last heartbeat left it.
+func (h *beater) current() dedup.Lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lease
+}
+
+// markLost records a lease found lost after the beat stopped.
+func (h *beater) markLost() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lost = true
 }
 
 func (h *beater) stop() bool {

@@ -233,7 +233,7 @@ func TestNetRequeuePubAckLost(t *testing.T) {
 	}
 }
 
-// unlucky answers 429 to the first fails charges of one key and passes
+// unlucky refuses the connection to the first fails charges of one key and passes
 // everything else on: a payment whose deliveries run out on transient
 // answers, though nothing is wrong with it.
 type unlucky struct {
@@ -245,13 +245,13 @@ type unlucky struct {
 
 func (u unlucky) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
 	if req.IdempotencyKey == u.key && u.calls.Add(1) <= u.fails {
-		return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429, Type: "rate_limit_error", Message: "rate limited"}
+		return nil, refusedConnection()
 	}
 	return u.Provider.Charge(ctx, req)
 }
 
 // TestLastDeliveryWithoutOutcomeIsPublishedAgain: a payment whose last
-// delivery ends without an outcome (a 429 while the provider answers the
+// delivery ends without an outcome (a refused call while the provider answers the
 // lookup, so no outage) is published again by the worker, up to
 // NetRequeues times, and charged once when the provider takes it; only a
 // payment that keeps failing through every copy is filed max_deliveries,

@@ -213,6 +213,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer run.stop()
 
 	w.stop = ctx.Done()
+	w.proc.stop = w.stop
 	fetchFailures := 0
 	pausedFor := ""
 	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,

@@ -3,6 +3,7 @@ package dedup_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http/httptest"
 	"net/url"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/paydedup/paydedup/budget"
+	budgetstore "github.com/paydedup/paydedup/budget/pgstore"
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/stripesim"
@@ -22,6 +25,7 @@ import (
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
+	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/reconciler"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -63,10 +67,23 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	proc := consumer.NewProcessor(store, stripe, cfg, nil)
+	// refusing's provider is a port nobody listens on: a refused
+	// connection, provably not charged.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	_ = ln.Close()
+	refusedStripe, err := stripeadapter.New(stripeadapter.Config{SecretKey: "sk_test_role", APIBase: "http://" + closed, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing := consumer.NewProcessor(store, refusedStripe, cfg, nil)
 	cmd := func(key, method string) *payment.Command {
 		return &payment.Command{MerchantID: "m_role", IdempotencyKey: key, Amount: 1200, Currency: "eur", PaymentMethod: method}
 	}
-	process := func(c *payment.Command, want consumer.Kind) {
+	processWith := func(proc *consumer.Processor, c *payment.Command, want consumer.Kind) {
 		t.Helper()
 		claims, err := proc.Claim(ctx, []*payment.Command{c})
 		if err != nil {
@@ -75,6 +92,10 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		if res := proc.Handle(ctx, c, claims[0], nil); res.Kind != want {
 			t.Fatalf("%s: %s (%v), want %s", c.IdempotencyKey, res.Kind, res.Err, want)
 		}
+	}
+	process := func(c *payment.Command, want consumer.Kind) {
+		t.Helper()
+		processWith(proc, c, want)
 	}
 
 	owner, err := pg.Connect(ctx, ownerURL)
@@ -88,11 +109,31 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	process(cmd("charged", "pm_card_visa"), consumer.Duplicate)
 	process(cmd("declined", "pm_card_chargeDeclined"), consumer.Declined)
 
-	// Known not charged (429): the row becomes failed, then re-acquired.
+	// Known not charged (a refused connection): the row becomes failed,
+	// then re-acquired.
+	processWith(refusing, cmd("refused", "pm_card_visa"), consumer.Retry)
+	if rec, err := store.Get(ctx, "m_role", "refused"); err != nil || rec.Status != dedup.StatusFailed {
+		t.Fatalf("refused: %+v %v, want failed", rec, err)
+	}
+	process(cmd("refused", "pm_card_visa"), consumer.Completed)
+
+	// Rate limited (429): the call waits under its lease, heartbeating as
+	// this role, and completes once the provider answers.
 	must(t, sim.SetFaults(stripesim.Faults{Rate429: 1}))
-	process(cmd("limited", "pm_card_visa"), consumer.Retry)
-	must(t, sim.SetFaults(stripesim.Faults{}))
+	time.AfterFunc(1500*time.Millisecond, func() { must(t, sim.SetFaults(stripesim.Faults{})) })
 	process(cmd("limited", "pm_card_visa"), consumer.Completed)
+
+	// The fleet's provider budget, as this role.
+	bs, err := budgetstore.New(pool, budgetstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, err := bs.Take(ctx, budget.Take{Name: "default", Want: 5, Ceiling: 50, Increase: 1, Burst: 0.25}); err != nil || g.Tokens < 1 {
+		t.Fatalf("take the provider budget as %s: %+v %v", workerRole, g, err)
+	}
+	if _, _, err := bs.Slow(ctx, budget.Slow{Name: "default", Lower: true, Factor: 0.7, Interval: time.Second, Floor: 1, RetryAfter: time.Second}); err != nil {
+		t.Fatalf("slow the provider budget as %s: %v", workerRole, err)
+	}
 
 	// Unknown outcome (500): the row is released pending; the reconciler,
 	// on the same role, resolves it by lookup and purges nothing yet.
@@ -142,11 +183,11 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	}
 
 	var ledger int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&ledger); err != nil || ledger != 6 {
-		t.Fatalf("%d ledger rows (%v), want 6", ledger, err)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&ledger); err != nil || ledger != 7 {
+		t.Fatalf("%d ledger rows (%v), want 7", ledger, err)
 	}
-	if got := len(sim.Charges()); got != 4 {
-		t.Fatalf("%d charges at the provider, want 4", got)
+	if got := len(sim.Charges()); got != 5 {
+		t.Fatalf("%d charges at the provider, want 5", got)
 	}
 
 	// A processing payment: the one ledger change the role may make is

@@ -176,6 +176,33 @@ func TestAlertsFire(t *testing.T) {
 			want: []string{`{cause="provider_unavailable", namespace="pay"}`},
 		},
 		{
+			// 10 % of two pods' calls answered 429 for 20 minutes.
+			name: "sustained 429 share", alert: "PaydedupProviderRateLimited",
+			series: `load 1m
+				paydedup_provider_requests_total{namespace="pay",pod="w1"} 0+600x40
+				paydedup_provider_requests_total{namespace="pay",pod="w2"} 0+600x40
+				paydedup_provider_rate_limited_total{namespace="pay",pod="w1",reason="global-rate"} 0+60x40
+				paydedup_provider_rate_limited_total{namespace="pay",pod="w2",reason="none"} 0+60x40`,
+			at:   35 * time.Minute,
+			want: []string{`{namespace="pay"}`},
+		},
+		{
+			// 1 %: the budget doing its work.
+			name: "a few 429s", alert: "PaydedupProviderRateLimited",
+			series: `load 1m
+				paydedup_provider_requests_total{namespace="pay",pod="w1"} 0+600x40
+				paydedup_provider_rate_limited_total{namespace="pay",pod="w1",reason="global-rate"} 0+6x40`,
+			at: 35 * time.Minute,
+		},
+		{
+			// A burst of 429s for 5 minutes, then none.
+			name: "brief 429 storm", alert: "PaydedupProviderRateLimited",
+			series: `load 1m
+				paydedup_provider_requests_total{namespace="pay",pod="w1"} 0+600x40
+				paydedup_provider_rate_limited_total{namespace="pay",pod="w1",reason="global-rate"} 0x20 0+300x5 1500x15`,
+			at: 39 * time.Minute,
+		},
+		{
 			name: "worker paused briefly", alert: "PaydedupWorkerPaused",
 			series: `load 1m
 				paydedup_worker_paused{namespace="pay",pod="w1",cause="postgres_unavailable"} 0x10 1x3 0x10`,

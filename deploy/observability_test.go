@@ -54,6 +54,14 @@ var metrics = map[string]struct {
 	// A worker's pause (consumer's gate) and the messages it holds.
 	"paydedup_worker_paused":        {labels: map[string][]string{"cause": {"provider_auth", "provider_unavailable", "postgres_unavailable"}}},
 	"paydedup_worker_held_messages": {},
+	// The fleet's provider budget (budget/metrics.go).
+	"paydedup_provider_budget_rate":         {},
+	"paydedup_provider_budget_wait_seconds": {histogram: true},
+	"paydedup_provider_rate_limited_total": {labels: map[string][]string{
+		"reason": {"global-rate", "global-concurrency", "endpoint-rate", "endpoint-concurrency", "resource-specific", "none", "other"},
+	}},
+	"paydedup_provider_requests_total":            {},
+	"paydedup_provider_budget_store_errors_total": {},
 	// The workers' JetStream consumer, read from its info at scrape time.
 	"paydedup_consumer_pending_messages":           {labels: map[string][]string{"stream": nil, "consumer": nil}},
 	"paydedup_stream_bytes":                        {labels: map[string][]string{"stream": nil, "consumer": nil}},

@@ -1,14 +1,19 @@
 package gateway_test
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/provider"
 )
 
 // TestGetSaysWorkersArePaused: during a provider outage the workers pause
@@ -18,12 +23,14 @@ import (
 // answers, the payment is charged and the delay is gone.
 func TestGetSaysWorkersArePaused(t *testing.T) {
 	t.Parallel()
+	// The provider cannot be reached (a refused connection: provably not
+	// charged, so the rows are failed and read "retrying"); a 429 would
+	// be no outage.
+	down := new(atomic.Bool)
+	down.Store(true)
 	w := setupWith(t, gateway.Config{}, options{worker: func(c *consumer.Config) {
 		c.PauseFirst, c.PauseLongest = 100*time.Millisecond, 400*time.Millisecond
-	}})
-	if err := w.sim.SetFaults(stripesim.Faults{Rate429: 1}); err != nil {
-		t.Fatal(err)
-	}
+	}, charger: func(next consumer.Charger) consumer.Charger { return unreachable{next: next, down: down} }})
 	w.startWorker()
 	body := payBody(700, "pm_card_visa")
 	for i := range 4 {
@@ -45,9 +52,7 @@ func TestGetSaysWorkersArePaused(t *testing.T) {
 		t.Errorf("delay %+v, want provider_unavailable, 1 worker, since moments ago", *d)
 	}
 
-	if err := w.sim.SetFaults(stripesim.Faults{}); err != nil {
-		t.Fatal(err)
-	}
+	down.Store(false)
 	w.eventually("charged after the outage, no delay", func() bool {
 		r := w.do(http.MethodGet, "/v1/payments/out-0", w.keyA, "", nil)
 		if r.status != http.StatusOK {
@@ -101,5 +106,74 @@ func TestGetSaysWhyAProcessingPaymentWaits(t *testing.T) {
 	// longest pause (400 ms here) of now, give or take a note's age (5 s).
 	if r := p.Delay.RetryAt; r == nil || r.Before(p.Delay.Since) || time.Until(*r) > time.Second {
 		t.Fatalf("delay %+v: want retry_at, the worker's next try, after since and within its longest pause", p.Delay)
+	}
+}
+
+// unreachable refuses the connection to every charge while down.
+type unreachable struct {
+	next consumer.Charger
+	down *atomic.Bool
+}
+
+func (u unreachable) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if u.down.Load() {
+		err := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		return nil, &provider.Error{Class: provider.Classify(0, "", "", err), Err: err}
+	}
+	return u.next.Charge(ctx, req)
+}
+
+// throttledCharger answers every charge 429 rate_limit while limited.
+type throttledCharger struct {
+	next    consumer.Charger
+	limited *atomic.Bool
+}
+
+func (c throttledCharger) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if c.limited.Load() {
+		return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: http.StatusTooManyRequests, Code: "rate_limit",
+			RateLimitReason: provider.ReasonGlobalRate, Message: "Too many requests hit the API too quickly."}
+	}
+	return c.next.Charge(ctx, req)
+}
+
+// TestGetSaysPaymentsWaitForTheRateLimit: while the provider answers 429,
+// the worker is not paused but its payments wait under their leases; GET
+// of such a payment says processing with a delay rate_limited, and once
+// the provider answers the payment is charged and the delay is gone.
+func TestGetSaysPaymentsWaitForTheRateLimit(t *testing.T) {
+	t.Parallel()
+	limited := new(atomic.Bool)
+	limited.Store(true)
+	w := setupWith(t, gateway.Config{}, options{
+		charger: func(next consumer.Charger) consumer.Charger { return throttledCharger{next: next, limited: limited} }})
+	w.startWorker()
+	wantStatus(t, w.post("rl-0", payBody(700, "pm_card_visa")), http.StatusAccepted)
+	var p gateway.Payment
+	w.eventually("GET says the payment waits for the rate limit", func() bool {
+		r := w.do(http.MethodGet, "/v1/payments/rl-0", w.keyA, "", nil)
+		if r.status != http.StatusOK {
+			return false
+		}
+		p = r.payment(t)
+		return p.Delay != nil
+	})
+	if p.Status != gateway.StateProcessing || p.Delay.Cause != consumer.WaitRateLimited || p.Delay.WorkersPaused != 1 {
+		t.Errorf("payment %s with delay %+v during the rate limit, want processing, rate_limited, 1 worker", p.Status, *p.Delay)
+	}
+	limited.Store(false)
+	w.eventually("charged after the rate limit, no delay", func() bool {
+		r := w.do(http.MethodGet, "/v1/payments/rl-0", w.keyA, "", nil)
+		if r.status != http.StatusOK {
+			return false
+		}
+		p = r.payment(t)
+		return p.Status == gateway.StateSucceeded
+	})
+	if p.Delay != nil {
+		t.Errorf("a charged payment carries a delay %+v", *p.Delay)
+	}
+	if n := w.charges("m_a", "rl-0"); n != 1 {
+		t.Errorf("charged %d times, want 1", n)
 	}
 }

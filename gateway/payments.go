@@ -58,14 +58,16 @@ type Payment struct {
 	Reason string `json:"reason,omitempty"`
 	// Delay says why a payment that waits for a worker (queued, retrying,
 	// or processing with its outcome unknown) is not moving: the workers
-	// are paused. Absent while none is.
+	// are paused, or wait for the provider's rate limit. Absent while none is.
 	Delay *Delay `json:"delay,omitempty"`
 }
 
 // Delay is what the paused workers report: the cause most of them give
 // (provider_unavailable: the provider refuses or does not answer;
-// provider_auth: it refuses the API key; postgres_unavailable), since when,
-// how many workers, and when they try again. Payments resume on their own when it ends; none
+// provider_auth: it refuses the API key; postgres_unavailable; or
+// rate_limited, the workers working but payments waiting for the
+// provider's rate limit or the fleet's budget), since when, how many
+// workers, and when they try again. Payments resume on their own when it ends; none
 // of their deliveries is spent meanwhile.
 type Delay struct {
 	Cause         string    `json:"cause"`
@@ -702,9 +704,9 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 
 // waitsForWorker reports whether p waits for a worker to move it: queued,
 // retrying, or processing with no outcome stored (its key pending: a call
-// under way, or one whose outcome is unknown, which a worker or the
-// reconciler settles). A payment completed as processing (a stored 202)
-// waits for the provider instead.
+// under way, perhaps waiting for the provider's rate limit, or one whose
+// outcome is unknown, which a worker or the reconciler settles). A payment
+// completed as processing (a stored 202) waits for the provider instead.
 func waitsForWorker(p Payment) bool {
 	return p.Status == StateQueued || p.Status == StateRetrying || (p.Status == StateProcessing && p.CompletedAt == nil)
 }

@@ -106,6 +106,8 @@ type options struct {
 	store  func(gateway.Store) gateway.Store
 	pub    func(gateway.Publisher) gateway.Publisher
 	worker func(*consumer.Config)
+	// charger, when set, wraps the worker's charger (to fail its calls).
+	charger func(consumer.Charger) consumer.Charger
 	// webhookSecret, when set, turns the gateway's Stripe webhooks on and
 	// has the simulator post its events, through w.hooks, to them.
 	webhookSecret string
@@ -290,7 +292,11 @@ func (w *world) startWorker() {
 	if w.opt.worker != nil {
 		w.opt.worker(&cfg)
 	}
-	proc := consumer.NewProcessor(w.store, w.gate, cfg, nil)
+	var charger consumer.Charger = w.gate
+	if w.opt.charger != nil {
+		charger = w.opt.charger(charger)
+	}
+	proc := consumer.NewProcessor(w.store, charger, cfg, nil)
 	// The worker marks the intake of a command it dead-letters through the
 	// gateway's store it is given, as "paydedup worker" is wired; without it
 	// TestDeadLetterIsTerminalAtTheGateway fails.

@@ -18,6 +18,10 @@ type Rejection struct {
 	Type, Code, DeclineCode, Message string
 	// RetryAfter is the provider's Retry-After hint, 0 when none.
 	RetryAfter time.Duration
+	// RateLimitReason is the Stripe-Rate-Limited-Reason header.
+	RateLimitReason string
+	// ShouldRetry is the Stripe-Should-Retry header.
+	ShouldRetry Advice
 	// Replayed is the Idempotent-Replayed header.
 	Replayed bool
 	// Response is the answer's body; ChargeResult needs it only for a
@@ -70,6 +74,9 @@ func (r *Rejection) error(class Class) *Error {
 		Code:       r.Code,
 		Message:    r.Message,
 		RetryAfter: r.RetryAfter,
+
+		RateLimitReason: r.RateLimitReason,
+		ShouldRetry:     r.ShouldRetry,
 	}
 }
 

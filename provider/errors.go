@@ -91,10 +91,80 @@ type Error struct {
 	Type, Code, Message string
 	// RetryAfter is the provider's Retry-After hint, 0 when none.
 	RetryAfter time.Duration
-	// RateLimitReason is a 429's Stripe-Rate-Limited-Reason header, "" when none.
+	// RateLimitReason is the provider's Stripe-Rate-Limited-Reason header
+	// on a 429 (global-rate, global-concurrency, endpoint-rate,
+	// endpoint-concurrency, resource-specific, or a local budget's
+	// ReasonBudget); empty when none.
 	RateLimitReason string
+	// ShouldRetry is the provider's Stripe-Should-Retry header.
+	ShouldRetry Advice
 	// Err is the underlying transport (or local) error, if any.
 	Err error
+}
+
+// Advice is a provider's Stripe-Should-Retry header: whether it says a
+// retry of the same request may succeed.
+type Advice int8
+
+// The values of Advice.
+const (
+	// AdviceNone: the header was absent.
+	AdviceNone Advice = iota
+	// AdviceRetry: "Stripe-Should-Retry: true".
+	AdviceRetry
+	// AdviceNoRetry: "Stripe-Should-Retry: false".
+	AdviceNoRetry
+)
+
+// ParseAdvice reads a Stripe-Should-Retry header value.
+func ParseAdvice(v string) Advice {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "true":
+		return AdviceRetry
+	case "false":
+		return AdviceNoRetry
+	}
+	return AdviceNone
+}
+
+// Stripe's rate-limit answer: its headers, and the reasons a 429 names.
+// A reason ending in "-concurrency" means too many requests at once, one
+// ending in "-rate" too many per second.
+const (
+	HeaderRateLimitedReason = "Stripe-Rate-Limited-Reason"
+	HeaderShouldRetry       = "Stripe-Should-Retry"
+
+	ReasonGlobalRate          = "global-rate"
+	ReasonGlobalConcurrency   = "global-concurrency"
+	ReasonEndpointRate        = "endpoint-rate"
+	ReasonEndpointConcurrency = "endpoint-concurrency"
+	ReasonResourceSpecific    = "resource-specific"
+	// ReasonBudget is no provider's: a request the deployment's own
+	// provider budget held back (it was never sent).
+	ReasonBudget = "budget"
+)
+
+// RateLimited reports whether e is a rate-limit answer: a 429 (other than
+// Stripe's lock_timeout, which is about one key, not the account) or the
+// code rate_limit. A rate limit proves the request was not executed, and
+// says nothing about the request or about an outage: the provider asks
+// for fewer requests.
+func (e *Error) RateLimited() bool {
+	if e.Code == "lock_timeout" {
+		return false
+	}
+	return e.HTTPStatus == http.StatusTooManyRequests || e.Code == "rate_limit" ||
+		e.Type == "rate_limit_error" || e.RateLimitReason == ReasonBudget
+}
+
+// RateLimitOf returns the first *Error in err's chain when it is a rate
+// limit (see Error.RateLimited), else nil.
+func RateLimitOf(err error) *Error {
+	var pe *Error
+	if errors.As(err, &pe) && pe.RateLimited() {
+		return pe
+	}
+	return nil
 }
 
 // Error describes the failure without request data; payment method ids in
@@ -117,6 +187,11 @@ func (e *Error) Error() string {
 	if e.Message != "" {
 		b.WriteString(": ")
 		b.WriteString(redactPaymentMethods(e.Message))
+	}
+	if e.RateLimitReason != "" {
+		b.WriteString(" [")
+		b.WriteString(e.RateLimitReason)
+		b.WriteString("]")
 	}
 	if e.RetryAfter > 0 {
 		fmt.Fprintf(&b, " (retry after %s)", e.RetryAfter)

@@ -134,7 +134,10 @@ func ChargeWithRetry(ctx context.Context, c Charger, req ChargeRequest, pol Retr
 			Code:       last.Code,
 			Message:    fmt.Sprintf("an earlier attempt had an unknown outcome; last attempt: %s", last.Class),
 			RetryAfter: last.RetryAfter,
-			Err:        last,
+
+			RateLimitReason: last.RateLimitReason,
+			ShouldRetry:     last.ShouldRetry,
+			Err:             last,
 		}
 	}
 	return nil, last

@@ -8,18 +8,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/paydedup/paydedup/budget"
+	budgetstore "github.com/paydedup/paydedup/budget/pgstore"
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/provider"
@@ -157,6 +163,9 @@ type providerFlags struct {
 	secretKey string
 	apiBase   string
 	timeout   time.Duration
+	// rate is PAYDEDUP_PROVIDER_RATE as given: the fleet's requests/s to
+	// the provider; "" or 0 for no configured ceiling.
+	rate string
 }
 
 func (p *providerFlags) bind(cmd *cobra.Command, a *app) {
@@ -164,7 +173,40 @@ func (p *providerFlags) bind(cmd *cobra.Command, a *app) {
 	f.StringVar(&p.kind, "provider", envOr(a.getenv, "PAYDEDUP_PROVIDER", "stripe"), "payment provider: stripe, or sim for the in-process simulator (PAYDEDUP_PROVIDER)")
 	f.StringVar(&p.apiBase, "stripe-api-base", a.getenv("STRIPE_API_BASE"), "Stripe API base URL, to point at a proxy or the simulator (STRIPE_API_BASE)")
 	f.DurationVar(&p.timeout, "provider-timeout", a.envDuration("PAYDEDUP_PROVIDER_TIMEOUT", provider.DefaultAttemptTimeout), "timeout of one provider call (PAYDEDUP_PROVIDER_TIMEOUT)")
+	f.StringVar(&p.rate, "provider-rate", a.getenv("PAYDEDUP_PROVIDER_RATE"),
+		"requests/s to the provider for the whole fleet (every worker, reconciler and audit): the account's limit less what other services use; empty or 0 for no configured ceiling (still learned from 429s) (PAYDEDUP_PROVIDER_RATE)")
 	p.secretKey = a.getenv("STRIPE_SECRET_KEY") // never a flag: flags show in process listings
+}
+
+// providerRate is PAYDEDUP_PROVIDER_RATE as a number; 0 when unset.
+func (p *providerFlags) providerRate() (float64, error) {
+	if strings.TrimSpace(p.rate) == "" {
+		return 0, nil
+	}
+	r, err := strconv.ParseFloat(strings.TrimSpace(p.rate), 64)
+	if err != nil || r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
+		return 0, fmt.Errorf("PAYDEDUP_PROVIDER_RATE / --provider-rate: %q is not a number of requests per second: give e.g. 80 (or 0 for no ceiling)", p.rate)
+	}
+	return r, nil
+}
+
+// budgeted puts prov behind the fleet's provider budget, kept in
+// PostgreSQL on pool (migration 00020), its metrics on reg.
+func (p *providerFlags) budgeted(pool *pgxpool.Pool, prov provider.Provider, log *slog.Logger, reg prometheus.Registerer) (provider.Provider, error) {
+	r, err := p.providerRate()
+	if err != nil {
+		return nil, err
+	}
+	s, err := budgetstore.New(pool, budgetstore.Config{})
+	if err != nil {
+		return nil, err
+	}
+	b, err := budget.New(s, budget.Config{Rate: r, Logger: log, Registerer: reg})
+	if err != nil {
+		return nil, err
+	}
+	log.Info("provider budget", "rate", r, "learned_from_429s", true)
+	return b.Wrap(prov), nil
 }
 
 func (p *providerFlags) validate() error {
@@ -182,6 +224,9 @@ func (p *providerFlags) validate() error {
 	}
 	if p.timeout <= 0 {
 		return fmt.Errorf("PAYDEDUP_PROVIDER_TIMEOUT / --provider-timeout must be positive, got %v", p.timeout)
+	}
+	if _, err := p.providerRate(); err != nil {
+		return err
 	}
 	return nil
 }

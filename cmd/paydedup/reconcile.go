@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/reconciler"
 )
@@ -121,11 +123,15 @@ func (r *reconcileCmd) Run(ctx context.Context) error {
 	if err := errors.Join(r.db.validate(), r.prov.validate(), r.rec.validate(r.prov)); err != nil {
 		return err
 	}
-	store, closeDB, err := openStore(ctx, r.db.url, r.retention)
+	pool, err := pg.Connect(ctx, r.db.url)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer pool.Close()
+	store, err := dedup.New(pool, dedup.Config{Retention: r.retention})
+	if err != nil {
+		return err
+	}
 	prov, stopSim, err := r.prov.build(ctx)
 	if err != nil {
 		return err
@@ -133,7 +139,12 @@ func (r *reconcileCmd) Run(ctx context.Context) error {
 	defer stopSim()
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
-	rec, err := reconciler.New(store, prov, r.rec.config(r.prov, r.app.logger, metrics))
+	// Its lookups draw on the fleet's provider budget, as the workers' do.
+	budgeted, err := r.prov.budgeted(pool, prov, r.app.logger, reg)
+	if err != nil {
+		return err
+	}
+	rec, err := reconciler.New(store, budgeted, r.rec.config(r.prov, r.app.logger, metrics))
 	if err != nil {
 		return err
 	}

@@ -157,6 +157,12 @@ func (w *workerCmd) Run(ctx context.Context) error {
 
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
+	// Every charge, probe and reconciler lookup of this process draws on
+	// the fleet's provider budget.
+	budgeted, err := w.prov.budgeted(pool, prov, log, reg)
+	if err != nil {
+		return err
+	}
 	ops.WatchPool(reg, func() ops.PoolStat { return pool.Stat() })
 	ops.WatchPending(reg, func(ctx context.Context) (int64, int64, error) {
 		c, err := store.CountPending(ctx, w.rec.grace)
@@ -165,7 +171,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	if err := watchConsumerLag(reg, nc, cfg.Stream.Name, cfg.Stream.Durable); err != nil {
 		return err
 	}
-	proc := consumer.NewProcessor(store, prov, cfg, log)
+	proc := consumer.NewProcessor(store, budgeted, cfg, log)
 	watchPause(reg, proc)
 	watchCallLimit(reg, proc)
 	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
@@ -214,7 +220,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		return g.Wait()
 	}
 	if w.reconcile {
-		rec, err := reconciler.New(store, prov, w.rec.config(w.prov, log, metrics))
+		rec, err := reconciler.New(store, budgeted, w.rec.config(w.prov, log, metrics))
 		if err != nil {
 			return err
 		}

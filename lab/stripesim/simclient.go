@@ -305,6 +305,8 @@ func (r *simReply) failure() provider.Rejection {
 		DeclineCode: r.err.DeclineCode,
 		Message:     r.err.Message,
 		RetryAfter:  r.retryAfter,
+
+		RateLimitReason: r.reason,
 	}
 }
 

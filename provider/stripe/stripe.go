@@ -281,6 +281,7 @@ func (w *writtenCopies) check(err error, answered bool) error {
 	}
 	return &provider.Error{
 		Class: provider.ClassUnknown, HTTPStatus: pe.HTTPStatus, Type: pe.Type, Code: pe.Code, RetryAfter: pe.RetryAfter,
+		RateLimitReason: pe.RateLimitReason, ShouldRetry: pe.ShouldRetry,
 		Message: fmt.Sprintf("net/http resent the request after writing it; the answer to the resend proves nothing about the first copy (%s)", pe.Message),
 		Err:     pe.Err,
 	}
@@ -423,8 +424,11 @@ func stripeFailure(se *stripego.Error, now time.Time) provider.Rejection {
 		DeclineCode: string(se.DeclineCode),
 		Message:     se.Msg,
 		RetryAfter:  parseRetryAfter(hdr.Get("Retry-After"), now),
-		Replayed:    replayed(hdr),
-		Response:    raw,
+
+		RateLimitReason: strings.TrimSpace(hdr.Get(provider.HeaderRateLimitedReason)),
+		ShouldRetry:     provider.ParseAdvice(hdr.Get(provider.HeaderShouldRetry)),
+		Replayed:        replayed(hdr),
+		Response:        raw,
 	}
 	if pi := se.PaymentIntent; pi != nil {
 		f.ChargeID = pi.ID

@@ -1,0 +1,400 @@
+// Package budget is the provider budget every process of a deployment
+// shares: the requests per second the fleet (every worker, its reconciler,
+// audit) may send to the provider's account, kept as one token bucket that
+// a Store shares between processes (budget/pgstore: a row in PostgreSQL),
+// and learned from the provider's 429s.
+//
+// Why PostgreSQL and not NATS: every process that calls the provider
+// already holds a PostgreSQL pool and takes its leases' time from the
+// database, so the bucket needs no new dependency, no new failure mode and
+// no clock of the pods; a grant is one statement that reads and updates
+// the row under its lock, atomically, which a JetStream key-value store
+// offers only as a compare-and-swap loop that contends under load. The
+// cost is one round trip per grant, not per request: a process takes a
+// few tokens at a time (a tenth of a second of the fleet's rate at most)
+// and spends them locally.
+//
+// Learning: a 429 whose Stripe-Rate-Limited-Reason ends in "-rate" (or
+// none) lowers the fleet's rate multiplicatively, once per interval for
+// the whole fleet however many 429s arrive; a Retry-After stops the whole
+// fleet until then; the rate recovers additively towards the configured
+// ceiling (PAYDEDUP_PROVIDER_RATE). A "-concurrency" 429 says too many
+// calls at once, not too many per second: it is left to the concurrency
+// limit and only its Retry-After is honoured here.
+package budget
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/paydedup/paydedup/provider"
+)
+
+// Defaults of Config.
+const (
+	DefaultName        = "default"
+	DefaultGrantPeriod = 100 * time.Millisecond
+	DefaultGrantTTL    = time.Second
+	DefaultBurst       = 250 * time.Millisecond
+	DefaultDecrease    = 0.7
+	DefaultInterval    = time.Second
+	DefaultFloor       = 1.0
+	// DefaultRecovery is how long the rate takes to climb back from
+	// nothing to the ceiling: the additive increase is ceiling/recovery
+	// per second.
+	DefaultRecovery = 30 * time.Second
+	// DefaultIncrease is the additive increase, in requests/s per second,
+	// when no ceiling is configured.
+	DefaultIncrease = 2.0
+)
+
+// ErrInvalidConfig is wrapped by New's configuration errors.
+var ErrInvalidConfig = errors.New("invalid provider budget")
+
+// Take asks the shared bucket for up to Want tokens.
+type Take struct {
+	Name string
+	Want float64
+	// Ceiling is the configured rate (requests/s); 0 for none.
+	Ceiling float64
+	// Increase is the additive recovery, in requests/s per second.
+	Increase float64
+	// Burst is how many seconds of the rate the bucket holds at most.
+	Burst float64
+}
+
+// Grant is the bucket's answer.
+type Grant struct {
+	// Tokens granted: 0 when none was free.
+	Tokens float64
+	// Rate is the fleet's rate now, 0 while nothing limits it.
+	Rate float64
+	// RetryIn is how long to wait before asking again when Tokens is 0.
+	RetryIn time.Duration
+}
+
+// Slow records a 429 in the shared bucket.
+type Slow struct {
+	Name string
+	// Lower asks for a multiplicative decrease (a rate reason, or none).
+	Lower    bool
+	Factor   float64
+	Interval time.Duration
+	Floor    float64
+	// RetryAfter holds the whole fleet back until then; 0 for none.
+	RetryAfter time.Duration
+}
+
+// Store is where the fleet's bucket lives; budget/pgstore is the
+// PostgreSQL one. Its time is its own (the database's), never the pods'.
+type Store interface {
+	Take(ctx context.Context, t Take) (Grant, error)
+	Slow(ctx context.Context, s Slow) (rate float64, lowered bool, err error)
+}
+
+// Config configures a Budget; zero values take the defaults.
+type Config struct {
+	// Name is the bucket's name: one per provider account.
+	Name string
+	// Rate is the fleet's ceiling in requests/s (PAYDEDUP_PROVIDER_RATE):
+	// the account's limit less what other services use. 0: no configured
+	// ceiling; the budget still learns from 429s.
+	Rate float64
+	// GrantPeriod is how much of the fleet's rate one grant takes at most:
+	// a grant of rate × GrantPeriod tokens saves a round trip per request.
+	GrantPeriod time.Duration
+	// GrantTTL is how long granted tokens may be spent; later they are
+	// dropped, so that a process cannot hoard a burst.
+	GrantTTL time.Duration
+	// Burst is how many seconds of the rate the shared bucket holds.
+	Burst time.Duration
+	// Decrease is the multiplicative decrease on a 429 (0..1), at most
+	// once per Interval for the fleet; Floor is the lowest rate.
+	Decrease float64
+	Interval time.Duration
+	Floor    float64
+	// Increase is the additive recovery in requests/s per second; default
+	// Rate/DefaultRecovery, or DefaultIncrease without a ceiling.
+	Increase float64
+
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Validate reports a bad setting by the name of its variable.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) {
+		errs = append(errs, fmt.Errorf("%w: PAYDEDUP_PROVIDER_RATE must be a positive number of requests per second, or 0 for none (got %v)", ErrInvalidConfig, c.Rate))
+	}
+	if c.Decrease < 0 || c.Decrease >= 1 {
+		errs = append(errs, fmt.Errorf("%w: the decrease must be within 0..1 (got %v)", ErrInvalidConfig, c.Decrease))
+	}
+	if c.GrantPeriod < 0 || c.GrantTTL < 0 || c.Burst < 0 || c.Interval < 0 || c.Floor < 0 || c.Increase < 0 {
+		errs = append(errs, fmt.Errorf("%w: durations, floor and increase must not be negative", ErrInvalidConfig))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	c.Name = cmp.Or(c.Name, DefaultName)
+	c.GrantPeriod = cmp.Or(c.GrantPeriod, DefaultGrantPeriod)
+	c.GrantTTL = cmp.Or(c.GrantTTL, DefaultGrantTTL)
+	c.Burst = cmp.Or(c.Burst, DefaultBurst)
+	c.Decrease = cmp.Or(c.Decrease, DefaultDecrease)
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.Floor = cmp.Or(c.Floor, DefaultFloor)
+	if c.Increase == 0 {
+		c.Increase = DefaultIncrease
+		if c.Rate > 0 {
+			c.Increase = c.Rate / DefaultRecovery.Seconds()
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Budget is one process's view of the fleet's budget: it takes grants
+// from the Store and spends them on the provider calls of this process.
+// It is safe for concurrent use.
+type Budget struct {
+	cfg     Config
+	store   Store
+	metrics *metrics
+
+	mu        sync.Mutex
+	tokens    float64
+	until     time.Time     // the grant's tokens may be spent until then
+	unlimited bool          // the last grant said nothing limits the fleet
+	rate      float64       // the fleet's rate at the last grant
+	taking    chan struct{} // closed when the grant under way ends
+	waiting   int           // callers waiting for that grant
+	slowed    time.Time     // the last 429 sent to the store
+	fallback  *rate.Limiter // while the store cannot be reached
+	storeDown bool
+}
+
+// New returns a budget on store.
+func New(store Store, cfg Config) (*Budget, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	cfg = cfg.withDefaults()
+	b := &Budget{cfg: cfg, store: store, metrics: newMetrics(cfg.Registerer), rate: cfg.Rate}
+	b.metrics.rate.Set(cfg.Rate)
+	return b, nil
+}
+
+// Wait takes one token of the fleet's budget, waiting for it as long as
+// ctx allows. When the token cannot come before ctx's deadline it returns
+// at once a rate-limit *provider.Error (RateLimitReason ReasonBudget,
+// ClassRetryable: nothing was sent) whose RetryAfter says when to ask
+// again; the caller waits that out as it waits out a provider's 429.
+func (b *Budget) Wait(ctx context.Context) error {
+	start := time.Now()
+	err := b.wait(ctx)
+	b.metrics.waited.Observe(time.Since(start).Seconds())
+	return err
+}
+
+func (b *Budget) wait(ctx context.Context) error {
+	for {
+		b.mu.Lock()
+		now := time.Now()
+		if b.unlimited && now.Before(b.until) {
+			b.mu.Unlock()
+			return nil
+		}
+		if b.tokens >= 1 && now.Before(b.until) {
+			b.tokens--
+			b.mu.Unlock()
+			return nil
+		}
+		if b.taking != nil {
+			ch := b.taking
+			b.waiting++
+			b.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				b.mu.Lock()
+				b.waiting--
+				b.mu.Unlock()
+				return budgetError(0, ctx.Err())
+			}
+			b.mu.Lock()
+			b.waiting--
+			b.mu.Unlock()
+			continue
+		}
+		ch := make(chan struct{})
+		b.taking = ch
+		want := b.wantLocked()
+		b.mu.Unlock()
+
+		g, err := b.store.Take(ctx, Take{Name: b.cfg.Name, Want: want, Ceiling: b.cfg.Rate,
+			Increase: b.cfg.Increase, Burst: b.cfg.Burst.Seconds()})
+
+		b.mu.Lock()
+		b.taking = nil
+		close(ch)
+		if err != nil {
+			lim := b.fallbackLocked(err)
+			b.mu.Unlock()
+			if werr := lim.Wait(ctx); werr != nil {
+				return budgetError(0, werr)
+			}
+			return nil
+		}
+		if b.storeDown {
+			b.storeDown = false
+			b.cfg.Logger.Info("provider budget: store reachable again")
+		}
+		b.unlimited = g.Rate == 0 && g.Tokens > 0
+		b.rate = g.Rate
+		b.metrics.rate.Set(g.Rate)
+		b.tokens, b.until = g.Tokens, time.Now().Add(b.cfg.GrantTTL)
+		if b.unlimited {
+			// Nothing limits the fleet until a 429 anywhere lowers the
+			// rate: ask again soon, so that every process hears of it.
+			b.until = time.Now().Add(min(b.cfg.GrantTTL, b.cfg.GrantPeriod))
+		}
+		b.mu.Unlock()
+		if g.Tokens == 0 {
+			if err := sleep(ctx, max(g.RetryIn, time.Millisecond)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// wantLocked is the size of the next grant: a token per caller waiting,
+// at most GrantPeriod of the fleet's rate (with no rate known, a few).
+func (b *Budget) wantLocked() float64 {
+	limit := 8.0
+	if b.rate > 0 {
+		limit = max(1, math.Floor(b.rate*b.cfg.GrantPeriod.Seconds()))
+	}
+	return min(float64(b.waiting+1), limit)
+}
+
+// fallbackLocked is the limiter used while the store cannot be reached:
+// this process alone at the last rate it knew (or the ceiling), since the
+// provider's limit does not pause with PostgreSQL. Without any rate known
+// it lets calls through.
+func (b *Budget) fallbackLocked(err error) *rate.Limiter {
+	r := rate.Inf
+	if b.rate > 0 {
+		r = rate.Limit(b.rate)
+	}
+	if b.fallback == nil {
+		b.fallback = rate.NewLimiter(r, max(1, int(float64(r)*b.cfg.Burst.Seconds())))
+	} else {
+		b.fallback.SetLimit(r)
+	}
+	if !b.storeDown {
+		b.storeDown = true
+		b.cfg.Logger.Warn("provider budget: store unreachable; pacing this process alone at the last known rate", "rate", b.rate, "error", err)
+	}
+	b.metrics.storeErrors.Inc()
+	return b.fallback
+}
+
+// sleep waits d unless ctx's deadline leaves less than d for the call
+// after it: then it returns at once the budget's rate-limit error, with d
+// as its RetryAfter. A wait that left the call too little of its timeout
+// would turn a request that was never sent into a timeout, an unknown
+// outcome.
+func sleep(ctx context.Context, d time.Duration) error {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 2*d {
+		return budgetError(d, nil)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return budgetError(0, ctx.Err())
+	}
+}
+
+// budgetError is the rate limit of the budget itself: nothing was sent.
+func budgetError(retryAfter time.Duration, err error) error {
+	return &provider.Error{Class: provider.ClassRetryable, Code: "rate_limit", RateLimitReason: provider.ReasonBudget,
+		RetryAfter: retryAfter, Message: "provider budget: no token before the deadline", Err: err}
+}
+
+// Observe learns from a provider call's error: a provider's 429 is
+// counted by reason, and a rate reason (or none) lowers the fleet's rate,
+// a Retry-After holds the fleet back. The store is told at most once per
+// Interval by this process (the store itself lowers at most once per
+// Interval for the fleet), except for a Retry-After, always passed on.
+func (b *Budget) Observe(ctx context.Context, err error) {
+	rl := provider.RateLimitOf(err)
+	if rl == nil || rl.RateLimitReason == provider.ReasonBudget {
+		return
+	}
+	reason := cmp.Or(rl.RateLimitReason, "none")
+	b.metrics.limited.WithLabelValues(reasonLabel(reason)).Inc()
+	lower := !strings.HasSuffix(rl.RateLimitReason, "-concurrency")
+	b.mu.Lock()
+	now := time.Now()
+	tell := rl.RetryAfter > 0 || (lower && now.Sub(b.slowed) >= b.cfg.Interval)
+	if tell {
+		b.slowed = now
+		// This process's tokens were granted at the old rate.
+		b.tokens = min(b.tokens, 1)
+	}
+	b.mu.Unlock()
+	if !tell {
+		return
+	}
+	r, lowered, serr := b.store.Slow(context.WithoutCancel(ctx), Slow{Name: b.cfg.Name, Lower: lower, Factor: b.cfg.Decrease,
+		Interval: b.cfg.Interval, Floor: b.cfg.Floor, RetryAfter: rl.RetryAfter})
+	if serr != nil {
+		b.cfg.Logger.Warn("provider budget: could not record a 429", "reason", reason, "error", serr)
+		return
+	}
+	if lowered {
+		b.mu.Lock()
+		b.rate = r
+		b.unlimited = false
+		b.mu.Unlock()
+		b.metrics.rate.Set(r)
+		b.cfg.Logger.Info("provider budget: rate lowered after a 429", "reason", reason, "rate", r, "retry_after", rl.RetryAfter.String())
+	}
+}
+
+// reasonLabel bounds the reason label to Stripe's documented reasons.
+func reasonLabel(r string) string {
+	switch r {
+	case provider.ReasonGlobalRate, provider.ReasonGlobalConcurrency, provider.ReasonEndpointRate,
+		provider.ReasonEndpointConcurrency, provider.ReasonResourceSpecific, "none":
+		return r
+	}
+	return "other"
+}
+
+// Rate is the fleet's rate as this process last learned it; 0 while
+// nothing limits the fleet.
+func (b *Budget) Rate() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rate
+}

@@ -1,0 +1,187 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/budget"
+	"github.com/paydedup/paydedup/budget/pgstore"
+	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// tooMany is a 429 as Stripe answers it, with reason and Retry-After.
+func tooMany(reason string, retryAfter time.Duration) error {
+	return &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429, Code: "rate_limit", RateLimitReason: reason, RetryAfter: retryAfter}
+}
+
+// TestTwoBudgetsShareOneRate: two budgets (two workers' processes) on one
+// row, eight callers each, for a real 1.5 s window at a ceiling of
+// 100/s: together they never pass more than the rate allows (its
+// seconds plus one bucket, plus one grant each in hand), and they get
+// most of it.
+func TestTwoBudgetsShareOneRate(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	const rate, window = 100.0, 1500 * time.Millisecond
+	var budgets []*budget.Budget
+	for range 2 {
+		s, err := pgstore.New(pool, pgstore.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := budget.New(s, budget.Config{Rate: rate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		budgets = append(budgets, b)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), window)
+	defer cancel()
+	var passed atomic.Int64
+	var wg sync.WaitGroup
+	for _, b := range budgets {
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for b.Wait(ctx) == nil {
+					if ctx.Err() != nil {
+						return
+					}
+					passed.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	n := float64(passed.Load())
+	most := rate*window.Seconds() + rate*budget.DefaultBurst.Seconds() + 2*rate*budget.DefaultGrantPeriod.Seconds()
+	t.Logf("%v calls passed in %v at %v/s (at most %v)", n, window, rate, most)
+	if n > most {
+		t.Fatalf("%v calls passed in %v, over the %v the rate allows", n, window, most)
+	}
+	if n < 0.6*rate*window.Seconds() {
+		t.Fatalf("only %v calls passed in %v at %v/s", n, window, rate)
+	}
+}
+
+// fleet is two budgets on one row with a fake clock for the database's
+// time.
+type fleet struct {
+	a, b *budget.Budget
+	clk  *clock.Fake
+}
+
+func newFleet(t *testing.T, cfg budget.Config) fleet {
+	t.Helper()
+	pool := testenv.Pool(t)
+	clk := clock.NewFake(time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC))
+	var bs []*budget.Budget
+	for range 2 {
+		s, err := pgstore.New(pool, pgstore.Config{Clock: clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := budget.New(s, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs = append(bs, b)
+	}
+	return fleet{a: bs[0], b: bs[1], clk: clk}
+}
+
+// waitShort takes a token with a short deadline: nil, or the budget's
+// rate limit.
+func waitShort(b *budget.Budget) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	return b.Wait(ctx)
+}
+
+// TestRateLimitLowersAndRecovers: a 429 global-rate seen by one process
+// lowers the fleet's rate by the decrease, once per interval however many
+// 429s come (from either process); a concurrency 429 does not lower it;
+// the rate recovers additively towards the ceiling as the database's time
+// passes, and never above it.
+func TestRateLimitLowersAndRecovers(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, budget.Config{Rate: 100, GrantTTL: time.Millisecond})
+	ctx := context.Background()
+	f.clk.Advance(time.Second)
+	if err := waitShort(f.a); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.a.Rate(); r != 100 {
+		t.Fatalf("rate %v, want the ceiling 100", r)
+	}
+	f.a.Observe(ctx, tooMany(provider.ReasonGlobalRate, 0))
+	f.b.Observe(ctx, tooMany(provider.ReasonGlobalRate, 0)) // same interval: the fleet lowers once
+	f.a.Observe(ctx, tooMany(provider.ReasonEndpointConcurrency, 0))
+	f.clk.Advance(100 * time.Millisecond)
+	if err := waitShort(f.b); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.b.Rate(); r < 70 || r > 71 {
+		t.Fatalf("rate after a burst of 429s %v, want 70 (100 × 0.7 once) plus 0.1 s of recovery", r)
+	}
+	// A 429 with no reason lowers too, one interval later.
+	f.clk.Advance(2 * time.Second)
+	time.Sleep(budget.DefaultInterval) // the process's own once-per-interval
+	f.b.Observe(ctx, tooMany("", 0))
+	if err := waitShort(f.a); err != nil {
+		t.Fatal(err)
+	}
+	// The decrease applies to the rate as last stored (70.3), the
+	// recovery since the last grant (2 s) after it: 70.3 × 0.7 + 6.7.
+	if r := f.a.Rate(); r < 55 || r > 57 {
+		t.Fatalf("rate after a second 429 %v, want about 70.3 × 0.7 + 2 s × 100/30 ≈ 55.9", r)
+	}
+	f.clk.Advance(5 * time.Second)
+	if err := waitShort(f.a); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.a.Rate(); r < 72 || r > 73.5 {
+		t.Fatalf("rate 5 s later %v, want about 55.9 + 5 × 100/30 ≈ 72.6", r)
+	}
+	f.clk.Advance(time.Minute)
+	if err := waitShort(f.b); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.b.Rate(); r != 100 {
+		t.Fatalf("rate a minute later %v, want back at the ceiling 100", r)
+	}
+}
+
+// TestRetryAfterHoldsTheFleet: a 429 with Retry-After: 2 seen by one
+// process stops the other's calls until the database's time passes it:
+// its Wait answers the budget's own rate limit, not executed, with the
+// time left as RetryAfter; afterwards it passes.
+func TestRetryAfterHoldsTheFleet(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, budget.Config{GrantTTL: time.Millisecond}) // no ceiling: only learned
+	ctx := context.Background()
+	if err := waitShort(f.b); err != nil {
+		t.Fatal(err)
+	}
+	f.a.Observe(ctx, tooMany(provider.ReasonGlobalConcurrency, 2*time.Second))
+	err := waitShort(f.b)
+	var pe *provider.Error
+	if !errors.As(err, &pe) || !pe.RateLimited() || pe.RateLimitReason != provider.ReasonBudget || pe.Class != provider.ClassRetryable ||
+		pe.RetryAfter < 1900*time.Millisecond || pe.RetryAfter > 2*time.Second {
+		t.Fatalf("wait during the fleet's Retry-After: %v, want the budget's rate limit with about 2 s to wait", err)
+	}
+	f.clk.Advance(2 * time.Second)
+	if err := waitShort(f.b); err != nil {
+		t.Fatalf("wait after the Retry-After: %v", err)
+	}
+	if r := f.b.Rate(); r != 0 {
+		t.Fatalf("rate %v after a concurrency 429: want still unlimited", r)
+	}
+}

@@ -1,0 +1,231 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// errStopping ends a rate-limited payment's wait when the worker stops.
+var errStopping = errors.New("worker stopping")
+
+// WaitRateLimited is the cause a worker notes for the gateway (beside the
+// pauses', see PauseNoter) while it works but payments wait for the
+// provider's rate limit or the fleet's provider budget. It is no pause:
+// the worker fetches, its readiness holds, and paydedup_worker_paused does
+// not count it.
+const WaitRateLimited = "rate_limited"
+
+// rateWaits counts the payments waiting for a rate limit or the budget,
+// and since when some have been.
+type rateWaits struct {
+	mu    sync.Mutex
+	n     int
+	since time.Time
+}
+
+// add moves the count by delta (±1).
+func (r *rateWaits) add(delta int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == 0 && delta > 0 {
+		r.since = time.Now()
+	}
+	r.n += delta
+}
+
+// RateLimited reports how many payments wait for the provider's rate
+// limit or the fleet's budget (under their leases), and since when some
+// have been waiting.
+func (p *Processor) RateLimited() (n int, since time.Time) {
+	p.waits.mu.Lock()
+	defer p.waits.mu.Unlock()
+	return p.waits.n, p.waits.since
+}
+
+// errLeaseLost is a lease found lost by the heartbeat of a call.
+var errLeaseLost = errors.New("lease lost")
+
+// detach returns a context with ctx's values and its cancellation (a
+// drain), but not its deadline (the batch's call budget): the waits of a
+// payment under its lease outlive the batch.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel()
+		}
+	})
+	return base, func() { stop(); cancel() }
+}
+
+// slotUnderLease waits for a provider call slot when the batch's deadline
+// passed first: the slots are held by calls waiting for a rate limit or
+// the fleet's budget, and this payment's turn comes with theirs. Every
+// third of the lease it extends the lease and the message's AckWait, and
+// once it has the slot it heartbeats again, so the call that follows has a
+// whole call budget inside the lease. It returns holding the slot, or
+// dedup.ErrLeaseLost, a store error, errStopping or ctx's error.
+func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, progress progresser) error {
+	p.waits.add(1)
+	defer p.waits.add(-1)
+	beat := func() error {
+		if progress != nil {
+			_ = progress.InProgress()
+		}
+		l, err := p.store.Heartbeat(ctx, *lease, p.cfg.Lease)
+		if err == nil {
+			*lease = l
+		}
+		return err
+	}
+	if err := beat(); err != nil {
+		return err
+	}
+	for {
+		// Each wait for a slot lasts a third of the lease at most, then the
+		// lease and the message are extended; a stop ends it.
+		wctx, cancel := context.WithTimeout(ctx, p.cfg.Lease/3)
+		done := make(chan struct{})
+		go func() {
+			select {
+			case <-p.stop:
+				cancel()
+			case <-done:
+			}
+		}()
+		err := p.calls.acquire(wctx)
+		close(done)
+		cancel()
+		if err == nil {
+			if err := beat(); err != nil {
+				p.calls.release(0, signalIgnore)
+				return err
+			}
+			return nil
+		}
+		select {
+		case <-p.stop:
+			return errStopping
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := beat(); err != nil {
+			return err
+		}
+	}
+}
+
+// rateLimited calls the provider again, under the same lease, while it
+// answers err, a rate limit (provider.RateLimitOf): a 429 proves the
+// request was not executed and says nothing against the payment or about
+// an outage, only that the account asks for fewer requests. So the row is
+// neither failed nor released, no delivery is spent and the worker does
+// not pause: the payment waits (the provider's Retry-After, else a backoff
+// from RetryBase doubling to RetryMax) and calls again with the same
+// provider key.
+//
+// Nothing of the lease nesting changes: each wait is cut in steps of a
+// third of the lease, each followed by a heartbeat that extends the lease
+// by a whole lease and the message's AckWait (InProgress); a call starts
+// only right after such a heartbeat succeeded, under a call budget of its
+// own (the lease less a tenth, as the first call). beat is the first
+// call's heartbeat, stopped here; the returned beater is the last call's,
+// to be stopped by the caller as the first one would have been.
+//
+// It returns the first answer that is not a rate limit, or the rate limit
+// still in hand when the wait ended without a call: the worker stopping, a
+// drain cancelling ctx, a heartbeat failing (the lease is then not known
+// to outlast a call). A lost lease is reported by the returned beater.
+func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger) (*provider.Outcome, error, *beater) {
+	// The rounds outlive the batch's deadline (the first call's budget),
+	// never a drain's cancellation.
+	base, release := detach(ctx)
+	defer release()
+	p.waits.add(1)
+	defer p.waits.add(-1)
+
+	for n := 1; ; n++ {
+		rl := provider.RateLimitOf(err)
+		if rl == nil {
+			return nil, err, beat
+		}
+		if beat.stop() {
+			return nil, err, beat
+		}
+		lease := beat.current()
+		wait := p.rateLimitWait(rl, n)
+		log.LogAttrs(ctx, slog.LevelDebug, "provider rate limit; waiting under the lease", slog.String("reason", rl.RateLimitReason),
+			slog.Int("round", n), slog.Duration("wait", wait), slog.String("error", err.Error()))
+		if werr := p.waitUnderLease(base, &lease, wait, progress); werr != nil {
+			if errors.Is(werr, dedup.ErrLeaseLost) {
+				beat.markLost()
+				log.Warn("lease lost while waiting for the provider's rate limit")
+			} else if !errors.Is(werr, errStopping) && base.Err() == nil {
+				log.Warn("lease heartbeat failed while waiting for the provider's rate limit; not calling again under it", "error", werr)
+			}
+			return nil, err, beat
+		}
+		callCtx, cancel := context.WithTimeout(base, p.callBudget())
+		beat = p.heartbeat(callCtx, cancel, lease, progress, log)
+		var out *provider.Outcome
+		out, err = provider.ChargeWithRetry(callCtx, p.charger, req, p.cfg.ProviderTry)
+		cancel()
+		if err == nil {
+			return out, nil, beat
+		}
+	}
+}
+
+// rateLimitWait is how long to wait after the n-th rate-limited call in a
+// row: the provider's (or the budget's) Retry-After, else RetryBase
+// doubling to RetryMax, with a fifth of jitter so that the payments
+// refused together do not come back together.
+func (p *Processor) rateLimitWait(rl *provider.Error, n int) time.Duration {
+	d := rl.RetryAfter
+	if d <= 0 {
+		d = backoff(uint64(n), p.cfg.RetryBase, p.cfg.RetryMax)
+	}
+	return d + time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
+// waitUnderLease waits d in steps of a third of the lease, and after each
+// step extends the lease by a whole lease and tells the message it is in
+// progress; it ends with such a heartbeat, so a call may follow. It
+// returns dedup.ErrLeaseLost, a store error, errStopping or ctx's error.
+func (p *Processor) waitUnderLease(ctx context.Context, lease *dedup.Lease, d time.Duration, progress progresser) error {
+	every := p.cfg.Lease / 3
+	for {
+		step := min(d, every)
+		t := time.NewTimer(step)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-p.stop:
+			t.Stop()
+			return errStopping
+		}
+		d -= step
+		if progress != nil {
+			_ = progress.InProgress()
+		}
+		l, err := p.store.Heartbeat(ctx, *lease, p.cfg.Lease)
+		if err != nil {
+			return err
+		}
+		*lease = l
+		if d <= 0 {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,316 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
+)
+
+// rateLimitAnswer is a 429 as Stripe sends it for the account's rate.
+func rateLimitAnswer() error {
+	return &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 429, Type: "invalid_request_error", Code: "rate_limit",
+		RateLimitReason: provider.ReasonGlobalRate, ShouldRetry: provider.AdviceRetry, Message: "Too many requests hit the API too quickly."}
+}
+
+// throttled answers every charge and lookup 429 rate_limit while closed,
+// and passes them on once opened.
+type throttled struct {
+	provider.Provider
+	open    *atomic.Bool
+	refused *atomic.Int32
+}
+
+func (p throttled) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if !p.open.Load() {
+		p.refused.Add(1)
+		return nil, rateLimitAnswer()
+	}
+	return p.Provider.Charge(ctx, req)
+}
+
+func (p throttled) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
+	if !p.open.Load() {
+		p.refused.Add(1)
+		return provider.LookupResult{}, rateLimitAnswer()
+	}
+	return p.Provider.Lookup(ctx, req)
+}
+
+// limited answers 429 rate_limit to every charge and lookup above its
+// rate, across every worker that calls it: an account's rate limit.
+type limited struct {
+	provider.Provider
+	lim     *rate.Limiter
+	refused *atomic.Int32
+}
+
+func (p limited) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if !p.lim.Allow() {
+		p.refused.Add(1)
+		return nil, rateLimitAnswer()
+	}
+	return p.Provider.Charge(ctx, req)
+}
+
+func (p limited) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
+	if !p.lim.Allow() {
+		p.refused.Add(1)
+		return provider.LookupResult{}, rateLimitAnswer()
+	}
+	return p.Provider.Lookup(ctx, req)
+}
+
+// watchedStore records what the worker writes about each key besides its
+// completion: claims, fails and releases.
+type watchedStore struct {
+	*dedup.Store
+	mu       sync.Mutex
+	claims   map[string]int
+	fails    []string
+	releases []string
+}
+
+func newWatchedStore(s *dedup.Store) *watchedStore {
+	return &watchedStore{Store: s, claims: map[string]int{}}
+}
+
+func (s *watchedStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+	s.mu.Lock()
+	for _, r := range reqs {
+		s.claims[r.IdempotencyKey]++
+	}
+	s.mu.Unlock()
+	return s.Store.ClaimBatch(ctx, holder, lease, reqs)
+}
+
+func (s *watchedStore) Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error) {
+	s.mu.Lock()
+	s.fails = append(s.fails, l.IdempotencyKey+": "+reason)
+	s.mu.Unlock()
+	return s.Store.Fail(ctx, l, reason)
+}
+
+func (s *watchedStore) Release(ctx context.Context, l dedup.Lease, reason string) error {
+	s.mu.Lock()
+	s.releases = append(s.releases, l.IdempotencyKey+": "+reason)
+	s.mu.Unlock()
+	return s.Store.Release(ctx, l, reason)
+}
+
+// noFailsNorReleases fails the test if a row was failed or released.
+func (s *watchedStore) noFailsNorReleases(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.fails) > 0 || len(s.releases) > 0 {
+		t.Fatalf("rows failed %q, released %q: a rate limit must leave the row pending under its lease", s.fails, s.releases)
+	}
+}
+
+// TestRateLimitWaitsUnderTheLease: the provider answers every call 429
+// rate_limit for longer than the lease and the AckWait, then charges. The
+// payments wait under their leases: each is charged once on its first
+// delivery (one claim, nothing redelivered), no row is ever failed or
+// released, the worker never pauses, nothing is dead-lettered.
+func TestRateLimitWaitsUnderTheLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	store := newWatchedStore(e.store)
+	p := throttled{Provider: e.stripe, open: new(atomic.Bool), refused: new(atomic.Int32)}
+	proc, _ := e.runPausable("w1", store, p)
+	var keys []string
+	for i := range 8 {
+		keys = append(keys, fmt.Sprintf("rl-%d", i))
+		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+	}
+	// Longer than the AckWait (5 s) and the lease (3 s): only heartbeats
+	// keep both alive.
+	for end := time.Now().Add(e.cfg.Stream.AckWait + time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if err := proc.Paused(e.ctx); err != nil {
+			t.Fatalf("worker paused by a rate limit: %v", err)
+		}
+		if n := e.count(`SELECT count(*) FROM idempotency_keys WHERE status <> 'pending'`); n != 0 {
+			t.Fatalf("%d rows not pending during the rate limit (failed or completed)", n)
+		}
+		if dls := e.deadLetters(); len(dls) > 0 {
+			t.Fatalf("%d dead letters during the rate limit", len(dls))
+		}
+	}
+	if n := p.refused.Load(); n < int32(len(keys)) {
+		t.Fatalf("the provider refused %d calls, want every payment refused at least once", n)
+	}
+	p.open.Store(true)
+	e.eventually("all completed after the rate limit", func() bool {
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == len(keys)
+	})
+	e.quiescent()
+	e.chargedOnceEach(keys)
+	store.noFailsNorReleases(t)
+	store.mu.Lock()
+	for _, k := range keys {
+		if n := store.claims[k]; n != 1 {
+			t.Errorf("%s claimed %d times, want once: one delivery", k, n)
+		}
+	}
+	store.mu.Unlock()
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumRedelivered != 0 || info.Delivered.Consumer != uint64(len(keys)) {
+		t.Fatalf("consumer delivered %d messages, %d redelivered; want %d, none redelivered", info.Delivered.Consumer, info.NumRedelivered, len(keys))
+	}
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+	if n := e.exhausted(); n != 0 {
+		t.Fatalf("%d messages ran out of deliveries, want 0", n)
+	}
+}
+
+// TestTwoWorkersAgainstAnAccountRateLimit: two workers, one account
+// limited to 40 requests/s (burst 5) that answers the rest 429: every
+// payment is charged once, none is failed, released or dead-lettered, and
+// neither worker pauses.
+func TestTwoWorkersAgainstAnAccountRateLimit(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	store := newWatchedStore(e.store)
+	p := limited{Provider: e.stripe, lim: rate.NewLimiter(40, 5), refused: new(atomic.Int32)}
+	proc1, _ := e.runPausable("w1", store, p)
+	proc2, _ := e.runPausable("w2", store, p)
+	var keys []string
+	for i := range 80 {
+		keys = append(keys, fmt.Sprintf("race-%d", i))
+		e.publish("m_1", body("m_1", keys[i], 100), "", nil)
+	}
+	e.eventually("all completed", func() bool {
+		for _, proc := range []*consumer.Processor{proc1, proc2} {
+			if err := proc.Paused(e.ctx); err != nil {
+				t.Fatalf("worker paused by a rate limit: %v", err)
+			}
+		}
+		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == len(keys)
+	})
+	e.quiescent()
+	e.chargedOnceEach(keys)
+	store.noFailsNorReleases(t)
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+	if p.refused.Load() == 0 {
+		t.Fatal("the provider refused nothing: the test did not meet its rate limit")
+	}
+	t.Logf("%d requests answered 429", p.refused.Load())
+}
+
+// limitedFor answers its first n charges 429 rate_limit (with retryAfter
+// as Retry-After), then charges.
+type limitedFor struct {
+	n          int32
+	retryAfter time.Duration
+	calls      atomic.Int32
+}
+
+func (l *limitedFor) Charge(context.Context, provider.ChargeRequest) (*provider.Outcome, error) {
+	if l.calls.Add(1) <= l.n {
+		err := rateLimitAnswer().(*provider.Error)
+		err.RetryAfter = l.retryAfter
+		return nil, err
+	}
+	return &provider.Outcome{ChargeID: "pi_1", HTTPStatus: 200, Response: []byte(`{"id":"pi_1"}`)}, nil
+}
+
+// TestProcessorWaitsOutARateLimit: a 429 is waited out under the lease,
+// for longer than a whole lease, with the lease extended and progress
+// reported meanwhile, and the charge completes: no Fail, no Release. A
+// drain that cancels the wait releases the row (pending, for the next
+// delivery) and never fails it. A lease lost during the wait ends it with
+// no write at all.
+func TestProcessorWaitsOutARateLimit(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+	run := func(ctx context.Context, st *beats, ch *limitedFor) (consumer.Result, int32) {
+		// A wait that never ends (no heartbeat finds the lease lost)
+		// fails the test in seconds rather than hang it: cancelled, as a
+		// drain does (a deadline does not end the wait).
+		ctx, cancel := context.WithCancel(ctx)
+		defer time.AfterFunc(5*time.Second, cancel).Stop()
+		defer cancel()
+		cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+			ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 100 * time.Millisecond}}
+		p := consumer.NewProcessor(st, ch, cfg, nil)
+		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		var progress atomic.Int32
+		res := p.Handle(ctx, cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, func() { progress.Add(1) })
+		return res, progress.Load()
+	}
+	t.Run("charged", func(t *testing.T) {
+		t.Parallel()
+		st, ch := &beats{}, &limitedFor{n: 12}
+		start := time.Now()
+		res, progress := run(context.Background(), st, ch)
+		if res.Kind != consumer.Completed || ch.calls.Load() != 13 {
+			t.Fatalf("result %v (%v) after %d calls, want completed after 13", res.Kind, res.Err, ch.calls.Load())
+		}
+		if time.Since(start) < lease || st.n.Load() < 3 || progress < st.n.Load() {
+			t.Errorf("waited %v with %d heartbeats and %d progress reports; want over a lease, kept alive", time.Since(start), st.n.Load(), progress)
+		}
+		if len(st.fail) != 0 || len(st.release) != 0 {
+			t.Errorf("store writes: fail %q, release %q; want none", st.fail, st.release)
+		}
+	})
+	t.Run("retry-after", func(t *testing.T) {
+		t.Parallel()
+		st, ch := &beats{}, &limitedFor{n: 1, retryAfter: 250 * time.Millisecond}
+		start := time.Now()
+		if res, _ := run(context.Background(), st, ch); res.Kind != consumer.Completed {
+			t.Fatalf("result %v (%v), want completed", res.Kind, res.Err)
+		}
+		if d := time.Since(start); d < 250*time.Millisecond {
+			t.Errorf("called again after %v, before the provider's Retry-After of 250ms", d)
+		}
+	})
+	t.Run("drained", func(t *testing.T) {
+		t.Parallel()
+		st, ch := &beats{}, &limitedFor{n: 1 << 30}
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(200*time.Millisecond, cancel)
+		res, _ := run(ctx, st, ch)
+		if res.Kind != consumer.Retry || provider.RateLimitOf(res.Err) == nil {
+			t.Fatalf("result %v (%v), want a retry with the rate limit", res.Kind, res.Err)
+		}
+		if len(st.fail) != 0 || len(st.release) != 1 {
+			t.Errorf("store writes: fail %q, release %q; want one release", st.fail, st.release)
+		}
+	})
+	t.Run("lost", func(t *testing.T) {
+		t.Parallel()
+		st, ch := &beats{lostAfter: 2}, &limitedFor{n: 1 << 30}
+		res, _ := run(context.Background(), st, ch)
+		if res.Kind != consumer.Retry || res.Err == nil || !strings.Contains(res.Err.Error(), "lease lost") {
+			t.Fatalf("result %v (%v), want a retry for the lost lease", res.Kind, res.Err)
+		}
+		if len(st.fail) != 0 || len(st.release) != 0 {
+			t.Errorf("the old holder wrote: fail %q, release %q", st.fail, st.release)
+		}
+	})
+}
