@@ -234,11 +234,13 @@ func dash(s string) string {
 	return s
 }
 
+// clipText bounds a column, card numbers masked before the cut (a number
+// cut to 15 of its 16 digits would no longer be masked).
 func clipText(s string, n int) string {
-	if len(s) <= n {
-		return s
+	if c, cut := redact.Cut(s, n-3); cut {
+		return c + "..."
 	}
-	return s[:n-3] + "..."
+	return redact.PANs(s)
 }
 
 // ---------------------------------------------------------------------------

@@ -1,5 +1,10 @@
 package redact
 
+import (
+	"strings"
+	"unicode/utf8"
+)
+
 // ContainsPAN reports whether s holds something that looks like a card
 // number (PAN), by the one definition paydedup uses everywhere, at the door
 // and in every mask (see PANs): a Luhn-valid run of 13 to 19 decimal digits
@@ -23,4 +28,26 @@ func FindPAN(s string) (start, end int, ok bool) {
 		return false
 	})
 	return start, end, ok
+}
+
+// Cut masks the card numbers of s, then keeps at most n bytes of it, cut
+// at a character boundary and never inside a mask, and reports whether it
+// cut. Masking first means no cut leaves 15 of a card number's 16 digits
+// (the 16th, the Luhn check digit, can be recomputed); what is kept is
+// masked again, since a cut can take away the end of a UUID or a timestamp
+// that kept its digits from being a card number, so the result may exceed
+// n by a mask's length.
+func Cut(s string, n int) (string, bool) {
+	s = PANs(s)
+	if len(s) <= n {
+		return s, false
+	}
+	k := max(n, 0)
+	for k > 0 && !utf8.RuneStart(s[k]) {
+		k--
+	}
+	if j := strings.LastIndex(s[:min(len(s), k+len(PANMask)-1)], PANMask); j >= 0 && j < k && j+len(PANMask) > k {
+		k = j
+	}
+	return PANs(s[:k]), true
 }

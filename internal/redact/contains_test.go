@@ -51,7 +51,8 @@ func TestContainsPANDefinition(t *testing.T) {
 		{"time of day", "at 12:34:56.123456782", false},
 		{"json time", `{"time":"2026-12-07T12:34:56.123456783Z","seq":42}`, false},
 		{"uuid", "41111111-1111-1111-1111-111111111111", false},
-		{"stripe ids", "pi_4111111111111111 ch_4111111111111111 pm_4111111111111111", false},
+		{"stripe ids", "pi_3Mt4111111111111111Pa ch_3Mt4111111111111111Pa pm_1N4111111111111111Z", false},
+		{"underscore prefix", "m_4111111111111111", true},
 		{"sequence after letters", "seq4111111111111111", false},
 		{"base64", "NDExMTExMTExMTExMTExMQ==", false},
 		{"words", "four one one one ...", false},
@@ -69,7 +70,7 @@ func TestContainsPANDefinition(t *testing.T) {
 // kept because of their shape, not by luck.
 func TestShapesHoldLuhnWindows(t *testing.T) {
 	t.Parallel()
-	for _, s := range []string{"2026-12-07T12:34:56.123456783Z", "41111111-1111-1111-1111-111111111111", "pi_4111111111111111"} {
+	for _, s := range []string{"2026-12-07T12:34:56.123456783Z", "41111111-1111-1111-1111-111111111111", "pi_3Mt4111111111111111Pa"} {
 		if !ContainsPAN(strings.Map(func(r rune) rune {
 			if r >= '0' && r <= '9' {
 				return r
@@ -124,4 +125,33 @@ func TestDigitValueEveryScript(t *testing.T) {
 		}
 	}
 	t.Logf("%d decimal digits in %d scripts", n, n/10)
+}
+
+// Issue 54, item 3: a cut never leaves a card number's first 15 digits,
+// nor any digits of a masked one.
+func TestCutMasksBeforeCutting(t *testing.T) {
+	t.Parallel()
+	const pan = "4111111111111111"
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+		cut  bool
+	}{
+		{strings.Repeat("-", 49) + pan, 64, strings.Repeat("-", 49), true},                      // 15 digits fit: all go
+		{strings.Repeat("-", 10) + pan + " tail", 30, strings.Repeat("-", 10), true},            // the cut falls inside the mask
+		{"error: " + pan + " more", 100, "error: " + PANMask + " more", false},                  // no cut, masked
+		{"x " + pan + strings.Repeat("y", 100), 2 + len(PANMask), "x " + PANMask, true},         // the whole mask fits
+		{"id 41111111-1111-1111-1111-111111111111", 33, "id " + PANMask + "-1111-111111", true}, // a UUID cut is no UUID
+		{"４１１１ １１１１ １１１１ １１１１ x", 20, "", true},
+		{"short", 64, "short", false},
+	} {
+		got, cut := Cut(c.in, c.n)
+		if got != c.want || cut != c.cut {
+			t.Errorf("Cut(%q, %d) = %q, %v, want %q, %v", c.in, c.n, got, cut, c.want, c.cut)
+		}
+		if ContainsPAN(got) || strings.Contains(got, "41111111111") {
+			t.Errorf("Cut(%q, %d) = %q keeps a card number's digits", c.in, c.n, got)
+		}
+	}
 }

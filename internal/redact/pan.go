@@ -43,9 +43,9 @@ const (
 //     that passes the Luhn check.
 //
 // Text with its own shape is not a card number and ends a run: an
-// identifier (an ASCII letter and the ASCII letters, digits and
-// underscores after it: "pi_3Mtw...", "ch_...", "seq4111...", a hex
-// digest's tail), a UUID, and an RFC 3339
+// identifier (an ASCII letter and the ASCII letters and digits after it:
+// the body of "pi_3Mt4111111111111111Pa", "seq4111...", a hex digest's
+// tail; not "m_4111111111111111", whose number follows an underscore), a UUID, and an RFC 3339
 // or time.Time timestamp ("2026-12-07T12:34:56.123456782Z", "2026-12-07
 // 12:34:56 +0000") or a time of day with up to nine fraction digits, each
 // starting where no digit or ASCII letter is just before it.
@@ -91,21 +91,26 @@ func PANBytes(b []byte) []byte {
 
 // mayHoldPAN is a cheap filter that never says no to a card number: ASCII
 // text without an escape needs 13 digits with no ASCII letter between
-// them (every run of the definition lies inside one such stretch); other
-// text needs 13 bytes that could start a digit (an ASCII digit, a UTF-8
-// lead byte, a backslash or an ampersand).
+// them, none in an identifier (every run of the definition lies inside one
+// such stretch); other text needs 13 bytes that could start a digit (an
+// ASCII digit, a UTF-8 lead byte, a backslash or an ampersand).
 func mayHoldPAN(s string) bool {
-	run := 0
+	run, ident := 0, false
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
 		case isDigit(c):
+			if ident {
+				continue
+			}
 			if run++; run >= minPANDigits {
 				return true
 			}
 		case isLetter(c):
-			run = 0
+			run, ident = 0, true
 		case c >= utf8.RuneSelf || c == '\\' || c == '&':
 			return countDigitLike(s) >= minPANDigits
+		default:
+			ident = false
 		}
 	}
 	return false
@@ -131,6 +136,12 @@ type scanner struct {
 }
 
 func (sc *scanner) reset() {
+	if sc.p0 == nil {
+		// One allocation for the four, enough for most runs.
+		const n = 2 * maxPANDigits
+		b := make([]int, 4*n)
+		sc.starts, sc.ends, sc.p0, sc.p1 = b[:0:n], b[n:n:2*n], b[2*n:2*n:3*n], b[3*n:3*n:4*n]
+	}
 	sc.starts, sc.ends = sc.starts[:0], sc.ends[:0]
 	sc.p0, sc.p1 = append(sc.p0[:0], 0), append(sc.p1[:0], 0)
 }
@@ -164,7 +175,7 @@ func (sc *scanner) scan(s string, emit func(start, end int) bool) bool {
 		alnum := r < utf8.RuneSelf && (isDigit(byte(r)) || isLetter(byte(r)))
 		d, digit := digitValue(r)
 		switch {
-		case ident && (alnum || r == '_'):
+		case ident && alnum:
 			// An identifier's digits are its own.
 		case alnum && !digit:
 			if !sc.flush(emit) {
