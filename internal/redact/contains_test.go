@@ -36,6 +36,8 @@ func TestContainsPANDefinition(t *testing.T) {
 		{"escaped surrogate pairs", `\ud835\udfd2\ud835\udfcf\ud835\udfcf\ud835\udfcf111111111111`, true},
 		{"go quoted", `"4111\x001111\u00a01111\U0001d7cf111"`, true},
 		{"html references", "&#52;111&nbsp;1111&#x2d;1111 1111", true},
+		{"references escaped again", `\u0026#52;111 1111 1111 &amp;#49;111`, true},
+		{"reference digits stay one digit", `x\u0026#52;-\u0026#52; &amp;#52;-&#52; 9 9`, false},
 		{"json numbers", `[4111, 1111, 1111, 1111]`, true},
 		{"digit then letter", "4111111111111111exp1228", true},
 		{"snake prefix", "order-4111111111111111", true},

@@ -266,7 +266,13 @@ const sepRune = ' '
 func decodeUnit(s string, i int) (rune, int) {
 	switch c := s[i]; {
 	case c == '\\':
-		return decodeEscape(s, i)
+		r, n := decodeEscape(s, i)
+		if r == '&' { // an escaped ampersand may start a reference: "\u0026#52;"
+			if r2, end := referenceAfter(s, i+n); end > 0 {
+				return r2, end - i
+			}
+		}
+		return r, n
 	case c == '&':
 		return decodeReference(s, i)
 	case c < utf8.RuneSelf:
@@ -324,9 +330,24 @@ func decodeEscape(s string, i int) (rune, int) {
 
 // decodeReference decodes the HTML character reference at s[i] == '&':
 // numeric ones to their character, named ones (&nbsp; &amp;) to a
-// separator, as none names a digit.
+// separator, as none names a digit; "&amp;" before a reference is read as
+// the ampersand it escapes ("&amp;#52;" is a reference escaped again).
 func decodeReference(s string, i int) (rune, int) {
-	j := i + 1
+	if r, end := referenceAfter(s, i+1); end > 0 {
+		if r == '&' && strings.HasPrefix(s[i:end], "&amp;") {
+			if r2, end2 := referenceAfter(s, end); end2 > 0 {
+				return r2, end2 - i
+			}
+		}
+		return r, end - i
+	}
+	return '&', 1
+}
+
+// referenceAfter decodes the body of a character reference starting at
+// s[j], just after its ampersand, and returns its end, or 0 if there is
+// none. "amp" reads as '&'.
+func referenceAfter(s string, j int) (rune, int) {
 	if j < len(s) && s[j] == '#' {
 		j++
 		base := rune(10)
@@ -342,18 +363,21 @@ func decodeReference(s string, i int) (rune, int) {
 			cp = cp*base + v
 		}
 		if k > j && k < len(s) && s[k] == ';' {
-			return cp, k + 1 - i
+			return cp, k + 1
 		}
-		return '&', 1
+		return 0, 0
 	}
 	k := j
 	for k < len(s) && k-j < 10 && (isLetter(s[k]) || isDigit(s[k])) {
 		k++
 	}
 	if k-j >= 2 && k < len(s) && s[k] == ';' && isLetter(s[j]) {
-		return sepRune, k + 1 - i
+		if s[j:k] == "amp" {
+			return '&', k + 1
+		}
+		return sepRune, k + 1
 	}
-	return '&', 1
+	return 0, 0
 }
 
 func hexValue(c byte) rune {
