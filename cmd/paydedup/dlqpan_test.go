@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/payment"
@@ -70,5 +71,40 @@ func TestDLQOutputMasksEveryScriptEscapeAndCut(t *testing.T) {
 				t.Errorf("%v shows %q:\n%s", args, s, out)
 			}
 		}
+	}
+}
+
+// Two columns side by side can show a card number that neither field
+// holds alone ("4111 1111" then "1111 1111"): whoever reads the table reads
+// them as one, so the table is masked as a whole too.
+func TestDLQListMasksNumbersAcrossColumns(t *testing.T) {
+	t.Parallel()
+	d := dlq.Info{Seq: 1, MerchantID: "m 4111 1111", IdempotencyKey: "1111 1111 k", Verified: true}
+	var b strings.Builder
+	if err := printList(&b, []dlq.Info{d}); err != nil {
+		t.Fatal(err)
+	}
+	if start, end, ok := redact.FindPAN(b.String()); ok {
+		t.Fatalf("dlq list shows %q across its columns:\n%s", b.String()[start:end], b.String())
+	}
+	if !strings.Contains(b.String(), redact.PANMask) {
+		t.Fatalf("no mask:\n%s", b.String())
+	}
+}
+
+// The same for show --json's headers: two values of one header in their
+// JSON list, "4111 1111" then "1111 1111", read as one number.
+func TestDLQShowJSONMasksNumbersAcrossHeaderValues(t *testing.T) {
+	t.Parallel()
+	d := dlq.Info{Seq: 1, Header: nats.Header{"X-Note": {"a 4111 1111", "1111 1111 b"}}, Data: []byte("{}")}
+	var b strings.Builder
+	if err := printJSONTo(&b, showJSON(d)); err != nil {
+		t.Fatal(err)
+	}
+	if start, end, ok := redact.FindPAN(b.String()); ok {
+		t.Fatalf("show --json shows %q across header values:\n%s", b.String()[start:end], b.String())
+	}
+	if !strings.Contains(b.String(), maskedHeaders) {
+		t.Fatalf("the headers are not masked as one:\n%s", b.String())
 	}
 }
