@@ -157,3 +157,23 @@ func TestCutMasksBeforeCutting(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkContainsPAN measures the door's check on a typical command
+// body (ASCII, a UUID key, an order number), on one with a Japanese
+// description (the filter cannot reject non-ASCII text, so it is scanned),
+// and on a body that holds a fullwidth card number.
+func BenchmarkContainsPAN(b *testing.B) {
+	for _, c := range []struct{ name, s string }{
+		{"ascii", `{"merchant_id":"m_1","idempotency_key":"550e8400-e29b-41d4-a716-446655440000","amount":1999,"currency":"usd","payment_method":"pm_card_visa","description":"order 12345","metadata":{"order_id":"A-1001"}}`},
+		{"japanese", `{"merchant_id":"m_1","idempotency_key":"550e8400-e29b-41d4-a716-446655440000","amount":1999,"currency":"jpy","payment_method":"pm_card_visa","description":"ご注文番号１２３４５、配送は２０２６年１２月７日です"}`},
+		{"fullwidth-pan", `{"merchant_id":"m_1","idempotency_key":"k","amount":1999,"currency":"jpy","payment_method":"pm_card_visa","description":"カード４１１１ １１１１ １１１１ １１１１"}`},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.s)))
+			b.ReportAllocs()
+			for b.Loop() {
+				ContainsPAN(c.s)
+			}
+		})
+	}
+}
