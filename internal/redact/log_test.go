@@ -93,6 +93,14 @@ func (nopHandler) Handle(context.Context, slog.Record) error { return nil }
 func (h nopHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
 func (h nopHandler) WithGroup(string) slog.Handler           { return h }
 
+// captureHandler keeps the last record.
+type captureHandler struct{ r *slog.Record }
+
+func (captureHandler) Enabled(context.Context, slog.Level) bool        { return true }
+func (h captureHandler) Handle(_ context.Context, r slog.Record) error { *h.r = r.Clone(); return nil }
+func (h captureHandler) WithAttrs([]slog.Attr) slog.Handler            { return h }
+func (h captureHandler) WithGroup(string) slog.Handler                 { return h }
+
 // BenchmarkHandlerPaymentCompleted measures the mask's cost on the
 // worker's line per payment: plain is the JSON handler alone, masked the
 // same wrapped; nop and nop-masked the same over a handler that writes
@@ -117,6 +125,18 @@ func BenchmarkHandlerPaymentCompleted(b *testing.B) {
 			}
 		})
 	}
+	// The mask alone: Handle on a record built once, over a handler that
+	// writes nothing.
+	var rec slog.Record
+	capture := slog.New(captureHandler{&rec})
+	paymentCompleted(capture)
+	h := NewHandler(nopHandler{})
+	b.Run("handle-only", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = h.Handle(context.Background(), rec)
+		}
+	})
 	l := slog.New(NewHandler(slog.NewJSONHandler(io.Discard, nil))).With("idempotency_key", "order-1234567890123456")
 	b.Run("masked-digit-key", func(b *testing.B) {
 		b.ReportAllocs()

@@ -95,26 +95,53 @@ func PANBytes(b []byte) []byte {
 // such stretch); other text needs 13 bytes that could start a digit (an
 // ASCII digit, a UTF-8 lead byte, a backslash or an ampersand).
 func mayHoldPAN(s string) bool {
+	if len(s) < minPANDigits { // every digit takes a byte at least
+		return false
+	}
 	run, ident := 0, false
 	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case isDigit(c):
+		switch byteClass[s[i]] {
+		case classDigit:
 			if ident {
 				continue
 			}
 			if run++; run >= minPANDigits {
 				return true
 			}
-		case isLetter(c):
+		case classLetter:
 			run, ident = 0, true
-		case c >= utf8.RuneSelf || c == '\\' || c == '&':
-			return countDigitLike(s) >= minPANDigits
-		default:
+		case classOther:
 			ident = false
+		default:
+			return countDigitLike(s) >= minPANDigits
 		}
 	}
 	return false
 }
+
+// The classes of a byte for mayHoldPAN: classSpecial is a UTF-8 byte, a
+// backslash or an ampersand, which may start a digit of another script or
+// an escape.
+const (
+	classOther = iota
+	classDigit
+	classLetter
+	classSpecial
+)
+
+var byteClass = func() (t [256]uint8) {
+	for c := range t {
+		switch b := byte(c); {
+		case isDigit(b):
+			t[c] = classDigit
+		case isLetter(b):
+			t[c] = classLetter
+		case b >= utf8.RuneSelf || b == '\\' || b == '&':
+			t[c] = classSpecial
+		}
+	}
+	return t
+}()
 
 func countDigitLike(s string) int {
 	n := 0
