@@ -124,6 +124,8 @@ fuzz-short:
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzParseDeadLetter$$' ./stream
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzLetterRoundTrip$$' ./stream
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzRedactPANs$$' ./internal/redact
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzOutputsHoldNoCardNumber$$' ./cmd/paydedup
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzLetterPageHoldsNoCardNumber$$' ./console
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzChargeFormIsStripeGos$$' ./provider/stripe
 fuzz:
 	$(MAKE) fuzz-short FUZZTIME=1100000x

@@ -40,6 +40,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -246,7 +247,9 @@ func (c *Console) render(w http.ResponseWriter, status int, name string, p page)
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
-	_, _ = w.Write([]byte(b.String()))
+	// The page as a whole is masked too: escaping for HTML, or two fields
+	// side by side, can bring digits together that no field held alone.
+	_, _ = w.Write([]byte(redact.PANs(b.String())))
 }
 
 // refuse answers a refused request with a page that says why.

@@ -18,7 +18,6 @@ import (
 
 const (
 	redacted        = "[redacted]"
-	redactedPAN     = "[card number redacted]"
 	maxShownBodyLen = 64 << 10
 )
 
@@ -30,18 +29,21 @@ var cardKeys = map[string]bool{
 	"billing_details": true,
 }
 
-// RedactBody returns a body for display: JSON with card members replaced,
-// every string (member names too) Redact-ed as decoded, so an escaped
-// separator ("\t", "\u003c") cannot hide a card number, then indented
-// without HTML escapes and Redact-ed as a whole (a card number split
-// across JSON numbers). A body that is not JSON is Redact-ed. Control bytes
-// and invalid UTF-8 come out escaped (\x1b, \xff), as dlq show prints them.
+// RedactBody returns a body for display. Its raw bytes are masked first
+// (redact.Body: escapes decoded, whether or not the body is one JSON
+// value), then cut to maxShownBodyLen, never inside a card number; JSON
+// then has its card members replaced and is indented without HTML escapes,
+// and the result is masked again (indenting can bring a number's digits
+// closer). A body that is not JSON is shown as text. Control bytes and
+// invalid UTF-8 come out escaped (\x1b, \xff), as dlq show prints them.
 func RedactBody(b []byte) string {
 	if len(b) == 0 {
 		return ""
 	}
+	b = redact.Body(b)
 	if len(b) > maxShownBodyLen {
-		b = b[:maxShownBodyLen]
+		s, _ := redact.Cut(string(b), maxShownBodyLen)
+		b = []byte(s)
 	}
 	var v any
 	dec := json.NewDecoder(bytes.NewReader(b))

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/paydedup/paydedup/internal/redact"
 )
 
 // fenced is the condition every write after the claim carries: the row is
@@ -335,12 +337,10 @@ WITH days AS (
 )
 SELECT (SELECT dropped_rows FROM days) + (SELECT count(*) FROM old) + (SELECT count(*) FROM def)`
 
-// clipError bounds what is stored in last_error.
+// clipError bounds what is stored in last_error, card numbers masked
+// before the cut (a provider's error may echo what a merchant wrote).
 func clipError(s string) string {
-	const n = 1000
-	if len(s) > n {
-		return s[:n]
-	}
+	s, _ = redact.Cut(s, 1000)
 	return s
 }
 

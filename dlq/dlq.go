@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -271,10 +272,12 @@ func identify(h nats.Header, data []byte, origSubject string) (merchant, key str
 	return clipField(merchant), clipField(key)
 }
 
+// clipField bounds a field read best effort from a letter, card numbers
+// masked before the cut.
 func clipField(s string) string {
 	s = stream.SanitizeHeader(s)
-	if len(s) > 80 {
-		return s[:77] + "..."
+	if c, cut := redact.Cut(s, 77); cut {
+		return c + "..."
 	}
 	return s
 }

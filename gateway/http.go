@@ -12,6 +12,7 @@ import (
 
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/httpidem"
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -87,10 +88,13 @@ type Problem struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// writeProblem answers with p, its texts' card numbers masked: a detail
+// or a field can quote what the client sent.
 func writeProblem(w http.ResponseWriter, p Problem) {
 	if p.Title == "" {
 		p.Title = http.StatusText(p.Status)
 	}
+	p.Detail, p.Field, p.Reason = redact.PANs(p.Detail), redact.PANs(p.Field), redact.PANs(p.Reason)
 	b, _ := json.Marshal(p)
 	h := w.Header()
 	h.Set("Content-Type", problemContentType)

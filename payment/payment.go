@@ -1,7 +1,8 @@
 // Package payment owns the payment command: its fields, its strict decoding
 // and validation, and the canonical encoding its fingerprint is computed over.
 //
-// It has no dependencies beyond the standard library, so every other package
+// It has no dependencies beyond the standard library (and internal/redact,
+// the one definition of a card number), so every other package
 // (the store, the worker, the CLI) can share one definition of a valid
 // command and one definition of "the same request".
 package payment
@@ -14,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/paydedup/paydedup/internal/redact"
 )
 
 // Limits on a command. They follow the provider's own limits where it has
@@ -99,8 +102,11 @@ func (e *ValidationError) Error() string {
 	return fmt.Sprintf("%s: %s: %s", e.Reason, e.Field, e.Msg)
 }
 
+// invalid words a ValidationError. Its message quotes what a publisher
+// wrote, clipped; it is masked whole as well, as it is stored in a dead
+// letter's Dlq-Error, logged and shown.
 func invalid(r Reason, field, format string, args ...any) *ValidationError {
-	return &ValidationError{Reason: r, Field: field, Msg: fmt.Sprintf(format, args...)}
+	return &ValidationError{Reason: r, Field: field, Msg: redact.PANs(fmt.Sprintf(format, args...))}
 }
 
 // Limits configures decoding. The zero value means the defaults.
@@ -225,7 +231,7 @@ func (c *Command) Validate(lim Limits) error {
 			return invalid(ReasonInvalidMetadata, "metadata", "value of %q must be at most %d characters without control characters", clip(k), MaxMetadataValueLen)
 		}
 		if k == "merchant_id" || k == "idempotency_key" || k == "trace_id" {
-			return invalid(ReasonInvalidMetadata, "metadata", "key %q is reserved", k)
+			return invalid(ReasonInvalidMetadata, "metadata", "key %q is reserved", clip(k))
 		}
 	}
 	return nil
@@ -320,11 +326,14 @@ func hasBracket(s string) bool {
 	return strings.IndexByte(s, '[') >= 0 || strings.IndexByte(s, ']') >= 0
 }
 
-// clip keeps hostile values short in error messages.
+// clip keeps hostile values short in error messages, card numbers masked
+// before the cut: an error is stored in a dead letter's Dlq-Error, logged
+// and shown.
 func clip(s string) string {
 	const n = 64
-	if len(s) <= n {
+	s, cut := redact.Cut(s, n)
+	if !cut {
 		return strings.ToValidUTF8(s, "?")
 	}
-	return strings.ToValidUTF8(s[:n], "?") + "…"
+	return strings.ToValidUTF8(s, "?") + "…"
 }

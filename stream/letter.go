@@ -327,17 +327,16 @@ func VerifyLetter(cfg Config, h nats.Header, data []byte) (Verification, error) 
 }
 
 // SanitizeHeader keeps a header value on one line and bounded, as the
-// dead-letter headers require.
+// dead-letter headers require, with its card numbers masked before the
+// cut (an error may quote what a publisher wrote).
 func SanitizeHeader(s string) string {
+	s, _ = redact.Cut(s, maxDLQErrorLen)
 	s = strings.Map(func(r rune) rune {
 		if r < 0x20 || r == 0x7f {
 			return ' '
 		}
 		return r
 	}, s)
-	if len(s) > maxDLQErrorLen {
-		s = s[:maxDLQErrorLen]
-	}
 	return strings.ToValidUTF8(s, "?")
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -87,8 +88,13 @@ func (b *dlqBase) connect() (*nats.Conn, jetstream.JetStream, error) {
 	return nc, js, nil
 }
 
-func (b *dlqBase) printJSON(v any) error {
-	enc := json.NewEncoder(b.app.out)
+func (b *dlqBase) printJSON(v any) error { return printJSONTo(b.app.out, v) }
+
+// printJSONTo writes v indented. Its texts are masked field by field by
+// the caller: a mask over the whole would also hit numbers (a stream
+// sequence) and break the JSON.
+func printJSONTo(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
@@ -181,17 +187,38 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 		return err
 	}
 	if l.json {
-		out := make([]dlqEntry, len(letters))
-		for i, d := range letters {
-			out[i] = entry(d)
-		}
-		return l.printJSON(out)
+		return l.printJSON(entries(letters))
 	}
 	if len(letters) == 0 {
 		fmt.Fprintf(l.app.out, "no dead letters in %s matching\n", l.streams.cfg.DLQStream)
 		return nil
 	}
-	w := tabwriter.NewWriter(l.app.out, 0, 4, 2, ' ', 0)
+	if err := printList(l.app.out, letters); err != nil {
+		return err
+	}
+	if l.keyErr != nil {
+		fmt.Fprintf(l.app.out, "(no letter verified: %v)\n", l.keyErr)
+	}
+	if l.limit > 0 && len(letters) == l.limit {
+		fmt.Fprintf(l.app.out, "(first %d shown; --limit 0 shows all)\n", l.limit)
+	}
+	return nil
+}
+
+// entries is what list --json prints.
+func entries(letters []dlq.Info) []dlqEntry {
+	out := make([]dlqEntry, len(letters))
+	for i, d := range letters {
+		out[i] = entry(d)
+	}
+	return out
+}
+
+// printList writes list's table: every text a publisher may have written
+// masked and made printable, the error clipped after masking.
+func printList(out io.Writer, letters []dlq.Info) error {
+	var table strings.Builder
+	w := tabwriter.NewWriter(&table, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "SEQ\tREASON\tMERCHANT\tKEY\tDELIVERIES\tFAILED AT\tAUTH\tERROR")
 	for _, d := range letters {
 		failed := "-"
@@ -208,13 +235,10 @@ func (l *dlqListCmd) Run(ctx context.Context) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	if l.keyErr != nil {
-		fmt.Fprintf(l.app.out, "(no letter verified: %v)\n", l.keyErr)
-	}
-	if l.limit > 0 && len(letters) == l.limit {
-		fmt.Fprintf(l.app.out, "(first %d shown; --limit 0 shows all)\n", l.limit)
-	}
-	return nil
+	// Masked as a whole too: columns side by side can bring digits
+	// together that no field held alone.
+	_, err := io.WriteString(out, redact.PANs(table.String()))
+	return err
 }
 
 // authText says whether a worker holding the DLQ key filed the letter, and
@@ -244,11 +268,13 @@ func dash(s string) string {
 	return s
 }
 
+// clipText bounds a column, card numbers masked before the cut (a number
+// cut to 15 of its 16 digits would no longer be masked).
 func clipText(s string, n int) string {
-	if len(s) <= n {
-		return s
+	if c, cut := redact.Cut(s, n-3); cut {
+		return c + "..."
 	}
-	return s[:n-3] + "..."
+	return redact.PANs(s)
 }
 
 // ---------------------------------------------------------------------------
@@ -304,25 +330,53 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 	if err != nil {
 		return err
 	}
-	body := redact.Body(d.Data)
 	if s.json {
-		headers := make(map[string][]string, len(d.Header))
-		for k, vs := range d.Header {
-			for _, v := range vs {
-				headers[redact.PANs(k)] = append(headers[redact.PANs(k)], redact.PANs(v))
-			}
-		}
-		return s.printJSON(struct {
-			dlqEntry
-			Subject string              `json:"subject"`
-			Stored  time.Time           `json:"stored"`
-			Headers map[string][]string `json:"headers"`
-			Body    string              `json:"body"`
-			Base64  []byte              `json:"body_base64"`
-		}{entry(d), redact.PANs(d.Subject), d.Stored.UTC(), headers, string(body), body})
+		return s.printJSON(showJSON(d))
 	}
-	out := s.app.out
-	fmt.Fprintf(out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, s.streams.cfg.DLQStream, termSafe(d.Subject, false), d.Stored.UTC().Format(time.RFC3339Nano))
+	printShow(s.app.out, d, s.streams.cfg.DLQStream, s.keyErr)
+	return nil
+}
+
+// maskedHeaders names the one entry show --json gives headers whose names
+// and values side by side held a card number.
+const maskedHeaders = "Paydedup-Masked-Headers"
+
+// showJSON is what show --json prints: every text a publisher may have
+// written masked.
+func showJSON(d dlq.Info) any {
+	body := redact.Body(d.Data)
+	headers := make(map[string][]string, len(d.Header))
+	for k, vs := range d.Header {
+		mk := redact.PANs(k)
+		for _, v := range vs {
+			headers[mk] = append(headers[mk], redact.PANs(v))
+		}
+	}
+	// Names and values side by side, as show --json indents them, can show
+	// a card number that none holds alone: then the headers are shown as
+	// one masked text.
+	if b, err := json.MarshalIndent(headers, "  ", "  "); err == nil && redact.ContainsPAN(string(b)) {
+		headers = map[string][]string{maskedHeaders: {redact.PANs(string(b))}}
+	}
+	return struct {
+		dlqEntry
+		Subject string              `json:"subject"`
+		Stored  time.Time           `json:"stored"`
+		Headers map[string][]string `json:"headers"`
+		Body    string              `json:"body"`
+		Base64  []byte              `json:"body_base64"`
+	}{entry(d), redact.PANs(d.Subject), d.Stored.UTC(), headers, string(body), body}
+}
+
+// printShow writes a letter as show prints it: card numbers masked and
+// control bytes escaped in everything a publisher may have written.
+func printShow(w io.Writer, d dlq.Info, dlqStream string, keyErr error) {
+	var out strings.Builder
+	// Masked as a whole at the end too: lines side by side can bring
+	// digits together that no field held alone.
+	defer func() { _, _ = io.WriteString(w, redact.PANs(out.String())) }()
+	body := redact.Body(d.Data)
+	fmt.Fprintf(&out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, dlqStream, termSafe(d.Subject, false), d.Stored.UTC().Format(time.RFC3339Nano))
 	keys := make([]string, 0, len(d.Header))
 	for k := range d.Header {
 		keys = append(keys, k)
@@ -330,28 +384,27 @@ func (s *dlqShowCmd) Run(ctx context.Context, seq uint64) error {
 	slices.Sort(keys)
 	for _, k := range keys {
 		for _, v := range d.Header[k] {
-			fmt.Fprintf(out, "  %s: %s\n", termSafe(k, false), termSafe(v, false))
+			fmt.Fprintf(&out, "  %s: %s\n", termSafe(k, false), termSafe(v, false))
 		}
 	}
-	fmt.Fprintf(out, "\nbody (%d bytes; card numbers masked, control bytes and invalid UTF-8 escaped, --json for the bytes):\n%s\n", len(d.Data), termSafe(string(body), true))
+	fmt.Fprintf(&out, "\nbody (%d bytes; card numbers masked, control bytes and invalid UTF-8 escaped, --json for the bytes):\n%s\n", len(d.Data), termSafe(string(body), true))
 	if d.Invalid != "" {
-		fmt.Fprintf(out, "\nnot a readable dead letter: %s\n", termSafe(d.Invalid, false))
+		fmt.Fprintf(&out, "\nnot a readable dead letter: %s\n", termSafe(d.Invalid, false))
 	}
 	if d.Truncated {
-		fmt.Fprintf(out, "\nTRUNCATED to fit under max_payload: the original body is %s bytes (SHA-256 %s); the original is %s #%d while that stream keeps it\n",
+		fmt.Fprintf(&out, "\nTRUNCATED to fit under max_payload: the original body is %s bytes (SHA-256 %s); the original is %s #%d while that stream keeps it\n",
 			termSafe(d.Header.Get(stream.HeaderDLQBodyLength), false), termSafe(d.Header.Get(stream.HeaderDLQBodySHA256), false), termSafe(d.OrigStream, false), d.OrigSeq)
 	}
 	if d.PreviousKey {
-		fmt.Fprintf(out, "\nsigned with a previous DLQ key (Dlq-Key-Id %s, listed in %s): it stops verifying when that key is dropped; paydedup dlq resign signs it with the current key\n",
+		fmt.Fprintf(&out, "\nsigned with a previous DLQ key (Dlq-Key-Id %s, listed in %s): it stops verifying when that key is dropped; paydedup dlq resign signs it with the current key\n",
 			d.KeyID, dlqPreviousKeysEnv)
 	}
 	if !d.Verified {
-		fmt.Fprintf(out, "\nUNVERIFIED: %s; replay refuses it\n", termSafe(d.Unverified, false))
-		if s.keyErr != nil {
-			fmt.Fprintf(out, "(%v)\n", s.keyErr)
+		fmt.Fprintf(&out, "\nUNVERIFIED: %s; replay refuses it\n", termSafe(d.Unverified, false))
+		if keyErr != nil {
+			fmt.Fprintf(&out, "(%v)\n", keyErr)
 		}
 	}
-	return nil
 }
 
 // ---------------------------------------------------------------------------

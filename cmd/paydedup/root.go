@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -82,11 +83,13 @@ func (a *app) setupLogger() error {
 			format = "text"
 		}
 	}
+	// Every logger of the binary derives from this one: card numbers are
+	// masked in every line, whatever a call site logs.
 	switch format {
 	case "json":
-		a.logger = slog.New(slog.NewJSONHandler(a.errOut, opts))
+		a.logger = slog.New(redact.NewHandler(slog.NewJSONHandler(a.errOut, opts)))
 	case "text":
-		a.logger = slog.New(slog.NewTextHandler(a.errOut, opts))
+		a.logger = slog.New(redact.NewHandler(slog.NewTextHandler(a.errOut, opts)))
 	default:
 		return fmt.Errorf("--log-format / PAYDEDUP_LOG_FORMAT: %q is not json, text or auto", a.logFormat)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/internal/redact"
 )
 
 // Intake is the HTTP gateway's guard row for one (merchant, key): it makes
@@ -418,9 +419,7 @@ func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key stri
 	if seq == 0 || seq > math.MaxInt64 {
 		return false, nil
 	}
-	if len(errText) > maxDeadLetterErrorLen {
-		errText = strings.ToValidUTF8(errText[:maxDeadLetterErrorLen], "")
-	}
+	errText = clipErrText(errText)
 	var n int64
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		return s.db.Pool.QueryRow(ctx, markIntakeDeadLetteredSQL,
@@ -458,9 +457,7 @@ func (s *Store) MarkIntakeForOperator(ctx context.Context, merchantID, key strin
 	if reason == "" {
 		return false, errors.New("mark intake waiting for an operator: empty reason")
 	}
-	if len(errText) > maxDeadLetterErrorLen {
-		errText = strings.ToValidUTF8(errText[:maxDeadLetterErrorLen], "")
-	}
+	errText = clipErrText(errText)
 	var n int64
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		return s.db.Pool.QueryRow(ctx, markIntakeForOperatorSQL, merchantID, key, reason, errText, s.db.Now()).Scan(&n)
@@ -516,4 +513,11 @@ func (s *Store) PurgeIntakes(ctx context.Context, limit int) (int, error) {
 		return 0, interpretError("purge intakes", err)
 	}
 	return int(n), nil
+}
+
+// clipErrText bounds the error stored with an intake row (the status
+// endpoint returns it), card numbers masked before the cut.
+func clipErrText(s string) string {
+	s, _ = redact.Cut(s, maxDeadLetterErrorLen)
+	return strings.ToValidUTF8(s, "")
 }

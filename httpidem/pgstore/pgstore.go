@@ -18,6 +18,7 @@ import (
 	"github.com/paydedup/paydedup/httpidem"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/internal/redact"
 )
 
 // Defaults for Config.
@@ -54,12 +55,10 @@ const dbNow = pg.DBNow
 
 func interpretError(op string, err error) error { return pg.Interpret(op, err, pg.Errors{}) }
 
-// clipError bounds what is stored in last_error.
+// clipError bounds what is stored in last_error, card numbers masked
+// before the cut (a provider's error may echo what a merchant wrote).
 func clipError(s string) string {
-	const n = 1000
-	if len(s) > n {
-		return s[:n]
-	}
+	s, _ = redact.Cut(s, 1000)
 	return s
 }
 
