@@ -16,7 +16,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
@@ -25,7 +24,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paydedup/paydedup/budget"
-	budgetstore "github.com/paydedup/paydedup/budget/pgstore"
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/provider"
@@ -190,14 +188,10 @@ func (p *providerFlags) providerRate() (float64, error) {
 	return r, nil
 }
 
-// budgeted puts prov behind the fleet's provider budget, kept in
-// PostgreSQL on pool (migration 00020), its metrics on reg.
-func (p *providerFlags) budgeted(pool *pgxpool.Pool, prov provider.Provider, log *slog.Logger, reg prometheus.Registerer) (provider.Provider, error) {
+// budgeted puts prov behind the fleet's provider budget, kept in s (the
+// PostgreSQL row of migration 00020, budget/pgstore), its metrics on reg.
+func (p *providerFlags) budgeted(s budget.Store, prov provider.Provider, log *slog.Logger, reg prometheus.Registerer) (provider.Provider, error) {
 	r, err := p.providerRate()
-	if err != nil {
-		return nil, err
-	}
-	s, err := budgetstore.New(pool, budgetstore.Config{})
 	if err != nil {
 		return nil, err
 	}

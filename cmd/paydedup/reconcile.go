@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	budgetstore "github.com/paydedup/paydedup/budget/pgstore"
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/pg"
@@ -140,7 +141,11 @@ func (r *reconcileCmd) Run(ctx context.Context) error {
 	reg := prometheus.NewRegistry()
 	metrics := ops.NewMetrics(reg, version)
 	// Its lookups draw on the fleet's provider budget, as the workers' do.
-	budgeted, err := r.prov.budgeted(pool, prov, r.app.logger, reg)
+	bstore, err := budgetstore.New(pool, budgetstore.Config{})
+	if err != nil {
+		return err
+	}
+	budgeted, err := r.prov.budgeted(bstore, prov, r.app.logger, reg)
 	if err != nil {
 		return err
 	}

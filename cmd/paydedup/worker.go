@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	budgetstore "github.com/paydedup/paydedup/budget/pgstore"
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
@@ -159,7 +160,11 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	metrics := ops.NewMetrics(reg, version)
 	// Every charge, probe and reconciler lookup of this process draws on
 	// the fleet's provider budget.
-	budgeted, err := w.prov.budgeted(pool, prov, log, reg)
+	bstore, err := budgetstore.New(pool, budgetstore.Config{})
+	if err != nil {
+		return err
+	}
+	budgeted, err := w.prov.budgeted(bstore, prov, log, reg)
 	if err != nil {
 		return err
 	}

@@ -185,7 +185,7 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 	}{
 		{"github.com/stripe/stripe-go", []string{"provider/stripe"}},
 		{"github.com/pressly/goose", []string{"migrations/migrate"}},
-		{"github.com/jackc/pgx", []string{"internal/pg", "dedup", "migrations/migrate", "gateway/pgstore", "httpidem/pgstore",
+		{"github.com/jackc/pgx", []string{"internal/pg", "dedup", "migrations/migrate", "gateway/pgstore", "httpidem/pgstore", "budget/pgstore",
 			"lab/localpg", "lab/testenv"}},
 		{"github.com/nats-io/nats.go", []string{"stream", "consumer", "dlq", "console", "cmd/paydedup",
 			"lab", "lab/cmd/chaos", "lab/workload", "lab/testenv"}},
