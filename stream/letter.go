@@ -330,14 +330,17 @@ func VerifyLetter(cfg Config, h nats.Header, data []byte) (Verification, error) 
 // dead-letter headers require, with its card numbers masked before the
 // cut (an error may quote what a publisher wrote).
 func SanitizeHeader(s string) string {
-	s, _ = redact.Cut(s, maxDLQErrorLen)
+	// Valid UTF-8 and one line first, then the cut: strings.Map writes an
+	// invalid byte as U+FFFD, three bytes, which after the cut could take
+	// the header past its bound.
 	s = strings.Map(func(r rune) rune {
 		if r < 0x20 || r == 0x7f {
 			return ' '
 		}
 		return r
-	}, s)
-	return strings.ToValidUTF8(s, "?")
+	}, strings.ToValidUTF8(s, "?"))
+	s, _ = redact.Cut(s, maxDLQErrorLen)
+	return s
 }
 
 // subjectToken makes a reason safe as one subject token.
