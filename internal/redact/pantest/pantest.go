@@ -1,8 +1,8 @@
 // Package pantest builds card numbers (PANs) as a hostile or careless
 // publisher could write them, for fuzz targets that check an output
 // surface shows none: a real brand's issuer prefix and length (13 to 19
-// digits), Luhn-valid, in any decimal digit script, with any separator between its groups and any escape for
-// its digits and separators.
+// digits), Luhn-valid, in any decimal digit script, with any separator
+// between its groups and any escape for its digits and separators.
 package pantest
 
 import (
