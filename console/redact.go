@@ -92,9 +92,10 @@ func redactValue(v any) any {
 	return v
 }
 
-// Redact masks every card number in s (redact.PANs): every Luhn-valid
-// window of 13 to 19 digits of a run of digits joined by anything but
-// letters.
+// Redact masks every card number in s (redact.PANs): every window of 13
+// to 19 digits of a run of digits joined by anything but letters, from a
+// group's start to a group's end, with a card brand's prefix and length
+// and passing Luhn.
 func Redact(s string) string { return redact.PANs(s) }
 
 // shown is a one-line field from a message or an answer as a page shows

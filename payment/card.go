@@ -16,7 +16,7 @@ import (
 // value.
 
 // cardDataMsg is what a card_data error says after the field.
-const cardDataMsg = "holds what looks like a card number (13 to 19 digits passing the Luhn check); " +
+const cardDataMsg = "holds what looks like a card number (13 to 19 digits with a card brand's prefix and length, passing the Luhn check); " +
 	"send a payment-method token (pm_...), never card data"
 
 // CardDataError is the card_data error for field; the value is never in it.

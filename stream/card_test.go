@@ -34,7 +34,21 @@ func TestDecodeCommandCardDataHeaders(t *testing.T) {
 		{"Idempotency-Key header", "m_1", testPAN, nats.Header{stream.HeaderIdempotencyKey: {testPAN}}, "header Idempotency-Key"},
 		{"Nats-Msg-Id part", "m_1", "k", nats.Header{nats.MsgIdHdr: {"m_1:" + testPAN}}, "header Nats-Msg-Id"},
 		{"subject", testPAN, "k", nil, "subject"},
-		{"baggage", "m_1", "k", nats.Header{"baggage": {"card=" + testPAN}}, "header baggage"},
+		{"trace context of every tracer", "m_1", "k", nats.Header{
+			"Baggage":               {"userId=" + testPAN},
+			"x-datadog-trace-id":    {testPAN},
+			"X-Datadog-Parent-Id":   {testPAN},
+			"x-datadog-origin":      {testPAN},
+			"B3":                    {testPAN + "-" + testPAN + "-1"},
+			"X-B3-TraceId":          {testPAN},
+			"X-B3-SpanId":           {testPAN},
+			"Uber-Trace-Id":         {testPAN + ":" + testPAN + ":0:1"},
+			"X-Amzn-Trace-Id":       {"Root=1-" + testPAN},
+			"X-Cloud-Trace-Context": {testPAN + "/" + testPAN + ";o=1"},
+			"Sentry-Trace":          {testPAN + "-1"},
+			"TRACEPARENT":           {testPAN}}, ""},
+		{"a name only like a tracer's", "m_1", "k", nats.Header{"X-B3": {testPAN}}, "header X-B3"},
+		{"datadog without its dash", "m_1", "k", nats.Header{"X-Datadog": {testPAN}}, "header X-Datadog"},
 		{"numeric merchant and key", "1001", "100000000042", nats.Header{nats.MsgIdHdr: {"1001:100000000042"}, stream.HeaderIdempotencyKey: {"100000000042"}}, ""},
 		{"traceparent of decimal ids", "m_1", "k", nats.Header{
 			"traceparent": {"00-41111111111111114111111111111111-4111111111111111-01"},
@@ -68,7 +82,7 @@ func TestCardDataLetterMasked(t *testing.T) {
 	t.Parallel()
 	cfg := stream.Config{DLQKey: []byte("a-dlq-key-of-thirty-two-bytes-or-more")}.WithDefaults()
 	data := `{"merchant_id":"` + testPAN + `","idempotency_key":"4111 1111 1111 1111","amount":1999,"currency":"usd",` +
-		`"payment_method":"pm_card_visa","description":"card 5555\u0020\u00355555\t5555 4444","metadata":{"` + testPAN + `":"378282246310005"}}`
+		`"payment_method":"pm_card_visa","description":"card 5555\u0020\u0035555\t5555 4444","metadata":{"` + testPAN + `":"378282246310005"}}`
 	h := nats.Header{}
 	h.Set(stream.HeaderIdempotencyKey, "4111 1111 1111 1111")
 	h.Set(nats.MsgIdHdr, testPAN+":4111 1111 1111 1111")

@@ -117,10 +117,10 @@ func DecodeCommand(cfg Config, subject string, header nats.Header, data []byte) 
 
 // cardDataHeaders returns the card_data error naming the first header (by
 // name) whose name or value looks like it holds a card number. Every header
-// is stored with the message and its dead letter, but two are left out:
-// the W3C trace context (traceparent, tracestate) is made by tracers, not
-// typed, and a span id of sixteen decimal digits or a vendor's
-// millisecond timestamp would refuse a payment for what is not card data.
+// is stored with the message and its dead letter, but the trace context
+// is left out (traceContextHeader): tracers make it, nobody types it, and
+// a span id of sixteen decimal digits or a vendor's millisecond timestamp
+// would refuse a payment for what is not card data.
 // Nats-Msg-Id is checked between its colons: it joins the merchant id and
 // the key, each checked on its own, and a numeric merchant beside a
 // numeric key is not a card number. It runs on every message, so the
@@ -150,10 +150,39 @@ func cardDataHeaders(h nats.Header) error {
 	return nil
 }
 
+// traceContextHeaders are the trace-context headers tracers propagate, by
+// lower-case name; a name ending in '-' stands for every name it starts:
+// W3C (traceparent, tracestate, baggage), Datadog, Zipkin B3, Jaeger,
+// AWS X-Ray, Google Cloud and Sentry.
+var traceContextHeaders = []string{
+	"traceparent", "tracestate", "baggage",
+	"x-datadog-",
+	"b3", "x-b3-",
+	"uber-trace-id",
+	"x-amzn-trace-id",
+	"x-cloud-trace-context",
+	"sentry-trace",
+}
+
+// traceContextHeader reports whether header k is trace context, whatever
+// its case, without allocating.
+func traceContextHeader(k string) bool {
+	for _, t := range traceContextHeaders {
+		if strings.HasSuffix(t, "-") {
+			if len(k) >= len(t) && strings.EqualFold(k[:len(t)], t) {
+				return true
+			}
+		} else if strings.EqualFold(k, t) {
+			return true
+		}
+	}
+	return false
+}
+
 // headerCardData is the field a card_data error names for header k with
 // values vs, or "" when neither holds what looks like a card number.
 func headerCardData(k string, vs []string) string {
-	if k == "traceparent" || k == "tracestate" {
+	if traceContextHeader(k) {
 		return ""
 	}
 	if redact.ContainsPAN(k) {

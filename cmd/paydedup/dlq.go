@@ -290,8 +290,8 @@ func newDLQShowCmd(a *app) *cobra.Command {
 		Use:   "show SEQ",
 		Short: "Show one dead letter's headers and body",
 		Long: `show prints a dead letter's headers (the original ones and the Dlq-* ones) and its
-body. Card numbers are masked everywhere (any Luhn-valid 13 to 19 digits,
-whatever separators lie between them), and control bytes and invalid UTF-8
+body. Card numbers are masked everywhere (13 to 19 digits with a card brand's
+prefix and length, Luhn-valid, whatever separators lie between them), and control bytes and invalid UTF-8
 are printed escaped (\x1b, \xff, \u009b), so a hostile message cannot drive
 the terminal; --json gives the body as a JSON string and body_base64 byte for
 byte, card numbers masked (a JSON body that held one comes re-encoded).`,

@@ -7,8 +7,10 @@ import (
 
 // ContainsPAN reports whether s holds something that looks like a card
 // number (PAN), by the one definition paydedup uses everywhere, at the door
-// and in every mask (see PANs): a Luhn-valid run of 13 to 19 decimal digits
-// of any script, joined by anything but letters, escapes decoded first.
+// and in every mask (see PANs): 13 to 19 decimal digits of any script,
+// joined by anything but letters, escapes decoded first, from the start of
+// a group of digits to the end of one, with a card brand's issuer prefix
+// and length, passing the Luhn check.
 func ContainsPAN(s string) bool {
 	_, _, ok := FindPAN(s)
 	return ok

@@ -39,23 +39,29 @@ const (
 //     between two of them (spaces, dashes, dots, tabs, NBSP, punctuation,
 //     line breaks, invalid bytes), make a run; a letter of any script ends
 //     it;
-//   - a card number is a window of 13 to 19 consecutive digits of a run
-//     that passes the Luhn check.
+//   - a group is a maximal run of digits with nothing between them (a
+//     digit's escape counts as the digit); a card number is a window of a
+//     run that starts at the start of a group and ends at the end of a
+//     group (never inside one, so a group longer than 19 digits, a long
+//     id, is never a card number), whose digits have a payment card
+//     brand's issuer prefix and length (issuerLengths) and pass the Luhn
+//     check.
 //
 // Text with its own shape is not a card number and ends a run: an
 // identifier (an ASCII letter and the ASCII letters and digits after it:
 // the body of "pi_3Mt4111111111111111Pa", "seq4111...", a hex digest's
 // tail; not "m_4111111111111111", whose number follows an underscore), a UUID, and an RFC 3339
 // or time.Time timestamp ("2026-12-07T12:34:56.123456782Z", "2026-12-07
-// 12:34:56 +0000") or a time of day with up to nine fraction digits, each
-// starting where no digit or ASCII letter is just before it.
+// 12:34:56 +0000"), a date alone ("2024-01-15") or a time of day with up
+// to nine fraction digits, each starting where no digit or ASCII letter is
+// just before it.
 //
 // Each masked stretch, from the first byte of its first digit (or of the
 // escape spelling it) to the last byte of its last, becomes PANMask;
 // everything else is kept byte for byte, so dates, amounts and order
-// numbers that are not part of a Luhn-valid window stay readable. The work
-// is a constant per byte: at most seven window lengths per digit, each
-// checked in O(1) with prefix sums.
+// numbers that are not part of a card number's window stay readable. The
+// work is a constant per byte: at most seven window lengths per group
+// start, each checked in O(1) with prefix sums.
 func PANs(s string) string {
 	if !mayHoldPAN(s) {
 		return s
@@ -154,22 +160,25 @@ func countDigitLike(s string) int {
 }
 
 // scanner holds one joined run's digits: the byte span of each in the raw
-// text and the two Luhn prefix sums (p0 doubles the digits at even
-// indexes, p1 at odd).
+// text (a digit starts a group when a byte lies between it and the one
+// before), its value, and the two Luhn prefix sums (p0 doubles the digits
+// at even indexes, p1 at odd).
 type scanner struct {
 	starts, ends []int
+	vals         []int
 	p0, p1       []int
 	checks       int // Luhn checks made, which the tests bound per digit
 }
 
 func (sc *scanner) reset() {
 	if sc.p0 == nil {
-		// One allocation for the four, enough for most runs.
+		// One allocation for the five, enough for most runs.
 		const n = 2 * maxPANDigits
-		b := make([]int, 4*n)
-		sc.starts, sc.ends, sc.p0, sc.p1 = b[:0:n], b[n:n:2*n], b[2*n:2*n:3*n], b[3*n:3*n:4*n]
+		b := make([]int, 5*n)
+		sc.starts, sc.ends, sc.vals = b[:0:n], b[n:n:2*n], b[4*n:4*n:5*n]
+		sc.p0, sc.p1 = b[2*n:2*n:3*n], b[3*n:3*n:4*n]
 	}
-	sc.starts, sc.ends = sc.starts[:0], sc.ends[:0]
+	sc.starts, sc.ends, sc.vals = sc.starts[:0], sc.ends[:0], sc.vals[:0]
 	sc.p0, sc.p1 = append(sc.p0[:0], 0), append(sc.p1[:0], 0)
 }
 
@@ -185,6 +194,7 @@ func (sc *scanner) push(d, start, end int) {
 		a, b = dd, d
 	}
 	sc.starts, sc.ends = append(sc.starts, start), append(sc.ends, end)
+	sc.vals = append(sc.vals, d)
 	sc.p0 = append(sc.p0, sc.p0[k]+a)
 	sc.p1 = append(sc.p1, sc.p1[k]+b)
 }
@@ -252,23 +262,29 @@ func (sc *scanner) luhn(from, to int) bool {
 	return (p[to]-p[from])%10 == 0
 }
 
-// flush emits the run's stretches of overlapping Luhn-valid windows (two
-// windows whose digits touch with no byte between are one stretch) and
-// starts a new run.
+// flush emits the run's stretches of overlapping card number windows and
+// starts a new run. A window starts at a group's start and ends at a
+// group's end (groupEdge), so a number glued to other digits, or a long
+// id, is none; its length must be one its issuer prefix allows.
 func (sc *scanner) flush(emit func(start, end int) bool) bool {
 	n, ok := len(sc.starts), true
 	maskFrom, maskTo := -1, -1
 	for from := 0; ok && from+minPANDigits <= n; from++ {
+		if !sc.groupEdge(from) {
+			continue
+		}
+		v := sc.vals[from : from+4]
+		lengths := issuerLengths(v[0]*1000 + v[1]*100 + v[2]*10 + v[3])
 		to := -1
 		for l := min(maxPANDigits, n-from); l >= minPANDigits; l-- {
-			if sc.luhn(from, from+l) {
+			if lengths&(1<<l) != 0 && sc.groupEdge(from+l) && sc.luhn(from, from+l) {
 				to = from + l
 				break
 			}
 		}
 		switch {
 		case to < 0:
-		case from < maskTo || from == maskTo && sc.starts[from] == sc.ends[from-1]:
+		case from < maskTo:
 			maskTo = max(maskTo, to)
 		default:
 			if maskFrom >= 0 {
@@ -282,6 +298,46 @@ func (sc *scanner) flush(emit func(start, end int) bool) bool {
 	}
 	sc.reset()
 	return ok
+}
+
+// groupEdge reports whether a group starts at digit k of the run (and one
+// ends just before it): k is the first or the last digit's end, or a byte
+// lies between digit k and the one before.
+func (sc *scanner) groupEdge(k int) bool {
+	return k == 0 || k == len(sc.starts) || sc.starts[k] != sc.ends[k-1]
+}
+
+// Lengths in the bitmask issuerLengths returns.
+const (
+	len13to19 = 1<<20 - 1<<13
+	len14to19 = 1<<20 - 1<<14
+	len16to19 = 1<<20 - 1<<16
+)
+
+// issuerLengths returns the lengths (bit l set for l digits) a card number
+// whose first four digits are p may have, by the issuer ranges (IIN) of
+// the brands paydedup knows, or 0 for a prefix no brand issues: Visa 4
+// (13, 16, 19), Mastercard 51-55 and 2221-2720 (16), American Express 34
+// and 37 (15), JCB 3528-3589 (16-19), Diners Club 300-305, 3095, 36 and
+// 38-39 (14-19), Maestro 50 and 56-69 (12-19, 13-19 here), which holds
+// Discover (6011, 644-649, 65: 16-19) and UnionPay (62: 16-19). Private
+// label cards, UATP (1) and other brands are not card numbers here.
+func issuerLengths(p int) uint32 {
+	switch {
+	case p >= 4000 && p <= 4999:
+		return 1<<13 | 1<<16 | 1<<19
+	case p >= 5100 && p <= 5599, p >= 2221 && p <= 2720:
+		return 1 << 16
+	case p >= 3400 && p <= 3499, p >= 3700 && p <= 3799:
+		return 1 << 15
+	case p >= 3528 && p <= 3589:
+		return len16to19
+	case p >= 3000 && p <= 3059, p == 3095, p >= 3600 && p <= 3699, p >= 3800 && p <= 3999:
+		return len14to19
+	case p >= 5000 && p <= 5099, p >= 5600 && p <= 6999:
+		return len13to19
+	}
+	return 0
 }
 
 // sepRune stands for a decoded escape that is neither a digit nor a letter.
@@ -490,18 +546,25 @@ func uuidEnd(t string) int {
 	return 36
 }
 
-// dateTimeEnd matches YYYY-MM-DD, T or a space, then a time of day, with
-// a year from 1900 to 2199.
+// dateTimeEnd matches YYYY-MM-DD, with a year from 1900 to 2199, then T
+// or a space and a time of day, or the date alone when no digit follows
+// it ("Order #4412 2024-01-15 12:00": a card number is never grouped
+// 4-2-2).
 func dateTimeEnd(t string) int {
-	if len(t) < 19 || !(t[:2] == "19" || t[:2] == "20" || t[:2] == "21") ||
+	if len(t) < 10 || !(t[:2] == "19" || t[:2] == "20" || t[:2] == "21") ||
 		!isDigit(t[2]) || !isDigit(t[3]) || t[4] != '-' || !inRange(t[5:7], 1, 12) || t[7] != '-' ||
-		!inRange(t[8:10], 1, 31) || t[10] != 'T' && t[10] != ' ' {
+		!inRange(t[8:10], 1, 31) {
 		return 0
 	}
-	if end := timeEnd(t[11:]); end > 0 {
-		return 11 + end
+	if len(t) > 11 && (t[10] == 'T' || t[10] == ' ') {
+		if end := timeEnd(t[11:]); end > 0 {
+			return 11 + end
+		}
 	}
-	return 0
+	if len(t) > 10 && isDigit(t[10]) {
+		return 0
+	}
+	return 10
 }
 
 // timeEnd matches HH:MM:SS with up to nine fraction digits, not followed

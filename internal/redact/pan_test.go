@@ -2,6 +2,8 @@ package redact
 
 import (
 	"bytes"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,9 +45,56 @@ type refUnit struct {
 	start, end int
 }
 
+// refBrands are the issuer ranges and lengths of the definition, as the
+// card brands publish them: a prefix from lo to hi (as many digits as lo
+// has) and the lengths allowed.
+var refBrands = []struct {
+	lo, hi   int
+	min, max int
+	only     []int
+}{
+	{4, 4, 0, 0, []int{13, 16, 19}}, // Visa
+	{51, 55, 16, 16, nil},           // Mastercard
+	{2221, 2720, 16, 16, nil},       // Mastercard 2-series
+	{34, 34, 15, 15, nil},           // American Express
+	{37, 37, 15, 15, nil},
+	{6011, 6011, 16, 19, nil}, // Discover
+	{644, 649, 16, 19, nil},
+	{65, 65, 16, 19, nil},
+	{3528, 3589, 16, 19, nil}, // JCB
+	{300, 305, 14, 19, nil},   // Diners Club
+	{3095, 3095, 14, 19, nil},
+	{36, 36, 14, 19, nil},
+	{38, 39, 14, 19, nil},
+	{62, 62, 16, 19, nil}, // UnionPay
+	{50, 50, 13, 19, nil}, // Maestro
+	{56, 69, 13, 19, nil},
+}
+
+// refIssued reports whether digits d are a length some brand issues with
+// their prefix.
+func refIssued(d []int) bool {
+	for _, b := range refBrands {
+		width := len(strconv.Itoa(b.lo))
+		p := 0
+		for _, v := range d[:width] {
+			p = p*10 + v
+		}
+		if p < b.lo || p > b.hi {
+			continue
+		}
+		if slices.Contains(b.only, len(d)) || len(d) >= b.min && len(d) <= b.max && b.min > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // refMasked is the reference: it decodes every character first, splits
 // the text into runs by the definition's rules, and marks the bytes of
-// every Luhn-valid window of 13 to 19 digits of a run, by brute force.
+// every window of 13 to 19 digits of a run that starts and ends at a
+// group's edge, has an issuer's prefix and length and passes Luhn, by
+// brute force.
 func refMasked(s string) []bool {
 	masked := make([]bool, len(s))
 	var units []refUnit
@@ -57,9 +106,11 @@ func refMasked(s string) []bool {
 	var run []refUnit
 	var vals []int
 	flush := func() {
+		// edge(k): no byte between digit k and the one before.
+		edge := func(k int) bool { return k == 0 || k == len(run) || run[k].start != run[k-1].end }
 		for from := range vals {
 			for l := 13; l <= 19 && from+l <= len(vals); l++ {
-				if refLuhn(vals[from : from+l]) {
+				if edge(from) && edge(from+l) && refIssued(vals[from:from+l]) && refLuhn(vals[from:from+l]) {
 					for b := run[from].start; b < run[from+l-1].end; b++ {
 						masked[b] = true
 					}
@@ -139,7 +190,7 @@ func FuzzRedactPANs(f *testing.F) {
 		if want := refPANs(s); got != want {
 			t.Fatalf("PANs(%q)\n = %q\nwant %q (the reference)", s, got, want)
 		}
-		// No Luhn-valid window survives in clear: the output has none left.
+		// No card number window survives in clear: the output has none left.
 		for i, m := range refMasked(got) {
 			if m {
 				t.Fatalf("PANs(%q) = %q still holds a card number at byte %d", s, got, i)

@@ -1,12 +1,13 @@
 // Package pantest builds card numbers (PANs) as a hostile or careless
 // publisher could write them, for fuzz targets that check an output
-// surface shows none: any length from 13 to 19, Luhn-valid, in any decimal
-// digit script, with any separator between its groups and any escape for
-// its digits and separators.
+// surface shows none: a real brand's issuer prefix and length (13 to 19
+// digits), Luhn-valid, in any decimal digit script, with any separator
+// between its groups and any escape for its digits and separators.
 package pantest
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf16"
@@ -45,19 +46,53 @@ const (
 	nEncodings
 )
 
-// PAN is a Luhn-valid card number of 13 to 19 digits as text.
+// Brands are the issuer prefixes (from Lo to Hi, as many digits as Lo
+// has) and lengths of the card brands the definition knows
+// (redact.PANs), one row per range.
+var Brands = []struct {
+	Name    string
+	Lo, Hi  int
+	Lengths []int
+}{
+	{"visa", 4, 4, []int{13, 16, 19}},
+	{"mastercard", 51, 55, []int{16}},
+	{"mastercard 2-series", 2221, 2720, []int{16}},
+	{"amex", 34, 34, []int{15}},
+	{"amex", 37, 37, []int{15}},
+	{"discover", 6011, 6011, []int{16, 17, 18, 19}},
+	{"discover", 644, 649, []int{16, 17, 18, 19}},
+	{"discover", 65, 65, []int{16, 17, 18, 19}},
+	{"jcb", 3528, 3589, []int{16, 17, 18, 19}},
+	{"diners", 300, 305, []int{14, 15, 16, 17, 18, 19}},
+	{"diners", 3095, 3095, []int{14, 15, 16, 17, 18, 19}},
+	{"diners", 36, 36, []int{14, 15, 16, 17, 18, 19}},
+	{"diners", 38, 39, []int{14, 15, 16, 17, 18, 19}},
+	{"unionpay", 62, 62, []int{16, 17, 18, 19}},
+	{"maestro", 50, 50, []int{13, 14, 15, 16, 17, 18, 19}},
+	{"maestro", 56, 69, []int{13, 14, 15, 16, 17, 18, 19}},
+}
+
+// PAN is a Luhn-valid card number of a real brand, 13 to 19 digits, as
+// text.
 type PAN struct {
 	Digits string // its ASCII digits
 	Text   string // as written
 }
 
-// Build makes the card number that pick and body choose: length, script,
-// encoding, separator and group size from pick, digits from body.
+// Build makes the card number that pick and body choose: brand, prefix,
+// length, script, encoding, separator and group size from pick, the other
+// digits from body.
 func Build(pick uint32, body uint64) PAN {
-	n := 13 + int(pick%7)
-	pick /= 7
+	b := Brands[int(pick%uint32(len(Brands)))]
+	pick /= uint32(len(Brands))
+	n := b.Lengths[int(pick%uint32(len(b.Lengths)))]
+	pick /= uint32(len(b.Lengths))
+	prefix := strconv.Itoa(b.Lo + int(uint32(body)%uint32(b.Hi-b.Lo+1)))
 	d := make([]int, n)
-	for i := 0; i < n-1; i++ {
+	for i := range prefix {
+		d[i] = int(prefix[i] - '0')
+	}
+	for i := len(prefix); i < n-1; i++ {
 		d[i] = int(body % 10)
 		body /= 10
 		if body == 0 {
