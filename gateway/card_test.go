@@ -34,9 +34,23 @@ func gatewayCardCases(pan string) []gatewayCardCase {
 		{name: "key in the body too", key: joined, body: with(`,"idempotency_key":"` + joined + `"`), field: "Idempotency-Key"},
 		{name: "malformed body", key: "card-malformed", body: `{"description":"` + pan + `",`, field: "body"},
 	}
-	// Baggage, like every trace-context header, is left to the tracers
-	// (stream's traceContextHeader): not read by the door.
+	if isASCII(joined) {
+		// Baggage carries ASCII only (anything else percent-encoded, which
+		// no detector reads as a number). The application writes it, unlike
+		// the tracers' ids, so the door reads it.
+		cases = append(cases, gatewayCardCase{name: "baggage carried to the stream", key: "card-baggage", body: with(""),
+			field: "header baggage", hdr: []string{"baggage", "note=" + joined}})
+	}
 	return cases
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // TestCardDataRefusedAtGateway: the HTTP door. A POST with card data in a

@@ -35,7 +35,6 @@ func TestDecodeCommandCardDataHeaders(t *testing.T) {
 		{"Nats-Msg-Id part", "m_1", "k", nats.Header{nats.MsgIdHdr: {"m_1:" + testPAN}}, "header Nats-Msg-Id"},
 		{"subject", testPAN, "k", nil, "subject"},
 		{"trace context of every tracer", "m_1", "k", nats.Header{
-			"Baggage":               {"userId=" + testPAN},
 			"x-datadog-trace-id":    {testPAN},
 			"X-Datadog-Parent-Id":   {testPAN},
 			"x-datadog-origin":      {testPAN},
@@ -47,6 +46,7 @@ func TestDecodeCommandCardDataHeaders(t *testing.T) {
 			"X-Cloud-Trace-Context": {testPAN + "/" + testPAN + ";o=1"},
 			"Sentry-Trace":          {testPAN + "-1"},
 			"TRACEPARENT":           {testPAN}}, ""},
+		{"baggage, which the application writes", "m_1", "k", nats.Header{"Baggage": {"userId=" + testPAN}}, "header Baggage"},
 		{"a name only like a tracer's", "m_1", "k", nats.Header{"X-B3": {testPAN}}, "header X-B3"},
 		{"datadog without its dash", "m_1", "k", nats.Header{"X-Datadog": {testPAN}}, "header X-Datadog"},
 		{"numeric merchant and key", "1001", "100000000042", nats.Header{nats.MsgIdHdr: {"1001:100000000042"}, stream.HeaderIdempotencyKey: {"100000000042"}}, ""},

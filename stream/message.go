@@ -152,10 +152,12 @@ func cardDataHeaders(h nats.Header) error {
 
 // traceContextHeaders are the trace-context headers tracers propagate, by
 // lower-case name; a name ending in '-' stands for every name it starts:
-// W3C (traceparent, tracestate, baggage), Datadog, Zipkin B3, Jaeger,
-// AWS X-Ray, Google Cloud and Sentry.
+// W3C (traceparent, tracestate), Datadog, Zipkin B3, Jaeger, AWS X-Ray,
+// Google Cloud and Sentry. Tracers write their ids, so a decimal id must
+// not refuse a payment. W3C baggage is not among them: the application
+// writes it, and the message stores it, so the door reads it.
 var traceContextHeaders = []string{
-	"traceparent", "tracestate", "baggage",
+	"traceparent", "tracestate",
 	"x-datadog-",
 	"b3", "x-b3-",
 	"uber-trace-id",
