@@ -145,6 +145,10 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 
 // charge calls the provider under a held lease and records the outcome.
 func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress progresser, log *slog.Logger) Result {
+	// No call starts later than this under the claim: the start-up check
+	// (NewWorker) allows a claim's calls a lease past it, and no more,
+	// inside the provider's key lifetime.
+	waitUntil := time.Now().Add(p.cfg.MaxWaitUnderLease)
 	// Within ctx's deadline when that comes first (the worker's batch
 	// context has it): then no timer of its own.
 	callCtx, cancel := context.WithTimeout(ctx, p.callBudget())
@@ -164,7 +168,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 			lease = beat.current()
 			base, release := detach(ctx)
 			defer release()
-			werr = p.slotUnderLease(base, &lease, progress)
+			werr = p.slotUnderLease(base, &lease, progress, waitUntil)
 			if werr == nil {
 				callCtx, cancel = context.WithTimeout(base, p.callBudget())
 				defer cancel()
@@ -198,7 +202,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		// The payment keeps its call slot while it waits: the provider
 		// asks for fewer requests, and a slot freed would only send
 		// another payment into the same limit.
-		out, err, beat = p.rateLimited(ctx, beat, req, err, progress, log)
+		out, err, beat = p.rateLimited(ctx, beat, req, err, progress, log, waitUntil)
 	}
 	p.calls.release(took, signal)
 	result := "charged"

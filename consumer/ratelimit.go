@@ -49,6 +49,11 @@ func (p *Processor) RateLimited() (n int, since time.Time) {
 	return p.waits.n, p.waits.since
 }
 
+// errWaitBounded ends a payment's wait under its lease (for a call slot,
+// for a rate limit) at MaxWaitUnderLease after its claim: a call later
+// than that could come after the provider forgot the key.
+var errWaitBounded = errors.New("waited the longest a payment may under one claim")
+
 // errLeaseLost is a lease found lost by the heartbeat of a call.
 var errLeaseLost = errors.New("lease lost")
 
@@ -71,8 +76,9 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 // third of the lease it extends the lease and the message's AckWait, and
 // once it has the slot it heartbeats again, so the call that follows has a
 // whole call budget inside the lease. It returns holding the slot, or
-// dedup.ErrLeaseLost, a store error, errStopping or ctx's error.
-func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, progress progresser) error {
+// dedup.ErrLeaseLost, a store error, errStopping, ctx's error or, once
+// until (the claim's bound, MaxWaitUnderLease) passed, errWaitBounded.
+func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, progress progresser, until time.Time) error {
 	p.waits.add(1)
 	defer p.waits.add(-1)
 	beat := func() error {
@@ -89,9 +95,13 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 		return err
 	}
 	for {
+		left := time.Until(until)
+		if left <= 0 {
+			return errWaitBounded
+		}
 		// Each wait for a slot lasts a third of the lease at most, then the
 		// lease and the message are extended; a stop ends it.
-		wctx, cancel := context.WithTimeout(ctx, p.cfg.Lease/3)
+		wctx, cancel := context.WithTimeout(ctx, min(p.cfg.Lease/3, left))
 		done := make(chan struct{})
 		go func() {
 			select {
@@ -117,6 +127,9 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if !time.Now().Before(until) {
+			return errWaitBounded
 		}
 		if err := beat(); err != nil {
 			return err
@@ -144,8 +157,10 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 // It returns the first answer that is not a rate limit, or the rate limit
 // still in hand when the wait ended without a call: the worker stopping, a
 // drain cancelling ctx, a heartbeat failing (the lease is then not known
-// to outlast a call). A lost lease is reported by the returned beater.
-func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger) (*provider.Outcome, error, *beater) {
+// to outlast a call), or a wait that would end past until (the claim's
+// bound, MaxWaitUnderLease: a later call could meet a provider that forgot
+// the key). A lost lease is reported by the returned beater.
+func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger, until time.Time) (*provider.Outcome, error, *beater) {
 	// The rounds outlive the batch's deadline (the first call's budget),
 	// never a drain's cancellation.
 	base, release := detach(ctx)
@@ -163,6 +178,11 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 		}
 		lease := beat.current()
 		wait := p.rateLimitWait(rl, n)
+		if time.Now().Add(wait).After(until) {
+			log.LogAttrs(ctx, slog.LevelInfo, "provider rate limit outlasts the longest wait under one claim; not calling again under it",
+				slog.String("reason", rl.RateLimitReason), slog.Int("round", n), slog.Duration("max_wait_under_lease", p.cfg.MaxWaitUnderLease))
+			return nil, err, beat
+		}
 		log.LogAttrs(ctx, slog.LevelDebug, "provider rate limit; waiting under the lease", slog.String("reason", rl.RateLimitReason),
 			slog.Int("round", n), slog.Duration("wait", wait), slog.String("error", err.Error()))
 		if werr := p.waitUnderLease(base, &lease, wait, progress); werr != nil {

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -313,4 +314,82 @@ func TestProcessorWaitsOutARateLimit(t *testing.T) {
 			t.Errorf("the old holder wrote: fail %q, release %q", st.fail, st.release)
 		}
 	})
+}
+
+// TestWaitUnderLeaseIsBounded: a payment waits under one claim, for the
+// provider's rate limit or for a call slot held by such a wait, at most
+// MaxWaitUnderLease: then its row is released (pending, maybe charged)
+// and the message retried, so that the next claim checks the provider key
+// window again, and no call starts past the bound. Unbounded, a claim
+// re-acquired late in the key window could call after the provider forgot
+// the key, and charge again.
+func TestWaitUnderLeaseIsBounded(t *testing.T) {
+	t.Parallel()
+	const (
+		lease = 300 * time.Millisecond
+		bound = 500 * time.Millisecond
+	)
+	// A drain's cancel at the end stops the waits (those that see it).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, ch := &beats{}, &limitedFor{n: 1 << 30}
+	var lastCall atomic.Int64
+	cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, Concurrency: 1, MaxWaitUnderLease: bound,
+		RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 100 * time.Millisecond}}
+	p := consumer.NewProcessor(st, chargeFunc(func(c context.Context, r provider.ChargeRequest) (*provider.Outcome, error) {
+		lastCall.Store(time.Now().UnixNano())
+		return ch.Charge(c, r)
+	}), cfg, nil)
+	start := time.Now()
+	results := make([]consumer.Result, 2)
+	var wg sync.WaitGroup
+	for i := range results {
+		key := fmt.Sprintf("k%d", i)
+		cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, ProviderKey: dedup.ProviderKey("m_1", key), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		hctx := ctx
+		if i == 1 {
+			// The second payment's batch deadline passes while the first
+			// holds the only slot: it waits for the slot under its lease.
+			var c context.CancelFunc
+			hctx, c = context.WithTimeout(ctx, 50*time.Millisecond)
+			defer c()
+			for ch.calls.Load() == 0 { // the first holds the slot
+				runtime.Gosched()
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = p.Handle(hctx, cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the waits under the lease outlasted MaxWaitUnderLease %v by far: still waiting after 5s", bound)
+	}
+	for i, res := range results {
+		if res.Kind != consumer.Retry {
+			t.Errorf("payment %d: result %v (%v), want a retry", i, res.Kind, res.Err)
+		}
+	}
+	if last := time.Unix(0, lastCall.Load()); last.Sub(start) > bound+100*time.Millisecond {
+		t.Errorf("a call started %v after the claim, past the bound %v", last.Sub(start), bound)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.fail) != 0 || len(st.release) != 2 {
+		t.Errorf("store writes: fail %q, release %q; want both rows released, none failed", st.fail, st.release)
+	}
+}
+
+// chargeFunc is a func as a Charger.
+type chargeFunc func(context.Context, provider.ChargeRequest) (*provider.Outcome, error)
+
+func (f chargeFunc) Charge(ctx context.Context, r provider.ChargeRequest) (*provider.Outcome, error) {
+	return f(ctx, r)
 }

@@ -118,10 +118,11 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 		return nil, fmt.Errorf("worker configuration: %w", err)
 	}
 	// A claim taken at the end of the key window may call the provider up to
-	// a lease later: that call must still meet a provider that remembers the
-	// key, or it charges a second time.
-	if w := proc.store.ProviderKeyWindow(); w+cfg.Lease >= provider.KeyLifetime {
-		return nil, fmt.Errorf("worker configuration: the provider key window %v plus the lease %v must stay under the provider's key lifetime %v, or a call made late in the window can meet a provider that forgot the key and charge again: shorten the window or the lease", w, cfg.Lease, provider.KeyLifetime)
+	// MaxWaitUnderLease later (waiting for a call slot or a rate limit), and
+	// that call may last a lease: it must still meet a provider that
+	// remembers the key, or it charges a second time.
+	if w := proc.store.ProviderKeyWindow(); w+cfg.Lease+proc.cfg.MaxWaitUnderLease >= provider.KeyLifetime {
+		return nil, fmt.Errorf("worker configuration: the provider key window %v plus the lease %v plus the max wait under lease %v must stay under the provider's key lifetime %v, or a call made late in the window can meet a provider that forgot the key and charge again: shorten the window, the lease or the max wait under lease", w, cfg.Lease, proc.cfg.MaxWaitUnderLease, provider.KeyLifetime)
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
