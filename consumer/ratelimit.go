@@ -168,6 +168,11 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 	p.waits.add(1)
 	defer p.waits.add(-1)
 
+	// An unknown outcome sticks across the calls under this claim, as
+	// within one ChargeWithRetry: a call that may have charged is not
+	// undone by a later 5xx or refused dial, so the row must be released,
+	// never failed.
+	unknown := provider.ClassOf(err) == provider.ClassUnknown
 	for n := 1; ; n++ {
 		rl := provider.RateLimitOf(err)
 		if rl == nil {
@@ -202,6 +207,10 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 		if err == nil {
 			return out, nil, beat
 		}
+		if unknown {
+			err = provider.AfterUnknown(err)
+		}
+		unknown = provider.ClassOf(err) == provider.ClassUnknown
 	}
 }
 

@@ -393,3 +393,43 @@ type chargeFunc func(context.Context, provider.ChargeRequest) (*provider.Outcome
 func (f chargeFunc) Charge(ctx context.Context, r provider.ChargeRequest) (*provider.Outcome, error) {
 	return f(ctx, r)
 }
+
+// TestUnknownStaysUnknownAcrossRateLimitedCalls: under one claim, the
+// first call's attempt times out after sending (unknown: it may have
+// charged), its next attempt gets a 429, and the call made after the
+// rate-limited wait gets 503s. The row may be charged: it is released
+// (pending, for a redelivery or the reconciler), never failed, as
+// ChargeWithRetry keeps an unknown outcome within one call.
+func TestUnknownStaysUnknownAcrossRateLimitedCalls(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	var n atomic.Int32
+	ch := chargeFunc(func(context.Context, provider.ChargeRequest) (*provider.Outcome, error) {
+		switch n.Add(1) {
+		case 1:
+			return nil, &provider.Error{Class: provider.ClassUnknown, Message: "timeout after the request was sent", Err: context.DeadlineExceeded}
+		case 2:
+			return nil, rateLimitAnswer()
+		default:
+			return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 503, Type: "api_error", Message: "unavailable"}
+		}
+	})
+	st := &beats{}
+	cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		ProviderTry: provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 50 * time.Millisecond, InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond}}
+	p := consumer.NewProcessor(st, ch, cfg, nil)
+	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+	l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+	res := p.Handle(context.Background(), cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+	if n.Load() < 3 {
+		t.Fatalf("%d calls; the script needs the call after the rate-limited wait", n.Load())
+	}
+	if res.Kind != consumer.Retry || provider.ClassOf(res.Err) != provider.ClassUnknown {
+		t.Errorf("result %v (%v), want a retry with an unknown outcome", res.Kind, res.Err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.fail) != 0 || len(st.release) != 1 {
+		t.Errorf("store writes: fail %q, release %q; want the possibly charged row released, never failed", st.fail, st.release)
+	}
+}
