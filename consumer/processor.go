@@ -179,7 +179,10 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 			if !errors.Is(werr, dedup.ErrLeaseLost) && !errors.Is(werr, errLeaseLost) {
 				p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
 			}
-			return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt}
+			// PostgreSQL out during the wait: the message is held through
+			// the pause, not nakked (no delivery spent), as a completion
+			// that failed alike.
+			return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt, pause: p.gate.storeFailed(werr)}
 		}
 	}
 	start := time.Now()
@@ -198,11 +201,12 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	// below is the budget's, not the provider's latency.
 	took, signal := time.Since(start), signalOf(callCtx, err)
 	cancel()
+	var storeErr error // a heartbeat's failure that ended a rate-limited wait
 	if err != nil && provider.RateLimitOf(err) != nil {
 		// The payment keeps its call slot while it waits: the provider
 		// asks for fewer requests, and a slot freed would only send
 		// another payment into the same limit.
-		out, err, beat = p.rateLimited(ctx, beat, req, err, progress, log, waitUntil)
+		out, err, beat, storeErr = p.rateLimited(ctx, beat, req, err, progress, log, waitUntil)
 	}
 	p.calls.release(took, signal)
 	result := "charged"
@@ -301,7 +305,9 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		// for the next delivery, which calls under the same provider key.
 		p.release(sctx, lease, err.Error(), log)
 		log.Info("provider rate limit outlasted the wait; released for a redelivery", "reason", rl.RateLimitReason, "error", err)
-		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt}
+		// A heartbeat that found PostgreSQL out holds the message through
+		// the pause rather than spend its delivery.
+		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt, pause: p.gate.storeFailed(storeErr)}
 	}
 	var perr *provider.Error
 	errors.As(err, &perr)

@@ -159,8 +159,9 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 // drain cancelling ctx, a heartbeat failing (the lease is then not known
 // to outlast a call), or a wait that would end past until (the claim's
 // bound, MaxWaitUnderLease: a later call could meet a provider that forgot
-// the key). A lost lease is reported by the returned beater.
-func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger, until time.Time) (*provider.Outcome, error, *beater) {
+// the key). A lost lease is reported by the returned beater, a heartbeat
+// that failed by the last value (the store's error).
+func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger, until time.Time) (*provider.Outcome, error, *beater, error) {
 	// The rounds outlive the batch's deadline (the first call's budget),
 	// never a drain's cancellation.
 	base, release := detach(ctx)
@@ -176,17 +177,17 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 	for n := 1; ; n++ {
 		rl := provider.RateLimitOf(err)
 		if rl == nil {
-			return nil, err, beat
+			return nil, err, beat, nil
 		}
 		if beat.stop() {
-			return nil, err, beat
+			return nil, err, beat, nil
 		}
 		lease := beat.current()
 		wait := p.rateLimitWait(rl, n)
 		if time.Now().Add(wait).After(until) {
 			log.LogAttrs(ctx, slog.LevelInfo, "provider rate limit outlasts the longest wait under one claim; not calling again under it",
 				slog.String("reason", rl.RateLimitReason), slog.Int("round", n), slog.Duration("max_wait_under_lease", p.cfg.MaxWaitUnderLease))
-			return nil, err, beat
+			return nil, err, beat, nil
 		}
 		log.LogAttrs(ctx, slog.LevelDebug, "provider rate limit; waiting under the lease", slog.String("reason", rl.RateLimitReason),
 			slog.Int("round", n), slog.Duration("wait", wait), slog.String("error", err.Error()))
@@ -196,8 +197,9 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 				log.Warn("lease lost while waiting for the provider's rate limit")
 			} else if !errors.Is(werr, errStopping) && base.Err() == nil {
 				log.Warn("lease heartbeat failed while waiting for the provider's rate limit; not calling again under it", "error", werr)
+				return nil, err, beat, werr
 			}
-			return nil, err, beat
+			return nil, err, beat, nil
 		}
 		callCtx, cancel := context.WithTimeout(base, p.callBudget())
 		beat = p.heartbeat(callCtx, cancel, lease, progress, log)
@@ -205,7 +207,7 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 		out, err = provider.ChargeWithRetry(callCtx, p.charger, req, p.cfg.ProviderTry)
 		cancel()
 		if err == nil {
-			return out, nil, beat
+			return out, nil, beat, nil
 		}
 		if unknown {
 			err = provider.AfterUnknown(err)

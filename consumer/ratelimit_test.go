@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -432,4 +433,70 @@ func TestUnknownStaysUnknownAcrossRateLimitedCalls(t *testing.T) {
 	if len(st.fail) != 0 || len(st.release) != 1 {
 		t.Errorf("store writes: fail %q, release %q; want the possibly charged row released, never failed", st.fail, st.release)
 	}
+}
+
+// downBeats is a store whose heartbeats of keyDown fail as with
+// PostgreSQL unreachable.
+type downBeats struct {
+	writes
+	keyDown string
+}
+
+func (d *downBeats) Heartbeat(_ context.Context, l dedup.Lease, dur time.Duration) (dedup.Lease, error) {
+	if l.IdempotencyKey == d.keyDown {
+		return dedup.Lease{}, fmt.Errorf("heartbeat: %w: connection refused", dedup.ErrUnavailable)
+	}
+	l.Until = time.Now().Add(dur)
+	return l, nil
+}
+
+// TestStoreOutageDuringWaitUnderLeaseHolds: PostgreSQL becomes
+// unreachable while a payment waits under its lease, for the provider's
+// rate limit or for a call slot: the heartbeat fails, and the worker
+// pauses for the store (the message is held, no delivery spent), as when
+// a completion fails alike, rather than nak it.
+func TestStoreOutageDuringWaitUnderLeaseHolds(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, Concurrency: 1, RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 100 * time.Millisecond}}
+	handle := func(ctx context.Context, p *consumer.Processor, key string) consumer.Result {
+		cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, ProviderKey: dedup.ProviderKey("m_1", key), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		return p.Handle(ctx, cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+	}
+	t.Run("rate-limited", func(t *testing.T) {
+		t.Parallel()
+		p := consumer.NewProcessor(&downBeats{keyDown: "k"}, &limitedFor{n: 1 << 30}, cfg, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if res := handle(ctx, p, "k"); res.Kind != consumer.Retry {
+			t.Fatalf("result %v (%v), want a retry", res.Kind, res.Err)
+		}
+		if err := p.Paused(ctx); !errors.Is(err, consumer.ErrStoreUnavailable) {
+			t.Fatalf("after a heartbeat failed for PostgreSQL in the rate-limited wait: paused %v, want paused for the store", err)
+		}
+	})
+	t.Run("slot", func(t *testing.T) {
+		t.Parallel()
+		ch := &limitedFor{n: 1 << 30}
+		p := consumer.NewProcessor(&downBeats{keyDown: "k1"}, ch, cfg, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		holder := make(chan struct{})
+		go func() { defer close(holder); handle(ctx, p, "k0") }() // holds the only slot, rate-limited
+		for ch.calls.Load() == 0 {
+			runtime.Gosched()
+		}
+		bctx, bcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer bcancel()
+		if res := handle(bctx, p, "k1"); res.Kind != consumer.Retry {
+			t.Fatalf("result %v (%v), want a retry", res.Kind, res.Err)
+		}
+		if err := p.Paused(ctx); !errors.Is(err, consumer.ErrStoreUnavailable) {
+			t.Errorf("after a heartbeat failed for PostgreSQL in the slot wait: paused %v, want paused for the store", err)
+		}
+		cancel()
+		<-holder
+	})
 }
