@@ -182,7 +182,8 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 			// PostgreSQL out during the wait: the message is held through
 			// the pause, not nakked (no delivery spent), as a completion
 			// that failed alike.
-			return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt, pause: p.gate.storeFailed(werr)}
+			return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt,
+				pause: p.gate.storeFailed(werr), stopped: errors.Is(werr, errStopping)}
 		}
 	}
 	start := time.Now()
@@ -307,7 +308,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		log.Info("provider rate limit outlasted the wait; released for a redelivery", "reason", rl.RateLimitReason, "error", err)
 		// A heartbeat that found PostgreSQL out holds the message through
 		// the pause rather than spend its delivery.
-		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt, pause: p.gate.storeFailed(storeErr)}
+		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt, pause: p.gate.storeFailed(storeErr), stopped: p.stopping()}
 	}
 	var perr *provider.Error
 	errors.As(err, &perr)

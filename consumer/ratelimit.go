@@ -54,6 +54,16 @@ func (p *Processor) RateLimited() (n int, since time.Time) {
 // than that could come after the provider forgot the key.
 var errWaitBounded = errors.New("waited the longest a payment may under one claim")
 
+// stopping reports whether the worker is stopping.
+func (p *Processor) stopping() bool {
+	select {
+	case <-p.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // errLeaseLost is a lease found lost by the heartbeat of a call.
 var errLeaseLost = errors.New("lease lost")
 

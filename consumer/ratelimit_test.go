@@ -17,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // rateLimitAnswer is a 429 as Stripe sends it for the account's rate.
@@ -499,4 +500,56 @@ func TestStoreOutageDuringWaitUnderLeaseHolds(t *testing.T) {
 		cancel()
 		<-holder
 	})
+}
+
+// TestStopDuringRateLimitedLastDeliveryDoesNotCountARequeue: the worker
+// stops while a message's last delivery waits for the provider's rate
+// limit under its lease. The stop, no fault of the message, ended it:
+// the message is published again without counting a requeue (as a message
+// held through an outage), never filed max_deliveries, even with no
+// requeues left.
+func TestStopDuringRateLimitedLastDeliveryDoesNotCountARequeue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	e.cfg.Stream.MaxDeliver = 2
+	e.cfg.NetRequeues = 0
+	// The first delivery's wait ends at the bound; the second, the last,
+	// is waiting when the worker stops.
+	e.cfg.MaxWaitUnderLease = time.Second
+	p := throttled{Provider: e.stripe, open: new(atomic.Bool), refused: new(atomic.Int32)}
+	_, stop := e.runPausable("w1", e.store, p)
+	e.publish("m_1", body("m_1", "stopped", 100), "", nil)
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refusedAt int32
+	e.eventually("the last delivery under way", func() bool {
+		info, err := c.Info(e.ctx)
+		if err != nil || info.Delivered.Consumer < 2 {
+			return false
+		}
+		if refusedAt == 0 {
+			refusedAt = p.refused.Load()
+		}
+		return p.refused.Load() > refusedAt // the last delivery was refused: it waits
+	})
+	stop()
+	if dls := e.deadLetters(); len(dls) != 0 {
+		p, _ := stream.ParseDeadLetter(dls[0].Header)
+		t.Fatalf("filed %s (%s) after a stop during a rate-limited wait, want the message published again", p.Reason, p.Error)
+	}
+	copies := 0
+	for _, m := range e.streamMsgs(e.cfg) {
+		if v := m.Header.Get(stream.HeaderRequeues); v != "" {
+			copies++
+			if v != "0" {
+				t.Errorf("the copy counts %s requeue(s), want 0: a stop is no fault of the message", v)
+			}
+		}
+	}
+	if copies != 1 {
+		t.Fatalf("%d copies published again, want 1", copies)
+	}
 }

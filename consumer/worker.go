@@ -654,13 +654,18 @@ func (w *Worker) requeueLast(ctx context.Context, in *inbound, act Action, res R
 	}
 	requeues, ok := requeuesOf(in.msg.Headers())
 	next, done := requeues+1, "last allowed delivery ended "+res.Kind.String()+"; published again"
-	if res.held() {
+	switch {
+	case res.held():
 		// Held through an outage until the worker stopped: the outage, no
 		// fault of the message, spent its deliveries. Published again
 		// without counting a requeue, it waits in the stream for the
 		// outage's end instead of being filed max_deliveries.
 		next, done = requeues, "last allowed delivery held through an outage until the worker stopped; published again"
-	} else if !ok || requeues >= w.cfg.NetRequeues {
+	case res.stopped:
+		// Waiting under its lease (a rate limit, a call slot) when the
+		// worker stopped: the stop ended it, not the payment.
+		next, done = requeues, "last allowed delivery waiting under its lease until the worker stopped; published again"
+	case !ok || requeues >= w.cfg.NetRequeues:
 		return act, false
 	}
 	switch publishAgain(ctx, w.js, w.cfg, in.msg.Subject(), in.msg.Headers(), in.msg.Data(), in.meta.Sequence.Stream, next, log, done) {
