@@ -51,6 +51,7 @@ type Processor struct {
 	calls     *callLimit      // the provider calls in flight: an adaptive limit up to Concurrency
 	gate      *gate           // pauses the worker while the provider or PostgreSQL is out
 	stop      <-chan struct{} // closed when the worker stops: rate-limited waits end
+	work      context.Context // the worker's work context, cancelled by a drain past its deadline; nil without a worker
 	waits     rateWaits       // payments waiting for a rate limit or the budget
 }
 
@@ -166,7 +167,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		werr := errLeaseLost
 		if !lost {
 			lease = beat.current()
-			base, release := detach(ctx)
+			base, release := p.detach(ctx)
 			defer release()
 			werr = p.slotUnderLease(base, &lease, progress, waitUntil)
 			if werr == nil {

@@ -69,15 +69,22 @@ var errLeaseLost = errors.New("lease lost")
 
 // detach returns a context with ctx's values and its cancellation (a
 // drain), but not its deadline (the batch's call budget): the waits of a
-// payment under its lease outlive the batch.
-func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+// payment under its lease outlive the batch. Once ctx's deadline passed,
+// ctx can no longer tell a drain: the worker's work context (p.work, the
+// batch's parent) still does, so a drain past its deadline cancels the
+// calls begun after the batch's deadline too.
+func (p *Processor) detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() {
 		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			cancel()
 		}
 	})
-	return base, func() { stop(); cancel() }
+	stopWork := func() bool { return false }
+	if p.work != nil {
+		stopWork = context.AfterFunc(p.work, cancel)
+	}
+	return base, func() { stop(); stopWork(); cancel() }
 }
 
 // slotUnderLease waits for a provider call slot when the batch's deadline
@@ -123,6 +130,11 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 		err := p.calls.acquire(wctx)
 		close(done)
 		cancel()
+		if err == nil && p.stopping() {
+			// The slot came with the stop: no new call during the drain.
+			p.calls.release(0, signalIgnore)
+			return errStopping
+		}
 		if err == nil {
 			if err := beat(); err != nil {
 				p.calls.release(0, signalIgnore)
@@ -174,7 +186,7 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger, until time.Time) (*provider.Outcome, error, *beater, error) {
 	// The rounds outlive the batch's deadline (the first call's budget),
 	// never a drain's cancellation.
-	base, release := detach(ctx)
+	base, release := p.detach(ctx)
 	defer release()
 	p.waits.add(1)
 	defer p.waits.add(-1)
@@ -209,6 +221,11 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 				log.Warn("lease heartbeat failed while waiting for the provider's rate limit; not calling again under it", "error", werr)
 				return nil, err, beat, werr
 			}
+			return nil, err, beat, nil
+		}
+		if p.stopping() {
+			// Stopped between the last heartbeat and the call: no new call
+			// during the drain.
 			return nil, err, beat, nil
 		}
 		callCtx, cancel := context.WithTimeout(base, p.callBudget())

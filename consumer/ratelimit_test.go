@@ -553,3 +553,48 @@ func TestStopDuringRateLimitedLastDeliveryDoesNotCountARequeue(t *testing.T) {
 		t.Fatalf("%d copies published again, want 1", copies)
 	}
 }
+
+// limitedThenHung answers 429 rate_limit for its first d, then never
+// answers a call until the call's context ends.
+type limitedThenHung struct {
+	d     time.Duration
+	first atomic.Int64
+	hung  atomic.Int32
+}
+
+func (l *limitedThenHung) Charge(ctx context.Context, _ provider.ChargeRequest) (*provider.Outcome, error) {
+	l.first.CompareAndSwap(0, time.Now().UnixNano())
+	if time.Since(time.Unix(0, l.first.Load())) < l.d {
+		return nil, rateLimitAnswer()
+	}
+	l.hung.Add(1)
+	<-ctx.Done()
+	return nil, &provider.Error{Class: provider.ClassUnknown, Err: ctx.Err()}
+}
+
+// TestDrainCancelsACallAfterTheBatchDeadline: a payment waits for the
+// provider's rate limit past its batch's deadline, then calls and the
+// provider does not answer. The worker stops; its drain deadline passes:
+// the call is cancelled then (the row released), not left to run its own
+// budget out past the drain.
+func TestDrainCancelsACallAfterTheBatchDeadline(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	e.cfg.DrainTimeout = 300 * time.Millisecond
+	// A call may hang 2.5 s of the 3 s lease; the batch's deadline is the
+	// lease less a tenth after the fetch.
+	e.cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 2500 * time.Millisecond}
+	ch := &limitedThenHung{d: e.cfg.Lease}
+	_, stop := e.runPausable("w1", e.store, ch)
+	e.publish("m_1", body("m_1", "hung", 100), "", nil)
+	e.eventually("a call after the batch deadline hangs", func() bool { return ch.hung.Load() > 0 })
+	start := time.Now()
+	stop()
+	if d := time.Since(start); d > e.cfg.DrainTimeout+time.Second {
+		t.Fatalf("the worker stopped %v after its stop, past the drain timeout %v: the call begun after the batch deadline was not cancelled", d, e.cfg.DrainTimeout)
+	}
+	if n := e.count(`SELECT count(*) FROM idempotency_keys WHERE status <> 'pending'`); n != 0 {
+		t.Fatalf("%d rows not pending after a drain cut an unanswered call", n)
+	}
+}

@@ -215,6 +215,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	w.stop = ctx.Done()
 	w.proc.stop = w.stop
+	w.proc.work = workCtx
 	fetchFailures := 0
 	pausedFor := ""
 	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
