@@ -48,6 +48,10 @@ const (
 	DefaultRetryMax     = time.Minute
 	DefaultCommitBatch  = 200
 	DefaultCommitWait   = 10 * time.Millisecond
+
+	// DefaultMaxWaitUnderLease bounds how long a payment waits under one
+	// claim for a call slot and the provider's rate limit.
+	DefaultMaxWaitUnderLease = 15 * time.Minute
 )
 
 // DefaultPoolSize is the PostgreSQL pool "paydedup worker" opens unless
@@ -73,6 +77,14 @@ type Config struct {
 	// shorter than AckWait (and every BackOff step).
 	Lease       time.Duration
 	ProviderTry provider.RetryPolicy
+
+	// MaxWaitUnderLease bounds the time a payment waits under one claim
+	// (for a call slot and for the provider's rate limit) before it calls:
+	// past it the row is released and the message retried, so that the
+	// next claim checks the provider key window again. The key window plus
+	// it plus the lease must stay under provider.KeyLifetime, or a call
+	// made after a long wait can meet a provider that forgot the key.
+	MaxWaitUnderLease time.Duration
 
 	// CommitBatch and CommitWait shape the group commit of completions: a
 	// transaction is flushed at CommitBatch rows or CommitWait after its
@@ -141,6 +153,7 @@ const DefaultNetRequeues = 2
 func (c Config) WithDefaults() Config {
 	c.Stream = c.Stream.WithDefaults()
 	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.MaxWaitUnderLease = cmp.Or(c.MaxWaitUnderLease, DefaultMaxWaitUnderLease)
 	c.ProviderTry = c.ProviderTry.WithDefaults()
 	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
 	c.FetchBatch = cmp.Or(c.FetchBatch, DefaultFetchBatch)
@@ -173,7 +186,7 @@ func (c Config) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"lease": c.Lease, "drain timeout": c.DrainTimeout, "key retention": c.KeyRetention,
 		"retry base": c.RetryBase, "retry max": c.RetryMax, "pause first": c.PauseFirst, "pause longest": c.PauseLongest,
-		"trim interval": c.TrimInterval,
+		"trim interval": c.TrimInterval, "max wait under lease": c.MaxWaitUnderLease,
 	} {
 		if d <= 0 {
 			bad("%s must be positive, got %v", name, d)

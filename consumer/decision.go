@@ -64,6 +64,11 @@ type Result struct {
 	// (providerUnavailable). On the message's last delivery the worker
 	// then asks the provider whether it is down (Worker.lastDelivery).
 	unavailable bool
+	// stopped: the worker's stop ended the payment's wait under its lease
+	// (for a call slot or a rate limit), no fault of the message. On its
+	// last delivery it is published again without counting a requeue
+	// (Worker.requeueLast), as a held message is.
+	stopped bool
 }
 
 // held reports whether the worker holds the message instead of settling

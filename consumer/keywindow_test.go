@@ -20,7 +20,9 @@ type windowStore struct {
 func (w *windowStore) ProviderKeyWindow() time.Duration { return w.window }
 
 // TestWorkerRefusesWindowPlusLeaseBeyondProviderMemory: a claim taken at the
-// very end of the key window may call the provider up to a lease later; if
+// very end of the key window may call the provider up to MaxWaitUnderLease
+// later (after waiting for a slot or a rate limit), a call lasting up to a
+// lease; if
 // the provider has forgotten the key by then, that call charges again (the
 // protocol model finds this double charge). The worker refuses to start
 // with such a window and lease, and starts with the defaults.
@@ -33,8 +35,9 @@ func TestWorkerRefusesWindowPlusLeaseBeyondProviderMemory(t *testing.T) {
 		ok     bool
 	}{
 		{23 * time.Hour, true},
-		{provider.KeyLifetime - cfg.Lease - time.Second, true},
-		{provider.KeyLifetime - cfg.Lease, false},
+		{provider.KeyLifetime - cfg.Lease - cfg.MaxWaitUnderLease - time.Second, true},
+		{provider.KeyLifetime - cfg.Lease - cfg.MaxWaitUnderLease, false},
+		{provider.KeyLifetime - cfg.Lease - time.Second, false},
 		{provider.KeyLifetime, false},
 	} {
 		proc := consumer.NewProcessor(&windowStore{window: tc.window}, nil, cfg, nil)

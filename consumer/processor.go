@@ -51,6 +51,7 @@ type Processor struct {
 	calls     *callLimit      // the provider calls in flight: an adaptive limit up to Concurrency
 	gate      *gate           // pauses the worker while the provider or PostgreSQL is out
 	stop      <-chan struct{} // closed when the worker stops: rate-limited waits end
+	work      context.Context // the worker's work context, cancelled by a drain past its deadline; nil without a worker
 	waits     rateWaits       // payments waiting for a rate limit or the budget
 }
 
@@ -145,6 +146,10 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 
 // charge calls the provider under a held lease and records the outcome.
 func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress progresser, log *slog.Logger) Result {
+	// No call starts later than this under the claim: the start-up check
+	// (NewWorker) allows a claim's calls a lease past it, and no more,
+	// inside the provider's key lifetime.
+	waitUntil := time.Now().Add(p.cfg.MaxWaitUnderLease)
 	// Within ctx's deadline when that comes first (the worker's batch
 	// context has it): then no timer of its own.
 	callCtx, cancel := context.WithTimeout(ctx, p.callBudget())
@@ -162,9 +167,9 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		werr := errLeaseLost
 		if !lost {
 			lease = beat.current()
-			base, release := detach(ctx)
+			base, release := p.detach(ctx)
 			defer release()
-			werr = p.slotUnderLease(base, &lease, progress)
+			werr = p.slotUnderLease(base, &lease, progress, waitUntil)
 			if werr == nil {
 				callCtx, cancel = context.WithTimeout(base, p.callBudget())
 				defer cancel()
@@ -175,7 +180,11 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 			if !errors.Is(werr, dedup.ErrLeaseLost) && !errors.Is(werr, errLeaseLost) {
 				p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
 			}
-			return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt}
+			// PostgreSQL out during the wait: the message is held through
+			// the pause, not nakked (no delivery spent), as a completion
+			// that failed alike.
+			return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt,
+				pause: p.gate.storeFailed(werr), stopped: errors.Is(werr, errStopping)}
 		}
 	}
 	start := time.Now()
@@ -194,11 +203,12 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	// below is the budget's, not the provider's latency.
 	took, signal := time.Since(start), signalOf(callCtx, err)
 	cancel()
+	var storeErr error // a heartbeat's failure that ended a rate-limited wait
 	if err != nil && provider.RateLimitOf(err) != nil {
 		// The payment keeps its call slot while it waits: the provider
 		// asks for fewer requests, and a slot freed would only send
 		// another payment into the same limit.
-		out, err, beat = p.rateLimited(ctx, beat, req, err, progress, log)
+		out, err, beat, storeErr = p.rateLimited(ctx, beat, req, err, progress, log, waitUntil)
 	}
 	p.calls.release(took, signal)
 	result := "charged"
@@ -297,7 +307,9 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		// for the next delivery, which calls under the same provider key.
 		p.release(sctx, lease, err.Error(), log)
 		log.Info("provider rate limit outlasted the wait; released for a redelivery", "reason", rl.RateLimitReason, "error", err)
-		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt}
+		// A heartbeat that found PostgreSQL out holds the message through
+		// the pause rather than spend its delivery.
+		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt, pause: p.gate.storeFailed(storeErr), stopped: p.stopping()}
 	}
 	var perr *provider.Error
 	errors.As(err, &perr)

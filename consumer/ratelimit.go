@@ -49,20 +49,42 @@ func (p *Processor) RateLimited() (n int, since time.Time) {
 	return p.waits.n, p.waits.since
 }
 
+// errWaitBounded ends a payment's wait under its lease (for a call slot,
+// for a rate limit) at MaxWaitUnderLease after its claim: a call later
+// than that could come after the provider forgot the key.
+var errWaitBounded = errors.New("waited the longest a payment may under one claim")
+
+// stopping reports whether the worker is stopping.
+func (p *Processor) stopping() bool {
+	select {
+	case <-p.stop:
+		return true
+	default:
+		return false
+	}
+}
+
 // errLeaseLost is a lease found lost by the heartbeat of a call.
 var errLeaseLost = errors.New("lease lost")
 
 // detach returns a context with ctx's values and its cancellation (a
 // drain), but not its deadline (the batch's call budget): the waits of a
-// payment under its lease outlive the batch.
-func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+// payment under its lease outlive the batch. Once ctx's deadline passed,
+// ctx can no longer tell a drain: the worker's work context (p.work, the
+// batch's parent) still does, so a drain past its deadline cancels the
+// calls begun after the batch's deadline too.
+func (p *Processor) detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	base, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() {
 		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			cancel()
 		}
 	})
-	return base, func() { stop(); cancel() }
+	stopWork := func() bool { return false }
+	if p.work != nil {
+		stopWork = context.AfterFunc(p.work, cancel)
+	}
+	return base, func() { stop(); stopWork(); cancel() }
 }
 
 // slotUnderLease waits for a provider call slot when the batch's deadline
@@ -71,8 +93,9 @@ func detach(ctx context.Context) (context.Context, context.CancelFunc) {
 // third of the lease it extends the lease and the message's AckWait, and
 // once it has the slot it heartbeats again, so the call that follows has a
 // whole call budget inside the lease. It returns holding the slot, or
-// dedup.ErrLeaseLost, a store error, errStopping or ctx's error.
-func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, progress progresser) error {
+// dedup.ErrLeaseLost, a store error, errStopping, ctx's error or, once
+// until (the claim's bound, MaxWaitUnderLease) passed, errWaitBounded.
+func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, progress progresser, until time.Time) error {
 	p.waits.add(1)
 	defer p.waits.add(-1)
 	beat := func() error {
@@ -89,9 +112,13 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 		return err
 	}
 	for {
+		left := time.Until(until)
+		if left <= 0 {
+			return errWaitBounded
+		}
 		// Each wait for a slot lasts a third of the lease at most, then the
 		// lease and the message are extended; a stop ends it.
-		wctx, cancel := context.WithTimeout(ctx, p.cfg.Lease/3)
+		wctx, cancel := context.WithTimeout(ctx, min(p.cfg.Lease/3, left))
 		done := make(chan struct{})
 		go func() {
 			select {
@@ -103,6 +130,11 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 		err := p.calls.acquire(wctx)
 		close(done)
 		cancel()
+		if err == nil && p.stopping() {
+			// The slot came with the stop: no new call during the drain.
+			p.calls.release(0, signalIgnore)
+			return errStopping
+		}
 		if err == nil {
 			if err := beat(); err != nil {
 				p.calls.release(0, signalIgnore)
@@ -117,6 +149,9 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if !time.Now().Before(until) {
+			return errWaitBounded
 		}
 		if err := beat(); err != nil {
 			return err
@@ -144,25 +179,38 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, prog
 // It returns the first answer that is not a rate limit, or the rate limit
 // still in hand when the wait ended without a call: the worker stopping, a
 // drain cancelling ctx, a heartbeat failing (the lease is then not known
-// to outlast a call). A lost lease is reported by the returned beater.
-func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger) (*provider.Outcome, error, *beater) {
+// to outlast a call), or a wait that would end past until (the claim's
+// bound, MaxWaitUnderLease: a later call could meet a provider that forgot
+// the key). A lost lease is reported by the returned beater, a heartbeat
+// that failed by the last value (the store's error).
+func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.ChargeRequest, err error, progress progresser, log *slog.Logger, until time.Time) (*provider.Outcome, error, *beater, error) {
 	// The rounds outlive the batch's deadline (the first call's budget),
 	// never a drain's cancellation.
-	base, release := detach(ctx)
+	base, release := p.detach(ctx)
 	defer release()
 	p.waits.add(1)
 	defer p.waits.add(-1)
 
+	// An unknown outcome sticks across the calls under this claim, as
+	// within one ChargeWithRetry: a call that may have charged is not
+	// undone by a later 5xx or refused dial, so the row must be released,
+	// never failed.
+	unknown := provider.ClassOf(err) == provider.ClassUnknown
 	for n := 1; ; n++ {
 		rl := provider.RateLimitOf(err)
 		if rl == nil {
-			return nil, err, beat
+			return nil, err, beat, nil
 		}
 		if beat.stop() {
-			return nil, err, beat
+			return nil, err, beat, nil
 		}
 		lease := beat.current()
 		wait := p.rateLimitWait(rl, n)
+		if time.Now().Add(wait).After(until) {
+			log.LogAttrs(ctx, slog.LevelInfo, "provider rate limit outlasts the longest wait under one claim; not calling again under it",
+				slog.String("reason", rl.RateLimitReason), slog.Int("round", n), slog.Duration("max_wait_under_lease", p.cfg.MaxWaitUnderLease))
+			return nil, err, beat, nil
+		}
 		log.LogAttrs(ctx, slog.LevelDebug, "provider rate limit; waiting under the lease", slog.String("reason", rl.RateLimitReason),
 			slog.Int("round", n), slog.Duration("wait", wait), slog.String("error", err.Error()))
 		if werr := p.waitUnderLease(base, &lease, wait, progress); werr != nil {
@@ -171,8 +219,14 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 				log.Warn("lease lost while waiting for the provider's rate limit")
 			} else if !errors.Is(werr, errStopping) && base.Err() == nil {
 				log.Warn("lease heartbeat failed while waiting for the provider's rate limit; not calling again under it", "error", werr)
+				return nil, err, beat, werr
 			}
-			return nil, err, beat
+			return nil, err, beat, nil
+		}
+		if p.stopping() {
+			// Stopped between the last heartbeat and the call: no new call
+			// during the drain.
+			return nil, err, beat, nil
 		}
 		callCtx, cancel := context.WithTimeout(base, p.callBudget())
 		beat = p.heartbeat(callCtx, cancel, lease, progress, log)
@@ -180,8 +234,12 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 		out, err = provider.ChargeWithRetry(callCtx, p.charger, req, p.cfg.ProviderTry)
 		cancel()
 		if err == nil {
-			return out, nil, beat
+			return out, nil, beat, nil
 		}
+		if unknown {
+			err = provider.AfterUnknown(err)
+		}
+		unknown = provider.ClassOf(err) == provider.ClassUnknown
 	}
 }
 

@@ -2,7 +2,9 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // rateLimitAnswer is a 429 as Stripe sends it for the account's rate.
@@ -313,4 +316,285 @@ func TestProcessorWaitsOutARateLimit(t *testing.T) {
 			t.Errorf("the old holder wrote: fail %q, release %q", st.fail, st.release)
 		}
 	})
+}
+
+// TestWaitUnderLeaseIsBounded: a payment waits under one claim, for the
+// provider's rate limit or for a call slot held by such a wait, at most
+// MaxWaitUnderLease: then its row is released (pending, maybe charged)
+// and the message retried, so that the next claim checks the provider key
+// window again, and no call starts past the bound. Unbounded, a claim
+// re-acquired late in the key window could call after the provider forgot
+// the key, and charge again.
+func TestWaitUnderLeaseIsBounded(t *testing.T) {
+	t.Parallel()
+	const (
+		lease = 300 * time.Millisecond
+		bound = 500 * time.Millisecond
+	)
+	// A drain's cancel at the end stops the waits (those that see it).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, ch := &beats{}, &limitedFor{n: 1 << 30}
+	var lastCall atomic.Int64
+	cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, Concurrency: 1, MaxWaitUnderLease: bound,
+		RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 100 * time.Millisecond}}
+	p := consumer.NewProcessor(st, chargeFunc(func(c context.Context, r provider.ChargeRequest) (*provider.Outcome, error) {
+		lastCall.Store(time.Now().UnixNano())
+		return ch.Charge(c, r)
+	}), cfg, nil)
+	start := time.Now()
+	results := make([]consumer.Result, 2)
+	var wg sync.WaitGroup
+	for i := range results {
+		key := fmt.Sprintf("k%d", i)
+		cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, ProviderKey: dedup.ProviderKey("m_1", key), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		hctx := ctx
+		if i == 1 {
+			// The second payment's batch deadline passes while the first
+			// holds the only slot: it waits for the slot under its lease.
+			var c context.CancelFunc
+			hctx, c = context.WithTimeout(ctx, 50*time.Millisecond)
+			defer c()
+			for ch.calls.Load() == 0 { // the first holds the slot
+				runtime.Gosched()
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = p.Handle(hctx, cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the waits under the lease outlasted MaxWaitUnderLease %v by far: still waiting after 5s", bound)
+	}
+	for i, res := range results {
+		if res.Kind != consumer.Retry {
+			t.Errorf("payment %d: result %v (%v), want a retry", i, res.Kind, res.Err)
+		}
+	}
+	if last := time.Unix(0, lastCall.Load()); last.Sub(start) > bound+100*time.Millisecond {
+		t.Errorf("a call started %v after the claim, past the bound %v", last.Sub(start), bound)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.fail) != 0 || len(st.release) != 2 {
+		t.Errorf("store writes: fail %q, release %q; want both rows released, none failed", st.fail, st.release)
+	}
+}
+
+// chargeFunc is a func as a Charger.
+type chargeFunc func(context.Context, provider.ChargeRequest) (*provider.Outcome, error)
+
+func (f chargeFunc) Charge(ctx context.Context, r provider.ChargeRequest) (*provider.Outcome, error) {
+	return f(ctx, r)
+}
+
+// TestUnknownStaysUnknownAcrossRateLimitedCalls: under one claim, the
+// first call's attempt times out after sending (unknown: it may have
+// charged), its next attempt gets a 429, and the call made after the
+// rate-limited wait gets 503s. The row may be charged: it is released
+// (pending, for a redelivery or the reconciler), never failed, as
+// ChargeWithRetry keeps an unknown outcome within one call.
+func TestUnknownStaysUnknownAcrossRateLimitedCalls(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	var n atomic.Int32
+	ch := chargeFunc(func(context.Context, provider.ChargeRequest) (*provider.Outcome, error) {
+		switch n.Add(1) {
+		case 1:
+			return nil, &provider.Error{Class: provider.ClassUnknown, Message: "timeout after the request was sent", Err: context.DeadlineExceeded}
+		case 2:
+			return nil, rateLimitAnswer()
+		default:
+			return nil, &provider.Error{Class: provider.ClassRetryable, HTTPStatus: 503, Type: "api_error", Message: "unavailable"}
+		}
+	})
+	st := &beats{}
+	cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		ProviderTry: provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 50 * time.Millisecond, InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond}}
+	p := consumer.NewProcessor(st, ch, cfg, nil)
+	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+	l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+	res := p.Handle(context.Background(), cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+	if n.Load() < 3 {
+		t.Fatalf("%d calls; the script needs the call after the rate-limited wait", n.Load())
+	}
+	if res.Kind != consumer.Retry || provider.ClassOf(res.Err) != provider.ClassUnknown {
+		t.Errorf("result %v (%v), want a retry with an unknown outcome", res.Kind, res.Err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.fail) != 0 || len(st.release) != 1 {
+		t.Errorf("store writes: fail %q, release %q; want the possibly charged row released, never failed", st.fail, st.release)
+	}
+}
+
+// downBeats is a store whose heartbeats of keyDown fail as with
+// PostgreSQL unreachable.
+type downBeats struct {
+	writes
+	keyDown string
+}
+
+func (d *downBeats) Heartbeat(_ context.Context, l dedup.Lease, dur time.Duration) (dedup.Lease, error) {
+	if l.IdempotencyKey == d.keyDown {
+		return dedup.Lease{}, fmt.Errorf("heartbeat: %w: connection refused", dedup.ErrUnavailable)
+	}
+	l.Until = time.Now().Add(dur)
+	return l, nil
+}
+
+// TestStoreOutageDuringWaitUnderLeaseHolds: PostgreSQL becomes
+// unreachable while a payment waits under its lease, for the provider's
+// rate limit or for a call slot: the heartbeat fails, and the worker
+// pauses for the store (the message is held, no delivery spent), as when
+// a completion fails alike, rather than nak it.
+func TestStoreOutageDuringWaitUnderLeaseHolds(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, Concurrency: 1, RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 100 * time.Millisecond}}
+	handle := func(ctx context.Context, p *consumer.Processor, key string) consumer.Result {
+		cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
+		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, ProviderKey: dedup.ProviderKey("m_1", key), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		return p.Handle(ctx, cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+	}
+	t.Run("rate-limited", func(t *testing.T) {
+		t.Parallel()
+		p := consumer.NewProcessor(&downBeats{keyDown: "k"}, &limitedFor{n: 1 << 30}, cfg, nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if res := handle(ctx, p, "k"); res.Kind != consumer.Retry {
+			t.Fatalf("result %v (%v), want a retry", res.Kind, res.Err)
+		}
+		if err := p.Paused(ctx); !errors.Is(err, consumer.ErrStoreUnavailable) {
+			t.Fatalf("after a heartbeat failed for PostgreSQL in the rate-limited wait: paused %v, want paused for the store", err)
+		}
+	})
+	t.Run("slot", func(t *testing.T) {
+		t.Parallel()
+		ch := &limitedFor{n: 1 << 30}
+		p := consumer.NewProcessor(&downBeats{keyDown: "k1"}, ch, cfg, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		holder := make(chan struct{})
+		go func() { defer close(holder); handle(ctx, p, "k0") }() // holds the only slot, rate-limited
+		for ch.calls.Load() == 0 {
+			runtime.Gosched()
+		}
+		bctx, bcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer bcancel()
+		if res := handle(bctx, p, "k1"); res.Kind != consumer.Retry {
+			t.Fatalf("result %v (%v), want a retry", res.Kind, res.Err)
+		}
+		if err := p.Paused(ctx); !errors.Is(err, consumer.ErrStoreUnavailable) {
+			t.Errorf("after a heartbeat failed for PostgreSQL in the slot wait: paused %v, want paused for the store", err)
+		}
+		cancel()
+		<-holder
+	})
+}
+
+// TestStopDuringRateLimitedLastDeliveryDoesNotCountARequeue: the worker
+// stops while a message's last delivery waits for the provider's rate
+// limit under its lease. The stop, no fault of the message, ended it:
+// the message is published again without counting a requeue (as a message
+// held through an outage), never filed max_deliveries, even with no
+// requeues left.
+func TestStopDuringRateLimitedLastDeliveryDoesNotCountARequeue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	e.cfg.Stream.MaxDeliver = 2
+	e.cfg.NetRequeues = 0
+	// The first delivery's wait ends at the bound; the second, the last,
+	// is waiting when the worker stops.
+	e.cfg.MaxWaitUnderLease = time.Second
+	p := throttled{Provider: e.stripe, open: new(atomic.Bool), refused: new(atomic.Int32)}
+	_, stop := e.runPausable("w1", e.store, p)
+	e.publish("m_1", body("m_1", "stopped", 100), "", nil)
+	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refusedAt int32
+	e.eventually("the last delivery under way", func() bool {
+		info, err := c.Info(e.ctx)
+		if err != nil || info.Delivered.Consumer < 2 {
+			return false
+		}
+		if refusedAt == 0 {
+			refusedAt = p.refused.Load()
+		}
+		return p.refused.Load() > refusedAt // the last delivery was refused: it waits
+	})
+	stop()
+	if dls := e.deadLetters(); len(dls) != 0 {
+		p, _ := stream.ParseDeadLetter(dls[0].Header)
+		t.Fatalf("filed %s (%s) after a stop during a rate-limited wait, want the message published again", p.Reason, p.Error)
+	}
+	copies := 0
+	for _, m := range e.streamMsgs(e.cfg) {
+		if v := m.Header.Get(stream.HeaderRequeues); v != "" {
+			copies++
+			if v != "0" {
+				t.Errorf("the copy counts %s requeue(s), want 0: a stop is no fault of the message", v)
+			}
+		}
+	}
+	if copies != 1 {
+		t.Fatalf("%d copies published again, want 1", copies)
+	}
+}
+
+// limitedThenHung answers 429 rate_limit for its first d, then never
+// answers a call until the call's context ends.
+type limitedThenHung struct {
+	d     time.Duration
+	first atomic.Int64
+	hung  atomic.Int32
+}
+
+func (l *limitedThenHung) Charge(ctx context.Context, _ provider.ChargeRequest) (*provider.Outcome, error) {
+	l.first.CompareAndSwap(0, time.Now().UnixNano())
+	if time.Since(time.Unix(0, l.first.Load())) < l.d {
+		return nil, rateLimitAnswer()
+	}
+	l.hung.Add(1)
+	<-ctx.Done()
+	return nil, &provider.Error{Class: provider.ClassUnknown, Err: ctx.Err()}
+}
+
+// TestDrainCancelsACallAfterTheBatchDeadline: a payment waits for the
+// provider's rate limit past its batch's deadline, then calls and the
+// provider does not answer. The worker stops; its drain deadline passes:
+// the call is cancelled then (the row released), not left to run its own
+// budget out past the drain.
+func TestDrainCancelsACallAfterTheBatchDeadline(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	e.cfg.DrainTimeout = 300 * time.Millisecond
+	// A call may hang 2.5 s of the 3 s lease; the batch's deadline is the
+	// lease less a tenth after the fetch.
+	e.cfg.ProviderTry = provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 2500 * time.Millisecond}
+	ch := &limitedThenHung{d: e.cfg.Lease}
+	_, stop := e.runPausable("w1", e.store, ch)
+	e.publish("m_1", body("m_1", "hung", 100), "", nil)
+	e.eventually("a call after the batch deadline hangs", func() bool { return ch.hung.Load() > 0 })
+	start := time.Now()
+	stop()
+	if d := time.Since(start); d > e.cfg.DrainTimeout+time.Second {
+		t.Fatalf("the worker stopped %v after its stop, past the drain timeout %v: the call begun after the batch deadline was not cancelled", d, e.cfg.DrainTimeout)
+	}
+	if n := e.count(`SELECT count(*) FROM idempotency_keys WHERE status <> 'pending'`); n != 0 {
+		t.Fatalf("%d rows not pending after a drain cut an unanswered call", n)
+	}
 }

@@ -33,6 +33,12 @@ const maxTrimAdvisories = 1024
 // interval old), so that an advisory the server sent when the floor
 // passed its message has been stored by then.
 //
+// The previous floor holds only for the same stream and consumer: when
+// either was created again (a lost JetStream store, an operator recreating
+// them), or the floor went down, the sequences start over and the previous
+// floor would purge new, unsettled commands; the trimmer then starts over
+// too, and never purges above the floor it reads now.
+//
 // Purging is idempotent, so every worker runs one.
 type streamTrimmer struct {
 	js       jetstream.JetStream
@@ -40,6 +46,8 @@ type streamTrimmer struct {
 	logger   *slog.Logger
 	prev     uint64 // the ack floor's stream sequence read on the previous pass
 	havePrev bool
+	// The creation times of the stream and the consumer prev was read from.
+	streamCreated, consCreated time.Time
 }
 
 // trimResult is what one pass did.
@@ -63,22 +71,24 @@ func (t *streamTrimmer) runOnce(ctx context.Context) (trimResult, error) {
 		return res, fmt.Errorf("trim: read consumer: %w", err)
 	}
 	res.Floor = ci.AckFloor.Stream
-	prev, havePrev := t.prev, t.havePrev
-	t.prev, t.havePrev = res.Floor, true
-	if !havePrev || prev == 0 {
+	payments, err := t.js.Stream(ctx, s.Name)
+	if err != nil {
+		return res, fmt.Errorf("trim: read stream: %w", err)
+	}
+	created := payments.CachedInfo().Created
+	prev := t.prev
+	same := t.havePrev && res.Floor >= prev && created.Equal(t.streamCreated) && ci.Created.Equal(t.consCreated)
+	t.prev, t.havePrev, t.streamCreated, t.consCreated = res.Floor, true, created, ci.Created
+	if !same || prev == 0 {
 		return res, nil
 	}
-	bound := prev + 1 // purge every message below it
+	bound := min(prev, res.Floor) + 1 // purge every message below it
 	low, err := t.oldestAdvised(ctx)
 	if err != nil {
 		return res, err
 	}
 	if low > 0 && low < bound {
 		bound = low
-	}
-	payments, err := t.js.Stream(ctx, s.Name)
-	if err != nil {
-		return res, fmt.Errorf("trim: read stream: %w", err)
 	}
 	before := payments.CachedInfo().State
 	// Purge with a sequence at or below the first one is not a no-op on

@@ -118,10 +118,11 @@ func NewWorker(nc *nats.Conn, proc *Processor, cfg Config, logger *slog.Logger, 
 		return nil, fmt.Errorf("worker configuration: %w", err)
 	}
 	// A claim taken at the end of the key window may call the provider up to
-	// a lease later: that call must still meet a provider that remembers the
-	// key, or it charges a second time.
-	if w := proc.store.ProviderKeyWindow(); w+cfg.Lease >= provider.KeyLifetime {
-		return nil, fmt.Errorf("worker configuration: the provider key window %v plus the lease %v must stay under the provider's key lifetime %v, or a call made late in the window can meet a provider that forgot the key and charge again: shorten the window or the lease", w, cfg.Lease, provider.KeyLifetime)
+	// MaxWaitUnderLease later (waiting for a call slot or a rate limit), and
+	// that call may last a lease: it must still meet a provider that
+	// remembers the key, or it charges a second time.
+	if w := proc.store.ProviderKeyWindow(); w+cfg.Lease+proc.cfg.MaxWaitUnderLease >= provider.KeyLifetime {
+		return nil, fmt.Errorf("worker configuration: the provider key window %v plus the lease %v plus the max wait under lease %v must stay under the provider's key lifetime %v, or a call made late in the window can meet a provider that forgot the key and charge again: shorten the window, the lease or the max wait under lease", w, cfg.Lease, proc.cfg.MaxWaitUnderLease, provider.KeyLifetime)
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -214,6 +215,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	w.stop = ctx.Done()
 	w.proc.stop = w.stop
+	w.proc.work = workCtx
 	fetchFailures := 0
 	pausedFor := ""
 	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
@@ -653,13 +655,18 @@ func (w *Worker) requeueLast(ctx context.Context, in *inbound, act Action, res R
 	}
 	requeues, ok := requeuesOf(in.msg.Headers())
 	next, done := requeues+1, "last allowed delivery ended "+res.Kind.String()+"; published again"
-	if res.held() {
+	switch {
+	case res.held():
 		// Held through an outage until the worker stopped: the outage, no
 		// fault of the message, spent its deliveries. Published again
 		// without counting a requeue, it waits in the stream for the
 		// outage's end instead of being filed max_deliveries.
 		next, done = requeues, "last allowed delivery held through an outage until the worker stopped; published again"
-	} else if !ok || requeues >= w.cfg.NetRequeues {
+	case res.stopped:
+		// Waiting under its lease (a rate limit, a call slot) when the
+		// worker stopped: the stop ended it, not the payment.
+		next, done = requeues, "last allowed delivery waiting under its lease until the worker stopped; published again"
+	case !ok || requeues >= w.cfg.NetRequeues:
 		return act, false
 	}
 	switch publishAgain(ctx, w.js, w.cfg, in.msg.Subject(), in.msg.Headers(), in.msg.Data(), in.meta.Sequence.Stream, next, log, done) {

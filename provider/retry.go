@@ -126,21 +126,35 @@ func ChargeWithRetry(ctx context.Context, c Charger, req ChargeRequest, pol Retr
 	if last == nil {
 		return nil, asError(err)
 	}
-	if r.sawUnknown && last.Class != ClassUnknown && last.Class != ClassMismatch && last.Class != ClassDeclined {
-		return nil, &Error{
-			Class:      ClassUnknown,
-			HTTPStatus: last.HTTPStatus,
-			Type:       last.Type,
-			Code:       last.Code,
-			Message:    fmt.Sprintf("an earlier attempt had an unknown outcome; last attempt: %s", last.Class),
-			RetryAfter: last.RetryAfter,
-
-			RateLimitReason: last.RateLimitReason,
-			ShouldRetry:     last.ShouldRetry,
-			Err:             last,
-		}
+	if r.sawUnknown {
+		return nil, AfterUnknown(last)
 	}
 	return nil, last
+}
+
+// AfterUnknown is err as it stands when an earlier attempt under the same
+// provider key ended ClassUnknown (in this call or an earlier one under
+// the same claim): an error that is no final answer (not ClassUnknown,
+// ClassMismatch or ClassDeclined) becomes ClassUnknown, because the
+// earlier attempt may have charged; err is kept as its Err, and its
+// status, codes and Retry-After are copied. It returns an *Error.
+func AfterUnknown(err error) *Error {
+	last := asError(err)
+	if last.Class == ClassUnknown || last.Class == ClassMismatch || last.Class == ClassDeclined {
+		return last
+	}
+	return &Error{
+		Class:      ClassUnknown,
+		HTTPStatus: last.HTTPStatus,
+		Type:       last.Type,
+		Code:       last.Code,
+		Message:    fmt.Sprintf("an earlier attempt had an unknown outcome; last attempt: %s", last.Class),
+		RetryAfter: last.RetryAfter,
+
+		RateLimitReason: last.RateLimitReason,
+		ShouldRetry:     last.ShouldRetry,
+		Err:             last,
+	}
 }
 
 // attempts makes one call's attempts and remembers what they ended with.
