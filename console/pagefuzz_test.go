@@ -10,7 +10,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/redact"
-	"github.com/paydedup/paydedup/internal/redact/pantest"
+	"github.com/paydedup/paydedup/lab/pantest"
 	"github.com/paydedup/paydedup/stream"
 )
 

@@ -13,7 +13,7 @@ import (
 	"github.com/paydedup/paydedup/console"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/redact"
-	"github.com/paydedup/paydedup/internal/redact/pantest"
+	"github.com/paydedup/paydedup/lab/pantest"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )

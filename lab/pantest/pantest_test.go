@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/internal/redact"
-	"github.com/paydedup/paydedup/internal/redact/pantest"
+	"github.com/paydedup/paydedup/lab/pantest"
 )
 
 // Every number Build makes is a card number by the definition, and its
