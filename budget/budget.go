@@ -235,10 +235,13 @@ func New(store Store, cfg Config) (*Budget, error) {
 // at once a rate-limit *provider.Error (RateLimitReason ReasonBudget,
 // ClassRetryable: nothing was sent) whose RetryAfter says when to ask
 // again; the caller waits that out as it waits out a provider's 429.
+// The time it waited is added to ctx's recorder (WithWaitRecorder).
 func (b *Budget) Wait(ctx context.Context) error {
 	start := time.Now()
 	err := b.wait(ctx)
-	b.metrics.waited.Observe(time.Since(start).Seconds())
+	end := time.Now()
+	b.metrics.waited.Observe(end.Sub(start).Seconds())
+	record(ctx, start, end, err != nil)
 	return err
 }
 
@@ -329,19 +332,26 @@ func (b *Budget) wait(ctx context.Context) error {
 }
 
 // waitLimiter takes a token of the local limiter, or returns at once the
-// budget's rate limit when ctx's deadline comes too soon (see sleep).
+// budget's rate limit when ctx's deadline comes too soon (as sleep). It
+// reserves nothing it does not wait for: a reservation cancelled gives
+// its token back only approximately, and callers near their deadline
+// would cancel one per try.
 func waitLimiter(ctx context.Context, lim *rate.Limiter) error {
-	r := lim.Reserve()
-	d := r.Delay()
-	if d == rate.InfDuration {
-		return budgetError(time.Second, nil)
+	wctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+		defer cancel()
 	}
-	if d <= 0 {
-		return nil
-	}
-	if err := sleep(ctx, d); err != nil {
-		r.Cancel()
-		return err
+	if err := lim.Wait(wctx); err != nil {
+		if ctx.Err() != nil {
+			return budgetError(0, ctx.Err())
+		}
+		retry := time.Second
+		if l := float64(lim.Limit()); l > 0 {
+			retry = time.Duration(max(0, 1-lim.Tokens()) / l * float64(time.Second))
+		}
+		return budgetError(retry, nil)
 	}
 	return nil
 }
