@@ -194,3 +194,43 @@ func TestRetryAfterHoldsTheFleet(t *testing.T) {
 		t.Fatalf("rate %v after a concurrency 429: want still unlimited", r)
 	}
 }
+
+// TestLearnedRateRecoversNoHigher: with no ceiling configured, a 429
+// lowers the fleet's rate from its observed one (20/s here); it then
+// recovers to that rate and no higher, however long the fleet stays
+// quiet, on the process that saw the 429 and on the one that did not.
+func TestLearnedRateRecoversNoHigher(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, budget.Config{GrantTTL: time.Millisecond})
+	ctx := context.Background()
+	// Forty grants of one token in no database time: an observed rate of
+	// 20/s (the row's average adds half of each grant).
+	for range 20 {
+		for _, b := range []*budget.Budget{f.a, f.b} {
+			if err := waitShort(b); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Millisecond) // past the grant's TTL
+		}
+	}
+	f.a.Observe(ctx, tooMany(provider.ReasonGlobalRate, 0))
+	f.clk.Advance(200 * time.Millisecond) // the emptied bucket refills
+	if err := waitShort(f.b); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.b.Rate(); r < 13 || r > 15 {
+		t.Fatalf("rate after the 429 %v, want 0.7 × the observed 20", r)
+	}
+	f.clk.Advance(10 * time.Minute)
+	for _, b := range []*budget.Budget{f.b, f.a, f.b} {
+		time.Sleep(2 * time.Millisecond)
+		if err := waitShort(b); err != nil {
+			t.Fatal(err)
+		}
+		// b, which did not see the 429, infers it from its first grant
+		// after it, 0.2 s of recovery later: 14.4 / 0.7 = 20.6.
+		if r := b.Rate(); r > 21 {
+			t.Fatalf("rate ten minutes after the 429 %v, want back at most at about the 20/s it came at", r)
+		}
+	}
+}
