@@ -234,3 +234,31 @@ func TestLearnedRateRecoversNoHigher(t *testing.T) {
 		}
 	}
 }
+
+// TestTakeAfterAnIdleHour: a bucket nobody took from for an hour still
+// grants: the decay of its observed rate over that time is nothing, not
+// an error (PostgreSQL's exp underflows past about 25 minutes of it),
+// which made every grant fail and every process pace itself alone for
+// good once the fleet had been idle that long.
+func TestTakeAfterAnIdleHour(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	clk := clock.NewFake(time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC))
+	s, err := pgstore.New(pool, pgstore.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	take := budget.Take{Name: "idle", Want: 4, Ceiling: 100, Increase: 100.0 / 30, Burst: 0.25}
+	if g, err := s.Take(ctx, take); err != nil || g.Tokens != 4 {
+		t.Fatalf("first take: %+v, %v", g, err)
+	}
+	clk.Advance(time.Hour)
+	g, err := s.Take(ctx, take)
+	if err != nil {
+		t.Fatalf("take after an idle hour: %v", err)
+	}
+	if g.Tokens != 4 || g.Rate != 100 {
+		t.Fatalf("take after an idle hour: %+v, want 4 tokens at 100/s", g)
+	}
+}
