@@ -210,13 +210,6 @@ type Budget struct {
 	share   float64
 	shareAt time.Time
 
-	// learned is the ceiling while none is configured: the fleet's rate
-	// before its last decrease, as this process heard of it (0: none
-	// yet). Without it the rate would recover without bound while the
-	// fleet sends less than it, and the first burst after a quiet hour
-	// would go out at whatever it had climbed to.
-	learned float64
-
 	fallback  *rate.Limiter // while the store cannot be reached
 	storeDown bool
 	downUntil time.Time     // the store is left alone until then
@@ -298,12 +291,17 @@ func (b *Budget) wait(ctx context.Context) error {
 			b.mu.Unlock()
 			continue
 		}
+		if err := ctx.Err(); err != nil {
+			// Gone: no grant for a caller that would not spend it.
+			b.mu.Unlock()
+			return budgetError(0, err)
+		}
 		ch := make(chan struct{})
 		b.taking = ch
 		want := b.wantLocked()
 		b.mu.Unlock()
 
-		g, err := b.store.Take(ctx, Take{Name: b.cfg.Name, Want: want, Ceiling: cmp.Or(b.cfg.Rate, b.learned),
+		g, err := b.store.Take(ctx, Take{Name: b.cfg.Name, Want: want, Ceiling: b.cfg.Rate,
 			Increase: b.cfg.Increase, Burst: b.cfg.Burst.Seconds()})
 
 		b.mu.Lock()
@@ -319,7 +317,6 @@ func (b *Budget) wait(ctx context.Context) error {
 			b.cfg.Logger.Info("provider budget: store reachable again")
 		}
 		b.backoff, b.downUntil = 0, time.Time{}
-		b.learnLocked(g.Rate)
 		b.unlimited = g.Rate == 0 && g.Tokens > 0
 		b.rate = g.Rate
 		b.metrics.rate.Set(g.Rate)
@@ -370,21 +367,6 @@ func (b *Budget) shareLocked(now time.Time) float64 {
 		return 0
 	}
 	return b.share * math.Exp(-now.Sub(b.shareAt).Seconds()/shareWindow)
-}
-
-// learnLocked learns, when no ceiling is configured, the rate a grant
-// shows the fleet was lowered from: the rate only falls by a decrease, so
-// a grant's rate under the last one means a 429 somewhere (the process
-// that saw it learns it exactly in Observe); a rate after none means the
-// fleet's first decrease, from its observed rate, r / Decrease.
-func (b *Budget) learnLocked(r float64) {
-	switch {
-	case b.cfg.Rate > 0 || r == 0:
-	case b.rate == 0:
-		b.learned = r / b.cfg.Decrease
-	case r < b.rate:
-		b.learned = b.rate
-	}
 }
 
 // wantLocked is the size of the next grant: a token per caller waiting,
@@ -504,13 +486,6 @@ func (b *Budget) Observe(ctx context.Context, err error) {
 	}
 	if lowered {
 		b.mu.Lock()
-		if b.cfg.Rate == 0 {
-			// The rate the 429 came at; at the floor, at least this.
-			b.learned = r
-			if r > b.cfg.Floor {
-				b.learned = r / b.cfg.Decrease
-			}
-		}
 		b.rate = r
 		b.unlimited = false
 		b.mu.Unlock()

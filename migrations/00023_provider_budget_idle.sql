@@ -5,7 +5,12 @@
 -- range: underflow"), the statement fails, the row is never updated, and
 -- every grant after it failed: once the fleet had been idle that long,
 -- every process paced itself alone for good. The decay now stops at ten
--- minutes, where it is nothing already. Privileges are kept by CREATE OR
+-- minutes, where it is nothing already.
+-- And without a ceiling (PAYDEDUP_PROVIDER_RATE unset) a learned rate
+-- recovered by increase per second without bound, used or not: ten quiet
+-- minutes after a 429 at 20/s it stood at 1214/s. It now recovers only
+-- while the fleet's observed rate is at least half of it (as TCP grows
+-- no window it does not use, RFC 7661). Privileges are kept by CREATE OR
 -- REPLACE.
 -- +goose StatementBegin
 -- provider_budget_take grants up to want tokens of the bucket name, after
@@ -29,17 +34,23 @@ BEGIN
     SELECT * INTO b FROM provider_budget WHERE name = p_name FOR UPDATE;
     dt := greatest(0, extract(epoch FROM t - b.updated_at));
     b.ceiling := p_ceiling;
+    -- Past ten minutes the decay is nothing; exp(-dt / 2) itself
+    -- underflows, an error, past about twenty-five.
+    b.observed := b.observed * exp(-least(dt, 600) / 2.0);
     IF b.rate IS NOT NULL THEN
-        b.rate := b.rate + p_increase * dt;
+        -- Without a ceiling only the provider's 429s bound the rate: it
+        -- recovers only while the fleet uses at least half of it, or it
+        -- would climb without bound while the fleet is quiet and send
+        -- the next burst at whatever it reached.
+        IF p_ceiling IS NOT NULL OR 2 * b.observed >= b.rate THEN
+            b.rate := b.rate + p_increase * dt;
+        END IF;
     ELSIF p_ceiling IS NOT NULL THEN
         b.rate := p_ceiling;
     END IF;
     IF p_ceiling IS NOT NULL THEN
         b.rate := least(b.rate, p_ceiling);
     END IF;
-    -- Past ten minutes the decay is nothing; exp(-dt / 2) itself
-    -- underflows, an error, past about twenty-five.
-    b.observed := b.observed * exp(-least(dt, 600) / 2.0);
     granted := 0;
     retry_in := 0;
     IF b.not_before IS NOT NULL AND t < b.not_before THEN

@@ -196,9 +196,9 @@ func TestRetryAfterHoldsTheFleet(t *testing.T) {
 }
 
 // TestLearnedRateRecoversNoHigher: with no ceiling configured, a 429
-// lowers the fleet's rate from its observed one (20/s here); it then
-// recovers to that rate and no higher, however long the fleet stays
-// quiet, on the process that saw the 429 and on the one that did not.
+// lowers the fleet's rate from its observed one (20/s here); while the
+// fleet then stays quiet (uses less than half of it) the rate does not
+// climb, on the process that saw the 429 and on the one that did not.
 func TestLearnedRateRecoversNoHigher(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, budget.Config{GrantTTL: time.Millisecond})
@@ -227,10 +227,9 @@ func TestLearnedRateRecoversNoHigher(t *testing.T) {
 		if err := waitShort(b); err != nil {
 			t.Fatal(err)
 		}
-		// b, which did not see the 429, infers it from its first grant
-		// after it, 0.2 s of recovery later: 14.4 / 0.7 = 20.6.
-		if r := b.Rate(); r > 21 {
-			t.Fatalf("rate ten minutes after the 429 %v, want back at most at about the 20/s it came at", r)
+		// 14 plus the 0.2 s it recovered while the fleet still used it.
+		if r := b.Rate(); r > 15 {
+			t.Fatalf("rate ten quiet minutes after the 429 %v, want still about 14.4", r)
 		}
 	}
 }
