@@ -385,10 +385,11 @@ func (b *Budget) wantLocked() float64 {
 // others: it keeps its own part of the fleet's last rate, the tokens it
 // was granted lately (averaged over shareWindow), and never more than
 // half that rate, so that the fleet stays near its budget rather than
-// send the whole rate from every process. Half, because the row does not
-// count the processes: a process that took the whole rate lately may
-// still share it with one that was idle. Without any rate known (nothing
-// limited the fleet) it lets calls through.
+// send the whole rate from every process. Half is a margin for what a
+// process cannot know alone: the row does not count the processes (one
+// that took the whole rate lately may share it with one that was idle),
+// and granted tokens may have lapsed unspent. Without any rate known
+// (nothing limited the fleet) it lets calls through.
 func (b *Budget) fallbackLocked(err error) *rate.Limiter {
 	now := time.Now()
 	b.backoff = min(b.cfg.StoreBackoffMax, max(b.cfg.StoreBackoff, 2*b.backoff))
