@@ -56,7 +56,17 @@ const (
 	// DefaultIncrease is the additive increase, in requests/s per second,
 	// when no ceiling is configured.
 	DefaultIncrease = 2.0
+	// DefaultStoreBackoff is how long the process leaves the store alone
+	// after a failed grant, doubled on each failure in a row up to
+	// DefaultStoreBackoffMax: a store that is down costs a caller its
+	// statement timeout, so only one probe per backoff pays it.
+	DefaultStoreBackoff    = time.Second
+	DefaultStoreBackoffMax = 30 * time.Second
 )
+
+// shareWindow is the time constant of a process's share of the grants,
+// as the row's own average of the fleet's (migration 00020).
+const shareWindow = 2.0
 
 // ErrInvalidConfig is wrapped by New's configuration errors.
 var ErrInvalidConfig = errors.New("invalid provider budget")
@@ -126,6 +136,11 @@ type Config struct {
 	// Increase is the additive recovery in requests/s per second; default
 	// Rate/DefaultRecovery, or DefaultIncrease without a ceiling.
 	Increase float64
+	// StoreBackoff and StoreBackoffMax: how long the store is left alone
+	// after a failed grant, doubling up to the max, while the process
+	// paces itself (see Budget.Wait).
+	StoreBackoff    time.Duration
+	StoreBackoffMax time.Duration
 
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -140,7 +155,8 @@ func (c Config) Validate() error {
 	if c.Decrease < 0 || c.Decrease >= 1 {
 		errs = append(errs, fmt.Errorf("%w: the decrease must be within 0..1 (got %v)", ErrInvalidConfig, c.Decrease))
 	}
-	if c.GrantPeriod < 0 || c.GrantTTL < 0 || c.Burst < 0 || c.Interval < 0 || c.Floor < 0 || c.Increase < 0 {
+	if c.GrantPeriod < 0 || c.GrantTTL < 0 || c.Burst < 0 || c.Interval < 0 || c.Floor < 0 || c.Increase < 0 ||
+		c.StoreBackoff < 0 || c.StoreBackoffMax < 0 {
 		errs = append(errs, fmt.Errorf("%w: durations, floor and increase must not be negative", ErrInvalidConfig))
 	}
 	return errors.Join(errs...)
@@ -154,6 +170,8 @@ func (c Config) withDefaults() Config {
 	c.Decrease = cmp.Or(c.Decrease, DefaultDecrease)
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.Floor = cmp.Or(c.Floor, DefaultFloor)
+	c.StoreBackoff = cmp.Or(c.StoreBackoff, DefaultStoreBackoff)
+	c.StoreBackoffMax = max(c.StoreBackoff, cmp.Or(c.StoreBackoffMax, DefaultStoreBackoffMax))
 	if c.Increase == 0 {
 		c.Increase = DefaultIncrease
 		if c.Rate > 0 {
@@ -182,8 +200,20 @@ type Budget struct {
 	taking    chan struct{} // closed when the grant under way ends
 	waiting   int           // callers waiting for that grant
 	slowed    time.Time     // the last 429 sent to the store
+	// notBefore: the last grant was empty; no caller asks again before
+	// then, so that a starved process asks once per RetryIn, not once per
+	// caller.
+	notBefore time.Time
+	// share is this process's grants, tokens/s averaged over shareWindow
+	// as of shareAt: its part of the fleet's rate, which it keeps while
+	// the store is down.
+	share   float64
+	shareAt time.Time
+
 	fallback  *rate.Limiter // while the store cannot be reached
 	storeDown bool
+	downUntil time.Time     // the store is left alone until then
+	backoff   time.Duration // the last backoff, doubled on each failure
 }
 
 // New returns a budget on store.
@@ -205,10 +235,13 @@ func New(store Store, cfg Config) (*Budget, error) {
 // at once a rate-limit *provider.Error (RateLimitReason ReasonBudget,
 // ClassRetryable: nothing was sent) whose RetryAfter says when to ask
 // again; the caller waits that out as it waits out a provider's 429.
+// The time it waited is added to ctx's recorder (WithWaitRecorder).
 func (b *Budget) Wait(ctx context.Context) error {
 	start := time.Now()
 	err := b.wait(ctx)
-	b.metrics.waited.Observe(time.Since(start).Seconds())
+	end := time.Now()
+	b.metrics.waited.Observe(end.Sub(start).Seconds())
+	record(ctx, start, end, err != nil)
 	return err
 }
 
@@ -224,6 +257,22 @@ func (b *Budget) wait(ctx context.Context) error {
 			b.tokens--
 			b.mu.Unlock()
 			return nil
+		}
+		if now.Before(b.downUntil) || (b.storeDown && b.taking != nil) {
+			// The store failed lately, or one caller probes it: the
+			// others spend from the local limiter rather than each pay
+			// a statement timeout.
+			lim := b.fallback
+			b.mu.Unlock()
+			return waitLimiter(ctx, lim)
+		}
+		if now.Before(b.notBefore) {
+			d := b.notBefore.Sub(now)
+			b.mu.Unlock()
+			if err := sleep(ctx, d); err != nil {
+				return err
+			}
+			continue
 		}
 		if b.taking != nil {
 			ch := b.taking
@@ -242,6 +291,11 @@ func (b *Budget) wait(ctx context.Context) error {
 			b.mu.Unlock()
 			continue
 		}
+		if err := ctx.Err(); err != nil {
+			// Gone: no grant for a caller that would not spend it.
+			b.mu.Unlock()
+			return budgetError(0, err)
+		}
 		ch := make(chan struct{})
 		b.taking = ch
 		want := b.wantLocked()
@@ -256,31 +310,63 @@ func (b *Budget) wait(ctx context.Context) error {
 		if err != nil {
 			lim := b.fallbackLocked(err)
 			b.mu.Unlock()
-			if werr := lim.Wait(ctx); werr != nil {
-				return budgetError(0, werr)
-			}
-			return nil
+			return waitLimiter(ctx, lim)
 		}
 		if b.storeDown {
 			b.storeDown = false
 			b.cfg.Logger.Info("provider budget: store reachable again")
 		}
+		b.backoff, b.downUntil = 0, time.Time{}
 		b.unlimited = g.Rate == 0 && g.Tokens > 0
 		b.rate = g.Rate
 		b.metrics.rate.Set(g.Rate)
-		b.tokens, b.until = g.Tokens, time.Now().Add(b.cfg.GrantTTL)
+		now = time.Now()
+		b.share = b.shareLocked(now) + g.Tokens/shareWindow
+		b.shareAt = now
+		b.tokens, b.until = g.Tokens, now.Add(b.cfg.GrantTTL)
 		if b.unlimited {
 			// Nothing limits the fleet until a 429 anywhere lowers the
 			// rate: ask again soon, so that every process hears of it.
-			b.until = time.Now().Add(min(b.cfg.GrantTTL, b.cfg.GrantPeriod))
+			b.until = now.Add(min(b.cfg.GrantTTL, b.cfg.GrantPeriod))
+		}
+		if g.Tokens == 0 {
+			b.notBefore = now.Add(max(g.RetryIn, time.Millisecond))
 		}
 		b.mu.Unlock()
-		if g.Tokens == 0 {
-			if err := sleep(ctx, max(g.RetryIn, time.Millisecond)); err != nil {
-				return err
-			}
-		}
 	}
+}
+
+// waitLimiter takes a token of the local limiter, or returns at once the
+// budget's rate limit when ctx's deadline comes too soon (as sleep). It
+// reserves nothing it does not wait for: a reservation cancelled gives
+// its token back only approximately, and callers near their deadline
+// would cancel one per try.
+func waitLimiter(ctx context.Context, lim *rate.Limiter) error {
+	wctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+		defer cancel()
+	}
+	if err := lim.Wait(wctx); err != nil {
+		if ctx.Err() != nil {
+			return budgetError(0, ctx.Err())
+		}
+		retry := time.Second
+		if l := float64(lim.Limit()); l > 0 {
+			retry = time.Duration(max(0, 1-lim.Tokens()) / l * float64(time.Second))
+		}
+		return budgetError(retry, nil)
+	}
+	return nil
+}
+
+// shareLocked is this process's share of the grants at now.
+func (b *Budget) shareLocked(now time.Time) float64 {
+	if b.shareAt.IsZero() {
+		return 0
+	}
+	return b.share * math.Exp(-now.Sub(b.shareAt).Seconds()/shareWindow)
 }
 
 // wantLocked is the size of the next grant: a token per caller waiting,
@@ -293,25 +379,44 @@ func (b *Budget) wantLocked() float64 {
 	return min(float64(b.waiting+1), limit)
 }
 
-// fallbackLocked is the limiter used while the store cannot be reached:
-// this process alone at the last rate it knew (or the ceiling), since the
-// provider's limit does not pause with PostgreSQL. Without any rate known
-// it lets calls through.
+// fallbackLocked is the limiter used while the store cannot be reached,
+// and leaves the store alone for the next backoff. The provider's limit
+// does not pause with PostgreSQL, but this process no longer hears of the
+// others: it keeps its own part of the fleet's last rate, the tokens it
+// was granted lately (averaged over shareWindow), and never more than
+// half that rate, so that the fleet stays near its budget rather than
+// send the whole rate from every process. Half is a margin for what a
+// process cannot know alone: the row does not count the processes (one
+// that took the whole rate lately may share it with one that was idle),
+// and granted tokens may have lapsed unspent. Without any rate known
+// (nothing limited the fleet) it lets calls through.
 func (b *Budget) fallbackLocked(err error) *rate.Limiter {
+	now := time.Now()
+	b.backoff = min(b.cfg.StoreBackoffMax, max(b.cfg.StoreBackoff, 2*b.backoff))
+	b.downUntil = now.Add(b.backoff)
+	b.metrics.storeErrors.Inc()
+	if b.storeDown {
+		// The pace was set when the store went down: what this process
+		// was granted since is nothing.
+		return b.fallback
+	}
+	b.storeDown = true
 	r := rate.Inf
 	if b.rate > 0 {
-		r = rate.Limit(b.rate)
+		r = rate.Limit(max(b.cfg.Floor, min(b.rate/2, b.shareLocked(now))))
+	}
+	burst := 1 // unused by an infinite limit
+	if r != rate.Inf {
+		burst = max(1, int(float64(r)*b.cfg.Burst.Seconds()))
 	}
 	if b.fallback == nil {
-		b.fallback = rate.NewLimiter(r, max(1, int(float64(r)*b.cfg.Burst.Seconds())))
+		b.fallback = rate.NewLimiter(r, burst)
 	} else {
 		b.fallback.SetLimit(r)
+		b.fallback.SetBurst(burst)
 	}
-	if !b.storeDown {
-		b.storeDown = true
-		b.cfg.Logger.Warn("provider budget: store unreachable; pacing this process alone at the last known rate", "rate", b.rate, "error", err)
-	}
-	b.metrics.storeErrors.Inc()
+	b.cfg.Logger.Warn("provider budget: store unreachable; pacing this process alone at its share of the last known rate",
+		"rate", b.rate, "share", float64(r), "retry_in", b.backoff.String(), "error", err)
 	return b.fallback
 }
 
@@ -360,6 +465,15 @@ func (b *Budget) Observe(ctx context.Context, err error) {
 		b.slowed = now
 		// This process's tokens were granted at the old rate.
 		b.tokens = min(b.tokens, 1)
+	}
+	if tell && now.Before(b.downUntil) {
+		// The store is left alone: the process lowers its own pace
+		// instead, as the store would the fleet's.
+		if lower && b.fallback.Limit() != rate.Inf {
+			b.fallback.SetLimit(rate.Limit(max(b.cfg.Floor, float64(b.fallback.Limit())*b.cfg.Decrease)))
+		}
+		b.mu.Unlock()
+		return
 	}
 	b.mu.Unlock()
 	if !tell {

@@ -2,6 +2,8 @@ package budget
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"github.com/paydedup/paydedup/provider"
 )
@@ -17,6 +19,58 @@ var _ provider.Provider = (*Provider)(nil)
 
 // Wrap returns next behind the budget.
 func (b *Budget) Wrap(next provider.Provider) *Provider { return &Provider{next: next, b: b} }
+
+// waitKey is the context key of a waitRecorder.
+type waitKey struct{}
+
+// waitRecorder sums the time the budget held back the calls under one
+// context: its waits for tokens, and from a refusal (no token before the
+// deadline) to the caller's next call, the retry's backoff.
+type waitRecorder struct {
+	mu      sync.Mutex
+	waited  time.Duration
+	refused time.Time // the last refusal, until the next call
+}
+
+// WithWaitRecorder returns ctx with a recorder of the time the budget
+// held back the calls under it (Waited reads it): a caller that times
+// the provider's calls, as the call limit does, subtracts it, since a
+// wait for the fleet's budget is not the provider's latency.
+func WithWaitRecorder(ctx context.Context) context.Context {
+	return context.WithValue(ctx, waitKey{}, new(waitRecorder))
+}
+
+// Waited is how long, in all, the budget held back the calls under ctx
+// since WithWaitRecorder: the waits for a token, and the time from a
+// refusal to the next call (a retry's backoff); 0 without a recorder.
+func Waited(ctx context.Context) time.Duration {
+	w, ok := ctx.Value(waitKey{}).(*waitRecorder)
+	if !ok {
+		return 0
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waited
+}
+
+// record adds to ctx's recorder, if any, a wait from start to end, and
+// the time since the last refusal; refused says this wait was one.
+func record(ctx context.Context, start, end time.Time, refused bool) {
+	w, ok := ctx.Value(waitKey{}).(*waitRecorder)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.refused.IsZero() {
+		w.waited += max(0, start.Sub(w.refused))
+		w.refused = time.Time{}
+	}
+	w.waited += end.Sub(start)
+	if refused {
+		w.refused = end
+	}
+}
 
 // Charge implements provider.Provider.
 func (p *Provider) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,5 +104,79 @@ func TestTwoWorkersBehindTheFleetBudget(t *testing.T) {
 				t.Fatalf("%.1f %% of the requests answered 429, want at most %.0f %%", 100*share, 100*tc.maxShare)
 			}
 		})
+	}
+}
+
+// instantProvider answers every charge at once; its lookups find nothing.
+type instantProvider struct{ instantCharger }
+
+func (instantProvider) Lookup(context.Context, provider.LookupRequest) (provider.LookupResult, error) {
+	return provider.LookupResult{}, nil
+}
+
+// pacedStore is a budget.Store that grants nothing limits the fleet
+// until paced is set, then 10 tokens per 20 ms (500/s): a caller that
+// finds none waits up to 20 ms for the budget.
+type pacedStore struct {
+	mu    sync.Mutex
+	paced bool
+	last  time.Time
+}
+
+func (s *pacedStore) pace() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.paced = true
+}
+
+func (s *pacedStore) Take(_ context.Context, t budget.Take) (budget.Grant, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.paced {
+		return budget.Grant{Tokens: t.Want}, nil
+	}
+	const every = 20 * time.Millisecond
+	if since := time.Since(s.last); since < every {
+		return budget.Grant{Rate: 500, RetryIn: every - since}, nil
+	}
+	s.last = time.Now()
+	return budget.Grant{Tokens: min(t.Want, 10), Rate: 500}, nil
+}
+
+func (s *pacedStore) Slow(context.Context, budget.Slow) (float64, bool, error) { return 0, false, nil }
+
+// TestBudgetWaitIsNotProviderLatency: a worker learns its no-load latency
+// against a provider that answers at once and a budget that limits
+// nothing; then the budget paces it (waits of up to 20 ms before a call)
+// while the provider still answers at once. The call limit must not fall:
+// a wait for the budget is not the provider queueing the calls.
+func TestBudgetWaitIsNotProviderLatency(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.cfg.Concurrency = 256 // the limit starts at 64, above its floor
+	store := &pacedStore{}
+	b, err := budget.New(store, budget.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, _ := e.runPausable("w1", e.store, b.Wrap(instantProvider{}))
+	start := proc.CallLimit().Limit
+	for phase, n := range []int{400, 400} {
+		if phase == 1 {
+			store.pace()
+		}
+		for i := range n {
+			e.publish("m_1", body("m_1", fmt.Sprintf("wait-%d-%d", phase, i), 100), "", nil)
+		}
+		least := start
+		e.eventually("all completed", func() bool {
+			least = min(least, proc.CallLimit().Limit)
+			return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == (phase+1)*n
+		})
+		cl := proc.CallLimit()
+		t.Logf("phase %d: limit %d (least %d, started at %d), latency %v, no-load %v", phase, cl.Limit, least, start, cl.Latency, cl.NoLoad)
+		if phase == 1 && least < start {
+			t.Fatalf("the call limit fell from %d to %d while only the budget made calls wait (latency %v, no-load %v)", start, least, cl.Latency, cl.NoLoad)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/paydedup/paydedup/budget"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
@@ -198,10 +199,14 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 		Description:    cmd.Description,
 		Metadata:       providerMetadata(cmd.Metadata, lease.TraceID),
 	}
-	out, err := provider.ChargeWithRetry(callCtx, p.charger, req, p.cfg.ProviderTry)
+	// The time the budget held the call back (its waits for a token, the
+	// backoff after its refusals) is recorded apart: it is not the
+	// provider's latency, which the limit learns from.
+	waits := budget.WithWaitRecorder(callCtx)
+	out, err := provider.ChargeWithRetry(waits, p.charger, req, p.cfg.ProviderTry)
 	// The limit learns from the first call alone: a rate-limited wait
 	// below is the budget's, not the provider's latency.
-	took, signal := time.Since(start), signalOf(callCtx, err)
+	took, signal := time.Since(start)-budget.Waited(waits), signalOf(callCtx, err)
 	cancel()
 	var storeErr error // a heartbeat's failure that ended a rate-limited wait
 	if err != nil && provider.RateLimitOf(err) != nil {

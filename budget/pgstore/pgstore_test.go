@@ -162,7 +162,7 @@ func TestRateLimitLowersAndRecovers(t *testing.T) {
 // TestRetryAfterHoldsTheFleet: a 429 with Retry-After: 2 seen by one
 // process stops the other's calls until the database's time passes it:
 // its Wait answers the budget's own rate limit, not executed, with the
-// time left as RetryAfter; afterwards it passes.
+// time left as RetryAfter; once that time has passed it passes.
 func TestRetryAfterHoldsTheFleet(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, budget.Config{GrantTTL: time.Millisecond}) // no ceiling: only learned
@@ -178,10 +178,86 @@ func TestRetryAfterHoldsTheFleet(t *testing.T) {
 		t.Fatalf("wait during the fleet's Retry-After: %v, want the budget's rate limit with about 2 s to wait", err)
 	}
 	f.clk.Advance(2 * time.Second)
-	if err := waitShort(f.b); err != nil {
-		t.Fatalf("wait after the Retry-After: %v", err)
+	// The process itself asks again only once the wait it was told has
+	// passed on its own clock (one Take per RetryIn, not per caller).
+	for deadline := time.Now().Add(3 * time.Second); ; {
+		err := waitShort(f.b)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("wait after the Retry-After: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if r := f.b.Rate(); r != 0 {
 		t.Fatalf("rate %v after a concurrency 429: want still unlimited", r)
+	}
+}
+
+// TestLearnedRateRecoversNoHigher: with no ceiling configured, a 429
+// lowers the fleet's rate from its observed one (20/s here); while the
+// fleet then stays quiet (uses less than half of it) the rate does not
+// climb, on the process that saw the 429 and on the one that did not.
+func TestLearnedRateRecoversNoHigher(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, budget.Config{GrantTTL: time.Millisecond})
+	ctx := context.Background()
+	// Forty grants of one token in no database time: an observed rate of
+	// 20/s (the row's average adds half of each grant).
+	for range 20 {
+		for _, b := range []*budget.Budget{f.a, f.b} {
+			if err := waitShort(b); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Millisecond) // past the grant's TTL
+		}
+	}
+	f.a.Observe(ctx, tooMany(provider.ReasonGlobalRate, 0))
+	f.clk.Advance(200 * time.Millisecond) // the emptied bucket refills
+	if err := waitShort(f.b); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.b.Rate(); r < 13 || r > 15 {
+		t.Fatalf("rate after the 429 %v, want 0.7 × the observed 20", r)
+	}
+	f.clk.Advance(10 * time.Minute)
+	for _, b := range []*budget.Budget{f.b, f.a, f.b} {
+		time.Sleep(2 * time.Millisecond)
+		if err := waitShort(b); err != nil {
+			t.Fatal(err)
+		}
+		// 14 plus the 0.2 s it recovered while the fleet still used it.
+		if r := b.Rate(); r > 15 {
+			t.Fatalf("rate ten quiet minutes after the 429 %v, want still about 14.4", r)
+		}
+	}
+}
+
+// TestTakeAfterAnIdleHour: a bucket nobody took from for an hour still
+// grants: the decay of its observed rate over that time is nothing, not
+// an error (PostgreSQL's exp underflows past about 25 minutes of it),
+// which made every grant fail and every process pace itself alone for
+// good once the fleet had been idle that long.
+func TestTakeAfterAnIdleHour(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Pool(t)
+	clk := clock.NewFake(time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC))
+	s, err := pgstore.New(pool, pgstore.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	take := budget.Take{Name: "idle", Want: 4, Ceiling: 100, Increase: 100.0 / 30, Burst: 0.25}
+	if g, err := s.Take(ctx, take); err != nil || g.Tokens != 4 {
+		t.Fatalf("first take: %+v, %v", g, err)
+	}
+	clk.Advance(time.Hour)
+	g, err := s.Take(ctx, take)
+	if err != nil {
+		t.Fatalf("take after an idle hour: %v", err)
+	}
+	if g.Tokens != 4 || g.Rate != 100 {
+		t.Fatalf("take after an idle hour: %+v, want 4 tokens at 100/s", g)
 	}
 }

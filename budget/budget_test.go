@@ -1,0 +1,176 @@
+package budget_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/paydedup/paydedup/budget"
+)
+
+// fakeStore answers every Take with grant (or err, after delay) and
+// counts the Takes.
+type fakeStore struct {
+	mu    sync.Mutex
+	grant budget.Grant
+	err   error
+	delay time.Duration
+	takes atomic.Int64
+}
+
+func (s *fakeStore) set(g budget.Grant, err error, delay time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.grant, s.err, s.delay = g, err, delay
+}
+
+func (s *fakeStore) Take(ctx context.Context, _ budget.Take) (budget.Grant, error) {
+	s.takes.Add(1)
+	s.mu.Lock()
+	g, err, d := s.grant, s.err, s.delay
+	s.mu.Unlock()
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return budget.Grant{}, ctx.Err()
+		}
+	}
+	return g, err
+}
+
+func (s *fakeStore) Slow(context.Context, budget.Slow) (float64, bool, error) {
+	return 0, false, errors.New("fake store: no slow")
+}
+
+// spend runs callers goroutines that take tokens until ctx ends, and
+// returns how many they got.
+func spend(ctx context.Context, b *budget.Budget, callers int) int64 {
+	var passed atomic.Int64
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				if b.Wait(ctx) == nil && ctx.Err() == nil {
+					passed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return passed.Load()
+}
+
+// TestStarvedProcessAsksOncePerRetryIn: while the fleet's bucket is
+// empty (every grant 0 tokens, ask again in 50 ms), sixteen callers of one
+// process ask the store about once per 50 ms between them, not each: the
+// process waits out the RetryIn as one.
+func TestStarvedProcessAsksOncePerRetryIn(t *testing.T) {
+	t.Parallel()
+	const retryIn, window = 50 * time.Millisecond, 600 * time.Millisecond
+	s := &fakeStore{}
+	s.set(budget.Grant{Tokens: 0, Rate: 10, RetryIn: retryIn}, nil, 0)
+	b, err := budget.New(s, budget.Config{Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), window)
+	defer cancel()
+	start := time.Now()
+	passed := spend(ctx, b, 16)
+	elapsed := time.Since(start)
+	takes := s.takes.Load()
+	most := int64(elapsed/retryIn) + 2
+	t.Logf("%d takes in %v with 16 callers starved (RetryIn %v; at most %d)", takes, elapsed, retryIn, most)
+	if passed != 0 {
+		t.Fatalf("%d calls passed with no token granted", passed)
+	}
+	if takes > most {
+		t.Fatalf("%d takes in %v: the callers asked the store each, not once per RetryIn (%d at most)", takes, elapsed, most)
+	}
+}
+
+// TestStoreDownPacesAShareWithoutAsking: after the store fails once, the
+// process stops asking it for a backoff (1 s at first) and paces its
+// callers from the local limiter at a conservative share: at most half
+// the fleet's last rate, and no more than this process was granted
+// lately. Eight callers for 800 ms on a store that fails after 5 ms
+// (its statement timeout) ask it once, and pass no more than the share
+// allows.
+func TestStoreDownPacesAShareWithoutAsking(t *testing.T) {
+	t.Parallel()
+	const rate, window = 100.0, 800 * time.Millisecond
+	s := &fakeStore{}
+	s.set(budget.Grant{Tokens: 10, Rate: rate}, nil, 0)
+	b, err := budget.New(s, budget.Config{Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This process took grants at the fleet's whole rate for a while.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	spend(ctx, b, 4)
+	cancel()
+	s.set(budget.Grant{}, errors.New("fake store: unreachable"), 5*time.Millisecond)
+	before := s.takes.Load()
+	ctx, cancel = context.WithTimeout(context.Background(), window)
+	defer cancel()
+	start := time.Now()
+	passed := spend(ctx, b, 8)
+	elapsed := time.Since(start)
+	takes := s.takes.Load() - before
+	// Half the rate, its burst, a grant's tokens left in hand, and a few
+	// for the timers' granularity under -race.
+	most := rate/2*elapsed.Seconds() + rate/2*budget.DefaultBurst.Seconds() + 10 + 5
+	t.Logf("store down: %d takes, %d calls passed in %v (at most %.0f)", takes, passed, elapsed, most)
+	if takes > 1 {
+		t.Fatalf("%d takes in %v of a failing store: every caller asked it", takes, elapsed)
+	}
+	if float64(passed) > most {
+		t.Fatalf("%d calls passed in %v with the store down, over half the fleet's rate (%.0f)", passed, elapsed, most)
+	}
+	if passed < 5 {
+		t.Fatalf("only %d calls passed in %v with the store down", passed, elapsed)
+	}
+}
+
+// TestWaitedRecordsTheBudgetsHold: under WithWaitRecorder, Waited sums
+// the waits for a token and the time from a refusal (no token before the
+// deadline) to the next call, the caller's backoff; not the rest.
+func TestWaitedRecordsTheBudgetsHold(t *testing.T) {
+	t.Parallel()
+	s := &fakeStore{}
+	s.set(budget.Grant{Tokens: 0, Rate: 10, RetryIn: 100 * time.Millisecond}, nil, 0)
+	b, err := budget.New(s, budget.Config{Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := budget.WithWaitRecorder(context.Background())
+	if budget.Waited(ctx) != 0 || budget.Waited(context.Background()) != 0 {
+		t.Fatal("a new recorder, or none, has waited")
+	}
+	start := time.Now()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	err = b.Wait(short) // refused at once: 100 ms does not fit in 50
+	cancel()
+	if err == nil {
+		t.Fatal("a token with none granted")
+	}
+	time.Sleep(30 * time.Millisecond) // the caller's backoff
+	s.set(budget.Grant{Tokens: 5, Rate: 10}, nil, 0)
+	// The process waits out its RetryIn before it asks again.
+	if err := b.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held := time.Since(start)
+	time.Sleep(20 * time.Millisecond) // after the budget: not its hold
+	if w := budget.Waited(ctx); w < 100*time.Millisecond || w > held {
+		t.Fatalf("waited %v, want the 100 ms the budget held the calls (at most %v)", w, held)
+	}
+}
