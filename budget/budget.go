@@ -457,6 +457,14 @@ func (b *Budget) Observe(ctx context.Context, err error) {
 	}
 	reason := cmp.Or(rl.RateLimitReason, "none")
 	b.metrics.limited.WithLabelValues(reasonLabel(reason)).Inc()
+	if rl.RateLimitReason == "" {
+		// Not known to be one of the account's limiters: Stripe names the
+		// limiter of every rate-limit 429 (Stripe-Rate-Limited-Reason). The
+		// payment waits its own Retry-After under its lease; the fleet keeps
+		// its pace, or 429s that come whatever the rate (an injected fault,
+		// a proxy's) would slow it to its floor and hold it there.
+		return
+	}
 	lower := !strings.HasSuffix(rl.RateLimitReason, "-concurrency")
 	b.mu.Lock()
 	now := time.Now()
