@@ -601,7 +601,9 @@ func isLetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
 
 // Printable makes text from a message safe to print on a terminal or a
 // page: an invalid UTF-8 byte becomes \xNN, a C0 control or DEL \xNN, a
-// C1 control or other non-printing rune (bidi overrides) \uNNNN, so no
+// C1 control or other non-printing rune (bidi overrides) \uNNNN, or
+// \UNNNNNNNN beyond the first plane, each read back as the one character
+// it stands for (the card number definition reads escapes), so no
 // escape sequence (clear screen, window title, OSC 52 clipboard write)
 // reaches a terminal, nor one an operator copies from the console. Newlines
 // and tabs are kept when multiline.
@@ -616,6 +618,8 @@ func Printable(s string, multiline bool) string {
 			b.WriteRune(r)
 		case r < 0x20 || r == 0x7f:
 			fmt.Fprintf(&b, `\x%02x`, r)
+		case r != ' ' && !unicode.IsPrint(r) && r > 0xffff:
+			fmt.Fprintf(&b, `\U%08x`, r) // \u takes four digits: \u1030fc would read as U+1030 and "fc"
 		case r != ' ' && !unicode.IsPrint(r):
 			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
