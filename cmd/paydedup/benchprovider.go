@@ -72,6 +72,7 @@ PATH. Each run works in a fresh schema and fresh streams.`,
 	f.IntVar(&c.Model.ConcurrencyLimit, "concurrency-limit", 0, "the account's requests in flight, 429 past it (0: none)")
 	f.IntVar(&c.BacklogA, "merchant-a-backlog", 0, "fairness scenario: merchant A's payments, published first (0: not this scenario)")
 	f.IntVar(&c.PaymentsB, "merchant-b-payments", shipbench.DefaultMerchantBPayments, "fairness scenario: merchant B's payments")
+	f.DurationVar(&c.Warmup, "warmup", 0, "also report publish→charged over the payments published this long or more after the first (0: no; the call limit's slow start is paid in the first seconds)")
 	f.DurationVar(&c.BAfter, "merchant-b-after", shipbench.DefaultMerchantBAfter, "fairness scenario: how long after A's first publish B's are published")
 	f.StringVar(&c.Provider, "provider", shipbench.ProviderStripe, "stripe (the adapter over plain HTTP) or stripe-tls (over HTTPS and HTTP/2, as to api.stripe.com)")
 	f.StringVar(&c.Binary, "binary", "", "the paydedup binary whose worker is measured (default: this one)")

@@ -121,11 +121,20 @@ func TestBenchProviderMeasuresTheShippedWorker(t *testing.T) {
 
 	m = stripesim.Model{LatencyMedian: 20e6, LatencyP99: 60e6}
 	f := runBenchProvider(t, env, "--binary", bin, "--latency-median", "20ms", "--latency-p99", "60ms",
-		"--merchant-a-backlog", "300", "--merchant-b-payments", "20", "--merchant-b-after", "200ms")
+		"--merchant-a-backlog", "300", "--merchant-b-payments", "20", "--merchant-b-after", "200ms", "--warmup", "150ms")
 	checkProviderReport(t, f, 320, 1, m)
 	if b := f.B; b == nil || b.BacklogA != 300 || b.Payments != 20 || b.AfterMS < 200 || f.Merchants != 2 ||
 		b.PublishToChargedP99MS > b.PublishToChargedMaxMS || b.PublishToChargedMaxMS > f.PublishToChargedMaxMS || b.ADrainedMS > f.Seconds*1000+1 {
 		t.Errorf("merchant B: %+v (run %+v)", b, f)
+	}
+	// Published 200 ms after A's, B's payments are the only ones after a
+	// 150 ms warm-up: the steady figures are theirs.
+	if st := f.Steady; st == nil || st.WarmupMS != 150 || st.Payments != 20 || f.B == nil || st.PublishToChargedP99MS != f.B.PublishToChargedP99MS ||
+		st.PublishToChargedP50MS > st.PublishToChargedP99MS || math.Abs(st.OverheadP99MS-(st.PublishToChargedP99MS-f.ProviderP99MS)) > 1e-6 {
+		t.Errorf("after the warm-up: %+v (merchant B %+v)", st, f.B)
+	}
+	if r.Steady != nil {
+		t.Errorf("a run without --warmup reports steady figures %+v", r.Steady)
 	}
 }
 
@@ -147,6 +156,7 @@ func TestBenchProviderRejectsBadSettings(t *testing.T) {
 		{[]string{"--merchant-a-backlog", "10", "--merchant-b-payments", "0"}, "--merchant-b-payments"},
 		{[]string{"--merchant-a-backlog", "10", "--payments", "5"}, "--payments and --merchant-a-backlog"},
 		{[]string{"--merchant-a-backlog", "-1"}, "--merchant-a-backlog"},
+		{[]string{"--warmup", "-1s"}, "--warmup"},
 	} {
 		_, _, err := runCLI(context.Background(), nil, append([]string{"bench", "provider"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
