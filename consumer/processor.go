@@ -457,7 +457,7 @@ func (p *Processor) callBudget() time.Duration { return p.cfg.Lease - p.cfg.Leas
 //
 // A timer, not a goroutine with a ticker: almost every call ends long before
 // the first beat, and a goroutine, a ticker and its channel per payment
-// were a measurable part of the worker's allocations. Its state is one
+// would be allocated for nothing. Its state is one
 // struct, not variables captured one by one by closures.
 func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, lease dedup.Lease, progress progresser, log *slog.Logger) *beater {
 	h := &beater{p: p, ctx: ctx, cancel: cancel, lease: lease, progress: progress, log: log, every: p.cfg.Lease / 3}

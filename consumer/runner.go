@@ -14,11 +14,10 @@ const runnerIdle = 5 * time.Second
 // runner runs the messages' work on goroutines that outlive one message.
 // A payment's goroutine grows its stack through the frames of the claim,
 // the provider call and the commit; a new goroutine per payment grew, and
-// copied, its stack several times for every payment: 11 % of the process's
-// CPU at full load. A goroutine that finishes a task takes the next one
-// offered while it waits (a task never waits for a goroutine: with none
-// idle, it gets a new one), and exits after runnerIdle without one or when
-// the runner stops.
+// copied, its stack several times for every payment. A goroutine that
+// finishes a task takes the next one offered while it waits (a task never
+// waits for a goroutine: with none idle, it gets a new one), and exits
+// after runnerIdle without one or when the runner stops.
 type runner struct {
 	work chan task
 	quit chan struct{}
@@ -122,8 +121,7 @@ func (b *batchRefs) release() {
 // cancel: a deadline at least settleTimeout/2 and at most settleTimeout
 // away. It is the batch's shared one while that has half of settleTimeout
 // left, which covers the messages that settle with their batch's group
-// commits; a context and a timer per message were 4 of a payment's
-// allocations.
+// commits, rather than a context and a timer per message.
 func (b *batchRefs) ackContext() (context.Context, context.CancelFunc) {
 	if dl, _ := b.ack.Deadline(); time.Until(dl) >= settleTimeout/2 {
 		return b.ack, func() {}

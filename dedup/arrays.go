@@ -9,8 +9,8 @@ import (
 // The hot statements take their batches as array parameters. pgx encodes a
 // plain []string or [][]byte through an ArrayGetter whose Index returns each
 // element as an interface value, and putting a string or a slice in an
-// interface allocates: one allocation per element per column, about a tenth
-// of the worker's allocations per payment. These array types hand pgx a
+// interface allocates: one allocation per element per column, on every
+// hot statement. These array types hand pgx a
 // pointer to each element instead (free to put in an interface); the bytes
 // on the wire are the same binary arrays.
 

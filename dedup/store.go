@@ -184,15 +184,14 @@ func nullable(s string) *string {
 // tables grow probe the primary key (or the ledger's unique key) once per
 // key. Left to itself the planner often picks a sequential scan and a hash
 // join instead: on a young table, with stale statistics, or through the
-// pending-lease index, whose dead entries it does not count. Measured at
-// 10,000 rows that cost the claim 6 ms and the group commit 3 ms per 100
-// keys, growing with the table. So sequential scans are off for these
+// pending-lease index, whose dead entries it does not count, and those
+// plans cost more as the table grows. So sequential scans are off for these
 // statements (set for their own transaction only), and the statements are
 // written so that no partial index can be walked for them (the claim's
 // re-acquire tests status in a CASE; the group commit fences on
 // locked_until, not status). Under those settings their generic plans are
 // the per-key probes too, so they skip the planner after their first
-// executions: about 1.5 ms per claim. TestHotPathReadsBoundedByBatch holds
+// executions (docs/performance.md). TestHotPathReadsBoundedByBatch holds
 // them to that, for small batches and large, new keys and duplicates.
 //
 // The group commit also sends its rows' completion notifications itself,

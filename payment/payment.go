@@ -321,7 +321,7 @@ func hasControl(s string) bool {
 }
 
 // hasBracket reports whether s has a '[' or a ']'. It is strings.ContainsAny
-// without the rune decoding, which showed in Decode's profile.
+// without the rune decoding: Decode calls it for every metadata key.
 func hasBracket(s string) bool {
 	return strings.IndexByte(s, '[') >= 0 || strings.IndexByte(s, ']') >= 0
 }

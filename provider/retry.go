@@ -89,7 +89,7 @@ func ChargeWithRetry(ctx context.Context, c Charger, req ChargeRequest, pol Retr
 
 	// The first attempt runs before any retry state is made: almost every
 	// call ends with it, and the state (the backoff, its context wrapper,
-	// the operation) was most of this function's allocations.
+	// the operation) would be allocated for nothing.
 	a := attempts{c: c, req: req, timeout: pol.AttemptTimeout}
 	out, err := a.try(ctx)
 	if err == nil {

@@ -15,9 +15,9 @@ import (
 	"github.com/paydedup/paydedup/lab/localpg"
 )
 
-// DefaultGrowthWarmup is bench growth's warm-up per run: at 10 million
-// rows, 30,000 payments right after the preload ran at half the rate of
-// the next 30,000 (docs/performance.md, "As the tables grow").
+// DefaultGrowthWarmup is bench growth's warm-up per run: payments timed
+// right after the preload measure a cold cache, not tables in service
+// (docs/performance.md, "As the tables grow").
 const DefaultGrowthWarmup = 60000
 
 type benchGrowthCmd struct {

@@ -10,9 +10,8 @@ import (
 // commands (worker, gateway) when GOGC is not set. Go's default, 100,
 // collects each time the heap doubles its live part; a worker's live heap
 // is small (tens of MiB) and its garbage is made per message, so at 100 the
-// collector took about a sixth of the worker's CPU. At 400 the worker spent
-// 134 µs of CPU per payment instead of 162-170, its peak RSS 95 MiB instead
-// of 66-75 (bench shipped, 60,000 payments). GOGC, and GOMEMLIMIT for a pod
+// collector runs often for little; 400 trades a larger peak RSS for less
+// CPU per payment (docs/performance.md, "Memory"). GOGC, and GOMEMLIMIT for a pod
 // with a memory limit, still win: the runtime reads them itself.
 const DefaultGOGC = 400
 

@@ -113,7 +113,7 @@ func maskAttr(a slog.Attr) slog.Attr {
 }
 
 // resolve is v.Resolve, called only for a LogValuer: Resolve defers a
-// recover, a third of the check's time on a line without one.
+// recover, a cost the check would otherwise pay for every value.
 func resolve(v slog.Value) slog.Value {
 	if v.Kind() == slog.KindLogValuer {
 		return v.Resolve()

@@ -196,7 +196,7 @@ func (s *Client) Charge(ctx context.Context, req provider.ChargeRequest) (*provi
 	// The create stripe-go's V1PaymentIntents.Create sends, with its body
 	// built by appendChargeForm and the answer read into chargedIntent:
 	// stripe-go's reflective form encoding and its decoding of the whole
-	// PaymentIntent object were a third of the adapter's CPU per charge.
+	// PaymentIntent object are work the adapter does not need.
 	params := &stripego.Params{Context: ctx}
 	params.SetIdempotencyKey(req.ProviderKey)
 	var ci chargedIntent
