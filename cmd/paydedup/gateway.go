@@ -179,6 +179,13 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The worker's check, once: a gateway on a database not migrated (or
+	// behind this build) would listen and then fail every request on a
+	// missing table or column. It exits instead, naming the fix; started
+	// beside the migrate Job, it is restarted until the Job is done.
+	if err := store.CheckSchema(ctx); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
 	gwStore, err := pgstore.New(pool, pgstore.Config{})
 	if err != nil {
 		return err
