@@ -9,6 +9,7 @@ import (
 
 	"github.com/paydedup/paydedup/internal/pg"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -206,6 +207,13 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	pub, err := stream.NewCommandPublisher(nc, pcfg, g.pubWait)
 	if err != nil {
 		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cfg.Idle = func(ctx context.Context) (bool, time.Time, error) {
+		return stream.Idle(ctx, js, g.streams.cfg, time.Now())
 	}
 
 	reg := prometheus.NewRegistry()
