@@ -12,7 +12,10 @@ demo:
 	$(GO) build -o bin/paydedup ./cmd/paydedup
 	bin/paydedup demo $(DEMOFLAGS)
 
+# go test prints nothing of a passing package: what the tests run
+# against is said here first.
 test:
+	@echo "make test: NATS: the server at $${TEST_NATS_URL:-nats://127.0.0.1:4222} if it answers with JetStream (TEST_NATS_URL names another), else an embedded one per test (under CI=true, a failure); the demo uses NATS_URL, else its own embedded server"
 	$(GO) test -race -count=1 ./...
 
 lint:
