@@ -445,6 +445,12 @@ func TestDLQReplayByReasonOrSequence(t *testing.T) {
 	if err != nil || !strings.Contains(out, fmt.Sprintf("would replay %d", maxSeq)) || !strings.Contains(out, "1 would be replayed, 0 skipped") {
 		t.Fatalf("replay %d --dry-run: %v\n%s", maxSeq, err, out)
 	}
+	// A sequence with --reason names that letter only, never every letter
+	// with the reason.
+	out, _, err = w.run("", "dlq", "replay", fmt.Sprint(rejected1), "--reason", stream.ReasonProviderRejected, "--dry-run")
+	if err != nil || !strings.Contains(out, "1 would be replayed, 0 skipped") || strings.Contains(out, fmt.Sprintf("would replay %d", rejected2)) {
+		t.Fatalf("replay %d --reason provider_rejected --dry-run: %v\n%s", rejected1, err, out)
+	}
 	if _, _, err := w.run("", "dlq", "replay", "abc"); err == nil || !strings.Contains(err.Error(), "dlq list") {
 		t.Errorf("replay abc: %v", err)
 	}
