@@ -416,10 +416,32 @@ type paymentData struct {
 type recordView struct {
 	dedup.Record
 	Response string
+	// State says in words what the row's status means for the payment.
+	State string
+}
+
+// recordState says what a row's status means for the payment, from what
+// the row knows: maybe_charged matters only while the key is pending (a
+// completed row keeps it, and its outcome says what happened); a failed
+// row was not charged, and is retried only if its message is redelivered:
+// once that message is dead-lettered it waits for an operator.
+func recordState(rec dedup.Record) string {
+	switch rec.Status {
+	case dedup.StatusCompleted:
+		return "completed: the provider's outcome is below"
+	case dedup.StatusFailed:
+		return "not charged: the last attempt failed (last error below). A redelivery of its message tries again; if the message was dead-lettered (max_deliveries, provider_rejected), it waits for an operator: see the dead letters on the overview"
+	case dedup.StatusPending:
+		if rec.MaybeCharged {
+			return "in flight, maybe charged: a provider call may have charged without its answer reaching us; the next holder or the reconciler asks the provider before charging again"
+		}
+		return "in flight: a worker holds it, or a redelivery takes it up"
+	}
+	return string(rec.Status)
 }
 
 func viewRecord(rec dedup.Record) *recordView {
-	v := &recordView{Record: rec, Response: RedactBody(rec.Response)}
+	v := &recordView{Record: rec, Response: RedactBody(rec.Response), State: recordState(rec)}
 	v.Record.RequestHash, v.Record.Response = nil, nil
 	for _, f := range []*string{&v.MerchantID, &v.IdempotencyKey, &v.ProviderKey, &v.Currency, &v.LockedBy, &v.ChargeID, &v.LastError, &v.TraceID} {
 		*f = shown(*f)

@@ -446,6 +446,39 @@ func TestPaymentLookupShowsRowLedgerAndOutcome(t *testing.T) {
 		}
 	}
 	want(t, w.get("/payment?merchant=m_1&key=nope"), http.StatusOK, "No row")
+	// A completed row keeps its maybe_charged flag; the page says what the
+	// outcome says, not "maybe charged".
+	if !strings.Contains(r.body, `id="record-state">completed`) || strings.Contains(r.body, "maybe charged") {
+		t.Errorf("the lookup of a completed payment does not say completed, or says maybe charged:\n%s", r.body)
+	}
+}
+
+// A failed row was not charged, and is retried only by a redelivery: the
+// console never calls it "retrying" outright (its message may wait in the
+// dead letters for an operator), and says so on the overview and the
+// lookup.
+func TestFailedPaymentIsNotCalledRetrying(t *testing.T) {
+	t.Parallel()
+	w := setup(t, console.Config{})
+	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "order-8", Amount: 500, Currency: "usd", PaymentMethod: "pm_card_visa"}
+	res, err := w.store.Claim(w.ctx, "h1", time.Minute, dedup.NewClaimRequest(cmd))
+	if err != nil || res.Lease == nil {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	if st, err := w.store.Fail(w.ctx, *res.Lease, "provider: 400 invalid_request_error"); err != nil || st != dedup.StatusFailed {
+		t.Fatalf("fail: %v %s", err, st)
+	}
+	w.fileLetter(stream.ReasonProviderRejected, "m_1", "order-8", nil, nil)
+	r := w.get("/payment?merchant=m_1&key=order-8")
+	for _, s := range []string{`id="record-status">failed<`, `id="record-state">not charged`, "waits for an operator"} {
+		if !strings.Contains(r.body, s) {
+			t.Errorf("the lookup of a failed payment does not show %q:\n%s", s, r.body)
+		}
+	}
+	o := w.get("/")
+	if strings.Contains(o.body, "retrying)") || !strings.Contains(o.body, "waits for an operator") {
+		t.Errorf("the overview calls failed rows retrying, or does not say they may wait for an operator:\n%s", o.body)
+	}
 }
 
 func TestRedact(t *testing.T) {

@@ -460,7 +460,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 				now.Sub(failedAt(d)).Round(time.Second), retention)
 		case opts.All && opts.Reason == "" && stream.NeedsInvestigation(d.Reason):
 			res.Outcome = Skipped
-			res.Detail = fmt.Sprintf("%s needs investigating first (docs/runbooks.md); once understood, replay it with --reason %s or --seq %d",
+			res.Detail = fmt.Sprintf("%s needs investigating first (docs/runbooks.md); once understood, replay it with paydedup dlq replay --reason %s, or this one alone with paydedup dlq replay %d",
 				d.Reason, d.Reason, d.Seq)
 		case !opts.Force && d.Reason == stream.ReasonKeyReused:
 			res.Outcome = Skipped

@@ -204,6 +204,11 @@ type Config struct {
 	// Propagator reads a request's trace context and writes the command's
 	// (OTEL_PROPAGATORS); W3C trace context when nil.
 	Propagator propagation.TextMapPropagator
+	// Idle, when set, says whether commands wait with no worker taking
+	// them (stream.Idle), and since when the workers were last seen: GET
+	// then says so in a waiting payment's delay (DelayNoWorker). Asked at
+	// most once a second, and only when no worker reports a pause.
+	Idle func(ctx context.Context) (idle bool, since time.Time, err error)
 }
 
 // WithDefaults returns c with every zero value replaced by its default.
@@ -338,6 +343,7 @@ func New(records Records, store Store, comp Completions, pub Publisher, cfg Conf
 		cfg.Propagator = propagation.TraceContext{}
 	}
 	g.prop = cfg.Propagator
+	g.pauses.idle = cfg.Idle
 	g.batch = newBatcher(g, store, records)
 	g.auths = newAuthThrottle(cfg.AuthFailures, cfg.AuthFailureWindow, cfg.Clock)
 	if cfg.TracerProvider == nil {

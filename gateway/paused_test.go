@@ -14,6 +14,7 @@ import (
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // TestGetSaysWorkersArePaused: during a provider outage the workers pause
@@ -175,5 +176,50 @@ func TestGetSaysPaymentsWaitForTheRateLimit(t *testing.T) {
 	}
 	if n := w.charges("m_a", "rl-0"); n != 1 {
 		t.Errorf("charged %d times, want 1", n)
+	}
+}
+
+// TestGetSaysNoWorkerConsumes: with no worker running, a payment taken in
+// reads "queued" for ever. GET says why: a delay no_worker, once commands
+// have waited stream.IdleAfter with nobody asking for them (the test moves
+// Idle's clock rather than sleeping); once a worker runs, the payment is
+// charged and the delay is gone.
+func TestGetSaysNoWorkerConsumes(t *testing.T) {
+	t.Parallel()
+	var w *world
+	var ahead atomic.Int64 // how far Idle's clock runs ahead
+	gcfg := gateway.Config{Idle: func(ctx context.Context) (bool, time.Time, error) {
+		return stream.Idle(ctx, w.js, w.cfg.Stream, time.Now().Add(time.Duration(ahead.Load())))
+	}}
+	w = setupWith(t, gcfg, options{})
+	wantStatus(t, w.post("nobody-1", payBody(700, "pm_card_visa")), http.StatusAccepted)
+	get := func() gateway.Payment {
+		t.Helper()
+		r := w.do(http.MethodGet, "/v1/payments/nobody-1", w.keyA, "", nil)
+		if r.status != http.StatusOK {
+			t.Fatalf("GET: %d %s", r.status, r.body)
+		}
+		return r.payment(t)
+	}
+	if p := get(); p.Status != gateway.StateQueued || p.Delay != nil {
+		t.Fatalf("at once: %q delay %+v, want queued with no delay (a worker may be about to fetch it)", p.Status, p.Delay)
+	}
+	ahead.Store(int64(stream.IdleAfter + time.Second))
+	var p gateway.Payment
+	w.eventually("GET says no worker consumes", func() bool {
+		p = get()
+		return p.Delay != nil
+	})
+	if d := p.Delay; p.Status != gateway.StateQueued || d.Cause != gateway.DelayNoWorker || d.WorkersPaused != 0 || d.Since.IsZero() {
+		t.Errorf("%q delay %+v, want queued, no_worker, since the consumer was last active", p.Status, *d)
+	}
+
+	w.startWorker()
+	w.eventually("charged once a worker runs", func() bool {
+		p = get()
+		return p.Status == gateway.StateSucceeded
+	})
+	if p.Delay != nil {
+		t.Errorf("a charged payment carries a delay %+v", *p.Delay)
 	}
 }

@@ -68,10 +68,12 @@ type Payment struct {
 // rate_limited, the workers working but payments waiting for the
 // provider's rate limit or the fleet's budget), since when, how many
 // workers, and when they try again. Payments resume on their own when it ends; none
-// of their deliveries is spent meanwhile.
+// of their deliveries is spent meanwhile. Or, with no pause, that no worker
+// takes commands off the queue at all (DelayNoWorker, WorkersPaused 0):
+// the payment moves once one runs.
 type Delay struct {
 	Cause         string    `json:"cause"`
-	Since         time.Time `json:"since"`
+	Since         time.Time `json:"since,omitzero"`
 	WorkersPaused int       `json:"workers_paused"`
 	// RetryAt is when the soonest of those workers tries again; the
 	// payment moves then if the outage is over. Absent when no worker

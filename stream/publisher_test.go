@@ -118,3 +118,58 @@ func TestConsumerState(t *testing.T) {
 		t.Fatalf("missing stream: %v", err)
 	}
 }
+
+// Idle says commands wait with no worker taking them: the consumer has
+// them to deliver and no pull request waiting, delivered none unacked, and
+// has been so for stream.IdleAfter; or it does not exist. A worker asking
+// for messages is never idle.
+func TestIdle(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	idle := func(now time.Time) (bool, time.Time) {
+		t.Helper()
+		idle, since, err := stream.Idle(ctx, js, cfg, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return idle, since
+	}
+	later := time.Now().Add(stream.IdleAfter + time.Second)
+	if ok, _ := idle(later); ok {
+		t.Fatal("idle with nothing to deliver")
+	}
+	if _, err := js.PublishMsg(ctx, stream.CommandMsg(cfg, "m_1", "k", body("m_1", "k", 100))); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := idle(time.Now()); ok {
+		t.Fatal("idle before IdleAfter has passed")
+	}
+	ok, since := idle(later)
+	if !ok || since.IsZero() || time.Since(since) > time.Minute {
+		t.Fatalf("a command waits, nobody asks: idle %v since %v, want idle since moments ago", ok, since)
+	}
+	// A worker asks: its pull request waits on the consumer.
+	cons, err := js.Consumer(ctx, cfg.Name, cfg.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, stream.CommandMsg(cfg, "m_1", "k2", body("m_1", "k2", 100))); err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		_ = m // delivered, not acked: a worker at work
+	}
+	if ok, _ := idle(later); ok {
+		t.Fatal("idle while a delivered command is unacked")
+	}
+	missing := cfg
+	missing.Durable = "nobody"
+	if ok, since, err := stream.Idle(ctx, js, missing, time.Now()); err != nil || !ok || !since.IsZero() {
+		t.Fatalf("no consumer: idle %v since %v err %v, want idle (no worker ever started)", ok, since, err)
+	}
+}

@@ -99,3 +99,40 @@ func notSetUp(what string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
+
+// IdleAfter is how long commands may wait in the stream with no worker
+// asking for them before Idle says no worker consumes: a working fleet
+// delivers a waiting command within a fetch.
+const IdleAfter = 15 * time.Second
+
+// Idle reports whether commands wait for a worker that is not there: the
+// durable consumer does not exist (no worker has started against cfg), or
+// it has commands to deliver, none delivered and unacked, no pull request
+// waiting, and has delivered or seen an ack for none for IdleAfter (by
+// now). since is when the consumer was last active (when it was created
+// if it never was; zero when it does not exist).
+func Idle(ctx context.Context, js jetstream.JetStream, cfg Config, now time.Time) (idle bool, since time.Time, err error) {
+	cfg = cfg.WithDefaults()
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	cons, err := js.Consumer(ctx, cfg.Name, cfg.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return true, time.Time{}, nil
+	}
+	if err != nil {
+		return false, time.Time{}, fmt.Errorf("consumer %s on %s: %w", cfg.Durable, cfg.Name, err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return false, time.Time{}, fmt.Errorf("consumer %s on %s info: %w", cfg.Durable, cfg.Name, err)
+	}
+	since = info.Created
+	for _, t := range []*time.Time{info.Delivered.Last, info.AckFloor.Last} {
+		if t != nil && t.After(since) {
+			since = *t
+		}
+	}
+	since = since.UTC()
+	idle = info.NumPending > 0 && info.NumAckPending == 0 && info.NumWaiting == 0 && now.Sub(since) > IdleAfter
+	return idle, since, nil
+}

@@ -32,7 +32,7 @@ type auditCmd struct {
 }
 
 func newAuditCmd(a *app) *cobra.Command {
-	c := &auditCmd{app: a}
+	c := &auditCmd{app: a, prov: providerFlags{reader: "audit"}}
 	cmd := &cobra.Command{
 		Use:   "audit",
 		Short: "Check the ledger against the provider's own records: exit non-zero on any drift",
@@ -69,6 +69,11 @@ intent lies further out is retrieved by id, so the margin saves calls, not
 findings. Stripe's created is in whole seconds: an intent is the window's
 when its second overlaps the window. Intents without our metadata (another
 system's) are counted and left alone. audit only reads: the worker's database role suffices.
+
+It reads Stripe with STRIPE_SECRET_KEY, the secret key of the account that
+charged the ledger's payments (STRIPE_API_BASE when they were charged at a
+Stripe stand-in). Never audit a real ledger against the in-process simulator
+(PAYDEDUP_PROVIDER=sim): it starts empty, so every row would be missing_intent.
 
 It exits 0 when the ledger and the provider agree, and non-zero with
 "audit: DRIFT: ..." when they do not (or with another error when it could not

@@ -126,3 +126,23 @@ func TestAuditCommandRefusesBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// Without STRIPE_SECRET_KEY, audit and reconcile name the key (and
+// STRIPE_API_BASE for a stand-in) and never suggest the simulator: it
+// starts empty, so audit would report every ledger row missing_intent. The
+// worker may still suggest it, for a demo.
+func TestLedgerReadersNameTheStripeKey(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": "postgres://x@127.0.0.1:1/db", "PAYDEDUP_LOG_LEVEL": "error"}
+	for _, cmd := range []string{"audit", "reconcile"} {
+		_, _, err := runCLI(context.Background(), env, cmd)
+		if err == nil || !strings.Contains(err.Error(), "STRIPE_SECRET_KEY") || !strings.Contains(err.Error(), "STRIPE_API_BASE") ||
+			strings.Contains(err.Error(), "PAYDEDUP_PROVIDER=sim") {
+			t.Errorf("%s without STRIPE_SECRET_KEY: %v, want STRIPE_SECRET_KEY and STRIPE_API_BASE named, the simulator not suggested", cmd, err)
+		}
+	}
+	_, _, err := runCLI(context.Background(), env, "worker")
+	if err == nil || !strings.Contains(err.Error(), "STRIPE_SECRET_KEY") || !strings.Contains(err.Error(), "STRIPE_API_BASE") {
+		t.Errorf("worker without STRIPE_SECRET_KEY: %v", err)
+	}
+}

@@ -164,6 +164,10 @@ type providerFlags struct {
 	// rate is PAYDEDUP_PROVIDER_RATE as given: the fleet's requests/s to
 	// the provider; "" or 0 for no configured ceiling.
 	rate string
+	// reader names a command that reads back payments the provider already
+	// holds (audit, reconcile): the in-process simulator starts empty and
+	// has none of them, so its messages never suggest it.
+	reader string
 }
 
 func (p *providerFlags) bind(cmd *cobra.Command, a *app) {
@@ -207,7 +211,7 @@ func (p *providerFlags) validate() error {
 	switch p.kind {
 	case "stripe":
 		if p.secretKey == "" {
-			return errors.New("PAYDEDUP_PROVIDER=stripe needs STRIPE_SECRET_KEY (or use PAYDEDUP_PROVIDER=sim for the simulator)")
+			return p.missingKey()
 		}
 	case "sim":
 		if !labBuild {
@@ -223,6 +227,16 @@ func (p *providerFlags) validate() error {
 		return err
 	}
 	return nil
+}
+
+// missingKey says what to set when STRIPE_SECRET_KEY is not: for a command
+// that reads back the ledger's payments, the key of the account that
+// charged them, never the simulator (it would report them all missing).
+func (p *providerFlags) missingKey() error {
+	if p.reader != "" {
+		return fmt.Errorf("%s reads the payments back from Stripe: set STRIPE_SECRET_KEY to the secret key of the account that charged them (sk_live_... or sk_test_...), and STRIPE_API_BASE to the stand-in's URL if they were charged at a Stripe stand-in (stripe-mock, provider-sim)", p.reader)
+	}
+	return errors.New("PAYDEDUP_PROVIDER=stripe needs STRIPE_SECRET_KEY, the Stripe account's secret key (sk_test_... in test mode; STRIPE_API_BASE points it at a Stripe stand-in), or use PAYDEDUP_PROVIDER=sim for the in-process simulator")
 }
 
 // describe is what the worker logs at start about its provider: which one,

@@ -424,7 +424,7 @@ type dlqReplayCmd struct {
 func newDLQReplayCmd(a *app) *cobra.Command {
 	r := &dlqReplayCmd{dlqBase: dlqBase{app: a}}
 	cmd := &cobra.Command{
-		Use:   "replay (--seq N... | --all) [--reason R] [--dry-run] [--force]",
+		Use:   "replay (SEQ... | --seq N... | --reason R | --all) [--dry-run] [--force]",
 		Short: "Republish dead letters to their original subject",
 		Long: `replay republishes dead letters to their original subject, with their original
 body and headers and a new Nats-Msg-Id (the old one may still be inside the
@@ -443,24 +443,41 @@ purged, and a replay could charge again. It skips reasons that cannot succeed un
 key_reused) unless --force. It never replays a card_data letter, not even
 with --force: its card number is masked, so the replay would be another
 command; the client must send the payment anew with a payment-method token.
+Name the letters by sequence (dlq replay 42 43, or --seq 42 --seq 43), by
+reason (--reason R: every letter with that reason), or all of them (--all).
 --all also skips provider_idempotency_mismatch and
 ledger_conflict, which need investigating first, unless --reason names them
-(or --seq names the letter). --all reads the stream a batch at a time and
-republishes at most --rate letters per second, so a large backlog does not
+(or a sequence names the letter). --reason and --all read the stream a batch at a time and
+republish at most --rate letters per second, so a large backlog does not
 flood the workers and the provider. --dry-run shows what would be replayed and
 changes nothing. It exits non-zero if a replay failed, or if a dead letter
-named with --seq was not replayed.`,
-		Example: `  paydedup dlq replay --all --reason max_deliveries --dry-run
-  paydedup dlq replay --all --reason max_deliveries
-  paydedup dlq replay --seq 42 --seq 43`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return r.Run(cmd.Context()) },
+named by its sequence was not replayed.`,
+		Example: `  paydedup dlq replay --reason max_deliveries --dry-run
+  paydedup dlq replay --reason max_deliveries
+  paydedup dlq replay --reason provider_rejected
+  paydedup dlq replay 42 43
+  paydedup dlq replay --all --dry-run`,
+		Args: func(_ *cobra.Command, args []string) error {
+			for _, a := range args {
+				if _, err := parseSeq(a); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, a := range args {
+				seq, _ := parseSeq(a)
+				r.seqs = append(r.seqs, uint(seq))
+			}
+			return r.Run(cmd.Context())
+		},
 	}
 	r.bind(cmd)
 	f := cmd.Flags()
 	f.UintSliceVar(&r.seqs, "seq", nil, "dead-letter sequence to replay; repeat or comma-separate for more")
 	f.BoolVar(&r.all, "all", false, "replay every dead letter (with --reason: every one with that reason)")
-	f.StringVar(&r.reason, "reason", "", "only dead letters with this reason")
+	f.StringVar(&r.reason, "reason", "", "replay every dead letter with this reason (with sequences: only those of them with it)")
 	f.BoolVar(&r.dryRun, "dry-run", false, "show what would be replayed; change nothing")
 	f.BoolVar(&r.force, "force", false, "also replay reasons that cannot succeed unchanged (bad input, key_reused)")
 	f.DurationVar(&r.retention, "key-retention", a.envDuration("PAYDEDUP_KEY_RETENTION", dlq.DefaultKeyRetention), "the store's key retention: older dead letters are refused (PAYDEDUP_KEY_RETENTION)")
@@ -471,8 +488,11 @@ named with --seq was not replayed.`,
 
 func (r *dlqReplayCmd) validate() error {
 	var errs []error
-	if r.all == (len(r.seqs) > 0) {
-		errs = append(errs, errors.New("say which dead letters to replay: --seq N (repeatable) or --all"))
+	switch {
+	case r.all && len(r.seqs) > 0:
+		errs = append(errs, errors.New("name dead letters by sequence or replay --all, not both"))
+	case !r.all && len(r.seqs) == 0 && r.reason == "":
+		errs = append(errs, errors.New("say which dead letters to replay: SEQ... (or --seq N, repeatable), --reason R, or --all"))
 	}
 	for _, s := range r.seqs {
 		if s == 0 {
@@ -501,12 +521,15 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 		return err
 	}
 	defer nc.Close()
-	opts := dlq.ReplayOptions{All: r.all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention, Rate: r.rate}
+	// --reason alone is every letter with that reason: --all's walk, with
+	// the same checks.
+	all := r.all || len(r.seqs) == 0
+	opts := dlq.ReplayOptions{All: all, Reason: r.reason, DryRun: r.dryRun, Force: r.force, KeyRetention: r.retention, Rate: r.rate}
 	for _, s := range r.seqs {
 		opts.Seqs = append(opts.Seqs, uint64(s))
 	}
 	finish := func() {}
-	if r.all {
+	if all {
 		// The letters in the stream now: the bar's total, at most.
 		var total int64 = -1
 		if s, err := js.Stream(ctx, r.streams.cfg.DLQStream); err == nil {
@@ -543,7 +566,7 @@ func (r *dlqReplayCmd) Run(ctx context.Context) error {
 		r.print(rep)
 	}
 	notDone := rep.Failed
-	if !r.all {
+	if !all {
 		notDone += rep.Skipped + rep.Refused + rep.NotFound
 	}
 	if notDone > 0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
@@ -391,5 +392,81 @@ func TestDLQOutputMasksCardNumbers(t *testing.T) {
 				t.Errorf("show --json: body_base64 %q and body %q, want the same masked bytes", v.Base64, v.Body)
 			}
 		}
+	}
+}
+
+// The skip message and the runbook say to replay an investigated reason by
+// name: --reason alone selects every letter with it, with --all's checks
+// (card_data is never replayed), and a sequence may be given as show takes
+// it, without --seq.
+func TestDLQReplayByReasonOrSequence(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, testenv.PostgresURL(t), true)
+	ctx := context.Background()
+	origSeq := uint64(0)
+	file := func(reason, key string) uint64 {
+		t.Helper()
+		origSeq++ // the letter's Nats-Msg-Id names it
+		h := nats.Header{}
+		h.Set(stream.HeaderIdempotencyKey, key)
+		d := stream.Letter{Reason: reason, Err: errors.New("filed by the test"), OrigSubject: w.cfg.SubjectPrefix + ".m_1",
+			OrigStream: w.cfg.Name, OrigSeq: origSeq, Deliveries: 1, Header: h, Data: []byte(paymentLine(key, 100)), FailedAt: time.Now()}
+		ack, err := w.js.PublishMsg(ctx, d.Msg(w.cfg))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	rejected1 := file(stream.ReasonProviderRejected, "rej-1")
+	maxSeq := file(stream.ReasonMaxDeliveries, "max-1")
+	rejected2 := file(stream.ReasonProviderRejected, "rej-2")
+	cardSeq := file(string(payment.ReasonCardData), "card-1")
+
+	// --all skips the reason, and says what to run: the test runs it next.
+	out, _, err := w.run("", "dlq", "replay", "--all", "--dry-run")
+	if err != nil || !strings.Contains(out, "paydedup dlq replay --reason provider_rejected,") {
+		t.Fatalf("replay --all --dry-run: %v\n%s", err, out)
+	}
+
+	out, _, err = w.run("", "dlq", "replay", "--reason", stream.ReasonProviderRejected, "--dry-run")
+	if err != nil {
+		t.Fatalf("replay --reason provider_rejected --dry-run: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "2 would be replayed, 0 skipped, 0 refused") ||
+		!strings.Contains(out, fmt.Sprintf("would replay %d", rejected1)) || !strings.Contains(out, fmt.Sprintf("would replay %d", rejected2)) {
+		t.Fatalf("replay --reason provider_rejected --dry-run:\n%s", out)
+	}
+	out, _, err = w.run("", "dlq", "replay", "--reason", string(payment.ReasonCardData), "--force")
+	if err != nil || !strings.Contains(out, "0 replayed, 0 skipped, 1 refused") || !strings.Contains(out, fmt.Sprintf("refused      %d", cardSeq)) {
+		t.Fatalf("replay --reason card_data --force: %v\n%s", err, out)
+	}
+
+	out, _, err = w.run("", "dlq", "replay", fmt.Sprint(maxSeq), "--dry-run")
+	if err != nil || !strings.Contains(out, fmt.Sprintf("would replay %d", maxSeq)) || !strings.Contains(out, "1 would be replayed, 0 skipped") {
+		t.Fatalf("replay %d --dry-run: %v\n%s", maxSeq, err, out)
+	}
+	// A sequence with --reason names that letter only, never every letter
+	// with the reason.
+	out, _, err = w.run("", "dlq", "replay", fmt.Sprint(rejected1), "--reason", stream.ReasonProviderRejected, "--dry-run")
+	if err != nil || !strings.Contains(out, "1 would be replayed, 0 skipped") || strings.Contains(out, fmt.Sprintf("would replay %d", rejected2)) {
+		t.Fatalf("replay %d --reason provider_rejected --dry-run: %v\n%s", rejected1, err, out)
+	}
+	if _, _, err := w.run("", "dlq", "replay", "abc"); err == nil || !strings.Contains(err.Error(), "dlq list") {
+		t.Errorf("replay abc: %v", err)
+	}
+	if _, _, err := w.run("", "dlq", "replay", fmt.Sprint(maxSeq), "--all"); err == nil {
+		t.Errorf("replay with a sequence and --all: no error")
+	}
+
+	out, _, err = w.run("", "dlq", "replay", "--reason", stream.ReasonProviderRejected)
+	if err != nil || !strings.Contains(out, "dlq replay: 2 replayed, 0 skipped, 0 refused, 0 not found, 0 failed") {
+		t.Fatalf("replay --reason provider_rejected: %v\n%s", err, out)
+	}
+	left, err := dlq.List(ctx, w.js, w.cfg, dlq.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 2 || left[0].Seq != maxSeq || left[1].Seq != cardSeq {
+		t.Fatalf("dead letters left: %+v", left)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/paydedup/paydedup/internal/pg"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
@@ -179,6 +180,13 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The worker's check, once: a gateway on a database not migrated (or
+	// behind this build) would listen and then fail every request on a
+	// missing table or column. It exits instead, naming the fix; started
+	// beside the migrate Job, it is restarted until the Job is done.
+	if err := store.CheckSchema(ctx); err != nil {
+		return fmt.Errorf("gateway: %w", err)
+	}
 	gwStore, err := pgstore.New(pool, pgstore.Config{})
 	if err != nil {
 		return err
@@ -199,6 +207,13 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	pub, err := stream.NewCommandPublisher(nc, pcfg, g.pubWait)
 	if err != nil {
 		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cfg.Idle = func(ctx context.Context) (bool, time.Time, error) {
+		return stream.Idle(ctx, js, g.streams.cfg, time.Now())
 	}
 
 	reg := prometheus.NewRegistry()

@@ -106,6 +106,8 @@ func TestHelpNamesWhatExists(t *testing.T) {
 	for path, need := range map[string][]string{
 		"paydedup worker":     {"PAYDEDUP_DLQ_KEY", "STRIPE_SECRET_KEY", "DATABASE_URL"},
 		"paydedup dlq replay": {"PAYDEDUP_DLQ_KEY"},
+		"paydedup audit":      {"STRIPE_SECRET_KEY", "STRIPE_API_BASE", "DATABASE_URL"},
+		"paydedup reconcile":  {"STRIPE_SECRET_KEY", "DATABASE_URL"},
 	} {
 		for _, v := range need {
 			if !strings.Contains(helps[path], v) {

@@ -86,7 +86,7 @@ type reconcileCmd struct {
 }
 
 func newReconcileCmd(a *app) *cobra.Command {
-	r := &reconcileCmd{app: a}
+	r := &reconcileCmd{app: a, prov: providerFlags{reader: "reconcile"}}
 	cmd := &cobra.Command{
 		Use:   "reconcile",
 		Short: "Resolve payments a crash left pending, and purge expired keys",

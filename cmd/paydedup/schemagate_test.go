@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/paydedup/paydedup/lab/testenv"
 )
@@ -41,9 +42,18 @@ func TestDatabaseErrorsNameTheFix(t *testing.T) {
 		{"apikey create on an unmigrated database", map[string]string{"DATABASE_URL": empty},
 			[]string{"apikey", "create", "--merchant", "m_1"},
 			[]string{`relation "api_keys" does not exist`, "paydedup migrate up"}},
+		// It would otherwise listen, and fail every POST on a missing table.
+		{"gateway on an unmigrated database", map[string]string{"DATABASE_URL": empty, "NATS_URL": nats,
+			"PAYDEDUP_HTTP_ADDR": "127.0.0.1:0"},
+			[]string{"gateway"},
+			[]string{"the database is at migration 0", "paydedup migrate up", "schema owner"}},
 	} {
 		c.env["PAYDEDUP_LOG_LEVEL"] = "warn"
-		_, _, err := runCLI(ctx, c.env, c.args...)
+		// A command that serves instead of failing ends here, and is
+		// reported as having succeeded.
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, _, err := runCLI(cctx, c.env, c.args...)
+		cancel()
 		if err == nil {
 			t.Errorf("%s: succeeded; want an error (a non-zero exit)", c.name)
 			continue

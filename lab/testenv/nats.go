@@ -20,6 +20,9 @@ var (
 	natsOnce sync.Once
 	natsURL  string
 	natsErr  error
+	// natsSaid is done once a test of this package (this test binary) has
+	// logged which server the tests use.
+	natsSaid sync.Once
 )
 
 func sharedNATSURL() (string, error) {
@@ -74,10 +77,21 @@ func anchorStreams(nc *nats.Conn) error {
 // NATSURL returns the URL of a JetStream-enabled NATS server for the test:
 // TEST_NATS_URL, else the local server, else (outside CI) an embedded one.
 // Tests sharing a server isolate themselves with Unique names.
+//
+// The first test of a package to ask logs which server that is (go test -v
+// shows it, and a failure's output): any server answering on the local
+// port is used, though the demo, without NATS_URL, embeds its own.
 func NATSURL(t testing.TB) string {
 	t.Helper()
 	u, err := sharedNATSURL()
 	if err == nil {
+		natsSaid.Do(func() {
+			from := "the local server, " + DefaultNATSURL + "; TEST_NATS_URL names another"
+			if os.Getenv("TEST_NATS_URL") != "" {
+				from = "TEST_NATS_URL"
+			}
+			t.Logf("testenv: the tests of this package use the NATS server at %s (%s)", u, from)
+		})
 		return u
 	}
 	if InCI() {
