@@ -259,6 +259,8 @@ func (g *gate) hold(delta int) {
 }
 
 // state returns the cause of the pause ("" when open) and its details.
+//
+//lint:ignore ST1008 err is the error that caused the pause, not a failure of state
 func (g *gate) state() (cause string, err error, streak, held int, until time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
