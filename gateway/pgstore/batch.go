@@ -305,29 +305,11 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 	return out, nil
 }
 
-// ActiveAPIKeys returns which of the given key hashes (HashAPIKey) belong
-// to an active key, and the merchant of each: one statement for a batch of
-// requests, so that a key revoked a moment ago is refused by the next batch
-// whatever a cache still says.
-func (s *Store) ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]string, error) {
-	var out map[string]string
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		b := pg.NewBatch()
-		got := queueActiveAPIKeys(b, hashes)
-		if err := s.db.Send(ctx, b); err != nil {
-			return err
-		}
-		out = got()
-		return nil
-	})
-	if err != nil {
-		return nil, interpretError("check API keys", err)
-	}
-	return out, nil
-}
-
-// queueActiveAPIKeys queues ActiveAPIKeys' statement on b and returns the
-// function that gives its answer once b is sent.
+// queueActiveAPIKeys queues on b the read of which of the given key hashes
+// (HashAPIKey) belong to an active key, and the merchant of each, and
+// returns the function that gives its answer once b is sent. It runs in
+// every batch's reads, so that a key revoked a moment ago is refused by
+// the next batch whatever a cache still says.
 func queueActiveAPIKeys(b *pg.Batch, hashes [][]byte) func() map[string]string {
 	out := make(map[string]string, len(hashes))
 	b.Query(`SELECT key_hash, merchant_id FROM api_keys
@@ -354,7 +336,7 @@ type RecordReads interface {
 
 // BatchReads is what a batch of POSTs reads before it takes its keys in.
 type BatchReads struct {
-	Active   map[string]string // the active API keys among the hashes, to their merchant (ActiveAPIKeys)
+	Active   map[string]string // the active API keys among the hashes, to their merchant
 	Records  []dedup.Record    // the keys' records that exist (dedup.Store.GetMany)
 	Payments []dedup.Payment   // the keys' ledger rows that exist (dedup.Store.PaymentsFor)
 }
