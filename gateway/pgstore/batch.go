@@ -14,16 +14,19 @@ import (
 )
 
 // The batched intake: the gateway takes in a whole batch of
-// concurrent POSTs with a few statements instead of a few per request. Each
-// statement does for many keys what its single-key counterpart does for
-// one, under the same rules (acquireIntakeConflict is shared).
+// concurrent POSTs with a few statements instead of a few per request. Both
+// acquire statements take rows over under the same rule
+// (acquireIntakeConflict).
 
-// AcquireIntakes is AcquireIntake for a batch of requests with distinct
-// (merchant, key): one statement takes in every key it can and reads the
-// rows it could not take over; only a row that a concurrent batch committed
-// while it ran is read with one more. results[i] answers reqs[i]. An error
-// fails the whole batch: nothing was acquired by it that the caller must
-// give up (the statement is atomic).
+// AcquireIntakes tries to make the caller the publisher of each of a batch
+// of requests with distinct (merchant, key), for lease; each row is kept
+// for retention. Only IntakeAcquired lets the caller publish; it must then
+// mark the row published (IntakesPublished) or give it up (AbandonIntake).
+// One statement takes in every key it can and reads the rows it could not
+// take over; only a row that a concurrent batch committed while it ran is
+// read with one more. results[i] answers reqs[i]. An error fails the whole
+// batch: nothing was acquired by it that the caller must give up (the
+// statement is atomic).
 func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
 	seen, err := checkIntakeBatch(reqs, lease, retention)
 	if err != nil {
@@ -31,8 +34,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 	}
 	results := make([]IntakeResult, len(reqs))
 	todo := reqs
-	// A row purged between the two statements is simply retried, as in
-	// AcquireIntake.
+	// A row purged between the two statements is simply retried.
 	for range 3 {
 		args := intakeArgs(todo, lease, retention)
 		args["now"] = s.db.Now()
