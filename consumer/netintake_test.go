@@ -33,9 +33,13 @@ func TestMaxDeliveriesNetMarksIntakeForOperator(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "net-orphan", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-	acq, err := intake.AcquireIntake(e.ctx, dedup.NewClaimRequest(cmd), 30*time.Second, time.Hour)
-	if err != nil || acq.Outcome != pgstore.IntakeAcquired {
-		t.Fatalf("acquire intake: %+v %v", acq, err)
+	acqs, err := intake.AcquireIntakes(e.ctx, []dedup.ClaimRequest{dedup.NewClaimRequest(cmd)}, 30*time.Second, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acq := acqs[0]
+	if acq.Outcome != pgstore.IntakeAcquired {
+		t.Fatalf("acquire intake: %+v", acq)
 	}
 	data, err := stream.EncodeCommand(cmd)
 	if err != nil {

@@ -259,6 +259,8 @@ func (g *gate) hold(delta int) {
 }
 
 // state returns the cause of the pause ("" when open) and its details.
+//
+//lint:ignore ST1008 err is the error that caused the pause, not a failure of state
 func (g *gate) state() (cause string, err error, streak, held int, until time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -341,14 +343,4 @@ func (p *Processor) Paused(context.Context) error {
 	}
 	return fmt.Errorf("%w: paused, not fetching (%d pause(s) in a row, %d message(s) held, next probe after %s): %v",
 		sentinel, streak, held, until.UTC().Format(time.RFC3339), err)
-}
-
-// ProviderAuthorized is a readiness check: an error wrapping
-// ErrProviderUnauthorized while the last provider answer refused the API key
-// (the worker then stops consuming and tries again after a pause).
-func (p *Processor) ProviderAuthorized(ctx context.Context) error {
-	if p.PauseCause() != PauseProviderAuth {
-		return nil
-	}
-	return p.Paused(ctx)
 }

@@ -120,7 +120,7 @@ func TestUnauthorizedPausesTheWorker(t *testing.T) {
 	if res.Kind != consumer.Retry || res.Delay < consumer.AuthPauseFirst {
 		t.Fatalf("result %+v, want a retry after the pause", res)
 	}
-	if err := proc.ProviderAuthorized(context.Background()); !errors.Is(err, consumer.ErrProviderUnauthorized) {
+	if err := proc.Paused(context.Background()); !errors.Is(err, consumer.ErrProviderUnauthorized) {
 		t.Fatalf("readiness = %v, want ErrProviderUnauthorized", err)
 	}
 	rec, err := e.store.Get(e.ctx, "m_1", "auth")
@@ -135,7 +135,7 @@ func TestUnauthorizedPausesTheWorker(t *testing.T) {
 	if res := proc.Handle(e.ctx, cmd, claims[0], nil); res.Kind != consumer.Completed {
 		t.Fatalf("after the key is fixed: %+v", res)
 	}
-	if err := proc.ProviderAuthorized(context.Background()); err != nil {
+	if err := proc.Paused(context.Background()); err != nil {
 		t.Fatalf("readiness after a charge: %v", err)
 	}
 	if e.charges("m_1", "auth") != 1 {

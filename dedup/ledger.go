@@ -38,14 +38,6 @@ const (
 	PaymentFailed = "failed"
 )
 
-// Matches reports whether a request with req's amount and currency may be
-// this payment. The ledger keeps no fingerprint, so once a key's row is
-// purged these are all that tell the old payment's late copy (a duplicate)
-// from another payment sent under the old key (a reused key).
-func (p Payment) Matches(req ClaimRequest) bool {
-	return p.Amount == req.Amount && p.Currency == req.Currency
-}
-
 // GetPayment returns the ledger row of a key, or ErrNotFound.
 func (s *Store) GetPayment(ctx context.Context, merchantID, key string) (Payment, error) {
 	var (

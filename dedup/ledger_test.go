@@ -54,7 +54,7 @@ func TestPurgedKeyReusedForAnotherPayment(t *testing.T) {
 		t.Fatalf("the ledger check must not recreate the key row: %v", err)
 	}
 	p, err := b.store.GetPayment(b.ctx, "m_1", "reused")
-	if err != nil || p.ChargeID != "pi_reused" || !p.Matches(r) || p.Matches(other) || p.Matches(euro) {
+	if err != nil || p.ChargeID != "pi_reused" || p.Amount != r.Amount || p.Currency != r.Currency {
 		t.Fatalf("GetPayment: %+v %v", p, err)
 	}
 	if _, err := b.store.GetPayment(b.ctx, "m_1", "never"); !errors.Is(err, dedup.ErrNotFound) {

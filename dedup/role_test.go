@@ -24,7 +24,6 @@ import (
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
-	"github.com/paydedup/paydedup/provider/stripe"
 	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/reconciler"
 	"github.com/paydedup/paydedup/stream"
@@ -55,7 +54,7 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	sim := stripesim.New(stripesim.Config{Seed: 3})
 	srv := httptest.NewServer(sim)
 	t.Cleanup(srv.Close)
-	stripe, err := stripe.New(stripe.Config{SecretKey: "sk_test_role", APIBase: srv.URL, Timeout: time.Second})
+	stripe, err := stripeadapter.New(stripeadapter.Config{SecretKey: "sk_test_role", APIBase: srv.URL, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -731,7 +731,8 @@ func refsOf(items []*item) []dedup.KeyRef {
 
 // keyCache maps API key hashes to their merchant, so that a POST does not
 // look its key up; every batch re-checks the keys of its requests
-// (ActiveAPIKeys), so a revocation is seen by the next batch.
+// (pgstore.AcquireNewIntakes, ReadBatch), so a revocation is seen by the
+// next batch.
 type keyCache struct {
 	mu sync.RWMutex
 	m  map[string]string

@@ -185,7 +185,7 @@ func pgxQuery(sql string) func(tracetest.SpanStub) bool {
 func attr(s tracetest.SpanStub, key string) string {
 	for _, kv := range s.Attributes {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

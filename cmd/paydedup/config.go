@@ -3,8 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -404,20 +402,6 @@ func (a *app) dlqKeys(cfg *stream.Config) error {
 	prev, perr := a.dlqPreviousKeys()
 	cfg.DLQKey, cfg.DLQPreviousKeys = key, prev
 	return errors.Join(kerr, perr)
-}
-
-// labDLQKey is the DLQ key of the demo's and the bench's in-process
-// workers: PAYDEDUP_DLQ_KEY when set (it must then be valid), else a random
-// key for this run only.
-func (a *app) labDLQKey() ([]byte, error) {
-	if a.getenv(dlqKeyEnv) != "" {
-		return a.dlqKey()
-	}
-	b := make([]byte, stream.MinDLQKeyLen)
-	if _, err := rand.Read(b); err != nil {
-		return nil, fmt.Errorf("generate a DLQ key: %w", err)
-	}
-	return []byte(hex.EncodeToString(b)), nil
 }
 
 // Environment parsing: a variable is a flag's default, so --help shows the

@@ -10,6 +10,8 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -69,4 +71,18 @@ func (p *publishCmd) publishGenerated(ctx context.Context, pub *stream.Publisher
 		}
 	}
 	return nil
+}
+
+// labDLQKey is the DLQ key of the demo's and the bench's in-process
+// workers: PAYDEDUP_DLQ_KEY when set (it must then be valid), else a random
+// key for this run only.
+func (a *app) labDLQKey() ([]byte, error) {
+	if a.getenv(dlqKeyEnv) != "" {
+		return a.dlqKey()
+	}
+	b := make([]byte, stream.MinDLQKeyLen)
+	if _, err := crand.Read(b); err != nil {
+		return nil, fmt.Errorf("generate a DLQ key: %w", err)
+	}
+	return []byte(hex.EncodeToString(b)), nil
 }

@@ -14,16 +14,19 @@ import (
 )
 
 // The batched intake: the gateway takes in a whole batch of
-// concurrent POSTs with a few statements instead of a few per request. Each
-// statement does for many keys what its single-key counterpart does for
-// one, under the same rules (acquireIntakeConflict is shared).
+// concurrent POSTs with a few statements instead of a few per request. Both
+// acquire statements take rows over under the same rule
+// (acquireIntakeConflict).
 
-// AcquireIntakes is AcquireIntake for a batch of requests with distinct
-// (merchant, key): one statement takes in every key it can and reads the
-// rows it could not take over; only a row that a concurrent batch committed
-// while it ran is read with one more. results[i] answers reqs[i]. An error
-// fails the whole batch: nothing was acquired by it that the caller must
-// give up (the statement is atomic).
+// AcquireIntakes tries to make the caller the publisher of each of a batch
+// of requests with distinct (merchant, key), for lease; each row is kept
+// for retention. Only IntakeAcquired lets the caller publish; it must then
+// mark the row published (IntakesPublished) or give it up (AbandonIntake).
+// One statement takes in every key it can and reads the rows it could not
+// take over; only a row that a concurrent batch committed while it ran is
+// read with one more. results[i] answers reqs[i]. An error fails the whole
+// batch: nothing was acquired by it that the caller must give up (the
+// statement is atomic).
 func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
 	seen, err := checkIntakeBatch(reqs, lease, retention)
 	if err != nil {
@@ -31,8 +34,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 	}
 	results := make([]IntakeResult, len(reqs))
 	todo := reqs
-	// A row purged between the two statements is simply retried, as in
-	// AcquireIntake.
+	// A row purged between the two statements is simply retried.
 	for range 3 {
 		args := intakeArgs(todo, lease, retention)
 		args["now"] = s.db.Now()
@@ -305,29 +307,11 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 	return out, nil
 }
 
-// ActiveAPIKeys returns which of the given key hashes (HashAPIKey) belong
-// to an active key, and the merchant of each: one statement for a batch of
-// requests, so that a key revoked a moment ago is refused by the next batch
-// whatever a cache still says.
-func (s *Store) ActiveAPIKeys(ctx context.Context, hashes [][]byte) (map[string]string, error) {
-	var out map[string]string
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		b := pg.NewBatch()
-		got := queueActiveAPIKeys(b, hashes)
-		if err := s.db.Send(ctx, b); err != nil {
-			return err
-		}
-		out = got()
-		return nil
-	})
-	if err != nil {
-		return nil, interpretError("check API keys", err)
-	}
-	return out, nil
-}
-
-// queueActiveAPIKeys queues ActiveAPIKeys' statement on b and returns the
-// function that gives its answer once b is sent.
+// queueActiveAPIKeys queues on b the read of which of the given key hashes
+// (HashAPIKey) belong to an active key, and the merchant of each, and
+// returns the function that gives its answer once b is sent. It runs in
+// every batch's reads, so that a key revoked a moment ago is refused by
+// the next batch whatever a cache still says.
 func queueActiveAPIKeys(b *pg.Batch, hashes [][]byte) func() map[string]string {
 	out := make(map[string]string, len(hashes))
 	b.Query(`SELECT key_hash, merchant_id FROM api_keys
@@ -354,7 +338,7 @@ type RecordReads interface {
 
 // BatchReads is what a batch of POSTs reads before it takes its keys in.
 type BatchReads struct {
-	Active   map[string]string // the active API keys among the hashes, to their merchant (ActiveAPIKeys)
+	Active   map[string]string // the active API keys among the hashes, to their merchant
 	Records  []dedup.Record    // the keys' records that exist (dedup.Store.GetMany)
 	Payments []dedup.Payment   // the keys' ledger rows that exist (dedup.Store.PaymentsFor)
 }

@@ -24,23 +24,16 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 		t.Fatal(err)
 	}
 	apiKey := pgstore.HashAPIKey(m1)
-	keys := []string{"single", "batch", "new"}
+	keys := []string{"batch", "new"}
 	for _, k := range keys {
-		if res, err := b.store.AcquireIntake(b.ctx, req("m_1", k, 100), publishLease, retention); err != nil || res.Outcome != pgstore.IntakeAcquired {
+		if res, err := acquireOne(b.ctx, b.store, req("m_1", k, 100), publishLease, retention); err != nil || res.Outcome != pgstore.IntakeAcquired {
 			t.Fatalf("%s: %+v %v", k, res, err)
 		}
 	}
 	b.clock.Advance(publishLease + time.Second) // no mark: the outcome of the publish is unknown
 	acquire := map[string]func(dedup.ClaimRequest) (pgstore.IntakeResult, error){
-		"single": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
-			return b.store.AcquireIntake(b.ctx, r, publishLease, retention)
-		},
 		"batch": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
-			res, err := b.store.AcquireIntakes(b.ctx, []dedup.ClaimRequest{r}, publishLease, retention)
-			if err != nil {
-				return pgstore.IntakeResult{}, err
-			}
-			return res[0], nil
+			return acquireOne(b.ctx, b.store, r, publishLease, retention)
 		},
 		"new": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
 			res, err := b.store.AcquireNewIntakes(b.ctx, []dedup.ClaimRequest{r}, [][]byte{apiKey}, publishLease, retention)
@@ -62,17 +55,17 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 	}
 	// An unknown outcome releases the lease and keeps the binding: the
 	// same payload takes the row over at once, another is a mismatch.
-	in, err := b.store.GetIntake(b.ctx, "m_1", "single")
+	in, err := b.store.GetIntake(b.ctx, "m_1", "batch")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := b.store.ReleaseIntake(b.ctx, in); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "single", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "batch", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
 		t.Fatalf("another payload after a release: %v", res.Outcome)
 	}
-	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "single", 100), publishLease, retention); err != nil ||
+	if res, err := acquireOne(b.ctx, b.store, req("m_1", "batch", 100), publishLease, retention); err != nil ||
 		res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
 		t.Fatalf("the same payload after a release: %+v %v", res, err)
 	}
@@ -80,19 +73,19 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 		t.Fatalf("a stale release: %v", err)
 	}
 	// A refusal frees the key: a corrected payload is new.
-	if in, err = b.store.GetIntake(b.ctx, "m_1", "single"); err != nil {
+	if in, err = b.store.GetIntake(b.ctx, "m_1", "batch"); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, in); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "single", 999), publishLease, retention); err != nil ||
+	if res, err := acquireOne(b.ctx, b.store, req("m_1", "batch", 999), publishLease, retention); err != nil ||
 		res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 999 {
 		t.Fatalf("a corrected payload after a refusal: %+v %v", res, err)
 	}
 	// Expired: any payload.
 	b.clock.Advance(retention + time.Hour)
-	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "batch", 555), publishLease, retention); err != nil ||
+	if res, err := acquireOne(b.ctx, b.store, req("m_1", "new", 555), publishLease, retention); err != nil ||
 		res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 555 {
 		t.Fatalf("an expired row: %+v %v", res, err)
 	}

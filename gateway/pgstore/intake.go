@@ -1,7 +1,6 @@
 package pgstore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -79,7 +78,8 @@ func (in Intake) WaitsForOperator(rec *dedup.Record) bool {
 	return rec.Status != dedup.StatusCompleted && !rec.UpdatedAt.After(in.OperatorAt)
 }
 
-// IntakeOutcome is what AcquireIntake found.
+// IntakeOutcome is what an acquisition (AcquireIntakes, AcquireNewIntakes)
+// found.
 type IntakeOutcome int
 
 // Intake outcomes.
@@ -116,7 +116,7 @@ func (o IntakeOutcome) String() string {
 	return "unknown"
 }
 
-// IntakeResult is the result of AcquireIntake.
+// IntakeResult is the result of an acquisition for one request.
 type IntakeResult struct {
 	Outcome IntakeOutcome
 	Intake  Intake
@@ -179,27 +179,19 @@ func (s *intakeScanner) scan(row pgx.Row) (Intake, error) {
 	return in, nil
 }
 
-// acquireIntakeSQL inserts the guard row, or takes it over when it expired
-// (any fingerprint), or when its lock passed and it is not terminal, with
-// the same fingerprint only: a row binds its key to the first payload that
-// may have been published under it, marked published or not (its
-// publisher died, its PubAck or its mark was lost), until it expires or a
-// refusal abandons it (AbandonIntake). A row taken over afresh forgets its
-// publish and its dead letter. Concurrent callers serialise on the row:
-// exactly one gets a row back.
-const acquireIntakeSQL = `
-INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
-    locked_until, created_at, expires_at)
-VALUES (@merchant, @key, @hash, @amount, @currency, 1, ` + dbNow + ` + @lease::interval, ` + dbNow + `,
-    ` + dbNow + ` + @retention::interval)
-` + acquireIntakeConflict
-
-// acquireIntakesSQL is acquireIntakeSQL for a batch of distinct keys, in
-// key order so that concurrent batches lock rows in the same order: byte
-// order, the primary key's (migration 00015), whatever the database's
-// default collation (a release sorting by another order beside this one
-// can deadlock with it: PostgreSQL breaks the deadlock and the batch is
-// retried, as any deadlock is).
+// acquireIntakesSQL inserts the guard rows of a batch of distinct keys, or
+// takes each over when it expired (any fingerprint), or when its lock
+// passed and it is not terminal, with the same fingerprint only: a row
+// binds its key to the first payload that may have been published under
+// it, marked published or not (its publisher died, its PubAck or its mark
+// was lost), until it expires or a refusal abandons it (AbandonIntake). A
+// row taken over afresh forgets its publish and its dead letter.
+// Concurrent callers serialise on each row: exactly one gets it back. The
+// keys are taken in key order so that concurrent batches lock rows in the
+// same order: byte order, the primary key's (migration 00015), whatever
+// the database's default collation (a release sorting by another order
+// beside this one can deadlock with it: PostgreSQL breaks the deadlock and
+// the batch is retried, as any deadlock is).
 const acquireIntakesSQL = `
 INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
     locked_until, created_at, expires_at)
@@ -251,7 +243,8 @@ WHERE (merchant_id, idempotency_key) IN (
     WHERE NOT EXISTS (SELECT FROM acquired a WHERE a.merchant_id = u.merchant_id AND a.idempotency_key = u.idempotency_key))`
 }
 
-// acquireIntakeConflict is the takeover rule both acquire statements share.
+// acquireIntakeConflict is the takeover rule both acquire statements share
+// (acquireIntakesSQL).
 const acquireIntakeConflict = `ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
 SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency,
     attempt = g.attempt + 1, locked_until = excluded.locked_until,
@@ -268,52 +261,6 @@ SET request_hash = excluded.request_hash, amount = excluded.amount, currency = e
 WHERE g.expires_at <= ` + dbNow + `
    OR (g.locked_until <= ` + dbNow + ` AND g.dead_lettered_at IS NULL AND g.request_hash = excluded.request_hash)
 RETURNING ` + intakeColumns
-
-// AcquireIntake tries to make the caller the publisher of req for lease.
-// The row is kept for retention. Only IntakeAcquired lets the caller
-// publish; it must then call IntakePublished or AbandonIntake.
-func (s *Store) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (IntakeResult, error) {
-	if err := req.Validate(); err != nil {
-		return IntakeResult{}, fmt.Errorf("acquire intake: %w", err)
-	}
-	if lease <= 0 || retention <= lease {
-		return IntakeResult{}, fmt.Errorf("acquire intake: need 0 < lease (%v) < retention (%v)", lease, retention)
-	}
-	// A row purged between the two statements below is simply retried.
-	for range 3 {
-		args := pgx.NamedArgs{
-			"merchant": req.MerchantID, "key": req.IdempotencyKey, "hash": req.RequestHash,
-			"amount": req.Amount, "currency": req.Currency,
-			"now": s.db.Now(), "lease": lease, "retention": retention,
-		}
-		var in Intake
-		err := s.db.Retry(ctx, func(ctx context.Context) error {
-			var err error
-			in, err = scanIntake(s.db.Pool.QueryRow(ctx, acquireIntakeSQL, args))
-			return err
-		})
-		if err == nil {
-			return IntakeResult{Outcome: IntakeAcquired, Intake: in}, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return IntakeResult{}, interpretError("acquire intake", err)
-		}
-		in, err = s.GetIntake(ctx, req.MerchantID, req.IdempotencyKey)
-		switch {
-		case errors.Is(err, dedup.ErrNotFound):
-			continue
-		case err != nil:
-			return IntakeResult{}, fmt.Errorf("acquire intake: %w", err)
-		case !bytes.Equal(in.RequestHash, req.RequestHash):
-			return IntakeResult{Outcome: IntakeMismatch, Intake: in}, nil
-		case in.DeadLettered():
-			return IntakeResult{Outcome: IntakeDeadLettered, Intake: in}, nil
-		default:
-			return IntakeResult{Outcome: IntakeHeld, Intake: in}, nil
-		}
-	}
-	return IntakeResult{}, fmt.Errorf("acquire intake: %w: the row kept disappearing", dedup.ErrUnavailable)
-}
 
 // GetIntake returns the guard row for a key, or dedup.ErrNotFound.
 func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, error) {

@@ -132,7 +132,7 @@ func NewListener(pool *pgxpool.Pool, cfg ListenerConfig) (*Listener, error) {
 
 // Subscribe registers interest in (merchant, key). Subscribe before reading
 // the row: a completion committed after the read then always wakes C,
-// provided the key has an intake row (AcquireIntake) by the time the worker
+// provided the key has an intake row (AcquireIntakes) by the time the worker
 // completes it.
 func (c *Listener) Subscribe(merchantID, key string) *Subscription {
 	ch := make(chan struct{}, 1)

@@ -205,7 +205,7 @@ func runListener(t *testing.T, ctx context.Context, comp *pgstore.Listener) {
 // completeKey makes (m_1, key) a gateway key and completes it.
 func completeKey(t *testing.T, b *bundle, key string) {
 	t.Helper()
-	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", key, 100), time.Second, time.Hour); err != nil {
+	if _, err := acquireOne(b.ctx, b.store, req("m_1", key, 100), time.Second, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	l := b.claim(t, "h", req("m_1", key, 100)).Lease

@@ -22,7 +22,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	r := req("m_1", "op", 500)
-	res, err := b.store.AcquireIntake(b.ctx, r, lease, time.Hour)
+	res, err := acquireOne(b.ctx, b.store, r, lease, time.Hour)
 	if err != nil || res.Outcome != pgstore.IntakeAcquired {
 		t.Fatalf("acquire: %+v %v", res, err)
 	}
@@ -54,7 +54,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 		t.Fatalf("intake %+v (record %+v): want waiting for an operator, not dead-lettered", in, rec)
 	}
 	// Held within its republish hold, a retry meets the row as it is.
-	if res, err := b.store.AcquireIntake(b.ctx, r, lease, time.Hour); err != nil || res.Outcome != pgstore.IntakeHeld || res.Intake.OperatorReason == "" {
+	if res, err := acquireOne(b.ctx, b.store, r, lease, time.Hour); err != nil || res.Outcome != pgstore.IntakeHeld || res.Intake.OperatorReason == "" {
 		t.Fatalf("acquire while waiting: %+v %v", res, err)
 	}
 
@@ -74,7 +74,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 	}
 
 	// A final dead letter stays final; no intake row, nothing marked.
-	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", "dead", 500), lease, time.Hour); err != nil {
+	if _, err := acquireOne(b.ctx, b.store, req("m_1", "dead", 500), lease, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", "dead", 9, "amount_over_limit", "x"); !ok || err != nil {
@@ -106,7 +106,7 @@ func TestWorkerRoleMarksIntakeForOperator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ownerStore.AcquireIntake(ctx, req("m_1", "op", 500), lease, time.Hour); err != nil {
+	if _, err := acquireOne(ctx, ownerStore, req("m_1", "op", 500), lease, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	worker, err := pgstore.New(testenv.AsRole(t, ownerURL, workerRole), pgstore.Config{})

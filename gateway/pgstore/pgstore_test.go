@@ -54,6 +54,16 @@ func req(merchant, key string, amount int64) dedup.ClaimRequest {
 	return dedup.NewClaimRequest(command(merchant, key, amount))
 }
 
+// acquireOne takes in one request by the batched acquisition the gateway
+// runs (AcquireIntakes), as a batch of one.
+func acquireOne(ctx context.Context, s *pgstore.Store, r dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error) {
+	res, err := s.AcquireIntakes(ctx, []dedup.ClaimRequest{r}, lease, retention)
+	if err != nil {
+		return pgstore.IntakeResult{}, err
+	}
+	return res[0], nil
+}
+
 func charged(id string) dedup.Completion {
 	return dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
 }
@@ -105,7 +115,7 @@ func TestListenerWakesSubscribers(t *testing.T) {
 	x, y := comp.Subscribe("m_1", "x"), comp.Subscribe("m_1", "y")
 	defer x.Close()
 	defer y.Close()
-	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", "x", 100), time.Second, time.Hour); err != nil {
+	if _, err := acquireOne(b.ctx, b.store, req("m_1", "x", 100), time.Second, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	l := b.claim(t, "h", req("m_1", "x", 100)).Lease
@@ -142,7 +152,7 @@ func TestIntakeGuard(t *testing.T) {
 	for i := range racers {
 		wg.Go(func() {
 			<-start
-			res, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention)
+			res, err := acquireOne(b.ctx, b.store, r, publishLease, retention)
 			if err != nil {
 				t.Error(err)
 			}
@@ -168,18 +178,18 @@ func TestIntakeGuard(t *testing.T) {
 	if err != nil || in.Attempt != 1 || !in.PublishedAt.IsZero() {
 		t.Fatalf("intake %+v %v", in, err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
 		t.Fatalf("other payload: %v", res.Outcome)
 	}
 	if err := b.store.IntakePublished(b.ctx, in, 1, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Advance(5 * time.Minute)
-	if res, _ := b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != pgstore.IntakeHeld || res.Intake.PublishedAt.IsZero() {
+	if res, _ := acquireOne(b.ctx, b.store, r, publishLease, retention); res.Outcome != pgstore.IntakeHeld || res.Intake.PublishedAt.IsZero() {
 		t.Fatalf("published row: %+v", res)
 	}
 	b.clock.Advance(6 * time.Minute)
-	res, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention)
+	res, err := acquireOne(b.ctx, b.store, r, publishLease, retention)
 	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("takeover after the hold: %+v %v", res, err)
 	}
@@ -189,7 +199,7 @@ func TestIntakeGuard(t *testing.T) {
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ = b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
+	if res, _ = acquireOne(b.ctx, b.store, r, publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
 		t.Fatalf("after abandon: %+v", res)
 	}
 	// Past retention the row is purged, or taken over by any payload.
@@ -200,11 +210,11 @@ func TestIntakeGuard(t *testing.T) {
 	if _, err := b.store.GetIntake(b.ctx, "m_1", "k"); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("after purge: %v", err)
 	}
-	if _, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention); err != nil {
+	if _, err := acquireOne(b.ctx, b.store, r, publishLease, retention); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Advance(retention + time.Hour)
-	if res, _ = b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 999 {
+	if res, _ = acquireOne(b.ctx, b.store, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 999 {
 		t.Fatalf("expired row not reusable: %+v", res)
 	}
 }
@@ -219,7 +229,7 @@ func TestIntakeFate(t *testing.T) {
 	const lease, retention = 10 * time.Second, 48 * time.Hour
 
 	// Abandoned before any publish: gone, and another payload is new.
-	res, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention)
+	res, err := acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention)
 	if err != nil || res.Outcome != pgstore.IntakeAcquired {
 		t.Fatalf("%+v %v", res, err)
 	}
@@ -232,24 +242,24 @@ func TestIntakeFate(t *testing.T) {
 	// A publisher that died before its PubAck (it may have sent): its lock
 	// passes, and the key stays bound to its payload; only a refusal
 	// frees it for a corrected payload.
-	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); err != nil {
+	if _, err := acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
 		t.Fatalf("while the lock is held: %v", res.Outcome)
 	}
 	b.clock.Advance(lease + time.Second)
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
 		t.Fatalf("corrected payload after a dead publisher: %v, want a mismatch", res.Outcome)
 	}
-	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention)
+	res, err = acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention)
 	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("the same payload after a dead publisher: %+v %v", res, err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
-	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
+	res, err = acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention)
 	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 150 {
 		t.Fatalf("corrected payload after a refusal: %+v %v", res, err)
 	}
@@ -277,17 +287,17 @@ func TestIntakeFate(t *testing.T) {
 		t.Fatal("a second dead letter overwrote the first")
 	}
 	b.clock.Advance(2 * time.Minute) // past the republish hold
-	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
+	res, err = acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention)
 	if err != nil || res.Outcome != pgstore.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
 		len(res.Intake.DeadLetterError) != 1024 || res.Intake.Attempt != 1 {
 		t.Fatalf("dead-lettered intake: %+v %v", res, err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention); res.Outcome != pgstore.IntakeMismatch {
 		t.Fatalf("other payload on a dead letter: %v", res.Outcome)
 	}
 	// Expired: taken over afresh, its publish and dead letter forgotten.
 	b.clock.Advance(retention)
-	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
+	res, err = acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention)
 	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Published() || res.Intake.DeadLettered() || res.Intake.StreamSeq != 0 {
 		t.Fatalf("expired dead letter: %+v %v", res, err)
 	}
@@ -299,7 +309,7 @@ func TestIntakeFate(t *testing.T) {
 		pubSeq   uint64
 		terminal bool
 	}{{"p", 5, true}, {"q", 6, false}} {
-		res, err := b.store.AcquireIntake(b.ctx, req("m_1", c.key, 100), lease, retention)
+		res, err := acquireOne(b.ctx, b.store, req("m_1", c.key, 100), lease, retention)
 		if err != nil || res.Outcome != pgstore.IntakeAcquired {
 			t.Fatalf("%s: %+v %v", c.key, res, err)
 		}

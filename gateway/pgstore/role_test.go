@@ -92,11 +92,11 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if _, err := records.Get(ctx, merchant, "k1"); !errors.Is(err, dedup.ErrNotFound) {
 		t.Fatalf("get as %s before the claim: %v", gatewayRole, err)
 	}
-	res, err := gw.AcquireIntake(ctx, req, time.Second, time.Hour)
+	res, err := acquireOne(ctx, gw, req, time.Second, time.Hour)
 	if err != nil || res.Outcome != pgstore.IntakeAcquired {
 		t.Fatalf("acquire intake as %s: %v %v", gatewayRole, res.Outcome, err)
 	}
-	if again, err := gw.AcquireIntake(ctx, req, time.Second, time.Hour); err != nil || again.Outcome != pgstore.IntakeHeld {
+	if again, err := acquireOne(ctx, gw, req, time.Second, time.Hour); err != nil || again.Outcome != pgstore.IntakeHeld {
 		t.Fatalf("second acquire as %s: %v %v", gatewayRole, again.Outcome, err)
 	}
 	if err := gw.IntakePublished(ctx, res.Intake, 1, time.Minute); err != nil {
@@ -107,7 +107,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	}
 	other := req
 	other.IdempotencyKey = "k2"
-	res2, err := gw.AcquireIntake(ctx, other, time.Second, time.Hour)
+	res2, err := acquireOne(ctx, gw, other, time.Second, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

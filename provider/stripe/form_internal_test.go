@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	stripego "github.com/stripe/stripe-go/v82"
 	"github.com/stripe/stripe-go/v82/form"
 
 	"github.com/paydedup/paydedup/provider"
@@ -15,6 +16,34 @@ func stripeGoForm(req provider.ChargeRequest) string {
 	v := &form.Values{}
 	form.AppendTo(v, stripeCreateParams(req))
 	return v.Encode()
+}
+
+// stripeCreateParams is the PaymentIntent create the adapter sends for req,
+// as stripe-go's parameters: Charge writes their form itself
+// (appendChargeForm), and the tests check it against stripe-go's.
+func stripeCreateParams(req provider.ChargeRequest) *stripego.PaymentIntentCreateParams {
+	params := &stripego.PaymentIntentCreateParams{
+		Amount:        stripego.Int64(req.Amount),
+		Currency:      stripego.String(req.Currency),
+		PaymentMethod: stripego.String(req.PaymentMethod),
+		// The account's enabled methods (cards, bank debits), but none that
+		// redirects: an intent with no customer present confirms
+		// server-side without a return_url.
+		AutomaticPaymentMethods: &stripego.PaymentIntentCreateAutomaticPaymentMethodsParams{
+			Enabled:        stripego.Bool(true),
+			AllowRedirects: stripego.String("never"),
+		},
+		Confirm: stripego.Bool(true),
+		// Off-session: Stripe declines (402 authentication_required) what
+		// would need the absent customer to authenticate.
+		OffSession: stripego.Bool(!req.OnSession),
+		Metadata:   chargeMetadata(req),
+	}
+	if req.Description != "" {
+		params.Description = stripego.String(req.Description)
+	}
+	params.SetIdempotencyKey(req.ProviderKey)
+	return params
 }
 
 // TestChargeFormIsStripeGos: the body Charge builds is the one stripe-go

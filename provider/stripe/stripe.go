@@ -294,38 +294,10 @@ func answered(err error) bool {
 	return errors.As(err, &se) && se.HTTPStatusCode != 0
 }
 
-// stripeCreateParams is the PaymentIntent create the adapter sends for req.
-// stripesim.Client computes the canonical form of the same parameters without
-// stripe-go (appendChargeForm); simclient_internal_test.go checks it against
-// the body the adapter sends.
-func stripeCreateParams(req provider.ChargeRequest) *stripego.PaymentIntentCreateParams {
-	params := &stripego.PaymentIntentCreateParams{
-		Amount:        stripego.Int64(req.Amount),
-		Currency:      stripego.String(req.Currency),
-		PaymentMethod: stripego.String(req.PaymentMethod),
-		// The account's enabled methods (cards, bank debits), but none that
-		// redirects: an intent with no customer present confirms
-		// server-side without a return_url.
-		AutomaticPaymentMethods: &stripego.PaymentIntentCreateAutomaticPaymentMethodsParams{
-			Enabled:        stripego.Bool(true),
-			AllowRedirects: stripego.String("never"),
-		},
-		Confirm: stripego.Bool(true),
-		// Off-session: Stripe declines (402 authentication_required) what
-		// would need the absent customer to authenticate.
-		OffSession: stripego.Bool(!req.OnSession),
-		Metadata:   chargeMetadata(req),
-	}
-	if req.Description != "" {
-		params.Description = stripego.String(req.Description)
-	}
-	params.SetIdempotencyKey(req.ProviderKey)
-	return params
-}
-
 // appendChargeForm appends the body of the create the adapter sends for
-// req: what stripe-go's form encoding makes of stripeCreateParams(req), byte
-// for byte (TestChargeFormIsStripeGos), without its reflection. Names are in
+// req: what stripe-go's form encoding makes of its create parameters for
+// req (stripeCreateParams, in the tests), byte for byte
+// (TestChargeFormIsStripeGos), without its reflection. Names are in
 // the order stripe-go writes them (its fields' order, then metadata keys
 // sorted), query-escaped but for the brackets.
 func appendChargeForm(b []byte, req provider.ChargeRequest) []byte {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -46,13 +45,6 @@ func stripeMockURL(t *testing.T) string {
 	return stripeMock.url
 }
 
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
-}
-
 func startStripeMock() {
 	s := &stripeMock
 	dir, err := os.MkdirTemp("", "paydedup-stripe-mock-")
@@ -62,7 +54,7 @@ func startStripeMock() {
 	}
 	s.dir = dir
 	bin := filepath.Join(dir, "stripe-mock")
-	if out, err := exec.Command(goTool(), "build", "-o", bin, "github.com/stripe/stripe-mock").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/stripe/stripe-mock").CombinedOutput(); err != nil {
 		s.err = fmt.Errorf("go build github.com/stripe/stripe-mock: %v: %s", err, out)
 		return
 	}

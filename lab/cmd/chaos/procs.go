@@ -75,16 +75,6 @@ func (p *proc) exitErr() error {
 	return p.err
 }
 
-// signal sends sig to the process (not its group).
-func (p *proc) signal(sig syscall.Signal) {
-	p.mu.Lock()
-	cmd := p.cmd
-	p.mu.Unlock()
-	if cmd != nil && cmd.Process != nil {
-		_ = cmd.Process.Signal(sig)
-	}
-}
-
 // kill sends SIGKILL to the whole process group and waits for the exit.
 func (p *proc) kill() {
 	p.mu.Lock()
@@ -97,16 +87,6 @@ func (p *proc) kill() {
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-	}
-}
-
-// wait waits for the process to exit, at most d.
-func (p *proc) wait(d time.Duration) error {
-	select {
-	case <-p.exited():
-		return nil
-	case <-time.After(d):
-		return fmt.Errorf("%s did not exit within %v", p.name, d)
 	}
 }
 
