@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -33,7 +33,7 @@ func TestMaxDeliveriesNetMarksIntakeForOperator(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "net-orphan", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-	acq, err := intake.AcquireIntake(e.ctx, dedup.NewClaimRequest(cmd), 30*time.Second, time.Hour)
+	acq, err := intake.AcquireIntake(e.ctx, ledger.NewClaimRequest(cmd), 30*time.Second, time.Hour)
 	if err != nil || acq.Outcome != pgstore.IntakeAcquired {
 		t.Fatalf("acquire intake: %+v %v", acq, err)
 	}

@@ -46,9 +46,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -72,7 +72,7 @@ const (
 	// not.
 	DefaultRepublishAfter = 10 * time.Minute
 	// DefaultIntakeRetention keeps intake rows as long as keys are kept.
-	DefaultIntakeRetention = dedup.DefaultRetention
+	DefaultIntakeRetention = ledger.DefaultRetention
 	// DefaultQueuedRetryAfter is the Retry-After of a key that is published
 	// but not yet claimed by a worker.
 	DefaultQueuedRetryAfter = time.Second
@@ -93,9 +93,9 @@ const (
 // reads queued on the batch's round trip: Store.ReadBatch). The gateway
 // never writes them.
 type Records interface {
-	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
-	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
-	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
+	Get(ctx context.Context, merchantID, key string) (ledger.Record, error)
+	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
+	GetMany(ctx context.Context, refs []ledger.KeyRef) ([]ledger.Record, error)
 	pgstore.RecordReads
 }
 
@@ -104,9 +104,9 @@ type Records interface {
 // authenticates.
 type Store interface {
 	GetIntake(ctx context.Context, merchantID, key string) (pgstore.Intake, error)
-	AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
-	AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
-	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []dedup.KeyRef) (pgstore.BatchReads, error)
+	AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
+	AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
+	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []ledger.KeyRef) (pgstore.BatchReads, error)
 	IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error)
 	IntakePublished(ctx context.Context, in pgstore.Intake, seq uint64, holdFor time.Duration) error
 	AbandonIntake(ctx context.Context, in pgstore.Intake) error

@@ -31,6 +31,7 @@ import (
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
@@ -465,9 +466,9 @@ func (w *world) eventually(what string, cond func() bool) {
 	}
 }
 
-func (w *world) record(merchant, key string) (dedup.Record, bool) {
+func (w *world) record(merchant, key string) (ledger.Record, bool) {
 	rec, err := w.store.Get(w.ctx, merchant, key)
-	if errors.Is(err, dedup.ErrNotFound) {
+	if errors.Is(err, ledger.ErrNotFound) {
 		return rec, false
 	}
 	if err != nil {
@@ -476,7 +477,7 @@ func (w *world) record(merchant, key string) (dedup.Record, bool) {
 	return rec, true
 }
 
-func (w *world) waitStatus(merchant, key string, st dedup.Status) {
+func (w *world) waitStatus(merchant, key string, st ledger.Status) {
 	w.t.Helper()
 	w.eventually(fmt.Sprintf("%s/%s %s", merchant, key, st), func() bool {
 		rec, ok := w.record(merchant, key)

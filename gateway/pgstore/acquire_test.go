@@ -10,9 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // counted is a store over b's schema whose pool counts its round trips.
@@ -41,12 +41,12 @@ func TestAcquireIntakesHeldInOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const publishLease, retention = 10 * time.Second, 48 * time.Hour
-	first := []dedup.ClaimRequest{req("m_1", "held-1", 100), req("m_1", "held-2", 100), req("m_2", "other-payload", 100)}
+	first := []ledger.ClaimRequest{req("m_1", "held-1", 100), req("m_1", "held-2", 100), req("m_2", "other-payload", 100)}
 	if _, err := b.store.AcquireIntakes(b.ctx, first, publishLease, retention); err != nil {
 		t.Fatal(err)
 	}
 	s, trips := b.counted(t)
-	batch := []dedup.ClaimRequest{
+	batch := []ledger.ClaimRequest{
 		req("m_1", "new-1", 100), first[0], req("m_2", "other-payload", 999), req("m_1", "new-2", 100), first[1],
 	}
 	trips.Store(0)
@@ -93,7 +93,7 @@ func TestAcquireNewIntakesRace(t *testing.T) {
 		t.Fatal(err)
 	}
 	hash := pgstore.HashAPIKey(key)
-	raceAcquisitions(t, b, func(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+	raceAcquisitions(t, b, func(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
 		hashes := make([][]byte, len(reqs))
 		for i := range hashes {
 			hashes[i] = hash
@@ -102,7 +102,7 @@ func TestAcquireNewIntakesRace(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		var later []dedup.ClaimRequest
+		var later []ledger.ClaimRequest
 		var at []int
 		for i, r := range res {
 			if r.Outcome == pgstore.IntakeReadFirst {
@@ -128,14 +128,14 @@ func TestAcquireNewIntakesRace(t *testing.T) {
 
 // raceAcquisitions races two batches of acquire over shared keys, round
 // after round.
-func raceAcquisitions(t *testing.T, b *bundle, acquire func(context.Context, []dedup.ClaimRequest, time.Duration, time.Duration) ([]pgstore.IntakeResult, error)) {
+func raceAcquisitions(t *testing.T, b *bundle, acquire func(context.Context, []ledger.ClaimRequest, time.Duration, time.Duration) ([]pgstore.IntakeResult, error)) {
 	t.Helper()
 	const publishLease, retention = 10 * time.Second, 48 * time.Hour
 	const rounds, size = 20, 40
 	for round := range rounds {
 		// Each batch holds the shared keys and its own; the statement takes
 		// the rows in key order, so the two cannot deadlock.
-		batches := make([][]dedup.ClaimRequest, 2)
+		batches := make([][]ledger.ClaimRequest, 2)
 		for side := range batches {
 			for i := range size {
 				key := fmt.Sprintf("r%d-shared-%02d", round, i)
@@ -225,7 +225,7 @@ func TestAcquireNewIntakes(t *testing.T) {
 	}
 	// Intake rows: two held by a publisher (one for another payload), one
 	// dead-lettered by the worker.
-	prior, err := b.store.AcquireIntakes(b.ctx, []dedup.ClaimRequest{req("m_1", "held", 100), req("m_1", "dead", 100),
+	prior, err := b.store.AcquireIntakes(b.ctx, []ledger.ClaimRequest{req("m_1", "held", 100), req("m_1", "dead", 100),
 		req("m_1", "held-other", 999)}, publishLease, retention)
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +238,7 @@ func TestAcquireNewIntakes(t *testing.T) {
 	}
 
 	cases := []struct {
-		req    dedup.ClaimRequest
+		req    ledger.ClaimRequest
 		apiKey []byte
 		want   pgstore.IntakeOutcome
 	}{
@@ -253,7 +253,7 @@ func TestAcquireNewIntakes(t *testing.T) {
 		{req("m_1", "dead", 100), m1, pgstore.IntakeDeadLettered},
 		{req("m_2", "new-2", 100), m2, pgstore.IntakeAcquired},
 	}
-	reqs, keys := make([]dedup.ClaimRequest, len(cases)), make([][]byte, len(cases))
+	reqs, keys := make([]ledger.ClaimRequest, len(cases)), make([][]byte, len(cases))
 	for i, c := range cases {
 		reqs[i], keys[i] = c.req, c.apiKey
 	}

@@ -124,7 +124,7 @@ func (s *Store) Authenticate(ctx context.Context, key string) (string, error) {
 
 // RevokeAPIKey revokes a key by its id (or by the key itself) and returns
 // it. Revoking a revoked key keeps its first revocation time. An unknown id
-// is dedup.ErrNotFound.
+// is ledger.ErrNotFound.
 func (s *Store) RevokeAPIKey(ctx context.Context, idOrKey string) (APIKey, error) {
 	id := idOrKey
 	if kid, ok := apiKeyID(idOrKey); ok {

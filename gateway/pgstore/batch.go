@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // The batched intake: the gateway takes in a whole batch of
@@ -24,7 +24,7 @@ import (
 // while it ran is read with one more. results[i] answers reqs[i]. An error
 // fails the whole batch: nothing was acquired by it that the caller must
 // give up (the statement is atomic).
-func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
+func (s *Store) AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
 	seen, err := checkIntakeBatch(reqs, lease, retention)
 	if err != nil {
 		return nil, fmt.Errorf("acquire intakes: %w", err)
@@ -40,7 +40,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 		if err != nil {
 			return nil, interpretError("acquire intakes", err)
 		}
-		var rest []dedup.ClaimRequest
+		var rest []ledger.ClaimRequest
 		for _, r := range todo {
 			k := rowKey{r.MerchantID, r.IdempotencyKey}
 			if in, ok := acquired[k]; ok {
@@ -61,7 +61,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 		}
 		todo = todo[:0:0]
 		for _, r := range rest {
-			in, ok := found[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}]
+			in, ok := found[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}]
 			if !ok {
 				todo = append(todo, r)
 				continue
@@ -72,7 +72,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 			return results, nil
 		}
 	}
-	return nil, fmt.Errorf("acquire intakes: %w: rows kept disappearing", dedup.ErrUnavailable)
+	return nil, fmt.Errorf("acquire intakes: %w: rows kept disappearing", ledger.ErrUnavailable)
 }
 
 // AcquireNewIntakes is AcquireIntakes for the requests that nothing but
@@ -87,7 +87,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 // It is the batched intake's first statement: for a batch of new
 // payments, the reads that would find nothing are not made, and the
 // acquisition is its only round trip before the publish.
-func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]IntakeResult, error) {
+func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]IntakeResult, error) {
 	if len(apiKeys) != len(reqs) {
 		return nil, fmt.Errorf("acquire new intakes: %d API keys for %d requests", len(apiKeys), len(reqs))
 	}
@@ -116,7 +116,7 @@ func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest
 
 // checkIntakeBatch validates a batch of requests to take in and returns
 // the index of each (merchant, key): they must be distinct.
-func checkIntakeBatch(reqs []dedup.ClaimRequest, lease, retention time.Duration) (map[rowKey]int, error) {
+func checkIntakeBatch(reqs []ledger.ClaimRequest, lease, retention time.Duration) (map[rowKey]int, error) {
 	if lease <= 0 || retention <= lease {
 		return nil, fmt.Errorf("need 0 < lease (%v) < retention (%v)", lease, retention)
 	}
@@ -136,7 +136,7 @@ func checkIntakeBatch(reqs []dedup.ClaimRequest, lease, retention time.Duration)
 
 // intakeArgs are the arguments of an acquisition of reqs (intakeRequests),
 // but for now.
-func intakeArgs(reqs []dedup.ClaimRequest, lease, retention time.Duration) pgx.NamedArgs {
+func intakeArgs(reqs []ledger.ClaimRequest, lease, retention time.Duration) pgx.NamedArgs {
 	n := len(reqs)
 	merchants, keys := make([]string, n), make([]string, n)
 	hashes, amounts, currencies := make([][]byte, n), make([]int64, n), make([]string, n)
@@ -191,18 +191,18 @@ func heldOutcome(in Intake, hash []byte) IntakeOutcome {
 }
 
 // GetIntakes returns the guard rows of the requests' keys that have one.
-func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[dedup.KeyRef]Intake, error) {
+func (s *Store) GetIntakes(ctx context.Context, reqs []ledger.ClaimRequest) (map[ledger.KeyRef]Intake, error) {
 	merchants, keys := make([]string, len(reqs)), make([]string, len(reqs))
 	for i, r := range reqs {
 		merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
 	}
-	out := make(map[dedup.KeyRef]Intake, len(reqs))
+	out := make(map[ledger.KeyRef]Intake, len(reqs))
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(out)
 		return s.eachIntake(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
 			WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`,
 			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
-				out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
+				out[ledger.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
 			})
 	})
 	if err != nil {
@@ -238,7 +238,7 @@ type Published struct {
 
 // IntakesPublished is IntakePublished for a batch, in one statement; it
 // returns, in the order given, whether each row was still held by its
-// attempt (false: another request took it over, as dedup.ErrLeaseLost
+// attempt (false: another request took it over, as ledger.ErrLeaseLost
 // from IntakePublished).
 func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor time.Duration) ([]bool, error) {
 	n := len(pubs)
@@ -348,22 +348,22 @@ func queueActiveAPIKeys(b *pg.Batch, hashes [][]byte) func() map[string]string {
 // RecordReads is what ReadBatch reads of the worker's records
 // (*dedup.Store), queued on its batch.
 type RecordReads interface {
-	QueueGetMany(b *pg.Batch, refs []dedup.KeyRef) func() []dedup.Record
-	QueuePaymentsFor(b *pg.Batch, refs []dedup.KeyRef) func() []dedup.Payment
+	QueueGetMany(b *pg.Batch, refs []ledger.KeyRef) func() []ledger.Record
+	QueuePaymentsFor(b *pg.Batch, refs []ledger.KeyRef) func() []ledger.Payment
 }
 
 // BatchReads is what a batch of POSTs reads before it takes its keys in.
 type BatchReads struct {
 	Active   map[string]string // the active API keys among the hashes, to their merchant (ActiveAPIKeys)
-	Records  []dedup.Record    // the keys' records that exist (dedup.Store.GetMany)
-	Payments []dedup.Payment   // the keys' ledger rows that exist (dedup.Store.PaymentsFor)
+	Records  []ledger.Record   // the keys' records that exist (dedup.Store.GetMany)
+	Payments []ledger.Payment  // the keys' ledger rows that exist (dedup.Store.PaymentsFor)
 }
 
 // ReadBatch reads, in one round trip (one pipelined batch), which of hashes
 // are active API keys and the records and ledger rows of refs. records must
 // be on this store's database (the gateway passes the worker's store on the
 // same pool).
-func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]byte, refs []dedup.KeyRef) (BatchReads, error) {
+func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]byte, refs []ledger.KeyRef) (BatchReads, error) {
 	var out BatchReads
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		b := pg.NewBatch() // pinned: every read below probes its index per key

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestIntakeBoundToItsFingerprint: an intake row binds its key to the
@@ -31,19 +31,19 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 		}
 	}
 	b.clock.Advance(publishLease + time.Second) // no mark: the outcome of the publish is unknown
-	acquire := map[string]func(dedup.ClaimRequest) (pgstore.IntakeResult, error){
-		"single": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
+	acquire := map[string]func(ledger.ClaimRequest) (pgstore.IntakeResult, error){
+		"single": func(r ledger.ClaimRequest) (pgstore.IntakeResult, error) {
 			return b.store.AcquireIntake(b.ctx, r, publishLease, retention)
 		},
-		"batch": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
-			res, err := b.store.AcquireIntakes(b.ctx, []dedup.ClaimRequest{r}, publishLease, retention)
+		"batch": func(r ledger.ClaimRequest) (pgstore.IntakeResult, error) {
+			res, err := b.store.AcquireIntakes(b.ctx, []ledger.ClaimRequest{r}, publishLease, retention)
 			if err != nil {
 				return pgstore.IntakeResult{}, err
 			}
 			return res[0], nil
 		},
-		"new": func(r dedup.ClaimRequest) (pgstore.IntakeResult, error) {
-			res, err := b.store.AcquireNewIntakes(b.ctx, []dedup.ClaimRequest{r}, [][]byte{apiKey}, publishLease, retention)
+		"new": func(r ledger.ClaimRequest) (pgstore.IntakeResult, error) {
+			res, err := b.store.AcquireNewIntakes(b.ctx, []ledger.ClaimRequest{r}, [][]byte{apiKey}, publishLease, retention)
 			if err != nil {
 				return pgstore.IntakeResult{}, err
 			}
@@ -76,7 +76,7 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 		res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
 		t.Fatalf("the same payload after a release: %+v %v", res, err)
 	}
-	if err := b.store.ReleaseIntake(b.ctx, in); !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := b.store.ReleaseIntake(b.ctx, in); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Fatalf("a stale release: %v", err)
 	}
 	// A refusal frees the key: a corrected payload is new.
@@ -96,7 +96,7 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 		res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 555 {
 		t.Fatalf("an expired row: %+v %v", res, err)
 	}
-	if _, err := b.store.GetIntake(b.ctx, "m_1", "nothing"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := b.store.GetIntake(b.ctx, "m_1", "nothing"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatal(err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/redact"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // Intake is the HTTP gateway's guard row for one (merchant, key): it makes
@@ -69,14 +70,14 @@ func (in Intake) DeadLettered() bool { return in.DeadLetterReason != "" }
 // the key since. rec is the key's record, nil when it has none. A
 // completed record, or one changed after the letter (a replay was
 // claimed), shows its own state.
-func (in Intake) WaitsForOperator(rec *dedup.Record) bool {
+func (in Intake) WaitsForOperator(rec *ledger.Record) bool {
 	if in.OperatorReason == "" || in.DeadLettered() {
 		return false
 	}
 	if rec == nil {
 		return true
 	}
-	return rec.Status != dedup.StatusCompleted && !rec.UpdatedAt.After(in.OperatorAt)
+	return rec.Status != ledger.StatusCompleted && !rec.UpdatedAt.After(in.OperatorAt)
 }
 
 // IntakeOutcome is what AcquireIntake found.
@@ -272,7 +273,7 @@ RETURNING ` + intakeColumns
 // AcquireIntake tries to make the caller the publisher of req for lease.
 // The row is kept for retention. Only IntakeAcquired lets the caller
 // publish; it must then call IntakePublished or AbandonIntake.
-func (s *Store) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease, retention time.Duration) (IntakeResult, error) {
+func (s *Store) AcquireIntake(ctx context.Context, req ledger.ClaimRequest, lease, retention time.Duration) (IntakeResult, error) {
 	if err := req.Validate(); err != nil {
 		return IntakeResult{}, fmt.Errorf("acquire intake: %w", err)
 	}
@@ -300,7 +301,7 @@ func (s *Store) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease
 		}
 		in, err = s.GetIntake(ctx, req.MerchantID, req.IdempotencyKey)
 		switch {
-		case errors.Is(err, dedup.ErrNotFound):
+		case errors.Is(err, ledger.ErrNotFound):
 			continue
 		case err != nil:
 			return IntakeResult{}, fmt.Errorf("acquire intake: %w", err)
@@ -312,10 +313,10 @@ func (s *Store) AcquireIntake(ctx context.Context, req dedup.ClaimRequest, lease
 			return IntakeResult{Outcome: IntakeHeld, Intake: in}, nil
 		}
 	}
-	return IntakeResult{}, fmt.Errorf("acquire intake: %w: the row kept disappearing", dedup.ErrUnavailable)
+	return IntakeResult{}, fmt.Errorf("acquire intake: %w: the row kept disappearing", ledger.ErrUnavailable)
 }
 
-// GetIntake returns the guard row for a key, or dedup.ErrNotFound.
+// GetIntake returns the guard row for a key, or ledger.ErrNotFound.
 func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, error) {
 	var in Intake
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
@@ -335,7 +336,7 @@ func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, 
 // finding no idempotency record answers "in flight" instead of publishing
 // again. A dead letter recorded before this call (the worker was faster
 // than the gateway) is kept only if it is of this very sequence.
-// dedup.ErrLeaseLost means another request took the row over; its publish
+// ledger.ErrLeaseLost means another request took the row over; its publish
 // stands.
 func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, holdFor time.Duration) error {
 	if seq == 0 || seq > math.MaxInt64 {
@@ -352,7 +353,7 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now(), holdFor, int64(seq)).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("mark intake published: %w", dedup.ErrLeaseLost)
+		return fmt.Errorf("mark intake published: %w", ledger.ErrLeaseLost)
 	}
 	return interpretError("mark intake published", err)
 }
@@ -362,7 +363,7 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 // row that was never published is deleted: nothing was accepted under the
 // key, so a corrected retry is new. A row published before (a refused
 // republish) keeps its publish and only releases its lock.
-// dedup.ErrLeaseLost means it was taken over already.
+// ledger.ErrLeaseLost means it was taken over already.
 func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 	var one int
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
@@ -379,7 +380,7 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("abandon intake: %w", dedup.ErrLeaseLost)
+		return fmt.Errorf("abandon intake: %w", ledger.ErrLeaseLost)
 	}
 	return interpretError("abandon intake", err)
 }
@@ -388,7 +389,7 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 // unknown outcome (no PubAck: the command may be stored), keeping the row
 // and its fingerprint: the client's retry with the same payload takes it
 // over at once and publishes again under the same Nats-Msg-Id, and
-// another payload is IntakeMismatch. dedup.ErrLeaseLost means it was
+// another payload is IntakeMismatch. ledger.ErrLeaseLost means it was
 // taken over already.
 func (s *Store) ReleaseIntake(ctx context.Context, in Intake) error {
 	var one int
@@ -398,7 +399,7 @@ func (s *Store) ReleaseIntake(ctx context.Context, in Intake) error {
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("release intake: %w", dedup.ErrLeaseLost)
+		return fmt.Errorf("release intake: %w", ledger.ErrLeaseLost)
 	}
 	return interpretError("release intake", err)
 }

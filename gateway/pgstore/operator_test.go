@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestOperatorLetterIsNotFinal: a dead letter that waits for an operator
@@ -68,7 +68,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 		t.Fatalf("record %+v %v claimed after the letter: still waiting for an operator", rec, err)
 	}
 	completed := rec
-	completed.Status, completed.UpdatedAt = dedup.StatusCompleted, in.OperatorAt
+	completed.Status, completed.UpdatedAt = ledger.StatusCompleted, in.OperatorAt
 	if in.WaitsForOperator(&completed) {
 		t.Fatal("a completed record waits for an operator")
 	}

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // PauseFresh is how long a worker's pause row counts after its last
@@ -71,7 +71,7 @@ func (s *Store) WorkerPauses(ctx context.Context) (p WorkerPause, ok bool, err e
 	})
 	if err != nil {
 		err = interpretError("read worker pauses", err)
-		if errors.Is(err, dedup.ErrNotFound) {
+		if errors.Is(err, ledger.ErrNotFound) {
 			return WorkerPause{}, false, nil
 		}
 		return WorkerPause{}, false, err

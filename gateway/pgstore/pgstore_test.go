@@ -15,6 +15,7 @@ import (
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -50,16 +51,16 @@ func command(merchant, key string, amount int64) *payment.Command {
 	return &payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"}
 }
 
-func req(merchant, key string, amount int64) dedup.ClaimRequest {
-	return dedup.NewClaimRequest(command(merchant, key, amount))
+func req(merchant, key string, amount int64) ledger.ClaimRequest {
+	return ledger.NewClaimRequest(command(merchant, key, amount))
 }
 
-func charged(id string) dedup.Completion {
-	return dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
+func charged(id string) ledger.Completion {
+	return ledger.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
 }
 
 // claim claims r for the worker holder.
-func (b *bundle) claim(t testing.TB, holder string, r dedup.ClaimRequest) dedup.ClaimResult {
+func (b *bundle) claim(t testing.TB, holder string, r ledger.ClaimRequest) ledger.ClaimResult {
 	t.Helper()
 	res, err := b.worker.Claim(b.ctx, holder, lease, r)
 	if err != nil {
@@ -183,7 +184,7 @@ func TestIntakeGuard(t *testing.T) {
 	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("takeover after the hold: %+v %v", res, err)
 	}
-	if err := b.store.IntakePublished(b.ctx, in, 1, time.Minute); !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := b.store.IntakePublished(b.ctx, in, 1, time.Minute); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Fatalf("stale publisher: %v", err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
@@ -197,7 +198,7 @@ func TestIntakeGuard(t *testing.T) {
 	if n, err := b.store.PurgeIntakes(b.ctx, 10); err != nil || n != 1 {
 		t.Fatalf("purge: %d %v", n, err)
 	}
-	if _, err := b.store.GetIntake(b.ctx, "m_1", "k"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := b.store.GetIntake(b.ctx, "m_1", "k"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("after purge: %v", err)
 	}
 	if _, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention); err != nil {
@@ -226,7 +227,7 @@ func TestIntakeFate(t *testing.T) {
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.store.GetIntake(b.ctx, "m_1", "a"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := b.store.GetIntake(b.ctx, "m_1", "a"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("abandoned unpublished intake: %v", err)
 	}
 	// A publisher that died before its PubAck (it may have sent): its lock
@@ -368,7 +369,7 @@ func TestAPIKeys(t *testing.T) {
 	if _, err := b.store.Authenticate(b.ctx, key2); !errors.Is(err, pgstore.ErrUnauthenticated) {
 		t.Fatalf("key revoked by value: %v (id %s)", err, k2.ID)
 	}
-	if _, err := b.store.RevokeAPIKey(b.ctx, "000000000000"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := b.store.RevokeAPIKey(b.ctx, "000000000000"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("unknown id: %v", err)
 	}
 }
@@ -395,7 +396,7 @@ func TestReadBatch(t *testing.T) {
 	if err := b.worker.Complete(b.ctx, *done.Lease, charged("ch_done")); err != nil {
 		t.Fatal(err)
 	}
-	refs := []dedup.KeyRef{{MerchantID: "m_1", IdempotencyKey: "pending"}, {MerchantID: "m_1", IdempotencyKey: "done"},
+	refs := []ledger.KeyRef{{MerchantID: "m_1", IdempotencyKey: "pending"}, {MerchantID: "m_1", IdempotencyKey: "done"},
 		{MerchantID: "m_1", IdempotencyKey: "none"}, {MerchantID: "m_1", IdempotencyKey: "done"}}
 	got, err := b.store.ReadBatch(b.ctx, b.worker, [][]byte{pgstore.HashAPIKey(live), pgstore.HashAPIKey(revoked)}, refs)
 	if err != nil {
@@ -404,11 +405,11 @@ func TestReadBatch(t *testing.T) {
 	if len(got.Active) != 1 || got.Active[string(pgstore.HashAPIKey(live))] != "m_1" {
 		t.Errorf("active keys %v, want the live one only", got.Active)
 	}
-	status := map[string]dedup.Status{}
+	status := map[string]ledger.Status{}
 	for _, r := range got.Records {
 		status[r.IdempotencyKey] = r.Status
 	}
-	if len(got.Records) != 2 || status["pending"] != dedup.StatusPending || status["done"] != dedup.StatusCompleted {
+	if len(got.Records) != 2 || status["pending"] != ledger.StatusPending || status["done"] != ledger.StatusCompleted {
 		t.Errorf("records %+v, want pending and done once each", got.Records)
 	}
 	want, err := b.worker.PaymentsFor(b.ctx, refs)

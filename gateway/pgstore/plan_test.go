@@ -8,6 +8,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestIntakeBatchReadsBoundedByBatch checks that the batched intake's
@@ -47,7 +48,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	// outcomes of the acquisition.
 	intake := func(lo, hi int) []pgstore.IntakeResult {
 		t.Helper()
-		reqs := make([]dedup.ClaimRequest, 0, hi-lo)
+		reqs := make([]ledger.ClaimRequest, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			reqs = append(reqs, req("m_1", key(i), 1999))
 		}
@@ -80,7 +81,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	// and ledger rows).
 	for lo := 0; lo < existing; lo += 500 {
 		intake(lo, lo+500)
-		reqs := make([]dedup.ClaimRequest, 0, 500)
+		reqs := make([]ledger.ClaimRequest, 0, 500)
 		for i := lo; i < lo+500; i++ {
 			reqs = append(reqs, req("m_1", key(i), 1999))
 		}
@@ -88,12 +89,12 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		items := make([]dedup.CompleteItem, 0, len(res))
+		items := make([]ledger.CompleteItem, 0, len(res))
 		for i, r := range res {
 			if r.Lease == nil {
 				t.Fatalf("claim of key %d: %v", lo+i, r.Outcome)
 			}
-			items = append(items, dedup.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", lo+i))})
+			items = append(items, ledger.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", lo+i))})
 		}
 		if _, err := worker.CompleteBatch(b.ctx, items); err != nil {
 			t.Fatal(err)
@@ -110,9 +111,9 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 		} else {
 			next += size
 		}
-		refs := make([]dedup.KeyRef, size)
+		refs := make([]ledger.KeyRef, size)
 		for i := range refs {
-			refs[i] = dedup.KeyRef{MerchantID: "m_1", IdempotencyKey: key(first + i)}
+			refs[i] = ledger.KeyRef{MerchantID: "m_1", IdempotencyKey: key(first + i)}
 		}
 		before := testenv.TableReads(t, b.ctx, pool, tables...)
 		reads, err := store.ReadBatch(b.ctx, worker, nil, refs)
@@ -147,7 +148,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 
 		// The first statement of a batch: keys the worker charged (all left
 		// to be read) or new ones (all taken in).
-		reqs, keys := make([]dedup.ClaimRequest, size), make([][]byte, size)
+		reqs, keys := make([]ledger.ClaimRequest, size), make([][]byte, size)
 		for i := range reqs {
 			k := refs[i].IdempotencyKey
 			if round%2 == 0 {

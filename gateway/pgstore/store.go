@@ -11,8 +11,8 @@
 // letter.
 //
 // pgx is used only here (and in internal/pg); its errors never leave the
-// package: they wrap dedup's sentinels (dedup.ErrNotFound,
-// dedup.ErrLeaseLost, dedup.ErrUnavailable), which the gateway tests with
+// package: they wrap dedup's sentinels (ledger.ErrNotFound,
+// ledger.ErrLeaseLost, ledger.ErrUnavailable), which the gateway tests with
 // errors.Is.
 package pgstore
 
@@ -21,9 +21,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // DefaultStatementTimeout bounds every statement the store runs.
@@ -60,7 +60,7 @@ const dbNow = pg.DBNow
 const pinPlans = pg.PinPlans
 
 // storeErrors are the sentinels the store's errors wrap.
-var storeErrors = pg.Errors{NotFound: dedup.ErrNotFound}
+var storeErrors = pg.Errors{NotFound: ledger.ErrNotFound}
 
 // interpretError maps pgx errors to the store's errors; pgx types never
 // leave the package.

@@ -1,6 +1,6 @@
 // Package layout holds the import rules of the module's packages: what
 // ships is everything outside lab/ (TestWhatShipsIsOutsideLab); the core
-// (payment, dedup, provider, stream, consumer, reconciler) imports nothing
+// (payment, ledger, dedup, provider, stream, consumer, reconciler) imports nothing
 // of the gateway, the console, the lab or cmd; and each outside dependency
 // stays in the package that owns it. The rules read the module's real
 // import graph with `go list`, so a new import that breaks one fails here,
@@ -75,7 +75,7 @@ func anyUnder(path string, dirs []string) string {
 
 // core is the money path; lab is what only demonstrates or tests it.
 var (
-	core = []string{"payment", "dedup", "provider", "stream", "consumer", "reconciler"}
+	core = []string{"payment", "ledger", "dedup", "provider", "stream", "consumer", "reconciler"}
 	lab  = []string{"lab", "github.com/nats-io/nats-server"}
 )
 
