@@ -34,7 +34,7 @@ func TestMaxDeliveriesNetMarksIntakeForOperator(t *testing.T) {
 	}
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "net-orphan", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
 	acq, err := intake.AcquireIntake(e.ctx, ledger.NewClaimRequest(cmd), 30*time.Second, time.Hour)
-	if err != nil || acq.Outcome != pgstore.IntakeAcquired {
+	if err != nil || acq.Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire intake: %+v %v", acq, err)
 	}
 	data, err := stream.EncodeCommand(cmd)
@@ -64,7 +64,7 @@ func TestMaxDeliveriesNetMarksIntakeForOperator(t *testing.T) {
 	if p, err := stream.ParseDeadLetter(e.deadLetters()[0].Header); err != nil || p.Reason != stream.ReasonMaxDeliveries {
 		t.Fatalf("dead letter %+v %v, want max_deliveries", p, err)
 	}
-	var in pgstore.Intake
+	var in ledger.Intake
 	e.eventually("the intake waits for an operator", func() bool {
 		in, err = intake.GetIntake(e.ctx, cmd.MerchantID, cmd.IdempotencyKey)
 		return err == nil && in.OperatorReason != ""

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
@@ -83,9 +82,9 @@ const (
 // answer is the decision for one POST.
 type answer struct {
 	kind  answerKind
-	rec   ledger.Record  // ansReplay, ansWaiting (zero: no record)
-	in    pgstore.Intake // ansAccepted, ansDeadLetter, ansWaiting
-	retry time.Duration  // ansInUse
+	rec   ledger.Record // ansReplay, ansWaiting (zero: no record)
+	in    ledger.Intake // ansAccepted, ansDeadLetter, ansWaiting
+	retry time.Duration // ansInUse
 }
 
 // fromRecord decides a POST from the key's record, when the record decides
@@ -118,12 +117,12 @@ func (g *Gateway) mayWaitForOperator(rec ledger.Record, fp []byte, a answer, dec
 
 // fromOperator decides a POST from the intake row the batch's acquisition
 // returned (res) and the key's record (nil: none) when the payment waits
-// for an operator (pgstore.Intake.WaitsForOperator): 202 with its state,
+// for an operator (ledger.Intake.WaitsForOperator): 202 with its state,
 // never a publish (an operator's replay decides whether it is charged),
 // never a final answer (the replay may still charge it). An intake the
 // request acquired must then be released (releaseWaiting).
-func fromOperator(rec *ledger.Record, res pgstore.IntakeResult, fp []byte) (answer, bool) {
-	if res.Outcome != pgstore.IntakeAcquired && res.Outcome != pgstore.IntakeHeld ||
+func fromOperator(rec *ledger.Record, res ledger.IntakeResult, fp []byte) (answer, bool) {
+	if res.Outcome != ledger.IntakeAcquired && res.Outcome != ledger.IntakeHeld ||
 		!bytes.Equal(res.Intake.RequestHash, fp) || !res.Intake.WaitsForOperator(rec) {
 		return answer{}, false
 	}
@@ -136,8 +135,8 @@ func fromOperator(rec *ledger.Record, res pgstore.IntakeResult, fp []byte) (answ
 
 // releaseWaiting gives back an intake acquired only to find that its
 // payment waits for an operator (fromOperator): nothing was published.
-func (g *Gateway) releaseWaiting(ctx context.Context, res pgstore.IntakeResult, log *slog.Logger) {
-	if res.Outcome != pgstore.IntakeAcquired {
+func (g *Gateway) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
+	if res.Outcome != ledger.IntakeAcquired {
 		return
 	}
 	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
@@ -444,23 +443,23 @@ func (b *batcher) flush(batch []*item) {
 		return
 	}
 	var publish, held []*item
-	settle := func(it *item, res pgstore.IntakeResult, reread bool) {
+	settle := func(it *item, res ledger.IntakeResult, reread bool) {
 		if a, waits := fromOperator(it.rec, res, it.fp); waits {
 			g.releaseWaiting(ctx, res, it.log)
 			it.ans = a
 			return
 		}
 		switch res.Outcome {
-		case pgstore.IntakeMismatch:
+		case ledger.IntakeMismatch:
 			it.ans.kind = ansReused
-		case pgstore.IntakeDeadLettered:
+		case ledger.IntakeDeadLettered:
 			it.ans = answer{kind: ansDeadLetter, in: res.Intake}
-		case pgstore.IntakeHeld:
+		case ledger.IntakeHeld:
 			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
 			if reread {
 				held = append(held, it)
 			}
-		case pgstore.IntakeReadFirst:
+		case ledger.IntakeReadFirst:
 			it.readFirst = true
 		default:
 			it.ans.in = res.Intake
@@ -531,7 +530,7 @@ func (b *batcher) flush(batch []*item) {
 // are taken in with AcquireIntakes. It returns the requests it tried to
 // take in and their results; on an error, the requests it could not
 // decide (answered 503 by the caller).
-func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, []pgstore.IntakeResult, error) {
+func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, []ledger.IntakeResult, error) {
 	g := b.g
 	hashes := make([][]byte, 0, 4)
 	for _, it := range items {
@@ -625,11 +624,11 @@ func (b *batcher) publish(ctx context.Context, items []*item, answered func()) {
 		}
 	}
 	seqs := b.publishAll(pctx, items, republish)
-	var pubs []pgstore.Published
+	var pubs []ledger.Published
 	var done []*item
 	for i, it := range items {
 		if it.ans.kind == ansPending {
-			pubs = append(pubs, pgstore.Published{Intake: it.ans.in, Seq: seqs[i]})
+			pubs = append(pubs, ledger.Published{Intake: it.ans.in, Seq: seqs[i]})
 			done = append(done, it)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/paydedup/paydedup/gateway"
-	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
@@ -24,7 +23,7 @@ type raceStore struct {
 	hook atomic.Pointer[func()]
 }
 
-func (s *raceStore) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+func (s *raceStore) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 	if f := s.hook.Load(); f != nil {
 		s.once.Do(*f)
 	}

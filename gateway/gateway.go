@@ -22,7 +22,7 @@
 //
 // The worker's claim happens later, when it consumes the message, so the
 // gateway guards concurrent first requests with its own short-lived intake
-// row (pgstore.Intake): one INSERT … ON CONFLICT decides which request
+// row (ledger.Intake): one INSERT … ON CONFLICT decides which request
 // publishes; the others see it and answer 409 until the worker's record
 // exists. The gateway never writes idempotency_keys: a pending claim there
 // would be a lease the worker could not take until it expired.
@@ -103,19 +103,19 @@ type Records interface {
 // taken in a batch of POSTs at a time (see batch.go), and the API keys it
 // authenticates.
 type Store interface {
-	GetIntake(ctx context.Context, merchantID, key string) (pgstore.Intake, error)
-	AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
-	AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
-	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []ledger.KeyRef) (pgstore.BatchReads, error)
-	IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error)
-	IntakePublished(ctx context.Context, in pgstore.Intake, seq uint64, holdFor time.Duration) error
-	AbandonIntake(ctx context.Context, in pgstore.Intake) error
-	ReleaseIntake(ctx context.Context, in pgstore.Intake) error
+	GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error)
+	AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error)
+	AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error)
+	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error)
+	IntakesPublished(ctx context.Context, pubs []ledger.Published, holdFor time.Duration) ([]bool, error)
+	IntakePublished(ctx context.Context, in ledger.Intake, seq uint64, holdFor time.Duration) error
+	AbandonIntake(ctx context.Context, in ledger.Intake) error
+	ReleaseIntake(ctx context.Context, in ledger.Intake) error
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
 	// WorkerPauses is the pause the workers report now, if any (see
 	// consumer.PauseNoter).
-	WorkerPauses(ctx context.Context) (pgstore.WorkerPause, bool, error)
+	WorkerPauses(ctx context.Context) (ledger.WorkerPause, bool, error)
 }
 
 // Completions wakes a waiter when a key may have completed

@@ -58,7 +58,7 @@ func (w *world) storedMsgs() []*nats.Msg {
 	return out
 }
 
-func (w *world) intake(key string) pgstore.Intake {
+func (w *world) intake(key string) ledger.Intake {
 	w.t.Helper()
 	in, err := w.gwStore.GetIntake(w.ctx, "m_a", key)
 	if err != nil {
@@ -306,7 +306,7 @@ func TestReusedKeyAfterPurge422(t *testing.T) {
 // its WAL flush) leaves the intake: published, but not marked so.
 type lostMarkStore struct{ *pgstore.Store }
 
-func (s lostMarkStore) IntakesPublished(context.Context, []pgstore.Published, time.Duration) ([]bool, error) {
+func (s lostMarkStore) IntakesPublished(context.Context, []ledger.Published, time.Duration) ([]bool, error) {
 	return nil, errors.New("injected: the publish mark is lost")
 }
 

@@ -113,7 +113,7 @@ func paymentFromRecord(rec ledger.Record) Payment {
 // waitingPayment is the payment of a key that waits for an operator
 // (Intake.WaitsForOperator): its record's fields when it has one, else
 // its intake's.
-func waitingPayment(rec ledger.Record, in pgstore.Intake) Payment {
+func waitingPayment(rec ledger.Record, in ledger.Intake) Payment {
 	p := paymentFromIntake(in)
 	if rec.IdempotencyKey != "" {
 		p = paymentFromRecord(rec)
@@ -122,7 +122,7 @@ func waitingPayment(rec ledger.Record, in pgstore.Intake) Payment {
 	return p
 }
 
-func paymentFromIntake(in pgstore.Intake) Payment {
+func paymentFromIntake(in ledger.Intake) Payment {
 	return Payment{Object: "payment", IdempotencyKey: in.IdempotencyKey, Status: StateQueued,
 		Amount: in.Amount, Currency: in.Currency, CreatedAt: in.CreatedAt.UTC()}
 }
@@ -187,7 +187,7 @@ func invalidRequest(w http.ResponseWriter, err error) {
 // records only these final reasons as final: a letter that waits for an
 // operator, such as max_deliveries, may still be replayed and charge; it
 // is answered waiting_for_operator, never so.)
-func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in pgstore.Intake) {
+func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in ledger.Intake) {
 	status, typ := http.StatusUnprocessableEntity, ProblemRejected
 	switch {
 	case in.DeadLetterReason == string(payment.ReasonBodyTooLarge):
@@ -211,17 +211,17 @@ func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in pgstore.Intake) {
 // when it settles the answer beside the record rec (nil: none): the
 // worker dead-lettered the command (final: Intake.DeadLettered), or the
 // payment waits for an operator (Intake.WaitsForOperator).
-func (g *Gateway) fate(ctx context.Context, merchant, key string, hash []byte, rec *ledger.Record) (pgstore.Intake, bool) {
+func (g *Gateway) fate(ctx context.Context, merchant, key string, hash []byte, rec *ledger.Record) (ledger.Intake, bool) {
 	in, err := g.store.GetIntake(ctx, merchant, key)
 	if err != nil || !bytes.Equal(in.RequestHash, hash) || !in.DeadLettered() && !in.WaitsForOperator(rec) {
-		return pgstore.Intake{}, false
+		return ledger.Intake{}, false
 	}
 	return in, true
 }
 
 // fateAnswer is the answer of a POST from an intake fate returned, with
 // the key's record (zero: none).
-func fateAnswer(rec ledger.Record, in pgstore.Intake) answer {
+func fateAnswer(rec ledger.Record, in ledger.Intake) answer {
 	if in.DeadLettered() {
 		return answer{kind: ansDeadLetter, in: in}
 	}
@@ -343,7 +343,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 
 // accepted answers a POST whose command was published: 202, or with
 // Prefer: wait, its outcome if it completes within the wait.
-func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in pgstore.Intake, sub *pgstore.Subscription, wait time.Duration, fp []byte) {
+func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in ledger.Intake, sub *pgstore.Subscription, wait time.Duration, fp []byte) {
 	merchant, key := in.MerchantID, in.IdempotencyKey
 	w.Header().Set("Location", location(key))
 	if wait == 0 {
@@ -405,7 +405,7 @@ func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, 
 // was lost) is bound to its payload, so its retry publishes the same
 // command under the same id: a copy that did land is dropped by the
 // duplicate window, and a later one is harmless (the worker's claim).
-func republishOf(in pgstore.Intake) int {
+func republishOf(in ledger.Intake) int {
 	if in.Published() && in.Attempt > 1 {
 		return in.Attempt
 	}
@@ -416,7 +416,7 @@ func republishOf(in pgstore.Intake) int {
 // acquired: while the stream still holds the published copy (the worker
 // is behind), publishing again only adds a copy, so the key is held for
 // another period instead (true). false: publish again.
-func (g *Gateway) heldAgain(ctx context.Context, in pgstore.Intake, log *slog.Logger) bool {
+func (g *Gateway) heldAgain(ctx context.Context, in ledger.Intake, log *slog.Logger) bool {
 	stored, err := g.pub.Stored(ctx, in.MerchantID, in.IdempotencyKey, in.StreamSeq)
 	if err != nil {
 		log.Warn("cannot tell whether the stream holds the published copy; publishing again", "error", err)
@@ -440,7 +440,7 @@ func (g *Gateway) heldAgain(ctx context.Context, in pgstore.Intake, log *slog.Lo
 // intake stays bound to its payload, its lease released so that the
 // client's retry with the same body publishes again at once (same
 // Nats-Msg-Id), and the answer is 503 "outcome unknown".
-func (g *Gateway) publishFailed(ctx context.Context, in pgstore.Intake, err error, log *slog.Logger) answerKind {
+func (g *Gateway) publishFailed(ctx context.Context, in ledger.Intake, err error, log *slog.Logger) answerKind {
 	g.metrics.publishes.WithLabelValues("error").Inc()
 	if !stream.Refused(err) {
 		log.Error("publish outcome unknown (no PubAck): the command may be queued; the key stays bound to its payload", "error", err)
@@ -494,7 +494,7 @@ func (g *Gateway) logRequestError(r *http.Request, log *slog.Logger, what string
 // operator): then the intake is returned (fate), with its reason, and the
 // record as read (zero when none). When the wait ends otherwise, the
 // intake is read once more.
-func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, merchant, key string, hash []byte, wait time.Duration) (ledger.Record, pgstore.Intake, bool) {
+func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, merchant, key string, hash []byte, wait time.Duration) (ledger.Record, ledger.Intake, bool) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	woken := false
@@ -508,7 +508,7 @@ func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, 
 		}
 		if err == nil && rec.Status == ledger.StatusCompleted {
 			g.metrics.waits.WithLabelValues("completed").Inc()
-			return rec, pgstore.Intake{}, true
+			return rec, ledger.Intake{}, true
 		}
 		if woken {
 			if dl, ok := g.fate(ctx, merchant, key, hash, recp); ok {
@@ -530,7 +530,7 @@ func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, 
 			g.metrics.waits.WithLabelValues("shutdown").Inc()
 		case <-ctx.Done():
 			g.metrics.waits.WithLabelValues("cancelled").Inc()
-			return ledger.Record{}, pgstore.Intake{}, false
+			return ledger.Record{}, ledger.Intake{}, false
 		}
 		dl, _ := g.fate(ctx, merchant, key, hash, recp)
 		return rec, dl, false
@@ -558,8 +558,8 @@ const publishSettleWait = 2 * time.Second
 // row again every 10 ms, for at most publishSettleWait, and returns it as
 // it then is (ledger.ErrNotFound once the publish failed and was given up),
 // with whether its publish is still unsettled.
-func (g *Gateway) settledIntake(ctx context.Context, in pgstore.Intake) (pgstore.Intake, bool, error) {
-	inFlight := func(in pgstore.Intake) bool { return !in.Published() && in.LockedUntil.After(g.cfg.Clock.Now()) }
+func (g *Gateway) settledIntake(ctx context.Context, in ledger.Intake) (ledger.Intake, bool, error) {
+	inFlight := func(in ledger.Intake) bool { return !in.Published() && in.LockedUntil.After(g.cfg.Clock.Now()) }
 	if !inFlight(in) {
 		return in, false, nil
 	}

@@ -24,12 +24,12 @@ import (
 // while it ran is read with one more. results[i] answers reqs[i]. An error
 // fails the whole batch: nothing was acquired by it that the caller must
 // give up (the statement is atomic).
-func (s *Store) AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
+func (s *Store) AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 	seen, err := checkIntakeBatch(reqs, lease, retention)
 	if err != nil {
 		return nil, fmt.Errorf("acquire intakes: %w", err)
 	}
-	results := make([]IntakeResult, len(reqs))
+	results := make([]ledger.IntakeResult, len(reqs))
 	todo := reqs
 	// A row purged between the two statements is simply retried, as in
 	// AcquireIntake.
@@ -44,9 +44,9 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, 
 		for _, r := range todo {
 			k := rowKey{r.MerchantID, r.IdempotencyKey}
 			if in, ok := acquired[k]; ok {
-				results[seen[k]] = IntakeResult{Outcome: IntakeAcquired, Intake: in}
+				results[seen[k]] = ledger.IntakeResult{Outcome: ledger.IntakeAcquired, Intake: in}
 			} else if in, ok := met[k]; ok {
-				results[seen[k]] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+				results[seen[k]] = ledger.IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
 			} else {
 				rest = append(rest, r)
 			}
@@ -66,7 +66,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, 
 				todo = append(todo, r)
 				continue
 			}
-			results[seen[rowKey{r.MerchantID, r.IdempotencyKey}]] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+			results[seen[rowKey{r.MerchantID, r.IdempotencyKey}]] = ledger.IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
 		}
 		if len(todo) == 0 {
 			return results, nil
@@ -87,7 +87,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, 
 // It is the batched intake's first statement: for a batch of new
 // payments, the reads that would find nothing are not made, and the
 // acquisition is its only round trip before the publish.
-func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]IntakeResult, error) {
+func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 	if len(apiKeys) != len(reqs) {
 		return nil, fmt.Errorf("acquire new intakes: %d API keys for %d requests", len(apiKeys), len(reqs))
 	}
@@ -100,15 +100,15 @@ func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimReques
 	if err != nil {
 		return nil, interpretError("acquire new intakes", err)
 	}
-	results := make([]IntakeResult, len(reqs))
+	results := make([]ledger.IntakeResult, len(reqs))
 	for i, r := range reqs {
 		k := rowKey{r.MerchantID, r.IdempotencyKey}
 		if in, ok := acquired[k]; ok {
-			results[i] = IntakeResult{Outcome: IntakeAcquired, Intake: in}
+			results[i] = ledger.IntakeResult{Outcome: ledger.IntakeAcquired, Intake: in}
 		} else if in, ok := met[k]; ok {
-			results[i] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+			results[i] = ledger.IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
 		} else {
-			results[i] = IntakeResult{Outcome: IntakeReadFirst}
+			results[i] = ledger.IntakeResult{Outcome: ledger.IntakeReadFirst}
 		}
 	}
 	return results, nil
@@ -149,8 +149,8 @@ func intakeArgs(reqs []ledger.ClaimRequest, lease, retention time.Duration) pgx.
 
 // acquireOrRead runs an acquireOrRead statement under pinPlans, in one
 // round trip, and returns the rows it acquired and the rows it met.
-func (s *Store) acquireOrRead(ctx context.Context, sql string, args pgx.NamedArgs) (acquired, met map[rowKey]Intake, err error) {
-	acquired, met = make(map[rowKey]Intake), make(map[rowKey]Intake)
+func (s *Store) acquireOrRead(ctx context.Context, sql string, args pgx.NamedArgs) (acquired, met map[rowKey]ledger.Intake, err error) {
+	acquired, met = make(map[rowKey]ledger.Intake), make(map[rowKey]ledger.Intake)
 	err = s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(acquired)
 		clear(met)
@@ -179,29 +179,29 @@ func (s *Store) acquireOrRead(ctx context.Context, sql string, args pgx.NamedArg
 
 // heldOutcome is what a row the caller could not take over means for a
 // request with fingerprint hash.
-func heldOutcome(in Intake, hash []byte) IntakeOutcome {
+func heldOutcome(in ledger.Intake, hash []byte) ledger.IntakeOutcome {
 	switch {
 	case !bytes.Equal(in.RequestHash, hash):
-		return IntakeMismatch
+		return ledger.IntakeMismatch
 	case in.DeadLettered():
-		return IntakeDeadLettered
+		return ledger.IntakeDeadLettered
 	default:
-		return IntakeHeld
+		return ledger.IntakeHeld
 	}
 }
 
 // GetIntakes returns the guard rows of the requests' keys that have one.
-func (s *Store) GetIntakes(ctx context.Context, reqs []ledger.ClaimRequest) (map[ledger.KeyRef]Intake, error) {
+func (s *Store) GetIntakes(ctx context.Context, reqs []ledger.ClaimRequest) (map[ledger.KeyRef]ledger.Intake, error) {
 	merchants, keys := make([]string, len(reqs)), make([]string, len(reqs))
 	for i, r := range reqs {
 		merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
 	}
-	out := make(map[ledger.KeyRef]Intake, len(reqs))
+	out := make(map[ledger.KeyRef]ledger.Intake, len(reqs))
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(out)
 		return s.eachIntake(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
 			WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`,
-			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
+			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in ledger.Intake) {
 				out[ledger.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
 			})
 	})
@@ -213,7 +213,7 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []ledger.ClaimRequest) (map
 
 // eachIntake runs a statement over a batch of keys under pinPlans, in one
 // round trip, and calls each for every intake row it returns.
-func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, each func(Intake)) error {
+func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, each func(ledger.Intake)) error {
 	b := &pgx.Batch{}
 	b.Queue(pinPlans)
 	b.Queue(sql, args).Query(func(rows pgx.Rows) error {
@@ -230,17 +230,11 @@ func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, 
 	return s.db.Pool.SendBatch(ctx, b).Close()
 }
 
-// Published is one publish to record with IntakesPublished.
-type Published struct {
-	Intake Intake
-	Seq    uint64
-}
-
 // IntakesPublished is IntakePublished for a batch, in one statement; it
 // returns, in the order given, whether each row was still held by its
 // attempt (false: another request took it over, as ledger.ErrLeaseLost
 // from IntakePublished).
-func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor time.Duration) ([]bool, error) {
+func (s *Store) IntakesPublished(ctx context.Context, pubs []ledger.Published, holdFor time.Duration) ([]bool, error) {
 	n := len(pubs)
 	merchants, keys := make([]string, n), make([]string, n)
 	attempts, seqs := make([]int32, n), make([]int64, n)
@@ -352,19 +346,12 @@ type RecordReads interface {
 	QueuePaymentsFor(b *pg.Batch, refs []ledger.KeyRef) func() []ledger.Payment
 }
 
-// BatchReads is what a batch of POSTs reads before it takes its keys in.
-type BatchReads struct {
-	Active   map[string]string // the active API keys among the hashes, to their merchant (ActiveAPIKeys)
-	Records  []ledger.Record   // the keys' records that exist (dedup.Store.GetMany)
-	Payments []ledger.Payment  // the keys' ledger rows that exist (dedup.Store.PaymentsFor)
-}
-
 // ReadBatch reads, in one round trip (one pipelined batch), which of hashes
 // are active API keys and the records and ledger rows of refs. records must
 // be on this store's database (the gateway passes the worker's store on the
 // same pool).
-func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]byte, refs []ledger.KeyRef) (BatchReads, error) {
-	var out BatchReads
+func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error) {
+	var out ledger.BatchReads
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		b := pg.NewBatch() // pinned: every read below probes its index per key
 		pays := records.QueuePaymentsFor(b, refs)
@@ -373,11 +360,11 @@ func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]b
 		if err := s.db.Send(ctx, b); err != nil {
 			return err
 		}
-		out = BatchReads{Active: active(), Records: recs(), Payments: pays()}
+		out = ledger.BatchReads{Active: active(), Records: recs(), Payments: pays()}
 		return nil
 	})
 	if err != nil {
-		return BatchReads{}, interpretError("read API keys, records and ledger", err)
+		return ledger.BatchReads{}, interpretError("read API keys, records and ledger", err)
 	}
 	return out, nil
 }

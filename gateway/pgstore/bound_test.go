@@ -26,37 +26,37 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 	apiKey := pgstore.HashAPIKey(m1)
 	keys := []string{"single", "batch", "new"}
 	for _, k := range keys {
-		if res, err := b.store.AcquireIntake(b.ctx, req("m_1", k, 100), publishLease, retention); err != nil || res.Outcome != pgstore.IntakeAcquired {
+		if res, err := b.store.AcquireIntake(b.ctx, req("m_1", k, 100), publishLease, retention); err != nil || res.Outcome != ledger.IntakeAcquired {
 			t.Fatalf("%s: %+v %v", k, res, err)
 		}
 	}
 	b.clock.Advance(publishLease + time.Second) // no mark: the outcome of the publish is unknown
-	acquire := map[string]func(ledger.ClaimRequest) (pgstore.IntakeResult, error){
-		"single": func(r ledger.ClaimRequest) (pgstore.IntakeResult, error) {
+	acquire := map[string]func(ledger.ClaimRequest) (ledger.IntakeResult, error){
+		"single": func(r ledger.ClaimRequest) (ledger.IntakeResult, error) {
 			return b.store.AcquireIntake(b.ctx, r, publishLease, retention)
 		},
-		"batch": func(r ledger.ClaimRequest) (pgstore.IntakeResult, error) {
+		"batch": func(r ledger.ClaimRequest) (ledger.IntakeResult, error) {
 			res, err := b.store.AcquireIntakes(b.ctx, []ledger.ClaimRequest{r}, publishLease, retention)
 			if err != nil {
-				return pgstore.IntakeResult{}, err
+				return ledger.IntakeResult{}, err
 			}
 			return res[0], nil
 		},
-		"new": func(r ledger.ClaimRequest) (pgstore.IntakeResult, error) {
+		"new": func(r ledger.ClaimRequest) (ledger.IntakeResult, error) {
 			res, err := b.store.AcquireNewIntakes(b.ctx, []ledger.ClaimRequest{r}, [][]byte{apiKey}, publishLease, retention)
 			if err != nil {
-				return pgstore.IntakeResult{}, err
+				return ledger.IntakeResult{}, err
 			}
 			return res[0], nil
 		},
 	}
 	for _, k := range keys {
 		res, err := acquire[k](req("m_1", k, 999))
-		if err != nil || res.Outcome != pgstore.IntakeMismatch || res.Intake.Amount != 100 {
+		if err != nil || res.Outcome != ledger.IntakeMismatch || res.Intake.Amount != 100 {
 			t.Fatalf("%s: another payload after the lease: %+v %v, want a mismatch with the first payload's row", k, res, err)
 		}
 		res, err = acquire[k](req("m_1", k, 100))
-		if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 || res.Intake.Amount != 100 {
+		if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Attempt != 2 || res.Intake.Amount != 100 {
 			t.Fatalf("%s: the same payload after the lease: %+v %v", k, res, err)
 		}
 	}
@@ -69,11 +69,11 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 	if err := b.store.ReleaseIntake(b.ctx, in); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "single", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "single", 999), publishLease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("another payload after a release: %v", res.Outcome)
 	}
 	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "single", 100), publishLease, retention); err != nil ||
-		res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
+		res.Outcome != ledger.IntakeAcquired || res.Intake.Attempt != 3 {
 		t.Fatalf("the same payload after a release: %+v %v", res, err)
 	}
 	if err := b.store.ReleaseIntake(b.ctx, in); !errors.Is(err, ledger.ErrLeaseLost) {
@@ -87,13 +87,13 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "single", 999), publishLease, retention); err != nil ||
-		res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 999 {
+		res.Outcome != ledger.IntakeAcquired || res.Intake.Amount != 999 {
 		t.Fatalf("a corrected payload after a refusal: %+v %v", res, err)
 	}
 	// Expired: any payload.
 	b.clock.Advance(retention + time.Hour)
 	if res, err := b.store.AcquireIntake(b.ctx, req("m_1", "batch", 555), publishLease, retention); err != nil ||
-		res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 555 {
+		res.Outcome != ledger.IntakeAcquired || res.Intake.Amount != 555 {
 		t.Fatalf("an expired row: %+v %v", res, err)
 	}
 	if _, err := b.store.GetIntake(b.ctx, "m_1", "nothing"); !errors.Is(err, ledger.ErrNotFound) {

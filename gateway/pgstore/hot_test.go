@@ -40,13 +40,13 @@ func TestPublishMarkIsHeapOnlyUpdate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pubs := make([]pgstore.Published, len(res))
+		pubs := make([]ledger.Published, len(res))
 		for i, r := range res {
-			if r.Outcome != pgstore.IntakeAcquired {
+			if r.Outcome != ledger.IntakeAcquired {
 				t.Fatalf("intake %d: outcome %v, want acquired", i, r.Outcome)
 			}
 			seq++
-			pubs[i] = pgstore.Published{Intake: r.Intake, Seq: seq}
+			pubs[i] = ledger.Published{Intake: r.Intake, Seq: seq}
 		}
 		n0, hot0 := updates()
 		ok, err := store.IntakesPublished(b.ctx, pubs, time.Minute)

@@ -23,7 +23,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 	b := setup(t)
 	r := req("m_1", "op", 500)
 	res, err := b.store.AcquireIntake(b.ctx, r, lease, time.Hour)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired {
+	if err != nil || res.Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire: %+v %v", res, err)
 	}
 	if err := b.store.IntakePublished(b.ctx, res.Intake, 7, time.Minute); err != nil {
@@ -54,7 +54,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 		t.Fatalf("intake %+v (record %+v): want waiting for an operator, not dead-lettered", in, rec)
 	}
 	// Held within its republish hold, a retry meets the row as it is.
-	if res, err := b.store.AcquireIntake(b.ctx, r, lease, time.Hour); err != nil || res.Outcome != pgstore.IntakeHeld || res.Intake.OperatorReason == "" {
+	if res, err := b.store.AcquireIntake(b.ctx, r, lease, time.Hour); err != nil || res.Outcome != ledger.IntakeHeld || res.Intake.OperatorReason == "" {
 		t.Fatalf("acquire while waiting: %+v %v", res, err)
 	}
 

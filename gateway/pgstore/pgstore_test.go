@@ -137,7 +137,7 @@ func TestIntakeGuard(t *testing.T) {
 	r := req("m_1", "k", 100)
 
 	const racers = 20
-	outcomes := make([]pgstore.IntakeOutcome, racers)
+	outcomes := make([]ledger.IntakeOutcome, racers)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range racers {
@@ -155,9 +155,9 @@ func TestIntakeGuard(t *testing.T) {
 	acquired := 0
 	for _, o := range outcomes {
 		switch o {
-		case pgstore.IntakeAcquired:
+		case ledger.IntakeAcquired:
 			acquired++
-		case pgstore.IntakeHeld:
+		case ledger.IntakeHeld:
 		default:
 			t.Fatalf("outcome %v", o)
 		}
@@ -169,19 +169,19 @@ func TestIntakeGuard(t *testing.T) {
 	if err != nil || in.Attempt != 1 || !in.PublishedAt.IsZero() {
 		t.Fatalf("intake %+v %v", in, err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("other payload: %v", res.Outcome)
 	}
 	if err := b.store.IntakePublished(b.ctx, in, 1, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Advance(5 * time.Minute)
-	if res, _ := b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != pgstore.IntakeHeld || res.Intake.PublishedAt.IsZero() {
+	if res, _ := b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != ledger.IntakeHeld || res.Intake.PublishedAt.IsZero() {
 		t.Fatalf("published row: %+v", res)
 	}
 	b.clock.Advance(6 * time.Minute)
 	res, err := b.store.AcquireIntake(b.ctx, r, publishLease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("takeover after the hold: %+v %v", res, err)
 	}
 	if err := b.store.IntakePublished(b.ctx, in, 1, time.Minute); !errors.Is(err, ledger.ErrLeaseLost) {
@@ -190,7 +190,7 @@ func TestIntakeGuard(t *testing.T) {
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ = b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
+	if res, _ = b.store.AcquireIntake(b.ctx, r, publishLease, retention); res.Outcome != ledger.IntakeAcquired || res.Intake.Attempt != 3 {
 		t.Fatalf("after abandon: %+v", res)
 	}
 	// Past retention the row is purged, or taken over by any payload.
@@ -205,7 +205,7 @@ func TestIntakeGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.clock.Advance(retention + time.Hour)
-	if res, _ = b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 999 {
+	if res, _ = b.store.AcquireIntake(b.ctx, req("m_1", "k", 999), publishLease, retention); res.Outcome != ledger.IntakeAcquired || res.Intake.Amount != 999 {
 		t.Fatalf("expired row not reusable: %+v", res)
 	}
 }
@@ -221,7 +221,7 @@ func TestIntakeFate(t *testing.T) {
 
 	// Abandoned before any publish: gone, and another payload is new.
 	res, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired {
+	if err != nil || res.Outcome != ledger.IntakeAcquired {
 		t.Fatalf("%+v %v", res, err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
@@ -236,22 +236,22 @@ func TestIntakeFate(t *testing.T) {
 	if _, err := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("while the lock is held: %v", res.Outcome)
 	}
 	b.clock.Advance(lease + time.Second)
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("corrected payload after a dead publisher: %v, want a mismatch", res.Outcome)
 	}
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("the same payload after a dead publisher: %+v %v", res, err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 150 {
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Amount != 150 {
 		t.Fatalf("corrected payload after a refusal: %+v %v", res, err)
 	}
 
@@ -279,17 +279,17 @@ func TestIntakeFate(t *testing.T) {
 	}
 	b.clock.Advance(2 * time.Minute) // past the republish hold
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
+	if err != nil || res.Outcome != ledger.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
 		len(res.Intake.DeadLetterError) != 1024 || res.Intake.Attempt != 1 {
 		t.Fatalf("dead-lettered intake: %+v %v", res, err)
 	}
-	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := b.store.AcquireIntake(b.ctx, req("m_1", "a", 100), lease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("other payload on a dead letter: %v", res.Outcome)
 	}
 	// Expired: taken over afresh, its publish and dead letter forgotten.
 	b.clock.Advance(retention)
 	res, err = b.store.AcquireIntake(b.ctx, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Published() || res.Intake.DeadLettered() || res.Intake.StreamSeq != 0 {
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Published() || res.Intake.DeadLettered() || res.Intake.StreamSeq != 0 {
 		t.Fatalf("expired dead letter: %+v %v", res, err)
 	}
 
@@ -301,7 +301,7 @@ func TestIntakeFate(t *testing.T) {
 		terminal bool
 	}{{"p", 5, true}, {"q", 6, false}} {
 		res, err := b.store.AcquireIntake(b.ctx, req("m_1", c.key, 100), lease, retention)
-		if err != nil || res.Outcome != pgstore.IntakeAcquired {
+		if err != nil || res.Outcome != ledger.IntakeAcquired {
 			t.Fatalf("%s: %+v %v", c.key, res, err)
 		}
 		if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", c.key, 5, "key_mismatch", "x"); !ok || err != nil {

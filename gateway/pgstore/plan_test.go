@@ -46,7 +46,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	var seq uint64
 	// intake acquires and marks published keys [lo, hi), and returns the
 	// outcomes of the acquisition.
-	intake := func(lo, hi int) []pgstore.IntakeResult {
+	intake := func(lo, hi int) []ledger.IntakeResult {
 		t.Helper()
 		reqs := make([]ledger.ClaimRequest, 0, hi-lo)
 		for i := lo; i < hi; i++ {
@@ -56,11 +56,11 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var pubs []pgstore.Published
+		var pubs []ledger.Published
 		for _, r := range res {
-			if r.Outcome == pgstore.IntakeAcquired {
+			if r.Outcome == ledger.IntakeAcquired {
 				seq++
-				pubs = append(pubs, pgstore.Published{Intake: r.Intake, Seq: seq})
+				pubs = append(pubs, ledger.Published{Intake: r.Intake, Seq: seq})
 			}
 		}
 		if len(pubs) > 0 {
@@ -129,7 +129,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 		}
 		held := 0
 		for _, r := range res {
-			if r.Outcome == pgstore.IntakeHeld {
+			if r.Outcome == ledger.IntakeHeld {
 				held++
 			}
 		}
@@ -162,9 +162,9 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		after = testenv.TableReads(t, b.ctx, pool, append(tables, "api_keys")...)
-		want := pgstore.IntakeAcquired
+		want := ledger.IntakeAcquired
 		if round%2 == 1 {
-			want = pgstore.IntakeReadFirst
+			want = ledger.IntakeReadFirst
 		}
 		for i, r := range fresh {
 			if r.Outcome != want {

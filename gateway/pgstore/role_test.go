@@ -94,10 +94,10 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 		t.Fatalf("get as %s before the claim: %v", gatewayRole, err)
 	}
 	res, err := gw.AcquireIntake(ctx, req, time.Second, time.Hour)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired {
+	if err != nil || res.Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire intake as %s: %v %v", gatewayRole, res.Outcome, err)
 	}
-	if again, err := gw.AcquireIntake(ctx, req, time.Second, time.Hour); err != nil || again.Outcome != pgstore.IntakeHeld {
+	if again, err := gw.AcquireIntake(ctx, req, time.Second, time.Hour); err != nil || again.Outcome != ledger.IntakeHeld {
 		t.Fatalf("second acquire as %s: %v %v", gatewayRole, again.Outcome, err)
 	}
 	if err := gw.IntakePublished(ctx, res.Intake, 1, time.Minute); err != nil {
@@ -150,7 +150,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	fresh, err := gw.AcquireNewIntakes(ctx, []ledger.ClaimRequest{req, ledger.NewClaimRequest(&payment.Command{MerchantID: merchant,
 		IdempotencyKey: "k-new", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"})},
 		[][]byte{pgstore.HashAPIKey(token), pgstore.HashAPIKey(token)}, 10*time.Second, time.Hour)
-	if err != nil || fresh[0].Outcome != pgstore.IntakeReadFirst || fresh[1].Outcome != pgstore.IntakeAcquired {
+	if err != nil || fresh[0].Outcome != ledger.IntakeReadFirst || fresh[1].Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire new intakes as %s: %+v %v", gatewayRole, fresh, err)
 	}
 	if _, err := records.Stats(ctx, time.Minute); err != nil {
