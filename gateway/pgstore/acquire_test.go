@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/ledger"
@@ -92,7 +93,7 @@ func TestAcquireNewIntakesRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hash := pgstore.HashAPIKey(key)
+	hash := apikey.Hash(key)
 	raceAcquisitions(t, b, func(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 		hashes := make([][]byte, len(reqs))
 		for i := range hashes {
@@ -201,7 +202,7 @@ func TestAcquireNewIntakes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return pgstore.HashAPIKey(key)
+		return apikey.Hash(key)
 	}
 	m1, m2 := apiKey("m_1"), apiKey("m_2")
 	revoked, rk, err := b.store.CreateAPIKey(b.ctx, "m_1", "")
@@ -246,7 +247,7 @@ func TestAcquireNewIntakes(t *testing.T) {
 		{req("m_1", "pending", 100), m1, ledger.IntakeReadFirst},
 		{req("m_1", "completed", 100), m1, ledger.IntakeReadFirst},
 		{req("m_1", "ledger-only", 100), m1, ledger.IntakeReadFirst},
-		{req("m_1", "revoked-key", 100), pgstore.HashAPIKey(revoked), ledger.IntakeReadFirst},
+		{req("m_1", "revoked-key", 100), apikey.Hash(revoked), ledger.IntakeReadFirst},
 		{req("m_1", "other-merchants-key", 100), m2, ledger.IntakeReadFirst},
 		{req("m_1", "held", 100), m1, ledger.IntakeHeld},
 		{req("m_1", "held-other", 100), m1, ledger.IntakeMismatch},

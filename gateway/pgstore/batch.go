@@ -77,7 +77,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, 
 
 // AcquireNewIntakes is AcquireIntakes for the requests that nothing but
 // their intake row can decide, in one round trip: those whose API key
-// (apiKeys[i], HashAPIKey, is the key reqs[i] came with) is active for
+// (apiKeys[i], apikey.Hash, is the key reqs[i] came with) is active for
 // their merchant and whose key has neither a record nor a ledger row. The
 // others are IntakeReadFirst and untouched, as is a request whose row a
 // concurrent batch committed while the statement ran: the caller decides
@@ -299,7 +299,7 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []ledger.Published, h
 	return out, nil
 }
 
-// ActiveAPIKeys returns which of the given key hashes (HashAPIKey) belong
+// ActiveAPIKeys returns which of the given key hashes (apikey.Hash) belong
 // to an active key, and the merchant of each: one statement for a batch of
 // requests, so that a key revoked a moment ago is refused by the next batch
 // whatever a cache still says.
@@ -367,11 +367,4 @@ func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]b
 		return ledger.BatchReads{}, interpretError("read API keys, records and ledger", err)
 	}
 	return out, nil
-}
-
-// ValidAPIKeyShape reports whether key has the shape of an API key; a key
-// of another shape is never looked up.
-func ValidAPIKeyShape(key string) bool {
-	_, ok := apiKeyID(key)
-	return ok
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/ledger"
 )
 
@@ -23,7 +23,7 @@ func TestIntakeBoundToItsFingerprint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiKey := pgstore.HashAPIKey(m1)
+	apiKey := apikey.Hash(m1)
 	keys := []string{"single", "batch", "new"}
 	for _, k := range keys {
 		if res, err := b.store.AcquireIntake(b.ctx, req("m_1", k, 100), publishLease, retention); err != nil || res.Outcome != ledger.IntakeAcquired {

@@ -119,7 +119,7 @@ var acquireOrReadIntakesSQL = acquireOrRead("", acquireIntakesSQL,
 	`unnest(@merchants::text[], @keys::text[]) AS u(merchant_id, idempotency_key)`)
 
 // acquireNewIntakesSQL is acquireOrReadIntakesSQL for the requests whose
-// API key (@api_keys, HashAPIKey, one per request) is active for their
+// API key (@api_keys, apikey.Hash, one per request) is active for their
 // merchant and whose key has neither a record nor a ledger row
 // (dedup.UnknownKeySQL), all in the statement's snapshot; the others are
 // neither taken in nor read. A request it acquires is one that the reads

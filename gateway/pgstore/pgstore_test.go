@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
@@ -323,13 +324,13 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(key, pgstore.APIKeyPrefix+k.ID+"_") || k.MerchantID != "m_1" {
+	if !strings.HasPrefix(key, apikey.Prefix+k.ID+"_") || k.MerchantID != "m_1" {
 		t.Fatalf("key %q, %+v", key, k)
 	}
 	if m, err := b.store.Authenticate(b.ctx, key); err != nil || m != "m_1" {
 		t.Fatalf("authenticate: %q %v", m, err)
 	}
-	if n := b.count(t, `SELECT count(*) FROM api_keys WHERE key_hash = $1`, pgstore.HashAPIKey(key)); n != 1 {
+	if n := b.count(t, `SELECT count(*) FROM api_keys WHERE key_hash = $1`, apikey.Hash(key)); n != 1 {
 		t.Fatal("the key's hash is not what is stored")
 	}
 	// One character changed: a different last character, whatever it was.
@@ -338,7 +339,7 @@ func TestAPIKeys(t *testing.T) {
 		last = "B"
 	}
 	for _, bad := range []string{"", key + "x", key[:len(key)-1] + last, strings.ToUpper(key)} {
-		if _, err := b.store.Authenticate(b.ctx, bad); !errors.Is(err, pgstore.ErrUnauthenticated) {
+		if _, err := b.store.Authenticate(b.ctx, bad); !errors.Is(err, apikey.ErrUnauthenticated) {
 			t.Fatalf("%q: %v", bad, err)
 		}
 	}
@@ -360,13 +361,13 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil || rk.RevokedAt.IsZero() {
 		t.Fatalf("revoke by id: %+v %v", rk, err)
 	}
-	if _, err := b.store.Authenticate(b.ctx, key); !errors.Is(err, pgstore.ErrUnauthenticated) {
+	if _, err := b.store.Authenticate(b.ctx, key); !errors.Is(err, apikey.ErrUnauthenticated) {
 		t.Fatalf("revoked key: %v", err)
 	}
 	if _, err := b.store.RevokeAPIKey(b.ctx, key2); err != nil { // by the key itself
 		t.Fatal(err)
 	}
-	if _, err := b.store.Authenticate(b.ctx, key2); !errors.Is(err, pgstore.ErrUnauthenticated) {
+	if _, err := b.store.Authenticate(b.ctx, key2); !errors.Is(err, apikey.ErrUnauthenticated) {
 		t.Fatalf("key revoked by value: %v (id %s)", err, k2.ID)
 	}
 	if _, err := b.store.RevokeAPIKey(b.ctx, "000000000000"); !errors.Is(err, ledger.ErrNotFound) {
@@ -398,11 +399,11 @@ func TestReadBatch(t *testing.T) {
 	}
 	refs := []ledger.KeyRef{{MerchantID: "m_1", IdempotencyKey: "pending"}, {MerchantID: "m_1", IdempotencyKey: "done"},
 		{MerchantID: "m_1", IdempotencyKey: "none"}, {MerchantID: "m_1", IdempotencyKey: "done"}}
-	got, err := b.store.ReadBatch(b.ctx, b.worker, [][]byte{pgstore.HashAPIKey(live), pgstore.HashAPIKey(revoked)}, refs)
+	got, err := b.store.ReadBatch(b.ctx, b.worker, [][]byte{apikey.Hash(live), apikey.Hash(revoked)}, refs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Active) != 1 || got.Active[string(pgstore.HashAPIKey(live))] != "m_1" {
+	if len(got.Active) != 1 || got.Active[string(apikey.Hash(live))] != "m_1" {
 		t.Errorf("active keys %v, want the live one only", got.Active)
 	}
 	status := map[string]ledger.Status{}

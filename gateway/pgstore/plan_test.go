@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
@@ -40,7 +41,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiKey := pgstore.HashAPIKey(key0)
+	apiKey := apikey.Hash(key0)
 	const existing, size = 10000, 128
 	key := func(i int) string { return fmt.Sprintf("plan-%d-0123456789abcdef0123456789abcdef", i) }
 	var seq uint64

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/testenv"
@@ -141,15 +142,15 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if recs, err := records.GetMany(ctx, []ledger.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil || len(recs) != 1 {
 		t.Fatalf("get many as %s: %d %v", gatewayRole, len(recs), err)
 	}
-	if rb, err := gw.ReadBatch(ctx, records, [][]byte{pgstore.HashAPIKey(token)}, []ledger.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil ||
-		rb.Active[string(pgstore.HashAPIKey(token))] != "m_gw" || len(rb.Records) != 1 || len(rb.Payments) != 1 {
+	if rb, err := gw.ReadBatch(ctx, records, [][]byte{apikey.Hash(token)}, []ledger.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil ||
+		rb.Active[string(apikey.Hash(token))] != "m_gw" || len(rb.Records) != 1 || len(rb.Payments) != 1 {
 		t.Fatalf("read a batch as %s: %+v %v", gatewayRole, rb, err)
 	}
 	// The batch's first statement probes records and ledger (a key the
 	// worker charged is left to be read) and takes in a new key.
 	fresh, err := gw.AcquireNewIntakes(ctx, []ledger.ClaimRequest{req, ledger.NewClaimRequest(&payment.Command{MerchantID: merchant,
 		IdempotencyKey: "k-new", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"})},
-		[][]byte{pgstore.HashAPIKey(token), pgstore.HashAPIKey(token)}, 10*time.Second, time.Hour)
+		[][]byte{apikey.Hash(token), apikey.Hash(token)}, 10*time.Second, time.Hour)
 	if err != nil || fresh[0].Outcome != ledger.IntakeReadFirst || fresh[1].Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire new intakes as %s: %+v %v", gatewayRole, fresh, err)
 	}
