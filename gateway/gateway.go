@@ -121,7 +121,7 @@ type Store interface {
 // Completions wakes a waiter when a key may have completed
 // (*pgstore.Listener).
 type Completions interface {
-	Subscribe(merchantID, key string) *pgstore.Subscription
+	Subscribe(merchantID, key string) *ledger.Subscription
 }
 
 // Publisher publishes a validated command to the worker's stream.

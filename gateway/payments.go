@@ -15,7 +15,6 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
@@ -316,7 +315,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 
 	// A waiter subscribes before anything is read or published, so a
 	// completion committed after any read below wakes it.
-	var sub *pgstore.Subscription
+	var sub *ledger.Subscription
 	if wait > 0 {
 		sub = g.comp.Subscribe(merchant, key)
 		defer sub.Close()
@@ -343,7 +342,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 
 // accepted answers a POST whose command was published: 202, or with
 // Prefer: wait, its outcome if it completes within the wait.
-func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in ledger.Intake, sub *pgstore.Subscription, wait time.Duration, fp []byte) {
+func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in ledger.Intake, sub *ledger.Subscription, wait time.Duration, fp []byte) {
 	merchant, key := in.MerchantID, in.IdempotencyKey
 	w.Header().Set("Location", location(key))
 	if wait == 0 {
@@ -371,7 +370,7 @@ func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in ledger
 // Prefer: wait as a new key's POST does: its outcome (replayed) once it
 // completes within the wait, the dead letter's reason if the worker
 // dead-lettered it, else the 409 with its Retry-After.
-func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, sub *pgstore.Subscription, wait time.Duration, merchant, key string, fp []byte) {
+func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, sub *ledger.Subscription, wait time.Duration, merchant, key string, fp []byte) {
 	if wait == 0 || a.kind != ansInUse && a.kind != ansNotRepublished {
 		g.write(w, a)
 		return
@@ -494,7 +493,7 @@ func (g *Gateway) logRequestError(r *http.Request, log *slog.Logger, what string
 // operator): then the intake is returned (fate), with its reason, and the
 // record as read (zero when none). When the wait ends otherwise, the
 // intake is read once more.
-func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, merchant, key string, hash []byte, wait time.Duration) (ledger.Record, ledger.Intake, bool) {
+func (g *Gateway) waitCompleted(ctx context.Context, sub *ledger.Subscription, merchant, key string, hash []byte, wait time.Duration) (ledger.Record, ledger.Intake, bool) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	woken := false
@@ -604,7 +603,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	wait := parseWait(r.Header, g.cfg.MaxWait)
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
 	defer cancel()
-	var sub *pgstore.Subscription
+	var sub *ledger.Subscription
 	if wait > 0 {
 		sub = g.comp.Subscribe(merchant, key)
 		defer sub.Close()
