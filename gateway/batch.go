@@ -538,7 +538,7 @@ func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, 
 			hashes = append(hashes, it.keyHash)
 		}
 	}
-	reads, err := b.store.ReadBatch(ctx, b.records, hashes, refsOf(items))
+	reads, err := b.store.ReadBatch(ctx, hashes, refsOf(items))
 	if err != nil {
 		return items, nil, err
 	}

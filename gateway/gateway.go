@@ -46,7 +46,6 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
@@ -89,14 +88,13 @@ const (
 
 // Records is what the gateway reads of the worker's idempotency store
 // (*dedup.Store): a key's record, and the ledger for a key whose record was
-// purged, one key at a time or, for a batch of POSTs, many at once (its
-// reads queued on the batch's round trip: Store.ReadBatch). The gateway
-// never writes them.
+// purged, one key at a time or many at once. For a batch of POSTs the
+// gateway's Store reads them itself, on the batch's one round trip
+// (Store.ReadBatch). The gateway never writes them.
 type Records interface {
 	Get(ctx context.Context, merchantID, key string) (ledger.Record, error)
 	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
 	GetMany(ctx context.Context, refs []ledger.KeyRef) ([]ledger.Record, error)
-	pgstore.RecordReads
 }
 
 // Store is the gateway's own store (*pgstore.Store): its intake guard rows,
@@ -106,7 +104,7 @@ type Store interface {
 	GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error)
 	AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error)
 	AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error)
-	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error)
+	ReadBatch(ctx context.Context, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error)
 	IntakesPublished(ctx context.Context, pubs []ledger.Published, holdFor time.Duration) ([]bool, error)
 	IntakePublished(ctx context.Context, in ledger.Intake, seq uint64, holdFor time.Duration) error
 	AbandonIntake(ctx context.Context, in ledger.Intake) error

@@ -144,7 +144,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gwStore, err := pgstore.New(pool, pgstore.Config{})
+	gwStore, err := pgstore.New(pool, pgstore.Config{Records: store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		if records, err = dedup.New(counted, dedup.Config{}); err != nil {
 			t.Fatal(err)
 		}
-		if gwOwn, err = pgstore.New(counted, pgstore.Config{}); err != nil {
+		if gwOwn, err = pgstore.New(counted, pgstore.Config{Records: records}); err != nil {
 			t.Fatal(err)
 		}
 	}

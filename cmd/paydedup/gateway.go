@@ -179,7 +179,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gwStore, err := pgstore.New(pool, pgstore.Config{})
+	gwStore, err := pgstore.New(pool, pgstore.Config{Records: store})
 	if err != nil {
 		return err
 	}

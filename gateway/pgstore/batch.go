@@ -3,6 +3,7 @@ package pgstore
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -347,10 +348,13 @@ type RecordReads interface {
 }
 
 // ReadBatch reads, in one round trip (one pipelined batch), which of hashes
-// are active API keys and the records and ledger rows of refs. records must
-// be on this store's database (the gateway passes the worker's store on the
-// same pool).
-func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error) {
+// are active API keys and the records and ledger rows of refs, the latter
+// from the store's Records (Config.Records).
+func (s *Store) ReadBatch(ctx context.Context, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error) {
+	records := s.records
+	if records == nil {
+		return ledger.BatchReads{}, errors.New("read batch: the gateway store has no Records (Config.Records)")
+	}
 	var out ledger.BatchReads
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		b := pg.NewBatch() // pinned: every read below probes its index per key

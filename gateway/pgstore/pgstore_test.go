@@ -37,11 +37,11 @@ func setup(t testing.TB) *bundle {
 	t.Helper()
 	pool := testenv.Pool(t)
 	clk := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	s, err := pgstore.New(pool, pgstore.Config{Clock: clk})
+	w, err := dedup.New(pool, dedup.Config{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := dedup.New(pool, dedup.Config{Clock: clk})
+	s, err := pgstore.New(pool, pgstore.Config{Clock: clk, Records: w})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +399,7 @@ func TestReadBatch(t *testing.T) {
 	}
 	refs := []ledger.KeyRef{{MerchantID: "m_1", IdempotencyKey: "pending"}, {MerchantID: "m_1", IdempotencyKey: "done"},
 		{MerchantID: "m_1", IdempotencyKey: "none"}, {MerchantID: "m_1", IdempotencyKey: "done"}}
-	got, err := b.store.ReadBatch(b.ctx, b.worker, [][]byte{apikey.Hash(live), apikey.Hash(revoked)}, refs)
+	got, err := b.store.ReadBatch(b.ctx, [][]byte{apikey.Hash(live), apikey.Hash(revoked)}, refs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,11 +29,11 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	// One connection: the statistics flushed are the backend's that ran
 	// the statements.
 	pool, _ := testenv.OneConn(t, b.pool)
-	store, err := pgstore.New(pool, pgstore.Config{Clock: b.clock})
+	worker, err := dedup.New(pool, dedup.Config{Clock: b.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	worker, err := dedup.New(pool, dedup.Config{Clock: b.clock})
+	store, err := pgstore.New(pool, pgstore.Config{Clock: b.clock, Records: worker})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 			refs[i] = ledger.KeyRef{MerchantID: "m_1", IdempotencyKey: key(first + i)}
 		}
 		before := testenv.TableReads(t, b.ctx, pool, tables...)
-		reads, err := store.ReadBatch(b.ctx, worker, nil, refs)
+		reads, err := store.ReadBatch(b.ctx, nil, refs)
 		if err != nil {
 			t.Fatal(err)
 		}

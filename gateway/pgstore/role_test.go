@@ -47,11 +47,11 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	gwPool := testenv.AsRole(t, ownerURL, gatewayRole)
-	gw, err := pgstore.New(gwPool, pgstore.Config{})
+	records, err := dedup.New(gwPool, dedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	records, err := dedup.New(gwPool, dedup.Config{})
+	gw, err := pgstore.New(gwPool, pgstore.Config{Records: records})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if recs, err := records.GetMany(ctx, []ledger.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil || len(recs) != 1 {
 		t.Fatalf("get many as %s: %d %v", gatewayRole, len(recs), err)
 	}
-	if rb, err := gw.ReadBatch(ctx, records, [][]byte{apikey.Hash(token)}, []ledger.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil ||
+	if rb, err := gw.ReadBatch(ctx, [][]byte{apikey.Hash(token)}, []ledger.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil ||
 		rb.Active[string(apikey.Hash(token))] != "m_gw" || len(rb.Records) != 1 || len(rb.Payments) != 1 {
 		t.Fatalf("read a batch as %s: %+v %v", gatewayRole, rb, err)
 	}

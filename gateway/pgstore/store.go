@@ -34,10 +34,17 @@ type Config struct {
 	StatementTimeout time.Duration
 	// Clock is a test clock; leave it nil in production (see pg.Clock).
 	Clock clock.Clock
+	// Records are the worker's records (*dedup.Store) on the same
+	// database, whose reads ReadBatch queues on its round trip. A store
+	// without them fails ReadBatch.
+	Records RecordReads
 }
 
 // Store is the gateway's Postgres store. It is safe for concurrent use.
-type Store struct{ db pg.DB }
+type Store struct {
+	db      pg.DB
+	records RecordReads
+}
 
 // New returns a store on pool. The schema must be migrated
 // (migrations/migrate).
@@ -46,7 +53,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, records: cfg.Records}, nil
 }
 
 // dbNow is the SQL for the statement's time (see pg.DBNow).

@@ -257,7 +257,7 @@ func runOnce(ctx context.Context, cfg Config, dbURL string, nc *nats.Conn) (Resu
 		return Result{}, err
 	}
 	p.records = records
-	if p.gwStore, err = pgstore.New(pool, pgstore.Config{}); err != nil {
+	if p.gwStore, err = pgstore.New(pool, pgstore.Config{Records: records}); err != nil {
 		return Result{}, err
 	}
 	for i := range cfg.Merchants {
