@@ -1,4 +1,4 @@
-package dedup_test
+package ledger_test
 
 import (
 	"bytes"
