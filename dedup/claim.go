@@ -282,12 +282,12 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 		return nil, interpretError("claim keys", err)
 	}
 	for _, f := range untaken {
-		results[f.i], _ = s.evaluate(f.rec, reqs[f.i], now)
+		results[f.i], _ = ledger.Evaluate(f.rec, reqs[f.i], now, s.window)
 	}
 	for _, i := range unique {
 		if !done[i] {
 			// A row committed after our snapshot (not expected: see claimSQL).
-			results[i] = ledger.ClaimResult{Outcome: ledger.InFlight, RetryIn: max(lease, MinRetry)}
+			results[i] = ledger.ClaimResult{Outcome: ledger.InFlight, RetryIn: max(lease, ledger.MinRetry)}
 		}
 	}
 	if err := s.parkForLookup(ctx, holder, unique, results); err != nil {
@@ -310,7 +310,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 			results[i] = f
 			continue
 		}
-		res, acquirable := s.evaluate(f.Record, reqs[i], now)
+		res, acquirable := ledger.Evaluate(f.Record, reqs[i], now, s.window)
 		if acquirable && f.Outcome != ledger.InFlight {
 			deferred[k] = true
 			again = append(again, i)

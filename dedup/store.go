@@ -1,7 +1,6 @@
 package dedup
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -23,12 +22,6 @@ import (
 const (
 	// DefaultStatementTimeout bounds every statement the store runs.
 	DefaultStatementTimeout = 10 * time.Second
-	// MinRetry is the shortest RetryIn a claim reports, so a lease that is
-	// about to expire is not polled in a tight loop.
-	MinRetry = 250 * time.Millisecond
-	// LookupRetry is the RetryIn of a NeedsLookup result: the reconciler,
-	// not a redelivery, resolves such a row.
-	LookupRetry = time.Minute
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -281,42 +274,4 @@ func (s *Store) Get(ctx context.Context, merchantID, key string) (ledger.Record,
 		return ledger.Record{}, interpretError("get key", err)
 	}
 	return rec, nil
-}
-
-// evaluate decides what a claim for req finds in an existing row it did not
-// take. acquirable reports a row the claim could have taken but did not:
-// another claim won it in the meantime.
-//
-// A row built from the ledger after its key row was purged has no
-// fingerprint (RequestHash nil): the ledger's amount and currency decide
-// between the old payment's duplicate and a reused key.
-func (s *Store) evaluate(rec ledger.Record, req ledger.ClaimRequest, now time.Time) (res ledger.ClaimResult, acquirable bool) {
-	res.Record = rec
-	if rec.RequestHash == nil {
-		res.FromLedger = true
-		res.Outcome = ledger.Duplicate
-		if rec.Amount != req.Amount || rec.Currency != req.Currency {
-			res.Outcome = ledger.Mismatch
-		}
-		return res, false
-	}
-	switch {
-	case !bytes.Equal(rec.RequestHash, req.RequestHash):
-		res.Outcome = ledger.Mismatch
-	case rec.Status == ledger.StatusCompleted:
-		res.Outcome = ledger.Duplicate
-	case rec.Status == ledger.StatusPending && rec.LockedUntil.After(now):
-		res.Outcome = ledger.InFlight
-		res.RetryIn = max(rec.LockedUntil.Sub(now), MinRetry)
-	case rec.Status != ledger.StatusCompleted && !rec.KeyWindowStart.After(now.Add(-s.window)):
-		// Pending with an expired lease, or failed: either way the
-		// provider may have forgotten the key.
-		res.Outcome = ledger.NeedsLookup
-		res.RetryIn = LookupRetry
-	default:
-		res.Outcome = ledger.InFlight
-		res.RetryIn = MinRetry
-		acquirable = true
-	}
-	return res, acquirable
 }

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"time"
@@ -155,4 +156,54 @@ func validTraceID(s string) bool {
 		}
 	}
 	return true
+}
+
+// How soon a claim that found the key taken says to look again.
+const (
+	// MinRetry is the shortest RetryIn a claim reports, so a lease that is
+	// about to expire is not polled in a tight loop.
+	MinRetry = 250 * time.Millisecond
+	// LookupRetry is the RetryIn of a NeedsLookup result: the reconciler,
+	// not a redelivery, resolves such a row.
+	LookupRetry = time.Minute
+)
+
+// Evaluate decides what a claim for req finds in an existing row it did not
+// take. acquirable reports a row the claim could have taken but did not:
+// another claim won it in the meantime. window is the provider's key
+// window (a row whose first call is older may only be resolved by a
+// lookup); now is the claim's time.
+//
+// A row built from the ledger after its key row was purged has no
+// fingerprint (RequestHash nil): the ledger's amount and currency decide
+// between the old payment's duplicate and a reused key.
+func Evaluate(rec Record, req ClaimRequest, now time.Time, window time.Duration) (res ClaimResult, acquirable bool) {
+	res.Record = rec
+	if rec.RequestHash == nil {
+		res.FromLedger = true
+		res.Outcome = Duplicate
+		if rec.Amount != req.Amount || rec.Currency != req.Currency {
+			res.Outcome = Mismatch
+		}
+		return res, false
+	}
+	switch {
+	case !bytes.Equal(rec.RequestHash, req.RequestHash):
+		res.Outcome = Mismatch
+	case rec.Status == StatusCompleted:
+		res.Outcome = Duplicate
+	case rec.Status == StatusPending && rec.LockedUntil.After(now):
+		res.Outcome = InFlight
+		res.RetryIn = max(rec.LockedUntil.Sub(now), MinRetry)
+	case rec.Status != StatusCompleted && !rec.KeyWindowStart.After(now.Add(-window)):
+		// Pending with an expired lease, or failed: either way the
+		// provider may have forgotten the key.
+		res.Outcome = NeedsLookup
+		res.RetryIn = LookupRetry
+	default:
+		res.Outcome = InFlight
+		res.RetryIn = MinRetry
+		acquirable = true
+	}
+	return res, acquirable
 }
