@@ -1,6 +1,10 @@
 // Package dedup owns the Postgres idempotency store: one row per
 // (merchant_id, idempotency_key) that records who may call the provider for
 // it (a fenced lease), under which provider key, and what the outcome was.
+// It is written in the words of package ledger (Record, Lease, ClaimRequest,
+// ClaimResult, Completion, Payment, the sentinel errors), which holds them
+// and the pure rules (ledger.Evaluate, ledger.SettleStatus) with no driver;
+// dedup holds only the PostgreSQL.
 //
 // The store is the source of truth for "has this payment been charged". Its
 // rules:
@@ -32,9 +36,13 @@
 // dedup announces it on CompletedChannel (see there), and the gateway's
 // listener, which wakes the requests waiting on the key, consumes it.
 //
-// pgx is used only in the stores (here, gateway/pgstore, httpidem/pgstore)
-// and internal/pg, which they share; its errors never leave the package. cmd opens the pool
-// (pg.Connect) and hands it to the stores it builds.
+// pgx is used only in the stores (here, gateway/pgstore, httpidem/pgstore,
+// budget/pgstore) and internal/pg, which they share; its errors never leave
+// the package: they wrap ledger's sentinels. cmd opens the pool
+// (pg.Connect) and hands it to the stores it builds; the packages above
+// (consumer, reconciler, gateway, audit, console) declare the interfaces
+// they use in ledger's words and link no pgx (lab/layout's
+// TestDriverStaysInItsStores).
 package dedup
 
 // CompletedChannel is the LISTEN/NOTIFY channel on which dedup announces,

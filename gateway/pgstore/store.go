@@ -11,9 +11,11 @@
 // letter.
 //
 // pgx is used only here (and in internal/pg); its errors never leave the
-// package: they wrap dedup's sentinels (ledger.ErrNotFound,
-// ledger.ErrLeaseLost, ledger.ErrUnavailable), which the gateway tests with
-// errors.Is.
+// package: they wrap the core's sentinels (ledger.ErrNotFound,
+// ledger.ErrLeaseLost, ledger.ErrUnavailable, apikey.ErrUnauthenticated),
+// which the gateway tests with errors.Is. Its values (ledger.Intake,
+// ledger.IntakeResult, ledger.BatchReads, ledger.Subscription...) are the
+// core's too, so gateway.Store and gateway.Completions name no driver type.
 package pgstore
 
 import (
