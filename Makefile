@@ -141,8 +141,8 @@ fuzz-short:
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecode$$' ./payment
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecodeMetadata$$' ./payment
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzDecodeMatchesReference$$' ./payment
-	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprint$$' ./dedup
-	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprintReencode$$' ./dedup
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprint$$' ./ledger
+	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzFingerprintReencode$$' ./ledger
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzParseDeadLetter$$' ./stream
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzLetterRoundTrip$$' ./stream
 	$(GO) test $(FUZZFLAGS) -fuzz='^FuzzRedactPANs$$' ./internal/redact

@@ -19,7 +19,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -33,9 +33,9 @@ type Provider interface {
 
 // Ledger is what the audit reads of the ledger; *dedup.Store implements it.
 type Ledger interface {
-	PaymentsBetween(ctx context.Context, from, to time.Time, merchantID string) ([]dedup.Payment, error)
-	PaymentsFor(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Payment, error)
-	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
+	PaymentsBetween(ctx context.Context, from, to time.Time, merchantID string) ([]ledger.Payment, error)
+	PaymentsFor(ctx context.Context, refs []ledger.KeyRef) ([]ledger.Payment, error)
+	GetMany(ctx context.Context, refs []ledger.KeyRef) ([]ledger.Record, error)
 }
 
 // Defaults for Config.
@@ -214,10 +214,10 @@ func moneyOf(in provider.Intent) money {
 //	processing       unsettled_failure    -                     unsettled_charge
 var statusMatrix = map[string][3]Kind{
 	//                     noMoney            mayMove             moved
-	dedup.PaymentSucceeded:  {SuccessNotCharged, SuccessUnsettled, ""},
-	dedup.PaymentDeclined:   {"", PossibleLostCharge, LostCharge},
-	dedup.PaymentFailed:     {"", PossibleLostCharge, LostCharge},
-	dedup.PaymentProcessing: {UnsettledFailure, "", UnsettledCharge},
+	ledger.PaymentSucceeded:  {SuccessNotCharged, SuccessUnsettled, ""},
+	ledger.PaymentDeclined:   {"", PossibleLostCharge, LostCharge},
+	ledger.PaymentFailed:     {"", PossibleLostCharge, LostCharge},
+	ledger.PaymentProcessing: {UnsettledFailure, "", UnsettledCharge},
 }
 
 // Finding is one disagreement, about one key.
@@ -305,15 +305,15 @@ func (r *Report) DriftError() error {
 
 // keyAudit is what the audit gathers about one key.
 type keyAudit struct {
-	ref     dedup.KeyRef
+	ref     ledger.KeyRef
 	intents []provider.Intent
-	row     *dedup.Payment
+	row     *ledger.Payment
 }
 
 // Run audits cfg's window. An error means the audit could not read
 // everything it needs (a failed page, an unreachable database) and the
 // report is withheld: a partial list would report drift that is not there.
-func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report, error) {
+func Run(ctx context.Context, prov Provider, book Ledger, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -327,8 +327,8 @@ func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report
 	firstSecond := cfg.Since.Truncate(time.Second)
 	inWindow := func(created time.Time) bool { return !created.Before(firstSecond) && created.Before(cfg.Until) }
 
-	keys := map[dedup.KeyRef]*keyAudit{}
-	get := func(ref dedup.KeyRef) *keyAudit {
+	keys := map[ledger.KeyRef]*keyAudit{}
+	get := func(ref ledger.KeyRef) *keyAudit {
 		k, ok := keys[ref]
 		if !ok {
 			k = &keyAudit{ref: ref}
@@ -353,46 +353,46 @@ func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report
 		case cfg.MerchantID != "" && in.MerchantID != cfg.MerchantID:
 		case inWindow(in.Created):
 			rep.Intents++
-			k := get(dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey})
+			k := get(ledger.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey})
 			k.intents = append(k.intents, in)
 		default:
 			around = append(around, in)
 		}
 	}
 
-	rows, err := ledger.PaymentsBetween(ctx, cfg.Since, cfg.Until, cfg.MerchantID)
+	rows, err := book.PaymentsBetween(ctx, cfg.Since, cfg.Until, cfg.MerchantID)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
 	rep.LedgerRows = len(rows)
 	for i := range rows {
-		get(dedup.KeyRef{MerchantID: rows[i].MerchantID, IdempotencyKey: rows[i].IdempotencyKey}).row = &rows[i]
+		get(ledger.KeyRef{MerchantID: rows[i].MerchantID, IdempotencyKey: rows[i].IdempotencyKey}).row = &rows[i]
 	}
 	for _, in := range around {
-		if k, ok := keys[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}]; ok {
+		if k, ok := keys[ledger.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}]; ok {
 			k.intents = append(k.intents, in)
 		}
 	}
 	// The window's intents whose row was written after the window ends (or
 	// before it starts: a key completed before its intent's clock second).
-	var unrowed []dedup.KeyRef
+	var unrowed []ledger.KeyRef
 	for ref, k := range keys {
 		if k.row == nil {
 			unrowed = append(unrowed, ref)
 		}
 	}
 	if len(unrowed) > 0 {
-		late, err := ledger.PaymentsFor(ctx, unrowed)
+		late, err := book.PaymentsFor(ctx, unrowed)
 		if err != nil {
 			return nil, fmt.Errorf("audit: %w", err)
 		}
 		for i := range late {
-			keys[dedup.KeyRef{MerchantID: late[i].MerchantID, IdempotencyKey: late[i].IdempotencyKey}].row = &late[i]
+			keys[ledger.KeyRef{MerchantID: late[i].MerchantID, IdempotencyKey: late[i].IdempotencyKey}].row = &late[i]
 		}
 	}
 	// What the idempotency table says of keys that still have no row: a
 	// pending row is being (or waiting to be) resolved.
-	states := map[dedup.KeyRef]dedup.Record{}
+	states := map[ledger.KeyRef]ledger.Record{}
 	unrowed = unrowed[:0]
 	for ref, k := range keys {
 		if k.row == nil {
@@ -400,12 +400,12 @@ func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report
 		}
 	}
 	if len(unrowed) > 0 {
-		recs, err := ledger.GetMany(ctx, unrowed)
+		recs, err := book.GetMany(ctx, unrowed)
 		if err != nil {
 			return nil, fmt.Errorf("audit: %w", err)
 		}
 		for _, r := range recs {
-			states[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+			states[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
 		}
 	}
 
@@ -428,7 +428,7 @@ func Run(ctx context.Context, prov Provider, ledger Ledger, cfg Config) (*Report
 }
 
 // audit checks one key.
-func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, string) (provider.Intent, error), states map[dedup.KeyRef]dedup.Record, rep *Report) ([]Finding, error) {
+func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, string) (provider.Intent, error), states map[ledger.KeyRef]ledger.Record, rep *Report) ([]Finding, error) {
 	slices.SortFunc(k.intents, func(a, b provider.Intent) int {
 		return cmp.Or(a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
 	})

@@ -18,6 +18,7 @@ import (
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
@@ -65,9 +66,9 @@ func command(merchantID, key string, amount int64, pm string) *payment.Command {
 }
 
 // claim takes the key as a worker does and returns its lease.
-func (b *bundle) claim(t *testing.T, cmd *payment.Command) *dedup.Lease {
+func (b *bundle) claim(t *testing.T, cmd *payment.Command) *ledger.Lease {
 	t.Helper()
-	res, err := b.store.Claim(b.ctx, "w1", time.Minute, dedup.NewClaimRequest(cmd))
+	res, err := b.store.Claim(b.ctx, "w1", time.Minute, ledger.NewClaimRequest(cmd))
 	if err != nil || res.Lease == nil {
 		t.Fatalf("claim %s: %+v %v", cmd.IdempotencyKey, res, err)
 	}
@@ -88,7 +89,7 @@ func (b *bundle) pay(t *testing.T, cmd *payment.Command) string {
 	if err != nil {
 		t.Fatalf("charge %s: %v", cmd.IdempotencyKey, err)
 	}
-	if err := b.store.Complete(b.ctx, *l, dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined,
+	if err := b.store.Complete(b.ctx, *l, ledger.Completion{ChargeID: out.ChargeID, Declined: out.Declined,
 		ResponseStatus: out.HTTPStatus, Response: out.Response}); err != nil {
 		t.Fatalf("complete %s: %v", cmd.IdempotencyKey, err)
 	}
@@ -291,7 +292,7 @@ func TestAuditWindowEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.clk.Advance(3 * time.Hour)
-	if err := b.store.Complete(b.ctx, *l, dedup.Completion{ChargeID: out.ChargeID, ResponseStatus: 200, Response: out.Response}); err != nil {
+	if err := b.store.Complete(b.ctx, *l, ledger.Completion{ChargeID: out.ChargeID, ResponseStatus: 200, Response: out.Response}); err != nil {
 		t.Fatal(err)
 	}
 	margin := 10 * time.Minute
@@ -444,7 +445,7 @@ func (b *bundle) intentWith(t *testing.T, key, pm, providerKey string, onSession
 func (b *bundle) ledgerRow(t *testing.T, key, status, chargeID string) {
 	t.Helper()
 	var settled *time.Time
-	if status == dedup.PaymentFailed {
+	if status == ledger.PaymentFailed {
 		at := b.clk.Now()
 		settled = &at
 	}
@@ -476,10 +477,10 @@ func TestAuditStatusMatrix(t *testing.T) {
 	b := setup(t)
 	// ledger status → intent status → the finding ("" where they agree).
 	want := map[string]map[string]string{
-		dedup.PaymentSucceeded:  {"succeeded": "", "processing": "success_unsettled", "requires_payment_method": "success_not_charged", "canceled": "success_not_charged"},
-		dedup.PaymentDeclined:   {"succeeded": "lost_charge", "processing": "possible_lost_charge", "requires_payment_method": "", "canceled": ""},
-		dedup.PaymentFailed:     {"succeeded": "lost_charge", "processing": "possible_lost_charge", "requires_payment_method": "", "canceled": ""},
-		dedup.PaymentProcessing: {"succeeded": "unsettled_charge", "processing": "", "requires_payment_method": "unsettled_failure", "canceled": "unsettled_failure"},
+		ledger.PaymentSucceeded:  {"succeeded": "", "processing": "success_unsettled", "requires_payment_method": "success_not_charged", "canceled": "success_not_charged"},
+		ledger.PaymentDeclined:   {"succeeded": "lost_charge", "processing": "possible_lost_charge", "requires_payment_method": "", "canceled": ""},
+		ledger.PaymentFailed:     {"succeeded": "lost_charge", "processing": "possible_lost_charge", "requires_payment_method": "", "canceled": ""},
+		ledger.PaymentProcessing: {"succeeded": "unsettled_charge", "processing": "", "requires_payment_method": "unsettled_failure", "canceled": "unsettled_failure"},
 	}
 	var wantKinds []string
 	for ledger, cells := range want {
@@ -522,13 +523,13 @@ func TestStatusFindingMatrix(t *testing.T) {
 		"requires_confirmation", "requires_action", "canceled", "some_future_status"}
 	// One row per ledger status, one column per intent status above.
 	want := map[string][]audit.Kind{
-		dedup.PaymentSucceeded: {"", "", audit.SuccessUnsettled, audit.SuccessNotCharged,
+		ledger.PaymentSucceeded: {"", "", audit.SuccessUnsettled, audit.SuccessNotCharged,
 			audit.SuccessNotCharged, audit.SuccessNotCharged, audit.SuccessNotCharged, audit.SuccessUnsettled},
-		dedup.PaymentDeclined: {audit.LostCharge, audit.LostCharge, audit.PossibleLostCharge, "",
+		ledger.PaymentDeclined: {audit.LostCharge, audit.LostCharge, audit.PossibleLostCharge, "",
 			"", "", "", audit.PossibleLostCharge},
-		dedup.PaymentFailed: {audit.LostCharge, audit.LostCharge, audit.PossibleLostCharge, "",
+		ledger.PaymentFailed: {audit.LostCharge, audit.LostCharge, audit.PossibleLostCharge, "",
 			"", "", "", audit.PossibleLostCharge},
-		dedup.PaymentProcessing: {audit.UnsettledCharge, audit.UnsettledCharge, "", audit.UnsettledFailure,
+		ledger.PaymentProcessing: {audit.UnsettledCharge, audit.UnsettledCharge, "", audit.UnsettledFailure,
 			audit.UnsettledFailure, audit.UnsettledFailure, audit.UnsettledFailure, ""},
 	}
 	for ledger, row := range want {
@@ -561,12 +562,12 @@ func TestAuditPossibleCharges(t *testing.T) {
 		intents []intentSpec
 		want    []string
 	}{
-		{"succeeded-and-processing", dedup.PaymentSucceeded, []intentSpec{visa, bank}, []string{"possible_double_charge"}},
-		{"processing-and-succeeded", dedup.PaymentProcessing, []intentSpec{bank, visa}, []string{"possible_double_charge"}},
+		{"succeeded-and-processing", ledger.PaymentSucceeded, []intentSpec{visa, bank}, []string{"possible_double_charge"}},
+		{"processing-and-succeeded", ledger.PaymentProcessing, []intentSpec{bank, visa}, []string{"possible_double_charge"}},
 		{"processing-twice-no-row", "", []intentSpec{bank, bank}, []string{"missing_ledger", "possible_double_charge"}},
-		{"succeeded-twice", dedup.PaymentSucceeded, []intentSpec{visa, visa}, []string{"double_charge"}},
-		{"declined-and-processing", dedup.PaymentDeclined, []intentSpec{declined, bank}, []string{"possible_unrecorded_charge"}},
-		{"succeeded-and-declined", dedup.PaymentSucceeded, []intentSpec{visa, declined}, []string{"extra_intent"}},
+		{"succeeded-twice", ledger.PaymentSucceeded, []intentSpec{visa, visa}, []string{"double_charge"}},
+		{"declined-and-processing", ledger.PaymentDeclined, []intentSpec{declined, bank}, []string{"possible_unrecorded_charge"}},
+		{"succeeded-and-declined", ledger.PaymentSucceeded, []intentSpec{visa, declined}, []string{"extra_intent"}},
 	} {
 		var first string
 		for i, in := range c.intents {

@@ -38,9 +38,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/redact"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -64,9 +64,9 @@ const (
 
 // Store is what the console reads of the idempotency store (*dedup.Store).
 type Store interface {
-	Stats(ctx context.Context, grace time.Duration) (dedup.Stats, error)
-	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
-	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
+	Stats(ctx context.Context, grace time.Duration) (ledger.Stats, error)
+	Get(ctx context.Context, merchantID, key string) (ledger.Record, error)
+	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
 }
 
 // Config configures a Console.
@@ -265,7 +265,7 @@ func (c *Console) refuse(w http.ResponseWriter, r *http.Request, status int, why
 type overviewData struct {
 	Now       time.Time
 	Grace     time.Duration
-	Stats     *dedup.Stats
+	Stats     *ledger.Stats
 	Consumer  *stream.ConsumerStats
 	Lag       uint64
 	Counts    []reasonCount
@@ -405,7 +405,7 @@ type paymentData struct {
 	IdempotencyKey string
 	Searched       bool
 	Record         *recordView
-	Ledger         *dedup.Payment
+	Ledger         *ledger.Payment
 	NoRecord       bool
 	NoLedger       bool
 }
@@ -414,7 +414,7 @@ type paymentData struct {
 // every text redacted (a provider echoes a merchant's description and
 // metadata into its answer and its errors).
 type recordView struct {
-	dedup.Record
+	ledger.Record
 	Response string
 	// State says in words what the row's status means for the payment.
 	State string
@@ -425,13 +425,13 @@ type recordView struct {
 // completed row keeps it, and its outcome says what happened); a failed
 // row was not charged, and is retried only if its message is redelivered:
 // once that message is dead-lettered it waits for an operator.
-func recordState(rec dedup.Record) string {
+func recordState(rec ledger.Record) string {
 	switch rec.Status {
-	case dedup.StatusCompleted:
+	case ledger.StatusCompleted:
 		return "completed: the provider's outcome is below"
-	case dedup.StatusFailed:
+	case ledger.StatusFailed:
 		return "not charged: the last attempt failed (last error below). A redelivery of its message tries again; if the message was dead-lettered (max_deliveries, provider_rejected), it waits for an operator: see the dead letters on the overview"
-	case dedup.StatusPending:
+	case ledger.StatusPending:
 		if rec.MaybeCharged {
 			return "in flight, maybe charged: a provider call may have charged without its answer reaching us; the next holder or the reconciler asks the provider before charging again"
 		}
@@ -440,17 +440,17 @@ func recordState(rec dedup.Record) string {
 	return string(rec.Status)
 }
 
-func viewRecord(rec dedup.Record) *recordView {
+func viewRecord(rec ledger.Record) *recordView {
 	v := &recordView{Record: rec, Response: RedactBody(rec.Response), State: recordState(rec)}
 	v.Record.RequestHash, v.Record.Response = nil, nil
 	for _, f := range []*string{&v.MerchantID, &v.IdempotencyKey, &v.ProviderKey, &v.Currency, &v.LockedBy, &v.ChargeID, &v.LastError, &v.TraceID} {
 		*f = shown(*f)
 	}
-	v.Status = dedup.Status(shown(string(v.Status)))
+	v.Status = ledger.Status(shown(string(v.Status)))
 	return v
 }
 
-func viewPayment(p dedup.Payment) *dedup.Payment {
+func viewPayment(p ledger.Payment) *ledger.Payment {
 	for _, f := range []*string{&p.MerchantID, &p.IdempotencyKey, &p.ProviderKey, &p.ChargeID, &p.Status, &p.Currency} {
 		*f = shown(*f)
 	}
@@ -467,7 +467,7 @@ func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		rec, err := c.store.Get(ctx, d.MerchantID, d.IdempotencyKey)
 		switch {
-		case errors.Is(err, dedup.ErrNotFound):
+		case errors.Is(err, ledger.ErrNotFound):
 			d.NoRecord = true
 		case err != nil:
 			p.Errors = append(p.Errors, "idempotency row: "+err.Error())
@@ -476,7 +476,7 @@ func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
 		}
 		pay, err := c.store.GetPayment(ctx, d.MerchantID, d.IdempotencyKey)
 		switch {
-		case errors.Is(err, dedup.ErrNotFound):
+		case errors.Is(err, ledger.ErrNotFound):
 			d.NoLedger = true
 		case err != nil:
 			p.Errors = append(p.Errors, "ledger row: "+err.Error())

@@ -23,6 +23,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -424,14 +425,14 @@ func TestPaymentLookupShowsRowLedgerAndOutcome(t *testing.T) {
 	t.Parallel()
 	w := setup(t, console.Config{})
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "order-7", Amount: 1999, Currency: "usd", PaymentMethod: "pm_card_visa"}
-	res, err := w.store.Claim(w.ctx, "h1", time.Minute, dedup.NewClaimRequest(cmd))
+	res, err := w.store.Claim(w.ctx, "h1", time.Minute, ledger.NewClaimRequest(cmd))
 	if err != nil || res.Lease == nil {
 		t.Fatalf("claim: %v %+v", err, res)
 	}
 	answer := `{"id":"pi_123","object":"payment_intent","status":"succeeded","amount":1999,` +
 		`"payment_method":{"id":"pm_1Abc","card":{"brand":"visa","last4":"4242","exp_month":12,"exp_year":2030,"fingerprint":"Xy12"}},` +
 		`"latest_charge":{"payment_method_details":{"card":{"last4":"4242"}}}}`
-	if err := w.store.Complete(w.ctx, *res.Lease, dedup.Completion{ChargeID: "pi_123", ResponseStatus: 200, Response: []byte(answer)}); err != nil {
+	if err := w.store.Complete(w.ctx, *res.Lease, ledger.Completion{ChargeID: "pi_123", ResponseStatus: 200, Response: []byte(answer)}); err != nil {
 		t.Fatal(err)
 	}
 	r := w.get("/payment?merchant=m_1&key=order-7")
@@ -461,11 +462,11 @@ func TestFailedPaymentIsNotCalledRetrying(t *testing.T) {
 	t.Parallel()
 	w := setup(t, console.Config{})
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "order-8", Amount: 500, Currency: "usd", PaymentMethod: "pm_card_visa"}
-	res, err := w.store.Claim(w.ctx, "h1", time.Minute, dedup.NewClaimRequest(cmd))
+	res, err := w.store.Claim(w.ctx, "h1", time.Minute, ledger.NewClaimRequest(cmd))
 	if err != nil || res.Lease == nil {
 		t.Fatalf("claim: %v %+v", err, res)
 	}
-	if st, err := w.store.Fail(w.ctx, *res.Lease, "provider: 400 invalid_request_error"); err != nil || st != dedup.StatusFailed {
+	if st, err := w.store.Fail(w.ctx, *res.Lease, "provider: 400 invalid_request_error"); err != nil || st != ledger.StatusFailed {
 		t.Fatalf("fail: %v %s", err, st)
 	}
 	w.fileLetter(stream.ReasonProviderRejected, "m_1", "order-8", nil, nil)

@@ -7,10 +7,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/lab/pantest"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -33,7 +33,7 @@ func FuzzLetterPageHoldsNoCardNumber(f *testing.F) {
 		d := dlq.Info{Seq: 7, MerchantID: s, IdempotencyKey: s, Invalid: s, Unverified: s, Subject: s,
 			ParsedDeadLetter: stream.ParsedDeadLetter{Reason: s, Error: s, OrigSubject: s, OrigStream: s, Deliveries: 2, FailedAt: time.Unix(1, 0), Truncated: true},
 			Header:           nats.Header{"X-Note": {s, s}, s: {"v"}}, Data: []byte(s)}
-		rec := dedup.Record{MerchantID: s, IdempotencyKey: s, Status: dedup.Status(s), Currency: s, ChargeID: s, LastError: s, TraceID: s, Response: []byte(s)}
+		rec := ledger.Record{MerchantID: s, IdempotencyKey: s, Status: ledger.Status(s), Currency: s, ChargeID: s, LastError: s, TraceID: s, Response: []byte(s)}
 		r := httptest.NewRequest("GET", "/letters/7", nil)
 		pages := map[string]func() page{
 			"letter": func() page { return c.page(r, "dead letter 7", viewLetter(d)) },

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/paydedup/paydedup/console"
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -239,12 +239,12 @@ func TestEveryFieldIsRedactedAndPrintable(t *testing.T) {
 	// The provider echoed a merchant's description and metadata into the
 	// stored outcome.
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "order-7", Amount: 1999, Currency: "usd", PaymentMethod: "pm_card_visa"}
-	res, err := w.store.Claim(context.Background(), "h1", time.Minute, dedup.NewClaimRequest(cmd))
+	res, err := w.store.Claim(context.Background(), "h1", time.Minute, ledger.NewClaimRequest(cmd))
 	if err != nil || res.Lease == nil {
 		t.Fatalf("claim: %v %+v", err, res)
 	}
 	answer := `{"id":"pi_1","status":"succeeded","description":"order 12 ` + pan + `","metadata":{"note":"` + pan + ` 12/28","n":"4111\t1111\t1111\t1111"}}`
-	if err := w.store.Complete(context.Background(), *res.Lease, dedup.Completion{ChargeID: "pi_1", ResponseStatus: 200, Response: []byte(answer)}); err != nil {
+	if err := w.store.Complete(context.Background(), *res.Lease, ledger.Completion{ChargeID: "pi_1", ResponseStatus: 200, Response: []byte(answer)}); err != nil {
 		t.Fatal(err)
 	}
 	pages["payment"] = w.get("/payment?merchant=m_1&key=order-7").body

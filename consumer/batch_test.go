@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 func TestBatchWithSameKeyTwice(t *testing.T) {
@@ -39,14 +40,14 @@ type failingCommits struct {
 	victims []string
 }
 
-func (f *failingCommits) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (f *failingCommits) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	if len(items) > 1 && f.failed.CompareAndSwap(false, true) {
 		f.mu.Lock()
 		for _, it := range items {
 			f.victims = append(f.victims, it.Lease.IdempotencyKey)
 		}
 		f.mu.Unlock()
-		return nil, fmt.Errorf("complete keys: %w: connection reset", dedup.ErrUnavailable)
+		return nil, fmt.Errorf("complete keys: %w: connection reset", ledger.ErrUnavailable)
 	}
 	return f.Store.CompleteBatch(ctx, items)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // loseAfterCommit is a store whose first commit, once committed, makes the
@@ -32,7 +33,7 @@ func (s *loseAfterCommit) cut() {
 	})
 }
 
-func (s *loseAfterCommit) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+func (s *loseAfterCommit) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
 	err := s.Store.Complete(ctx, l, c)
 	if err == nil {
 		s.cut()
@@ -40,7 +41,7 @@ func (s *loseAfterCommit) Complete(ctx context.Context, l dedup.Lease, c dedup.C
 	return err
 }
 
-func (s *loseAfterCommit) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (s *loseAfterCommit) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	errs, err := s.Store.CompleteBatch(ctx, items)
 	if err == nil {
 		s.cut()
@@ -76,7 +77,7 @@ func TestAckLostAfterCommitRedeliveryAcks(t *testing.T) {
 		t.Fatal("the outcome was never committed")
 	}
 	rec, err := e.store.Get(e.ctx, "m_1", "ack-lost")
-	if err != nil || rec.Status != dedup.StatusCompleted {
+	if err != nil || rec.Status != ledger.StatusCompleted {
 		t.Fatalf("record %+v, %v; want completed before the ack", rec, err)
 	}
 	// The server did not hear the ack: the message is still pending there,
@@ -120,10 +121,10 @@ type loseOnMismatch struct {
 	lost chan struct{}
 }
 
-func (s *loseOnMismatch) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+func (s *loseOnMismatch) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	res, err := s.Store.ClaimBatch(ctx, holder, lease, reqs)
 	for _, r := range res {
-		if r.Outcome == dedup.Mismatch {
+		if r.Outcome == ledger.Mismatch {
 			s.once.Do(func() {
 				if lerr := s.link.Lose(testenv.ServerToClient); lerr == nil {
 					close(s.lost)
@@ -149,7 +150,7 @@ func TestDeadLetterPubAckLostFilesOnce(t *testing.T) {
 	e.publish("m_1", body("m_1", "reused", 4200), "", nil)
 	e.eventually("the first payment completed", func() bool {
 		rec, err := e.store.Get(e.ctx, "m_1", "reused")
-		return err == nil && rec.Status == dedup.StatusCompleted
+		return err == nil && rec.Status == ledger.StatusCompleted
 	})
 	stopFirst()
 
@@ -205,7 +206,7 @@ type answerLost struct {
 	commitLost    chan struct{}
 }
 
-func (s *answerLost) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+func (s *answerLost) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	res, err := s.Store.ClaimBatch(ctx, holder, lease, reqs)
 	if err != nil {
 		return res, err
@@ -213,12 +214,12 @@ func (s *answerLost) ClaimBatch(ctx context.Context, holder string, lease time.D
 	lost := false
 	s.claim.Do(func() { lost = true; close(s.claimLost) })
 	if lost {
-		return nil, fmt.Errorf("claim keys: %w: connection reset after the commit", dedup.ErrUnavailable)
+		return nil, fmt.Errorf("claim keys: %w: connection reset after the commit", ledger.ErrUnavailable)
 	}
 	return res, nil
 }
 
-func (s *answerLost) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (s *answerLost) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	errs, err := s.Store.CompleteBatch(ctx, items)
 	if err != nil {
 		return errs, err
@@ -226,19 +227,19 @@ func (s *answerLost) CompleteBatch(ctx context.Context, items []dedup.CompleteIt
 	lost := false
 	s.commit.Do(func() { lost = true; close(s.commitLost) })
 	if lost {
-		return nil, fmt.Errorf("complete keys: %w: connection reset after the commit", dedup.ErrUnavailable)
+		return nil, fmt.Errorf("complete keys: %w: connection reset after the commit", ledger.ErrUnavailable)
 	}
 	return errs, nil
 }
 
-func (s *answerLost) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+func (s *answerLost) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
 	if err := s.Store.Complete(ctx, l, c); err != nil {
 		return err
 	}
 	lost := false
 	s.commit.Do(func() { lost = true; close(s.commitLost) })
 	if lost {
-		return fmt.Errorf("complete key: %w: connection reset after the commit", dedup.ErrUnavailable)
+		return fmt.Errorf("complete key: %w: connection reset after the commit", ledger.ErrUnavailable)
 	}
 	return nil
 }

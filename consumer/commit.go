@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // committer group-commits completions: concurrent Complete calls within
@@ -51,7 +51,7 @@ type commitBatch struct {
 // commitRows is what a batch's leader flushes; the committer recycles it
 // once the flush is over (the callers then read only errs and err).
 type commitRows struct {
-	items []dedup.CompleteItem
+	items []ledger.CompleteItem
 	spans []trace.Span // each item's message span, for the links (tracing only)
 }
 
@@ -61,12 +61,12 @@ func newCommitter(store Store, maxBatch int, maxWait time.Duration) *committer {
 }
 
 // Complete records one completion by deadline and returns its own result:
-// nil, dedup.ErrLeaseLost, dedup.ErrLedgerConflict, or the flush's error.
+// nil, ledger.ErrLeaseLost, ledger.ErrLedgerConflict, or the flush's error.
 // The flush runs on the leader's ctx without its cancellation (a commit
 // must happen even when a drain cancelled the work) and with the leader's
 // deadline; the others wait for that flush, so only the leader makes a
 // context of its own.
-func (c *committer) Complete(ctx context.Context, deadline time.Time, l dedup.Lease, comp dedup.Completion) error {
+func (c *committer) Complete(ctx context.Context, deadline time.Time, l ledger.Lease, comp ledger.Completion) error {
 	if c.maxBatch == 1 {
 		ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 		defer cancel()
@@ -82,13 +82,13 @@ func (c *committer) Complete(ctx context.Context, deadline time.Time, l dedup.Le
 	if b == nil {
 		rows, _ := c.rows.Get().(*commitRows)
 		if rows == nil {
-			rows = &commitRows{items: make([]dedup.CompleteItem, 0, c.maxBatch)}
+			rows = &commitRows{items: make([]ledger.CompleteItem, 0, c.maxBatch)}
 		}
 		b = &commitBatch{commitRows: rows, full: make(chan struct{}), done: make(chan struct{})}
 		c.cur, leader = b, true
 	}
 	idx := len(b.items)
-	b.items = append(b.items, dedup.CompleteItem{Lease: l, Completion: comp})
+	b.items = append(b.items, ledger.CompleteItem{Lease: l, Completion: comp})
 	if c.tracing {
 		b.spans = append(b.spans, trace.SpanFromContext(ctx))
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // batchStore answers CompleteBatch with a fixed error per key; the other
@@ -23,12 +23,12 @@ type batchStore struct {
 	deadlines []time.Time // each flush's context deadline (zero: none)
 }
 
-func (s *batchStore) Complete(ctx context.Context, l dedup.Lease, _ dedup.Completion) error {
-	_, err := s.CompleteBatch(ctx, []dedup.CompleteItem{{Lease: l}})
+func (s *batchStore) Complete(ctx context.Context, l ledger.Lease, _ ledger.Completion) error {
+	_, err := s.CompleteBatch(ctx, []ledger.CompleteItem{{Lease: l}})
 	return err
 }
 
-func (s *batchStore) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (s *batchStore) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d, _ := ctx.Deadline()
@@ -52,7 +52,7 @@ func (s *batchStore) CompleteBatch(ctx context.Context, items []dedup.CompleteIt
 // would ack it), and a failed flush fails every caller.
 func TestGroupCommitHandsEachCallerItsOwnResult(t *testing.T) {
 	t.Parallel()
-	want := map[string]error{"ok": nil, "lost": dedup.ErrLeaseLost, "conflict": dedup.ErrLedgerConflict}
+	want := map[string]error{"ok": nil, "lost": ledger.ErrLeaseLost, "conflict": ledger.ErrLedgerConflict}
 	flushErr := errors.New("database down")
 	for _, failFlush := range []bool{false, true} {
 		t.Run(fmt.Sprintf("flush_fails=%v", failFlush), func(t *testing.T) {
@@ -69,7 +69,7 @@ func TestGroupCommitHandsEachCallerItsOwnResult(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					err := c.Complete(context.Background(), time.Now().Add(time.Minute), dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, Holder: "w", Attempt: 1}, dedup.Completion{})
+					err := c.Complete(context.Background(), time.Now().Add(time.Minute), ledger.Lease{MerchantID: "m_1", IdempotencyKey: key, Holder: "w", Attempt: 1}, ledger.Completion{})
 					mu.Lock()
 					got[key] = err
 					mu.Unlock()
@@ -98,14 +98,14 @@ func TestGroupCommitHandsEachCallerItsOwnResult(t *testing.T) {
 func TestGroupCommitFlushesByTheLeadersDeadline(t *testing.T) {
 	t.Parallel()
 	first, second := time.Now().Add(time.Hour), time.Now().Add(2*time.Hour)
-	lease := func(key string) dedup.Lease {
-		return dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, Holder: "w", Attempt: 1}
+	lease := func(key string) ledger.Lease {
+		return ledger.Lease{MerchantID: "m_1", IdempotencyKey: key, Holder: "w", Attempt: 1}
 	}
 
 	st := &batchStore{}
 	c := newCommitter(st, 2, time.Minute) // flushed when full
 	done := make(chan error, 1)
-	go func() { done <- c.Complete(context.Background(), first, lease("a"), dedup.Completion{}) }()
+	go func() { done <- c.Complete(context.Background(), first, lease("a"), ledger.Completion{}) }()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
 		c.mu.Lock()
 		led := c.cur != nil && len(c.cur.items) == 1
@@ -117,7 +117,7 @@ func TestGroupCommitFlushesByTheLeadersDeadline(t *testing.T) {
 			t.Fatal("the first caller never started a batch")
 		}
 	}
-	if err := c.Complete(context.Background(), second, lease("b"), dedup.Completion{}); err != nil {
+	if err := c.Complete(context.Background(), second, lease("b"), ledger.Completion{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
@@ -128,7 +128,7 @@ func TestGroupCommitFlushesByTheLeadersDeadline(t *testing.T) {
 	}
 
 	single := &batchStore{}
-	if err := newCommitter(single, 1, 0).Complete(context.Background(), second, lease("c"), dedup.Completion{}); err != nil {
+	if err := newCommitter(single, 1, 0).Complete(context.Background(), second, lease("c"), ledger.Completion{}); err != nil {
 		t.Fatal(err)
 	}
 	if len(single.deadlines) != 1 || !single.deadlines[0].Equal(second) {

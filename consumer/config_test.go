@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -15,8 +15,8 @@ import (
 // default retention: a replay that allowed a longer one than the store keeps
 // could charge a purged key again.
 func TestDefaultKeyRetentionsAgree(t *testing.T) {
-	if consumer.DefaultKeyRetention != dedup.DefaultRetention || dlq.DefaultKeyRetention != dedup.DefaultRetention {
-		t.Fatalf("default key retention: consumer %v, dlq %v, dedup %v", consumer.DefaultKeyRetention, dlq.DefaultKeyRetention, dedup.DefaultRetention)
+	if consumer.DefaultKeyRetention != ledger.DefaultRetention || dlq.DefaultKeyRetention != ledger.DefaultRetention {
+		t.Fatalf("default key retention: consumer %v, dlq %v, dedup %v", consumer.DefaultKeyRetention, dlq.DefaultKeyRetention, ledger.DefaultRetention)
 	}
 }
 

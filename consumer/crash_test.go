@@ -18,6 +18,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
 	"github.com/paydedup/paydedup/stream"
@@ -33,7 +34,7 @@ type hangingStore struct {
 	release chan struct{}
 }
 
-func (h *hangingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+func (h *hangingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	select {
 	case <-h.hung:
 		select {
@@ -55,12 +56,12 @@ func (h *hangingStore) hangOnce() {
 	}
 }
 
-func (h *hangingStore) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+func (h *hangingStore) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
 	h.hangOnce()
 	return h.Store.Complete(ctx, l, c)
 }
 
-func (h *hangingStore) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (h *hangingStore) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	h.hangOnce()
 	return h.Store.CompleteBatch(ctx, items)
 }
@@ -99,7 +100,7 @@ func TestCrashAfterChargeBeforeCommit(t *testing.T) {
 	e.startWorker("healthy", nil)
 	e.eventually("row completed by the healthy worker", func() bool {
 		rec, err := e.store.Get(e.ctx, "m_1", "crash")
-		return err == nil && rec.Status == dedup.StatusCompleted
+		return err == nil && rec.Status == ledger.StatusCompleted
 	})
 	rec, _ := e.store.Get(e.ctx, "m_1", "crash")
 	if rec.ChargeID != chargeID || rec.LockedBy != "healthy" {
@@ -130,14 +131,14 @@ func TestChargeThenDropRedeliveryReplays(t *testing.T) {
 	e.eventually("charged at the provider", func() bool { return e.charges("m_1", "drop") == 1 })
 	e.eventually("outcome unknown, row released", func() bool {
 		rec, err := e.store.Get(e.ctx, "m_1", "drop")
-		return err == nil && rec.Status == dedup.StatusPending && rec.MaybeCharged
+		return err == nil && rec.Status == ledger.StatusPending && rec.MaybeCharged
 	})
 	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
 		t.Fatal(err)
 	}
 	e.eventually("completed from the provider's replay", func() bool {
 		rec, err := e.store.Get(e.ctx, "m_1", "drop")
-		return err == nil && rec.Status == dedup.StatusCompleted
+		return err == nil && rec.Status == ledger.StatusCompleted
 	})
 	e.quiescent()
 	rec, _ := e.store.Get(e.ctx, "m_1", "drop")
@@ -155,7 +156,7 @@ func TestReconcilerCompletesAbandonedCharge(t *testing.T) {
 	cmd := &cmdJSON{MerchantID: "m_1", IdempotencyKey: "orphan", Amount: 900, Currency: "usd", PaymentMethod: "pm_card_visa"}
 	b, _ := json.Marshal(cmd)
 	_ = b
-	res, err := e.store.Claim(e.ctx, "dead-worker", time.Second, dedup.ClaimRequest{
+	res, err := e.store.Claim(e.ctx, "dead-worker", time.Second, ledger.ClaimRequest{
 		MerchantID: "m_1", IdempotencyKey: "orphan", RequestHash: make([]byte, 32), Amount: 900, Currency: "usd",
 	})
 	if err != nil || res.Lease == nil {
@@ -180,7 +181,7 @@ func TestReconcilerCompletesAbandonedCharge(t *testing.T) {
 		return r.Completed == 1
 	})
 	got, _ := e.store.Get(e.ctx, "m_1", "orphan")
-	if got.Status != dedup.StatusCompleted || got.ChargeID != out.ChargeID {
+	if got.Status != ledger.StatusCompleted || got.ChargeID != out.ChargeID {
 		t.Fatalf("row %s with %s, want completed with %s", got.Status, got.ChargeID, out.ChargeID)
 	}
 	if n := e.charges("m_1", "orphan"); n != 1 {

@@ -20,6 +20,7 @@ import (
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/lab/workload"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
@@ -411,7 +412,7 @@ func TestProviderDownHoldsMaybeCharged(t *testing.T) {
 		t.Fatalf("%d dead letters, want 0", n)
 	}
 	rec, _ := e.store.Get(e.ctx, "m_1", "down")
-	if rec.Status != dedup.StatusPending {
+	if rec.Status != ledger.StatusPending {
 		t.Fatalf("row %s although the provider never answered, want pending", rec.Status)
 	}
 	if !rec.MaybeCharged {

@@ -6,7 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -147,7 +147,7 @@ func (w *Worker) rerun(workCtx context.Context, in *inbound) Result {
 		return w.proc.claimFailed(err)
 	}
 	claim := claims[0]
-	if claim.Outcome != dedup.Claimed && claim.Outcome != dedup.Reacquired {
+	if claim.Outcome != ledger.Claimed && claim.Outcome != ledger.Reacquired {
 		return w.proc.handle(ctx, in.cmd, claim, nil, in.log.logger())
 	}
 	w.observer.InFlight(1)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -20,17 +21,17 @@ func TestPurgedKeyReusedDeadLettered(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	e := setupWith(t, dedup.Config{Clock: clk})
 	store := e.store
-	watch := &claimWatch{Store: store, seen: map[string][]dedup.Outcome{}}
+	watch := &claimWatch{Store: store, seen: map[string][]ledger.Outcome{}}
 	e.startWorkerOn("w1", watch)
 
 	e.publish("m_1", body("m_1", "old", 100), "", nil)
 	e.eventually("payment completed", func() bool {
 		rec, err := store.Get(e.ctx, "m_1", "old")
-		return err == nil && rec.Status == dedup.StatusCompleted
+		return err == nil && rec.Status == ledger.StatusCompleted
 	})
 	// The key's day partition goes once the whole day is past the
 	// retention (migration 00013; today's partition holds it, 00016).
-	clk.Advance(dedup.DefaultRetention + 25*time.Hour)
+	clk.Advance(ledger.DefaultRetention + 25*time.Hour)
 	if n, err := store.Purge(e.ctx, 10); err != nil || n != 1 {
 		t.Fatalf("purge: %d %v", n, err)
 	}
@@ -44,7 +45,7 @@ func TestPurgedKeyReusedDeadLettered(t *testing.T) {
 	}
 
 	e.publish("m_1", body("m_1", "old", 100), "", nil)
-	e.eventually("the old payment again is a duplicate", func() bool { return watch.count("old", dedup.Duplicate) == 1 })
+	e.eventually("the old payment again is a duplicate", func() bool { return watch.count("old", ledger.Duplicate) == 1 })
 	e.quiescent()
 	if n := len(e.deadLetters()); n != 1 {
 		t.Fatalf("%d dead letters, want only the reused key's", n)

@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -33,12 +33,12 @@ func TestMaxDeliveriesNetMarksIntakeForOperator(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "net-orphan", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-	acqs, err := intake.AcquireIntakes(e.ctx, []dedup.ClaimRequest{dedup.NewClaimRequest(cmd)}, 30*time.Second, time.Hour)
+	acqs, err := intake.AcquireIntakes(e.ctx, []ledger.ClaimRequest{ledger.NewClaimRequest(cmd)}, 30*time.Second, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
 	acq := acqs[0]
-	if acq.Outcome != pgstore.IntakeAcquired {
+	if acq.Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire intake: %+v", acq)
 	}
 	data, err := stream.EncodeCommand(cmd)
@@ -68,7 +68,7 @@ func TestMaxDeliveriesNetMarksIntakeForOperator(t *testing.T) {
 	if p, err := stream.ParseDeadLetter(e.deadLetters()[0].Header); err != nil || p.Reason != stream.ReasonMaxDeliveries {
 		t.Fatalf("dead letter %+v %v, want max_deliveries", p, err)
 	}
-	var in pgstore.Intake
+	var in ledger.Intake
 	e.eventually("the intake waits for an operator", func() bool {
 		in, err = intake.GetIntake(e.ctx, cmd.MerchantID, cmd.IdempotencyKey)
 		return err == nil && in.OperatorReason != ""

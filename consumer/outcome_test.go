@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 )
@@ -23,25 +23,25 @@ type writes struct {
 	fail, release []string
 }
 
-func (w *writes) ProviderKeyWindow() time.Duration { return dedup.DefaultProviderKeyWindow }
+func (w *writes) ProviderKeyWindow() time.Duration { return ledger.DefaultProviderKeyWindow }
 
-func (w *writes) ClaimBatch(context.Context, string, time.Duration, []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+func (w *writes) ClaimBatch(context.Context, string, time.Duration, []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	return nil, errors.New("not used")
 }
-func (w *writes) Heartbeat(_ context.Context, l dedup.Lease, _ time.Duration) (dedup.Lease, error) {
+func (w *writes) Heartbeat(_ context.Context, l ledger.Lease, _ time.Duration) (ledger.Lease, error) {
 	return l, nil
 }
-func (w *writes) Complete(context.Context, dedup.Lease, dedup.Completion) error { return nil }
-func (w *writes) CompleteBatch(_ context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (w *writes) Complete(context.Context, ledger.Lease, ledger.Completion) error { return nil }
+func (w *writes) CompleteBatch(_ context.Context, items []ledger.CompleteItem) ([]error, error) {
 	return make([]error, len(items)), nil
 }
-func (w *writes) Fail(_ context.Context, _ dedup.Lease, reason string) (dedup.Status, error) {
+func (w *writes) Fail(_ context.Context, _ ledger.Lease, reason string) (ledger.Status, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.fail = append(w.fail, reason)
-	return dedup.StatusFailed, nil
+	return ledger.StatusFailed, nil
 }
-func (w *writes) Release(_ context.Context, _ dedup.Lease, reason string) error {
+func (w *writes) Release(_ context.Context, _ ledger.Lease, reason string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.release = append(w.release, reason)
@@ -86,8 +86,8 @@ func TestProcessorRecordsNotChargedOnlyOnProof(t *testing.T) {
 				ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: time.Second}}
 			p := consumer.NewProcessor(st, failing{tc.err}, cfg, nil)
 			cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-			lease := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(3 * time.Second)}
-			res := p.Handle(context.Background(), cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: lease}, nil)
+			lease := &ledger.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: ledger.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(3 * time.Second)}
+			res := p.Handle(context.Background(), cmd, ledger.ClaimResult{Outcome: ledger.Claimed, Lease: lease}, nil)
 			if res.Kind != consumer.Retry {
 				t.Fatalf("result %v, want retry", res.Kind)
 			}
@@ -109,9 +109,9 @@ type beats struct {
 	n         atomic.Int32
 }
 
-func (b *beats) Heartbeat(_ context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error) {
+func (b *beats) Heartbeat(_ context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error) {
 	if n := b.n.Add(1); b.lostAfter > 0 && n >= b.lostAfter {
-		return dedup.Lease{}, dedup.ErrLeaseLost
+		return ledger.Lease{}, ledger.ErrLeaseLost
 	}
 	l.Until = time.Now().Add(d)
 	return l, nil
@@ -146,9 +146,9 @@ func TestHeartbeatDuringLongCall(t *testing.T) {
 		cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1,
 			ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 10 * time.Second}}
 		p := consumer.NewProcessor(st, ch, cfg, nil)
-		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		l := &ledger.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: ledger.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
 		var progress atomic.Int32
-		res := p.Handle(context.Background(), cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, func() { progress.Add(1) })
+		res := p.Handle(context.Background(), cmd, ledger.ClaimResult{Outcome: ledger.Claimed, Lease: l}, func() { progress.Add(1) })
 		return res, progress.Load()
 	}
 	t.Run("kept", func(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -189,7 +189,7 @@ func (g *gate) storeWorks() {
 // storeFailed pauses the worker when err says PostgreSQL is unreachable,
 // and returns the cause ("" for any other error).
 func (g *gate) storeFailed(err error) string {
-	if !errors.Is(err, dedup.ErrUnavailable) {
+	if !errors.Is(err, ledger.ErrUnavailable) {
 		return ""
 	}
 	g.close(PauseStoreUnavailable, err)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -57,10 +57,10 @@ func TestGateTellsOutageFromLoneFailure(t *testing.T) {
 // Each cause is opened only by what shows it gone.
 func TestGateCauses(t *testing.T) {
 	g := newGate(time.Minute, time.Hour)
-	if c := g.storeFailed(fmt.Errorf("claim keys: %w", dedup.ErrLeaseLost)); c != "" || g.closed.Load() {
+	if c := g.storeFailed(fmt.Errorf("claim keys: %w", ledger.ErrLeaseLost)); c != "" || g.closed.Load() {
 		t.Fatalf("a lost lease paused the worker (%q)", c)
 	}
-	if c := g.storeFailed(fmt.Errorf("claim keys: %w: connection refused", dedup.ErrUnavailable)); c != PauseStoreUnavailable {
+	if c := g.storeFailed(fmt.Errorf("claim keys: %w: connection refused", ledger.ErrUnavailable)); c != PauseStoreUnavailable {
 		t.Fatalf("cause %q, want %q", c, PauseStoreUnavailable)
 	}
 	g.answered()

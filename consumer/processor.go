@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/budget"
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
@@ -19,12 +19,12 @@ import (
 
 // Store is what the processor needs from the idempotency store.
 type Store interface {
-	ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error)
-	Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error)
-	Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error
-	CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error)
-	Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error)
-	Release(ctx context.Context, l dedup.Lease, reason string) error
+	ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error)
+	Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error)
+	Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error
+	CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error)
+	Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error)
+	Release(ctx context.Context, l ledger.Lease, reason string) error
 	// ProviderKeyWindow is how long after a key's first claim the store
 	// lets its provider call go out blind (without a lookup first).
 	ProviderKeyWindow() time.Duration
@@ -68,15 +68,15 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 }
 
 // Claim claims a batch of commands in one round trip.
-func (p *Processor) Claim(ctx context.Context, cmds []*payment.Command) ([]dedup.ClaimResult, error) {
+func (p *Processor) Claim(ctx context.Context, cmds []*payment.Command) ([]ledger.ClaimResult, error) {
 	return p.claim(ctx, cmds, nil)
 }
 
 // claim is Claim with the messages' trace ids (nil or one per command).
-func (p *Processor) claim(ctx context.Context, cmds []*payment.Command, traceIDs []string) ([]dedup.ClaimResult, error) {
-	reqs := make([]dedup.ClaimRequest, len(cmds))
+func (p *Processor) claim(ctx context.Context, cmds []*payment.Command, traceIDs []string) ([]ledger.ClaimResult, error) {
+	reqs := make([]ledger.ClaimRequest, len(cmds))
 	for i, c := range cmds {
-		reqs[i] = dedup.NewClaimRequest(c)
+		reqs[i] = ledger.NewClaimRequest(c)
 		if traceIDs != nil {
 			reqs[i].TraceID = traceIDs[i]
 		}
@@ -100,9 +100,9 @@ func (p *Processor) claimFailed(err error) Result {
 // Handle acts on one claim result. Only a claimed or re-acquired key calls
 // the provider; progress is called while the call runs (the worker uses it
 // to tell JetStream the message is still being worked on).
-func (p *Processor) Handle(ctx context.Context, cmd *payment.Command, claim dedup.ClaimResult, progress func()) Result {
+func (p *Processor) Handle(ctx context.Context, cmd *payment.Command, claim ledger.ClaimResult, progress func()) Result {
 	log := p.logger.With("merchant_id", cmd.MerchantID, "idempotency_key", cmd.IdempotencyKey)
-	if claim.Outcome == dedup.Claimed || claim.Outcome == dedup.Reacquired {
+	if claim.Outcome == ledger.Claimed || claim.Outcome == ledger.Reacquired {
 		log = log.With("attempt", claim.Lease.Attempt)
 	}
 	var pr progresser
@@ -123,22 +123,22 @@ func (f progressFunc) InProgress() error { f(); return nil }
 
 // handle is Handle for a claim whose log carries the message's attributes
 // and, for a claimed or re-acquired key, its attempt.
-func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedup.ClaimResult, progress progresser, log *slog.Logger) Result {
+func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim ledger.ClaimResult, progress progresser, log *slog.Logger) Result {
 	switch claim.Outcome {
-	case dedup.Claimed, dedup.Reacquired:
+	case ledger.Claimed, ledger.Reacquired:
 		return p.charge(ctx, cmd, *claim.Lease, progress, log)
-	case dedup.Duplicate:
+	case ledger.Duplicate:
 		return Result{Kind: Duplicate, Attempt: claim.Record.Attempts}
-	case dedup.InFlight:
+	case ledger.InFlight:
 		return Result{Kind: InFlight, Delay: claim.RetryIn, Err: errors.New("another worker holds the key's lease")}
-	case dedup.Mismatch:
+	case ledger.Mismatch:
 		if claim.FromLedger {
 			return Result{Kind: DeadLetter, Reason: stream.ReasonKeyReused,
 				Err: errors.New("idempotency key reused with a different payment: the key's record was purged and the ledger's payment under it has another amount or currency")}
 		}
 		return Result{Kind: DeadLetter, Reason: stream.ReasonKeyReused,
 			Err: errors.New("idempotency key reused with a different payment: the request fingerprint differs from the stored one")}
-	case dedup.NeedsLookup:
+	case ledger.NeedsLookup:
 		return Result{Kind: Retry, Delay: claim.RetryIn,
 			Err: fmt.Errorf("%s past the provider's key window: only a provider lookup (the reconciler) may resolve it", claim.Record.Status)}
 	}
@@ -146,7 +146,7 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim dedu
 }
 
 // charge calls the provider under a held lease and records the outcome.
-func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedup.Lease, progress progresser, log *slog.Logger) Result {
+func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledger.Lease, progress progresser, log *slog.Logger) Result {
 	// No call starts later than this under the claim: the start-up check
 	// (NewWorker) allows a claim's calls a lease past it, and no more,
 	// inside the provider's key lifetime.
@@ -178,7 +178,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 			}
 		}
 		if werr != nil {
-			if !errors.Is(werr, dedup.ErrLeaseLost) && !errors.Is(werr, errLeaseLost) {
+			if !errors.Is(werr, ledger.ErrLeaseLost) && !errors.Is(werr, errLeaseLost) {
 				p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
 			}
 			// PostgreSQL out during the wait: the message is held through
@@ -278,7 +278,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 			log.LogAttrs(ctx, slog.LevelInfo, "payment completed", slog.String("charge_id", out.ChargeID), slog.Bool("declined", out.Declined),
 				slog.Bool("processing", out.Processing), slog.String("decline_code", out.DeclineCode), slog.Bool("replayed", out.Replayed))
 			return res
-		case errors.Is(cerr, dedup.ErrLeaseLost):
+		case errors.Is(cerr, ledger.ErrLeaseLost):
 			// Another holder took over; it calls with the same provider key,
 			// gets this same outcome replayed, and completes the row.
 			log.Warn("lease lost before completing; the new holder will record the outcome", "charge_id", out.ChargeID)
@@ -289,7 +289,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	defer scancel()
 	if err == nil {
 		switch {
-		case errors.Is(cerr, dedup.ErrLedgerConflict):
+		case errors.Is(cerr, ledger.ErrLedgerConflict):
 			log.Error("ledger conflict: provider charge already recorded under another key", "charge_id", out.ChargeID, "error", cerr)
 			p.release(sctx, lease, cerr.Error(), log)
 			return Result{Kind: DeadLetter, Reason: stream.ReasonLedgerConflict, Err: cerr, Attempt: lease.Attempt}
@@ -421,8 +421,8 @@ func answeredNotRefused(err error) bool {
 // Completion is the record of a settled provider outcome: what the worker
 // and the reconciler store. A processing outcome is stored 202 (accepted, not
 // finished) and a decline 402 when the provider gave no status.
-func Completion(out *provider.Outcome) dedup.Completion {
-	c := dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
+func Completion(out *provider.Outcome) ledger.Completion {
+	c := ledger.Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
 		ResponseStatus: out.HTTPStatus, Response: out.Response}
 	if c.ResponseStatus == 0 {
 		switch {
@@ -440,8 +440,8 @@ func Completion(out *provider.Outcome) dedup.Completion {
 	return c
 }
 
-func (p *Processor) release(ctx context.Context, lease dedup.Lease, reason string, log *slog.Logger) {
-	if err := p.store.Release(ctx, lease, reason); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+func (p *Processor) release(ctx context.Context, lease ledger.Lease, reason string, log *slog.Logger) {
+	if err := p.store.Release(ctx, lease, reason); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		log.Warn("could not release the lease; it will expire", "error", err)
 	}
 }
@@ -459,7 +459,7 @@ func (p *Processor) callBudget() time.Duration { return p.cfg.Lease - p.cfg.Leas
 // the first beat, and a goroutine, a ticker and its channel per payment
 // would be allocated for nothing. Its state is one
 // struct, not variables captured one by one by closures.
-func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, lease dedup.Lease, progress progresser, log *slog.Logger) *beater {
+func (p *Processor) heartbeat(ctx context.Context, cancel context.CancelFunc, lease ledger.Lease, progress progresser, log *slog.Logger) *beater {
 	h := &beater{p: p, ctx: ctx, cancel: cancel, lease: lease, progress: progress, log: log, every: p.cfg.Lease / 3}
 	h.mu.Lock()
 	h.t = time.AfterFunc(h.every, h.beat)
@@ -477,7 +477,7 @@ type beater struct {
 	every    time.Duration
 
 	mu      sync.Mutex // held by a beat while it runs
-	lease   dedup.Lease
+	lease   ledger.Lease
 	stopped bool
 	lost    bool
 	t       *time.Timer
@@ -494,7 +494,7 @@ func (h *beater) beat() {
 	}
 	l, err := h.p.store.Heartbeat(h.ctx, h.lease, h.p.cfg.Lease)
 	switch {
-	case errors.Is(err, dedup.ErrLeaseLost):
+	case errors.Is(err, ledger.ErrLeaseLost):
 		h.log.Warn("lease lost during the provider call; cancelling it")
 		h.lost = true
 		h.cancel()
@@ -508,7 +508,7 @@ func (h *beater) beat() {
 }
 
 // current is the lease as the last heartbeat left it.
-func (h *beater) current() dedup.Lease {
+func (h *beater) current() ledger.Lease {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lease

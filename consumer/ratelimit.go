@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -93,9 +93,9 @@ func (p *Processor) detach(ctx context.Context) (context.Context, context.Cancel
 // third of the lease it extends the lease and the message's AckWait, and
 // once it has the slot it heartbeats again, so the call that follows has a
 // whole call budget inside the lease. It returns holding the slot, or
-// dedup.ErrLeaseLost, a store error, errStopping, ctx's error or, once
+// ledger.ErrLeaseLost, a store error, errStopping, ctx's error or, once
 // until (the claim's bound, MaxWaitUnderLease) passed, errWaitBounded.
-func (p *Processor) slotUnderLease(ctx context.Context, lease *dedup.Lease, progress progresser, until time.Time) error {
+func (p *Processor) slotUnderLease(ctx context.Context, lease *ledger.Lease, progress progresser, until time.Time) error {
 	p.waits.add(1)
 	defer p.waits.add(-1)
 	beat := func() error {
@@ -214,7 +214,7 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 		log.LogAttrs(ctx, slog.LevelDebug, "provider rate limit; waiting under the lease", slog.String("reason", rl.RateLimitReason),
 			slog.Int("round", n), slog.Duration("wait", wait), slog.String("error", err.Error()))
 		if werr := p.waitUnderLease(base, &lease, wait, progress); werr != nil {
-			if errors.Is(werr, dedup.ErrLeaseLost) {
+			if errors.Is(werr, ledger.ErrLeaseLost) {
 				beat.markLost()
 				log.Warn("lease lost while waiting for the provider's rate limit")
 			} else if !errors.Is(werr, errStopping) && base.Err() == nil {
@@ -258,8 +258,8 @@ func (p *Processor) rateLimitWait(rl *provider.Error, n int) time.Duration {
 // waitUnderLease waits d in steps of a third of the lease, and after each
 // step extends the lease by a whole lease and tells the message it is in
 // progress; it ends with such a heartbeat, so a call may follow. It
-// returns dedup.ErrLeaseLost, a store error, errStopping or ctx's error.
-func (p *Processor) waitUnderLease(ctx context.Context, lease *dedup.Lease, d time.Duration, progress progresser) error {
+// returns ledger.ErrLeaseLost, a store error, errStopping or ctx's error.
+func (p *Processor) waitUnderLease(ctx context.Context, lease *ledger.Lease, d time.Duration, progress progresser) error {
 	every := p.cfg.Lease / 3
 	for {
 		step := min(d, every)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
@@ -88,7 +89,7 @@ func newWatchedStore(s *dedup.Store) *watchedStore {
 	return &watchedStore{Store: s, claims: map[string]int{}}
 }
 
-func (s *watchedStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+func (s *watchedStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	s.mu.Lock()
 	for _, r := range reqs {
 		s.claims[r.IdempotencyKey]++
@@ -97,14 +98,14 @@ func (s *watchedStore) ClaimBatch(ctx context.Context, holder string, lease time
 	return s.Store.ClaimBatch(ctx, holder, lease, reqs)
 }
 
-func (s *watchedStore) Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error) {
+func (s *watchedStore) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
 	s.mu.Lock()
 	s.fails = append(s.fails, l.IdempotencyKey+": "+reason)
 	s.mu.Unlock()
 	return s.Store.Fail(ctx, l, reason)
 }
 
-func (s *watchedStore) Release(ctx context.Context, l dedup.Lease, reason string) error {
+func (s *watchedStore) Release(ctx context.Context, l ledger.Lease, reason string) error {
 	s.mu.Lock()
 	s.releases = append(s.releases, l.IdempotencyKey+": "+reason)
 	s.mu.Unlock()
@@ -261,9 +262,9 @@ func TestProcessorWaitsOutARateLimit(t *testing.T) {
 		cfg := consumer.Config{Holder: "w", Lease: lease, CommitBatch: 1, RetryBase: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 			ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 100 * time.Millisecond}}
 		p := consumer.NewProcessor(st, ch, cfg, nil)
-		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		l := &ledger.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: ledger.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
 		var progress atomic.Int32
-		res := p.Handle(ctx, cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, func() { progress.Add(1) })
+		res := p.Handle(ctx, cmd, ledger.ClaimResult{Outcome: ledger.Claimed, Lease: l}, func() { progress.Add(1) })
 		return res, progress.Load()
 	}
 	t.Run("charged", func(t *testing.T) {
@@ -349,7 +350,7 @@ func TestWaitUnderLeaseIsBounded(t *testing.T) {
 	for i := range results {
 		key := fmt.Sprintf("k%d", i)
 		cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, ProviderKey: dedup.ProviderKey("m_1", key), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		l := &ledger.Lease{MerchantID: "m_1", IdempotencyKey: key, ProviderKey: ledger.ProviderKey("m_1", key), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
 		hctx := ctx
 		if i == 1 {
 			// The second payment's batch deadline passes while the first
@@ -364,7 +365,7 @@ func TestWaitUnderLeaseIsBounded(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = p.Handle(hctx, cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+			results[i] = p.Handle(hctx, cmd, ledger.ClaimResult{Outcome: ledger.Claimed, Lease: l}, nil)
 		}()
 	}
 	done := make(chan struct{})
@@ -421,8 +422,8 @@ func TestUnknownStaysUnknownAcrossRateLimitedCalls(t *testing.T) {
 		ProviderTry: provider.RetryPolicy{MaxTries: 2, AttemptTimeout: 50 * time.Millisecond, InitialInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond}}
 	p := consumer.NewProcessor(st, ch, cfg, nil)
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-	l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: dedup.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
-	res := p.Handle(context.Background(), cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+	l := &ledger.Lease{MerchantID: "m_1", IdempotencyKey: "k", ProviderKey: ledger.ProviderKey("m_1", "k"), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+	res := p.Handle(context.Background(), cmd, ledger.ClaimResult{Outcome: ledger.Claimed, Lease: l}, nil)
 	if n.Load() < 3 {
 		t.Fatalf("%d calls; the script needs the call after the rate-limited wait", n.Load())
 	}
@@ -443,9 +444,9 @@ type downBeats struct {
 	keyDown string
 }
 
-func (d *downBeats) Heartbeat(_ context.Context, l dedup.Lease, dur time.Duration) (dedup.Lease, error) {
+func (d *downBeats) Heartbeat(_ context.Context, l ledger.Lease, dur time.Duration) (ledger.Lease, error) {
 	if l.IdempotencyKey == d.keyDown {
-		return dedup.Lease{}, fmt.Errorf("heartbeat: %w: connection refused", dedup.ErrUnavailable)
+		return ledger.Lease{}, fmt.Errorf("heartbeat: %w: connection refused", ledger.ErrUnavailable)
 	}
 	l.Until = time.Now().Add(dur)
 	return l, nil
@@ -463,8 +464,8 @@ func TestStoreOutageDuringWaitUnderLeaseHolds(t *testing.T) {
 		ProviderTry: provider.RetryPolicy{MaxTries: 1, AttemptTimeout: 100 * time.Millisecond}}
 	handle := func(ctx context.Context, p *consumer.Processor, key string) consumer.Result {
 		cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-		l := &dedup.Lease{MerchantID: "m_1", IdempotencyKey: key, ProviderKey: dedup.ProviderKey("m_1", key), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
-		return p.Handle(ctx, cmd, dedup.ClaimResult{Outcome: dedup.Claimed, Lease: l}, nil)
+		l := &ledger.Lease{MerchantID: "m_1", IdempotencyKey: key, ProviderKey: ledger.ProviderKey("m_1", key), Holder: "w", Attempt: 1, Until: time.Now().Add(lease)}
+		return p.Handle(ctx, cmd, ledger.ClaimResult{Outcome: ledger.Claimed, Lease: l}, nil)
 	}
 	t.Run("rate-limited", func(t *testing.T) {
 		t.Parallel()

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -108,7 +108,7 @@ func TestNetRequeuesWhatCrashesSpent(t *testing.T) {
 	e.startWorker("alive", nil)
 	e.eventually("the payment completed", func() bool {
 		rec, err := e.store.Get(e.ctx, "m_1", "crash-spent")
-		return err == nil && rec.Status == dedup.StatusCompleted
+		return err == nil && rec.Status == ledger.StatusCompleted
 	})
 	e.quiescent()
 	if n := e.charges("m_1", "crash-spent"); n != 1 {
@@ -222,7 +222,7 @@ func TestNetRequeuePubAckLost(t *testing.T) {
 	e.startWorker("alive", nil)
 	e.eventually("the payment completed", func() bool {
 		rec, err := e.store.Get(e.ctx, "m_1", "ack-lost")
-		return err == nil && rec.Status == dedup.StatusCompleted
+		return err == nil && rec.Status == ledger.StatusCompleted
 	})
 	e.quiescent()
 	if n := e.charges("m_1", "ack-lost"); n != 1 {
@@ -290,7 +290,7 @@ func TestLastDeliveryWithoutOutcomeIsPublishedAgain(t *testing.T) {
 			if tc.letters == 0 {
 				e.eventually("the unlucky payment charged", func() bool {
 					rec, err := e.store.Get(e.ctx, "m_1", "unlucky")
-					return (err == nil && rec.Status == dedup.StatusCompleted) || len(e.deadLetters()) > 0
+					return (err == nil && rec.Status == ledger.StatusCompleted) || len(e.deadLetters()) > 0
 				})
 			} else {
 				e.eventually("the letter filed", func() bool { return len(e.deadLetters()) > 0 })

@@ -16,6 +16,7 @@ import (
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/reconciler"
@@ -25,10 +26,10 @@ import (
 type claimWatch struct {
 	*dedup.Store
 	mu   sync.Mutex
-	seen map[string][]dedup.Outcome
+	seen map[string][]ledger.Outcome
 }
 
-func (w *claimWatch) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+func (w *claimWatch) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	res, err := w.Store.ClaimBatch(ctx, holder, lease, reqs)
 	if err == nil {
 		w.mu.Lock()
@@ -40,7 +41,7 @@ func (w *claimWatch) ClaimBatch(ctx context.Context, holder string, lease time.D
 	return res, err
 }
 
-func (w *claimWatch) count(key string, o dedup.Outcome) int {
+func (w *claimWatch) count(key string, o ledger.Outcome) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := 0
@@ -103,7 +104,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 200*time.Millisecond
 	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 4, 10
 	e := &env{t: t, ctx: context.Background(), pool: pool, store: store, nc: nc, js: js, sim: sim, stripe: stripe, cfg: cfg}
-	watch := &claimWatch{Store: store, seen: map[string][]dedup.Outcome{}}
+	watch := &claimWatch{Store: store, seen: map[string][]ledger.Outcome{}}
 	e.startWorkerOn("w1", watch)
 
 	// A first payment leaves one kept-alive connection through the proxy.
@@ -111,7 +112,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	e.eventually("warm-up payment completed", func() bool { return e.charges("m_1", "k-warm") == 1 })
 	e.eventually("warm-up row completed", func() bool {
 		rec, err := store.Get(e.ctx, "m_1", "k-warm")
-		return err == nil && rec.Status == dedup.StatusCompleted
+		return err == nil && rec.Status == ledger.StatusCompleted
 	})
 
 	e.publish("m_1", body("m_1", held, 100), "", nil)
@@ -131,7 +132,7 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Status == dedup.StatusFailed || rec.Status != dedup.StatusPending || !rec.MaybeCharged {
+	if rec.Status == ledger.StatusFailed || rec.Status != ledger.StatusPending || !rec.MaybeCharged {
 		t.Fatalf("row after 409s = %s maybe_charged=%v (%s); want pending and maybe_charged, never failed",
 			rec.Status, rec.MaybeCharged, rec.LastError)
 	}
@@ -151,11 +152,11 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 		t.Fatalf("replay: %+v %v", rep, err)
 	}
 	e.publish("m_1", body("m_1", held, 100), "", nil) // a client's own retry
-	e.eventually("both copies claimed and sent to a lookup", func() bool { return watch.count(held, dedup.NeedsLookup) >= 2 })
+	e.eventually("both copies claimed and sent to a lookup", func() bool { return watch.count(held, ledger.NeedsLookup) >= 2 })
 	if n := e.charges("m_1", held); n != 1 {
 		t.Fatalf("charges under the key = %d after the late copies, want 1", n)
 	}
-	if n := watch.count(held, dedup.Reacquired) + watch.count(held, dedup.Claimed); n != 2 {
+	if n := watch.count(held, ledger.Reacquired) + watch.count(held, ledger.Claimed); n != 2 {
 		t.Fatalf("the key was handed out %d times for a call, want 2 (the first delivery and its redelivery)", n)
 	}
 
@@ -168,11 +169,11 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err = store.Get(e.ctx, "m_1", held)
-	if err != nil || rec.Status != dedup.StatusCompleted || rec.ChargeID != sim.Charges()[1].ID {
+	if err != nil || rec.Status != ledger.StatusCompleted || rec.ChargeID != sim.Charges()[1].ID {
 		t.Fatalf("after the lookup: %+v %v, want completed with the first copy's charge", rec, err)
 	}
 	e.publish("m_1", body("m_1", held, 100), "", nil)
-	e.eventually("a later copy is a duplicate", func() bool { return watch.count(held, dedup.Duplicate) >= 1 })
+	e.eventually("a later copy is a duplicate", func() bool { return watch.count(held, ledger.Duplicate) >= 1 })
 	if n := e.charges("m_1", held); n != 1 {
 		t.Fatalf("charges under the key = %d, want 1", n)
 	}

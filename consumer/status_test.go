@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
@@ -37,11 +37,11 @@ func TestProcessingSettlesTheKey(t *testing.T) {
 	publishWith(e, "ach", "pm_usBankAccount_success", 700)
 	e.quiescent()
 	rec, err := e.store.Get(e.ctx, "m_1", "ach")
-	if err != nil || rec.Status != dedup.StatusCompleted || rec.ResponseStatus != http.StatusAccepted || rec.Attempts != 1 {
+	if err != nil || rec.Status != ledger.StatusCompleted || rec.ResponseStatus != http.StatusAccepted || rec.Attempts != 1 {
 		t.Fatalf("record %+v %v: want completed 202 after one attempt", rec, err)
 	}
 	p, err := e.store.GetPayment(e.ctx, "m_1", "ach")
-	if err != nil || p.Status != dedup.PaymentProcessing || p.ChargeID != rec.ChargeID {
+	if err != nil || p.Status != ledger.PaymentProcessing || p.ChargeID != rec.ChargeID {
 		t.Fatalf("ledger %+v %v", p, err)
 	}
 }
@@ -82,7 +82,7 @@ func TestRejectionDeadLetteredNotDeclined(t *testing.T) {
 		t.Fatalf("%d ledger rows: a rejection is not a decline", n)
 	}
 	rec, err := e.store.Get(e.ctx, "m_1", "rej")
-	if err != nil || rec.Status != dedup.StatusFailed {
+	if err != nil || rec.Status != ledger.StatusFailed {
 		t.Fatalf("record %+v %v, want failed", rec, err)
 	}
 }
@@ -124,7 +124,7 @@ func TestUnauthorizedPausesTheWorker(t *testing.T) {
 		t.Fatalf("readiness = %v, want ErrProviderUnauthorized", err)
 	}
 	rec, err := e.store.Get(e.ctx, "m_1", "auth")
-	if err != nil || rec.Status != dedup.StatusFailed {
+	if err != nil || rec.Status != ledger.StatusFailed {
 		t.Fatalf("record %+v %v, want failed (not charged)", rec, err)
 	}
 	revoked.Store(false)

@@ -19,7 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
@@ -479,12 +479,12 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	for i := range good {
 		in, claim := &good[i], &claims[i]
 		// A claimed key's logger carries its attempt (see Processor.handle).
-		claimed, attempt := claim.Outcome == dedup.Claimed || claim.Outcome == dedup.Reacquired, 0
+		claimed, attempt := claim.Outcome == ledger.Claimed || claim.Outcome == ledger.Reacquired, 0
 		if claimed {
 			attempt = claim.Lease.Attempt
 		}
 		in.log.init(w.logger, in.meta, in.traceID, in.cmd, attempt)
-		if claim.Outcome == dedup.Duplicate {
+		if claim.Outcome == ledger.Duplicate {
 			// A duplicate's ack is not waited for (settle): settle it here,
 			// without a goroutine of its own.
 			w.settle(refs, in, w.proc.handle(in.ctx, in.cmd, *claim, nil, in.log.logger()))

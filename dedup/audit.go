@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // The audit's reads of the ledger (package audit compares them with the
@@ -22,14 +23,14 @@ const auditColumns = `p.id, p.merchant_id, p.idempotency_key, p.provider_key, p.
 // merchantID only when it is not empty, oldest first. It reads in keyset
 // pages on payments_created_at, each its own statement under the store's
 // timeout, so a long window never holds one long query.
-func (s *Store) PaymentsBetween(ctx context.Context, from, to time.Time, merchantID string) ([]Payment, error) {
+func (s *Store) PaymentsBetween(ctx context.Context, from, to time.Time, merchantID string) ([]ledger.Payment, error) {
 	var (
-		out    []Payment
+		out    []ledger.Payment
 		lastAt = from
 		lastID int64
 	)
 	for {
-		var page []Payment
+		var page []ledger.Payment
 		var ids []int64
 		err := s.db.Retry(ctx, func(ctx context.Context) error {
 			page, ids = page[:0], ids[:0]
@@ -70,17 +71,17 @@ var paymentsForSQL = `SELECT ` + auditColumns + ` FROM payments p
 // PaymentsFor returns the ledger rows of the keys that have one, once each,
 // in no particular order; keys without a row are absent. It takes one round
 // trip.
-func (s *Store) PaymentsFor(ctx context.Context, refs []KeyRef) ([]Payment, error) {
-	return sendQueued(ctx, s, "get payments", func(b *pg.Batch) func() []Payment { return s.QueuePaymentsFor(b, refs) })
+func (s *Store) PaymentsFor(ctx context.Context, refs []ledger.KeyRef) ([]ledger.Payment, error) {
+	return sendQueued(ctx, s, "get payments", func(b *pg.Batch) func() []ledger.Payment { return s.QueuePaymentsFor(b, refs) })
 }
 
 // QueuePaymentsFor queues PaymentsFor's read of refs on b, as
 // QueueGetMany does GetMany's, and returns the function that gives its rows
 // once b is sent without error.
-func (s *Store) QueuePaymentsFor(b *pg.Batch, refs []KeyRef) func() []Payment {
-	var out []Payment
+func (s *Store) QueuePaymentsFor(b *pg.Batch, refs []ledger.KeyRef) func() []ledger.Payment {
+	var out []ledger.Payment
 	if len(refs) == 0 {
-		return func() []Payment { return out }
+		return func() []ledger.Payment { return out }
 	}
 	for start := 0; start < len(refs); start += lookupBatch {
 		merchants, keys := refColumns(refs[start:min(start+lookupBatch, len(refs))])
@@ -95,13 +96,13 @@ func (s *Store) QueuePaymentsFor(b *pg.Batch, refs []KeyRef) func() []Payment {
 			return rows.Err()
 		}, pgx.NamedArgs{"merchants": merchants, "keys": keys})
 	}
-	return func() []Payment { return out }
+	return func() []ledger.Payment { return out }
 }
 
-func scanPayment(rows pgx.Rows) (int64, Payment, error) {
+func scanPayment(rows pgx.Rows) (int64, ledger.Payment, error) {
 	var (
 		id       int64
-		p        Payment
+		p        ledger.Payment
 		chargeID *string
 	)
 	err := rows.Scan(&id, &p.MerchantID, &p.IdempotencyKey, &p.ProviderKey, &chargeID, &p.Status, &p.Amount, &p.Currency, &p.CreatedAt)

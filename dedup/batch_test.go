@@ -11,8 +11,8 @@ import (
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/migrations/migrate"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // prepare gives a store the same mix of existing rows: completed, failed,
@@ -49,7 +49,7 @@ func TestBatchClaimMatchesOneByOne(t *testing.T) {
 	// 500 requests: keys 0..199 (half of them exist), repeated inside the
 	// batch, some with another amount (a different fingerprint).
 	rng := rand.New(rand.NewPCG(1, 2))
-	reqs := make([]dedup.ClaimRequest, 500)
+	reqs := make([]ledger.ClaimRequest, 500)
 	for i := range reqs {
 		k := rng.IntN(200)
 		amount := int64(1000)
@@ -65,7 +65,7 @@ func TestBatchClaimMatchesOneByOne(t *testing.T) {
 	if len(got) != len(reqs) {
 		t.Fatalf("%d results for %d requests", len(got), len(reqs))
 	}
-	counts := map[dedup.Outcome]int{}
+	counts := map[ledger.Outcome]int{}
 	for i, r := range reqs {
 		want := single.claim(t, "new", r)
 		counts[want.Outcome]++
@@ -83,7 +83,7 @@ func TestBatchClaimMatchesOneByOne(t *testing.T) {
 		}
 	}
 	// The mix must exercise every outcome, or the comparison proves little.
-	for _, o := range []dedup.Outcome{dedup.Claimed, dedup.Reacquired, dedup.Duplicate, dedup.InFlight, dedup.Mismatch} {
+	for _, o := range []ledger.Outcome{ledger.Claimed, ledger.Reacquired, ledger.Duplicate, ledger.InFlight, ledger.Mismatch} {
 		if counts[o] == 0 {
 			t.Errorf("no %v outcome in the mix: %v", o, counts)
 		}
@@ -95,7 +95,7 @@ func TestBatchClaimRaceAcrossBatches(t *testing.T) {
 	b := setup(t)
 	// Two holders claim overlapping batches in opposite orders at once: no
 	// deadlock surfaces, and every key is claimed exactly once.
-	var fwd, rev []dedup.ClaimRequest
+	var fwd, rev []ledger.ClaimRequest
 	for i := range 200 {
 		fwd = append(fwd, req("m_1", fmt.Sprintf("x-%d", i), 1000))
 	}
@@ -103,11 +103,11 @@ func TestBatchClaimRaceAcrossBatches(t *testing.T) {
 		rev = append(rev, fwd[i])
 	}
 	type out struct {
-		res []dedup.ClaimResult
+		res []ledger.ClaimResult
 		err error
 	}
 	ch := make(chan out, 2)
-	for _, batch := range [][]dedup.ClaimRequest{fwd, rev} {
+	for _, batch := range [][]ledger.ClaimRequest{fwd, rev} {
 		go func() {
 			res, err := b.store.ClaimBatch(b.ctx, fmt.Sprintf("h-%p", &batch), lease, batch)
 			ch <- out{res, err}
@@ -121,9 +121,9 @@ func TestBatchClaimRaceAcrossBatches(t *testing.T) {
 		}
 		for _, r := range o.res {
 			switch r.Outcome {
-			case dedup.Claimed:
+			case ledger.Claimed:
 				claimed++
-			case dedup.InFlight:
+			case ledger.InFlight:
 			default:
 				t.Errorf("outcome %v", r.Outcome)
 			}
@@ -137,15 +137,15 @@ func TestBatchClaimRaceAcrossBatches(t *testing.T) {
 func TestCompleteBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var items []dedup.CompleteItem
+	var items []ledger.CompleteItem
 	for i := range 10 {
 		l := b.claim(t, "a", req("m_1", fmt.Sprintf("c-%d", i), 1000)).Lease
-		items = append(items, dedup.CompleteItem{Lease: *l, Completion: charged(fmt.Sprintf("pi_c%d", i))})
+		items = append(items, ledger.CompleteItem{Lease: *l, Completion: charged(fmt.Sprintf("pi_c%d", i))})
 	}
 	// Item 3's lease is lost to another holder; item 7 repeats item 6's charge
 	// id, so the group commit fails on the ledger and falls back per item.
 	b.clock.Advance(lease + time.Second)
-	if res := b.claim(t, "thief", req("m_1", "c-3", 1000)); res.Outcome != dedup.Reacquired {
+	if res := b.claim(t, "thief", req("m_1", "c-3", 1000)); res.Outcome != ledger.Reacquired {
 		t.Fatal(res.Outcome)
 	}
 	for i := range items {
@@ -164,11 +164,11 @@ func TestCompleteBatch(t *testing.T) {
 	for i, e := range errs {
 		switch i {
 		case 3:
-			if !errors.Is(e, dedup.ErrLeaseLost) {
+			if !errors.Is(e, ledger.ErrLeaseLost) {
 				t.Errorf("item 3: %v, want ErrLeaseLost", e)
 			}
 		case 7:
-			if !errors.Is(e, dedup.ErrLedgerConflict) {
+			if !errors.Is(e, ledger.ErrLedgerConflict) {
 				t.Errorf("item 7: %v, want ErrLedgerConflict", e)
 			}
 		default:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // BenchmarkClaimComplete is the seeds' design: one claim and one complete
@@ -21,7 +22,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 	for b.Loop() {
 		r := req("m_1", fmt.Sprintf("b-%d", i), 1000)
 		res, err := bb.store.Claim(bb.ctx, "bench", lease, r)
-		if err != nil || res.Outcome != dedup.Claimed {
+		if err != nil || res.Outcome != ledger.Claimed {
 			b.Fatalf("claim: %v %v", res.Outcome, err)
 		}
 		if err := bb.store.Complete(bb.ctx, *res.Lease, charged(fmt.Sprintf("pi_%d", i))); err != nil {
@@ -40,7 +41,7 @@ func BenchmarkClaimCompleteBatch100(b *testing.B) {
 	const size = 100
 	n := 0
 	for b.Loop() {
-		reqs := make([]dedup.ClaimRequest, size)
+		reqs := make([]ledger.ClaimRequest, size)
 		for j := range reqs {
 			reqs[j] = req("m_1", fmt.Sprintf("b-%d", n+j), 1000)
 		}
@@ -48,12 +49,12 @@ func BenchmarkClaimCompleteBatch100(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		items := make([]dedup.CompleteItem, size)
+		items := make([]ledger.CompleteItem, size)
 		for j, r := range res {
-			if r.Outcome != dedup.Claimed {
+			if r.Outcome != ledger.Claimed {
 				b.Fatalf("outcome %v", r.Outcome)
 			}
-			items[j] = dedup.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", n+j))}
+			items[j] = ledger.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", n+j))}
 		}
 		errs, err := bb.store.CompleteBatch(bb.ctx, items)
 		if err != nil {
@@ -74,7 +75,7 @@ func BenchmarkClaimCompleteBatch100(b *testing.B) {
 func BenchmarkProviderKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = dedup.ProviderKey("m_1", "550e8400-e29b-41d4-a716-446655440000")
+		_ = ledger.ProviderKey("m_1", "550e8400-e29b-41d4-a716-446655440000")
 	}
 }
 
@@ -109,7 +110,7 @@ func BenchmarkBackendCPU(b *testing.B) {
 			var claimCPU, completeCPU time.Duration
 			n := 0
 			for b.Loop() {
-				reqs := make([]dedup.ClaimRequest, size)
+				reqs := make([]ledger.ClaimRequest, size)
 				for j := range reqs {
 					reqs[j] = req("m_1", fmt.Sprintf("550e8400-e29b-41d4-a716-%012d", n+j), 1999)
 				}
@@ -119,13 +120,13 @@ func BenchmarkBackendCPU(b *testing.B) {
 					b.Fatal(err)
 				}
 				c1 := cpu()
-				items := make([]dedup.CompleteItem, size)
+				items := make([]ledger.CompleteItem, size)
 				for j, r := range res {
-					if r.Outcome != dedup.Claimed {
+					if r.Outcome != ledger.Claimed {
 						b.Fatalf("outcome %v", r.Outcome)
 					}
 					id := fmt.Sprintf("pi_%024d", n+j)
-					items[j] = dedup.CompleteItem{Lease: *r.Lease, Completion: dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: intentResponse(id)}}
+					items[j] = ledger.CompleteItem{Lease: *r.Lease, Completion: ledger.Completion{ChargeID: id, ResponseStatus: 200, Response: intentResponse(id)}}
 				}
 				c2 := cpu()
 				errs, err := store.CompleteBatch(bb.ctx, items)

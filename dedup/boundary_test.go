@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestBoundaries: the edge values of the store's input checks. A zero lease
@@ -37,7 +38,7 @@ func TestBoundaries(t *testing.T) {
 		}
 		l2 := b.claim(t, "a", req("m_1", "batch-status-"+strconv.Itoa(status), 1000)).Lease
 		c.ChargeID = "pi_batch_status_" + strconv.Itoa(status)
-		_, err = b.store.CompleteBatch(b.ctx, []dedup.CompleteItem{{Lease: *l2, Completion: c}})
+		_, err = b.store.CompleteBatch(b.ctx, []ledger.CompleteItem{{Lease: *l2, Completion: c}})
 		if ok != (err == nil) {
 			t.Errorf("batch complete with response status %d: %v", status, err)
 		}
@@ -75,7 +76,7 @@ func TestHeartbeatReturnsItsLease(t *testing.T) {
 	}
 
 	down := unreachableStore(t)
-	if _, err := down.Heartbeat(context.Background(), l, time.Minute); !errors.Is(err, dedup.ErrUnavailable) {
+	if _, err := down.Heartbeat(context.Background(), l, time.Minute); !errors.Is(err, ledger.ErrUnavailable) {
 		t.Errorf("heartbeat with the database down: %v, want ErrUnavailable", err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // claimSQL claims a whole batch in one statement, one round trip:
@@ -159,10 +161,10 @@ func reacquirable(a string) string {
 
 // Claim claims one command for holder, with a lease of the given length. The
 // claim is committed before Claim returns.
-func (s *Store) Claim(ctx context.Context, holder string, lease time.Duration, req ClaimRequest) (ClaimResult, error) {
-	res, err := s.ClaimBatch(ctx, holder, lease, []ClaimRequest{req})
+func (s *Store) Claim(ctx context.Context, holder string, lease time.Duration, req ledger.ClaimRequest) (ledger.ClaimResult, error) {
+	res, err := s.ClaimBatch(ctx, holder, lease, []ledger.ClaimRequest{req})
 	if err != nil {
-		return ClaimResult{}, err
+		return ledger.ClaimResult{}, err
 	}
 	return res[0], nil
 }
@@ -173,7 +175,7 @@ func (s *Store) Claim(ctx context.Context, holder string, lease time.Duration, r
 // against the row its first occurrence left (in flight, duplicate or
 // mismatch), and only when that row could still be acquired does the batch
 // take a second round trip for it.
-func (s *Store) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ClaimRequest) ([]ClaimResult, error) {
+func (s *Store) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	if holder == "" {
 		return nil, errors.New("claim keys: empty holder")
 	}
@@ -185,7 +187,7 @@ func (s *Store) ClaimBatch(ctx context.Context, holder string, lease time.Durati
 			return nil, fmt.Errorf("claim keys: request %d: %w", i, err)
 		}
 	}
-	results := make([]ClaimResult, len(reqs))
+	results := make([]ledger.ClaimResult, len(reqs))
 	pending := make([]int, len(reqs)) // indexes still to claim
 	for i := range pending {
 		pending[i] = i
@@ -205,7 +207,7 @@ type rowKey struct{ merchant, key string }
 // claimRound claims the first occurrence of each key among idx in one
 // statement, judges later occurrences against the row it left, and returns
 // the indexes that need another round.
-func (s *Store) claimRound(ctx context.Context, holder string, lease time.Duration, reqs []ClaimRequest, idx []int, results []ClaimResult) ([]int, error) {
+func (s *Store) claimRound(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest, idx []int, results []ledger.ClaimResult) ([]int, error) {
 	first := make(map[rowKey]int, len(idx))
 	var unique, repeats []int
 	for _, i := range idx {
@@ -224,7 +226,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 	for j, i := range unique {
 		r := reqs[i]
 		merchants[j], keys[j], hashes[j] = r.MerchantID, r.IdempotencyKey, r.RequestHash
-		providerKeys[j], amounts[j], currencies[j], ords[j] = ProviderKey(r.MerchantID, r.IdempotencyKey), r.Amount, r.Currency, int32(i)
+		providerKeys[j], amounts[j], currencies[j], ords[j] = ledger.ProviderKey(r.MerchantID, r.IdempotencyKey), r.Amount, r.Currency, int32(i)
 		traces[j] = r.TraceID
 	}
 	args := pgx.NamedArgs{
@@ -237,7 +239,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 	// which queryPinned reports once the rows are read: collect them first.
 	type found struct {
 		i   int
-		rec Record
+		rec ledger.Record
 	}
 	var untaken []found
 	done := make(map[int]bool, n)
@@ -259,11 +261,11 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 			}
 			switch kind {
 			case 1, 2:
-				out := Claimed
+				out := ledger.Claimed
 				if kind == 2 {
-					out = Reacquired
+					out = ledger.Reacquired
 				}
-				results[i] = ClaimResult{Outcome: out, Record: rec, Lease: &Lease{
+				results[i] = ledger.ClaimResult{Outcome: out, Record: rec, Lease: &ledger.Lease{
 					MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey, ProviderKey: rec.ProviderKey,
 					Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: rec.MaybeCharged,
 					TraceID: rec.TraceID, CreatedAt: rec.CreatedAt,
@@ -280,12 +282,12 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 		return nil, interpretError("claim keys", err)
 	}
 	for _, f := range untaken {
-		results[f.i], _ = s.evaluate(f.rec, reqs[f.i], now)
+		results[f.i], _ = ledger.Evaluate(f.rec, reqs[f.i], now, s.window)
 	}
 	for _, i := range unique {
 		if !done[i] {
 			// A row committed after our snapshot (not expected: see claimSQL).
-			results[i] = ClaimResult{Outcome: InFlight, RetryIn: max(lease, MinRetry)}
+			results[i] = ledger.ClaimResult{Outcome: ledger.InFlight, RetryIn: max(lease, ledger.MinRetry)}
 		}
 	}
 	if err := s.parkForLookup(ctx, holder, unique, results); err != nil {
@@ -308,8 +310,8 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 			results[i] = f
 			continue
 		}
-		res, acquirable := s.evaluate(f.Record, reqs[i], now)
-		if acquirable && f.Outcome != InFlight {
+		res, acquirable := ledger.Evaluate(f.Record, reqs[i], now, s.window)
+		if acquirable && f.Outcome != ledger.InFlight {
 			deferred[k] = true
 			again = append(again, i)
 			continue
@@ -345,13 +347,13 @@ SELECT * FROM parked`
 // idx that evaluate sent to a lookup, and puts the parked rows in results.
 // It costs a round trip only when there is such a row (rare: a failure
 // proved nothing was charged, then nothing retried the key for a day).
-func (s *Store) parkForLookup(ctx context.Context, holder string, idx []int, results []ClaimResult) error {
+func (s *Store) parkForLookup(ctx context.Context, holder string, idx []int, results []ledger.ClaimResult) error {
 	var merchants, keys []string
 	var hashes [][]byte
 	at := map[rowKey]int{}
 	for _, i := range idx {
 		r := results[i]
-		if r.Outcome != NeedsLookup || r.Record.Status != StatusFailed {
+		if r.Outcome != ledger.NeedsLookup || r.Record.Status != ledger.StatusFailed {
 			continue
 		}
 		merchants, keys = append(merchants, r.Record.MerchantID), append(keys, r.Record.IdempotencyKey)

@@ -7,6 +7,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // skewedStores returns a store on the database's clock (as production
@@ -41,7 +42,7 @@ func TestSkewedClockCannotTakeLiveLease(t *testing.T) {
 	ahead := skewed[0]
 	r := req("m_1", "skew-ahead", 1000)
 	held, err := onTime.Claim(ctx, "holder", lease, r)
-	if err != nil || held.Outcome != dedup.Claimed {
+	if err != nil || held.Outcome != ledger.Claimed {
 		t.Fatalf("claim: %v %v", held.Outcome, err)
 	}
 
@@ -49,10 +50,10 @@ func TestSkewedClockCannotTakeLiveLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome != dedup.InFlight {
+	if res.Outcome != ledger.InFlight {
 		t.Errorf("a worker 2 min ahead claiming a live lease: %v, want in flight", res.Outcome)
 	}
-	if res.Outcome == dedup.InFlight && (res.RetryIn <= 0 || res.RetryIn > lease) {
+	if res.Outcome == ledger.InFlight && (res.RetryIn <= 0 || res.RetryIn > lease) {
 		t.Errorf("retry in %v, want the lease's remaining time (at most %v)", res.RetryIn, lease)
 	}
 	stuck, err := ahead.AcquireStuck(ctx, "reconciler-ahead", 30*time.Second, lease, 10)
@@ -78,14 +79,14 @@ func TestSkewedClockBehindWritesFullLease(t *testing.T) {
 	behind := skewed[0]
 	r := req("m_1", "skew-behind", 1000)
 	held, err := behind.Claim(ctx, "behind", lease, r)
-	if err != nil || held.Outcome != dedup.Claimed {
+	if err != nil || held.Outcome != ledger.Claimed {
 		t.Fatalf("claim: %v %v", held.Outcome, err)
 	}
 	res, err := onTime.Claim(ctx, "other", lease, r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome != dedup.InFlight {
+	if res.Outcome != ledger.InFlight {
 		t.Errorf("claim of a lease written by a worker 2 min behind: %v, want in flight", res.Outcome)
 	}
 	stuck, err := onTime.AcquireStuck(ctx, "reconciler", 30*time.Second, lease, 10)

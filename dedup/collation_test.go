@@ -9,6 +9,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // byteKeyColumns are the text columns that the hot path's indexes and
@@ -158,7 +159,7 @@ func TestKeyCollationMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs := make([]dedup.ClaimRequest, 20)
+	reqs := make([]ledger.ClaimRequest, 20)
 	for i := range reqs {
 		reqs[i] = req("m_1", fmt.Sprintf("key-%02d", i), 1000)
 	}
@@ -166,12 +167,12 @@ func TestKeyCollationMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var items []dedup.CompleteItem
+	var items []ledger.CompleteItem
 	for i, r := range res[:10] { // ten completed, ten left pending
-		if r.Outcome != dedup.Claimed {
+		if r.Outcome != ledger.Claimed {
 			t.Fatalf("claim %d: %v", i, r.Outcome)
 		}
-		items = append(items, dedup.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%02d", i))})
+		items = append(items, ledger.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%02d", i))})
 	}
 	if _, err := store.CompleteBatch(ctx, items); err != nil {
 		t.Fatal(err)
@@ -211,9 +212,9 @@ func TestKeyCollationMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, r := range again {
-		want := dedup.Duplicate
+		want := ledger.Duplicate
 		if i >= 10 {
-			want = dedup.InFlight
+			want = ledger.InFlight
 		}
 		if r.Outcome != want {
 			t.Errorf("claim of key-%02d after the migration: %v, want %v", i, r.Outcome, want)
@@ -224,7 +225,7 @@ func TestKeyCollationMigration(t *testing.T) {
 	// prepares it again).
 	items = items[:0]
 	for i, r := range res[10:] {
-		items = append(items, dedup.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%02d", 10+i))})
+		items = append(items, ledger.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%02d", 10+i))})
 	}
 	errs, err := store.CompleteBatch(ctx, items)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // intakeRow gives (merchant, key) a gateway_intake row, as the gateway's
@@ -78,7 +79,7 @@ func TestCompletionNotifiedOncePerRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	conn := listen(t, b)
-	var leases []dedup.Lease
+	var leases []ledger.Lease
 	for _, k := range []string{"a", "b", "c", "d", "queue-only"} {
 		if k != "queue-only" { // only keys the gateway took in can have waiters
 			intakeRow(t, b, "m_1", k)
@@ -94,18 +95,18 @@ func TestCompletionNotifiedOncePerRow(t *testing.T) {
 	if got := drain(t, b, conn); len(got) != 0 {
 		t.Fatalf("claims, heartbeats and failures notified %v", got)
 	}
-	errs, err := b.store.CompleteBatch(b.ctx, []dedup.CompleteItem{
+	errs, err := b.store.CompleteBatch(b.ctx, []ledger.CompleteItem{
 		{Lease: leases[0], Completion: charged("ch_a")}, {Lease: leases[1], Completion: charged("ch_b")},
 		{Lease: leases[4], Completion: charged("ch_q")},
 	})
 	if err != nil || errs[0] != nil || errs[1] != nil || errs[2] != nil {
 		t.Fatalf("complete batch: %v %v", err, errs)
 	}
-	if err := b.store.Complete(b.ctx, leases[2], dedup.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{}`)}); err != nil {
+	if err := b.store.Complete(b.ctx, leases[2], ledger.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	// Completing again with the same lease is a no-op and must not notify.
-	if err := b.store.Complete(b.ctx, leases[2], dedup.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{}`)}); err != nil {
+	if err := b.store.Complete(b.ctx, leases[2], ledger.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
 	got := strings.Join(drain(t, b, conn), " ")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // intentResponse is a completion's response the size of a Stripe
@@ -42,7 +43,7 @@ func TestCompletionIsHeapOnlyUpdate(t *testing.T) {
 	const batches, size = 5, 200
 	var completed int64
 	for batch := range batches {
-		reqs := make([]dedup.ClaimRequest, size)
+		reqs := make([]ledger.ClaimRequest, size)
 		for i := range reqs {
 			reqs[i] = req("m_1", fmt.Sprintf("hot-%d-%d", batch, i), 1999)
 		}
@@ -50,14 +51,14 @@ func TestCompletionIsHeapOnlyUpdate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		items := make([]dedup.CompleteItem, 0, size)
+		items := make([]ledger.CompleteItem, 0, size)
 		for i, r := range res {
-			if r.Outcome != dedup.Claimed {
+			if r.Outcome != ledger.Claimed {
 				t.Fatalf("claim %d: %v", i, r.Outcome)
 			}
 			id := fmt.Sprintf("pi_%d_%d", batch, i)
-			items = append(items, dedup.CompleteItem{Lease: *r.Lease,
-				Completion: dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: intentResponse(id)}})
+			items = append(items, ledger.CompleteItem{Lease: *r.Lease,
+				Completion: ledger.Completion{ChargeID: id, ResponseStatus: 200, Response: intentResponse(id)}})
 		}
 		n0, hot0 := updates()
 		errs, err := store.CompleteBatch(b.ctx, items)

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestFailedRowPastKeyWindowNeedsLookup: a `failed` row is re-called blind
@@ -17,26 +17,26 @@ func TestFailedRowPastKeyWindowNeedsLookup(t *testing.T) {
 	b := setup(t)
 	r := req("m_1", "failed-old", 1000)
 	l := b.claim(t, "a", r).Lease
-	if st, err := b.store.Fail(b.ctx, *l, "429 rate limited"); err != nil || st != dedup.StatusFailed {
+	if st, err := b.store.Fail(b.ctx, *l, "429 rate limited"); err != nil || st != ledger.StatusFailed {
 		t.Fatalf("fail: %v %v", st, err)
 	}
-	b.clock.Advance(dedup.DefaultProviderKeyWindow + time.Minute)
+	b.clock.Advance(ledger.DefaultProviderKeyWindow + time.Minute)
 
 	res := b.claim(t, "b", r)
-	if res.Outcome != dedup.NeedsLookup || res.Lease != nil {
+	if res.Outcome != ledger.NeedsLookup || res.Lease != nil {
 		t.Fatalf("failed row past the key window: %v (lease %v), want needs_lookup and no lease", res.Outcome, res.Lease)
 	}
 	rec, err := b.store.Get(b.ctx, "m_1", "failed-old")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Status != dedup.StatusPending || !rec.MaybeCharged || rec.LockedUntil.After(b.clock.Now()) {
+	if rec.Status != ledger.StatusPending || !rec.MaybeCharged || rec.LockedUntil.After(b.clock.Now()) {
 		t.Fatalf("parked row = %s maybe_charged=%v locked_until=%v, want pending, maybe_charged, lease expired",
 			rec.Status, rec.MaybeCharged, rec.LockedUntil)
 	}
 	// A second copy (a dead-letter replay goes through the same claim)
 	// gets the same answer and charges nothing.
-	if res := b.claim(t, "c", r); res.Outcome != dedup.NeedsLookup {
+	if res := b.claim(t, "c", r); res.Outcome != ledger.NeedsLookup {
 		t.Fatalf("second copy: %v, want needs_lookup", res.Outcome)
 	}
 
@@ -49,10 +49,10 @@ func TestFailedRowPastKeyWindowNeedsLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err = b.store.Get(b.ctx, "m_1", "failed-old")
-	if err != nil || rec.Status != dedup.StatusFailed || !rec.KeyWindowStart.Equal(b.clock.Now()) {
+	if err != nil || rec.Status != ledger.StatusFailed || !rec.KeyWindowStart.Equal(b.clock.Now()) {
 		t.Fatalf("after the lookup: %+v %v, want failed with a fresh key window", rec, err)
 	}
-	if res := b.claim(t, "d", r); res.Outcome != dedup.Reacquired {
+	if res := b.claim(t, "d", r); res.Outcome != ledger.Reacquired {
 		t.Fatalf("after the lookup proved nothing was charged: %v, want reacquired", res.Outcome)
 	}
 }
@@ -68,16 +68,16 @@ func TestReacquireOfFailedKeepsKeyWindow(t *testing.T) {
 	if _, err := b.store.Fail(b.ctx, *l, "429"); err != nil {
 		t.Fatal(err)
 	}
-	b.clock.Advance(dedup.DefaultProviderKeyWindow - time.Hour)
+	b.clock.Advance(ledger.DefaultProviderKeyWindow - time.Hour)
 	res := b.claim(t, "b", r)
-	if res.Outcome != dedup.Reacquired {
+	if res.Outcome != ledger.Reacquired {
 		t.Fatalf("inside the window: %v, want reacquired", res.Outcome)
 	}
 	if _, err := b.store.Fail(b.ctx, *res.Lease, "429 again"); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Advance(2 * time.Hour) // past the first call's window
-	if res := b.claim(t, "c", r); res.Outcome != dedup.NeedsLookup {
+	if res := b.claim(t, "c", r); res.Outcome != ledger.NeedsLookup {
 		t.Fatalf("past the first call's window: %v, want needs_lookup", res.Outcome)
 	}
 }

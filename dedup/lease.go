@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paydedup/paydedup/internal/redact"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // fenced is the condition every write after the claim carries: the row is
@@ -24,13 +25,13 @@ func errNoClaimTime(op string) error {
 	return fmt.Errorf("%s: the lease carries no claim time (Lease.CreatedAt): leases come from Claim, ClaimBatch or AcquireStuck", op)
 }
 
-func leaseArgs(l Lease) pgx.NamedArgs {
+func leaseArgs(l ledger.Lease) pgx.NamedArgs {
 	return pgx.NamedArgs{"merchant": l.MerchantID, "key": l.IdempotencyKey, "holder": l.Holder, "attempt": int32(l.Attempt)}
 }
 
 // Heartbeat extends a held lease to now+d and returns it. ErrLeaseLost means
 // another holder took the row: the caller must stop and not record anything.
-func (s *Store) Heartbeat(ctx context.Context, l Lease, d time.Duration) (Lease, error) {
+func (s *Store) Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error) {
 	args := leaseArgs(l)
 	args["now"], args["lease"] = s.db.Now(), d
 	var until time.Time
@@ -39,7 +40,7 @@ func (s *Store) Heartbeat(ctx context.Context, l Lease, d time.Duration) (Lease,
 			WHERE `+fenced+` RETURNING locked_until`, args).Scan(&until)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return l, fmt.Errorf("heartbeat lease: %w", ErrLeaseLost)
+		return l, fmt.Errorf("heartbeat lease: %w", ledger.ErrLeaseLost)
 	}
 	if err != nil {
 		return l, interpretError("heartbeat lease", err)
@@ -78,7 +79,7 @@ SELECT count(*) FROM done`
 // its response, and the ledger gets its row, in one transaction. Completing
 // again with the same lease is a no-op; with a lost lease it is ErrLeaseLost
 // and changes nothing.
-func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
+func (s *Store) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
 	if len(c.Response) == 0 {
 		return errors.New("complete key: empty response")
 	}
@@ -98,7 +99,7 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 		return errNoClaimTime("complete key")
 	}
 	args := leaseArgs(l)
-	paymentStatus := c.paymentStatus()
+	paymentStatus := c.PaymentStatus()
 	args["now"], args["retention"], args["created_at"] = s.db.Now(), s.retention, l.CreatedAt
 	args["response_status"], args["response"], args["charge_id"] = int32(c.ResponseStatus), []byte(c.Response), nullable(c.ChargeID)
 	args["payment_status"] = paymentStatus
@@ -116,10 +117,10 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 	if err != nil {
 		return fmt.Errorf("complete key: %w", err)
 	}
-	if rec.Status == StatusCompleted && rec.LockedBy == l.Holder && rec.Attempts == l.Attempt {
+	if rec.Status == ledger.StatusCompleted && rec.LockedBy == l.Holder && rec.Attempts == l.Attempt {
 		return nil // already completed by this very lease: a retried call
 	}
-	return fmt.Errorf("complete key: %w", ErrLeaseLost)
+	return fmt.Errorf("complete key: %w", ledger.ErrLeaseLost)
 }
 
 // Fail records a provider answer that proves this call was not executed
@@ -130,7 +131,7 @@ func (s *Store) Complete(ctx context.Context, l Lease, c Completion) error {
 // nothing about that call, and the row stays pending with its lease
 // released so a redelivery or the reconciler resolves it. It returns the
 // row's new status.
-func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error) {
+func (s *Store) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
 	args := leaseArgs(l)
 	args["now"], args["reason"] = s.db.Now(), clipError(reason)
 	var status string
@@ -143,19 +144,19 @@ func (s *Store) Fail(ctx context.Context, l Lease, reason string) (Status, error
 			SELECT status FROM done`, args).Scan(&status)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("fail key: %w", ErrLeaseLost)
+		return "", fmt.Errorf("fail key: %w", ledger.ErrLeaseLost)
 	}
 	if err != nil {
 		return "", interpretError("fail key", err)
 	}
-	return Status(status), nil
+	return ledger.Status(status), nil
 }
 
 // Release gives up a held lease without an outcome: the provider call's
 // result is unknown, or the worker is shutting down. The row stays pending,
 // is marked maybe_charged, and can be re-acquired at once by a redelivery
 // (which re-calls with the same provider key) or resolved by the reconciler.
-func (s *Store) Release(ctx context.Context, l Lease, reason string) error {
+func (s *Store) Release(ctx context.Context, l ledger.Lease, reason string) error {
 	args := leaseArgs(l)
 	args["now"], args["reason"] = s.db.Now(), clipError(reason)
 	var one int
@@ -165,15 +166,9 @@ func (s *Store) Release(ctx context.Context, l Lease, reason string) error {
 			WHERE `+fenced+` RETURNING 1`, args).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("release key: %w", ErrLeaseLost)
+		return fmt.Errorf("release key: %w", ledger.ErrLeaseLost)
 	}
 	return interpretError("release key", err)
-}
-
-// Stuck is a pending row the reconciler has leased to resolve.
-type Stuck struct {
-	Record Record
-	Lease  Lease
 }
 
 // AcquireStuck leases up to limit pending rows whose lease expired more than
@@ -181,12 +176,12 @@ type Stuck struct {
 // off (DeferLookup) until their next lookup is due. Rows another reconciler is leasing at
 // the same moment are skipped (FOR UPDATE SKIP LOCKED), and the new lease
 // (attempts+1) fences out both them and any late worker.
-func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]Stuck, error) {
+func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]ledger.Stuck, error) {
 	if holder == "" || lease <= 0 || limit <= 0 || grace < 0 {
 		return nil, fmt.Errorf("acquire stuck keys: need a holder, a positive lease and limit, and a non-negative grace")
 	}
 	args := pgx.NamedArgs{"holder": holder, "now": s.db.Now(), "lease": lease, "grace": grace, "limit": int32(limit)}
-	var out []Stuck
+	var out []ledger.Stuck
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		out = out[:0]
 		rows, err := s.db.Pool.Query(ctx, `UPDATE idempotency_keys AS k
@@ -208,7 +203,7 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 			if err != nil {
 				return err
 			}
-			out = append(out, Stuck{Record: rec, Lease: Lease{
+			out = append(out, ledger.Stuck{Record: rec, Lease: ledger.Lease{
 				MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey, ProviderKey: rec.ProviderKey,
 				Holder: holder, Attempt: rec.Attempts, Until: rec.LockedUntil, MaybeCharged: true, TraceID: rec.TraceID,
 				CreatedAt: rec.CreatedAt,
@@ -226,7 +221,7 @@ func (s *Store) AcquireStuck(ctx context.Context, holder string, grace, lease ti
 // proved nothing was charged under its key; it clears maybe_charged and
 // starts a fresh key window, so the next delivery may call the provider
 // again (blind, under the same key, for one more window).
-func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) error {
+func (s *Store) ResolveNotCharged(ctx context.Context, l ledger.Lease, reason string) error {
 	args := leaseArgs(l)
 	args["now"], args["reason"] = s.db.Now(), clipError(reason)
 	var one int
@@ -238,16 +233,9 @@ func (s *Store) ResolveNotCharged(ctx context.Context, l Lease, reason string) e
 			SELECT 1 FROM done`, args).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("resolve key: %w", ErrLeaseLost)
+		return fmt.Errorf("resolve key: %w", ledger.ErrLeaseLost)
 	}
 	return interpretError("resolve key", err)
-}
-
-// Backoff is a lookup back-off: the n-th consecutive failed lookup of a row
-// delays its next one by Base × 2^(n-1), at most Max.
-type Backoff struct {
-	Base time.Duration
-	Max  time.Duration
 }
 
 // DeferLookup releases a row the reconciler leased after its provider
@@ -256,7 +244,7 @@ type Backoff struct {
 // the row's consecutive failed lookups and the time of its next lookup (on
 // the store's clock). The row's pending_since is kept: its stuck age keeps
 // growing.
-func (s *Store) DeferLookup(ctx context.Context, l Lease, reason string, b Backoff) (int, time.Time, error) {
+func (s *Store) DeferLookup(ctx context.Context, l ledger.Lease, reason string, b ledger.Backoff) (int, time.Time, error) {
 	if b.Base <= 0 || b.Max < b.Base {
 		return 0, time.Time{}, fmt.Errorf("defer lookup: back-off %v..%v is not a range", b.Base, b.Max)
 	}
@@ -274,7 +262,7 @@ func (s *Store) DeferLookup(ctx context.Context, l Lease, reason string, b Backo
 			WHERE `+fenced+` RETURNING lookup_failures, next_lookup_at`, args).Scan(&failures, &next)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, time.Time{}, fmt.Errorf("defer lookup: %w", ErrLeaseLost)
+		return 0, time.Time{}, fmt.Errorf("defer lookup: %w", ledger.ErrLeaseLost)
 	}
 	if err != nil {
 		return 0, time.Time{}, interpretError("defer lookup", err)
@@ -383,17 +371,11 @@ WITH input AS (
 )
 SELECT merchant_id, idempotency_key FROM done WHERE (SELECT count(*) FROM notified) >= 0`
 
-// CompleteItem is one completion of a batch.
-type CompleteItem struct {
-	Lease      Lease
-	Completion Completion
-}
-
 // CompleteBatch completes many leases in one transaction (a group commit)
 // and returns one error per item: nil, or ErrLeaseLost. If the batch as a
 // whole fails on a ledger conflict, it falls back to completing the items
 // one by one so that one bad item cannot hold back the others.
-func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]error, error) {
+func (s *Store) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	n := len(items)
 	if n == 0 {
 		return nil, nil
@@ -412,7 +394,7 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 		createdAts[i] = it.Lease.CreatedAt
 		merchants[i], keys[i], holders[i], attempts[i] = it.Lease.MerchantID, it.Lease.IdempotencyKey, it.Lease.Holder, int32(it.Lease.Attempt)
 		statuses[i], responses[i], chargeIDs[i] = int32(c.ResponseStatus), []byte(c.Response), c.ChargeID
-		paymentStatuses[i] = c.paymentStatus()
+		paymentStatuses[i] = c.PaymentStatus()
 	}
 	args := pgx.NamedArgs{
 		"merchants": merchants, "keys": keys, "holders": holders, "attempts": attempts,
@@ -433,11 +415,11 @@ func (s *Store) CompleteBatch(ctx context.Context, items []CompleteItem) ([]erro
 		})
 		return err
 	})
-	if err = interpretError("complete keys", err); errors.Is(err, ErrLedgerConflict) {
+	if err = interpretError("complete keys", err); errors.Is(err, ledger.ErrLedgerConflict) {
 		errs := make([]error, n)
 		for i, it := range items {
 			errs[i] = s.Complete(ctx, it.Lease, it.Completion)
-			if errs[i] != nil && !errors.Is(errs[i], ErrLeaseLost) && !errors.Is(errs[i], ErrLedgerConflict) {
+			if errs[i] != nil && !errors.Is(errs[i], ledger.ErrLeaseLost) && !errors.Is(errs[i], ledger.ErrLedgerConflict) {
 				return nil, errs[i]
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // day is a UTC day well after any day the migration created, so that the
@@ -91,7 +92,7 @@ func TestClaimRaceAcrossDayBoundary(t *testing.T) {
 	}
 	r := req("m_1", "midnight", 1000)
 	type result struct {
-		res dedup.ClaimResult
+		res ledger.ClaimResult
 		err error
 	}
 	first := make(chan result, 1)
@@ -110,7 +111,7 @@ func TestClaimRaceAcrossDayBoundary(t *testing.T) {
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
-	if a.res.Outcome != dedup.Claimed || second.Outcome != dedup.InFlight {
+	if a.res.Outcome != ledger.Claimed || second.Outcome != ledger.InFlight {
 		t.Fatalf("claims across midnight: first %v, second %v; want claimed and in flight", a.res.Outcome, second.Outcome)
 	}
 	if n := b.count(t, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'midnight'`); n != 1 {
@@ -142,7 +143,7 @@ func TestPurgeDropsDaysKeepsPending(t *testing.T) {
 
 	// Past the day's end plus the retention: kept for its pending row,
 	// whether pending_keys names it or not.
-	b.clock.Set(day.Add(24*time.Hour + dedup.DefaultRetention + time.Hour))
+	b.clock.Set(day.Add(24*time.Hour + ledger.DefaultRetention + time.Hour))
 	for _, step := range []string{"named", "not named"} {
 		if step == "not named" {
 			if _, err := b.pool.Exec(b.ctx, `DELETE FROM pending_keys`); err != nil {
@@ -155,7 +156,7 @@ func TestPurgeDropsDaysKeepsPending(t *testing.T) {
 		if !partitionExists(t, b, part) {
 			t.Fatalf("%s: the day was dropped with a pending row in it", step)
 		}
-		if rec, err := b.store.Get(b.ctx, "m_1", "open"); err != nil || rec.Status != dedup.StatusPending {
+		if rec, err := b.store.Get(b.ctx, "m_1", "open"); err != nil || rec.Status != ledger.StatusPending {
 			t.Fatalf("%s: pending row after purge: %+v %v", step, rec, err)
 		}
 	}
@@ -183,7 +184,7 @@ func TestPurgeDropsDaysKeepsPending(t *testing.T) {
 		t.Fatalf("ledger holds %d of the 2 payments after the day was dropped", got)
 	}
 	again := b.claim(t, "w3", req("m_1", "done", 1000))
-	if again.Outcome != dedup.Duplicate || !again.FromLedger {
+	if again.Outcome != ledger.Duplicate || !again.FromLedger {
 		t.Fatalf("redelivery of a dropped key: %v (from ledger %v), want a duplicate from the ledger", again.Outcome, again.FromLedger)
 	}
 }
@@ -197,7 +198,7 @@ func TestPurgeDropsDaysKeepsPending(t *testing.T) {
 func TestClaimCannotStealReconcilerLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if res := b.claim(t, "w1", req("m_1", "steal", 1000)); res.Outcome != dedup.Claimed {
+	if res := b.claim(t, "w1", req("m_1", "steal", 1000)); res.Outcome != ledger.Claimed {
 		t.Fatalf("claim: %v", res.Outcome)
 	}
 	b.clock.Advance(lease + 2*time.Minute)
@@ -233,7 +234,7 @@ func TestClaimCannotStealReconcilerLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome == dedup.Reacquired || got.LockedBy != "rec" {
+	if res.Outcome == ledger.Reacquired || got.LockedBy != "rec" {
 		t.Fatalf("claim during the reconciler's take-over: %v, row held by %q; want the reconciler to keep it", res.Outcome, got.LockedBy)
 	}
 }
@@ -298,7 +299,7 @@ func TestFreshInstallClaimsIntoTodaysPartition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.ClaimBatch(ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "first-day", 1000)}); err != nil {
+	if _, err := store.ClaimBatch(ctx, "w1", lease, []ledger.ClaimRequest{req("m_1", "first-day", 1000)}); err != nil {
 		t.Fatal(err)
 	}
 	// The day of the row's own created_at (the database's clock), so that a
@@ -321,7 +322,7 @@ func TestFreshInstallClaimsIntoTodaysPartition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := old.ClaimBatch(ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "before", 1000)}); err != nil {
+	if _, err := old.ClaimBatch(ctx, "w1", lease, []ledger.ClaimRequest{req("m_1", "before", 1000)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := partitionOf(t, owner, "before"); got != "idempotency_keys_unpartitioned" {
@@ -330,7 +331,7 @@ func TestFreshInstallClaimsIntoTodaysPartition(t *testing.T) {
 	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := old.ClaimBatch(ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "after", 1000)}); err != nil {
+	if _, err := old.ClaimBatch(ctx, "w1", lease, []ledger.ClaimRequest{req("m_1", "after", 1000)}); err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range []string{"before", "after"} {
@@ -381,7 +382,7 @@ func TestCompletionLooksInItsDayOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var items []dedup.CompleteItem
+	var items []ledger.CompleteItem
 	claimOn := func(at time.Time, keys ...string) {
 		t.Helper()
 		b.clock.Set(at)
@@ -390,7 +391,7 @@ func TestCompletionLooksInItsDayOnly(t *testing.T) {
 			if err != nil || res.Lease == nil {
 				t.Fatalf("claim %s: %+v, %v", k, res, err)
 			}
-			items = append(items, dedup.CompleteItem{Lease: *res.Lease, Completion: charged("ch_" + k)})
+			items = append(items, ledger.CompleteItem{Lease: *res.Lease, Completion: charged("ch_" + k)})
 		}
 	}
 	claimOn(day.Add(12*time.Hour), "d1-a", "d1-b", "d1-alone")
@@ -413,7 +414,7 @@ func TestCompletionLooksInItsDayOnly(t *testing.T) {
 		return out
 	}
 	before := keyIndexScans(t, b.ctx, pool)
-	errs, err := store.CompleteBatch(b.ctx, []dedup.CompleteItem{items[0], items[1], items[3]})
+	errs, err := store.CompleteBatch(b.ctx, []ledger.CompleteItem{items[0], items[1], items[3]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,10 +460,10 @@ func TestCompletionNeedsTheClaimTime(t *testing.T) {
 	if err := b.store.Complete(b.ctx, bare, charged("ch_1")); err == nil || !strings.Contains(err.Error(), "Lease.CreatedAt") {
 		t.Fatalf("Complete without the claim time: %v, want an error naming Lease.CreatedAt", err)
 	}
-	if _, err := b.store.CompleteBatch(b.ctx, []dedup.CompleteItem{{Lease: bare, Completion: charged("ch_1")}}); err == nil || !strings.Contains(err.Error(), "Lease.CreatedAt") {
+	if _, err := b.store.CompleteBatch(b.ctx, []ledger.CompleteItem{{Lease: bare, Completion: charged("ch_1")}}); err == nil || !strings.Contains(err.Error(), "Lease.CreatedAt") {
 		t.Fatalf("CompleteBatch without the claim time: %v, want an error naming Lease.CreatedAt", err)
 	}
-	if rec, err := b.store.Get(b.ctx, "m_1", "no-time"); err != nil || rec.Status != dedup.StatusPending || rec.LockedBy != "w1" {
+	if rec, err := b.store.Get(b.ctx, "m_1", "no-time"); err != nil || rec.Status != ledger.StatusPending || rec.LockedBy != "w1" {
 		t.Fatalf("row after the refused completions: %+v, %v; want pending under w1", rec, err)
 	}
 	if err := b.store.Complete(b.ctx, l, charged("ch_1")); err != nil {

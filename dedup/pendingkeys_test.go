@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestPendingKeysNameEveryPendingRow walks keys through every transition
@@ -46,14 +46,14 @@ func TestPendingKeysNameEveryPendingRow(t *testing.T) {
 	check("claimed")
 
 	// Failed (provably not charged): no longer pending.
-	if st, err := b.store.Fail(b.ctx, *f.Lease, "429"); err != nil || st != dedup.StatusFailed {
+	if st, err := b.store.Fail(b.ctx, *f.Lease, "429"); err != nil || st != ledger.StatusFailed {
 		t.Fatalf("fail: %v %v", st, err)
 	}
 	check("failed")
 
 	// Re-acquired from failed: pending again.
 	f = b.claim(t, "w2", req("m_1", "f", 1000))
-	if f.Outcome != dedup.Reacquired {
+	if f.Outcome != ledger.Reacquired {
 		t.Fatalf("re-claim of a failed key: %v", f.Outcome)
 	}
 	check("re-acquired")
@@ -64,10 +64,10 @@ func TestPendingKeysNameEveryPendingRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	f = b.claim(t, "w3", req("m_1", "f", 1000))
-	if f.Outcome != dedup.Reacquired {
+	if f.Outcome != ledger.Reacquired {
 		t.Fatalf("re-claim of a released key: %v", f.Outcome)
 	}
-	if st, err := b.store.Fail(b.ctx, *f.Lease, "429"); err != nil || st != dedup.StatusPending {
+	if st, err := b.store.Fail(b.ctx, *f.Lease, "429"); err != nil || st != ledger.StatusPending {
 		t.Fatalf("fail of a maybe-charged key: %v %v, want it pending", st, err)
 	}
 	check("failed while maybe charged")
@@ -116,12 +116,12 @@ func TestClaimToleratesStrayPendingName(t *testing.T) {
 	if _, err := b.pool.Exec(b.ctx, `INSERT INTO pending_keys (merchant_id, idempotency_key) VALUES ('m_1', 'stray')`); err != nil {
 		t.Fatal(err)
 	}
-	res, err := b.store.ClaimBatch(b.ctx, "w1", lease, []dedup.ClaimRequest{req("m_1", "stray", 1000), req("m_1", "other", 1000)})
+	res, err := b.store.ClaimBatch(b.ctx, "w1", lease, []ledger.ClaimRequest{req("m_1", "stray", 1000), req("m_1", "other", 1000)})
 	if err != nil {
 		t.Fatalf("claim with a stray pending name: %v", err)
 	}
 	for i, r := range res {
-		if r.Outcome != dedup.Claimed {
+		if r.Outcome != ledger.Claimed {
 			t.Fatalf("request %d: %v, want claimed", i, r.Outcome)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // tableScans reads, through pool's own backend, how many rows of the
@@ -65,9 +66,9 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 	}
 
 	// Reading a batch of keys back (the gateway, status) probes each too.
-	refs := make([]dedup.KeyRef, 200)
+	refs := make([]ledger.KeyRef, 200)
 	for i := range refs {
-		refs[i] = dedup.KeyRef{MerchantID: "m_1", IdempotencyKey: fmt.Sprintf("k-%d", i*41)}
+		refs[i] = ledger.KeyRef{MerchantID: "m_1", IdempotencyKey: fmt.Sprintf("k-%d", i*41)}
 	}
 	before := tableScans(t, b.ctx, pool)
 	if recs, err := store.GetMany(b.ctx, refs); err != nil || len(recs) != len(refs) {
@@ -89,7 +90,7 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 	}
 
 	// Re-acquiring failed keys takes the claim's update path.
-	var failed []dedup.ClaimRequest
+	var failed []ledger.ClaimRequest
 	for i := range 100 {
 		failed = append(failed, req("m_1", fmt.Sprintf("f-%d", i), 1000))
 	}
@@ -109,7 +110,7 @@ func TestHotPathReadsBoundedByBatch(t *testing.T) {
 	}
 	after = tableScans(t, b.ctx, pool)
 	for _, r := range res {
-		if r.Outcome != dedup.Reacquired {
+		if r.Outcome != ledger.Reacquired {
 			t.Fatalf("re-claim of a failed key: %v, want reacquired", r.Outcome)
 		}
 	}
@@ -126,7 +127,7 @@ func claimAndComplete(t *testing.T, ctx context.Context, store *dedup.Store, fir
 	t.Helper()
 	for lo := first; lo < first+n; lo += 500 {
 		hi := min(lo+500, first+n)
-		reqs := make([]dedup.ClaimRequest, 0, hi-lo)
+		reqs := make([]ledger.ClaimRequest, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			reqs = append(reqs, req("m_1", fmt.Sprintf("k-%d", i), 1000))
 		}
@@ -134,10 +135,10 @@ func claimAndComplete(t *testing.T, ctx context.Context, store *dedup.Store, fir
 		if err != nil {
 			t.Fatal(err)
 		}
-		var items []dedup.CompleteItem
+		var items []ledger.CompleteItem
 		for i, r := range res {
 			if r.Lease != nil {
-				items = append(items, dedup.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", lo+i))})
+				items = append(items, ledger.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", lo+i))})
 			}
 		}
 		if len(items) == 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestReacquireRaceOneWinner races claimers on a row whose lease expired,
@@ -70,12 +71,12 @@ func TestReacquireRaceOneWinner(t *testing.T) {
 			break
 		}
 		r := req("m_1", fmt.Sprintf("race-%d", round), 1000)
-		if res, err := store.Claim(ctx, "first", lease, r); err != nil || res.Outcome != dedup.Claimed {
+		if res, err := store.Claim(ctx, "first", lease, r); err != nil || res.Outcome != ledger.Claimed {
 			t.Fatalf("round %d: first claim %v %v", round, res.Outcome, err)
 		}
 		clk.Advance(lease + time.Second)
 
-		results := make([]dedup.ClaimResult, racers)
+		results := make([]ledger.ClaimResult, racers)
 		errs := make([]error, racers)
 		var ready, done sync.WaitGroup
 		start := make(chan struct{})
@@ -99,9 +100,9 @@ func TestReacquireRaceOneWinner(t *testing.T) {
 				t.Fatalf("round %d racer %d: %v", round, i, errs[i])
 			}
 			switch res.Outcome {
-			case dedup.Reacquired:
+			case ledger.Reacquired:
 				reacquired++
-			case dedup.InFlight:
+			case ledger.InFlight:
 				inFlight++
 				if res.Record.LockedBy == "first" {
 					raced++ // its snapshot showed the expired lease: the re-check refused it

@@ -22,6 +22,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
@@ -111,7 +112,7 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	// Known not charged (a refused connection): the row becomes failed,
 	// then re-acquired.
 	processWith(refusing, cmd("refused", "pm_card_visa"), consumer.Retry)
-	if rec, err := store.Get(ctx, "m_role", "refused"); err != nil || rec.Status != dedup.StatusFailed {
+	if rec, err := store.Get(ctx, "m_role", "refused"); err != nil || rec.Status != ledger.StatusFailed {
 		t.Fatalf("refused: %+v %v, want failed", rec, err)
 	}
 	process(cmd("refused", "pm_card_visa"), consumer.Completed)
@@ -168,22 +169,22 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		if _, err := owner.Exec(ctx, `INSERT INTO gateway_intake (merchant_id, idempotency_key, request_hash, amount, currency,
 				attempt, locked_until, created_at, expires_at)
 			VALUES ('m_role', $1, $2, 1200, 'eur', 1, now(), now(), now() + interval '1 hour')`,
-			key, dedup.Fingerprint(cmd(key, "pm_card_visa"))); err != nil {
+			key, ledger.Fingerprint(cmd(key, "pm_card_visa"))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	process(cmd("gw-batch", "pm_card_visa"), consumer.Completed)
-	cl, err := store.Claim(ctx, "role-test", time.Minute, dedup.NewClaimRequest(cmd("gw-single", "pm_card_visa")))
+	cl, err := store.Claim(ctx, "role-test", time.Minute, ledger.NewClaimRequest(cmd("gw-single", "pm_card_visa")))
 	if err != nil || cl.Lease == nil {
 		t.Fatalf("claim as %s: %+v %v", workerRole, cl, err)
 	}
-	if err := store.Complete(ctx, *cl.Lease, dedup.Completion{ChargeID: "ch_single", ResponseStatus: 200, Response: []byte(`{}`)}); err != nil {
+	if err := store.Complete(ctx, *cl.Lease, ledger.Completion{ChargeID: "ch_single", ResponseStatus: 200, Response: []byte(`{}`)}); err != nil {
 		t.Fatalf("complete as %s: %v", workerRole, err)
 	}
 
-	var ledger int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&ledger); err != nil || ledger != 7 {
-		t.Fatalf("%d ledger rows (%v), want 7", ledger, err)
+	var ledgerRows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments`).Scan(&ledgerRows); err != nil || ledgerRows != 7 {
+		t.Fatalf("%d ledger rows (%v), want 7", ledgerRows, err)
 	}
 	if got := len(sim.Charges()); got != 5 {
 		t.Fatalf("%d charges at the provider, want 5", got)
@@ -194,13 +195,13 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	// not update the ledger itself.
 	process(cmd("ach", "pm_usBankAccount_success"), consumer.Completed)
 	ach, err := store.GetPayment(ctx, "m_role", "ach")
-	if err != nil || ach.Status != dedup.PaymentProcessing {
+	if err != nil || ach.Status != ledger.PaymentProcessing {
 		t.Fatalf("processing payment as %s: %+v %v", workerRole, ach, err)
 	}
-	if err := store.SettlePayment(ctx, ach, dedup.PaymentSucceeded, 200, []byte(`{"id":"settled"}`)); err != nil {
+	if err := store.SettlePayment(ctx, ach, ledger.PaymentSucceeded, 200, []byte(`{"id":"settled"}`)); err != nil {
 		t.Fatalf("settle as %s: %v", workerRole, err)
 	}
-	if err := store.SettlePayment(ctx, ach, dedup.PaymentFailed, 402, []byte(`{}`)); !errors.Is(err, dedup.ErrNotFound) {
+	if err := store.SettlePayment(ctx, ach, ledger.PaymentFailed, 402, []byte(`{}`)); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("settling twice as %s: %v, want ErrNotFound", workerRole, err)
 	}
 
@@ -282,11 +283,11 @@ func TestSettleFunctionStaysInItsSchema(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := &payment.Command{MerchantID: "m_fn", IdempotencyKey: "ach", Amount: 900, Currency: "usd", PaymentMethod: "pm_usBankAccount_success"}
-		cl, err := store.Claim(ctx, "fn-test", time.Minute, dedup.NewClaimRequest(c))
+		cl, err := store.Claim(ctx, "fn-test", time.Minute, ledger.NewClaimRequest(c))
 		if err != nil || cl.Lease == nil {
 			t.Fatalf("claim: %+v %v", cl, err)
 		}
-		must(t, store.Complete(ctx, *cl.Lease, dedup.Completion{ChargeID: "pi_fn", Processing: true, ResponseStatus: 202, Response: []byte(`{"id":"pi_fn"}`)}))
+		must(t, store.Complete(ctx, *cl.Lease, ledger.Completion{ChargeID: "pi_fn", Processing: true, ResponseStatus: 202, Response: []byte(`{"id":"pi_fn"}`)}))
 		stores[u] = store
 	}
 	status := func(u string) (string, int) {
@@ -303,10 +304,10 @@ func TestSettleFunctionStaysInItsSchema(t *testing.T) {
 	gwB := testenv.AsRole(t, urlB, "paydedup_gateway")
 	var settled bool
 	must(t, gwB.QueryRow(ctx, `SELECT `+pgx.Identifier{schemaOf(urlA)}.Sanitize()+`.settle_payment('m_fn', 'ach', 'pi_fn', 'succeeded', 200, '{"id":"pi_fn","status":"succeeded"}', NULL)`).Scan(&settled))
-	if st, code := status(urlA); !settled || st != dedup.PaymentSucceeded || code != 200 {
+	if st, code := status(urlA); !settled || st != ledger.PaymentSucceeded || code != 200 {
 		t.Fatalf("schema A after its function: %v %s %d, want settled", settled, st, code)
 	}
-	if st, code := status(urlB); st != dedup.PaymentProcessing || code != 202 {
+	if st, code := status(urlB); st != ledger.PaymentProcessing || code != 202 {
 		t.Fatalf("schema B after A's function: %s %d, want it untouched", st, code)
 	}
 
@@ -326,7 +327,7 @@ func TestSettleFunctionStaysInItsSchema(t *testing.T) {
 		}
 	}
 	must(t, conn.QueryRow(ctx, `SELECT settle_payment('m_fn', 'ach', 'pi_fn', 'failed', 402, '{"error":{}}', NULL)`).Scan(&settled))
-	if st, code := status(urlB); !settled || st != dedup.PaymentFailed || code != 402 {
+	if st, code := status(urlB); !settled || st != ledger.PaymentFailed || code != 402 {
 		t.Fatalf("schema B under temporary look-alikes: %v %s %d, want its own row settled", settled, st, code)
 	}
 	var tempStatus string

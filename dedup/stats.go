@@ -7,40 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
-
-// Stats is the store's state as an operator reads it (paydedup status).
-type Stats struct {
-	// Now is the time the figures are as of: the database's clock (or the
-	// store's test clock).
-	Now time.Time
-	// Pending, Completed and Failed count rows by status.
-	Pending   int64
-	Completed int64
-	Failed    int64
-	// OldestPending is when the oldest pending row became pending (its
-	// pending_since); zero when none is pending.
-	OldestPending time.Time
-	// Stuck counts rows pending for longer than the grace: neither a
-	// redelivery nor the reconciler has resolved them yet. Releases and
-	// failed lookups do not reset their age.
-	Stuck int64
-	// LookupBackedOff counts pending rows whose provider lookups failed and
-	// are backed off.
-	LookupBackedOff int64
-	// MaybeCharged counts pending rows on which a provider call may have
-	// charged without us learning the answer.
-	MaybeCharged int64
-	// CompletedLastMinute and CompletedLastHour count outcomes committed in
-	// that window (charged or declined), from the ledger.
-	CompletedLastMinute int64
-	CompletedLastHour   int64
-	// DeclinedLastHour is the part of CompletedLastHour that was declined.
-	DeclinedLastHour int64
-}
-
-// Total is the number of rows.
-func (s Stats) Total() int64 { return s.Pending + s.Completed + s.Failed }
 
 // statsSQL reads every figure in one statement. Counting by status scans the
 // table (it is an operator's query, not the hot path); the pending figures
@@ -65,9 +33,9 @@ SELECT
 // Stats reads the store's figures as of the store's time (the database's
 // clock in production). A row counts as stuck when it has been pending for
 // longer than grace.
-func (s *Store) Stats(ctx context.Context, grace time.Duration) (Stats, error) {
+func (s *Store) Stats(ctx context.Context, grace time.Duration) (ledger.Stats, error) {
 	var (
-		st     Stats
+		st     ledger.Stats
 		oldest *time.Time
 	)
 	args := pgx.NamedArgs{"now": s.db.Now(), "grace": grace}
@@ -76,7 +44,7 @@ func (s *Store) Stats(ctx context.Context, grace time.Duration) (Stats, error) {
 			&st.Stuck, &st.LookupBackedOff, &st.MaybeCharged, &st.CompletedLastMinute, &st.CompletedLastHour, &st.DeclinedLastHour)
 	})
 	if err != nil {
-		return Stats{}, interpretError("read store stats", err)
+		return ledger.Stats{}, interpretError("read store stats", err)
 	}
 	if oldest != nil {
 		st.OldestPending = *oldest
@@ -84,14 +52,8 @@ func (s *Store) Stats(ctx context.Context, grace time.Duration) (Stats, error) {
 	return st, nil
 }
 
-// KeyRef names one idempotency record.
-type KeyRef struct {
-	MerchantID     string
-	IdempotencyKey string
-}
-
 // refColumns splits refs into the two arrays a statement unnests.
-func refColumns(refs []KeyRef) (merchants, keys []string) {
+func refColumns(refs []ledger.KeyRef) (merchants, keys []string) {
 	merchants, keys = make([]string, len(refs)), make([]string, len(refs))
 	for i, r := range refs {
 		merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
@@ -128,8 +90,8 @@ var getManySQL = `SELECT ` + qualified("k") + `
 // GetMany returns the records of the keys that exist, once each, in no
 // particular order; keys without a row are simply absent. It takes one round
 // trip.
-func (s *Store) GetMany(ctx context.Context, refs []KeyRef) ([]Record, error) {
-	return sendQueued(ctx, s, "get keys", func(b *pg.Batch) func() []Record { return s.QueueGetMany(b, refs) })
+func (s *Store) GetMany(ctx context.Context, refs []ledger.KeyRef) ([]ledger.Record, error) {
+	return sendQueued(ctx, s, "get keys", func(b *pg.Batch) func() []ledger.Record { return s.QueueGetMany(b, refs) })
 }
 
 // sendQueued sends, in one round trip, what queue puts on a batch, and
@@ -156,18 +118,18 @@ func sendQueued[T any](ctx context.Context, s *Store, what string, queue func(*p
 // it in one round trip with statements of its own (the gateway's batched
 // intake), and returns the function that gives its records once b is sent
 // without error. b must be sent on this store's database.
-func (s *Store) QueueGetMany(b *pg.Batch, refs []KeyRef) func() []Record {
-	seen := make(map[KeyRef]bool, len(refs))
-	uniq := make([]KeyRef, 0, len(refs))
+func (s *Store) QueueGetMany(b *pg.Batch, refs []ledger.KeyRef) func() []ledger.Record {
+	seen := make(map[ledger.KeyRef]bool, len(refs))
+	uniq := make([]ledger.KeyRef, 0, len(refs))
 	for _, r := range refs {
 		if !seen[r] {
 			seen[r] = true
 			uniq = append(uniq, r)
 		}
 	}
-	out := make([]Record, 0, len(uniq))
+	out := make([]ledger.Record, 0, len(uniq))
 	if len(uniq) == 0 {
-		return func() []Record { return out }
+		return func() []ledger.Record { return out }
 	}
 	for start := 0; start < len(uniq); start += lookupBatch {
 		merchants, keys := refColumns(uniq[start:min(start+lookupBatch, len(uniq))])
@@ -182,5 +144,5 @@ func (s *Store) QueueGetMany(b *pg.Batch, refs []KeyRef) func() []Record {
 			return rows.Err()
 		}, pgx.NamedArgs{"merchants": merchants, "keys": keys})
 	}
-	return func() []Record { return out }
+	return func() []ledger.Record { return out }
 }

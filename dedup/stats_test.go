@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 func TestStats(t *testing.T) {
@@ -19,7 +19,7 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldDecl := b.claim(t, "w", req("m_1", "old-declined", 100)).Lease
-	if err := b.store.Complete(b.ctx, *oldDecl, dedup.Completion{Declined: true, ResponseStatus: 402, Response: []byte(`{"declined":true}`)}); err != nil {
+	if err := b.store.Complete(b.ctx, *oldDecl, ledger.Completion{Declined: true, ResponseStatus: 402, Response: []byte(`{"declined":true}`)}); err != nil {
 		t.Fatal(err)
 	}
 	// The oldest pending row: claimed now, its holder vanished.
@@ -32,7 +32,7 @@ func TestStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	l = b.claim(t, "w", req("m_2", "half-hour-declined", 100)).Lease
-	if err := b.store.Complete(b.ctx, *l, dedup.Completion{Declined: true, ResponseStatus: 402, Response: []byte(`{"declined":true}`)}); err != nil {
+	if err := b.store.Complete(b.ctx, *l, ledger.Completion{Declined: true, ResponseStatus: 402, Response: []byte(`{"declined":true}`)}); err != nil {
 		t.Fatal(err)
 	}
 	// A failed row (known not charged).
@@ -58,7 +58,7 @@ func TestStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := dedup.Stats{
+	want := ledger.Stats{
 		Now:     now,
 		Pending: 3, Completed: 5, Failed: 1,
 		OldestPending:       start,
@@ -101,7 +101,7 @@ func TestStatsEmpty(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st != (dedup.Stats{Now: st.Now}) || !st.Now.Equal(b.clock.Now()) {
+	if st != (ledger.Stats{Now: st.Now}) || !st.Now.Equal(b.clock.Now()) {
 		t.Fatalf("empty store: %+v", st)
 	}
 }
@@ -113,7 +113,7 @@ func TestGetMany(t *testing.T) {
 		b.claim(t, "w", req("m_1", k, 100))
 	}
 	b.claim(t, "w", req("m_2", "a", 100))
-	recs, err := b.store.GetMany(b.ctx, []dedup.KeyRef{
+	recs, err := b.store.GetMany(b.ctx, []ledger.KeyRef{
 		{MerchantID: "m_1", IdempotencyKey: "a"}, {MerchantID: "m_1", IdempotencyKey: "a"},
 		{MerchantID: "m_2", IdempotencyKey: "a"}, {MerchantID: "m_1", IdempotencyKey: "missing"},
 		{MerchantID: "m_1", IdempotencyKey: "c"},
@@ -121,11 +121,11 @@ func TestGetMany(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[dedup.KeyRef]dedup.Status{}
+	got := map[ledger.KeyRef]ledger.Status{}
 	for _, r := range recs {
-		got[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r.Status
+		got[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r.Status
 	}
-	if len(recs) != 3 || len(got) != 3 || got[dedup.KeyRef{MerchantID: "m_2", IdempotencyKey: "a"}] != dedup.StatusPending {
+	if len(recs) != 3 || len(got) != 3 || got[ledger.KeyRef{MerchantID: "m_2", IdempotencyKey: "a"}] != ledger.StatusPending {
 		t.Fatalf("GetMany returned %d records: %v", len(recs), got)
 	}
 	if recs, err := b.store.GetMany(b.ctx, nil); err != nil || len(recs) != 0 {
@@ -159,7 +159,7 @@ func TestPendingSinceKeptAcrossEpisode(t *testing.T) {
 	l := b.claim(t, "a", r).Lease
 	b.clock.Advance(lease + time.Second)
 	l2 := b.claim(t, "b", r)
-	if l2.Outcome != dedup.Reacquired {
+	if l2.Outcome != ledger.Reacquired {
 		t.Fatalf("re-claim after expiry: %v", l2.Outcome)
 	}
 	if err := b.store.Release(b.ctx, *l2.Lease, "timeout"); err != nil {
@@ -170,7 +170,7 @@ func TestPendingSinceKeptAcrossEpisode(t *testing.T) {
 	if err != nil || len(stuck) != 1 {
 		t.Fatalf("acquire stuck: %d %v", len(stuck), err)
 	}
-	if _, _, err := b.store.DeferLookup(b.ctx, stuck[0].Lease, "503", dedup.Backoff{Base: time.Minute, Max: time.Hour}); err != nil {
+	if _, _, err := b.store.DeferLookup(b.ctx, stuck[0].Lease, "503", ledger.Backoff{Base: time.Minute, Max: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	if at, n := since(); !at.Equal(first) || n != 1 {
@@ -179,7 +179,7 @@ func TestPendingSinceKeptAcrossEpisode(t *testing.T) {
 	if st, err := b.store.Stats(b.ctx, 30*time.Second); err != nil || st.Stuck != 1 || st.LookupBackedOff != 1 || !st.OldestPending.Equal(first) {
 		t.Fatalf("stats %+v %v: want the row stuck since %v and backed off", st, err, first)
 	}
-	if _, err := b.store.Heartbeat(b.ctx, *l, lease); !errors.Is(err, dedup.ErrLeaseLost) {
+	if _, err := b.store.Heartbeat(b.ctx, *l, lease); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Fatalf("the first holder's heartbeat: %v, want lease lost", err)
 	}
 
@@ -198,7 +198,7 @@ func TestPendingSinceKeptAcrossEpisode(t *testing.T) {
 		t.Fatal(err)
 	}
 	again := b.clock.Now()
-	if res := b.claim(t, "c", r); res.Outcome != dedup.Reacquired {
+	if res := b.claim(t, "c", r); res.Outcome != ledger.Reacquired {
 		t.Fatalf("claim of the failed row: %v", res.Outcome)
 	}
 	if at, n := since(); !at.Equal(again) || n != 0 {

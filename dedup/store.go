@@ -1,7 +1,6 @@
 package dedup
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -16,26 +15,13 @@ import (
 
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // Defaults for Config.
 const (
-	// DefaultRetention is how long a finished key is kept. It must outlive
-	// the redelivery schedule of its message (the payments stream has no
-	// max age; consumer.RedeliverySchedule) and dlq replay refuses letters
-	// older than it.
-	DefaultRetention = 48 * time.Hour
-	// DefaultProviderKeyWindow is how long the provider is trusted to replay
-	// a key: Stripe keeps keys at least 24 h; we keep a margin.
-	DefaultProviderKeyWindow = 23 * time.Hour
 	// DefaultStatementTimeout bounds every statement the store runs.
 	DefaultStatementTimeout = 10 * time.Second
-	// MinRetry is the shortest RetryIn a claim reports, so a lease that is
-	// about to expire is not polled in a tight loop.
-	MinRetry = 250 * time.Millisecond
-	// LookupRetry is the RetryIn of a NeedsLookup result: the reconciler,
-	// not a redelivery, resolves such a row.
-	LookupRetry = time.Minute
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -68,8 +54,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	}
 	s := &Store{
 		db:        db,
-		retention: cmp.Or(cfg.Retention, DefaultRetention),
-		window:    cmp.Or(cfg.ProviderKeyWindow, DefaultProviderKeyWindow),
+		retention: cmp.Or(cfg.Retention, ledger.DefaultRetention),
+		window:    cmp.Or(cfg.ProviderKeyWindow, ledger.DefaultProviderKeyWindow),
 	}
 	switch {
 	case s.retention < 0 || s.window < 0:
@@ -111,7 +97,7 @@ func qualified(alias string) string {
 }
 
 // scanRecord scans recordColumns, after any leading destinations.
-func scanRecord(row pgx.Row, lead ...any) (Record, error) {
+func scanRecord(row pgx.Row, lead ...any) (ledger.Record, error) {
 	return newRecordScanner(lead...).scan(row)
 }
 
@@ -120,7 +106,7 @@ func scanRecord(row pgx.Row, lead ...any) (Record, error) {
 // once per row: the destinations escape to the heap through pgx's []any.
 type recordScanner struct {
 	dest                               []any
-	r                                  Record
+	r                                  ledger.Record
 	status                             string
 	lockedBy, chargeID, lastErr, trace pgtype.Text
 	lockedUntil, completedAt           pgtype.Timestamptz
@@ -142,12 +128,12 @@ func newRecordScanner(lead ...any) *recordScanner {
 // scan reads one row. Every destination is written by each Scan (NULL
 // included), and the Record returned is a copy: what it holds (strings,
 // new byte slices) is the row's own.
-func (s *recordScanner) scan(row pgx.Row) (Record, error) {
+func (s *recordScanner) scan(row pgx.Row) (ledger.Record, error) {
 	if err := row.Scan(s.dest...); err != nil {
-		return Record{}, err
+		return ledger.Record{}, err
 	}
 	r := s.r
-	r.Status = Status(s.status)
+	r.Status = ledger.Status(s.status)
 	r.Attempts = int(s.attempts)
 	r.LockedBy = s.lockedBy.String
 	r.ChargeID = s.chargeID.String
@@ -155,10 +141,10 @@ func (s *recordScanner) scan(row pgx.Row) (Record, error) {
 	r.TraceID = s.trace.String
 	var err error
 	if r.LockedUntil, err = pg.Finite(s.lockedUntil); err != nil {
-		return Record{}, err
+		return ledger.Record{}, err
 	}
 	if r.CompletedAt, err = pg.Finite(s.completedAt); err != nil {
-		return Record{}, err
+		return ledger.Record{}, err
 	}
 	if s.responseStatus.Valid {
 		r.ResponseStatus = int(s.responseStatus.Int32)
@@ -263,8 +249,8 @@ func readRows(br pgx.BatchResults, each func(pgx.Rows) error) error {
 
 // storeErrors are the sentinels the store's errors wrap.
 var storeErrors = pg.Errors{
-	NotFound: ErrNotFound,
-	Unique:   map[string]error{"payments_charge_unique": ErrLedgerConflict, "payments_key_unique": ErrLedgerConflict},
+	NotFound: ledger.ErrNotFound,
+	Unique:   map[string]error{"payments_charge_unique": ledger.ErrLedgerConflict, "payments_key_unique": ledger.ErrLedgerConflict},
 }
 
 // interpretError maps pgx errors to the package's errors; pgx types never
@@ -274,8 +260,8 @@ func interpretError(op string, err error) error {
 }
 
 // Get returns the record for a key.
-func (s *Store) Get(ctx context.Context, merchantID, key string) (Record, error) {
-	var rec Record
+func (s *Store) Get(ctx context.Context, merchantID, key string) (ledger.Record, error) {
+	var rec ledger.Record
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		var err error
 		rec, err = scanRecord(s.db.Pool.QueryRow(ctx,
@@ -284,45 +270,7 @@ func (s *Store) Get(ctx context.Context, merchantID, key string) (Record, error)
 		return err
 	})
 	if err != nil {
-		return Record{}, interpretError("get key", err)
+		return ledger.Record{}, interpretError("get key", err)
 	}
 	return rec, nil
-}
-
-// evaluate decides what a claim for req finds in an existing row it did not
-// take. acquirable reports a row the claim could have taken but did not:
-// another claim won it in the meantime.
-//
-// A row built from the ledger after its key row was purged has no
-// fingerprint (RequestHash nil): the ledger's amount and currency decide
-// between the old payment's duplicate and a reused key.
-func (s *Store) evaluate(rec Record, req ClaimRequest, now time.Time) (res ClaimResult, acquirable bool) {
-	res.Record = rec
-	if rec.RequestHash == nil {
-		res.FromLedger = true
-		res.Outcome = Duplicate
-		if rec.Amount != req.Amount || rec.Currency != req.Currency {
-			res.Outcome = Mismatch
-		}
-		return res, false
-	}
-	switch {
-	case !bytes.Equal(rec.RequestHash, req.RequestHash):
-		res.Outcome = Mismatch
-	case rec.Status == StatusCompleted:
-		res.Outcome = Duplicate
-	case rec.Status == StatusPending && rec.LockedUntil.After(now):
-		res.Outcome = InFlight
-		res.RetryIn = max(rec.LockedUntil.Sub(now), MinRetry)
-	case rec.Status != StatusCompleted && !rec.KeyWindowStart.After(now.Add(-s.window)):
-		// Pending with an expired lease, or failed: either way the
-		// provider may have forgotten the key.
-		res.Outcome = NeedsLookup
-		res.RetryIn = LookupRetry
-	default:
-		res.Outcome = InFlight
-		res.RetryIn = MinRetry
-		acquirable = true
-	}
-	return res, acquirable
 }

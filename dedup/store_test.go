@@ -14,6 +14,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -41,15 +42,15 @@ func command(merchant, key string, amount int64) *payment.Command {
 	return &payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"}
 }
 
-func req(merchant, key string, amount int64) dedup.ClaimRequest {
-	return dedup.NewClaimRequest(command(merchant, key, amount))
+func req(merchant, key string, amount int64) ledger.ClaimRequest {
+	return ledger.NewClaimRequest(command(merchant, key, amount))
 }
 
-func charged(id string) dedup.Completion {
-	return dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
+func charged(id string) ledger.Completion {
+	return ledger.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
 }
 
-func (b *bundle) claim(t testing.TB, holder string, r dedup.ClaimRequest) dedup.ClaimResult {
+func (b *bundle) claim(t testing.TB, holder string, r ledger.ClaimRequest) ledger.ClaimResult {
 	t.Helper()
 	res, err := b.store.Claim(b.ctx, holder, lease, r)
 	if err != nil {
@@ -72,7 +73,7 @@ func TestClaimRaceOneWinner(t *testing.T) {
 	b := setup(t)
 	r := req("m_1", "race", 1000)
 	const racers = 50
-	results := make([]dedup.ClaimResult, racers)
+	results := make([]ledger.ClaimResult, racers)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range racers {
@@ -92,9 +93,9 @@ func TestClaimRaceOneWinner(t *testing.T) {
 	claimed, inFlight := 0, 0
 	for _, res := range results {
 		switch res.Outcome {
-		case dedup.Claimed:
+		case ledger.Claimed:
 			claimed++
-		case dedup.InFlight:
+		case ledger.InFlight:
 			inFlight++
 			if res.RetryIn <= 0 {
 				t.Errorf("in-flight result without RetryIn")
@@ -116,18 +117,18 @@ func TestLeaseExpiryOneReacquires(t *testing.T) {
 	b := setup(t)
 	r := req("m_1", "expiring", 1000)
 	first := b.claim(t, "a", r)
-	if first.Outcome != dedup.Claimed || first.Lease.Attempt != 1 || first.Lease.MaybeCharged {
+	if first.Outcome != ledger.Claimed || first.Lease.Attempt != 1 || first.Lease.MaybeCharged {
 		t.Fatalf("first claim: %+v", first)
 	}
-	if res := b.claim(t, "b", r); res.Outcome != dedup.InFlight || res.RetryIn != lease {
+	if res := b.claim(t, "b", r); res.Outcome != ledger.InFlight || res.RetryIn != lease {
 		t.Fatalf("claim under a live lease: outcome %v retry %v, want in_flight after %v", res.Outcome, res.RetryIn, lease)
 	}
 	b.clock.Advance(lease + time.Second)
 
 	const racers = 20
 	var mu sync.Mutex
-	outcomes := map[dedup.Outcome]int{}
-	var winner dedup.ClaimResult
+	outcomes := map[ledger.Outcome]int{}
+	var winner ledger.ClaimResult
 	var wg sync.WaitGroup
 	for i := range racers {
 		wg.Add(1)
@@ -141,13 +142,13 @@ func TestLeaseExpiryOneReacquires(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			outcomes[res.Outcome]++
-			if res.Outcome == dedup.Reacquired {
+			if res.Outcome == ledger.Reacquired {
 				winner = res
 			}
 		}()
 	}
 	wg.Wait()
-	if outcomes[dedup.Reacquired] != 1 || outcomes[dedup.InFlight] != racers-1 {
+	if outcomes[ledger.Reacquired] != 1 || outcomes[ledger.InFlight] != racers-1 {
 		t.Fatalf("outcomes %v, want one reacquired and %d in flight", outcomes, racers-1)
 	}
 	if winner.Lease.Attempt != 2 || !winner.Lease.MaybeCharged || winner.Lease.ProviderKey != first.Lease.ProviderKey {
@@ -162,20 +163,20 @@ func TestFencing(t *testing.T) {
 	a := b.claim(t, "a", r).Lease
 	b.clock.Advance(lease + time.Second)
 	bl := b.claim(t, "b", r)
-	if bl.Outcome != dedup.Reacquired {
+	if bl.Outcome != ledger.Reacquired {
 		t.Fatalf("b: %v, want reacquired", bl.Outcome)
 	}
 
-	if _, err := b.store.Heartbeat(b.ctx, *a, lease); !errors.Is(err, dedup.ErrLeaseLost) {
+	if _, err := b.store.Heartbeat(b.ctx, *a, lease); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Errorf("stale heartbeat: %v, want ErrLeaseLost", err)
 	}
-	if err := b.store.Complete(b.ctx, *a, charged("pi_stale")); !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := b.store.Complete(b.ctx, *a, charged("pi_stale")); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Errorf("stale complete: %v, want ErrLeaseLost", err)
 	}
-	if _, err := b.store.Fail(b.ctx, *a, "stale"); !errors.Is(err, dedup.ErrLeaseLost) {
+	if _, err := b.store.Fail(b.ctx, *a, "stale"); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Errorf("stale fail: %v, want ErrLeaseLost", err)
 	}
-	if err := b.store.Release(b.ctx, *a, "stale"); !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := b.store.Release(b.ctx, *a, "stale"); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Errorf("stale release: %v, want ErrLeaseLost", err)
 	}
 	if _, err := b.store.Heartbeat(b.ctx, *bl.Lease, lease); err != nil {
@@ -188,14 +189,14 @@ func TestFencing(t *testing.T) {
 	if err := b.store.Complete(b.ctx, *bl.Lease, charged("pi_b")); err != nil {
 		t.Fatalf("repeated complete: %v", err)
 	}
-	if err := b.store.Complete(b.ctx, *a, charged("pi_stale")); !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := b.store.Complete(b.ctx, *a, charged("pi_stale")); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Errorf("stale complete after b completed: %v, want ErrLeaseLost", err)
 	}
 	rec, err := b.store.Get(b.ctx, "m_1", "fenced")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Status != dedup.StatusCompleted || rec.ChargeID != "pi_b" || rec.LockedBy != "b" {
+	if rec.Status != ledger.StatusCompleted || rec.ChargeID != "pi_b" || rec.LockedBy != "b" {
 		t.Fatalf("record %+v: want completed by b with pi_b", rec)
 	}
 	if n := b.count(t, `SELECT count(*) FROM payments WHERE merchant_id = 'm_1' AND idempotency_key = 'fenced' AND charge_id = 'pi_b'`); n != 1 {
@@ -209,7 +210,7 @@ func TestMismatchLeavesRowUntouched(t *testing.T) {
 	l := b.claim(t, "a", req("m_1", "k", 1000)).Lease
 	before, _ := b.store.Get(b.ctx, "m_1", "k")
 	res := b.claim(t, "b", req("m_1", "k", 2000))
-	if res.Outcome != dedup.Mismatch {
+	if res.Outcome != ledger.Mismatch {
 		t.Fatalf("outcome %v, want mismatch", res.Outcome)
 	}
 	after, _ := b.store.Get(b.ctx, "m_1", "k")
@@ -220,7 +221,7 @@ func TestMismatchLeavesRowUntouched(t *testing.T) {
 	if err := b.store.Complete(b.ctx, *l, charged("pi_1")); err != nil {
 		t.Fatal(err)
 	}
-	if res := b.claim(t, "b", req("m_1", "k", 2000)); res.Outcome != dedup.Mismatch {
+	if res := b.claim(t, "b", req("m_1", "k", 2000)); res.Outcome != ledger.Mismatch {
 		t.Fatalf("outcome on completed row %v, want mismatch", res.Outcome)
 	}
 }
@@ -231,11 +232,11 @@ func TestDuplicateReturnsStoredResponse(t *testing.T) {
 	r := req("m_1", "done", 1000)
 	l := b.claim(t, "a", r).Lease
 	resp := json.RawMessage(`{"id":"pi_9","object":"payment_intent","status":"succeeded","amount":1000,"metadata":{"order":"42"}}`)
-	if err := b.store.Complete(b.ctx, *l, dedup.Completion{ChargeID: "pi_9", ResponseStatus: 200, Response: resp}); err != nil {
+	if err := b.store.Complete(b.ctx, *l, ledger.Completion{ChargeID: "pi_9", ResponseStatus: 200, Response: resp}); err != nil {
 		t.Fatal(err)
 	}
 	res := b.claim(t, "b", r)
-	if res.Outcome != dedup.Duplicate || res.Record.ResponseStatus != 200 || res.Record.ChargeID != "pi_9" {
+	if res.Outcome != ledger.Duplicate || res.Record.ResponseStatus != 200 || res.Record.ChargeID != "pi_9" {
 		t.Fatalf("duplicate: %+v", res)
 	}
 	var want, got any
@@ -251,11 +252,11 @@ func TestFailedIsReacquirable(t *testing.T) {
 	r := req("m_1", "retry", 1000)
 	l := b.claim(t, "a", r).Lease
 	st, err := b.store.Fail(b.ctx, *l, "429 rate limited")
-	if err != nil || st != dedup.StatusFailed {
+	if err != nil || st != ledger.StatusFailed {
 		t.Fatalf("fail: %v %v", st, err)
 	}
 	res := b.claim(t, "b", r)
-	if res.Outcome != dedup.Reacquired || res.Lease.Attempt != 2 || res.Lease.MaybeCharged {
+	if res.Outcome != ledger.Reacquired || res.Lease.Attempt != 2 || res.Lease.MaybeCharged {
 		t.Fatalf("re-acquire failed row: %+v", res)
 	}
 }
@@ -271,11 +272,11 @@ func TestFailAfterPossibleChargeStaysPending(t *testing.T) {
 		t.Fatal("a row taken over from a crashed holder must be maybe_charged")
 	}
 	st, err := b.store.Fail(b.ctx, *l, "429 rate limited")
-	if err != nil || st != dedup.StatusPending {
+	if err != nil || st != ledger.StatusPending {
 		t.Fatalf("fail of a maybe-charged row: %v %v, want pending", st, err)
 	}
 	// Its lease is released: the next delivery may re-call with the same key.
-	if res := b.claim(t, "c", r); res.Outcome != dedup.Reacquired || res.Lease.Attempt != 3 {
+	if res := b.claim(t, "c", r); res.Outcome != ledger.Reacquired || res.Lease.Attempt != 3 {
 		t.Fatalf("claim after release: %+v", res)
 	}
 }
@@ -289,16 +290,16 @@ func TestReleaseAndKeyWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := b.claim(t, "b", r)
-	if res.Outcome != dedup.Reacquired || !res.Lease.MaybeCharged {
+	if res.Outcome != ledger.Reacquired || !res.Lease.MaybeCharged {
 		t.Fatalf("after release: %+v", res)
 	}
 	if err := b.store.Release(b.ctx, *res.Lease, "timeout again"); err != nil {
 		t.Fatal(err)
 	}
 	// Past the provider's key window a blind re-call could charge twice.
-	b.clock.Advance(dedup.DefaultProviderKeyWindow)
+	b.clock.Advance(ledger.DefaultProviderKeyWindow)
 	res = b.claim(t, "c", r)
-	if res.Outcome != dedup.NeedsLookup || res.RetryIn <= 0 {
+	if res.Outcome != ledger.NeedsLookup || res.RetryIn <= 0 {
 		t.Fatalf("past the key window: %+v, want needs_lookup", res)
 	}
 }
@@ -306,10 +307,10 @@ func TestReleaseAndKeyWindow(t *testing.T) {
 func TestMerchantScoping(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if res := b.claim(t, "a", req("m_1", "shared", 1000)); res.Outcome != dedup.Claimed {
+	if res := b.claim(t, "a", req("m_1", "shared", 1000)); res.Outcome != ledger.Claimed {
 		t.Fatal(res.Outcome)
 	}
-	if res := b.claim(t, "a", req("m_2", "shared", 1000)); res.Outcome != dedup.Claimed {
+	if res := b.claim(t, "a", req("m_2", "shared", 1000)); res.Outcome != ledger.Claimed {
 		t.Fatalf("second merchant: %v, want claimed", res.Outcome)
 	}
 	if n := b.count(t, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'shared'`); n != 2 {
@@ -325,11 +326,11 @@ func TestLedgerConflictKeepsKeyPending(t *testing.T) {
 	if err := b.store.Complete(b.ctx, *l1, charged("pi_same")); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.store.Complete(b.ctx, *l2, charged("pi_same")); !errors.Is(err, dedup.ErrLedgerConflict) {
+	if err := b.store.Complete(b.ctx, *l2, charged("pi_same")); !errors.Is(err, ledger.ErrLedgerConflict) {
 		t.Fatalf("second key with the same charge id: %v, want ErrLedgerConflict", err)
 	}
 	rec, _ := b.store.Get(b.ctx, "m_1", "k2")
-	if rec.Status != dedup.StatusPending {
+	if rec.Status != ledger.StatusPending {
 		t.Fatalf("k2 is %s, want still pending", rec.Status)
 	}
 }
@@ -349,7 +350,7 @@ func TestPurge(t *testing.T) {
 	if n, err := b.store.Purge(b.ctx, 10); err != nil || n != 0 {
 		t.Fatalf("purge before expiry: %d %v, want 0", n, err)
 	}
-	b.clock.Advance(dedup.DefaultRetention + time.Hour)
+	b.clock.Advance(ledger.DefaultRetention + time.Hour)
 	fresh := b.claim(t, "a", req("m_1", "fresh", 1000)).Lease
 	if err := b.store.Complete(b.ctx, *fresh, charged("pi_2")); err != nil {
 		t.Fatal(err)
@@ -442,7 +443,7 @@ func TestBadInputBeforeSQL(t *testing.T) {
 	for i := range long {
 		long[i] = 'k'
 	}
-	cases := map[string]dedup.ClaimRequest{
+	cases := map[string]ledger.ClaimRequest{
 		"empty key":    req("m_1", "", 1000),
 		"long key":     req("m_1", string(long), 1000),
 		"control key":  req("m_1", "a\x00b", 1000),
@@ -458,10 +459,10 @@ func TestBadInputBeforeSQL(t *testing.T) {
 		}
 	}
 	_, err = s.Claim(context.Background(), "a", lease, req("m_1", "k", 1000))
-	if !errors.Is(err, dedup.ErrUnavailable) {
+	if !errors.Is(err, ledger.ErrUnavailable) {
 		t.Fatalf("database down: %v, want ErrUnavailable", err)
 	}
-	if _, err := s.Get(context.Background(), "m_1", "k"); !errors.Is(err, dedup.ErrUnavailable) {
+	if _, err := s.Get(context.Background(), "m_1", "k"); !errors.Is(err, ledger.ErrUnavailable) {
 		t.Fatalf("get with database down: %v, want ErrUnavailable", err)
 	}
 }
@@ -474,21 +475,21 @@ func TestLedgerGuardsPurgedKey(t *testing.T) {
 	if err := b.store.Complete(b.ctx, *l, charged("pi_old")); err != nil {
 		t.Fatal(err)
 	}
-	b.clock.Advance(dedup.DefaultRetention + time.Hour)
+	b.clock.Advance(ledger.DefaultRetention + time.Hour)
 	if n, err := b.store.Purge(b.ctx, 10); err != nil || n != 1 {
 		t.Fatalf("purge: %d %v", n, err)
 	}
 	// A very late copy of the message: the key row is gone, the ledger is not.
 	res := b.claim(t, "b", r)
-	if res.Outcome != dedup.Duplicate || res.Lease != nil || res.Record.ChargeID != "pi_old" {
+	if res.Outcome != ledger.Duplicate || res.Lease != nil || res.Record.ChargeID != "pi_old" {
 		t.Fatalf("late copy after purge: %+v, want a duplicate of pi_old", res)
 	}
-	if _, err := b.store.Get(b.ctx, "m_1", "old"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := b.store.Get(b.ctx, "m_1", "old"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("the guard must not recreate the key row: %v", err)
 	}
 	// In a batch, beside a new key, the same.
-	got, err := b.store.ClaimBatch(b.ctx, "b", lease, []dedup.ClaimRequest{r, req("m_1", "new", 1000)})
-	if err != nil || got[0].Outcome != dedup.Duplicate || got[1].Outcome != dedup.Claimed {
+	got, err := b.store.ClaimBatch(b.ctx, "b", lease, []ledger.ClaimRequest{r, req("m_1", "new", 1000)})
+	if err != nil || got[0].Outcome != ledger.Duplicate || got[1].Outcome != ledger.Claimed {
 		t.Fatalf("batch: %v %v %v", got[0].Outcome, got[1].Outcome, err)
 	}
 }

@@ -27,7 +27,7 @@ import (
 const adminTimeout = 10 * time.Second
 
 // DefaultKeyRetention is ReplayOptions.KeyRetention's default: the
-// idempotency store's default key retention (dedup.DefaultRetention, the
+// idempotency store's default key retention (ledger.DefaultRetention, the
 // worker's consumer.DefaultKeyRetention).
 const DefaultKeyRetention = 48 * time.Hour
 

@@ -11,8 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -83,22 +82,22 @@ const (
 // answer is the decision for one POST.
 type answer struct {
 	kind  answerKind
-	rec   dedup.Record   // ansReplay, ansWaiting (zero: no record)
-	in    pgstore.Intake // ansAccepted, ansDeadLetter, ansWaiting
-	retry time.Duration  // ansInUse
+	rec   ledger.Record // ansReplay, ansWaiting (zero: no record)
+	in    ledger.Intake // ansAccepted, ansDeadLetter, ansWaiting
+	retry time.Duration // ansInUse
 }
 
 // fromRecord decides a POST from the key's record, when the record decides
 // it: another fingerprint is 422, a completed key is replayed, a key a
 // worker holds is 409. A failed record decides nothing (the command is
 // published again if nobody is).
-func (g *Gateway) fromRecord(rec dedup.Record, fp []byte) (answer, bool) {
+func (g *Gateway) fromRecord(rec ledger.Record, fp []byte) (answer, bool) {
 	switch {
 	case !bytes.Equal(rec.RequestHash, fp):
 		return answer{kind: ansReused}, true
-	case rec.Status == dedup.StatusCompleted:
+	case rec.Status == ledger.StatusCompleted:
 		return answer{kind: ansReplay, rec: rec}, true
-	case rec.Status == dedup.StatusPending:
+	case rec.Status == ledger.StatusPending:
 		// A charge takes a few seconds; the lease is only its bound.
 		return answer{kind: ansInUse, retry: min(rec.LockedUntil.Sub(g.cfg.Clock.Now()), inFlightRetryAfter)}, true
 	}
@@ -111,19 +110,19 @@ func (g *Gateway) fromRecord(rec dedup.Record, fp []byte) (answer, bool) {
 // (a max_deliveries letter leaves it pending) is answered 409 otherwise. A
 // failed record is not decided here: the batch's acquisition returns its
 // intake row, which fromOperator reads.
-func (g *Gateway) mayWaitForOperator(rec dedup.Record, fp []byte, a answer, decided bool) bool {
-	return decided && a.kind == ansInUse && rec.Status == dedup.StatusPending &&
+func (g *Gateway) mayWaitForOperator(rec ledger.Record, fp []byte, a answer, decided bool) bool {
+	return decided && a.kind == ansInUse && rec.Status == ledger.StatusPending &&
 		!rec.LockedUntil.After(g.cfg.Clock.Now()) && bytes.Equal(rec.RequestHash, fp)
 }
 
 // fromOperator decides a POST from the intake row the batch's acquisition
 // returned (res) and the key's record (nil: none) when the payment waits
-// for an operator (pgstore.Intake.WaitsForOperator): 202 with its state,
+// for an operator (ledger.Intake.WaitsForOperator): 202 with its state,
 // never a publish (an operator's replay decides whether it is charged),
 // never a final answer (the replay may still charge it). An intake the
 // request acquired must then be released (releaseWaiting).
-func fromOperator(rec *dedup.Record, res pgstore.IntakeResult, fp []byte) (answer, bool) {
-	if res.Outcome != pgstore.IntakeAcquired && res.Outcome != pgstore.IntakeHeld ||
+func fromOperator(rec *ledger.Record, res ledger.IntakeResult, fp []byte) (answer, bool) {
+	if res.Outcome != ledger.IntakeAcquired && res.Outcome != ledger.IntakeHeld ||
 		!bytes.Equal(res.Intake.RequestHash, fp) || !res.Intake.WaitsForOperator(rec) {
 		return answer{}, false
 	}
@@ -136,11 +135,11 @@ func fromOperator(rec *dedup.Record, res pgstore.IntakeResult, fp []byte) (answe
 
 // releaseWaiting gives back an intake acquired only to find that its
 // payment waits for an operator (fromOperator): nothing was published.
-func (g *Gateway) releaseWaiting(ctx context.Context, res pgstore.IntakeResult, log *slog.Logger) {
-	if res.Outcome != pgstore.IntakeAcquired {
+func (g *Gateway) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
+	if res.Outcome != ledger.IntakeAcquired {
 		return
 	}
-	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		log.Warn("could not release the intake of a payment waiting for an operator; a retry takes it over once its lease passes", "error", err)
 	}
 }
@@ -150,7 +149,7 @@ func (g *Gateway) releaseWaiting(ctx context.Context, res pgstore.IntakeResult, 
 const inFlightRetryAfter = 2 * time.Second
 
 // fromLedger decides a POST whose key has no record from its ledger row.
-func fromLedger(p dedup.Payment, cmd *payment.Command) (answer, bool) {
+func fromLedger(p ledger.Payment, cmd *payment.Command) (answer, bool) {
 	if p.Amount != cmd.Amount || p.Currency != cmd.Currency {
 		return answer{kind: ansReused}, true
 	}
@@ -197,7 +196,7 @@ type item struct {
 	extra   map[string]string
 	checked *stream.Checked // the message Check built, or nil
 	keyHash []byte          // the API key's, re-checked by the batch
-	rec     *dedup.Record   // the key's record, when readThenAcquire found one
+	rec     *ledger.Record  // the key's record, when readThenAcquire found one
 	log     *slog.Logger
 	done    chan answer // buffered: the batch never blocks on a request
 	ans     answer
@@ -421,7 +420,7 @@ func (b *batcher) flush(batch []*item) {
 
 	// Requests for one key in one batch: the first is taken in; the others
 	// wait for its outcome (below).
-	firsts := make(map[dedup.KeyRef]*item, len(batch))
+	firsts := make(map[ledger.KeyRef]*item, len(batch))
 	var news, dups []*item
 	for _, it := range batch {
 		if k := refOf(it); firsts[k] != nil {
@@ -434,9 +433,9 @@ func (b *batcher) flush(batch []*item) {
 	// One round trip takes in every request that only its intake row can
 	// decide (its API key active, no record, no ledger row): for a batch
 	// of new payments, the whole of the batch's work before its publish.
-	reqs, apiKeys := make([]dedup.ClaimRequest, len(news)), make([][]byte, len(news))
+	reqs, apiKeys := make([]ledger.ClaimRequest, len(news)), make([][]byte, len(news))
 	for i, it := range news {
-		reqs[i], apiKeys[i] = dedup.NewClaimRequest(it.cmd), it.keyHash
+		reqs[i], apiKeys[i] = ledger.NewClaimRequest(it.cmd), it.keyHash
 	}
 	results, err := b.store.AcquireNewIntakes(ctx, reqs, apiKeys, g.cfg.PublishLease, g.cfg.IntakeRetention)
 	if err != nil {
@@ -444,23 +443,23 @@ func (b *batcher) flush(batch []*item) {
 		return
 	}
 	var publish, held []*item
-	settle := func(it *item, res pgstore.IntakeResult, reread bool) {
+	settle := func(it *item, res ledger.IntakeResult, reread bool) {
 		if a, waits := fromOperator(it.rec, res, it.fp); waits {
 			g.releaseWaiting(ctx, res, it.log)
 			it.ans = a
 			return
 		}
 		switch res.Outcome {
-		case pgstore.IntakeMismatch:
+		case ledger.IntakeMismatch:
 			it.ans.kind = ansReused
-		case pgstore.IntakeDeadLettered:
+		case ledger.IntakeDeadLettered:
 			it.ans = answer{kind: ansDeadLetter, in: res.Intake}
-		case pgstore.IntakeHeld:
+		case ledger.IntakeHeld:
 			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
 			if reread {
 				held = append(held, it)
 			}
-		case pgstore.IntakeReadFirst:
+		case ledger.IntakeReadFirst:
 			it.readFirst = true
 		default:
 			it.ans.in = res.Intake
@@ -508,9 +507,9 @@ func (b *batcher) flush(batch []*item) {
 		// Another request published it; the worker may have finished since
 		// the reads of readThenAcquire.
 		recs, _ := b.records.GetMany(ctx, refsOf(held))
-		byKey := make(map[dedup.KeyRef]dedup.Record, len(recs))
+		byKey := make(map[ledger.KeyRef]ledger.Record, len(recs))
 		for _, r := range recs {
-			byKey[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+			byKey[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
 		}
 		for _, it := range held {
 			if rec, ok := byKey[refOf(it)]; ok {
@@ -531,7 +530,7 @@ func (b *batcher) flush(batch []*item) {
 // are taken in with AcquireIntakes. It returns the requests it tried to
 // take in and their results; on an error, the requests it could not
 // decide (answered 503 by the caller).
-func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, []pgstore.IntakeResult, error) {
+func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, []ledger.IntakeResult, error) {
 	g := b.g
 	hashes := make([][]byte, 0, 4)
 	for _, it := range items {
@@ -539,24 +538,24 @@ func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, 
 			hashes = append(hashes, it.keyHash)
 		}
 	}
-	reads, err := b.store.ReadBatch(ctx, b.records, hashes, refsOf(items))
+	reads, err := b.store.ReadBatch(ctx, hashes, refsOf(items))
 	if err != nil {
 		return items, nil, err
 	}
-	byKey := make(map[dedup.KeyRef]dedup.Record, len(reads.Records))
+	byKey := make(map[ledger.KeyRef]ledger.Record, len(reads.Records))
 	for _, r := range reads.Records {
-		byKey[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+		byKey[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
 	}
-	ledger := make(map[dedup.KeyRef]dedup.Payment, len(reads.Payments))
+	paid := make(map[ledger.KeyRef]ledger.Payment, len(reads.Payments))
 	for _, p := range reads.Payments {
-		ledger[dedup.KeyRef{MerchantID: p.MerchantID, IdempotencyKey: p.IdempotencyKey}] = p
+		paid[ledger.KeyRef{MerchantID: p.MerchantID, IdempotencyKey: p.IdempotencyKey}] = p
 	}
 	// Two requests for one key: the first takes it in; the other is what
 	// it would meet a moment later, the key held (409) or held for another
 	// payload (422). A first taken in by AcquireNewIntakes is not among
 	// items: its other requests meet its row in AcquireIntakes.
-	firsts := make(map[dedup.KeyRef]*item, len(items))
-	var reqs []dedup.ClaimRequest
+	firsts := make(map[ledger.KeyRef]*item, len(items))
+	var reqs []ledger.ClaimRequest
 	var owners []*item
 	for _, it := range items {
 		k := refOf(it)
@@ -579,7 +578,7 @@ func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, 
 				it.ans = a
 				continue
 			}
-		} else if p, ok := ledger[k]; ok {
+		} else if p, ok := paid[k]; ok {
 			if a, decided := fromLedger(p, it.cmd); decided {
 				it.ans = a
 				continue
@@ -594,7 +593,7 @@ func (b *batcher) readThenAcquire(ctx context.Context, items []*item) ([]*item, 
 			continue
 		}
 		firsts[k] = it
-		reqs = append(reqs, dedup.NewClaimRequest(it.cmd))
+		reqs = append(reqs, ledger.NewClaimRequest(it.cmd))
 		owners = append(owners, it)
 	}
 	if len(reqs) == 0 {
@@ -625,11 +624,11 @@ func (b *batcher) publish(ctx context.Context, items []*item, answered func()) {
 		}
 	}
 	seqs := b.publishAll(pctx, items, republish)
-	var pubs []pgstore.Published
+	var pubs []ledger.Published
 	var done []*item
 	for i, it := range items {
 		if it.ans.kind == ansPending {
-			pubs = append(pubs, pgstore.Published{Intake: it.ans.in, Seq: seqs[i]})
+			pubs = append(pubs, ledger.Published{Intake: it.ans.in, Seq: seqs[i]})
 			done = append(done, it)
 		}
 	}
@@ -717,12 +716,12 @@ func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int
 	return seqs
 }
 
-func refOf(it *item) dedup.KeyRef {
-	return dedup.KeyRef{MerchantID: it.cmd.MerchantID, IdempotencyKey: it.cmd.IdempotencyKey}
+func refOf(it *item) ledger.KeyRef {
+	return ledger.KeyRef{MerchantID: it.cmd.MerchantID, IdempotencyKey: it.cmd.IdempotencyKey}
 }
 
-func refsOf(items []*item) []dedup.KeyRef {
-	out := make([]dedup.KeyRef, len(items))
+func refsOf(items []*item) []ledger.KeyRef {
+	out := make([]ledger.KeyRef, len(items))
 	for i, it := range items {
 		out[i] = refOf(it)
 	}

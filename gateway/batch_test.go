@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // gauge returns the value of a gauge, or a histogram's sample count.
@@ -95,7 +95,7 @@ func (s *batchHolder) arm() (entered <-chan struct{}, open func()) {
 	return in, func() { once.Do(func() { close(release) }) }
 }
 
-func (s *batchHolder) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+func (s *batchHolder) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 	s.mu.Lock()
 	entered, release := s.entered, s.release
 	s.entered = nil
@@ -235,7 +235,7 @@ func TestBatchRevokedKeyRefusedAtOnce(t *testing.T) {
 	}
 	// A replay of an accepted key is refused too.
 	wantStatus(t, w.post("before-revoke", payBody(100, "pm_card_visa")), http.StatusUnauthorized)
-	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "after-revoke"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "after-revoke"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("a revoked key's POST was taken in: %v", err)
 	}
 }
@@ -390,7 +390,7 @@ type gatedStore struct {
 
 func (s *gatedStore) open() { s.once.Do(func() { close(s.release) }) }
 
-func (s *gatedStore) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+func (s *gatedStore) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 	if s.armed.CompareAndSwap(true, false) {
 		close(s.entered)
 		<-s.release
@@ -653,8 +653,8 @@ type markGatedStore struct {
 
 func (s *markGatedStore) open() { s.once.Do(func() { close(s.release) }) }
 
-func (s *markGatedStore) IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error) {
-	if slices.ContainsFunc(pubs, func(p pgstore.Published) bool { return p.Intake.IdempotencyKey == s.key }) &&
+func (s *markGatedStore) IntakesPublished(ctx context.Context, pubs []ledger.Published, holdFor time.Duration) ([]bool, error) {
+	if slices.ContainsFunc(pubs, func(p ledger.Published) bool { return p.Intake.IdempotencyKey == s.key }) &&
 		s.armed.CompareAndSwap(true, false) {
 		close(s.entered)
 		<-s.release

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestAnswerLostRetrySameBodyChargedOnce: the client→gateway boundary. A
@@ -49,7 +49,7 @@ func TestAnswerLostRetrySameBodyChargedOnce(t *testing.T) {
 		}
 		errc <- err
 	}()
-	w.waitStatus("m_a", key, dedup.StatusPending) // accepted, published, claimed, its charge held
+	w.waitStatus("m_a", key, ledger.StatusPending) // accepted, published, claimed, its charge held
 	if n := px.CutClients(); n != 1 {
 		t.Fatalf("cut %d client connections, want 1", n)
 	}
@@ -79,14 +79,14 @@ type settleAnswerLost struct {
 	once sync.Once
 }
 
-func (l *settleAnswerLost) SettlePayment(ctx context.Context, p dedup.Payment, status string, responseStatus int, response json.RawMessage) error {
+func (l *settleAnswerLost) SettlePayment(ctx context.Context, p ledger.Payment, status string, responseStatus int, response json.RawMessage) error {
 	if err := l.Ledger.SettlePayment(ctx, p, status, responseStatus, response); err != nil {
 		return err
 	}
 	lost := false
 	l.once.Do(func() { lost = true })
 	if lost {
-		return fmt.Errorf("settle payment: %w: connection reset after the commit", dedup.ErrUnavailable)
+		return fmt.Errorf("settle payment: %w: connection reset after the commit", ledger.ErrUnavailable)
 	}
 	return nil
 }
@@ -104,7 +104,7 @@ func TestWebhookSettleAnswerLostRedeliveryAgrees(t *testing.T) {
 	wantStatus(t, w.post("ach-lost", payBody(1500, "pm_usBankAccount_success"), "Prefer", "wait=10"), http.StatusCreated)
 	w.eventually("the webhook's settle committed", func() bool {
 		p, err := w.store.GetPayment(w.ctx, "m_a", "ach-lost")
-		return err == nil && p.Status == dedup.PaymentSucceeded
+		return err == nil && p.Status == ledger.PaymentSucceeded
 	})
 	w.eventually("the webhook answered", func() bool { return len(w.hooks.deliveries()) == 1 })
 	got := w.hooks.deliveries()[0]

@@ -10,9 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
-	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -24,7 +23,7 @@ type raceStore struct {
 	hook atomic.Pointer[func()]
 }
 
-func (s *raceStore) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+func (s *raceStore) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 	if f := s.hook.Load(); f != nil {
 		s.once.Do(*f)
 	}
@@ -42,7 +41,7 @@ func TestIntakeHeldOtherBody422(t *testing.T) {
 	wantStatus(t, w.post("held", body), http.StatusAccepted)
 	hook := func() {
 		other := &payment.Command{MerchantID: "m_a", IdempotencyKey: "held", Amount: 999, Currency: "usd", PaymentMethod: "pm_card_visa"}
-		if _, err := w.store.Claim(w.ctx, "queue-worker", time.Minute, dedup.NewClaimRequest(other)); err != nil {
+		if _, err := w.store.Claim(w.ctx, "queue-worker", time.Minute, ledger.NewClaimRequest(other)); err != nil {
 			t.Error(err)
 		}
 	}

@@ -22,7 +22,7 @@
 //
 // The worker's claim happens later, when it consumes the message, so the
 // gateway guards concurrent first requests with its own short-lived intake
-// row (pgstore.Intake): one INSERT … ON CONFLICT decides which request
+// row (ledger.Intake): one INSERT … ON CONFLICT decides which request
 // publishes; the others see it and answer 409 until the worker's record
 // exists. The gateway never writes idempotency_keys: a pending claim there
 // would be a lease the worker could not take until it expired.
@@ -46,9 +46,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -72,7 +71,7 @@ const (
 	// not.
 	DefaultRepublishAfter = 10 * time.Minute
 	// DefaultIntakeRetention keeps intake rows as long as keys are kept.
-	DefaultIntakeRetention = dedup.DefaultRetention
+	DefaultIntakeRetention = ledger.DefaultRetention
 	// DefaultQueuedRetryAfter is the Retry-After of a key that is published
 	// but not yet claimed by a worker.
 	DefaultQueuedRetryAfter = time.Second
@@ -89,39 +88,38 @@ const (
 
 // Records is what the gateway reads of the worker's idempotency store
 // (*dedup.Store): a key's record, and the ledger for a key whose record was
-// purged, one key at a time or, for a batch of POSTs, many at once (its
-// reads queued on the batch's round trip: Store.ReadBatch). The gateway
-// never writes them.
+// purged, one key at a time or many at once. For a batch of POSTs the
+// gateway's Store reads them itself, on the batch's one round trip
+// (Store.ReadBatch). The gateway never writes them.
 type Records interface {
-	Get(ctx context.Context, merchantID, key string) (dedup.Record, error)
-	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
-	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
-	pgstore.RecordReads
+	Get(ctx context.Context, merchantID, key string) (ledger.Record, error)
+	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
+	GetMany(ctx context.Context, refs []ledger.KeyRef) ([]ledger.Record, error)
 }
 
 // Store is the gateway's own store (*pgstore.Store): its intake guard rows,
 // taken in a batch of POSTs at a time (see batch.go), and the API keys it
 // authenticates.
 type Store interface {
-	GetIntake(ctx context.Context, merchantID, key string) (pgstore.Intake, error)
-	AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
-	AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error)
-	ReadBatch(ctx context.Context, records pgstore.RecordReads, hashes [][]byte, refs []dedup.KeyRef) (pgstore.BatchReads, error)
-	IntakesPublished(ctx context.Context, pubs []pgstore.Published, holdFor time.Duration) ([]bool, error)
-	IntakePublished(ctx context.Context, in pgstore.Intake, seq uint64, holdFor time.Duration) error
-	AbandonIntake(ctx context.Context, in pgstore.Intake) error
-	ReleaseIntake(ctx context.Context, in pgstore.Intake) error
+	GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error)
+	AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error)
+	AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error)
+	ReadBatch(ctx context.Context, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error)
+	IntakesPublished(ctx context.Context, pubs []ledger.Published, holdFor time.Duration) ([]bool, error)
+	IntakePublished(ctx context.Context, in ledger.Intake, seq uint64, holdFor time.Duration) error
+	AbandonIntake(ctx context.Context, in ledger.Intake) error
+	ReleaseIntake(ctx context.Context, in ledger.Intake) error
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
 	// WorkerPauses is the pause the workers report now, if any (see
 	// consumer.PauseNoter).
-	WorkerPauses(ctx context.Context) (pgstore.WorkerPause, bool, error)
+	WorkerPauses(ctx context.Context) (ledger.WorkerPause, bool, error)
 }
 
 // Completions wakes a waiter when a key may have completed
 // (*pgstore.Listener).
 type Completions interface {
-	Subscribe(merchantID, key string) *pgstore.Subscription
+	Subscribe(merchantID, key string) *ledger.Subscription
 }
 
 // Publisher publishes a validated command to the worker's stream.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestStatusCodes walks the status-code table over real HTTP, first with
@@ -119,7 +119,7 @@ func TestStatusCodes(t *testing.T) {
 	w.startWorker()
 
 	t.Run("completed key replays the stored outcome", func(t *testing.T) {
-		w.waitStatus("m_a", "k1", dedup.StatusCompleted)
+		w.waitStatus("m_a", "k1", ledger.StatusCompleted)
 		r1 := w.post("k1", good)
 		wantStatus(t, r1, http.StatusCreated)
 		if r1.header.Get("Idempotent-Replayed") != "true" {
@@ -174,7 +174,7 @@ func TestStatusCodes(t *testing.T) {
 		w.gate.hold("slow")
 		defer w.gate.release("slow")
 		wantStatus(t, w.post("slow", good), http.StatusAccepted)
-		w.waitStatus("m_a", "slow", dedup.StatusPending)
+		w.waitStatus("m_a", "slow", ledger.StatusPending)
 		r := w.post("slow", good)
 		wantStatus(t, r, http.StatusConflict)
 		if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra < 1 || ra > 60 {
@@ -185,7 +185,7 @@ func TestStatusCodes(t *testing.T) {
 			t.Fatalf("GET while held: %+v", p)
 		}
 		w.gate.release("slow")
-		w.waitStatus("m_a", "slow", dedup.StatusCompleted)
+		w.waitStatus("m_a", "slow", ledger.StatusCompleted)
 		wantStatus(t, w.post("slow", good), http.StatusCreated)
 	})
 
@@ -243,7 +243,7 @@ func TestConcurrentIdenticalPosts(t *testing.T) {
 	if accepted != 1 {
 		t.Fatalf("%d requests accepted, want exactly 1", accepted)
 	}
-	w.waitStatus("m_a", "same", dedup.StatusCompleted)
+	w.waitStatus("m_a", "same", ledger.StatusCompleted)
 	// Once completed, every concurrent retry is the same replay.
 	var first []byte
 	for _, r := range fire() {
@@ -309,7 +309,7 @@ func TestPreferWait(t *testing.T) {
 		}
 		got <- r
 	}()
-	w.waitStatus("m_a", "w2", dedup.StatusPending)
+	w.waitStatus("m_a", "w2", ledger.StatusPending)
 	w.gate.release("w2")
 	select {
 	case r = <-got:
@@ -343,14 +343,14 @@ func TestHTTPAndQueueSameKey(t *testing.T) {
 	publish("http-first")
 
 	publish("queue-first")
-	w.waitStatus("m_a", "queue-first", dedup.StatusCompleted)
+	w.waitStatus("m_a", "queue-first", ledger.StatusCompleted)
 	r = w.post("queue-first", body, "Prefer", "wait=10")
 	wantStatus(t, r, http.StatusCreated)
 	if r.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatal("an HTTP retry of a queued payment must be a replay")
 	}
 
-	w.waitStatus("m_a", "http-first", dedup.StatusCompleted)
+	w.waitStatus("m_a", "http-first", ledger.StatusCompleted)
 	w.eventually("every message settled", func() bool {
 		c, err := w.js.Consumer(w.ctx, w.cfg.Stream.Name, w.cfg.Stream.Durable)
 		if err != nil {

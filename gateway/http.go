@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/httpidem"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/payment"
@@ -244,12 +244,12 @@ func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 		}
 		ctx := r.Context()
 		if cached {
-			if !pgstore.ValidAPIKeyShape(token) {
+			if !apikey.ValidShape(token) {
 				g.authFailed(r)
 				g.unauthenticated(w)
 				return
 			}
-			hash := pgstore.HashAPIKey(token)
+			hash := apikey.Hash(token)
 			ctx = context.WithValue(ctx, apiKeyHashKey{}, hash)
 			if merchant, ok := g.batch.keys.get(hash); ok {
 				next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, merchantKey{}, merchant)))
@@ -260,7 +260,7 @@ func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 		merchant, err := g.store.Authenticate(actx, token)
 		cancel()
 		switch {
-		case errors.Is(err, pgstore.ErrUnauthenticated):
+		case errors.Is(err, apikey.ErrUnauthenticated):
 			g.authFailed(r)
 			g.unauthenticated(w)
 			return

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestInFlightRetryHonoursPreferWait: a retried POST for a key a worker
@@ -23,7 +23,7 @@ func TestInFlightRetryHonoursPreferWait(t *testing.T) {
 	w.gate.hold("slow")
 	defer w.gate.release("slow")
 	wantStatus(t, w.post("slow", body), http.StatusAccepted)
-	w.waitStatus("m_a", "slow", dedup.StatusPending)
+	w.waitStatus("m_a", "slow", ledger.StatusPending)
 
 	for _, hdr := range [][]string{nil, {"Prefer", "wait=1"}} {
 		r := w.post("slow", body, hdr...)

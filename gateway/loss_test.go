@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -58,7 +58,7 @@ func (w *world) storedMsgs() []*nats.Msg {
 	return out
 }
 
-func (w *world) intake(key string) pgstore.Intake {
+func (w *world) intake(key string) ledger.Intake {
 	w.t.Helper()
 	in, err := w.gwStore.GetIntake(w.ctx, "m_a", key)
 	if err != nil {
@@ -127,7 +127,7 @@ func TestPublishedBytesAreTheValidatedBytes(t *testing.T) {
 	if p := r.problem(t); p.Reason != string(payment.ReasonBodyTooLarge) {
 		t.Fatalf("problem %+v", p)
 	}
-	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "sep"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "sep"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("intake of a refused request: %v", err)
 	}
 	if n := w.streamMsgs(); n != 1 {
@@ -253,7 +253,7 @@ func TestRepublishOnlyWhenTheStreamLostIt(t *testing.T) {
 		t.Fatalf("the republished copy was not stored: %d messages", n)
 	}
 	w.startWorker()
-	w.waitStatus("m_a", "backlog", dedup.StatusCompleted)
+	w.waitStatus("m_a", "backlog", ledger.StatusCompleted)
 	if c := w.charges("m_a", "backlog"); c != 1 {
 		t.Fatalf("%d charges", c)
 	}
@@ -306,7 +306,7 @@ func TestReusedKeyAfterPurge422(t *testing.T) {
 // its WAL flush) leaves the intake: published, but not marked so.
 type lostMarkStore struct{ *pgstore.Store }
 
-func (s lostMarkStore) IntakesPublished(context.Context, []pgstore.Published, time.Duration) ([]bool, error) {
+func (s lostMarkStore) IntakesPublished(context.Context, []ledger.Published, time.Duration) ([]bool, error) {
 	return nil, errors.New("injected: the publish mark is lost")
 }
 
@@ -342,7 +342,7 @@ func TestLostMarkAnotherPayloadIs422(t *testing.T) {
 		t.Fatalf("%d messages for the key, want 1: the retry's copy is the first's (same Nats-Msg-Id)", n)
 	}
 	w.startWorker()
-	w.waitStatus("m_a", "lost-mark", dedup.StatusCompleted)
+	w.waitStatus("m_a", "lost-mark", ledger.StatusCompleted)
 	if rec, _ := w.store.Get(w.ctx, "m_a", "lost-mark"); rec.Amount != 100 {
 		t.Fatalf("completed %d, want the first payload's 100", rec.Amount)
 	}

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/ledger"
 	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -101,7 +101,7 @@ func TestOperatorLetterWaitsForOperator(t *testing.T) {
 	if err != nil || rep.Replayed != 1 {
 		t.Fatalf("replay: %+v %v", rep, err)
 	}
-	w.waitStatus("m_a", "rej", dedup.StatusCompleted)
+	w.waitStatus("m_a", "rej", ledger.StatusCompleted)
 	g = w.do(http.MethodGet, "/v1/payments/rej", w.keyA, "", nil)
 	wantStatus(t, g, http.StatusOK)
 	if p := g.payment(t); p.Status != gateway.StateSucceeded || p.Reason != "" {

@@ -10,9 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -108,7 +108,7 @@ func TestLostPubAckIsUnknown(t *testing.T) {
 		t.Fatalf("intake after the retry: %+v", in)
 	}
 	w.startWorker()
-	w.waitStatus("m_a", "lost-ack", dedup.StatusCompleted)
+	w.waitStatus("m_a", "lost-ack", ledger.StatusCompleted)
 	if c := w.charges("m_a", "lost-ack"); c != 1 {
 		t.Fatalf("%d charges, want 1", c)
 	}
@@ -143,7 +143,7 @@ func TestMissingStreamFailsFast(t *testing.T) {
 	if took > 2500*time.Millisecond {
 		t.Fatalf("answered after %v: the publish was retried for a stream that does not exist", took)
 	}
-	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "no-stream"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := w.gwStore.GetIntake(w.ctx, "m_a", "no-stream"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("intake after a refusal: %v, want none (the key is free)", err)
 	}
 	if _, _, err := stream.EnsureStreams(w.ctx, w.js, w.cfg.Stream); err != nil {

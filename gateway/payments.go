@@ -15,8 +15,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/paydedup/paydedup/dedup"
-	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -87,11 +86,11 @@ type Outcome struct {
 	Body   json.RawMessage `json:"body"`
 }
 
-func paymentFromRecord(rec dedup.Record) Payment {
+func paymentFromRecord(rec ledger.Record) Payment {
 	p := Payment{Object: "payment", IdempotencyKey: rec.IdempotencyKey, Amount: rec.Amount, Currency: rec.Currency,
 		ChargeID: rec.ChargeID, CreatedAt: rec.CreatedAt.UTC()}
 	switch rec.Status {
-	case dedup.StatusCompleted:
+	case ledger.StatusCompleted:
 		p.Status = StateDeclined
 		switch {
 		case rec.ResponseStatus == http.StatusAccepted:
@@ -104,7 +103,7 @@ func paymentFromRecord(rec dedup.Record) Payment {
 		at := rec.CompletedAt.UTC()
 		p.CompletedAt = &at
 		p.Outcome = &Outcome{Status: rec.ResponseStatus, Body: rec.Response}
-	case dedup.StatusFailed:
+	case ledger.StatusFailed:
 		p.Status = StateRetrying
 	default:
 		p.Status = StateProcessing
@@ -115,7 +114,7 @@ func paymentFromRecord(rec dedup.Record) Payment {
 // waitingPayment is the payment of a key that waits for an operator
 // (Intake.WaitsForOperator): its record's fields when it has one, else
 // its intake's.
-func waitingPayment(rec dedup.Record, in pgstore.Intake) Payment {
+func waitingPayment(rec ledger.Record, in ledger.Intake) Payment {
 	p := paymentFromIntake(in)
 	if rec.IdempotencyKey != "" {
 		p = paymentFromRecord(rec)
@@ -124,7 +123,7 @@ func waitingPayment(rec dedup.Record, in pgstore.Intake) Payment {
 	return p
 }
 
-func paymentFromIntake(in pgstore.Intake) Payment {
+func paymentFromIntake(in ledger.Intake) Payment {
 	return Payment{Object: "payment", IdempotencyKey: in.IdempotencyKey, Status: StateQueued,
 		Amount: in.Amount, Currency: in.Currency, CreatedAt: in.CreatedAt.UTC()}
 }
@@ -134,7 +133,7 @@ func paymentFromIntake(in pgstore.Intake) Payment {
 // or parameters the provider rejected: the gateway validated the request,
 // so a 400 here would blame the client's syntax). The provider's own status
 // is in Outcome.Status.
-func outcomeStatus(rec dedup.Record) int {
+func outcomeStatus(rec ledger.Record) int {
 	if rec.ResponseStatus >= 200 && rec.ResponseStatus < 300 {
 		return http.StatusCreated
 	}
@@ -145,7 +144,7 @@ func location(key string) string { return "/v1/payments/" + url.PathEscape(key) 
 
 // writeOutcome answers with a completed payment. replayed marks an answer
 // to a retry (the IETF draft's and Stripe's Idempotent-Replayed).
-func writeOutcome(w http.ResponseWriter, rec dedup.Record, replayed bool) {
+func writeOutcome(w http.ResponseWriter, rec ledger.Record, replayed bool) {
 	w.Header().Set("Location", location(rec.IdempotencyKey))
 	if replayed {
 		w.Header().Set(HeaderIdempotentReplay, "true")
@@ -189,7 +188,7 @@ func invalidRequest(w http.ResponseWriter, err error) {
 // records only these final reasons as final: a letter that waits for an
 // operator, such as max_deliveries, may still be replayed and charge; it
 // is answered waiting_for_operator, never so.)
-func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in pgstore.Intake) {
+func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in ledger.Intake) {
 	status, typ := http.StatusUnprocessableEntity, ProblemRejected
 	switch {
 	case in.DeadLetterReason == string(payment.ReasonBodyTooLarge):
@@ -213,17 +212,17 @@ func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in pgstore.Intake) {
 // when it settles the answer beside the record rec (nil: none): the
 // worker dead-lettered the command (final: Intake.DeadLettered), or the
 // payment waits for an operator (Intake.WaitsForOperator).
-func (g *Gateway) fate(ctx context.Context, merchant, key string, hash []byte, rec *dedup.Record) (pgstore.Intake, bool) {
+func (g *Gateway) fate(ctx context.Context, merchant, key string, hash []byte, rec *ledger.Record) (ledger.Intake, bool) {
 	in, err := g.store.GetIntake(ctx, merchant, key)
 	if err != nil || !bytes.Equal(in.RequestHash, hash) || !in.DeadLettered() && !in.WaitsForOperator(rec) {
-		return pgstore.Intake{}, false
+		return ledger.Intake{}, false
 	}
 	return in, true
 }
 
 // fateAnswer is the answer of a POST from an intake fate returned, with
 // the key's record (zero: none).
-func fateAnswer(rec dedup.Record, in pgstore.Intake) answer {
+func fateAnswer(rec ledger.Record, in ledger.Intake) answer {
 	if in.DeadLettered() {
 		return answer{kind: ansDeadLetter, in: in}
 	}
@@ -314,11 +313,11 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait := parseWait(r.Header, g.cfg.MaxWait)
-	fp := dedup.Fingerprint(cmd)
+	fp := ledger.Fingerprint(cmd)
 
 	// A waiter subscribes before anything is read or published, so a
 	// completion committed after any read below wakes it.
-	var sub *pgstore.Subscription
+	var sub *ledger.Subscription
 	if wait > 0 {
 		sub = g.comp.Subscribe(merchant, key)
 		defer sub.Close()
@@ -345,7 +344,7 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 
 // accepted answers a POST whose command was published: 202, or with
 // Prefer: wait, its outcome if it completes within the wait.
-func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in pgstore.Intake, sub *pgstore.Subscription, wait time.Duration, fp []byte) {
+func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in ledger.Intake, sub *ledger.Subscription, wait time.Duration, fp []byte) {
 	merchant, key := in.MerchantID, in.IdempotencyKey
 	w.Header().Set("Location", location(key))
 	if wait == 0 {
@@ -373,7 +372,7 @@ func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in pgstor
 // Prefer: wait as a new key's POST does: its outcome (replayed) once it
 // completes within the wait, the dead letter's reason if the worker
 // dead-lettered it, else the 409 with its Retry-After.
-func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, sub *pgstore.Subscription, wait time.Duration, merchant, key string, fp []byte) {
+func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, sub *ledger.Subscription, wait time.Duration, merchant, key string, fp []byte) {
 	if wait == 0 || a.kind != ansInUse && a.kind != ansNotRepublished {
 		g.write(w, a)
 		return
@@ -383,7 +382,7 @@ func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, 
 	if !ok && dl.IdempotencyKey == "" && ctx.Err() == nil {
 		// A key that came straight from the queue wakes no waiter: read it
 		// once more.
-		if got, err := g.records.Get(ctx, merchant, key); err == nil && got.Status == dedup.StatusCompleted {
+		if got, err := g.records.Get(ctx, merchant, key); err == nil && got.Status == ledger.StatusCompleted {
 			rec, ok = got, true
 		}
 	}
@@ -407,7 +406,7 @@ func (g *Gateway) decided(ctx context.Context, w http.ResponseWriter, a answer, 
 // was lost) is bound to its payload, so its retry publishes the same
 // command under the same id: a copy that did land is dropped by the
 // duplicate window, and a later one is harmless (the worker's claim).
-func republishOf(in pgstore.Intake) int {
+func republishOf(in ledger.Intake) int {
 	if in.Published() && in.Attempt > 1 {
 		return in.Attempt
 	}
@@ -418,7 +417,7 @@ func republishOf(in pgstore.Intake) int {
 // acquired: while the stream still holds the published copy (the worker
 // is behind), publishing again only adds a copy, so the key is held for
 // another period instead (true). false: publish again.
-func (g *Gateway) heldAgain(ctx context.Context, in pgstore.Intake, log *slog.Logger) bool {
+func (g *Gateway) heldAgain(ctx context.Context, in ledger.Intake, log *slog.Logger) bool {
 	stored, err := g.pub.Stored(ctx, in.MerchantID, in.IdempotencyKey, in.StreamSeq)
 	if err != nil {
 		log.Warn("cannot tell whether the stream holds the published copy; publishing again", "error", err)
@@ -427,7 +426,7 @@ func (g *Gateway) heldAgain(ctx context.Context, in pgstore.Intake, log *slog.Lo
 	if !stored {
 		return false
 	}
-	if err := g.store.IntakePublished(ctx, in, in.StreamSeq, g.cfg.RepublishAfter); err != nil && !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := g.store.IntakePublished(ctx, in, in.StreamSeq, g.cfg.RepublishAfter); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		log.Warn("could not hold the intake again", "error", err)
 	}
 	return true
@@ -442,17 +441,17 @@ func (g *Gateway) heldAgain(ctx context.Context, in pgstore.Intake, log *slog.Lo
 // intake stays bound to its payload, its lease released so that the
 // client's retry with the same body publishes again at once (same
 // Nats-Msg-Id), and the answer is 503 "outcome unknown".
-func (g *Gateway) publishFailed(ctx context.Context, in pgstore.Intake, err error, log *slog.Logger) answerKind {
+func (g *Gateway) publishFailed(ctx context.Context, in ledger.Intake, err error, log *slog.Logger) answerKind {
 	g.metrics.publishes.WithLabelValues("error").Inc()
 	if !stream.Refused(err) {
 		log.Error("publish outcome unknown (no PubAck): the command may be queued; the key stays bound to its payload", "error", err)
-		if rerr := g.store.ReleaseIntake(ctx, in); rerr != nil && !errors.Is(rerr, dedup.ErrLeaseLost) {
+		if rerr := g.store.ReleaseIntake(ctx, in); rerr != nil && !errors.Is(rerr, ledger.ErrLeaseLost) {
 			log.Warn("could not release the intake; a retry takes it over once its lease passes", "error", rerr)
 		}
 		return ansPublishUnknown
 	}
 	log.Error("publish refused; nothing was stored", "error", err)
-	if aerr := g.store.AbandonIntake(ctx, in); aerr != nil && !errors.Is(aerr, dedup.ErrLeaseLost) {
+	if aerr := g.store.AbandonIntake(ctx, in); aerr != nil && !errors.Is(aerr, ledger.ErrLeaseLost) {
 		log.Warn("could not release the intake; it is taken over once its lease passes", "error", aerr)
 	}
 	switch {
@@ -496,21 +495,21 @@ func (g *Gateway) logRequestError(r *http.Request, log *slog.Logger, what string
 // operator): then the intake is returned (fate), with its reason, and the
 // record as read (zero when none). When the wait ends otherwise, the
 // intake is read once more.
-func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, merchant, key string, hash []byte, wait time.Duration) (dedup.Record, pgstore.Intake, bool) {
+func (g *Gateway) waitCompleted(ctx context.Context, sub *ledger.Subscription, merchant, key string, hash []byte, wait time.Duration) (ledger.Record, ledger.Intake, bool) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	woken := false
-	var rec dedup.Record
-	var recp *dedup.Record
+	var rec ledger.Record
+	var recp *ledger.Record
 	for {
 		got, err := g.records.Get(ctx, merchant, key)
-		rec, recp = dedup.Record{}, nil
+		rec, recp = ledger.Record{}, nil
 		if err == nil {
 			rec, recp = got, &got
 		}
-		if err == nil && rec.Status == dedup.StatusCompleted {
+		if err == nil && rec.Status == ledger.StatusCompleted {
 			g.metrics.waits.WithLabelValues("completed").Inc()
-			return rec, pgstore.Intake{}, true
+			return rec, ledger.Intake{}, true
 		}
 		if woken {
 			if dl, ok := g.fate(ctx, merchant, key, hash, recp); ok {
@@ -532,7 +531,7 @@ func (g *Gateway) waitCompleted(ctx context.Context, sub *pgstore.Subscription, 
 			g.metrics.waits.WithLabelValues("shutdown").Inc()
 		case <-ctx.Done():
 			g.metrics.waits.WithLabelValues("cancelled").Inc()
-			return dedup.Record{}, pgstore.Intake{}, false
+			return ledger.Record{}, ledger.Intake{}, false
 		}
 		dl, _ := g.fate(ctx, merchant, key, hash, recp)
 		return rec, dl, false
@@ -558,10 +557,10 @@ const publishSettleWait = 2 * time.Second
 // was in and has yet to record it (a GET then must not say "not
 // accepted" of a payment its client was told is accepted). It reads the
 // row again every 10 ms, for at most publishSettleWait, and returns it as
-// it then is (dedup.ErrNotFound once the publish failed and was given up),
+// it then is (ledger.ErrNotFound once the publish failed and was given up),
 // with whether its publish is still unsettled.
-func (g *Gateway) settledIntake(ctx context.Context, in pgstore.Intake) (pgstore.Intake, bool, error) {
-	inFlight := func(in pgstore.Intake) bool { return !in.Published() && in.LockedUntil.After(g.cfg.Clock.Now()) }
+func (g *Gateway) settledIntake(ctx context.Context, in ledger.Intake) (ledger.Intake, bool, error) {
+	inFlight := func(in ledger.Intake) bool { return !in.Published() && in.LockedUntil.After(g.cfg.Clock.Now()) }
 	if !inFlight(in) {
 		return in, false, nil
 	}
@@ -606,7 +605,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	wait := parseWait(r.Header, g.cfg.MaxWait)
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.RequestTimeout+wait)
 	defer cancel()
-	var sub *pgstore.Subscription
+	var sub *ledger.Subscription
 	if wait > 0 {
 		sub = g.comp.Subscribe(merchant, key)
 		defer sub.Close()
@@ -619,7 +618,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err == nil:
 		p, hash = paymentFromRecord(rec), rec.RequestHash
-		if rec.Status != dedup.StatusCompleted {
+		if rec.Status != ledger.StatusCompleted {
 			if dl, ok := g.fate(ctx, merchant, key, hash, &rec); ok {
 				if dl.DeadLettered() {
 					g.writeDeadLetter(w, dl)
@@ -628,10 +627,10 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 				p = waitingPayment(rec, dl)
 			}
 		}
-	case errors.Is(err, dedup.ErrNotFound):
+	case errors.Is(err, ledger.ErrNotFound):
 		in, ierr := g.store.GetIntake(ctx, merchant, key)
 		switch {
-		case errors.Is(ierr, dedup.ErrNotFound):
+		case errors.Is(ierr, ledger.ErrNotFound):
 			notFound(w)
 			return
 		case ierr != nil:
@@ -643,7 +642,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 			var unsettled bool
 			in, unsettled, ierr = g.settledIntake(ctx, in)
 			switch {
-			case errors.Is(ierr, dedup.ErrNotFound):
+			case errors.Is(ierr, ledger.ErrNotFound):
 				notAccepted(w) // its publish was refused while we waited
 				return
 			case ierr != nil:
@@ -661,7 +660,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 		}
 		p, hash = paymentFromIntake(in), in.RequestHash
 		if in.WaitsForOperator(nil) {
-			p = waitingPayment(dedup.Record{}, in)
+			p = waitingPayment(ledger.Record{}, in)
 		} else if !in.Published() {
 			// No mark of a publish, and none in flight: its PubAck never
 			// came (or its mark was lost), so it may be queued.

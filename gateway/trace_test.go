@@ -12,8 +12,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 const clientTraceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -95,7 +95,7 @@ func TestTraceTree(t *testing.T) {
 	w.startWorker()
 	r := w.post("tree-1", payBody(100, "pm_card_visa"), "traceparent", clientTraceparent)
 	wantStatus(t, r, http.StatusAccepted)
-	w.waitStatus("m_a", "tree-1", dedup.StatusCompleted)
+	w.waitStatus("m_a", "tree-1", ledger.StatusCompleted)
 	// The message span ends when the message is acked, after the commit.
 	w.eventually("message span ended", func() bool { return len(named(exp.GetSpans(), "paydedup.payment")) == 1 })
 

@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 )
@@ -53,8 +53,8 @@ type EventVerifier interface {
 // (*dedup.Store): a key's payment, and the one transition of a processing
 // payment to its outcome, the statement the reconciler settles with.
 type Ledger interface {
-	GetPayment(ctx context.Context, merchantID, key string) (dedup.Payment, error)
-	SettlePayment(ctx context.Context, p dedup.Payment, status string, responseStatus int, response json.RawMessage) error
+	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
+	SettlePayment(ctx context.Context, p ledger.Payment, status string, responseStatus int, response json.RawMessage) error
 }
 
 // Webhooks configures POST /v1/stripe/webhooks. With a nil Verifier (no
@@ -165,10 +165,10 @@ func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, er
 	}
 	log := g.log.With("event_id", ev.ID, "type", ev.Type, "merchant_id", in.MerchantID,
 		"idempotency_key", in.IdempotencyKey, "charge_id", in.ID)
-	ledger := g.cfg.Webhooks.Ledger
-	p, err := ledger.GetPayment(ctx, in.MerchantID, in.IdempotencyKey)
+	book := g.cfg.Webhooks.Ledger
+	p, err := book.GetPayment(ctx, in.MerchantID, in.IdempotencyKey)
 	switch {
-	case errors.Is(err, dedup.ErrNotFound):
+	case errors.Is(err, ledger.ErrNotFound):
 		// The worker has not recorded its answer yet (or never will:
 		// the audit finds such an intent). Its own answer, or the
 		// reconciler, records the outcome.
@@ -189,22 +189,22 @@ func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, er
 	if out.Processing {
 		return WebhookStillProcessing, nil
 	}
-	status, code := dedup.SettleStatus(out.Declined, out.HTTPStatus)
-	if p.Status == dedup.PaymentProcessing {
-		err := ledger.SettlePayment(ctx, p, status, code, out.Response)
+	status, code := ledger.SettleStatus(out.Declined, out.HTTPStatus)
+	if p.Status == ledger.PaymentProcessing {
+		err := book.SettlePayment(ctx, p, status, code, out.Response)
 		switch {
 		case err == nil:
 			log.Info("processing payment settled by webhook", "status", status)
 			return WebhookSettled, nil
-		case !errors.Is(err, dedup.ErrNotFound):
+		case !errors.Is(err, ledger.ErrNotFound):
 			return WebhookError, fmt.Errorf("settle payment: %w", err)
 		}
 		// Settled meanwhile (the reconciler, another delivery): check it.
-		if p, err = ledger.GetPayment(ctx, in.MerchantID, in.IdempotencyKey); err != nil {
+		if p, err = book.GetPayment(ctx, in.MerchantID, in.IdempotencyKey); err != nil {
 			return WebhookError, fmt.Errorf("read payment: %w", err)
 		}
 	}
-	if p.Status == status || (status == dedup.PaymentFailed && p.Status == dedup.PaymentDeclined) {
+	if p.Status == status || (status == ledger.PaymentFailed && p.Status == ledger.PaymentDeclined) {
 		return WebhookAgrees, nil
 	}
 	log.Error("webhook event disagrees with the ledger; the ledger is unchanged", "ledger_status", p.Status, "event_status", status)

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 )
@@ -123,13 +123,13 @@ func TestWebhookSecretRotationLosesNoEvent(t *testing.T) {
 		{"the overlap ends", []string{newSecret}, []string{newSecret + "," + oldSecret}},
 		{"old secret dropped", []string{newSecret}, []string{newSecret}},
 	}
-	var pays []dedup.Payment
+	var pays []ledger.Payment
 	for i := range steps {
 		key := fmt.Sprintf("rot-%d", i)
 		wantStatus(t, w.post(key, payBody(int64(1000+i), "pm_usBankAccount_success"), "Prefer", "wait=10"), http.StatusCreated)
 		w.eventually("payment processing", func() bool {
 			p, err := w.store.GetPayment(w.ctx, "m_a", key)
-			return err == nil && p.Status == dedup.PaymentProcessing
+			return err == nil && p.Status == ledger.PaymentProcessing
 		})
 		pays = append(pays, w.payment("m_a", key))
 	}
@@ -174,7 +174,7 @@ func TestWebhookSecretRotationLosesNoEvent(t *testing.T) {
 		t.Fatalf("%d of %d events refused during the rotation", n, sent.Load())
 	}
 	for _, p := range pays {
-		if got := w.payment("m_a", p.IdempotencyKey); got.Status != dedup.PaymentSucceeded {
+		if got := w.payment("m_a", p.IdempotencyKey); got.Status != ledger.PaymentSucceeded {
 			t.Errorf("payment %s: %s, want succeeded", p.IdempotencyKey, got.Status)
 		}
 	}

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 const webhookSecret = "whsec_paydedup_test"
@@ -71,7 +71,7 @@ func (w *world) webhook(body []byte, signature string) (int, string) {
 	return r.status, reply.Result
 }
 
-func (w *world) payment(merchant, key string) dedup.Payment {
+func (w *world) payment(merchant, key string) ledger.Payment {
 	w.t.Helper()
 	p, err := w.store.GetPayment(w.ctx, merchant, key)
 	if err != nil {
@@ -104,7 +104,7 @@ func TestWebhookSettlesProcessingPayment(t *testing.T) {
 	wantStatus(t, r, http.StatusCreated)
 	w.eventually("the webhook settles the payment", func() bool {
 		p, err := w.store.GetPayment(w.ctx, "m_a", "ach-1")
-		return err == nil && p.Status == dedup.PaymentSucceeded
+		return err == nil && p.Status == ledger.PaymentSucceeded
 	})
 	settled := w.payment("m_a", "ach-1")
 	if settled.SettledAt.IsZero() {
@@ -138,7 +138,7 @@ func TestWebhookSettlesFailedBankDebit(t *testing.T) {
 	wantStatus(t, w.post("ach-2", payBody(700, "pm_usBankAccount_accountClosed"), "Prefer", "wait=10"), http.StatusCreated)
 	w.eventually("the webhook fails the payment", func() bool {
 		p, err := w.store.GetPayment(w.ctx, "m_a", "ach-2")
-		return err == nil && p.Status == dedup.PaymentFailed
+		return err == nil && p.Status == ledger.PaymentFailed
 	})
 	if rec, _ := w.record("m_a", "ach-2"); rec.ResponseStatus != http.StatusPaymentRequired {
 		t.Fatalf("key answers %d after failing, want 402", rec.ResponseStatus)
@@ -157,7 +157,7 @@ func TestWebhookRefusesAndChecks(t *testing.T) {
 	wantStatus(t, w.post("ach-3", payBody(900, "pm_usBankAccount_success"), "Prefer", "wait=10"), http.StatusCreated)
 	w.eventually("the payment is processing", func() bool {
 		p, err := w.store.GetPayment(w.ctx, "m_a", "ach-3")
-		return err == nil && p.Status == dedup.PaymentProcessing
+		return err == nil && p.Status == ledger.PaymentProcessing
 	})
 	before := w.payment("m_a", "ach-3")
 	meta := map[string]string{"merchant_id": "m_a", "idempotency_key": "ach-3"}
@@ -198,7 +198,7 @@ func TestWebhookRefusesAndChecks(t *testing.T) {
 		t.Fatalf("signed event: %d %q, want 200 %q", code, res, gateway.WebhookSettled)
 	}
 	settled := w.payment("m_a", "ach-3")
-	if settled.Status != dedup.PaymentSucceeded {
+	if settled.Status != ledger.PaymentSucceeded {
 		t.Fatalf("status %s, want succeeded", settled.Status)
 	}
 

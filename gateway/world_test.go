@@ -31,6 +31,7 @@ import (
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
@@ -143,7 +144,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gwStore, err := pgstore.New(pool, pgstore.Config{})
+	gwStore, err := pgstore.New(pool, pgstore.Config{Records: store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		if records, err = dedup.New(counted, dedup.Config{}); err != nil {
 			t.Fatal(err)
 		}
-		if gwOwn, err = pgstore.New(counted, pgstore.Config{}); err != nil {
+		if gwOwn, err = pgstore.New(counted, pgstore.Config{Records: records}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -465,9 +466,9 @@ func (w *world) eventually(what string, cond func() bool) {
 	}
 }
 
-func (w *world) record(merchant, key string) (dedup.Record, bool) {
+func (w *world) record(merchant, key string) (ledger.Record, bool) {
 	rec, err := w.store.Get(w.ctx, merchant, key)
-	if errors.Is(err, dedup.ErrNotFound) {
+	if errors.Is(err, ledger.ErrNotFound) {
 		return rec, false
 	}
 	if err != nil {
@@ -476,7 +477,7 @@ func (w *world) record(merchant, key string) (dedup.Record, bool) {
 	return rec, true
 }
 
-func (w *world) waitStatus(merchant, key string, st dedup.Status) {
+func (w *world) waitStatus(merchant, key string, st ledger.Status) {
 	w.t.Helper()
 	w.eventually(fmt.Sprintf("%s/%s %s", merchant, key, st), func() bool {
 		rec, ok := w.record(merchant, key)

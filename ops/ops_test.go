@@ -17,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/reconciler"
@@ -142,7 +143,7 @@ func TestStuckPendingGauge(t *testing.T) {
 	})
 	a := serve(t, reg)
 	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "k", Amount: 100, Currency: "usd", PaymentMethod: "pm_x"}
-	if _, err := store.Claim(context.Background(), "w", 30*time.Second, dedup.NewClaimRequest(cmd)); err != nil {
+	if _, err := store.Claim(context.Background(), "w", 30*time.Second, ledger.NewClaimRequest(cmd)); err != nil {
 		t.Fatal(err)
 	}
 	_, body := get(t, "http://"+a.Addr()+"/metrics")

@@ -276,7 +276,7 @@ func merchantChars(s string) bool {
 // version tag, then every field in a fixed order, each length-prefixed so
 // no two commands share an encoding, with metadata sorted by key. JSON
 // field order and whitespace do not reach it. A caller hashing it can keep
-// the bytes in a buffer of its own (dedup.Fingerprint, on the stack).
+// the bytes in a buffer of its own (ledger.Fingerprint, on the stack).
 func (c *Command) AppendCanonical(dst []byte) []byte {
 	put := func(b []byte, s string) []byte {
 		return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)

@@ -8,6 +8,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
 )
@@ -30,8 +31,8 @@ func TestSkewedReconcilerLeavesLiveCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := worker.Claim(ctx, "worker", workerLease, dedup.NewClaimRequest(command("live-call")))
-	if err != nil || res.Outcome != dedup.Claimed {
+	res, err := worker.Claim(ctx, "worker", workerLease, ledger.NewClaimRequest(command("live-call")))
+	if err != nil || res.Outcome != ledger.Claimed {
 		t.Fatalf("claim: %v %v", res.Outcome, err)
 	}
 	nothing := lookerFunc(func(context.Context, provider.LookupRequest) (provider.LookupResult, error) {
@@ -52,10 +53,10 @@ func TestSkewedReconcilerLeavesLiveCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Status != dedup.StatusPending || rec.LockedBy != "worker" {
+	if rec.Status != ledger.StatusPending || rec.LockedBy != "worker" {
 		t.Errorf("row %s held by %q, want pending under the worker", rec.Status, rec.LockedBy)
 	}
-	if err := worker.Complete(ctx, *res.Lease, dedup.Completion{ChargeID: "pi_live", ResponseStatus: 200, Response: []byte(`{}`)}); err != nil {
+	if err := worker.Complete(ctx, *res.Lease, ledger.Completion{ChargeID: "pi_live", ResponseStatus: 200, Response: []byte(`{}`)}); err != nil {
 		t.Errorf("the worker lost its lease: %v", err)
 	}
 }

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
 )
@@ -35,7 +35,7 @@ func TestLookupOutcomeWithoutStatus(t *testing.T) {
 			}), reconciler.Config{})
 			runOnce(t, r)
 			rec := b.get(t, "k")
-			if rec.Status != dedup.StatusCompleted || rec.ResponseStatus != tc.want {
+			if rec.Status != ledger.StatusCompleted || rec.ResponseStatus != tc.want {
 				t.Fatalf("row %s with HTTP %d, want completed with %d", rec.Status, rec.ResponseStatus, tc.want)
 			}
 		})

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -152,7 +152,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 
 // resolve looks one leased row up at the provider and records the answer.
 // leasedUntil is when its lease ends by the reconciler's clock.
-func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil time.Time) verdict {
+func (r *Reconciler) resolve(ctx context.Context, s ledger.Stuck, leasedUntil time.Time) verdict {
 	l := s.Lease
 	log := r.log.With("merchant_id", l.MerchantID, "idempotency_key", l.IdempotencyKey,
 		"provider_key", l.ProviderKey, "attempt", l.Attempt)
@@ -205,7 +205,7 @@ func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil tim
 	}
 
 	out := found.Outcome
-	c := dedup.Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
+	c := ledger.Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
 		ResponseStatus: out.HTTPStatus, Response: out.Response}
 	if c.ResponseStatus == 0 {
 		c.ResponseStatus = http.StatusOK
@@ -232,14 +232,14 @@ func (r *Reconciler) resolve(ctx context.Context, s dedup.Stuck, leasedUntil tim
 }
 
 // writeFailed classifies a failed store write on a leased row.
-func (r *Reconciler) writeFailed(ctx context.Context, s dedup.Stuck, op string, err error) verdict {
+func (r *Reconciler) writeFailed(ctx context.Context, s ledger.Stuck, op string, err error) verdict {
 	log := r.log.With("merchant_id", s.Lease.MerchantID, "idempotency_key", s.Lease.IdempotencyKey,
 		"provider_key", s.Lease.ProviderKey)
 	switch {
-	case errors.Is(err, dedup.ErrLeaseLost):
+	case errors.Is(err, ledger.ErrLeaseLost):
 		log.Debug("lease lost; another holder resolved the payment", "op", op)
 		return verdict{fate: leaseLost}
-	case errors.Is(err, dedup.ErrUnavailable):
+	case errors.Is(err, ledger.ErrUnavailable):
 		log.Error("database unavailable; pass cut short", "op", op, "error", err)
 		return verdict{fate: left, errored: true, dbDown: true}
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
@@ -255,7 +255,7 @@ func (r *Reconciler) writeFailed(ctx context.Context, s dedup.Stuck, op string, 
 
 // deferLookup gives a row back after its lookup failed, backing its next
 // lookup off.
-func (r *Reconciler) deferLookup(ctx context.Context, s dedup.Stuck, lookupErr error, log *slog.Logger) verdict {
+func (r *Reconciler) deferLookup(ctx context.Context, s ledger.Stuck, lookupErr error, log *slog.Logger) verdict {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	foreign := errors.Is(lookupErr, provider.ErrForeignIntent)
@@ -271,28 +271,28 @@ func (r *Reconciler) deferLookup(ctx context.Context, s dedup.Stuck, lookupErr e
 		log.Warn("provider lookup failed; payment left pending", "error", lookupErr,
 			"lookup_failures", failures, "next_lookup_at", next)
 		return verdict{fate: left, errored: true, lookupFailed: true}
-	case errors.Is(err, dedup.ErrLeaseLost):
+	case errors.Is(err, ledger.ErrLeaseLost):
 		return verdict{fate: leaseLost, errored: true, lookupFailed: true, foreign: foreign}
 	}
 	log.Error("could not release a stuck payment after its lookup failed; its lease will lapse",
 		"lookup_error", lookupErr, "error", err)
-	return verdict{fate: left, errored: true, lookupFailed: true, foreign: foreign, dbDown: errors.Is(err, dedup.ErrUnavailable)}
+	return verdict{fate: left, errored: true, lookupFailed: true, foreign: foreign, dbDown: errors.Is(err, ledger.ErrUnavailable)}
 }
 
 // release gives a leased row back, still pending, even when ctx is done.
-func (r *Reconciler) release(ctx context.Context, s dedup.Stuck, reason string) verdict {
+func (r *Reconciler) release(ctx context.Context, s ledger.Stuck, reason string) verdict {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	err := r.store.Release(ctx, s.Lease, reason)
 	switch {
 	case err == nil:
 		return verdict{fate: left}
-	case errors.Is(err, dedup.ErrLeaseLost):
+	case errors.Is(err, ledger.ErrLeaseLost):
 		return verdict{fate: leaseLost}
 	}
 	r.log.Error("could not release a stuck payment; its lease will lapse", "merchant_id", s.Lease.MerchantID,
 		"idempotency_key", s.Lease.IdempotencyKey, "provider_key", s.Lease.ProviderKey, "error", err)
-	return verdict{fate: left, errored: true, dbDown: errors.Is(err, dedup.ErrUnavailable)}
+	return verdict{fate: left, errored: true, dbDown: errors.Is(err, ledger.ErrUnavailable)}
 }
 
 // settleProcessing looks up, by intent id, up to BatchSize payments the
@@ -347,9 +347,9 @@ func (r *Reconciler) settleProcessing(ctx context.Context, res *RunResult) {
 			continue
 		}
 		out := found.Outcome
-		status, code := dedup.SettleStatus(out.Declined, out.HTTPStatus)
+		status, code := ledger.SettleStatus(out.Declined, out.HTTPStatus)
 		switch err := r.store.SettlePayment(context.WithoutCancel(ctx), p, status, code, out.Response); {
-		case errors.Is(err, dedup.ErrNotFound):
+		case errors.Is(err, ledger.ErrNotFound):
 			// Another reconciler settled it first.
 		case err != nil:
 			res.Errors++

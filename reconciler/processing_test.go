@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
 )
@@ -24,7 +24,7 @@ func (b *bundle) completeProcessing(t *testing.T, key, pm string) *provider.Outc
 	if !out.Processing {
 		t.Fatalf("%s: charge %+v, want processing", key, out)
 	}
-	if err := b.store.Complete(b.ctx, l, dedup.Completion{ChargeID: out.ChargeID, Processing: true,
+	if err := b.store.Complete(b.ctx, l, ledger.Completion{ChargeID: out.ChargeID, Processing: true,
 		ResponseStatus: out.HTTPStatus, Response: out.Response}); err != nil {
 		t.Fatal(err)
 	}
@@ -54,8 +54,8 @@ func TestReconcilerSettlesProcessingPayments(t *testing.T) {
 		charge, status string
 		code           int
 	}{
-		"ach-ok":     {ok.ChargeID, dedup.PaymentSucceeded, http.StatusOK},
-		"ach-closed": {closed.ChargeID, dedup.PaymentFailed, http.StatusPaymentRequired},
+		"ach-ok":     {ok.ChargeID, ledger.PaymentSucceeded, http.StatusOK},
+		"ach-closed": {closed.ChargeID, ledger.PaymentFailed, http.StatusPaymentRequired},
 	} {
 		p, err := b.store.GetPayment(b.ctx, merchant, key)
 		if err != nil || p.Status != want.status || p.ChargeID != want.charge || p.SettledAt.IsZero() {
@@ -69,8 +69,8 @@ func TestReconcilerSettlesProcessingPayments(t *testing.T) {
 		t.Fatalf("%d charges at the provider, want 1", n)
 	}
 	// Settled rows are never settled again, and nothing else changes them.
-	if err := b.store.SettlePayment(b.ctx, dedup.Payment{MerchantID: merchant, IdempotencyKey: "ach-ok", ChargeID: ok.ChargeID},
-		dedup.PaymentFailed, 402, []byte(`{}`)); !errors.Is(err, dedup.ErrNotFound) {
+	if err := b.store.SettlePayment(b.ctx, ledger.Payment{MerchantID: merchant, IdempotencyKey: "ach-ok", ChargeID: ok.ChargeID},
+		ledger.PaymentFailed, 402, []byte(`{}`)); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("settling a settled payment: %v, want ErrNotFound", err)
 	}
 	if res := runOnce(t, r); res.StillProcessing+res.SettledSucceeded+res.SettledFailed != 0 {
@@ -93,8 +93,8 @@ func TestReconcilerResolvesStuckRowAsProcessing(t *testing.T) {
 	}
 	rec := b.get(t, "ach-crash")
 	p, err := b.store.GetPayment(b.ctx, merchant, "ach-crash")
-	if rec.Status != dedup.StatusCompleted || rec.ResponseStatus != http.StatusAccepted || err != nil ||
-		p.Status != dedup.PaymentProcessing || p.ChargeID != out.ChargeID {
+	if rec.Status != ledger.StatusCompleted || rec.ResponseStatus != http.StatusAccepted || err != nil ||
+		p.Status != ledger.PaymentProcessing || p.ChargeID != out.ChargeID {
 		t.Fatalf("record %+v, ledger %+v %v", rec, p, err)
 	}
 }
@@ -116,7 +116,7 @@ func TestReconcilerNeverCompletesFromForeignIntent(t *testing.T) {
 	if res.ForeignIntents != 1 || res.Left != 1 || res.Completed+res.Failed+res.Declined != 0 {
 		t.Fatalf("pass: %+v", res)
 	}
-	if rec := b.get(t, "foreign"); rec.Status != dedup.StatusPending {
+	if rec := b.get(t, "foreign"); rec.Status != ledger.StatusPending {
 		t.Fatalf("record %+v, want pending", rec)
 	}
 	if n := b.count(t, `SELECT count(*) FROM payments`); n != 0 {

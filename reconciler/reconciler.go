@@ -76,8 +76,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -135,15 +135,15 @@ type Looker interface {
 // Store is what the reconciler needs of the idempotency store;
 // *dedup.Store implements it.
 type Store interface {
-	AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]dedup.Stuck, error)
-	Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error)
-	ResolveNotCharged(ctx context.Context, l dedup.Lease, reason string) error
-	Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error
-	DeferLookup(ctx context.Context, l dedup.Lease, reason string, b dedup.Backoff) (int, time.Time, error)
-	Release(ctx context.Context, l dedup.Lease, reason string) error
+	AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]ledger.Stuck, error)
+	Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error)
+	ResolveNotCharged(ctx context.Context, l ledger.Lease, reason string) error
+	Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error
+	DeferLookup(ctx context.Context, l ledger.Lease, reason string, b ledger.Backoff) (int, time.Time, error)
+	Release(ctx context.Context, l ledger.Lease, reason string) error
 	Purge(ctx context.Context, limit int) (int, error)
-	ProcessingPayments(ctx context.Context, cur dedup.ProcessingCursor, limit int) ([]dedup.Payment, dedup.ProcessingCursor, error)
-	SettlePayment(ctx context.Context, p dedup.Payment, status string, responseStatus int, response json.RawMessage) error
+	ProcessingPayments(ctx context.Context, cur ledger.ProcessingCursor, limit int) ([]ledger.Payment, ledger.ProcessingCursor, error)
+	SettlePayment(ctx context.Context, p ledger.Payment, status string, responseStatus int, response json.RawMessage) error
 }
 
 // Metrics observes every pass; the ops layer implements it (e.g. with
@@ -282,7 +282,7 @@ type Reconciler struct {
 	// acquireAfter is max(Grace, SearchLag): see the package documentation.
 	acquireAfter time.Duration
 	// backoff paces the lookups of a row whose lookup failed.
-	backoff dedup.Backoff
+	backoff ledger.Backoff
 	// renewBelow is the lease time left under which a row's lease is renewed
 	// before its lookup: the lookup plus half the rest of a fresh lease for
 	// the write.
@@ -292,7 +292,7 @@ type Reconciler struct {
 	cancel context.CancelFunc
 	// processingCursor is where the next pass resumes its scan of
 	// processing payments.
-	processingCursor dedup.ProcessingCursor
+	processingCursor ledger.ProcessingCursor
 	done             chan struct{}
 }
 
@@ -314,7 +314,7 @@ func New(store Store, looker Looker, cfg Config) (*Reconciler, error) {
 		cfg:          cfg,
 		log:          cfg.Logger.With("holder", cfg.Holder),
 		acquireAfter: max(cfg.Grace, cfg.SearchLag),
-		backoff:      dedup.Backoff{Base: cfg.LookupBackoff, Max: cfg.LookupBackoffMax},
+		backoff:      ledger.Backoff{Base: cfg.LookupBackoff, Max: cfg.LookupBackoffMax},
 		renewBelow:   cfg.LookupTimeout + (cfg.Lease-cfg.LookupTimeout)/2,
 	}, nil
 }

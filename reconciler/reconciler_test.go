@@ -20,6 +20,7 @@ import (
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
@@ -79,13 +80,13 @@ func command(key string) *payment.Command {
 
 // claim makes a pending row held by a worker, as a worker does before it
 // calls the provider.
-func (b *bundle) claim(t *testing.T, key string) dedup.Lease {
+func (b *bundle) claim(t *testing.T, key string) ledger.Lease {
 	t.Helper()
-	res, err := b.store.Claim(b.ctx, "worker", workerLease, dedup.NewClaimRequest(command(key)))
+	res, err := b.store.Claim(b.ctx, "worker", workerLease, ledger.NewClaimRequest(command(key)))
 	if err != nil {
 		t.Fatalf("claim %s: %v", key, err)
 	}
-	if res.Outcome != dedup.Claimed {
+	if res.Outcome != ledger.Claimed {
 		t.Fatalf("claim %s: %v, want claimed", key, res.Outcome)
 	}
 	return *res.Lease
@@ -93,7 +94,7 @@ func (b *bundle) claim(t *testing.T, key string) dedup.Lease {
 
 // charge makes the provider charge (or decline, with pm) under the row's key,
 // as the worker's call would have before it crashed.
-func (b *bundle) charge(t *testing.T, l dedup.Lease, pm string) *provider.Outcome {
+func (b *bundle) charge(t *testing.T, l ledger.Lease, pm string) *provider.Outcome {
 	t.Helper()
 	out, err := b.stripe.Charge(b.ctx, provider.ChargeRequest{
 		ProviderKey: l.ProviderKey, MerchantID: l.MerchantID, IdempotencyKey: l.IdempotencyKey,
@@ -115,7 +116,7 @@ func (b *bundle) reconciler(t *testing.T, looker reconciler.Looker, cfg reconcil
 	return r
 }
 
-func (b *bundle) get(t *testing.T, key string) dedup.Record {
+func (b *bundle) get(t *testing.T, key string) ledger.Record {
 	t.Helper()
 	rec, err := b.store.Get(b.ctx, merchant, key)
 	if err != nil {
@@ -215,7 +216,7 @@ func TestChargedRowIsCompleted(t *testing.T) {
 	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Completed: 1})
 
 	rec := b.get(t, "charged")
-	if rec.Status != dedup.StatusCompleted || rec.ChargeID != out.ChargeID || rec.ResponseStatus != 200 || rec.LockedBy != r.Holder() {
+	if rec.Status != ledger.StatusCompleted || rec.ChargeID != out.ChargeID || rec.ResponseStatus != 200 || rec.LockedBy != r.Holder() {
 		t.Fatalf("record %+v: want completed by %s with %s and 200", rec, r.Holder(), out.ChargeID)
 	}
 	if id := responseID(t, rec.Response); id != out.ChargeID {
@@ -255,7 +256,7 @@ func TestDeclinedRowIsCompletedAsDeclined(t *testing.T) {
 	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Declined: 1})
 
 	rec := b.get(t, "declined")
-	if rec.Status != dedup.StatusCompleted || rec.ResponseStatus != 402 {
+	if rec.Status != ledger.StatusCompleted || rec.ResponseStatus != 402 {
 		t.Fatalf("record %+v: want completed with 402", rec)
 	}
 	if id := responseID(t, rec.Response); id != out.ChargeID {
@@ -280,7 +281,7 @@ func TestNotChargedRowFailsOnlyAfterSearchLag(t *testing.T) {
 	// row is not even taken.
 	b.clk.Advance(workerLease + reconciler.DefaultGrace + time.Second)
 	wantResult(t, runOnce(t, r), reconciler.RunResult{})
-	if rec := b.get(t, "nothing"); rec.Status != dedup.StatusPending || rec.LockedBy != "worker" || rec.Attempts != 1 {
+	if rec := b.get(t, "nothing"); rec.Status != ledger.StatusPending || rec.LockedBy != "worker" || rec.Attempts != 1 {
 		t.Fatalf("young row was touched: %+v", rec)
 	}
 	if n := looker.total(); n != 0 {
@@ -290,15 +291,15 @@ func TestNotChargedRowFailsOnlyAfterSearchLag(t *testing.T) {
 	b.clk.Advance(reconciler.DefaultSearchLag - reconciler.DefaultGrace)
 	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Failed: 1})
 	rec := b.get(t, "nothing")
-	if rec.Status != dedup.StatusFailed || rec.MaybeCharged || !strings.Contains(rec.LastError, "no charge") {
+	if rec.Status != ledger.StatusFailed || rec.MaybeCharged || !strings.Contains(rec.LastError, "no charge") {
 		t.Fatalf("record %+v: want failed, not maybe charged", rec)
 	}
 	if n := b.count(t, `SELECT count(*) FROM payments`); n != 0 {
 		t.Fatalf("%d ledger rows, want 0", n)
 	}
 	// The next delivery may now charge: it re-acquires a known-not-charged row.
-	res, err := b.store.Claim(b.ctx, "worker-2", workerLease, dedup.NewClaimRequest(command("nothing")))
-	if err != nil || res.Outcome != dedup.Reacquired || res.Lease.MaybeCharged {
+	res, err := b.store.Claim(b.ctx, "worker-2", workerLease, ledger.NewClaimRequest(command("nothing")))
+	if err != nil || res.Outcome != ledger.Reacquired || res.Lease.MaybeCharged {
 		t.Fatalf("redelivery claim: %+v %v, want reacquired, not maybe charged", res, err)
 	}
 	if len(b.sim.Charges()) != 0 {
@@ -326,7 +327,7 @@ func TestSearchLagHidesLateCharge(t *testing.T) {
 
 	b.clk.Advance(time.Second + time.Millisecond)
 	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Completed: 1})
-	if rec := b.get(t, "late"); rec.Status != dedup.StatusCompleted || rec.ChargeID != out.ChargeID {
+	if rec := b.get(t, "late"); rec.Status != ledger.StatusCompleted || rec.ChargeID != out.ChargeID {
 		t.Fatalf("record %+v: want completed with %s", rec, out.ChargeID)
 	}
 }
@@ -343,7 +344,7 @@ func TestLookupErrorLeavesRowPending(t *testing.T) {
 	r := b.reconciler(t, b.stripe, reconciler.Config{})
 	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Left: 1, Errors: 1, LookupErrors: 1})
 	rec := b.get(t, "flaky")
-	if rec.Status != dedup.StatusPending || !rec.MaybeCharged || rec.LockedBy != r.Holder() ||
+	if rec.Status != ledger.StatusPending || !rec.MaybeCharged || rec.LockedBy != r.Holder() ||
 		!rec.LockedUntil.Equal(b.clk.Now()) || !strings.Contains(rec.LastError, "lookup") {
 		t.Fatalf("record %+v: want pending, released by the reconciler now, with the lookup error", rec)
 	}
@@ -355,7 +356,7 @@ func TestLookupErrorLeavesRowPending(t *testing.T) {
 	}
 	b.clk.Advance(reconciler.DefaultSearchLag + time.Second)
 	wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Completed: 1})
-	if rec := b.get(t, "flaky"); rec.Status != dedup.StatusCompleted || rec.ChargeID != out.ChargeID {
+	if rec := b.get(t, "flaky"); rec.Status != ledger.StatusCompleted || rec.ChargeID != out.ChargeID {
 		t.Fatalf("record %+v: want completed with %s", rec, out.ChargeID)
 	}
 }
@@ -386,7 +387,7 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 		}, false},
 		{"charge id already in the ledger", func(t *testing.T, b *bundle) {
 			other := b.claim(t, "other")
-			if err := b.store.Complete(b.ctx, other, dedup.Completion{ChargeID: "pi_x", ResponseStatus: 200, Response: resp}); err != nil {
+			if err := b.store.Complete(b.ctx, other, ledger.Completion{ChargeID: "pi_x", ResponseStatus: 200, Response: resp}); err != nil {
 				t.Fatal(err)
 			}
 		}, func() (provider.LookupResult, error) {
@@ -411,7 +412,7 @@ func TestUnusableAnswersLeaveRowPending(t *testing.T) {
 			}
 			wantResult(t, runOnce(t, r), want)
 			rec := b.get(t, "k")
-			if rec.Status != dedup.StatusPending || !rec.MaybeCharged || !rec.LockedUntil.Equal(b.clk.Now()) || rec.LastError == "" {
+			if rec.Status != ledger.StatusPending || !rec.MaybeCharged || !rec.LockedUntil.Equal(b.clk.Now()) || rec.LastError == "" {
 				t.Fatalf("record %+v: want pending, maybe charged, released now, with the reason", rec)
 			}
 			if n := b.count(t, `SELECT count(*) FROM payments WHERE idempotency_key = 'k'`); n != 0 {
@@ -527,11 +528,11 @@ func TestFencing(t *testing.T) {
 		r := b.reconciler(t, b.stripe, reconciler.Config{})
 		wantResult(t, runOnce(t, r), reconciler.RunResult{Examined: 1, Completed: 1})
 
-		c := dedup.Completion{ChargeID: out.ChargeID, ResponseStatus: out.HTTPStatus, Response: out.Response}
-		if err := b.store.Complete(b.ctx, w, c); !errors.Is(err, dedup.ErrLeaseLost) {
+		c := ledger.Completion{ChargeID: out.ChargeID, ResponseStatus: out.HTTPStatus, Response: out.Response}
+		if err := b.store.Complete(b.ctx, w, c); !errors.Is(err, ledger.ErrLeaseLost) {
 			t.Fatalf("late worker's complete: %v, want ErrLeaseLost", err)
 		}
-		if _, err := b.store.Heartbeat(b.ctx, w, workerLease); !errors.Is(err, dedup.ErrLeaseLost) {
+		if _, err := b.store.Heartbeat(b.ctx, w, workerLease); !errors.Is(err, ledger.ErrLeaseLost) {
 			t.Fatalf("late worker's heartbeat: %v, want ErrLeaseLost", err)
 		}
 		if n := b.count(t, `SELECT count(*) FROM payments WHERE idempotency_key = 'k'`); n != 1 {
@@ -548,13 +549,13 @@ func TestFencing(t *testing.T) {
 				b.charge(t, w, "pm_card_visa")
 			}
 			b.clk.Advance(stuckFor)
-			var redelivery *dedup.Lease
+			var redelivery *ledger.Lease
 			// The lookup stalls past the reconciler's lease, and a redelivery
 			// takes the row meanwhile.
 			stall := lookerFunc(func(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
 				b.clk.Advance(reconciler.DefaultLease + time.Second)
-				res, err := b.store.Claim(ctx, "worker-2", workerLease, dedup.NewClaimRequest(command(req.IdempotencyKey)))
-				if err != nil || res.Outcome != dedup.Reacquired {
+				res, err := b.store.Claim(ctx, "worker-2", workerLease, ledger.NewClaimRequest(command(req.IdempotencyKey)))
+				if err != nil || res.Outcome != ledger.Reacquired {
 					t.Errorf("redelivery claim: %+v %v, want reacquired", res, err)
 				} else {
 					redelivery = res.Lease
@@ -567,12 +568,12 @@ func TestFencing(t *testing.T) {
 				t.FailNow()
 			}
 			rec := b.get(t, "k")
-			if rec.Status != dedup.StatusPending || rec.LockedBy != "worker-2" || rec.Attempts != redelivery.Attempt {
+			if rec.Status != ledger.StatusPending || rec.LockedBy != "worker-2" || rec.Attempts != redelivery.Attempt {
 				t.Fatalf("record %+v: want still pending under worker-2", rec)
 			}
 			// The redelivery's own outcome still records.
 			out := b.charge(t, *redelivery, "pm_card_visa")
-			if err := b.store.Complete(b.ctx, *redelivery, dedup.Completion{ChargeID: out.ChargeID, ResponseStatus: 200, Response: out.Response}); err != nil {
+			if err := b.store.Complete(b.ctx, *redelivery, ledger.Completion{ChargeID: out.ChargeID, ResponseStatus: 200, Response: out.Response}); err != nil {
 				t.Fatalf("redelivery's complete: %v", err)
 			}
 			if n := len(b.sim.Charges()); n != 1 {
@@ -613,13 +614,13 @@ func TestPurge(t *testing.T) {
 	for i := range 5 {
 		l := b.claim(t, fmt.Sprintf("done-%d", i))
 		id := fmt.Sprintf("pi_done_%d", i)
-		if err := b.store.Complete(b.ctx, l, dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `"}`)}); err != nil {
+		if err := b.store.Complete(b.ctx, l, ledger.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `"}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 2 {
 		l := b.claim(t, fmt.Sprintf("failed-%d", i))
-		if st, err := b.store.Fail(b.ctx, l, "429"); err != nil || st != dedup.StatusFailed {
+		if st, err := b.store.Fail(b.ctx, l, "429"); err != nil || st != ledger.StatusFailed {
 			t.Fatalf("fail: %v %v", st, err)
 		}
 	}
@@ -634,7 +635,7 @@ func TestPurge(t *testing.T) {
 
 	// Every row is now past expires_at; "live" still has a live lease and
 	// "stuck" is pending for good (its lookups fail).
-	b.clk.Advance(dedup.DefaultRetention + time.Hour)
+	b.clk.Advance(ledger.DefaultRetention + time.Hour)
 	if _, err := b.store.Heartbeat(b.ctx, live, workerLease); err != nil {
 		t.Fatal(err)
 	}
@@ -646,7 +647,7 @@ func TestPurge(t *testing.T) {
 		t.Fatalf("%d rows left, want the 2 pending ones", n)
 	}
 	for _, key := range []string{"stuck", "live"} {
-		if rec := b.get(t, key); rec.Status != dedup.StatusPending {
+		if rec := b.get(t, key); rec.Status != ledger.StatusPending {
 			t.Fatalf("%s is %s, want pending", key, rec.Status)
 		}
 	}
@@ -706,7 +707,7 @@ func TestStartStop(t *testing.T) {
 	if d := time.Since(began); d > 2*time.Second {
 		t.Fatalf("Stop took %s", d)
 	}
-	if rec := b.get(t, "bg"); rec.Status != dedup.StatusCompleted {
+	if rec := b.get(t, "bg"); rec.Status != ledger.StatusCompleted {
 		t.Fatalf("record %+v: want completed", rec)
 	}
 
@@ -761,7 +762,7 @@ func TestStopDuringLookupReleasesRow(t *testing.T) {
 	}
 	wantResult(t, <-results, reconciler.RunResult{Examined: 1, Left: 1})
 	rec := b.get(t, "hang")
-	if rec.Status != dedup.StatusPending || rec.LockedBy != r.Holder() || !rec.LockedUntil.Equal(b.clk.Now()) {
+	if rec.Status != ledger.StatusPending || rec.LockedBy != r.Holder() || !rec.LockedUntil.Equal(b.clk.Now()) {
 		t.Fatalf("record %+v: want pending, released by the reconciler", rec)
 	}
 }
@@ -791,7 +792,7 @@ func TestRunOnceFailsWhenDatabaseIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = r.RunOnce(t.Context())
-	if !errors.Is(err, dedup.ErrUnavailable) || !strings.HasPrefix(err.Error(), "lease stuck payments: ") {
+	if !errors.Is(err, ledger.ErrUnavailable) || !strings.HasPrefix(err.Error(), "lease stuck payments: ") {
 		t.Fatalf("err = %v, want ErrUnavailable wrapped as \"lease stuck payments: ...\"", err)
 	}
 	if observed != err {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/reconciler"
@@ -144,7 +144,7 @@ func TestFailingLookupsKeepRowStuck(t *testing.T) {
 		t.Errorf("passes counted lookup_errors: %v, want %d", v, failures)
 	}
 	rec := b.get(t, "dark")
-	if rec.Status != dedup.StatusPending || !rec.MaybeCharged {
+	if rec.Status != ledger.StatusPending || !rec.MaybeCharged {
 		t.Errorf("row %s maybe_charged=%v, want still pending and maybe charged", rec.Status, rec.MaybeCharged)
 	}
 }

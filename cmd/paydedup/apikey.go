@@ -9,9 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 type apikeyCmd struct {
@@ -139,7 +139,7 @@ func (c *apikeyCmd) revoke(ctx context.Context, idOrKey string) error {
 	}
 	defer closeDB()
 	k, err := store.RevokeAPIKey(ctx, idOrKey)
-	if errors.Is(err, dedup.ErrNotFound) {
+	if errors.Is(err, ledger.ErrNotFound) {
 		return errors.New("apikey revoke: no such key (see paydedup apikey list)")
 	}
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
@@ -50,7 +51,7 @@ func TestAuditCommand(t *testing.T) {
 	cmds := make([]*payment.Command, 5)
 	for i := range cmds {
 		cmds[i] = &payment.Command{MerchantID: "m_cli", IdempotencyKey: fmt.Sprintf("cli-%d", i), Amount: 500, Currency: "usd", PaymentMethod: "pm_card_visa"}
-		res, err := store.Claim(ctx, "w", time.Minute, dedup.NewClaimRequest(cmds[i]))
+		res, err := store.Claim(ctx, "w", time.Minute, ledger.NewClaimRequest(cmds[i]))
 		if err != nil || res.Lease == nil {
 			t.Fatalf("claim: %+v %v", res, err)
 		}
@@ -59,7 +60,7 @@ func TestAuditCommand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := store.Complete(ctx, *res.Lease, dedup.Completion{ChargeID: out.ChargeID, ResponseStatus: out.HTTPStatus, Response: out.Response}); err != nil {
+		if err := store.Complete(ctx, *res.Lease, ledger.Completion{ChargeID: out.ChargeID, ResponseStatus: out.HTTPStatus, Response: out.Response}); err != nil {
 			t.Fatal(err)
 		}
 	}

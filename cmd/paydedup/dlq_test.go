@@ -21,6 +21,7 @@ import (
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
@@ -92,9 +93,9 @@ func TestDLQListShowReplay(t *testing.T) {
 		_, err := stream.ConsumerState(ctx, w.js, w.cfg)
 		return err == nil
 	})
-	status := func(key string) dedup.Record {
+	status := func(key string) ledger.Record {
 		rec, err := store.Get(ctx, "m_1", key)
-		if err != nil && !errors.Is(err, dedup.ErrNotFound) {
+		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
 			t.Fatal(err)
 		}
 		return rec
@@ -116,7 +117,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	if _, _, err := w.run(paymentLine("done", 100)+"\n", "publish"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "done completed", func() bool { return status("done").Status == dedup.StatusCompleted })
+	eventually(t, "done completed", func() bool { return status("done").Status == ledger.StatusCompleted })
 	if err := sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +221,7 @@ func TestDLQListShowReplay(t *testing.T) {
 	if !strings.Contains(out, "dlq replay: 2 replayed, 0 skipped, 1 refused, 0 not found, 0 failed") || !strings.Contains(out, "not authenticated") {
 		t.Fatalf("replay:\n%s", out)
 	}
-	eventually(t, "down completed", func() bool { return status("down").Status == dedup.StatusCompleted })
+	eventually(t, "down completed", func() bool { return status("down").Status == ledger.StatusCompleted })
 	eventually(t, "quiescent after the replay", quiescent)
 	charges := sim.ChargesByKey()
 	if charges["m_1:down"] != 1 {

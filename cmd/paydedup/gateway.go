@@ -187,7 +187,7 @@ func (g *gatewayCmd) Run(ctx context.Context) error {
 	if err := store.CheckSchema(ctx); err != nil {
 		return fmt.Errorf("gateway: %w", err)
 	}
-	gwStore, err := pgstore.New(pool, pgstore.Config{})
+	gwStore, err := pgstore.New(pool, pgstore.Config{Records: store})
 	if err != nil {
 		return err
 	}

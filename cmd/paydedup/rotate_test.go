@@ -19,6 +19,7 @@ import (
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
@@ -302,7 +303,7 @@ func TestDLQKeyRotationWhileTrafficFlows(t *testing.T) {
 	for _, key := range keys {
 		eventually(t, key+" completed", func() bool {
 			rec, err := store.Get(ctx, "m_1", key)
-			return err == nil && rec.Status == dedup.StatusCompleted
+			return err == nil && rec.Status == ledger.StatusCompleted
 		})
 	}
 	charges := sim.ChargesByKey()

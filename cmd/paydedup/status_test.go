@@ -17,6 +17,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -37,20 +38,20 @@ func seedStore(t *testing.T, dbURL string, now time.Time) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim := func(holder, key string, lease time.Duration) dedup.Lease {
+	claim := func(holder, key string, lease time.Duration) ledger.Lease {
 		t.Helper()
 		c := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-		res, err := store.Claim(ctx, holder, lease, dedup.NewClaimRequest(c))
+		res, err := store.Claim(ctx, holder, lease, ledger.NewClaimRequest(c))
 		if err != nil || res.Lease == nil {
 			t.Fatalf("claim %s: %v %+v", key, err, res)
 		}
 		return *res.Lease
 	}
-	complete := func(l dedup.Lease, declined bool) {
+	complete := func(l ledger.Lease, declined bool) {
 		t.Helper()
-		c := dedup.Completion{ChargeID: "pi_" + l.IdempotencyKey, ResponseStatus: 200, Response: json.RawMessage(`{"ok":true}`)}
+		c := ledger.Completion{ChargeID: "pi_" + l.IdempotencyKey, ResponseStatus: 200, Response: json.RawMessage(`{"ok":true}`)}
 		if declined {
-			c = dedup.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{"declined":true}`)}
+			c = ledger.Completion{Declined: true, ResponseStatus: 402, Response: json.RawMessage(`{"declined":true}`)}
 		}
 		if err := store.Complete(ctx, l, c); err != nil {
 			t.Fatal(err)

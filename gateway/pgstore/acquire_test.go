@@ -10,9 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // counted is a store over b's schema whose pool counts its round trips.
@@ -41,12 +42,12 @@ func TestAcquireIntakesHeldInOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const publishLease, retention = 10 * time.Second, 48 * time.Hour
-	first := []dedup.ClaimRequest{req("m_1", "held-1", 100), req("m_1", "held-2", 100), req("m_2", "other-payload", 100)}
+	first := []ledger.ClaimRequest{req("m_1", "held-1", 100), req("m_1", "held-2", 100), req("m_2", "other-payload", 100)}
 	if _, err := b.store.AcquireIntakes(b.ctx, first, publishLease, retention); err != nil {
 		t.Fatal(err)
 	}
 	s, trips := b.counted(t)
-	batch := []dedup.ClaimRequest{
+	batch := []ledger.ClaimRequest{
 		req("m_1", "new-1", 100), first[0], req("m_2", "other-payload", 999), req("m_1", "new-2", 100), first[1],
 	}
 	trips.Store(0)
@@ -57,7 +58,7 @@ func TestAcquireIntakesHeldInOneRoundTrip(t *testing.T) {
 	if n := trips.Load(); n != 1 {
 		t.Fatalf("%d round trips, want 1", n)
 	}
-	want := []pgstore.IntakeOutcome{pgstore.IntakeAcquired, pgstore.IntakeHeld, pgstore.IntakeMismatch, pgstore.IntakeAcquired, pgstore.IntakeHeld}
+	want := []ledger.IntakeOutcome{ledger.IntakeAcquired, ledger.IntakeHeld, ledger.IntakeMismatch, ledger.IntakeAcquired, ledger.IntakeHeld}
 	for i, r := range res {
 		if r.Outcome != want[i] {
 			t.Fatalf("%s: outcome %v, want %v", batch[i].IdempotencyKey, r.Outcome, want[i])
@@ -92,8 +93,8 @@ func TestAcquireNewIntakesRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hash := pgstore.HashAPIKey(key)
-	raceAcquisitions(t, b, func(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]pgstore.IntakeResult, error) {
+	hash := apikey.Hash(key)
+	raceAcquisitions(t, b, func(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 		hashes := make([][]byte, len(reqs))
 		for i := range hashes {
 			hashes[i] = hash
@@ -102,10 +103,10 @@ func TestAcquireNewIntakesRace(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		var later []dedup.ClaimRequest
+		var later []ledger.ClaimRequest
 		var at []int
 		for i, r := range res {
-			if r.Outcome == pgstore.IntakeReadFirst {
+			if r.Outcome == ledger.IntakeReadFirst {
 				later, at = append(later, reqs[i]), append(at, i)
 			}
 		}
@@ -117,7 +118,7 @@ func TestAcquireNewIntakesRace(t *testing.T) {
 			return nil, err
 		}
 		for j, r := range again {
-			if r.Outcome != pgstore.IntakeHeld {
+			if r.Outcome != ledger.IntakeHeld {
 				return nil, fmt.Errorf("%s: left to be read, then %v; want held by the winner", later[j].IdempotencyKey, r.Outcome)
 			}
 			res[at[j]] = r
@@ -128,14 +129,14 @@ func TestAcquireNewIntakesRace(t *testing.T) {
 
 // raceAcquisitions races two batches of acquire over shared keys, round
 // after round.
-func raceAcquisitions(t *testing.T, b *bundle, acquire func(context.Context, []dedup.ClaimRequest, time.Duration, time.Duration) ([]pgstore.IntakeResult, error)) {
+func raceAcquisitions(t *testing.T, b *bundle, acquire func(context.Context, []ledger.ClaimRequest, time.Duration, time.Duration) ([]ledger.IntakeResult, error)) {
 	t.Helper()
 	const publishLease, retention = 10 * time.Second, 48 * time.Hour
 	const rounds, size = 20, 40
 	for round := range rounds {
 		// Each batch holds the shared keys and its own; the statement takes
 		// the rows in key order, so the two cannot deadlock.
-		batches := make([][]dedup.ClaimRequest, 2)
+		batches := make([][]ledger.ClaimRequest, 2)
 		for side := range batches {
 			for i := range size {
 				key := fmt.Sprintf("r%d-shared-%02d", round, i)
@@ -145,7 +146,7 @@ func raceAcquisitions(t *testing.T, b *bundle, acquire func(context.Context, []d
 				batches[side] = append(batches[side], req("m_1", key, 100))
 			}
 		}
-		results := make([][]pgstore.IntakeResult, 2)
+		results := make([][]ledger.IntakeResult, 2)
 		var wg sync.WaitGroup
 		start := make(chan struct{})
 		for side := range batches {
@@ -166,16 +167,16 @@ func raceAcquisitions(t *testing.T, b *bundle, acquire func(context.Context, []d
 		for i := range size {
 			a, c := results[0][i], results[1][i]
 			if i%2 == 1 {
-				if a.Outcome != pgstore.IntakeAcquired || c.Outcome != pgstore.IntakeAcquired {
+				if a.Outcome != ledger.IntakeAcquired || c.Outcome != ledger.IntakeAcquired {
 					t.Fatalf("round %d: own keys %v, %v, want both acquired", round, a.Outcome, c.Outcome)
 				}
 				continue
 			}
-			if (a.Outcome == pgstore.IntakeAcquired) == (c.Outcome == pgstore.IntakeAcquired) {
+			if (a.Outcome == ledger.IntakeAcquired) == (c.Outcome == ledger.IntakeAcquired) {
 				t.Fatalf("round %d, %s: outcomes %v and %v, want one publisher", round, batches[0][i].IdempotencyKey, a.Outcome, c.Outcome)
 			}
-			for _, r := range []pgstore.IntakeResult{a, c} {
-				if r.Outcome != pgstore.IntakeAcquired && r.Outcome != pgstore.IntakeHeld {
+			for _, r := range []ledger.IntakeResult{a, c} {
+				if r.Outcome != ledger.IntakeAcquired && r.Outcome != ledger.IntakeHeld {
 					t.Fatalf("round %d, %s: outcome %v", round, batches[0][i].IdempotencyKey, r.Outcome)
 				}
 				if r.Intake.IdempotencyKey != batches[0][i].IdempotencyKey || r.Intake.Attempt != 1 {
@@ -201,7 +202,7 @@ func TestAcquireNewIntakes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return pgstore.HashAPIKey(key)
+		return apikey.Hash(key)
 	}
 	m1, m2 := apiKey("m_1"), apiKey("m_2")
 	revoked, rk, err := b.store.CreateAPIKey(b.ctx, "m_1", "")
@@ -225,12 +226,12 @@ func TestAcquireNewIntakes(t *testing.T) {
 	}
 	// Intake rows: two held by a publisher (one for another payload), one
 	// dead-lettered by the worker.
-	prior, err := b.store.AcquireIntakes(b.ctx, []dedup.ClaimRequest{req("m_1", "held", 100), req("m_1", "dead", 100),
+	prior, err := b.store.AcquireIntakes(b.ctx, []ledger.ClaimRequest{req("m_1", "held", 100), req("m_1", "dead", 100),
 		req("m_1", "held-other", 999)}, publishLease, retention)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.store.IntakesPublished(b.ctx, []pgstore.Published{{Intake: prior[1].Intake, Seq: 7}}, time.Minute); err != nil {
+	if _, err := b.store.IntakesPublished(b.ctx, []ledger.Published{{Intake: prior[1].Intake, Seq: 7}}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", "dead", 7, "amount_over_limit", "x"); !ok || err != nil {
@@ -238,22 +239,22 @@ func TestAcquireNewIntakes(t *testing.T) {
 	}
 
 	cases := []struct {
-		req    dedup.ClaimRequest
+		req    ledger.ClaimRequest
 		apiKey []byte
-		want   pgstore.IntakeOutcome
+		want   ledger.IntakeOutcome
 	}{
-		{req("m_1", "new-1", 100), m1, pgstore.IntakeAcquired},
-		{req("m_1", "pending", 100), m1, pgstore.IntakeReadFirst},
-		{req("m_1", "completed", 100), m1, pgstore.IntakeReadFirst},
-		{req("m_1", "ledger-only", 100), m1, pgstore.IntakeReadFirst},
-		{req("m_1", "revoked-key", 100), pgstore.HashAPIKey(revoked), pgstore.IntakeReadFirst},
-		{req("m_1", "other-merchants-key", 100), m2, pgstore.IntakeReadFirst},
-		{req("m_1", "held", 100), m1, pgstore.IntakeHeld},
-		{req("m_1", "held-other", 100), m1, pgstore.IntakeMismatch},
-		{req("m_1", "dead", 100), m1, pgstore.IntakeDeadLettered},
-		{req("m_2", "new-2", 100), m2, pgstore.IntakeAcquired},
+		{req("m_1", "new-1", 100), m1, ledger.IntakeAcquired},
+		{req("m_1", "pending", 100), m1, ledger.IntakeReadFirst},
+		{req("m_1", "completed", 100), m1, ledger.IntakeReadFirst},
+		{req("m_1", "ledger-only", 100), m1, ledger.IntakeReadFirst},
+		{req("m_1", "revoked-key", 100), apikey.Hash(revoked), ledger.IntakeReadFirst},
+		{req("m_1", "other-merchants-key", 100), m2, ledger.IntakeReadFirst},
+		{req("m_1", "held", 100), m1, ledger.IntakeHeld},
+		{req("m_1", "held-other", 100), m1, ledger.IntakeMismatch},
+		{req("m_1", "dead", 100), m1, ledger.IntakeDeadLettered},
+		{req("m_2", "new-2", 100), m2, ledger.IntakeAcquired},
 	}
-	reqs, keys := make([]dedup.ClaimRequest, len(cases)), make([][]byte, len(cases))
+	reqs, keys := make([]ledger.ClaimRequest, len(cases)), make([][]byte, len(cases))
 	for i, c := range cases {
 		reqs[i], keys[i] = c.req, c.apiKey
 	}
@@ -272,7 +273,7 @@ func TestAcquireNewIntakes(t *testing.T) {
 			t.Errorf("%s: outcome %v, want %v", c.req.IdempotencyKey, r.Outcome, c.want)
 			continue
 		}
-		if c.want == pgstore.IntakeReadFirst {
+		if c.want == ledger.IntakeReadFirst {
 			if r.Intake.MerchantID != "" {
 				t.Errorf("%s: read first with the row %+v", c.req.IdempotencyKey, r.Intake)
 			}

@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -12,48 +11,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/payment"
 )
 
-// ErrUnauthenticated means an API key is malformed, unknown or revoked. The
-// three are deliberately not told apart.
-var ErrUnauthenticated = errors.New("invalid API key")
-
-// APIKeyPrefix starts every API key, so a leaked key is recognisable (and
-// secret scanners can be taught to find it).
-const APIKeyPrefix = "pd_"
-
 // maxLabelLen bounds an API key's label (the schema checks it too).
 const maxLabelLen = 200
-
-// The shape of a key: prefix, apiKeyIDLen lowercase hex characters of
-// public id, underscore, apiKeySecretLen base64url characters (256 random
-// bits); `^pd_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$`.
-const (
-	apiKeyIDLen     = 12
-	apiKeySecretLen = 43
-)
-
-// apiKeyID returns the public id of a key of the right shape. Checked by
-// hand rather than by a regexp: every POST checks its key's shape.
-func apiKeyID(key string) (string, bool) {
-	p := len(APIKeyPrefix)
-	if len(key) != p+apiKeyIDLen+1+apiKeySecretLen || key[:p] != APIKeyPrefix || key[p+apiKeyIDLen] != '_' {
-		return "", false
-	}
-	id := key[p : p+apiKeyIDLen]
-	for i := range len(id) {
-		if c := id[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return "", false
-		}
-	}
-	for _, c := range []byte(key[p+apiKeyIDLen+1:]) {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && c != '_' && c != '-' {
-			return "", false
-		}
-	}
-	return id, true
-}
 
 // APIKey describes a stored API key. The key itself is never stored: only
 // its SHA-256.
@@ -63,13 +26,6 @@ type APIKey struct {
 	Label      string
 	CreatedAt  time.Time
 	RevokedAt  time.Time // zero while active
-}
-
-// HashAPIKey returns what is stored for a key: its SHA-256. A key carries
-// 256 random bits, so no salt or slow hash is needed.
-func HashAPIKey(key string) []byte {
-	sum := sha256.Sum256([]byte(key))
-	return sum[:]
 }
 
 // CreateAPIKey creates a key for a merchant and returns it with its
@@ -90,10 +46,10 @@ func (s *Store) CreateAPIKey(ctx context.Context, merchantID, label string) (str
 		return "", APIKey{}, fmt.Errorf("create API key: %w", err)
 	}
 	k := APIKey{ID: hex.EncodeToString(id[:]), MerchantID: merchantID, Label: label, CreatedAt: s.db.Clock.Now()}
-	token := APIKeyPrefix + k.ID + "_" + base64.RawURLEncoding.EncodeToString(secret[:])
+	token := apikey.Prefix + k.ID + "_" + base64.RawURLEncoding.EncodeToString(secret[:])
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		_, err := s.db.Pool.Exec(ctx, `INSERT INTO api_keys (id, merchant_id, key_hash, label, created_at)
-			VALUES ($1, $2, $3, $4, $5)`, k.ID, k.MerchantID, HashAPIKey(token), k.Label, k.CreatedAt)
+			VALUES ($1, $2, $3, $4, $5)`, k.ID, k.MerchantID, apikey.Hash(token), k.Label, k.CreatedAt)
 		return err
 	})
 	if err != nil {
@@ -103,18 +59,18 @@ func (s *Store) CreateAPIKey(ctx context.Context, merchantID, label string) (str
 }
 
 // Authenticate returns the merchant an active key belongs to, or
-// ErrUnauthenticated.
+// apikey.ErrUnauthenticated.
 func (s *Store) Authenticate(ctx context.Context, key string) (string, error) {
-	if _, ok := apiKeyID(key); !ok {
-		return "", ErrUnauthenticated
+	if _, ok := apikey.ID(key); !ok {
+		return "", apikey.ErrUnauthenticated
 	}
 	var merchant string
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		return s.db.Pool.QueryRow(ctx, `SELECT merchant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL`,
-			HashAPIKey(key)).Scan(&merchant)
+			apikey.Hash(key)).Scan(&merchant)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", ErrUnauthenticated
+		return "", apikey.ErrUnauthenticated
 	}
 	if err != nil {
 		return "", interpretError("authenticate", err)
@@ -124,10 +80,10 @@ func (s *Store) Authenticate(ctx context.Context, key string) (string, error) {
 
 // RevokeAPIKey revokes a key by its id (or by the key itself) and returns
 // it. Revoking a revoked key keeps its first revocation time. An unknown id
-// is dedup.ErrNotFound.
+// is ledger.ErrNotFound.
 func (s *Store) RevokeAPIKey(ctx context.Context, idOrKey string) (APIKey, error) {
 	id := idOrKey
-	if kid, ok := apiKeyID(idOrKey); ok {
+	if kid, ok := apikey.ID(idOrKey); ok {
 		id = kid
 	}
 	var k APIKey

@@ -3,14 +3,15 @@ package pgstore
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // The batched intake: the gateway takes in a whole batch of
@@ -27,12 +28,12 @@ import (
 // read with one more. results[i] answers reqs[i]. An error fails the whole
 // batch: nothing was acquired by it that the caller must give up (the
 // statement is atomic).
-func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, lease, retention time.Duration) ([]IntakeResult, error) {
+func (s *Store) AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 	seen, err := checkIntakeBatch(reqs, lease, retention)
 	if err != nil {
 		return nil, fmt.Errorf("acquire intakes: %w", err)
 	}
-	results := make([]IntakeResult, len(reqs))
+	results := make([]ledger.IntakeResult, len(reqs))
 	todo := reqs
 	// A row purged between the two statements is simply retried.
 	for range 3 {
@@ -42,13 +43,13 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 		if err != nil {
 			return nil, interpretError("acquire intakes", err)
 		}
-		var rest []dedup.ClaimRequest
+		var rest []ledger.ClaimRequest
 		for _, r := range todo {
 			k := rowKey{r.MerchantID, r.IdempotencyKey}
 			if in, ok := acquired[k]; ok {
-				results[seen[k]] = IntakeResult{Outcome: IntakeAcquired, Intake: in}
+				results[seen[k]] = ledger.IntakeResult{Outcome: ledger.IntakeAcquired, Intake: in}
 			} else if in, ok := met[k]; ok {
-				results[seen[k]] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+				results[seen[k]] = ledger.IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
 			} else {
 				rest = append(rest, r)
 			}
@@ -63,23 +64,23 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 		}
 		todo = todo[:0:0]
 		for _, r := range rest {
-			in, ok := found[dedup.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}]
+			in, ok := found[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}]
 			if !ok {
 				todo = append(todo, r)
 				continue
 			}
-			results[seen[rowKey{r.MerchantID, r.IdempotencyKey}]] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+			results[seen[rowKey{r.MerchantID, r.IdempotencyKey}]] = ledger.IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
 		}
 		if len(todo) == 0 {
 			return results, nil
 		}
 	}
-	return nil, fmt.Errorf("acquire intakes: %w: rows kept disappearing", dedup.ErrUnavailable)
+	return nil, fmt.Errorf("acquire intakes: %w: rows kept disappearing", ledger.ErrUnavailable)
 }
 
 // AcquireNewIntakes is AcquireIntakes for the requests that nothing but
 // their intake row can decide, in one round trip: those whose API key
-// (apiKeys[i], HashAPIKey, is the key reqs[i] came with) is active for
+// (apiKeys[i], apikey.Hash, is the key reqs[i] came with) is active for
 // their merchant and whose key has neither a record nor a ledger row. The
 // others are IntakeReadFirst and untouched, as is a request whose row a
 // concurrent batch committed while the statement ran: the caller decides
@@ -89,7 +90,7 @@ func (s *Store) AcquireIntakes(ctx context.Context, reqs []dedup.ClaimRequest, l
 // It is the batched intake's first statement: for a batch of new
 // payments, the reads that would find nothing are not made, and the
 // acquisition is its only round trip before the publish.
-func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]IntakeResult, error) {
+func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error) {
 	if len(apiKeys) != len(reqs) {
 		return nil, fmt.Errorf("acquire new intakes: %d API keys for %d requests", len(apiKeys), len(reqs))
 	}
@@ -102,15 +103,15 @@ func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest
 	if err != nil {
 		return nil, interpretError("acquire new intakes", err)
 	}
-	results := make([]IntakeResult, len(reqs))
+	results := make([]ledger.IntakeResult, len(reqs))
 	for i, r := range reqs {
 		k := rowKey{r.MerchantID, r.IdempotencyKey}
 		if in, ok := acquired[k]; ok {
-			results[i] = IntakeResult{Outcome: IntakeAcquired, Intake: in}
+			results[i] = ledger.IntakeResult{Outcome: ledger.IntakeAcquired, Intake: in}
 		} else if in, ok := met[k]; ok {
-			results[i] = IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
+			results[i] = ledger.IntakeResult{Outcome: heldOutcome(in, r.RequestHash), Intake: in}
 		} else {
-			results[i] = IntakeResult{Outcome: IntakeReadFirst}
+			results[i] = ledger.IntakeResult{Outcome: ledger.IntakeReadFirst}
 		}
 	}
 	return results, nil
@@ -118,7 +119,7 @@ func (s *Store) AcquireNewIntakes(ctx context.Context, reqs []dedup.ClaimRequest
 
 // checkIntakeBatch validates a batch of requests to take in and returns
 // the index of each (merchant, key): they must be distinct.
-func checkIntakeBatch(reqs []dedup.ClaimRequest, lease, retention time.Duration) (map[rowKey]int, error) {
+func checkIntakeBatch(reqs []ledger.ClaimRequest, lease, retention time.Duration) (map[rowKey]int, error) {
 	if lease <= 0 || retention <= lease {
 		return nil, fmt.Errorf("need 0 < lease (%v) < retention (%v)", lease, retention)
 	}
@@ -138,7 +139,7 @@ func checkIntakeBatch(reqs []dedup.ClaimRequest, lease, retention time.Duration)
 
 // intakeArgs are the arguments of an acquisition of reqs (intakeRequests),
 // but for now.
-func intakeArgs(reqs []dedup.ClaimRequest, lease, retention time.Duration) pgx.NamedArgs {
+func intakeArgs(reqs []ledger.ClaimRequest, lease, retention time.Duration) pgx.NamedArgs {
 	n := len(reqs)
 	merchants, keys := make([]string, n), make([]string, n)
 	hashes, amounts, currencies := make([][]byte, n), make([]int64, n), make([]string, n)
@@ -151,8 +152,8 @@ func intakeArgs(reqs []dedup.ClaimRequest, lease, retention time.Duration) pgx.N
 
 // acquireOrRead runs an acquireOrRead statement under pinPlans, in one
 // round trip, and returns the rows it acquired and the rows it met.
-func (s *Store) acquireOrRead(ctx context.Context, sql string, args pgx.NamedArgs) (acquired, met map[rowKey]Intake, err error) {
-	acquired, met = make(map[rowKey]Intake), make(map[rowKey]Intake)
+func (s *Store) acquireOrRead(ctx context.Context, sql string, args pgx.NamedArgs) (acquired, met map[rowKey]ledger.Intake, err error) {
+	acquired, met = make(map[rowKey]ledger.Intake), make(map[rowKey]ledger.Intake)
 	err = s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(acquired)
 		clear(met)
@@ -181,30 +182,30 @@ func (s *Store) acquireOrRead(ctx context.Context, sql string, args pgx.NamedArg
 
 // heldOutcome is what a row the caller could not take over means for a
 // request with fingerprint hash.
-func heldOutcome(in Intake, hash []byte) IntakeOutcome {
+func heldOutcome(in ledger.Intake, hash []byte) ledger.IntakeOutcome {
 	switch {
 	case !bytes.Equal(in.RequestHash, hash):
-		return IntakeMismatch
+		return ledger.IntakeMismatch
 	case in.DeadLettered():
-		return IntakeDeadLettered
+		return ledger.IntakeDeadLettered
 	default:
-		return IntakeHeld
+		return ledger.IntakeHeld
 	}
 }
 
 // GetIntakes returns the guard rows of the requests' keys that have one.
-func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[dedup.KeyRef]Intake, error) {
+func (s *Store) GetIntakes(ctx context.Context, reqs []ledger.ClaimRequest) (map[ledger.KeyRef]ledger.Intake, error) {
 	merchants, keys := make([]string, len(reqs)), make([]string, len(reqs))
 	for i, r := range reqs {
 		merchants[i], keys[i] = r.MerchantID, r.IdempotencyKey
 	}
-	out := make(map[dedup.KeyRef]Intake, len(reqs))
+	out := make(map[ledger.KeyRef]ledger.Intake, len(reqs))
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		clear(out)
 		return s.eachIntake(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
 			WHERE (merchant_id, idempotency_key) IN (SELECT * FROM unnest(@merchants::text[], @keys::text[]))`,
-			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in Intake) {
-				out[dedup.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
+			pgx.NamedArgs{"merchants": merchants, "keys": keys}, func(in ledger.Intake) {
+				out[ledger.KeyRef{MerchantID: in.MerchantID, IdempotencyKey: in.IdempotencyKey}] = in
 			})
 	})
 	if err != nil {
@@ -215,7 +216,7 @@ func (s *Store) GetIntakes(ctx context.Context, reqs []dedup.ClaimRequest) (map[
 
 // eachIntake runs a statement over a batch of keys under pinPlans, in one
 // round trip, and calls each for every intake row it returns.
-func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, each func(Intake)) error {
+func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, each func(ledger.Intake)) error {
 	b := &pgx.Batch{}
 	b.Queue(pinPlans)
 	b.Queue(sql, args).Query(func(rows pgx.Rows) error {
@@ -232,17 +233,11 @@ func (s *Store) eachIntake(ctx context.Context, sql string, args pgx.NamedArgs, 
 	return s.db.Pool.SendBatch(ctx, b).Close()
 }
 
-// Published is one publish to record with IntakesPublished.
-type Published struct {
-	Intake Intake
-	Seq    uint64
-}
-
 // IntakesPublished is IntakePublished for a batch, in one statement; it
 // returns, in the order given, whether each row was still held by its
-// attempt (false: another request took it over, as dedup.ErrLeaseLost
+// attempt (false: another request took it over, as ledger.ErrLeaseLost
 // from IntakePublished).
-func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor time.Duration) ([]bool, error) {
+func (s *Store) IntakesPublished(ctx context.Context, pubs []ledger.Published, holdFor time.Duration) ([]bool, error) {
 	n := len(pubs)
 	merchants, keys := make([]string, n), make([]string, n)
 	attempts, seqs := make([]int32, n), make([]int64, n)
@@ -308,7 +303,7 @@ func (s *Store) IntakesPublished(ctx context.Context, pubs []Published, holdFor 
 }
 
 // queueActiveAPIKeys queues on b the read of which of the given key hashes
-// (HashAPIKey) belong to an active key, and the merchant of each, and
+// (apikey.Hash) belong to an active key, and the merchant of each, and
 // returns the function that gives its answer once b is sent. It runs in
 // every batch's reads, so that a key revoked a moment ago is refused by
 // the next batch whatever a cache still says.
@@ -332,23 +327,19 @@ func queueActiveAPIKeys(b *pg.Batch, hashes [][]byte) func() map[string]string {
 // RecordReads is what ReadBatch reads of the worker's records
 // (*dedup.Store), queued on its batch.
 type RecordReads interface {
-	QueueGetMany(b *pg.Batch, refs []dedup.KeyRef) func() []dedup.Record
-	QueuePaymentsFor(b *pg.Batch, refs []dedup.KeyRef) func() []dedup.Payment
-}
-
-// BatchReads is what a batch of POSTs reads before it takes its keys in.
-type BatchReads struct {
-	Active   map[string]string // the active API keys among the hashes, to their merchant
-	Records  []dedup.Record    // the keys' records that exist (dedup.Store.GetMany)
-	Payments []dedup.Payment   // the keys' ledger rows that exist (dedup.Store.PaymentsFor)
+	QueueGetMany(b *pg.Batch, refs []ledger.KeyRef) func() []ledger.Record
+	QueuePaymentsFor(b *pg.Batch, refs []ledger.KeyRef) func() []ledger.Payment
 }
 
 // ReadBatch reads, in one round trip (one pipelined batch), which of hashes
-// are active API keys and the records and ledger rows of refs. records must
-// be on this store's database (the gateway passes the worker's store on the
-// same pool).
-func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]byte, refs []dedup.KeyRef) (BatchReads, error) {
-	var out BatchReads
+// are active API keys and the records and ledger rows of refs, the latter
+// from the store's Records (Config.Records).
+func (s *Store) ReadBatch(ctx context.Context, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error) {
+	records := s.records
+	if records == nil {
+		return ledger.BatchReads{}, errors.New("read batch: the gateway store has no Records (Config.Records)")
+	}
+	var out ledger.BatchReads
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		b := pg.NewBatch() // pinned: every read below probes its index per key
 		pays := records.QueuePaymentsFor(b, refs)
@@ -357,18 +348,11 @@ func (s *Store) ReadBatch(ctx context.Context, records RecordReads, hashes [][]b
 		if err := s.db.Send(ctx, b); err != nil {
 			return err
 		}
-		out = BatchReads{Active: active(), Records: recs(), Payments: pays()}
+		out = ledger.BatchReads{Active: active(), Records: recs(), Payments: pays()}
 		return nil
 	})
 	if err != nil {
-		return BatchReads{}, interpretError("read API keys, records and ledger", err)
+		return ledger.BatchReads{}, interpretError("read API keys, records and ledger", err)
 	}
 	return out, nil
-}
-
-// ValidAPIKeyShape reports whether key has the shape of an API key; a key
-// of another shape is never looked up.
-func ValidAPIKeyShape(key string) bool {
-	_, ok := apiKeyID(key)
-	return ok
 }

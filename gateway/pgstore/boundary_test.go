@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestAPIKeyLabelBoundary: a label of exactly the limit is accepted and one
@@ -34,14 +34,14 @@ func TestIntakeBoundaries(t *testing.T) {
 	ctx := context.Background()
 	r := req("m_1", "intake", 1000)
 	for _, c := range []struct{ lease, retention time.Duration }{{0, time.Hour}, {time.Minute, time.Minute}} {
-		if _, err := acquireOne(ctx, s, r, c.lease, c.retention); err == nil || errors.Is(err, dedup.ErrUnavailable) {
+		if _, err := acquireOne(ctx, s, r, c.lease, c.retention); err == nil || errors.Is(err, ledger.ErrUnavailable) {
 			t.Errorf("intake with lease %v, retention %v: %v, want refused before SQL", c.lease, c.retention, err)
 		}
 	}
-	if _, err := s.PurgeIntakes(ctx, 0); err == nil || errors.Is(err, dedup.ErrUnavailable) {
+	if _, err := s.PurgeIntakes(ctx, 0); err == nil || errors.Is(err, ledger.ErrUnavailable) {
 		t.Errorf("purge intakes with limit 0: %v, want refused before SQL", err)
 	}
-	if _, err := acquireOne(ctx, s, r, time.Minute, time.Hour); !errors.Is(err, dedup.ErrUnavailable) {
+	if _, err := acquireOne(ctx, s, r, time.Minute, time.Hour); !errors.Is(err, ledger.ErrUnavailable) {
 		t.Errorf("a valid intake reached no database: %v, want ErrUnavailable", err)
 	}
 }

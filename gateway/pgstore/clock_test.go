@@ -7,6 +7,7 @@ import (
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // skewedStores returns a store on the database's clock (as production
@@ -45,10 +46,10 @@ func TestSkewedClockGatewayLeases(t *testing.T) {
 		holder, other *pgstore.Store
 	}{{"ahead", onTime, ahead}, {"behind", behind, onTime}} {
 		r := req("m_1", "gw-"+tc.name, 100)
-		if res, err := acquireOne(ctx, tc.holder, r, publishLease, retention); err != nil || res.Outcome != pgstore.IntakeAcquired {
+		if res, err := acquireOne(ctx, tc.holder, r, publishLease, retention); err != nil || res.Outcome != ledger.IntakeAcquired {
 			t.Fatalf("%s: acquire intake: %v %v", tc.name, res.Outcome, err)
 		}
-		if res, err := acquireOne(ctx, tc.other, r, publishLease, retention); err != nil || res.Outcome != pgstore.IntakeHeld {
+		if res, err := acquireOne(ctx, tc.other, r, publishLease, retention); err != nil || res.Outcome != ledger.IntakeHeld {
 			t.Errorf("%s: a second publisher on a live publish lock: %v %v, want held", tc.name, res.Outcome, err)
 		}
 	}

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestPublishMarkIsHeapOnlyUpdate checks that the gateway's publish mark
@@ -32,7 +32,7 @@ func TestPublishMarkIsHeapOnlyUpdate(t *testing.T) {
 	var seq uint64
 	var marked int64
 	for batch := range batches {
-		reqs := make([]dedup.ClaimRequest, size)
+		reqs := make([]ledger.ClaimRequest, size)
 		for i := range reqs {
 			reqs[i] = req(fmt.Sprintf("m_%d", i%4), fmt.Sprintf("hot-%d-%d-0123456789abcdef0123456789abcdef", batch, i), 1999)
 		}
@@ -40,13 +40,13 @@ func TestPublishMarkIsHeapOnlyUpdate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pubs := make([]pgstore.Published, len(res))
+		pubs := make([]ledger.Published, len(res))
 		for i, r := range res {
-			if r.Outcome != pgstore.IntakeAcquired {
+			if r.Outcome != ledger.IntakeAcquired {
 				t.Fatalf("intake %d: outcome %v, want acquired", i, r.Outcome)
 			}
 			seq++
-			pubs[i] = pgstore.Published{Intake: r.Intake, Seq: seq}
+			pubs[i] = ledger.Published{Intake: r.Intake, Seq: seq}
 		}
 		n0, hot0 := updates()
 		ok, err := store.IntakesPublished(b.ctx, pubs, time.Minute)

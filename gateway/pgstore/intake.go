@@ -14,120 +14,15 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/internal/redact"
+	"github.com/paydedup/paydedup/ledger"
 )
-
-// Intake is the HTTP gateway's guard row for one (merchant, key): it makes
-// one request out of many concurrent first requests the publisher of the
-// command. The worker's claim in idempotency_keys comes later, after the
-// message is consumed, so until then this row is what concurrent requests
-// meet. It is not a claim: the worker never reads it, and a command
-// published twice is still charged once (the claim decides).
-type Intake struct {
-	MerchantID     string
-	IdempotencyKey string
-	RequestHash    []byte
-	Amount         int64
-	Currency       string
-	// Attempt fences publishers: each takeover adds one.
-	Attempt int
-	// LockedUntil is, while publishing, the end of the publisher's lease;
-	// once published, when a retry that still finds no idempotency record
-	// may publish again.
-	LockedUntil time.Time
-	PublishedAt time.Time // zero until the PubAck was received
-	// StreamSeq is the stream sequence of the published copy (its PubAck);
-	// 0 until published.
-	StreamSeq uint64
-	CreatedAt time.Time
-	ExpiresAt time.Time
-	// DeadLetterReason is set once the worker dead-lettered the published
-	// copy: the intake is then terminal until it expires. DeadLetterError
-	// is the dead letter's error text.
-	DeadLetterReason string
-	DeadLetterError  string
-	DeadLetteredAt   time.Time
-	// OperatorReason is set once the worker dead-lettered a copy of the
-	// key for an operator (provider_rejected, max_deliveries...): not
-	// final, a replay may still charge it. OperatorError is the letter's
-	// error text, OperatorAt when it was filed (database time): the
-	// payment waits for an operator while its record has not changed
-	// since (WaitsForOperator).
-	OperatorReason string
-	OperatorError  string
-	OperatorAt     time.Time
-}
-
-// Published reports whether the command was published (PubAck received).
-func (in Intake) Published() bool { return !in.PublishedAt.IsZero() }
-
-// DeadLettered reports whether the worker dead-lettered the published copy.
-func (in Intake) DeadLettered() bool { return in.DeadLetterReason != "" }
-
-// WaitsForOperator reports whether the payment waits for an operator: a
-// copy of it was dead-lettered for an operator and no worker has claimed
-// the key since. rec is the key's record, nil when it has none. A
-// completed record, or one changed after the letter (a replay was
-// claimed), shows its own state.
-func (in Intake) WaitsForOperator(rec *dedup.Record) bool {
-	if in.OperatorReason == "" || in.DeadLettered() {
-		return false
-	}
-	if rec == nil {
-		return true
-	}
-	return rec.Status != dedup.StatusCompleted && !rec.UpdatedAt.After(in.OperatorAt)
-}
-
-// IntakeOutcome is what an acquisition (AcquireIntakes, AcquireNewIntakes)
-// found.
-type IntakeOutcome int
-
-// Intake outcomes.
-const (
-	// IntakeAcquired: the caller is the publisher (the row was new, expired,
-	// or its lock had passed).
-	IntakeAcquired IntakeOutcome = iota + 1
-	// IntakeHeld: another request is publishing, or published recently.
-	IntakeHeld
-	// IntakeMismatch: the key is held for a different request fingerprint.
-	IntakeMismatch
-	// IntakeDeadLettered: the worker dead-lettered this request's published
-	// command; the answer is final (Intake carries the reason).
-	IntakeDeadLettered
-	// IntakeReadFirst: AcquireNewIntakes left the request alone; it is
-	// decided by its API key, record and ledger row first (ReadBatch), then
-	// by AcquireIntakes.
-	IntakeReadFirst
-)
-
-func (o IntakeOutcome) String() string {
-	switch o {
-	case IntakeAcquired:
-		return "acquired"
-	case IntakeHeld:
-		return "held"
-	case IntakeMismatch:
-		return "mismatch"
-	case IntakeDeadLettered:
-		return "dead_lettered"
-	case IntakeReadFirst:
-		return "read_first"
-	}
-	return "unknown"
-}
-
-// IntakeResult is the result of an acquisition for one request.
-type IntakeResult struct {
-	Outcome IntakeOutcome
-	Intake  Intake
-}
 
 const intakeColumns = `merchant_id, idempotency_key, request_hash, amount, currency, attempt, locked_until,
 	published_at, created_at, expires_at, stream_seq, dead_letter_reason, dead_letter_error, dead_lettered_at,
 	operator_reason, operator_error, operator_at`
 
 // scanIntake scans one row of intakeColumns.
-func scanIntake(row pgx.Row) (Intake, error) { return newIntakeScanner().scan(row) }
+func scanIntake(row pgx.Row) (ledger.Intake, error) { return newIntakeScanner().scan(row) }
 
 // intakeScanner holds the destinations of intakeColumns (then any extra
 // ones), so that a statement reading many rows makes them once rather than
@@ -135,7 +30,7 @@ func scanIntake(row pgx.Row) (Intake, error) { return newIntakeScanner().scan(ro
 // scanned in place rather than through pointers, one allocation each.
 type intakeScanner struct {
 	dest                        []any
-	in                          Intake
+	in                          ledger.Intake
 	attempt                     int32
 	published, deadAt, opAt     pgtype.Timestamptz
 	seq                         pgtype.Int8
@@ -155,21 +50,21 @@ func newIntakeScanner(extra ...any) *intakeScanner {
 // scan reads one row. Every destination is written by each Scan (NULL
 // included), and the Intake returned is a copy: what it holds (strings,
 // new byte slices) is the row's own.
-func (s *intakeScanner) scan(row pgx.Row) (Intake, error) {
+func (s *intakeScanner) scan(row pgx.Row) (ledger.Intake, error) {
 	if err := row.Scan(s.dest...); err != nil {
-		return Intake{}, err
+		return ledger.Intake{}, err
 	}
 	in := s.in
 	in.Attempt = int(s.attempt)
 	var err error
 	if in.PublishedAt, err = pg.Finite(s.published); err != nil {
-		return Intake{}, err
+		return ledger.Intake{}, err
 	}
 	if in.DeadLetteredAt, err = pg.Finite(s.deadAt); err != nil {
-		return Intake{}, err
+		return ledger.Intake{}, err
 	}
 	if in.OperatorAt, err = pg.Finite(s.opAt); err != nil {
-		return Intake{}, err
+		return ledger.Intake{}, err
 	}
 	in.OperatorReason, in.OperatorError = s.operatorReason.String, s.operatorErr.String
 	if s.seq.Valid {
@@ -215,7 +110,7 @@ var acquireOrReadIntakesSQL = acquireOrRead("", acquireIntakesSQL,
 	`unnest(@merchants::text[], @keys::text[]) AS u(merchant_id, idempotency_key)`)
 
 // acquireNewIntakesSQL is acquireOrReadIntakesSQL for the requests whose
-// API key (@api_keys, HashAPIKey, one per request) is active for their
+// API key (@api_keys, apikey.Hash, one per request) is active for their
 // merchant and whose key has neither a record nor a ledger row
 // (dedup.UnknownKeySQL), all in the statement's snapshot; the others are
 // neither taken in nor read. A request it acquires is one that the reads
@@ -262,9 +157,9 @@ WHERE g.expires_at <= ` + dbNow + `
    OR (g.locked_until <= ` + dbNow + ` AND g.dead_lettered_at IS NULL AND g.request_hash = excluded.request_hash)
 RETURNING ` + intakeColumns
 
-// GetIntake returns the guard row for a key, or dedup.ErrNotFound.
-func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, error) {
-	var in Intake
+// GetIntake returns the guard row for a key, or ledger.ErrNotFound.
+func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error) {
+	var in ledger.Intake
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		var err error
 		in, err = scanIntake(s.db.Pool.QueryRow(ctx, `SELECT `+intakeColumns+` FROM gateway_intake
@@ -272,7 +167,7 @@ func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, 
 		return err
 	})
 	if err != nil {
-		return Intake{}, interpretError("get intake", err)
+		return ledger.Intake{}, interpretError("get intake", err)
 	}
 	return in, nil
 }
@@ -282,9 +177,9 @@ func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (Intake, 
 // finding no idempotency record answers "in flight" instead of publishing
 // again. A dead letter recorded before this call (the worker was faster
 // than the gateway) is kept only if it is of this very sequence.
-// dedup.ErrLeaseLost means another request took the row over; its publish
+// ledger.ErrLeaseLost means another request took the row over; its publish
 // stands.
-func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, holdFor time.Duration) error {
+func (s *Store) IntakePublished(ctx context.Context, in ledger.Intake, seq uint64, holdFor time.Duration) error {
 	if seq == 0 || seq > math.MaxInt64 {
 		return fmt.Errorf("mark intake published: invalid stream sequence %d", seq)
 	}
@@ -299,7 +194,7 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now(), holdFor, int64(seq)).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("mark intake published: %w", dedup.ErrLeaseLost)
+		return fmt.Errorf("mark intake published: %w", ledger.ErrLeaseLost)
 	}
 	return interpretError("mark intake published", err)
 }
@@ -309,8 +204,8 @@ func (s *Store) IntakePublished(ctx context.Context, in Intake, seq uint64, hold
 // row that was never published is deleted: nothing was accepted under the
 // key, so a corrected retry is new. A row published before (a refused
 // republish) keeps its publish and only releases its lock.
-// dedup.ErrLeaseLost means it was taken over already.
-func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
+// ledger.ErrLeaseLost means it was taken over already.
+func (s *Store) AbandonIntake(ctx context.Context, in ledger.Intake) error {
 	var one int
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		return s.db.Pool.QueryRow(ctx, `WITH gone AS (
@@ -326,7 +221,7 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("abandon intake: %w", dedup.ErrLeaseLost)
+		return fmt.Errorf("abandon intake: %w", ledger.ErrLeaseLost)
 	}
 	return interpretError("abandon intake", err)
 }
@@ -335,9 +230,9 @@ func (s *Store) AbandonIntake(ctx context.Context, in Intake) error {
 // unknown outcome (no PubAck: the command may be stored), keeping the row
 // and its fingerprint: the client's retry with the same payload takes it
 // over at once and publishes again under the same Nats-Msg-Id, and
-// another payload is IntakeMismatch. dedup.ErrLeaseLost means it was
+// another payload is IntakeMismatch. ledger.ErrLeaseLost means it was
 // taken over already.
-func (s *Store) ReleaseIntake(ctx context.Context, in Intake) error {
+func (s *Store) ReleaseIntake(ctx context.Context, in ledger.Intake) error {
 	var one int
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		return s.db.Pool.QueryRow(ctx, `UPDATE gateway_intake SET locked_until = least(locked_until, coalesce($4::timestamptz, now()))
@@ -345,7 +240,7 @@ func (s *Store) ReleaseIntake(ctx context.Context, in Intake) error {
 			in.MerchantID, in.IdempotencyKey, int32(in.Attempt), s.db.Now()).Scan(&one)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("release intake: %w", dedup.ErrLeaseLost)
+		return fmt.Errorf("release intake: %w", ledger.ErrLeaseLost)
 	}
 	return interpretError("release intake", err)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // Defaults for ListenerConfig.
@@ -65,39 +66,7 @@ type Listener struct {
 
 	listening atomic.Bool
 	mu        sync.Mutex
-	subs      map[rowKey]map[*Subscription]struct{}
-}
-
-// Subscription receives a value on C (buffered, coalescing) each time its
-// key may have completed. Close it when done.
-type Subscription struct {
-	C <-chan struct{}
-
-	c    chan struct{}
-	k    rowKey
-	comp *Listener
-	once sync.Once
-}
-
-// Close unsubscribes. It is safe to call more than once.
-func (s *Subscription) Close() {
-	s.once.Do(func() {
-		s.comp.mu.Lock()
-		defer s.comp.mu.Unlock()
-		if m := s.comp.subs[s.k]; m != nil {
-			delete(m, s)
-			if len(m) == 0 {
-				delete(s.comp.subs, s.k)
-			}
-		}
-	})
-}
-
-func (s *Subscription) wake() {
-	select {
-	case s.c <- struct{}{}:
-	default: // a wake is already pending
-	}
+	subs      map[rowKey]map[*ledger.Subscription]struct{}
 }
 
 // NewListener returns a listener that connects like pool does (same
@@ -126,7 +95,7 @@ func NewListener(pool *pgxpool.Pool, cfg ListenerConfig) (*Listener, error) {
 		connCfg: pool.Config().ConnConfig.Copy(),
 		cfg:     cfg,
 		logger:  logger,
-		subs:    map[rowKey]map[*Subscription]struct{}{},
+		subs:    map[rowKey]map[*ledger.Subscription]struct{}{},
 	}, nil
 }
 
@@ -134,18 +103,30 @@ func NewListener(pool *pgxpool.Pool, cfg ListenerConfig) (*Listener, error) {
 // the row: a completion committed after the read then always wakes C,
 // provided the key has an intake row (AcquireIntakes) by the time the worker
 // completes it.
-func (c *Listener) Subscribe(merchantID, key string) *Subscription {
-	ch := make(chan struct{}, 1)
-	s := &Subscription{C: ch, c: ch, k: rowKey{merchantID, key}, comp: c}
+func (c *Listener) Subscribe(merchantID, key string) *ledger.Subscription {
+	k := rowKey{merchantID, key}
+	s := ledger.NewSubscription(func(s *ledger.Subscription) { c.unsubscribe(k, s) })
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m := c.subs[s.k]
+	m := c.subs[k]
 	if m == nil {
-		m = map[*Subscription]struct{}{}
-		c.subs[s.k] = m
+		m = map[*ledger.Subscription]struct{}{}
+		c.subs[k] = m
 	}
 	m[s] = struct{}{}
 	return s
+}
+
+// unsubscribe is a Subscription's Close.
+func (c *Listener) unsubscribe(k rowKey, s *ledger.Subscription) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m := c.subs[k]; m != nil {
+		delete(m, s)
+		if len(m) == 0 {
+			delete(c.subs, k)
+		}
+	}
 }
 
 // Listening reports whether the listening connection is up (it answered
@@ -273,7 +254,7 @@ func (c *Listener) wake(k rowKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for s := range c.subs[k] {
-		s.wake()
+		s.Wake()
 	}
 }
 
@@ -282,7 +263,7 @@ func (c *Listener) wakeAll() {
 	defer c.mu.Unlock()
 	for _, m := range c.subs {
 		for s := range m {
-			s.wake()
+			s.Wake()
 		}
 	}
 }

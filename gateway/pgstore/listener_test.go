@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // pgProxy forwards TCP connections to Postgres and can fail like a network:
@@ -171,7 +171,7 @@ func waiter(ctx context.Context, b *bundle, comp *pgstore.Listener, key string) 
 	go func() {
 		defer sub.Close()
 		for {
-			if rec, err := b.worker.Get(ctx, "m_1", key); err == nil && rec.Status == dedup.StatusCompleted {
+			if rec, err := b.worker.Get(ctx, "m_1", key); err == nil && rec.Status == ledger.StatusCompleted {
 				close(done)
 				return
 			}

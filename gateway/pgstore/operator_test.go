@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestOperatorLetterIsNotFinal: a dead letter that waits for an operator
@@ -23,7 +23,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 	b := setup(t)
 	r := req("m_1", "op", 500)
 	res, err := acquireOne(b.ctx, b.store, r, lease, time.Hour)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired {
+	if err != nil || res.Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire: %+v %v", res, err)
 	}
 	if err := b.store.IntakePublished(b.ctx, res.Intake, 7, time.Minute); err != nil {
@@ -54,7 +54,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 		t.Fatalf("intake %+v (record %+v): want waiting for an operator, not dead-lettered", in, rec)
 	}
 	// Held within its republish hold, a retry meets the row as it is.
-	if res, err := acquireOne(b.ctx, b.store, r, lease, time.Hour); err != nil || res.Outcome != pgstore.IntakeHeld || res.Intake.OperatorReason == "" {
+	if res, err := acquireOne(b.ctx, b.store, r, lease, time.Hour); err != nil || res.Outcome != ledger.IntakeHeld || res.Intake.OperatorReason == "" {
 		t.Fatalf("acquire while waiting: %+v %v", res, err)
 	}
 
@@ -68,7 +68,7 @@ func TestOperatorLetterIsNotFinal(t *testing.T) {
 		t.Fatalf("record %+v %v claimed after the letter: still waiting for an operator", rec, err)
 	}
 	completed := rec
-	completed.Status, completed.UpdatedAt = dedup.StatusCompleted, in.OperatorAt
+	completed.Status, completed.UpdatedAt = ledger.StatusCompleted, in.OperatorAt
 	if in.WaitsForOperator(&completed) {
 		t.Fatal("a completed record waits for an operator")
 	}

@@ -5,24 +5,13 @@ import (
 	"errors"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // PauseFresh is how long a worker's pause row counts after its last
 // write: a paused worker writes it every few seconds (consumer's
 // PauseNoteEvery), so an older row is a worker that was killed paused.
 const PauseFresh = 30 * time.Second
-
-// WorkerPause is what the paused workers report: the cause most of them
-// give, since when the earliest of those paused, and how many do.
-type WorkerPause struct {
-	Cause   string
-	Since   time.Time
-	Workers int
-	// RetryAt is the soonest of those workers' next tries (zero when none
-	// says: a worker that predates migration 00019).
-	RetryAt time.Time
-}
 
 // NotePause records that the worker holder is paused for cause since
 // since and tries again at retryAt (migration 00018's worker_pauses, and
@@ -58,7 +47,7 @@ func (s *Store) NotePause(ctx context.Context, holder, cause string, since, retr
 
 // WorkerPauses returns the pause the workers report now (rows written
 // within PauseFresh); ok is false when none is paused.
-func (s *Store) WorkerPauses(ctx context.Context) (p WorkerPause, ok bool, err error) {
+func (s *Store) WorkerPauses(ctx context.Context) (p ledger.WorkerPause, ok bool, err error) {
 	err = s.db.Retry(ctx, func(ctx context.Context) error {
 		var retry *time.Time
 		err := s.db.Pool.QueryRow(ctx, `SELECT cause, min(since), count(*), min(retry_at) FROM worker_pauses
@@ -71,10 +60,10 @@ func (s *Store) WorkerPauses(ctx context.Context) (p WorkerPause, ok bool, err e
 	})
 	if err != nil {
 		err = interpretError("read worker pauses", err)
-		if errors.Is(err, dedup.ErrNotFound) {
-			return WorkerPause{}, false, nil
+		if errors.Is(err, ledger.ErrNotFound) {
+			return ledger.WorkerPause{}, false, nil
 		}
-		return WorkerPause{}, false, err
+		return ledger.WorkerPause{}, false, err
 	}
 	p.Since = p.Since.UTC()
 	return p, true, nil

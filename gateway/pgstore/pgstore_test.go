@@ -12,9 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -35,11 +37,11 @@ func setup(t testing.TB) *bundle {
 	t.Helper()
 	pool := testenv.Pool(t)
 	clk := clock.NewFake(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	s, err := pgstore.New(pool, pgstore.Config{Clock: clk})
+	w, err := dedup.New(pool, dedup.Config{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := dedup.New(pool, dedup.Config{Clock: clk})
+	s, err := pgstore.New(pool, pgstore.Config{Clock: clk, Records: w})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,26 +52,26 @@ func command(merchant, key string, amount int64) *payment.Command {
 	return &payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"}
 }
 
-func req(merchant, key string, amount int64) dedup.ClaimRequest {
-	return dedup.NewClaimRequest(command(merchant, key, amount))
+func req(merchant, key string, amount int64) ledger.ClaimRequest {
+	return ledger.NewClaimRequest(command(merchant, key, amount))
 }
 
 // acquireOne takes in one request by the batched acquisition the gateway
 // runs (AcquireIntakes), as a batch of one.
-func acquireOne(ctx context.Context, s *pgstore.Store, r dedup.ClaimRequest, lease, retention time.Duration) (pgstore.IntakeResult, error) {
-	res, err := s.AcquireIntakes(ctx, []dedup.ClaimRequest{r}, lease, retention)
+func acquireOne(ctx context.Context, s *pgstore.Store, r ledger.ClaimRequest, lease, retention time.Duration) (ledger.IntakeResult, error) {
+	res, err := s.AcquireIntakes(ctx, []ledger.ClaimRequest{r}, lease, retention)
 	if err != nil {
-		return pgstore.IntakeResult{}, err
+		return ledger.IntakeResult{}, err
 	}
 	return res[0], nil
 }
 
-func charged(id string) dedup.Completion {
-	return dedup.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
+func charged(id string) ledger.Completion {
+	return ledger.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
 }
 
 // claim claims r for the worker holder.
-func (b *bundle) claim(t testing.TB, holder string, r dedup.ClaimRequest) dedup.ClaimResult {
+func (b *bundle) claim(t testing.TB, holder string, r ledger.ClaimRequest) ledger.ClaimResult {
 	t.Helper()
 	res, err := b.worker.Claim(b.ctx, holder, lease, r)
 	if err != nil {
@@ -146,7 +148,7 @@ func TestIntakeGuard(t *testing.T) {
 	r := req("m_1", "k", 100)
 
 	const racers = 20
-	outcomes := make([]pgstore.IntakeOutcome, racers)
+	outcomes := make([]ledger.IntakeOutcome, racers)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range racers {
@@ -164,9 +166,9 @@ func TestIntakeGuard(t *testing.T) {
 	acquired := 0
 	for _, o := range outcomes {
 		switch o {
-		case pgstore.IntakeAcquired:
+		case ledger.IntakeAcquired:
 			acquired++
-		case pgstore.IntakeHeld:
+		case ledger.IntakeHeld:
 		default:
 			t.Fatalf("outcome %v", o)
 		}
@@ -178,28 +180,28 @@ func TestIntakeGuard(t *testing.T) {
 	if err != nil || in.Attempt != 1 || !in.PublishedAt.IsZero() {
 		t.Fatalf("intake %+v %v", in, err)
 	}
-	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "k", 999), publishLease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("other payload: %v", res.Outcome)
 	}
 	if err := b.store.IntakePublished(b.ctx, in, 1, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Advance(5 * time.Minute)
-	if res, _ := acquireOne(b.ctx, b.store, r, publishLease, retention); res.Outcome != pgstore.IntakeHeld || res.Intake.PublishedAt.IsZero() {
+	if res, _ := acquireOne(b.ctx, b.store, r, publishLease, retention); res.Outcome != ledger.IntakeHeld || res.Intake.PublishedAt.IsZero() {
 		t.Fatalf("published row: %+v", res)
 	}
 	b.clock.Advance(6 * time.Minute)
 	res, err := acquireOne(b.ctx, b.store, r, publishLease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("takeover after the hold: %+v %v", res, err)
 	}
-	if err := b.store.IntakePublished(b.ctx, in, 1, time.Minute); !errors.Is(err, dedup.ErrLeaseLost) {
+	if err := b.store.IntakePublished(b.ctx, in, 1, time.Minute); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Fatalf("stale publisher: %v", err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ = acquireOne(b.ctx, b.store, r, publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 3 {
+	if res, _ = acquireOne(b.ctx, b.store, r, publishLease, retention); res.Outcome != ledger.IntakeAcquired || res.Intake.Attempt != 3 {
 		t.Fatalf("after abandon: %+v", res)
 	}
 	// Past retention the row is purged, or taken over by any payload.
@@ -207,14 +209,14 @@ func TestIntakeGuard(t *testing.T) {
 	if n, err := b.store.PurgeIntakes(b.ctx, 10); err != nil || n != 1 {
 		t.Fatalf("purge: %d %v", n, err)
 	}
-	if _, err := b.store.GetIntake(b.ctx, "m_1", "k"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := b.store.GetIntake(b.ctx, "m_1", "k"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("after purge: %v", err)
 	}
 	if _, err := acquireOne(b.ctx, b.store, r, publishLease, retention); err != nil {
 		t.Fatal(err)
 	}
 	b.clock.Advance(retention + time.Hour)
-	if res, _ = acquireOne(b.ctx, b.store, req("m_1", "k", 999), publishLease, retention); res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 999 {
+	if res, _ = acquireOne(b.ctx, b.store, req("m_1", "k", 999), publishLease, retention); res.Outcome != ledger.IntakeAcquired || res.Intake.Amount != 999 {
 		t.Fatalf("expired row not reusable: %+v", res)
 	}
 }
@@ -230,13 +232,13 @@ func TestIntakeFate(t *testing.T) {
 
 	// Abandoned before any publish: gone, and another payload is new.
 	res, err := acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired {
+	if err != nil || res.Outcome != ledger.IntakeAcquired {
 		t.Fatalf("%+v %v", res, err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.store.GetIntake(b.ctx, "m_1", "a"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := b.store.GetIntake(b.ctx, "m_1", "a"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("abandoned unpublished intake: %v", err)
 	}
 	// A publisher that died before its PubAck (it may have sent): its lock
@@ -245,22 +247,22 @@ func TestIntakeFate(t *testing.T) {
 	if _, err := acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("while the lock is held: %v", res.Outcome)
 	}
 	b.clock.Advance(lease + time.Second)
-	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("corrected payload after a dead publisher: %v, want a mismatch", res.Outcome)
 	}
 	res, err = acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Attempt != 2 {
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Attempt != 2 {
 		t.Fatalf("the same payload after a dead publisher: %+v %v", res, err)
 	}
 	if err := b.store.AbandonIntake(b.ctx, res.Intake); err != nil {
 		t.Fatal(err)
 	}
 	res, err = acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Amount != 150 {
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Amount != 150 {
 		t.Fatalf("corrected payload after a refusal: %+v %v", res, err)
 	}
 
@@ -288,17 +290,17 @@ func TestIntakeFate(t *testing.T) {
 	}
 	b.clock.Advance(2 * time.Minute) // past the republish hold
 	res, err = acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
+	if err != nil || res.Outcome != ledger.IntakeDeadLettered || res.Intake.DeadLetterReason != "amount_over_limit" ||
 		len(res.Intake.DeadLetterError) != 1024 || res.Intake.Attempt != 1 {
 		t.Fatalf("dead-lettered intake: %+v %v", res, err)
 	}
-	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention); res.Outcome != pgstore.IntakeMismatch {
+	if res, _ := acquireOne(b.ctx, b.store, req("m_1", "a", 100), lease, retention); res.Outcome != ledger.IntakeMismatch {
 		t.Fatalf("other payload on a dead letter: %v", res.Outcome)
 	}
 	// Expired: taken over afresh, its publish and dead letter forgotten.
 	b.clock.Advance(retention)
 	res, err = acquireOne(b.ctx, b.store, req("m_1", "a", 150), lease, retention)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired || res.Intake.Published() || res.Intake.DeadLettered() || res.Intake.StreamSeq != 0 {
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Published() || res.Intake.DeadLettered() || res.Intake.StreamSeq != 0 {
 		t.Fatalf("expired dead letter: %+v %v", res, err)
 	}
 
@@ -310,7 +312,7 @@ func TestIntakeFate(t *testing.T) {
 		terminal bool
 	}{{"p", 5, true}, {"q", 6, false}} {
 		res, err := acquireOne(b.ctx, b.store, req("m_1", c.key, 100), lease, retention)
-		if err != nil || res.Outcome != pgstore.IntakeAcquired {
+		if err != nil || res.Outcome != ledger.IntakeAcquired {
 			t.Fatalf("%s: %+v %v", c.key, res, err)
 		}
 		if ok, err := b.store.MarkIntakeDeadLettered(b.ctx, "m_1", c.key, 5, "key_mismatch", "x"); !ok || err != nil {
@@ -332,13 +334,13 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(key, pgstore.APIKeyPrefix+k.ID+"_") || k.MerchantID != "m_1" {
+	if !strings.HasPrefix(key, apikey.Prefix+k.ID+"_") || k.MerchantID != "m_1" {
 		t.Fatalf("key %q, %+v", key, k)
 	}
 	if m, err := b.store.Authenticate(b.ctx, key); err != nil || m != "m_1" {
 		t.Fatalf("authenticate: %q %v", m, err)
 	}
-	if n := b.count(t, `SELECT count(*) FROM api_keys WHERE key_hash = $1`, pgstore.HashAPIKey(key)); n != 1 {
+	if n := b.count(t, `SELECT count(*) FROM api_keys WHERE key_hash = $1`, apikey.Hash(key)); n != 1 {
 		t.Fatal("the key's hash is not what is stored")
 	}
 	// One character changed: a different last character, whatever it was.
@@ -347,7 +349,7 @@ func TestAPIKeys(t *testing.T) {
 		last = "B"
 	}
 	for _, bad := range []string{"", key + "x", key[:len(key)-1] + last, strings.ToUpper(key)} {
-		if _, err := b.store.Authenticate(b.ctx, bad); !errors.Is(err, pgstore.ErrUnauthenticated) {
+		if _, err := b.store.Authenticate(b.ctx, bad); !errors.Is(err, apikey.ErrUnauthenticated) {
 			t.Fatalf("%q: %v", bad, err)
 		}
 	}
@@ -369,16 +371,16 @@ func TestAPIKeys(t *testing.T) {
 	if err != nil || rk.RevokedAt.IsZero() {
 		t.Fatalf("revoke by id: %+v %v", rk, err)
 	}
-	if _, err := b.store.Authenticate(b.ctx, key); !errors.Is(err, pgstore.ErrUnauthenticated) {
+	if _, err := b.store.Authenticate(b.ctx, key); !errors.Is(err, apikey.ErrUnauthenticated) {
 		t.Fatalf("revoked key: %v", err)
 	}
 	if _, err := b.store.RevokeAPIKey(b.ctx, key2); err != nil { // by the key itself
 		t.Fatal(err)
 	}
-	if _, err := b.store.Authenticate(b.ctx, key2); !errors.Is(err, pgstore.ErrUnauthenticated) {
+	if _, err := b.store.Authenticate(b.ctx, key2); !errors.Is(err, apikey.ErrUnauthenticated) {
 		t.Fatalf("key revoked by value: %v (id %s)", err, k2.ID)
 	}
-	if _, err := b.store.RevokeAPIKey(b.ctx, "000000000000"); !errors.Is(err, dedup.ErrNotFound) {
+	if _, err := b.store.RevokeAPIKey(b.ctx, "000000000000"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("unknown id: %v", err)
 	}
 }
@@ -405,20 +407,20 @@ func TestReadBatch(t *testing.T) {
 	if err := b.worker.Complete(b.ctx, *done.Lease, charged("ch_done")); err != nil {
 		t.Fatal(err)
 	}
-	refs := []dedup.KeyRef{{MerchantID: "m_1", IdempotencyKey: "pending"}, {MerchantID: "m_1", IdempotencyKey: "done"},
+	refs := []ledger.KeyRef{{MerchantID: "m_1", IdempotencyKey: "pending"}, {MerchantID: "m_1", IdempotencyKey: "done"},
 		{MerchantID: "m_1", IdempotencyKey: "none"}, {MerchantID: "m_1", IdempotencyKey: "done"}}
-	got, err := b.store.ReadBatch(b.ctx, b.worker, [][]byte{pgstore.HashAPIKey(live), pgstore.HashAPIKey(revoked)}, refs)
+	got, err := b.store.ReadBatch(b.ctx, [][]byte{apikey.Hash(live), apikey.Hash(revoked)}, refs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got.Active) != 1 || got.Active[string(pgstore.HashAPIKey(live))] != "m_1" {
+	if len(got.Active) != 1 || got.Active[string(apikey.Hash(live))] != "m_1" {
 		t.Errorf("active keys %v, want the live one only", got.Active)
 	}
-	status := map[string]dedup.Status{}
+	status := map[string]ledger.Status{}
 	for _, r := range got.Records {
 		status[r.IdempotencyKey] = r.Status
 	}
-	if len(got.Records) != 2 || status["pending"] != dedup.StatusPending || status["done"] != dedup.StatusCompleted {
+	if len(got.Records) != 2 || status["pending"] != ledger.StatusPending || status["done"] != ledger.StatusCompleted {
 		t.Errorf("records %+v, want pending and done once each", got.Records)
 	}
 	want, err := b.worker.PaymentsFor(b.ctx, refs)

@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestIntakeBatchReadsBoundedByBatch checks that the batched intake's
@@ -27,11 +29,11 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	// One connection: the statistics flushed are the backend's that ran
 	// the statements.
 	pool, _ := testenv.OneConn(t, b.pool)
-	store, err := pgstore.New(pool, pgstore.Config{Clock: b.clock})
+	worker, err := dedup.New(pool, dedup.Config{Clock: b.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	worker, err := dedup.New(pool, dedup.Config{Clock: b.clock})
+	store, err := pgstore.New(pool, pgstore.Config{Clock: b.clock, Records: worker})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,15 +41,15 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiKey := pgstore.HashAPIKey(key0)
+	apiKey := apikey.Hash(key0)
 	const existing, size = 10000, 128
 	key := func(i int) string { return fmt.Sprintf("plan-%d-0123456789abcdef0123456789abcdef", i) }
 	var seq uint64
 	// intake acquires and marks published keys [lo, hi), and returns the
 	// outcomes of the acquisition.
-	intake := func(lo, hi int) []pgstore.IntakeResult {
+	intake := func(lo, hi int) []ledger.IntakeResult {
 		t.Helper()
-		reqs := make([]dedup.ClaimRequest, 0, hi-lo)
+		reqs := make([]ledger.ClaimRequest, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			reqs = append(reqs, req("m_1", key(i), 1999))
 		}
@@ -55,11 +57,11 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var pubs []pgstore.Published
+		var pubs []ledger.Published
 		for _, r := range res {
-			if r.Outcome == pgstore.IntakeAcquired {
+			if r.Outcome == ledger.IntakeAcquired {
 				seq++
-				pubs = append(pubs, pgstore.Published{Intake: r.Intake, Seq: seq})
+				pubs = append(pubs, ledger.Published{Intake: r.Intake, Seq: seq})
 			}
 		}
 		if len(pubs) > 0 {
@@ -80,7 +82,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 	// and ledger rows).
 	for lo := 0; lo < existing; lo += 500 {
 		intake(lo, lo+500)
-		reqs := make([]dedup.ClaimRequest, 0, 500)
+		reqs := make([]ledger.ClaimRequest, 0, 500)
 		for i := lo; i < lo+500; i++ {
 			reqs = append(reqs, req("m_1", key(i), 1999))
 		}
@@ -88,12 +90,12 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		items := make([]dedup.CompleteItem, 0, len(res))
+		items := make([]ledger.CompleteItem, 0, len(res))
 		for i, r := range res {
 			if r.Lease == nil {
 				t.Fatalf("claim of key %d: %v", lo+i, r.Outcome)
 			}
-			items = append(items, dedup.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", lo+i))})
+			items = append(items, ledger.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", lo+i))})
 		}
 		if _, err := worker.CompleteBatch(b.ctx, items); err != nil {
 			t.Fatal(err)
@@ -110,12 +112,12 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 		} else {
 			next += size
 		}
-		refs := make([]dedup.KeyRef, size)
+		refs := make([]ledger.KeyRef, size)
 		for i := range refs {
-			refs[i] = dedup.KeyRef{MerchantID: "m_1", IdempotencyKey: key(first + i)}
+			refs[i] = ledger.KeyRef{MerchantID: "m_1", IdempotencyKey: key(first + i)}
 		}
 		before := testenv.TableReads(t, b.ctx, pool, tables...)
-		reads, err := store.ReadBatch(b.ctx, worker, nil, refs)
+		reads, err := store.ReadBatch(b.ctx, nil, refs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +130,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 		}
 		held := 0
 		for _, r := range res {
-			if r.Outcome == pgstore.IntakeHeld {
+			if r.Outcome == ledger.IntakeHeld {
 				held++
 			}
 		}
@@ -147,7 +149,7 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 
 		// The first statement of a batch: keys the worker charged (all left
 		// to be read) or new ones (all taken in).
-		reqs, keys := make([]dedup.ClaimRequest, size), make([][]byte, size)
+		reqs, keys := make([]ledger.ClaimRequest, size), make([][]byte, size)
 		for i := range reqs {
 			k := refs[i].IdempotencyKey
 			if round%2 == 0 {
@@ -161,9 +163,9 @@ func TestIntakeBatchReadsBoundedByBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		after = testenv.TableReads(t, b.ctx, pool, append(tables, "api_keys")...)
-		want := pgstore.IntakeAcquired
+		want := ledger.IntakeAcquired
 		if round%2 == 1 {
-			want = pgstore.IntakeReadFirst
+			want = ledger.IntakeReadFirst
 		}
 		for i, r := range fresh {
 			if r.Outcome != want {

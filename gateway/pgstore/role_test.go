@@ -9,9 +9,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -45,11 +47,11 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 		t.Fatal(err)
 	}
 	gwPool := testenv.AsRole(t, ownerURL, gatewayRole)
-	gw, err := pgstore.New(gwPool, pgstore.Config{})
+	records, err := dedup.New(gwPool, dedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	records, err := dedup.New(gwPool, dedup.Config{})
+	gw, err := pgstore.New(gwPool, pgstore.Config{Records: records})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,15 +90,15 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if err != nil || merchant != "m_gw" {
 		t.Fatalf("authenticate as %s: %q %v", gatewayRole, merchant, err)
 	}
-	req := dedup.NewClaimRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: "k1", Amount: 500, Currency: "usd", PaymentMethod: "pm_card_visa"})
-	if _, err := records.Get(ctx, merchant, "k1"); !errors.Is(err, dedup.ErrNotFound) {
+	req := ledger.NewClaimRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: "k1", Amount: 500, Currency: "usd", PaymentMethod: "pm_card_visa"})
+	if _, err := records.Get(ctx, merchant, "k1"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("get as %s before the claim: %v", gatewayRole, err)
 	}
 	res, err := acquireOne(ctx, gw, req, time.Second, time.Hour)
-	if err != nil || res.Outcome != pgstore.IntakeAcquired {
+	if err != nil || res.Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire intake as %s: %v %v", gatewayRole, res.Outcome, err)
 	}
-	if again, err := acquireOne(ctx, gw, req, time.Second, time.Hour); err != nil || again.Outcome != pgstore.IntakeHeld {
+	if again, err := acquireOne(ctx, gw, req, time.Second, time.Hour); err != nil || again.Outcome != ledger.IntakeHeld {
 		t.Fatalf("second acquire as %s: %v %v", gatewayRole, again.Outcome, err)
 	}
 	if err := gw.IntakePublished(ctx, res.Intake, 1, time.Minute); err != nil {
@@ -126,7 +128,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if err != nil || cl.Lease == nil {
 		t.Fatalf("claim as %s: %+v %v", workerRole, cl, err)
 	}
-	if err := worker.Complete(ctx, *cl.Lease, dedup.Completion{ChargeID: "ch_gw", ResponseStatus: 200, Response: []byte(`{"id":"ch_gw"}`)}); err != nil {
+	if err := worker.Complete(ctx, *cl.Lease, ledger.Completion{ChargeID: "ch_gw", ResponseStatus: 200, Response: []byte(`{"id":"ch_gw"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -134,22 +136,22 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the gateway, as %s, never heard the completion", gatewayRole)
 	}
-	if rec, err := records.Get(ctx, merchant, "k1"); err != nil || rec.Status != dedup.StatusCompleted {
+	if rec, err := records.Get(ctx, merchant, "k1"); err != nil || rec.Status != ledger.StatusCompleted {
 		t.Fatalf("get as %s: %+v %v", gatewayRole, rec, err)
 	}
-	if recs, err := records.GetMany(ctx, []dedup.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil || len(recs) != 1 {
+	if recs, err := records.GetMany(ctx, []ledger.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil || len(recs) != 1 {
 		t.Fatalf("get many as %s: %d %v", gatewayRole, len(recs), err)
 	}
-	if rb, err := gw.ReadBatch(ctx, records, [][]byte{pgstore.HashAPIKey(token)}, []dedup.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil ||
-		rb.Active[string(pgstore.HashAPIKey(token))] != "m_gw" || len(rb.Records) != 1 || len(rb.Payments) != 1 {
+	if rb, err := gw.ReadBatch(ctx, [][]byte{apikey.Hash(token)}, []ledger.KeyRef{{MerchantID: merchant, IdempotencyKey: "k1"}}); err != nil ||
+		rb.Active[string(apikey.Hash(token))] != "m_gw" || len(rb.Records) != 1 || len(rb.Payments) != 1 {
 		t.Fatalf("read a batch as %s: %+v %v", gatewayRole, rb, err)
 	}
 	// The batch's first statement probes records and ledger (a key the
 	// worker charged is left to be read) and takes in a new key.
-	fresh, err := gw.AcquireNewIntakes(ctx, []dedup.ClaimRequest{req, dedup.NewClaimRequest(&payment.Command{MerchantID: merchant,
+	fresh, err := gw.AcquireNewIntakes(ctx, []ledger.ClaimRequest{req, ledger.NewClaimRequest(&payment.Command{MerchantID: merchant,
 		IdempotencyKey: "k-new", Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"})},
-		[][]byte{pgstore.HashAPIKey(token), pgstore.HashAPIKey(token)}, 10*time.Second, time.Hour)
-	if err != nil || fresh[0].Outcome != pgstore.IntakeReadFirst || fresh[1].Outcome != pgstore.IntakeAcquired {
+		[][]byte{apikey.Hash(token), apikey.Hash(token)}, 10*time.Second, time.Hour)
+	if err != nil || fresh[0].Outcome != ledger.IntakeReadFirst || fresh[1].Outcome != ledger.IntakeAcquired {
 		t.Fatalf("acquire new intakes as %s: %+v %v", gatewayRole, fresh, err)
 	}
 	if _, err := records.Stats(ctx, time.Minute); err != nil {
@@ -163,19 +165,19 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	// A processing payment the Stripe webhook settles, as the reconciler
 	// does: through the settle_payment function of migration 00011, the
 	// gateway's only way to change a key or a ledger row.
-	achReq := dedup.NewClaimRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: "ach", Amount: 700, Currency: "usd", PaymentMethod: "pm_usBankAccount_success"})
+	achReq := ledger.NewClaimRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: "ach", Amount: 700, Currency: "usd", PaymentMethod: "pm_usBankAccount_success"})
 	achCl, err := worker.Claim(ctx, "role-worker", time.Minute, achReq)
 	if err != nil || achCl.Lease == nil {
 		t.Fatalf("claim as %s: %+v %v", workerRole, achCl, err)
 	}
-	if err := worker.Complete(ctx, *achCl.Lease, dedup.Completion{ChargeID: "pi_ach", Processing: true, ResponseStatus: 202, Response: []byte(`{"id":"pi_ach"}`)}); err != nil {
+	if err := worker.Complete(ctx, *achCl.Lease, ledger.Completion{ChargeID: "pi_ach", Processing: true, ResponseStatus: 202, Response: []byte(`{"id":"pi_ach"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	ach, err := records.GetPayment(ctx, merchant, "ach")
-	if err != nil || ach.Status != dedup.PaymentProcessing {
+	if err != nil || ach.Status != ledger.PaymentProcessing {
 		t.Fatalf("processing payment as %s: %+v %v", gatewayRole, ach, err)
 	}
-	if err := records.SettlePayment(ctx, ach, dedup.PaymentSucceeded, 200, []byte(`{"id":"pi_ach","status":"succeeded"}`)); err != nil {
+	if err := records.SettlePayment(ctx, ach, ledger.PaymentSucceeded, 200, []byte(`{"id":"pi_ach","status":"succeeded"}`)); err != nil {
 		t.Fatalf("settle as %s: %v", gatewayRole, err)
 	}
 	if rec, err := records.Get(ctx, merchant, "ach"); err != nil || rec.ResponseStatus != 200 {
@@ -183,14 +185,14 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	}
 	// A final row is left alone: settling again, or settling a payment that
 	// never was processing, changes neither the ledger nor the stored answer.
-	if err := records.SettlePayment(ctx, ach, dedup.PaymentFailed, 402, []byte(`{"evil":true}`)); !errors.Is(err, dedup.ErrNotFound) {
+	if err := records.SettlePayment(ctx, ach, ledger.PaymentFailed, 402, []byte(`{"evil":true}`)); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("settling a settled payment as %s: %v, want ErrNotFound", gatewayRole, err)
 	}
 	final, err := records.GetPayment(ctx, merchant, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	answers := map[string]dedup.Record{}
+	answers := map[string]ledger.Record{}
 	for _, key := range []string{"ach", "k1"} {
 		if answers[key], err = records.Get(ctx, merchant, key); err != nil {
 			t.Fatal(err)
@@ -209,7 +211,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if p, err := records.GetPayment(ctx, merchant, "k1"); err != nil || p != final {
 		t.Fatalf("ledger row after settling a final row as %s: %+v %v, want %+v", gatewayRole, p, err, final)
 	}
-	if p, err := records.GetPayment(ctx, merchant, "ach"); err != nil || p.Status != dedup.PaymentSucceeded {
+	if p, err := records.GetPayment(ctx, merchant, "ach"); err != nil || p.Status != ledger.PaymentSucceeded {
 		t.Fatalf("settled ledger row as %s: %+v %v", gatewayRole, p, err)
 	}
 	// The worker tells the intake of a command it dead-lettered.

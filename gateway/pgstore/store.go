@@ -11,9 +11,11 @@
 // letter.
 //
 // pgx is used only here (and in internal/pg); its errors never leave the
-// package: they wrap dedup's sentinels (dedup.ErrNotFound,
-// dedup.ErrLeaseLost, dedup.ErrUnavailable), which the gateway tests with
-// errors.Is.
+// package: they wrap the core's sentinels (ledger.ErrNotFound,
+// ledger.ErrLeaseLost, ledger.ErrUnavailable, apikey.ErrUnauthenticated),
+// which the gateway tests with errors.Is. Its values (ledger.Intake,
+// ledger.IntakeResult, ledger.BatchReads, ledger.Subscription...) are the
+// core's too, so gateway.Store and gateway.Completions name no driver type.
 package pgstore
 
 import (
@@ -21,9 +23,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // DefaultStatementTimeout bounds every statement the store runs.
@@ -34,10 +36,17 @@ type Config struct {
 	StatementTimeout time.Duration
 	// Clock is a test clock; leave it nil in production (see pg.Clock).
 	Clock clock.Clock
+	// Records are the worker's records (*dedup.Store) on the same
+	// database, whose reads ReadBatch queues on its round trip. A store
+	// without them fails ReadBatch.
+	Records RecordReads
 }
 
 // Store is the gateway's Postgres store. It is safe for concurrent use.
-type Store struct{ db pg.DB }
+type Store struct {
+	db      pg.DB
+	records RecordReads
+}
 
 // New returns a store on pool. The schema must be migrated
 // (migrations/migrate).
@@ -46,7 +55,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, records: cfg.Records}, nil
 }
 
 // dbNow is the SQL for the statement's time (see pg.DBNow).
@@ -60,7 +69,7 @@ const dbNow = pg.DBNow
 const pinPlans = pg.PinPlans
 
 // storeErrors are the sentinels the store's errors wrap.
-var storeErrors = pg.Errors{NotFound: dedup.ErrNotFound}
+var storeErrors = pg.Errors{NotFound: ledger.ErrNotFound}
 
 // interpretError maps pgx errors to the store's errors; pgx types never
 // leave the package.

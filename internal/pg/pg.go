@@ -30,12 +30,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/storeerr"
 )
 
 // ErrUnavailable means the database could not be reached or the statement
-// did not finish; the operation may be retried. Every store's ErrUnavailable
-// is this value.
-var ErrUnavailable = errors.New("database unavailable")
+// did not finish; the operation may be retried. It is storeerr's, as is
+// ledger.ErrUnavailable: every store returns the one value, and its
+// callers test it without linking pgx.
+var ErrUnavailable = storeerr.ErrUnavailable
 
 // MaxStatementRetries bounds retries of a statement that failed with a
 // deadlock or serialization failure (safe: each statement is atomic).

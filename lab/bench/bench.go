@@ -35,6 +35,7 @@ import (
 	"github.com/paydedup/paydedup/lab/procstat"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/workload"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -764,32 +765,32 @@ type countingStore struct {
 	calls atomic.Int64
 }
 
-func (c *countingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+func (c *countingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	c.calls.Add(1)
 	return c.Store.ClaimBatch(ctx, holder, lease, reqs)
 }
 
-func (c *countingStore) Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error) {
+func (c *countingStore) Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error) {
 	c.calls.Add(1)
 	return c.Store.Heartbeat(ctx, l, d)
 }
 
-func (c *countingStore) Complete(ctx context.Context, l dedup.Lease, comp dedup.Completion) error {
+func (c *countingStore) Complete(ctx context.Context, l ledger.Lease, comp ledger.Completion) error {
 	c.calls.Add(1)
 	return c.Store.Complete(ctx, l, comp)
 }
 
-func (c *countingStore) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (c *countingStore) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	c.calls.Add(1)
 	return c.Store.CompleteBatch(ctx, items)
 }
 
-func (c *countingStore) Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error) {
+func (c *countingStore) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
 	c.calls.Add(1)
 	return c.Store.Fail(ctx, l, reason)
 }
 
-func (c *countingStore) Release(ctx context.Context, l dedup.Lease, reason string) error {
+func (c *countingStore) Release(ctx context.Context, l ledger.Lease, reason string) error {
 	c.calls.Add(1)
 	return c.Store.Release(ctx, l, reason)
 }

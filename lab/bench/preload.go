@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/workload"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -24,7 +24,7 @@ const preloadChunk = 500_000
 
 // KeyRetention is the key retention the preload lays its keys out over:
 // the store's default, so every preloaded key is live and unexpired.
-const KeyRetention = dedup.DefaultRetention
+const KeyRetention = ledger.DefaultRetention
 
 // Preload describes the finished payments written into a fresh schema
 // before a run: Rows ledger rows, the newest Keys of them with their
@@ -65,7 +65,7 @@ func PreloadCommand(j int) payment.Command {
 // preloadRows is payment j's columns, from j, the run's anchor ($4), the
 // spacing in µs ($5) and the total ($6): payment j was created (N-j)
 // spacings before the anchor, so the newest is the latest. The key, its
-// provider key (dedup.ProviderKey) and its fingerprint (dedup.Fingerprint
+// provider key (ledger.ProviderKey) and its fingerprint (ledger.Fingerprint
 // over payment.Command.AppendCanonical) are computed as the Go code does;
 // TestPreloadedRowsAreReal checks they agree.
 const preloadRows = `

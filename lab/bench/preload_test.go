@@ -10,6 +10,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -41,19 +42,19 @@ func TestPreloadedRowsAreReal(t *testing.T) {
 		t.Errorf("preload stats %+v: want %d rows, %d keys, at least 3 day partitions", st, rows, keys)
 	}
 
-	var ledger, keyRows, inDays, notDone, pending int
+	var ledgerRows, keyRows, inDays, notDone, pending int
 	err = pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM payments),
         (SELECT count(*) FROM idempotency_keys),
         (SELECT count(*) FROM idempotency_keys k JOIN pg_class c ON c.oid = k.tableoid
          WHERE c.relname ~ '^idempotency_keys_p[0-9]{8}$'),
         (SELECT count(*) FROM idempotency_keys WHERE status <> 'completed' OR expires_at <> completed_at + $1::interval),
-        (SELECT count(*) FROM pending_keys)`, KeyRetention).Scan(&ledger, &keyRows, &inDays, &notDone, &pending)
+        (SELECT count(*) FROM pending_keys)`, KeyRetention).Scan(&ledgerRows, &keyRows, &inDays, &notDone, &pending)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ledger != rows || keyRows != keys || inDays != keys || notDone != 0 || pending != 0 {
+	if ledgerRows != rows || keyRows != keys || inDays != keys || notDone != 0 || pending != 0 {
 		t.Errorf("%d ledger rows, %d key rows (%d in day partitions, %d not completed or not kept for the retention), %d pending names; want %d, %d (all), 0, 0",
-			ledger, keyRows, inDays, notDone, pending, rows, keys)
+			ledgerRows, keyRows, inDays, notDone, pending, rows, keys)
 	}
 	var oldest, newest time.Time
 	if err := pool.QueryRow(ctx, `SELECT min(created_at), max(created_at) FROM idempotency_keys`).Scan(&oldest, &newest); err != nil {
@@ -70,11 +71,11 @@ func TestPreloadedRowsAreReal(t *testing.T) {
 		newest1.MerchantID, newest1.IdempotencyKey).Scan(&hash, &providerKey); err != nil {
 		t.Fatalf("the newest preloaded key %s: %v", newest1.IdempotencyKey, err)
 	}
-	if want := dedup.Fingerprint(&newest1); !bytes.Equal(hash, want) {
-		t.Errorf("request_hash %x, dedup.Fingerprint %x", hash, want)
+	if want := ledger.Fingerprint(&newest1); !bytes.Equal(hash, want) {
+		t.Errorf("request_hash %x, ledger.Fingerprint %x", hash, want)
 	}
-	if want := dedup.ProviderKey(newest1.MerchantID, newest1.IdempotencyKey); providerKey != want {
-		t.Errorf("provider_key %s, dedup.ProviderKey %s", providerKey, want)
+	if want := ledger.ProviderKey(newest1.MerchantID, newest1.IdempotencyKey); providerKey != want {
+		t.Errorf("provider_key %s, ledger.ProviderKey %s", providerKey, want)
 	}
 
 	store, err := dedup.New(pool, dedup.Config{})

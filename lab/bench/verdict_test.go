@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/workload"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // TestBenchVerdictOnDoubleCharge gives the bench's judge a ledger with a
@@ -45,13 +45,13 @@ type chunkGetter struct {
 	reads []int
 }
 
-func (g *chunkGetter) GetMany(_ context.Context, refs []dedup.KeyRef) ([]dedup.Record, error) {
+func (g *chunkGetter) GetMany(_ context.Context, refs []ledger.KeyRef) ([]ledger.Record, error) {
 	g.reads = append(g.reads, len(refs))
-	var out []dedup.Record
+	var out []ledger.Record
 	for _, r := range refs {
 		if !g.lost[workload.RowKey(r)] {
-			out = append(out, dedup.Record{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey,
-				Status: dedup.StatusCompleted, ResponseStatus: 200, ChargeID: "pi_1"})
+			out = append(out, ledger.Record{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey,
+				Status: ledger.StatusCompleted, ResponseStatus: 200, ChargeID: "pi_1"})
 		}
 	}
 	return out, nil

@@ -32,6 +32,7 @@ import (
 	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/workload"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
@@ -370,7 +371,7 @@ type demoRun struct {
 
 // demoPayment is one distinct valid payment of the workload.
 type demoPayment struct {
-	ref dedup.KeyRef
+	ref ledger.KeyRef
 	cmd payment.Command
 }
 
@@ -455,21 +456,21 @@ type killableStore struct {
 	dead atomic.Bool
 }
 
-func (k *killableStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []dedup.ClaimRequest) ([]dedup.ClaimResult, error) {
+func (k *killableStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	if k.dead.Load() {
 		return nil, errKilled
 	}
 	return k.Store.ClaimBatch(ctx, holder, lease, reqs)
 }
 
-func (k *killableStore) Heartbeat(ctx context.Context, l dedup.Lease, d time.Duration) (dedup.Lease, error) {
+func (k *killableStore) Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error) {
 	if k.dead.Load() {
 		return l, errKilled
 	}
 	return k.Store.Heartbeat(ctx, l, d)
 }
 
-func (k *killableStore) Complete(ctx context.Context, l dedup.Lease, c dedup.Completion) error {
+func (k *killableStore) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
 	if k.dead.Load() {
 		return errKilled
 	}
@@ -477,21 +478,21 @@ func (k *killableStore) Complete(ctx context.Context, l dedup.Lease, c dedup.Com
 }
 
 // CompleteBatch is the group commit's store call.
-func (k *killableStore) CompleteBatch(ctx context.Context, items []dedup.CompleteItem) ([]error, error) {
+func (k *killableStore) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	if k.dead.Load() {
 		return nil, errKilled
 	}
 	return k.Store.CompleteBatch(ctx, items)
 }
 
-func (k *killableStore) Fail(ctx context.Context, l dedup.Lease, reason string) (dedup.Status, error) {
+func (k *killableStore) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
 	if k.dead.Load() {
 		return "", errKilled
 	}
 	return k.Store.Fail(ctx, l, reason)
 }
 
-func (k *killableStore) Release(ctx context.Context, l dedup.Lease, reason string) error {
+func (k *killableStore) Release(ctx context.Context, l ledger.Lease, reason string) error {
 	if k.dead.Load() {
 		return errKilled
 	}
@@ -545,7 +546,7 @@ func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
 	})
 	r.payments = make([]demoPayment, len(r.plan.Payments))
 	for i, g := range r.plan.Payments {
-		r.payments[i] = demoPayment{ref: dedup.KeyRef{MerchantID: g.Cmd.MerchantID, IdempotencyKey: g.Cmd.IdempotencyKey}, cmd: g.Cmd}
+		r.payments[i] = demoPayment{ref: ledger.KeyRef{MerchantID: g.Cmd.MerchantID, IdempotencyKey: g.Cmd.IdempotencyKey}, cmd: g.Cmd}
 	}
 	early, late := r.plan.Early, r.plan.Late
 	pub, err := stream.NewPublisher(r.js.Conn(), stream.PublisherConfig{})
@@ -625,7 +626,7 @@ func (r *demoRun) count(m workload.Planned) {
 // publishLate publishes each late message once its payment has completed.
 func (r *demoRun) publishLate(ctx context.Context, late []workload.Planned) error {
 	for len(late) > 0 {
-		refs := make([]dedup.KeyRef, len(late))
+		refs := make([]ledger.KeyRef, len(late))
 		for j, m := range late {
 			refs[j] = r.payments[m.I].ref
 		}
@@ -633,10 +634,10 @@ func (r *demoRun) publishLate(ctx context.Context, late []workload.Planned) erro
 		if err != nil {
 			return err
 		}
-		done := map[dedup.KeyRef]bool{}
+		done := map[ledger.KeyRef]bool{}
 		for _, rec := range recs {
-			if rec.Status == dedup.StatusCompleted {
-				done[dedup.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey}] = true
+			if rec.Status == ledger.StatusCompleted {
+				done[ledger.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey}] = true
 			}
 		}
 		rest := late[:0]
@@ -665,7 +666,7 @@ func (r *demoRun) publishLate(ctx context.Context, late []workload.Planned) erro
 // waitQuiescent waits until the consumer has nothing pending or unacked and
 // no payment of the run is pending in Postgres.
 func (r *demoRun) waitQuiescent(ctx context.Context) (bool, error) {
-	refs := make([]dedup.KeyRef, len(r.payments))
+	refs := make([]ledger.KeyRef, len(r.payments))
 	for i, p := range r.payments {
 		refs[i] = p.ref
 	}
@@ -673,7 +674,7 @@ func (r *demoRun) waitQuiescent(ctx context.Context) (bool, error) {
 		cs, err := stream.ConsumerState(ctx, r.js, r.cfg.Stream)
 		if err == nil && cs.NumPending == 0 && cs.NumAckPending == 0 {
 			recs, err := r.store.GetMany(ctx, refs)
-			if err == nil && !slices.ContainsFunc(recs, func(rec dedup.Record) bool { return rec.Status == dedup.StatusPending }) {
+			if err == nil && !slices.ContainsFunc(recs, func(rec ledger.Record) bool { return rec.Status == ledger.StatusPending }) {
 				return true, nil
 			}
 		}
@@ -723,7 +724,7 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 		killedAt: r.killedAt, killedIn: r.killedIn,
 	}
 	charges := r.sim.ChargesByKey()
-	refs := make([]dedup.KeyRef, len(r.payments))
+	refs := make([]ledger.KeyRef, len(r.payments))
 	for i, p := range r.payments {
 		refs[i] = p.ref
 	}
@@ -731,22 +732,22 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 	if err != nil {
 		return nil, fmt.Errorf("demo report: %w", err)
 	}
-	byRef := make(map[dedup.KeyRef]dedup.Record, len(recs))
+	byRef := make(map[ledger.KeyRef]ledger.Record, len(recs))
 	for _, rec := range recs {
-		byRef[dedup.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey}] = rec
+		byRef[ledger.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey}] = rec
 	}
 	letters, err := dlq.List(ctx, r.js, r.cfg.Stream, dlq.Filter{})
 	if err != nil {
 		return nil, fmt.Errorf("demo report: %w", err)
 	}
-	lettered := map[dedup.KeyRef]string{}
+	lettered := map[ledger.KeyRef]string{}
 	for _, l := range letters {
 		if l.Seq <= dlqStart {
 			continue
 		}
 		rep.deadLetters++
 		rep.byReason[l.Reason]++
-		lettered[dedup.KeyRef{MerchantID: l.MerchantID, IdempotencyKey: l.IdempotencyKey}] = l.Reason
+		lettered[ledger.KeyRef{MerchantID: l.MerchantID, IdempotencyKey: l.IdempotencyKey}] = l.Reason
 	}
 	rep.judge(r.payments, charges, byRef, lettered)
 	return rep, nil
@@ -756,7 +757,7 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 // provider's charges (by "merchant_id:idempotency_key"): a payment not
 // completed is lost, unless a dead letter for another reason than bad
 // input accounts for it.
-func (rep *demoReport) judge(payments []demoPayment, charges map[string]int, byRef map[dedup.KeyRef]dedup.Record, lettered map[dedup.KeyRef]string) {
+func (rep *demoReport) judge(payments []demoPayment, charges map[string]int, byRef map[ledger.KeyRef]ledger.Record, lettered map[ledger.KeyRef]string) {
 	rows := make(map[string]workload.Row, len(byRef))
 	for ref, rec := range byRef {
 		rows[workload.RowKey(ref)] = workload.RowOf(rec)

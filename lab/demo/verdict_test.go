@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -15,13 +15,13 @@ import (
 func TestDemoVerdictOnDoubleCharge(t *testing.T) {
 	t.Parallel()
 	pay := func(key, method string) demoPayment {
-		return demoPayment{ref: dedup.KeyRef{MerchantID: "m_demo", IdempotencyKey: key},
+		return demoPayment{ref: ledger.KeyRef{MerchantID: "m_demo", IdempotencyKey: key},
 			cmd: payment.Command{MerchantID: "m_demo", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: method}}
 	}
 	payments := []demoPayment{pay("a", "pm_card_visa"), pay("b", "pm_card_visa"), pay("c", "pm_card_chargeDeclined")}
-	byRef := map[dedup.KeyRef]dedup.Record{}
+	byRef := map[ledger.KeyRef]ledger.Record{}
 	for _, p := range payments {
-		rec := dedup.Record{MerchantID: "m_demo", IdempotencyKey: p.ref.IdempotencyKey, Status: dedup.StatusCompleted, ResponseStatus: 200, ChargeID: "pi_" + p.ref.IdempotencyKey}
+		rec := ledger.Record{MerchantID: "m_demo", IdempotencyKey: p.ref.IdempotencyKey, Status: ledger.StatusCompleted, ResponseStatus: 200, ChargeID: "pi_" + p.ref.IdempotencyKey}
 		if p.cmd.PaymentMethod == "pm_card_chargeDeclined" {
 			rec.ResponseStatus, rec.ChargeID = 402, ""
 		}
@@ -29,7 +29,7 @@ func TestDemoVerdictOnDoubleCharge(t *testing.T) {
 	}
 	judge := func(charges map[string]int) *demoReport {
 		rep := &demoReport{byReason: map[string]int{}}
-		rep.judge(payments, charges, byRef, map[dedup.KeyRef]string{})
+		rep.judge(payments, charges, byRef, map[ledger.KeyRef]string{})
 		return rep
 	}
 

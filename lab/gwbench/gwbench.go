@@ -42,6 +42,7 @@ import (
 	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/procstat"
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -256,7 +257,7 @@ func runOnce(ctx context.Context, cfg Config, dbURL string, nc *nats.Conn) (Resu
 		return Result{}, err
 	}
 	p.records = records
-	if p.gwStore, err = pgstore.New(pool, pgstore.Config{}); err != nil {
+	if p.gwStore, err = pgstore.New(pool, pgstore.Config{Records: records}); err != nil {
 		return Result{}, err
 	}
 	for i := range cfg.Merchants {
@@ -532,9 +533,9 @@ func (c *client) close() {
 // accepted key published in the intake and on the stream exactly once,
 // nothing else on the stream.
 func (p *phase) check(ctx context.Context, accepted map[string]bool, r *Result) error {
-	var reqs []dedup.ClaimRequest
+	var reqs []ledger.ClaimRequest
 	for k := range accepted {
-		reqs = append(reqs, dedup.ClaimRequest{MerchantID: p.merchantOf(k), IdempotencyKey: k})
+		reqs = append(reqs, ledger.ClaimRequest{MerchantID: p.merchantOf(k), IdempotencyKey: k})
 	}
 	published := 0
 	for start := 0; start < len(reqs); start += 5000 {
@@ -639,17 +640,17 @@ func (p *phase) startWorker(ctx context.Context, nc *nats.Conn, records *dedup.S
 // ends) and measures POST→charged against the POSTs' starts.
 func (p *phase) charged(ctx context.Context, records *dedup.Store, posted map[string]time.Time, merchantOf func(string) string) (*Charged, error) {
 	c := &Charged{}
-	var refs []dedup.KeyRef
+	var refs []ledger.KeyRef
 	var first time.Time
 	for k, t := range posted {
-		refs = append(refs, dedup.KeyRef{MerchantID: merchantOf(k), IdempotencyKey: k})
+		refs = append(refs, ledger.KeyRef{MerchantID: merchantOf(k), IdempotencyKey: k})
 		if first.IsZero() || t.Before(first) {
 			first = t
 		}
 	}
 	done := map[string]time.Time{}
 	for len(done) < len(refs) && ctx.Err() == nil {
-		var open []dedup.KeyRef
+		var open []ledger.KeyRef
 		for _, r := range refs {
 			if _, ok := done[r.IdempotencyKey]; !ok {
 				open = append(open, r)
@@ -661,7 +662,7 @@ func (p *phase) charged(ctx context.Context, records *dedup.Store, posted map[st
 				return nil, err
 			}
 			for _, r := range recs {
-				if r.Status == dedup.StatusCompleted {
+				if r.Status == ledger.StatusCompleted {
 					done[r.IdempotencyKey] = r.CompletedAt
 				}
 			}
@@ -693,7 +694,7 @@ func (p *phase) charged(ctx context.Context, records *dedup.Store, posted map[st
 // judge counts, of the accepted keys, those the provider charged more than
 // once (charges are by "merchant_id:idempotency_key") and those not
 // completed or not charged exactly once.
-func judge(accepted []dedup.KeyRef, completed map[string]time.Time, charges map[string]int) (double, lost int) {
+func judge(accepted []ledger.KeyRef, completed map[string]time.Time, charges map[string]int) (double, lost int) {
 	for _, r := range accepted {
 		n := charges[r.MerchantID+":"+r.IdempotencyKey]
 		if n > 1 {

@@ -4,15 +4,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 )
 
 // An accepted key charged twice is a double charge and not settled; one
 // never completed, or completed without a charge, is lost.
 func TestJudgeCountsDoubleAndLost(t *testing.T) {
-	ref := func(k string) dedup.KeyRef { return dedup.KeyRef{MerchantID: "m", IdempotencyKey: k} }
+	ref := func(k string) ledger.KeyRef { return ledger.KeyRef{MerchantID: "m", IdempotencyKey: k} }
 	now := time.Now()
-	accepted := []dedup.KeyRef{ref("ok"), ref("twice"), ref("never"), ref("uncharged")}
+	accepted := []ledger.KeyRef{ref("ok"), ref("twice"), ref("never"), ref("uncharged")}
 	completed := map[string]time.Time{"ok": now, "twice": now, "uncharged": now}
 	charges := map[string]int{"m:ok": 1, "m:twice": 2, "m:never": 1, "m:other": 1}
 	if double, lost := judge(accepted, completed, charges); double != 1 || lost != 3 {

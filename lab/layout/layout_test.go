@@ -1,8 +1,9 @@
 // Package layout holds the import rules of the module's packages: what
 // ships is everything outside lab/ (TestWhatShipsIsOutsideLab); the core
-// (payment, dedup, provider, stream, consumer, reconciler) imports nothing
+// (payment, ledger, dedup, provider, stream, consumer, reconciler) imports nothing
 // of the gateway, the console, the lab or cmd; and each outside dependency
-// stays in the package that owns it. The rules read the module's real
+// stays in the package that owns it; and only the PostgreSQL
+// implementations link pgx (TestDriverStaysInItsStores). The rules read the module's real
 // import graph with `go list`, so a new import that breaks one fails here,
 // naming it.
 package layout
@@ -75,7 +76,7 @@ func anyUnder(path string, dirs []string) string {
 
 // core is the money path; lab is what only demonstrates or tests it.
 var (
-	core = []string{"payment", "dedup", "provider", "stream", "consumer", "reconciler"}
+	core = []string{"payment", "ledger", "dedup", "provider", "stream", "consumer", "reconciler"}
 	lab  = []string{"lab", "github.com/nats-io/nats-server"}
 )
 
@@ -209,6 +210,89 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 		}
 		if users == 0 {
 			t.Errorf("nothing imports %s: the rule checks nothing (update it)", r.dep)
+		}
+	}
+}
+
+// pgxHome are the packages that may link pgx: the PostgreSQL
+// implementations of the stores, the helpers they share, the migrator; cmd,
+// which wires them; and the lab, whose tools and test environment open
+// databases.
+var pgxHome = []string{"internal/pg", "dedup", "gateway/pgstore", "httpidem/pgstore", "budget/pgstore", "migrations/migrate", "cmd", "lab"}
+
+// driverFree must be listed and free of pgx whatever else changes: the
+// packages above the stores, which declare the store interfaces they use in
+// the core's words (ledger), and the core itself.
+var driverFree = []string{"gateway", "consumer", "reconciler", "audit", "console", "dlq", "ledger"}
+
+// TestDriverStaysInItsStores: no package of the module outside pgxHome
+// links github.com/jackc/pgx, directly or through any import (`go list
+// -deps`). A failure names the package and the chain of imports that
+// brings pgx in.
+func TestDriverStaysInItsStores(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Imports", module+"/...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list -deps: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list -deps: %v", err)
+	}
+	imports := map[string][]string{}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("decode go list: %v", err)
+		}
+		imports[p.ImportPath] = p.Imports
+	}
+	isPgx := func(path string) bool { return strings.HasPrefix(path, "github.com/jackc/pgx") }
+	// chain returns the imports from start to the first pgx package it
+	// reaches (breadth first: the shortest), or nil.
+	chain := func(start string) []string {
+		parent := map[string]string{start: ""}
+		queue := []string{start}
+		for len(queue) > 0 {
+			p := queue[0]
+			queue = queue[1:]
+			if isPgx(p) {
+				var path []string
+				for ; p != ""; p = parent[p] {
+					path = append([]string{strings.TrimPrefix(p, module+"/")}, path...)
+				}
+				return path
+			}
+			for _, d := range imports[p] {
+				if _, seen := parent[d]; !seen {
+					parent[d] = p
+					queue = append(queue, d)
+				}
+			}
+		}
+		return nil
+	}
+	checked := map[string]bool{}
+	for path := range imports {
+		if !strings.HasPrefix(path, module+"/") {
+			continue
+		}
+		rel := strings.TrimPrefix(path, module+"/")
+		if anyUnder(rel, pgxHome) != "" {
+			continue
+		}
+		checked[rel] = true
+		if c := chain(path); c != nil {
+			t.Errorf("%s links pgx: %s (only %v may)", rel, strings.Join(c, " -> "), pgxHome)
+		}
+	}
+	for _, p := range driverFree {
+		if !checked[p] {
+			t.Errorf("%s is not in go list's graph: the rule does not check it (update driverFree)", p)
 		}
 	}
 }

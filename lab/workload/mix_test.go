@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -88,7 +88,7 @@ func TestGenerate(t *testing.T) {
 		}
 		orig := &payment.Command{MerchantID: p.Merchant, IdempotencyKey: p.Key, Amount: p.Amount, Currency: p.Currency,
 			PaymentMethod: p.Method, Description: "chaos " + p.ID, Metadata: map[string]string{"order_id": p.ID}}
-		same := bytes.Equal(dedup.Fingerprint(c), dedup.Fingerprint(orig))
+		same := bytes.Equal(ledger.Fingerprint(c), ledger.Fingerprint(orig))
 		if reuse := strings.HasSuffix(pub.Header[HeaderMsgID], ":reuse"); same == reuse {
 			t.Fatalf("%s (%s): same fingerprint %v for a reuse=%v publish", id, pub.Header[HeaderMsgID], same, reuse)
 		}

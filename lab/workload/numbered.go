@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -52,10 +52,10 @@ func (w Numbered) Order() []Copy {
 }
 
 // Refs are the keys of the n payments.
-func (w Numbered) Refs() []dedup.KeyRef {
-	refs := make([]dedup.KeyRef, w.N)
+func (w Numbered) Refs() []ledger.KeyRef {
+	refs := make([]ledger.KeyRef, w.N)
 	for i := range refs {
-		refs[i] = dedup.KeyRef{MerchantID: NumberedMerchant, IdempotencyKey: fmt.Sprintf("p-%d", i)}
+		refs[i] = ledger.KeyRef{MerchantID: NumberedMerchant, IdempotencyKey: fmt.Sprintf("p-%d", i)}
 	}
 	return refs
 }

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -26,29 +26,29 @@ type Row struct {
 func (r Row) declined() bool { return r.PaymentStatus == "declined" || r.ResponseStatus >= 400 }
 
 // RowOf is the store's record as the verifier reads it.
-func RowOf(rec dedup.Record) Row {
+func RowOf(rec ledger.Record) Row {
 	return Row{Status: string(rec.Status), ChargeID: rec.ChargeID, ResponseStatus: rec.ResponseStatus}
 }
 
 // RowKey names the row of ref: "merchant_id:idempotency_key", the key of
 // the provider's charges.
-func RowKey(ref dedup.KeyRef) string { return ref.MerchantID + ":" + ref.IdempotencyKey }
+func RowKey(ref ledger.KeyRef) string { return ref.MerchantID + ":" + ref.IdempotencyKey }
 
 // Getter is the part of the store the verifier reads.
 type Getter interface {
-	GetMany(ctx context.Context, refs []dedup.KeyRef) ([]dedup.Record, error)
+	GetMany(ctx context.Context, refs []ledger.KeyRef) ([]ledger.Record, error)
 }
 
 // StoreRows reads the rows of refs from the store, by RowKey; a ref with no
 // row is missing from the map.
-func StoreRows(ctx context.Context, store Getter, refs []dedup.KeyRef) (map[string]Row, error) {
+func StoreRows(ctx context.Context, store Getter, refs []ledger.KeyRef) (map[string]Row, error) {
 	recs, err := store.GetMany(ctx, refs)
 	if err != nil {
 		return nil, err
 	}
 	rows := make(map[string]Row, len(recs))
 	for _, rec := range recs {
-		rows[RowKey(dedup.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey})] = RowOf(rec)
+		rows[RowKey(ledger.KeyRef{MerchantID: rec.MerchantID, IdempotencyKey: rec.IdempotencyKey})] = RowOf(rec)
 	}
 	return rows, nil
 }

@@ -1,4 +1,4 @@
-package pgstore
+package apikey
 
 import (
 	"regexp"
@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// apiKeyShape is the documented shape of a key, which apiKeyID checks by
+// apiKeyShape is the documented shape of a key, which ID checks by
 // hand.
 var apiKeyShape = regexp.MustCompile(`^pd_([0-9a-f]{12})_[A-Za-z0-9_-]{43}$`)
 
@@ -29,10 +29,10 @@ func TestAPIKeyIDMatchesTheShape(t *testing.T) {
 		probes = append(probes, valid[:i]+"a"+valid[i:])
 	}
 	for _, p := range probes {
-		id, ok := apiKeyID(p)
+		id, ok := ID(p)
 		m := apiKeyShape.FindStringSubmatch(p)
 		if ok != (m != nil) || (ok && id != m[1]) {
-			t.Errorf("%q: apiKeyID %q %v, the shape %v", p, id, ok, m)
+			t.Errorf("%q: ID %q %v, the shape %v", p, id, ok, m)
 		}
 	}
 }

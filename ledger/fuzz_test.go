@@ -1,4 +1,4 @@
-package dedup_test
+package ledger_test
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -58,16 +58,16 @@ func FuzzFingerprint(f *testing.F) {
 		if eq := bytes.Equal(ca.AppendCanonical(nil), cb.AppendCanonical(nil)); eq != same {
 			t.Fatalf("canonical bytes equal=%v but commands equal=%v:\n%+v\n%+v", eq, same, ca, cb)
 		}
-		if eq := bytes.Equal(dedup.Fingerprint(ca), dedup.Fingerprint(cb)); eq != same {
+		if eq := bytes.Equal(ledger.Fingerprint(ca), ledger.Fingerprint(cb)); eq != same {
 			t.Fatalf("fingerprints equal=%v but commands equal=%v:\n%+v\n%+v", eq, same, ca, cb)
 		}
 		// The provider key depends on the key's identity only, and never
 		// equals our key.
-		if pk := dedup.ProviderKey(ca.MerchantID, ca.IdempotencyKey); pk == ca.IdempotencyKey || len(pk) != 68 {
+		if pk := ledger.ProviderKey(ca.MerchantID, ca.IdempotencyKey); pk == ca.IdempotencyKey || len(pk) != 68 {
 			t.Fatalf("provider key %q for key %q", pk, ca.IdempotencyKey)
 		}
 		if (ca.MerchantID == cb.MerchantID && ca.IdempotencyKey == cb.IdempotencyKey) !=
-			(dedup.ProviderKey(ca.MerchantID, ca.IdempotencyKey) == dedup.ProviderKey(cb.MerchantID, cb.IdempotencyKey)) {
+			(ledger.ProviderKey(ca.MerchantID, ca.IdempotencyKey) == ledger.ProviderKey(cb.MerchantID, cb.IdempotencyKey)) {
 			t.Fatalf("provider keys collide or differ wrongly for (%q,%q) and (%q,%q)",
 				ca.MerchantID, ca.IdempotencyKey, cb.MerchantID, cb.IdempotencyKey)
 		}
@@ -95,7 +95,7 @@ func FuzzFingerprintReencode(f *testing.F) {
 		if c.Validate(payment.Limits{}) != nil {
 			return
 		}
-		want := dedup.Fingerprint(c)
+		want := ledger.Fingerprint(c)
 		compact, _ := json.Marshal(c)
 		indented, _ := json.MarshalIndent(c, "", "\t")
 		// Reversed field order, every string escaped as \uXXXX.
@@ -115,7 +115,7 @@ func FuzzFingerprintReencode(f *testing.F) {
 			if err != nil {
 				t.Fatalf("valid command re-encoded as %s rejected: %v", body, err)
 			}
-			if !bytes.Equal(dedup.Fingerprint(got), want) {
+			if !bytes.Equal(ledger.Fingerprint(got), want) {
 				t.Fatalf("fingerprint changed for encoding %s", body)
 			}
 		}

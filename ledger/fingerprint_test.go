@@ -1,4 +1,4 @@
-package dedup_test
+package ledger_test
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
 
@@ -24,7 +24,7 @@ func fingerprintOf(t *testing.T, body string) []byte {
 	if err != nil {
 		t.Fatalf("decode %s: %v", body, err)
 	}
-	return dedup.Fingerprint(c)
+	return ledger.Fingerprint(c)
 }
 
 func TestFingerprintIgnoresEncoding(t *testing.T) {
@@ -77,7 +77,7 @@ func TestFingerprintChangesWithAnyValue(t *testing.T) {
 			// canonical encoding must still tell them apart.
 			c = mustLoose(t, body)
 		}
-		got := string(dedup.Fingerprint(c))
+		got := string(ledger.Fingerprint(c))
 		if prev, dup := seen[got]; dup {
 			t.Errorf("%s has the same fingerprint as %s", name, prev)
 		}
@@ -87,15 +87,15 @@ func TestFingerprintChangesWithAnyValue(t *testing.T) {
 
 func TestProviderKey(t *testing.T) {
 	t.Parallel()
-	a := dedup.ProviderKey("m_1", "k")
-	if a != dedup.ProviderKey("m_1", "k") {
+	a := ledger.ProviderKey("m_1", "k")
+	if a != ledger.ProviderKey("m_1", "k") {
 		t.Fatal("provider key is not deterministic")
 	}
-	if a == "k" || a == dedup.ProviderKey("m_2", "k") || a == dedup.ProviderKey("m_1", "k2") {
+	if a == "k" || a == ledger.ProviderKey("m_2", "k") || a == ledger.ProviderKey("m_1", "k2") {
 		t.Fatal("provider key is not specific to (merchant, key)")
 	}
 	// The separator keeps ("m_1", "2k") and ("m_12", "k") apart.
-	if dedup.ProviderKey("m_1", "2k") == dedup.ProviderKey("m_12", "k") {
+	if ledger.ProviderKey("m_1", "2k") == ledger.ProviderKey("m_12", "k") {
 		t.Fatal("provider key is ambiguous across the merchant/key boundary")
 	}
 	if len(a) > 255 || !strings.HasPrefix(a, "pdk_") {
@@ -121,12 +121,12 @@ func TestProviderKeyIsStable(t *testing.T) {
 		return "pdk_" + hex.EncodeToString(h.Sum(nil))
 	}
 	// The key main has always derived for ("m_1", "k").
-	if got, want := dedup.ProviderKey("m_1", "k"), "pdk_12a235d458c84fb69d2a3113673c71433177dcda0cf3f622a9c30be95c37508f"; got != want {
+	if got, want := ledger.ProviderKey("m_1", "k"), "pdk_12a235d458c84fb69d2a3113673c71433177dcda0cf3f622a9c30be95c37508f"; got != want {
 		t.Fatalf("ProviderKey(m_1, k) = %q, want %q", got, want)
 	}
 	for _, c := range [][2]string{{"m_1", "k"}, {"", ""}, {"m_1", "550e8400-e29b-41d4-a716-446655440000"},
 		{strings.Repeat("m", 64), strings.Repeat("~", 255)}, {"m", strings.Repeat("k", 2000)}} {
-		if got, want := dedup.ProviderKey(c[0], c[1]), reference(c[0], c[1]); got != want {
+		if got, want := ledger.ProviderKey(c[0], c[1]), reference(c[0], c[1]); got != want {
 			t.Errorf("ProviderKey(%q, %q) = %q, want %q", c[0], c[1], got, want)
 		}
 	}
@@ -182,7 +182,7 @@ func TestFingerprintIsStable(t *testing.T) {
 			Currency: "eur", Description: strings.Repeat("d", 5000), Metadata: big},
 	}
 	for i, c := range cmds {
-		if got, want := dedup.Fingerprint(c), reference(c); !bytes.Equal(got, want) {
+		if got, want := ledger.Fingerprint(c), reference(c); !bytes.Equal(got, want) {
 			t.Errorf("command %d: Fingerprint = %x, want %x", i, got, want)
 		}
 	}
@@ -211,7 +211,7 @@ func BenchmarkFingerprint(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if len(dedup.Fingerprint(c)) != sha256.Size {
+		if len(ledger.Fingerprint(c)) != sha256.Size {
 			b.Fatal("short fingerprint")
 		}
 	}
