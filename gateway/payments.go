@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -20,22 +21,15 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
-// Payment states shown to clients.
+// Payment states shown to clients: ledger.State's words (see there).
 const (
-	StateQueued     = "queued"     // published; no worker has claimed it yet
-	StateProcessing = "processing" // a worker holds the key (provider call under way or outcome unknown), or the provider accepted it and money may still move (stored 202)
-	StateRetrying   = "retrying"   // known not charged; the queue retries it
-	StateSucceeded  = "succeeded"  // charged
-	StateDeclined   = "declined"   // definitively refused by the provider
-	// StatePublishUnknown: the gateway sent the command but got no PubAck,
-	// so it may be queued; a POST with the same key and body settles it.
-	StatePublishUnknown = "publish_unknown"
-	// StateWaitingForOperator: the worker dead-lettered it for a person
-	// (Payment.Reason says why: provider_rejected, max_deliveries...).
-	// Not final: nothing retries it until an operator replays the letter,
-	// and the replay may still charge it; once a worker claims the key
-	// again, the payment shows its record's state again.
-	StateWaitingForOperator = "waiting_for_operator"
+	StateQueued             = string(ledger.StateQueued)
+	StateProcessing         = string(ledger.StateProcessing)
+	StateRetrying           = string(ledger.StateRetrying)
+	StateSucceeded          = string(ledger.StateSucceeded)
+	StateDeclined           = string(ledger.StateDeclined)
+	StatePublishUnknown     = string(ledger.StatePublishUnknown)
+	StateWaitingForOperator = string(ledger.StateWaitingForOperator)
 )
 
 // Payment is the gateway's representation of a payment. For a completed
@@ -86,46 +80,35 @@ type Outcome struct {
 	Body   json.RawMessage `json:"body"`
 }
 
-func paymentFromRecord(rec ledger.Record) Payment {
-	p := Payment{Object: "payment", IdempotencyKey: rec.IdempotencyKey, Amount: rec.Amount, Currency: rec.Currency,
-		ChargeID: rec.ChargeID, CreatedAt: rec.CreatedAt.UTC()}
-	switch rec.Status {
-	case ledger.StatusCompleted:
-		p.Status = StateDeclined
-		switch {
-		case rec.ResponseStatus == http.StatusAccepted:
-			// Completed as processing: the key is settled, the money not
-			// yet (the reconciler stores the final answer later).
-			p.Status = StateProcessing
-		case rec.ResponseStatus >= 200 && rec.ResponseStatus < 300:
-			p.Status = StateSucceeded
-		}
-		at := rec.CompletedAt.UTC()
+// paymentOf is the payment a client is shown in state st
+// (ledger.StateOf): every answer that carries a payment is built here.
+func paymentOf(st ledger.PaymentState) Payment {
+	p := Payment{Object: "payment", IdempotencyKey: st.IdempotencyKey, Status: string(st.Status), Amount: st.Amount,
+		Currency: st.Currency, ChargeID: st.ChargeID, CreatedAt: st.CreatedAt.UTC(), Reason: st.Reason}
+	if st.Completed {
+		at := st.CompletedAt.UTC()
 		p.CompletedAt = &at
-		p.Outcome = &Outcome{Status: rec.ResponseStatus, Body: rec.Response}
-	case ledger.StatusFailed:
-		p.Status = StateRetrying
-	default:
-		p.Status = StateProcessing
+		p.Outcome = &Outcome{Status: st.ResponseStatus, Body: st.Response}
 	}
 	return p
 }
+
+// paymentFromRecord is the payment a key's record shows.
+func paymentFromRecord(rec ledger.Record) Payment { return paymentOf(ledger.StateOf(nil, &rec, nil)) }
 
 // waitingPayment is the payment of a key that waits for an operator
-// (Intake.WaitsForOperator): its record's fields when it has one, else
-// its intake's.
+// (Intake.WaitsForOperator): its record's fields when it has one (rec
+// not zero), else its intake's.
 func waitingPayment(rec ledger.Record, in ledger.Intake) Payment {
-	p := paymentFromIntake(in)
-	if rec.IdempotencyKey != "" {
-		p = paymentFromRecord(rec)
-	}
-	p.Status, p.Reason = StateWaitingForOperator, in.OperatorReason
-	return p
+	return paymentOf(ledger.OperatorWaitState(in, recordOrNil(rec)))
 }
 
-func paymentFromIntake(in ledger.Intake) Payment {
-	return Payment{Object: "payment", IdempotencyKey: in.IdempotencyKey, Status: StateQueued,
-		Amount: in.Amount, Currency: in.Currency, CreatedAt: in.CreatedAt.UTC()}
+// recordOrNil is &rec, or nil for the zero record (none was read).
+func recordOrNil(rec ledger.Record) *ledger.Record {
+	if rec.IdempotencyKey == "" {
+		return nil
+	}
+	return &rec
 }
 
 // outcomeStatus is the HTTP status of a completed payment: 201 Created for
@@ -348,7 +331,7 @@ func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in ledger
 	merchant, key := in.MerchantID, in.IdempotencyKey
 	w.Header().Set("Location", location(key))
 	if wait == 0 {
-		writeJSON(w, http.StatusAccepted, paymentFromIntake(in))
+		writeJSON(w, http.StatusAccepted, paymentOf(ledger.AcceptedState(in)))
 		return
 	}
 	w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
@@ -363,7 +346,7 @@ func (g *Gateway) accepted(ctx context.Context, w http.ResponseWriter, in ledger
 	case dl.OperatorReason != "":
 		g.write(w, answer{kind: ansWaiting, in: dl, rec: rec})
 	default:
-		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentFromIntake(in))
+		g.writeCurrent(ctx, w, http.StatusAccepted, merchant, key, paymentOf(ledger.AcceptedState(in)))
 	}
 }
 
@@ -586,18 +569,78 @@ func (g *Gateway) settledIntake(ctx context.Context, in ledger.Intake) (ledger.I
 	return in, false, err
 }
 
-// getPayment is GET /v1/payments/{key}: the payment's state and stored
-// outcome, for its own merchant only. Another merchant's key and an unknown
-// key get the same 404; a key whose publish failed is 404 "not accepted"
-// (one whose publish is in flight is waited for, then 409 if still
-// unsettled: settledIntake);
-// a key whose command the worker dead-lettered answers the dead letter's
-// reason, as a retried POST would; one that waits for an operator is 200
-// waiting_for_operator with the letter's reason, at once. Prefer: wait=N
-// waits for the completion of a payment taken in by the gateway.
+// Errors of readPayment that are answers: the intake's publish was refused
+// while a GET waited for it (404 not accepted), or is still unsettled (409).
+var (
+	errNotAccepted      = errors.New("publish refused")
+	errPublishUnsettled = errors.New("publish unsettled")
+)
+
+// readPayment reads the rows a GET's state is made of: the key's record
+// (nil: none) and, unless it is completed, its intake (nil: none; an
+// unreadable intake beside a record counts as none, the record's state
+// standing), a publish in flight waited for (settledIntake). Without
+// either it returns ledger.ErrNotFound.
+func (g *Gateway) readPayment(ctx context.Context, merchant, key string) (*ledger.Record, *ledger.Intake, error) {
+	rec, err := g.records.Get(ctx, merchant, key)
+	switch {
+	case err == nil && rec.Status == ledger.StatusCompleted:
+		return &rec, nil, nil
+	case err == nil:
+		in, err := g.store.GetIntake(ctx, merchant, key)
+		if err != nil {
+			return &rec, nil, nil
+		}
+		return &rec, &in, nil
+	case !errors.Is(err, ledger.ErrNotFound):
+		return nil, nil, fmt.Errorf("read idempotency record: %w", err)
+	}
+	in, err := g.store.GetIntake(ctx, merchant, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return nil, nil, err
+	}
+	unsettled := false
+	if err == nil {
+		in, unsettled, err = g.settledIntake(ctx, in)
+	}
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return nil, nil, errNotAccepted // its publish was refused while we waited
+	case err != nil:
+		return nil, nil, fmt.Errorf("read intake: %w", err)
+	case unsettled:
+		return nil, &in, errPublishUnsettled
+	}
+	return nil, &in, nil
+}
+
+// readFailed answers a GET whose readPayment failed with err (in: the
+// intake it read, if any).
+func (g *Gateway) readFailed(w http.ResponseWriter, in *ledger.Intake, err error) {
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		notFound(w)
+	case errors.Is(err, errNotAccepted):
+		notAccepted(w)
+	case errors.Is(err, errPublishUnsettled):
+		g.keyInUse(w, in.LockedUntil.Sub(g.cfg.Clock.Now()))
+	default:
+		g.log.Error("read payment", "error", err)
+		unavailable(w)
+	}
+}
+
+// getPayment is GET /v1/payments/{key}: the payment's state
+// (ledger.StateOf) and stored outcome, for its own merchant only. Another
+// merchant's key and an unknown key get the same 404; a key whose publish
+// failed is 404 "not accepted" (one whose publish is in flight is waited
+// for, then 409 if still unsettled: settledIntake); a key whose command
+// the worker dead-lettered answers the dead letter's reason, as a retried
+// POST would; one that waits for an operator is 200 waiting_for_operator
+// with the letter's reason, at once. Prefer: wait=N waits for the
+// completion of a payment taken in by the gateway.
 func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
-	merchant := merchantFrom(r.Context())
-	key := r.PathValue("key")
+	merchant, key := merchantFrom(r.Context()), r.PathValue("key")
 	if payment.ValidateKey(key) != nil {
 		notFound(w)
 		return
@@ -610,106 +653,41 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 		sub = g.comp.Subscribe(merchant, key)
 		defer sub.Close()
 	}
-	rec, err := g.records.Get(ctx, merchant, key)
-	var (
-		p    Payment
-		hash []byte // the fingerprint a dead letter must match
-	)
-	switch {
-	case err == nil:
-		p, hash = paymentFromRecord(rec), rec.RequestHash
-		if rec.Status != ledger.StatusCompleted {
-			if dl, ok := g.fate(ctx, merchant, key, hash, &rec); ok {
-				if dl.DeadLettered() {
-					g.writeDeadLetter(w, dl)
-					return
-				}
-				p = waitingPayment(rec, dl)
-			}
-		}
-	case errors.Is(err, ledger.ErrNotFound):
-		in, ierr := g.store.GetIntake(ctx, merchant, key)
-		switch {
-		case errors.Is(ierr, ledger.ErrNotFound):
-			notFound(w)
-			return
-		case ierr != nil:
-			g.log.Error("read intake", "error", ierr)
-			unavailable(w)
-			return
-		}
-		if !in.Published() {
-			var unsettled bool
-			in, unsettled, ierr = g.settledIntake(ctx, in)
-			switch {
-			case errors.Is(ierr, ledger.ErrNotFound):
-				notAccepted(w) // its publish was refused while we waited
-				return
-			case ierr != nil:
-				g.log.Error("read intake", "error", ierr)
-				unavailable(w)
-				return
-			case unsettled:
-				g.keyInUse(w, in.LockedUntil.Sub(g.cfg.Clock.Now()))
-				return
-			}
-		}
-		if in.DeadLettered() {
-			g.writeDeadLetter(w, in)
-			return
-		}
-		p, hash = paymentFromIntake(in), in.RequestHash
-		if in.WaitsForOperator(nil) {
-			p = waitingPayment(ledger.Record{}, in)
-		} else if !in.Published() {
-			// No mark of a publish, and none in flight: its PubAck never
-			// came (or its mark was lost), so it may be queued.
-			p.Status = StatePublishUnknown
-		}
-	default:
-		g.log.Error("read idempotency record", "error", err)
-		unavailable(w)
+	rec, in, err := g.readPayment(ctx, merchant, key)
+	if err != nil {
+		g.readFailed(w, in, err)
 		return
 	}
-	if p.Status == StateWaitingForOperator {
-		wait = 0 // nothing moves until an operator replays it: answered at once
+	st := ledger.StateOf(in, rec, nil)
+	if st.Rejected {
+		g.writeDeadLetter(w, *in)
+		return
 	}
-	if waitsForWorker(p) {
-		p.Delay = g.pauses.get(ctx, g.store, g.log)
-	}
-	if wait > 0 && p.CompletedAt == nil && p.Status != StateQueued && p.Status != StatePublishUnknown {
-		// Only keys the gateway took in notify on completion; a payment
-		// that came straight from the queue is answered at once.
-		if _, err := g.store.GetIntake(ctx, merchant, key); err != nil {
-			wait = 0
-		}
-	}
-	if wait > 0 && p.CompletedAt == nil {
+	// Nothing moves a payment waiting for an operator until one replays
+	// it, and only keys the gateway took in notify on completion: those
+	// are answered at once.
+	if wait > 0 && !st.Completed && st.Status != ledger.StateWaitingForOperator && in != nil {
 		w.Header().Set(HeaderPreferenceApplied, "wait="+strconv.Itoa(int(wait/time.Second)))
-		rec, dl, ok := g.waitCompleted(ctx, sub, merchant, key, hash, wait)
+		hash := in.RequestHash // the fingerprint a dead letter must match
+		if rec != nil {
+			hash = rec.RequestHash
+		}
+		got, dl, ok := g.waitCompleted(ctx, sub, merchant, key, hash, wait)
 		switch {
 		case ok:
-			p = paymentFromRecord(rec)
+			st = ledger.StateOf(nil, &got, nil)
 		case dl.DeadLettered():
 			g.writeDeadLetter(w, dl)
 			return
 		case dl.IdempotencyKey != "":
-			p = waitingPayment(rec, dl)
-		}
-		if waitsForWorker(p) {
-			p.Delay = g.pauses.get(ctx, g.store, g.log)
+			st = ledger.OperatorWaitState(dl, recordOrNil(got))
 		}
 	}
+	p := paymentOf(st)
+	if st.WaitsForWorker() {
+		p.Delay = g.pauses.get(ctx, g.store, g.log)
+	}
 	writeJSON(w, http.StatusOK, p)
-}
-
-// waitsForWorker reports whether p waits for a worker to move it: queued,
-// retrying, or processing with no outcome stored (its key pending: a call
-// under way, perhaps waiting for the provider's rate limit, or one whose
-// outcome is unknown, which a worker or the reconciler settles). A payment
-// completed as processing (a stored 202) waits for the provider instead.
-func waitsForWorker(p Payment) bool {
-	return p.Status == StateQueued || p.Status == StateRetrying || (p.Status == StateProcessing && p.CompletedAt == nil)
 }
 
 // decodeCommand decodes a POST body, which is a payment command without
