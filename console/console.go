@@ -408,6 +408,9 @@ type paymentData struct {
 	Ledger         *ledger.Payment
 	NoRecord       bool
 	NoLedger       bool
+	// State says in words what the ledger row means for a payment whose
+	// row was purged (with a row, recordView.State says it).
+	State string
 }
 
 // recordView is an idempotency row as the page shows it: no request hash,
@@ -420,24 +423,38 @@ type recordView struct {
 	State string
 }
 
-// recordState says what a row's status means for the payment, from what
-// the row knows: maybe_charged matters only while the key is pending (a
-// completed row keeps it, and its outcome says what happened); a failed
-// row was not charged, and is retried only if its message is redelivered:
-// once that message is dead-lettered it waits for an operator.
-func recordState(rec ledger.Record) string {
-	switch rec.Status {
-	case ledger.StatusCompleted:
-		return "completed: the provider's outcome is below"
-	case ledger.StatusFailed:
-		return "not charged: the last attempt failed (last error below). A redelivery of its message tries again; if the message was dead-lettered (max_deliveries, provider_rejected), it waits for an operator: see the dead letters on the overview"
-	case ledger.StatusPending:
-		if rec.MaybeCharged {
-			return "in flight, maybe charged: a provider call may have charged without its answer reaching us; the next holder or the reconciler asks the provider before charging again"
-		}
+// stateWords says what a payment's client-visible state (ledger.StateOf
+// over the rows the lookup read) means. The console reads no intake, so a
+// payment waiting for an operator shows its record's state, retrying:
+// those words say that a dead-lettered message waits for an operator
+// instead. maybe_charged (maybeCharged) matters only while the key is
+// pending: a completed row keeps it, and its outcome says what happened.
+func stateWords(st ledger.PaymentState, maybeCharged bool) string {
+	switch {
+	case st.Status == ledger.StateSucceeded:
+		return "completed: charged"
+	case st.Status == ledger.StateDeclined:
+		return "completed: declined, never charged"
+	case st.Status == ledger.StateProcessing && st.Completed:
+		return "completed as processing: the provider accepted it and money may still move; the reconciler records its final answer"
+	case st.Status == ledger.StateProcessing && maybeCharged:
+		return "in flight, maybe charged: a provider call may have charged without its answer reaching us; the next holder or the reconciler asks the provider before charging again"
+	case st.Status == ledger.StateProcessing:
 		return "in flight: a worker holds it, or a redelivery takes it up"
+	case st.Status == ledger.StateRetrying:
+		return "not charged: the last attempt failed (last error below). A redelivery of its message tries again; if the message was dead-lettered (max_deliveries, provider_rejected), it waits for an operator: see the dead letters on the overview"
 	}
-	return string(rec.Status)
+	return string(st.Status)
+}
+
+// recordState says what a row's status means for the payment, from what
+// the row knows.
+func recordState(rec ledger.Record) string {
+	words := stateWords(ledger.StateOf(nil, &rec, nil), rec.Status == ledger.StatusPending && rec.MaybeCharged)
+	if rec.Status == ledger.StatusCompleted {
+		words += ": the provider's outcome is below"
+	}
+	return words
 }
 
 func viewRecord(rec ledger.Record) *recordView {
@@ -482,6 +499,9 @@ func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
 			p.Errors = append(p.Errors, "ledger row: "+err.Error())
 		default:
 			d.Ledger = viewPayment(pay)
+			if d.NoRecord {
+				d.State = stateWords(ledger.StateOf(nil, nil, &pay), false)
+			}
 		}
 	}
 	// The form shows back what was searched for, masked like the rest.

@@ -22,6 +22,7 @@ import (
 	"github.com/paydedup/paydedup/console"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
@@ -451,6 +452,58 @@ func TestPaymentLookupShowsRowLedgerAndOutcome(t *testing.T) {
 	// outcome says, not "maybe charged".
 	if !strings.Contains(r.body, `id="record-state">completed`) || strings.Contains(r.body, "maybe charged") {
 		t.Errorf("the lookup of a completed payment does not say completed, or says maybe charged:\n%s", r.body)
+	}
+}
+
+// A key purged after the retention leaves its ledger row: the lookup says
+// what that row means for the payment (ledger.StateOf), as GET would for a
+// payment read from the ledger alone.
+func TestPurgedKeyShowsTheLedgerState(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	store, err := dedup.New(testenv.Pool(t), dedup.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		key  string
+		comp ledger.Completion
+	}{
+		{"charged", ledger.Completion{ChargeID: "pi_1", ResponseStatus: 200, Response: []byte(`{"id":"pi_1"}`)}},
+		{"declined", ledger.Completion{Declined: true, ResponseStatus: 402, Response: []byte(`{"error":{"code":"card_declined"}}`)}},
+		{"processing", ledger.Completion{ChargeID: "pi_3", Processing: true, ResponseStatus: 202, Response: []byte(`{"id":"pi_3"}`)}},
+	} {
+		cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: c.key, Amount: 700, Currency: "usd", PaymentMethod: "pm_card_visa"}
+		res, err := store.Claim(ctx, "h1", time.Minute, ledger.NewClaimRequest(cmd))
+		if err != nil || res.Lease == nil {
+			t.Fatalf("claim: %v %+v", err, res)
+		}
+		if err := store.Complete(ctx, *res.Lease, c.comp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(ledger.DefaultRetention + time.Hour)
+	if n, err := store.Purge(ctx, 10); err != nil || n != 3 {
+		t.Fatalf("purge: %d %v", n, err)
+	}
+	con, err := console.New(nil, store, console.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(con.Handler())
+	t.Cleanup(srv.Close)
+	for key, words := range map[string]string{"charged": "completed: charged", "declined": "completed: declined, never charged",
+		"processing": "completed as processing"} {
+		resp, err := http.Get(srv.URL + "/payment?merchant=m_1&key=" + key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), "No row") || !strings.Contains(string(body), `id="payment-state">`+words) {
+			t.Errorf("the lookup of purged key %s does not say %q:\n%s", key, words, body)
+		}
 	}
 }
 
