@@ -31,12 +31,13 @@ import (
 )
 
 // Store is what the suite needs of an implementation: the worker's store
-// (consumer.Store), the single claim, the reconciler's AcquireStuck, and
-// the two reads the suite checks the effects with.
+// (consumer.Store), the single claim, the reconciler's AcquireStuck and
+// ResolveNotCharged, and the two reads the suite checks the effects with.
 type Store interface {
 	consumer.Store
 	Claim(ctx context.Context, holder string, lease time.Duration, req ledger.ClaimRequest) (ledger.ClaimResult, error)
 	AcquireStuck(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]ledger.Stuck, error)
+	ResolveNotCharged(ctx context.Context, l ledger.Lease, reason string) error
 	// Get returns a key's record, or ledger.ErrNotFound.
 	Get(ctx context.Context, merchantID, key string) (ledger.Record, error)
 	// GetPayment returns a key's ledger row, or ledger.ErrNotFound.
@@ -74,12 +75,16 @@ var checks = []struct {
 	{"ClaimRaceOneWinner", testClaimRaceOneWinner},
 	{"LeaseExpiryOneReacquires", testLeaseExpiryOneReacquires},
 	{"Fencing", testFencing},
+	{"StaleCompleteFencedByAttempt", testStaleCompleteFencedByAttempt},
+	{"StaleCompleteBatchFenced", testStaleCompleteBatchFenced},
 	{"CompleteRaceOneOutcome", testCompleteRaceOneOutcome},
 	{"MismatchLeavesRowUntouched", testMismatchLeavesRowUntouched},
 	{"DuplicateReturnsStoredResponse", testDuplicateReturnsStoredResponse},
 	{"FailedIsReacquirable", testFailedIsReacquirable},
 	{"FailAfterPossibleChargeStaysPending", testFailAfterPossibleChargeStaysPending},
 	{"ReleaseAndKeyWindow", testReleaseAndKeyWindow},
+	{"FailedRowPastKeyWindowNeedsLookup", testFailedRowPastKeyWindowNeedsLookup},
+	{"ReacquireOfFailedKeepsKeyWindow", testReacquireOfFailedKeepsKeyWindow},
 	{"MerchantScoping", testMerchantScoping},
 	{"LedgerRowWithCompletion", testLedgerRowWithCompletion},
 	{"LedgerConflictKeepsKeyPending", testLedgerConflictKeepsKeyPending},
@@ -164,6 +169,17 @@ func (b *bundle) staleAndLive(t *testing.T, key, thief string) (stale, live ledg
 		t.Fatalf("%s: reclaim by %s: %v attempt %d", key, thief, again.Outcome, again.Lease.Attempt)
 	}
 	return *first.Lease, *again.Lease
+}
+
+// heldBy checks that key is still pending under live, with no ledger row.
+func (b *bundle) heldBy(t *testing.T, key string, live ledger.Lease) {
+	t.Helper()
+	rec := b.get(t, "m_1", key)
+	if rec.Status != ledger.StatusPending || rec.LockedBy != live.Holder || rec.Attempts != live.Attempt {
+		t.Errorf("%s: row %s held by %q at attempt %d, want pending held by %q at attempt %d",
+			key, rec.Status, rec.LockedBy, rec.Attempts, live.Holder, live.Attempt)
+	}
+	b.noPayment(t, "m_1", key)
 }
 
 func testClaimNewKey(t *testing.T, newStore NewStore) {
@@ -368,6 +384,109 @@ func testCompleteRaceOneOutcome(t *testing.T, newStore NewStore) {
 	}
 }
 
+// testStaleCompleteFencedByAttempt: a completion under an expired lease is
+// refused while the row is held by a newer lease, whether the new holder is
+// another worker or the same one (then only the attempt tells them apart).
+// Nothing is completed and nothing reaches the ledger; the live lease then
+// completes, and the stale one stays refused afterwards.
+func testStaleCompleteFencedByAttempt(t *testing.T, newStore NewStore) {
+	for _, thief := range []string{"a", "b"} {
+		t.Run("reacquired_by_"+thief, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, newStore)
+			stale, live := b.staleAndLive(t, "single", thief)
+			if err := b.store.Complete(b.ctx, stale, Charged("pi_stale")); !errors.Is(err, ledger.ErrLeaseLost) {
+				t.Errorf("stale complete under a live lease: %v, want ErrLeaseLost", err)
+			}
+			b.heldBy(t, "single", live)
+			if _, err := b.store.Heartbeat(b.ctx, stale, Lease); !errors.Is(err, ledger.ErrLeaseLost) {
+				t.Errorf("stale heartbeat: %v, want ErrLeaseLost", err)
+			}
+			if _, err := b.store.Fail(b.ctx, stale, "stale"); !errors.Is(err, ledger.ErrLeaseLost) {
+				t.Errorf("stale fail: %v, want ErrLeaseLost", err)
+			}
+			if err := b.store.Release(b.ctx, stale, "stale"); !errors.Is(err, ledger.ErrLeaseLost) {
+				t.Errorf("stale release: %v, want ErrLeaseLost", err)
+			}
+			b.heldBy(t, "single", live)
+
+			if err := b.store.Complete(b.ctx, live, Charged("pi_live")); err != nil {
+				t.Fatalf("live complete: %v", err)
+			}
+			// Once completed by the live lease, the stale one is still not
+			// told that its own completion went through.
+			if err := b.store.Complete(b.ctx, stale, Charged("pi_stale")); !errors.Is(err, ledger.ErrLeaseLost) {
+				t.Errorf("stale complete after the live one: %v, want ErrLeaseLost", err)
+			}
+			rec := b.get(t, "m_1", "single")
+			if rec.Status != ledger.StatusCompleted || rec.ChargeID != "pi_live" || rec.Attempts != live.Attempt {
+				t.Errorf("row %s charge %q attempt %d, want completed with pi_live at attempt %d", rec.Status, rec.ChargeID, rec.Attempts, live.Attempt)
+			}
+			if p := b.payment(t, "m_1", "single"); p.ChargeID != "pi_live" {
+				t.Errorf("ledger row %+v, want pi_live", p)
+			}
+		})
+	}
+}
+
+// testStaleCompleteBatchFenced: the group commit fences stale leases by
+// itself. The batch has no item that would make it fall back to
+// completing one by one (no ledger conflict): the stale items, against rows
+// reacquired by the same holder and by another, are refused and leave the
+// rows to their live leases, while the batch's other items complete.
+func testStaleCompleteBatchFenced(t *testing.T, newStore NewStore) {
+	b := setup(t, newStore)
+	staleSame, liveSame := b.staleAndLive(t, "same", "a")
+	staleOther, liveOther := b.staleAndLive(t, "other", "b")
+	var items []ledger.CompleteItem
+	for i := range 4 {
+		l := b.claim(t, "a", Req("m_1", fmt.Sprintf("fresh-%d", i), 1000)).Lease
+		items = append(items, ledger.CompleteItem{Lease: *l, Completion: Charged(fmt.Sprintf("pi_fresh%d", i))})
+	}
+	items = append(items[:2:2],
+		ledger.CompleteItem{Lease: staleSame, Completion: Charged("pi_stale_same")},
+		items[2],
+		ledger.CompleteItem{Lease: staleOther, Completion: Charged("pi_stale_other")},
+		items[3])
+	errs, err := b.store.CompleteBatch(b.ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) != len(items) {
+		t.Fatalf("%d results for %d items", len(errs), len(items))
+	}
+	for i, e := range errs {
+		stale := items[i].Lease == staleSame || items[i].Lease == staleOther
+		switch {
+		case stale && !errors.Is(e, ledger.ErrLeaseLost):
+			t.Errorf("item %d (stale lease on %s, attempt %d): %v, want ErrLeaseLost", i, items[i].Lease.IdempotencyKey, items[i].Lease.Attempt, e)
+		case !stale && e != nil:
+			t.Errorf("item %d: %v", i, e)
+		}
+	}
+	b.heldBy(t, "same", liveSame)
+	b.heldBy(t, "other", liveOther)
+	for i := range 4 {
+		if p := b.payment(t, "m_1", fmt.Sprintf("fresh-%d", i)); p.ChargeID != fmt.Sprintf("pi_fresh%d", i) {
+			t.Errorf("fresh-%d: ledger row %+v", i, p)
+		}
+	}
+
+	// The live leases complete through the same batch path.
+	errs, err = b.store.CompleteBatch(b.ctx, []ledger.CompleteItem{
+		{Lease: liveSame, Completion: Charged("pi_live_same")},
+		{Lease: liveOther, Completion: Charged("pi_live_other")},
+	})
+	if err != nil || len(errs) != 2 || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("live batch: %v %v", errs, err)
+	}
+	for key, want := range map[string]string{"same": "pi_live_same", "other": "pi_live_other"} {
+		if p := b.payment(t, "m_1", key); p.ChargeID != want {
+			t.Errorf("%s: ledger row %+v, want %s", key, p, want)
+		}
+	}
+}
+
 func testMismatchLeavesRowUntouched(t *testing.T, newStore NewStore) {
 	b := setup(t, newStore)
 	l := b.claim(t, "a", Req("m_1", "k", 1000)).Lease
@@ -480,6 +599,76 @@ func testReleaseAndKeyWindow(t *testing.T, newStore NewStore) {
 	}
 	if rec := b.get(t, "m_1", "window"); rec.Status != ledger.StatusPending || rec.Attempts != 2 {
 		t.Fatalf("a needs_lookup claim changed the row: %s at attempt %d", rec.Status, rec.Attempts)
+	}
+}
+
+// testFailedRowPastKeyWindowNeedsLookup: a `failed` row is re-called
+// blind only inside the provider's key window. Past it the claim hands it
+// out to nobody: it is parked pending (maybe_charged) for a lookup, which
+// the reconciler's acquire picks up; a lookup that proves nothing was
+// charged starts a fresh window, and only then is the key called again.
+func testFailedRowPastKeyWindowNeedsLookup(t *testing.T, newStore NewStore) {
+	b := setup(t, newStore)
+	r := Req("m_1", "failed-old", 1000)
+	l := b.claim(t, "a", r).Lease
+	if st, err := b.store.Fail(b.ctx, *l, "429 rate limited"); err != nil || st != ledger.StatusFailed {
+		t.Fatalf("fail: %v %v", st, err)
+	}
+	b.clock.Advance(b.store.ProviderKeyWindow() + time.Minute)
+
+	res := b.claim(t, "b", r)
+	if res.Outcome != ledger.NeedsLookup || res.Lease != nil {
+		t.Fatalf("failed row past the key window: %v (lease %v), want needs_lookup and no lease", res.Outcome, res.Lease)
+	}
+	rec := b.get(t, "m_1", "failed-old")
+	if rec.Status != ledger.StatusPending || !rec.MaybeCharged || rec.LockedUntil.After(b.clock.Now()) {
+		t.Fatalf("parked row = %s maybe_charged=%v locked_until=%v, want pending, maybe_charged, lease expired",
+			rec.Status, rec.MaybeCharged, rec.LockedUntil)
+	}
+	// A second copy (a dead-letter replay goes through the same claim)
+	// gets the same answer and charges nothing.
+	if res := b.claim(t, "c", r); res.Outcome != ledger.NeedsLookup {
+		t.Fatalf("second copy: %v, want needs_lookup", res.Outcome)
+	}
+
+	b.clock.Advance(time.Second)
+	stuck, err := b.store.AcquireStuck(b.ctx, "rec", 0, Lease, 10)
+	if err != nil || len(stuck) != 1 || stuck[0].Record.IdempotencyKey != "failed-old" {
+		t.Fatalf("reconciler acquire: %+v %v, want the parked row", stuck, err)
+	}
+	if err := b.store.ResolveNotCharged(b.ctx, stuck[0].Lease, "lookup: nothing under the key"); err != nil {
+		t.Fatal(err)
+	}
+	rec = b.get(t, "m_1", "failed-old")
+	if rec.Status != ledger.StatusFailed || !rec.KeyWindowStart.Equal(b.clock.Now()) {
+		t.Fatalf("after the lookup: %+v, want failed with a fresh key window", rec)
+	}
+	if res := b.claim(t, "d", r); res.Outcome != ledger.Reacquired {
+		t.Fatalf("after the lookup proved nothing was charged: %v, want reacquired", res.Outcome)
+	}
+}
+
+// testReacquireOfFailedKeepsKeyWindow: reacquiring a `failed` row does not
+// restart its key window; the window counts from the first call under the
+// provider key, whatever the row went through since.
+func testReacquireOfFailedKeepsKeyWindow(t *testing.T, newStore NewStore) {
+	b := setup(t, newStore)
+	r := Req("m_1", "failed-twice", 1000)
+	l := b.claim(t, "a", r).Lease
+	if _, err := b.store.Fail(b.ctx, *l, "429"); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(b.store.ProviderKeyWindow() - time.Hour)
+	res := b.claim(t, "b", r)
+	if res.Outcome != ledger.Reacquired {
+		t.Fatalf("inside the window: %v, want reacquired", res.Outcome)
+	}
+	if _, err := b.store.Fail(b.ctx, *res.Lease, "429 again"); err != nil {
+		t.Fatal(err)
+	}
+	b.clock.Advance(2 * time.Hour) // past the first call's window
+	if res := b.claim(t, "c", r); res.Outcome != ledger.NeedsLookup {
+		t.Fatalf("past the first call's window: %v, want needs_lookup", res.Outcome)
 	}
 }
 

@@ -64,7 +64,7 @@ var broken = map[string]struct {
 	},
 	"unfenced": {
 		wrap: func(s storetest.Store) storetest.Store { return unfenced{s} },
-		fail: []string{"Fencing", "CompleteRaceOneOutcome", "AcquireStuckDisjoint"},
+		fail: []string{"Fencing", "StaleCompleteFencedByAttempt", "CompleteRaceOneOutcome", "AcquireStuckDisjoint"},
 	},
 }
 
