@@ -2,7 +2,6 @@ package dedup_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/lab/storetest"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
@@ -36,17 +36,11 @@ func setup(t testing.TB) *bundle {
 	return &bundle{store: s, pool: pool, clock: clk, ctx: context.Background()}
 }
 
-func command(merchant, key string, amount int64) *payment.Command {
-	return &payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"}
-}
-
-func req(merchant, key string, amount int64) ledger.ClaimRequest {
-	return ledger.NewClaimRequest(command(merchant, key, amount))
-}
-
-func charged(id string) ledger.Completion {
-	return ledger.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
-}
+// The fixtures the store's tests share with the conformance suite.
+var (
+	req     = storetest.Req
+	charged = storetest.Charged
+)
 
 func (b *bundle) claim(t testing.TB, holder string, r ledger.ClaimRequest) ledger.ClaimResult {
 	t.Helper()

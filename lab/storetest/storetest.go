@@ -107,10 +107,15 @@ func setup(t *testing.T, newStore NewStore) *bundle {
 	return &bundle{store: newStore(t, clk), clock: clk, ctx: context.Background()}
 }
 
-// Req is a valid claim request for (merchant, key); amount sets its
-// fingerprint apart from another payment's under the same key.
+// Command is a valid card payment of amount (US cents) for (merchant, key).
+func Command(merchant, key string, amount int64) *payment.Command {
+	return &payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"}
+}
+
+// Req is the claim request of Command(merchant, key, amount); amount sets
+// its fingerprint apart from another payment's under the same key.
 func Req(merchant, key string, amount int64) ledger.ClaimRequest {
-	return ledger.NewClaimRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"})
+	return ledger.NewClaimRequest(Command(merchant, key, amount))
 }
 
 // Charged is the completion of a successful charge id.
