@@ -52,8 +52,8 @@ type NewStore func(t *testing.T, clk *clock.Fake) Store
 // Lease is the lease every claim of the suite asks for.
 const Lease = 30 * time.Second
 
-// Start is the time the suite's clocks start at.
-var Start = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+// epoch is the time the suite's clocks start at.
+var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 // Run runs the suite against the stores newStore returns, each check in
 // its own parallel subtest with its own store.
@@ -103,7 +103,7 @@ type bundle struct {
 
 func setup(t *testing.T, newStore NewStore) *bundle {
 	t.Helper()
-	clk := clock.NewFake(Start)
+	clk := clock.NewFake(epoch)
 	return &bundle{store: newStore(t, clk), clock: clk, ctx: context.Background()}
 }
 
@@ -203,8 +203,8 @@ func testClaimNewKey(t *testing.T, newStore NewStore) {
 	if want := ledger.ProviderKey("m_1", "new"); l.ProviderKey != want {
 		t.Errorf("provider key %q, want %q", l.ProviderKey, want)
 	}
-	if !l.Until.Equal(Start.Add(Lease)) {
-		t.Errorf("lease until %v, want the clock + the lease, %v", l.Until, Start.Add(Lease))
+	if !l.Until.Equal(epoch.Add(Lease)) {
+		t.Errorf("lease until %v, want the clock + the lease, %v", l.Until, epoch.Add(Lease))
 	}
 	rec := b.get(t, "m_1", "new")
 	if rec.Status != ledger.StatusPending || rec.LockedBy != "a" || rec.Attempts != 1 || rec.ProviderKey != l.ProviderKey ||
