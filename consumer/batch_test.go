@@ -4,10 +4,9 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/ledger"
 )
 
@@ -31,27 +30,6 @@ func TestBatchWithSameKeyTwice(t *testing.T) {
 	}
 }
 
-// failingCommits fails the first group commit as a whole, as a lost
-// connection would: every payment in it must be retried, none acked.
-type failingCommits struct {
-	*dedup.Store
-	failed  atomic.Bool
-	mu      sync.Mutex
-	victims []string
-}
-
-func (f *failingCommits) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
-	if len(items) > 1 && f.failed.CompareAndSwap(false, true) {
-		f.mu.Lock()
-		for _, it := range items {
-			f.victims = append(f.victims, it.Lease.IdempotencyKey)
-		}
-		f.mu.Unlock()
-		return nil, fmt.Errorf("complete keys: %w: connection reset", ledger.ErrUnavailable)
-	}
-	return f.Store.CompleteBatch(ctx, items)
-}
-
 func TestGroupCommitFailureRetriesItsPayments(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -60,21 +38,39 @@ func TestGroupCommitFailureRetriesItsPayments(t *testing.T) {
 	for i := range n {
 		e.publish("m_1", body("m_1", fmt.Sprintf("g-%d", i), 100), "", nil)
 	}
-	fs := &failingCommits{Store: e.store}
+	// The first group commit of several rows fails as a whole, as a lost
+	// connection would: every payment in it must be retried, none acked.
+	var (
+		mu      sync.Mutex
+		victims []string
+	)
+	fs := storehook.Wrap(e.store).Before(storehook.CompleteBatch, func(_ context.Context, c *storehook.Call) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(c.Items) < 2 || victims != nil {
+			return nil
+		}
+		for _, it := range c.Items {
+			victims = append(victims, it.Lease.IdempotencyKey)
+		}
+		return fmt.Errorf("complete keys: %w: connection reset", ledger.ErrUnavailable)
+	})
 	e.startWorkerOn("w1", fs)
 	e.eventually("all completed", func() bool {
 		return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == n
 	})
 	e.quiescent()
-	if !fs.failed.Load() || len(fs.victims) < 2 {
-		t.Fatalf("no group commit of several rows failed (victims %v): the test proves nothing", fs.victims)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(victims) < 2 {
+		t.Fatalf("no group commit of several rows failed (victims %v): the test proves nothing", victims)
 	}
 	for i := range n {
 		if c := e.charges("m_1", fmt.Sprintf("g-%d", i)); c != 1 {
 			t.Errorf("g-%d charged %d times", i, c)
 		}
 	}
-	for _, k := range fs.victims {
+	for _, k := range victims {
 		rec, err := e.store.Get(e.ctx, "m_1", k)
 		if err != nil || rec.Attempts < 2 {
 			t.Errorf("%s: attempts %d (%v): a payment of the failed commit must have been retried", k, rec.Attempts, err)

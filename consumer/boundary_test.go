@@ -10,44 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 )
-
-// loseAfterCommit is a store whose first commit, once committed, makes the
-// worker's link to NATS lose everything the worker sends: the outcome is
-// in Postgres and the ack that follows it never reaches the server.
-type loseAfterCommit struct {
-	*dedup.Store
-	link *testenv.Link
-	once sync.Once
-	lost chan struct{}
-}
-
-func (s *loseAfterCommit) cut() {
-	s.once.Do(func() {
-		if err := s.link.Lose(testenv.ClientToServer); err == nil {
-			close(s.lost)
-		}
-	})
-}
-
-func (s *loseAfterCommit) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
-	err := s.Store.Complete(ctx, l, c)
-	if err == nil {
-		s.cut()
-	}
-	return err
-}
-
-func (s *loseAfterCommit) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
-	errs, err := s.Store.CompleteBatch(ctx, items)
-	if err == nil {
-		s.cut()
-	}
-	return errs, err
-}
 
 // TestAckLostAfterCommitRedeliveryAcks: the worker→NATS ack boundary. The
 // worker commits the outcome and acks, and the ack is lost on the wire
@@ -65,14 +31,29 @@ func TestAckLostAfterCommitRedeliveryAcks(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	store := &loseAfterCommit{Store: e.store, link: link, lost: make(chan struct{})}
+	// The first commit, once committed, makes the worker's link to NATS
+	// lose everything the worker sends: the outcome is in Postgres and the
+	// ack that follows it never reaches the server.
+	lost := make(chan struct{})
+	var once sync.Once
+	cut := func(_ context.Context, c *storehook.Call) error {
+		if c.Err == nil {
+			once.Do(func() {
+				if err := link.Lose(testenv.ClientToServer); err == nil {
+					close(lost)
+				}
+			})
+		}
+		return nil
+	}
+	store := storehook.Wrap(e.store).After(storehook.Complete, cut).After(storehook.CompleteBatch, cut)
 	viaLink := *e
 	viaLink.nc = nc
 	viaLink.startWorkerOn("acks-into-the-void", store)
 
 	e.publish("m_1", body("m_1", "ack-lost", 4200), "", nil)
 	select {
-	case <-store.lost:
+	case <-lost:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the outcome was never committed")
 	}
@@ -110,31 +91,6 @@ func TestAckLostAfterCommitRedeliveryAcks(t *testing.T) {
 	}
 }
 
-// loseOnMismatch is a store whose first claim that finds a key reused makes
-// the worker's link to NATS lose everything the server sends: the dead
-// letter the worker then publishes is stored, and its PubAck never
-// arrives.
-type loseOnMismatch struct {
-	*dedup.Store
-	link *testenv.Link
-	once sync.Once
-	lost chan struct{}
-}
-
-func (s *loseOnMismatch) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
-	res, err := s.Store.ClaimBatch(ctx, holder, lease, reqs)
-	for _, r := range res {
-		if r.Outcome == ledger.Mismatch {
-			s.once.Do(func() {
-				if lerr := s.link.Lose(testenv.ServerToClient); lerr == nil {
-					close(s.lost)
-				}
-			})
-		}
-	}
-	return res, err
-}
-
 // TestDeadLetterPubAckLostFilesOnce: the worker→NATS dead-letter boundary.
 // The worker dead-letters a reused key; the dead letter is stored and its
 // PubAck lost (an unknown outcome: it may have been filed). The worker
@@ -160,14 +116,30 @@ func TestDeadLetterPubAckLostFilesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	store := &loseOnMismatch{Store: e.store, link: link, lost: make(chan struct{})}
+	// The first claim that finds the key reused makes the worker's link to
+	// NATS lose everything the server sends: the dead letter the worker
+	// then publishes is stored, and its PubAck never arrives.
+	lost := make(chan struct{})
+	var once sync.Once
+	store := storehook.Wrap(e.store).After(storehook.ClaimBatch, func(_ context.Context, c *storehook.Call) error {
+		for _, r := range c.Results {
+			if r.Outcome == ledger.Mismatch {
+				once.Do(func() {
+					if err := link.Lose(testenv.ServerToClient); err == nil {
+						close(lost)
+					}
+				})
+			}
+		}
+		return nil
+	})
 	viaLink := *e
 	viaLink.nc = nc
 	viaLink.startWorkerOn("dead-letters-into-the-void", store)
 
 	e.publish("m_1", body("m_1", "reused", 9900), "", nil)
 	select {
-	case <-store.lost:
+	case <-lost:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the reused key was never claimed")
 	}
@@ -196,54 +168,6 @@ func TestDeadLetterPubAckLostFilesOnce(t *testing.T) {
 	}
 }
 
-// answerLost is a store whose first claim and first commit are carried out
-// and then reported failed, as when the connection drops after PostgreSQL
-// committed and before its answer arrived.
-type answerLost struct {
-	*dedup.Store
-	claim, commit sync.Once
-	claimLost     chan struct{}
-	commitLost    chan struct{}
-}
-
-func (s *answerLost) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
-	res, err := s.Store.ClaimBatch(ctx, holder, lease, reqs)
-	if err != nil {
-		return res, err
-	}
-	lost := false
-	s.claim.Do(func() { lost = true; close(s.claimLost) })
-	if lost {
-		return nil, fmt.Errorf("claim keys: %w: connection reset after the commit", ledger.ErrUnavailable)
-	}
-	return res, nil
-}
-
-func (s *answerLost) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
-	errs, err := s.Store.CompleteBatch(ctx, items)
-	if err != nil {
-		return errs, err
-	}
-	lost := false
-	s.commit.Do(func() { lost = true; close(s.commitLost) })
-	if lost {
-		return nil, fmt.Errorf("complete keys: %w: connection reset after the commit", ledger.ErrUnavailable)
-	}
-	return errs, nil
-}
-
-func (s *answerLost) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
-	if err := s.Store.Complete(ctx, l, c); err != nil {
-		return err
-	}
-	lost := false
-	s.commit.Do(func() { lost = true; close(s.commitLost) })
-	if lost {
-		return fmt.Errorf("complete key: %w: connection reset after the commit", ledger.ErrUnavailable)
-	}
-	return nil
-}
-
 // TestClaimAndCommitAnswersLost: the worker→PostgreSQL boundary. The first
 // claim and the first commit take effect, and their answers are lost: the
 // worker sees an error that may have happened. A claim it cannot see is a
@@ -259,13 +183,34 @@ func TestClaimAndCommitAnswersLost(t *testing.T) {
 	for i := range n {
 		e.publish("m_1", body("m_1", fmt.Sprintf("lost-%d", i), 100), "", nil)
 	}
-	s := &answerLost{Store: e.store, claimLost: make(chan struct{}), commitLost: make(chan struct{})}
+	// The first claim and the first commit are carried out and then
+	// reported failed, as when the connection drops after PostgreSQL
+	// committed and before its answer arrived.
+	claimLost, commitLost := make(chan struct{}), make(chan struct{})
+	var claimOnce, commitOnce sync.Once
+	loseOnce := func(once *sync.Once, lost chan struct{}, what string) storehook.Hook {
+		return func(_ context.Context, c *storehook.Call) error {
+			if c.Err != nil {
+				return nil
+			}
+			first := false
+			once.Do(func() { first = true; close(lost) })
+			if first {
+				return fmt.Errorf("%s: %w: connection reset after the commit", what, ledger.ErrUnavailable)
+			}
+			return nil
+		}
+	}
+	s := storehook.Wrap(e.store).
+		After(storehook.ClaimBatch, loseOnce(&claimOnce, claimLost, "claim keys")).
+		After(storehook.CompleteBatch, loseOnce(&commitOnce, commitLost, "complete keys")).
+		After(storehook.Complete, loseOnce(&commitOnce, commitLost, "complete key"))
 	e.startWorkerOn("w1", s)
 	e.eventually("all completed", func() bool {
 		return e.count(`SELECT count(*) FROM payments`) == n
 	})
 	e.quiescent()
-	for _, ch := range []chan struct{}{s.claimLost, s.commitLost} {
+	for _, ch := range []chan struct{}{claimLost, commitLost} {
 		select {
 		case <-ch:
 		default:

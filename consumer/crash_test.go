@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/consumer"
-	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
@@ -24,52 +24,38 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
-// hangingStore makes the first Complete hang until released, and every
-// claim after it too: a worker that charged and then died before its commit,
-// and does nothing more.
-type hangingStore struct {
-	*dedup.Store
-	once    sync.Once
-	hung    chan struct{}
-	release chan struct{}
-}
-
-func (h *hangingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
-	select {
-	case <-h.hung:
-		select {
-		case <-h.release:
-		case <-ctx.Done():
-		}
-		return nil, fmt.Errorf("worker is dead")
-	default:
-	}
-	return h.Store.ClaimBatch(ctx, holder, lease, reqs)
-}
-
-func (h *hangingStore) hangOnce() {
-	hang := false
-	h.once.Do(func() { hang = true })
-	if hang {
-		close(h.hung)
-		<-h.release
-	}
-}
-
-func (h *hangingStore) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
-	h.hangOnce()
-	return h.Store.Complete(ctx, l, c)
-}
-
-func (h *hangingStore) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
-	h.hangOnce()
-	return h.Store.CompleteBatch(ctx, items)
-}
-
 func TestCrashAfterChargeBeforeCommit(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	hs := &hangingStore{Store: e.store, hung: make(chan struct{}), release: make(chan struct{})}
+	// The first commit hangs until released, and every claim after it too:
+	// a worker that charged and then died before its commit, and does
+	// nothing more.
+	hung, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hangOnce := func(context.Context, *storehook.Call) error {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(hung)
+			<-release
+		}
+		return nil
+	}
+	hs := storehook.Wrap(e.store).
+		Before(storehook.Complete, hangOnce).
+		Before(storehook.CompleteBatch, hangOnce).
+		Before(storehook.ClaimBatch, func(ctx context.Context, _ *storehook.Call) error {
+			select {
+			case <-hung:
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return fmt.Errorf("worker is dead")
+			default:
+				return nil
+			}
+		})
 	cfg := e.cfg
 	cfg.Holder = "dies"
 	w, err := consumer.NewWorker(e.nc, consumer.NewProcessor(hs, e.stripe, cfg, nil), cfg, nil, nil, nil)
@@ -82,7 +68,7 @@ func TestCrashAfterChargeBeforeCommit(t *testing.T) {
 	e.waitStreams()
 	e.publish("m_1", body("m_1", "crash", 4200), "", nil)
 	select {
-	case <-hs.hung:
+	case <-hung:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the charge never reached the commit")
 	}
@@ -107,7 +93,7 @@ func TestCrashAfterChargeBeforeCommit(t *testing.T) {
 		t.Fatalf("completed with %s by %s, want the original charge %s by another holder", rec.ChargeID, rec.LockedBy, chargeID)
 	}
 	// The dead worker wakes up: its stale commit is fenced out.
-	close(hs.release)
+	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -21,8 +22,8 @@ func TestPurgedKeyReusedDeadLettered(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	e := setupWith(t, dedup.Config{Clock: clk})
 	store := e.store
-	watch := &claimWatch{Store: store, seen: map[string][]ledger.Outcome{}}
-	e.startWorkerOn("w1", watch)
+	watch := &claimWatch{seen: map[string][]ledger.Outcome{}}
+	e.startWorkerOn("w1", storehook.Wrap(store).After(storehook.ClaimBatch, watch.record))
 
 	e.publish("m_1", body("m_1", "old", 100), "", nil)
 	e.eventually("payment completed", func() bool {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
@@ -75,10 +76,10 @@ func (p limited) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 	return p.Provider.Lookup(ctx, req)
 }
 
-// watchedStore records what the worker writes about each key besides its
-// completion: claims, fails and releases.
+// watchedStore is the worker's store, recording what the worker writes
+// about each key besides its completion: claims, fails and releases.
 type watchedStore struct {
-	*dedup.Store
+	*storehook.Wrapper
 	mu       sync.Mutex
 	claims   map[string]int
 	fails    []string
@@ -86,30 +87,29 @@ type watchedStore struct {
 }
 
 func newWatchedStore(s *dedup.Store) *watchedStore {
-	return &watchedStore{Store: s, claims: map[string]int{}}
-}
-
-func (s *watchedStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
-	s.mu.Lock()
-	for _, r := range reqs {
-		s.claims[r.IdempotencyKey]++
-	}
-	s.mu.Unlock()
-	return s.Store.ClaimBatch(ctx, holder, lease, reqs)
-}
-
-func (s *watchedStore) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
-	s.mu.Lock()
-	s.fails = append(s.fails, l.IdempotencyKey+": "+reason)
-	s.mu.Unlock()
-	return s.Store.Fail(ctx, l, reason)
-}
-
-func (s *watchedStore) Release(ctx context.Context, l ledger.Lease, reason string) error {
-	s.mu.Lock()
-	s.releases = append(s.releases, l.IdempotencyKey+": "+reason)
-	s.mu.Unlock()
-	return s.Store.Release(ctx, l, reason)
+	w := &watchedStore{claims: map[string]int{}}
+	w.Wrapper = storehook.Wrap(s).
+		Before(storehook.ClaimBatch, func(_ context.Context, c *storehook.Call) error {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			for _, r := range c.Reqs {
+				w.claims[r.IdempotencyKey]++
+			}
+			return nil
+		}).
+		Before(storehook.Fail, func(_ context.Context, c *storehook.Call) error {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.fails = append(w.fails, c.Lease.IdempotencyKey+": "+c.Reason)
+			return nil
+		}).
+		Before(storehook.Release, func(_ context.Context, c *storehook.Call) error {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.releases = append(w.releases, c.Lease.IdempotencyKey+": "+c.Reason)
+			return nil
+		})
+	return w
 }
 
 // noFailsNorReleases fails the test if a row was failed or released.

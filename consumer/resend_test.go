@@ -14,6 +14,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
@@ -22,23 +23,22 @@ import (
 	"github.com/paydedup/paydedup/reconciler"
 )
 
-// claimWatch is the worker's store, reporting every claim outcome per key.
+// claimWatch records every claim outcome per key, as an after hook of the
+// worker's store's ClaimBatch.
 type claimWatch struct {
-	*dedup.Store
 	mu   sync.Mutex
 	seen map[string][]ledger.Outcome
 }
 
-func (w *claimWatch) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
-	res, err := w.Store.ClaimBatch(ctx, holder, lease, reqs)
-	if err == nil {
+func (w *claimWatch) record(_ context.Context, c *storehook.Call) error {
+	if c.Err == nil {
 		w.mu.Lock()
-		for i, r := range res {
-			w.seen[reqs[i].IdempotencyKey] = append(w.seen[reqs[i].IdempotencyKey], r.Outcome)
+		for i, r := range c.Results {
+			w.seen[c.Reqs[i].IdempotencyKey] = append(w.seen[c.Reqs[i].IdempotencyKey], r.Outcome)
 		}
 		w.mu.Unlock()
 	}
-	return res, err
+	return nil
 }
 
 func (w *claimWatch) count(key string, o ledger.Outcome) int {
@@ -104,8 +104,8 @@ func TestResendInUseNeverFailsNorChargesTwice(t *testing.T) {
 	cfg.RetryBase, cfg.RetryMax = 50*time.Millisecond, 200*time.Millisecond
 	cfg.DrainTimeout, cfg.Concurrency, cfg.FetchBatch = 2*time.Second, 4, 10
 	e := &env{t: t, ctx: context.Background(), pool: pool, store: store, nc: nc, js: js, sim: sim, stripe: stripe, cfg: cfg}
-	watch := &claimWatch{Store: store, seen: map[string][]ledger.Outcome{}}
-	e.startWorkerOn("w1", watch)
+	watch := &claimWatch{seen: map[string][]ledger.Outcome{}}
+	e.startWorkerOn("w1", storehook.Wrap(store).After(storehook.ClaimBatch, watch.record))
 
 	// A first payment leaves one kept-alive connection through the proxy.
 	e.publish("m_1", body("m_1", "k-warm", 100), "", nil)

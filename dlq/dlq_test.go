@@ -13,7 +13,6 @@ import (
 
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/lab/testenv"
-	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -33,13 +32,7 @@ func adminSetup(t *testing.T) (jetstream.JetStream, stream.Config) {
 }
 
 // body is a payment command's JSON body.
-func body(merchant, key string, amount int64) []byte {
-	b, err := stream.EncodeCommand(&payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"})
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
+var body = testenv.CommandBody
 
 // fileDeadLetter files a dead letter for a payment body directly.
 func fileDeadLetter(t *testing.T, js jetstream.JetStream, cfg stream.Config, reason, merchant, key string, failedAt time.Time) uint64 {

@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -15,9 +14,9 @@ import (
 	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/lab/storetest"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
-	"github.com/paydedup/paydedup/payment"
 )
 
 // lease is the worker's lease in these tests.
@@ -48,13 +47,12 @@ func setup(t testing.TB) *bundle {
 	return &bundle{store: s, worker: w, pool: pool, clock: clk, ctx: context.Background()}
 }
 
-func command(merchant, key string, amount int64) *payment.Command {
-	return &payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"}
-}
-
-func req(merchant, key string, amount int64) ledger.ClaimRequest {
-	return ledger.NewClaimRequest(command(merchant, key, amount))
-}
+// The fixtures the store's tests share with the worker store's
+// conformance suite.
+var (
+	req     = storetest.Req
+	charged = storetest.Charged
+)
 
 // acquireOne takes in one request by the batched acquisition the gateway
 // runs (AcquireIntakes), as a batch of one.
@@ -64,10 +62,6 @@ func acquireOne(ctx context.Context, s *pgstore.Store, r ledger.ClaimRequest, le
 		return ledger.IntakeResult{}, err
 	}
 	return res[0], nil
-}
-
-func charged(id string) ledger.Completion {
-	return ledger.Completion{ChargeID: id, ResponseStatus: 200, Response: json.RawMessage(`{"id":"` + id + `","status":"succeeded","amount":1000}`)}
 }
 
 // claim claims r for the worker holder.

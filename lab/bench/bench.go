@@ -33,9 +33,9 @@ import (
 	"github.com/paydedup/paydedup/lab/inproc"
 	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/procstat"
+	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/workload"
-	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -372,7 +372,8 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		}
 	}
 
-	counting := &countingStore{Store: store}
+	// Each store call the worker makes is one round trip to Postgres.
+	counting := storehook.Wrap(store)
 	log := shippedLogger()
 	proc := consumer.NewProcessor(counting, prov, cfg, log)
 
@@ -409,7 +410,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	tripsBefore := counting.calls.Load()
+	tripsBefore := counting.Calls(storehook.Any)
 	walBefore := readWAL(ctx, db)
 	meter, err := startCPU(ctx, pids, b.CPUProfile)
 	if err != nil {
@@ -433,7 +434,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	}
 	end := time.Now()
 	elapsed := end.Sub(start)
-	roundTrips := counting.calls.Load() - tripsBefore
+	roundTrips := counting.Calls(storehook.Any) - tripsBefore
 	cpu, err := meter.stop(ctx, b.Payments)
 	metering = false
 	walBytes, checkpoints := readWAL(ctx, db).since(walBefore, b.Payments)
@@ -756,43 +757,6 @@ func (r Result) verdict() error {
 		return fmt.Errorf("bench: %d double charges, %d lost", r.DoubleCharges, r.Lost)
 	}
 	return nil
-}
-
-// countingStore counts the store calls the worker makes: each is one
-// round trip to Postgres.
-type countingStore struct {
-	*dedup.Store
-	calls atomic.Int64
-}
-
-func (c *countingStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
-	c.calls.Add(1)
-	return c.Store.ClaimBatch(ctx, holder, lease, reqs)
-}
-
-func (c *countingStore) Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error) {
-	c.calls.Add(1)
-	return c.Store.Heartbeat(ctx, l, d)
-}
-
-func (c *countingStore) Complete(ctx context.Context, l ledger.Lease, comp ledger.Completion) error {
-	c.calls.Add(1)
-	return c.Store.Complete(ctx, l, comp)
-}
-
-func (c *countingStore) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
-	c.calls.Add(1)
-	return c.Store.CompleteBatch(ctx, items)
-}
-
-func (c *countingStore) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
-	c.calls.Add(1)
-	return c.Store.Fail(ctx, l, reason)
-}
-
-func (c *countingStore) Release(ctx context.Context, l ledger.Lease, reason string) error {
-	c.calls.Add(1)
-	return c.Store.Release(ctx, l, reason)
 }
 
 // benchObserver counts settled messages and keeps a fixed-size latency

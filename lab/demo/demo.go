@@ -30,6 +30,7 @@ import (
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/lab/inproc"
 	"github.com/paydedup/paydedup/lab/localpg"
+	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/workload"
 	"github.com/paydedup/paydedup/ledger"
@@ -379,7 +380,7 @@ type demoPayment struct {
 type demoWorker struct {
 	name   string
 	nc     *nats.Conn
-	store  *killableStore
+	store  *storehook.Wrapper
 	obs    *demoObserver
 	muted  atomic.Bool
 	cancel context.CancelFunc
@@ -395,7 +396,13 @@ func (r *demoRun) startWorkers(ctx context.Context, prov *stripe.Client) error {
 			return fmt.Errorf("demo: connect worker to NATS: %w", err)
 		}
 		w.nc = nc
-		w.store = &killableStore{Store: r.store}
+		// Once killed, every store call fails before reaching Postgres.
+		w.store = storehook.Wrap(r.store).Before(storehook.Any, func(context.Context, *storehook.Call) error {
+			if w.killed.Load() {
+				return errKilled
+			}
+			return nil
+		})
 		cfg := r.cfg
 		cfg.Holder = w.name
 		log := r.quietLogger(&w.muted).With("worker", w.name)
@@ -437,7 +444,6 @@ func (r *demoRun) kill(w *demoWorker) {
 	r.killedIn = w.obs.inFlight.Load()
 	w.killed.Store(true)
 	w.muted.Store(true)
-	w.store.dead.Store(true)
 	w.nc.Close()
 	w.cancel() // stop its fetch loop; nothing it does can reach Postgres or NATS
 	r.killedAt = time.Since(r.start)
@@ -447,57 +453,6 @@ func (r *demoRun) kill(w *demoWorker) {
 
 // errKilled is what a killed worker's store calls return.
 var errKilled = errors.New("worker killed")
-
-// killableStore is a worker's view of the store that can die: once dead,
-// every call fails before reaching Postgres. Methods the consumer's Store
-// interface may gain later pass through to the embedded store.
-type killableStore struct {
-	consumer.Store
-	dead atomic.Bool
-}
-
-func (k *killableStore) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
-	if k.dead.Load() {
-		return nil, errKilled
-	}
-	return k.Store.ClaimBatch(ctx, holder, lease, reqs)
-}
-
-func (k *killableStore) Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error) {
-	if k.dead.Load() {
-		return l, errKilled
-	}
-	return k.Store.Heartbeat(ctx, l, d)
-}
-
-func (k *killableStore) Complete(ctx context.Context, l ledger.Lease, c ledger.Completion) error {
-	if k.dead.Load() {
-		return errKilled
-	}
-	return k.Store.Complete(ctx, l, c)
-}
-
-// CompleteBatch is the group commit's store call.
-func (k *killableStore) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
-	if k.dead.Load() {
-		return nil, errKilled
-	}
-	return k.Store.CompleteBatch(ctx, items)
-}
-
-func (k *killableStore) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
-	if k.dead.Load() {
-		return "", errKilled
-	}
-	return k.Store.Fail(ctx, l, reason)
-}
-
-func (k *killableStore) Release(ctx context.Context, l ledger.Lease, reason string) error {
-	if k.dead.Load() {
-		return errKilled
-	}
-	return k.Store.Release(ctx, l, reason)
-}
 
 // demoObserver counts one worker's settled messages.
 type demoObserver struct {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/lab/stripesim"
+	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -60,4 +61,14 @@ func Streams(t testing.TB, js jetstream.JetStream) stream.Config {
 		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
 	})
 	return cfg
+}
+
+// CommandBody is the message body of a valid card payment of amount (US
+// cents) for (merchant, key), as stream.EncodeCommand writes it.
+func CommandBody(merchant, key string, amount int64) []byte {
+	b, err := stream.EncodeCommand(&payment.Command{MerchantID: merchant, IdempotencyKey: key, Amount: amount, Currency: "usd", PaymentMethod: "pm_card_visa"})
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
