@@ -5,7 +5,7 @@
 // to record (Completion), the payments ledger's rows (Payment), the
 // request's fingerprint and the provider key derived from ours, the
 // sentinel errors every store returns, and the pure rules over them
-// (SettleStatus).
+// (Evaluate, CompletionOf).
 //
 // The stores are written in these words: dedup is the PostgreSQL
 // implementation, and the packages above it (consumer, reconciler,
