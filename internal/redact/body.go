@@ -14,8 +14,18 @@ import (
 // split across JSON numbers are all read as one card number. Each masked
 // stretch becomes PANMask, which holds no quote or backslash, so a JSON
 // string stays a JSON string; a body without a card number comes back
-// byte for byte.
-func Body(b []byte) []byte { return PANBytes(b) }
+// byte for byte, and so do invalid UTF-8 and every other byte outside a
+// masked stretch.
+func Body(b []byte) []byte {
+	s := string(b)
+	if !mayHoldPAN(s) {
+		return b
+	}
+	if m := PANs(s); m != s {
+		return []byte(m)
+	}
+	return b
+}
 
 // Redacted replaces the value of a card member in a shown body.
 const Redacted = "[redacted]"
