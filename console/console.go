@@ -319,7 +319,7 @@ func viewLetter(d dlq.Info) letterView {
 	v := letterView{Seq: d.Seq, Reason: shown(d.Reason), MerchantID: shown(d.MerchantID), IdempotencyKey: shown(d.IdempotencyKey),
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt, Stored: d.Stored, Error: shown(d.Error), OrigSubject: shown(d.OrigSubject),
 		Verified: d.Verified, Unverified: shown(d.Unverified), KeyID: d.KeyID, PreviousKey: d.PreviousKey, Invalid: shown(d.Invalid), Truncated: d.Truncated,
-		Body: RedactBody(d.Data), BodyLen: len(d.Data)}
+		Body: redact.ShownBody(d.Data), BodyLen: len(d.Data)}
 	for _, k := range slices.Sorted(maps.Keys(d.Header)) {
 		for _, val := range d.Header[k] {
 			v.Headers = append(v.Headers, headerView{Name: shown(k), Value: shown(val)})
@@ -458,7 +458,7 @@ func recordState(rec ledger.Record) string {
 }
 
 func viewRecord(rec ledger.Record) *recordView {
-	v := &recordView{Record: rec, Response: RedactBody(rec.Response), State: recordState(rec)}
+	v := &recordView{Record: rec, Response: redact.ShownBody(rec.Response), State: recordState(rec)}
 	v.Record.RequestHash, v.Record.Response = nil, nil
 	for _, f := range []*string{&v.MerchantID, &v.IdempotencyKey, &v.ProviderKey, &v.Currency, &v.LockedBy, &v.ChargeID, &v.LastError, &v.TraceID} {
 		*f = shown(*f)

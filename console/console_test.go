@@ -23,6 +23,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/clock"
+	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
@@ -551,9 +552,9 @@ func TestRedact(t *testing.T) {
 			t.Errorf("Redact(%q) = %q, want %q", c.in, got, c.want)
 		}
 	}
-	got := console.RedactBody([]byte(`{"payment_method":{"id":"pm_1","card":{"last4":"4242"}},"billing_details":{"name":"A"},"amount":5}`))
+	got := redact.ShownBody([]byte(`{"payment_method":{"id":"pm_1","card":{"last4":"4242"}},"billing_details":{"name":"A"},"amount":5}`))
 	if strings.Contains(got, "4242") || strings.Contains(got, `"A"`) || !strings.Contains(got, `"payment_method": "pm_1"`) {
-		t.Errorf("RedactBody kept card or personal data, or lost the token:\n%s", got)
+		t.Errorf("ShownBody kept card or personal data, or lost the token:\n%s", got)
 	}
 }
 

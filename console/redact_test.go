@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/paydedup/paydedup/console"
+	"github.com/paydedup/paydedup/internal/redact"
 )
 
 // A card number beside other digits, joined by any separator, is still
@@ -55,9 +56,9 @@ func TestRedactMasksCardNumbersJoinedToOtherDigits(t *testing.T) {
 		`{"description":"card 4111<1111<1111<1111","metadata":{"n":"4111\t1111\t1111\t1111"}}`,
 		`{"metadata":{"a":"4111111111111111 12/28"},"x":[4111,1111,1111,1111]}`,
 	} {
-		got := console.RedactBody([]byte(body))
+		got := redact.ShownBody([]byte(body))
 		if strings.Contains(got, "1111") {
-			t.Errorf("RedactBody(%s) shows a card number:\n%s", body, got)
+			t.Errorf("ShownBody(%s) shows a card number:\n%s", body, got)
 		}
 	}
 }

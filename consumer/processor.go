@@ -2,11 +2,9 @@ package consumer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"time"
 
@@ -265,7 +263,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledg
 
 	var cerr error
 	if err == nil {
-		c := Completion(out)
+		c := ledger.CompletionOf(out, ledger.SummaryIfNoBody)
 		cerr = p.committer.Complete(ctx, deadline, lease, c)
 		switch {
 		case cerr == nil:
@@ -416,28 +414,6 @@ func probeUnanswered(err error) bool {
 func answeredNotRefused(err error) bool {
 	var perr *provider.Error
 	return errors.As(err, &perr) && perr.HTTPStatus != 0 && perr.Class != provider.ClassUnauthorized
-}
-
-// Completion is the record of a settled provider outcome: what the worker
-// and the reconciler store. A processing outcome is stored 202 (accepted, not
-// finished) and a decline 402 when the provider gave no status.
-func Completion(out *provider.Outcome) ledger.Completion {
-	c := ledger.Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
-		ResponseStatus: out.HTTPStatus, Response: out.Response}
-	if c.ResponseStatus == 0 {
-		switch {
-		case out.Declined:
-			c.ResponseStatus = http.StatusPaymentRequired
-		case out.Processing:
-			c.ResponseStatus = http.StatusAccepted
-		default:
-			c.ResponseStatus = http.StatusOK
-		}
-	}
-	if len(c.Response) == 0 {
-		c.Response, _ = json.Marshal(map[string]any{"id": out.ChargeID, "status": out.Status, "declined": out.Declined})
-	}
-	return c
 }
 
 func (p *Processor) release(ctx context.Context, lease ledger.Lease, reason string, log *slog.Logger) {

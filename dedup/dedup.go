@@ -3,7 +3,7 @@
 // it (a fenced lease), under which provider key, and what the outcome was.
 // It is written in the words of package ledger (Record, Lease, ClaimRequest,
 // ClaimResult, Completion, Payment, the sentinel errors), which holds them
-// and the pure rules (ledger.Evaluate, ledger.SettleStatus) with no driver;
+// and the pure rules (ledger.Evaluate, ledger.CompletionOf) with no driver;
 // dedup holds only the PostgreSQL.
 //
 // The store is the source of truth for "has this payment been charged". Its

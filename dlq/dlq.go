@@ -471,14 +471,8 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 		case opts.DryRun:
 			res.Outcome = WouldReplay
 		default:
-			if dlqs == nil {
-				var err error
-				sctx, cancel := context.WithTimeout(ctx, adminTimeout)
-				dlqs, err = js.Stream(sctx, cfg.DLQStream)
-				cancel()
-				if err != nil {
-					return notSetUp("stream "+cfg.DLQStream, err)
-				}
+			if err := openDLQ(ctx, js, cfg, &dlqs); err != nil {
+				return err
 			}
 			if wait := time.Until(lastPublish.Add(interval)); interval > 0 && wait > 0 {
 				select {
@@ -494,38 +488,91 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 		return nil
 	}
 
-	if opts.All {
-		// A rate-limited replay fetches about a minute of letters at a
-		// time, well within the reader's inactive threshold.
-		f := Filter{Reason: opts.Reason}
-		if opts.Rate > 0 && !opts.DryRun {
-			f.batch = int(min(max(opts.Rate*60, 1), dlqFetchBatch))
-		}
-		if err := eachDeadLetter(ctx, js, cfg, f, judge); err != nil {
-			return rep, fmt.Errorf("replay dead letters: %w", err)
-		}
-		return rep, nil
+	// A rate-limited replay fetches about a minute of letters at a time,
+	// well within the reader's inactive threshold.
+	f := Filter{Reason: opts.Reason}
+	if opts.Rate > 0 && !opts.DryRun {
+		f.batch = int(min(max(opts.Rate*60, 1), dlqFetchBatch))
 	}
-	seqs := slices.Clone(opts.Seqs)
+	pick := judge
+	if !opts.All && opts.Reason != "" {
+		// Letters named by sequence are not filtered by reason as they
+		// are read: one of another reason is skipped here.
+		pick = func(d Info) error {
+			if d.Reason != opts.Reason {
+				add(ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID,
+					IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)})
+				return nil
+			}
+			return judge(d)
+		}
+	}
+	err := eachChosen(ctx, js, cfg, opts.All, f, opts.Seqs, pick, func(seq uint64) {
+		add(ReplayResult{Seq: seq, Outcome: NotFound,
+			Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)})
+	})
+	if err != nil {
+		return rep, fmt.Errorf("replay dead letters: %w", err)
+	}
+	return rep, nil
+}
+
+// eachChosen is the read loop of Replay and Resign: it calls fn for each
+// chosen dead letter, every one matching f (eachDeadLetter) when all, else
+// each of seqs once, in order, calling missing for a sequence with no dead
+// letter. A failed read or an error from fn stops it and is returned.
+func eachChosen(ctx context.Context, js jetstream.JetStream, cfg stream.Config, all bool, f Filter, seqs []uint64,
+	fn func(Info) error, missing func(seq uint64)) error {
+	if all {
+		return eachDeadLetter(ctx, js, cfg, f, fn)
+	}
+	seqs = slices.Clone(seqs)
 	slices.Sort(seqs)
 	for _, seq := range slices.Compact(seqs) {
 		d, err := Get(ctx, js, cfg, seq)
 		switch {
 		case errors.Is(err, ErrNotFound):
-			add(ReplayResult{Seq: seq, Outcome: NotFound,
-				Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)})
+			missing(seq)
 		case err != nil:
-			return rep, fmt.Errorf("replay dead letters: %w", err)
-		case opts.Reason != "" && d.Reason != opts.Reason:
-			add(ReplayResult{Seq: seq, Reason: d.Reason, MerchantID: d.MerchantID,
-				IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)})
+			return err
 		default:
-			if err := judge(d); err != nil {
-				return rep, fmt.Errorf("replay dead letters: %w", err)
+			if err := fn(d); err != nil {
+				return err
 			}
 		}
 	}
-	return rep, nil
+	return nil
+}
+
+// openDLQ sets *dlqs to the dead-letter stream, opening it on first use
+// only, so that a dry run or a run that changes nothing never needs it.
+func openDLQ(ctx context.Context, js jetstream.JetStream, cfg stream.Config, dlqs *jetstream.Stream) error {
+	if *dlqs != nil {
+		return nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	s, err := js.Stream(sctx, cfg.DLQStream)
+	if err != nil {
+		return notSetUp("stream "+cfg.DLQStream, err)
+	}
+	*dlqs = s
+	return nil
+}
+
+// deleteLetter deletes the dead letter at seq once its copy is filed (the
+// replay, the re-signed letter), even if ctx was cancelled meanwhile. A
+// letter another run deleted first is done, not a failure.
+func deleteLetter(ctx context.Context, dlqs jetstream.Stream, seq uint64) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
+	defer cancel()
+	err := dlqs.DeleteMsg(dctx, seq)
+	if err != nil {
+		if _, gerr := dlqs.GetMsg(dctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+	}
+	return err
 }
 
 // failedAt is when a verified letter's age starts: the earlier of the
@@ -590,16 +637,7 @@ func replayOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Strea
 		}
 		res.Detail = "already republished by another replay"
 	}
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
-	err = dlqs.DeleteMsg(dctx, d.Seq)
-	if err != nil {
-		// Another replay deleted it first: done, not a failure.
-		if _, gerr := dlqs.GetMsg(dctx, d.Seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
-			err = nil
-		}
-	}
-	cancel()
-	if err != nil {
+	if err := deleteLetter(ctx, dlqs, d.Seq); err != nil {
 		res.Outcome = Failed
 		res.Detail = fmt.Sprintf("republished as %s #%d, but deleting the dead letter failed: %v; delete it, or a later replay publishes it again (harmless: Postgres guards the charge)",
 			ack.Stream, ack.Sequence, err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -127,43 +126,22 @@ func Resign(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 		case opts.DryRun:
 			res.Outcome = WouldResign
 		default:
-			if dlqs == nil {
-				sctx, cancel := context.WithTimeout(ctx, adminTimeout)
-				var err error
-				dlqs, err = js.Stream(sctx, cfg.DLQStream)
-				cancel()
-				if err != nil {
-					return notSetUp("stream "+cfg.DLQStream, err)
-				}
+			if err := openDLQ(ctx, js, cfg, &dlqs); err != nil {
+				return err
 			}
 			resignOne(ctx, js, dlqs, cfg, d, &res)
 		}
 		rep.add(res)
 		return nil
 	}
-	if opts.All {
-		// eachDeadLetter stops at the letters the stream held when it
-		// began: the copies filed meanwhile are not read again.
-		if err := eachDeadLetter(ctx, js, cfg, Filter{}, judge); err != nil {
-			return rep, fmt.Errorf("re-sign dead letters: %w", err)
-		}
-		return rep, nil
-	}
-	seqs := slices.Clone(opts.Seqs)
-	slices.Sort(seqs)
-	for _, seq := range slices.Compact(seqs) {
-		d, err := Get(ctx, js, cfg, seq)
-		switch {
-		case errors.Is(err, ErrNotFound):
-			rep.add(ResignResult{Seq: seq, Outcome: ResignNotFound,
-				Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, re-signed, or expired)", seq, cfg.DLQStream)})
-		case err != nil:
-			return rep, fmt.Errorf("re-sign dead letters: %w", err)
-		default:
-			if err := judge(d); err != nil {
-				return rep, fmt.Errorf("re-sign dead letters: %w", err)
-			}
-		}
+	// eachDeadLetter stops at the letters the stream held when it began:
+	// the copies filed meanwhile are not read again.
+	err := eachChosen(ctx, js, cfg, opts.All, Filter{}, opts.Seqs, judge, func(seq uint64) {
+		rep.add(ResignResult{Seq: seq, Outcome: ResignNotFound,
+			Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, re-signed, or expired)", seq, cfg.DLQStream)})
+	})
+	if err != nil {
+		return rep, fmt.Errorf("re-sign dead letters: %w", err)
 	}
 	return rep, nil
 }
@@ -202,15 +180,7 @@ func resignOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Strea
 		}
 		res.Detail = "already re-signed by another run"
 	}
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), adminTimeout)
-	err = dlqs.DeleteMsg(dctx, d.Seq)
-	if err != nil {
-		if _, gerr := dlqs.GetMsg(dctx, d.Seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
-			err = nil // another run deleted it first
-		}
-	}
-	cancel()
-	if err != nil {
+	if err := deleteLetter(ctx, dlqs, d.Seq); err != nil {
 		res.Outcome = ResignFailed
 		res.Detail = fmt.Sprintf("re-signed as %s #%d, but deleting the old letter failed: %v; delete it (dlq delete %d) before dropping its key, or it is listed unverified",
 			ack.Stream, ack.Sequence, err, d.Seq)

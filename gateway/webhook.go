@@ -189,9 +189,10 @@ func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, er
 	if out.Processing {
 		return WebhookStillProcessing, nil
 	}
-	status, code := ledger.SettleStatus(out.Declined, out.HTTPStatus)
+	c := ledger.CompletionOf(out, ledger.ProviderBodyOnly)
+	status := c.SettleStatus()
 	if p.Status == ledger.PaymentProcessing {
-		err := book.SettlePayment(ctx, p, status, code, out.Response)
+		err := book.SettlePayment(ctx, p, status, c.ResponseStatus, c.Response)
 		switch {
 		case err == nil:
 			log.Info("processing payment settled by webhook", "status", status)

@@ -5,7 +5,8 @@
 // to record (Completion), the payments ledger's rows (Payment), the
 // request's fingerprint and the provider key derived from ours, the
 // sentinel errors every store returns, and the pure rules over them
-// (SettleStatus, and StateOf: a payment's state as its client sees it).
+// (Evaluate, CompletionOf, and StateOf: a payment's state as its client
+// sees it).
 //
 // The stores are written in these words: dedup is the PostgreSQL
 // implementation, and the packages above it (consumer, reconciler,

@@ -1,10 +1,11 @@
 package ledger
 
 import (
-	"cmp"
 	"encoding/json"
 	"net/http"
 	"time"
+
+	"github.com/paydedup/paydedup/provider"
 )
 
 // Completion is a definitive provider outcome to record.
@@ -22,6 +23,58 @@ type Completion struct {
 	// ResponseStatus and Response are stored and replayed to duplicates.
 	ResponseStatus int
 	Response       json.RawMessage
+}
+
+// MissingBody says what CompletionOf stores when the provider's answer
+// came without a body.
+type MissingBody int
+
+const (
+	// SummaryIfNoBody stores a summary of the answer (its id, status and
+	// whether it was declined): the worker's choice, for the answer to its
+	// own charge call, which must be replayable whatever the adapter read.
+	SummaryIfNoBody MissingBody = iota
+	// ProviderBodyOnly stores the provider's body or nothing: the
+	// reconciler's and the settle path's choice. A charge found by lookup
+	// without its body is not recorded from a summary: the store refuses
+	// the empty body and the row stays pending, counted as an error, for a
+	// person to read (TestUnusableAnswersLeaveRowPending).
+	ProviderBodyOnly
+)
+
+// CompletionOf is the completion stored for a provider's definitive answer,
+// by the worker, the reconciler and the settle path alike: the provider's
+// HTTP status, else 402 for a decline, 202 for a payment still processing
+// (accepted, not finished) and 200 for a charge; and its body, or what body
+// says when it gave none.
+func CompletionOf(out *provider.Outcome, body MissingBody) Completion {
+	c := Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
+		ResponseStatus: out.HTTPStatus, Response: out.Response}
+	if c.ResponseStatus == 0 {
+		c.ResponseStatus = http.StatusOK
+		switch {
+		case out.Declined:
+			c.ResponseStatus = http.StatusPaymentRequired
+		case out.Processing:
+			c.ResponseStatus = http.StatusAccepted
+		}
+	}
+	if len(c.Response) == 0 && body == SummaryIfNoBody {
+		c.Response, _ = json.Marshal(map[string]any{"id": out.ChargeID, "status": out.Status, "declined": out.Declined})
+	}
+	return c
+}
+
+// SettleStatus is the ledger status a processing payment settles to when
+// the provider's answer, as this completion, is final (not Processing):
+// PaymentFailed for a decline, else PaymentSucceeded; ResponseStatus is the
+// status stored with it. The reconciler and the gateway's webhook both
+// settle through it, so the two cannot settle a row differently.
+func (c Completion) SettleStatus() string {
+	if c.Declined {
+		return PaymentFailed
+	}
+	return PaymentSucceeded
 }
 
 // PaymentStatus is the ledger status a completion writes.
@@ -67,16 +120,4 @@ type Payment struct {
 type ProcessingCursor struct {
 	CreatedAt time.Time
 	ID        int64
-}
-
-// SettleStatus is the ledger status and stored HTTP status of a processing
-// payment whose provider answer is final: PaymentFailed and 402 when the
-// provider declined it (httpStatus, when not 0, over 402), else
-// PaymentSucceeded and 200. The reconciler and the gateway's webhook both
-// read an answer through it, so the two cannot settle a row differently.
-func SettleStatus(declined bool, httpStatus int) (status string, responseStatus int) {
-	if declined {
-		return PaymentFailed, cmp.Or(httpStatus, http.StatusPaymentRequired)
-	}
-	return PaymentSucceeded, cmp.Or(httpStatus, http.StatusOK)
 }

@@ -12,21 +12,33 @@ import (
 )
 
 // TestLookupOutcomeWithoutStatus: a lookup whose outcome carries no HTTP
-// status still completes the row, with 200 for a charge and 402 for a
-// decline, instead of leaving it pending for ever.
+// status still completes the row, with 200 for a charge, 202 for a payment
+// still processing and 402 for a decline, instead of leaving it pending for
+// ever; the provider's status, when given, and its body are stored as they
+// came. (A found charge without a body is left pending: see
+// TestUnusableAnswersLeaveRowPending.)
 func TestLookupOutcomeWithoutStatus(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name     string
-		declined bool
-		want     int
-	}{{"charged", false, 200}, {"declined", true, 402}} {
+		name       string
+		declined   bool
+		processing bool
+		httpStatus int
+		want       int
+	}{
+		{"charged", false, false, 0, 200},
+		{"processing", false, true, 0, 202},
+		{"declined", true, false, 0, 402},
+		{"charged with status", false, false, 201, 201},
+		{"declined with status", true, false, 400, 400},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, stripesim.Config{})
 			b.claim(t, "k")
 			b.clk.Advance(stuckFor)
-			out := &provider.Outcome{Status: "succeeded", Declined: tc.declined, Response: json.RawMessage(`{"id":"pi_s"}`)}
+			body := json.RawMessage(`{"id":"pi_s"}`)
+			out := &provider.Outcome{Status: "succeeded", Declined: tc.declined, Processing: tc.processing, HTTPStatus: tc.httpStatus, Response: body}
 			if !tc.declined {
 				out.ChargeID = "pi_s"
 			}
@@ -35,8 +47,8 @@ func TestLookupOutcomeWithoutStatus(t *testing.T) {
 			}), reconciler.Config{})
 			runOnce(t, r)
 			rec := b.get(t, "k")
-			if rec.Status != ledger.StatusCompleted || rec.ResponseStatus != tc.want {
-				t.Fatalf("row %s with HTTP %d, want completed with %d", rec.Status, rec.ResponseStatus, tc.want)
+			if rec.Status != ledger.StatusCompleted || rec.ResponseStatus != tc.want || string(rec.Response) != string(body) {
+				t.Fatalf("row %s with HTTP %d and %s, want completed with %d and %s", rec.Status, rec.ResponseStatus, rec.Response, tc.want, body)
 			}
 		})
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/paydedup/paydedup/ledger"
@@ -205,17 +204,9 @@ func (r *Reconciler) resolve(ctx context.Context, s ledger.Stuck, leasedUntil ti
 	}
 
 	out := found.Outcome
-	c := ledger.Completion{ChargeID: out.ChargeID, Declined: out.Declined, Processing: out.Processing,
-		ResponseStatus: out.HTTPStatus, Response: out.Response}
-	if c.ResponseStatus == 0 {
-		c.ResponseStatus = http.StatusOK
-		switch {
-		case out.Declined:
-			c.ResponseStatus = http.StatusPaymentRequired
-		case out.Processing:
-			c.ResponseStatus = http.StatusAccepted
-		}
-	}
+	// Only the provider's body is stored: a charge found without one is
+	// refused by the store and left pending for a person.
+	c := ledger.CompletionOf(out, ledger.ProviderBodyOnly)
 	if err := r.store.Complete(wctx, l, c); err != nil {
 		return r.writeFailed(ctx, s, "complete", err)
 	}
@@ -347,8 +338,9 @@ func (r *Reconciler) settleProcessing(ctx context.Context, res *RunResult) {
 			continue
 		}
 		out := found.Outcome
-		status, code := ledger.SettleStatus(out.Declined, out.HTTPStatus)
-		switch err := r.store.SettlePayment(context.WithoutCancel(ctx), p, status, code, out.Response); {
+		c := ledger.CompletionOf(out, ledger.ProviderBodyOnly)
+		status := c.SettleStatus()
+		switch err := r.store.SettlePayment(context.WithoutCancel(ctx), p, status, c.ResponseStatus, c.Response); {
 		case errors.Is(err, ledger.ErrNotFound):
 			// Another reconciler settled it first.
 		case err != nil:

@@ -375,7 +375,6 @@ func printShow(w io.Writer, d dlq.Info, dlqStream string, keyErr error) {
 	// Masked as a whole at the end too: lines side by side can bring
 	// digits together that no field held alone.
 	defer func() { _, _ = io.WriteString(w, redact.PANs(out.String())) }()
-	body := redact.Body(d.Data)
 	fmt.Fprintf(&out, "dead letter %d in %s (subject %s, stored %s)\n\nheaders:\n", d.Seq, dlqStream, termSafe(d.Subject, false), d.Stored.UTC().Format(time.RFC3339Nano))
 	keys := make([]string, 0, len(d.Header))
 	for k := range d.Header {
@@ -387,7 +386,7 @@ func printShow(w io.Writer, d dlq.Info, dlqStream string, keyErr error) {
 			fmt.Fprintf(&out, "  %s: %s\n", termSafe(k, false), termSafe(v, false))
 		}
 	}
-	fmt.Fprintf(&out, "\nbody (%d bytes; card numbers masked, control bytes and invalid UTF-8 escaped, --json for the bytes):\n%s\n", len(d.Data), termSafe(string(body), true))
+	fmt.Fprintf(&out, "\nbody (%d bytes; card data masked, control bytes and invalid UTF-8 escaped, --json for the bytes):\n%s\n", len(d.Data), redact.ShownBody(d.Data))
 	if d.Invalid != "" {
 		fmt.Fprintf(&out, "\nnot a readable dead letter: %s\n", termSafe(d.Invalid, false))
 	}

@@ -108,3 +108,23 @@ func TestDLQShowJSONMasksNumbersAcrossHeaderValues(t *testing.T) {
 		t.Fatalf("the headers are not masked as one:\n%s", b.String())
 	}
 }
+
+// dlq show prints a body by the console's policy (redact.ShownBody): card
+// members (a card's last four digits, its expiry, billing details) are
+// replaced and an expanded payment method shrinks to its id, as on the
+// console's letter page.
+func TestDLQShowHidesCardMembers(t *testing.T) {
+	t.Parallel()
+	d := dlq.Info{Seq: 1, Data: []byte(`{"payment_method":{"id":"pm_1","card":{"last4":"4242","exp_month":12}},"billing_details":{"name":"Ada"},"amount":5}`)}
+	var b strings.Builder
+	printShow(&b, d, "PAYMENTS_DLQ", nil)
+	out := b.String()
+	for _, s := range []string{"4242", "exp_month", "Ada"} {
+		if strings.Contains(out, s) {
+			t.Errorf("dlq show shows %q:\n%s", s, out)
+		}
+	}
+	if !strings.Contains(out, `"payment_method": "pm_1"`) || !strings.Contains(out, redact.ShownBody(d.Data)) {
+		t.Errorf("dlq show does not show the body as redact.ShownBody does:\n%s", out)
+	}
+}

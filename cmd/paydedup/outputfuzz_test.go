@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paydedup/paydedup/console"
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/lab/pantest"
@@ -22,9 +21,10 @@ import (
 // with any separator and escape (pantest.Build), between any two texts,
 // into every field of a dead letter, a log line and a command, and checks
 // that no output shows one by the detector's own definition: redact.Body,
-// the console's body view, dlq list and show as text and JSON, the
-// binary's log handler (JSON and text), the validation error a command
-// gets (clipped to 64 bytes) and the Dlq-Error header it is stored in.
+// redact.ShownBody (the body as the console and dlq show show it), dlq
+// list and show as text and JSON, the binary's log handler (JSON and
+// text), the validation error a command gets (clipped to 64 bytes) and the
+// Dlq-Error header it is stored in.
 // The console's pages have their own target (console's
 // FuzzLetterPageHoldsNoCardNumber).
 func FuzzOutputsHoldNoCardNumber(f *testing.F) {
@@ -36,7 +36,7 @@ func FuzzOutputsHoldNoCardNumber(f *testing.F) {
 		s := prefix + p.Text + suffix
 		outs := map[string]string{}
 		outs["redact.Body"] = string(redact.Body([]byte(s)))
-		outs["console.RedactBody"] = console.RedactBody([]byte(s))
+		outs["redact.ShownBody"] = redact.ShownBody([]byte(s))
 
 		d := dlq.Info{Seq: 7, MerchantID: s, IdempotencyKey: s, Invalid: s, Unverified: s, Subject: s,
 			ParsedDeadLetter: stream.ParsedDeadLetter{Reason: s, Error: s, OrigSubject: s, OrigStream: s, Deliveries: 2, FailedAt: time.Unix(1, 0), Truncated: true},

@@ -82,19 +82,6 @@ func PANs(s string) string {
 	return string(append(out, s[cursor:]...))
 }
 
-// PANBytes is PANs for a body: invalid UTF-8 and every other byte outside a
-// masked stretch are kept as they are.
-func PANBytes(b []byte) []byte {
-	s := string(b)
-	if !mayHoldPAN(s) {
-		return b
-	}
-	if m := PANs(s); m != s {
-		return []byte(m)
-	}
-	return b
-}
-
 // mayHoldPAN is a cheap filter that never says no to a card number: ASCII
 // text without an escape needs 13 digits with no ASCII letter between
 // them, none in an identifier (every run of the definition lies inside one

@@ -215,35 +215,16 @@ func (d *door) measure(ctx context.Context) (DoorResult, error) {
 	res := DoorResult{Mode: "door", Provider: d.dcfg.Provider, Connections: d.dcfg.Connections, Threads: d.dcfg.Threads,
 		GatewayCPUUSPerPOST: -1, PGCPUUSPerPOST: -1, DoubleCharges: -1,
 		WorkerCPUUSPerPayment: -1, WorkerPGCPUUSPerPayment: -1, GatewayCPUUSPerPaymentDraining: -1, SimCPUUSPerPayment: -1}
-	tmp, err := os.MkdirTemp("", "paydedup-doorbench-")
+	w, err := d.setUp(ctx, "paydedup-doorbench-")
 	if err != nil {
 		return res, err
 	}
-	d.tmp = tmp
-	d.defer_(func() { _ = os.RemoveAll(tmp) })
-	d.script = filepath.Join(tmp, "door.lua")
+	d.script = filepath.Join(d.tmp, "door.lua")
 	if err := os.WriteFile(d.script, []byte(doorLua), 0o600); err != nil {
 		return res, err
 	}
-	suffix := procstat.RunSuffix()
-
-	natsURL, _, err := d.nats(ctx)
-	if err != nil {
-		return res, err
-	}
-	dbURL, observer, err := d.database(ctx, suffix)
-	if err != nil {
-		return res, err
-	}
+	suffix, dbURL, observer, env := w.suffix, w.dbURL, w.observer, w.env
 	d.obs = observer
-	scfg := streamConfig(suffix)
-	if err := d.streams(ctx, natsURL, scfg); err != nil {
-		return res, err
-	}
-	env := commonEnv(natsURL, scfg)
-	if err := d.exec(ctx, "migrate", append(env, "DATABASE_URL="+dbURL), "migrate", "up"); err != nil {
-		return res, err
-	}
 	if d.apiKey, err = d.createKey(ctx, append(env, "DATABASE_URL="+dbURL)); err != nil {
 		return res, err
 	}

@@ -114,12 +114,7 @@ func (c ProviderConfig) Validate() error {
 	if err := c.Model.Validate(); err != nil {
 		return fmt.Errorf("the provider model: %w", err)
 	}
-	for _, kv := range c.WorkerEnv {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return fmt.Errorf("--worker-env %q is not KEY=VALUE", kv)
-		}
-	}
-	return nil
+	return validWorkerEnv(c.WorkerEnv)
 }
 
 // ProviderResult is one run's figures.
@@ -248,30 +243,11 @@ func (p *provBench) measure(ctx context.Context) (ProviderResult, error) {
 	if cfg.fairness() {
 		res.Payments, res.Merchants = cfg.BacklogA+cfg.PaymentsB, 2
 	}
-	tmp, err := os.MkdirTemp("", "paydedup-provbench-")
+	w, err := p.setUp(ctx, "paydedup-provbench-")
 	if err != nil {
 		return res, err
 	}
-	p.tmp = tmp
-	p.defer_(func() { _ = os.RemoveAll(tmp) })
-	suffix := procstat.RunSuffix()
-
-	natsURL, _, err := p.nats(ctx)
-	if err != nil {
-		return res, err
-	}
-	dbURL, observer, err := p.database(ctx, suffix)
-	if err != nil {
-		return res, err
-	}
-	scfg := streamConfig(suffix)
-	if err := p.streams(ctx, natsURL, scfg); err != nil {
-		return res, err
-	}
-	env := commonEnv(natsURL, scfg)
-	if err := p.exec(ctx, "migrate", append(env, "DATABASE_URL="+dbURL), "migrate", "up"); err != nil {
-		return res, err
-	}
+	suffix, natsURL, dbURL, observer, scfg, env := w.suffix, w.natsURL, w.dbURL, w.observer, w.scfg, w.env
 	simURL, _, provEnv, err := p.provider(ctx, simArgs(cfg.Model))
 	if err != nil {
 		return res, err

@@ -98,7 +98,12 @@ func (c Config) Validate() error {
 	case c.Timeout <= 0:
 		return fmt.Errorf("--timeout must be positive, got %s", c.Timeout)
 	}
-	for _, kv := range c.WorkerEnv {
+	return validWorkerEnv(c.WorkerEnv)
+}
+
+// validWorkerEnv names the first --worker-env setting that is not KEY=VALUE.
+func validWorkerEnv(env []string) error {
+	for _, kv := range env {
 		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 			return fmt.Errorf("--worker-env %q is not KEY=VALUE", kv)
 		}
@@ -177,30 +182,11 @@ func (r *run) defer_(f func()) { r.cleanups = append(r.cleanups, f) }
 func (r *run) measure(ctx context.Context) (Result, error) {
 	res := Result{Mode: "shipped", Provider: r.cfg.Provider, WorkerEnv: r.cfg.WorkerEnv, Payments: r.cfg.Payments,
 		NATSCPUUSPerPayment: -1, SimCPUUSPerPayment: -1, PGCPUUSPerPayment: -1, PGServerCPUUSPerPayment: -1}
-	tmp, err := os.MkdirTemp("", "paydedup-shipbench-")
+	w, err := r.setUp(ctx, "paydedup-shipbench-")
 	if err != nil {
 		return res, err
 	}
-	r.tmp = tmp
-	r.defer_(func() { _ = os.RemoveAll(tmp) })
-	suffix := procstat.RunSuffix()
-
-	natsURL, natsPID, err := r.nats(ctx)
-	if err != nil {
-		return res, err
-	}
-	dbURL, observer, err := r.database(ctx, suffix)
-	if err != nil {
-		return res, err
-	}
-	scfg := streamConfig(suffix)
-	if err := r.streams(ctx, natsURL, scfg); err != nil {
-		return res, err
-	}
-	env := commonEnv(natsURL, scfg)
-	if err := r.exec(ctx, "migrate", append(env, "DATABASE_URL="+dbURL), "migrate", "up"); err != nil {
-		return res, err
-	}
+	suffix, natsPID, dbURL, observer, scfg, env := w.suffix, w.natsPID, w.dbURL, w.observer, w.scfg, w.env
 	r.say("publishing %d payments with `paydedup publish --generate` to %s", r.cfg.Payments, scfg.Name)
 	if err := r.exec(ctx, "publish", env, "publish", "--generate", fmt.Sprint(r.cfg.Payments), "--merchant", "m_bench"); err != nil {
 		return res, err
@@ -286,6 +272,47 @@ func (r *run) measure(ctx context.Context) (Result, error) {
 }
 
 // streamConfig is the run's own streams, named after its suffix.
+// world is what every bench sets up before it starts paydedup's
+// processes: NATS, a database with the schema migrated, the streams, and
+// the environment every process gets (without DATABASE_URL).
+type world struct {
+	suffix   string
+	natsURL  string
+	natsPID  int // 0 when the bench uses a NATS it did not start
+	dbURL    string
+	observer *localpg.Observer
+	scfg     stream.Config
+	env      []string
+}
+
+// setUp makes a scratch directory (removed at cleanup) named after
+// tmpPrefix, then the world.
+func (r *run) setUp(ctx context.Context, tmpPrefix string) (world, error) {
+	var w world
+	tmp, err := os.MkdirTemp("", tmpPrefix)
+	if err != nil {
+		return w, err
+	}
+	r.tmp = tmp
+	r.defer_(func() { _ = os.RemoveAll(tmp) })
+	w.suffix = procstat.RunSuffix()
+	if w.natsURL, w.natsPID, err = r.nats(ctx); err != nil {
+		return w, err
+	}
+	if w.dbURL, w.observer, err = r.database(ctx, w.suffix); err != nil {
+		return w, err
+	}
+	w.scfg = streamConfig(w.suffix)
+	if err := r.streams(ctx, w.natsURL, w.scfg); err != nil {
+		return w, err
+	}
+	w.env = commonEnv(w.natsURL, w.scfg)
+	if err := r.exec(ctx, "migrate", append(w.env, "DATABASE_URL="+w.dbURL), "migrate", "up"); err != nil {
+		return w, err
+	}
+	return w, nil
+}
+
 func streamConfig(suffix string) stream.Config {
 	return stream.Config{
 		Name: "SHIP_" + suffix, SubjectPrefix: "ship." + suffix + ".requests",

@@ -1,14 +1,13 @@
-package console_test
+package redact_test
 
 import (
 	"strings"
 	"testing"
 
-	"github.com/paydedup/paydedup/console"
 	"github.com/paydedup/paydedup/internal/redact"
 )
 
-// Issue 54, items 1 to 3, on the console's body view: fullwidth and other
+// Issue 54, items 1 to 3, on the shown body (ShownBody; the console's body view): fullwidth and other
 // scripts' digits, escaped separators in a body that is not one JSON value,
 // all-\u00NN digits, and a body over the 64 KiB shown whose card number
 // straddles the cut. Before, each was shown: the body was cut first, then
@@ -25,13 +24,13 @@ func TestRedactBodyMasksEveryScriptEscapeAndCut(t *testing.T) {
 		"unicode escapes": `{"description":"\u0034\u0031\u0031\u0031\u0031\u0031\u0031\u0031\u0031\u0031\u0031\u0031\u0031\u0031\u0031\u0031"} x`,
 		"cut":             big,
 	} {
-		got := console.RedactBody([]byte(body))
+		got := redact.ShownBody([]byte(body))
 		if start, end, ok := redact.FindPAN(got); ok {
-			t.Errorf("%s: RedactBody shows %q", name, got[start:end])
+			t.Errorf("%s: ShownBody shows %q", name, got[start:end])
 		}
 		for _, s := range []string{"４１１１", "٤١١١", `4111\t1111`, "4111\t1111", `\u0034\u0031`, pan[:13]} {
 			if strings.Contains(got, s) {
-				t.Errorf("%s: RedactBody shows %q", name, s)
+				t.Errorf("%s: ShownBody shows %q", name, s)
 			}
 		}
 	}
