@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -113,4 +114,28 @@ func wait(c *client.Client) (client.Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return c.Wait(ctx, "k")
+}
+
+// TestKeyCheckedBeforeSending: a key the gateway would refuse, or HTTP
+// could not carry, is refused before anything is sent, never retried.
+func TestKeyCheckedBeforeSending(t *testing.T) {
+	t.Parallel()
+	s := &scripted{answers: []scriptedAnswer{{500, "text/plain", "unexpected"}}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	c, err := client.New(srv.URL, "pd_test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"", " padded", "line\nbreak", "é", strings.Repeat("k", 256)} {
+		if _, err := c.Create(context.Background(), key, visa(100)); !errors.Is(err, client.ErrInvalidRequest) {
+			t.Errorf("Create with key %q: %v, want ErrInvalidRequest", key, err)
+		}
+		if _, err := c.Get(context.Background(), key); !errors.Is(err, client.ErrInvalidRequest) {
+			t.Errorf("Get with key %q: %v, want ErrInvalidRequest", key, err)
+		}
+	}
+	if len(s.got) != 0 {
+		t.Fatalf("%d requests sent, want none", len(s.got))
+	}
 }

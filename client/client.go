@@ -97,6 +97,9 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 // doc); refusals are a *Problem. A key this Client sent with another
 // payment is refused with ErrKeyReused before anything is sent.
 func (c *Client) Create(ctx context.Context, key string, p Payment) (Result, error) {
+	if err := checkKey(key); err != nil {
+		return Result{}, err
+	}
 	body, err := json.Marshal(p)
 	if err != nil {
 		return Result{}, fmt.Errorf("client: encode payment: %w", err)
@@ -181,6 +184,9 @@ func (c *Client) Wait(ctx context.Context, key string) (Result, error) {
 func (c *Client) Forget(key string) { c.keys.forget(key) }
 
 func (c *Client) get(ctx context.Context, key string, wait time.Duration) (Result, error) {
+	if err := checkKey(key); err != nil {
+		return Result{}, err
+	}
 	return c.retry(ctx, func() (Result, error) {
 		a, err := c.do(ctx, http.MethodGet, "/v1/payments/"+url.PathEscape(key), "", nil, wait)
 		if err != nil {
@@ -373,6 +379,20 @@ func isFinal(err error) bool {
 	var p *Problem
 	return errors.As(err, &p) && p.Status >= 400 && p.Status < 500 && p.Status != http.StatusUnauthorized &&
 		p.Status != http.StatusConflict && p.Status != http.StatusTooManyRequests
+}
+
+// checkKey refuses, before anything is sent, a key the gateway would
+// refuse (400 invalid-idempotency-key) or that HTTP cannot carry: 1 to 255
+// printable ASCII characters, no leading or trailing space.
+func checkKey(key string) error {
+	ok := len(key) > 0 && len(key) <= 255 && key[0] != ' ' && key[len(key)-1] != ' '
+	for i := 0; ok && i < len(key); i++ {
+		ok = key[i] >= 0x20 && key[i] < 0x7f
+	}
+	if !ok {
+		return fmt.Errorf("client: idempotency key %.40q: %w: want 1 to 255 printable ASCII characters, no leading or trailing space", key, ErrInvalidRequest)
+	}
+	return nil
 }
 
 // keyBook remembers, per key, the fingerprint of the payment it was first
