@@ -93,11 +93,9 @@ func (p *Publisher) Publish(ctx context.Context, key string, pay Payment) (Publi
 	if err != nil {
 		return Published{}, err
 	}
-	var sent bool
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval = 100*time.Millisecond, 2*time.Second
 	res, err := backoff.Retry(ctx, func() (Published, error) {
-		sent = true
 		ack, err := p.pub.PublishAck(ctx, cmd, nil)
 		switch {
 		case err == nil:
@@ -115,7 +113,7 @@ func (p *Publisher) Publish(ctx context.Context, key string, pay Payment) (Publi
 		if fresh {
 			p.keys.forget(key) // nothing stored: the key holds nothing
 		}
-	case sent:
+	default: // no PubAck: it may be stored
 		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
 	}
 	return res, err

@@ -116,3 +116,41 @@ func TestPublishLostPubAckStoredOnce(t *testing.T) {
 		t.Fatalf("a new key: %+v, %v", fresh, err)
 	}
 }
+
+// TestPublishGivingUpIsOutcomeUnknown: no PubAck ever comes back; the
+// publisher gives up after RetryFor with ErrOutcomeUnknown (the command
+// may be stored: publish it again later, same key and payment), not a
+// refusal.
+func TestPublishGivingUpIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	js, err := jetstream.New(testenv.NATSConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cfg := testenv.Streams(t, js).WithDefaults()
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(testenv.NATSURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := testenv.NewLink(t, "publisher-nats", u.Host)
+	nc, err := nats.Connect(link.URL("nats"), nats.Timeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pub, err := client.NewPublisher(nc, client.PublisherConfig{MerchantID: "m_a", Stream: cfg, Timeout: time.Second, RetryFor: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := link.Lose(testenv.ServerToClient); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pub.Publish(ctx, "k-lost", visa(100))
+	if !errors.Is(err, client.ErrOutcomeUnknown) || stream.Refused(err) {
+		t.Fatalf("no PubAck: %v, want ErrOutcomeUnknown", err)
+	}
+}
