@@ -176,9 +176,30 @@ func (p *CommandPublisher) Prepare(cmd *payment.Command, extra map[string]string
 // old id may still be inside the duplicate window, which would drop the
 // copy. The worker's claim makes any second copy harmless.
 func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (uint64, error) {
+	ack, err := p.publish(ctx, cmd, extra, republish)
+	return ack.Seq, err
+}
+
+// Ack is where the stream holds a published command: its stream and
+// sequence, and whether the duplicate window dropped this publish as a copy
+// of the same command stored earlier under its Nats-Msg-Id (a retry whose
+// first PubAck was lost, or a second publish of one payment).
+type Ack struct {
+	Stream    string
+	Seq       uint64
+	Duplicate bool
+}
+
+// PublishAck is Publish (no republish) that returns the whole Ack, so a
+// publisher can tell a first copy from a duplicate of itself.
+func (p *CommandPublisher) PublishAck(ctx context.Context, cmd *payment.Command, extra map[string]string) (Ack, error) {
+	return p.publish(ctx, cmd, extra, 0)
+}
+
+func (p *CommandPublisher) publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (Ack, error) {
 	m, err := p.message(cmd, extra, republish)
 	if err != nil {
-		return 0, refusal(fmt.Errorf("publish command: %w", err))
+		return Ack{}, refusal(fmt.Errorf("publish command: %w", err))
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
@@ -195,22 +216,22 @@ func (p *CommandPublisher) Publish(ctx context.Context, cmd *payment.Command, ex
 		tcancel()
 		if err == nil {
 			if err := p.duplicateOf(ctx, ack, m); err != nil {
-				return 0, fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)
+				return Ack{}, fmt.Errorf("publish command to %s: %w", p.cfg.Name, err)
 			}
-			return ack.Sequence, nil
+			return Ack{Stream: ack.Stream, Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 		}
 		if refusedBeforeSend(err) {
-			return 0, refusal(fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err))
+			return Ack{}, refusal(fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err))
 		}
 		if p.missing(ctx, err) {
-			return 0, refusal(fmt.Errorf("publish command to %s: %w (%w)", p.cfg.Name, ErrStreamMissing, err))
+			return Ack{}, refusal(fmt.Errorf("publish command to %s: %w (%w)", p.cfg.Name, ErrStreamMissing, err))
 		}
 		if !Retryable(err) || ctx.Err() != nil {
-			return 0, fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
+			return Ack{}, fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
 		}
 		select {
 		case <-ctx.Done():
-			return 0, fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
+			return Ack{}, fmt.Errorf("publish command to %s (%d tries): %w", p.cfg.Name, tries, err)
 		case <-time.After(retryWait(tries)):
 		}
 	}

@@ -188,7 +188,7 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 		{"github.com/pressly/goose", []string{"migrations/migrate"}},
 		{"github.com/jackc/pgx", []string{"internal/pg", "dedup", "migrations/migrate", "gateway/pgstore", "httpidem/pgstore", "budget/pgstore",
 			"lab/localpg", "lab/testenv"}},
-		{"github.com/nats-io/nats.go", []string{"stream", "consumer", "dlq", "console", "cmd/paydedup",
+		{"github.com/nats-io/nats.go", []string{"stream", "consumer", "dlq", "console", "client", "cmd/paydedup",
 			"lab", "lab/cmd/chaos", "lab/workload", "lab/testenv"}},
 		{"github.com/nats-io/nats-server", []string{"lab/inproc", "lab/testenv"}},
 		{"github.com/exaring/otelpgx", []string{"internal/pg"}},
@@ -222,8 +222,9 @@ var pgxHome = []string{"internal/pg", "dedup", "gateway/pgstore", "httpidem/pgst
 
 // driverFree must be listed and free of pgx whatever else changes: the
 // packages above the stores, which declare the store interfaces they use in
-// the core's words (ledger), and the core itself.
-var driverFree = []string{"gateway", "consumer", "reconciler", "audit", "console", "dlq", "ledger"}
+// the core's words (ledger), the core itself, and the Go client that
+// users import.
+var driverFree = []string{"gateway", "consumer", "reconciler", "audit", "console", "dlq", "ledger", "client"}
 
 // TestDriverStaysInItsStores: no package of the module outside pgxHome
 // links github.com/jackc/pgx, directly or through any import (`go list

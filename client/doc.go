@@ -1,0 +1,41 @@
+// Package client is paydedup's Go client: it keeps the client contract
+// (docs/clients.md) so that the code that pays does not have to.
+//
+// A Client speaks to the HTTP door (`paydedup gateway`). It takes the
+// caller's idempotency key and makes and stores none itself: make one key
+// per payment (a UUID), store it with the order before the first call, and
+// give it to every call about that payment, also after a restart.
+//
+//	c, err := client.New("https://pay.example.com", apiKey)
+//	res, err := c.Create(ctx, order.PaymentKey, client.Payment{Amount: 1999, Currency: "usd", PaymentMethod: "pm_card_visa"})
+//	res, err = c.Wait(ctx, order.PaymentKey) // the outcome, once a worker charged it
+//
+// Create sends the payment and retries, with the same key and the same
+// body, every answer that may have been accepted (a timeout, a lost
+// connection, an answer that is not the gateway's, 503
+// publish-outcome-unknown) and every answer that asks to come back
+// (429, 503 and 500 with their Retry-After, which it honours), for at most
+// RetryFor or until ctx ends. It never sends a payment under another key.
+// When it gives up after an answer that may have been accepted, its error
+// is ErrOutcomeUnknown: the payment may still be charged, so keep the key
+// and call Create again later with the same payment, never a new key.
+//
+// Each answer becomes a Result (queued, processing, retrying,
+// waiting_for_operator with its Reason, succeeded with its ChargeID,
+// declined) or an error: a *Problem for the gateway's refusals, which
+// errors.Is matches against ErrKeyReused, ErrCardData, ErrInvalidRequest,
+// ErrUnauthenticated, ErrNotFound, ErrNotAccepted and ErrRejected.
+//
+// A Client remembers, for its whole life, the fingerprint of the payment
+// each key was first sent with, and refuses (ErrKeyReused, before sending
+// anything) to send another payment under the same key: that is a bug in
+// the caller, and the gateway would refuse it too (422). It is a map of one
+// small entry per key; Forget drops a key whose payment is final.
+//
+// A Publisher publishes payment commands straight on the payments stream
+// (payments.requests.<merchant_id>) as the workers expect them: the
+// Nats-Msg-Id <merchant_id>:<idempotency_key>, the PubAck awaited and
+// checked, a lost PubAck retried with the same message id, and a publish
+// the stream's duplicate window dropped as a copy of the same command
+// reported as Published.Duplicate.
+package client
