@@ -64,7 +64,10 @@ var errLimitWait = errors.New("no provider call slot")
 // long tail (p99 three times the median), and one slow answer is no sign of
 // queueing while a window's mean is.
 //
-// Its wait is FIFO; its state is behind one mutex taken twice a call.
+// Its wait is fair between merchants (fairQueue): the payments waiting for
+// a slot are served round robin by merchant, FIFO within one, so that one
+// merchant's backlog does not stand in front of another's few payments.
+// Its state is behind one mutex taken twice a call.
 type callLimit struct {
 	floor, ceiling int
 	now            func() time.Time
@@ -72,7 +75,7 @@ type callLimit struct {
 	mu       sync.Mutex
 	limit    float64
 	inflight int
-	waiters  []chan struct{}
+	waiters  fairQueue
 	room     chan struct{} // closed when at most roomFor calls wait (waitRoom)
 	roomFor  int
 	peak     int // most calls in flight at once since the start
@@ -104,16 +107,17 @@ func newCallLimit(ceiling int, now func() time.Time) *callLimit {
 	return l
 }
 
-// acquire takes a call slot, waiting in line for one while the limit is
-// reached; it returns errLimitWait (wrapping ctx's error) if ctx ends first.
-func (l *callLimit) acquire(ctx context.Context) error {
+// acquire takes a call slot for a payment of merchant, waiting in the
+// merchant's line for one while the limit is reached; it returns
+// errLimitWait (wrapping ctx's error) if ctx ends first.
+func (l *callLimit) acquire(ctx context.Context, merchant string) error {
 	l.mu.Lock()
 	if l.take() {
 		l.mu.Unlock()
 		return nil
 	}
 	ready := make(chan struct{})
-	l.waiters = append(l.waiters, ready)
+	l.waiters.push(merchant, ready)
 	l.mu.Unlock()
 	select {
 	case <-ready:
@@ -122,12 +126,9 @@ func (l *callLimit) acquire(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i, w := range l.waiters {
-		if w == ready {
-			l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
-			l.grant()
-			return errors.Join(errLimitWait, ctx.Err())
-		}
+	if l.waiters.remove(merchant, ready) {
+		l.grant()
+		return errors.Join(errLimitWait, ctx.Err())
 	}
 	// Granted as ctx ended: the slot is ours, so give it back.
 	l.inflight--
@@ -138,7 +139,7 @@ func (l *callLimit) acquire(ctx context.Context) error {
 // take takes a free slot if there is one and no call waits for it, and
 // otherwise marks the window as one where calls waited. Call with mu held.
 func (l *callLimit) take() bool {
-	if len(l.waiters) == 0 && l.inflight < int(l.limit) {
+	if l.waiters.len() == 0 && l.inflight < int(l.limit) {
 		l.inflight++
 		l.peak = max(l.peak, l.inflight)
 		return true
@@ -211,14 +212,13 @@ func (l *callLimit) release(took time.Duration, s callSignal) {
 
 // grant hands free slots to the waiters in line. Call with mu held.
 func (l *callLimit) grant() {
-	for len(l.waiters) > 0 && l.inflight < int(l.limit) {
-		close(l.waiters[0])
-		l.waiters[0] = nil
-		l.waiters = l.waiters[1:]
+	for l.waiters.len() > 0 && l.inflight < int(l.limit) {
+		w, _ := l.waiters.pop()
+		close(w)
 		l.inflight++
 		l.peak = max(l.peak, l.inflight)
 	}
-	if l.room != nil && len(l.waiters) <= l.roomFor {
+	if l.room != nil && l.waiters.len() <= l.roomFor {
 		close(l.room)
 		l.room = nil
 	}
@@ -230,7 +230,7 @@ func (l *callLimit) grant() {
 // budget be released and nakked, a delivery spent. One caller at a time.
 func (l *callLimit) waitRoom(ctx context.Context, most int) {
 	l.mu.Lock()
-	for len(l.waiters) > most {
+	for l.waiters.len() > most {
 		if l.room == nil {
 			l.room = make(chan struct{})
 		}
@@ -341,6 +341,7 @@ type CallLimit struct {
 	InFlight              int           // provider calls in flight now
 	Peak                  int           // most calls in flight at once since the start
 	Waiting               int           // claimed payments waiting for a call slot
+	MerchantsWaiting      int           // merchants with payments waiting for a call slot
 	Latency               time.Duration // the last window's mean call latency
 	NoLoad                time.Duration // the no-load latency the limit compares it with
 }
@@ -349,7 +350,7 @@ func (l *callLimit) snapshot() CallLimit {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return CallLimit{Limit: int(l.limit), Floor: l.floor, Ceiling: l.ceiling, InFlight: l.inflight, Peak: l.peak,
-		Waiting: len(l.waiters), Latency: l.latency, NoLoad: l.noLoad()}
+		Waiting: l.waiters.len(), MerchantsWaiting: l.waiters.merchants(), Latency: l.latency, NoLoad: l.noLoad()}
 }
 
 // CallLimit reports the provider call limit: where it stands, the calls in

@@ -265,7 +265,7 @@ func TestCallLimitConcurrent(t *testing.T) {
 					cancel()
 					ctx, cancel = context.WithCancel(context.Background())
 				}
-				err := l.acquire(ctx)
+				err := l.acquire(ctx, "m")
 				cancel()
 				if err != nil {
 					if !errors.Is(err, errLimitWait) {
@@ -298,14 +298,14 @@ func TestCallLimitConcurrent(t *testing.T) {
 func TestCallLimitWaitRoom(t *testing.T) {
 	t.Parallel()
 	l := newCallLimit(1, time.Now)
-	if err := l.acquire(context.Background()); err != nil {
+	if err := l.acquire(context.Background(), "m"); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	acquired := make(chan error, 3)
 	for range 3 {
-		go func() { acquired <- l.acquire(ctx) }()
+		go func() { acquired <- l.acquire(ctx, "m") }()
 	}
 	for deadline := time.Now().Add(5 * time.Second); l.snapshot().Waiting < 3; {
 		if time.Now().After(deadline) {
@@ -336,5 +336,125 @@ func TestCallLimitWaitRoom(t *testing.T) {
 	cancel()
 	for range 2 {
 		<-acquired
+	}
+}
+
+// TestCallLimitFairBetweenMerchants: with merchant A's 1,000 payments
+// waiting for a call slot, a payment of merchant B that comes after them
+// is granted the next slot freed, before A's second waiter, and a
+// cancelled waiter's place goes to the next in turn. (On the FIFO line it
+// replaced, B waited for all of A's thousand.)
+func TestCallLimitFairBetweenMerchants(t *testing.T) {
+	t.Parallel()
+	clock := time.Unix(0, 0)
+	l := newCallLimit(MinConcurrency, func() time.Time { return clock })
+	for range MinConcurrency {
+		if err := l.acquire(context.Background(), "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type grant struct {
+		merchant string
+		i        int
+	}
+	granted := make(chan grant, 1100)
+	var wg sync.WaitGroup
+	wait := func(merchant string, i int, ctx context.Context) {
+		defer wg.Done()
+		if err := l.acquire(ctx, merchant); err == nil {
+			granted <- grant{merchant, i}
+		}
+	}
+	waitFor := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); l.snapshot().Waiting < n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d callers waiting, want %d", l.snapshot().Waiting, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := range 1000 {
+		wg.Add(1)
+		go wait("a", i, context.Background())
+		waitFor(i + 1) // in this order
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	wg.Add(1)
+	go wait("c", 0, cancelled)
+	waitFor(1001)
+	wg.Add(2)
+	go wait("b", 0, context.Background())
+	waitFor(1002)
+	go wait("b", 1, context.Background())
+	waitFor(1003)
+	if s := l.snapshot(); s.MerchantsWaiting != 3 {
+		t.Errorf("merchants waiting: %d, want 3", s.MerchantsWaiting)
+	}
+	cancel() // c gives up its place: its turn lapses
+	for deadline := time.Now().Add(10 * time.Second); l.snapshot().Waiting != 1002; {
+		if time.Now().After(deadline) {
+			t.Fatal("the cancelled caller still waits")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Turns: a (first in line), then b, then a, then b: not a's thousand
+	// before b.
+	want := []grant{{"a", 0}, {"b", 0}, {"a", 1}, {"b", 1}, {"a", 2}, {"a", 3}}
+	for _, w := range want {
+		clock = clock.Add(time.Millisecond)
+		l.release(time.Millisecond, signalIgnore)
+		select {
+		case g := <-granted:
+			if g != w {
+				t.Fatalf("granted %v, want %v", g, w)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("nothing granted; want %v", w)
+		}
+	}
+	for range 1000 - 4 {
+		l.release(time.Millisecond, signalIgnore)
+	}
+	wg.Wait()
+	if s := l.snapshot(); s.Waiting != 0 || s.MerchantsWaiting != 0 || s.InFlight != MinConcurrency {
+		t.Errorf("after all: %+v", s)
+	}
+}
+
+// TestFairQueueRemove: removing waiters keeps each merchant's order and
+// the turns; a merchant whose line emptied loses its turn.
+func TestFairQueueRemove(t *testing.T) {
+	t.Parallel()
+	var q fairQueue
+	ch := make([]chan struct{}, 6)
+	for i := range ch {
+		ch[i] = make(chan struct{})
+	}
+	q.push("a", ch[0])
+	q.push("a", ch[1])
+	q.push("b", ch[2])
+	q.push("a", ch[3])
+	q.push("c", ch[4])
+	q.push("b", ch[5])
+	if !q.remove("a", ch[1]) || q.remove("a", ch[1]) || q.remove("x", ch[0]) || !q.remove("c", ch[4]) {
+		t.Fatal("remove")
+	}
+	var got []chan struct{}
+	for {
+		w, ok := q.pop()
+		if !ok {
+			break
+		}
+		got = append(got, w)
+	}
+	want := []chan struct{}{ch[0], ch[2], ch[3], ch[5]}
+	if len(got) != len(want) || q.len() != 0 || q.merchants() != 0 {
+		t.Fatalf("popped %d, want %d; %d left", len(got), len(want), q.len())
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("pop %d: wrong waiter", i)
+		}
 	}
 }

@@ -159,7 +159,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	// The heartbeat starts before the wait for a call slot, so the lease
 	// cannot run out while the payment queues for the provider.
 	beat := p.heartbeat(callCtx, cancel, lease, progress, log)
-	if p.calls.acquire(callCtx) != nil {
+	if p.calls.acquire(callCtx, cmd.MerchantID) != nil {
 		// The slots are held by calls that wait for the provider's rate
 		// limit or the fleet's budget: this payment waits too, under its
 		// lease, rather than spend a delivery (see slotUnderLease). Only a
@@ -170,7 +170,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 			lease = beat.current()
 			base, release := p.detach(ctx)
 			defer release()
-			werr = p.slotUnderLease(base, &lease, progress, waitUntil)
+			werr = p.slotUnderLease(base, &lease, cmd.MerchantID, progress, waitUntil)
 			if werr == nil {
 				callCtx, cancel = context.WithTimeout(base, p.callBudget())
 				defer cancel()
