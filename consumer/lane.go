@@ -3,8 +3,6 @@ package consumer
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Lanes let the worker see the merchants behind another merchant's backlog.
@@ -77,18 +77,6 @@ const (
 	laneProbes = 64
 )
 
-// laneName is the durable name of subject's lane: the shared consumer's
-// name, "-lane-" and a hash of the subject (deterministic, so that every
-// worker names it alike, and within a consumer name's characters whatever
-// the merchant id).
-func laneName(durable, subject string) string {
-	sum := sha256.Sum256([]byte(subject))
-	return durable + "-lane-" + hex.EncodeToString(sum[:8])
-}
-
-// isLane reports whether a consumer named name is a lane of durable.
-func isLane(durable, name string) bool { return strings.HasPrefix(name, durable+"-lane-") }
-
 // lane is an open lane the worker fetches from.
 type lane struct {
 	name, subject string
@@ -125,6 +113,11 @@ func newLaneManager(js jetstream.JetStream, cfg Config, logger *slog.Logger) *la
 	return &laneManager{js: js, cfg: cfg, logger: logger, now: time.Now,
 		idleSince: map[string]time.Time{}, probed: map[string]uint64{}}
 }
+
+// Lanes reports how many lanes were open at the lane manager's last pass
+// (0 when lanes are off): merchants served beside another merchant's
+// backlog rather than behind it.
+func (w *Worker) Lanes() int { return int(w.openLanes.Load()) }
 
 // open returns the lanes open now.
 func (m *laneManager) open() []lane {
@@ -165,7 +158,7 @@ func (m *laneManager) runOnce(ctx context.Context) (laneResult, error) {
 	have := map[string]*jetstream.ConsumerInfo{}
 	list := payments.ListConsumers(ctx)
 	for ci := range list.Info() {
-		if isLane(s.Durable, ci.Name) {
+		if stream.IsLane(s.Durable, ci.Name) {
 			have[ci.Config.FilterSubject] = ci
 		}
 	}
@@ -270,7 +263,7 @@ func (m *laneManager) openLanes(ctx context.Context, payments jetstream.Stream, 
 // shared consumer's delivered sequence at some pass is as good).
 func (m *laneManager) ensure(ctx context.Context, payments jetstream.Stream, subject string, start uint64) (*jetstream.ConsumerInfo, error) {
 	s := m.cfg.Stream
-	name := laneName(s.Durable, subject)
+	name := stream.LaneName(s.Durable, subject)
 	if cons, err := payments.Consumer(ctx, name); err == nil {
 		return cons.CachedInfo(), nil
 	}

@@ -88,8 +88,12 @@ func TestLanesServeMerchantBehindBacklog(t *testing.T) {
 	if a := e.completed("m_a"); a > nA/2 {
 		t.Fatalf("B's payments charged only after %d of A's %d: behind the backlog", a, nA)
 	}
-	if len(e.lanes()) == 0 {
-		t.Error("no lane open while A's backlog drains")
+	cs, err := stream.ConsumerState(e.ctx, e.js, e.cfg.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs.Lanes) != 1 || cs.Lanes[0].Subject != e.cfg.Stream.SubjectPrefix+".m_b" {
+		t.Errorf("lanes while A's backlog drains: %+v, want B's", cs.Lanes)
 	}
 	e.eventually("A's backlog drained", func() bool { return e.completed("m_a") == nA })
 	e.quiescent()
