@@ -85,6 +85,10 @@ type callLimit struct {
 		sum    time.Duration
 		n      int
 		waited bool // a call waited for a slot, or found none free
+		// held: a call waited for the fleet's budget or a rate limit while
+		// holding its slot. More slots would only add waiters there, ahead
+		// of the payments waiting fairly for a slot: the limit does not grow.
+		held   bool
 		settle bool // the limit changed as it started: no decision on it
 	}
 	cutAt           time.Time     // the last cut (on latency or a drop)
@@ -210,6 +214,23 @@ func (l *callLimit) release(took time.Duration, s callSignal) {
 	l.grant()
 }
 
+// heldBack tells the limit a call held its slot while the fleet's budget
+// or a provider's rate limit held it back for waited (all of it, for a
+// rate-limited call: waited < 0). A wait longer than a quarter of the
+// no-load latency (and limitSlack, the grant's own round trip) marks the
+// window: the budget, not the provider's concurrency, bounds the calls,
+// and the limit stays where it is. Grown past what the budget serves, it
+// would let the calls of a merchant with a backlog wait at the budget in
+// slots, where the wait is a free-for-all, rather than in the fair line
+// for a slot.
+func (l *callLimit) heldBack(waited time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if waited < 0 || waited > max(limitSlack, l.noLoad()/4) {
+		l.win.held = true
+	}
+}
+
 // grant hands free slots to the waiters in line. Call with mu held.
 func (l *callLimit) grant() {
 	for l.waiters.len() > 0 && l.inflight < int(l.limit) {
@@ -255,7 +276,7 @@ func (l *callLimit) set(limit float64) {
 // newWindow starts a window; settle makes it one that only measures (the
 // calls it sees ran partly under the limit before). Call with mu held.
 func (l *callLimit) newWindow(now time.Time, settle bool) {
-	l.win.start, l.win.sum, l.win.n, l.win.waited, l.win.settle = now, 0, 0, false, settle
+	l.win.start, l.win.sum, l.win.n, l.win.waited, l.win.held, l.win.settle = now, 0, 0, false, false, settle
 }
 
 // endWindow closes the window if it is long and full enough, and moves the
@@ -309,6 +330,8 @@ func (l *callLimit) endWindow(now time.Time) {
 		// again.
 		limit *= max(0.5, float64(noLoad+limitSlack)/float64(mean))
 		l.cutAt, l.threshold, l.cutMean = now, limit, mean
+	case l.win.held:
+		l.cutMean = 0
 	case l.win.waited && fast && mean <= noLoad+(bound-noLoad)/2:
 		l.cutMean = 0
 		limit *= 2

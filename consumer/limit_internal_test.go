@@ -26,6 +26,7 @@ type simProvider struct {
 	sigma       float64
 	capacity    int
 	concurrency int
+	heldBack    bool // every call waited for the fleet's budget first
 }
 
 // simResult is what a simulation run saw.
@@ -99,6 +100,9 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 			t.Logf("%v: limit %d, %d in flight, window latency %v, no-load %v", c.end.Sub(start).Truncate(time.Second), lim, inflight, l.latency, l.noLoad())
 		}
 		*clock = c.end
+		if p.heldBack {
+			l.heldBack(time.Second)
+		}
 		l.release(c.end.Sub(c.start), c.sig)
 		if changed {
 			res.minLimit = min(res.minLimit, int(l.limit))
@@ -158,6 +162,13 @@ func TestCallLimit(t *testing.T) {
 			check: func(t *testing.T, r simResult) {
 				if r.limit != 1000 {
 					t.Errorf("limit %d, want the ceiling 1000", r.limit)
+				}
+			}},
+		{name: "every call held back by the fleet's budget: it does not grow", ceiling: 1000,
+			p: simProvider{base: 300 * time.Millisecond, sigma: logNormal, heldBack: true}, d: 30 * time.Second,
+			check: func(t *testing.T, r simResult) {
+				if r.limit != initialLimit {
+					t.Errorf("limit %d, want it kept at %d: the budget, not the provider, bounds the calls", r.limit, initialLimit)
 				}
 			}},
 		{name: "a 50 ms provider that queues past 200 calls", ceiling: 4000,

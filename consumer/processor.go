@@ -206,10 +206,15 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease dedu
 	out, err := provider.ChargeWithRetry(waits, p.charger, req, p.cfg.ProviderTry)
 	// The limit learns from the first call alone: a rate-limited wait
 	// below is the budget's, not the provider's latency.
-	took, signal := time.Since(start)-budget.Waited(waits), signalOf(callCtx, err)
+	budgetWait := budget.Waited(waits)
+	took, signal := time.Since(start)-budgetWait, signalOf(callCtx, err)
 	cancel()
+	if budgetWait > 0 {
+		p.calls.heldBack(budgetWait)
+	}
 	var storeErr error // a heartbeat's failure that ended a rate-limited wait
 	if err != nil && provider.RateLimitOf(err) != nil {
+		p.calls.heldBack(-1)
 		// The payment keeps its call slot while it waits: the provider
 		// asks for fewer requests, and a slot freed would only send
 		// another payment into the same limit.
