@@ -104,6 +104,11 @@ type laneManager struct {
 	// past the shared consumer's delivered sequence: looked up again only
 	// when the count changes.
 	probed map[string]uint64
+	// passed is how far (the stream sequence) a lane deleted as idle had
+	// delivered its subject: a new lane starts past it, and none opens
+	// until a command is stored past it, or the lane would deliver again
+	// what it charged while the shared consumer is still behind.
+	passed map[string]uint64
 
 	mu    sync.Mutex
 	lanes []lane
@@ -111,7 +116,7 @@ type laneManager struct {
 
 func newLaneManager(js jetstream.JetStream, cfg Config, logger *slog.Logger) *laneManager {
 	return &laneManager{js: js, cfg: cfg, logger: logger, now: time.Now,
-		idleSince: map[string]time.Time{}, probed: map[string]uint64{}}
+		idleSince: map[string]time.Time{}, probed: map[string]uint64{}, passed: map[string]uint64{}}
 }
 
 // Lanes reports how many lanes were open at the lane manager's last pass
@@ -183,6 +188,9 @@ func (m *laneManager) runOnce(ctx context.Context) (laneResult, error) {
 		}
 		delete(have, subject)
 		delete(m.idleSince, ci.Name)
+		if backlog {
+			m.passed[subject] = max(m.passed[subject], ci.Delivered.Stream)
+		}
 		res.Deleted = append(res.Deleted, subject)
 	}
 
@@ -224,6 +232,11 @@ func (m *laneManager) openLanes(ctx context.Context, payments jetstream.Stream, 
 			delete(m.probed, subject)
 		}
 	}
+	for subject, seq := range m.passed {
+		if seq <= delivered {
+			delete(m.passed, subject) // the shared consumer caught up
+		}
+	}
 	probes := 0
 	for _, c := range counts {
 		if len(have) >= m.cfg.Lanes || probes >= laneProbes || c.n >= most {
@@ -243,12 +256,14 @@ func (m *laneManager) openLanes(ctx context.Context, payments jetstream.Stream, 
 		if err != nil {
 			return fmt.Errorf("lanes: read last of %s: %w", c.subject, err)
 		}
-		if last.Sequence <= delivered {
-			// Everything of it is in the shared consumer's window already.
+		from := max(delivered, m.passed[c.subject])
+		if last.Sequence <= from {
+			// Everything of it was delivered already: by the shared
+			// consumer, or by a lane since deleted.
 			m.probed[c.subject] = c.n
 			continue
 		}
-		ci, err := m.ensure(ctx, payments, c.subject, delivered+1)
+		ci, err := m.ensure(ctx, payments, c.subject, from+1)
 		if err != nil {
 			return err
 		}
