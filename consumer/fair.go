@@ -12,6 +12,7 @@ type fairQueue struct {
 	byMerchant map[string]*merchantLine
 	turns      ring[*merchantLine] // merchants with waiters, in turn order
 	n          int                 // waiters in all lines
+	spare      *merchantLine       // the last line emptied, reused with its room
 }
 
 // merchantLine is one merchant's waiters, oldest first.
@@ -28,7 +29,11 @@ func (q *fairQueue) push(merchant string, w chan struct{}) {
 	}
 	line := q.byMerchant[merchant]
 	if line == nil {
-		line = &merchantLine{merchant: merchant}
+		if line = q.spare; line != nil {
+			q.spare, line.merchant = nil, merchant
+		} else {
+			line = &merchantLine{merchant: merchant}
+		}
 		q.byMerchant[merchant] = line
 		q.turns.push(line)
 	}
@@ -53,6 +58,7 @@ func (q *fairQueue) pop() (w chan struct{}, ok bool) {
 			q.turns.push(line)
 		} else {
 			delete(q.byMerchant, line.merchant)
+			q.spare = line
 		}
 		return w, true
 	}
