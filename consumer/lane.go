@@ -53,8 +53,9 @@ const (
 	// MaxLanes bounds Config.Lanes: each lane is a consumer on the
 	// server and a fetch per worker every lanePoll.
 	MaxLanes = 256
-	// laneTick is how often the lane manager looks at the backlog.
-	laneTick = time.Second
+	// laneTick is how often the lane manager looks at the backlog: a
+	// merchant behind a backlog waits up to it for its lane.
+	laneTick = 500 * time.Millisecond
 	// laneIdle is how long a lane stays with nothing pending and nothing
 	// in work before it is deleted.
 	laneIdle = 5 * time.Second

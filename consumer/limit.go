@@ -87,7 +87,8 @@ type callLimit struct {
 		waited bool // a call waited for a slot, or found none free
 		// held: a call waited for the fleet's budget or a rate limit while
 		// holding its slot. More slots would only add waiters there, ahead
-		// of the payments waiting fairly for a slot: the limit does not grow.
+		// of the payments waiting fairly for a slot: the limit does not
+		// grow, and comes down to 1.5 times the calls the budget lets through.
 		held   bool
 		settle bool // the limit changed as it started: no decision on it
 	}
@@ -331,7 +332,12 @@ func (l *callLimit) endWindow(now time.Time) {
 		limit *= max(0.5, float64(noLoad+limitSlack)/float64(mean))
 		l.cutAt, l.threshold, l.cutMean = now, limit, mean
 	case l.win.held:
+		// The budget lets through what the window's answers show: by
+		// Little's law they kept win.sum/since calls at the provider.
+		// Half again as many (and the floor) keep the budget the bound, and no
+		// more payments than that wait for it in slots.
 		l.cutMean = 0
+		limit = min(limit, max(1.5*float64(l.win.sum)/float64(since)+1, float64(l.floor)))
 	case l.win.waited && fast && mean <= noLoad+(bound-noLoad)/2:
 		l.cutMean = 0
 		limit *= 2

@@ -26,7 +26,8 @@ type simProvider struct {
 	sigma       float64
 	capacity    int
 	concurrency int
-	heldBack    bool // every call waited for the fleet's budget first
+	heldBack    bool    // every call waited for the fleet's budget first
+	budget      float64 // calls a second the fleet's budget lets start (0: none); the others wait in their slots
 }
 
 // simResult is what a simulation run saw.
@@ -42,7 +43,15 @@ type simResult struct {
 // call is a provider call in the simulation, ending at end.
 type call struct {
 	end, start time.Time
+	begin      time.Time // when the budget let it go to the provider
 	sig        callSignal
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 type calls []call
@@ -71,6 +80,7 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 	var answered, total, rejected int
 	var latSum time.Duration
 	changed := false
+	var nextToken time.Time
 	res.minLimit = math.MaxInt
 	for clock.Sub(start) < d {
 		if change > 0 && !changed && clock.Sub(start) >= change {
@@ -80,6 +90,11 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 		l.mu.Lock()
 		for l.take() {
 			inflight := l.inflight
+			begin := *clock
+			if p.budget > 0 {
+				begin = later(begin, nextToken)
+				nextToken = begin.Add(time.Duration(float64(time.Second) / p.budget))
+			}
 			lat := time.Duration(float64(p.base) * math.Exp(p.sigma*rng.NormFloat64()))
 			sig := signalAnswer
 			if p.capacity > 0 && inflight > p.capacity {
@@ -88,7 +103,7 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 			if p.concurrency > 0 && inflight > p.concurrency {
 				lat, sig = time.Millisecond, signalDrop
 			}
-			heap.Push(&q, call{end: clock.Add(lat), start: *clock, sig: sig})
+			heap.Push(&q, call{end: begin.Add(lat), start: *clock, begin: begin, sig: sig})
 		}
 		lim, inflight := int(l.limit), l.inflight
 		l.mu.Unlock()
@@ -103,7 +118,10 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 		if p.heldBack {
 			l.heldBack(time.Second)
 		}
-		l.release(c.end.Sub(c.start), c.sig)
+		if wait := c.begin.Sub(c.start); wait > 0 {
+			l.heldBack(wait)
+		}
+		l.release(c.end.Sub(c.begin), c.sig)
 		if changed {
 			res.minLimit = min(res.minLimit, int(l.limit))
 		}
@@ -169,6 +187,15 @@ func TestCallLimit(t *testing.T) {
 			check: func(t *testing.T, r simResult) {
 				if r.limit != initialLimit {
 					t.Errorf("limit %d, want it kept at %d: the budget, not the provider, bounds the calls", r.limit, initialLimit)
+				}
+			}},
+		{name: "a budget of 48 calls/s before a 300 ms provider: 1.5 times the calls it lets through", ceiling: 1000,
+			p: simProvider{base: 300 * time.Millisecond, sigma: logNormal, budget: 48}, d: 60 * time.Second,
+			check: func(t *testing.T, r simResult) {
+				// 48/s × 335 ms (the log-normal's mean) is 16 calls at the
+				// provider.
+				if r.limit > 48 || r.throughput < 0.95*48 {
+					t.Errorf("limit %d, %.1f calls/s: want at most 48 slots and the budget's 48/s", r.limit, r.throughput)
 				}
 			}},
 		{name: "a 50 ms provider that queues past 200 calls", ceiling: 4000,
