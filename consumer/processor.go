@@ -157,7 +157,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledg
 	// The heartbeat starts before the wait for a call slot, so the lease
 	// cannot run out while the payment queues for the provider.
 	beat := p.heartbeat(callCtx, cancel, lease, progress, log)
-	if p.calls.acquire(callCtx) != nil {
+	if p.calls.acquire(callCtx, cmd.MerchantID) != nil {
 		// The slots are held by calls that wait for the provider's rate
 		// limit or the fleet's budget: this payment waits too, under its
 		// lease, rather than spend a delivery (see slotUnderLease). Only a
@@ -168,7 +168,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledg
 			lease = beat.current()
 			base, release := p.detach(ctx)
 			defer release()
-			werr = p.slotUnderLease(base, &lease, progress, waitUntil)
+			werr = p.slotUnderLease(base, &lease, cmd.MerchantID, progress, waitUntil)
 			if werr == nil {
 				callCtx, cancel = context.WithTimeout(base, p.callBudget())
 				defer cancel()
@@ -204,10 +204,15 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledg
 	out, err := provider.ChargeWithRetry(waits, p.charger, req, p.cfg.ProviderTry)
 	// The limit learns from the first call alone: a rate-limited wait
 	// below is the budget's, not the provider's latency.
-	took, signal := time.Since(start)-budget.Waited(waits), signalOf(callCtx, err)
+	budgetWait := budget.Waited(waits)
+	took, signal := time.Since(start)-budgetWait, signalOf(callCtx, err)
 	cancel()
+	if budgetWait > 0 {
+		p.calls.heldBack(budgetWait)
+	}
 	var storeErr error // a heartbeat's failure that ended a rate-limited wait
 	if err != nil && provider.RateLimitOf(err) != nil {
+		p.calls.heldBack(-1)
 		// The payment keeps its call slot while it waits: the provider
 		// asks for fewer requests, and a slot freed would only send
 		// another payment into the same limit.

@@ -95,7 +95,7 @@ func (p *Processor) detach(ctx context.Context) (context.Context, context.Cancel
 // whole call budget inside the lease. It returns holding the slot, or
 // ledger.ErrLeaseLost, a store error, errStopping, ctx's error or, once
 // until (the claim's bound, MaxWaitUnderLease) passed, errWaitBounded.
-func (p *Processor) slotUnderLease(ctx context.Context, lease *ledger.Lease, progress progresser, until time.Time) error {
+func (p *Processor) slotUnderLease(ctx context.Context, lease *ledger.Lease, merchant string, progress progresser, until time.Time) error {
 	p.waits.add(1)
 	defer p.waits.add(-1)
 	beat := func() error {
@@ -127,7 +127,7 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *ledger.Lease, pro
 			case <-done:
 			}
 		}()
-		err := p.calls.acquire(wctx)
+		err := p.calls.acquire(wctx, merchant)
 		close(done)
 		cancel()
 		if err == nil && p.stopping() {

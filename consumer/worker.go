@@ -99,9 +99,11 @@ type Worker struct {
 	prop     propagation.TextMapPropagator
 	intake   IntakeMarker
 
-	draining atomic.Bool
-	gather   time.Duration   // reserve's wait when saturated; 0: reserveGather
-	stop     <-chan struct{} // closed when Run's context ends: held messages are let go
+	draining  atomic.Bool
+	lanes     *laneManager    // nil when cfg.Lanes is 0
+	openLanes atomic.Int64    // lanes open at the manager's last pass
+	gather    time.Duration   // reserve's wait when saturated; 0: reserveGather
+	stop      <-chan struct{} // closed when Run's context ends: held messages are let go
 }
 
 // NewWorker validates cfg and returns a worker on the connection, reporting
@@ -216,6 +218,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.stop = ctx.Done()
 	w.proc.stop = w.stop
 	w.proc.work = workCtx
+	if w.cfg.Lanes > 0 {
+		w.lanes = newLaneManager(w.js, w.cfg, w.logger)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.runLanes(ctx, workCtx, &wg, run)
+		}()
+	}
 	fetchFailures := 0
 	pausedFor := ""
 	w.logger.Info("worker started", "stream", w.cfg.Stream.Name, "consumer", w.cfg.Stream.Durable, "holder", w.cfg.Holder,
@@ -272,7 +282,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				w.handleBatch(workCtx, msgs, slots, &wg, run)
+				w.handleBatch(workCtx, msgs, slots, &wg, run, false)
 			}()
 		}
 	}
@@ -378,13 +388,16 @@ type inbound struct {
 	span    trace.Span      // nil when tracing is off
 	traceID string
 	fetched time.Time
+	lane    bool // fetched from a lane: settled by settleLane
 }
 
 // handleBatch decodes the batch, dead-letters bad input, claims the rest in
 // one round trip, settles duplicates and in-flight keys at once, and hands
 // claimed keys to the pool (run). Every message's slot is freed when it
-// settles; wg counts the work in flight for the drain.
-func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, run *runner) {
+// settles; wg counts the work in flight for the drain. Lane messages
+// (onLane) are never held through a pause nor probed on a last delivery:
+// settleLane leaves those to the shared consumer.
+func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, run *runner, onLane bool) {
 	// The batch's messages derive their contexts from one batch context,
 	// cancelled with the work context (a drain past its deadline) or when
 	// the last of them settles. Deriving each from the work context itself
@@ -417,7 +430,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			<-slots
 			continue
 		}
-		good = append(good, inbound{msg: m, meta: meta, fetched: fetched})
+		good = append(good, inbound{msg: m, meta: meta, fetched: fetched, lane: onLane})
 		in := &good[len(good)-1]
 		in.ctx, in.traceID = extractTrace(ctx, w.prop, m.Headers())
 		if w.tracing {
@@ -464,7 +477,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		for i := range good {
 			in := &good[i]
 			in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
-			if res.pause == "" {
+			if res.pause == "" || onLane {
 				w.settle(refs, in, res)
 				<-slots
 				continue
@@ -506,9 +519,11 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			// The message itself reports progress: no closure per payment.
 			res := w.proc.handle(in.ctx, in.cmd, *claim, in.msg, in.log.logger())
 			w.observer.InFlight(-1)
-			res = w.lastDelivery(workCtx, in, res)
-			if res.held() {
-				res = w.hold(workCtx, in, res)
+			if !onLane {
+				res = w.lastDelivery(workCtx, in, res)
+				if res.held() {
+					res = w.hold(workCtx, in, res)
+				}
 			}
 			w.settle(refs, in, res)
 		})
@@ -546,6 +561,10 @@ func (w *Worker) decode(m jetstream.Msg) (*payment.Command, error) {
 // under b.ackContext; a dead letter's round trips share one deadline,
 // settleTimeout from here.
 func (w *Worker) settle(b *batchRefs, in *inbound, res Result) {
+	if in.lane {
+		w.settleLane(in, res)
+		return
+	}
 	base := b.settle
 	act := decide(res, in.meta.NumDelivered, w.cfg.Stream.MaxDeliver, w.cfg.RetryBase, w.cfg.RetryMax)
 	// The logger with the attempt is made when something is logged: a

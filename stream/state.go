@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,6 +46,10 @@ type ConsumerStats struct {
 	// message that ran out of deliveries, which then counts as unsettled
 	// until the consumer catches up.
 	OldestUnsettled time.Time `json:"oldest_unsettled,omitzero"`
+	// Lanes are the per-merchant consumers the workers opened beside the
+	// durable one while it has a backlog: the merchants served meanwhile
+	// rather than waiting behind another merchant's backlog.
+	Lanes []LaneStats `json:"lanes,omitempty"`
 }
 
 // oldestScan bounds the sequences read past the ack floor to find the
@@ -77,6 +83,19 @@ func ConsumerState(ctx context.Context, js jetstream.JetStream, cfg Config) (Con
 	}
 	st.NumPending, st.NumAckPending = info.NumPending, info.NumAckPending
 	st.NumRedelivered, st.NumWaiting = info.NumRedelivered, info.NumWaiting
+	if st.NumPending > 0 || st.NumAckPending > 0 {
+		list := stream.ListConsumers(ctx)
+		for ci := range list.Info() {
+			if IsLane(cfg.Durable, ci.Name) {
+				st.Lanes = append(st.Lanes, LaneStats{Subject: ci.Config.FilterSubject, Name: ci.Name,
+					NumPending: ci.NumPending, NumAckPending: ci.NumAckPending})
+			}
+		}
+		if err := list.Err(); err != nil {
+			return st, fmt.Errorf("stream %s consumers: %w", cfg.Name, err)
+		}
+		slices.SortFunc(st.Lanes, func(a, b LaneStats) int { return strings.Compare(a.Subject, b.Subject) })
+	}
 	if st.NumPending > 0 || st.NumAckPending > 0 {
 		for seq, n := max(info.AckFloor.Stream+1, sinfo.State.FirstSeq), 0; seq <= sinfo.State.LastSeq && n < oldestScan; seq, n = seq+1, n+1 {
 			raw, err := stream.GetMsg(ctx, seq)

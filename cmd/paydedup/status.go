@@ -217,6 +217,9 @@ func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 		if !c.OldestUnsettled.IsZero() {
 			fmt.Fprintf(w, "oldest unsettled\t%s\t(stored %s)\n", time.Since(c.OldestUnsettled).Round(time.Second), c.OldestUnsettled.Format(time.RFC3339))
 		}
+		for _, l := range c.Lanes {
+			fmt.Fprintf(w, "lane %s\t%d\t(pending; %d in work: served beside the backlog, not behind it)\n", termSafe(l.Subject, false), l.NumPending, l.NumAckPending)
+		}
 	}
 	for _, e := range rep.Errors {
 		fmt.Fprintf(w, "\nerror: %s\n", e)

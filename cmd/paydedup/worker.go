@@ -183,6 +183,9 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "paydedup_worker_lanes",
+		Help: "Lanes open at the worker's last look (PAYDEDUP_LANES at most): merchants served by consumers of their own beside the shared consumer's backlog, rather than behind it."},
+		func() float64 { return float64(worker.Lanes()) }))
 	worker.SetPropagator(prop)
 	if tp != nil {
 		worker.SetTracer(tp)
@@ -293,6 +296,8 @@ func watchCallLimit(reg prometheus.Registerer, proc *consumer.Processor) {
 			func(c consumer.CallLimit) float64 { return float64(c.InFlight) }},
 		{"paydedup_provider_calls_waiting", "Claimed payments waiting for a provider call slot.",
 			func(c consumer.CallLimit) float64 { return float64(c.Waiting) }},
+		{"paydedup_provider_merchants_waiting", "Merchants with claimed payments waiting for a provider call slot; the slots are granted round robin between them.",
+			func(c consumer.CallLimit) float64 { return float64(c.MerchantsWaiting) }},
 		{"paydedup_provider_call_latency_seconds", "Mean latency of the provider calls answered in the call limit's last window (about one round trip).",
 			func(c consumer.CallLimit) float64 { return c.Latency.Seconds() }},
 		{"paydedup_provider_call_noload_latency_seconds", "The provider's latency without queueing, as the call limit estimates it (the least window mean); above 1.5 times it the limit shrinks.",
