@@ -51,6 +51,11 @@ const (
 	KindSearch   = "search"   // GET /v1/payment_intents/search
 	KindList     = "list"     // GET /v1/payment_intents
 	KindCancel   = "cancel"   // POST /v1/payment_intents/{id}/cancel
+	// KindCapture is POST /v1/payment_intents/{id}/capture.
+	KindCapture = "capture"
+	// KindRefund is POST /v1/refunds; KindRefundList GET /v1/refunds.
+	KindRefund     = "refund"
+	KindRefundList = "refund_list"
 )
 
 // z99 is the standard normal's 99th percentile: a log-normal latency with
