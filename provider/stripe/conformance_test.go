@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/paydedup/paydedup/lab/providertest"
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 )
@@ -198,109 +200,35 @@ func TestStripeConformsToStripeAPI(t *testing.T) {
 	wantSent(t, "GET /v1/payment_intents/search")
 }
 
-// TestStripeLifecycleConformsToStripeAPI drives every request of the
-// operations after a charge (authorize, capture, cancel, retrieve, refund,
-// the refunds' list) against stripe-mock: each must be accepted by
-// Stripe's OpenAPI spec, every POST must carry its own idempotency key,
-// and each answer must decode into an outcome. stripe-mock answers
-// fixtures, so states (a capture refused, a refund pending then failed,
-// a replay) are the simulator's to test (lab/stripesim).
+// TestStripeLifecycleConformsToStripeAPI runs the lifecycle suite
+// (lab/providertest) through the adapter against stripe-mock: every
+// request of the operations after a charge (authorize, capture, cancel,
+// retrieve, refund, the refunds' list) must be accepted by Stripe's
+// OpenAPI spec, each POST must carry its own idempotency key, and each
+// answer must decode into an outcome. stripe-mock answers fixtures, so
+// the suite's stateful scenarios (refusals, replays, expiry, the lookups
+// after a lost answer) run against the simulator only
+// (lab/stripesim's TestLifecycleAgainstSimulator).
 func TestStripeLifecycleConformsToStripeAPI(t *testing.T) {
 	t.Parallel()
-	proxy := &mockProxy{t: t, base: stripeMockURL(t)}
-	srv := httptest.NewServer(proxy)
-	t.Cleanup(srv.Close)
-	s := newStripe(t, stripe.Config{APIBase: srv.URL, SecretKey: "sk_test_123"})
-	ctx := context.Background()
-	sent := func(t *testing.T, want ...string) []exchange {
-		t.Helper()
-		got := proxy.take()
-		var reqs []string
-		for _, x := range got {
-			reqs = append(reqs, x.method+" "+x.path)
-			if x.status != http.StatusOK {
-				t.Errorf("stripe-mock refused %s %s: %d %s", x.method, x.path, x.status, x.body)
-			}
+	base := stripeMockURL(t)
+	providertest.RunLifecycleSuite(t, func(t *testing.T, _ stripesim.Config) *providertest.LifecycleTarget {
+		proxy := &mockProxy{t: t, base: base}
+		srv := httptest.NewServer(proxy)
+		t.Cleanup(srv.Close)
+		return &providertest.LifecycleTarget{
+			P:     newStripe(t, stripe.Config{APIBase: srv.URL, SecretKey: "sk_test_123"}),
+			Shape: func(f func(map[string]any)) { proxy.setPatch(func(_ string, obj map[string]any) { f(obj) }) },
+			Sent: func() []providertest.Sent {
+				var sent []providertest.Sent
+				for _, x := range proxy.take() {
+					if x.status != http.StatusOK {
+						t.Errorf("stripe-mock refused %s %s: %d %s", x.method, x.path, x.status, x.body)
+					}
+					sent = append(sent, providertest.Sent{Method: x.method, Path: x.path, IdempotencyKey: x.idempotencyKey})
+				}
+				return sent
+			},
 		}
-		if strings.Join(reqs, "; ") != strings.Join(want, "; ") {
-			t.Fatalf("requests sent: %q, want %q", reqs, want)
-		}
-		return got
-	}
-
-	// Authorize: a create with capture_method=manual, answered
-	// requires_capture.
-	req := chargeReq("k-conform-auth")
-	req.ManualCapture = true
-	proxy.setPatch(func(path string, in map[string]any) {
-		ours(req, "requires_capture")(path, in)
-		in["amount_capturable"] = req.Amount
-	})
-	out, err := s.Charge(ctx, req)
-	if err != nil || !out.Authorized || out.AmountCapturable != req.Amount || out.Declined || out.Processing {
-		t.Fatalf("authorize = %+v, %v", out, err)
-	}
-	if x := sent(t, "POST /v1/payment_intents"); x[0].idempotencyKey != req.ProviderKey {
-		t.Fatalf("authorize sent under key %q", x[0].idempotencyKey)
-	}
-
-	// Capture part, then retrieve: the answer's status and sums.
-	proxy.setPatch(func(_ string, in map[string]any) {
-		in["status"], in["amount"], in["amount_received"], in["amount_capturable"] = "succeeded", 1999, 1500, 0
-	})
-	capt, err := s.Capture(ctx, provider.CaptureRequest{ProviderKey: "pdk_capture_1", ChargeID: out.ChargeID, Amount: 1500})
-	if err != nil || capt.Refused || !capt.Captured() || capt.AmountReceived != 1500 || capt.ChargeID == "" {
-		t.Fatalf("capture = %+v, %v", capt, err)
-	}
-	if x := sent(t, "POST /v1/payment_intents/"+out.ChargeID+"/capture"); x[0].idempotencyKey != "pdk_capture_1" {
-		t.Fatalf("capture sent under key %q", x[0].idempotencyKey)
-	}
-	got, err := s.RetrieveIntent(ctx, provider.RetrieveIntentRequest{ChargeID: out.ChargeID})
-	if err != nil || !got.Captured() || got.AmountReceived != 1500 {
-		t.Fatalf("retrieve = %+v, %v", got, err)
-	}
-	sent(t, "GET /v1/payment_intents/"+out.ChargeID)
-
-	// Cancel with a reason.
-	proxy.setPatch(func(_ string, in map[string]any) { in["status"], in["amount_capturable"] = "canceled", 0 })
-	canc, err := s.Cancel(ctx, provider.CancelRequest{ProviderKey: "pdk_cancel_1", ChargeID: out.ChargeID, Reason: "requested_by_customer"})
-	if err != nil || canc.Refused || canc.Status != provider.StatusCanceled {
-		t.Fatalf("cancel = %+v, %v", canc, err)
-	}
-	if x := sent(t, "POST /v1/payment_intents/"+out.ChargeID+"/cancel"); x[0].idempotencyKey != "pdk_cancel_1" {
-		t.Fatalf("cancel sent under key %q", x[0].idempotencyKey)
-	}
-
-	// Refund part, with the refund's own metadata, then find it by
-	// listing the intent's refunds.
-	rreq := provider.RefundRequest{ProviderKey: "pdk_refund_1", ChargeID: out.ChargeID, Amount: 500,
-		MerchantID: "m_123", IdempotencyKey: "refund-1", Metadata: map[string]string{"reason": "damaged"}}
-	proxy.setPatch(func(_ string, in map[string]any) {
-		if in["object"] != "refund" {
-			return
-		}
-		in["amount"], in["status"] = 500, "pending"
-		in["metadata"] = map[string]any{provider.MetadataMerchantID: rreq.MerchantID, provider.MetadataIdempotencyKey: rreq.IdempotencyKey}
-	})
-	ref, err := s.Refund(ctx, rreq)
-	if err != nil || ref.Refused || ref.RefundID == "" || ref.Status != provider.RefundPending || ref.Amount != 500 || ref.Final() || !ref.Holds() {
-		t.Fatalf("refund = %+v, %v", ref, err)
-	}
-	x := sent(t, "POST /v1/refunds")
-	if x[0].idempotencyKey != "pdk_refund_1" {
-		t.Fatalf("refund sent under key %q", x[0].idempotencyKey)
-	}
-	found, err := s.LookupRefund(ctx, provider.RefundLookupRequest{ChargeID: out.ChargeID, MerchantID: "m_123", IdempotencyKey: "refund-1", Amount: 500})
-	if err != nil || !found.Found || found.Outcome.RefundID == "" {
-		t.Fatalf("lookup refund = %+v, %v", found, err)
-	}
-	sent(t, "GET /v1/refunds")
-
-	// Unpatched, the fixture refunds are someone else's: not found.
-	proxy.setPatch(nil)
-	found, err = s.LookupRefund(ctx, provider.RefundLookupRequest{ChargeID: out.ChargeID, MerchantID: "m_123", IdempotencyKey: "refund-1"})
-	if err != nil || found.Found {
-		t.Fatalf("lookup refund over fixtures = %+v, %v; want not found", found, err)
-	}
-	sent(t, "GET /v1/refunds")
+	}, providertest.LifecycleCaps{})
 }
