@@ -214,7 +214,8 @@ func (l *limiter) slept(d time.Duration) {
 // started, served as JSON at GET /_sim/stats.
 type Stats struct {
 	// Requests counts every API request by endpoint kind (KindCreate,
-	// KindRetrieve, KindSearch, KindList, KindCancel), refused or not;
+	// KindRetrieve, KindSearch, KindList, KindCancel, KindCapture,
+	// KindRefund, KindRefundList), refused or not;
 	// RequestsTotal is their sum.
 	Requests      map[string]int64 `json:"requests"`
 	RequestsTotal int64            `json:"requests_total"`

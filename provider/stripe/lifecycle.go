@@ -114,7 +114,6 @@ func (s *Client) LookupRefund(ctx context.Context, req provider.RefundLookupRequ
 	defer cancel()
 	params := &stripego.RefundListParams{PaymentIntent: stripego.String(req.ChargeID)}
 	params.Limit = stripego.Int64(searchLimit)
-	params.Context = ctx
 	var found []*provider.RefundOutcome
 	for re, err := range s.client.V1Refunds.List(ctx, params) {
 		if err != nil {
