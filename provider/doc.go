@@ -72,4 +72,17 @@
 // An intent that is not the row's is reported as ClassUnknown wrapping
 // [ErrForeignIntent], so a row is never completed from someone else's
 // intent.
+//
+// # After the charge
+//
+// A charge sent with [ChargeRequest.ManualCapture] authorizes: the Outcome
+// is [Outcome.Authorized] (Stripe's requires_capture), money held, not
+// moved. Capture ([CaptureRequest]), cancel ([CancelRequest]) and refund
+// ([RefundRequest]) each go under a provider key of their own and answer
+// in the same classes, a definitive no being an outcome with Refused set
+// ([Rejection.Refusal], [RefusalCodes]). Their lookups never act: a
+// capture or a cancel is read back from the intent ([IntentOutcome]), a
+// refund is found by its metadata among the payment's refunds
+// ([RefundVerdict]). The interfaces are declared by the packages that
+// call them.
 package provider

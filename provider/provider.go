@@ -67,6 +67,12 @@ type ChargeRequest struct {
 	// then answers a need for authentication with a 402
 	// authentication_required decline instead of leaving the intent open.
 	OnSession bool
+	// ManualCapture authorizes instead of charging (Stripe's
+	// capture_method=manual): a card answer leaves the intent
+	// requires_capture, reported as an Outcome with Authorized set, until
+	// a Capture moves the money or a Cancel (or the provider, when the
+	// authorization expires) releases it.
+	ManualCapture bool
 }
 
 // Outcome is a settled result of a charge: charged, declined, or processing
@@ -90,6 +96,11 @@ type Outcome struct {
 	// methods such as bank debits): it must never be charged again under
 	// the key, and it ends succeeded or failed later. ChargeID is set.
 	Processing bool
+	// Authorized reports an intent left requires_capture: the money is
+	// held, not moved, until a capture; AmountCapturable is how much.
+	// HTTPStatus is 200, as for a charge.
+	Authorized       bool
+	AmountCapturable int64
 	// HTTPStatus is the status to store and replay: 200 for charged, 202
 	// for processing (accepted, not finished), 402 for declined.
 	HTTPStatus int

@@ -68,6 +68,8 @@ and SSL_CERT_FILE naming a file that holds the certificate (or its CA).`,
 	f.Float64Var(&p.cfg.Faults.Rate429, "rate-429", 0, "fraction of requests answered 429 with Retry-After")
 	f.Float64Var(&p.cfg.Faults.RateDropAfterCharge, "drop-after-charge", 0, "fraction of requests processed (charged) whose connection is then dropped")
 	f.Float64Var(&p.cfg.Faults.RateFailBeforeCharge, "fail-before-charge", 0, "fraction of requests whose connection is dropped before processing")
+	f.Float64Var(&p.cfg.Faults.RateRefundFail, "refund-fail", 0, "fraction of refunds answered pending that fail after --processing-delay")
+	f.DurationVar(&p.cfg.CaptureWindow, "capture-window", stripesim.DefaultCaptureWindow, "how long an authorization can be captured before it is canceled")
 	f.Int64Var(&p.cfg.Seed, "seed", 0, "random seed for ids and faults (0: random)")
 	f.DurationVar(&p.cfg.KeyTTL, "key-ttl", stripesim.DefaultKeyTTL, "how long an idempotency key is remembered")
 	f.DurationVar(&p.cfg.SearchLag, "search-lag", 0, "how long new intents stay invisible to search")

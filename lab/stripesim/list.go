@@ -65,7 +65,7 @@ func (s *Simulator) listPage(account string, f listFilter, after string, limit i
 		if len(page) == limit {
 			return page, true, nil
 		}
-		page = append(page, r.view(s.strTable))
+		page = append(page, s.viewLocked(int32(i), r))
 	}
 	return page, false, nil
 }

@@ -51,6 +51,11 @@ const (
 	KindSearch   = "search"   // GET /v1/payment_intents/search
 	KindList     = "list"     // GET /v1/payment_intents
 	KindCancel   = "cancel"   // POST /v1/payment_intents/{id}/cancel
+	// KindCapture is POST /v1/payment_intents/{id}/capture.
+	KindCapture = "capture"
+	// KindRefund is POST /v1/refunds; KindRefundList GET /v1/refunds.
+	KindRefund     = "refund"
+	KindRefundList = "refund_list"
 )
 
 // z99 is the standard normal's 99th percentile: a log-normal latency with
@@ -209,7 +214,8 @@ func (l *limiter) slept(d time.Duration) {
 // started, served as JSON at GET /_sim/stats.
 type Stats struct {
 	// Requests counts every API request by endpoint kind (KindCreate,
-	// KindRetrieve, KindSearch, KindList, KindCancel), refused or not;
+	// KindRetrieve, KindSearch, KindList, KindCancel, KindCapture,
+	// KindRefund, KindRefundList), refused or not;
 	// RequestsTotal is their sum.
 	Requests      map[string]int64 `json:"requests"`
 	RequestsTotal int64            `json:"requests_total"`

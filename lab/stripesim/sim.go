@@ -32,6 +32,10 @@ const (
 	// (Stripe's test bank accounts settle within minutes; real ones take
 	// days).
 	DefaultProcessingDelay = 2 * time.Second
+	// DefaultCaptureWindow is how long an authorization (an intent left
+	// requires_capture) can be captured before the provider cancels it:
+	// 7 days for most cards at Stripe.
+	DefaultCaptureWindow = 7 * 24 * time.Hour
 	// ShutdownTimeout is how long Serve waits for in-flight requests
 	// before closing their connections.
 	ShutdownTimeout = 5 * time.Second
@@ -43,7 +47,7 @@ const maxSimBody = 1 << 20
 
 // Faults are the failures the simulator injects, each rolled independently
 // per API request (GET and POST alike, except RateDropAfterCharge which only
-// applies to POST /v1/payment_intents). All may be changed while it runs with
+// applies to the POSTs that act: create, capture, cancel, refund). All may be changed while it runs with
 // SetFaults. A Client's calls are rolled the same way; where a connection
 // would be closed, it returns a ClassUnknown *Error wrapping io.EOF.
 type Faults struct {
@@ -58,13 +62,19 @@ type Faults struct {
 	Rate5xx float64
 	// Rate429 answers 429 rate_limit with "Retry-After: 1", not processed.
 	Rate429 float64
-	// RateDropAfterCharge processes the request (the charge happens and the
-	// response is saved under its idempotency key), then closes the
-	// connection without answering: the case that double-charges naive
-	// clients. A replayed answer can be dropped the same way.
+	// RateDropAfterCharge processes the request (the charge, capture,
+	// cancel or refund happens and the response is saved under its
+	// idempotency key), then closes the connection without answering: the
+	// case that double-charges (or double-refunds) naive clients. A
+	// replayed answer can be dropped the same way.
 	RateDropAfterCharge float64
 	// RateFailBeforeCharge closes the connection before processing anything.
 	RateFailBeforeCharge float64
+	// RateRefundFail answers a refund pending, then fails it after
+	// Config.ProcessingDelay (failure_reason expired_or_canceled_card), as
+	// a card's refund can fail days later at Stripe: its money is back and
+	// may be refunded again. Drawn once per refund made, not per request.
+	RateRefundFail float64
 }
 
 // Validate reports the first out-of-range field by name.
@@ -77,6 +87,7 @@ func (f Faults) Validate() error {
 		{"Rate429", f.Rate429},
 		{"RateDropAfterCharge", f.RateDropAfterCharge},
 		{"RateFailBeforeCharge", f.RateFailBeforeCharge},
+		{"RateRefundFail", f.RateRefundFail},
 	} {
 		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
 			return fmt.Errorf("%w: Faults.%s %v is not in [0,1]", provider.ErrInvalidConfig, r.name, r.v)
@@ -113,6 +124,10 @@ type Config struct {
 	// (pm_usBankAccount_success, pm_usBankAccount_accountClosed) stays
 	// processing before it succeeds or fails; DefaultProcessingDelay when 0.
 	ProcessingDelay time.Duration
+	// CaptureWindow is how long an authorization can be captured; after
+	// it the simulator cancels the intent, as Stripe does.
+	// DefaultCaptureWindow when 0.
+	CaptureWindow time.Duration
 
 	// WebhookURL, when set, receives the events of intents that settle
 	// after processing (payment_intent.succeeded, payment_intent.
@@ -153,6 +168,9 @@ func (c Config) Validate() error {
 	if c.SearchLag < 0 {
 		return fmt.Errorf("%w: SearchLag %s is negative", provider.ErrInvalidConfig, c.SearchLag)
 	}
+	if c.CaptureWindow < 0 {
+		return fmt.Errorf("%w: CaptureWindow %s is negative", provider.ErrInvalidConfig, c.CaptureWindow)
+	}
 	if c.ProcessingDelay < 0 {
 		return fmt.Errorf("%w: ProcessingDelay %s is negative", provider.ErrInvalidConfig, c.ProcessingDelay)
 	}
@@ -190,11 +208,15 @@ type Ledger struct {
 	ChargesByKey map[string]int `json:"charges_by_key"`
 	// Declines counts declined payment intents (replays not included).
 	Declines int `json:"declines"`
+	// Refunds lists every refund made, in creation order, as it stands.
+	Refunds []Refund `json:"refunds,omitempty"`
 }
 
 // Simulator is an http.Handler speaking the subset of Stripe's v1 wire format
 // that paydedup uses: POST /v1/payment_intents (with idempotency keys),
-// GET /v1/payment_intents/{id} and GET /v1/payment_intents/search, plus
+// GET /v1/payment_intents/{id} and GET /v1/payment_intents/search, the
+// operations after a charge (capture, cancel, POST and GET /v1/refunds:
+// lifecycle.go), plus
 // GET /_sim/ledger and GET /_sim/stats. Any non-empty Bearer key is accepted; each key is its own
 // account, scoping idempotency keys and intents. Client returns a Provider
 // that calls the same simulator without HTTP. It keeps every intent in memory
@@ -204,6 +226,7 @@ type Simulator struct {
 	keyTTL     time.Duration
 	searchLag  time.Duration
 	processing time.Duration
+	captureWin time.Duration
 	now        func() time.Time
 	onCharge   func(Charge)
 	log        *slog.Logger
@@ -237,6 +260,13 @@ type Simulator struct {
 	strTable []string
 	strIndex map[string]uint32
 	declines int
+	// captured is what a capture took of a manual-capture intent, by its
+	// place; refunds are an intent's refunds, oldest first; opKeys are
+	// the keys of captures and refunds (lifecycle.go).
+	captured map[int32]int64
+	refunds  map[int32][]*simRefund
+	refundN  int
+	opKeys   map[simKeyID]*simOpKey
 }
 
 // Intent statuses the simulator produces.
@@ -247,6 +277,7 @@ const (
 	simRequiresAction        = "requires_action"
 	simProcessing            = "processing"
 	simCanceled              = "canceled"
+	simRequiresCapture       = "requires_capture"
 )
 
 // simIntent is a PaymentIntent unpacked from its simRec (store.go) to render
@@ -263,7 +294,11 @@ type simIntent struct {
 	paymentMethod string
 	// latestCharge is the charge id of a succeeded intent, else "".
 	latestCharge string
-	status       string
+	// manual is an intent created with capture_method=manual; capturable
+	// is what it holds for capture, received what a capture took.
+	manual               bool
+	capturable, received int64
+	status               string
 	// decline is the card error of a declined intent, else nil.
 	decline     *simDecline
 	amount      int64
@@ -407,6 +442,7 @@ func New(cfg Config) *Simulator {
 		keyTTL:     cfg.KeyTTL,
 		searchLag:  cfg.SearchLag,
 		processing: cmp.Or(cfg.ProcessingDelay, DefaultProcessingDelay),
+		captureWin: cmp.Or(cfg.CaptureWindow, DefaultCaptureWindow),
 		now:        cfg.Now,
 		onCharge:   cfg.OnCharge,
 		log:        cfg.Logger,
@@ -418,6 +454,9 @@ func New(cfg Config) *Simulator {
 		accounts:   make(map[string]uint32),
 		ids:        make(map[string]int32),
 		firsts:     make(map[int32]simRec),
+		captured:   make(map[int32]int64),
+		refunds:    make(map[int32][]*simRefund),
+		opKeys:     make(map[simKeyID]*simOpKey),
 		keyMeta:    make(map[simKeyID]simKeyMeta),
 		strIndex:   make(map[string]uint32),
 	}
@@ -445,6 +484,9 @@ func New(cfg Config) *Simulator {
 	s.mux.HandleFunc("GET "+simPathCreate, s.api(KindList, s.listIntents))
 	s.mux.HandleFunc("GET "+simPathCreate+"/{id}", s.api(KindRetrieve, s.retrieveIntent))
 	s.mux.HandleFunc("POST "+simPathCreate+"/{id}/cancel", s.api(KindCancel, s.cancelIntent))
+	s.mux.HandleFunc("POST "+simPathCreate+"/{id}/capture", s.api(KindCapture, s.captureIntent))
+	s.mux.HandleFunc("POST "+simPathRefunds, s.api(KindRefund, s.createRefund))
+	s.mux.HandleFunc("GET "+simPathRefunds, s.api(KindRefundList, s.listRefunds))
 	s.mux.HandleFunc("GET /_sim/ledger", s.serveLedger)
 	s.mux.HandleFunc("GET /_sim/stats", s.serveStats)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -536,7 +578,11 @@ func (s *Simulator) chargesLocked() []Charge {
 	now := s.now()
 	for ord := range s.recs.len() {
 		if r := s.currentLocked(int32(ord), now); r.statusIs(simSucceeded) {
-			out = append(out, r.charge(s.strTable))
+			c := r.charge(s.strTable)
+			if r.flags&recManualCapture != 0 {
+				c.Amount = s.captured[int32(ord)]
+			}
+			out = append(out, c)
 		}
 	}
 	return out
@@ -583,6 +629,7 @@ func (s *Simulator) Ledger() Ledger {
 		Charges:      charges,
 		ChargesByKey: chargesByKey(charges),
 		Declines:     s.declines,
+		Refunds:      s.refundsLocked(),
 	}
 }
 
@@ -692,6 +739,7 @@ type createParams struct {
 	paymentMethod  string
 	confirm        bool
 	offSession     bool
+	captureManual  bool
 	description    string
 	hasDescription bool
 	metadata       []simMeta // sorted by key; process takes it over
@@ -736,7 +784,7 @@ func checkPaymentMethod(pm string, confirm bool) *simError {
 // simulator knows, besides metadata[...] and payment_method_types[n].
 var createParamNames = map[string]bool{
 	"amount": true, "currency": true, "payment_method": true, "confirm": true, "description": true,
-	"off_session": true, "automatic_payment_methods[enabled]": true, "automatic_payment_methods[allow_redirects]": true,
+	"off_session": true, "capture_method": true, "automatic_payment_methods[enabled]": true, "automatic_payment_methods[allow_redirects]": true,
 }
 
 // unknownParam is Stripe's answer to a parameter it does not know: the
@@ -798,6 +846,13 @@ func parseCreate(form url.Values) (createParams, *simError) {
 	}
 	if p.offSession, e = parseBool(form, "off_session"); e != nil {
 		return p, e
+	}
+	switch m := form.Get("capture_method"); m {
+	case "", "automatic", "automatic_async":
+	case "manual":
+		p.captureManual = true
+	default:
+		return p, invalidParam("capture_method", "parameter_invalid_string", "Invalid capture_method: must be one of automatic, automatic_async, or manual")
 	}
 	p.paymentMethod = form.Get("payment_method")
 	if e := checkPaymentMethod(p.paymentMethod, p.confirm); e != nil {
@@ -892,6 +947,10 @@ func (s *Simulator) create(account, key string, params [sha256.Size]byte, p *cre
 	if ok && !e.inFlight() && now.Sub(meta.created) >= s.keyTTL {
 		s.forgetKeyLocked(id)
 		ok = false
+	}
+	if !ok && s.opKeyTakenLocked(id, now) {
+		s.mu.Unlock()
+		return createMismatch, nil
 	}
 	switch {
 	case !ok:
@@ -989,11 +1048,18 @@ func (s *Simulator) process(account, key string, params [sha256.Size]byte, now t
 			r.pending.fails = simAccountClosed
 		}
 	}
+	if p.captureManual {
+		r.flags |= recManualCapture
+		if status == simSucceeded {
+			// Authorized: held until a capture, a cancel or the window's end.
+			status = simRequiresCapture
+		}
+	}
 	r.status = statusIndex(status)
 	if p.hasDescription {
 		r.flags |= recHasDescription
 	}
-	hasCharge := status == simSucceeded || status == simProcessing
+	hasCharge := status == simSucceeded || status == simProcessing || status == simRequiresCapture
 	pm := p.paymentMethod
 	if r.decline != 0 {
 		pm = ""
@@ -1089,6 +1155,12 @@ func (s *Simulator) publishLocked(ord int32, r simRec) {
 // payment method, as Stripe leaves a failed bank debit).
 func (s *Simulator) currentLocked(ord int32, now time.Time) simRec {
 	r := *s.recs.at(ord)
+	if r.statusIs(simRequiresCapture) && !now.Before(r.created.Add(s.captureWin)) {
+		// The authorization expired: the provider cancels it.
+		r.status = statusIndex(simCanceled)
+		s.publishLocked(ord, r)
+		return r
+	}
 	if !r.statusIs(simProcessing) || now.Before(r.pending.settleAt) {
 		return r
 	}
@@ -1123,7 +1195,7 @@ func (s *Simulator) intent(account, id string) *simIntent {
 	defer s.mu.Unlock()
 	if ord, ok := s.findLocked(account, id); ok {
 		r := s.currentLocked(ord, now)
-		return r.view(s.strTable)
+		return s.viewLocked(ord, &r)
 	}
 	return nil
 }
@@ -1153,6 +1225,9 @@ func (s *Simulator) cancel(account, key, id string, params [sha256.Size]byte) (*
 				return s.answerLocked(e), true, nil
 			}
 		}
+		if s.opKeyTakenLocked(kid, now) {
+			return nil, false, mismatchReply(key)
+		}
 	}
 	ord, ok := s.findLocked(account, id)
 	if !ok {
@@ -1166,13 +1241,14 @@ func (s *Simulator) cancel(account, key, id string, params [sha256.Size]byte) (*
 	}
 	r.status, r.decline, r.pending = statusIndex(simCanceled), 0, nil
 	s.publishLocked(ord, r)
+	in := s.viewLocked(ord, &r)
 	if key != "" {
 		kid := simKeyID{strings.Clone(key), s.accountLocked(account)}
 		s.keys[kid] = simKey{ord: ord, kind: keyCancel}
 		s.keyMeta[kid] = simKeyMeta{params, now}
 		s.sweepLocked(now)
 	}
-	return r.view(s.strTable), false, nil
+	return in, false, nil
 }
 
 // searchPage returns account's intents whose metadata match every clause,
@@ -1199,7 +1275,7 @@ func (s *Simulator) searchPage(account string, clauses []SearchClause, offset, l
 		case len(page) == limit:
 			return page, true
 		default:
-			page = append(page, c.view(s.strTable))
+			page = append(page, s.viewLocked(int32(i), &c))
 		}
 	}
 	return page, false
@@ -1322,7 +1398,7 @@ func (s *Simulator) retrieveIntent(w http.ResponseWriter, r *http.Request, accou
 	writeSimRendered(w, http.StatusOK, func(b []byte) []byte { return appendIntentJSON(b, in) })
 }
 
-func (s *Simulator) cancelIntent(w http.ResponseWriter, r *http.Request, account string, _ roll) {
+func (s *Simulator) cancelIntent(w http.ResponseWriter, r *http.Request, account string, fate roll) {
 	id := r.PathValue("id")
 	if e := cancelParams(r.PostForm); e != nil {
 		writeSimError(w, http.StatusBadRequest, e)
@@ -1337,6 +1413,11 @@ func (s *Simulator) cancelIntent(w http.ResponseWriter, r *http.Request, account
 	in, replayed, reply := s.cancel(account, key, id, params)
 	if reply != nil {
 		writeSimReply(w, reply)
+		return
+	}
+	if fate.dropAfter {
+		s.fault("drop_after_charge", r.Method, r.URL.Path)
+		dropConn(w)
 		return
 	}
 	if replayed {

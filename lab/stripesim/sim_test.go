@@ -147,6 +147,7 @@ func TestSimInvalidRequestNotSaved(t *testing.T) {
 		{"currency", "USD", "currency"},
 		{"currency", "us", "currency"},
 		{"payment_method", "card_123", "payment_method"},
+		{"capture_method", "later", "capture_method"},
 	} {
 		form := intentForm("100")
 		form.Set(tt.field, tt.value)
@@ -392,6 +393,8 @@ func TestSimConfigValidate(t *testing.T) {
 		{stripesim.Config{Faults: stripesim.Faults{Jitter: -time.Second}}, "Jitter"},
 		{stripesim.Config{KeyTTL: -time.Hour}, "KeyTTL"},
 		{stripesim.Config{SearchLag: -time.Second}, "SearchLag"},
+		{stripesim.Config{Faults: stripesim.Faults{RateRefundFail: 1.1}}, "RateRefundFail"},
+		{stripesim.Config{CaptureWindow: -time.Hour}, "CaptureWindow"},
 	}
 	for _, tt := range tests {
 		err := tt.cfg.Validate()
@@ -439,3 +442,50 @@ func TestSimServe(t *testing.T) {
 var (
 	simServer = providertest.SimServer
 )
+
+// TestSimLifecycleInvalidRequestNotSaved: a capture or a refund that fails
+// validation saves nothing under its key, and the refunds' list refuses
+// what it does not know, as Stripe does.
+func TestSimLifecycleInvalidRequestNotSaved(t *testing.T) {
+	t.Parallel()
+	_, srv := simServer(t, stripesim.Config{})
+	form := intentForm("100")
+	form.Set("capture_method", "manual")
+	r := post(t, srv, "/v1/payment_intents", "sk_test", "key-auth", form)
+	var pi struct {
+		ID               string `json:"id"`
+		Status           string `json:"status"`
+		AmountCapturable int64  `json:"amount_capturable"`
+		CaptureMethod    string `json:"capture_method"`
+	}
+	if err := json.Unmarshal(r.body, &pi); err != nil || r.status != 200 || pi.Status != "requires_capture" || pi.AmountCapturable != 100 || pi.CaptureMethod != "manual" {
+		t.Fatalf("authorize: %d %s", r.status, r.body)
+	}
+	for _, tt := range []struct {
+		path  string
+		form  url.Values
+		param string
+	}{
+		{"/v1/payment_intents/" + pi.ID + "/capture", url.Values{"amount_to_capture": {"0"}}, "amount_to_capture"},
+		{"/v1/payment_intents/" + pi.ID + "/capture", url.Values{"amount": {"10"}}, "amount"},
+		{"/v1/refunds", url.Values{"amount": {"10"}}, "payment_intent"},
+		{"/v1/refunds", url.Values{"payment_intent": {pi.ID}, "amount": {"x"}}, "amount"},
+		{"/v1/refunds", url.Values{"payment_intent": {pi.ID}, "reason": {"bored"}}, "reason"},
+		{"/v1/refunds", url.Values{"charge": {"ch_1"}}, "charge"},
+	} {
+		r := post(t, srv, tt.path, "sk_test", "key-op", tt.form)
+		if e := decodeErr(t, r); r.status != 400 || e.Error.Param != tt.param {
+			t.Fatalf("%s %v: status %d, body %s", tt.path, tt.form, r.status, r.body)
+		}
+	}
+	r = post(t, srv, "/v1/payment_intents/"+pi.ID+"/capture", "sk_test", "key-op", url.Values{"amount_to_capture": {"60"}})
+	if r.status != 200 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("valid capture: status %d, body %s", r.status, r.body)
+	}
+	if r := get(t, srv, "/v1/refunds?payment_intent="+pi.ID+"&expand[]=data", "sk_test"); r.status != 400 {
+		t.Fatalf("list with an unknown parameter: %d %s", r.status, r.body)
+	}
+	if r := get(t, srv, "/v1/refunds?payment_intent="+pi.ID, "sk_test"); r.status != 200 || !strings.Contains(string(r.body), `"data":[]`) {
+		t.Fatalf("empty list: %d %s", r.status, r.body)
+	}
+}

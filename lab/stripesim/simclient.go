@@ -375,17 +375,19 @@ func (in *simIntent) facts() provider.IntentFacts {
 // the 402 body it sends). code, when not empty, is the decline's reason
 // over the intent's own (a canceled requires_action).
 func (in *simIntent) outcome(code string) *provider.Outcome {
-	if in.status == simSucceeded || in.status == simProcessing {
+	if in.status == simSucceeded || in.status == simProcessing || in.status == simRequiresCapture {
 		status := http.StatusOK
 		if in.status == simProcessing {
 			status = http.StatusAccepted
 		}
 		return &provider.Outcome{
-			ChargeID:   in.id,
-			Status:     in.status,
-			Processing: in.status == simProcessing,
-			HTTPStatus: status,
-			Response:   renderSim(func(b []byte) []byte { return appendIntentJSON(b, in) }),
+			ChargeID:         in.id,
+			Status:           in.status,
+			Processing:       in.status == simProcessing,
+			Authorized:       in.status == simRequiresCapture,
+			AmountCapturable: in.capturable,
+			HTTPStatus:       status,
+			Response:         renderSim(func(b []byte) []byte { return appendIntentJSON(b, in) }),
 		}
 	}
 	var e simError
@@ -429,6 +431,7 @@ func chargeParams(req provider.ChargeRequest) createParams {
 		paymentMethod:  req.PaymentMethod,
 		confirm:        true,
 		offSession:     !req.OnSession,
+		captureManual:  req.ManualCapture,
 		description:    req.Description,
 		hasDescription: req.Description != "",
 		metadata:       md,
@@ -459,7 +462,11 @@ func appendChargeForm(b []byte, p *createParams) ([]byte, int) {
 	brackets := 4 // automatic_payment_methods[...] twice
 	b = append(b, "amount="...)
 	b = strconv.AppendInt(b, p.amount, 10)
-	b = append(b, "&automatic_payment_methods%5Ballow_redirects%5D=never&automatic_payment_methods%5Benabled%5D=true&confirm=true&currency="...)
+	b = append(b, "&automatic_payment_methods%5Ballow_redirects%5D=never&automatic_payment_methods%5Benabled%5D=true"...)
+	if p.captureManual {
+		b = append(b, "&capture_method=manual"...)
+	}
+	b = append(b, "&confirm=true&currency="...)
 	b = appendQueryEscape(b, p.currency)
 	if p.hasDescription {
 		b = append(b, "&description="...)

@@ -20,13 +20,27 @@ func appendIntentJSON(b []byte, in *simIntent) []byte {
 	b = appendJSONString(b, in.id)
 	b = append(b, `,"object":"payment_intent","amount":`...)
 	b = strconv.AppendInt(b, in.amount, 10)
+	if in.manual {
+		// Only a manual-capture intent carries amount_capturable, so that
+		// the others' answers stay byte for byte what they were (it is 0
+		// on them at Stripe, as a decoder reads it absent).
+		b = append(b, `,"amount_capturable":`...)
+		b = strconv.AppendInt(b, in.capturable, 10)
+	}
 	b = append(b, `,"amount_received":`...)
-	if in.status == simSucceeded {
+	switch {
+	case in.manual:
+		b = strconv.AppendInt(b, in.received, 10)
+	case in.status == simSucceeded:
 		b = strconv.AppendInt(b, in.amount, 10)
-	} else {
+	default:
 		b = append(b, '0')
 	}
-	b = append(b, `,"capture_method":"automatic","confirmation_method":"automatic","created":`...)
+	if in.manual {
+		b = append(b, `,"capture_method":"manual","confirmation_method":"automatic","created":`...)
+	} else {
+		b = append(b, `,"capture_method":"automatic","confirmation_method":"automatic","created":`...)
+	}
 	b = strconv.AppendInt(b, in.created.Unix(), 10)
 	b = append(b, `,"currency":`...)
 	b = appendJSONString(b, in.currency)

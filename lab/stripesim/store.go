@@ -84,6 +84,8 @@ const (
 	recLostPaymentMethod
 	recBankOnly // payment_method_types is simBankOnly
 	recOwnTypes // payment_method_types are packed; else simCardOnly
+	// recManualCapture: created with capture_method=manual.
+	recManualCapture
 )
 
 // simPending is when a processing intent ends: succeeded, or failed with
@@ -94,7 +96,7 @@ type simPending struct {
 }
 
 // simStatuses are the statuses an intent can have, by simRec.status.
-var simStatuses = [...]string{simSucceeded, simRequiresPaymentMethod, simRequiresConfirmation, simRequiresAction, simProcessing, simCanceled}
+var simStatuses = [...]string{simSucceeded, simRequiresPaymentMethod, simRequiresConfirmation, simRequiresAction, simProcessing, simCanceled, simRequiresCapture}
 
 func statusIndex(status string) uint8 {
 	for i, s := range simStatuses {
@@ -225,6 +227,10 @@ func (r *simRec) view(tbl []string) *simIntent {
 		decline:        simDeclines[r.decline],
 		amount:         r.amount,
 		created:        r.created,
+		manual:         r.flags&recManualCapture != 0,
+	}
+	if r.statusIs(simRequiresCapture) {
+		in.capturable = r.amount
 	}
 	if r.flags&recLostPaymentMethod != 0 {
 		in.paymentMethod = ""
@@ -320,7 +326,7 @@ func (s *Simulator) answerLocked(e simKey) *simIntent {
 	if e.kind == keyCreate {
 		return s.firstLocked(e.ord).view(s.strTable)
 	}
-	return s.recs.at(e.ord).view(s.strTable)
+	return s.viewLocked(e.ord, s.recs.at(e.ord))
 }
 
 // accountLocked returns the index of account, adding it if new.

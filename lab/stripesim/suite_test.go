@@ -126,6 +126,7 @@ func runProviderSuite(t *testing.T, newProvider newProviderFunc, caps suiteCaps)
 		{"ProcessingThenSettles", testProcessingThenSettles},
 		{"DeclineKeepsStripeCodes", testDeclineKeepsStripeCodes},
 		{"LookupForeignIntent", testLookupForeignIntent},
+		{"AuthorizeIsNotACharge", testAuthorizeIsNotACharge},
 	}
 	if caps.transport {
 		tests = append(tests, scenario{"ConnectionRefused", testConnectionRefused})

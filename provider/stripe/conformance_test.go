@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/paydedup/paydedup/lab/providertest"
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
 )
@@ -69,7 +71,7 @@ func (p *mockProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					patch(r.URL.Path, in)
 				}
 			}
-		} else if obj["object"] == "payment_intent" {
+		} else if obj["object"] == "payment_intent" || obj["object"] == "refund" {
 			patch(r.URL.Path, obj)
 		}
 		answer, _ = json.Marshal(obj)
@@ -196,4 +198,37 @@ func TestStripeConformsToStripeAPI(t *testing.T) {
 		t.Fatalf("lookup over fixtures: %v, want ErrForeignIntent", err)
 	}
 	wantSent(t, "GET /v1/payment_intents/search")
+}
+
+// TestStripeLifecycleConformsToStripeAPI runs the lifecycle suite
+// (lab/providertest) through the adapter against stripe-mock: every
+// request of the operations after a charge (authorize, capture, cancel,
+// retrieve, refund, the refunds' list) must be accepted by Stripe's
+// OpenAPI spec, each POST must carry its own idempotency key, and each
+// answer must decode into an outcome. stripe-mock answers fixtures, so
+// the suite's stateful scenarios (refusals, replays, expiry, the lookups
+// after a lost answer) run against the simulator only
+// (lab/stripesim's TestLifecycleAgainstSimulator).
+func TestStripeLifecycleConformsToStripeAPI(t *testing.T) {
+	t.Parallel()
+	base := stripeMockURL(t)
+	providertest.RunLifecycleSuite(t, func(t *testing.T, _ stripesim.Config) *providertest.LifecycleTarget {
+		proxy := &mockProxy{t: t, base: base}
+		srv := httptest.NewServer(proxy)
+		t.Cleanup(srv.Close)
+		return &providertest.LifecycleTarget{
+			P:     newStripe(t, stripe.Config{APIBase: srv.URL, SecretKey: "sk_test_123"}),
+			Shape: func(f func(map[string]any)) { proxy.setPatch(func(_ string, obj map[string]any) { f(obj) }) },
+			Sent: func() []providertest.Sent {
+				var sent []providertest.Sent
+				for _, x := range proxy.take() {
+					if x.status != http.StatusOK {
+						t.Errorf("stripe-mock refused %s %s: %d %s", x.method, x.path, x.status, x.body)
+					}
+					sent = append(sent, providertest.Sent{Method: x.method, Path: x.path, IdempotencyKey: x.idempotencyKey})
+				}
+				return sent
+			},
+		}
+	}, providertest.LifecycleCaps{})
 }

@@ -42,6 +42,9 @@ func stripeCreateParams(req provider.ChargeRequest) *stripego.PaymentIntentCreat
 	if req.Description != "" {
 		params.Description = stripego.String(req.Description)
 	}
+	if req.ManualCapture {
+		params.CaptureMethod = stripego.String(string(stripego.PaymentIntentCaptureMethodManual))
+	}
 	params.SetIdempotencyKey(req.ProviderKey)
 	return params
 }
@@ -66,6 +69,7 @@ func TestChargeFormIsStripeGos(t *testing.T) {
 			MerchantID: "m_" + pick(), IdempotencyKey: "k" + pick(), ProviderKey: "pk",
 			Amount: rng.Int64N(100_000_000), Currency: []string{"usd", "eur", "jpy"}[rng.IntN(3)],
 			PaymentMethod: "pm_" + pick(), Description: pick(), OnSession: rng.IntN(2) == 0,
+			ManualCapture: rng.IntN(2) == 0,
 		}
 		if n := rng.IntN(4); n > 0 {
 			req.Metadata = map[string]string{}

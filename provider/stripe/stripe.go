@@ -303,7 +303,11 @@ func answered(err error) bool {
 func appendChargeForm(b []byte, req provider.ChargeRequest) []byte {
 	b = append(b, "amount="...)
 	b = strconv.AppendInt(b, req.Amount, 10)
-	b = append(b, "&automatic_payment_methods[allow_redirects]=never&automatic_payment_methods[enabled]=true&confirm=true&currency="...)
+	b = append(b, "&automatic_payment_methods[allow_redirects]=never&automatic_payment_methods[enabled]=true"...)
+	if req.ManualCapture {
+		b = append(b, "&capture_method=manual"...)
+	}
+	b = append(b, "&confirm=true&currency="...)
 	b = append(b, url.QueryEscape(req.Currency)...)
 	if req.Description != "" {
 		b = append(b, "&description="...)
@@ -335,6 +339,7 @@ var formName = strings.NewReplacer("%5B", "[", "%5D", "]")
 type chargedIntent struct {
 	ID               string                       `json:"id"`
 	Status           stripego.PaymentIntentStatus `json:"status"`
+	AmountCapturable int64                        `json:"amount_capturable"`
 	LastPaymentError *struct {
 		Code        stripego.ErrorCode   `json:"code"`
 		DeclineCode stripego.DeclineCode `json:"decline_code"`
@@ -347,7 +352,8 @@ func (c *chargedIntent) SetLastResponse(r *stripego.APIResponse) { c.lastRespons
 
 // intent is c as the stripe-go object settle reads.
 func (c *chargedIntent) intent() *stripego.PaymentIntent {
-	pi := &stripego.PaymentIntent{APIResource: stripego.APIResource{LastResponse: c.lastResponse}, ID: c.ID, Status: c.Status}
+	pi := &stripego.PaymentIntent{APIResource: stripego.APIResource{LastResponse: c.lastResponse}, ID: c.ID, Status: c.Status,
+		AmountCapturable: c.AmountCapturable}
 	if e := c.LastPaymentError; e != nil {
 		pi.LastPaymentError = &stripego.Error{Code: e.Code, DeclineCode: e.DeclineCode, Msg: e.Msg}
 	}
@@ -524,8 +530,12 @@ func quoteSearchValue(v string) string {
 // status we cannot read (requires_action is settle's).
 func intentOutcome(pi *stripego.PaymentIntent, raw []byte) (*provider.Outcome, error) {
 	switch pi.Status {
-	case stripego.PaymentIntentStatusSucceeded, stripego.PaymentIntentStatusRequiresCapture:
+	case stripego.PaymentIntentStatusSucceeded:
 		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), HTTPStatus: http.StatusOK, Response: raw}, nil
+	case stripego.PaymentIntentStatusRequiresCapture:
+		// Authorized: held, moved only by a capture.
+		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), Authorized: true,
+			AmountCapturable: pi.AmountCapturable, HTTPStatus: http.StatusOK, Response: raw}, nil
 	case stripego.PaymentIntentStatusProcessing:
 		// Accepted; money may still move (bank debits take days).
 		return &provider.Outcome{ChargeID: pi.ID, Status: string(pi.Status), Processing: true, HTTPStatus: http.StatusAccepted, Response: raw}, nil
