@@ -91,7 +91,7 @@ type answer struct {
 // it: another fingerprint is 422, a completed key is replayed, a key a
 // worker holds is 409. A failed record decides nothing (the command is
 // published again if nobody is).
-func (g *Gateway) fromRecord(rec ledger.Record, fp []byte) (answer, bool) {
+func (g *base) fromRecord(rec ledger.Record, fp []byte) (answer, bool) {
 	switch {
 	case !bytes.Equal(rec.RequestHash, fp):
 		return answer{kind: ansReused}, true
@@ -110,7 +110,7 @@ func (g *Gateway) fromRecord(rec ledger.Record, fp []byte) (answer, bool) {
 // (a max_deliveries letter leaves it pending) is answered 409 otherwise. A
 // failed record is not decided here: the batch's acquisition returns its
 // intake row, which fromOperator reads.
-func (g *Gateway) mayWaitForOperator(rec ledger.Record, fp []byte, a answer, decided bool) bool {
+func (g *base) mayWaitForOperator(rec ledger.Record, fp []byte, a answer, decided bool) bool {
 	return decided && a.kind == ansInUse && rec.Status == ledger.StatusPending &&
 		!rec.LockedUntil.After(g.cfg.Clock.Now()) && bytes.Equal(rec.RequestHash, fp)
 }
@@ -135,7 +135,7 @@ func fromOperator(rec *ledger.Record, res ledger.IntakeResult, fp []byte) (answe
 
 // releaseWaiting gives back an intake acquired only to find that its
 // payment waits for an operator (fromOperator): nothing was published.
-func (g *Gateway) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
+func (g *base) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
 	if res.Outcome != ledger.IntakeAcquired {
 		return
 	}
@@ -157,7 +157,7 @@ func fromLedger(p ledger.Payment, cmd *payment.Command) (answer, bool) {
 }
 
 // write answers a decided POST (not ansAccepted: the caller goes on).
-func (g *Gateway) write(w http.ResponseWriter, a answer) {
+func (g *base) write(w http.ResponseWriter, a answer) {
 	switch a.kind {
 	case ansReused:
 		g.keyReused(w)
@@ -227,7 +227,7 @@ var (
 
 // batcher is the batched intake.
 type batcher struct {
-	g       *Gateway
+	g       *base
 	store   Store
 	records Records
 	queue   chan *item
@@ -244,7 +244,7 @@ type batcher struct {
 	merchant map[string]int // queued requests per merchant
 }
 
-func newBatcher(g *Gateway, store Store, records Records) *batcher {
+func newBatcher(g *base, store Store, records Records) *batcher {
 	c := g.cfg
 	return &batcher{g: g, store: store, records: records,
 		queue: make(chan *item, c.QueueSize), slots: make(chan struct{}, c.Flushers),

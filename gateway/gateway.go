@@ -300,14 +300,9 @@ func (c Config) Validate() error {
 // batched intake, which runs while Serve does (Handler mounted on a server
 // of your own answers them 503 otherwise).
 type Gateway struct {
-	cfg     Config
-	records Records
-	store   Store
+	base
 	comp    Completions
-	pub     Publisher
 	prop    propagation.TextMapPropagator
-	log     *slog.Logger
-	metrics *metrics
 	handler http.Handler
 	batch   *batcher      // takes every POST in (batch.go)
 	auths   *authThrottle // nil: off
@@ -316,6 +311,17 @@ type Gateway struct {
 	draining  atomic.Bool
 	drain     chan struct{} // closed when shutdown begins
 	drainOnce sync.Once
+}
+
+// base is what the batched intake and the handlers share: the settings,
+// the stores, the publisher, the logger and the metrics.
+type base struct {
+	cfg     Config
+	records Records
+	store   Store
+	pub     Publisher
+	log     *slog.Logger
+	metrics *metrics
 }
 
 // New validates cfg and returns a gateway that reads the worker's records
@@ -336,13 +342,13 @@ func New(records Records, store Store, comp Completions, pub Publisher, cfg Conf
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, records: records, store: store, comp: comp, pub: pub, log: cfg.Logger, metrics: m, drain: make(chan struct{})}
+	g := &Gateway{base: base{cfg: cfg, records: records, store: store, pub: pub, log: cfg.Logger, metrics: m}, comp: comp, drain: make(chan struct{})}
 	if cfg.Propagator == nil {
 		cfg.Propagator = propagation.TraceContext{}
 	}
 	g.prop = cfg.Propagator
 	g.pauses.idle = cfg.Idle
-	g.batch = newBatcher(g, store, records)
+	g.batch = newBatcher(&g.base, store, records)
 	g.auths = newAuthThrottle(cfg.AuthFailures, cfg.AuthFailureWindow, cfg.Clock)
 	if cfg.TracerProvider == nil {
 		// Tracing off: otelhttp's span would be a no-op one that keeps the

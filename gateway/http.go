@@ -218,7 +218,7 @@ func apiKeyHashFrom(ctx context.Context) []byte {
 	return h
 }
 
-func (g *Gateway) unauthenticated(w http.ResponseWriter) {
+func (g *base) unauthenticated(w http.ResponseWriter) {
 	g.metrics.authFailures.Inc()
 	w.Header().Set("WWW-Authenticate", bearerInvalid)
 	writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})

@@ -135,12 +135,12 @@ func writeOutcome(w http.ResponseWriter, rec ledger.Record, replayed bool) {
 	writeJSON(w, outcomeStatus(rec), paymentFromRecord(rec))
 }
 
-func (g *Gateway) keyReused(w http.ResponseWriter) {
+func (g *base) keyReused(w http.ResponseWriter) {
 	g.metrics.idempotency.WithLabelValues("mismatch").Inc()
 	writeProblem(w, Problem{Type: ProblemKeyReused, Status: http.StatusUnprocessableEntity, Detail: problemDetailKeyReused})
 }
 
-func (g *Gateway) keyInUse(w http.ResponseWriter, retry time.Duration) {
+func (g *base) keyInUse(w http.ResponseWriter, retry time.Duration) {
 	g.metrics.idempotency.WithLabelValues("in_flight").Inc()
 	setRetryAfter(w, retry)
 	writeProblem(w, Problem{Type: ProblemKeyInUse, Status: http.StatusConflict, Detail: problemDetailKeyInUse})
@@ -171,7 +171,7 @@ func invalidRequest(w http.ResponseWriter, err error) {
 // records only these final reasons as final: a letter that waits for an
 // operator, such as max_deliveries, may still be replayed and charge; it
 // is answered waiting_for_operator, never so.)
-func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in ledger.Intake) {
+func (g *base) writeDeadLetter(w http.ResponseWriter, in ledger.Intake) {
 	status, typ := http.StatusUnprocessableEntity, ProblemRejected
 	switch {
 	case in.DeadLetterReason == string(payment.ReasonBodyTooLarge):
@@ -195,7 +195,7 @@ func (g *Gateway) writeDeadLetter(w http.ResponseWriter, in ledger.Intake) {
 // when it settles the answer beside the record rec (nil: none): the
 // worker dead-lettered the command (final: Intake.DeadLettered), or the
 // payment waits for an operator (Intake.WaitsForOperator).
-func (g *Gateway) fate(ctx context.Context, merchant, key string, hash []byte, rec *ledger.Record) (ledger.Intake, bool) {
+func (g *base) fate(ctx context.Context, merchant, key string, hash []byte, rec *ledger.Record) (ledger.Intake, bool) {
 	in, err := g.store.GetIntake(ctx, merchant, key)
 	if err != nil || !bytes.Equal(in.RequestHash, hash) || !in.DeadLettered() && !in.WaitsForOperator(rec) {
 		return ledger.Intake{}, false
@@ -400,7 +400,7 @@ func republishOf(in ledger.Intake) int {
 // acquired: while the stream still holds the published copy (the worker
 // is behind), publishing again only adds a copy, so the key is held for
 // another period instead (true). false: publish again.
-func (g *Gateway) heldAgain(ctx context.Context, in ledger.Intake, log *slog.Logger) bool {
+func (g *base) heldAgain(ctx context.Context, in ledger.Intake, log *slog.Logger) bool {
 	stored, err := g.pub.Stored(ctx, in.MerchantID, in.IdempotencyKey, in.StreamSeq)
 	if err != nil {
 		log.Warn("cannot tell whether the stream holds the published copy; publishing again", "error", err)
@@ -424,7 +424,7 @@ func (g *Gateway) heldAgain(ctx context.Context, in ledger.Intake, log *slog.Log
 // intake stays bound to its payload, its lease released so that the
 // client's retry with the same body publishes again at once (same
 // Nats-Msg-Id), and the answer is 503 "outcome unknown".
-func (g *Gateway) publishFailed(ctx context.Context, in ledger.Intake, err error, log *slog.Logger) answerKind {
+func (g *base) publishFailed(ctx context.Context, in ledger.Intake, err error, log *slog.Logger) answerKind {
 	g.metrics.publishes.WithLabelValues("error").Inc()
 	if !stream.Refused(err) {
 		log.Error("publish outcome unknown (no PubAck): the command may be queued; the key stays bound to its payload", "error", err)
