@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -46,93 +45,6 @@ import (
 // both with Retry-After, at once: the gateway sheds load instead of letting
 // requests time out.
 
-// Defaults of the batched intake.
-const (
-	DefaultBatchSize   = 128
-	DefaultBatchWindow = time.Millisecond
-	DefaultFlushers    = 4
-	DefaultQueueSize   = 4096
-	// DefaultMerchantShare is the fraction of the queue one merchant may
-	// fill; beyond it its requests are 429 while others still get in.
-	DefaultMerchantShare = 0.5
-	// overloadRetryAfter is the Retry-After of a shed request.
-	overloadRetryAfter = time.Second
-	maxCachedAPIKeys   = 10000
-)
-
-// answerKind is how a request is answered.
-type answerKind int
-
-const (
-	ansPending answerKind = iota // not decided yet
-	ansAccepted
-	ansReused
-	ansReplay
-	ansInUse
-	ansDeadLetter
-	ansNotRepublished
-	ansUnavailable
-	ansUnauthenticated
-	ansPublishUnknown // no PubAck: the command may be stored; the key stays bound
-	ansNotQueued      // the stream refused the publish: nothing stored, the key is free
-	ansNoStream       // ansNotQueued because the stream does not exist
-	ansWaiting        // the payment waits for an operator (202, waiting_for_operator); nothing published
-)
-
-// answer is the decision for one POST.
-type answer struct {
-	kind  answerKind
-	rec   ledger.Record // ansReplay, ansWaiting (zero: no record)
-	in    ledger.Intake // ansAccepted, ansDeadLetter, ansWaiting
-	retry time.Duration // ansInUse
-}
-
-// fromRecord decides a POST from the key's record, when the record decides
-// it: another fingerprint is 422, a completed key is replayed, a key a
-// worker holds is 409. A failed record decides nothing (the command is
-// published again if nobody is).
-func (g *base) fromRecord(rec ledger.Record, fp []byte) (answer, bool) {
-	switch {
-	case !bytes.Equal(rec.RequestHash, fp):
-		return answer{kind: ansReused}, true
-	case rec.Status == ledger.StatusCompleted:
-		return answer{kind: ansReplay, rec: rec}, true
-	case rec.Status == ledger.StatusPending:
-		// A charge takes a few seconds; the lease is only its bound.
-		return answer{kind: ansInUse, retry: min(rec.LockedUntil.Sub(g.cfg.Clock.Now()), inFlightRetryAfter)}, true
-	}
-	return answer{}, false
-}
-
-// mayWaitForOperator reports whether a POST that fromRecord decided (a
-// and decided are its answer) must read the key's intake first, for a
-// dead letter that waits for an operator: a key whose lease ran out
-// (a max_deliveries letter leaves it pending) is answered 409 otherwise. A
-// failed record is not decided here: the batch's acquisition returns its
-// intake row, which fromOperator reads.
-func (g *base) mayWaitForOperator(rec ledger.Record, fp []byte, a answer, decided bool) bool {
-	return decided && a.kind == ansInUse && rec.Status == ledger.StatusPending &&
-		!rec.LockedUntil.After(g.cfg.Clock.Now()) && bytes.Equal(rec.RequestHash, fp)
-}
-
-// fromOperator decides a POST from the intake row the batch's acquisition
-// returned (res) and the key's record (nil: none) when the payment waits
-// for an operator (ledger.Intake.WaitsForOperator): 202 with its state,
-// never a publish (an operator's replay decides whether it is charged),
-// never a final answer (the replay may still charge it). An intake the
-// request acquired must then be released (releaseWaiting).
-func fromOperator(rec *ledger.Record, res ledger.IntakeResult, fp []byte) (answer, bool) {
-	if res.Outcome != ledger.IntakeAcquired && res.Outcome != ledger.IntakeHeld ||
-		!bytes.Equal(res.Intake.RequestHash, fp) || !res.Intake.WaitsForOperator(rec) {
-		return answer{}, false
-	}
-	a := answer{kind: ansWaiting, in: res.Intake}
-	if rec != nil {
-		a.rec = *rec
-	}
-	return a, true
-}
-
 // releaseWaiting gives back an intake acquired only to find that its
 // payment waits for an operator (fromOperator): nothing was published.
 func (g *base) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
@@ -141,51 +53,6 @@ func (g *base) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log 
 	}
 	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		log.Warn("could not release the intake of a payment waiting for an operator; a retry takes it over once its lease passes", "error", err)
-	}
-}
-
-// inFlightRetryAfter is the Retry-After of a key a worker holds: about a
-// provider call's time, not its lease (the most a call may take).
-const inFlightRetryAfter = 2 * time.Second
-
-// fromLedger decides a POST whose key has no record from its ledger row.
-func fromLedger(p ledger.Payment, cmd *payment.Command) (answer, bool) {
-	if p.Amount != cmd.Amount || p.Currency != cmd.Currency {
-		return answer{kind: ansReused}, true
-	}
-	return answer{}, false
-}
-
-// write answers a decided POST (not ansAccepted: the caller goes on).
-func (g *base) write(w http.ResponseWriter, a answer) {
-	switch a.kind {
-	case ansReused:
-		g.keyReused(w)
-	case ansReplay:
-		g.metrics.idempotency.WithLabelValues("replayed").Inc()
-		writeOutcome(w, a.rec, true)
-	case ansInUse:
-		g.keyInUse(w, a.retry)
-	case ansNotRepublished:
-		g.metrics.idempotency.WithLabelValues("not_republished").Inc()
-		g.keyInUse(w, g.cfg.QueuedRetryAfter)
-	case ansDeadLetter:
-		g.metrics.idempotency.WithLabelValues("dead_lettered").Inc()
-		g.writeDeadLetter(w, a.in)
-	case ansWaiting:
-		g.metrics.idempotency.WithLabelValues("waiting_for_operator").Inc()
-		w.Header().Set("Location", location(a.in.IdempotencyKey))
-		writeJSON(w, http.StatusAccepted, waitingPayment(a.rec, a.in))
-	case ansUnauthenticated:
-		g.unauthenticated(w)
-	case ansPublishUnknown:
-		publishUnknown(w)
-	case ansNotQueued:
-		notQueued(w, problemDetailNotQueued)
-	case ansNoStream:
-		notQueued(w, problemDetailNoStream)
-	default:
-		unavailable(w)
 	}
 }
 
@@ -218,6 +85,12 @@ func (it *item) answer() {
 	it.sent = true
 	it.done <- it.ans
 }
+
+const (
+	// overloadRetryAfter is the Retry-After of a shed request.
+	overloadRetryAfter = time.Second
+	maxCachedAPIKeys   = 10000
+)
 
 // Shedding errors of the batched intake.
 var (
@@ -757,4 +630,69 @@ func (c *keyCache) evict(hash []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.m, string(hash))
+}
+
+// republishOf numbers a publish under in for its Nats-Msg-Id: 0 (the
+// command's own id) unless in was published and the stream has lost that
+// copy (heldAgain), then the attempt: the old id may still be inside the
+// duplicate window, which would drop the new copy. An intake taken over
+// with no mark of a publish (its publisher died, its PubAck or its mark
+// was lost) is bound to its payload, so its retry publishes the same
+// command under the same id: a copy that did land is dropped by the
+// duplicate window, and a later one is harmless (the worker's claim).
+func republishOf(in ledger.Intake) int {
+	if in.Published() && in.Attempt > 1 {
+		return in.Attempt
+	}
+	return 0
+}
+
+// heldAgain handles a retry after the republish hold, whose intake it
+// acquired: while the stream still holds the published copy (the worker
+// is behind), publishing again only adds a copy, so the key is held for
+// another period instead (true). false: publish again.
+func (g *base) heldAgain(ctx context.Context, in ledger.Intake, log *slog.Logger) bool {
+	stored, err := g.pub.Stored(ctx, in.MerchantID, in.IdempotencyKey, in.StreamSeq)
+	if err != nil {
+		log.Warn("cannot tell whether the stream holds the published copy; publishing again", "error", err)
+		return false
+	}
+	if !stored {
+		return false
+	}
+	if err := g.store.IntakePublished(ctx, in, in.StreamSeq, g.cfg.RepublishAfter); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+		log.Warn("could not hold the intake again", "error", err)
+	}
+	return true
+}
+
+// publishFailed settles the intake of a command whose publish failed and
+// returns how to answer it. A refusal (stream.Refused: the stream stored
+// nothing of it) gives the intake up, so a corrected retry is new: 422
+// when another command holds its Nats-Msg-Id, 503 "nothing accepted"
+// otherwise (saying so when the stream does not exist). Any other failure
+// is an unknown outcome: the command may be stored and charged, so the
+// intake stays bound to its payload, its lease released so that the
+// client's retry with the same body publishes again at once (same
+// Nats-Msg-Id), and the answer is 503 "outcome unknown".
+func (g *base) publishFailed(ctx context.Context, in ledger.Intake, err error, log *slog.Logger) answerKind {
+	g.metrics.publishes.WithLabelValues("error").Inc()
+	if !stream.Refused(err) {
+		log.Error("publish outcome unknown (no PubAck): the command may be queued; the key stays bound to its payload", "error", err)
+		if rerr := g.store.ReleaseIntake(ctx, in); rerr != nil && !errors.Is(rerr, ledger.ErrLeaseLost) {
+			log.Warn("could not release the intake; a retry takes it over once its lease passes", "error", rerr)
+		}
+		return ansPublishUnknown
+	}
+	log.Error("publish refused; nothing was stored", "error", err)
+	if aerr := g.store.AbandonIntake(ctx, in); aerr != nil && !errors.Is(aerr, ledger.ErrLeaseLost) {
+		log.Warn("could not release the intake; it is taken over once its lease passes", "error", aerr)
+	}
+	switch {
+	case errors.Is(err, stream.ErrMsgIDTaken):
+		return ansReused
+	case errors.Is(err, stream.ErrStreamMissing):
+		return ansNoStream
+	}
+	return ansNotQueued
 }
