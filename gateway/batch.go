@@ -263,33 +263,13 @@ func (b *batcher) flush(batch []*item) {
 	g := b.g
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
 	defer cancel()
-	// answered ends the batch's settling, once: after its 202s (publish),
-	// or when the flush ends without any. Only this goroutine calls it.
-	ended := false
-	answered := func() {
-		if ended {
-			return
-		}
-		ended = true
-		if b.settling.Add(-1) == 0 {
-			select {
-			case b.idle <- struct{}{}:
-			default:
-			}
-		}
-	}
+	s := &settlement{b: b}
 	defer func() {
 		for _, it := range batch {
 			it.answer()
 		}
-		answered()
+		s.answered()
 	}()
-	fail := func(items []*item, what string, err error) {
-		g.log.Error(what+"; its requests are answered 503 and none of them was published", "error", err, "requests", len(items))
-		for _, it := range items {
-			it.ans.kind = ansUnavailable
-		}
-	}
 
 	// Requests for one key in one batch: the first is taken in; the others
 	// wait for its outcome (below).
@@ -312,37 +292,13 @@ func (b *batcher) flush(batch []*item) {
 	}
 	results, err := b.store.AcquireNewIntakes(ctx, reqs, apiKeys, g.cfg.PublishLease, g.cfg.IntakeRetention)
 	if err != nil {
-		fail(batch, "acquire new intakes", err)
+		b.fail(batch, "acquire new intakes", err)
 		return
-	}
-	var publish, held []*item
-	settle := func(it *item, res ledger.IntakeResult, reread bool) {
-		if a, waits := fromOperator(it.rec, res, it.fp); waits {
-			g.releaseWaiting(ctx, res, it.log)
-			it.ans = a
-			return
-		}
-		switch res.Outcome {
-		case ledger.IntakeMismatch:
-			it.ans.kind = ansReused
-		case ledger.IntakeDeadLettered:
-			it.ans = answer{kind: ansDeadLetter, in: res.Intake}
-		case ledger.IntakeHeld:
-			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
-			if reread {
-				held = append(held, it)
-			}
-		case ledger.IntakeReadFirst:
-			it.readFirst = true
-		default:
-			it.ans.in = res.Intake
-			publish = append(publish, it)
-		}
 	}
 	// A held row met by AcquireNewIntakes had no record in the snapshot
 	// that found it held: it is 409 as of now, with nothing to read again.
 	for i, res := range results {
-		settle(news[i], res, false)
+		s.settle(ctx, news[i], res, false)
 	}
 	// Another request for a key the batch took in (or found held) has no
 	// record or ledger row either: with the same API key, it is what it
@@ -369,22 +325,22 @@ func (b *batcher) flush(batch []*item) {
 	if len(slow) > 0 {
 		owners, results, err := b.readThenAcquire(ctx, slow)
 		if err != nil {
-			fail(owners, "acquire intakes", err)
+			b.fail(owners, "acquire intakes", err)
 		} else {
 			for i, res := range results {
-				settle(owners[i], res, true)
+				s.settle(ctx, owners[i], res, true)
 			}
 		}
 	}
-	if len(held) > 0 {
+	if len(s.held) > 0 {
 		// Another request published it; the worker may have finished since
 		// the reads of readThenAcquire.
-		recs, _ := b.records.GetMany(ctx, refsOf(held))
+		recs, _ := b.records.GetMany(ctx, refsOf(s.held))
 		byKey := make(map[ledger.KeyRef]ledger.Record, len(recs))
 		for _, r := range recs {
 			byKey[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
 		}
-		for _, it := range held {
+		for _, it := range s.held {
 			if rec, ok := byKey[refOf(it)]; ok {
 				if a, decided := g.fromRecord(rec, it.fp); decided {
 					it.ans = a
@@ -392,7 +348,69 @@ func (b *batcher) flush(batch []*item) {
 			}
 		}
 	}
-	b.publish(ctx, publish, answered)
+	b.publish(ctx, s.publish, s.answered)
+}
+
+// settlement is one flush under way: the requests it took in, to
+// publish, those whose key it found held (read again before they are
+// answered), and whether the batch's settling has ended.
+type settlement struct {
+	b       *batcher
+	publish []*item
+	held    []*item
+	ended   bool
+}
+
+// answered ends the batch's settling, once: after its 202s (publish),
+// or when the flush ends without any. Only the flush's goroutine calls it.
+func (s *settlement) answered() {
+	if s.ended {
+		return
+	}
+	s.ended = true
+	if s.b.settling.Add(-1) == 0 {
+		select {
+		case s.b.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// settle decides a request from the intake its acquisition returned
+// (res): to publish, or answered at once. reread: a key found held is
+// read again before it is answered (flush, after the reads).
+func (s *settlement) settle(ctx context.Context, it *item, res ledger.IntakeResult, reread bool) {
+	g := s.b.g
+	if a, waits := fromOperator(it.rec, res, it.fp); waits {
+		g.releaseWaiting(ctx, res, it.log)
+		it.ans = a
+		return
+	}
+	switch res.Outcome {
+	case ledger.IntakeMismatch:
+		it.ans.kind = ansReused
+	case ledger.IntakeDeadLettered:
+		it.ans = answer{kind: ansDeadLetter, in: res.Intake}
+	case ledger.IntakeHeld:
+		it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+		if reread {
+			s.held = append(s.held, it)
+		}
+	case ledger.IntakeReadFirst:
+		it.readFirst = true
+	default:
+		it.ans.in = res.Intake
+		s.publish = append(s.publish, it)
+	}
+}
+
+// fail answers items 503 after the step what failed with err: none of
+// them was published.
+func (b *batcher) fail(items []*item, what string, err error) {
+	b.g.log.Error(what+"; its requests are answered 503 and none of them was published", "error", err, "requests", len(items))
+	for _, it := range items {
+		it.ans.kind = ansUnavailable
+	}
 }
 
 // readThenAcquire decides the requests that AcquireNewIntakes left alone
