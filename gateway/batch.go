@@ -271,34 +271,10 @@ func (b *batcher) flush(batch []*item) {
 		s.answered()
 	}()
 
-	// Requests for one key in one batch: the first is taken in; the others
-	// wait for its outcome (below).
-	firsts := make(map[ledger.KeyRef]*item, len(batch))
-	var news, dups []*item
-	for _, it := range batch {
-		if k := refOf(it); firsts[k] != nil {
-			dups = append(dups, it)
-		} else {
-			firsts[k] = it
-			news = append(news, it)
-		}
-	}
-	// One round trip takes in every request that only its intake row can
-	// decide (its API key active, no record, no ledger row): for a batch
-	// of new payments, the whole of the batch's work before its publish.
-	reqs, apiKeys := make([]ledger.ClaimRequest, len(news)), make([][]byte, len(news))
-	for i, it := range news {
-		reqs[i], apiKeys[i] = ledger.NewClaimRequest(it.cmd), it.keyHash
-	}
-	results, err := b.store.AcquireNewIntakes(ctx, reqs, apiKeys, g.cfg.PublishLease, g.cfg.IntakeRetention)
-	if err != nil {
+	firsts, news, dups := firstsOf(batch)
+	if err := s.acquireNew(ctx, news); err != nil {
 		b.fail(batch, "acquire new intakes", err)
 		return
-	}
-	// A held row met by AcquireNewIntakes had no record in the snapshot
-	// that found it held: it is 409 as of now, with nothing to read again.
-	for i, res := range results {
-		s.settle(ctx, news[i], res, false)
 	}
 	// Another request for a key the batch took in (or found held) has no
 	// record or ledger row either: with the same API key, it is what it
@@ -349,6 +325,21 @@ func (b *batcher) flush(batch []*item) {
 		}
 	}
 	b.publish(ctx, s.publish, s.answered)
+}
+
+// firstsOf splits a batch by key: the first request of each key (news)
+// is taken in; the others (dups) wait for its outcome (decideTwins).
+func firstsOf(batch []*item) (firsts map[ledger.KeyRef]*item, news, dups []*item) {
+	firsts = make(map[ledger.KeyRef]*item, len(batch))
+	for _, it := range batch {
+		if k := refOf(it); firsts[k] != nil {
+			dups = append(dups, it)
+		} else {
+			firsts[k] = it
+			news = append(news, it)
+		}
+	}
+	return firsts, news, dups
 }
 
 // settlement is one flush under way: the requests it took in, to
@@ -402,6 +393,28 @@ func (s *settlement) settle(ctx context.Context, it *item, res ledger.IntakeResu
 		it.ans.in = res.Intake
 		s.publish = append(s.publish, it)
 	}
+}
+
+// acquireNew takes in, in one round trip, every request that only its
+// intake row can decide (its API key active, no record, no ledger row):
+// for a batch of new payments, the whole of the batch's work before its
+// publish. The others are left to be read first (IntakeReadFirst).
+func (s *settlement) acquireNew(ctx context.Context, news []*item) error {
+	g := s.b.g
+	reqs, apiKeys := make([]ledger.ClaimRequest, len(news)), make([][]byte, len(news))
+	for i, it := range news {
+		reqs[i], apiKeys[i] = ledger.NewClaimRequest(it.cmd), it.keyHash
+	}
+	results, err := s.b.store.AcquireNewIntakes(ctx, reqs, apiKeys, g.cfg.PublishLease, g.cfg.IntakeRetention)
+	if err != nil {
+		return err
+	}
+	// A held row met by AcquireNewIntakes had no record in the snapshot
+	// that found it held: it is 409 as of now, with nothing to read again.
+	for i, res := range results {
+		s.settle(ctx, news[i], res, false)
+	}
+	return nil
 }
 
 // fail answers items 503 after the step what failed with err: none of
