@@ -276,22 +276,7 @@ func (b *batcher) flush(batch []*item) {
 		b.fail(batch, "acquire new intakes", err)
 		return
 	}
-	// Another request for a key the batch took in (or found held) has no
-	// record or ledger row either: with the same API key, it is what it
-	// would meet a moment later, the key held (409) or held for another
-	// payload (422); with another API key, or when the first was left to
-	// be read, it is decided the long way, where it meets the first's row.
-	for _, it := range dups {
-		f := firsts[refOf(it)]
-		switch {
-		case f.readFirst || !bytes.Equal(f.keyHash, it.keyHash):
-			it.readFirst = true
-		case bytes.Equal(f.fp, it.fp):
-			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
-		default:
-			it.ans = answer{kind: ansReused}
-		}
-	}
+	b.decideTwins(firsts, dups)
 	var slow []*item // in the batch's order: the first request of a key takes it in
 	for _, it := range batch {
 		if it.readFirst {
@@ -340,6 +325,27 @@ func firstsOf(batch []*item) (firsts map[ledger.KeyRef]*item, news, dups []*item
 		}
 	}
 	return firsts, news, dups
+}
+
+// decideTwins decides another request for a key the batch took in (or
+// found held), which has no record or ledger row either: with the same
+// API key, it is what it would meet a moment later, the key held (409) or
+// held for another payload (422); with another API key, or when the first
+// was left to be read, it is decided the long way, where it meets the
+// first's row.
+func (b *batcher) decideTwins(firsts map[ledger.KeyRef]*item, dups []*item) {
+	g := b.g
+	for _, it := range dups {
+		f := firsts[refOf(it)]
+		switch {
+		case f.readFirst || !bytes.Equal(f.keyHash, it.keyHash):
+			it.readFirst = true
+		case bytes.Equal(f.fp, it.fp):
+			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+		default:
+			it.ans = answer{kind: ansReused}
+		}
+	}
 }
 
 // settlement is one flush under way: the requests it took in, to
