@@ -277,22 +277,7 @@ func (b *batcher) flush(batch []*item) {
 		return
 	}
 	b.decideTwins(firsts, dups)
-	var slow []*item // in the batch's order: the first request of a key takes it in
-	for _, it := range batch {
-		if it.readFirst {
-			slow = append(slow, it)
-		}
-	}
-	if len(slow) > 0 {
-		owners, results, err := b.readThenAcquire(ctx, slow)
-		if err != nil {
-			b.fail(owners, "acquire intakes", err)
-		} else {
-			for i, res := range results {
-				s.settle(ctx, owners[i], res, true)
-			}
-		}
-	}
+	s.readFirst(ctx, batch)
 	if len(s.held) > 0 {
 		// Another request published it; the worker may have finished since
 		// the reads of readThenAcquire.
@@ -421,6 +406,29 @@ func (s *settlement) acquireNew(ctx context.Context, news []*item) error {
 		s.settle(ctx, news[i], res, false)
 	}
 	return nil
+}
+
+// readFirst decides the requests left to be read first
+// (readThenAcquire), in the batch's order: the first request of a key
+// takes it in.
+func (s *settlement) readFirst(ctx context.Context, batch []*item) {
+	var slow []*item
+	for _, it := range batch {
+		if it.readFirst {
+			slow = append(slow, it)
+		}
+	}
+	if len(slow) == 0 {
+		return
+	}
+	owners, results, err := s.b.readThenAcquire(ctx, slow)
+	if err != nil {
+		s.b.fail(owners, "acquire intakes", err)
+		return
+	}
+	for i, res := range results {
+		s.settle(ctx, owners[i], res, true)
+	}
 }
 
 // fail answers items 503 after the step what failed with err: none of
