@@ -258,10 +258,14 @@ func (b *batcher) flushRest(wg *sync.WaitGroup) {
 	}
 }
 
-// flush settles one batch and answers every request in it.
+// flush settles one batch and answers every request in it: the first
+// request of each key is taken in at once (acquireNew), the others of a
+// key are decided beside it (decideTwins), the requests that need reads
+// are read and taken in (readFirst), the keys found held are read again
+// (rereadHeld), and what was taken in is published (publish). A request
+// left undecided is answered 503.
 func (b *batcher) flush(batch []*item) {
-	g := b.g
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), b.g.cfg.RequestTimeout)
 	defer cancel()
 	s := &settlement{b: b}
 	defer func() {
@@ -270,7 +274,6 @@ func (b *batcher) flush(batch []*item) {
 		}
 		s.answered()
 	}()
-
 	firsts, news, dups := firstsOf(batch)
 	if err := s.acquireNew(ctx, news); err != nil {
 		b.fail(batch, "acquire new intakes", err)
@@ -278,22 +281,7 @@ func (b *batcher) flush(batch []*item) {
 	}
 	b.decideTwins(firsts, dups)
 	s.readFirst(ctx, batch)
-	if len(s.held) > 0 {
-		// Another request published it; the worker may have finished since
-		// the reads of readThenAcquire.
-		recs, _ := b.records.GetMany(ctx, refsOf(s.held))
-		byKey := make(map[ledger.KeyRef]ledger.Record, len(recs))
-		for _, r := range recs {
-			byKey[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
-		}
-		for _, it := range s.held {
-			if rec, ok := byKey[refOf(it)]; ok {
-				if a, decided := g.fromRecord(rec, it.fp); decided {
-					it.ans = a
-				}
-			}
-		}
-	}
+	s.rereadHeld(ctx)
 	b.publish(ctx, s.publish, s.answered)
 }
 
@@ -360,7 +348,7 @@ func (s *settlement) answered() {
 
 // settle decides a request from the intake its acquisition returned
 // (res): to publish, or answered at once. reread: a key found held is
-// read again before it is answered (flush, after the reads).
+// read again before it is answered (rereadHeld).
 func (s *settlement) settle(ctx context.Context, it *item, res ledger.IntakeResult, reread bool) {
 	g := s.b.g
 	if a, waits := fromOperator(it.rec, res, it.fp); waits {
@@ -428,6 +416,27 @@ func (s *settlement) readFirst(ctx context.Context, batch []*item) {
 	}
 	for i, res := range results {
 		s.settle(ctx, owners[i], res, true)
+	}
+}
+
+// rereadHeld decides again the requests whose key another request
+// published: the worker may have finished since the reads of
+// readThenAcquire.
+func (s *settlement) rereadHeld(ctx context.Context) {
+	if len(s.held) == 0 {
+		return
+	}
+	recs, _ := s.b.records.GetMany(ctx, refsOf(s.held))
+	byKey := make(map[ledger.KeyRef]ledger.Record, len(recs))
+	for _, r := range recs {
+		byKey[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+	}
+	for _, it := range s.held {
+		if rec, ok := byKey[refOf(it)]; ok {
+			if a, decided := s.b.g.fromRecord(rec, it.fp); decided {
+				it.ans = a
+			}
+		}
 	}
 }
 
