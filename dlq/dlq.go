@@ -470,53 +470,15 @@ func (r *replayer) pick(ctx context.Context, d Info) error {
 	return r.judge(ctx, d)
 }
 
-// judge decides a letter's fate and, unless it is refused or skipped or
-// the run is dry, replays it.
+// judge decides a letter's fate (verdict) and, unless it is refused or
+// skipped or the run is dry, replays it.
 func (r *replayer) judge(ctx context.Context, d Info) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	cfg, opts, now, retention := r.cfg, r.opts, r.now, r.retention
 	res := ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey, Subject: d.OrigSubject}
-	switch {
-	case d.Invalid != "":
-		res.Outcome, res.Detail = Refused, "not a readable dead letter: "+d.Invalid
-	case !d.Verified:
-		// Anyone who may publish on the DLQ's subjects could forge one;
-		// replay publishes with the operator's credentials.
-		res.Outcome, res.Detail = Refused, d.Unverified+": refusing to replay it"
-	case d.Reason == string(payment.ReasonCardData):
-		// Even with Force: the letter keeps the body with its card
-		// number masked, so a replay would publish another command.
-		res.Outcome = Refused
-		res.Detail = "card data: the message held what looks like a card number, which the letter keeps masked, so a replay would be another command; the client must send the payment anew with a payment-method token (pm_...), never the card number"
-	case d.Truncated:
-		res.Outcome = Refused
-		res.Detail = fmt.Sprintf("truncated: the letter keeps only part of the message (body of %s bytes, SHA-256 %s) to fit under max_payload: the original is %s #%d while the stream keeps it; publish it anew from there",
-			d.Header.Get(stream.HeaderDLQBodyLength), d.Header.Get(stream.HeaderDLQBodySHA256), d.OrigStream, d.OrigSeq)
-	case !replayTarget(cfg, d):
-		// Defence in depth: replay only ever publishes payment commands.
-		res.Outcome = Refused
-		res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
-			d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Name)
-	case now.Sub(failedAt(d)) > retention:
-		res.Outcome = Refused
-		res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
-			now.Sub(failedAt(d)).Round(time.Second), retention)
-	case opts.All && opts.Reason == "" && stream.NeedsInvestigation(d.Reason):
-		res.Outcome = Skipped
-		res.Detail = fmt.Sprintf("%s needs investigating first (docs/runbooks.md); once understood, replay it with paydedup dlq replay --reason %s, or this one alone with paydedup dlq replay %d",
-			d.Reason, d.Reason, d.Seq)
-	case !opts.Force && d.Reason == stream.ReasonKeyReused:
-		res.Outcome = Skipped
-		res.Detail = "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"
-	case !opts.Force && !stream.ReplayableReason(d.Reason):
-		res.Outcome = Skipped
-		res.Detail = fmt.Sprintf("bad input (%s): a replay is dead-lettered again; fix the message and publish it anew, or use --force", d.Reason)
-	case opts.DryRun:
-		res.Outcome = WouldReplay
-	default:
-		if err := openDLQ(ctx, r.js, cfg, &r.dlqs); err != nil {
+	if res.Outcome, res.Detail = r.verdict(d); res.Outcome == "" {
+		if err := openDLQ(ctx, r.js, r.cfg, &r.dlqs); err != nil {
 			return err
 		}
 		if wait := time.Until(r.lastPublish.Add(r.interval)); r.interval > 0 && wait > 0 {
@@ -527,10 +489,48 @@ func (r *replayer) judge(ctx context.Context, d Info) error {
 			}
 		}
 		r.lastPublish = time.Now()
-		replayOne(ctx, r.js, r.dlqs, cfg, d, &res)
+		replayOne(ctx, r.js, r.dlqs, r.cfg, d, &res)
 	}
 	r.add(res)
 	return nil
+}
+
+// verdict is a letter's fate before any republish: refused, skipped, or
+// (a dry run) would be replayed, with why. An empty outcome: replay it.
+func (r *replayer) verdict(d Info) (ReplayOutcome, string) {
+	cfg, opts, now, retention := r.cfg, r.opts, r.now, r.retention
+	switch {
+	case d.Invalid != "":
+		return Refused, "not a readable dead letter: " + d.Invalid
+	case !d.Verified:
+		// Anyone who may publish on the DLQ's subjects could forge one;
+		// replay publishes with the operator's credentials.
+		return Refused, d.Unverified + ": refusing to replay it"
+	case d.Reason == string(payment.ReasonCardData):
+		// Even with Force: the letter keeps the body with its card
+		// number masked, so a replay would publish another command.
+		return Refused, "card data: the message held what looks like a card number, which the letter keeps masked, so a replay would be another command; the client must send the payment anew with a payment-method token (pm_...), never the card number"
+	case d.Truncated:
+		return Refused, fmt.Sprintf("truncated: the letter keeps only part of the message (body of %s bytes, SHA-256 %s) to fit under max_payload: the original is %s #%d while the stream keeps it; publish it anew from there",
+			d.Header.Get(stream.HeaderDLQBodyLength), d.Header.Get(stream.HeaderDLQBodySHA256), d.OrigStream, d.OrigSeq)
+	case !replayTarget(cfg, d):
+		// Defence in depth: replay only ever publishes payment commands.
+		return Refused, fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
+			d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Name)
+	case now.Sub(failedAt(d)) > retention:
+		return Refused, fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
+			now.Sub(failedAt(d)).Round(time.Second), retention)
+	case opts.All && opts.Reason == "" && stream.NeedsInvestigation(d.Reason):
+		return Skipped, fmt.Sprintf("%s needs investigating first (docs/runbooks.md); once understood, replay it with paydedup dlq replay --reason %s, or this one alone with paydedup dlq replay %d",
+			d.Reason, d.Reason, d.Seq)
+	case !opts.Force && d.Reason == stream.ReasonKeyReused:
+		return Skipped, "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"
+	case !opts.Force && !stream.ReplayableReason(d.Reason):
+		return Skipped, fmt.Sprintf("bad input (%s): a replay is dead-lettered again; fix the message and publish it anew, or use --force", d.Reason)
+	case opts.DryRun:
+		return WouldReplay, ""
+	}
+	return "", ""
 }
 
 // eachChosen is the read loop of Replay and Resign: it calls fn for each
