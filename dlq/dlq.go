@@ -478,20 +478,30 @@ func (r *replayer) judge(ctx context.Context, d Info) error {
 	}
 	res := ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey, Subject: d.OrigSubject}
 	if res.Outcome, res.Detail = r.verdict(d); res.Outcome == "" {
-		if err := openDLQ(ctx, r.js, r.cfg, &r.dlqs); err != nil {
+		if err := r.republish(ctx, d, &res); err != nil {
 			return err
 		}
-		if wait := time.Until(r.lastPublish.Add(r.interval)); r.interval > 0 && wait > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(wait):
-			}
-		}
-		r.lastPublish = time.Now()
-		replayOne(ctx, r.js, r.dlqs, r.cfg, d, &res)
 	}
 	r.add(res)
+	return nil
+}
+
+// republish replays d (replayOne) at the run's pace, opening the DLQ
+// stream on first use. An error stops the run: the stream cannot be
+// opened, or ctx ended while it waited.
+func (r *replayer) republish(ctx context.Context, d Info, res *ReplayResult) error {
+	if err := openDLQ(ctx, r.js, r.cfg, &r.dlqs); err != nil {
+		return err
+	}
+	if wait := time.Until(r.lastPublish.Add(r.interval)); r.interval > 0 && wait > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	r.lastPublish = time.Now()
+	replayOne(ctx, r.js, r.dlqs, r.cfg, d, res)
 	return nil
 }
 
