@@ -400,24 +400,10 @@ func (r *ReplayReport) add(res ReplayResult) {
 // The error is for failures that stop the whole replay (bad options, the
 // DLQ stream unreachable); per-letter failures are in the report.
 func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts ReplayOptions) (ReplayReport, error) {
-	cfg = cfg.WithDefaults()
-	if opts.All == (len(opts.Seqs) > 0) {
-		return ReplayReport{}, errors.New("replay dead letters: give either sequences or All")
-	}
-	if err := errors.Join(stream.ValidateDLQKey(cfg.DLQKey), stream.ValidateDLQPreviousKeys(cfg.DLQPreviousKeys)); err != nil {
+	r, err := newReplayer(js, cfg, opts)
+	if err != nil {
 		return ReplayReport{}, fmt.Errorf("replay dead letters: %w", err)
 	}
-	if opts.Rate < 0 {
-		return ReplayReport{}, fmt.Errorf("replay dead letters: negative rate %v", opts.Rate)
-	}
-	r := &replayer{js: js, cfg: cfg, opts: opts, retention: cmp.Or(opts.KeyRetention, DefaultKeyRetention), now: opts.Now}
-	if r.now.IsZero() {
-		r.now = time.Now()
-	}
-	if opts.Rate > 0 {
-		r.interval = time.Duration(float64(time.Second) / opts.Rate)
-	}
-
 	// A rate-limited replay fetches about a minute of letters at a time,
 	// well within the reader's inactive threshold.
 	f := Filter{Reason: opts.Reason}
@@ -425,7 +411,7 @@ func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts
 		f.batch = int(min(max(opts.Rate*60, 1), dlqFetchBatch))
 	}
 	pick := func(d Info) error { return r.pick(ctx, d) }
-	if err := eachChosen(ctx, js, cfg, opts.All, f, opts.Seqs, pick, r.notFound); err != nil {
+	if err := eachChosen(ctx, r.js, r.cfg, opts.All, f, opts.Seqs, pick, r.notFound); err != nil {
 		return r.rep, fmt.Errorf("replay dead letters: %w", err)
 	}
 	return r.rep, nil
@@ -443,6 +429,28 @@ type replayer struct {
 	dlqs        jetstream.Stream
 	lastPublish time.Time
 	rep         ReplayReport
+}
+
+// newReplayer checks opts and cfg's DLQ keys, and fills in the defaults.
+func newReplayer(js jetstream.JetStream, cfg stream.Config, opts ReplayOptions) (*replayer, error) {
+	cfg = cfg.WithDefaults()
+	if opts.All == (len(opts.Seqs) > 0) {
+		return nil, errors.New("give either sequences or All")
+	}
+	if err := errors.Join(stream.ValidateDLQKey(cfg.DLQKey), stream.ValidateDLQPreviousKeys(cfg.DLQPreviousKeys)); err != nil {
+		return nil, err
+	}
+	if opts.Rate < 0 {
+		return nil, fmt.Errorf("negative rate %v", opts.Rate)
+	}
+	r := &replayer{js: js, cfg: cfg, opts: opts, retention: cmp.Or(opts.KeyRetention, DefaultKeyRetention), now: opts.Now}
+	if r.now.IsZero() {
+		r.now = time.Now()
+	}
+	if opts.Rate > 0 {
+		r.interval = time.Duration(float64(time.Second) / opts.Rate)
+	}
+	return r, nil
 }
 
 // add reports res, and passes it to opts.OnResult.
