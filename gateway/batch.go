@@ -45,17 +45,6 @@ import (
 // both with Retry-After, at once: the gateway sheds load instead of letting
 // requests time out.
 
-// releaseWaiting gives back an intake acquired only to find that its
-// payment waits for an operator (fromOperator): nothing was published.
-func (g *base) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
-	if res.Outcome != ledger.IntakeAcquired {
-		return
-	}
-	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
-		log.Warn("could not release the intake of a payment waiting for an operator; a retry takes it over once its lease passes", "error", err)
-	}
-}
-
 // item is one POST waiting in the batched intake.
 type item struct {
 	cmd     *payment.Command
@@ -374,6 +363,17 @@ func (s *settlement) settle(ctx context.Context, it *item, res ledger.IntakeResu
 	}
 }
 
+// releaseWaiting gives back an intake acquired only to find that its
+// payment waits for an operator (fromOperator): nothing was published.
+func (g *base) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
+	if res.Outcome != ledger.IntakeAcquired {
+		return
+	}
+	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+		log.Warn("could not release the intake of a payment waiting for an operator; a retry takes it over once its lease passes", "error", err)
+	}
+}
+
 // acquireNew takes in, in one round trip, every request that only its
 // intake row can decide (its API key active, no record, no ledger row):
 // for a batch of new payments, the whole of the batch's work before its
@@ -643,49 +643,6 @@ func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int
 	return seqs
 }
 
-func refOf(it *item) ledger.KeyRef {
-	return ledger.KeyRef{MerchantID: it.cmd.MerchantID, IdempotencyKey: it.cmd.IdempotencyKey}
-}
-
-func refsOf(items []*item) []ledger.KeyRef {
-	out := make([]ledger.KeyRef, len(items))
-	for i, it := range items {
-		out[i] = refOf(it)
-	}
-	return out
-}
-
-// keyCache maps API key hashes to their merchant, so that a POST does not
-// look its key up; every batch re-checks the keys of its requests
-// (pgstore.AcquireNewIntakes, ReadBatch), so a revocation is seen by the
-// next batch.
-type keyCache struct {
-	mu sync.RWMutex
-	m  map[string]string
-}
-
-func (c *keyCache) get(hash []byte) (string, bool) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	m, ok := c.m[string(hash)]
-	return m, ok
-}
-
-func (c *keyCache) put(hash []byte, merchant string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.m) >= maxCachedAPIKeys {
-		clear(c.m)
-	}
-	c.m[string(hash)] = merchant
-}
-
-func (c *keyCache) evict(hash []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.m, string(hash))
-}
-
 // republishOf numbers a publish under in for its Nats-Msg-Id: 0 (the
 // command's own id) unless in was published and the stream has lost that
 // copy (heldAgain), then the attempt: the old id may still be inside the
@@ -749,4 +706,47 @@ func (g *base) publishFailed(ctx context.Context, in ledger.Intake, err error, l
 		return ansNoStream
 	}
 	return ansNotQueued
+}
+
+func refOf(it *item) ledger.KeyRef {
+	return ledger.KeyRef{MerchantID: it.cmd.MerchantID, IdempotencyKey: it.cmd.IdempotencyKey}
+}
+
+func refsOf(items []*item) []ledger.KeyRef {
+	out := make([]ledger.KeyRef, len(items))
+	for i, it := range items {
+		out[i] = refOf(it)
+	}
+	return out
+}
+
+// keyCache maps API key hashes to their merchant, so that a POST does not
+// look its key up; every batch re-checks the keys of its requests
+// (pgstore.AcquireNewIntakes, ReadBatch), so a revocation is seen by the
+// next batch.
+type keyCache struct {
+	mu sync.RWMutex
+	m  map[string]string
+}
+
+func (c *keyCache) get(hash []byte) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	m, ok := c.m[string(hash)]
+	return m, ok
+}
+
+func (c *keyCache) put(hash []byte, merchant string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= maxCachedAPIKeys {
+		clear(c.m)
+	}
+	c.m[string(hash)] = merchant
+}
+
+func (c *keyCache) evict(hash []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, string(hash))
 }
