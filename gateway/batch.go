@@ -296,14 +296,13 @@ func firstsOf(batch []*item) (firsts map[ledger.KeyRef]*item, news, dups []*item
 // was left to be read, it is decided the long way, where it meets the
 // first's row.
 func (b *batcher) decideTwins(firsts map[ledger.KeyRef]*item, dups []*item) {
-	g := b.g
 	for _, it := range dups {
 		f := firsts[refOf(it)]
 		switch {
 		case f.readFirst || !bytes.Equal(f.keyHash, it.keyHash):
 			it.readFirst = true
 		case bytes.Equal(f.fp, it.fp):
-			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+			it.ans = answer{kind: ansInUse, retry: b.g.cfg.QueuedRetryAfter}
 		default:
 			it.ans = answer{kind: ansReused}
 		}
