@@ -400,121 +400,155 @@ func (r *ReplayReport) add(res ReplayResult) {
 // The error is for failures that stop the whole replay (bad options, the
 // DLQ stream unreachable); per-letter failures are in the report.
 func Replay(ctx context.Context, js jetstream.JetStream, cfg stream.Config, opts ReplayOptions) (ReplayReport, error) {
-	cfg = cfg.WithDefaults()
-	var rep ReplayReport
-	add := func(res ReplayResult) {
-		rep.add(res)
-		if opts.OnResult != nil {
-			opts.OnResult(res)
-		}
+	r, err := newReplayer(js, cfg, opts)
+	if err != nil {
+		return ReplayReport{}, fmt.Errorf("replay dead letters: %w", err)
 	}
-	if opts.All == (len(opts.Seqs) > 0) {
-		return rep, errors.New("replay dead letters: give either sequences or All")
-	}
-	if err := errors.Join(stream.ValidateDLQKey(cfg.DLQKey), stream.ValidateDLQPreviousKeys(cfg.DLQPreviousKeys)); err != nil {
-		return rep, fmt.Errorf("replay dead letters: %w", err)
-	}
-	if opts.Rate < 0 {
-		return rep, fmt.Errorf("replay dead letters: negative rate %v", opts.Rate)
-	}
-	retention := cmp.Or(opts.KeyRetention, DefaultKeyRetention)
-	now := opts.Now
-	if now.IsZero() {
-		now = time.Now()
-	}
-	var interval time.Duration
-	if opts.Rate > 0 {
-		interval = time.Duration(float64(time.Second) / opts.Rate)
-	}
-	var dlqs jetstream.Stream
-	var lastPublish time.Time
-	judge := func(d Info) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		res := ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey, Subject: d.OrigSubject}
-		switch {
-		case d.Invalid != "":
-			res.Outcome, res.Detail = Refused, "not a readable dead letter: "+d.Invalid
-		case !d.Verified:
-			// Anyone who may publish on the DLQ's subjects could forge one;
-			// replay publishes with the operator's credentials.
-			res.Outcome, res.Detail = Refused, d.Unverified+": refusing to replay it"
-		case d.Reason == string(payment.ReasonCardData):
-			// Even with Force: the letter keeps the body with its card
-			// number masked, so a replay would publish another command.
-			res.Outcome = Refused
-			res.Detail = "card data: the message held what looks like a card number, which the letter keeps masked, so a replay would be another command; the client must send the payment anew with a payment-method token (pm_...), never the card number"
-		case d.Truncated:
-			res.Outcome = Refused
-			res.Detail = fmt.Sprintf("truncated: the letter keeps only part of the message (body of %s bytes, SHA-256 %s) to fit under max_payload: the original is %s #%d while the stream keeps it; publish it anew from there",
-				d.Header.Get(stream.HeaderDLQBodyLength), d.Header.Get(stream.HeaderDLQBodySHA256), d.OrigStream, d.OrigSeq)
-		case !replayTarget(cfg, d):
-			// Defence in depth: replay only ever publishes payment commands.
-			res.Outcome = Refused
-			res.Detail = fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
-				d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Name)
-		case now.Sub(failedAt(d)) > retention:
-			res.Outcome = Refused
-			res.Detail = fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
-				now.Sub(failedAt(d)).Round(time.Second), retention)
-		case opts.All && opts.Reason == "" && stream.NeedsInvestigation(d.Reason):
-			res.Outcome = Skipped
-			res.Detail = fmt.Sprintf("%s needs investigating first (docs/runbooks.md); once understood, replay it with paydedup dlq replay --reason %s, or this one alone with paydedup dlq replay %d",
-				d.Reason, d.Reason, d.Seq)
-		case !opts.Force && d.Reason == stream.ReasonKeyReused:
-			res.Outcome = Skipped
-			res.Detail = "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"
-		case !opts.Force && !stream.ReplayableReason(d.Reason):
-			res.Outcome = Skipped
-			res.Detail = fmt.Sprintf("bad input (%s): a replay is dead-lettered again; fix the message and publish it anew, or use --force", d.Reason)
-		case opts.DryRun:
-			res.Outcome = WouldReplay
-		default:
-			if err := openDLQ(ctx, js, cfg, &dlqs); err != nil {
-				return err
-			}
-			if wait := time.Until(lastPublish.Add(interval)); interval > 0 && wait > 0 {
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(wait):
-				}
-			}
-			lastPublish = time.Now()
-			replayOne(ctx, js, dlqs, cfg, d, &res)
-		}
-		add(res)
-		return nil
-	}
-
 	// A rate-limited replay fetches about a minute of letters at a time,
 	// well within the reader's inactive threshold.
 	f := Filter{Reason: opts.Reason}
 	if opts.Rate > 0 && !opts.DryRun {
 		f.batch = int(min(max(opts.Rate*60, 1), dlqFetchBatch))
 	}
-	pick := judge
-	if !opts.All && opts.Reason != "" {
-		// Letters named by sequence are not filtered by reason as they
-		// are read: one of another reason is skipped here.
-		pick = func(d Info) error {
-			if d.Reason != opts.Reason {
-				add(ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID,
-					IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, opts.Reason)})
-				return nil
-			}
-			return judge(d)
+	pick := func(d Info) error { return r.pick(ctx, d) }
+	if err := eachChosen(ctx, r.js, r.cfg, opts.All, f, opts.Seqs, pick, r.notFound); err != nil {
+		return r.rep, fmt.Errorf("replay dead letters: %w", err)
+	}
+	return r.rep, nil
+}
+
+// replayer is one Replay under way: its options, the DLQ stream once
+// opened, the pace of its republishes, and its report so far.
+type replayer struct {
+	js          jetstream.JetStream
+	cfg         stream.Config
+	opts        ReplayOptions
+	retention   time.Duration
+	now         time.Time     // when the retention rule is judged
+	interval    time.Duration // between republishes; 0: unbounded
+	dlqs        jetstream.Stream
+	lastPublish time.Time
+	rep         ReplayReport
+}
+
+// newReplayer checks opts and cfg's DLQ keys, and fills in the defaults.
+func newReplayer(js jetstream.JetStream, cfg stream.Config, opts ReplayOptions) (*replayer, error) {
+	cfg = cfg.WithDefaults()
+	if opts.All == (len(opts.Seqs) > 0) {
+		return nil, errors.New("give either sequences or All")
+	}
+	if err := errors.Join(stream.ValidateDLQKey(cfg.DLQKey), stream.ValidateDLQPreviousKeys(cfg.DLQPreviousKeys)); err != nil {
+		return nil, err
+	}
+	if opts.Rate < 0 {
+		return nil, fmt.Errorf("negative rate %v", opts.Rate)
+	}
+	r := &replayer{js: js, cfg: cfg, opts: opts, retention: cmp.Or(opts.KeyRetention, DefaultKeyRetention), now: opts.Now}
+	if r.now.IsZero() {
+		r.now = time.Now()
+	}
+	if opts.Rate > 0 {
+		r.interval = time.Duration(float64(time.Second) / opts.Rate)
+	}
+	return r, nil
+}
+
+// add reports res, and passes it to opts.OnResult.
+func (r *replayer) add(res ReplayResult) {
+	r.rep.add(res)
+	if r.opts.OnResult != nil {
+		r.opts.OnResult(res)
+	}
+}
+
+// notFound reports a sequence with no dead letter.
+func (r *replayer) notFound(seq uint64) {
+	r.add(ReplayResult{Seq: seq, Outcome: NotFound,
+		Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, r.cfg.DLQStream)})
+}
+
+// pick judges a chosen letter. Letters named by sequence are not filtered
+// by reason as they are read: one of another reason is skipped here.
+func (r *replayer) pick(ctx context.Context, d Info) error {
+	if !r.opts.All && r.opts.Reason != "" && d.Reason != r.opts.Reason {
+		r.add(ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID,
+			IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, r.opts.Reason)})
+		return nil
+	}
+	return r.judge(ctx, d)
+}
+
+// judge decides a letter's fate (verdict) and, unless it is refused or
+// skipped or the run is dry, replays it.
+func (r *replayer) judge(ctx context.Context, d Info) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	res := ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID, IdempotencyKey: d.IdempotencyKey, Subject: d.OrigSubject}
+	if res.Outcome, res.Detail = r.verdict(d); res.Outcome == "" {
+		if err := r.republish(ctx, d, &res); err != nil {
+			return err
 		}
 	}
-	err := eachChosen(ctx, js, cfg, opts.All, f, opts.Seqs, pick, func(seq uint64) {
-		add(ReplayResult{Seq: seq, Outcome: NotFound,
-			Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, cfg.DLQStream)})
-	})
-	if err != nil {
-		return rep, fmt.Errorf("replay dead letters: %w", err)
+	r.add(res)
+	return nil
+}
+
+// republish replays d (replayOne) at the run's pace, opening the DLQ
+// stream on first use. An error stops the run: the stream cannot be
+// opened, or ctx ended while it waited.
+func (r *replayer) republish(ctx context.Context, d Info, res *ReplayResult) error {
+	if err := openDLQ(ctx, r.js, r.cfg, &r.dlqs); err != nil {
+		return err
 	}
-	return rep, nil
+	if wait := time.Until(r.lastPublish.Add(r.interval)); r.interval > 0 && wait > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	r.lastPublish = time.Now()
+	replayOne(ctx, r.js, r.dlqs, r.cfg, d, res)
+	return nil
+}
+
+// verdict is a letter's fate before any republish: refused, skipped, or
+// (a dry run) would be replayed, with why. An empty outcome: replay it.
+func (r *replayer) verdict(d Info) (ReplayOutcome, string) {
+	cfg, opts, now, retention := r.cfg, r.opts, r.now, r.retention
+	switch {
+	case d.Invalid != "":
+		return Refused, "not a readable dead letter: " + d.Invalid
+	case !d.Verified:
+		// Anyone who may publish on the DLQ's subjects could forge one;
+		// replay publishes with the operator's credentials.
+		return Refused, d.Unverified + ": refusing to replay it"
+	case d.Reason == string(payment.ReasonCardData):
+		// Even with Force: the letter keeps the body with its card
+		// number masked, so a replay would publish another command.
+		return Refused, "card data: the message held what looks like a card number, which the letter keeps masked, so a replay would be another command; the client must send the payment anew with a payment-method token (pm_...), never the card number"
+	case d.Truncated:
+		return Refused, fmt.Sprintf("truncated: the letter keeps only part of the message (body of %s bytes, SHA-256 %s) to fit under max_payload: the original is %s #%d while the stream keeps it; publish it anew from there",
+			d.Header.Get(stream.HeaderDLQBodyLength), d.Header.Get(stream.HeaderDLQBodySHA256), d.OrigStream, d.OrigSeq)
+	case !replayTarget(cfg, d):
+		// Defence in depth: replay only ever publishes payment commands.
+		return Refused, fmt.Sprintf("original subject %q (stream %q) is not a payment subject %s.<merchant_id> of stream %s: refusing to publish it",
+			d.OrigSubject, d.OrigStream, cfg.SubjectPrefix, cfg.Name)
+	case now.Sub(failedAt(d)) > retention:
+		return Refused, fmt.Sprintf("dead-lettered %s ago, longer than the key retention %s: its key may have been purged, so a replay could charge again",
+			now.Sub(failedAt(d)).Round(time.Second), retention)
+	case opts.All && opts.Reason == "" && stream.NeedsInvestigation(d.Reason):
+		return Skipped, fmt.Sprintf("%s needs investigating first (docs/runbooks.md); once understood, replay it with paydedup dlq replay --reason %s, or this one alone with paydedup dlq replay %d",
+			d.Reason, d.Reason, d.Seq)
+	case !opts.Force && d.Reason == stream.ReasonKeyReused:
+		return Skipped, "the key was already used for another payment (a client bug): a replay is dead-lettered again; publish it with a new key, or use --force"
+	case !opts.Force && !stream.ReplayableReason(d.Reason):
+		return Skipped, fmt.Sprintf("bad input (%s): a replay is dead-lettered again; fix the message and publish it anew, or use --force", d.Reason)
+	case opts.DryRun:
+		return WouldReplay, ""
+	}
+	return "", ""
 }
 
 // eachChosen is the read loop of Replay and Resign: it calls fn for each

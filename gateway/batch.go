@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -46,149 +45,6 @@ import (
 // both with Retry-After, at once: the gateway sheds load instead of letting
 // requests time out.
 
-// Defaults of the batched intake.
-const (
-	DefaultBatchSize   = 128
-	DefaultBatchWindow = time.Millisecond
-	DefaultFlushers    = 4
-	DefaultQueueSize   = 4096
-	// DefaultMerchantShare is the fraction of the queue one merchant may
-	// fill; beyond it its requests are 429 while others still get in.
-	DefaultMerchantShare = 0.5
-	// overloadRetryAfter is the Retry-After of a shed request.
-	overloadRetryAfter = time.Second
-	maxCachedAPIKeys   = 10000
-)
-
-// answerKind is how a request is answered.
-type answerKind int
-
-const (
-	ansPending answerKind = iota // not decided yet
-	ansAccepted
-	ansReused
-	ansReplay
-	ansInUse
-	ansDeadLetter
-	ansNotRepublished
-	ansUnavailable
-	ansUnauthenticated
-	ansPublishUnknown // no PubAck: the command may be stored; the key stays bound
-	ansNotQueued      // the stream refused the publish: nothing stored, the key is free
-	ansNoStream       // ansNotQueued because the stream does not exist
-	ansWaiting        // the payment waits for an operator (202, waiting_for_operator); nothing published
-)
-
-// answer is the decision for one POST.
-type answer struct {
-	kind  answerKind
-	rec   ledger.Record // ansReplay, ansWaiting (zero: no record)
-	in    ledger.Intake // ansAccepted, ansDeadLetter, ansWaiting
-	retry time.Duration // ansInUse
-}
-
-// fromRecord decides a POST from the key's record, when the record decides
-// it: another fingerprint is 422, a completed key is replayed, a key a
-// worker holds is 409. A failed record decides nothing (the command is
-// published again if nobody is).
-func (g *Gateway) fromRecord(rec ledger.Record, fp []byte) (answer, bool) {
-	switch {
-	case !bytes.Equal(rec.RequestHash, fp):
-		return answer{kind: ansReused}, true
-	case rec.Status == ledger.StatusCompleted:
-		return answer{kind: ansReplay, rec: rec}, true
-	case rec.Status == ledger.StatusPending:
-		// A charge takes a few seconds; the lease is only its bound.
-		return answer{kind: ansInUse, retry: min(rec.LockedUntil.Sub(g.cfg.Clock.Now()), inFlightRetryAfter)}, true
-	}
-	return answer{}, false
-}
-
-// mayWaitForOperator reports whether a POST that fromRecord decided (a
-// and decided are its answer) must read the key's intake first, for a
-// dead letter that waits for an operator: a key whose lease ran out
-// (a max_deliveries letter leaves it pending) is answered 409 otherwise. A
-// failed record is not decided here: the batch's acquisition returns its
-// intake row, which fromOperator reads.
-func (g *Gateway) mayWaitForOperator(rec ledger.Record, fp []byte, a answer, decided bool) bool {
-	return decided && a.kind == ansInUse && rec.Status == ledger.StatusPending &&
-		!rec.LockedUntil.After(g.cfg.Clock.Now()) && bytes.Equal(rec.RequestHash, fp)
-}
-
-// fromOperator decides a POST from the intake row the batch's acquisition
-// returned (res) and the key's record (nil: none) when the payment waits
-// for an operator (ledger.Intake.WaitsForOperator): 202 with its state,
-// never a publish (an operator's replay decides whether it is charged),
-// never a final answer (the replay may still charge it). An intake the
-// request acquired must then be released (releaseWaiting).
-func fromOperator(rec *ledger.Record, res ledger.IntakeResult, fp []byte) (answer, bool) {
-	if res.Outcome != ledger.IntakeAcquired && res.Outcome != ledger.IntakeHeld ||
-		!bytes.Equal(res.Intake.RequestHash, fp) || !res.Intake.WaitsForOperator(rec) {
-		return answer{}, false
-	}
-	a := answer{kind: ansWaiting, in: res.Intake}
-	if rec != nil {
-		a.rec = *rec
-	}
-	return a, true
-}
-
-// releaseWaiting gives back an intake acquired only to find that its
-// payment waits for an operator (fromOperator): nothing was published.
-func (g *Gateway) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
-	if res.Outcome != ledger.IntakeAcquired {
-		return
-	}
-	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
-		log.Warn("could not release the intake of a payment waiting for an operator; a retry takes it over once its lease passes", "error", err)
-	}
-}
-
-// inFlightRetryAfter is the Retry-After of a key a worker holds: about a
-// provider call's time, not its lease (the most a call may take).
-const inFlightRetryAfter = 2 * time.Second
-
-// fromLedger decides a POST whose key has no record from its ledger row.
-func fromLedger(p ledger.Payment, cmd *payment.Command) (answer, bool) {
-	if p.Amount != cmd.Amount || p.Currency != cmd.Currency {
-		return answer{kind: ansReused}, true
-	}
-	return answer{}, false
-}
-
-// write answers a decided POST (not ansAccepted: the caller goes on).
-func (g *Gateway) write(w http.ResponseWriter, a answer) {
-	switch a.kind {
-	case ansReused:
-		g.keyReused(w)
-	case ansReplay:
-		g.metrics.idempotency.WithLabelValues("replayed").Inc()
-		writeOutcome(w, a.rec, true)
-	case ansInUse:
-		g.keyInUse(w, a.retry)
-	case ansNotRepublished:
-		g.metrics.idempotency.WithLabelValues("not_republished").Inc()
-		g.keyInUse(w, g.cfg.QueuedRetryAfter)
-	case ansDeadLetter:
-		g.metrics.idempotency.WithLabelValues("dead_lettered").Inc()
-		g.writeDeadLetter(w, a.in)
-	case ansWaiting:
-		g.metrics.idempotency.WithLabelValues("waiting_for_operator").Inc()
-		w.Header().Set("Location", location(a.in.IdempotencyKey))
-		writeJSON(w, http.StatusAccepted, waitingPayment(a.rec, a.in))
-	case ansUnauthenticated:
-		g.unauthenticated(w)
-	case ansPublishUnknown:
-		publishUnknown(w)
-	case ansNotQueued:
-		notQueued(w, problemDetailNotQueued)
-	case ansNoStream:
-		notQueued(w, problemDetailNoStream)
-	default:
-		unavailable(w)
-	}
-}
-
 // item is one POST waiting in the batched intake.
 type item struct {
 	cmd     *payment.Command
@@ -219,6 +75,12 @@ func (it *item) answer() {
 	it.done <- it.ans
 }
 
+const (
+	// overloadRetryAfter is the Retry-After of a shed request.
+	overloadRetryAfter = time.Second
+	maxCachedAPIKeys   = 10000
+)
+
 // Shedding errors of the batched intake.
 var (
 	errQueueFull    = errors.New("intake queue full")
@@ -227,7 +89,7 @@ var (
 
 // batcher is the batched intake.
 type batcher struct {
-	g       *Gateway
+	g       *base
 	store   Store
 	records Records
 	queue   chan *item
@@ -244,7 +106,7 @@ type batcher struct {
 	merchant map[string]int // queued requests per merchant
 }
 
-func newBatcher(g *Gateway, store Store, records Records) *batcher {
+func newBatcher(g *base, store Store, records Records) *batcher {
 	c := g.cfg
 	return &batcher{g: g, store: store, records: records,
 		queue: make(chan *item, c.QueueSize), slots: make(chan struct{}, c.Flushers),
@@ -385,43 +247,37 @@ func (b *batcher) flushRest(wg *sync.WaitGroup) {
 	}
 }
 
-// flush settles one batch and answers every request in it.
+// flush settles one batch and answers every request in it: the first
+// request of each key is taken in at once (acquireNew), the others of a
+// key are decided beside it (decideTwins), the requests that need reads
+// are read and taken in (readFirst), the keys found held are read again
+// (rereadHeld), and what was taken in is published (publish). A request
+// left undecided is answered 503.
 func (b *batcher) flush(batch []*item) {
-	g := b.g
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), b.g.cfg.RequestTimeout)
 	defer cancel()
-	// answered ends the batch's settling, once: after its 202s (publish),
-	// or when the flush ends without any. Only this goroutine calls it.
-	ended := false
-	answered := func() {
-		if ended {
-			return
-		}
-		ended = true
-		if b.settling.Add(-1) == 0 {
-			select {
-			case b.idle <- struct{}{}:
-			default:
-			}
-		}
-	}
+	s := &settlement{b: b}
 	defer func() {
 		for _, it := range batch {
 			it.answer()
 		}
-		answered()
+		s.answered()
 	}()
-	fail := func(items []*item, what string, err error) {
-		g.log.Error(what+"; its requests are answered 503 and none of them was published", "error", err, "requests", len(items))
-		for _, it := range items {
-			it.ans.kind = ansUnavailable
-		}
+	firsts, news, dups := firstsOf(batch)
+	if err := s.acquireNew(ctx, news); err != nil {
+		b.fail(batch, "acquire new intakes", err)
+		return
 	}
+	b.decideTwins(firsts, dups)
+	s.readFirst(ctx, batch)
+	s.rereadHeld(ctx)
+	b.publish(ctx, s.publish, s.answered)
+}
 
-	// Requests for one key in one batch: the first is taken in; the others
-	// wait for its outcome (below).
-	firsts := make(map[ledger.KeyRef]*item, len(batch))
-	var news, dups []*item
+// firstsOf splits a batch by key: the first request of each key (news)
+// is taken in; the others (dups) wait for its outcome (decideTwins).
+func firstsOf(batch []*item) (firsts map[ledger.KeyRef]*item, news, dups []*item) {
+	firsts = make(map[ledger.KeyRef]*item, len(batch))
 	for _, it := range batch {
 		if k := refOf(it); firsts[k] != nil {
 			dups = append(dups, it)
@@ -430,96 +286,166 @@ func (b *batcher) flush(batch []*item) {
 			news = append(news, it)
 		}
 	}
-	// One round trip takes in every request that only its intake row can
-	// decide (its API key active, no record, no ledger row): for a batch
-	// of new payments, the whole of the batch's work before its publish.
-	reqs, apiKeys := make([]ledger.ClaimRequest, len(news)), make([][]byte, len(news))
-	for i, it := range news {
-		reqs[i], apiKeys[i] = ledger.NewClaimRequest(it.cmd), it.keyHash
-	}
-	results, err := b.store.AcquireNewIntakes(ctx, reqs, apiKeys, g.cfg.PublishLease, g.cfg.IntakeRetention)
-	if err != nil {
-		fail(batch, "acquire new intakes", err)
-		return
-	}
-	var publish, held []*item
-	settle := func(it *item, res ledger.IntakeResult, reread bool) {
-		if a, waits := fromOperator(it.rec, res, it.fp); waits {
-			g.releaseWaiting(ctx, res, it.log)
-			it.ans = a
-			return
-		}
-		switch res.Outcome {
-		case ledger.IntakeMismatch:
-			it.ans.kind = ansReused
-		case ledger.IntakeDeadLettered:
-			it.ans = answer{kind: ansDeadLetter, in: res.Intake}
-		case ledger.IntakeHeld:
-			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
-			if reread {
-				held = append(held, it)
-			}
-		case ledger.IntakeReadFirst:
-			it.readFirst = true
-		default:
-			it.ans.in = res.Intake
-			publish = append(publish, it)
-		}
-	}
-	// A held row met by AcquireNewIntakes had no record in the snapshot
-	// that found it held: it is 409 as of now, with nothing to read again.
-	for i, res := range results {
-		settle(news[i], res, false)
-	}
-	// Another request for a key the batch took in (or found held) has no
-	// record or ledger row either: with the same API key, it is what it
-	// would meet a moment later, the key held (409) or held for another
-	// payload (422); with another API key, or when the first was left to
-	// be read, it is decided the long way, where it meets the first's row.
+	return firsts, news, dups
+}
+
+// decideTwins decides another request for a key the batch took in (or
+// found held), which has no record or ledger row either: with the same
+// API key, it is what it would meet a moment later, the key held (409) or
+// held for another payload (422); with another API key, or when the first
+// was left to be read, it is decided the long way, where it meets the
+// first's row.
+func (b *batcher) decideTwins(firsts map[ledger.KeyRef]*item, dups []*item) {
 	for _, it := range dups {
 		f := firsts[refOf(it)]
 		switch {
 		case f.readFirst || !bytes.Equal(f.keyHash, it.keyHash):
 			it.readFirst = true
 		case bytes.Equal(f.fp, it.fp):
-			it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+			it.ans = answer{kind: ansInUse, retry: b.g.cfg.QueuedRetryAfter}
 		default:
 			it.ans = answer{kind: ansReused}
 		}
 	}
-	var slow []*item // in the batch's order: the first request of a key takes it in
+}
+
+// settlement is one flush under way: the requests it took in, to
+// publish, those whose key it found held (read again before they are
+// answered), and whether the batch's settling has ended.
+type settlement struct {
+	b       *batcher
+	publish []*item
+	held    []*item
+	ended   bool
+}
+
+// answered ends the batch's settling, once: after its 202s (publish),
+// or when the flush ends without any. Only the flush's goroutine calls it.
+func (s *settlement) answered() {
+	if s.ended {
+		return
+	}
+	s.ended = true
+	if s.b.settling.Add(-1) == 0 {
+		select {
+		case s.b.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// settle decides a request from the intake its acquisition returned
+// (res): to publish, or answered at once. reread: a key found held is
+// read again before it is answered (rereadHeld).
+func (s *settlement) settle(ctx context.Context, it *item, res ledger.IntakeResult, reread bool) {
+	g := s.b.g
+	if a, waits := fromOperator(it.rec, res, it.fp); waits {
+		g.releaseWaiting(ctx, res, it.log)
+		it.ans = a
+		return
+	}
+	switch res.Outcome {
+	case ledger.IntakeMismatch:
+		it.ans.kind = ansReused
+	case ledger.IntakeDeadLettered:
+		it.ans = answer{kind: ansDeadLetter, in: res.Intake}
+	case ledger.IntakeHeld:
+		it.ans = answer{kind: ansInUse, retry: g.cfg.QueuedRetryAfter}
+		if reread {
+			s.held = append(s.held, it)
+		}
+	case ledger.IntakeReadFirst:
+		it.readFirst = true
+	default:
+		it.ans.in = res.Intake
+		s.publish = append(s.publish, it)
+	}
+}
+
+// releaseWaiting gives back an intake acquired only to find that its
+// payment waits for an operator (fromOperator): nothing was published.
+func (g *base) releaseWaiting(ctx context.Context, res ledger.IntakeResult, log *slog.Logger) {
+	if res.Outcome != ledger.IntakeAcquired {
+		return
+	}
+	if err := g.store.ReleaseIntake(ctx, res.Intake); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+		log.Warn("could not release the intake of a payment waiting for an operator; a retry takes it over once its lease passes", "error", err)
+	}
+}
+
+// acquireNew takes in, in one round trip, every request that only its
+// intake row can decide (its API key active, no record, no ledger row):
+// for a batch of new payments, the whole of the batch's work before its
+// publish. The others are left to be read first (IntakeReadFirst).
+func (s *settlement) acquireNew(ctx context.Context, news []*item) error {
+	g := s.b.g
+	reqs, apiKeys := make([]ledger.ClaimRequest, len(news)), make([][]byte, len(news))
+	for i, it := range news {
+		reqs[i], apiKeys[i] = ledger.NewClaimRequest(it.cmd), it.keyHash
+	}
+	results, err := s.b.store.AcquireNewIntakes(ctx, reqs, apiKeys, g.cfg.PublishLease, g.cfg.IntakeRetention)
+	if err != nil {
+		return err
+	}
+	// A held row met by AcquireNewIntakes had no record in the snapshot
+	// that found it held: it is 409 as of now, with nothing to read again.
+	for i, res := range results {
+		s.settle(ctx, news[i], res, false)
+	}
+	return nil
+}
+
+// readFirst decides the requests left to be read first
+// (readThenAcquire), in the batch's order: the first request of a key
+// takes it in.
+func (s *settlement) readFirst(ctx context.Context, batch []*item) {
+	var slow []*item
 	for _, it := range batch {
 		if it.readFirst {
 			slow = append(slow, it)
 		}
 	}
-	if len(slow) > 0 {
-		owners, results, err := b.readThenAcquire(ctx, slow)
-		if err != nil {
-			fail(owners, "acquire intakes", err)
-		} else {
-			for i, res := range results {
-				settle(owners[i], res, true)
+	if len(slow) == 0 {
+		return
+	}
+	owners, results, err := s.b.readThenAcquire(ctx, slow)
+	if err != nil {
+		s.b.fail(owners, "acquire intakes", err)
+		return
+	}
+	for i, res := range results {
+		s.settle(ctx, owners[i], res, true)
+	}
+}
+
+// rereadHeld decides again the requests whose key another request
+// published: the worker may have finished since the reads of
+// readThenAcquire.
+func (s *settlement) rereadHeld(ctx context.Context) {
+	if len(s.held) == 0 {
+		return
+	}
+	recs, _ := s.b.records.GetMany(ctx, refsOf(s.held))
+	byKey := make(map[ledger.KeyRef]ledger.Record, len(recs))
+	for _, r := range recs {
+		byKey[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
+	}
+	for _, it := range s.held {
+		if rec, ok := byKey[refOf(it)]; ok {
+			if a, decided := s.b.g.fromRecord(rec, it.fp); decided {
+				it.ans = a
 			}
 		}
 	}
-	if len(held) > 0 {
-		// Another request published it; the worker may have finished since
-		// the reads of readThenAcquire.
-		recs, _ := b.records.GetMany(ctx, refsOf(held))
-		byKey := make(map[ledger.KeyRef]ledger.Record, len(recs))
-		for _, r := range recs {
-			byKey[ledger.KeyRef{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey}] = r
-		}
-		for _, it := range held {
-			if rec, ok := byKey[refOf(it)]; ok {
-				if a, decided := g.fromRecord(rec, it.fp); decided {
-					it.ans = a
-				}
-			}
-		}
+}
+
+// fail answers items 503 after the step what failed with err: none of
+// them was published.
+func (b *batcher) fail(items []*item, what string, err error) {
+	b.g.log.Error(what+"; its requests are answered 503 and none of them was published", "error", err, "requests", len(items))
+	for _, it := range items {
+		it.ans.kind = ansUnavailable
 	}
-	b.publish(ctx, publish, answered)
 }
 
 // readThenAcquire decides the requests that AcquireNewIntakes left alone
@@ -714,6 +640,71 @@ func (b *batcher) publishAll(ctx context.Context, items []*item, republish []int
 	}
 	wg.Wait()
 	return seqs
+}
+
+// republishOf numbers a publish under in for its Nats-Msg-Id: 0 (the
+// command's own id) unless in was published and the stream has lost that
+// copy (heldAgain), then the attempt: the old id may still be inside the
+// duplicate window, which would drop the new copy. An intake taken over
+// with no mark of a publish (its publisher died, its PubAck or its mark
+// was lost) is bound to its payload, so its retry publishes the same
+// command under the same id: a copy that did land is dropped by the
+// duplicate window, and a later one is harmless (the worker's claim).
+func republishOf(in ledger.Intake) int {
+	if in.Published() && in.Attempt > 1 {
+		return in.Attempt
+	}
+	return 0
+}
+
+// heldAgain handles a retry after the republish hold, whose intake it
+// acquired: while the stream still holds the published copy (the worker
+// is behind), publishing again only adds a copy, so the key is held for
+// another period instead (true). false: publish again.
+func (g *base) heldAgain(ctx context.Context, in ledger.Intake, log *slog.Logger) bool {
+	stored, err := g.pub.Stored(ctx, in.MerchantID, in.IdempotencyKey, in.StreamSeq)
+	if err != nil {
+		log.Warn("cannot tell whether the stream holds the published copy; publishing again", "error", err)
+		return false
+	}
+	if !stored {
+		return false
+	}
+	if err := g.store.IntakePublished(ctx, in, in.StreamSeq, g.cfg.RepublishAfter); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+		log.Warn("could not hold the intake again", "error", err)
+	}
+	return true
+}
+
+// publishFailed settles the intake of a command whose publish failed and
+// returns how to answer it. A refusal (stream.Refused: the stream stored
+// nothing of it) gives the intake up, so a corrected retry is new: 422
+// when another command holds its Nats-Msg-Id, 503 "nothing accepted"
+// otherwise (saying so when the stream does not exist). Any other failure
+// is an unknown outcome: the command may be stored and charged, so the
+// intake stays bound to its payload, its lease released so that the
+// client's retry with the same body publishes again at once (same
+// Nats-Msg-Id), and the answer is 503 "outcome unknown".
+func (g *base) publishFailed(ctx context.Context, in ledger.Intake, err error, log *slog.Logger) answerKind {
+	g.metrics.publishes.WithLabelValues("error").Inc()
+	if !stream.Refused(err) {
+		log.Error("publish outcome unknown (no PubAck): the command may be queued; the key stays bound to its payload", "error", err)
+		if rerr := g.store.ReleaseIntake(ctx, in); rerr != nil && !errors.Is(rerr, ledger.ErrLeaseLost) {
+			log.Warn("could not release the intake; a retry takes it over once its lease passes", "error", rerr)
+		}
+		return ansPublishUnknown
+	}
+	log.Error("publish refused; nothing was stored", "error", err)
+	if aerr := g.store.AbandonIntake(ctx, in); aerr != nil && !errors.Is(aerr, ledger.ErrLeaseLost) {
+		log.Warn("could not release the intake; it is taken over once its lease passes", "error", aerr)
+	}
+	switch {
+	case errors.Is(err, stream.ErrMsgIDTaken):
+		return ansReused
+	case errors.Is(err, stream.ErrStreamMissing):
+		return ansNoStream
+	}
+	return ansNotQueued
 }
 
 func refOf(it *item) ledger.KeyRef {

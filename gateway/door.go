@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"net"
-	"net/http"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -122,36 +121,6 @@ func (t *authThrottle) evict(now time.Time) {
 			return
 		}
 		delete(t.sources, k)
-	}
-}
-
-// throttled answers 429 to a request whose source failed too often, and
-// reports whether it did.
-func (g *Gateway) throttled(w http.ResponseWriter, r *http.Request) bool {
-	if g.auths == nil {
-		return false
-	}
-	src, ok := source(r.RemoteAddr)
-	if !ok {
-		return false
-	}
-	wait, blocked := g.auths.blocked(src)
-	if !blocked {
-		return false
-	}
-	g.metrics.authThrottled.Inc()
-	setRetryAfter(w, wait)
-	writeProblem(w, Problem{Type: ProblemAuthThrottled, Status: http.StatusTooManyRequests, Detail: problemDetailAuthThrottled})
-	return true
-}
-
-// authFailed spends one of the request's source's failures.
-func (g *Gateway) authFailed(r *http.Request) {
-	if g.auths == nil {
-		return
-	}
-	if src, ok := source(r.RemoteAddr); ok {
-		g.auths.fail(src)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/paydedup/paydedup/gateway/apikey"
 	"github.com/paydedup/paydedup/httpidem"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/payment"
@@ -218,87 +217,6 @@ func apiKeyHashFrom(ctx context.Context) []byte {
 	return h
 }
 
-func (g *Gateway) unauthenticated(w http.ResponseWriter) {
-	g.metrics.authFailures.Inc()
-	w.Header().Set("WWW-Authenticate", bearerInvalid)
-	writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})
-}
-
-// authenticate resolves the bearer API key to its merchant. A missing key
-// and a wrong key are both 401; nothing tells a revoked key from an unknown
-// one. With cached (POST: the batched intake) a key seen before is taken
-// from the cache: the batch re-checks it before anything is done. A source
-// address that failed too often is 429 before anything else, a cached key
-// included (else a guess that hit the cache would go unthrottled).
-func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if g.throttled(w, r) {
-			return
-		}
-		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		token = strings.TrimSpace(token)
-		if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
-			w.Header().Set("WWW-Authenticate", bearerRealm)
-			writeProblem(w, Problem{Type: ProblemUnauthenticated, Status: http.StatusUnauthorized, Detail: problemDetailUnauthorized})
-			return
-		}
-		ctx := r.Context()
-		if cached {
-			if !apikey.ValidShape(token) {
-				g.authFailed(r)
-				g.unauthenticated(w)
-				return
-			}
-			hash := apikey.Hash(token)
-			ctx = context.WithValue(ctx, apiKeyHashKey{}, hash)
-			if merchant, ok := g.batch.keys.get(hash); ok {
-				next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, merchantKey{}, merchant)))
-				return
-			}
-		}
-		actx, cancel := context.WithTimeout(ctx, g.cfg.RequestTimeout)
-		merchant, err := g.store.Authenticate(actx, token)
-		cancel()
-		switch {
-		case errors.Is(err, apikey.ErrUnauthenticated):
-			g.authFailed(r)
-			g.unauthenticated(w)
-			return
-		case err != nil:
-			g.logRequestError(r, g.log, "authentication failed", err)
-			unavailable(w)
-			return
-		}
-		if hash := apiKeyHashFrom(ctx); hash != nil {
-			g.batch.keys.put(hash, merchant)
-		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, merchantKey{}, merchant)))
-	})
-}
-
-// routes builds the mux: every API route is authenticated (the webhook by
-// its signature); anything else is a problem+json 404 or 405.
-func (g *Gateway) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("POST /v1/payments", g.instrument("post_payment", g.authenticate(http.HandlerFunc(g.postPayment), true)))
-	mux.Handle("GET /v1/payments/{key}", g.instrument("get_payment", g.authenticate(http.HandlerFunc(g.getPayment), false)))
-	mux.Handle("/v1/payments", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", http.MethodPost)
-		writeProblem(w, Problem{Type: ProblemMethodNotAllowed, Status: http.StatusMethodNotAllowed, Detail: problemDetailMethodAllowed})
-	})))
-	mux.Handle("/v1/payments/{key}", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", http.MethodGet+", "+http.MethodHead)
-		writeProblem(w, Problem{Type: ProblemMethodNotAllowed, Status: http.StatusMethodNotAllowed, Detail: problemDetailMethodAllowed})
-	})))
-	if g.cfg.Webhooks.Verifier != nil {
-		mux.Handle("POST "+PathStripeWebhooks, g.instrument("stripe_webhook", http.HandlerFunc(g.postStripeWebhook)))
-	}
-	mux.Handle("/", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, Problem{Type: ProblemNotFound, Status: http.StatusNotFound})
-	})))
-	return g.refuseDeclaredTooLarge(mux)
-}
-
 // statusRecorder remembers the status for metrics.
 type statusRecorder struct {
 	http.ResponseWriter
@@ -320,12 +238,3 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 }
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-func (g *Gateway) instrument(route string, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
-		g.metrics.observe(route, rec.status, time.Since(start))
-	})
-}

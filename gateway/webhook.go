@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -35,35 +34,6 @@ const ProblemBadSignature = problemTypePrefix + "webhook-signature"
 // payment meanwhile, so a bound too tight costs latency, not a payment;
 // one too loose lets anyone make the gateway read and hash it.
 const WebhookEnvelopeBytes = 64 << 10
-
-// EventVerifier verifies a provider's signed webhook event and reads it
-// (*stripe.WebhookVerifier). Its errors wrap provider.ErrBadSignature when
-// the event is not the provider's.
-type EventVerifier interface {
-	// CheckSignature refuses a signature header that no body could make
-	// verify (malformed, ambiguous, outside the tolerance): it runs before
-	// the body is read.
-	CheckSignature(signature string) error
-	// Verify checks the body against the header and reads the event; it
-	// parses nothing before the signature verifies.
-	Verify(payload []byte, signature string) (provider.Event, error)
-}
-
-// Ledger is what the webhook reads and writes of the payments ledger
-// (*dedup.Store): a key's payment, and the one transition of a processing
-// payment to its outcome, the statement the reconciler settles with.
-type Ledger interface {
-	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
-	SettlePayment(ctx context.Context, p ledger.Payment, status string, responseStatus int, response json.RawMessage) error
-}
-
-// Webhooks configures POST /v1/stripe/webhooks. With a nil Verifier (no
-// STRIPE_WEBHOOK_SECRET) the route is not served: it is a 404 like any
-// unknown path, and nothing unsigned reaches the ledger.
-type Webhooks struct {
-	Verifier EventVerifier
-	Ledger   Ledger
-}
 
 // What a webhook event did, the values of
 // paydedup_gateway_webhook_events_total{result}.

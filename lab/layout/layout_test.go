@@ -5,7 +5,9 @@
 // stays in the package that owns it; and only the PostgreSQL
 // implementations link pgx (TestDriverStaysInItsStores). The rules read the module's real
 // import graph with `go list`, so a new import that breaks one fails here,
-// naming it.
+// naming it. Inside gateway and consumer, the files form layers: each uses
+// names only from the files below it (TestGatewayFilesFormLayers,
+// TestConsumerFilesFormLayers, which type-check the package's files).
 package layout
 
 import (

@@ -1,0 +1,176 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/paydedup/paydedup/ledger"
+	"github.com/paydedup/paydedup/payment"
+)
+
+// Payment states shown to clients: ledger.State's words (see there).
+const (
+	StateQueued             = string(ledger.StateQueued)
+	StateProcessing         = string(ledger.StateProcessing)
+	StateRetrying           = string(ledger.StateRetrying)
+	StateSucceeded          = string(ledger.StateSucceeded)
+	StateDeclined           = string(ledger.StateDeclined)
+	StatePublishUnknown     = string(ledger.StatePublishUnknown)
+	StateWaitingForOperator = string(ledger.StateWaitingForOperator)
+)
+
+// Payment is the gateway's representation of a payment. For a completed
+// payment it is built only from the stored record, so every replay is the
+// same bytes.
+type Payment struct {
+	Object         string     `json:"object"`
+	IdempotencyKey string     `json:"idempotency_key"`
+	Status         string     `json:"status"`
+	Amount         int64      `json:"amount"`
+	Currency       string     `json:"currency"`
+	ChargeID       string     `json:"charge_id,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	CompletedAt    *time.Time `json:"completed_at,omitempty"`
+	// Outcome is the provider's stored answer, once completed.
+	Outcome *Outcome `json:"outcome,omitempty"`
+	// Reason is the dead letter's reason of a payment waiting for an
+	// operator.
+	Reason string `json:"reason,omitempty"`
+	// Delay says why a payment that waits for a worker (queued, retrying,
+	// or processing with its outcome unknown) is not moving: the workers
+	// are paused, or wait for the provider's rate limit. Absent while none is.
+	Delay *Delay `json:"delay,omitempty"`
+}
+
+// Delay is what the paused workers report: the cause most of them give
+// (provider_unavailable: the provider refuses or does not answer;
+// provider_auth: it refuses the API key; postgres_unavailable; or
+// rate_limited, the workers working but payments waiting for the
+// provider's rate limit or the fleet's budget), since when, how many
+// workers, and when they try again. Payments resume on their own when it ends; none
+// of their deliveries is spent meanwhile. Or, with no pause, that no worker
+// takes commands off the queue at all (DelayNoWorker, WorkersPaused 0):
+// the payment moves once one runs.
+type Delay struct {
+	Cause         string    `json:"cause"`
+	Since         time.Time `json:"since,omitzero"`
+	WorkersPaused int       `json:"workers_paused"`
+	// RetryAt is when the soonest of those workers tries again; the
+	// payment moves then if the outage is over. Absent when no worker
+	// says.
+	RetryAt *time.Time `json:"retry_at,omitempty"`
+}
+
+// Outcome is the stored provider response of a completed payment.
+type Outcome struct {
+	Status int             `json:"status"`
+	Body   json.RawMessage `json:"body"`
+}
+
+// paymentOf is the payment a client is shown in state st
+// (ledger.StateOf): every answer that carries a payment is built here.
+func paymentOf(st ledger.PaymentState) Payment {
+	p := Payment{Object: "payment", IdempotencyKey: st.IdempotencyKey, Status: string(st.Status), Amount: st.Amount,
+		Currency: st.Currency, ChargeID: st.ChargeID, CreatedAt: st.CreatedAt.UTC(), Reason: st.Reason}
+	if st.Completed {
+		at := st.CompletedAt.UTC()
+		p.CompletedAt = &at
+		p.Outcome = &Outcome{Status: st.ResponseStatus, Body: st.Response}
+	}
+	return p
+}
+
+// paymentFromRecord is the payment a key's record shows.
+func paymentFromRecord(rec ledger.Record) Payment { return paymentOf(ledger.StateOf(nil, &rec, nil)) }
+
+// waitingPayment is the payment of a key that waits for an operator
+// (Intake.WaitsForOperator): its record's fields when it has one (rec
+// not zero), else its intake's.
+func waitingPayment(rec ledger.Record, in ledger.Intake) Payment {
+	return paymentOf(ledger.OperatorWaitState(in, recordOrNil(rec)))
+}
+
+// recordOrNil is &rec, or nil for the zero record (none was read).
+func recordOrNil(rec ledger.Record) *ledger.Record {
+	if rec.IdempotencyKey == "" {
+		return nil
+	}
+	return &rec
+}
+
+// outcomeStatus is the HTTP status of a completed payment: 201 Created for
+// a charge, 402 Payment Required for any definitive refusal (a card decline,
+// or parameters the provider rejected: the gateway validated the request,
+// so a 400 here would blame the client's syntax). The provider's own status
+// is in Outcome.Status.
+func outcomeStatus(rec ledger.Record) int {
+	if rec.ResponseStatus >= 200 && rec.ResponseStatus < 300 {
+		return http.StatusCreated
+	}
+	return http.StatusPaymentRequired
+}
+
+func location(key string) string { return "/v1/payments/" + url.PathEscape(key) }
+
+// writeOutcome answers with a completed payment. replayed marks an answer
+// to a retry (the IETF draft's and Stripe's Idempotent-Replayed).
+func writeOutcome(w http.ResponseWriter, rec ledger.Record, replayed bool) {
+	w.Header().Set("Location", location(rec.IdempotencyKey))
+	if replayed {
+		w.Header().Set(HeaderIdempotentReplay, "true")
+	}
+	writeJSON(w, outcomeStatus(rec), paymentFromRecord(rec))
+}
+
+// invalidRequest answers a command the worker would not accept: 413 for
+// its size, 400 for anything else, naming the field and the reason.
+func invalidRequest(w http.ResponseWriter, err error) {
+	var ve *payment.ValidationError
+	if !errors.As(err, &ve) {
+		ve = &payment.ValidationError{Reason: payment.ReasonMalformedJSON, Msg: err.Error()}
+	}
+	status := http.StatusBadRequest
+	typ := ProblemInvalidRequest
+	switch ve.Reason {
+	case payment.ReasonBodyTooLarge:
+		status, typ = http.StatusRequestEntityTooLarge, ProblemTooLarge
+	case payment.ReasonCardData:
+		// Well-formed, but refused for what it holds: 422, not 400.
+		status, typ = http.StatusUnprocessableEntity, ProblemCardData
+	}
+	writeProblem(w, Problem{Type: typ, Status: status, Detail: ve.Msg, Field: ve.Field, Reason: string(ve.Reason)})
+}
+
+// decodeCommand decodes a POST body, which is a payment command without
+// merchant_id: the merchant comes from the API key. It is put in front of
+// the body's fields and payment.Decode does the strict decoding, so the
+// gateway accepts exactly what the worker accepts. A merchant_id in the
+// body is an unknown field here.
+func decodeCommand(body []byte, merchant, key string, lim payment.Limits) (*payment.Command, error) {
+	env := payment.Envelope{HeaderKey: key, HeaderKeySet: true}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return payment.Decode(body, env, lim) // fails: not an object
+	}
+	rest := trimmed[1:]
+	m, _ := json.Marshal(merchant)
+	full := append([]byte(`{"merchant_id":`), m...)
+	if r := bytes.TrimLeft(rest, " \t\r\n"); len(r) > 0 && r[0] != '}' {
+		full = append(full, ',')
+	}
+	full = append(full, rest...)
+	if lim.MaxBodyBytes > 0 {
+		lim.MaxBodyBytes += len(full) - len(trimmed)
+	}
+	cmd, err := payment.Decode(full, env, lim)
+	var ve *payment.ValidationError
+	if errors.As(err, &ve) && ve.Field == "merchant_id" && ve.Reason == payment.ReasonDuplicateField {
+		return nil, &payment.ValidationError{Reason: payment.ReasonUnknownField, Field: "merchant_id",
+			Msg: "must not be sent: the merchant comes from the API key"}
+	}
+	return cmd, err
+}
