@@ -64,6 +64,15 @@ const (
 // (docs/performance.md).
 func DefaultPoolSize() int { return max(4, 2*runtime.GOMAXPROCS(0)) }
 
+// The bounds of Config.Lanes (see lane.go).
+const (
+	// DefaultLanes is the command's default Config.Lanes.
+	DefaultLanes = 16
+	// MaxLanes bounds Config.Lanes: each lane is a consumer on the
+	// server and a fetch per worker every lanePoll.
+	MaxLanes = 256
+)
+
 // Config configures the worker, and holds the topology it works on. Zero
 // values take the defaults; Validate reports contradictions by the
 // setting's name.

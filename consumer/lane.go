@@ -48,11 +48,6 @@ import (
 // and every lane once the backlog is gone. Lane names are deterministic,
 // so every worker opens and fetches the same lanes.
 const (
-	// DefaultLanes is the command's default Config.Lanes.
-	DefaultLanes = 16
-	// MaxLanes bounds Config.Lanes: each lane is a consumer on the
-	// server and a fetch per worker every lanePoll.
-	MaxLanes = 256
 	// laneTick is how often the lane manager looks at the backlog: a
 	// merchant behind a backlog waits up to it for its lane.
 	laneTick = 500 * time.Millisecond

@@ -249,6 +249,7 @@ var consumerLayers = []string{
 	"trace.go",
 	"pause.go",
 	"config.go",
+	"fair.go",
 	"limit.go",
 	"commit.go",
 	"processor.go",
@@ -257,12 +258,20 @@ var consumerLayers = []string{
 	"net.go",
 	"trim.go",
 	"worker.go",
+	"lane.go",
 	"hold.go",
 	"intake.go",
 	"carddata.go",
 }
 
 var consumerBackUses = []string{
+	// The lanes' hooks in the fetch loop and settle, and lane.go's use
+	// of the Worker: worker.go and lane.go use each other until the fetch
+	// loop's stages move out of worker.go.
+	"worker.go uses Worker.runLanes from lane.go",
+	"worker.go uses Worker.settleLane from lane.go",
+	"worker.go uses laneManager from lane.go",
+	"worker.go uses newLaneManager from lane.go",
 	"commit.go uses NopObserver from worker.go",
 	"commit.go uses Observer from worker.go",
 	"commit.go uses Observer.Committed from worker.go",
