@@ -254,3 +254,36 @@ func TestReplayAgeFromAuthenticatedFailureTime(t *testing.T) {
 		t.Fatalf("a letter that failed an hour ago: %+v %v", rep, err)
 	}
 }
+
+// TestReplayByReasonReadsTheSignedReason: a letter's reason is the signed
+// one, not its subject's (Dlq-Auth does not cover the subject). A signed
+// provider_mismatch letter moved onto max_deliveries' subject is not
+// replayed by --reason max_deliveries.
+func TestReplayByReasonReadsTheSignedReason(t *testing.T) {
+	t.Parallel()
+	js, cfg := adminSetup(t)
+	ctx := context.Background()
+	seq := fileDeadLetter(t, js, cfg, stream.ReasonProviderMismatch, "m_1", "moved", time.Now())
+	s, err := js.Stream(ctx, cfg.DLQStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := nats.NewMsg(cfg.DLQPrefix + "." + stream.ReasonMaxDeliveries)
+	for k, v := range raw.Header {
+		if k != nats.MsgIdHdr {
+			moved.Header[k] = v
+		}
+	}
+	moved.Data = raw.Data
+	if _, err := js.PublishMsg(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := dlq.Replay(ctx, js, cfg, dlq.ReplayOptions{All: true, DryRun: true, Reason: stream.ReasonMaxDeliveries})
+	if err != nil || rep.WouldReplay != 0 {
+		t.Fatalf("--all --reason max_deliveries over a moved provider_mismatch letter: %+v %v", rep, err)
+	}
+}

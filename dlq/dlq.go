@@ -467,10 +467,13 @@ func (r *replayer) notFound(seq uint64) {
 		Detail: fmt.Sprintf("no dead letter %d in %s (already replayed, or expired)", seq, r.cfg.DLQStream)})
 }
 
-// pick judges a chosen letter. Letters named by sequence are not filtered
-// by reason as they are read: one of another reason is skipped here.
+// pick judges a chosen letter. A letter's reason is its signed one, not
+// its subject's (Dlq-Auth does not cover the subject, so a letter moved
+// onto another reason's subject keeps its own); letters named by sequence
+// are not filtered by reason as they are read. One of another reason is
+// skipped here.
 func (r *replayer) pick(ctx context.Context, d Info) error {
-	if !r.opts.All && r.opts.Reason != "" && d.Reason != r.opts.Reason {
+	if r.opts.Reason != "" && d.Reason != r.opts.Reason {
 		r.add(ReplayResult{Seq: d.Seq, Reason: d.Reason, MerchantID: d.MerchantID,
 			IdempotencyKey: d.IdempotencyKey, Outcome: Skipped, Detail: fmt.Sprintf("reason %s is not %s", d.Reason, r.opts.Reason)})
 		return nil
