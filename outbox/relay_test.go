@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/storetest"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
@@ -24,6 +27,7 @@ import (
 // world is a store on its own schema and an outcomes stream of its own.
 type world struct {
 	ctx   context.Context
+	pool  *pgxpool.Pool
 	store *dedup.Store
 	js    jetstream.JetStream
 	cfg   stream.Config
@@ -32,8 +36,15 @@ type world struct {
 
 func setup(t *testing.T) *world {
 	t.Helper()
+	return setupOn(t, testenv.PostgresURL(t), "")
+}
+
+// setupOn is setup on the schema of dbURL, the store's sessions named app.
+func setupOn(t *testing.T, dbURL, app string) *world {
+	t.Helper()
 	ctx := context.Background()
-	store, err := dedup.New(testenv.Pool(t), dedup.Config{})
+	pool := connect(t, dbURL, app)
+	store, err := dedup.New(pool, dedup.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +58,24 @@ func setup(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), cfg.WithDefaults().OutcomeStream) })
-	return &world{ctx: ctx, store: store, js: js, cfg: cfg, pub: stream.NewOutcomePublisher(js, cfg, 5*time.Second)}
+	return &world{ctx: ctx, pool: pool, store: store, js: js, cfg: cfg, pub: stream.NewOutcomePublisher(js, cfg, 5*time.Second)}
+}
+
+// connect opens a pool on dbURL whose sessions are named app (when set).
+func connect(t *testing.T, dbURL, app string) *pgxpool.Pool {
+	t.Helper()
+	if app != "" {
+		var err error
+		if dbURL, err = localpg.WithAppName(dbURL, app); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool, err := pg.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // complete records a charge for key (and, when processing, its
@@ -334,4 +362,66 @@ func TestTwoRelaysRace(t *testing.T) {
 			}
 		}
 	}
+}
+
+// holding is a publisher that never gets to publish: it reports that it
+// holds its batch and waits until its relay is killed.
+type holding struct{ held chan<- int }
+
+func (h holding) PublishOutcomes(ctx context.Context, events []ledger.OutcomeEvent) ([]bool, error) {
+	h.held <- len(events)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestRelayProcessKilledHoldingEvents: a relay took the events (their row
+// locks held) and its process died before publishing: its database
+// session is terminated, as when the process is killed. While it held
+// them another relay skipped them; once it is gone, the other relay
+// publishes each exactly once.
+func TestRelayProcessKilledHoldingEvents(t *testing.T) {
+	t.Parallel()
+	u := testenv.PostgresURL(t)
+	ctx := context.Background()
+	w := setupOn(t, u, "")
+	victimApp := "relay-" + testenv.Unique(t)
+	victim, err := dedup.New(connect(t, u, victimApp), dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.complete(t, "m_1", "a", false)
+	w.complete(t, "m_1", "b", false)
+
+	held := make(chan int, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	dead := make(chan error, 1)
+	go func() {
+		r, err := outbox.New(victim, holding{held}, outbox.Config{BatchSize: 16})
+		if err != nil {
+			dead <- err
+			return
+		}
+		_, err = r.RunOnce(rctx)
+		dead <- err
+	}()
+	if n := <-held; n != 2 {
+		t.Fatalf("the first relay took %d events, want 2", n)
+	}
+	survivor := w.relay(t, w.pub)
+	if res, err := survivor.RunOnce(ctx); err != nil || res.Relayed != 0 {
+		t.Fatalf("while the first relay holds the events: %+v %v, want nothing taken", res, err)
+	}
+	var killed int
+	if err := w.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, victimApp).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminate the first relay's session: %d %v", killed, err)
+	}
+	w.drain(t, survivor)
+	cancel()
+	if err := <-dead; err == nil {
+		t.Fatal("the killed relay reported success")
+	}
+	ids, _ := w.stored(t)
+	onceEach(t, ids, "m_1:a:charged", "m_1:b:charged")
 }
