@@ -109,14 +109,21 @@ CREATE TRIGGER outcome_events_settled AFTER UPDATE ON payments
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION outcome_events_settled();
 
--- The worker writes the events (its completions) and relays and purges
--- them; the gateway settles through settle_payment, which runs as the
--- owner.
+-- The triggers write the events as the owner, whoever writes the ledger
+-- (the worker's completion, settle_payment for the gateway): a role's
+-- missing grant on outcome_events can never fail a completion. Their
+-- search_path is pinned to this schema, like settle_payment's (00011).
+-- The worker's relay reads, marks and purges the events.
 -- +goose StatementBegin
 DO $$
+DECLARE
+    s text := current_schema();
 BEGIN
+    EXECUTE format('ALTER FUNCTION %I.outcome_events_recorded() SECURITY DEFINER SET search_path = %I, pg_temp', s, s);
+    EXECUTE format('ALTER FUNCTION %I.outcome_events_settled() SECURITY DEFINER SET search_path = %I, pg_temp', s, s);
+    EXECUTE format('ALTER FUNCTION %I.outcome_reason(bytea) SET search_path = %I, pg_temp', s, s);
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'paydedup_worker') THEN
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE %I.outcome_events TO paydedup_worker', current_schema());
+        EXECUTE format('GRANT SELECT, UPDATE, DELETE ON TABLE %I.outcome_events TO paydedup_worker', s);
     END IF;
 END
 $$;
