@@ -253,6 +253,9 @@ func TestRelayOutcomesSkipsHeldEvents(t *testing.T) {
 		}
 	}
 	held, release := make(chan []string, 1), make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	defer letGo() // a failure below must not leave the first relay's session open
 	errc := make(chan error, 1)
 	go func() {
 		_, err := b.store.RelayOutcomes(b.ctx, 2, func(_ context.Context, events []ledger.OutcomeEvent) ([]bool, error) {
@@ -271,7 +274,7 @@ func TestRelayOutcomesSkipsHeldEvents(t *testing.T) {
 	if n, err := b.store.RelayOutcomes(b.ctx, 10, r.publish); err != nil || n != 2 {
 		t.Fatalf("second relay: %d %v", n, err)
 	}
-	close(release)
+	letGo()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
