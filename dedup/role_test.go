@@ -162,6 +162,27 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 	if n, err := store.Purge(ctx, 10); err != nil || n != 0 {
 		t.Fatalf("purge as %s: %d %v", workerRole, n, err)
 	}
+	// The outbox: the completions above wrote their events as this role,
+	// and its relay takes, marks and purges them.
+	if b, err := store.OutcomeBacklog(ctx); err != nil || b.Unrelayed == 0 {
+		t.Fatalf("outcome backlog as %s: %+v %v, want the completions' events", workerRole, b, err)
+	}
+	if n, err := store.RelayOutcomes(ctx, 100, func(_ context.Context, evs []ledger.OutcomeEvent) ([]bool, error) {
+		done := make([]bool, len(evs))
+		for i := range done {
+			done[i] = true
+		}
+		return done, nil
+	}); err != nil || n == 0 {
+		t.Fatalf("relay outcomes as %s: %d %v", workerRole, n, err)
+	}
+	if _, err := store.PurgeOutcomes(ctx, time.Hour, 10); err != nil {
+		t.Fatalf("purge outcome events as %s: %v", workerRole, err)
+	}
+	// The role writes no event itself: the ledger's triggers do, as the
+	// owner, so a missing grant cannot fail a completion.
+	testenv.Denied(t, pool, `INSERT INTO outcome_events (event_id, merchant_id, idempotency_key, seq, kind, status, amount, currency, occurred_at)
+		VALUES ('m:k:charged', 'm', 'k', 1, 'charged', 'succeeded', 1, 'usd', now())`)
 
 	// Keys the gateway took in: the group commit notifies them itself and
 	// a single Complete through the trigger, both reading gateway_intake.

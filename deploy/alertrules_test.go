@@ -139,6 +139,20 @@ func TestAlertsFire(t *testing.T) {
 			want: []string{`{reason="provider_rejected"}`},
 		},
 		{
+			name: "outcome events unpublished for 15m", alert: "PaydedupOutcomeRelayLagging",
+			series: `load 1m
+				paydedup_outcome_relay_lag_seconds{namespace="pay",pod="w1"} 0+60x30
+				paydedup_outcome_relay_lag_seconds{namespace="pay",pod="w2"} 0+60x30`,
+			at:   20 * time.Minute,
+			want: []string{`{namespace="pay"}`},
+		},
+		{
+			name: "outcome events relayed within seconds", alert: "PaydedupOutcomeRelayLagging",
+			series: `load 1m
+				paydedup_outcome_relay_lag_seconds{namespace="pay",pod="w1"} 2x10 400x3 1x20`,
+			at: 30 * time.Minute,
+		},
+		{
 			name: "stuck pending rows for 15m", alert: "PaydedupStuckPendingRows",
 			series: `load 1m
 				paydedup_stuck_pending_rows{namespace="pay",pod="w1"} 2x30`,

@@ -51,6 +51,9 @@ var metrics = map[string]struct {
 	"paydedup_reconciler_last_pass_timestamp_seconds": {},
 	"paydedup_build_info":                             {labels: map[string][]string{"version": nil}},
 	"paydedup_pending_rows":                           {},
+	// The outbox of outcome events (cmd/paydedup/outcomes.go).
+	"paydedup_outcome_events_unrelayed":  {},
+	"paydedup_outcome_relay_lag_seconds": {},
 	// A worker's pause (consumer's gate) and the messages it holds.
 	"paydedup_worker_paused":        {labels: map[string][]string{"cause": {"provider_auth", "provider_unavailable", "postgres_unavailable"}}},
 	"paydedup_worker_held_messages": {},

@@ -28,6 +28,8 @@ const (
 	DefaultDLQStream       = "PAYMENTS_DLQ"
 	DefaultDLQPrefix       = "payments.dlq"
 	DefaultDurable         = "paydedup-worker"
+	DefaultOutcomeStream   = "PAYMENTS_OUTCOMES"
+	DefaultOutcomePrefix   = "payments.outcomes"
 	DefaultDuplicateWindow = 2 * time.Minute
 	// DefaultStreamMaxBytes and DefaultStreamMaxMsgs bound the payments
 	// stream. It keeps every command until a worker settles it (no max
@@ -59,6 +61,10 @@ type Config struct {
 	AdvisoryStream  string
 	Durable         string
 	DuplicateWindow time.Duration
+	// OutcomeStream holds the payments' outcome events, relayed from the
+	// outbox on <OutcomePrefix>.<merchant_id> (EnsureOutcomeStream).
+	OutcomeStream string
+	OutcomePrefix string
 	// StreamMaxBytes and StreamMaxMsgs bound the payments stream. There is
 	// no max age: a command stays until a worker settles it, however long
 	// the workers pause; a full stream refuses the publish instead
@@ -98,6 +104,8 @@ func (c Config) WithDefaults() Config {
 	c.DLQPrefix = cmp.Or(c.DLQPrefix, DefaultDLQPrefix)
 	c.AdvisoryStream = cmp.Or(c.AdvisoryStream, c.Name+"_MAXDELIVER")
 	c.Durable = cmp.Or(c.Durable, DefaultDurable)
+	c.OutcomeStream = cmp.Or(c.OutcomeStream, DefaultOutcomeStream)
+	c.OutcomePrefix = cmp.Or(c.OutcomePrefix, DefaultOutcomePrefix)
 	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultDuplicateWindow)
 	c.StreamMaxBytes = cmp.Or(c.StreamMaxBytes, DefaultStreamMaxBytes)
 	c.StreamMaxMsgs = cmp.Or(c.StreamMaxMsgs, DefaultStreamMaxMsgs)

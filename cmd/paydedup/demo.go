@@ -66,6 +66,7 @@ PAYDEDUP_STREAM and friends say otherwise, and deletes the streams it created.`,
 	d.streams.bindDefaults(cmd, a, stream.Config{
 		Name: "PAYDEDUP_DEMO", SubjectPrefix: "paydedup_demo.requests",
 		DLQStream: "PAYDEDUP_DEMO_DLQ", DLQPrefix: "paydedup_demo.dlq", Durable: "paydedup-demo",
+		OutcomeStream: "PAYDEDUP_DEMO_OUTCOMES", OutcomePrefix: "paydedup_demo.outcomes",
 	})
 	f.IntVar(&c.Payments, "payments", 3000, "distinct payments to publish")
 	f.IntVar(&c.Workers, "workers", 3, "workers to run (one of them is killed mid-run)")

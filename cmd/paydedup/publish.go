@@ -37,13 +37,15 @@ func (s *streamFlags) bindDefaults(cmd *cobra.Command, a *app, def stream.Config
 	f.StringVar(&c.DLQStream, "dlq-stream", envOr(a.getenv, "PAYDEDUP_DLQ_STREAM", def.DLQStream), "dead-letter stream (PAYDEDUP_DLQ_STREAM)")
 	f.StringVar(&c.DLQPrefix, "dlq-prefix", envOr(a.getenv, "PAYDEDUP_DLQ_PREFIX", def.DLQPrefix), "dead letters go to <prefix>.<reason> (PAYDEDUP_DLQ_PREFIX)")
 	f.StringVar(&c.Durable, "durable", envOr(a.getenv, "PAYDEDUP_DURABLE", def.Durable), "the workers' durable consumer (PAYDEDUP_DURABLE)")
+	f.StringVar(&c.OutcomeStream, "outcome-stream", envOr(a.getenv, "PAYDEDUP_OUTCOME_STREAM", def.OutcomeStream), "outcome events stream, subjects <outcome prefix>.<merchant_id> (PAYDEDUP_OUTCOME_STREAM)")
+	f.StringVar(&c.OutcomePrefix, "outcome-prefix", envOr(a.getenv, "PAYDEDUP_OUTCOME_PREFIX", def.OutcomePrefix), "outcome events go to <prefix>.<merchant_id> (PAYDEDUP_OUTCOME_PREFIX)")
 }
 
 func (s *streamFlags) validate() error {
 	var errs []error
 	for _, v := range []struct{ flag, env, val string }{
 		{"--stream", "PAYDEDUP_STREAM", s.cfg.Name}, {"--dlq-stream", "PAYDEDUP_DLQ_STREAM", s.cfg.DLQStream},
-		{"--durable", "PAYDEDUP_DURABLE", s.cfg.Durable},
+		{"--durable", "PAYDEDUP_DURABLE", s.cfg.Durable}, {"--outcome-stream", "PAYDEDUP_OUTCOME_STREAM", s.cfg.OutcomeStream},
 	} {
 		if v.val == "" || strings.ContainsAny(v.val, ". *>\t") {
 			errs = append(errs, fmt.Errorf("%s / %s: %q must be a non-empty name without '.', '*', '>' or spaces", v.env, v.flag, v.val))
@@ -51,6 +53,7 @@ func (s *streamFlags) validate() error {
 	}
 	for _, v := range []struct{ flag, env, val string }{
 		{"--subject-prefix", "PAYDEDUP_SUBJECT_PREFIX", s.cfg.SubjectPrefix}, {"--dlq-prefix", "PAYDEDUP_DLQ_PREFIX", s.cfg.DLQPrefix},
+		{"--outcome-prefix", "PAYDEDUP_OUTCOME_PREFIX", s.cfg.OutcomePrefix},
 	} {
 		if v.val == "" || strings.ContainsAny(v.val, " *>\t") || strings.HasPrefix(v.val, ".") || strings.HasSuffix(v.val, ".") {
 			errs = append(errs, fmt.Errorf("%s / %s: %q must be a subject prefix such as payments.requests", v.env, v.flag, v.val))

@@ -35,6 +35,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 	name := strings.ToUpper(u)
 	cfg := stream.Config{
 		Name: name, SubjectPrefix: u + ".req", DLQStream: name + "_DLQ", DLQPrefix: u + ".dlq", Durable: "w",
+		OutcomeStream: name + "_OUTCOMES", OutcomePrefix: u + ".outcomes",
 		StreamMaxBytes: 256 << 20, DLQMaxAge: time.Hour, DLQKey: []byte(testenv.DLQKey),
 	}
 	w := &cliWorld{t: t, cfg: cfg, nc: testenv.NATSConn(t), env: map[string]string{
@@ -45,6 +46,8 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 		"PAYDEDUP_DLQ_STREAM":     cfg.DLQStream,
 		"PAYDEDUP_DLQ_PREFIX":     cfg.DLQPrefix,
 		"PAYDEDUP_DURABLE":        cfg.Durable,
+		"PAYDEDUP_OUTCOME_STREAM": cfg.OutcomeStream,
+		"PAYDEDUP_OUTCOME_PREFIX": cfg.OutcomePrefix,
 		"PAYDEDUP_LOG_LEVEL":      "warn",
 		"PAYDEDUP_DLQ_KEY":        testenv.DLQKey,
 	}}
@@ -59,6 +62,7 @@ func newCLIWorld(t *testing.T, dbURL string, ensure bool) *cliWorld {
 		_ = js.DeleteStream(ctx, cfg.Name)
 		_ = js.DeleteStream(ctx, cfg.DLQStream)
 		_ = js.DeleteStream(ctx, cfg.WithDefaults().AdvisoryStream)
+		_ = js.DeleteStream(ctx, cfg.OutcomeStream)
 	})
 	if ensure {
 		if _, _, err := stream.EnsureStreams(context.Background(), js, cfg); err != nil {

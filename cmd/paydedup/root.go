@@ -63,7 +63,7 @@ never charge twice.`,
 	root.PersistentFlags().StringVar(&a.logFormat, "log-format", envOr(getenv, "PAYDEDUP_LOG_FORMAT", "auto"), "log format: json, text, or auto: text at a terminal, else json (PAYDEDUP_LOG_FORMAT)")
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", envOr(getenv, "PAYDEDUP_LOG_LEVEL", "info"), "log level: debug, info, warn or error (PAYDEDUP_LOG_LEVEL)")
 	root.AddCommand(newMigrateCmd(a), newWorkerCmd(a), newReconcileCmd(a),
-		newPublishCmd(a), newStatusCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a), newVersionCmd(a), newHealthcheckCmd(a))
+		newPublishCmd(a), newStatusCmd(a), newOutcomesCmd(a), newDLQCmd(a), newGatewayCmd(a), newAPIKeyCmd(a), newVersionCmd(a), newHealthcheckCmd(a))
 	root.AddCommand(newAuditCmd(a))
 	root.AddCommand(newConsoleCmd(a))
 	root.AddCommand(labCommands(a)...)

@@ -97,6 +97,7 @@ func (w *workerCmd) validate() (consumer.Config, error) {
 	ws := &w.worker.cfg.Stream
 	ws.Name, ws.SubjectPrefix, ws.DLQStream = s.Name, s.SubjectPrefix, s.DLQStream
 	ws.DLQPrefix, ws.Durable = s.DLQPrefix, s.Durable
+	ws.OutcomeStream, ws.OutcomePrefix = s.OutcomeStream, s.OutcomePrefix
 	// The worker signs with the current key only; it checks the previous
 	// ones so that a bad list stops the rollout at its first pod.
 	if err := w.app.dlqKeys(ws); err != nil {
@@ -237,6 +238,13 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		}
 		defer rec.Stop()
 	}
+	// Every worker relays the outcome events the store commits with each
+	// outcome to the outcomes stream.
+	relay, err := startOutcomeRelay(gctx, nc, store, cfg.Stream, cfg.KeyRetention, log, reg)
+	if err != nil {
+		return err
+	}
+	defer relay.Stop()
 	g.Go(func() error {
 		defer stopAdmin()
 		return worker.Run(gctx)

@@ -36,6 +36,7 @@ import (
 	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/workload"
+	"github.com/paydedup/paydedup/outbox"
 	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -183,6 +184,12 @@ type Result struct {
 	NATSCPUUSPerPayment     float64 `json:"nats_cpu_us_per_payment"`
 	ProcessCPUUSPerPayment  float64 `json:"process_cpu_us_per_payment"`
 	ProcessAllocsPerPayment float64 `json:"process_allocs_per_payment"` // heap allocations, worker, simulator and NATS server together
+	// The outbox relay's lag over the timed run (sampled every 100 ms):
+	// the oldest unrelayed outcome event's largest age, the largest
+	// backlog, and how long after the last settle the outbox was empty.
+	OutcomeLagMaxMS     float64 `json:"outcome_lag_max_ms"`
+	OutcomeUnrelayedMax int64   `json:"outcome_unrelayed_max"`
+	OutcomeDrainMS      float64 `json:"outcome_drain_ms"`
 	// Mean rows per claim round trip and per group commit.
 	ClaimBatchMean  float64 `json:"claim_batch_mean"`
 	CommitBatchMean float64 `json:"commit_batch_mean"`
@@ -338,7 +345,20 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		_ = js.DeleteStream(cctx, cfg.Stream.Name)
 		_ = js.DeleteStream(cctx, cfg.Stream.DLQStream)
 		_ = js.DeleteStream(cctx, cfg.Stream.AdvisoryStream)
+		_ = js.DeleteStream(cctx, cfg.Stream.OutcomeStream)
 	}()
+	// The outbox relay, as every worker runs it (cmd/paydedup/outcomes.go).
+	if _, err := stream.EnsureOutcomeStream(ctx, js, cfg.Stream); err != nil {
+		return res, fmt.Errorf("bench: %w", err)
+	}
+	relay, err := outbox.New(store, stream.NewOutcomePublisher(js, cfg.Stream, 0), outbox.Config{})
+	if err != nil {
+		return res, err
+	}
+	if err := relay.Start(ctx); err != nil {
+		return res, err
+	}
+	defer relay.Stop()
 
 	sim := stripesim.New(stripesim.Config{Faults: stripesim.Faults{Latency: b.ProviderLatency}})
 	const apiKey = "sk_test_paydedup_bench"
@@ -425,6 +445,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	wctx, stopWorker := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	start := time.Now()
+	lag := watchOutbox(wctx, store)
 	go func() { done <- w.Run(wctx) }()
 	messages := b.Payments + dups
 	if err := b.waitSettled(ctx, nc, obs, int64(messages), start, say); err != nil {
@@ -433,6 +454,11 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	end := time.Now()
+	if err := lag.drained(ctx, store, end); err != nil {
+		stopWorker()
+		<-done
+		return res, err
+	}
 	elapsed := end.Sub(start)
 	roundTrips := counting.Calls(storehook.Any) - tripsBefore
 	cpu, err := meter.stop(ctx, b.Payments)
@@ -457,6 +483,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 		ProcessAllocsPerPayment: cpu.Allocs, WarmupPayments: b.Warmup,
 		PGWALBytesPerPayment: walBytes, PGCheckpoints: checkpoints,
 	}
+	res.OutcomeLagMaxMS, res.OutcomeUnrelayedMax, res.OutcomeDrainMS = lag.result()
 	res.ClaimBatchMean, res.CommitBatchMean = obs.batchMeans()
 	res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds = pre.Rows, pre.Keys, pre.LoadSeconds, pre.VacuumSeconds
 	res.PreloadLedgerMB, res.PreloadKeysMB = pre.LedgerMB, pre.KeysMB
@@ -555,6 +582,8 @@ func (b *benchCmd) report(res Result) {
 			fmt.Fprintf(b.Out, "PostgreSQL's WAL: %.0f bytes per payment, %d checkpoints begun during the run (the whole cluster's)\n",
 				res.PGWALBytesPerPayment, res.PGCheckpoints)
 		}
+		fmt.Fprintf(b.Out, "outcome relay: oldest unrelayed event at most %.0f ms old, at most %d unrelayed; outbox empty %.0f ms after the last settle\n",
+			res.OutcomeLagMaxMS, res.OutcomeUnrelayedMax, res.OutcomeDrainMS)
 		if res.PreloadRows > 0 {
 			fmt.Fprintf(b.Out, "preloaded %d ledger rows (%d with their keys) in %.0f s, +%.0f s vacuum/analyze; ledger %.0f MB, keys %.0f MB\n",
 				res.PreloadRows, res.PreloadKeys, res.PreloadSeconds, res.PreloadVacuumSeconds, res.PreloadLedgerMB, res.PreloadKeysMB)
@@ -581,6 +610,7 @@ func (b *benchCmd) workerConfig(suffix string) consumer.Config {
 		Stream: stream.Config{
 			Name: name, SubjectPrefix: "bench." + suffix + ".requests", DLQStream: name + "_DLQ",
 			DLQPrefix: "bench." + suffix + ".dlq", Durable: "paydedup-bench",
+			OutcomeStream: name + "_OUTCOMES", OutcomePrefix: "bench." + suffix + ".outcomes",
 			DLQMaxAge: time.Hour, MaxAckPending: 20000,
 		},
 		Concurrency: b.Concurrency, FetchBatch: b.FetchBatch, CommitBatch: b.CommitBatch, CommitWait: b.CommitWait,

@@ -197,9 +197,18 @@ func PreloadFill(ctx context.Context, db DB, p Preload) (PreloadStats, error) {
 		}
 		errs <- nil
 	}
+	// The preloaded payments are history: their outcome events were
+	// relayed and purged long ago, so the ledger's outbox trigger
+	// (migration 00022) stays off while they are written.
+	if err := db.Exec(ctx, `ALTER TABLE payments DISABLE TRIGGER outcome_events_recorded`); err != nil {
+		return st, fmt.Errorf("bench: preload: %w", err)
+	}
 	go load("ledger", preloadLedgerSQL, 0, p.Rows)
 	go load("keys", preloadKeysSQL, p.Rows-st.Keys, p.Rows, KeyRetention)
 	err1, err2 := <-errs, <-errs
+	if err := db.Exec(ctx, `ALTER TABLE payments ENABLE TRIGGER outcome_events_recorded`); err != nil {
+		return st, fmt.Errorf("bench: preload: %w", err)
+	}
 	if err := cmpErr(err1, err2); err != nil {
 		return st, err
 	}
