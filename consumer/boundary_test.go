@@ -64,10 +64,7 @@ func TestAckLostAfterCommitRedeliveryAcks(t *testing.T) {
 	// The server did not hear the ack: the message is still pending there,
 	// and once AckWait passes it is delivered again, here to a second
 	// worker on a sound link.
-	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := e.workerConsumer()
 	if info, err := c.Info(e.ctx); err != nil || info.NumAckPending != 1 {
 		t.Fatalf("consumer %+v, %v; want the message unacked", info, err)
 	}
@@ -151,10 +148,7 @@ func TestDeadLetterPubAckLostFilesOnce(t *testing.T) {
 	if dls := e.deadLetters(); len(dls) != 1 {
 		t.Fatalf("%d dead letters, want 1", len(dls))
 	}
-	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := e.workerConsumer()
 	info, err := c.Info(e.ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -265,10 +265,7 @@ func TestSIGTERMDrainNeverAcksUnfinished(t *testing.T) {
 	// Nothing unfinished was acked: every message not completed is pending
 	// redelivery in the consumer.
 	completed := e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`)
-	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := e.workerConsumer()
 	info, err := c.Info(e.ctx)
 	if err != nil {
 		t.Fatal(err)

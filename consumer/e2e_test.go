@@ -160,6 +160,20 @@ func (e *env) publish(merchant string, data []byte, msgID string, hdr map[string
 	}
 }
 
+// workerConsumer returns the workers' durable consumer once a worker
+// started by the test has created it (Run creates it as it starts, which a
+// test publishing at once may get ahead of).
+func (e *env) workerConsumer() jetstream.Consumer {
+	e.t.Helper()
+	var c jetstream.Consumer
+	e.eventually("the workers' consumer created", func() bool {
+		var err error
+		c, err = e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
+		return err == nil
+	})
+	return c
+}
+
 func (e *env) eventually(what string, cond func() bool) {
 	e.t.Helper()
 	deadline := time.Now().Add(45 * time.Second)

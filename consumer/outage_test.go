@@ -175,10 +175,7 @@ func TestStopDuringOutageNaksHeldWork(t *testing.T) {
 		return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable) && proc.Held() > 0
 	})
 	stop()
-	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := e.workerConsumer()
 	info, err := c.Info(e.ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -169,10 +169,7 @@ func TestRateLimitWaitsUnderTheLease(t *testing.T) {
 		}
 	}
 	store.mu.Unlock()
-	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := e.workerConsumer()
 	info, err := c.Info(e.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -521,10 +518,7 @@ func TestStopDuringRateLimitedLastDeliveryDoesNotCountARequeue(t *testing.T) {
 	p := throttled{Provider: e.stripe, open: new(atomic.Bool), refused: new(atomic.Int32)}
 	_, stop := e.runPausable("w1", e.store, p)
 	e.publish("m_1", body("m_1", "stopped", 100), "", nil)
-	c, err := e.js.Consumer(e.ctx, e.cfg.Stream.Name, e.cfg.Stream.Durable)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := e.workerConsumer()
 	var refusedAt int32
 	e.eventually("the last delivery under way", func() bool {
 		info, err := c.Info(e.ctx)
