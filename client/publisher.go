@@ -89,7 +89,7 @@ func (p *Publisher) Publish(ctx context.Context, key string, pay Payment) (Publi
 	if err != nil {
 		return Published{}, fmt.Errorf("client: %w", err)
 	}
-	fresh, err := p.keys.bind(key, sha256.Sum256(body))
+	fresh, _, err := p.keys.bind(key, sha256.Sum256(body))
 	if err != nil {
 		return Published{}, err
 	}
