@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+
+	"github.com/paydedup/paydedup/stream"
 )
 
 // Defaults of a Client.
@@ -104,11 +106,10 @@ func (c *Client) Create(ctx context.Context, key string, p Payment) (Result, err
 	if err != nil {
 		return Result{}, fmt.Errorf("client: encode payment: %w", err)
 	}
-	fresh, err := c.keys.bind(key, sha256.Sum256(body))
+	fresh, mayBeAccepted, err := c.keys.bind(key, sha256.Sum256(body))
 	if err != nil {
 		return Result{}, err
 	}
-	var mayBeAccepted bool
 	res, err := c.retry(ctx, func() (Result, error) {
 		a, err := c.do(ctx, http.MethodPost, "/v1/payments", key, body, 0)
 		if err != nil {
@@ -117,6 +118,7 @@ func (c *Client) Create(ctx context.Context, key string, p Payment) (Result, err
 		}
 		switch a.status {
 		case http.StatusCreated, http.StatusAccepted, http.StatusPaymentRequired:
+			mayBeAccepted = true // accepted, even when its body cannot be read
 			return a.result()
 		case http.StatusConflict: // in flight: ask how it stands
 			g, gerr := c.do(ctx, http.MethodGet, "/v1/payments/"+url.PathEscape(key), "", nil, 0)
@@ -133,19 +135,24 @@ func (c *Client) Create(ctx context.Context, key string, p Payment) (Result, err
 		}
 		return Result{}, a.failure()
 	})
+	if mayBeAccepted {
+		c.keys.mayBe(key) // until a GET says not-accepted, no answer clears it
+	}
 	if err != nil && fresh && !mayBeAccepted && boundNothing(err) {
 		c.keys.forget(key) // refused at once: the key holds nothing
 	}
 	if err != nil && mayBeAccepted && !errors.Is(err, ErrKeyReused) && !isFinal(err) {
-		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+		err = outcomeUnknown(err)
 	}
 	return res, err
 }
 
 // Get returns the payment under key as it stands, without waiting; it
 // changes nothing. Answers that ask to come back (503, 409 while its
-// publish settles, a timeout) are retried. StatusPublishUnknown means: call
-// Create again with the same key and payment.
+// publish settles, a timeout) are retried, and are not ErrNotAccepted when
+// it gives up. StatusPublishUnknown means: call Create again with the same
+// key and payment. A 404 not-accepted (ErrNotAccepted) tells the Client
+// that key holds nothing.
 func (c *Client) Get(ctx context.Context, key string) (Result, error) {
 	return c.get(ctx, key, 0)
 }
@@ -179,15 +186,16 @@ func (c *Client) Wait(ctx context.Context, key string) (Result, error) {
 }
 
 // Forget drops what the Client remembers of key (the fingerprint of its
-// payment): call it once its payment is final, in a process that makes
-// many payments, to bound the Client's memory.
+// payment, and that it may have been accepted): call it once its payment
+// is final, in a process that makes many payments, to bound the Client's
+// memory.
 func (c *Client) Forget(key string) { c.keys.forget(key) }
 
 func (c *Client) get(ctx context.Context, key string, wait time.Duration) (Result, error) {
 	if err := checkKey(key); err != nil {
 		return Result{}, err
 	}
-	return c.retry(ctx, func() (Result, error) {
+	res, err := c.retry(ctx, func() (Result, error) {
 		a, err := c.do(ctx, http.MethodGet, "/v1/payments/"+url.PathEscape(key), "", nil, wait)
 		if err != nil {
 			return Result{}, err
@@ -195,8 +203,18 @@ func (c *Client) get(ctx context.Context, key string, wait time.Duration) (Resul
 		if a.status == http.StatusOK {
 			return a.result()
 		}
+		if p := a.problem(); p != nil && p.Type == ProblemNotAccepted {
+			c.keys.notAccepted(key) // the gateway took nothing in under key
+		}
 		return Result{}, a.failure()
 	})
+	var p *Problem
+	if errors.As(err, &p) && p.Type != ProblemNotAccepted && errors.Is(p, ErrNotAccepted) {
+		// 503, 429 or 500 to a GET: the gateway could not tell, which says
+		// nothing of the payment; only 404 not-accepted is ErrNotAccepted.
+		err = fmt.Errorf("client: get %q: no answer about the payment: %v", key, err)
+	}
+	return res, err
 }
 
 // retry runs op with the client's backoff, honouring Retry-After, until
@@ -396,33 +414,74 @@ func checkKey(key string) error {
 }
 
 // keyBook remembers, per key, the fingerprint of the payment it was first
-// sent with.
+// sent with, and whether a request with it may have been accepted (a
+// Client) or stored (a Publisher): once so, no later answer about one
+// request says the key holds nothing.
 type keyBook struct {
 	mu   sync.Mutex
-	sums map[string][sha256.Size]byte
+	keys map[string]keyEntry
+}
+
+type keyEntry struct {
+	sum   [sha256.Size]byte
+	maybe bool // a request with the key may have been accepted or stored
 }
 
 // bind binds key to sum, or refuses it bound to another; fresh reports
-// whether this call bound it.
-func (k *keyBook) bind(key string, sum [sha256.Size]byte) (fresh bool, err error) {
+// whether this call bound it, maybe whether an earlier call with the key
+// may have been accepted.
+func (k *keyBook) bind(key string, sum [sha256.Size]byte) (fresh, maybe bool, err error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.sums == nil {
-		k.sums = map[string][sha256.Size]byte{}
+	if k.keys == nil {
+		k.keys = map[string]keyEntry{}
 	}
-	got, ok := k.sums[key]
+	got, ok := k.keys[key]
 	switch {
 	case !ok:
-		k.sums[key] = sum
-		return true, nil
-	case got != sum:
-		return false, fmt.Errorf("client: key %q: %w (by this client: nothing was sent)", key, ErrKeyReused)
+		k.keys[key] = keyEntry{sum: sum}
+		return true, false, nil
+	case got.sum != sum:
+		return false, false, fmt.Errorf("client: key %q: %w (by this client: nothing was sent)", key, ErrKeyReused)
 	}
-	return false, nil
+	return false, got.maybe, nil
+}
+
+// mayBe records that a request with key may have been accepted or stored.
+func (k *keyBook) mayBe(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if e, ok := k.keys[key]; ok {
+		e.maybe = true
+		k.keys[key] = e
+	}
+}
+
+// notAccepted records a definitive answer that nothing was taken in under
+// key (GET 404 not-accepted): the key no longer may be accepted.
+func (k *keyBook) notAccepted(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if e, ok := k.keys[key]; ok {
+		e.maybe = false
+		k.keys[key] = e
+	}
 }
 
 func (k *keyBook) forget(key string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	delete(k.sums, key)
+	delete(k.keys, key)
+}
+
+// outcomeUnknown is ErrOutcomeUnknown caused by cause, the last answer. A
+// cause that says nothing was accepted or stored (ErrNotAccepted, a
+// stream refusal) speaks of its own request only, not of the key, which
+// may hold an earlier one: it is kept in the message but does not match
+// through errors.Is.
+func outcomeUnknown(cause error) error {
+	if errors.Is(cause, ErrNotAccepted) || stream.Refused(cause) {
+		return fmt.Errorf("%w: %v", ErrOutcomeUnknown, cause)
+	}
+	return fmt.Errorf("%w: %w", ErrOutcomeUnknown, cause)
 }

@@ -18,7 +18,10 @@
 // RetryFor or until ctx ends. It never sends a payment under another key.
 // When it gives up after an answer that may have been accepted, its error
 // is ErrOutcomeUnknown: the payment may still be charged, so keep the key
-// and call Create again later with the same payment, never a new key.
+// and call Create again later with the same payment, never a new key. The
+// Client remembers such a key: a later call with it that ends on an answer
+// saying "nothing accepted" (503 unavailable, 429, 500) is ErrOutcomeUnknown
+// too, until a Get answers 404 not-accepted.
 //
 // Each answer becomes a Result (queued, processing, retrying,
 // waiting_for_operator with its Reason, succeeded with its ChargeID,

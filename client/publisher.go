@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -26,9 +27,10 @@ type PublisherConfig struct {
 	// message id included (stream.DefaultPublishTimeout).
 	Timeout time.Duration
 	// RetryFor is how long a publish whose PubAck did not come is sent
-	// again, the same message (DefaultRetryFor). It must stay inside the
-	// stream's duplicate window (2 min by default), which drops the copies
-	// that did land.
+	// again, the same message (DefaultRetryFor). It must be shorter than
+	// the stream's duplicate window (Stream.DuplicateWindow, 2 min by
+	// default: state the stream's own), which drops the copies that did
+	// land; NewPublisher refuses a longer one.
 	RetryFor time.Duration
 }
 
@@ -65,8 +67,12 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("client: publisher: %w", err)
 	}
-	if cfg.RetryFor == 0 {
-		cfg.RetryFor = DefaultRetryFor
+	cfg.RetryFor = cmp.Or(cfg.RetryFor, DefaultRetryFor)
+	// A copy sent after the window is stored again under the same
+	// Nats-Msg-Id: the worker's claim charges the key once, but the
+	// stream holds two commands.
+	if window := cfg.Stream.WithDefaults().DuplicateWindow; cfg.RetryFor >= window {
+		return nil, fmt.Errorf("client: publisher: RetryFor %v must be shorter than the stream's duplicate window %v", cfg.RetryFor, window)
 	}
 	return &Publisher{pub: pub, merchant: cfg.MerchantID, retryFor: cfg.RetryFor}, nil
 }
@@ -80,7 +86,10 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 // the worker would refuse (a *payment.ValidationError), a full or missing
 // stream (stream.ErrStreamFull, stream.ErrStreamMissing), or another
 // command holding the key's message id (ErrKeyReused, with
-// stream.ErrMsgIDTaken). A key this Publisher published with another
+// stream.ErrMsgIDTaken). But once a publish of key may have been stored
+// (an ErrOutcomeUnknown, in this call or an earlier one), a refusal says
+// nothing of that copy: it is ErrOutcomeUnknown, the refusal in its
+// message, until Forget. A key this Publisher published with another
 // payment is refused with ErrKeyReused before anything is sent.
 func (p *Publisher) Publish(ctx context.Context, key string, pay Payment) (Published, error) {
 	cmd := &payment.Command{MerchantID: p.merchant, IdempotencyKey: key, Amount: pay.Amount, Currency: pay.Currency,
@@ -89,7 +98,7 @@ func (p *Publisher) Publish(ctx context.Context, key string, pay Payment) (Publi
 	if err != nil {
 		return Published{}, fmt.Errorf("client: %w", err)
 	}
-	fresh, err := p.keys.bind(key, sha256.Sum256(body))
+	fresh, mayBeStored, err := p.keys.bind(key, sha256.Sum256(body))
 	if err != nil {
 		return Published{}, err
 	}
@@ -105,16 +114,20 @@ func (p *Publisher) Publish(ctx context.Context, key string, pay Payment) (Publi
 		case stream.Refused(err):
 			return Published{}, backoff.Permanent(fmt.Errorf("client: %w", err))
 		}
+		mayBeStored = true // no PubAck: it may be stored
 		return Published{}, fmt.Errorf("client: %w", err)
 	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(p.retryFor))
+	if mayBeStored {
+		p.keys.mayBe(key)
+	}
 	switch {
 	case err == nil, errors.Is(err, ErrKeyReused):
-	case stream.Refused(err):
+	case stream.Refused(err) && !mayBeStored:
 		if fresh {
 			p.keys.forget(key) // nothing stored: the key holds nothing
 		}
-	default: // no PubAck: it may be stored
-		err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	default: // no PubAck now or before: it may be stored
+		err = outcomeUnknown(err)
 	}
 	return res, err
 }

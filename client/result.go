@@ -112,12 +112,16 @@ var (
 	// ErrNotFound: no payment with this key for the API key's merchant
 	// (GET 404 not-found).
 	ErrNotFound = errors.New("payment not found")
-	// ErrNotAccepted: nothing was accepted under this key by the answer
-	// (GET 404 not-accepted, 503 unavailable, 429, 500 internal). Retrying
-	// with the same key is safe.
+	// ErrNotAccepted: nothing was accepted under this key (GET 404
+	// not-accepted; to Create, 503 unavailable, 429, 500 internal). Create
+	// returns it only for a key none of whose requests by this Client may
+	// have been accepted; once one may have been, such an answer speaks of
+	// its own request only and Create returns ErrOutcomeUnknown, until a Get
+	// answers 404 not-accepted. Retrying with the same key is safe.
 	ErrNotAccepted = errors.New("not accepted")
 	// ErrOutcomeUnknown: the client gave up (RetryFor passed, or ctx ended)
-	// after an answer that may have been accepted. The payment may still
+	// after an answer that may have been accepted, in this call or an
+	// earlier one with the key (the last answer is in its message). The payment may still
 	// be charged: keep the key, call again later with the same key and the
 	// same payment, and never pay under a new key.
 	ErrOutcomeUnknown = errors.New("payment outcome unknown: retry later with the same key and payment, never a new key")
