@@ -678,7 +678,8 @@ func (g *base) heldAgain(ctx context.Context, in ledger.Intake, log *slog.Logger
 
 // publishFailed settles the intake of a command whose publish failed and
 // returns how to answer it. A refusal (stream.Refused: the stream stored
-// nothing of it) gives the intake up, so a corrected retry is new: 422
+// nothing of this publish) after no earlier publish of unknown outcome
+// (earlierUnknown) gives the intake up, so a corrected retry is new: 422
 // when another command holds its Nats-Msg-Id, 503 "nothing accepted"
 // otherwise (saying so when the stream does not exist). Any other failure
 // is an unknown outcome: the command may be stored and charged, so the
@@ -689,6 +690,13 @@ func (g *base) publishFailed(ctx context.Context, in ledger.Intake, err error, l
 	g.metrics.publishes.WithLabelValues("error").Inc()
 	if !stream.Refused(err) {
 		log.Error("publish outcome unknown (no PubAck): the command may be queued; the key stays bound to its payload", "error", err)
+		if rerr := g.store.ReleaseIntake(ctx, in); rerr != nil && !errors.Is(rerr, ledger.ErrLeaseLost) {
+			log.Warn("could not release the intake; a retry takes it over once its lease passes", "error", rerr)
+		}
+		return ansPublishUnknown
+	}
+	if earlierUnknown(in, err) {
+		log.Error("publish refused, but an earlier publish of the command had an unknown outcome: it may be queued; the key stays bound to its payload", "error", err)
 		if rerr := g.store.ReleaseIntake(ctx, in); rerr != nil && !errors.Is(rerr, ledger.ErrLeaseLost) {
 			log.Warn("could not release the intake; a retry takes it over once its lease passes", "error", rerr)
 		}
@@ -705,6 +713,18 @@ func (g *base) publishFailed(ctx context.Context, in ledger.Intake, err error, l
 		return ansNoStream
 	}
 	return ansNotQueued
+}
+
+// earlierUnknown reports whether a refused publish under in leaves an
+// earlier one unknown: the intake was taken over (attempt past 1) with no
+// publish marked, so an earlier publisher's copy may be stored (its PubAck
+// lost, or it died publishing), and this refusal (a full stream, after the
+// duplicate window) says nothing of that copy. A refusal because another
+// command holds the Nats-Msg-Id, or because the stream does not exist,
+// still gives the intake up.
+func earlierUnknown(in ledger.Intake, err error) bool {
+	return !in.Published() && in.Attempt > 1 &&
+		!errors.Is(err, stream.ErrMsgIDTaken) && !errors.Is(err, stream.ErrStreamMissing)
 }
 
 func refOf(it *item) ledger.KeyRef {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/lab/testenv"
@@ -181,5 +182,68 @@ func TestDuplicateOfAnotherPayload422(t *testing.T) {
 	wantStatus(t, w.post("dup", payBody(999, "pm_card_visa")), http.StatusAccepted)
 	if n := w.keyMsgs("dup"); n != 1 {
 		t.Fatalf("%d messages for the key, want 1", n)
+	}
+}
+
+// TestRefusedRetryAfterAnUnknownPublishStaysUnknown: the first publish's
+// PubAck is lost (the stream stored the command); the client's retry comes
+// after the duplicate window, into a full stream, which refuses it. That
+// refusal says nothing of the first copy: the answer stays "outcome
+// unknown", the intake stays bound, GET never says not-accepted (a client
+// told so pays again under a new key, and both copies are charged), and
+// the stored copy is charged once.
+func TestRefusedRetryAfterAnUnknownPublishStaysUnknown(t *testing.T) {
+	t.Parallel()
+	w, px, pubNC := swallowedWorld(t, gateway.Config{})
+	w.batched()
+	body := payBody(100, "pm_card_visa")
+	if err := px.Lose(testenv.ServerToClient); err != nil {
+		t.Fatal(err)
+	}
+	r := w.post("unknown-then-full", body)
+	if err := px.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, r, http.StatusServiceUnavailable)
+	if n := w.keyMsgs("unknown-then-full"); n != 1 {
+		t.Fatalf("%d messages for the key, want the 1 the stream stored", n)
+	}
+	w.eventually("the publisher reconnected", pubNC.IsConnected)
+
+	// The duplicate window passes and the stream fills.
+	s, err := w.js.Stream(w.ctx, w.cfg.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := info.Config
+	full.Duplicates, full.MaxMsgs, full.Discard = 200*time.Millisecond, int64(info.State.Msgs), jetstream.DiscardNew
+	if _, err := w.js.UpdateStream(w.ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+
+	r = w.post("unknown-then-full", body)
+	wantStatus(t, r, http.StatusServiceUnavailable)
+	if p := r.problem(t); p.Type != gateway.ProblemPublishUnknown {
+		t.Fatalf("a refused retry after an unknown publish: %+v, want the outcome unknown", p)
+	}
+	g := w.do(http.MethodGet, "/v1/payments/unknown-then-full", w.keyA, "", nil)
+	wantStatus(t, g, http.StatusOK)
+	if p := g.payment(t); p.Status != gateway.StatePublishUnknown {
+		t.Fatalf("GET after the refused retry: %+v, want publish_unknown", p)
+	}
+
+	full.MaxMsgs = info.Config.MaxMsgs
+	if _, err := w.js.UpdateStream(w.ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	w.startWorker()
+	w.waitStatus("m_a", "unknown-then-full", ledger.StatusCompleted)
+	if c := w.charges("m_a", "unknown-then-full"); c != 1 {
+		t.Fatalf("%d charges, want 1", c)
 	}
 }
