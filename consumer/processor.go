@@ -62,7 +62,7 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 	cfg = cfg.WithDefaults()
 	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger, observer: NopObserver{},
 		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait),
-		calls:     newCallLimit(cfg.Concurrency, time.Now), gate: newGate(cfg.PauseFirst, cfg.PauseLongest)}
+		calls:     newCallLimit(cfg.Concurrency, time.Now), gate: newGate(cfg.PauseFirst, cfg.PauseLongest, cfg.Clock.Now)}
 }
 
 // Claim claims a batch of commands in one round trip.
@@ -151,7 +151,7 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledg
 	// No call starts later than this under the claim: the start-up check
 	// (NewWorker) allows a claim's calls a lease past it, and no more,
 	// inside the provider's key lifetime.
-	waitUntil := time.Now().Add(p.cfg.MaxWaitUnderLease)
+	waitUntil := p.cfg.Clock.Now().Add(p.cfg.MaxWaitUnderLease)
 	s, failed, ok := p.takeSlot(ctx, cmd, lease, progress, log, waitUntil)
 	defer s.done()
 	if !ok {
