@@ -154,9 +154,12 @@ type Config struct {
 
 	Holder string // lease holder id; default host name + random suffix
 
-	// Clock tells the time a dead letter records as its Dlq-Failed-At;
-	// clock.System when nil. Durations the worker measures (latencies)
-	// use the monotonic clock, and lease times are the database's.
+	// Clock is the worker's clock: the time a dead letter records as its
+	// Dlq-Failed-At, the pause gate's pauses and probes, and the longest
+	// wait under one claim (MaxWaitUnderLease); clock.System when nil.
+	// Durations the worker measures (latencies, the call limit's windows)
+	// and the deadlines of its contexts and timers (AckWait, settling) use
+	// the monotonic clock, and lease times are the database's.
 	Clock clock.Clock
 }
 

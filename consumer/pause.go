@@ -64,6 +64,7 @@ var ErrStoreUnavailable = errors.New("postgres unavailable")
 // and the held messages run again; a failed probe doubles the pause.
 type gate struct {
 	first, longest time.Duration
+	now            func() time.Time // the worker's clock (Config.Clock)
 
 	closed atomic.Bool  // fast path of the per-payment calls
 	fails  atomic.Int64 // provider calls in a row that ended unavailable
@@ -80,10 +81,10 @@ type gate struct {
 	failKeys map[string]struct{}
 }
 
-func newGate(first, longest time.Duration) *gate {
+func newGate(first, longest time.Duration, now func() time.Time) *gate {
 	opened := make(chan struct{})
 	close(opened)
-	return &gate{first: first, longest: longest, opened: opened}
+	return &gate{first: first, longest: longest, now: now, opened: opened}
 }
 
 // pauseLocked is the length of the streak-th pause.
@@ -107,11 +108,12 @@ func (g *gate) closeLocked(cause string, err error) time.Duration {
 	g.err = err
 	if g.cause != "" {
 		g.cause = cause
-		return time.Until(g.until)
+		return g.until.Sub(g.now())
 	}
-	g.cause, g.streak, g.since = cause, 1, time.Now()
+	now := g.now()
+	g.cause, g.streak, g.since = cause, 1, now
 	pause := g.pauseLocked()
-	g.until = time.Now().Add(pause)
+	g.until = now.Add(pause)
 	g.opened = make(chan struct{})
 	g.closed.Store(true)
 	return pause
@@ -206,7 +208,7 @@ func (g *gate) probe() (open, probing bool, wait time.Duration, opened <-chan st
 	if g.cause == "" {
 		return true, false, 0, nil
 	}
-	wait = time.Until(g.until)
+	wait = g.until.Sub(g.now())
 	if wait <= 0 && !g.probing {
 		g.probing = true
 		return false, true, 0, nil
@@ -229,9 +231,9 @@ func (g *gate) probed(failed bool) {
 	}
 	if failed {
 		g.streak++
-		g.until = time.Now().Add(g.pauseLocked())
+		g.until = g.now().Add(g.pauseLocked())
 	} else {
-		g.until = time.Now()
+		g.until = g.now()
 	}
 }
 
@@ -244,7 +246,7 @@ func (g *gate) fetchWait() (time.Duration, <-chan struct{}) {
 	if g.cause == "" {
 		return 0, nil
 	}
-	wait := time.Until(g.until)
+	wait := g.until.Sub(g.now())
 	if wait <= 0 && (g.held > 0 || g.probing) {
 		wait = g.first
 	}
@@ -276,7 +278,7 @@ func (g *gate) retryAt() time.Time {
 	if g.cause == "" {
 		return time.Time{}
 	}
-	if now := time.Now(); g.until.Before(now) {
+	if now := g.now(); g.until.Before(now) {
 		return now
 	}
 	return g.until

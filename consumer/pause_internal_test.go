@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
 )
@@ -29,7 +30,7 @@ func TestGateTellsOutageFromLoneFailure(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g := newGate(time.Minute, time.Hour)
+			g := newGate(time.Minute, time.Hour, time.Now)
 			var paused bool
 			for _, a := range tt.answers {
 				if a == "ok" {
@@ -56,7 +57,7 @@ func TestGateTellsOutageFromLoneFailure(t *testing.T) {
 
 // Each cause is opened only by what shows it gone.
 func TestGateCauses(t *testing.T) {
-	g := newGate(time.Minute, time.Hour)
+	g := newGate(time.Minute, time.Hour, time.Now)
 	if c := g.storeFailed(fmt.Errorf("claim keys: %w", ledger.ErrLeaseLost)); c != "" || g.closed.Load() {
 		t.Fatalf("a lost lease paused the worker (%q)", c)
 	}
@@ -104,31 +105,30 @@ func TestGateCauses(t *testing.T) {
 }
 
 // One held message probes when a pause ends; a failed probe doubles the
-// pause, up to the longest.
+// pause, up to the longest. The gate reads the worker's clock: a fake one
+// moved to the pause's last instant, then past it, instead of waiting.
 func TestGateProbes(t *testing.T) {
-	g := newGate(time.Millisecond, 4*time.Millisecond)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	g := newGate(time.Minute, 4*time.Minute, clk.Now)
 	g.close(PauseProviderUnavailable, errors.New("503"))
-	if open, probing, wait, _ := g.probe(); open || probing || wait <= 0 {
-		t.Fatalf("during the pause: open %v, probing %v, wait %v", open, probing, wait)
-	}
-	for want := 1; want <= 5; want++ {
-		var probing bool
-		deadline := time.Now().Add(5 * time.Second)
-		for !probing {
-			if time.Now().After(deadline) {
-				t.Fatal("the pause never ended")
-			}
-			_, probing, _, _ = g.probe()
+	for i, pause := range []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 4 * time.Minute, 4 * time.Minute} {
+		if open, probing, wait, _ := g.probe(); open || probing || wait != pause {
+			t.Fatalf("pause %d: open %v, probing %v, wait %v, want a wait of %v", i+1, open, probing, wait, pause)
+		}
+		clk.Advance(pause - time.Nanosecond)
+		if _, probing, _, _ := g.probe(); probing {
+			t.Fatalf("pause %d: a probe before the pause ended", i+1)
+		}
+		clk.Advance(time.Nanosecond)
+		if _, probing, _, _ := g.probe(); !probing {
+			t.Fatalf("pause %d: no probe when the pause ended", i+1)
 		}
 		if _, again, _, _ := g.probe(); again {
 			t.Fatal("two probes at once")
 		}
-		if _, _, streak, _, _ := g.state(); streak != want {
-			t.Fatalf("streak %d, want %d", streak, want)
+		if _, _, streak, _, _ := g.state(); streak != i+1 {
+			t.Fatalf("streak %d, want %d", streak, i+1)
 		}
 		g.probed(true)
-	}
-	if _, _, _, _, until := g.state(); time.Until(until) > 4*time.Millisecond {
-		t.Fatalf("pause %v, longer than the longest", time.Until(until))
 	}
 }

@@ -62,7 +62,7 @@ func NewProcessor(store Store, charger Charger, cfg Config, logger *slog.Logger)
 	cfg = cfg.WithDefaults()
 	return &Processor{store: store, charger: charger, cfg: cfg, logger: logger, observer: NopObserver{},
 		committer: newCommitter(store, cfg.CommitBatch, cfg.CommitWait),
-		calls:     newCallLimit(cfg.Concurrency, time.Now), gate: newGate(cfg.PauseFirst, cfg.PauseLongest)}
+		calls:     newCallLimit(cfg.Concurrency, time.Now), gate: newGate(cfg.PauseFirst, cfg.PauseLongest, cfg.Clock.Now)}
 }
 
 // Claim claims a batch of commands in one round trip.
@@ -143,49 +143,107 @@ func (p *Processor) handle(ctx context.Context, cmd *payment.Command, claim ledg
 	return Result{Kind: Retry, Err: fmt.Errorf("unexpected claim outcome %v", claim.Outcome)}
 }
 
-// charge calls the provider under a held lease and records the outcome.
+// charge calls the provider under a held lease and records the outcome, in
+// four steps: a call slot under the lease (takeSlot), the provider call
+// with its heartbeat (call), what the answer shows of the provider
+// (observe), and the outcome's record (record).
 func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledger.Lease, progress progresser, log *slog.Logger) Result {
 	// No call starts later than this under the claim: the start-up check
 	// (NewWorker) allows a claim's calls a lease past it, and no more,
 	// inside the provider's key lifetime.
-	waitUntil := time.Now().Add(p.cfg.MaxWaitUnderLease)
+	waitUntil := p.cfg.Clock.Now().Add(p.cfg.MaxWaitUnderLease)
+	s, failed, ok := p.takeSlot(ctx, cmd, lease, progress, log, waitUntil)
+	defer s.done()
+	if !ok {
+		return failed
+	}
+	a := p.call(ctx, cmd, &s, progress, log, waitUntil)
+	p.observe(cmd, &a)
+	leaseLost := a.beat.stop()
+	return p.record(ctx, s.lease, &a, leaseLost, log)
+}
+
+// callSlot is a payment's provider call slot, taken under its lease: the
+// context and heartbeat its call runs under, the lease as the heartbeat
+// left it, and what to undo when the charge ends.
+type callSlot struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	beat   *beater
+	lease  ledger.Lease
+	undo   []func() // run last first, as defers are
+}
+
+// done undoes what taking the slot set up.
+func (s *callSlot) done() {
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		s.undo[i]()
+	}
+}
+
+// takeSlot starts the call's heartbeat and takes a provider call slot,
+// waiting for one under the lease when the slots are held. When the wait
+// fails it releases the lease if it still holds it and returns the
+// message's result and false.
+func (p *Processor) takeSlot(ctx context.Context, cmd *payment.Command, lease ledger.Lease, progress progresser, log *slog.Logger, waitUntil time.Time) (callSlot, Result, bool) {
 	// Within ctx's deadline when that comes first (the worker's batch
 	// context has it): then no timer of its own.
 	callCtx, cancel := context.WithTimeout(ctx, p.callBudget())
-	defer cancel()
+	s := callSlot{ctx: callCtx, cancel: cancel, lease: lease, undo: []func(){cancel}}
 
 	// The heartbeat starts before the wait for a call slot, so the lease
 	// cannot run out while the payment queues for the provider.
-	beat := p.heartbeat(callCtx, cancel, lease, progress, log)
+	s.beat = p.heartbeat(callCtx, cancel, lease, progress, log)
 	if p.calls.acquire(callCtx, cmd.MerchantID) != nil {
 		// The slots are held by calls that wait for the provider's rate
 		// limit or the fleet's budget: this payment waits too, under its
 		// lease, rather than spend a delivery (see slotUnderLease). Only a
 		// drain, a stop, a lost lease or a failed heartbeat end the wait.
-		lost := beat.stop()
+		lost := s.beat.stop()
 		werr := errLeaseLost
 		if !lost {
-			lease = beat.current()
+			s.lease = s.beat.current()
 			base, release := p.detach(ctx)
-			defer release()
-			werr = p.slotUnderLease(base, &lease, cmd.MerchantID, progress, waitUntil)
+			s.undo = append(s.undo, release)
+			werr = p.slotUnderLease(base, &s.lease, cmd.MerchantID, progress, waitUntil)
 			if werr == nil {
-				callCtx, cancel = context.WithTimeout(base, p.callBudget())
-				defer cancel()
-				beat = p.heartbeat(callCtx, cancel, lease, progress, log)
+				s.ctx, s.cancel = context.WithTimeout(base, p.callBudget())
+				s.undo = append(s.undo, s.cancel)
+				s.beat = p.heartbeat(s.ctx, s.cancel, s.lease, progress, log)
 			}
 		}
 		if werr != nil {
 			if !errors.Is(werr, ledger.ErrLeaseLost) && !errors.Is(werr, errLeaseLost) {
-				p.release(context.WithoutCancel(ctx), lease, "no provider call slot before the deadline", log)
+				p.release(context.WithoutCancel(ctx), s.lease, "no provider call slot before the deadline", log)
 			}
 			// PostgreSQL out during the wait: the message is held through
 			// the pause, not nakked (no delivery spent), as a completion
 			// that failed alike.
-			return Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: lease.Attempt,
-				pause: p.gate.storeFailed(werr), stopped: errors.Is(werr, errStopping)}
+			return s, Result{Kind: Retry, Err: fmt.Errorf("wait for a provider call slot: %w", werr), Attempt: s.lease.Attempt,
+				pause: p.gate.storeFailed(werr), stopped: errors.Is(werr, errStopping)}, false
 		}
 	}
+	return s, Result{}, true
+}
+
+// answer is the provider's answer to a payment's call, and what observe
+// reads from it.
+type answer struct {
+	out      *provider.Outcome
+	err      error
+	start    time.Time // when the call started
+	beat     *beater   // the heartbeat of the last call under the lease
+	storeErr error     // a heartbeat's failure that ended a rate-limited wait
+
+	outage string          // set by observe: the pause cause the call shows, if any
+	down   bool            // set by observe: the call ended unavailable
+	rl     *provider.Error // set by observe: still rate-limited
+}
+
+// call calls the provider in slot s, waits out its rate limit under the
+// lease, and frees the slot with what the call taught the limit.
+func (p *Processor) call(ctx context.Context, cmd *payment.Command, s *callSlot, progress progresser, log *slog.Logger, waitUntil time.Time) answer {
+	callCtx, lease := s.ctx, s.lease
 	start := time.Now()
 	req := provider.ChargeRequest{
 		ProviderKey:    lease.ProviderKey,
@@ -206,10 +264,11 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledg
 	// below is the budget's, not the provider's latency.
 	budgetWait := budget.Waited(waits)
 	took, signal := time.Since(start)-budgetWait, signalOf(callCtx, err)
-	cancel()
+	s.cancel()
 	if budgetWait > 0 {
 		p.calls.heldBack(budgetWait)
 	}
+	beat := s.beat
 	var storeErr error // a heartbeat's failure that ended a rate-limited wait
 	if err != nil && provider.RateLimitOf(err) != nil {
 		p.calls.heldBack(-1)
@@ -219,93 +278,109 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledg
 		out, err, beat, storeErr = p.rateLimited(ctx, beat, req, err, progress, log, waitUntil)
 	}
 	p.calls.release(took, signal)
+	return answer{out: out, err: err, start: start, beat: beat, storeErr: storeErr}
+}
+
+// observe tells the pause gate and the observer what the answer shows of
+// the provider and the API key, and notes it in a.
+func (p *Processor) observe(cmd *payment.Command, a *answer) {
+	err := a.err
 	result := "charged"
 	switch {
 	case err != nil:
 		result = provider.ClassOf(err).String()
-	case out.Declined:
+	case a.out.Declined:
 		result = "declined"
-	case out.Processing:
+	case a.out.Processing:
 		result = "processing"
 	}
 	// Any answer from the provider but a refusal shows the key works again;
 	// only one that is not "unavailable" shows the provider works. A call
 	// that ended unavailable counts towards an outage (see OutageAnswers).
-	var outage string
-	down := providerUnavailable(err)
-	rl := provider.RateLimitOf(err)
+	a.down = providerUnavailable(err)
+	a.rl = provider.RateLimitOf(err)
 	switch {
-	case rl != nil:
+	case a.rl != nil:
 		// Still rate-limited: the wait ended without a call (a stop, a
 		// drain, a heartbeat that failed). A rate limit shows neither an
 		// outage nor a working provider; only the key works.
-		if rl.HTTPStatus != 0 {
+		if a.rl.HTTPStatus != 0 {
 			p.gate.keyWorks()
 		}
 	case err == nil:
 		p.gate.answered()
-	case down:
+	case a.down:
 		if answeredNotRefused(err) {
 			p.gate.keyWorks()
 		}
 		if p.gate.unavailable(cmd.MerchantID+":"+cmd.IdempotencyKey, err) {
-			outage = PauseProviderUnavailable
+			a.outage = PauseProviderUnavailable
 		}
 	case answeredNotRefused(err):
 		p.gate.answered()
 	}
-	p.observer.ProviderCalled(time.Since(start), result)
-	leaseLost := beat.stop()
+	p.observer.ProviderCalled(time.Since(a.start), result)
+}
 
-	// Writes below must happen even if ctx was cancelled by a drain, and
-	// all of them within settleTimeout from here. The context with that
-	// deadline is made only where a write uses it: a completion hands the
-	// deadline to the group commit, whose leader alone makes one per batch
-	// (the others wait for its flush), rather than a timer per payment.
-	// The group commit does not see ctx's cancellation either.
+// record writes the answer's outcome under the lease and returns the
+// message's result. The writes must happen even if ctx was cancelled by a
+// drain, and all of them within settleTimeout from here. The context with
+// that deadline is made only where a write uses it: a completion hands the
+// deadline to the group commit, whose leader alone makes one per batch
+// (the others wait for its flush), rather than a timer per payment. The
+// group commit does not see ctx's cancellation either.
+func (p *Processor) record(ctx context.Context, lease ledger.Lease, a *answer, leaseLost bool, log *slog.Logger) Result {
 	deadline := time.Now().Add(settleTimeout)
-	res := Result{Attempt: lease.Attempt}
-
-	var cerr error
-	if err == nil {
-		c := ledger.CompletionOf(out, ledger.SummaryIfNoBody)
-		cerr = p.committer.Complete(ctx, deadline, lease, c)
-		switch {
-		case cerr == nil:
-			p.gate.storeWorks()
-			res.Kind = Completed
-			if out.Declined {
-				res.Kind = Declined
-			}
-			// Attrs, not key-value pairs: no string is put in an interface.
-			log.LogAttrs(ctx, slog.LevelInfo, "payment completed", slog.String("charge_id", out.ChargeID), slog.Bool("declined", out.Declined),
-				slog.Bool("processing", out.Processing), slog.String("decline_code", out.DeclineCode), slog.Bool("replayed", out.Replayed))
-			return res
-		case errors.Is(cerr, ledger.ErrLeaseLost):
-			// Another holder took over; it calls with the same provider key,
-			// gets this same outcome replayed, and completes the row.
-			log.Warn("lease lost before completing; the new holder will record the outcome", "charge_id", out.ChargeID)
-			return Result{Kind: Retry, Delay: time.Second, Err: cerr, Attempt: lease.Attempt}
-		}
+	if a.err == nil {
+		return p.recordCharge(ctx, deadline, lease, a.out, log)
 	}
 	sctx, scancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer scancel()
-	if err == nil {
-		switch {
-		case errors.Is(cerr, ledger.ErrLedgerConflict):
-			log.Error("ledger conflict: provider charge already recorded under another key", "charge_id", out.ChargeID, "error", cerr)
-			p.release(sctx, lease, cerr.Error(), log)
-			return Result{Kind: DeadLetter, Reason: stream.ReasonLedgerConflict, Err: cerr, Attempt: lease.Attempt}
-		default:
-			// The provider charged but we could not record it. The row stays
-			// pending; the redelivery re-calls with the same key and gets the
-			// outcome replayed.
-			log.Error("could not record the outcome; the redelivery will replay it", "charge_id", out.ChargeID, "error", cerr)
-			p.release(sctx, lease, cerr.Error(), log)
-			return Result{Kind: Retry, Err: cerr, Attempt: lease.Attempt, pause: p.gate.storeFailed(cerr)}
-		}
-	}
+	return p.recordFailure(sctx, lease, a, leaseLost, log)
+}
 
+// recordCharge completes the key with the provider's outcome.
+func (p *Processor) recordCharge(ctx context.Context, deadline time.Time, lease ledger.Lease, out *provider.Outcome, log *slog.Logger) Result {
+	c := ledger.CompletionOf(out, ledger.SummaryIfNoBody)
+	cerr := p.committer.Complete(ctx, deadline, lease, c)
+	switch {
+	case cerr == nil:
+		p.gate.storeWorks()
+		res := Result{Kind: Completed, Attempt: lease.Attempt}
+		if out.Declined {
+			res.Kind = Declined
+		}
+		// Attrs, not key-value pairs: no string is put in an interface.
+		log.LogAttrs(ctx, slog.LevelInfo, "payment completed", slog.String("charge_id", out.ChargeID), slog.Bool("declined", out.Declined),
+			slog.Bool("processing", out.Processing), slog.String("decline_code", out.DeclineCode), slog.Bool("replayed", out.Replayed))
+		return res
+	case errors.Is(cerr, ledger.ErrLeaseLost):
+		// Another holder took over; it calls with the same provider key,
+		// gets this same outcome replayed, and completes the row.
+		log.Warn("lease lost before completing; the new holder will record the outcome", "charge_id", out.ChargeID)
+		return Result{Kind: Retry, Delay: time.Second, Err: cerr, Attempt: lease.Attempt}
+	}
+	sctx, scancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer scancel()
+	switch {
+	case errors.Is(cerr, ledger.ErrLedgerConflict):
+		log.Error("ledger conflict: provider charge already recorded under another key", "charge_id", out.ChargeID, "error", cerr)
+		p.release(sctx, lease, cerr.Error(), log)
+		return Result{Kind: DeadLetter, Reason: stream.ReasonLedgerConflict, Err: cerr, Attempt: lease.Attempt}
+	default:
+		// The provider charged but we could not record it. The row stays
+		// pending; the redelivery re-calls with the same key and gets the
+		// outcome replayed.
+		log.Error("could not record the outcome; the redelivery will replay it", "charge_id", out.ChargeID, "error", cerr)
+		p.release(sctx, lease, cerr.Error(), log)
+		return Result{Kind: Retry, Err: cerr, Attempt: lease.Attempt, pause: p.gate.storeFailed(cerr)}
+	}
+}
+
+// recordFailure records a call that ended without an outcome, by the
+// error's class, on sctx (settleTimeout, no cancellation).
+func (p *Processor) recordFailure(sctx context.Context, lease ledger.Lease, a *answer, leaseLost bool, log *slog.Logger) Result {
+	err, rl, outage, down := a.err, a.rl, a.outage, a.down
 	if leaseLost {
 		return Result{Kind: Retry, Delay: time.Second, Err: fmt.Errorf("lease lost during the provider call: %w", err), Attempt: lease.Attempt}
 	}
@@ -317,8 +392,9 @@ func (p *Processor) charge(ctx context.Context, cmd *payment.Command, lease ledg
 		log.Info("provider rate limit outlasted the wait; released for a redelivery", "reason", rl.RateLimitReason, "error", err)
 		// A heartbeat that found PostgreSQL out holds the message through
 		// the pause rather than spend its delivery.
-		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt, pause: p.gate.storeFailed(storeErr), stopped: p.stopping()}
+		return Result{Kind: Retry, Delay: rl.RetryAfter, Err: err, Attempt: lease.Attempt, pause: p.gate.storeFailed(a.storeErr), stopped: p.stopping()}
 	}
+	res := Result{Attempt: lease.Attempt}
 	var perr *provider.Error
 	errors.As(err, &perr)
 	switch provider.ClassOf(err) {

@@ -30,12 +30,12 @@ type rateWaits struct {
 	since time.Time
 }
 
-// add moves the count by delta (±1).
-func (r *rateWaits) add(delta int) {
+// add moves the count by delta (±1); now is the worker's clock.
+func (r *rateWaits) add(delta int, now func() time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.n == 0 && delta > 0 {
-		r.since = time.Now()
+		r.since = now()
 	}
 	r.n += delta
 }
@@ -96,8 +96,8 @@ func (p *Processor) detach(ctx context.Context) (context.Context, context.Cancel
 // ledger.ErrLeaseLost, a store error, errStopping, ctx's error or, once
 // until (the claim's bound, MaxWaitUnderLease) passed, errWaitBounded.
 func (p *Processor) slotUnderLease(ctx context.Context, lease *ledger.Lease, merchant string, progress progresser, until time.Time) error {
-	p.waits.add(1)
-	defer p.waits.add(-1)
+	p.waits.add(1, p.cfg.Clock.Now)
+	defer p.waits.add(-1, p.cfg.Clock.Now)
 	beat := func() error {
 		if progress != nil {
 			_ = progress.InProgress()
@@ -150,7 +150,7 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *ledger.Lease, mer
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !time.Now().Before(until) {
+		if !p.cfg.Clock.Now().Before(until) {
 			return errWaitBounded
 		}
 		if err := beat(); err != nil {
@@ -188,8 +188,8 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 	// never a drain's cancellation.
 	base, release := p.detach(ctx)
 	defer release()
-	p.waits.add(1)
-	defer p.waits.add(-1)
+	p.waits.add(1, p.cfg.Clock.Now)
+	defer p.waits.add(-1, p.cfg.Clock.Now)
 
 	// An unknown outcome sticks across the calls under this claim, as
 	// within one ChargeWithRetry: a call that may have charged is not
@@ -206,7 +206,7 @@ func (p *Processor) rateLimited(ctx context.Context, beat *beater, req provider.
 		}
 		lease := beat.current()
 		wait := p.rateLimitWait(rl, n)
-		if time.Now().Add(wait).After(until) {
+		if p.cfg.Clock.Now().Add(wait).After(until) {
 			log.LogAttrs(ctx, slog.LevelInfo, "provider rate limit outlasts the longest wait under one claim; not calling again under it",
 				slog.String("reason", rl.RateLimitReason), slog.Int("round", n), slog.Duration("max_wait_under_lease", p.cfg.MaxWaitUnderLease))
 			return nil, err, beat, nil

@@ -397,6 +397,9 @@ type inbound struct {
 // settles; wg counts the work in flight for the drain. Lane messages
 // (onLane) are never held through a pause nor probed on a last delivery:
 // settleLane leaves those to the shared consumer.
+//
+// Its stages are named methods: decodeBatch, claimBatch, holdUnclaimed
+// (the claim failed) and dispatch (the claim's outcomes).
 func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slots chan struct{}, wg *sync.WaitGroup, run *runner, onLane bool) {
 	// The batch's messages derive their contexts from one batch context,
 	// cancelled with the work context (a drain past its deadline) or when
@@ -411,15 +414,42 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	// settling runs without it (batchRefs.settle).
 	fetched := time.Now()
 	ctx, cancel := context.WithDeadline(workCtx, fetched.Add(w.proc.callBudget()))
-	refs := newBatchRefs(ctx, cancel, wg)
-	defer refs.release()
-	spawn := func(f func()) {
-		refs.add()
-		run.do(task{run: f, batch: refs})
-	}
+	b := &batchStages{workCtx: workCtx, refs: newBatchRefs(ctx, cancel, wg), slots: slots, run: run, onLane: onLane}
+	defer b.refs.release()
 
-	// The messages stay in place in good from here: their loggers, and the
-	// work handed to the runner, point to them.
+	good := w.decodeBatch(ctx, b, msgs, fetched)
+	if len(good) == 0 {
+		return
+	}
+	claims, err := w.claimBatch(ctx, good)
+	if err != nil {
+		w.holdUnclaimed(b, good, err)
+		return
+	}
+	w.dispatch(b, good, claims)
+}
+
+// batchStages is what the stages of one batch share (see handleBatch).
+type batchStages struct {
+	workCtx context.Context // the worker's: a hold outlives the batch
+	refs    *batchRefs
+	slots   chan struct{} // one taken per message; freed when it settles
+	run     *runner
+	onLane  bool
+}
+
+// spawn hands f to the pool as work of the batch.
+func (b *batchStages) spawn(f func()) {
+	b.refs.add()
+	b.run.do(task{run: f, batch: b.refs})
+}
+
+// decodeBatch reads the batch's messages, starts their spans, and settles
+// at once (dead-letters) those that do not decode. It returns the others,
+// in place in one slice from here: their loggers, and the work handed to
+// the runner, point to them.
+func (w *Worker) decodeBatch(ctx context.Context, b *batchStages, msgs []jetstream.Msg, fetched time.Time) []inbound {
+	refs, slots := b.refs, b.slots
 	good := make([]inbound, 0, len(msgs))
 	for _, m := range msgs {
 		meta, err := m.Metadata()
@@ -430,7 +460,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 			<-slots
 			continue
 		}
-		good = append(good, inbound{msg: m, meta: meta, fetched: fetched, lane: onLane})
+		good = append(good, inbound{msg: m, meta: meta, fetched: fetched, lane: b.onLane})
 		in := &good[len(good)-1]
 		in.ctx, in.traceID = extractTrace(ctx, w.prop, m.Headers())
 		if w.tracing {
@@ -453,9 +483,12 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		}
 		in.cmd = cmd
 	}
-	if len(good) == 0 {
-		return
-	}
+	return good
+}
+
+// claimBatch claims the decoded messages' keys in one round trip, under
+// one span.
+func (w *Worker) claimBatch(ctx context.Context, good []inbound) ([]ledger.ClaimResult, error) {
 	cmds := make([]*payment.Command, len(good))
 	traces := make([]string, len(good))
 	for i := range good {
@@ -467,28 +500,41 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		claimSpan.SetStatus(codes.Error, err.Error())
 	}
 	claimSpan.End()
-	if err != nil {
-		res := w.proc.claimFailed(err)
-		if res.pause != "" {
-			w.logger.Error("claim failed: PostgreSQL unreachable; messages held until it answers", "batch", len(good), "error", err)
-		} else {
-			w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
-		}
-		for i := range good {
-			in := &good[i]
-			in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
-			if res.pause == "" || onLane {
-				w.settle(refs, in, res)
-				<-slots
-				continue
-			}
-			spawn(func() {
-				defer func() { <-slots }()
-				w.settle(refs, in, w.hold(workCtx, in, res))
-			})
-		}
-		return
+	return claims, err
+}
+
+// holdUnclaimed settles the messages of a batch whose claim failed: held
+// through the pause when PostgreSQL is unreachable (never a lane's),
+// nakked otherwise.
+func (w *Worker) holdUnclaimed(b *batchStages, good []inbound, err error) {
+	refs, slots, workCtx := b.refs, b.slots, b.workCtx
+	res := w.proc.claimFailed(err)
+	if res.pause != "" {
+		w.logger.Error("claim failed: PostgreSQL unreachable; messages held until it answers", "batch", len(good), "error", err)
+	} else {
+		w.logger.Error("claim failed; messages will be redelivered", "batch", len(good), "error", err)
 	}
+	for i := range good {
+		in := &good[i]
+		in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
+		if res.pause == "" || b.onLane {
+			w.settle(refs, in, res)
+			<-slots
+			continue
+		}
+		b.spawn(func() {
+			defer func() { <-slots }()
+			w.settle(refs, in, w.hold(workCtx, in, res))
+		})
+	}
+}
+
+// dispatch acts on each message's claim: a duplicate settles here, an
+// in-flight key (and any other unclaimed one) settles in the pool, and a
+// claimed key's charge runs in the pool, then its last delivery is probed
+// and it is held through an outage (never a lane's).
+func (w *Worker) dispatch(b *batchStages, good []inbound, claims []ledger.ClaimResult) {
+	refs, slots, workCtx, onLane := b.refs, b.slots, b.workCtx, b.onLane
 	for i := range good {
 		in, claim := &good[i], &claims[i]
 		// A claimed key's logger carries its attempt (see Processor.handle).
@@ -507,14 +553,14 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 		if !claimed {
 			// In-flight keys and the rest settle at once, concurrently:
 			// a dead letter is a round trip to the server.
-			spawn(func() {
+			b.spawn(func() {
 				defer func() { <-slots }()
 				w.settle(refs, in, w.proc.handle(in.ctx, in.cmd, *claim, nil, in.log.logger()))
 			})
 			continue
 		}
 		w.observer.InFlight(1)
-		spawn(func() {
+		b.spawn(func() {
 			defer func() { <-slots }()
 			// The message itself reports progress: no closure per payment.
 			res := w.proc.handle(in.ctx, in.cmd, *claim, in.msg, in.log.logger())
