@@ -41,12 +41,18 @@ import (
 // ahead only costs or saves time.
 //
 // The lane manager (laneManager.runOnce, every laneTick in each worker)
-// opens lanes while the shared consumer has a backlog: for the merchants
-// with commands stored past what the shared consumer delivered, other than
-// the merchant with the most commands stored (the backlog itself),
-// smallest first, up to Config.Lanes. It deletes a lane idle for laneIdle
-// and every lane once the backlog is gone. Lane names are deterministic,
-// so every worker opens and fetches the same lanes.
+// opens lanes while the shared consumer has a backlog (more than
+// laneOpenBatches fetch batches not yet delivered, at two passes in a row,
+// so that a passing burst costs no look at every merchant): for the
+// merchants with commands stored past what the shared consumer delivered,
+// other than the merchants of its next laneHead messages (the backlog itself: a lane for
+// them would deliver the same messages at the same time), smallest first,
+// up to Config.Lanes. It deletes a lane idle for laneIdle, and, once the
+// backlog is down to a fetch batch, a lane with nothing in work; between
+// the two thresholds it opens none and deletes only idle lanes, so a load
+// hovering at one of them does not open and delete lanes every pass. Lane
+// names are deterministic, so every worker opens and fetches the same
+// lanes.
 const (
 	// laneTick is how often the lane manager looks at the backlog: a
 	// merchant behind a backlog waits up to it for its lane.
@@ -71,6 +77,12 @@ const (
 	laneInactive = 5 * time.Minute
 	// laneProbes bounds the subjects a pass of the manager looks up.
 	laneProbes = 64
+	// laneHead is how many of the messages the shared consumer delivers
+	// next a pass reads: their merchants are the backlog, and get no lane.
+	laneHead = 8
+	// laneOpenBatches: lanes open while more than this many fetch batches
+	// wait for the shared consumer; the backlog is over at one batch.
+	laneOpenBatches = 2
 )
 
 // lane is an open lane the worker fetches from.
@@ -100,11 +112,13 @@ type laneManager struct {
 	// past the shared consumer's delivered sequence: looked up again only
 	// when the count changes.
 	probed map[string]uint64
-	// passed is how far (the stream sequence) a lane deleted as idle had
+	// passed is how far (the stream sequence) a deleted lane had
 	// delivered its subject: a new lane starts past it, and none opens
 	// until a command is stored past it, or the lane would deliver again
 	// what it charged while the shared consumer is still behind.
 	passed map[string]uint64
+	// backlogs counts the passes in a row that found a backlog.
+	backlogs int
 
 	mu    sync.Mutex
 	lanes []lane
@@ -135,8 +149,8 @@ func (m *laneManager) forget(name string) {
 }
 
 // runOnce reads the shared consumer's backlog and the lanes, deletes the
-// idle ones (all of them when there is no backlog), and opens lanes for
-// merchants waiting behind the backlog, up to cfg.Lanes.
+// idle ones (and those with nothing in work once the backlog is over), and
+// opens lanes for merchants waiting behind the backlog, up to cfg.Lanes.
 func (m *laneManager) runOnce(ctx context.Context) (laneResult, error) {
 	var res laneResult
 	s := m.cfg.Stream
@@ -153,7 +167,17 @@ func (m *laneManager) runOnce(ctx context.Context) (laneResult, error) {
 		return res, fmt.Errorf("lanes: read consumer: %w", err)
 	}
 	res.Backlog = si.NumPending
-	backlog := si.NumPending > uint64(m.cfg.FetchBatch)
+	delivered := si.Delivered.Stream
+	m.backlogs++
+	if si.NumPending <= uint64(laneOpenBatches*m.cfg.FetchBatch) {
+		m.backlogs = 0
+	}
+	over := si.NumPending <= uint64(m.cfg.FetchBatch)
+	for subject, seq := range m.passed {
+		if seq <= delivered {
+			delete(m.passed, subject) // the shared consumer caught up
+		}
+	}
 
 	// The lanes there are, by subject.
 	have := map[string]*jetstream.ConsumerInfo{}
@@ -174,24 +198,27 @@ func (m *laneManager) runOnce(ctx context.Context) (laneResult, error) {
 		} else if _, ok := m.idleSince[ci.Name]; !ok {
 			m.idleSince[ci.Name] = now
 		}
-		if backlog && (!idle || now.Sub(m.idleSince[ci.Name]) < laneIdle) {
+		// Once the backlog is over, the shared consumer delivers a lane's
+		// pending messages as soon as the lane would: a lane with nothing
+		// in work goes. Otherwise only a lane idle for laneIdle goes. (A
+		// worker may fetch from it meanwhile: that loses nothing, the
+		// acks fail and the shared consumer delivers the messages.)
+		if !(over && ci.NumAckPending == 0) && (!idle || now.Sub(m.idleSince[ci.Name]) < laneIdle) {
 			continue
 		}
-		// Deleting a lane that holds messages in work loses nothing: their
-		// acks fail, and the shared consumer delivers them.
 		if err := payments.DeleteConsumer(ctx, ci.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return res, fmt.Errorf("lanes: delete %s: %w", ci.Name, err)
 		}
 		delete(have, subject)
 		delete(m.idleSince, ci.Name)
-		if backlog {
+		if ci.Delivered.Stream > delivered {
 			m.passed[subject] = max(m.passed[subject], ci.Delivered.Stream)
 		}
 		res.Deleted = append(res.Deleted, subject)
 	}
 
-	if backlog && len(have) < m.cfg.Lanes {
-		if err := m.openLanes(ctx, payments, si.Delivered.Stream, have, &res); err != nil {
+	if m.backlogs >= 2 && len(have) < m.cfg.Lanes {
+		if err := m.openLanes(ctx, payments, delivered, have, &res); err != nil {
 			m.setLanes(ctx, payments, have, &res)
 			return res, err
 		}
@@ -202,10 +229,15 @@ func (m *laneManager) runOnce(ctx context.Context) (laneResult, error) {
 
 // openLanes opens lanes, smallest merchant first, for the subjects with a
 // command stored past delivered (the shared consumer's last delivered
-// sequence), except the one with the most stored: its backlog is what the
-// shared consumer is working through.
+// sequence), except those of the shared consumer's next messages: their
+// backlog is what the shared consumer is working through. (The most stored
+// is no sign of it: the stream keeps what was acked above the ack floor.)
 func (m *laneManager) openLanes(ctx context.Context, payments jetstream.Stream, delivered uint64, have map[string]*jetstream.ConsumerInfo, res *laneResult) error {
 	s := m.cfg.Stream
+	head, err := m.head(ctx, payments, delivered)
+	if err != nil {
+		return err
+	}
 	info, err := payments.Info(ctx, jetstream.WithSubjectFilter(s.SubjectPrefix+".>"))
 	if err != nil {
 		return fmt.Errorf("lanes: read subjects: %w", err)
@@ -215,10 +247,8 @@ func (m *laneManager) openLanes(ctx context.Context, payments jetstream.Stream, 
 		n       uint64
 	}
 	counts := make([]subjectCount, 0, len(info.State.Subjects))
-	var most uint64
 	for subject, n := range info.State.Subjects {
 		counts = append(counts, subjectCount{subject, n})
-		most = max(most, n)
 	}
 	slices.SortFunc(counts, func(a, b subjectCount) int {
 		return cmp.Or(cmp.Compare(a.n, b.n), strings.Compare(a.subject, b.subject))
@@ -228,17 +258,12 @@ func (m *laneManager) openLanes(ctx context.Context, payments jetstream.Stream, 
 			delete(m.probed, subject)
 		}
 	}
-	for subject, seq := range m.passed {
-		if seq <= delivered {
-			delete(m.passed, subject) // the shared consumer caught up
-		}
-	}
 	probes := 0
 	for _, c := range counts {
-		if len(have) >= m.cfg.Lanes || probes >= laneProbes || c.n >= most {
+		if len(have) >= m.cfg.Lanes || probes >= laneProbes {
 			break
 		}
-		if _, ok := have[c.subject]; ok {
+		if _, ok := have[c.subject]; ok || head[c.subject] {
 			continue
 		}
 		if n, ok := m.probed[c.subject]; ok && n == c.n {
@@ -267,6 +292,26 @@ func (m *laneManager) openLanes(ctx context.Context, payments jetstream.Stream, 
 		res.Opened = append(res.Opened, c.subject)
 	}
 	return nil
+}
+
+// head returns the subjects of the first laneHead messages stored past
+// delivered: the merchants the shared consumer delivers next.
+func (m *laneManager) head(ctx context.Context, payments jetstream.Stream, delivered uint64) (map[string]bool, error) {
+	filter := m.cfg.Stream.SubjectPrefix + ".>"
+	head := map[string]bool{}
+	seq := delivered + 1
+	for range laneHead {
+		msg, err := payments.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lanes: read next message: %w", err)
+		}
+		head[msg.Subject] = true
+		seq = msg.Sequence + 1
+	}
+	return head, nil
 }
 
 // ensure creates subject's lane starting at start, or finds the one
