@@ -43,7 +43,8 @@ import (
 // The lane manager (laneManager.runOnce, every laneTick in each worker)
 // opens lanes while the shared consumer has a backlog (more than
 // laneOpenBatches fetch batches not yet delivered, at two passes in a row,
-// so that a passing burst costs no look at every merchant): for the
+// so that a passing burst costs no look at every merchant, or more than
+// laneDeepBatches at the first): for the
 // merchants with commands stored past what the shared consumer delivered,
 // other than the merchants of its next laneHead messages (the backlog itself: a lane for
 // them would deliver the same messages at the same time), smallest first,
@@ -57,6 +58,9 @@ const (
 	// laneTick is how often the lane manager looks at the backlog: a
 	// merchant behind a backlog waits up to it for its lane.
 	laneTick = 500 * time.Millisecond
+	// laneDeepBatches fetch batches pending are a backlog at the first
+	// look: no passing burst is that deep.
+	laneDeepBatches = 10
 	// laneIdle is how long a lane stays with nothing pending and nothing
 	// in work before it is deleted.
 	laneIdle = 5 * time.Second
@@ -217,7 +221,8 @@ func (m *laneManager) runOnce(ctx context.Context) (laneResult, error) {
 		res.Deleted = append(res.Deleted, subject)
 	}
 
-	if m.backlogs >= 2 && len(have) < m.cfg.Lanes {
+	deep := si.NumPending > uint64(laneDeepBatches*m.cfg.FetchBatch)
+	if (m.backlogs >= 2 || deep) && len(have) < m.cfg.Lanes {
 		if err := m.openLanes(ctx, payments, delivered, have, &res); err != nil {
 			m.setLanes(ctx, payments, have, &res)
 			return res, err

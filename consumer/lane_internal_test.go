@@ -293,3 +293,36 @@ func TestLaneManagerHysteresis(t *testing.T) {
 		t.Fatalf("B's new lane delivered %q, want only the new command", got)
 	}
 }
+
+// TestLaneManagerOpensAtOnceBehindADeepBacklog: a backlog of more than
+// laneDeepBatches fetch batches is no passing burst: the lanes open at the
+// first look, not the second, so a merchant behind it waits one tick less.
+func TestLaneManagerOpensAtOnceBehindADeepBacklog(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := jetstream.New(testenv.NATSConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Stream: testenv.Streams(t, js), Lanes: 4, FetchBatch: 10}.WithDefaults()
+	if _, _, err := stream.EnsureStreams(ctx, js, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	for i := range laneDeepBatches*10 + 1 {
+		if _, err := js.Publish(ctx, cfg.Stream.SubjectPrefix+".m_a", fmt.Appendf(nil, "a-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.Publish(ctx, cfg.Stream.SubjectPrefix+".m_b", []byte("b-0")); err != nil {
+		t.Fatal(err)
+	}
+	m := newLaneManager(js, cfg, nil)
+	res, err := m.runOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{cfg.Stream.SubjectPrefix + ".m_b"}; !slices.Equal(res.Opened, want) {
+		t.Fatalf("first pass with %d pending: %+v, want B's lane", res.Backlog, res)
+	}
+}
