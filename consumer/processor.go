@@ -549,7 +549,7 @@ func (h *beater) beat() {
 	if h.progress != nil {
 		_ = h.progress.InProgress()
 	}
-	l, err := h.p.store.Heartbeat(h.ctx, h.lease, h.p.cfg.Lease)
+	l, err := h.p.extend(h.ctx, h.lease)
 	switch {
 	case errors.Is(err, ledger.ErrLeaseLost):
 		h.log.Warn("lease lost during the provider call; cancelling it")
@@ -562,6 +562,17 @@ func (h *beater) beat() {
 		h.lease = l
 	}
 	h.t.Reset(h.every)
+}
+
+// extend extends lease by a lease from now. A drain or a stop does not
+// cut the statement short, only its own bound (a third of the lease): a
+// statement cut off after the database ran it can commit after the
+// release that follows, and hold the key from the next worker for a
+// lease, which spends its deliveries on in-flight naks.
+func (p *Processor) extend(ctx context.Context, lease ledger.Lease) (ledger.Lease, error) {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Lease/3)
+	defer cancel()
+	return p.store.Heartbeat(hctx, lease, p.cfg.Lease)
 }
 
 // current is the lease as the last heartbeat left it.

@@ -102,7 +102,7 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *ledger.Lease, mer
 		if progress != nil {
 			_ = progress.InProgress()
 		}
-		l, err := p.store.Heartbeat(ctx, *lease, p.cfg.Lease)
+		l, err := p.extend(ctx, *lease)
 		if err == nil {
 			*lease = l
 		}
@@ -277,7 +277,7 @@ func (p *Processor) waitUnderLease(ctx context.Context, lease *ledger.Lease, d t
 		if progress != nil {
 			_ = progress.InProgress()
 		}
-		l, err := p.store.Heartbeat(ctx, *lease, p.cfg.Lease)
+		l, err := p.extend(ctx, *lease)
 		if err != nil {
 			return err
 		}
