@@ -57,6 +57,9 @@ var metrics = map[string]struct {
 	// A worker's pause (consumer's gate) and the messages it holds.
 	"paydedup_worker_paused":        {labels: map[string][]string{"cause": {"provider_auth", "provider_unavailable", "postgres_unavailable"}}},
 	"paydedup_worker_held_messages": {},
+	// Fairness between merchants (consumer's lanes, the fair call slots).
+	"paydedup_worker_lanes":               {},
+	"paydedup_provider_merchants_waiting": {},
 	// The fleet's provider budget (budget/metrics.go).
 	"paydedup_provider_budget_rate":         {},
 	"paydedup_provider_budget_wait_seconds": {histogram: true},
