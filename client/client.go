@@ -44,6 +44,7 @@ type Client struct {
 	retryFor time.Duration
 	attempt  time.Duration
 	wait     time.Duration
+	observe  func(Exchange)
 	keys     keyBook
 }
 
@@ -66,6 +67,29 @@ func WithAttemptTimeout(d time.Duration) Option { return func(c *Client) { c.att
 // WithWait sets the longest Prefer: wait of one of Wait's requests;
 // DefaultWait by default.
 func WithWait(d time.Duration) Option { return func(c *Client) { c.wait = d } }
+
+// WithObserver calls observe with each request the Client sends and what
+// came back, in order, before the Client acts on it: to log, count or audit
+// what the gateway told (also the answers Create and Get retry). observe
+// runs on the calling goroutine; it must not call the Client.
+func WithObserver(observe func(Exchange)) Option { return func(c *Client) { c.observe = observe } }
+
+// Exchange is one request a Client sent and what came back, as
+// WithObserver sees it: a payment (Result), a gateway's refusal (Problem),
+// another HTTP answer (Status only: a proxy's page), or no answer (Err).
+type Exchange struct {
+	Method string // POST (Create) or GET (Get, Wait, and Create's look after a 409)
+	Key    string // the idempotency key asked about
+	// Status is the answer's HTTP status; 0 when none came (Err).
+	Status int
+	// Result is the payment the answer holds, if it holds one.
+	Result *Result
+	// Problem is the gateway's problem the answer holds, if it holds one.
+	Problem *Problem
+	// Err is why no answer came: a timeout, a reset, a refused
+	// connection, a body cut short, or the caller's context ending.
+	Err error
+}
 
 // New returns a client of the gateway at baseURL (e.g.
 // "https://pay.example.com") that authenticates with apiKey (sent as
@@ -111,7 +135,7 @@ func (c *Client) Create(ctx context.Context, key string, p Payment) (Result, err
 		return Result{}, err
 	}
 	res, err := c.retry(ctx, func() (Result, error) {
-		a, err := c.do(ctx, http.MethodPost, "/v1/payments", key, body, 0)
+		a, err := c.do(ctx, http.MethodPost, key, body, 0)
 		if err != nil {
 			mayBeAccepted = true
 			return Result{}, err
@@ -121,7 +145,7 @@ func (c *Client) Create(ctx context.Context, key string, p Payment) (Result, err
 			mayBeAccepted = true // accepted, even when its body cannot be read
 			return a.result()
 		case http.StatusConflict: // in flight: ask how it stands
-			g, gerr := c.do(ctx, http.MethodGet, "/v1/payments/"+url.PathEscape(key), "", nil, 0)
+			g, gerr := c.do(ctx, http.MethodGet, key, nil, 0)
 			if gerr == nil && g.status == http.StatusOK {
 				if r, err := g.result(); err == nil && r.Status != StatusPublishUnknown {
 					return r, nil
@@ -196,7 +220,7 @@ func (c *Client) get(ctx context.Context, key string, wait time.Duration) (Resul
 		return Result{}, err
 	}
 	res, err := c.retry(ctx, func() (Result, error) {
-		a, err := c.do(ctx, http.MethodGet, "/v1/payments/"+url.PathEscape(key), "", nil, wait)
+		a, err := c.do(ctx, http.MethodGet, key, nil, wait)
 		if err != nil {
 			return Result{}, err
 		}
@@ -245,23 +269,52 @@ func (c *Client) retry(ctx context.Context, op func() (Result, error)) (Result, 
 	return res, err
 }
 
-// do sends one request: a POST of body under key, or a GET with a
-// Prefer: wait. A transport failure (a timeout, a reset, no answer) is
-// returned as a retryable error.
-func (c *Client) do(ctx context.Context, method, path, key string, body []byte, wait time.Duration) (answer, error) {
+// do sends one request about key: a POST of body under it, or a GET of
+// its payment with a Prefer: wait. A transport failure (a timeout, a
+// reset, no answer) is returned as a retryable error. The observer, if
+// any, sees the answer first.
+func (c *Client) do(ctx context.Context, method, key string, body []byte, wait time.Duration) (answer, error) {
+	a, err := c.send(ctx, method, key, body, wait)
+	if c.observe != nil && !isBuildError(err) {
+		x := Exchange{Method: method, Key: key, Status: a.status, Err: err}
+		if err == nil {
+			x.Problem = a.problem()
+			if r, rerr := a.result(); x.Problem == nil && rerr == nil {
+				x.Result = &r
+			}
+		}
+		c.observe(x)
+	}
+	if err == nil {
+		return a, nil
+	}
+	path := paymentsPath(method, key)
+	var be *buildError
+	switch {
+	case errors.As(err, &be):
+		return answer{}, backoff.Permanent(fmt.Errorf("client: %w", be.err))
+	case ctx.Err() != nil: // the caller's context, not the attempt's
+		return answer{}, backoff.Permanent(fmt.Errorf("client: %s %s: %w", method, path, ctx.Err()))
+	}
+	return answer{}, &retryLater{err: fmt.Errorf("client: %s %s: no answer: %w", method, path, err)}
+}
+
+// send sends one request and reads its answer whole; its error is the
+// transport's, or a *buildError when nothing was sent.
+func (c *Client) send(ctx context.Context, method, key string, body []byte, wait time.Duration) (answer, error) {
 	actx, cancel := context.WithTimeout(ctx, c.attempt+wait)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(actx, method, c.base.JoinPath(path).String(), rd)
+	req, err := http.NewRequestWithContext(actx, method, c.base.JoinPath(paymentsPath(method, key)).String(), rd)
 	if err != nil {
-		return answer{}, backoff.Permanent(fmt.Errorf("client: %w", err))
+		return answer{}, &buildError{err: err}
 	}
 	req.Header.Set("Authorization", "Bearer "+c.apiKey)
 	req.Header.Set("Accept", "application/json, application/problem+json")
-	if key != "" {
+	if method == http.MethodPost {
 		req.Header.Set("Idempotency-Key", key)
 	}
 	if body != nil {
@@ -271,17 +324,33 @@ func (c *Client) do(ctx context.Context, method, path, key string, body []byte, 
 		req.Header.Set("Prefer", "wait="+strconv.Itoa(int(wait/time.Second)))
 	}
 	resp, err := c.hc.Do(req)
-	if err == nil {
-		defer resp.Body.Close()
-		var raw []byte
-		if raw, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswer)); err == nil {
-			return answer{status: resp.StatusCode, header: resp.Header, body: raw}, nil
-		}
+	if err != nil {
+		return answer{}, err
 	}
-	if ctx.Err() != nil { // the caller's context, not the attempt's
-		return answer{}, backoff.Permanent(fmt.Errorf("client: %s %s: %w", method, path, ctx.Err()))
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err != nil { // the answer was cut: as good as none
+		return answer{}, err
 	}
-	return answer{}, &retryLater{err: fmt.Errorf("client: %s %s: no answer: %w", method, path, err)}
+	return answer{status: resp.StatusCode, header: resp.Header, body: raw}, nil
+}
+
+// paymentsPath is the path of a POST of a payment, or of a GET of key's.
+func paymentsPath(method, key string) string {
+	if method == http.MethodGet {
+		return "/v1/payments/" + url.PathEscape(key)
+	}
+	return "/v1/payments"
+}
+
+// buildError is a request that could not be made: nothing was sent.
+type buildError struct{ err error }
+
+func (e *buildError) Error() string { return e.err.Error() }
+
+func isBuildError(err error) bool {
+	var be *buildError
+	return errors.As(err, &be)
 }
 
 // answer is one HTTP answer, read whole.
