@@ -3,9 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/paydedup/paydedup/client"
 	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/workload"
 )
@@ -50,16 +50,18 @@ import (
 const gwMerchant = "m_gw"
 
 type gatewayRun struct {
-	addr   string // the gateway's HTTP address
-	apiKey string
-	slot   *slot
-	server *toxiproxy.ApiServer
-	links  []*netLink // gateway → each NATS node
-	client *http.Client
-	run    string // makes keys unique to this run
+	addr    string // the gateway's HTTP address
+	apiKey  string
+	slot    *slot
+	server  *toxiproxy.ApiServer
+	links   []*netLink    // gateway → each NATS node
+	http    *http.Client  // the clients' transport
+	attempt time.Duration // the clients' timeout of one request
+	run     string        // makes keys unique to this run
 
 	mu     sync.Mutex
 	keys   []*keyLog
+	byKey  map[string]*keyLog
 	counts map[string]int
 
 	verdict promiseVerdict
@@ -92,10 +94,11 @@ func (h *harness) initGateway(ctx context.Context) error {
 		return fmt.Errorf("paydedup apikey create: %w (see %s)", err, log.Name())
 	}
 	g := &gatewayRun{
-		apiKey: strings.TrimSpace(out.String()), counts: map[string]int{},
-		server: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop()),
-		run:    fmt.Sprintf("gw%x", h.cfg.seed&0xffffff),
-		client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		apiKey: strings.TrimSpace(out.String()), counts: map[string]int{}, byKey: map[string]*keyLog{},
+		server:  toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop()),
+		run:     fmt.Sprintf("gw%x", h.cfg.seed&0xffffff),
+		attempt: 10 * time.Second,
+		http: &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: h.cfg.gatewayClients, IdleConnTimeout: 30 * time.Second,
 		}},
 	}
@@ -168,7 +171,7 @@ func (h *harness) startGateway(ctx context.Context, wg *sync.WaitGroup) error {
 // gwOrder is one payment a client makes (under one or more keys).
 type gwOrder struct {
 	n        int
-	body     []byte
+	payment  client.Payment
 	declines bool
 	invalid  bool
 }
@@ -184,26 +187,39 @@ func (h *harness) newOrder(n int) gwOrder {
 	if o.declines {
 		pm = "pm_card_chargeDeclined"
 	}
-	o.body, _ = json.Marshal(map[string]any{
-		"amount": amount, "currency": "usd", "payment_method": pm,
-		"description": "chaos gateway client", "metadata": map[string]string{"order_id": strconv.Itoa(n)},
-	})
+	o.payment = client.Payment{Amount: amount, Currency: "usd", PaymentMethod: pm,
+		Description: "chaos gateway client", Metadata: map[string]string{"order_id": strconv.Itoa(n)}}
 	return o
+}
+
+// newClient is one HTTP client of the run: the Go client package, its
+// every answer recorded (observe), giving up on a payment after
+// -client-give-up.
+func (h *harness) newClient() (*client.Client, error) {
+	g := h.gw
+	return client.New("http://"+g.addr, g.apiKey, client.WithHTTPClient(g.http),
+		client.WithAttemptTimeout(g.attempt), client.WithRetryFor(h.cfg.clientGiveUp), client.WithObserver(g.observe))
 }
 
 // runClients pays -gateway-payments payments spread evenly over spread,
 // from -gateway-clients clients, each paying one at a time; it returns
 // when every client is done.
-func (h *harness) runClients(ctx context.Context, spread time.Duration) {
+func (h *harness) runClients(ctx context.Context, spread time.Duration) error {
 	g := h.gw
 	orders := make(chan gwOrder)
 	var wg sync.WaitGroup
 	for range h.cfg.gatewayClients {
+		c, err := h.newClient()
+		if err != nil {
+			close(orders)
+			wg.Wait()
+			return err
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for o := range orders {
-				h.pay(ctx, o)
+				h.pay(ctx, c, o)
 			}
 		}()
 	}
@@ -225,149 +241,117 @@ func (h *harness) runClients(ctx context.Context, spread time.Duration) {
 	n := len(g.keys)
 	g.mu.Unlock()
 	h.logf("gateway clients done: %d payments under %d keys", h.cfg.gatewayPayments, n)
+	return nil
 }
 
 // pay makes one payment: under a first key, and under a new one only
-// when an answer said the last was not accepted.
-func (h *harness) pay(ctx context.Context, o gwOrder) {
+// when the client said the last was not accepted.
+func (h *harness) pay(ctx context.Context, c *client.Client, o gwOrder) {
 	g := h.gw
 	deadline := time.Now().Add(h.cfg.clientGiveUp)
 	for attempt := 0; ; attempt++ {
 		k := &keyLog{order: o.n, key: fmt.Sprintf("%s-o%d-k%d", g.run, o.n, attempt), declines: o.declines, invalid: o.invalid}
 		g.mu.Lock()
 		g.keys = append(g.keys, k)
+		g.byKey[k.key] = k
 		g.mu.Unlock()
-		if h.payKey(ctx, k, o.body, deadline) != toldNotAccepted || attempt == 4 || time.Now().After(deadline) {
+		if h.payKey(ctx, c, k, o.payment, deadline) != toldNotAccepted || attempt == 4 || time.Now().After(deadline) {
 			return
 		}
+		c.Forget(k.key)
 	}
 }
 
-// payKey POSTs under k until an answer is final for the key, the deadline
-// passes or ctx ends; it returns what the last answer told.
-func (h *harness) payKey(ctx context.Context, k *keyLog, body []byte, deadline time.Time) told {
-	for {
-		a, retryAfter := h.ask(ctx, k, http.MethodPost, body)
-		t := classify(a)
-		if t != toldUnknown {
-			return t
-		}
-		if h.cfg.clientsNewKeyOn503 && a.status == http.StatusServiceUnavailable {
-			return toldNotAccepted // the negative control's slip: it was not told so
-		}
-		if a.status == 0 || a.status == http.StatusServiceUnavailable {
-			// Did it go through? The documented way to ask.
-			ga, _ := h.ask(ctx, k, http.MethodGet, nil)
-			switch gt := classify(ga); gt {
-			case toldAccepted, toldCharged, toldRefused, toldNotAccepted:
-				return gt
-			}
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			k.gaveUp = true
-			return toldUnknown
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(min(max(retryAfter, 200*time.Millisecond), 5*time.Second)):
-		}
+// payKey pays p under k with the client (which retries by the contract)
+// until it is told how the key stands, the deadline passes or ctx ends;
+// it returns what the client was told.
+func (h *harness) payKey(ctx context.Context, c *client.Client, k *keyLog, p client.Payment, deadline time.Time) told {
+	pctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if h.cfg.clientsNewKeyOn503 {
+		k.slip = cancel // the negative control's slip: on a 503 it stops and pays anew
 	}
+	res, err := c.Create(pctx, k.key, p)
+	var prob *client.Problem
+	switch {
+	case k.slipped:
+		return toldNotAccepted // it was not told so
+	case err == nil && res.Status == client.StatusSucceeded:
+		return toldCharged
+	case err == nil && res.Status == client.StatusDeclined:
+		return toldRefused
+	case err == nil:
+		return toldAccepted
+	case errors.Is(err, client.ErrNotAccepted) && !errors.Is(err, client.ErrOutcomeUnknown) && ctx.Err() == nil && time.Now().Before(deadline):
+		return toldNotAccepted
+	case errors.As(err, &prob) && !errors.Is(err, client.ErrOutcomeUnknown) && prob.Status >= 400 && prob.Status < 500:
+		return toldRefused // final for the key, with a reason
+	}
+	k.gaveUp = true
+	return toldUnknown
 }
 
-// ask sends one request about k and records the answer; it returns the
-// answer and its Retry-After (0 without one).
-func (h *harness) ask(ctx context.Context, k *keyLog, method string, body []byte) (answer, time.Duration) {
-	g := h.gw
-	a := answer{method: method}
-	url := "http://" + g.addr + "/v1/payments"
-	if method == http.MethodGet {
-		url += "/" + k.key
+// observe records one answer the clients were given, as the client saw
+// it, on its key's log.
+func (g *gatewayRun) observe(x client.Exchange) {
+	g.mu.Lock()
+	k := g.byKey[x.Key]
+	g.mu.Unlock()
+	if k == nil {
+		return // not a key of the run's clients
 	}
-	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
-	if err != nil {
-		a.err = err
-		g.record(k, a)
-		return a, 0
+	a := answer{method: x.Method, status: x.Status, err: x.Err}
+	if x.Problem != nil {
+		a.problem = x.Problem.Type[strings.LastIndex(x.Problem.Type, ":")+1:]
 	}
-	req.Header.Set("Authorization", "Bearer "+g.apiKey)
-	if method == http.MethodPost {
-		req.Header.Set("Idempotency-Key", k.key)
-		req.Header.Set("Content-Type", "application/json")
+	if x.Result != nil {
+		a.state = string(x.Result.Status)
 	}
-	resp, err := g.client.Do(req)
-	if err != nil {
-		a.err = err
-		g.record(k, a)
-		return a, 0
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil { // the answer was cut: as good as none
-		a.err = err
-		g.record(k, a)
-		return a, 0
-	}
-	a.status = resp.StatusCode
-	if strings.Contains(resp.Header.Get("Content-Type"), "problem") {
-		var p struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(raw, &p) == nil && p.Type != "" {
-			a.problem = p.Type[strings.LastIndex(p.Type, ":")+1:]
-		}
-	} else {
-		var p struct {
-			Status string `json:"status"`
-		}
-		if json.Unmarshal(raw, &p) == nil {
-			a.state = p.Status
-		}
-	}
-	g.record(k, a)
-	secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-	return a, time.Duration(secs) * time.Second
-}
-
-func (g *gatewayRun) record(k *keyLog, a answer) {
-	k.answers = append(k.answers, a) // each key is one client's
+	k.answers = append(k.answers, a) // each key is one client's at a time
 	g.mu.Lock()
 	g.counts[a.label()]++
 	g.mu.Unlock()
+	if k.slip != nil && a.status == http.StatusServiceUnavailable {
+		k.slipped = true
+		k.slip()
+	}
 }
 
 // askFinal asks, once the run has settled, for each payment the client
-// was told is accepted and not yet how it ended (GET, again while the
-// answer is unknown): as a client would, to learn of a decline. A payment
-// still in flight now that the run is quiet is not going to end. The
-// clients ask side by side.
-func (h *harness) askFinal(ctx context.Context) {
+// was told is accepted and not yet how it ended (Get, which retries while
+// the answer is unknown, for a few seconds): as a client would, to learn
+// of a decline. A payment still in flight now that the run is quiet is not
+// going to end. The clients ask side by side.
+func (h *harness) askFinal(ctx context.Context) error {
 	g := h.gw
 	keys := make(chan *keyLog)
 	var wg sync.WaitGroup
 	for range h.cfg.gatewayClients {
+		c, err := h.newClient()
+		if err != nil {
+			close(keys)
+			wg.Wait()
+			return err
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for k := range keys {
-				for try := 0; try < 3 && ctx.Err() == nil; try++ {
-					if a, _ := h.ask(ctx, k, http.MethodGet, nil); classify(a) != toldUnknown {
-						break
-					}
-					select {
-					case <-ctx.Done():
-					case <-time.After(200 * time.Millisecond):
-					}
-				}
+				gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, _ = c.Get(gctx, k.key) // the answers are recorded by observe
+				cancel()
 			}
 		}()
 	}
 	for _, k := range g.keys {
+		k.slip = nil
 		if accepted, charged, refused, notAccepted := k.what(); accepted && !charged && !refused && !notAccepted {
 			keys <- k
 		}
 	}
 	close(keys)
 	wg.Wait()
+	return nil
 }
 
 // takeGateway moves the gateway's keys out of ev (so the mixed workload's

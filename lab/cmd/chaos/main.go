@@ -24,7 +24,7 @@
 // charge the provider made) against the database at the end.
 //
 // With -gateway-clients N, a `paydedup gateway` runs too, and N HTTP
-// clients pay through it by the documented client contract (gwclients.go);
+// clients (the Go client package) pay through it (gwclients.go);
 // at the end every answer's promise is checked against the provider's
 // ledger (promise.go). -puback-losses, -provider-outage and -pg-long-stop
 // add the outage faults of outage.go, and -replay none leaves the
@@ -396,12 +396,13 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	defer stopFaults()
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- h.publishAll(ctx, w.Publishes, h.cfg.duration*8/10) }()
-	clientsDone := make(chan struct{})
+	clientsDone := make(chan error, 1)
 	go func() {
-		defer close(clientsDone)
-		if h.gw != nil {
-			h.runClients(ctx, h.cfg.duration*8/10)
+		if h.gw == nil {
+			clientsDone <- nil
+			return
 		}
+		clientsDone <- h.runClients(ctx, h.cfg.duration*8/10)
 	}()
 	faultsDone := make(chan struct{})
 	go func() { defer close(faultsDone); h.faults(faultCtx) }()
@@ -410,7 +411,9 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	}
 	h.logf("published %d messages (all PubAcked)", h.published.Load())
 	<-faultsDone
-	<-clientsDone
+	if err := <-clientsDone; err != nil {
+		return workload.Verdict{}, fmt.Errorf("gateway clients: %w", err)
+	}
 	if ctx.Err() != nil {
 		return workload.Verdict{}, ctx.Err()
 	}
@@ -422,7 +425,9 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 		return workload.Verdict{}, err
 	}
 	if h.gw != nil {
-		h.askFinal(ctx)
+		if err := h.askFinal(ctx); err != nil {
+			return workload.Verdict{}, fmt.Errorf("gateway clients: %w", err)
+		}
 	}
 	ev, err := h.collect(ctx)
 	if err != nil {

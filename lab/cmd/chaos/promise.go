@@ -120,6 +120,11 @@ type keyLog struct {
 	answers  []answer
 	gaveUp   bool // the client stopped retrying without a final answer
 
+	// The negative control (-clients-new-key-on-503): slip stops the
+	// key's payment at its first 503, and slipped says it did.
+	slip    func()
+	slipped bool
+
 	deadLetters []string // the reasons of the key's dead letters, for the report
 }
 

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -160,45 +160,46 @@ func status(code int, problem string) func(http.ResponseWriter) {
 	}
 }
 
-func state(code int, st string) func(http.ResponseWriter) {
-	return func(w http.ResponseWriter) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(code)
-		fmt.Fprintf(w, `{"object":"payment","status":%q}`, st)
-	}
-}
-
-// TestClientFollowsTheContract drives one client's payment through a
-// scripted gateway: a 503 and a timeout are retried with the same key and
-// body, a 409 later, and a new key is used only after "not accepted".
-func TestClientFollowsTheContract(t *testing.T) {
+// TestClientsRecordWhatTheyAreTold drives one client's payment (the Go
+// client package, as the run wires it) through a scripted gateway: every
+// answer it is given, the retried ones too, lands on its key's log for the
+// promise check, every retry sends the same body under the same key, and
+// a new key is used only after the client says "not accepted" (or, in the
+// negative control, after a 503).
+func TestClientsRecordWhatTheyAreTold(t *testing.T) {
 	hang := func(w http.ResponseWriter) { time.Sleep(300 * time.Millisecond); status(202, "")(w) }
 	for _, tc := range []struct {
-		name   string
-		script map[string][]func(http.ResponseWriter)
-		want   []string // methods and keys, in order
+		name    string
+		script  map[string][]func(http.ResponseWriter)
+		slip503 bool
+		want    []string // methods and keys, in order
+		told    string   // the answers on the keys' logs
 	}{
-		{name: "503 then not found: same key", script: map[string][]func(http.ResponseWriter){
-			"POST k0": {status(503, "unavailable")}, "GET k0": {status(404, "not-found")},
-		}, want: []string{"POST k0", "GET k0", "POST k0"}},
+		{name: "503 unavailable: same key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(503, "unavailable")},
+		}, want: []string{"POST k0", "POST k0"}, told: "k0: POST 503 unavailable, POST 202"},
 		{name: "publish outcome unknown: same key", script: map[string][]func(http.ResponseWriter){
-			"POST k0": {status(503, "publish-outcome-unknown")}, "GET k0": {state(200, "publish_unknown")},
-		}, want: []string{"POST k0", "GET k0", "POST k0"}},
-		{name: "503 then not accepted: new key", script: map[string][]func(http.ResponseWriter){
-			"POST k0": {status(503, "unavailable")}, "GET k0": {status(404, "not-accepted")},
-		}, want: []string{"POST k0", "GET k0", "POST k1"}},
-		{name: "409 and 429: same key", script: map[string][]func(http.ResponseWriter){
-			"POST k0": {status(409, "idempotency-key-in-use"), status(429, "rate-limited")},
-		}, want: []string{"POST k0", "POST k0", "POST k0"}},
-		{name: "500 internal: new key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(503, "publish-outcome-unknown")},
+		}, want: []string{"POST k0", "POST k0"}, told: "k0: POST 503 publish-outcome-unknown, POST 202"},
+		{name: "not accepted: new key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(404, "not-accepted")},
+		}, want: []string{"POST k0", "POST k1"}, told: "k0: POST 404 not-accepted; k1: POST 202"},
+		{name: "409 asks how it stands, 429: same key", script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(409, "idempotency-key-in-use"), status(429, "rate-limited")}, "GET k0": {status(503, "unavailable")},
+		}, want: []string{"POST k0", "GET k0", "POST k0", "POST k0"},
+			told: "k0: POST 409 idempotency-key-in-use, GET 503 unavailable, POST 429 rate-limited, POST 202"},
+		{name: "500 internal: same key", script: map[string][]func(http.ResponseWriter){
 			"POST k0": {status(500, "internal")},
-		}, want: []string{"POST k0", "POST k1"}},
+		}, want: []string{"POST k0", "POST k0"}, told: "k0: POST 500 internal, POST 202"},
 		{name: "timeout: same key", script: map[string][]func(http.ResponseWriter){
-			"POST k0": {hang}, "GET k0": {status(503, "unavailable")},
-		}, want: []string{"POST k0", "GET k0", "POST k0"}},
+			"POST k0": {hang},
+		}, want: []string{"POST k0", "POST k0"}, told: "k0: POST timeout, POST 202"},
 		{name: "400: final", script: map[string][]func(http.ResponseWriter){
 			"POST k0": {status(400, "invalid-request")},
-		}, want: []string{"POST k0"}},
+		}, want: []string{"POST k0"}, told: "k0: POST 400 invalid-request"},
+		{name: "the negative control: a new key after a 503", slip503: true, script: map[string][]func(http.ResponseWriter){
+			"POST k0": {status(503, "unavailable")},
+		}, want: []string{"POST k0", "POST k1"}, told: "k0: POST 503 unavailable; k1: POST 202"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeGateway{script: map[string][]func(http.ResponseWriter){}}
@@ -208,23 +209,39 @@ func TestClientFollowsTheContract(t *testing.T) {
 			}
 			srv := httptest.NewServer(f)
 			defer srv.Close()
-			h := &harness{cfg: config{clientGiveUp: 10 * time.Second, gatewayClients: 1}, gw: &gatewayRun{
-				addr: strings.TrimPrefix(srv.URL, "http://"), apiKey: "k", run: "run", counts: map[string]int{},
-				client: &http.Client{Timeout: 100 * time.Millisecond},
+			h := &harness{cfg: config{clientGiveUp: 10 * time.Second, gatewayClients: 1, clientsNewKeyOn503: tc.slip503}, gw: &gatewayRun{
+				addr: strings.TrimPrefix(srv.URL, "http://"), apiKey: "k", run: "run", counts: map[string]int{}, byKey: map[string]*keyLog{},
+				http: &http.Client{}, attempt: 100 * time.Millisecond,
 			}}
-			o := gwOrder{n: 3, body: []byte(`{"amount":100}`)}
-			h.pay(context.Background(), o)
+			c, err := h.newClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := h.newOrder(3)
+			body, _ := json.Marshal(o.payment)
+			h.pay(context.Background(), c, o)
 			var got []string
 			for _, s := range f.seen {
 				method, rest, _ := strings.Cut(s, " ")
-				key, body, _ := strings.Cut(rest, " ")
+				key, sent, _ := strings.Cut(rest, " ")
 				got = append(got, method+" "+strings.TrimPrefix(key, "run-o3-"))
-				if method == http.MethodPost && !bytes.Equal([]byte(body), o.body) {
-					t.Errorf("%s sent %q, want the payment's body %q", key, body, o.body)
+				if method == http.MethodPost && sent != string(body) {
+					t.Errorf("%s sent %q, want the payment's body %q", key, sent, body)
 				}
 			}
 			if strings.Join(got, ", ") != strings.Join(tc.want, ", ") {
 				t.Fatalf("requests %q, want %q", got, tc.want)
+			}
+			var told []string
+			for _, k := range h.gw.keys {
+				labels := make([]string, len(k.answers))
+				for i, a := range k.answers {
+					labels[i] = a.label()
+				}
+				told = append(told, strings.TrimPrefix(k.key, "run-o3-")+": "+strings.Join(labels, ", "))
+			}
+			if strings.Join(told, "; ") != tc.told {
+				t.Fatalf("told %q, want %q", strings.Join(told, "; "), tc.told)
 			}
 		})
 	}
