@@ -21,7 +21,10 @@
 // N kills -9 of the primary, each waited through the promotion and the old
 // primary's return as the standby (failover.go). In every mode the harness
 // also checks what the workers saw committed (each ack they sent, each
-// charge the provider made) against the database at the end.
+// charge the provider made) against the database at the end, and follows
+// the outcome events (payments.outcomes.>) through the whole run: each
+// payment of the ledger must have its events, one final event each,
+// matching the ledger (outcomes.go).
 //
 // With -gateway-clients N, a `paydedup gateway` runs too, and N HTTP
 // clients (the Go client package) pay through it (gwclients.go);
@@ -234,6 +237,10 @@ type harness struct {
 	outage     *outages     // -puback-losses, -provider-outage, -pg-long-stop
 	load       providerLoad // what the provider saw, read at the end (ratelimit.go)
 
+	outcomes        outcomeWatch // the reader of the outcome events (outcomes.go)
+	outcomeVerdict  outcomeVerdict
+	outcomesChecked bool
+
 	nc *nats.Conn
 	js jetstream.JetStream
 	// dlqKey is this run's PAYDEDUP_DLQ_KEY: the workers authenticate
@@ -351,6 +358,13 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	if err := h.witness.watch(h.nc); err != nil {
 		return workload.Verdict{}, err
 	}
+	// The outcome events' reader runs from here to the end of the run.
+	readCtx, stopReading := context.WithCancel(ctx)
+	var reading sync.WaitGroup
+	reading.Add(1)
+	go func() { defer reading.Done(); h.outcomes.follow(readCtx, h.js, h.streamConfig().Stream.OutcomeStream) }()
+	defer reading.Wait()
+	defer stopReading()
 	defer h.stopOutages()
 	if err := h.initOutages(); err != nil {
 		return workload.Verdict{}, err
@@ -434,6 +448,9 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 		return workload.Verdict{}, err
 	}
 	ev.Replayed = replayed
+	if err := h.checkOutcomeEvents(ctx); err != nil {
+		return workload.Verdict{}, fmt.Errorf("outcome events: %w", err)
+	}
 	if h.gw != nil {
 		h.takeGateway(&ev)
 	}

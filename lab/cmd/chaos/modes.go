@@ -8,7 +8,7 @@ import (
 // modeSummary is the modes' part of the summary line (each mode's counts,
 // empty for a mode that is off).
 func (h *harness) modeSummary() string {
-	return h.clusterSummary() + h.pauseSummary() + h.netSummary() + h.outageSummary() + h.gatewaySummary() + h.providerSummary()
+	return h.clusterSummary() + h.pauseSummary() + h.netSummary() + h.outageSummary() + h.gatewaySummary() + h.providerSummary() + h.outcomeSummary()
 }
 
 // validateModes checks the modes' flags, naming the one to fix.

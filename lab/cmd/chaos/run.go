@@ -52,7 +52,8 @@ func (h *harness) migrate(ctx context.Context) error {
 }
 
 // connectNATS connects the harness (reconnecting forever, across the
-// restarts) and creates the streams as the workers will.
+// restarts) and creates the streams, the outcomes stream among them, as
+// the workers will.
 func (h *harness) connectNATS(ctx context.Context) error {
 	nc, err := nats.Connect(h.natsURL(), nats.Name("paydedup-chaos"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true), nats.Timeout(2*time.Second))
@@ -66,7 +67,10 @@ func (h *harness) connectNATS(ctx context.Context) error {
 	return waitFor(ctx, 30*time.Second, "the streams", func() bool {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		_, _, err := stream.EnsureStreams(cctx, h.js, h.streamConfig().Stream)
+		if _, _, err := stream.EnsureStreams(cctx, h.js, h.streamConfig().Stream); err != nil {
+			return false
+		}
+		_, err := stream.EnsureOutcomeStream(cctx, h.js, h.streamConfig().Stream)
 		return err == nil
 	})
 }
@@ -413,7 +417,8 @@ func (h *harness) report(v workload.Verdict) int {
 		restarts += s.restarts
 	}
 	promisesOK := h.reportGateway()
-	if !v.OK() || !promisesOK {
+	outcomesOK := h.reportOutcomes()
+	if !v.OK() || !promisesOK || !outcomesOK {
 		fmt.Fprintf(h.out, "chaos: FAILED; repeat with -seed %d -keep to keep the logs\n", h.cfg.seed)
 	}
 	fmt.Fprintf(h.out, "chaos: %s\n", h.load.providerLine())
@@ -422,7 +427,7 @@ func (h *harness) report(v workload.Verdict) int {
 		h.cfg.payments, h.published.Load(), len(v.Double), len(v.Lost), len(v.Stuck), v.DeadLetters,
 		v.Malformed, v.KeyReused, v.MaxDeliveries, h.kills.Load(), h.natsRestarts.Load(), h.pgRestarts.Load(), h.modeSummary(),
 		strconv.Itoa(int(time.Since(h.start).Seconds())))
-	if !v.OK() || !promisesOK {
+	if !v.OK() || !promisesOK || !outcomesOK {
 		return 1
 	}
 	return 0
