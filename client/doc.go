@@ -29,6 +29,10 @@
 // errors.Is matches against ErrKeyReused, ErrCardData, ErrInvalidRequest,
 // ErrUnauthenticated, ErrNotFound, ErrNotAccepted and ErrRejected.
 //
+// WithObserver shows the caller every request a Client sends and what came
+// back, the answers it retries included: for a log or an audit of what the
+// gateway said.
+//
 // A Client remembers, for its whole life, the fingerprint of the payment
 // each key was first sent with, and refuses (ErrKeyReused, before sending
 // anything) to send another payment under the same key: that is a bug in
