@@ -104,7 +104,7 @@ func (w *world) complete(t *testing.T, merchant, key string, processing bool) {
 
 func (w *world) relay(t *testing.T, pub outbox.Publisher) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.New(w.store, pub, outbox.Config{BatchSize: 16, Interval: 10 * time.Millisecond})
+	r, err := outbox.New(outbox.Config{BatchSize: 16, Interval: 10 * time.Millisecond}, outbox.Outcomes(w.store, pub))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func TestRelayProcessKilledHoldingEvents(t *testing.T) {
 	defer cancel()
 	dead := make(chan error, 1)
 	go func() {
-		r, err := outbox.New(victim, holding{held}, outbox.Config{BatchSize: 16})
+		r, err := outbox.New(outbox.Config{BatchSize: 16}, outbox.Outcomes(victim, holding{held}))
 		if err != nil {
 			dead <- err
 			return

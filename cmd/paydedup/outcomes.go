@@ -32,7 +32,7 @@ func startOutcomeRelay(ctx context.Context, nc *nats.Conn, store *dedup.Store, c
 	if _, err := stream.EnsureOutcomeStream(ctx, js, cfg); err != nil {
 		return nil, err
 	}
-	relay, err := outbox.New(store, stream.NewOutcomePublisher(js, cfg, 0), outbox.Config{Retention: retention, Logger: log})
+	relay, err := outbox.New(outbox.Config{Retention: retention, Logger: log}, outbox.Outcomes(store, stream.NewOutcomePublisher(js, cfg, 0)))
 	if err != nil {
 		return nil, err
 	}
