@@ -239,8 +239,9 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		defer rec.Stop()
 	}
 	// Every worker relays the outcome events the store commits with each
-	// outcome to the outcomes stream.
-	relay, err := startOutcomeRelay(gctx, nc, store, cfg.Stream, cfg.KeyRetention, log, reg)
+	// outcome to the outcomes stream, and the commands publishers commit
+	// in the intake to the payments stream.
+	relay, err := startRelay(gctx, nc, store, pool, cfg.Stream, cfg.KeyRetention, log, reg)
 	if err != nil {
 		return err
 	}
