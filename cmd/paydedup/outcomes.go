@@ -10,7 +10,6 @@ import (
 	"math"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +26,7 @@ import (
 // commands publishers committed in the intake (package intake) to the
 // payments stream. It exports both backlogs on reg. Relayed rows are
 // purged after retention (the key retention).
-func startRelay(ctx context.Context, nc *nats.Conn, store *dedup.Store, pool *pgxpool.Pool, cfg stream.Config, retention time.Duration,
+func startRelay(ctx context.Context, nc *nats.Conn, store *dedup.Store, istore *intake.Store, cfg stream.Config, retention time.Duration,
 	log *slog.Logger, reg prometheus.Registerer) (*outbox.Relay, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -39,10 +38,6 @@ func startRelay(ctx context.Context, nc *nats.Conn, store *dedup.Store, pool *pg
 	cmds, err := stream.NewCommandPublisher(nc, cfg, 0)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: %w", err)
-	}
-	istore, err := intake.NewStore(pool, 0)
-	if err != nil {
-		return nil, err
 	}
 	commands, err := intake.NewSource(istore, cmds, cfg.Limits)
 	if err != nil {

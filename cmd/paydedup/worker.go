@@ -13,6 +13,7 @@ import (
 	budgetstore "github.com/paydedup/paydedup/budget/pgstore"
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/intake"
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/ops"
@@ -141,7 +142,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	// The worker tells the gateway's intake of the final dead letters of
 	// the commands the gateway published (its role may update only the
 	// intake's dead-letter columns).
-	intake, err := pgstore.New(pool, pgstore.Config{})
+	gwIntake, err := pgstore.New(pool, pgstore.Config{})
 	if err != nil {
 		return err
 	}
@@ -180,7 +181,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	proc := consumer.NewProcessor(store, budgeted, cfg, log)
 	watchPause(reg, proc)
 	watchCallLimit(reg, proc)
-	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
+	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, gwIntake)
 	if err != nil {
 		return err
 	}
@@ -241,7 +242,11 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	// Every worker relays the outcome events the store commits with each
 	// outcome to the outcomes stream, and the commands publishers commit
 	// in the intake to the payments stream.
-	relay, err := startRelay(gctx, nc, store, pool, cfg.Stream, cfg.KeyRetention, log, reg)
+	istore, err := intake.NewStore(pool, 0)
+	if err != nil {
+		return err
+	}
+	relay, err := startRelay(gctx, nc, store, istore, cfg.Stream, cfg.KeyRetention, log, reg)
 	if err != nil {
 		return err
 	}
