@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/intake"
+	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/payment"
 )
@@ -339,4 +341,68 @@ func TestPublisherRole(t *testing.T) {
 	if err := pubPool.QueryRow(w.ctx, `SELECT stream_seq FROM intake_commands WHERE idempotency_key = 'o1'`).Scan(&seq); err != nil || seq == nil {
 		t.Errorf("the publisher reads its command's fate: %v %v", seq, err)
 	}
+}
+
+// TestRelayProcessKilledHoldingRows: a relay took the commands (their row
+// locks held) and its process died before publishing: its database
+// session is terminated, as when the process is killed. While it held
+// them another relay skipped them; once it is gone, the other relay
+// publishes each exactly once.
+func TestRelayProcessKilledHoldingRows(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	for _, k := range []string{"o1", "o2"} {
+		if err := w.order(k, 500, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victimApp := "relay-" + testenv.Unique(t)
+	u, err := localpg.WithAppName(w.url, victimApp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vpool, err := pg.Connect(w.ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vpool.Close()
+	victim, err := intake.NewStore(vpool, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vsrc, err := intake.NewSource(victim, nil, payment.Limits{})
+	if err == nil || vsrc != nil {
+		t.Fatal("a source without a publisher was made")
+	}
+	held := make(chan int, 1)
+	rctx, cancel := context.WithCancel(w.ctx)
+	defer cancel()
+	dead := make(chan error, 1)
+	go func() {
+		src, err := intake.NewSource(victim, holding{held}, payment.Limits{})
+		if err != nil {
+			dead <- err
+			return
+		}
+		_, err = src.Relay(rctx, 16)
+		dead <- err
+	}()
+	if n := <-held; n != 2 {
+		t.Fatalf("the first relay took %d commands, want 2", n)
+	}
+	survivor := w.relay(w.pub)
+	if res, err := survivor.RunOnce(w.ctx); err != nil || res.Relayed != 0 {
+		t.Fatalf("while the first relay holds the rows: %+v %v, want nothing taken", res, err)
+	}
+	var killed int
+	if err := w.pool.QueryRow(w.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, victimApp).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminate the first relay's session: %d %v", killed, err)
+	}
+	w.drain(survivor)
+	cancel()
+	if err := <-dead; err == nil {
+		t.Fatal("the killed relay reported success")
+	}
+	w.onceEach("o1", "o2")
 }
