@@ -14,6 +14,7 @@ import (
 	"github.com/paydedup/paydedup/lab/localpg"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/stream"
 )
 
 // TestRolledBackPublishesNothing: the publisher's transaction rolls back
@@ -405,4 +406,49 @@ func TestRelayProcessKilledHoldingRows(t *testing.T) {
 		t.Fatal("the killed relay reported success")
 	}
 	w.onceEach("o1", "o2")
+}
+
+// TestReusedKeyInTheWindow: the gateway published another command under
+// the key an intake row holds: the stream's duplicate window drops the
+// relay's copy (it is not the stored command), so the row stays waiting;
+// once the window has passed the relay publishes it, and the worker's
+// claim dead-letters it as key_reused. The key's first command is charged,
+// once; the intake's is never lost.
+func TestReusedKeyInTheWindow(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, func(c *stream.Config) { c.DuplicateWindow = 9 * time.Second })
+	sim := w.worker()
+	first := command("o1", 500)
+	if _, err := w.pub.Publish(w.ctx, &first, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.order("o1", 700, true); err != nil {
+		t.Fatal(err)
+	}
+	r := w.relay(w.pub)
+	if res, err := r.RunOnce(w.ctx); err == nil || !errors.Is(err, stream.ErrMsgIDTaken) || res.Relayed != 0 {
+		t.Fatalf("relay of a key the window holds for another command: %+v %v", res, err)
+	}
+	if b := w.backlog(); b.Waiting != 1 {
+		t.Fatalf("backlog %+v, want the row waiting", b)
+	}
+	w.eventually("the row relayed past the window", func() bool {
+		_, _ = r.RunOnce(w.ctx)
+		return w.backlog().Waiting == 0
+	})
+	w.eventually("the second command dead-lettered key_reused", func() bool {
+		for _, m := range w.messages(w.cfg.DLQStream) {
+			if m.Header.Get(stream.HeaderDLQReason) == stream.ReasonKeyReused {
+				return true
+			}
+		}
+		return false
+	})
+	if n := sim.ChargesByKey()["m_1:o1"]; n != 1 {
+		t.Errorf("key charged %d times, want once", n)
+	}
+	var amount int64
+	if err := w.pool.QueryRow(w.ctx, `SELECT amount FROM payments WHERE idempotency_key = 'o1'`).Scan(&amount); err != nil || amount != 500 {
+		t.Errorf("ledger amount %d (%v), want the first command's 500", amount, err)
+	}
 }

@@ -38,6 +38,12 @@ type world struct {
 
 func setup(t testing.TB) *world {
 	t.Helper()
+	return setupWith(t, func(*stream.Config) {})
+}
+
+// setupWith is setup with the stream's configuration changed by edit.
+func setupWith(t testing.TB, edit func(*stream.Config)) *world {
+	t.Helper()
 	ctx := context.Background()
 	u := testenv.PostgresURL(t)
 	pool, err := pg.Connect(ctx, u)
@@ -59,6 +65,7 @@ func setup(t testing.TB) *world {
 	}
 	cfg := testenv.Streams(t, js)
 	cfg.AckWait, cfg.MaxDeliver = 5*time.Second, 6
+	edit(&cfg)
 	if _, _, err := stream.EnsureStreams(ctx, js, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -240,4 +247,24 @@ func (w *world) worker() *stripesim.Simulator {
 		})
 	})
 	return sim
+}
+
+// messages reads every message the named stream holds.
+func (w *world) messages(name string) []*jetstream.RawStreamMsg {
+	w.t.Helper()
+	s, err := w.js.Stream(w.ctx, name)
+	if err != nil {
+		return nil
+	}
+	info, err := s.Info(w.ctx)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
+		if m, err := s.GetMsg(w.ctx, seq); err == nil {
+			out = append(out, m)
+		}
+	}
+	return out
 }
