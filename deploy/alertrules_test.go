@@ -153,6 +153,34 @@ func TestAlertsFire(t *testing.T) {
 			at: 30 * time.Minute,
 		},
 		{
+			name: "intake commands unpublished for 15m", alert: "PaydedupIntakeRelayLagging",
+			series: `load 1m
+				paydedup_intake_relay_lag_seconds{namespace="pay",pod="w1"} 0+60x30
+				paydedup_intake_relay_lag_seconds{namespace="pay",pod="w2"} 0+60x30`,
+			at:   20 * time.Minute,
+			want: []string{`{namespace="pay"}`},
+		},
+		{
+			name: "intake commands relayed within seconds", alert: "PaydedupIntakeRelayLagging",
+			series: `load 1m
+				paydedup_intake_relay_lag_seconds{namespace="pay",pod="w1"} 2x10 400x3 1x20`,
+			at: 30 * time.Minute,
+		},
+		{
+			name: "an intake row rejected", alert: "PaydedupIntakeCommandsRejected",
+			series: `load 1m
+				paydedup_intake_commands_rejected{namespace="pay",pod="w1"} 0x5 1x10
+				paydedup_intake_commands_rejected{namespace="pay",pod="w2"} 0x5 1x10`,
+			at:   10 * time.Minute,
+			want: []string{`{namespace="pay"}`},
+		},
+		{
+			name: "no intake row rejected", alert: "PaydedupIntakeCommandsRejected",
+			series: `load 1m
+				paydedup_intake_commands_rejected{namespace="pay",pod="w1"} 0x20`,
+			at: 15 * time.Minute,
+		},
+		{
 			name: "stuck pending rows for 15m", alert: "PaydedupStuckPendingRows",
 			series: `load 1m
 				paydedup_stuck_pending_rows{namespace="pay",pod="w1"} 2x30`,

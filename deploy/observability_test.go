@@ -54,6 +54,10 @@ var metrics = map[string]struct {
 	// The outbox of outcome events (cmd/paydedup/outcomes.go).
 	"paydedup_outcome_events_unrelayed":  {},
 	"paydedup_outcome_relay_lag_seconds": {},
+	// The publishers' intake (cmd/paydedup/outcomes.go, package intake).
+	"paydedup_intake_commands_waiting":  {},
+	"paydedup_intake_relay_lag_seconds": {},
+	"paydedup_intake_commands_rejected": {},
 	// A worker's pause (consumer's gate) and the messages it holds.
 	"paydedup_worker_paused":        {labels: map[string][]string{"cause": {"provider_auth", "provider_unavailable", "postgres_unavailable"}}},
 	"paydedup_worker_held_messages": {},

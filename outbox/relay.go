@@ -1,10 +1,11 @@
-// Package outbox relays the payments' outcome events from the store, where
-// each is written in the transaction that records its outcome (a
-// transactional outbox), to the outcomes stream. Every worker runs a
-// Relay: the store hands each event to one relay at a time, and a relay
-// marks an event relayed only after the stream acknowledged it, so an
-// event is published at least once; its stable id (Nats-Msg-Id) makes the
-// stream store it once.
+// Package outbox relays transactional outboxes to their streams: the
+// payments' outcome events, each written in the transaction that records
+// its outcome, to the outcomes stream (Outcomes), and the commands
+// publishers commit in their own transactions to the payments stream (the
+// intake package's source). Every worker runs one Relay over every
+// source: a source hands each row to one relay at a time, and marks it
+// relayed only after the stream acknowledged it, so a row is published at
+// least once; its stable id (Nats-Msg-Id) makes the stream store it once.
 package outbox
 
 import (
@@ -13,13 +14,45 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/paydedup/paydedup/ledger"
 )
 
-// Store is the outbox as the relay uses it (dedup.Store).
+// Source is one outbox a Relay drains.
+type Source interface {
+	// Name names the source in the relay's logs.
+	Name() string
+	// Relay publishes up to limit rows no other relay holds, marks those
+	// the stream acknowledged (or that a source settles otherwise, such
+	// as a row refused for good) and returns how many it marked.
+	Relay(ctx context.Context, limit int) (int, error)
+	// Purge deletes up to limit rows relayed more than retention ago.
+	Purge(ctx context.Context, retention time.Duration, limit int) (int, error)
+}
+
+// Outcomes is the source of the outcome events: store's outbox published
+// by pub.
+func Outcomes(store Store, pub Publisher) Source { return outcomes{store, pub} }
+
+type outcomes struct {
+	store Store
+	pub   Publisher
+}
+
+func (outcomes) Name() string { return "outcome events" }
+
+func (o outcomes) Relay(ctx context.Context, limit int) (int, error) {
+	return o.store.RelayOutcomes(ctx, limit, o.pub.PublishOutcomes)
+}
+
+func (o outcomes) Purge(ctx context.Context, retention time.Duration, limit int) (int, error) {
+	return o.store.PurgeOutcomes(ctx, retention, limit)
+}
+
+// Store is the outbox of outcome events as the relay uses it (dedup.Store).
 type Store interface {
 	// RelayOutcomes takes up to limit unrelayed events no other relay
 	// holds, at most the earliest unrelayed one of each payment, oldest
@@ -58,10 +91,9 @@ type Config struct {
 	Logger     *slog.Logger
 }
 
-// Relay publishes the outbox's events. Start runs it; RunOnce is one pass.
+// Relay publishes its sources' rows. Start runs it; RunOnce is one pass.
 type Relay struct {
-	store     Store
-	pub       Publisher
+	sources   []Source
 	cfg       Config
 	log       *slog.Logger
 	lastPurge time.Time
@@ -71,10 +103,15 @@ type Relay struct {
 	done   chan struct{}
 }
 
-// New returns a relay of store's events to pub.
-func New(store Store, pub Publisher, cfg Config) (*Relay, error) {
-	if store == nil || pub == nil {
-		return nil, errors.New("outbox relay: needs a store and a publisher")
+// New returns a relay of sources, one batch of each per pass.
+func New(cfg Config, sources ...Source) (*Relay, error) {
+	if len(sources) == 0 || slices.Contains(sources, nil) {
+		return nil, errors.New("outbox relay: needs a source")
+	}
+	for _, s := range sources {
+		if o, ok := s.(outcomes); ok && (o.store == nil || o.pub == nil) {
+			return nil, errors.New("outbox relay: outcome events need a store and a publisher")
+		}
 	}
 	if cfg.Interval < 0 || cfg.BatchSize < 0 || cfg.Retention < 0 || cfg.PurgeEvery < 0 {
 		return nil, errors.New("outbox relay: interval, batch size, retention and purge period must not be negative")
@@ -87,33 +124,45 @@ func New(store Store, pub Publisher, cfg Config) (*Relay, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Relay{store: store, pub: pub, cfg: cfg, log: log}, nil
+	return &Relay{sources: sources, cfg: cfg, log: log}, nil
 }
 
 // Result is what one pass did.
 type Result struct {
-	Relayed int // events marked relayed
-	Purged  int // relayed events purged
+	Relayed int  // rows marked, every source's
+	Purged  int  // relayed rows purged
+	Full    bool // a source filled its batch: more may be waiting
 }
 
-// RunOnce relays one batch, and purges relayed events when the purge is
-// due.
+// RunOnce relays one batch of each source, and purges relayed rows when
+// the purge is due. A source that fails does not keep the others from
+// their batch; the error joins every source's.
 func (r *Relay) RunOnce(ctx context.Context) (Result, error) {
-	var res Result
-	n, err := r.store.RelayOutcomes(ctx, r.cfg.BatchSize, r.pub.PublishOutcomes)
-	res.Relayed = n
-	if err != nil {
-		return res, fmt.Errorf("relay outcome events: %w", err)
-	}
-	if now := time.Now(); now.Sub(r.lastPurge) >= r.cfg.PurgeEvery {
-		p, err := r.store.PurgeOutcomes(ctx, r.cfg.Retention, 10*r.cfg.BatchSize)
-		res.Purged = p
+	var (
+		res  Result
+		errs []error
+	)
+	for _, s := range r.sources {
+		n, err := s.Relay(ctx, r.cfg.BatchSize)
+		res.Relayed += n
+		res.Full = res.Full || n >= r.cfg.BatchSize
 		if err != nil {
-			return res, fmt.Errorf("purge outcome events: %w", err)
+			errs = append(errs, fmt.Errorf("relay %s: %w", s.Name(), err))
 		}
-		r.lastPurge = now
 	}
-	return res, nil
+	if now := time.Now(); len(errs) == 0 && now.Sub(r.lastPurge) >= r.cfg.PurgeEvery {
+		for _, s := range r.sources {
+			p, err := s.Purge(ctx, r.cfg.Retention, 10*r.cfg.BatchSize)
+			res.Purged += p
+			if err != nil {
+				errs = append(errs, fmt.Errorf("purge %s: %w", s.Name(), err))
+			}
+		}
+		if len(errs) == 0 {
+			r.lastPurge = now
+		}
+	}
+	return res, errors.Join(errs...)
 }
 
 // Start runs passes until ctx ends or Stop is called.
@@ -133,7 +182,7 @@ func (r *Relay) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends the passes and waits for the running one. Events it held and
+// Stop ends the passes and waits for the running one. Rows it held and
 // had not marked stay unrelayed for the next relay.
 func (r *Relay) Stop() {
 	r.mu.Lock()
@@ -161,19 +210,19 @@ func (r *Relay) loop(ctx context.Context) {
 		switch {
 		case err != nil && ctx.Err() == nil:
 			if !failing {
-				r.log.Warn("relaying outcome events failed; retrying", "error", err)
+				r.log.Warn("relaying an outbox failed; retrying", "error", err)
 			}
 			failing = true
 		case err == nil:
 			if failing {
-				r.log.Info("relaying outcome events works again")
+				r.log.Info("relaying the outboxes works again")
 			}
 			failing = false
 		}
 		if res.Purged > 0 {
-			r.log.Debug("purged relayed outcome events", "purged", res.Purged)
+			r.log.Debug("purged relayed outbox rows", "purged", res.Purged)
 		}
-		if err == nil && res.Relayed >= r.cfg.BatchSize {
+		if res.Full {
 			timer.Reset(0)
 			continue
 		}

@@ -104,7 +104,7 @@ func (w *world) complete(t *testing.T, merchant, key string, processing bool) {
 
 func (w *world) relay(t *testing.T, pub outbox.Publisher) *outbox.Relay {
 	t.Helper()
-	r, err := outbox.New(w.store, pub, outbox.Config{BatchSize: 16, Interval: 10 * time.Millisecond})
+	r, err := outbox.New(outbox.Config{BatchSize: 16, Interval: 10 * time.Millisecond}, outbox.Outcomes(w.store, pub))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func TestRelayProcessKilledHoldingEvents(t *testing.T) {
 	defer cancel()
 	dead := make(chan error, 1)
 	go func() {
-		r, err := outbox.New(victim, holding{held}, outbox.Config{BatchSize: 16})
+		r, err := outbox.New(outbox.Config{BatchSize: 16}, outbox.Outcomes(victim, holding{held}))
 		if err != nil {
 			dead <- err
 			return
@@ -424,4 +424,42 @@ func TestRelayProcessKilledHoldingEvents(t *testing.T) {
 	}
 	ids, _ := w.stored(t)
 	onceEach(t, ids, "m_1:a:charged", "m_1:b:charged")
+}
+
+// fakeSource relays n rows a pass, or fails.
+type fakeSource struct {
+	name   string
+	n      int
+	err    error
+	passes int
+}
+
+func (f *fakeSource) Name() string { return f.name }
+func (f *fakeSource) Relay(context.Context, int) (int, error) {
+	f.passes++
+	return f.n, f.err
+}
+func (f *fakeSource) Purge(context.Context, time.Duration, int) (int, error) { return 0, nil }
+
+// TestOneRelayServesEverySource: a pass relays a batch of each source; one
+// that fails does not keep the other from its batch, and the error names
+// it; a full batch of any source is reported so the loop goes on at once.
+func TestOneRelayServesEverySource(t *testing.T) {
+	t.Parallel()
+	bad := &fakeSource{name: "intake commands", err: errors.New("stream missing")}
+	good := &fakeSource{name: "outcome events", n: 16}
+	r, err := outbox.New(outbox.Config{BatchSize: 16}, bad, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.RunOnce(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "relay intake commands: stream missing") {
+		t.Errorf("pass error %v, want the failing source named", err)
+	}
+	if res.Relayed != 16 || !res.Full || good.passes != 1 || bad.passes != 1 {
+		t.Errorf("pass %+v (passes %d, %d), want the other source's full batch", res, good.passes, bad.passes)
+	}
+	if _, err := outbox.New(outbox.Config{}); err == nil {
+		t.Error("a relay of no source was made")
+	}
 }

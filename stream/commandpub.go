@@ -501,3 +501,21 @@ func (p *CommandPublisher) PublishBatch(ctx context.Context, cmds []BatchCommand
 	}
 	return results
 }
+
+// PublishCommands is PublishBatch of commands without extra headers, for
+// the intake's relay: seqs[i] is the stream sequence of cmds[i] once the
+// stream acknowledged it (a duplicate of the same command included), errs[i]
+// why it has none (a refusal wraps ErrRefused and, for a command the
+// worker would dead-letter, a *payment.ValidationError).
+func (p *CommandPublisher) PublishCommands(ctx context.Context, cmds []*payment.Command) (seqs []uint64, errs []error) {
+	batch := make([]BatchCommand, len(cmds))
+	for i, c := range cmds {
+		batch[i] = BatchCommand{Cmd: c}
+	}
+	results := p.PublishBatch(ctx, batch)
+	seqs, errs = make([]uint64, len(cmds)), make([]error, len(cmds))
+	for i, r := range results {
+		seqs[i], errs[i] = r.Seq, r.Err
+	}
+	return seqs, errs
+}

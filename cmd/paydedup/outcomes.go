@@ -16,23 +16,35 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/intake"
 	"github.com/paydedup/paydedup/outbox"
 	"github.com/paydedup/paydedup/stream"
 )
 
-// startOutcomeRelay creates the outcomes stream, starts the relay of the
-// outbox's events to it, and exports its lag on reg. Relayed events are
+// startRelay creates the outcomes stream and starts the relay of the
+// store's two outboxes: the outcome events to the outcomes stream, and the
+// commands publishers committed in the intake (package intake) to the
+// payments stream. It exports both backlogs on reg. Relayed rows are
 // purged after retention (the key retention).
-func startOutcomeRelay(ctx context.Context, nc *nats.Conn, store *dedup.Store, cfg stream.Config, retention time.Duration,
+func startRelay(ctx context.Context, nc *nats.Conn, store *dedup.Store, istore *intake.Store, cfg stream.Config, retention time.Duration,
 	log *slog.Logger, reg prometheus.Registerer) (*outbox.Relay, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, fmt.Errorf("outcome relay: %w", err)
+		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
 	if _, err := stream.EnsureOutcomeStream(ctx, js, cfg); err != nil {
 		return nil, err
 	}
-	relay, err := outbox.New(store, stream.NewOutcomePublisher(js, cfg, 0), outbox.Config{Retention: retention, Logger: log})
+	cmds, err := stream.NewCommandPublisher(nc, cfg, 0)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: %w", err)
+	}
+	commands, err := intake.NewSource(istore, cmds, cfg.Limits)
+	if err != nil {
+		return nil, err
+	}
+	relay, err := outbox.New(outbox.Config{Retention: retention, Logger: log},
+		outbox.Outcomes(store, stream.NewOutcomePublisher(js, cfg, 0)), commands)
 	if err != nil {
 		return nil, err
 	}
@@ -42,10 +54,47 @@ func startOutcomeRelay(ctx context.Context, nc *nats.Conn, store *dedup.Store, c
 		age: prometheus.NewDesc("paydedup_outcome_relay_lag_seconds",
 			"Age of the oldest outcome event not yet published (0: none): how late subscribers learn outcomes; alert when it grows.", nil, nil),
 	})
+	reg.MustRegister(&intakeCollector{store: istore,
+		waiting: prometheus.NewDesc("paydedup_intake_commands_waiting",
+			"Payment commands publishers committed to the intake and not yet published to the payments stream.", nil, nil),
+		age: prometheus.NewDesc("paydedup_intake_relay_lag_seconds",
+			"Age of the oldest intake command not yet published (0: none): how late the publishers' committed payments reach the workers.", nil, nil),
+		rejected: prometheus.NewDesc("paydedup_intake_commands_rejected",
+			"Intake rows the relay refused as invalid commands (reject_reason): kept, never published, until an operator deletes them.", nil, nil),
+	})
 	if err := relay.Start(ctx); err != nil {
 		return nil, err
 	}
 	return relay, nil
+}
+
+// intakeCollector reads the intake's backlog once per scrape; each reads
+// NaN when the store cannot say.
+type intakeCollector struct {
+	store                  *intake.Store
+	waiting, age, rejected *prometheus.Desc
+}
+
+func (c *intakeCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.waiting
+	ch <- c.age
+	ch <- c.rejected
+}
+
+func (c *intakeCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	b, err := c.store.Backlog(ctx)
+	n, age, rej := float64(b.Waiting), 0.0, float64(b.Rejected)
+	if !b.Oldest.IsZero() {
+		age = max(b.Now.Sub(b.Oldest).Seconds(), 0)
+	}
+	if err != nil {
+		n, age, rej = math.NaN(), math.NaN(), math.NaN()
+	}
+	ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, n)
+	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, age)
+	ch <- prometheus.MustNewConstMetric(c.rejected, prometheus.GaugeValue, rej)
 }
 
 // outboxCollector reads the outbox's backlog once per scrape; both read

@@ -15,6 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/intake"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/reconciler"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -41,6 +43,9 @@ func newStatusCmd(a *app) *cobra.Command {
     or the reconciler should resolve them soon: if the number stays up, look
     at the reconciler's logs and at the provider);
   - outcomes committed in the last minute and the last hour;
+  - the outboxes the workers relay: payment commands publishers committed
+    to the intake and not yet published (waiting, the oldest's age, and the
+    rows refused as invalid commands), and outcome events not yet published;
   - dead letters by reason;
   - the workers' consumer: messages not yet delivered (pending) and delivered
     but not yet acked (ack pending).
@@ -78,6 +83,8 @@ type statusReport struct {
 		LastHour         int64 `json:"last_hour"`
 		DeclinedLastHour int64 `json:"declined_last_hour"`
 	} `json:"completed"`
+	Intake      *intakeCounts         `json:"intake"`
+	Outcomes    *outcomeCounts        `json:"outcome_events"`
 	DeadLetters *deadLetterCounts     `json:"dead_letters"`
 	Consumer    *stream.ConsumerStats `json:"consumer"`
 	Errors      []string              `json:"errors,omitempty"`
@@ -88,6 +95,20 @@ type keyCounts struct {
 	Completed int64 `json:"completed"`
 	Failed    int64 `json:"failed"`
 	Total     int64 `json:"total"`
+}
+
+// intakeCounts is the intake's backlog (package intake).
+type intakeCounts struct {
+	Waiting          int64      `json:"waiting"`
+	OldestWaiting    *time.Time `json:"oldest_waiting"`
+	OldestAgeSeconds float64    `json:"oldest_waiting_age_seconds"`
+	Rejected         int64      `json:"rejected"`
+}
+
+// outcomeCounts is the outcome events' backlog.
+type outcomeCounts struct {
+	Unrelayed        int64   `json:"unrelayed"`
+	OldestAgeSeconds float64 `json:"oldest_unrelayed_age_seconds"`
 }
 
 type deadLetterCounts struct {
@@ -130,6 +151,24 @@ func (s *statusCmd) Run(ctx context.Context) error {
 	rep.Pending.Stuck, rep.Pending.GraceSeconds, rep.Pending.MaybeCharged = st.Stuck, s.grace.Seconds(), st.MaybeCharged
 	rep.Pending.LookupBackedOff = st.LookupBackedOff
 	rep.Completed.LastMinute, rep.Completed.LastHour, rep.Completed.DeclinedLastHour = st.CompletedLastMinute, st.CompletedLastHour, st.DeclinedLastHour
+	if ib, err := s.intakeBacklog(ctx); err != nil {
+		rep.Errors = append(rep.Errors, "intake: "+err.Error())
+	} else {
+		ic := &intakeCounts{Waiting: ib.Waiting, Rejected: ib.Rejected}
+		if !ib.Oldest.IsZero() {
+			t := ib.Oldest.UTC()
+			ic.OldestWaiting, ic.OldestAgeSeconds = &t, max(ib.Now.Sub(t), 0).Round(time.Millisecond).Seconds()
+		}
+		rep.Intake = ic
+	}
+	if ob, err := store.OutcomeBacklog(ctx); err != nil {
+		rep.Errors = append(rep.Errors, "outcome events: "+err.Error())
+	} else {
+		rep.Outcomes = &outcomeCounts{Unrelayed: ob.Unrelayed}
+		if !ob.Oldest.IsZero() {
+			rep.Outcomes.OldestAgeSeconds = max(ob.Now.Sub(ob.Oldest), 0).Round(time.Millisecond).Seconds()
+		}
+	}
 
 	if nc, err := s.nats.connect("paydedup-status"); err != nil {
 		rep.Errors = append(rep.Errors, err.Error())
@@ -171,6 +210,20 @@ func (s *statusCmd) Run(ctx context.Context) error {
 	return nil
 }
 
+// intakeBacklog reads the intake's backlog on a connection of its own.
+func (s *statusCmd) intakeBacklog(ctx context.Context) (intake.Backlog, error) {
+	pool, err := pg.Connect(ctx, s.db.url, pg.WithMaxConns(1))
+	if err != nil {
+		return intake.Backlog{}, err
+	}
+	defer pool.Close()
+	st, err := intake.NewStore(pool, 0)
+	if err != nil {
+		return intake.Backlog{}, err
+	}
+	return st.Backlog(ctx)
+}
+
 func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "paydedup status at %s\n\n", rep.Time.Format(time.RFC3339))
@@ -195,6 +248,20 @@ func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 	fmt.Fprintf(w, "last minute\t%d\n", rep.Completed.LastMinute)
 	fmt.Fprintf(w, "last hour\t%d\t(%d declined)\n\n", rep.Completed.LastHour, rep.Completed.DeclinedLastHour)
 
+	if ic := rep.Intake; ic != nil {
+		fmt.Fprintln(w, "INTAKE (publishers' committed commands)\tROWS")
+		fmt.Fprintf(w, "waiting\t%d\t(committed, not yet published to the payments stream)\n", ic.Waiting)
+		if ic.OldestWaiting != nil {
+			age := time.Duration(ic.OldestAgeSeconds * float64(time.Second)).Round(time.Second)
+			fmt.Fprintf(w, "oldest waiting\t%s ago\t(committed %s)\n", age, ic.OldestWaiting.Format(time.RFC3339))
+		}
+		fmt.Fprintf(w, "rejected\t%d\t(not valid commands, never published: SELECT * FROM intake_commands WHERE rejected_at IS NOT NULL)\n\n", ic.Rejected)
+	}
+	if oc := rep.Outcomes; oc != nil {
+		fmt.Fprintln(w, "OUTCOME EVENTS\tROWS")
+		fmt.Fprintf(w, "unrelayed\t%d\t(oldest %s ago)\n\n", oc.Unrelayed,
+			time.Duration(oc.OldestAgeSeconds*float64(time.Second)).Round(time.Second))
+	}
 	if dl := rep.DeadLetters; dl != nil {
 		fmt.Fprintf(w, "DEAD LETTERS (%s)\tMESSAGES\n", dl.Stream)
 		reasons := make([]string, 0, len(dl.ByReason))

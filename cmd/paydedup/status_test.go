@@ -91,6 +91,19 @@ func TestStatusJSON(t *testing.T) {
 		}
 	}
 
+	// Two commands committed to the intake and not yet relayed, one
+	// rejected.
+	ipool, err := pg.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ipool.Close()
+	if _, err := ipool.Exec(ctx, `INSERT INTO intake_commands (merchant_id, idempotency_key, body, created_at, rejected_at, reject_reason)
+		VALUES ('m_1', 'i1', '{}', now() - interval '90 seconds', NULL, NULL), ('m_1', 'i2', '{}', now(), NULL, NULL),
+		       ('m_1', 'i3', '{}', now(), now(), 'malformed_json')`); err != nil {
+		t.Fatal(err)
+	}
+
 	out, errOut, err := w.run("", "status", "--json")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errOut)
@@ -125,6 +138,12 @@ func TestStatusJSON(t *testing.T) {
 		c.StreamMaxMsgs != w.cfg.WithDefaults().StreamMaxMsgs || c.OldestUnsettled.IsZero() || time.Since(c.OldestUnsettled) > time.Minute {
 		t.Errorf("stream fill %+v", c)
 	}
+	if ic := rep.Intake; ic == nil || ic.Waiting != 2 || ic.Rejected != 1 || ic.OldestWaiting == nil || ic.OldestAgeSeconds < 90 || ic.OldestAgeSeconds > 150 {
+		t.Errorf("intake %+v", ic)
+	}
+	if oc := rep.Outcomes; oc == nil || oc.Unrelayed != 4 || oc.OldestAgeSeconds < 7200 {
+		t.Errorf("outcome events %+v, want the four ledger rows' events unrelayed, the oldest two hours old", oc)
+	}
 	if len(rep.Errors) != 0 {
 		t.Errorf("errors %v", rep.Errors)
 	}
@@ -136,7 +155,8 @@ func TestStatusJSON(t *testing.T) {
 	}
 	for _, re := range []string{`completed\s+4`, `pending\s+2`, `stuck\s+1\s+\(pending for more than 1h0m0s\)`, `oldest pending\s+2h0m\d+s ago`,
 		`max_deliveries\s+2`, `key_reused\s+1`, `last hour\s+3\s+\(1 declined\)`, `pending\s+3\s+\(not yet delivered\)`,
-		`stream holds\s+3\s+\(of \d+ messages; \d+ \(0\.0%\) of \d+ bytes`, `oldest unsettled\s+\d+s`} {
+		`stream holds\s+3\s+\(of \d+ messages; \d+ \(0\.0%\) of \d+ bytes`, `oldest unsettled\s+\d+s`,
+		`waiting\s+2\s+\(committed, not yet published`, `oldest waiting\s+1m\d+s ago`, `rejected\s+1\s+\(not valid commands`} {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("status output does not match %q:\n%s", re, out)
 		}

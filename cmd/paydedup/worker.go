@@ -14,6 +14,7 @@ import (
 	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/intake"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/ops"
 	"github.com/paydedup/paydedup/reconciler"
@@ -141,7 +142,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	// The worker tells the gateway's intake of the final dead letters of
 	// the commands the gateway published (its role may update only the
 	// intake's dead-letter columns).
-	intake, err := pgstore.New(pool, pgstore.Config{})
+	gwIntake, err := pgstore.New(pool, pgstore.Config{})
 	if err != nil {
 		return err
 	}
@@ -180,7 +181,7 @@ func (w *workerCmd) Run(ctx context.Context) error {
 	proc := consumer.NewProcessor(store, budgeted, cfg, log)
 	watchPause(reg, proc)
 	watchCallLimit(reg, proc)
-	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, intake)
+	worker, err := consumer.NewWorker(nc, proc, cfg, log, metrics, gwIntake)
 	if err != nil {
 		return err
 	}
@@ -239,8 +240,13 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		defer rec.Stop()
 	}
 	// Every worker relays the outcome events the store commits with each
-	// outcome to the outcomes stream.
-	relay, err := startOutcomeRelay(gctx, nc, store, cfg.Stream, cfg.KeyRetention, log, reg)
+	// outcome to the outcomes stream, and the commands publishers commit
+	// in the intake to the payments stream.
+	istore, err := intake.NewStore(pool, 0)
+	if err != nil {
+		return err
+	}
+	relay, err := startRelay(gctx, nc, store, istore, cfg.Stream, cfg.KeyRetention, log, reg)
 	if err != nil {
 		return err
 	}

@@ -351,7 +351,7 @@ func (b *benchCmd) runOnce(ctx context.Context) (Result, error) {
 	if _, err := stream.EnsureOutcomeStream(ctx, js, cfg.Stream); err != nil {
 		return res, fmt.Errorf("bench: %w", err)
 	}
-	relay, err := outbox.New(store, stream.NewOutcomePublisher(js, cfg.Stream, 0), outbox.Config{})
+	relay, err := outbox.New(outbox.Config{}, outbox.Outcomes(store, stream.NewOutcomePublisher(js, cfg.Stream, 0)))
 	if err != nil {
 		return res, err
 	}

@@ -188,8 +188,10 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 	}{
 		{"github.com/stripe/stripe-go", []string{"provider/stripe"}},
 		{"github.com/pressly/goose", []string{"migrations/migrate"}},
+		// intake is the publishers' PostgreSQL API: its functions take the
+		// caller's pgx.Tx, so it links pgx like the stores.
 		{"github.com/jackc/pgx", []string{"internal/pg", "dedup", "migrations/migrate", "gateway/pgstore", "httpidem/pgstore", "budget/pgstore",
-			"lab/localpg", "lab/testenv"}},
+			"intake", "lab/localpg", "lab/testenv"}},
 		{"github.com/nats-io/nats.go", []string{"stream", "consumer", "dlq", "console", "client", "cmd/paydedup",
 			"lab", "lab/cmd/chaos", "lab/workload", "lab/testenv"}},
 		{"github.com/nats-io/nats-server", []string{"lab/inproc", "lab/testenv"}},
@@ -217,10 +219,11 @@ func TestOutsideDependenciesStayHome(t *testing.T) {
 }
 
 // pgxHome are the packages that may link pgx: the PostgreSQL
-// implementations of the stores, the helpers they share, the migrator; cmd,
+// implementations of the stores, the helpers they share, the migrator; the
+// publishers' intake, whose API takes the caller's pgx.Tx; cmd,
 // which wires them; and the lab, whose tools and test environment open
 // databases.
-var pgxHome = []string{"internal/pg", "dedup", "gateway/pgstore", "httpidem/pgstore", "budget/pgstore", "migrations/migrate", "cmd", "lab"}
+var pgxHome = []string{"internal/pg", "dedup", "gateway/pgstore", "httpidem/pgstore", "budget/pgstore", "intake", "migrations/migrate", "cmd", "lab"}
 
 // driverFree must be listed and free of pgx whatever else changes: the
 // packages above the stores, which declare the store interfaces they use in
