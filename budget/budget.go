@@ -201,7 +201,7 @@ type Budget struct {
 	taking    chan struct{} // closed when the grant under way ends
 	// waiters are the callers waiting for a token, served round robin by
 	// merchant.
-	waiters fair.Queue[chan struct{}]
+	waiters fair.Queue
 	slowed  time.Time // the last 429 sent to the store
 	// notBefore: the last grant was empty; no caller asks again before
 	// then, so that a starved process asks once per RetryIn, not once per

@@ -84,7 +84,7 @@ type callLimit struct {
 	mu       sync.Mutex
 	limit    float64
 	inflight int
-	waiters  fair.Queue[chan struct{}]
+	waiters  fair.Queue
 	room     chan struct{} // closed when at most roomFor calls wait (waitRoom)
 	roomFor  int
 	peak     int // most calls in flight at once since the start

@@ -7,35 +7,35 @@
 // other's line.
 package fair
 
-// Queue is the line of waiters W, round robin by merchant, FIFO within
-// one. Push, Pop and Len are O(1); removing a waiter whose context ended
+// Queue is the line of waiters, each a channel its owner closes to grant
+// it, round robin by merchant, FIFO within one. Push, Pop and Len are O(1); removing a waiter whose context ended
 // scans its merchant's line only. The zero value is an empty queue. Not
 // safe for concurrent use: its owner holds a mutex.
-type Queue[W comparable] struct {
-	byMerchant map[string]*merchantLine[W]
-	turns      ring[*merchantLine[W]] // merchants with waiters, in turn order
-	n          int                    // waiters in all lines
-	spare      *merchantLine[W]       // the last line emptied, reused with its room
+type Queue struct {
+	byMerchant map[string]*merchantLine
+	turns      ring[*merchantLine] // merchants with waiters, in turn order
+	n          int                 // waiters in all lines
+	spare      *merchantLine       // the last line emptied, reused with its room
 }
 
 // merchantLine is one merchant's waiters, oldest first.
-type merchantLine[W comparable] struct {
+type merchantLine struct {
 	merchant string
-	waiters  ring[W]
+	waiters  ring[chan struct{}]
 }
 
 // Push adds a waiter at the end of merchant's line; a merchant that had
 // none takes its turn after every merchant waiting now.
-func (q *Queue[W]) Push(merchant string, w W) {
+func (q *Queue) Push(merchant string, w chan struct{}) {
 	if q.byMerchant == nil {
-		q.byMerchant = make(map[string]*merchantLine[W])
+		q.byMerchant = make(map[string]*merchantLine)
 	}
 	line := q.byMerchant[merchant]
 	if line == nil {
 		if line = q.spare; line != nil {
 			q.spare, line.merchant = nil, merchant
 		} else {
-			line = &merchantLine[W]{merchant: merchant}
+			line = &merchantLine{merchant: merchant}
 		}
 		q.byMerchant[merchant] = line
 		q.turns.push(line)
@@ -47,7 +47,7 @@ func (q *Queue[W]) Push(merchant string, w W) {
 // Pop removes and returns the first waiter of the merchant whose turn it
 // is, and moves that merchant to the end of the turns. ok is false when
 // nobody waits.
-func (q *Queue[W]) Pop() (w W, ok bool) {
+func (q *Queue) Pop() (w chan struct{}, ok bool) {
 	for q.turns.len() > 0 {
 		line := q.turns.pop()
 		if line.waiters.len() == 0 {
@@ -65,12 +65,12 @@ func (q *Queue[W]) Pop() (w W, ok bool) {
 		}
 		return w, true
 	}
-	return w, false
+	return nil, false
 }
 
 // Remove takes w out of merchant's line; false if it is not there (it
 // was granted).
-func (q *Queue[W]) Remove(merchant string, w W) bool {
+func (q *Queue) Remove(merchant string, w chan struct{}) bool {
 	line := q.byMerchant[merchant]
 	if line == nil || !line.waiters.remove(w) {
 		return false
@@ -80,10 +80,10 @@ func (q *Queue[W]) Remove(merchant string, w W) bool {
 }
 
 // Len is the number of waiters.
-func (q *Queue[W]) Len() int { return q.n }
+func (q *Queue) Len() int { return q.n }
 
 // Merchants is the number of merchants with waiters.
-func (q *Queue[W]) Merchants() int {
+func (q *Queue) Merchants() int {
 	n := 0
 	for _, line := range q.byMerchant {
 		if line.waiters.len() > 0 {

@@ -10,7 +10,7 @@ import (
 // the turns; a merchant whose line emptied loses its turn.
 func TestQueueRemove(t *testing.T) {
 	t.Parallel()
-	var q fair.Queue[chan struct{}]
+	var q fair.Queue
 	ch := make([]chan struct{}, 6)
 	for i := range ch {
 		ch[i] = make(chan struct{})
