@@ -37,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/paydedup/paydedup/internal/fair"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -198,8 +199,10 @@ type Budget struct {
 	unlimited bool          // the last grant said nothing limits the fleet
 	rate      float64       // the fleet's rate at the last grant
 	taking    chan struct{} // closed when the grant under way ends
-	waiting   int           // callers waiting for that grant
-	slowed    time.Time     // the last 429 sent to the store
+	// waiters are the callers waiting for a token, served round robin by
+	// merchant.
+	waiters fair.Queue
+	slowed  time.Time // the last 429 sent to the store
 	// notBefore: the last grant was empty; no caller asks again before
 	// then, so that a starved process asks once per RetryIn, not once per
 	// caller.
@@ -230,109 +233,215 @@ func New(store Store, cfg Config) (*Budget, error) {
 	return b, nil
 }
 
-// Wait takes one token of the fleet's budget, waiting for it as long as
-// ctx allows. When the token cannot come before ctx's deadline it returns
-// at once a rate-limit *provider.Error (RateLimitReason ReasonBudget,
-// ClassRetryable: nothing was sent) whose RetryAfter says when to ask
-// again; the caller waits that out as it waits out a provider's 429.
-// The time it waited is added to ctx's recorder (WithWaitRecorder).
-func (b *Budget) Wait(ctx context.Context) error {
+// Wait takes one token of the fleet's budget for a call of merchant,
+// waiting for it as long as ctx allows. The callers that wait are served
+// round robin by merchant, FIFO within one (fair.Queue), as the worker's
+// call slots are: a merchant whose calls fill the wait does not stand in
+// front of another's few. When the token cannot come before ctx's
+// deadline it returns at once a rate-limit *provider.Error
+// (RateLimitReason ReasonBudget, ClassRetryable: nothing was sent) whose
+// RetryAfter says when to ask again; the caller waits that out as it
+// waits out a provider's 429. The time it waited is added to ctx's
+// recorder (WithWaitRecorder).
+func (b *Budget) Wait(ctx context.Context, merchant string) error {
 	start := time.Now()
-	err := b.wait(ctx)
+	err := b.wait(ctx, merchant)
 	end := time.Now()
 	b.metrics.waited.Observe(end.Sub(start).Seconds())
 	record(ctx, start, end, err != nil)
 	return err
 }
 
-func (b *Budget) wait(ctx context.Context) error {
+func (b *Budget) wait(ctx context.Context, merchant string) error {
+	b.mu.Lock()
+	if b.waiters.Len() == 0 && b.spendLocked(time.Now()) {
+		b.mu.Unlock()
+		return nil
+	}
+	// In line: tokens go to the callers in line by handOutLocked, in turn.
+	ready := make(chan struct{})
+	b.waiters.Push(merchant, ready)
+	leave := func() bool { return b.waiters.Remove(merchant, ready) }
+	// The line's order is the oldest first: a caller waits in it half the
+	// time its deadline leaves at most, then is refused (nothing sent),
+	// rather than be served last in its time and have its request time
+	// out, an unknown outcome.
+	var giveUp <-chan time.Time
+	if dl, ok := ctx.Deadline(); ok {
+		t := time.NewTimer(time.Until(dl) / 2)
+		defer t.Stop()
+		giveUp = t.C
+	}
 	for {
-		b.mu.Lock()
 		now := time.Now()
-		if b.unlimited && now.Before(b.until) {
+		b.handOutLocked(now)
+		select {
+		case <-ready:
 			b.mu.Unlock()
 			return nil
-		}
-		if b.tokens >= 1 && now.Before(b.until) {
-			b.tokens--
-			b.mu.Unlock()
-			return nil
+		default:
 		}
 		if now.Before(b.downUntil) || (b.storeDown && b.taking != nil) {
 			// The store failed lately, or one caller probes it: the
 			// others spend from the local limiter rather than each pay
 			// a statement timeout.
+			leave()
 			lim := b.fallback
 			b.mu.Unlock()
 			return waitLimiter(ctx, lim)
 		}
-		if now.Before(b.notBefore) {
-			d := b.notBefore.Sub(now)
-			b.mu.Unlock()
-			if err := sleep(ctx, d); err != nil {
-				return err
-			}
-			continue
-		}
-		if b.taking != nil {
-			ch := b.taking
-			b.waiting++
-			b.mu.Unlock()
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				b.mu.Lock()
-				b.waiting--
+		var wake <-chan struct{} // the grant under way ends
+		var sleep time.Duration
+		switch {
+		case now.Before(b.notBefore):
+			// The last grant was empty: nobody asks again before then.
+			sleep = b.notBefore.Sub(now)
+			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 2*sleep {
+				// A wait that left the call too little of its timeout
+				// would turn a request never sent into a timeout, an
+				// unknown outcome.
+				leave()
 				b.mu.Unlock()
-				return budgetError(0, ctx.Err())
+				return budgetError(sleep, nil)
 			}
-			b.mu.Lock()
-			b.waiting--
-			b.mu.Unlock()
+		case b.taking != nil:
+			wake = b.taking
+		default:
+			if err := ctx.Err(); err != nil {
+				// Gone: no grant for a caller that would not spend it.
+				leave()
+				b.mu.Unlock()
+				return budgetError(0, err)
+			}
+			if lim, err := b.takeLocked(ctx); err != nil {
+				if !leave() {
+					// Granted meanwhile from what was left.
+					b.mu.Unlock()
+					return nil
+				}
+				b.mu.Unlock()
+				return waitLimiter(ctx, lim)
+			}
 			continue
 		}
-		if err := ctx.Err(); err != nil {
-			// Gone: no grant for a caller that would not spend it.
-			b.mu.Unlock()
-			return budgetError(0, err)
-		}
-		ch := make(chan struct{})
-		b.taking = ch
-		want := b.wantLocked()
 		b.mu.Unlock()
-
-		g, err := b.store.Take(ctx, Take{Name: b.cfg.Name, Want: want, Ceiling: b.cfg.Rate,
-			Increase: b.cfg.Increase, Burst: b.cfg.Burst.Seconds()})
-
+		var timer *time.Timer
+		var fired <-chan time.Time
+		if sleep > 0 {
+			timer = time.NewTimer(sleep)
+			fired = timer.C
+		}
+		select {
+		case <-ready:
+			stopTimer(timer)
+			return nil
+		case <-wake:
+		case <-fired:
+		case <-giveUp:
+			stopTimer(timer)
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if !leave() {
+				return nil // granted meanwhile
+			}
+			return budgetError(b.retryInLocked(time.Now()), nil)
+		case <-ctx.Done():
+			stopTimer(timer)
+			b.mu.Lock()
+			if !leave() && !b.unlimited {
+				// Granted as ctx ended: the token goes to the next in line.
+				b.tokens++
+				b.handOutLocked(time.Now())
+			}
+			b.mu.Unlock()
+			return budgetError(0, ctx.Err())
+		}
+		stopTimer(timer)
 		b.mu.Lock()
-		b.taking = nil
-		close(ch)
-		if err != nil {
-			lim := b.fallbackLocked(err)
-			b.mu.Unlock()
-			return waitLimiter(ctx, lim)
-		}
-		if b.storeDown {
-			b.storeDown = false
-			b.cfg.Logger.Info("provider budget: store reachable again")
-		}
-		b.backoff, b.downUntil = 0, time.Time{}
-		b.unlimited = g.Rate == 0 && g.Tokens > 0
-		b.rate = g.Rate
-		b.metrics.rate.Set(g.Rate)
-		now = time.Now()
-		b.share = b.shareLocked(now) + g.Tokens/shareWindow
-		b.shareAt = now
-		b.tokens, b.until = g.Tokens, now.Add(b.cfg.GrantTTL)
-		if b.unlimited {
-			// Nothing limits the fleet until a 429 anywhere lowers the
-			// rate: ask again soon, so that every process hears of it.
-			b.until = now.Add(min(b.cfg.GrantTTL, b.cfg.GrantPeriod))
-		}
-		if g.Tokens == 0 {
-			b.notBefore = now.Add(max(g.RetryIn, time.Millisecond))
-		}
-		b.mu.Unlock()
+	}
+}
+
+// retryInLocked is when a caller refused for its deadline may ask
+// again: when the store may be asked again, or the time the fleet's rate
+// takes to serve the line.
+func (b *Budget) retryInLocked(now time.Time) time.Duration {
+	if now.Before(b.notBefore) {
+		return b.notBefore.Sub(now)
+	}
+	if b.rate > 0 {
+		return time.Duration(float64(b.waiters.Len()+1) / b.rate * float64(time.Second))
+	}
+	return time.Millisecond
+}
+
+// spendLocked takes a token of the last grant if one is left, or passes
+// while nothing limits the fleet.
+func (b *Budget) spendLocked(now time.Time) bool {
+	if !now.Before(b.until) {
+		return false
+	}
+	if b.unlimited {
+		return true
+	}
+	if b.tokens >= 1 {
+		b.tokens--
+		return true
+	}
+	return false
+}
+
+// handOutLocked gives the tokens left to the callers in line, in turn.
+func (b *Budget) handOutLocked(now time.Time) {
+	for b.waiters.Len() > 0 && b.spendLocked(now) {
+		w, _ := b.waiters.Pop()
+		close(w)
+	}
+}
+
+// takeLocked asks the store for a grant, with mu released meanwhile and
+// every other caller waiting for its end. On the store's failure it
+// returns the local limiter to pace the caller with.
+func (b *Budget) takeLocked(ctx context.Context) (*rate.Limiter, error) {
+	ch := make(chan struct{})
+	b.taking = ch
+	want := b.wantLocked()
+	b.mu.Unlock()
+
+	g, err := b.store.Take(ctx, Take{Name: b.cfg.Name, Want: want, Ceiling: b.cfg.Rate,
+		Increase: b.cfg.Increase, Burst: b.cfg.Burst.Seconds()})
+
+	b.mu.Lock()
+	b.taking = nil
+	close(ch)
+	if err != nil {
+		return b.fallbackLocked(err), err
+	}
+	if b.storeDown {
+		b.storeDown = false
+		b.cfg.Logger.Info("provider budget: store reachable again")
+	}
+	b.backoff, b.downUntil = 0, time.Time{}
+	b.unlimited = g.Rate == 0 && g.Tokens > 0
+	b.rate = g.Rate
+	b.metrics.rate.Set(g.Rate)
+	now := time.Now()
+	b.share = b.shareLocked(now) + g.Tokens/shareWindow
+	b.shareAt = now
+	b.tokens, b.until = g.Tokens, now.Add(b.cfg.GrantTTL)
+	if b.unlimited {
+		// Nothing limits the fleet until a 429 anywhere lowers the
+		// rate: ask again soon, so that every process hears of it.
+		b.until = now.Add(min(b.cfg.GrantTTL, b.cfg.GrantPeriod))
+	}
+	if g.Tokens == 0 {
+		b.notBefore = now.Add(max(g.RetryIn, time.Millisecond))
+	}
+	return nil, nil
+}
+
+func stopTimer(t *time.Timer) {
+	if t != nil {
+		t.Stop()
 	}
 }
 
@@ -369,14 +478,14 @@ func (b *Budget) shareLocked(now time.Time) float64 {
 	return b.share * math.Exp(-now.Sub(b.shareAt).Seconds()/shareWindow)
 }
 
-// wantLocked is the size of the next grant: a token per caller waiting,
+// wantLocked is the size of the next grant: a token per caller in line,
 // at most GrantPeriod of the fleet's rate (with no rate known, a few).
 func (b *Budget) wantLocked() float64 {
 	limit := 8.0
 	if b.rate > 0 {
 		limit = max(1, math.Floor(b.rate*b.cfg.GrantPeriod.Seconds()))
 	}
-	return min(float64(b.waiting+1), limit)
+	return min(float64(max(1, b.waiters.Len())), limit)
 }
 
 // fallbackLocked is the limiter used while the store cannot be reached,
@@ -418,25 +527,6 @@ func (b *Budget) fallbackLocked(err error) *rate.Limiter {
 	b.cfg.Logger.Warn("provider budget: store unreachable; pacing this process alone at its share of the last known rate",
 		"rate", b.rate, "share", float64(r), "retry_in", b.backoff.String(), "error", err)
 	return b.fallback
-}
-
-// sleep waits d unless ctx's deadline leaves less than d for the call
-// after it: then it returns at once the budget's rate-limit error, with d
-// as its RetryAfter. A wait that left the call too little of its timeout
-// would turn a request that was never sent into a timeout, an unknown
-// outcome.
-func sleep(ctx context.Context, d time.Duration) error {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 2*d {
-		return budgetError(d, nil)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return budgetError(0, ctx.Err())
-	}
 }
 
 // budgetError is the rate limit of the budget itself: nothing was sent.
@@ -511,6 +601,13 @@ func reasonLabel(r string) string {
 		return r
 	}
 	return "other"
+}
+
+// Waiting is how many calls of this process wait for a token.
+func (b *Budget) Waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waiters.Len()
 }
 
 // Rate is the fleet's rate as this process last learned it; 0 while

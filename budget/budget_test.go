@@ -3,12 +3,14 @@ package budget_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/paydedup/paydedup/budget"
+	"github.com/paydedup/paydedup/provider"
 )
 
 // fakeStore answers every Take with grant (or err, after delay) and
@@ -58,7 +60,7 @@ func spend(ctx context.Context, b *budget.Budget, callers int) int64 {
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				if b.Wait(ctx) == nil && ctx.Err() == nil {
+				if b.Wait(ctx, "") == nil && ctx.Err() == nil {
 					passed.Add(1)
 				}
 			}
@@ -157,7 +159,7 @@ func TestWaitedRecordsTheBudgetsHold(t *testing.T) {
 	}
 	start := time.Now()
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-	err = b.Wait(short) // refused at once: 100 ms does not fit in 50
+	err = b.Wait(short, "") // refused at once: 100 ms does not fit in 50
 	cancel()
 	if err == nil {
 		t.Fatal("a token with none granted")
@@ -165,12 +167,126 @@ func TestWaitedRecordsTheBudgetsHold(t *testing.T) {
 	time.Sleep(30 * time.Millisecond) // the caller's backoff
 	s.set(budget.Grant{Tokens: 5, Rate: 10}, nil, 0)
 	// The process waits out its RetryIn before it asks again.
-	if err := b.Wait(ctx); err != nil {
+	if err := b.Wait(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
 	held := time.Since(start)
 	time.Sleep(20 * time.Millisecond) // after the budget: not its hold
 	if w := budget.Waited(ctx); w < 100*time.Millisecond || w > held {
 		t.Fatalf("waited %v, want the 100 ms the budget held the calls (at most %v)", w, held)
+	}
+}
+
+// gateStore answers each Take with the next grant the test sends.
+type gateStore struct {
+	grants chan budget.Grant
+	takes  atomic.Int64
+}
+
+func (s *gateStore) Take(ctx context.Context, _ budget.Take) (budget.Grant, error) {
+	s.takes.Add(1)
+	select {
+	case g := <-s.grants:
+		return g, nil
+	case <-ctx.Done():
+		return budget.Grant{}, ctx.Err()
+	}
+}
+
+func (s *gateStore) Slow(context.Context, budget.Slow) (float64, bool, error) {
+	return 0, false, errors.New("gate store: no slow")
+}
+
+// TestWaitIsFairBetweenMerchants: the callers waiting for the fleet's
+// tokens are served round robin by merchant. Eight calls of merchant A
+// wait (the first asking the store), then two of merchant B: the grants
+// of two tokens each go to A's first and B's first, then A's second and
+// B's second, then A's; B's calls do not wait behind A's line.
+func TestWaitIsFairBetweenMerchants(t *testing.T) {
+	t.Parallel()
+	s := &gateStore{grants: make(chan budget.Grant)}
+	b, err := budget.New(s, budget.Config{Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	passed := make(chan string, 16)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	call := func(merchant, name string, waiting int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Wait(ctx, merchant); err == nil {
+				passed <- name
+			}
+		}()
+		for b.Waiting() != waiting {
+			if ctx.Err() != nil {
+				t.Fatalf("%s: %d callers waiting, want %d", name, b.Waiting(), waiting)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for i := range 8 {
+		call("m_a", fmt.Sprintf("a%d", i+1), i+1)
+	}
+	call("m_b", "b1", 9)
+	call("m_b", "b2", 10)
+	for round, want := range [][2]string{{"a1", "b1"}, {"a2", "b2"}, {"a3", "a4"}} {
+		s.grants <- budget.Grant{Tokens: 2, Rate: 10}
+		got := map[string]bool{}
+		for range 2 {
+			select {
+			case name := <-passed:
+				got[name] = true
+			case <-ctx.Done():
+				t.Fatalf("round %d: only %v passed", round+1, got)
+			}
+		}
+		if !got[want[0]] || !got[want[1]] {
+			t.Fatalf("round %d: the two tokens went to %v, want %v: the budget's wait is not fair between merchants", round+1, got, want)
+		}
+	}
+}
+
+// TestWaitInLineRefusesBeforeTheDeadline: a caller that waits in line
+// for a token is refused (the budget's rate limit: nothing was sent) once
+// half of the time its deadline left has passed, rather than be served at
+// its deadline and have its request time out, an unknown outcome.
+func TestWaitInLineRefusesBeforeTheDeadline(t *testing.T) {
+	t.Parallel()
+	s := &gateStore{grants: make(chan budget.Grant)}
+	b, err := budget.New(s, budget.Config{Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { first <- b.Wait(ctx, "m_a") }() // asks the store, which holds it
+	for s.takes.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	start := time.Now()
+	err = b.Wait(short, "m_b")
+	waited := time.Since(start)
+	var pe *provider.Error
+	if !errors.As(err, &pe) || pe.RateLimitReason != provider.ReasonBudget || short.Err() != nil {
+		t.Fatalf("after %v in line: %v, want the budget's refusal before the deadline", waited, err)
+	}
+	if waited < 90*time.Millisecond {
+		t.Fatalf("refused after %v, want about half the 200 ms the deadline left", waited)
+	}
+	if b.Waiting() != 1 {
+		t.Fatalf("%d callers in line after the refusal, want 1", b.Waiting())
+	}
+	s.grants <- budget.Grant{Tokens: 1, Rate: 10}
+	if err := <-first; err != nil {
+		t.Fatal(err)
 	}
 }

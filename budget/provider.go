@@ -74,7 +74,7 @@ func record(ctx context.Context, start, end time.Time, refused bool) {
 
 // Charge implements provider.Provider.
 func (p *Provider) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
-	if err := p.b.Wait(ctx); err != nil {
+	if err := p.b.Wait(ctx, req.MerchantID); err != nil {
 		return nil, err
 	}
 	p.b.metrics.requests.Inc()
@@ -87,7 +87,7 @@ func (p *Provider) Charge(ctx context.Context, req provider.ChargeRequest) (*pro
 
 // Lookup implements provider.Provider.
 func (p *Provider) Lookup(ctx context.Context, req provider.LookupRequest) (provider.LookupResult, error) {
-	if err := p.b.Wait(ctx); err != nil {
+	if err := p.b.Wait(ctx, req.MerchantID); err != nil {
 		return provider.LookupResult{}, err
 	}
 	p.b.metrics.requests.Inc()

@@ -64,14 +64,22 @@ func (w *Worker) notePauses(ctx context.Context) {
 	}
 	t := time.NewTicker(PauseNoteEvery)
 	defer t.Stop()
+	var behindSince time.Time // when a look first saw payments behind another merchant's
 	for {
 		cause, since := w.proc.gate.pausedSince()
-		if cause == "" {
+		if !w.behindMerchant() {
+			behindSince = time.Time{}
+		} else if behindSince.IsZero() {
+			behindSince = w.proc.cfg.Clock.Now()
+		}
+		switch n, s := w.proc.RateLimited(); {
+		case cause != "":
+		case n > 0:
 			// Not paused, but payments wait for the provider's rate
 			// limit or the fleet's budget: say so too.
-			if n, s := w.proc.RateLimited(); n > 0 {
-				cause, since = WaitRateLimited, s
-			}
+			cause, since = WaitRateLimited, s
+		case !behindSince.IsZero():
+			cause, since = WaitBehindMerchant, behindSince
 		}
 		if cause != "" || noted != "" {
 			write(ctx, cause, since, w.proc.gate.retryAt())
@@ -85,6 +93,14 @@ func (w *Worker) notePauses(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// behindMerchant reports whether the worker's payments wait behind
+// another merchant's (WaitBehindMerchant), as far as it can know: payments
+// of two merchants or more wait for a call slot, or lanes are open for
+// merchants whose commands are stored behind another's backlog.
+func (w *Worker) behindMerchant() bool {
+	return w.proc.calls.merchantsWaiting() >= 2 || w.Lanes() > 0
 }
 
 // deadLetteredIntake tells the gateway's intake of a command it published

@@ -70,6 +70,13 @@ const (
 	laneBatch         = 16
 	laneSlots         = 64
 	laneMaxAckPending = 64
+	// laneHand bounds one lane's messages a worker has between fetch and
+	// settle: half the lane's window, so that two workers or more share a
+	// merchant's lane. Each worker serves its merchants in turn within its
+	// part of the fleet's budget; a worker that took the whole window
+	// served the lane's merchant at half its own rate while the other
+	// worker, with none of it, served only the backlog.
+	laneHand = laneMaxAckPending / 2
 	// laneMaxDeliver bounds a lane's deliveries of one message: after
 	// them the lane terms it, and the shared consumer takes its time.
 	laneMaxDeliver = 4
@@ -385,12 +392,22 @@ func (m *laneManager) setLanes(ctx context.Context, payments jetstream.Stream, h
 
 // runLanes runs the lane manager every laneTick and fetches from the open
 // lanes, round robin, up to laneBatch messages a lane, into their own
-// laneSlots (the shared consumer's slots and look-ahead stay its own), until
-// ctx ends. Lane messages go through handleBatch as lane messages (see
+// laneSlots (the shared consumer's slots and look-ahead stay its own), at
+// most laneHand of one lane in hand, until ctx ends. Lane messages go through handleBatch as lane messages (see
 // settleLane). It does not fetch while the worker is paused.
 func (w *Worker) runLanes(ctx, workCtx context.Context, wg *sync.WaitGroup, run *runner) {
 	m := w.lanes
-	slots := make(chan struct{}, laneSlots)
+	// hands holds, by lane, a slot per message of it between fetch and
+	// settle (laneHand at most); together they are the lanes' laneSlots.
+	// Only this loop takes slots; settling frees them.
+	hands := map[string]chan struct{}{}
+	inHand := func() int {
+		n := 0
+		for _, h := range hands {
+			n += len(h)
+		}
+		return n
+	}
 	var lastPass time.Time
 	next := 0
 	for ctx.Err() == nil {
@@ -406,6 +423,11 @@ func (w *Worker) runLanes(ctx, workCtx context.Context, wg *sync.WaitGroup, run 
 				w.logger.Info("lanes changed", "backlog", res.Backlog, "lanes", len(res.Open), "opened", len(res.Opened), "deleted", len(res.Deleted))
 			}
 			w.openLanes.Store(int64(len(res.Open)))
+			for name, h := range hands {
+				if len(h) == 0 && !slices.ContainsFunc(m.open(), func(l lane) bool { return l.name == name }) {
+					delete(hands, name)
+				}
+			}
 		}
 		lanes := m.open()
 		if wait, _ := w.proc.gate.fetchWait(); wait > 0 || len(lanes) == 0 {
@@ -416,9 +438,18 @@ func (w *Worker) runLanes(ctx, workCtx context.Context, wg *sync.WaitGroup, run 
 		for range lanes {
 			l := lanes[next%len(lanes)]
 			next++
-			n := takeSlots(slots, laneBatch)
-			if n == 0 {
+			hand := hands[l.name]
+			if hand == nil {
+				hand = make(chan struct{}, laneHand)
+				hands[l.name] = hand
+			}
+			room := laneSlots - inHand()
+			if room <= 0 {
 				break
+			}
+			n := takeSlots(hand, min(laneBatch, room))
+			if n == 0 {
+				continue
 			}
 			b, err := l.cons.FetchNoWait(n)
 			var msgs []jetstream.Msg
@@ -429,7 +460,7 @@ func (w *Worker) runLanes(ctx, workCtx context.Context, wg *sync.WaitGroup, run 
 				err = b.Error()
 			}
 			for range n - len(msgs) {
-				<-slots
+				<-hand
 			}
 			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
 				m.forget(l.name)
@@ -441,7 +472,7 @@ func (w *Worker) runLanes(ctx, workCtx context.Context, wg *sync.WaitGroup, run 
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				w.handleBatch(workCtx, msgs, slots, wg, run, true)
+				w.handleBatch(workCtx, msgs, hand, wg, run, true)
 			}()
 		}
 		if !fetched {

@@ -212,3 +212,93 @@ func (h hangOn) Charge(ctx context.Context, req provider.ChargeRequest) (*provid
 	<-ctx.Done()
 	return nil, &provider.Error{Class: provider.ClassUnknown, Err: ctx.Err()}
 }
+
+// lanePollForTest is longer than a lane fetcher's poll (100 ms).
+const lanePollForTest = 150 * time.Millisecond
+
+// heldMerchant holds the charges of one merchant until release is closed.
+type heldMerchant struct {
+	consumer.Charger
+	merchant string
+	release  chan struct{}
+}
+
+func (h heldMerchant) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if req.MerchantID == h.merchant {
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+			return nil, &provider.Error{Class: provider.ClassRetryable, Err: ctx.Err()}
+		}
+	}
+	return h.Charger.Charge(ctx, req)
+}
+
+// TestLaneSharedBetweenWorkers: merchant B's 100 payments, behind A's
+// backlog, reach the workers through B's lane, whose window holds 64 in
+// work. With B's charges held, the first worker claims half of that
+// window and no more; a second worker started then claims the other half:
+// B's payments are spread over the workers, each serving B in turn within
+// its part of the fleet's rate, rather than one worker holding B's whole
+// line while the other serves only A. Once released, every payment is
+// charged once.
+func TestLaneSharedBetweenWorkers(t *testing.T) {
+	t.Parallel()
+	e, charger := laneEnv(t)
+	e.waitStreamsCreate()
+	release := make(chan struct{})
+	held := heldMerchant{Charger: charger, merchant: "m_b", release: release}
+	const nA, nB = 800, 100
+	for i := range nA {
+		e.publish("m_a", body("m_a", fmt.Sprintf("a-%d", i), 100), "", nil)
+	}
+	e.run("w1", e.store, held, nil)
+	e.eventually("A's backlog under way", func() bool { return e.completed("m_a") > 0 })
+	for i := range nB {
+		e.publish("m_b", body("m_b", fmt.Sprintf("b-%d", i), 100), "", nil)
+	}
+	byHolder := func() map[string]int {
+		rows, err := e.pool.Query(e.ctx, `SELECT locked_by, count(*) FROM idempotency_keys
+			WHERE merchant_id = 'm_b' AND status = 'pending' GROUP BY locked_by`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		got := map[string]int{}
+		for rows.Next() {
+			var holder string
+			var n int
+			if err := rows.Scan(&holder, &n); err != nil {
+				t.Fatal(err)
+			}
+			got[holder] = n
+		}
+		return got
+	}
+	var got map[string]int
+	half := func() bool {
+		got = byHolder()
+		for _, n := range got {
+			if n > 32 {
+				t.Fatalf("B's payments claimed by holder: %v: one worker holds more than half of the lane's 64", got)
+			}
+		}
+		return got["w1"] == 32
+	}
+	e.eventually("the first worker holds half of B's lane window", half)
+	// It takes no more while B's charges are held.
+	for range 10 {
+		time.Sleep(2 * lanePollForTest)
+		half()
+	}
+	e.run("w2", e.store, held, nil)
+	e.eventually("the second worker holds the other half", func() bool { return half() && got["w2"] == 32 })
+	close(release)
+	e.eventually("all charged", func() bool { return e.completed("m_a") == nA && e.completed("m_b") == nB })
+	e.quiescent()
+	for i := range nB {
+		if n := e.charges("m_b", fmt.Sprintf("b-%d", i)); n != 1 {
+			t.Fatalf("b-%d charged %d times", i, n)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/paydedup/paydedup/internal/fair"
 	"github.com/paydedup/paydedup/provider"
 )
 
@@ -46,6 +47,14 @@ const (
 	fastAgain = time.Minute
 )
 
+// WaitBehindMerchant is the cause a worker notes for the gateway (beside
+// the pauses' and WaitRateLimited, see PauseNoter) while it works but its
+// payments wait behind another merchant's: payments of more than one
+// merchant wait for a call slot, each served in turn while the others'
+// calls are granted, or lanes are open, so merchants' commands are stored
+// behind another merchant's backlog. It is no pause.
+const WaitBehindMerchant = "behind_another_merchant"
+
 // errLimitWait is returned by acquire when its context ended first.
 var errLimitWait = errors.New("no provider call slot")
 
@@ -64,7 +73,7 @@ var errLimitWait = errors.New("no provider call slot")
 // long tail (p99 three times the median), and one slow answer is no sign of
 // queueing while a window's mean is.
 //
-// Its wait is fair between merchants (fairQueue): the payments waiting for
+// Its wait is fair between merchants (fair.Queue): the payments waiting for
 // a slot are served round robin by merchant, FIFO within one, so that one
 // merchant's backlog does not stand in front of another's few payments.
 // Its state is behind one mutex taken twice a call.
@@ -75,7 +84,7 @@ type callLimit struct {
 	mu       sync.Mutex
 	limit    float64
 	inflight int
-	waiters  fairQueue
+	waiters  fair.Queue
 	room     chan struct{} // closed when at most roomFor calls wait (waitRoom)
 	roomFor  int
 	peak     int // most calls in flight at once since the start
@@ -122,7 +131,7 @@ func (l *callLimit) acquire(ctx context.Context, merchant string) error {
 		return nil
 	}
 	ready := make(chan struct{})
-	l.waiters.push(merchant, ready)
+	l.waiters.Push(merchant, ready)
 	l.mu.Unlock()
 	select {
 	case <-ready:
@@ -131,7 +140,7 @@ func (l *callLimit) acquire(ctx context.Context, merchant string) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.waiters.remove(merchant, ready) {
+	if l.waiters.Remove(merchant, ready) {
 		l.grant()
 		return errors.Join(errLimitWait, ctx.Err())
 	}
@@ -144,7 +153,7 @@ func (l *callLimit) acquire(ctx context.Context, merchant string) error {
 // take takes a free slot if there is one and no call waits for it, and
 // otherwise marks the window as one where calls waited. Call with mu held.
 func (l *callLimit) take() bool {
-	if l.waiters.len() == 0 && l.inflight < int(l.limit) {
+	if l.waiters.Len() == 0 && l.inflight < int(l.limit) {
 		l.inflight++
 		l.peak = max(l.peak, l.inflight)
 		return true
@@ -234,13 +243,13 @@ func (l *callLimit) heldBack(waited time.Duration) {
 
 // grant hands free slots to the waiters in line. Call with mu held.
 func (l *callLimit) grant() {
-	for l.waiters.len() > 0 && l.inflight < int(l.limit) {
-		w, _ := l.waiters.pop()
+	for l.waiters.Len() > 0 && l.inflight < int(l.limit) {
+		w, _ := l.waiters.Pop()
 		close(w)
 		l.inflight++
 		l.peak = max(l.peak, l.inflight)
 	}
-	if l.room != nil && l.waiters.len() <= l.roomFor {
+	if l.room != nil && l.waiters.Len() <= l.roomFor {
 		close(l.room)
 		l.room = nil
 	}
@@ -252,7 +261,7 @@ func (l *callLimit) grant() {
 // budget be released and nakked, a delivery spent. One caller at a time.
 func (l *callLimit) waitRoom(ctx context.Context, most int) {
 	l.mu.Lock()
-	for l.waiters.len() > most {
+	for l.waiters.Len() > most {
 		if l.room == nil {
 			l.room = make(chan struct{})
 		}
@@ -364,6 +373,14 @@ func (l *callLimit) noLoad() time.Duration {
 	return min(l.curMin, l.prevMin)
 }
 
+// merchantsWaiting is the number of merchants with payments waiting for
+// a call slot.
+func (l *callLimit) merchantsWaiting() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiters.Merchants()
+}
+
 // CallLimit is a snapshot of the adaptive provider call limit.
 type CallLimit struct {
 	Limit, Floor, Ceiling int
@@ -379,7 +396,7 @@ func (l *callLimit) snapshot() CallLimit {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return CallLimit{Limit: int(l.limit), Floor: l.floor, Ceiling: l.ceiling, InFlight: l.inflight, Peak: l.peak,
-		Waiting: l.waiters.len(), MerchantsWaiting: l.waiters.merchants(), Latency: l.latency, NoLoad: l.noLoad()}
+		Waiting: l.waiters.Len(), MerchantsWaiting: l.waiters.Merchants(), Latency: l.latency, NoLoad: l.noLoad()}
 }
 
 // CallLimit reports the provider call limit: where it stands, the calls in

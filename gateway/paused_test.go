@@ -223,3 +223,65 @@ func TestGetSaysNoWorkerConsumes(t *testing.T) {
 		t.Errorf("a charged payment carries a delay %+v", *p.Delay)
 	}
 }
+
+// heldCharger holds merchant m_a's charges until release is closed.
+type heldCharger struct {
+	next    consumer.Charger
+	release chan struct{}
+}
+
+func (c heldCharger) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if req.MerchantID == "m_a" {
+		select {
+		case <-c.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return c.next.Charge(ctx, req)
+}
+
+// TestGetSaysPaymentsWaitBehindAnotherMerchant: with one call slot, held
+// by merchant A's call, A's next payment and merchant B's wait in line for
+// the slot, each while the other merchant's calls are served in turn. GET
+// of B's payment says processing with a delay behind_another_merchant;
+// once A's calls end, both are charged and the delay is gone.
+func TestGetSaysPaymentsWaitBehindAnotherMerchant(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	w := setupWith(t, gateway.Config{}, options{
+		worker:  func(c *consumer.Config) { c.Concurrency = 1 },
+		charger: func(next consumer.Charger) consumer.Charger { return heldCharger{next: next, release: release} }})
+	w.startWorker()
+	wantStatus(t, w.post("behind-a1", payBody(700, "pm_card_visa")), http.StatusAccepted)
+	wantStatus(t, w.post("behind-a2", payBody(700, "pm_card_visa")), http.StatusAccepted)
+	wantStatus(t, w.do(http.MethodPost, "/v1/payments", w.keyB, payBody(700, "pm_card_visa"),
+		map[string]string{"Idempotency-Key": "behind-b1"}), http.StatusAccepted)
+	get := func() gateway.Payment {
+		t.Helper()
+		r := w.do(http.MethodGet, "/v1/payments/behind-b1", w.keyB, "", nil)
+		if r.status != http.StatusOK {
+			t.Fatalf("GET: %d %s", r.status, r.body)
+		}
+		return r.payment(t)
+	}
+	var p gateway.Payment
+	w.eventually("GET says the payment waits behind another merchant", func() bool {
+		p = get()
+		return p.Delay != nil
+	})
+	if p.Status != gateway.StateProcessing || p.Delay.Cause != consumer.WaitBehindMerchant || p.Delay.WorkersPaused != 1 {
+		t.Errorf("payment %s with delay %+v while another merchant's call holds the slot, want processing, %s, 1 worker",
+			p.Status, *p.Delay, consumer.WaitBehindMerchant)
+	}
+	close(release)
+	w.eventually("charged, no delay", func() bool {
+		p = get()
+		return p.Status == gateway.StateSucceeded && p.Delay == nil
+	})
+	for _, k := range []struct{ merchant, key string }{{"m_a", "behind-a1"}, {"m_a", "behind-a2"}, {"m_b", "behind-b1"}} {
+		if n := w.charges(k.merchant, k.key); n != 1 {
+			t.Errorf("%s charged %d times, want 1", k.key, n)
+		}
+	}
+}

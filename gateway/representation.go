@@ -42,15 +42,17 @@ type Payment struct {
 	Reason string `json:"reason,omitempty"`
 	// Delay says why a payment that waits for a worker (queued, retrying,
 	// or processing with its outcome unknown) is not moving: the workers
-	// are paused, or wait for the provider's rate limit. Absent while none is.
+	// are paused, wait for the provider's rate limit, or serve other
+	// merchants' payments in turn. Absent while none is.
 	Delay *Delay `json:"delay,omitempty"`
 }
 
 // Delay is what the paused workers report: the cause most of them give
 // (provider_unavailable: the provider refuses or does not answer;
-// provider_auth: it refuses the API key; postgres_unavailable; or
+// provider_auth: it refuses the API key; postgres_unavailable;
 // rate_limited, the workers working but payments waiting for the
-// provider's rate limit or the fleet's budget), since when, how many
+// provider's rate limit or the fleet's budget; or behind_another_merchant,
+// the workers serving the merchants waiting in turn), since when, how many
 // workers, and when they try again. Payments resume on their own when it ends; none
 // of their deliveries is spent meanwhile. Or, with no pause, that no worker
 // takes commands off the queue at all (DelayNoWorker, WorkersPaused 0):

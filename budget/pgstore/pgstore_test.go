@@ -50,7 +50,7 @@ func TestTwoBudgetsShareOneRate(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for b.Wait(ctx) == nil {
+				for b.Wait(ctx, "m_1") == nil {
 					if ctx.Err() != nil {
 						return
 					}
@@ -102,7 +102,7 @@ func newFleet(t *testing.T, cfg budget.Config) fleet {
 func waitShort(b *budget.Budget) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
-	return b.Wait(ctx)
+	return b.Wait(ctx, "m_1")
 }
 
 // TestRateLimitLowersAndRecovers: a 429 global-rate seen by one process

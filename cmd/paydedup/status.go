@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/intake"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/reconciler"
@@ -47,6 +49,11 @@ func newStatusCmd(a *app) *cobra.Command {
     to the intake and not yet published (waiting, the oldest's age, and the
     rows refused as invalid commands), and outcome events not yet published;
   - dead letters by reason;
+  - why the workers' payments wait, as the workers note it for GET's delay:
+    a pause's cause, rate_limited (the provider's rate limit or the fleet's
+    budget), or behind_another_merchant (payments of several merchants wait
+    for call slots, served in turn, or lanes serve merchants stored behind
+    another's backlog);
   - the workers' consumer: messages not yet delivered (pending) and delivered
     but not yet acked (ack pending).
 
@@ -87,7 +94,18 @@ type statusReport struct {
 	Outcomes    *outcomeCounts        `json:"outcome_events"`
 	DeadLetters *deadLetterCounts     `json:"dead_letters"`
 	Consumer    *stream.ConsumerStats `json:"consumer"`
-	Errors      []string              `json:"errors,omitempty"`
+	// Waiting is why the workers' payments wait, as the workers note it
+	// for the gateway's GET (its delay): a pause's cause, rate_limited or
+	// behind_another_merchant; absent while none waits.
+	Waiting *workersWaiting `json:"workers_waiting,omitempty"`
+	Errors  []string        `json:"errors,omitempty"`
+}
+
+type workersWaiting struct {
+	Cause   string     `json:"cause"`
+	Since   time.Time  `json:"since"`
+	Workers int        `json:"workers"`
+	RetryAt *time.Time `json:"retry_at,omitempty"`
 }
 
 type keyCounts struct {
@@ -130,11 +148,15 @@ func (s *statusCmd) Run(ctx context.Context) error {
 	if err := s.validate(); err != nil {
 		return err
 	}
-	store, closeDB, err := openStore(ctx, s.db.url, 0)
+	pool, err := pg.Connect(ctx, s.db.url)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer pool.Close()
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		return err
+	}
 	st, err := store.Stats(ctx, s.grace)
 	if err != nil {
 		return err
@@ -167,6 +189,17 @@ func (s *statusCmd) Run(ctx context.Context) error {
 		rep.Outcomes = &outcomeCounts{Unrelayed: ob.Unrelayed}
 		if !ob.Oldest.IsZero() {
 			rep.Outcomes.OldestAgeSeconds = max(ob.Now.Sub(ob.Oldest), 0).Round(time.Millisecond).Seconds()
+		}
+	}
+	// What the workers note for the gateway's GET: why payments wait.
+	if notes, err := pgstore.New(pool, pgstore.Config{}); err != nil {
+		return err
+	} else if p, ok, err := notes.WorkerPauses(ctx); err != nil {
+		rep.Errors = append(rep.Errors, "workers' notes: "+err.Error())
+	} else if ok {
+		rep.Waiting = &workersWaiting{Cause: p.Cause, Since: p.Since, Workers: p.Workers}
+		if !p.RetryAt.IsZero() {
+			rep.Waiting.RetryAt = &p.RetryAt
 		}
 	}
 
@@ -273,6 +306,13 @@ func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 			fmt.Fprintf(w, "%s\t%d\n", r, dl.ByReason[r])
 		}
 		fmt.Fprintf(w, "total\t%d\n\n", dl.Total)
+	}
+	if p := rep.Waiting; p != nil {
+		retry := ""
+		if p.RetryAt != nil {
+			retry = ", trying again at " + p.RetryAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "payments wait\t%s\t(%d workers, for %s%s)\n\n", termSafe(p.Cause, false), p.Workers, rep.Time.Sub(p.Since).Round(time.Second), retry)
 	}
 	if c := rep.Consumer; c != nil {
 		fmt.Fprintf(w, "CONSUMER %s ON %s\tMESSAGES\n", c.Durable, c.Stream)

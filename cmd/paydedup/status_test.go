@@ -14,7 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/paydedup/paydedup/consumer"
 	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
@@ -180,5 +182,47 @@ func TestStatusWithoutStreams(t *testing.T) {
 	}
 	if _, _, err := w.run("", "status", "--grace", "-1s"); err == nil || !strings.Contains(err.Error(), "--grace") {
 		t.Fatalf("negative grace: %v", err)
+	}
+}
+
+// TestStatusSaysWhyPaymentsWait: what the workers note for the gateway's
+// GET (a pause's cause, rate_limited, behind_another_merchant) status
+// shows too, with since when and how many workers.
+func TestStatusSaysWhyPaymentsWait(t *testing.T) {
+	t.Parallel()
+	dbURL := testenv.PostgresURL(t)
+	w := newCLIWorld(t, dbURL, true)
+	pool, err := pg.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	notes, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now().Add(-time.Minute).UTC().Truncate(time.Millisecond)
+	for _, holder := range []string{"w1", "w2"} {
+		if err := notes.NotePause(context.Background(), holder, consumer.WaitBehindMerchant, since, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errOut, err := w.run("", "status", "--json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	var rep statusReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("not one JSON object: %v\n%s", err, out)
+	}
+	if wt := rep.Waiting; wt == nil || wt.Cause != consumer.WaitBehindMerchant || wt.Workers != 2 || !wt.Since.Equal(since) {
+		t.Fatalf("workers waiting %+v, want %s since %v, 2 workers", wt, consumer.WaitBehindMerchant, since)
+	}
+	out, _, err = w.run("", "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if re := `payments wait\s+behind_another_merchant\s+\(2 workers, for 1m\d+s\)`; !regexp.MustCompile(re).MatchString(out) {
+		t.Errorf("status output does not match %q:\n%s", re, out)
 	}
 }

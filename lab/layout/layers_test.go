@@ -249,7 +249,6 @@ var consumerLayers = []string{
 	"trace.go",
 	"pause.go",
 	"config.go",
-	"fair.go",
 	"limit.go",
 	"commit.go",
 	"processor.go",

@@ -1,14 +1,17 @@
-package consumer
+// Package fair is the line of callers waiting for a shared resource (a
+// provider call slot, a token of the provider budget), fair between
+// merchants: one FIFO per merchant, the merchants served round robin, one
+// waiter per turn (deficit round robin with a quantum of one: every waiter
+// costs one call). A merchant with ten thousand payments waiting takes one
+// grant in every round, as a merchant with one; neither waits behind the
+// other's line.
+package fair
 
-// fairQueue is the line of payments waiting for a provider call slot,
-// fair between merchants: one FIFO per merchant, the merchants served
-// round robin, one payment per turn (deficit round robin with a quantum of
-// one payment: every payment costs one call). A merchant with ten thousand
-// claimed payments waiting takes one grant in every round, as a merchant
-// with one; neither waits behind the other's line. Push, pop and the count
-// are O(1); removing a waiter whose context ended scans its merchant's
-// line only. Not safe for concurrent use: callLimit holds its mutex.
-type fairQueue struct {
+// Queue is the line of waiters, each a channel its owner closes to grant
+// it, round robin by merchant, FIFO within one. Push, Pop and Len are O(1); removing a waiter whose context ended
+// scans its merchant's line only. The zero value is an empty queue. Not
+// safe for concurrent use: its owner holds a mutex.
+type Queue struct {
 	byMerchant map[string]*merchantLine
 	turns      ring[*merchantLine] // merchants with waiters, in turn order
 	n          int                 // waiters in all lines
@@ -21,9 +24,9 @@ type merchantLine struct {
 	waiters  ring[chan struct{}]
 }
 
-// push adds a waiter at the end of merchant's line; a merchant that had
+// Push adds a waiter at the end of merchant's line; a merchant that had
 // none takes its turn after every merchant waiting now.
-func (q *fairQueue) push(merchant string, w chan struct{}) {
+func (q *Queue) Push(merchant string, w chan struct{}) {
 	if q.byMerchant == nil {
 		q.byMerchant = make(map[string]*merchantLine)
 	}
@@ -41,10 +44,10 @@ func (q *fairQueue) push(merchant string, w chan struct{}) {
 	q.n++
 }
 
-// pop removes and returns the first waiter of the merchant whose turn it
+// Pop removes and returns the first waiter of the merchant whose turn it
 // is, and moves that merchant to the end of the turns. ok is false when
 // nobody waits.
-func (q *fairQueue) pop() (w chan struct{}, ok bool) {
+func (q *Queue) Pop() (w chan struct{}, ok bool) {
 	for q.turns.len() > 0 {
 		line := q.turns.pop()
 		if line.waiters.len() == 0 {
@@ -65,9 +68,9 @@ func (q *fairQueue) pop() (w chan struct{}, ok bool) {
 	return nil, false
 }
 
-// remove takes w out of merchant's line; false if it is not there (it
+// Remove takes w out of merchant's line; false if it is not there (it
 // was granted).
-func (q *fairQueue) remove(merchant string, w chan struct{}) bool {
+func (q *Queue) Remove(merchant string, w chan struct{}) bool {
 	line := q.byMerchant[merchant]
 	if line == nil || !line.waiters.remove(w) {
 		return false
@@ -76,11 +79,11 @@ func (q *fairQueue) remove(merchant string, w chan struct{}) bool {
 	return true
 }
 
-// len is the number of waiters.
-func (q *fairQueue) len() int { return q.n }
+// Len is the number of waiters.
+func (q *Queue) Len() int { return q.n }
 
-// merchants is the number of merchants with waiters.
-func (q *fairQueue) merchants() int {
+// Merchants is the number of merchants with waiters.
+func (q *Queue) Merchants() int {
 	n := 0
 	for _, line := range q.byMerchant {
 		if line.waiters.len() > 0 {
