@@ -93,7 +93,8 @@ func (e *env) letterSeq(key string) uint64 {
 // publish exactly one refused event on the outcomes stream, with the dead
 // letter's reason, the amount as sent and the id
 // <merchant>:<key>:refused:<stream sequence>, beside the first command's
-// own charged event. Without the refusal events a publisher on the stream
+// own charged event; so does a body that does not decode under a key
+// header, and one with no key anywhere publishes none. Without the refusal events a publisher on the stream
 // never learns of either.
 func TestRefusedCommandPublishesOneRefusedEvent(t *testing.T) {
 	t.Parallel()
@@ -104,22 +105,27 @@ func TestRefusedCommandPublishesOneRefusedEvent(t *testing.T) {
 	e.publish("m_1", body("m_1", "reused", 1500), "", nil)
 	e.eventually("first command charged", func() bool { return e.charges("m_1", "reused") == 1 })
 	e.publish("m_1", body("m_1", "reused", 2500), "", nil)
-	e.eventually("two dead letters", func() bool { return len(e.deadLetters()) == 2 })
+	// A body that does not decode: the key from the header, no amount; and
+	// one with no key anywhere, which nobody could match: no event.
+	e.publish("m_1", []byte(`{"merchant_id":"m_1",`), "", map[string]string{stream.HeaderIdempotencyKey: "hdr-key"})
+	e.publish("m_1", []byte(`not json`), "", nil)
+	e.eventually("four dead letters", func() bool { return len(e.deadLetters()) == 4 })
 	e.quiescent()
 
 	evs, _ := e.relayedOutcomes()
 	for key, want := range map[string]struct {
-		reason string
-		amount int64
-	}{"bad-amount": {"invalid_amount", -5}, "reused": {"key_reused", 2500}} {
+		reason   string
+		amount   int64
+		currency string
+	}{"bad-amount": {"invalid_amount", -5, "usd"}, "reused": {"key_reused", 2500, "usd"}, "hdr-key": {"malformed_json", 0, ""}} {
 		got := refused(evs, key)
 		if len(got) != 1 {
 			t.Fatalf("%s: %d refused events, want 1: %+v", key, len(got), evs)
 		}
 		ev, id := got[0], fmt.Sprintf("m_1:%s:refused:%d", key, e.letterSeq(key))
 		if ev.EventID != id || ev.Status != ledger.StatusRefused || ev.Reason != want.reason || ev.Amount != want.amount ||
-			ev.Currency != "usd" || ev.Seq != 0 || ev.ChargeID != "" || ev.OccurredAt.IsZero() {
-			t.Fatalf("%s: event %+v, want id %s, status refused, reason %s, amount %d usd", key, ev, id, want.reason, want.amount)
+			ev.Currency != want.currency || ev.Seq != 0 || ev.ChargeID != "" || ev.OccurredAt.IsZero() {
+			t.Fatalf("%s: event %+v, want id %s, status refused, reason %s, amount %d %q", key, ev, id, want.reason, want.amount, want.currency)
 		}
 	}
 	charged := 0
@@ -128,8 +134,8 @@ func TestRefusedCommandPublishesOneRefusedEvent(t *testing.T) {
 			charged++
 		}
 	}
-	if charged != 1 || len(evs) != 3 {
-		t.Fatalf("events %+v: want the charge of the first command once, and the two refusals", evs)
+	if charged != 1 || len(evs) != 4 {
+		t.Fatalf("events %+v: want the charge of the first command once, and the three refusals with a key", evs)
 	}
 }
 
