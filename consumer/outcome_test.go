@@ -47,6 +47,7 @@ func (w *writes) Release(_ context.Context, _ ledger.Lease, reason string) error
 	w.release = append(w.release, reason)
 	return nil
 }
+func (w *writes) RecordRefusal(context.Context, ledger.Refusal) (bool, error) { return true, nil }
 
 type failing struct{ err error }
 

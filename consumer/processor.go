@@ -23,6 +23,9 @@ type Store interface {
 	CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error)
 	Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error)
 	Release(ctx context.Context, l ledger.Lease, reason string) error
+	// RecordRefusal writes the outcome event of a command the worker
+	// refused, once per refused message, and reports whether it wrote it.
+	RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error)
 	// ProviderKeyWindow is how long after a key's first claim the store
 	// lets its provider call go out blind (without a lookup first).
 	ProviderKeyWindow() time.Duration

@@ -680,6 +680,12 @@ func (w *Worker) settle(b *batchRefs, in *inbound, res Result) {
 			_ = in.msg.NakWithDelay(w.cfg.RetryBase)
 			return
 		}
+		// A refusal's outcome event, before the term: a failed write
+		// leaves the message to be redelivered, as a failed letter does.
+		if !w.recordRefusal(sctx, in, act.Reason, d.FailedAt, log) {
+			_ = in.msg.NakWithDelay(w.cfg.RetryBase)
+			return
+		}
 		if err := in.msg.Term(); err != nil {
 			log.Warn("term failed after dead-lettering; a redelivery would be filed again and deduplicated", "error", err)
 		}

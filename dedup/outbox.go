@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,6 +20,9 @@ import (
 // no other relay holds (SKIP LOCKED) and whose payment has no earlier event
 // still unrelayed: the earlier one is another relay's (locked) or waits in
 // this batch's successor, and a payment's events go out in their order.
+// A refusal (seq 0, migration 00026) is outside that order: it waits for
+// no event, and no payment event waits for it (p.seq > 0, which is also
+// the predicate of the unique index the probe reads).
 //
 // The check of earlier events sits in a CASE so that it stays a subplan,
 // probed only for a payment's second event, on the walk of the unrelayed
@@ -31,10 +35,10 @@ SELECT e.id, e.event_id, e.merchant_id, e.idempotency_key, e.seq, e.kind, e.stat
        coalesce(e.charge_id, ''), coalesce(e.reason, ''), e.occurred_at
 FROM outcome_events e
 WHERE e.relayed_at IS NULL
-  AND CASE WHEN e.seq = 1 THEN true
+  AND CASE WHEN e.seq <= 1 THEN true
       ELSE NOT EXISTS (SELECT 1 FROM outcome_events p
                        WHERE p.merchant_id = e.merchant_id AND p.idempotency_key = e.idempotency_key
-                         AND p.seq < e.seq AND p.relayed_at IS NULL) END
+                         AND p.seq > 0 AND p.seq < e.seq AND p.relayed_at IS NULL) END
 ORDER BY e.id
 LIMIT @limit
 FOR UPDATE OF e SKIP LOCKED`
@@ -115,6 +119,35 @@ func (s *Store) takeOutcomes(ctx context.Context, tx pgx.Tx, limit int) ([]ledge
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// recordRefusalSQL writes a refusal's event once (record_refusal, migration
+// 00026, which builds its id); it returns whether it wrote it.
+const recordRefusalSQL = `SELECT record_refusal(@merchant, @key, @seq, @reason, @amount, @currency, @occurred_at)`
+
+// RecordRefusal writes the outcome event of a refused command to the
+// outbox, under the id <merchant_id>:<idempotency_key>:refused:<StreamSeq>,
+// and reports whether it wrote it: false when that id is there already (a
+// redelivery of the same message). The relay publishes it like a payment's
+// events, outside their order.
+func (s *Store) RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error) {
+	if r.StreamSeq == 0 || r.StreamSeq > math.MaxInt64 {
+		return false, fmt.Errorf("record refusal: stream sequence %d out of range", r.StreamSeq)
+	}
+	if r.FiledAt.IsZero() {
+		return false, errors.New("record refusal: needs the time its dead letter was filed")
+	}
+	var wrote bool
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, recordRefusalSQL, pgx.NamedArgs{
+			"merchant": r.MerchantID, "key": r.IdempotencyKey, "seq": int64(r.StreamSeq), "reason": r.Reason,
+			"amount": r.Amount, "currency": r.Currency, "occurred_at": r.FiledAt,
+		}).Scan(&wrote)
+	})
+	if err != nil {
+		return false, interpretError("record refusal", err)
+	}
+	return wrote, nil
 }
 
 // PurgeOutcomes deletes up to limit outcome events relayed more than

@@ -180,9 +180,16 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		t.Fatalf("purge outcome events as %s: %v", workerRole, err)
 	}
 	// The role writes no event itself: the ledger's triggers do, as the
-	// owner, so a missing grant cannot fail a completion.
+	// owner, so a missing grant cannot fail a completion; a refusal's
+	// event only through record_refusal, which writes nothing else.
 	testenv.Denied(t, pool, `INSERT INTO outcome_events (event_id, merchant_id, idempotency_key, seq, kind, status, amount, currency, occurred_at)
 		VALUES ('m:k:charged', 'm', 'k', 1, 'charged', 'succeeded', 1, 'usd', now())`)
+	testenv.Denied(t, pool, `INSERT INTO outcome_events (event_id, merchant_id, idempotency_key, seq, kind, status, amount, currency, reason, occurred_at)
+		VALUES ('m:k:refused:1', 'm', 'k', 0, 'refused', 'refused', 1, 'usd', 'invalid_amount', now())`)
+	if wrote, err := store.RecordRefusal(ctx, ledger.Refusal{MerchantID: "m_role", IdempotencyKey: "refused", StreamSeq: 1,
+		Reason: "invalid_amount", FiledAt: time.Now()}); err != nil || !wrote {
+		t.Fatalf("record refusal as %s: %v %v", workerRole, wrote, err)
+	}
 
 	// Keys the gateway took in: the group commit notifies them itself and
 	// a single Complete through the trigger, both reading gateway_intake.

@@ -8,23 +8,34 @@ const (
 	OutcomeDeclined   = "declined"   // the ledger row's insert, declined
 	OutcomeProcessing = "processing" // the ledger row's insert, processing: a settled event follows
 	OutcomeSettled    = "settled"    // a processing payment ended: succeeded or failed
+	// OutcomeRefused is a command the worker refused (dead-lettered for
+	// bad input or a reused key): final for that command, not for its
+	// key, which it never bound. Its status is StatusRefused, its Seq 0.
+	OutcomeRefused = "refused"
 )
+
+// StatusRefused is the status of an OutcomeRefused event: no ledger row
+// stands behind it.
+const StatusRefused = "refused"
 
 // OutcomeEvent is one final outcome of a payment as the outbox holds it:
 // written with the ledger row (or its settlement) in the same transaction,
 // relayed to the outcomes stream under EventID.
 type OutcomeEvent struct {
-	ID             int64  // the outbox's own order; the relay's cursor
-	EventID        string // <merchant_id>:<idempotency_key>:<kind>: stable across retries
+	ID int64 // the outbox's own order; the relay's cursor
+	// EventID is <merchant_id>:<idempotency_key>:<kind>, or for a refusal
+	// <merchant_id>:<idempotency_key>:refused:<stream sequence>: stable
+	// across retries.
+	EventID        string
 	MerchantID     string
 	IdempotencyKey string
-	Seq            int    // the event's place among its payment's events, from 1
-	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing or OutcomeSettled
-	Status         string // the ledger status the outcome left: PaymentSucceeded, ...
+	Seq            int    // the event's place among its payment's events, from 1; 0 for a refusal, outside that order
+	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing, OutcomeSettled or OutcomeRefused
+	Status         string // the ledger status the outcome left: PaymentSucceeded, ...; StatusRefused for a refusal
 	Amount         int64
 	Currency       string
 	ChargeID       string // empty for a decline that created no object
-	Reason         string // the provider's reason for a decline or a failed settlement
+	Reason         string // the provider's reason for a decline or a failed settlement; a refusal's dead-letter reason
 	OccurredAt     time.Time
 }
 
@@ -35,4 +46,24 @@ type OutboxBacklog struct {
 	Oldest time.Time
 	// Now is the store's clock when it counted, to measure Oldest's age.
 	Now time.Time
+}
+
+// Refusal is a command the worker refused, as its outcome event records it
+// (Store.RecordRefusal): written when its dead letter is filed, before the
+// message is termed, under an id made of the merchant, the key and the
+// stream sequence of the refused message, so a redelivery of that message
+// writes no second event.
+type Refusal struct {
+	MerchantID     string
+	IdempotencyKey string
+	// StreamSeq is the refused message's sequence in the payments stream.
+	StreamSeq uint64
+	// Reason is the dead letter's: a payment.Reason or key_reused.
+	Reason string
+	// Amount and Currency are the command's as decoded, 0 and "" when
+	// they could not be read.
+	Amount   int64
+	Currency string
+	// FiledAt is when the dead letter was filed.
+	FiledAt time.Time
 }

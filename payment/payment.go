@@ -148,6 +148,17 @@ func Decode(body []byte, env Envelope, lim Limits) (*Command, error) {
 	return c, nil
 }
 
+// DecodeAsSent reads a body Decode refused as far as it decodes, for what
+// a refusal may report of the command (its key, amount and currency): the
+// command, valid or not, when the body holds one JSON object of the
+// command's fields, else nil. Nothing is validated and no card data is
+// looked for, so a caller that shows a value checks it itself; a command
+// is never acted on from it.
+func DecodeAsSent(body []byte, lim Limits) *Command {
+	c, _ := decode(body, Envelope{}, lim)
+	return c
+}
+
 // decode is Decode without the card-data door. When the body decodes but
 // the command is invalid it returns the command with the error, for the
 // door to name the field holding card data.

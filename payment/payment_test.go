@@ -123,3 +123,26 @@ func TestValidateRejectsInvalidUTF8(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeAsSent: a refused body is read as far as it decodes (an
+// invalid amount or currency, a missing method: the fields as sent), and
+// not at all when it is no command object (malformed, trailing garbage
+// before the end, a wrong type, too large).
+func TestDecodeAsSent(t *testing.T) {
+	t.Parallel()
+	lim := payment.Limits{MaxBodyBytes: 512}
+	c := payment.DecodeAsSent([]byte(`{"merchant_id":"m_1","idempotency_key":"k1","amount":-5,"currency":"US Dollars"}`), lim)
+	if c == nil || c.IdempotencyKey != "k1" || c.Amount != -5 || c.Currency != "US Dollars" || c.MerchantID != "m_1" {
+		t.Fatalf("invalid command read as %+v, want its fields as sent", c)
+	}
+	for name, body := range map[string]string{
+		"malformed":  `{"idempotency_key":"k1",`,
+		"wrong type": `{"idempotency_key":"k1","amount":"5"}`,
+		"an array":   `["k1"]`,
+		"too large":  `{"idempotency_key":"` + strings.Repeat("k", 600) + `"}`,
+	} {
+		if c := payment.DecodeAsSent([]byte(body), lim); c != nil {
+			t.Errorf("%s: read as %+v, want nothing", name, c)
+		}
+	}
+}

@@ -202,6 +202,10 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	if err := gwPool.QueryRow(ctx, `SELECT settle_payment($1, 'k1', 'ch_gw', 'failed', 402, '{"evil":true}', NULL)`, merchant).Scan(&settled); err != nil || settled {
 		t.Fatalf("settle_payment of a succeeded payment as %s: %v %v, want false", gatewayRole, settled, err)
 	}
+	// The outbox takes a refused command's event from the workers only
+	// (record_refusal, migration 00026): the internet-facing role may not
+	// announce refusals.
+	testenv.Denied(t, gwPool, `SELECT record_refusal('m_gw', 'k1', 1, 'invalid_amount', 0, '', now())`)
 	for key, before := range answers {
 		rec, err := records.Get(ctx, merchant, key)
 		if err != nil || rec.ResponseStatus != before.ResponseStatus || string(rec.Response) != string(before.Response) || !rec.UpdatedAt.Equal(before.UpdatedAt) {

@@ -261,6 +261,7 @@ var consumerLayers = []string{
 	"hold.go",
 	"intake.go",
 	"carddata.go",
+	"refusal.go",
 }
 
 var consumerBackUses = []string{
@@ -309,6 +310,7 @@ var consumerBackUses = []string{
 	"worker.go uses Worker.hold from hold.go",
 	"worker.go uses Worker.lastDelivery from hold.go",
 	"worker.go uses Worker.notePauses from intake.go",
+	"worker.go uses Worker.recordRefusal from refusal.go",
 }
 
 // TestConsumerFilesFormLayers checks consumer's files against

@@ -26,6 +26,7 @@ type Store interface {
 	CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error)
 	Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error)
 	Release(ctx context.Context, l ledger.Lease, reason string) error
+	RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error)
 	ProviderKeyWindow() time.Duration
 }
 
@@ -40,6 +41,7 @@ const (
 	CompleteBatch Method = "CompleteBatch"
 	Fail          Method = "Fail"
 	Release       Method = "Release"
+	RecordRefusal Method = "RecordRefusal"
 	Any           Method = "*"
 )
 
@@ -57,15 +59,17 @@ type Call struct {
 	// Reason is Fail's and Release's reason.
 	Reason     string
 	Completion ledger.Completion // Complete
+	Refusal    ledger.Refusal    // RecordRefusal
 
 	// The answer, set when an after hook runs: Err is the call's error,
-	// Results ClaimBatch's, Errs CompleteBatch's, Status Fail's, and
-	// Renewed Heartbeat's lease.
+	// Results ClaimBatch's, Errs CompleteBatch's, Status Fail's, Renewed
+	// Heartbeat's lease, and Wrote RecordRefusal's.
 	Err     error
 	Results []ledger.ClaimResult
 	Errs    []error
 	Status  ledger.Status
 	Renewed ledger.Lease
+	Wrote   bool
 }
 
 // Hook runs around a call. A before hook's error is the call's answer and
@@ -202,6 +206,15 @@ func (w *Wrapper) Release(ctx context.Context, l ledger.Lease, reason string) er
 	c := &Call{Method: Release, Lease: l, Reason: reason}
 	w.call(ctx, c, func() { c.Err = w.inner.Release(ctx, l, reason) })
 	return c.Err
+}
+
+// RecordRefusal forwards to the store's RecordRefusal.
+func (w *Wrapper) RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error) {
+	c := &Call{Method: RecordRefusal, Refusal: r}
+	if !w.call(ctx, c, func() { c.Wrote, c.Err = w.inner.RecordRefusal(ctx, r) }) {
+		return false, c.Err
+	}
+	return c.Wrote, c.Err
 }
 
 // ProviderKeyWindow forwards to the store's; it is not hooked.

@@ -48,6 +48,11 @@ func (r *recorder) Release(context.Context, ledger.Lease, string) error {
 	return nil
 }
 
+func (r *recorder) RecordRefusal(context.Context, ledger.Refusal) (bool, error) {
+	r.got = append(r.got, "RecordRefusal")
+	return true, nil
+}
+
 func (r *recorder) ProviderKeyWindow() time.Duration { return time.Hour }
 
 // TestWrapperForwardsAndHooks: with no hooks every call reaches the store
@@ -77,10 +82,13 @@ func TestWrapperForwardsAndHooks(t *testing.T) {
 	if err := w.Release(ctx, l, "r"); err != nil {
 		t.Fatal(err)
 	}
+	if wrote, err := w.RecordRefusal(ctx, ledger.Refusal{StreamSeq: 1}); err != nil || !wrote {
+		t.Fatalf("record refusal: %v %v, want the store's answer", wrote, err)
+	}
 	if w.ProviderKeyWindow() != time.Hour {
 		t.Fatal("provider key window not forwarded")
 	}
-	if len(inner.got) != 6 || w.Calls(storehook.Any) != 6 || w.Calls(storehook.Complete) != 1 {
+	if len(inner.got) != 7 || w.Calls(storehook.Any) != 7 || w.Calls(storehook.Complete) != 1 {
 		t.Fatalf("store saw %v, wrapper counted %d", inner.got, w.Calls(storehook.Any))
 	}
 

@@ -92,6 +92,7 @@ var checks = []struct {
 	{"BatchClaimRaceAcrossBatches", testBatchClaimRaceAcrossBatches},
 	{"CompleteBatch", testCompleteBatch},
 	{"AcquireStuckDisjoint", testAcquireStuckDisjoint},
+	{"RefusalOncePerMessageBindsNoKey", testRefusalOncePerMessageBindsNoKey},
 }
 
 // bundle is one check's store, clock and context.
@@ -983,5 +984,31 @@ func testAcquireStuckDisjoint(t *testing.T, newStore NewStore) {
 	// The crashed holder's late completion is fenced out.
 	if err := b.store.Complete(b.ctx, leases["s-0"], Charged("pi_late")); !errors.Is(err, ledger.ErrLeaseLost) {
 		t.Fatalf("the old holder's complete after the reconciler took the row: %v, want ErrLeaseLost", err)
+	}
+}
+
+// testRefusalOncePerMessageBindsNoKey: a refusal is recorded once per
+// refused message (the same stream sequence again writes nothing; another
+// message's refusal of the same key is its own), and it binds no key: no
+// record, no ledger row, and a valid command under the key is claimed
+// afterwards.
+func testRefusalOncePerMessageBindsNoKey(t *testing.T, newStore NewStore) {
+	b := setup(t, newStore)
+	r := ledger.Refusal{MerchantID: "m_1", IdempotencyKey: "refused", StreamSeq: 5, Reason: string(payment.ReasonInvalidAmount), FiledAt: b.clock.Now()}
+	for i, want := range []bool{true, false} {
+		if wrote, err := b.store.RecordRefusal(b.ctx, r); err != nil || wrote != want {
+			t.Fatalf("refusal write %d: %v %v, want %v", i+1, wrote, err, want)
+		}
+	}
+	r.StreamSeq = 6
+	if wrote, err := b.store.RecordRefusal(b.ctx, r); err != nil || !wrote {
+		t.Fatalf("another message's refusal: %v %v, want written", wrote, err)
+	}
+	if _, err := b.store.Get(b.ctx, "m_1", "refused"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("get after a refusal: %v, want ErrNotFound (a refusal binds no key)", err)
+	}
+	b.noPayment(t, "m_1", "refused")
+	if res := b.claim(t, "a", Req("m_1", "refused", 1000)); res.Outcome != ledger.Claimed {
+		t.Fatalf("claim after a refusal: %+v, want claimed", res)
 	}
 }

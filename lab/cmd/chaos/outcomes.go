@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,12 @@ import (
 // carries the ledger row's status, amount and currency. A repeat of an
 // event under the same event_id is the at-least-once delivery and is
 // counted, never a violation; two final events of one payment are.
+//
+// A refused event (a command the worker dead-lettered for bad input or a
+// reused key) is no payment's outcome: the refused command never bound
+// its key, and a later valid command under it may be charged. So refused
+// events are checked apart (checkRefused) and counted, and the ledger's
+// payments are judged on their own events alone.
 
 // outcomeDrainTimeout bounds the wait, at the end, for the relay to
 // publish (and the reader to read) the events of every payment.
@@ -163,6 +170,7 @@ var eventShape = map[string]struct {
 // outcomeVerdict is the outcome check of a run.
 type outcomeVerdict struct {
 	events, distinct, duplicates int // messages read, distinct event ids, repeats of an id
+	refused                      int // distinct refused events
 	payments, final              int // ledger rows, and those whose outcome is final
 	missing                      []string
 	broken                       []string
@@ -198,6 +206,13 @@ func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment) outcomeVer
 		}
 		first[e.EventID] = e
 		v.distinct++
+		if e.Kind == ledger.OutcomeRefused {
+			v.refused++
+			if why := checkRefused(s.msgID, e); why != "" {
+				broke("event %s: %s", e.EventID, why)
+			}
+			continue
+		}
 		payment := e.MerchantID + ":" + e.IdempotencyKey
 		if want := payment + ":" + e.Kind; e.EventID != want || s.msgID != e.EventID {
 			broke("event %s (Nats-Msg-Id %q): want the id %s", e.EventID, s.msgID, want)
@@ -264,6 +279,27 @@ func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment) outcomeVer
 	}
 	slices.Sort(v.broken)
 	return v
+}
+
+// checkRefused says what is wrong with a refused event read under the
+// message id msgID ("" when nothing is): its id is
+// <merchant>:<key>:refused:<stream sequence> and the message's, its seq 0
+// (outside any payment's order), its status refused, with the dead
+// letter's reason and no charge.
+func checkRefused(msgID string, e stream.OutcomeEvent) string {
+	seq, ok := strings.CutPrefix(e.EventID, e.MerchantID+":"+e.IdempotencyKey+":refused:")
+	n, err := strconv.ParseUint(seq, 10, 64)
+	switch {
+	case !ok || err != nil || n == 0 || strconv.FormatUint(n, 10) != seq:
+		return "want the id " + e.MerchantID + ":" + e.IdempotencyKey + ":refused:<stream sequence>"
+	case msgID != e.EventID:
+		return fmt.Sprintf("published under Nats-Msg-Id %q", msgID)
+	case e.Seq != 0 || e.Status != ledger.StatusRefused:
+		return fmt.Sprintf("refused with seq %d and status %s", e.Seq, e.Status)
+	case e.Reason == "" || e.ChargeID != "":
+		return fmt.Sprintf("refused with reason %q and charge %q", e.Reason, e.ChargeID)
+	}
+	return ""
 }
 
 // checkOutcomeEvents waits (at most outcomeDrainTimeout) until the reader
@@ -348,8 +384,8 @@ func (h *harness) reportOutcomes() bool {
 		}
 	}
 	_, _, resumes := h.outcomes.snapshot()
-	fmt.Fprintf(h.out, "chaos: outcome events: read=%d distinct=%d duplicates_by_id=%d payments=%d final=%d missing=%d broken=%d reader_resumes=%d\n",
-		v.events, v.distinct, v.duplicates, v.payments, v.final, len(v.missing), len(v.broken), resumes)
+	fmt.Fprintf(h.out, "chaos: outcome events: read=%d distinct=%d duplicates_by_id=%d payments=%d final=%d refused=%d missing=%d broken=%d reader_resumes=%d\n",
+		v.events, v.distinct, v.duplicates, v.payments, v.final, v.refused, len(v.missing), len(v.broken), resumes)
 	return v.ok()
 }
 
@@ -358,5 +394,5 @@ func (h *harness) outcomeSummary() string {
 		return ""
 	}
 	v := h.outcomeVerdict
-	return fmt.Sprintf(" outcome_events=%d outcome_duplicates=%d outcome_missing=%d outcome_broken=%d", v.distinct, v.duplicates, len(v.missing), len(v.broken))
+	return fmt.Sprintf(" outcome_events=%d outcome_refused=%d outcome_duplicates=%d outcome_missing=%d outcome_broken=%d", v.distinct, v.refused, v.duplicates, len(v.missing), len(v.broken))
 }

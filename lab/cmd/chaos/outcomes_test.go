@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,12 +29,23 @@ func outcome(key, kind, status string, amount int64) seenOutcome {
 		IdempotencyKey: key, Seq: seq, Kind: kind, Status: status, Amount: amount, Currency: "usd", OccurredAt: outcomeAt}}
 }
 
+// refusal is the refused event of a command under "m:<key>" at stream
+// sequence seq, with reason.
+func refusal(key string, seq int, reason string) seenOutcome {
+	id := "m:" + key + ":refused:" + strconv.Itoa(seq)
+	return seenOutcome{msgID: id, event: stream.OutcomeEvent{Schema: stream.OutcomeSchema, EventID: id, MerchantID: "m",
+		IdempotencyKey: key, Kind: ledger.OutcomeRefused, Status: ledger.StatusRefused, Reason: reason, Amount: 5, Currency: "usd", OccurredAt: outcomeAt}}
+}
+
 // TestCheckOutcomes plants each way the outcome events can break their
 // promise (a final event missing, two final events, one that does not
 // match the ledger, one for a payment the ledger lacks, out of order, an
 // id repeated with other contents) and checks the check sees it; a repeat
 // under the same id, and a processing event followed by its settlement,
-// pass.
+// pass. Refused events are checked apart: beside a payment's events, or
+// for a key the ledger lacks, they pass (counted); a refused event never
+// stands in for a payment's final event; a malformed one, or one repeated
+// under its id with other contents, is caught.
 func TestCheckOutcomes(t *testing.T) {
 	succeeded := ledgerPayment{status: ledger.PaymentSucceeded, amount: 100, currency: "usd"}
 	declined := ledgerPayment{status: ledger.PaymentDeclined, amount: 100, currency: "usd"}
@@ -48,6 +60,7 @@ func TestCheckOutcomes(t *testing.T) {
 		missing    string // a substring of one missing line
 		broken     string // a substring of one broken line
 		duplicates int
+		refused    int
 	}{
 		{name: "charged once", ledger: map[string]ledgerPayment{"m:a": succeeded}, seen: []seenOutcome{charged}},
 		{name: "declined once", ledger: map[string]ledgerPayment{"m:a": declined},
@@ -85,6 +98,34 @@ func TestCheckOutcomes(t *testing.T) {
 			seen: []seenOutcome{{msgID: "m:a", event: charged.event}}, broken: "want the id m:a:charged"},
 		{name: "a body that is not an event", ledger: map[string]ledgerPayment{"m:a": succeeded},
 			seen: []seenOutcome{charged, {streamSeq: 9, bad: "decode outcome event: schema \"x\""}}, broken: "stream seq 9: decode outcome event"},
+
+		{name: "a refusal beside the payment's charge", ledger: map[string]ledgerPayment{"m:a": succeeded},
+			seen: []seenOutcome{refusal("a", 3, "key_reused"), charged, refusal("a", 9, "invalid_amount")}, refused: 2},
+		{name: "a refusal of a key the ledger lacks", ledger: map[string]ledgerPayment{}, seen: []seenOutcome{refusal("z", 4, "invalid_amount")}, refused: 1},
+		{name: "a refusal repeated by id", ledger: map[string]ledgerPayment{},
+			seen: []seenOutcome{refusal("z", 4, "invalid_amount"), refusal("z", 4, "invalid_amount")}, duplicates: 1, refused: 1},
+		{name: "a refusal repeated with other contents", ledger: map[string]ledgerPayment{},
+			seen: []seenOutcome{refusal("z", 4, "invalid_amount"), refusal("z", 4, "key_reused")}, broken: "published twice with different contents",
+			duplicates: 1, refused: 1},
+		{name: "a refusal is no final event", ledger: map[string]ledgerPayment{"m:a": succeeded}, seen: []seenOutcome{refusal("a", 3, "key_reused")},
+			missing: "m:a: no charged event", refused: 1},
+		{name: "a refusal without its sequence", ledger: map[string]ledgerPayment{}, seen: []seenOutcome{func() seenOutcome {
+			r := refusal("z", 4, "invalid_amount")
+			r.event.EventID, r.msgID = "m:z:refused", "m:z:refused"
+			return r
+		}()}, broken: "want the id m:z:refused:<stream sequence>", refused: 1},
+		{name: "a refusal in a payment's order", ledger: map[string]ledgerPayment{}, seen: []seenOutcome{func() seenOutcome {
+			r := refusal("z", 4, "invalid_amount")
+			r.event.Seq = 1
+			return r
+		}()}, broken: "refused with seq 1", refused: 1},
+		{name: "a refusal without a reason", ledger: map[string]ledgerPayment{}, seen: []seenOutcome{refusal("z", 4, "")},
+			broken: "refused with reason \"\"", refused: 1},
+		{name: "a refusal under another message id", ledger: map[string]ledgerPayment{}, seen: []seenOutcome{func() seenOutcome {
+			r := refusal("z", 4, "invalid_amount")
+			r.msgID = "m:z"
+			return r
+		}()}, broken: "published under Nats-Msg-Id \"m:z\"", refused: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := checkOutcomes(tc.seen, tc.ledger)
@@ -96,6 +137,8 @@ func TestCheckOutcomes(t *testing.T) {
 				t.Fatalf("broken %q, want %q", v.broken, tc.broken)
 			case v.duplicates != tc.duplicates:
 				t.Fatalf("%d duplicates by id, want %d", v.duplicates, tc.duplicates)
+			case v.refused != tc.refused:
+				t.Fatalf("%d refused events, want %d", v.refused, tc.refused)
 			case v.ok() != (tc.missing == "" && tc.broken == ""):
 				t.Fatalf("ok %v with missing %q and broken %q", v.ok(), v.missing, v.broken)
 			}
@@ -117,10 +160,10 @@ func TestOutcomeViolationsFailTheRun(t *testing.T) {
 			t.Errorf("%+v passed: %s", h.outcomeVerdict, out.String())
 		}
 	}
-	h := &harness{outcomesChecked: true, outcomeVerdict: outcomeVerdict{events: 3, distinct: 2, duplicates: 1, payments: 2, final: 2}}
+	h := &harness{outcomesChecked: true, outcomeVerdict: outcomeVerdict{events: 4, distinct: 3, duplicates: 1, payments: 2, final: 2, refused: 1}}
 	var out strings.Builder
 	h.out = &out
-	if !h.reportOutcomes() || !strings.Contains(out.String(), "outcome events: read=3 distinct=2 duplicates_by_id=1 payments=2 final=2 missing=0") {
+	if !h.reportOutcomes() || !strings.Contains(out.String(), "outcome events: read=4 distinct=3 duplicates_by_id=1 payments=2 final=2 refused=1 missing=0") {
 		t.Errorf("a clean check: %s", out.String())
 	}
 }
