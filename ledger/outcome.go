@@ -8,6 +8,7 @@ const (
 	OutcomeDeclined   = "declined"   // the ledger row's insert, declined
 	OutcomeProcessing = "processing" // the ledger row's insert, processing: a settled event follows
 	OutcomeSettled    = "settled"    // a processing payment ended: succeeded or failed
+	OutcomeAuthorized = "authorized" // the ledger row's insert, authorized: an authorize's money held
 )
 
 // OutcomeEvent is one final outcome of a payment as the outbox holds it:
@@ -19,7 +20,7 @@ type OutcomeEvent struct {
 	MerchantID     string
 	IdempotencyKey string
 	Seq            int    // the event's place among its payment's events, from 1
-	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing or OutcomeSettled
+	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing, OutcomeSettled or OutcomeAuthorized
 	Status         string // the ledger status the outcome left: PaymentSucceeded, ...
 	Amount         int64
 	Currency       string

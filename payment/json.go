@@ -50,6 +50,7 @@ var commandFields = [...]struct {
 	{"payment_method", ReasonInvalidMethod},
 	{"description", ReasonInvalidDesc},
 	{"metadata", ReasonInvalidMetadata},
+	{"kind", ReasonInvalidKind},
 }
 
 // fieldIndex is the index in commandFields of the field named exactly name,
@@ -529,6 +530,8 @@ func (s *scanner) field(text string, c *Command, i int) error {
 		c.PaymentMethod = v
 	case "description":
 		c.Description = v
+	case "kind":
+		c.Kind = v
 	}
 	return nil
 }

@@ -16,7 +16,8 @@ import (
 type RunResult struct {
 	// Examined is how many stuck rows the pass leased.
 	Examined int
-	// Completed is how many rows were completed with a provider charge.
+	// Completed is how many rows were completed with a provider charge
+	// (or an authorize's authorization).
 	Completed int
 	// Declined is how many rows were completed as declined.
 	Declined int
@@ -206,17 +207,23 @@ func (r *Reconciler) resolve(ctx context.Context, s ledger.Stuck, leasedUntil ti
 	out := found.Outcome
 	// Only the provider's body is stored: a charge found without one is
 	// refused by the store and left pending for a person.
-	c := ledger.CompletionOf(out, ledger.ProviderBodyOnly)
+	// The kind is the claim's, read back from the provider key it stored:
+	// an intent held for capture is an authorize's outcome, and a
+	// charge's processing (ledger.CompletionFor).
+	c := ledger.CompletionFor(ledger.KindOfProviderKey(l.ProviderKey), out, ledger.ProviderBodyOnly)
 	if err := r.store.Complete(wctx, l, c); err != nil {
 		return r.writeFailed(ctx, s, "complete", err)
 	}
 	switch {
-	case out.Declined:
+	case c.Declined:
 		log.Info("stuck payment resolved: declined", "charge_id", out.ChargeID, "decline_code", out.DeclineCode)
 		return verdict{fate: declined}
-	case out.Processing:
-		log.Info("stuck payment resolved: processing at the provider", "charge_id", out.ChargeID)
+	case c.Processing:
+		log.Info("stuck payment resolved: processing at the provider", "charge_id", out.ChargeID, "status", out.Status)
 		return verdict{fate: processing}
+	case c.Authorized:
+		log.Info("stuck payment resolved: authorized", "charge_id", out.ChargeID)
+		return verdict{fate: completed}
 	}
 	log.Info("stuck payment resolved: charged", "charge_id", out.ChargeID)
 	return verdict{fate: completed}
@@ -333,12 +340,18 @@ func (r *Reconciler) settleProcessing(ctx context.Context, res *RunResult) {
 			res.Errors++
 			log.Error("lookup of a processing payment found another intent; left processing", "found", found.Outcome.ChargeID)
 			continue
-		case found.Outcome.Processing:
+		}
+		out := found.Outcome
+		// A charge's intent still held for capture has not moved money:
+		// still processing, as one the provider is still processing. An
+		// authorize accepted as processing and now held for capture is
+		// left processing too: the ledger settles a processing row only
+		// to succeeded or failed (migration 00009).
+		c := ledger.CompletionFor(ledger.KindOfProviderKey(p.ProviderKey), out, ledger.ProviderBodyOnly)
+		if c.Processing || c.Authorized {
 			res.StillProcessing++
 			continue
 		}
-		out := found.Outcome
-		c := ledger.CompletionOf(out, ledger.ProviderBodyOnly)
 		status := c.SettleStatus()
 		switch err := r.store.SettlePayment(context.WithoutCancel(ctx), p, status, c.ResponseStatus, c.Response); {
 		case errors.Is(err, ledger.ErrNotFound):
