@@ -119,6 +119,9 @@ const (
 	// resolve it. A failed row is parked for the reconciler (pending,
 	// maybe_charged, lease expired) by the claim that finds it so.
 	NeedsLookup
+	// Refused: a refund's claim the ledger's rules refuse
+	// (RefundClaim.Reason): nothing was written, and it must not be sent.
+	Refused
 )
 
 func (o Outcome) String() string {
@@ -135,6 +138,8 @@ func (o Outcome) String() string {
 		return "mismatch"
 	case NeedsLookup:
 		return "needs_lookup"
+	case Refused:
+		return "refused"
 	}
 	return "unknown"
 }
