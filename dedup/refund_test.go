@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/ledger"
+	"github.com/paydedup/paydedup/payment"
 )
 
 // chargedPayment records a succeeded payment of amount under key.
@@ -22,10 +23,9 @@ func (b *bundle) chargedPayment(t *testing.T, merchant, key string, amount int64
 }
 
 // refundReq is a refund of amount (0: the rest) of payment under key.
-func refundReq(merchant, key, payment string, amount int64) ledger.RefundRequest {
-	r := ledger.RefundRequest{MerchantID: merchant, IdempotencyKey: key, PaymentKey: payment, Amount: amount}
-	r.RequestHash = ledger.RefundFingerprint(r)
-	return r
+func refundReq(merchant, key, pay string, amount int64) ledger.RefundRequest {
+	return ledger.NewRefundRequest(&payment.Command{MerchantID: merchant, IdempotencyKey: key, PaymentKey: pay, Amount: amount,
+		Kind: payment.KindRefund})
 }
 
 func (b *bundle) claimRefund(t *testing.T, holder string, r ledger.RefundRequest) ledger.RefundClaim {
@@ -73,7 +73,8 @@ func TestRefundClaimRules(t *testing.T) {
 	refused("processing payment", refundReq("m_1", "r-x", "proc", 10), ledger.RefuseNotCharged)
 	wrongCur := refundReq("m_1", "r-x", "pay", 10)
 	wrongCur.Currency = "eur"
-	wrongCur.RequestHash = ledger.RefundFingerprint(wrongCur)
+	wrongCur.RequestHash = ledger.NewRefundRequest(&payment.Command{MerchantID: "m_1", IdempotencyKey: "r-x", PaymentKey: "pay",
+		Amount: 10, Currency: "eur", Kind: payment.KindRefund}).RequestHash
 	refused("other currency", wrongCur, ledger.RefuseCurrency)
 	if n := b.count(t, `SELECT count(*) FROM refunds`); n != 0 {
 		t.Fatalf("%d refund rows after refusals, want none", n)

@@ -26,6 +26,7 @@ func TestCaptureMethodManualAuthorizes(t *testing.T) {
 		{strings.Replace(good, `{`, `{"capture_method":"manual","capture_method":"manual",`, 1), "duplicate_field"},
 		{strings.Replace(good, `{`, `{"capture_method":"manual","kind":"charge",`, 1), "invalid_kind"},
 		{strings.Replace(good, `{`, `{"capture_method":"manual","colour":"red",`, 1), "unknown_field"},
+		{`{"kind":"refund","payment_key":"k1"}`, "invalid_kind"}, // a refund is not taken at this door
 	} {
 		r := w.post("bad-method", c.body)
 		wantStatus(t, r, http.StatusBadRequest)

@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"time"
@@ -66,7 +65,7 @@ type RefundRequest struct {
 	Amount int64
 	// Currency, when not empty, must be the payment's.
 	Currency string
-	// RequestHash is the refund request's fingerprint (RefundFingerprint):
+	// RequestHash is the refund command's fingerprint (NewRefundRequest):
 	// the same key with another request is a Mismatch.
 	RequestHash []byte
 }
@@ -95,22 +94,12 @@ func (r RefundRequest) Validate() error {
 	return nil
 }
 
-// RefundFingerprint is the SHA-256 of a refund request's canonical
-// encoding: its own tag, then merchant, key, payment key, currency (each
-// length-prefixed) and amount. No refund shares an encoding with a
-// command (payment.Command.AppendCanonical).
-func RefundFingerprint(r RefundRequest) []byte {
-	put := func(b []byte, s string) []byte {
-		return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)
-	}
-	b := []byte("paydedup.refund.v1")
-	b = put(b, r.MerchantID)
-	b = put(b, r.IdempotencyKey)
-	b = put(b, r.PaymentKey)
-	b = put(b, r.Currency)
-	b = binary.BigEndian.AppendUint64(b, uint64(r.Amount))
-	sum := sha256.Sum256(b)
-	return sum[:]
+// NewRefundRequest builds the claim of a validated refund command. Its
+// fingerprint is the command's (Fingerprint): a refund's canonical
+// encoding names its kind and its payment, so it is never a charge's.
+func NewRefundRequest(c *payment.Command) RefundRequest {
+	return RefundRequest{MerchantID: c.MerchantID, IdempotencyKey: c.IdempotencyKey, PaymentKey: c.PaymentKey,
+		Amount: c.Amount, Currency: c.Currency, RequestHash: Fingerprint(c)}
 }
 
 // RefundProviderKey derives the provider idempotency key of the refund

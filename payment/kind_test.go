@@ -28,7 +28,6 @@ func TestDecodeKinds(t *testing.T) {
 		{"authorize", with(`"authorize"`), payment.KindAuthorize},
 		{"capture", with(`"capture"`), "!"},
 		{"cancel", with(`"cancel"`), "!"},
-		{"refund", with(`"refund"`), "!"},
 		{"unknown", with(`"payout"`), "!"},
 		{"case", with(`"Authorize"`), "!"},
 		{"empty", with(`""`), ""},
@@ -44,6 +43,25 @@ func TestDecodeKinds(t *testing.T) {
 		}
 		if err != nil || cmd.Kind != c.want {
 			t.Errorf("%s: kind %q (%v), want %q", c.name, cmd.Kind, err, c.want)
+		}
+	}
+	// A refund names its payment, may leave its amount and currency out,
+	// and names no payment method.
+	refund := `{"merchant_id":"m_1","idempotency_key":"r-1","kind":"refund","payment_key":"order-42","metadata":{"why":"returned"}}`
+	cmd, err := payment.Decode([]byte(refund), payment.Envelope{}, payment.Limits{})
+	if err != nil || cmd.Kind != payment.KindRefund || cmd.PaymentKey != "order-42" || cmd.Amount != 0 {
+		t.Fatalf("refund: %+v %v", cmd, err)
+	}
+	for _, c := range []struct{ body, field string }{
+		{`{"merchant_id":"m_1","idempotency_key":"r-1","kind":"refund"}`, "payment_key"},
+		{`{"merchant_id":"m_1","idempotency_key":"r-1","kind":"refund","payment_key":"p","amount":-1}`, "amount"},
+		{`{"merchant_id":"m_1","idempotency_key":"r-1","kind":"refund","payment_key":"p","payment_method":"pm_card_visa"}`, "payment_method"},
+		{`{"merchant_id":"m_1","idempotency_key":"r-1","kind":"refund","payment_key":"p","currency":"USD"}`, "currency"},
+		{strings.Replace(good, `"amount"`, `"payment_key":"p","amount"`, 1), "payment_key"},
+	} {
+		var ve *payment.ValidationError
+		if _, err := payment.Decode([]byte(c.body), payment.Envelope{}, payment.Limits{}); !errors.As(err, &ve) || ve.Field != c.field {
+			t.Errorf("%s: %v, want an error on %s", c.body, err, c.field)
 		}
 	}
 	if !payment.IsInputReason(string(payment.ReasonInvalidKind)) {
