@@ -133,6 +133,20 @@ func TestRefundClaimRules(t *testing.T) {
 	}
 	refused("nothing left", refundReq("m_1", "r-4", "pay", 0), ledger.RefuseOverRefundable)
 	refused("one more cent", refundReq("m_1", "r-5", "pay", 1), ledger.RefuseOverRefundable)
+
+	// Each final refund wrote one outcome event with its record (the
+	// release and the claims none).
+	var got []string
+	for _, e := range b.events(t) {
+		if e.Seq == 3 {
+			got = append(got, fmt.Sprintf("%s %s %s %d %s %s", e.EventID, e.Kind, e.Status, e.Amount, e.ChargeID, e.Reason))
+		}
+	}
+	want := []string{"m_1:r-1:refund_failed refund_failed failed 60 pi_pay expired_or_canceled_card",
+		"m_1:r-3:refunded refunded succeeded 100 pi_pay "}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("refund events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }
 
 // TestRefundRaceForTheLast100: two holders race two refunds of all of a

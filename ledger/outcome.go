@@ -9,6 +9,11 @@ const (
 	OutcomeProcessing = "processing" // the ledger row's insert, processing: a settled event follows
 	OutcomeSettled    = "settled"    // a processing payment ended: succeeded or failed
 	OutcomeAuthorized = "authorized" // the ledger row's insert, authorized: an authorize's money held
+	// OutcomeRefunded and OutcomeRefundFailed are a refund's final
+	// outcome (seq 3, under the refund's own key): succeeded; failed or
+	// refused by the provider (Status says which).
+	OutcomeRefunded     = "refunded"
+	OutcomeRefundFailed = "refund_failed"
 )
 
 // OutcomeEvent is one final outcome of a payment as the outbox holds it:
@@ -20,7 +25,7 @@ type OutcomeEvent struct {
 	MerchantID     string
 	IdempotencyKey string
 	Seq            int    // the event's place among its payment's events, from 1
-	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing, OutcomeSettled or OutcomeAuthorized
+	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing, OutcomeSettled, OutcomeAuthorized, OutcomeRefunded or OutcomeRefundFailed
 	Status         string // the ledger status the outcome left: PaymentSucceeded, ...
 	Amount         int64
 	Currency       string

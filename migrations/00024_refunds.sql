@@ -55,11 +55,45 @@ CREATE INDEX refunds_payment ON refunds (merchant_id, payment_key);
 -- The refunds a lookup must resolve (a lost answer, a lease that ran out).
 CREATE INDEX refunds_unsettled ON refunds (updated_at) WHERE status IN ('pending', 'unknown');
 
+-- A refund's final outcome is an outcome event (00022) written by the
+-- statement that records it, so in its transaction: kind refunded (status
+-- succeeded) or refund_failed (status failed: the provider's refund
+-- failed, the money is back; refused: the provider's definitive no), under
+-- the refund's own key with seq 3, event_id <merchant>:<refund key>:<kind>;
+-- charge_id is the refunded payment's intent, reason the provider's.
+ALTER TABLE outcome_events
+    DROP CONSTRAINT outcome_events_seq_check,
+    ADD CONSTRAINT outcome_events_seq_check CHECK (seq IN (1, 2, 3)),
+    DROP CONSTRAINT outcome_events_kind_check,
+    ADD CONSTRAINT outcome_events_kind_check CHECK (kind IN ('charged', 'declined', 'processing', 'settled', 'authorized',
+                                                             'refunded', 'refund_failed')),
+    DROP CONSTRAINT outcome_events_status_check,
+    ADD CONSTRAINT outcome_events_status_check CHECK (status IN ('succeeded', 'declined', 'processing', 'failed', 'authorized',
+                                                                 'refused'));
+
+-- +goose StatementBegin
+CREATE FUNCTION outcome_events_refunded() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO outcome_events (event_id, merchant_id, idempotency_key, seq, kind, status, amount, currency, charge_id, reason, occurred_at)
+    VALUES (NEW.merchant_id || ':' || NEW.idempotency_key || ':' || CASE NEW.status WHEN 'succeeded' THEN 'refunded' ELSE 'refund_failed' END,
+            NEW.merchant_id, NEW.idempotency_key, 3, CASE NEW.status WHEN 'succeeded' THEN 'refunded' ELSE 'refund_failed' END,
+            NEW.status, NEW.amount, NEW.currency, NEW.charge_id, left(NEW.reason, 255), coalesce(NEW.completed_at, now()));
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER outcome_events_refunded AFTER UPDATE OF status ON refunds
+    FOR EACH ROW WHEN (OLD.status IN ('pending', 'unknown', 'processing') AND NEW.status IN ('succeeded', 'failed', 'refused'))
+    EXECUTE FUNCTION outcome_events_refunded();
+
 -- +goose StatementBegin
 DO $$
+DECLARE
+    s text := current_schema();
 BEGIN
+    EXECUTE format('ALTER FUNCTION %I.outcome_events_refunded() SECURITY DEFINER SET search_path = %I, pg_temp', s, s);
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'paydedup_worker') THEN
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON TABLE %I.refunds TO paydedup_worker', current_schema());
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE ON TABLE %I.refunds TO paydedup_worker', s);
     END IF;
 END
 $$;
@@ -80,4 +114,14 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
+DROP TRIGGER outcome_events_refunded ON refunds;
+DROP FUNCTION outcome_events_refunded();
+DELETE FROM outcome_events WHERE seq = 3;
+ALTER TABLE outcome_events
+    DROP CONSTRAINT outcome_events_status_check,
+    ADD CONSTRAINT outcome_events_status_check CHECK (status IN ('succeeded', 'declined', 'processing', 'failed', 'authorized')),
+    DROP CONSTRAINT outcome_events_kind_check,
+    ADD CONSTRAINT outcome_events_kind_check CHECK (kind IN ('charged', 'declined', 'processing', 'settled', 'authorized')),
+    DROP CONSTRAINT outcome_events_seq_check,
+    ADD CONSTRAINT outcome_events_seq_check CHECK (seq IN (1, 2));
 DROP TABLE refunds;
