@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/budget"
+	budgetstore "github.com/paydedup/paydedup/budget/pgstore"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
@@ -91,14 +93,22 @@ func (e *env) deadLetterOf(key string) *stream.ParsedDeadLetter {
 }
 
 // TestRefundOnTheStream: refunds of a charged payment go through the
-// claim, the provider and the commit: a part, then the rest (no amount);
-// a duplicate is acked without a second refund; one more cent and a
-// refund of an unknown payment are dead-lettered with their reasons and
-// never sent.
+// claim, the provider (behind the fleet's budget, as the binary wires it)
+// and the commit: a part, then the rest (no amount); a duplicate is acked
+// without a second refund; one more cent and a refund of an unknown
+// payment are dead-lettered with their reasons and never sent.
 func TestRefundOnTheStream(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.startWorker("w1", nil)
+	bs, err := budgetstore.New(e.pool, budgetstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := budget.New(bs, budget.Config{Rate: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.startWorker("w1", b.Wrap(e.stripe))
 	pi := e.charged("m_1", "pay", 100)
 
 	e.publish("m_1", refundBody("m_1", "r-1", "pay", 40), "", nil)
