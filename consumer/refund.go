@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -100,7 +99,7 @@ func (p *Processor) refundUnderLease(ctx context.Context, cmd *payment.Command, 
 			return res
 		}
 	}
-	c := refundCompletion(out)
+	c := ledger.RefundCompletionOf(out)
 	switch err := rs.CompleteRefund(sctx, l, c); {
 	case errors.Is(err, ledger.ErrLeaseLost):
 		log.Warn("refund's lease lost before its record; the next holder looks it up", "refund_id", out.RefundID)
@@ -125,28 +124,4 @@ func (p *Processor) refundUnknown(sctx context.Context, rs RefundStore, l ledger
 		log.Warn("could not release the refund's lease; it will expire", "error", rerr)
 	}
 	return Result{Kind: Retry, Err: err, Attempt: l.Attempt, unavailable: providerUnavailable(err)}
-}
-
-// refundCompletion is the record of a provider's refund answer: refused
-// (its definitive no), succeeded, failed (failed or canceled: the money is
-// back), or processing (pending, requires_action: settled later).
-func refundCompletion(out *provider.RefundOutcome) ledger.RefundCompletion {
-	c := ledger.RefundCompletion{RefundID: out.RefundID, ResponseStatus: out.HTTPStatus, Response: out.Response}
-	switch {
-	case out.Refused:
-		c.Status, c.Reason = ledger.RefundRefused, out.RefusalCode
-	case out.Status == provider.RefundSucceeded:
-		c.Status = ledger.RefundSucceeded
-	case out.Status == provider.RefundFailed || out.Status == provider.RefundCanceled:
-		c.Status, c.Reason = ledger.RefundFailed, out.FailureReason
-	default:
-		c.Status = ledger.RefundProcessing
-	}
-	if c.ResponseStatus == 0 {
-		c.ResponseStatus = 200
-	}
-	if len(c.Response) == 0 {
-		c.Response, _ = json.Marshal(map[string]any{"id": out.RefundID, "status": out.Status, "amount": out.Amount, "refused": out.Refused})
-	}
-	return c
 }

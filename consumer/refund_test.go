@@ -15,6 +15,7 @@ import (
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/provider/stripe"
+	"github.com/paydedup/paydedup/reconciler"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -249,5 +250,65 @@ func TestRefundAnswerLostAfterProviderActed(t *testing.T) {
 	}
 	if calls := cp.refunds.Load(); calls != 1 {
 		t.Fatalf("the worker asked for %d refunds, want one: the redelivery looks up, it never re-calls", calls)
+	}
+}
+
+// TestReconcilerResolvesAbandonedRefunds: two refunds whose worker died
+// with their messages gone, one made at the provider and one not. The
+// reconciler, once their leases ran out, looks both up, records the one
+// made, and leaves the other unknown, still holding its amount, without
+// refunding; that one's next delivery looks it up, finds nothing and
+// sends it.
+func TestReconcilerResolvesAbandonedRefunds(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	stop := e.startWorker("w1", nil)
+	pi := e.charged("m_1", "pay", 100)
+	stop()
+	claim := func(key string, amount int64) ledger.RefundClaim {
+		cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Kind: payment.KindRefund, PaymentKey: "pay", Amount: amount}
+		c, err := e.store.ClaimRefund(e.ctx, "dead-worker", time.Second, ledger.NewRefundRequest(cmd))
+		if err != nil || c.Outcome != ledger.Claimed {
+			t.Fatalf("claim %s: %+v %v", key, c, err)
+		}
+		return c
+	}
+	made := claim("r-1", 70)
+	claim("r-2", 30)
+	out, err := e.stripe.Refund(e.ctx, provider.RefundRequest{ProviderKey: made.Lease.ProviderKey, ChargeID: pi, Amount: 70,
+		MerchantID: "m_1", IdempotencyKey: "r-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := &countingProvider{Client: e.stripe}
+	rec, err := reconciler.New(e.store, cp, reconciler.Config{Grace: time.Millisecond, SearchLag: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolved, left := 0, 0
+	e.eventually("both leases ran out and were looked up", func() bool {
+		r, err := rec.RunOnce(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resolved, left = resolved+r.RefundsResolved, left+r.RefundsLeft
+		return resolved == 1 && left >= 1
+	})
+	if r := e.refundDone("m_1", "r-1"); r.Status != ledger.RefundSucceeded || r.RefundID != out.RefundID {
+		t.Fatalf("r-1 %+v, want the refund made, %s", r, out.RefundID)
+	}
+	if r, _ := e.store.GetRefund(e.ctx, "m_1", "r-2"); r.Status != ledger.RefundUnknown {
+		t.Fatalf("r-2 %s, want unknown", r.Status)
+	}
+	if cp.refunds.Load() != 0 || len(e.refundsAt(pi)) != 1 {
+		t.Fatalf("the reconciler asked for %d refunds, provider holds %d: want none asked, one made", cp.refunds.Load(), len(e.refundsAt(pi)))
+	}
+	e.startWorker("w2", nil)
+	e.publish("m_1", refundBody("m_1", "r-2", "pay", 30), "", nil)
+	if r := e.refundDone("m_1", "r-2"); r.Status != ledger.RefundSucceeded {
+		t.Fatalf("r-2 %+v", r)
+	}
+	if got := e.refundsAt(pi); len(got) != 2 {
+		t.Fatalf("provider's refunds %+v, want two", got)
 	}
 }

@@ -154,7 +154,8 @@ func claimRefundTx(ctx context.Context, tx pgx.Tx, req ledger.RefundRequest, arg
 	if err != nil {
 		return err
 	}
-	res.Outcome, res.Refund, res.Lease = ledger.Claimed, r, refundLease(r)
+	l := r.Lease()
+	res.Outcome, res.Refund, res.Lease = ledger.Claimed, r, &l
 	return nil
 }
 
@@ -174,15 +175,10 @@ func judgeRefund(ctx context.Context, tx pgx.Tx, r ledger.Refund, req ledger.Ref
 		if err != nil {
 			return err
 		}
-		res.Outcome, res.Refund, res.Lease = ledger.NeedsLookup, taken, refundLease(taken)
+		l := taken.Lease()
+		res.Outcome, res.Refund, res.Lease = ledger.NeedsLookup, taken, &l
 	}
 	return nil
-}
-
-// refundLease is the lease a claim of r holds.
-func refundLease(r ledger.Refund) *ledger.Lease {
-	return &ledger.Lease{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey, ProviderKey: r.ProviderKey,
-		Holder: r.LockedBy, Attempt: r.Attempts, Until: r.LockedUntil, CreatedAt: r.CreatedAt, MaybeCharged: r.Attempts > 1}
 }
 
 // completeRefundSQL records a provider's settled answer under the lease.
@@ -279,4 +275,65 @@ func (s *Store) GetRefund(ctx context.Context, merchantID, key string) (ledger.R
 		return ledger.Refund{}, interpretError("get refund", err)
 	}
 	return r, nil
+}
+
+// acquireStuckRefundsSQL leases up to @limit refunds that may have been
+// made and that no one resolves: pending with a lease run out more than
+// @grace ago, or unknown (an answer lost) for more than @grace. Several
+// reconcilers skip each other's rows; attempts+1 fences out the old holder.
+var acquireStuckRefundsSQL = `
+WITH stuck AS (
+    SELECT id FROM refunds
+    WHERE status IN ('pending', 'unknown') AND updated_at <= ` + dbNow + ` - @grace::interval
+      AND (status = 'unknown' OR locked_until <= ` + dbNow + ` - @grace::interval)
+    ORDER BY updated_at
+    LIMIT @limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE refunds AS r
+SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + ` + @lease::interval, attempts = r.attempts + 1,
+    updated_at = ` + dbNow + `
+FROM stuck WHERE r.id = stuck.id
+RETURNING ` + refundColumnsOf("r")
+
+// refundColumnsOf is refundColumns of the table aliased a.
+func refundColumnsOf(a string) string {
+	return a + `.merchant_id, ` + a + `.idempotency_key, ` + a + `.payment_key, ` + a + `.request_hash, ` + a + `.provider_key, ` +
+		a + `.charge_id, ` + a + `.amount, ` + a + `.currency, ` + a + `.status, ` + a + `.attempts, coalesce(` + a + `.locked_by, ''), ` +
+		a + `.locked_until, ` + a + `.key_window_start, coalesce(` + a + `.refund_id, ''), coalesce(` + a + `.response_status, 0), ` +
+		a + `.response, coalesce(` + a + `.reason, ''), coalesce(` + a + `.last_error, ''), ` + a + `.created_at, ` + a + `.updated_at, ` +
+		a + `.completed_at`
+}
+
+// AcquireStuckRefunds leases, for holder, up to limit refunds that may
+// have been made and that neither a redelivery nor another reconciler
+// resolves (see acquireStuckRefundsSQL): each is looked up, never
+// re-called, and recorded under its lease (CompleteRefund) or given back
+// unknown (ReleaseRefund).
+func (s *Store) AcquireStuckRefunds(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]ledger.Refund, error) {
+	if holder == "" || lease <= 0 || limit <= 0 {
+		return nil, errors.New("acquire stuck refunds: needs a holder, a positive lease and a positive limit")
+	}
+	args := pgx.NamedArgs{"holder": holder, "grace": grace, "lease": lease, "limit": int32(limit), "now": s.db.Now()}
+	var out []ledger.Refund
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		out = out[:0]
+		rows, err := s.db.Pool.Query(ctx, acquireStuckRefundsSQL, args)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			r, err := scanRefund(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError("acquire stuck refunds", err)
+	}
+	return out, nil
 }

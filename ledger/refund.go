@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
 )
 
 // The statuses of a refund's row (migration 00024).
@@ -145,6 +146,12 @@ func (r Refund) Final() bool {
 	return r.Status == RefundSucceeded || r.Status == RefundFailed || r.Status == RefundRefused
 }
 
+// Lease is the lease a holder of the pending refund r holds.
+func (r Refund) Lease() Lease {
+	return Lease{MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey, ProviderKey: r.ProviderKey,
+		Holder: r.LockedBy, Attempt: r.Attempts, Until: r.LockedUntil, CreatedAt: r.CreatedAt, MaybeCharged: r.Attempts > 1}
+}
+
 // RefundClaim is what a refund's claim found.
 type RefundClaim struct {
 	// Outcome is Claimed (a new row: call the provider), NeedsLookup (a
@@ -178,4 +185,30 @@ type RefundCompletion struct {
 	// replayed.
 	ResponseStatus int
 	Response       json.RawMessage
+}
+
+// RefundCompletionOf is the record of a provider's refund answer, the
+// worker's and the reconciler's alike: refused (its definitive no),
+// succeeded, failed (failed or canceled: the money is back), or
+// processing (pending, requires_action: settled later). An answer without
+// a body is stored as a summary of it.
+func RefundCompletionOf(out *provider.RefundOutcome) RefundCompletion {
+	c := RefundCompletion{RefundID: out.RefundID, ResponseStatus: out.HTTPStatus, Response: out.Response}
+	switch {
+	case out.Refused:
+		c.Status, c.Reason = RefundRefused, out.RefusalCode
+	case out.Status == provider.RefundSucceeded:
+		c.Status = RefundSucceeded
+	case out.Status == provider.RefundFailed || out.Status == provider.RefundCanceled:
+		c.Status, c.Reason = RefundFailed, out.FailureReason
+	default:
+		c.Status = RefundProcessing
+	}
+	if c.ResponseStatus == 0 {
+		c.ResponseStatus = 200
+	}
+	if len(c.Response) == 0 {
+		c.Response, _ = json.Marshal(map[string]any{"id": out.RefundID, "status": out.Status, "amount": out.Amount, "refused": out.Refused})
+	}
+	return c
 }
