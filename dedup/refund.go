@@ -43,11 +43,18 @@ func scanRefund(row pgx.Row) (ledger.Refund, error) {
 
 // The statements of a refund's claim, run in one transaction (ClaimRefund).
 const (
-	// refundLockPayment locks the refunded payment's ledger row: every
-	// claim of a refund of it waits here for the one before to commit,
-	// so the sum below sees every refund claimed before it.
-	refundLockPayment = `SELECT status, amount, currency, coalesce(charge_id, ''), ` + dbNow + `
-    FROM payments WHERE merchant_id = @merchant AND idempotency_key = @payment_key FOR UPDATE`
+	// refundLockPayment locks the refunded payment for the transaction:
+	// every claim of a refund of it waits here for the one before to
+	// commit, so the sum below sees every refund claimed before it. A
+	// transaction advisory lock on the payment (per schema, merchant and
+	// key; no merchant id holds a ':'), not the ledger row's FOR UPDATE:
+	// the worker's role may not update the ledger (migration 00011), and
+	// FOR UPDATE needs that right. Everything that changes what a payment
+	// may refund takes this lock first.
+	refundLockPayment = `SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '/payment/' || @merchant || ':' || @payment_key, 0))`
+	// refundPayment reads the refunded payment's ledger row.
+	refundPayment = `SELECT status, amount, currency, coalesce(charge_id, ''), ` + dbNow + `
+    FROM payments WHERE merchant_id = @merchant AND idempotency_key = @payment_key`
 	// refundExisting reads the refund's own row, if any.
 	refundExisting = `SELECT ` + refundColumns + ` FROM refunds
     WHERE merchant_id = @merchant AND idempotency_key = @key FOR UPDATE`
@@ -70,8 +77,8 @@ const (
 )
 
 // ClaimRefund claims one refund for holder, with a lease of the given
-// length, in one transaction that locks the refunded payment's ledger
-// row. The payment must exist and be charged (succeeded), and the sum of
+// length, in one transaction that locks the refunded payment
+// (refundLockPayment). The payment must exist and be charged (succeeded), and the sum of
 // its refunds that may hold money (ledger.RefundHolds) plus this one's
 // amount must not pass the amount captured; else the claim is Refused
 // with its reason, writes nothing, and the refund must not be sent. An
@@ -113,7 +120,10 @@ func claimRefundTx(ctx context.Context, tx pgx.Tx, req ledger.RefundRequest, arg
 		captured                      int64
 		now                           time.Time
 	)
-	err := tx.QueryRow(ctx, refundLockPayment, args).Scan(&payStatus, &captured, &currency, &chargeID, &now)
+	if _, err := tx.Exec(ctx, refundLockPayment, args); err != nil {
+		return err
+	}
+	err := tx.QueryRow(ctx, refundPayment, args).Scan(&payStatus, &captured, &currency, &chargeID, &now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		res.Outcome, res.Reason = ledger.Refused, ledger.RefuseNoPayment
 		return nil

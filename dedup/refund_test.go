@@ -1,6 +1,7 @@
 package dedup_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
@@ -234,5 +237,50 @@ func TestRefundLeaseRunOutIsLookedUp(t *testing.T) {
 	}
 	if _, err := b.store.GetRefund(b.ctx, "m_1", "r-9"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("unknown refund: %v", err)
+	}
+}
+
+// TestWorkerRoleRefunds runs the refund path and an authorization's
+// completion on a pool logged in as paydedup_worker, as production does:
+// the claim's lock of the payment row, the refund's writes, the reconciler's
+// lease of stuck refunds, and the outcome events the triggers write.
+func TestWorkerRoleRefunds(t *testing.T) {
+	t.Parallel()
+	pool := asWorker(t, testenv.PostgresURL(t))
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := store.Claim(ctx, "w", lease, req("m_1", "pay", 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Complete(ctx, *res.Lease, charged("pi_pay")); err != nil {
+		t.Fatal(err)
+	}
+	auth, err := store.Claim(ctx, "w", lease, authorizeReq("m_1", "auth", 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Complete(ctx, *auth.Lease, authorized("pi_auth", 100)); err != nil {
+		t.Fatalf("authorized completion as the worker: %v", err)
+	}
+	c, err := store.ClaimRefund(ctx, "w", lease, refundReq("m_1", "r-1", "pay", 60))
+	if err != nil || c.Outcome != ledger.Claimed {
+		t.Fatalf("claim refund as the worker: %+v %v", c, err)
+	}
+	if err := store.ReleaseRefund(ctx, *c.Lease, "timeout"); err != nil {
+		t.Fatal(err)
+	}
+	stuck, err := store.AcquireStuckRefunds(ctx, "reconciler", 0, lease, 10)
+	if err != nil || len(stuck) != 1 {
+		t.Fatalf("stuck refunds as the worker: %d %v", len(stuck), err)
+	}
+	if err := store.CompleteRefund(ctx, stuck[0].Lease(), refunded("re_1")); err != nil {
+		t.Fatalf("complete refund as the worker: %v", err)
+	}
+	if got, err := store.ClaimRefund(ctx, "w", lease, refundReq("m_1", "r-2", "pay", 0)); err != nil || got.Refund.Amount != 40 {
+		t.Fatalf("refund of the rest: %+v %v", got, err)
 	}
 }

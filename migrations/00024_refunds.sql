@@ -2,8 +2,9 @@
 -- Refunds of charged payments, one row per (merchant_id, idempotency_key)
 -- of the refund itself (a refund's key is its own, never its payment's).
 -- The claim (dedup.ClaimRefund) runs in one transaction that locks the
--- refunded payment's ledger row, so two refunds of one payment are judged
--- one after the other: the payment exists and is charged (succeeded), and
+-- refunded payment (a transaction advisory lock on it: the worker's role
+-- may not update the ledger, which FOR UPDATE needs), so two refunds of
+-- one payment are judged one after the other: the payment exists and is charged (succeeded), and
 -- the sum of its refunds that may hold money (pending: claimed, a call may
 -- be under way; unknown: a call whose outcome was lost; processing: the
 -- provider holds it pending; succeeded) plus this one is at most the
