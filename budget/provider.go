@@ -97,3 +97,50 @@ func (p *Provider) Lookup(ctx context.Context, req provider.LookupRequest) (prov
 	}
 	return res, err
 }
+
+// refunder is the part of an adapter that refunds (provider/stripe's
+// Client, the simulator's).
+type refunder interface {
+	Refund(ctx context.Context, req provider.RefundRequest) (*provider.RefundOutcome, error)
+	LookupRefund(ctx context.Context, req provider.RefundLookupRequest) (provider.RefundLookupResult, error)
+}
+
+// errNoRefunds answers a refund through a provider that cannot make one:
+// nothing was sent.
+var errNoRefunds = &provider.Error{Class: provider.ClassRejected, Message: "the provider behind the budget does not refund"}
+
+// Refund takes a token of the budget, as a charge does, and asks next to
+// refund.
+func (p *Provider) Refund(ctx context.Context, req provider.RefundRequest) (*provider.RefundOutcome, error) {
+	r, ok := p.next.(refunder)
+	if !ok {
+		return nil, errNoRefunds
+	}
+	if err := p.b.Wait(ctx, req.MerchantID); err != nil {
+		return nil, err
+	}
+	p.b.metrics.requests.Inc()
+	out, err := r.Refund(ctx, req)
+	if err != nil {
+		p.b.Observe(ctx, err)
+	}
+	return out, err
+}
+
+// LookupRefund takes a token of the budget, as a lookup does, and asks
+// next for the refund.
+func (p *Provider) LookupRefund(ctx context.Context, req provider.RefundLookupRequest) (provider.RefundLookupResult, error) {
+	r, ok := p.next.(refunder)
+	if !ok {
+		return provider.RefundLookupResult{}, errNoRefunds
+	}
+	if err := p.b.Wait(ctx, req.MerchantID); err != nil {
+		return provider.RefundLookupResult{}, err
+	}
+	p.b.metrics.requests.Inc()
+	res, err := r.LookupRefund(ctx, req)
+	if err != nil {
+		p.b.Observe(ctx, err)
+	}
+	return res, err
+}

@@ -200,7 +200,7 @@ func (c *Client) Wait(ctx context.Context, key string) (Result, error) {
 		}
 		last = r
 		switch r.Status {
-		case StatusSucceeded, StatusDeclined, StatusWaitingForOperator, StatusPublishUnknown:
+		case StatusSucceeded, StatusDeclined, StatusAuthorized, StatusWaitingForOperator, StatusPublishUnknown:
 			return r, nil
 		}
 		if err := ctx.Err(); err != nil {

@@ -94,6 +94,14 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 func (p *Publisher) Publish(ctx context.Context, key string, pay Payment) (Published, error) {
 	cmd := &payment.Command{MerchantID: p.merchant, IdempotencyKey: key, Amount: pay.Amount, Currency: pay.Currency,
 		PaymentMethod: pay.PaymentMethod, Description: pay.Description, Metadata: pay.Metadata}
+	switch pay.CaptureMethod {
+	case "", "automatic":
+	case "manual":
+		cmd.Kind = payment.KindAuthorize
+	default:
+		return Published{}, &payment.ValidationError{Reason: payment.ReasonInvalidKind, Field: "capture_method",
+			Msg: fmt.Sprintf("%q is not automatic or manual", pay.CaptureMethod)}
+	}
 	body, err := stream.EncodeCommand(cmd)
 	if err != nil {
 		return Published{}, fmt.Errorf("client: %w", err)

@@ -18,6 +18,10 @@ type Payment struct {
 	PaymentMethod string            `json:"payment_method"` // a token (pm_...), never card data
 	Description   string            `json:"description,omitempty"`
 	Metadata      map[string]string `json:"metadata,omitempty"`
+	// CaptureMethod is Stripe's: "manual" authorizes (the payment ends
+	// StatusAuthorized, the amount held, not moved); empty or
+	// "automatic" charges.
+	CaptureMethod string `json:"capture_method,omitempty"`
 }
 
 // Status is a payment's state as the gateway shows it.
@@ -44,6 +48,9 @@ const (
 	// StatusDeclined: refused by the provider, definitively. Final; another
 	// attempt is a new payment under a new key.
 	StatusDeclined = Status(ledger.StateDeclined)
+	// StatusAuthorized: a CaptureMethod "manual" payment's amount is held
+	// by the provider, not moved (Result.AmountCapturable). Final.
+	StatusAuthorized = Status(ledger.StateAuthorized)
 )
 
 // Result is what the gateway answered about a payment.
@@ -56,6 +63,9 @@ type Result struct {
 	ChargeID    string     `json:"charge_id,omitempty"`
 	CreatedAt   time.Time  `json:"created_at"`
 	CompletedAt *time.Time `json:"completed_at,omitempty"`
+	// AmountCapturable is how much of an authorized payment can still be
+	// captured; 0 in any other state.
+	AmountCapturable int64 `json:"amount_capturable,omitempty"`
 	// Outcome is the provider's stored answer, once completed.
 	Outcome *Outcome `json:"outcome,omitempty"`
 	// Reason is why a payment waits for an operator (provider_rejected,
@@ -72,9 +82,11 @@ type Result struct {
 	Replayed bool `json:"-"`
 }
 
-// Final reports whether the payment is done: succeeded or declined.
-// Anything else may still be charged; keep the key.
-func (r Result) Final() bool { return r.Status == StatusSucceeded || r.Status == StatusDeclined }
+// Final reports whether the payment is done: succeeded, declined or
+// authorized. Anything else may still be charged; keep the key.
+func (r Result) Final() bool {
+	return r.Status == StatusSucceeded || r.Status == StatusDeclined || r.Status == StatusAuthorized
+}
 
 // Outcome is the provider's stored answer of a completed payment.
 type Outcome struct {

@@ -435,6 +435,8 @@ func stateWords(st ledger.PaymentState, maybeCharged bool) string {
 		return "completed: charged"
 	case st.Status == ledger.StateDeclined:
 		return "completed: declined, never charged"
+	case st.Status == ledger.StateAuthorized:
+		return "completed: authorized, the amount held by the provider, not moved"
 	case st.Status == ledger.StateProcessing && st.Completed:
 		return "completed as processing: the provider accepted it and money may still move; the reconciler records its final answer"
 	case st.Status == ledger.StateProcessing && maybeCharged:

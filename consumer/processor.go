@@ -257,6 +257,9 @@ func (p *Processor) call(ctx context.Context, cmd *payment.Command, s *callSlot,
 		PaymentMethod:  cmd.PaymentMethod,
 		Description:    cmd.Description,
 		Metadata:       providerMetadata(cmd.Metadata, lease.TraceID),
+		// The kind the claim stored (in its provider key) decides, as
+		// it decides for whoever resolves the row later.
+		ManualCapture: ledger.KindOfProviderKey(lease.ProviderKey) == payment.KindAuthorize,
 	}
 	// The time the budget held the call back (its waits for a token, the
 	// backoff after its refusals) is recorded apart: it is not the
@@ -296,6 +299,8 @@ func (p *Processor) observe(cmd *payment.Command, a *answer) {
 		result = "declined"
 	case a.out.Processing:
 		result = "processing"
+	case a.out.Authorized:
+		result = "authorized"
 	}
 	// Any answer from the provider but a refusal shows the key works again;
 	// only one that is not "unavailable" shows the provider works. A call
@@ -344,7 +349,7 @@ func (p *Processor) record(ctx context.Context, lease ledger.Lease, a *answer, l
 
 // recordCharge completes the key with the provider's outcome.
 func (p *Processor) recordCharge(ctx context.Context, deadline time.Time, lease ledger.Lease, out *provider.Outcome, log *slog.Logger) Result {
-	c := ledger.CompletionOf(out, ledger.SummaryIfNoBody)
+	c := ledger.CompletionFor(ledger.KindOfProviderKey(lease.ProviderKey), out, ledger.SummaryIfNoBody)
 	cerr := p.committer.Complete(ctx, deadline, lease, c)
 	switch {
 	case cerr == nil:
@@ -355,7 +360,7 @@ func (p *Processor) recordCharge(ctx context.Context, deadline time.Time, lease 
 		}
 		// Attrs, not key-value pairs: no string is put in an interface.
 		log.LogAttrs(ctx, slog.LevelInfo, "payment completed", slog.String("charge_id", out.ChargeID), slog.Bool("declined", out.Declined),
-			slog.Bool("processing", out.Processing), slog.String("decline_code", out.DeclineCode), slog.Bool("replayed", out.Replayed))
+			slog.Bool("processing", c.Processing), slog.Bool("authorized", c.Authorized), slog.String("decline_code", out.DeclineCode), slog.Bool("replayed", out.Replayed))
 		return res
 	case errors.Is(cerr, ledger.ErrLeaseLost):
 		// Another holder took over; it calls with the same provider key,

@@ -418,6 +418,7 @@ func (w *Worker) handleBatch(workCtx context.Context, msgs []jetstream.Msg, slot
 	defer b.refs.release()
 
 	good := w.decodeBatch(ctx, b, msgs, fetched)
+	good = w.refunds(b, good)
 	if len(good) == 0 {
 		return
 	}
@@ -484,6 +485,36 @@ func (w *Worker) decodeBatch(ctx context.Context, b *batchStages, msgs []jetstre
 		in.cmd = cmd
 	}
 	return good
+}
+
+// refunds hands the batch's refund commands to the pool, each claimed on
+// its own (Processor.refund: its claim locks the refunded payment), and
+// returns the other messages, for the batch's one claim. The refunds stay
+// in place in good, which is not changed after.
+func (w *Worker) refunds(b *batchStages, good []inbound) []inbound {
+	n := 0
+	for i := range good {
+		if good[i].cmd.Kind == payment.KindRefund {
+			n++
+		}
+	}
+	if n == 0 {
+		return good
+	}
+	rest := make([]inbound, 0, len(good)-n)
+	for i := range good {
+		in := &good[i]
+		if in.cmd.Kind != payment.KindRefund {
+			rest = append(rest, *in)
+			continue
+		}
+		in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
+		b.spawn(func() {
+			defer func() { <-b.slots }()
+			w.settle(b.refs, in, w.proc.refund(in.ctx, in.cmd, in.log.logger()))
+		})
+	}
+	return rest
 }
 
 // claimBatch claims the decoded messages' keys in one round trip, under

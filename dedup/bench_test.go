@@ -150,3 +150,42 @@ func BenchmarkBackendCPU(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRefundClaimComplete is the refund path's store cost: one
+// claim (a transaction of four statements under the payment's lock) and
+// one completion per refund, each its own round trip, on 2,000 charged
+// payments refunded a cent at a time in turn. Compare with
+// BenchmarkClaimComplete, a charge's claim and completion one by one.
+func BenchmarkRefundClaimComplete(b *testing.B) {
+	bb := setup(b)
+	const payments = 2000
+	reqs := make([]ledger.ClaimRequest, payments)
+	for j := range reqs {
+		reqs[j] = req("m_1", fmt.Sprintf("pay-%d", j), 1_000_000)
+	}
+	res, err := bb.store.ClaimBatch(bb.ctx, "bench", lease, reqs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	items := make([]ledger.CompleteItem, payments)
+	for j, r := range res {
+		items[j] = ledger.CompleteItem{Lease: *r.Lease, Completion: charged(fmt.Sprintf("pi_%d", j))}
+	}
+	if _, err := bb.store.CompleteBatch(bb.ctx, items); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		r := refundReq("m_1", fmt.Sprintf("r-%d", i), fmt.Sprintf("pay-%d", i%payments), 1)
+		c, err := bb.store.ClaimRefund(bb.ctx, "bench", lease, r)
+		if err != nil || c.Outcome != ledger.Claimed {
+			b.Fatalf("claim refund: %+v %v", c, err)
+		}
+		if err := bb.store.CompleteRefund(bb.ctx, *c.Lease, refunded(fmt.Sprintf("re_%d", i))); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "refunds/s")
+}

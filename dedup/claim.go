@@ -226,7 +226,7 @@ func (s *Store) claimRound(ctx context.Context, holder string, lease time.Durati
 	for j, i := range unique {
 		r := reqs[i]
 		merchants[j], keys[j], hashes[j] = r.MerchantID, r.IdempotencyKey, r.RequestHash
-		providerKeys[j], amounts[j], currencies[j], ords[j] = ledger.ProviderKey(r.MerchantID, r.IdempotencyKey), r.Amount, r.Currency, int32(i)
+		providerKeys[j], amounts[j], currencies[j], ords[j] = r.ProviderKey(), r.Amount, r.Currency, int32(i)
 		traces[j] = r.TraceID
 	}
 	args := pgx.NamedArgs{

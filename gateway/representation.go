@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"time"
@@ -21,6 +22,7 @@ const (
 	StateDeclined           = string(ledger.StateDeclined)
 	StatePublishUnknown     = string(ledger.StatePublishUnknown)
 	StateWaitingForOperator = string(ledger.StateWaitingForOperator)
+	StateAuthorized         = string(ledger.StateAuthorized)
 )
 
 // Payment is the gateway's representation of a payment. For a completed
@@ -35,6 +37,9 @@ type Payment struct {
 	ChargeID       string     `json:"charge_id,omitempty"`
 	CreatedAt      time.Time  `json:"created_at"`
 	CompletedAt    *time.Time `json:"completed_at,omitempty"`
+	// AmountCapturable is how much of an authorized payment can still be
+	// captured (Stripe's amount_capturable); absent in any other state.
+	AmountCapturable *int64 `json:"amount_capturable,omitempty"`
 	// Outcome is the provider's stored answer, once completed.
 	Outcome *Outcome `json:"outcome,omitempty"`
 	// Reason is the dead letter's reason of a payment waiting for an
@@ -82,6 +87,10 @@ func paymentOf(st ledger.PaymentState) Payment {
 		at := st.CompletedAt.UTC()
 		p.CompletedAt = &at
 		p.Outcome = &Outcome{Status: st.ResponseStatus, Body: st.Response}
+	}
+	if st.Status == ledger.StateAuthorized {
+		capturable := st.AmountCapturable
+		p.AmountCapturable = &capturable
 	}
 	return p
 }
@@ -152,11 +161,20 @@ func invalidRequest(w http.ResponseWriter, err error) {
 // the body's fields and payment.Decode does the strict decoding, so the
 // gateway accepts exactly what the worker accepts. A merchant_id in the
 // body is an unknown field here.
+//
+// Stripe's capture_method chooses the command's kind: "manual" publishes
+// an authorize, "automatic" (the default) a charge. It is taken out of
+// the body before the strict decoding (captureMethod), which then judges
+// the rest as the worker will.
 func decodeCommand(body []byte, merchant, key string, lim payment.Limits) (*payment.Command, error) {
 	env := payment.Envelope{HeaderKey: key, HeaderKeySet: true}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return payment.Decode(body, env, lim) // fails: not an object
+	}
+	trimmed, method, err := captureMethod(trimmed)
+	if err != nil {
+		return nil, err
 	}
 	rest := trimmed[1:]
 	m, _ := json.Marshal(merchant)
@@ -174,5 +192,95 @@ func decodeCommand(body []byte, merchant, key string, lim payment.Limits) (*paym
 		return nil, &payment.ValidationError{Reason: payment.ReasonUnknownField, Field: "merchant_id",
 			Msg: "must not be sent: the merchant comes from the API key"}
 	}
-	return cmd, err
+	if err == nil && cmd.Kind == payment.KindRefund {
+		return nil, &payment.ValidationError{Reason: payment.ReasonInvalidKind, Field: "kind",
+			Msg: "a refund is not a payment: this door takes charges and authorizations"}
+	}
+	if err != nil || method == "" {
+		return cmd, err
+	}
+	want := payment.KindCharge
+	if method == captureManual {
+		want = payment.KindAuthorize
+	}
+	switch {
+	case cmd.Kind == "" && want == payment.KindCharge:
+	case cmd.Kind == "":
+		cmd.Kind = want
+	case cmd.Kind != want:
+		return nil, &payment.ValidationError{Reason: payment.ReasonInvalidKind, Field: "capture_method",
+			Msg: fmt.Sprintf("%q contradicts kind %q", method, cmd.Kind)}
+	}
+	return cmd, nil
+}
+
+// Stripe's capture methods a POST may name.
+const (
+	captureAutomatic = "automatic"
+	captureManual    = "manual"
+)
+
+// captureMethod takes the top-level field capture_method out of the JSON
+// object body: it returns the object without it and the method named
+// ("" when absent). A body it cannot walk is returned as it is, for the
+// strict decoding to name what is wrong with it. The other fields are
+// kept in their order, their values byte for byte, so the strict decoding
+// still sees every duplicate and every unknown field.
+func captureMethod(body []byte) ([]byte, string, error) {
+	if !bytes.Contains(body, []byte("capture_method")) && !bytes.Contains(body, []byte(`\u`)) {
+		return body, "", nil // the common case: no walk
+	}
+	type pair struct {
+		key string
+		raw json.RawMessage
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return body, "", nil
+	}
+	var (
+		pairs  []pair
+		method string
+		found  bool
+	)
+	for dec.More() {
+		tok, err := dec.Token()
+		k, ok := tok.(string)
+		if err != nil || !ok {
+			return body, "", nil
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return body, "", nil
+		}
+		if k != "capture_method" {
+			pairs = append(pairs, pair{k, raw})
+			continue
+		}
+		if found {
+			return nil, "", &payment.ValidationError{Reason: payment.ReasonDuplicateField, Field: "capture_method", Msg: "appears more than once"}
+		}
+		found = true
+		if json.Unmarshal(raw, &method) != nil || method != captureAutomatic && method != captureManual {
+			return nil, "", &payment.ValidationError{Reason: payment.ReasonInvalidKind, Field: "capture_method",
+				Msg: `must be "automatic" or "manual"`}
+		}
+	}
+	if !found {
+		return body, "", nil
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return body, "", nil
+	}
+	rest := body[dec.InputOffset():]
+	out := []byte{'{'}
+	for i, p := range pairs {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		k, _ := json.Marshal(p.key)
+		out = append(append(append(out, k...), ':'), p.raw...)
+	}
+	out = append(append(out, '}'), rest...)
+	return out, method, nil
 }

@@ -45,6 +45,14 @@ type ClaimRequest struct {
 	// TraceID is the W3C trace id (32 lower-case hex digits) of the message,
 	// or empty. Only the first claim's is kept.
 	TraceID string
+	// Kind is the command's kind (payment.KindCharge when empty, or
+	// payment.KindAuthorize): it chooses the provider key (ProviderKeyFor).
+	Kind string
+}
+
+// ProviderKey is the provider key the claim stores for the request.
+func (r ClaimRequest) ProviderKey() string {
+	return ProviderKeyFor(r.Kind, r.MerchantID, r.IdempotencyKey)
 }
 
 // NewClaimRequest builds the claim for a validated command.
@@ -55,6 +63,7 @@ func NewClaimRequest(c *payment.Command) ClaimRequest {
 		RequestHash:    Fingerprint(c),
 		Amount:         c.Amount,
 		Currency:       c.Currency,
+		Kind:           c.Kind,
 	}
 }
 
@@ -65,6 +74,9 @@ func (r ClaimRequest) Validate() error {
 		return err
 	}
 	if err := payment.ValidateKey(r.IdempotencyKey); err != nil {
+		return err
+	}
+	if err := payment.ValidateKind(r.Kind); err != nil {
 		return err
 	}
 	if len(r.RequestHash) != sha256.Size {
@@ -107,6 +119,9 @@ const (
 	// resolve it. A failed row is parked for the reconciler (pending,
 	// maybe_charged, lease expired) by the claim that finds it so.
 	NeedsLookup
+	// Refused: a refund's claim the ledger's rules refuse
+	// (RefundClaim.Reason): nothing was written, and it must not be sent.
+	Refused
 )
 
 func (o Outcome) String() string {
@@ -123,6 +138,8 @@ func (o Outcome) String() string {
 		return "mismatch"
 	case NeedsLookup:
 		return "needs_lookup"
+	case Refused:
+		return "refused"
 	}
 	return "unknown"
 }
@@ -175,14 +192,16 @@ const (
 // lookup); now is the claim's time.
 //
 // A row built from the ledger after its key row was purged has no
-// fingerprint (RequestHash nil): the ledger's amount and currency decide
-// between the old payment's duplicate and a reused key.
+// fingerprint (RequestHash nil): the ledger's amount, currency and kind
+// (its provider key's) decide between the old payment's duplicate and a
+// reused key.
 func Evaluate(rec Record, req ClaimRequest, now time.Time, window time.Duration) (res ClaimResult, acquirable bool) {
 	res.Record = rec
 	if rec.RequestHash == nil {
 		res.FromLedger = true
 		res.Outcome = Duplicate
-		if rec.Amount != req.Amount || rec.Currency != req.Currency {
+		if rec.Amount != req.Amount || rec.Currency != req.Currency ||
+			KindOfProviderKey(rec.ProviderKey) != KindOfProviderKey(req.ProviderKey()) {
 			res.Outcome = Mismatch
 		}
 		return res, false

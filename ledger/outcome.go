@@ -8,6 +8,12 @@ const (
 	OutcomeDeclined   = "declined"   // the ledger row's insert, declined
 	OutcomeProcessing = "processing" // the ledger row's insert, processing: a settled event follows
 	OutcomeSettled    = "settled"    // a processing payment ended: succeeded or failed
+	OutcomeAuthorized = "authorized" // the ledger row's insert, authorized: an authorize's money held
+	// OutcomeRefunded and OutcomeRefundFailed are a refund's final
+	// outcome (seq 3, under the refund's own key): succeeded; failed or
+	// refused by the provider (Status says which).
+	OutcomeRefunded     = "refunded"
+	OutcomeRefundFailed = "refund_failed"
 	// OutcomeRefused is a command the worker refused (dead-lettered for
 	// bad input or a reused key): final for that command, not for its
 	// key, which it never bound. Its status is StatusRefused, its Seq 0.
@@ -29,9 +35,9 @@ type OutcomeEvent struct {
 	EventID        string
 	MerchantID     string
 	IdempotencyKey string
-	Seq            int    // the event's place among its payment's events, from 1; 0 for a refusal, outside that order
-	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing, OutcomeSettled or OutcomeRefused
-	Status         string // the ledger status the outcome left: PaymentSucceeded, ...; StatusRefused for a refusal
+	Seq            int    // the event's place among its payment's events, from 1 (3 for a refund's); 0 for a refused command, outside that order
+	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing, OutcomeSettled, OutcomeAuthorized, OutcomeRefunded, OutcomeRefundFailed or OutcomeRefused
+	Status         string // the ledger status the outcome left: PaymentSucceeded, ...; StatusRefused for a refused command or a refund the provider refused
 	Amount         int64
 	Currency       string
 	ChargeID       string // empty for a decline that created no object

@@ -20,6 +20,10 @@ type Completion struct {
 	// again, and its ledger row is `processing` until SettlePayment moves it
 	// to `succeeded` or `failed`. ChargeID is required.
 	Processing bool
+	// Authorized records an authorization (an authorize's intent left
+	// requires_capture): the money is held, not moved; its ledger row is
+	// `authorized`. ChargeID is required. CompletionFor sets it.
+	Authorized bool
 	// ResponseStatus and Response are stored and replayed to duplicates.
 	ResponseStatus int
 	Response       json.RawMessage
@@ -84,6 +88,8 @@ func (c Completion) PaymentStatus() string {
 		return PaymentDeclined
 	case c.Processing:
 		return PaymentProcessing
+	case c.Authorized:
+		return PaymentAuthorized
 	}
 	return PaymentSucceeded
 }
@@ -98,6 +104,9 @@ const (
 	// PaymentFailed is a processing payment that ended without moving
 	// money (a bank debit returned).
 	PaymentFailed = "failed"
+	// PaymentAuthorized is an authorize's payment: the money held at the
+	// provider, not moved (migration 00023).
+	PaymentAuthorized = "authorized"
 )
 
 // Payment is one row of the payments ledger: the business effect of a
@@ -107,7 +116,7 @@ type Payment struct {
 	IdempotencyKey string
 	ProviderKey    string
 	ChargeID       string // empty for a decline that created no object
-	Status         string // PaymentSucceeded, PaymentDeclined, PaymentProcessing or PaymentFailed
+	Status         string // PaymentSucceeded, PaymentDeclined, PaymentProcessing, PaymentFailed or PaymentAuthorized
 	Amount         int64
 	Currency       string
 	CreatedAt      time.Time

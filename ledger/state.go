@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"time"
+
+	"github.com/paydedup/paydedup/payment"
 )
 
 // State is a payment's status as its client reads it: the status field of
@@ -34,6 +36,9 @@ const (
 	StateSucceeded State = "succeeded"
 	// StateDeclined: definitively refused by the provider.
 	StateDeclined State = "declined"
+	// StateAuthorized: an authorize's money is held at the provider, not
+	// moved (PaymentState.AmountCapturable says how much).
+	StateAuthorized State = "authorized"
 )
 
 // PaymentState is a payment as its client sees it, whatever reads it (the
@@ -63,16 +68,19 @@ type PaymentState struct {
 	CompletedAt    time.Time
 	ResponseStatus int
 	Response       json.RawMessage
+	// AmountCapturable is how much of an authorized payment can still be
+	// captured; 0 in any other state.
+	AmountCapturable int64
 }
 
 // Found reports whether anything is known of the payment.
 func (s PaymentState) Found() bool { return s.Status != "" || s.Rejected }
 
 // Final reports whether the answer no longer changes: charged, declined,
-// or rejected. A payment completed as processing is not final: the
-// provider settles it later.
+// authorized (the authorize's outcome), or rejected. A payment completed
+// as processing is not final: the provider settles it later.
 func (s PaymentState) Final() bool {
-	return s.Rejected || s.Status == StateSucceeded || s.Status == StateDeclined
+	return s.Rejected || s.Status == StateSucceeded || s.Status == StateDeclined || s.Status == StateAuthorized
 }
 
 // WaitsForWorker reports whether the payment waits for a worker to move
@@ -161,6 +169,14 @@ func recordState(rec Record) PaymentState {
 			st.Status = StateProcessing
 		case rec.ResponseStatus >= 200 && rec.ResponseStatus < 300:
 			st.Status = StateSucceeded
+			// An authorize's intent left requires_capture: held, not
+			// moved. (An authorize the provider captured at once is
+			// charged, and says so.)
+			if KindOfProviderKey(rec.ProviderKey) == payment.KindAuthorize {
+				if ok, capturable := authorizedAnswer(rec.Response, rec.Amount); ok {
+					st.Status, st.AmountCapturable = StateAuthorized, capturable
+				}
+			}
 		}
 		st.Completed, st.CompletedAt = true, rec.CompletedAt
 		st.ResponseStatus, st.Response = rec.ResponseStatus, rec.Response
@@ -184,6 +200,8 @@ func ledgerState(p Payment) PaymentState {
 		st.Status = StateSucceeded
 	case PaymentProcessing:
 		st.Status = StateProcessing
+	case PaymentAuthorized:
+		st.Status, st.AmountCapturable = StateAuthorized, p.Amount
 	default:
 		st.Status = StateDeclined
 	}

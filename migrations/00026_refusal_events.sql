@@ -6,7 +6,7 @@
 -- not for its key (a refused command never binds it; a later valid command
 -- under the key may be charged), so it stands beside the payment's own
 -- events:
---   seq      : 0, outside the payment's order (1, 2), which the relay
+--   seq      : 0, outside the payment's order (1, 2; 3 a refund's), which the relay
 --              keeps: a refusal waits for no event and holds none back;
 --   event_id : <merchant_id>:<idempotency_key>:refused:<stream sequence of
 --              the refused message>, unique: a redelivery of the same
@@ -20,11 +20,15 @@ ALTER TABLE outcome_events
     DROP CONSTRAINT outcome_events_kind_check,
     DROP CONSTRAINT outcome_events_status_check,
     DROP CONSTRAINT outcome_events_once,
-    ADD CONSTRAINT outcome_events_seq_check CHECK (seq IN (0, 1, 2)),
-    ADD CONSTRAINT outcome_events_kind_check CHECK (kind IN ('charged', 'declined', 'processing', 'settled', 'refused')),
-    ADD CONSTRAINT outcome_events_status_check CHECK (status IN ('succeeded', 'declined', 'processing', 'failed', 'refused')),
-    ADD CONSTRAINT outcome_events_refused CHECK ((seq = 0) = (kind = 'refused') AND (kind = 'refused') = (status = 'refused')
-                                                 AND (kind <> 'refused' OR (reason IS NOT NULL AND charge_id IS NULL))),
+    ADD CONSTRAINT outcome_events_seq_check CHECK (seq IN (0, 1, 2, 3)),
+    ADD CONSTRAINT outcome_events_kind_check CHECK (kind IN ('charged', 'declined', 'processing', 'settled', 'authorized',
+                                                             'refunded', 'refund_failed', 'refused')),
+    ADD CONSTRAINT outcome_events_status_check CHECK (status IN ('succeeded', 'declined', 'processing', 'failed', 'authorized',
+                                                                 'refused')),
+    -- A refund the provider refused (00024) is kind refund_failed with
+    -- status refused; only a refused command is kind refused, at seq 0.
+    ADD CONSTRAINT outcome_events_refused CHECK ((seq = 0) = (kind = 'refused')
+                                                 AND (kind <> 'refused' OR (status = 'refused' AND reason IS NOT NULL AND charge_id IS NULL))),
     ADD CONSTRAINT outcome_events_event_id UNIQUE (event_id);
 CREATE UNIQUE INDEX outcome_events_once ON outcome_events (merchant_id, idempotency_key, seq) WHERE seq > 0;
 
@@ -106,7 +110,9 @@ ALTER TABLE outcome_events
     DROP CONSTRAINT outcome_events_seq_check,
     DROP CONSTRAINT outcome_events_kind_check,
     DROP CONSTRAINT outcome_events_status_check,
-    ADD CONSTRAINT outcome_events_seq_check CHECK (seq IN (1, 2)),
-    ADD CONSTRAINT outcome_events_kind_check CHECK (kind IN ('charged', 'declined', 'processing', 'settled')),
-    ADD CONSTRAINT outcome_events_status_check CHECK (status IN ('succeeded', 'declined', 'processing', 'failed')),
+    ADD CONSTRAINT outcome_events_seq_check CHECK (seq IN (1, 2, 3)),
+    ADD CONSTRAINT outcome_events_kind_check CHECK (kind IN ('charged', 'declined', 'processing', 'settled', 'authorized',
+                                                             'refunded', 'refund_failed')),
+    ADD CONSTRAINT outcome_events_status_check CHECK (status IN ('succeeded', 'declined', 'processing', 'failed', 'authorized',
+                                                                 'refused')),
     ADD CONSTRAINT outcome_events_once UNIQUE (merchant_id, idempotency_key, seq);

@@ -50,6 +50,8 @@ var commandFields = [...]struct {
 	{"payment_method", ReasonInvalidMethod},
 	{"description", ReasonInvalidDesc},
 	{"metadata", ReasonInvalidMetadata},
+	{"kind", ReasonInvalidKind},
+	{"payment_key", ReasonInvalidKey},
 }
 
 // fieldIndex is the index in commandFields of the field named exactly name,
@@ -162,9 +164,9 @@ func (s *scanner) value(depth int) error {
 // body must not mean two commands to two parsers. In every object a key may
 // appear once, compared as decoded ("a" and "\u0061" are the same key).
 func (s *scanner) object(depth int) error {
-	var seenFields uint8 // at depth 1: the fields named so far, by index
-	var seenKeys keySet  // deeper: the keys so far
-	s.pos++              // the '{'
+	var seenFields uint16 // at depth 1: the fields named so far, by index
+	var seenKeys keySet   // deeper: the keys so far
+	s.pos++               // the '{'
 	c, ok := s.peek()
 	if !ok {
 		return errEnd
@@ -529,6 +531,10 @@ func (s *scanner) field(text string, c *Command, i int) error {
 		c.PaymentMethod = v
 	case "description":
 		c.Description = v
+	case "kind":
+		c.Kind = v
+	case "payment_key":
+		c.PaymentKey = v
 	}
 	return nil
 }

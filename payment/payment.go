@@ -43,6 +43,33 @@ type Command struct {
 	PaymentMethod  string            `json:"payment_method"`
 	Description    string            `json:"description,omitempty"`
 	Metadata       map[string]string `json:"metadata,omitempty"`
+	// Kind is what the command asks of the provider (KindCharge, the
+	// default when empty, or KindAuthorize). A charge's kind is left out of
+	// its encoding, so its fingerprint is the one it had before kinds.
+	Kind string `json:"kind,omitempty"`
+	// PaymentKey names the payment a refund acts on: that payment's
+	// idempotency key, under the same merchant. Only a refund has one.
+	PaymentKey string `json:"payment_key,omitempty"`
+}
+
+// The kinds of a command. KindRefund acts on a charged payment (named by
+// PaymentKey); KindCapture and KindCancel are reserved for the operations
+// on an authorization, and a command naming them is refused
+// (invalid_kind) until the worker handles them.
+const (
+	KindCharge    = "charge"
+	KindAuthorize = "authorize" // a charge with manual capture: the money is held, not moved
+	KindCapture   = "capture"
+	KindCancel    = "cancel"
+	KindRefund    = "refund"
+)
+
+// KindOf is the command's kind, KindCharge when it names none.
+func (c *Command) KindOf() string {
+	if c.Kind == "" {
+		return KindCharge
+	}
+	return c.Kind
 }
 
 // Reason names why a command was rejected. Reasons are stable strings: they
@@ -67,6 +94,7 @@ const (
 	ReasonInvalidMethod    Reason = "invalid_payment_method"
 	ReasonInvalidDesc      Reason = "invalid_description"
 	ReasonInvalidMetadata  Reason = "invalid_metadata"
+	ReasonInvalidKind      Reason = "invalid_kind"
 	// ReasonCardData: something in the command looks like a card number
 	// (a PAN). Commands carry payment-method tokens; paydedup refuses to
 	// hold card data, whatever else is wrong with the message (card.go).
@@ -80,7 +108,7 @@ var InputReasons = []Reason{
 	ReasonDuplicateField, ReasonMissingKey, ReasonInvalidKey, ReasonKeyMismatch,
 	ReasonInvalidMerchant, ReasonMerchantMismatch, ReasonInvalidAmount, ReasonAmountOverLimit,
 	ReasonInvalidCurrency, ReasonInvalidMethod, ReasonInvalidDesc, ReasonInvalidMetadata,
-	ReasonCardData,
+	ReasonCardData, ReasonInvalidKind,
 }
 
 // IsInputReason reports whether r is one of the bad-input reasons.
@@ -216,6 +244,15 @@ func (c *Command) Validate(lim Limits) error {
 	if err := ValidateMerchant(c.MerchantID); err != nil {
 		return err
 	}
+	if err := ValidateKind(c.Kind); err != nil {
+		return err
+	}
+	if c.Kind == KindRefund {
+		return c.validateRefund(lim)
+	}
+	if c.PaymentKey != "" {
+		return invalid(ReasonInvalidKind, "payment_key", "only a refund names a payment")
+	}
 	switch {
 	case c.Amount <= 0:
 		return invalid(ReasonInvalidAmount, "amount", "must be a positive integer in minor units, got %d", c.Amount)
@@ -261,6 +298,45 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// ValidateKind checks a command's kind: empty (a charge), charge,
+// authorize or refund. capture and cancel are known names the worker does
+// not handle yet; any other is unknown. Both are invalid_kind.
+func ValidateKind(kind string) error {
+	switch kind {
+	case "", KindCharge, KindAuthorize, KindRefund:
+		return nil
+	case KindCapture, KindCancel:
+		return invalid(ReasonInvalidKind, "kind", "%q is not handled by this version; kinds handled: charge, authorize, refund", kind)
+	}
+	return invalid(ReasonInvalidKind, "kind", "%q is not a kind; kinds handled: charge, authorize, refund", clip(kind))
+}
+
+// validateRefund checks a refund's fields: the payment it refunds
+// (payment_key, a key of the same merchant), an amount that is 0 (the
+// rest of the payment) or positive, a currency that, when given, is a
+// code (the claim checks it is the payment's), no payment method (the
+// refund goes back to the payment's), and metadata as a charge's.
+func (c *Command) validateRefund(lim Limits) error {
+	if err := ValidateKey(c.PaymentKey); err != nil {
+		return invalid(ReasonInvalidKey, "payment_key", "a refund names the payment it refunds by its idempotency key, 1..%d printable ASCII", MaxKeyLen)
+	}
+	switch {
+	case c.Amount < 0:
+		return invalid(ReasonInvalidAmount, "amount", "must be a positive integer in minor units, or absent for the rest of the payment, got %d", c.Amount)
+	case c.Amount > lim.MaxAmount:
+		return invalid(ReasonAmountOverLimit, "amount", "%d exceeds the limit of %d", c.Amount, lim.MaxAmount)
+	}
+	if c.Currency != "" && !ValidCurrency(c.Currency) {
+		return invalid(ReasonInvalidCurrency, "currency", "%q is not a lower-case ISO 4217 code", clip(c.Currency))
+	}
+	if c.PaymentMethod != "" {
+		return invalid(ReasonInvalidMethod, "payment_method", "a refund goes back to the payment's method: it names none")
+	}
+	c2 := *c
+	c2.Kind, c2.PaymentKey, c2.Amount, c2.Currency, c2.PaymentMethod = "", "", 1, "usd", "pm"
+	return c2.Validate(lim)
+}
+
 // ValidateMerchant checks a merchant id: 1..64 of [A-Za-z0-9_-], since it is
 // also a subject token.
 func ValidateMerchant(m string) error {
@@ -288,6 +364,10 @@ func merchantChars(s string) bool {
 // no two commands share an encoding, with metadata sorted by key. JSON
 // field order and whitespace do not reach it. A caller hashing it can keep
 // the bytes in a buffer of its own (ledger.Fingerprint, on the stack).
+// A charge's encoding has no kind (so it is the one it was before kinds);
+// any other kind is appended, length-prefixed, after the metadata, so no
+// authorize shares an encoding with a charge, and a refund's payment key
+// after it.
 func (c *Command) AppendCanonical(dst []byte) []byte {
 	put := func(b []byte, s string) []byte {
 		return append(binary.BigEndian.AppendUint32(b, uint32(len(s))), s...)
@@ -309,6 +389,12 @@ func (c *Command) AppendCanonical(dst []byte) []byte {
 	for _, k := range keys {
 		b = put(b, k)
 		b = put(b, c.Metadata[k])
+	}
+	if k := c.KindOf(); k != KindCharge {
+		b = put(b, k)
+	}
+	if c.PaymentKey != "" {
+		b = put(b, c.PaymentKey)
 	}
 	return b
 }

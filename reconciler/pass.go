@@ -16,7 +16,8 @@ import (
 type RunResult struct {
 	// Examined is how many stuck rows the pass leased.
 	Examined int
-	// Completed is how many rows were completed with a provider charge.
+	// Completed is how many rows were completed with a provider charge
+	// (or an authorize's authorization).
 	Completed int
 	// Declined is how many rows were completed as declined.
 	Declined int
@@ -45,6 +46,11 @@ type RunResult struct {
 	SettledSucceeded, SettledFailed, StillProcessing int
 	// Purged is how many expired finished rows were deleted.
 	Purged int
+	// RefundsResolved is how many stuck refunds (a lease run out, an
+	// answer lost) a lookup found and recorded; RefundsLeft those it left
+	// unknown (not found: the next delivery of their message sends them;
+	// or the lookup or the write failed).
+	RefundsResolved, RefundsLeft int
 }
 
 func (res RunResult) changed() bool {
@@ -133,6 +139,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		res.add(v)
 	}
 	if !dbDown && ctx.Err() == nil {
+		r.resolveRefunds(ctx, &res)
+	}
+	if !dbDown && ctx.Err() == nil {
 		r.settleProcessing(ctx, &res)
 	}
 	if !dbDown && ctx.Err() == nil {
@@ -206,17 +215,23 @@ func (r *Reconciler) resolve(ctx context.Context, s ledger.Stuck, leasedUntil ti
 	out := found.Outcome
 	// Only the provider's body is stored: a charge found without one is
 	// refused by the store and left pending for a person.
-	c := ledger.CompletionOf(out, ledger.ProviderBodyOnly)
+	// The kind is the claim's, read back from the provider key it stored:
+	// an intent held for capture is an authorize's outcome, and a
+	// charge's processing (ledger.CompletionFor).
+	c := ledger.CompletionFor(ledger.KindOfProviderKey(l.ProviderKey), out, ledger.ProviderBodyOnly)
 	if err := r.store.Complete(wctx, l, c); err != nil {
 		return r.writeFailed(ctx, s, "complete", err)
 	}
 	switch {
-	case out.Declined:
+	case c.Declined:
 		log.Info("stuck payment resolved: declined", "charge_id", out.ChargeID, "decline_code", out.DeclineCode)
 		return verdict{fate: declined}
-	case out.Processing:
-		log.Info("stuck payment resolved: processing at the provider", "charge_id", out.ChargeID)
+	case c.Processing:
+		log.Info("stuck payment resolved: processing at the provider", "charge_id", out.ChargeID, "status", out.Status)
 		return verdict{fate: processing}
+	case c.Authorized:
+		log.Info("stuck payment resolved: authorized", "charge_id", out.ChargeID)
+		return verdict{fate: completed}
 	}
 	log.Info("stuck payment resolved: charged", "charge_id", out.ChargeID)
 	return verdict{fate: completed}
@@ -333,12 +348,18 @@ func (r *Reconciler) settleProcessing(ctx context.Context, res *RunResult) {
 			res.Errors++
 			log.Error("lookup of a processing payment found another intent; left processing", "found", found.Outcome.ChargeID)
 			continue
-		case found.Outcome.Processing:
+		}
+		out := found.Outcome
+		// A charge's intent still held for capture has not moved money:
+		// still processing, as one the provider is still processing. An
+		// authorize accepted as processing and now held for capture is
+		// left processing too: the ledger settles a processing row only
+		// to succeeded or failed (migration 00009).
+		c := ledger.CompletionFor(ledger.KindOfProviderKey(p.ProviderKey), out, ledger.ProviderBodyOnly)
+		if c.Processing || c.Authorized {
 			res.StillProcessing++
 			continue
 		}
-		out := found.Outcome
-		c := ledger.CompletionOf(out, ledger.ProviderBodyOnly)
 		status := c.SettleStatus()
 		switch err := r.store.SettlePayment(context.WithoutCancel(ctx), p, status, c.ResponseStatus, c.Response); {
 		case errors.Is(err, ledger.ErrNotFound):
@@ -372,5 +393,77 @@ func (r *Reconciler) purge(ctx context.Context, res *RunResult) {
 		if n < r.cfg.PurgeBatch {
 			return
 		}
+	}
+}
+
+// RefundStore is what resolving stuck refunds needs of the store;
+// *dedup.Store is one. A store without it resolves none.
+type RefundStore interface {
+	AcquireStuckRefunds(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]ledger.Refund, error)
+	CompleteRefund(ctx context.Context, l ledger.Lease, c ledger.RefundCompletion) error
+	ReleaseRefund(ctx context.Context, l ledger.Lease, reason string) error
+}
+
+// RefundLooker is the provider's refund lookup, which never refunds;
+// *stripe.Client and the budget's Provider are ones.
+type RefundLooker interface {
+	LookupRefund(ctx context.Context, req provider.RefundLookupRequest) (provider.RefundLookupResult, error)
+}
+
+// resolveRefunds leases up to BatchSize refunds that may have been made
+// and that nobody resolves (AcquireStuckRefunds), looks each up among its
+// payment's refunds, and records the one found; one not found is given
+// back unknown, still holding its amount, for its message's next delivery
+// to send (after its own lookup). It never refunds.
+func (r *Reconciler) resolveRefunds(ctx context.Context, res *RunResult) {
+	rs, ok := r.store.(RefundStore)
+	rl, ok2 := r.looker.(RefundLooker)
+	if !ok || !ok2 {
+		return
+	}
+	stuck, err := rs.AcquireStuckRefunds(ctx, r.cfg.Holder, r.acquireAfter, r.cfg.Lease, r.cfg.BatchSize)
+	if err != nil {
+		res.Errors++
+		r.log.Error("lease stuck refunds", "error", err)
+		return
+	}
+	for _, rf := range stuck {
+		l := rf.Lease()
+		log := r.log.With("merchant_id", rf.MerchantID, "idempotency_key", rf.IdempotencyKey, "payment_key", rf.PaymentKey)
+		lctx, cancel := context.WithTimeout(ctx, r.cfg.LookupTimeout)
+		found, err := rl.LookupRefund(lctx, provider.RefundLookupRequest{ChargeID: rf.ChargeID, MerchantID: rf.MerchantID,
+			IdempotencyKey: rf.IdempotencyKey, Amount: rf.Amount})
+		cancel()
+		wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		switch {
+		case err != nil:
+			res.Errors++
+			res.LookupErrors++
+			res.RefundsLeft++
+			log.Warn("lookup of a stuck refund failed; left unknown", "error", err)
+			r.releaseRefund(wctx, rs, l, "reconciler: lookup failed: "+err.Error(), log)
+		case !found.Found:
+			res.RefundsLeft++
+			log.Info("stuck refund not made at the provider; left unknown for its next delivery")
+			r.releaseRefund(wctx, rs, l, "reconciler: the provider has no refund under the key", log)
+		default:
+			c := ledger.RefundCompletionOf(found.Outcome)
+			if err := rs.CompleteRefund(wctx, l, c); err != nil {
+				res.Errors++
+				res.RefundsLeft++
+				log.Error("could not record a stuck refund found by lookup", "refund_id", c.RefundID, "error", err)
+			} else {
+				res.RefundsResolved++
+				log.Info("stuck refund resolved by lookup", "refund_id", c.RefundID, "status", c.Status)
+			}
+		}
+		wcancel()
+	}
+}
+
+// releaseRefund gives a stuck refund back unknown.
+func (r *Reconciler) releaseRefund(ctx context.Context, rs RefundStore, l ledger.Lease, reason string, log *slog.Logger) {
+	if err := rs.ReleaseRefund(ctx, l, reason); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+		log.Warn("could not release a stuck refund; its lease will run out", "error", err)
 	}
 }

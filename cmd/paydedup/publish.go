@@ -95,7 +95,9 @@ validated as a worker would, and a malformed line is reported with its line
 number and skipped (the command then exits non-zero at the end); a line with
 something that looks like a card number is refused the same way, naming the
 field, never the number: commands carry payment-method tokens. Blank lines
-and lines starting with # are ignored. Or --generate N makes N distinct
+and lines starting with # are ignored. A line may name its "kind": "charge"
+(the default) or "authorize" (the amount held, captured later). Or
+--generate N makes N distinct
 payments; --duplicates 0.5 additionally republishes half of them (same
 Nats-Msg-Id, interleaved), which the stream's duplicate window drops.
 

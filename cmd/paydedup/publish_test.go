@@ -338,3 +338,27 @@ func TestPublishMissingStreamFailsFast(t *testing.T) {
 		t.Fatalf("publish without a stream took %v, want an answer at once", took)
 	}
 }
+
+// TestPublishKinds: a line may name its kind: an authorize is published
+// as written; a kind the worker does not handle is skipped with its
+// reason, never published.
+func TestPublishKinds(t *testing.T) {
+	t.Parallel()
+	w := newCLIWorld(t, "", true)
+	auth := `{"merchant_id":"m_1","idempotency_key":"a-1","amount":1999,"currency":"usd","payment_method":"pm_card_visa","kind":"authorize"}`
+	refund := `{"merchant_id":"m_1","idempotency_key":"r-1","amount":1999,"currency":"usd","payment_method":"pm_card_visa","kind":"capture"}`
+	out, errOut, err := w.run(auth+"\n"+refund+"\n", "publish")
+	if err == nil {
+		t.Fatal("publish with a kind not handled exited zero")
+	}
+	if !strings.Contains(errOut, "line 2 skipped") || !strings.Contains(errOut, "invalid_kind") {
+		t.Errorf("stderr:\n%s", errOut)
+	}
+	if !strings.Contains(out, "publish: 1 published") {
+		t.Errorf("summary:\n%s", out)
+	}
+	msgs := w.streamMsgs()
+	if len(msgs) != 1 || string(msgs[0].Data) != auth {
+		t.Fatalf("%d messages, want the authorize as written", len(msgs))
+	}
+}

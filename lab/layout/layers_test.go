@@ -252,6 +252,7 @@ var consumerLayers = []string{
 	"limit.go",
 	"commit.go",
 	"processor.go",
+	"refund.go",
 	"ratelimit.go",
 	"runner.go",
 	"net.go",
