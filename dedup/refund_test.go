@@ -152,6 +152,38 @@ func TestRefundClaimRules(t *testing.T) {
 	}
 }
 
+// TestRefundRefusedByTheProviderWritesItsEvent: a refund the provider
+// refuses (its definitive no) is recorded refused, gives its amount back,
+// and writes one refund_failed event with status refused, in the
+// completion's transaction; a refused command's constraint (seq 0, kind
+// refused, 00026) must not reject it, or the completion itself fails.
+func TestRefundRefusedByTheProviderWritesItsEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.chargedPayment(t, "m_1", "pay", 100)
+	c := b.claimRefund(t, "w", refundReq("m_1", "r-1", "pay", 100))
+	if c.Outcome != ledger.Claimed {
+		t.Fatalf("claim: %+v", c)
+	}
+	no := ledger.RefundCompletion{Status: ledger.RefundRefused, Reason: "charge_already_refunded", ResponseStatus: 400,
+		Response: json.RawMessage(`{"error":{"code":"charge_already_refunded"}}`)}
+	if err := b.store.CompleteRefund(b.ctx, *c.Lease, no); err != nil {
+		t.Fatalf("complete a refund the provider refused: %v", err)
+	}
+	if rest := b.claimRefund(t, "w", refundReq("m_1", "r-2", "pay", 0)); rest.Outcome != ledger.Claimed || rest.Refund.Amount != 100 {
+		t.Fatalf("refund of the rest after a refused one: %+v, want 100", rest)
+	}
+	var got []string
+	for _, e := range b.events(t) {
+		if e.Seq == 3 {
+			got = append(got, fmt.Sprintf("%s %s %s %d %s", e.EventID, e.Kind, e.Status, e.Amount, e.Reason))
+		}
+	}
+	if want := "m_1:r-1:refund_failed refund_failed refused 100 charge_already_refunded"; strings.Join(got, "|") != want {
+		t.Fatalf("refund events %q, want %q", got, want)
+	}
+}
+
 // TestRefundRaceForTheLast100: two holders race two refunds of all of a
 // 100 payment, for many payments at once: for each, exactly one refund
 // is claimed and the other refused over_refundable, never both. Without
