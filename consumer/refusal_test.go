@@ -259,3 +259,30 @@ func TestRefusalEventNeverCarriesCardData(t *testing.T) {
 		t.Fatalf("%d outbox rows hold the card number", n)
 	}
 }
+
+// TestRefusedRefundPublishesARefusedEvent: a refund the ledger's rules
+// refuse (over what is left to refund, or of no payment) is never sent and
+// dead-lettered with its reason; its publisher learns it as a refused
+// event with that reason, as for any refused command.
+func TestRefusedRefundPublishesARefusedEvent(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	e.startWorker("w1", nil)
+	e.charged("m_1", "pay", 100)
+	e.publish("m_1", refundBody("m_1", "r-over", "pay", 101), "", nil)
+	e.publish("m_1", refundBody("m_1", "r-none", "nope", 10), "", nil)
+	e.eventually("two dead letters", func() bool { return len(e.deadLetters()) == 2 })
+	e.quiescent()
+
+	evs, _ := e.relayedOutcomes()
+	for key, reason := range map[string]string{"r-over": ledger.RefuseOverRefundable, "r-none": ledger.RefuseNoPayment} {
+		got := refused(evs, key)
+		if len(got) != 1 {
+			t.Fatalf("%s: %d refused events, want 1: %+v", key, len(got), evs)
+		}
+		if ev := got[0]; ev.Reason != reason || ev.EventID != fmt.Sprintf("m_1:%s:refused:%d", key, e.letterSeq(key)) {
+			t.Fatalf("%s: event %+v, want reason %s", key, ev, reason)
+		}
+	}
+}

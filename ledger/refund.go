@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/paydedup/paydedup/payment"
@@ -52,6 +53,12 @@ const (
 	// payment's.
 	RefuseCurrency = "currency_mismatch"
 )
+
+// RefundRefusals lists the reasons a refund's claim is refused.
+var RefundRefusals = []string{RefuseNoPayment, RefuseNotCharged, RefuseOverRefundable, RefuseCurrency}
+
+// IsRefundRefusal reports whether reason is one of RefundRefusals.
+func IsRefundRefusal(reason string) bool { return slices.Contains(RefundRefusals, reason) }
 
 // RefundRequest is what the store needs to claim one refund.
 type RefundRequest struct {
