@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"strings"
@@ -37,7 +38,8 @@ func (w *Worker) recordRefusal(ctx context.Context, in *inbound, reason string, 
 // merchant (the decoded command's, else the subject's), its key (the
 // decoded command's, else the Idempotency-Key header, else the body's),
 // and its amount and currency as far as the body decodes (0 and "" when
-// not, the currency only when it is a valid code). ok is false when the
+// not, the amount only within the limit, the currency only when it is a
+// valid code). ok is false when the
 // reason is not a refusal, the message has no stream sequence, the
 // merchant or the key cannot be read as valid ones, or one of the values
 // holds what looks like a card number (redact.ContainsPAN): an event never
@@ -61,6 +63,12 @@ func (w *Worker) refusalOf(in *inbound, reason string, filedAt time.Time) (ledge
 				r.Currency = sent.Currency
 			}
 		}
+	}
+	// An amount past the limit is the refusal's own reason and never
+	// reported: a card number typed as the amount is such a one (the door
+	// reads strings, not numbers).
+	if limit := cmp.Or(w.cfg.Stream.Limits.MaxAmount, payment.DefaultMaxAmount); r.Amount > limit || r.Amount < -limit {
+		r.Amount = 0
 	}
 	if payment.ValidateMerchant(r.MerchantID) != nil || payment.ValidateKey(r.IdempotencyKey) != nil ||
 		redact.ContainsPAN(r.MerchantID) || redact.ContainsPAN(r.IdempotencyKey) || redact.ContainsPAN(r.Currency) {

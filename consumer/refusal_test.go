@@ -286,3 +286,27 @@ func TestRefusedRefundPublishesARefusedEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalEventAmountNeverACardNumber: a card number typed as the
+// amount is refused amount_over_limit (the door reads strings, not
+// numbers), and its refused event carries no amount: an amount past the
+// limit is the refusal's own reason, never reported.
+func TestRefusalEventAmountNeverACardNumber(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	e.startWorker("w1", nil)
+	const pan = "4242424242424242"
+	e.publish("m_1", []byte(`{"merchant_id":"m_1","idempotency_key":"amount-pan","amount":`+pan+`,"currency":"usd","payment_method":"pm_card_visa"}`), "", nil)
+	e.eventually("one dead letter", func() bool { return len(e.deadLetters()) == 1 })
+	e.quiescent()
+	evs, raw := e.relayedOutcomes()
+	for _, r := range raw {
+		if strings.Contains(r, pan) {
+			t.Fatalf("a card number reached the outcomes stream: %s", r)
+		}
+	}
+	if got := refused(evs, "amount-pan"); len(got) != 1 || got[0].Amount != 0 || got[0].Reason != "amount_over_limit" {
+		t.Fatalf("refused events %+v, want one amount_over_limit with amount 0", got)
+	}
+}
