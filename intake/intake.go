@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -116,6 +117,13 @@ func EnqueueSQL(ctx context.Context, tx *sql.Tx, cmd payment.Command) error {
 // check encodes cmd as the stream carries it and decodes that as the
 // worker will: what it refuses, the worker would dead-letter.
 func check(cmd payment.Command) ([]byte, error) {
+	// The relay carries the key in a header too, and NATS trims a
+	// header's value: blanks around the key would reach the worker as
+	// another key (key_mismatch), and the command would never be charged.
+	if k := cmd.IdempotencyKey; k != "" && strings.TrimSpace(k) != k {
+		return nil, fmt.Errorf("enqueue payment command: %w", &payment.ValidationError{Reason: payment.ReasonInvalidKey,
+			Field: "idempotency_key", Msg: "has blanks at its start or end, which the stream's header would drop"})
+	}
 	body, err := encode(&cmd)
 	if err != nil {
 		return nil, err

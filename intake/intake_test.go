@@ -109,3 +109,21 @@ func TestEnqueueMismatchKeepsTransaction(t *testing.T) {
 		t.Errorf("%d rows, want 2", n)
 	}
 }
+
+// TestEnqueueRefusesKeysTheStreamWouldChange: NATS trims a header's
+// value, so a key with blanks around it would reach the worker as another
+// key and never be charged; Enqueue refuses it before the publisher's
+// transaction commits, and nothing is inserted.
+func TestEnqueueRefusesKeysTheStreamWouldChange(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	for _, key := range []string{"o1 ", " o1"} {
+		var verr *payment.ValidationError
+		if err := w.order(key, 500, true); !errors.As(err, &verr) || verr.Reason != payment.ReasonInvalidKey || verr.Field != "idempotency_key" {
+			t.Fatalf("Enqueue of key %q: %v, want invalid_key on idempotency_key", key, err)
+		}
+	}
+	if n := w.count(`SELECT count(*) FROM intake_commands`); n != 0 {
+		t.Fatalf("%d rows inserted, want none", n)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,8 +76,9 @@ WHERE c.id = u.id AND c.relayed_at IS NULL AND c.rejected_at IS NULL`
 // markRejectedSQL marks commands the stream will never take, with the
 // reason; a body holding card data is kept masked.
 const markRejectedSQL = `UPDATE intake_commands c SET rejected_at = ` + pg.DBNow + `, reject_reason = u.reason,
-    reject_error = u.error, body = u.body
-FROM unnest(@ids::bigint[], @reasons::text[], @errors::text[], @bodies::text[]) AS u(id, reason, error, body)
+    reject_error = u.error, body = u.body, merchant_id = u.merchant, idempotency_key = u.key
+FROM unnest(@ids::bigint[], @reasons::text[], @errors::text[], @bodies::text[], @merchants::text[], @keys::text[])
+    AS u(id, reason, error, body, merchant, key)
 WHERE c.id = u.id AND c.relayed_at IS NULL AND c.rejected_at IS NULL`
 
 // row is a waiting command as the relay took it.
@@ -163,7 +165,7 @@ func (s *Source) Relay(ctx context.Context, limit int) (int, error) {
 	}
 	if len(rej.ids) > 0 {
 		tag, err := tx.Exec(qctx, markRejectedSQL, pgx.NamedArgs{"ids": rej.ids, "reasons": rej.reasons,
-			"errors": rej.errors, "bodies": rej.bodies, "now": s.store.db.Now()})
+			"errors": rej.errors, "bodies": rej.bodies, "merchants": rej.merchants, "keys": rej.keys, "now": s.store.db.Now()})
 		if err != nil {
 			return 0, interpret("relay intake: mark rejected", err)
 		}
@@ -182,8 +184,8 @@ func (s *Source) Relay(ctx context.Context, limit int) (int, error) {
 
 // rejected collects the commands a pass marks rejected.
 type rejected struct {
-	ids                     []int64
-	reasons, errors, bodies []string
+	ids                                      []int64
+	reasons, errors, bodies, merchants, keys []string
 }
 
 func (r *rejected) add(w row, err error) {
@@ -196,6 +198,18 @@ func (r *rejected) add(w row, err error) {
 	r.reasons = append(r.reasons, reason)
 	r.errors = append(r.errors, redact.PANs(msg))
 	r.bodies = append(r.bodies, redact.PANs(w.body))
+	r.merchants = append(r.merchants, maskedColumn(w.merchant, w.id))
+	r.keys = append(r.keys, maskedColumn(w.key, w.id))
+}
+
+// maskedColumn is a rejected row's merchant or key as it is kept: itself,
+// or, when it holds what looks like a card number, masked and made unique
+// by the row's id (the pair stays unique; nothing matches it again).
+func maskedColumn(v string, id int64) string {
+	if !redact.ContainsPAN(v) {
+		return v
+	}
+	return redact.PANs(v) + ":rejected:" + strconv.FormatInt(id, 10)
 }
 
 func (s *Store) take(ctx context.Context, tx pgx.Tx, limit int) ([]row, error) {

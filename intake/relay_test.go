@@ -452,3 +452,23 @@ func TestReusedKeyInTheWindow(t *testing.T) {
 		t.Errorf("ledger amount %d (%v), want the first command's 500", amount, err)
 	}
 }
+
+// TestRejectedRowKeepsNoCardNumber: a row inserted by SQL whose key and
+// merchant hold card numbers is rejected card_data, and nothing of the
+// row (key, merchant, body, error) keeps the number.
+func TestRejectedRowKeepsNoCardNumber(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	const pan = "4242424242424242"
+	if _, err := w.pool.Exec(w.ctx, `INSERT INTO intake_commands (merchant_id, idempotency_key, body) VALUES ($1, $1, $2)`,
+		pan, `{"merchant_id":"`+pan+`","idempotency_key":"`+pan+`","amount":5,"currency":"usd","payment_method":"pm_card_visa"}`); err != nil {
+		t.Fatal(err)
+	}
+	w.drain(w.relay(w.pub))
+	if n := w.count(`SELECT count(*) FROM intake_commands WHERE rejected_at IS NOT NULL`); n != 1 {
+		t.Fatalf("%d rejected rows, want 1", n)
+	}
+	if n := w.count(`SELECT count(*) FROM intake_commands WHERE strpos(idempotency_key || merchant_id || body || coalesce(reject_error, ''), $1) > 0`, pan); n != 0 {
+		t.Fatalf("%d rejected intake rows still hold the card number", n)
+	}
+}
