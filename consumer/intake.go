@@ -117,7 +117,14 @@ func (w *Worker) behindMerchant() bool {
 // charge, or stand beside one: it is recorded apart (OperatorMarker), and
 // the gateway answers "waiting for an operator" beside the idempotency
 // record, never "final, send it again under a new key".
+//
+// The gateway takes charges only: a refund's letter never marks an intake,
+// even one under the same key (refunds and charges keep their keys apart
+// in the ledger).
 func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
+	if isRefund(in.cmd, in.msg.Data(), w.cfg.Stream.Limits) {
+		return
+	}
 	final := finalForClient(reason)
 	op, canWait := w.intake.(OperatorMarker)
 	if !final && !canWait {

@@ -125,3 +125,13 @@ func (p *Processor) refundUnknown(sctx context.Context, rs RefundStore, l ledger
 	}
 	return Result{Kind: Retry, Err: err, Attempt: l.Attempt, unavailable: providerUnavailable(err)}
 }
+
+// isRefund reports whether a message is a refund command: its decoded
+// command's kind, else its body's as sent (a refund refused for bad input
+// still names its kind).
+func isRefund(cmd *payment.Command, body []byte, lim payment.Limits) bool {
+	if cmd == nil {
+		cmd = payment.DecodeAsSent(body, lim)
+	}
+	return cmd != nil && cmd.Kind == payment.KindRefund
+}
