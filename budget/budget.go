@@ -262,18 +262,33 @@ func (b *Budget) wait(ctx context.Context, merchant string) error {
 	ready := make(chan struct{})
 	b.waiters.Push(merchant, ready)
 	leave := func() bool { return b.waiters.Remove(merchant, ready) }
-	// The line's order is the oldest first: a caller waits in it half the
-	// time its deadline leaves at most, then is refused (nothing sent),
-	// rather than be served last in its time and have its request time
-	// out, an unknown outcome.
+	// The line's order is the oldest first: a caller waits for its token
+	// (in line, asking the store, or at the local limiter) half the time
+	// its deadline leaves at most, until giveUpAt, then is refused
+	// (nothing sent), rather than be served late and have its request
+	// time out, an unknown outcome.
 	var giveUp <-chan time.Time
+	var giveUpAt time.Time // zero: no deadline
 	if dl, ok := ctx.Deadline(); ok {
-		t := time.NewTimer(time.Until(dl) / 2)
+		now := time.Now()
+		giveUpAt = now.Add(dl.Sub(now) / 2)
+		t := time.NewTimer(giveUpAt.Sub(now))
 		defer t.Stop()
 		giveUp = t.C
 	}
 	for {
 		now := time.Now()
+		if !giveUpAt.IsZero() && !now.Before(giveUpAt) {
+			if !leave() && !b.unlimited {
+				// Granted after its giveUp: the token goes to the next
+				// in line, which has the time to spend it.
+				b.tokens++
+			}
+			b.handOutLocked(now)
+			retry := b.retryInLocked(now)
+			b.mu.Unlock()
+			return budgetError(retry, nil)
+		}
 		b.handOutLocked(now)
 		select {
 		case <-ready:
@@ -288,7 +303,7 @@ func (b *Budget) wait(ctx context.Context, merchant string) error {
 			leave()
 			lim := b.fallback
 			b.mu.Unlock()
-			return waitLimiter(ctx, lim)
+			return waitLimiter(ctx, lim, giveUpAt)
 		}
 		var wake <-chan struct{} // the grant under way ends
 		var sleep time.Duration
@@ -296,7 +311,7 @@ func (b *Budget) wait(ctx context.Context, merchant string) error {
 		case now.Before(b.notBefore):
 			// The last grant was empty: nobody asks again before then.
 			sleep = b.notBefore.Sub(now)
-			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 2*sleep {
+			if !giveUpAt.IsZero() && b.notBefore.After(giveUpAt) {
 				// A wait that left the call too little of its timeout
 				// would turn a request never sent into a timeout, an
 				// unknown outcome.
@@ -313,15 +328,17 @@ func (b *Budget) wait(ctx context.Context, merchant string) error {
 				b.mu.Unlock()
 				return budgetError(0, err)
 			}
-			if lim, err := b.takeLocked(ctx); err != nil {
+			if lim, err := b.takeLocked(ctx, giveUpAt); err != nil {
 				if !leave() {
-					// Granted meanwhile from what was left.
-					b.mu.Unlock()
-					return nil
+					// Granted meanwhile from what was left: the top of
+					// the loop hands it over, or back after giveUpAt.
+					continue
 				}
 				b.mu.Unlock()
-				return waitLimiter(ctx, lim)
+				return waitLimiter(ctx, lim, giveUpAt)
 			}
+			// The grant may have come after giveUpAt: the top of the
+			// loop hands it to the line then.
 			continue
 		}
 		b.mu.Unlock()
@@ -334,17 +351,13 @@ func (b *Budget) wait(ctx context.Context, merchant string) error {
 		select {
 		case <-ready:
 			stopTimer(timer)
-			return nil
+			if giveUpAt.IsZero() || time.Now().Before(giveUpAt) {
+				return nil
+			}
+			// Granted after its giveUp: given back at the top of the loop.
 		case <-wake:
 		case <-fired:
-		case <-giveUp:
-			stopTimer(timer)
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			if !leave() {
-				return nil // granted meanwhile
-			}
-			return budgetError(b.retryInLocked(time.Now()), nil)
+		case <-giveUp: // refused at the top of the loop
 		case <-ctx.Done():
 			stopTimer(timer)
 			b.mu.Lock()
@@ -399,15 +412,24 @@ func (b *Budget) handOutLocked(now time.Time) {
 }
 
 // takeLocked asks the store for a grant, with mu released meanwhile and
-// every other caller waiting for its end. On the store's failure it
-// returns the local limiter to pace the caller with.
-func (b *Budget) takeLocked(ctx context.Context) (*rate.Limiter, error) {
+// every other caller waiting for its end. The asking caller is held to
+// its giveUp (when not zero) as the callers in line are: a grant slower
+// than that is cut, and counts as the store's failure (the next caller
+// would wait as long). On the store's failure it returns the local
+// limiter to pace the caller with.
+func (b *Budget) takeLocked(ctx context.Context, giveUp time.Time) (*rate.Limiter, error) {
 	ch := make(chan struct{})
 	b.taking = ch
 	want := b.wantLocked()
 	b.mu.Unlock()
 
-	g, err := b.store.Take(ctx, Take{Name: b.cfg.Name, Want: want, Ceiling: b.cfg.Rate,
+	tctx := ctx
+	if !giveUp.IsZero() {
+		var cancel context.CancelFunc
+		tctx, cancel = context.WithDeadline(ctx, giveUp)
+		defer cancel()
+	}
+	g, err := b.store.Take(tctx, Take{Name: b.cfg.Name, Want: want, Ceiling: b.cfg.Rate,
 		Increase: b.cfg.Increase, Burst: b.cfg.Burst.Seconds()})
 
 	b.mu.Lock()
@@ -446,15 +468,15 @@ func stopTimer(t *time.Timer) {
 }
 
 // waitLimiter takes a token of the local limiter, or returns at once the
-// budget's rate limit when ctx's deadline comes too soon (as sleep). It
-// reserves nothing it does not wait for: a reservation cancelled gives
-// its token back only approximately, and callers near their deadline
-// would cancel one per try.
-func waitLimiter(ctx context.Context, lim *rate.Limiter) error {
+// budget's rate limit when the token would come after giveUp (when not
+// zero). It reserves nothing it does not wait for: a reservation
+// cancelled gives its token back only approximately, and callers near
+// their deadline would cancel one per try.
+func waitLimiter(ctx context.Context, lim *rate.Limiter, giveUp time.Time) error {
 	wctx := ctx
-	if dl, ok := ctx.Deadline(); ok {
+	if !giveUp.IsZero() {
 		var cancel context.CancelFunc
-		wctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+		wctx, cancel = context.WithDeadline(ctx, giveUp)
 		defer cancel()
 	}
 	if err := lim.Wait(wctx); err != nil {

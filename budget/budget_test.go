@@ -290,3 +290,107 @@ func TestWaitInLineRefusesBeforeTheDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSlowGrantIsRefusedNotSpentLate: the caller that asks the store is
+// held to its giveUp (half the time its deadline left) as the callers in
+// line are: a grant slower than that (the store's statement timeout is
+// 2 s, a call's 10 s) is cut at the giveUp and the caller refused
+// (the budget's rate limit: nothing sent), rather than handed a token
+// with too little time left for its request, which would then time out
+// as an unknown outcome.
+func TestSlowGrantIsRefusedNotSpentLate(t *testing.T) {
+	t.Parallel()
+	s := &fakeStore{}
+	s.set(budget.Grant{Tokens: 1, Rate: 10}, nil, 180*time.Millisecond)
+	b, err := budget.New(s, budget.Config{Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = b.Wait(ctx, "m_a")
+	waited := time.Since(start)
+	dl, _ := ctx.Deadline()
+	left := time.Until(dl)
+	if err == nil {
+		t.Fatalf("Wait granted the token with %v of 200 ms left, want at least half or a refusal", left)
+	}
+	var pe *provider.Error
+	if !errors.As(err, &pe) || pe.RateLimitReason != provider.ReasonBudget || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("with %v left: %v, want the budget's refusal before the deadline", left, err)
+	}
+	if waited >= 170*time.Millisecond {
+		t.Fatalf("refused after %v, when the store answered: want the grant cut at the giveUp (100 ms)", waited)
+	}
+	if b.Waiting() != 0 {
+		t.Fatalf("%d callers in line after the refusal, want none", b.Waiting())
+	}
+}
+
+// lateStore grants after delay whatever the caller's context says: the
+// answer of a store that acted (the row's tokens are taken) comes back
+// after the caller gave up.
+type lateStore struct {
+	grant budget.Grant
+	delay time.Duration
+	takes atomic.Int64
+}
+
+func (s *lateStore) Take(context.Context, budget.Take) (budget.Grant, error) {
+	s.takes.Add(1)
+	time.Sleep(s.delay) // the store's own time, not the caller's
+	return s.grant, nil
+}
+
+func (s *lateStore) Slow(context.Context, budget.Slow) (float64, bool, error) {
+	return 0, false, errors.New("late store: no slow")
+}
+
+// TestGrantAfterGiveUpGoesToTheLine: a grant that comes back after the
+// asking caller's giveUp is not spent by it (it is refused, nothing
+// sent): its token goes to the next caller in line, which has the time
+// to spend it, so the token the fleet's row gave is neither spent late
+// nor lost.
+func TestGrantAfterGiveUpGoesToTheLine(t *testing.T) {
+	t.Parallel()
+	s := &lateStore{grant: budget.Grant{Tokens: 1, Rate: 10}, delay: 130 * time.Millisecond}
+	b, err := budget.New(s, budget.Config{Rate: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancelShort()
+	first := make(chan error, 1)
+	go func() { first <- b.Wait(short, "m_a") }() // asks the store
+	for s.takes.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	long, cancelLong := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelLong()
+	second := make(chan error, 1)
+	go func() { second <- b.Wait(long, "m_b") }() // waits in line
+	err = <-first
+	dl, _ := short.Deadline()
+	if err == nil {
+		t.Fatalf("the asking caller spent a grant that came with %v of its 200 ms left", time.Until(dl))
+	}
+	var pe *provider.Error
+	if !errors.As(err, &pe) || pe.RateLimitReason != provider.ReasonBudget || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the asking caller: %v, want the budget's refusal before its deadline", err)
+	}
+	select {
+	case err := <-second:
+		if err != nil {
+			t.Fatalf("the next in line: %v, want the token given back", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the token granted after the giveUp did not go to the next in line")
+	}
+	if n := s.takes.Load(); n != 1 {
+		t.Fatalf("%d takes, want the one grant shared", n)
+	}
+	if b.Waiting() != 0 {
+		t.Fatalf("%d callers in line, want none", b.Waiting())
+	}
+}

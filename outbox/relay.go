@@ -93,10 +93,11 @@ type Config struct {
 
 // Relay publishes its sources' rows. Start runs it; RunOnce is one pass.
 type Relay struct {
-	sources   []Source
-	cfg       Config
-	log       *slog.Logger
-	lastPurge time.Time
+	sources []Source
+	cfg     Config
+	log     *slog.Logger
+	// lastPurge is when each source (by index) last purged in full.
+	lastPurge []time.Time
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -124,7 +125,7 @@ func New(cfg Config, sources ...Source) (*Relay, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Relay{sources: sources, cfg: cfg, log: log}, nil
+	return &Relay{sources: sources, cfg: cfg, log: log, lastPurge: make([]time.Time, len(sources))}, nil
 }
 
 // Result is what one pass did.
@@ -134,9 +135,12 @@ type Result struct {
 	Full    bool // a source filled its batch: more may be waiting
 }
 
-// RunOnce relays one batch of each source, and purges relayed rows when
-// the purge is due. A source that fails does not keep the others from
-// their batch; the error joins every source's.
+// RunOnce relays one batch of each source, and purges each source's
+// relayed rows when its purge is due. A source that fails, to relay or to
+// purge, keeps no other from its batch or its purge, nor itself from its
+// purge: one whose relay fails every pass (a row it cannot publish)
+// still purges what it relayed. A failed purge is retried on the next
+// pass. The error joins every source's.
 func (r *Relay) RunOnce(ctx context.Context) (Result, error) {
 	var (
 		res  Result
@@ -150,17 +154,18 @@ func (r *Relay) RunOnce(ctx context.Context) (Result, error) {
 			errs = append(errs, fmt.Errorf("relay %s: %w", s.Name(), err))
 		}
 	}
-	if now := time.Now(); len(errs) == 0 && now.Sub(r.lastPurge) >= r.cfg.PurgeEvery {
-		for _, s := range r.sources {
-			p, err := s.Purge(ctx, r.cfg.Retention, 10*r.cfg.BatchSize)
-			res.Purged += p
-			if err != nil {
-				errs = append(errs, fmt.Errorf("purge %s: %w", s.Name(), err))
-			}
+	now := time.Now()
+	for i, s := range r.sources {
+		if now.Sub(r.lastPurge[i]) < r.cfg.PurgeEvery {
+			continue
 		}
-		if len(errs) == 0 {
-			r.lastPurge = now
+		p, err := s.Purge(ctx, r.cfg.Retention, 10*r.cfg.BatchSize)
+		res.Purged += p
+		if err != nil {
+			errs = append(errs, fmt.Errorf("purge %s: %w", s.Name(), err))
+			continue
 		}
+		r.lastPurge[i] = now
 	}
 	return res, errors.Join(errs...)
 }

@@ -426,12 +426,16 @@ func TestRelayProcessKilledHoldingEvents(t *testing.T) {
 	onceEach(t, ids, "m_1:a:charged", "m_1:b:charged")
 }
 
-// fakeSource relays n rows a pass, or fails.
+// fakeSource relays n rows a pass, or fails; it purges purged rows a
+// purge, or fails with purgeErr.
 type fakeSource struct {
-	name   string
-	n      int
-	err    error
-	passes int
+	name     string
+	n        int
+	err      error
+	passes   int
+	purged   int
+	purgeErr error
+	purges   int
 }
 
 func (f *fakeSource) Name() string { return f.name }
@@ -439,7 +443,10 @@ func (f *fakeSource) Relay(context.Context, int) (int, error) {
 	f.passes++
 	return f.n, f.err
 }
-func (f *fakeSource) Purge(context.Context, time.Duration, int) (int, error) { return 0, nil }
+func (f *fakeSource) Purge(context.Context, time.Duration, int) (int, error) {
+	f.purges++
+	return f.purged, f.purgeErr
+}
 
 // TestOneRelayServesEverySource: a pass relays a batch of each source; one
 // that fails does not keep the other from its batch, and the error names
@@ -461,5 +468,38 @@ func TestOneRelayServesEverySource(t *testing.T) {
 	}
 	if _, err := outbox.New(outbox.Config{}); err == nil {
 		t.Error("a relay of no source was made")
+	}
+}
+
+// TestEachSourcePurgesOnItsOwn: a source's relayed rows are purged when
+// its purge is due whatever the other sources do. A source whose relay
+// fails every pass (a stream missing, a row it cannot publish) keeps
+// neither its own purge nor the others' from running, and a source whose
+// purge failed is retried on the next pass without purging the others
+// again before their PurgeEvery.
+func TestEachSourcePurgesOnItsOwn(t *testing.T) {
+	t.Parallel()
+	bad := &fakeSource{name: "intake commands", n: 3, err: errors.New("stream missing"), purged: 2}
+	good := &fakeSource{name: "outcome events", n: 1, purged: 5, purgeErr: errors.New("statement timeout")}
+	r, err := outbox.New(outbox.Config{BatchSize: 16, PurgeEvery: time.Hour}, bad, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.RunOnce(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "relay intake commands: stream missing") ||
+		!strings.Contains(err.Error(), "purge outcome events: statement timeout") {
+		t.Errorf("pass error %v, want the failing relay and the failing purge named", err)
+	}
+	if bad.purges != 1 || good.purges != 1 || res.Purged != 7 {
+		t.Fatalf("first pass purged %d rows (purges %d, %d), want each source's purge run beside a failing relay", res.Purged, bad.purges, good.purges)
+	}
+	good.purgeErr = nil
+	res, _ = r.RunOnce(context.Background())
+	if bad.purges != 1 || good.purges != 2 || res.Purged != 5 {
+		t.Fatalf("second pass purged %d rows (purges %d, %d), want only the failed purge retried", res.Purged, bad.purges, good.purges)
+	}
+	res, _ = r.RunOnce(context.Background())
+	if bad.purges != 1 || good.purges != 2 || res.Purged != 0 {
+		t.Fatalf("third pass purged %d rows (purges %d, %d), want no purge before PurgeEvery", res.Purged, bad.purges, good.purges)
 	}
 }
