@@ -1,10 +1,12 @@
 package ledger_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/paydedup/paydedup/ledger"
+	"github.com/paydedup/paydedup/payment"
 )
 
 // TestEvaluate: what a claim finds in a row it did not take, for each of
@@ -51,5 +53,20 @@ func TestEvaluate(t *testing.T) {
 		if res.Record.IdempotencyKey != "k" {
 			t.Errorf("%s: result carries record %+v, want the row", c.name, res.Record)
 		}
+	}
+}
+
+// TestClaimRequestRefusesARefund: a refund is claimed in its own table
+// (RefundRequest), never as a payment's key: a ClaimRequest made of a
+// refund command is invalid_kind, so no path can charge it.
+func TestClaimRequestRefusesARefund(t *testing.T) {
+	refund := &payment.Command{MerchantID: "m_1", IdempotencyKey: "r-1", Kind: payment.KindRefund, PaymentKey: "pay", Amount: 10, Currency: "usd"}
+	var verr *payment.ValidationError
+	if err := ledger.NewClaimRequest(refund).Validate(); !errors.As(err, &verr) || verr.Reason != payment.ReasonInvalidKind {
+		t.Fatalf("claim request of a refund: %v, want invalid_kind", err)
+	}
+	charge := &payment.Command{MerchantID: "m_1", IdempotencyKey: "c-1", Kind: payment.KindAuthorize, Amount: 10, Currency: "usd", PaymentMethod: "pm_card_visa"}
+	if err := ledger.NewClaimRequest(charge).Validate(); err != nil {
+		t.Fatalf("claim request of an authorize: %v", err)
 	}
 }
