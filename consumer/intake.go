@@ -122,7 +122,11 @@ func (w *Worker) behindMerchant() bool {
 // even one under the same key (refunds and charges keep their keys apart
 // in the ledger).
 func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
-	if isRefund(in.cmd, in.msg.Data(), w.cfg.Stream.Limits) {
+	var body []byte
+	if in.cmd == nil && in.msg != nil {
+		body = in.msg.Data()
+	}
+	if isRefund(in.cmd, body, w.cfg.Stream.Limits) {
 		return
 	}
 	final := finalForClient(reason)
