@@ -1,0 +1,39 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
+)
+
+// TestGatewayRoleReadsRefunds: the gateway, as paydedup_gateway, reads a
+// payment's refunds and a refund by its key (migration 00030), and may
+// write none.
+func TestGatewayRoleReadsRefunds(t *testing.T) {
+	t.Parallel()
+	ownerURL := testenv.PostgresURL(t)
+	ctx := context.Background()
+	gwPool := testenv.AsRole(t, ownerURL, gatewayRole)
+	gw, err := pgstore.New(gwPool, pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gw.GetRefund(ctx, "m_gw", "r1"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("get refund as %s: %v, want not found", gatewayRole, err)
+	}
+	if rs, err := gw.RefundsOf(ctx, "m_gw", "p1"); err != nil || len(rs) != 0 {
+		t.Fatalf("refunds of a payment as %s: %v %v, want none", gatewayRole, rs, err)
+	}
+	_, err = gwPool.Exec(ctx, `INSERT INTO refunds (merchant_id, idempotency_key, payment_key, request_hash, provider_key, charge_id,
+		amount, currency, status, attempts, key_window_start, refund_id, response_status, response, created_at, updated_at, completed_at)
+		VALUES ('m_gw', 'r1', 'p1', '\x00', 'pdr_x', 'pi_x', 1, 'usd', 'succeeded', 1, now(), 're_x', 200, '{}', now(), now(), now())`)
+	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("insert a refund as %s: %v, want permission denied", gatewayRole, err)
+	}
+}
