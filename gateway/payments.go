@@ -43,28 +43,28 @@ func (g *Gateway) check(cmd *payment.Command, extra map[string]string) (*stream.
 	return nil, g.pub.Check(cmd, extra)
 }
 
-// postPayment is POST /v1/payments.
-func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
-	merchant := merchantFrom(r.Context())
-	// Card data is refused at the door, the key's before anything else,
-	// even a key otherwise invalid (decodeCommand refuses the body's, the
-	// publisher's check the headers the command carries): nothing of it is
-	// stored, published or logged.
+// doorKey reads a POST's Idempotency-Key. Card data is refused at the
+// door, the key's before anything else, even a key otherwise invalid
+// (the strict decoding refuses the body's, the publisher's check the
+// headers the command carries): nothing of it is stored, published or
+// logged.
+func doorKey(w http.ResponseWriter, r *http.Request) (string, bool) {
 	for _, v := range r.Header.Values("Idempotency-Key") {
 		if err := payment.CheckCardData("Idempotency-Key", v); err != nil {
 			invalidRequest(w, err)
-			return
+			return "", false
 		}
 	}
 	key, prob := parseIdempotencyKey(r.Header)
 	if prob != nil {
 		writeProblem(w, *prob)
-		return
+		return "", false
 	}
-	if !jsonBody(r.Header.Get("Content-Type")) {
-		writeProblem(w, Problem{Type: ProblemUnsupportedMedia, Status: http.StatusUnsupportedMediaType, Detail: problemDetailUnsupported})
-		return
-	}
+	return key, true
+}
+
+// readBody reads a POST's body within the body limit; false: it answered.
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(g.cfg.Limits.MaxBodyBytes)))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -76,9 +76,27 @@ func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Connection", "close")
 			writeProblem(w, Problem{Type: ProblemTooLarge, Status: http.StatusRequestEntityTooLarge,
 				Detail: "The body exceeds " + strconv.Itoa(g.cfg.Limits.MaxBodyBytes) + " bytes.", Reason: string(payment.ReasonBodyTooLarge)})
-			return
+			return nil, false
 		}
 		writeProblem(w, Problem{Type: ProblemInvalidRequest, Status: http.StatusBadRequest, Detail: "The body could not be read."})
+		return nil, false
+	}
+	return body, true
+}
+
+// postPayment is POST /v1/payments.
+func (g *Gateway) postPayment(w http.ResponseWriter, r *http.Request) {
+	merchant := merchantFrom(r.Context())
+	key, ok := doorKey(w, r)
+	if !ok {
+		return
+	}
+	if !jsonBody(r.Header.Get("Content-Type")) {
+		writeProblem(w, Problem{Type: ProblemUnsupportedMedia, Status: http.StatusUnsupportedMediaType, Detail: problemDetailUnsupported})
+		return
+	}
+	body, ok := g.readBody(w, r)
+	if !ok {
 		return
 	}
 	cmd, err := decodeCommand(body, merchant, key, g.cfg.Limits)
@@ -400,6 +418,12 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 		g.readFailed(w, in, err)
 		return
 	}
+	if rec == nil && in.Currency == "" {
+		// A refund's, capture's or cancel's intake (it has no currency):
+		// read on its own route.
+		notFound(w)
+		return
+	}
 	st := ledger.StateOf(in, rec, nil)
 	if st.Rejected {
 		g.writeDeadLetter(w, *in)
@@ -428,6 +452,15 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	p := paymentOf(st)
 	if st.WaitsForWorker() {
 		p.Delay = g.pauses.get(ctx, g.store, g.log)
+	}
+	if st.Status == ledger.StateSucceeded {
+		refunds, err := g.store.RefundsOf(ctx, merchant, key)
+		if err != nil {
+			g.logRequestError(r, g.log, "read refunds", err)
+			unavailable(w)
+			return
+		}
+		withRefunds(&p, refunds)
 	}
 	writeJSON(w, http.StatusOK, p)
 }

@@ -23,6 +23,10 @@ const (
 	StatePublishUnknown     = string(ledger.StatePublishUnknown)
 	StateWaitingForOperator = string(ledger.StateWaitingForOperator)
 	StateAuthorized         = string(ledger.StateAuthorized)
+	// StateRefunded and StatePartiallyRefunded are a succeeded payment's
+	// once refunds of it succeeded: all of its amount, or part of it.
+	StateRefunded          = "refunded"
+	StatePartiallyRefunded = "partially_refunded"
 )
 
 // Payment is the gateway's representation of a payment. For a completed
@@ -40,6 +44,16 @@ type Payment struct {
 	// AmountCapturable is how much of an authorized payment can still be
 	// captured (Stripe's amount_capturable); absent in any other state.
 	AmountCapturable *int64 `json:"amount_capturable,omitempty"`
+	// AmountReceived is what the payment moved (Stripe's
+	// amount_received): its amount once succeeded, 0 while authorized;
+	// absent in any other state.
+	AmountReceived *int64 `json:"amount_received,omitempty"`
+	// AmountRefunded is the sum of its succeeded refunds, and Refunds
+	// lists every refund of it (its own key, amount and state), oldest
+	// first: a GET shows them for a succeeded payment (which then reads
+	// refunded or partially_refunded once refunds of it succeeded).
+	AmountRefunded *int64          `json:"amount_refunded,omitempty"`
+	Refunds        []RefundSummary `json:"refunds,omitempty"`
 	// Outcome is the provider's stored answer, once completed.
 	Outcome *Outcome `json:"outcome,omitempty"`
 	// Reason is the dead letter's reason of a payment waiting for an
@@ -88,11 +102,38 @@ func paymentOf(st ledger.PaymentState) Payment {
 		p.CompletedAt = &at
 		p.Outcome = &Outcome{Status: st.ResponseStatus, Body: st.Response}
 	}
-	if st.Status == ledger.StateAuthorized {
-		capturable := st.AmountCapturable
-		p.AmountCapturable = &capturable
+	switch st.Status {
+	case ledger.StateAuthorized:
+		capturable, received := st.AmountCapturable, int64(0)
+		p.AmountCapturable, p.AmountReceived = &capturable, &received
+	case ledger.StateSucceeded:
+		received := st.Amount
+		p.AmountReceived = &received
 	}
 	return p
+}
+
+// withRefunds adds a succeeded payment's refunds (Store.RefundsOf) to p:
+// the sum of those that succeeded, each refund's summary, and its status
+// refunded (all of it) or partially_refunded.
+func withRefunds(p *Payment, refunds []ledger.Refund) {
+	if p.Status != StateSucceeded {
+		return
+	}
+	var sum int64
+	for _, r := range refunds {
+		if r.Status == ledger.RefundSucceeded {
+			sum += r.Amount
+		}
+		p.Refunds = append(p.Refunds, RefundSummary{IdempotencyKey: r.IdempotencyKey, Amount: r.Amount, Status: refundStatus(r.Status), Reason: r.Reason})
+	}
+	p.AmountRefunded = &sum
+	switch {
+	case sum > 0 && sum >= p.Amount:
+		p.Status = StateRefunded
+	case sum > 0:
+		p.Status = StatePartiallyRefunded
+	}
 }
 
 // paymentFromRecord is the payment a key's record shows.
@@ -283,4 +324,126 @@ func captureMethod(body []byte) ([]byte, string, error) {
 	}
 	out = append(append(out, '}'), rest...)
 	return out, method, nil
+}
+
+// Operation objects, as a client is shown them.
+const (
+	ObjectRefund  = "refund"
+	ObjectCapture = "capture"
+	ObjectCancel  = "cancel"
+)
+
+// Operation states shown to clients, besides the payment's queued,
+// processing, publish_outcome_unknown and waiting_for_operator.
+const (
+	// OpSucceeded: the provider did it (refunded, captured, canceled).
+	OpSucceeded = "succeeded"
+	// OpFailed: the provider's refund failed or was canceled after it
+	// was made: the money is back on the payment.
+	OpFailed = "failed"
+	// OpRefused: never done: the ledger's rules (over_refundable,
+	// payment_not_charged...) or the provider refused it; Reason says why.
+	OpRefused = "refused"
+)
+
+// Operation is a refund, capture or cancel as the door shows it: what was
+// asked (its key, its payment, its amount: 0 asks for the rest of a
+// refund, the whole of a capture) and where it stands.
+type Operation struct {
+	Object         string `json:"object"`
+	IdempotencyKey string `json:"idempotency_key"`
+	PaymentKey     string `json:"payment_key,omitempty"`
+	Status         string `json:"status"`
+	// Amount is what the operation moves, once the worker fixed it (a
+	// refund of the rest: what was left), else what was asked (0: the
+	// rest, the whole).
+	Amount      int64      `json:"amount"`
+	Currency    string     `json:"currency,omitempty"`
+	RefundID    string     `json:"refund_id,omitempty"`
+	Reason      string     `json:"reason,omitempty"`
+	CreatedAt   time.Time  `json:"created_at,omitzero"`
+	CompletedAt *time.Time `json:"completed_at,omitempty"`
+}
+
+// RefundSummary is one refund of a payment, as its GET lists them.
+type RefundSummary struct {
+	IdempotencyKey string `json:"idempotency_key"`
+	Amount         int64  `json:"amount"`
+	Status         string `json:"status"`
+	Reason         string `json:"reason,omitempty"`
+}
+
+// objectOf is the object of an operation of kind.
+func objectOf(kind string) string {
+	switch kind {
+	case payment.KindCapture:
+		return ObjectCapture
+	case payment.KindCancel:
+		return ObjectCancel
+	}
+	return ObjectRefund
+}
+
+// opLocation is where an operation's own state is read.
+func opLocation(kind, key string) string {
+	switch kind {
+	case payment.KindCapture:
+		return "/v1/captures/" + url.PathEscape(key)
+	case payment.KindCancel:
+		return "/v1/cancels/" + url.PathEscape(key)
+	}
+	return "/v1/refunds/" + url.PathEscape(key)
+}
+
+// refundStatus is the state a client is shown of a refund's row: one
+// claimed or whose outcome was lost is processing (it may hold money).
+func refundStatus(status string) string {
+	switch status {
+	case ledger.RefundSucceeded:
+		return OpSucceeded
+	case ledger.RefundFailed:
+		return OpFailed
+	case ledger.RefundRefused:
+		return OpRefused
+	}
+	return StateProcessing
+}
+
+// operationOfRefund is a refund's row as its client is shown it.
+func operationOfRefund(r ledger.Refund) Operation {
+	op := Operation{Object: ObjectRefund, IdempotencyKey: r.IdempotencyKey, PaymentKey: r.PaymentKey, Status: refundStatus(r.Status),
+		Amount: r.Amount, Currency: r.Currency, RefundID: r.RefundID, Reason: r.Reason, CreatedAt: r.CreatedAt.UTC()}
+	if !r.CompletedAt.IsZero() {
+		at := r.CompletedAt.UTC()
+		op.CompletedAt = &at
+	}
+	return op
+}
+
+// operationOfRecord is a capture or cancel the worker claimed under its
+// own key (an idempotency record) as its client is shown it.
+func operationOfRecord(kind, paymentKey string, rec ledger.Record) Operation {
+	op := Operation{Object: objectOf(kind), IdempotencyKey: rec.IdempotencyKey, PaymentKey: paymentKey, Status: StateProcessing,
+		Amount: rec.Amount, Currency: rec.Currency, CreatedAt: rec.CreatedAt.UTC()}
+	if rec.Status == ledger.StatusCompleted {
+		op.Status = OpSucceeded
+		if rec.ResponseStatus < 200 || rec.ResponseStatus > 299 {
+			op.Status = OpRefused
+		}
+		at := rec.CompletedAt.UTC()
+		op.CompletedAt = &at
+	}
+	return op
+}
+
+// refundAnswerStatus is the HTTP status of a refund its row settles: 200
+// done (or held pending by the provider: 202), 402 never done or undone.
+func refundAnswerStatus(r ledger.Refund) int {
+	switch r.Status {
+	case ledger.RefundSucceeded:
+		return http.StatusOK
+	case ledger.RefundFailed, ledger.RefundRefused:
+		return http.StatusPaymentRequired
+	}
+	return http.StatusAccepted
 }

@@ -14,6 +14,8 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/paydedup/paydedup/payment"
 )
 
 // New validates cfg and returns a gateway that reads the worker's records
@@ -70,6 +72,16 @@ func (g *Gateway) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", g.instrument("post_payment", g.authenticate(http.HandlerFunc(g.postPayment), true)))
 	mux.Handle("GET /v1/payments/{key}", g.instrument("get_payment", g.authenticate(http.HandlerFunc(g.getPayment), false)))
+	for _, op := range []struct{ kind, post, get string }{
+		{payment.KindRefund, "/v1/payments/{key}/refunds", "/v1/refunds/{key}"},
+		{payment.KindCapture, "/v1/payments/{key}/capture", "/v1/captures/{key}"},
+		{payment.KindCancel, "/v1/payments/{key}/cancel", "/v1/cancels/{key}"},
+	} {
+		// The routes' metrics are the payment's: a refund, capture or
+		// cancel is a POST on a payment, and its GET a payment's read.
+		mux.Handle("POST "+op.post, g.instrument("post_payment", g.authenticate(g.postOperation(op.kind), true)))
+		mux.Handle("GET "+op.get, g.instrument("get_payment", g.authenticate(g.getOperation(op.kind), false)))
+	}
 	mux.Handle("/v1/payments", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", http.MethodPost)
 		writeProblem(w, Problem{Type: ProblemMethodNotAllowed, Status: http.StatusMethodNotAllowed, Detail: problemDetailMethodAllowed})

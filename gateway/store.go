@@ -20,8 +20,8 @@ type Records interface {
 }
 
 // Store is the gateway's own store (*pgstore.Store): its intake guard rows,
-// taken in a batch of POSTs at a time (see batch.go), and the API keys it
-// authenticates.
+// taken in a batch of POSTs at a time (see batch.go), the API keys it
+// authenticates, and the refunds it shows (read only).
 type Store interface {
 	GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error)
 	AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error)
@@ -33,6 +33,16 @@ type Store interface {
 	ReleaseIntake(ctx context.Context, in ledger.Intake) error
 	PurgeIntakes(ctx context.Context, limit int) (int, error)
 	Authenticate(ctx context.Context, apiKey string) (merchantID string, err error)
+	// GetRefund is the worker's row of the refund (merchantID, key), the
+	// refund's own key; ledger.ErrNotFound when none was claimed.
+	GetRefund(ctx context.Context, merchantID, key string) (ledger.Refund, error)
+	// RefundsOf lists the refunds of the payment (merchantID, paymentKey),
+	// oldest first.
+	RefundsOf(ctx context.Context, merchantID, paymentKey string) ([]ledger.Refund, error)
+	// RefusalOf is the reason the worker refused the command it consumed
+	// at stream sequence seq under (merchantID, key), from its refused
+	// outcome event; ok false when there is none.
+	RefusalOf(ctx context.Context, merchantID, key string, seq uint64) (reason string, ok bool, err error)
 	// WorkerPauses is the pause the workers report now, if any (see
 	// consumer.PauseNoter).
 	WorkerPauses(ctx context.Context) (ledger.WorkerPause, bool, error)

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/ledger"
+	"github.com/paydedup/paydedup/payment"
 )
 
 // The batched intake: the gateway takes in a whole batch of
@@ -125,7 +127,7 @@ func checkIntakeBatch(reqs []ledger.ClaimRequest, lease, retention time.Duration
 	}
 	seen := make(map[rowKey]int, len(reqs))
 	for i, r := range reqs {
-		if err := r.Validate(); err != nil {
+		if err := validateIntake(r); err != nil {
 			return nil, err
 		}
 		k := rowKey{r.MerchantID, r.IdempotencyKey}
@@ -135,6 +137,32 @@ func checkIntakeBatch(reqs []ledger.ClaimRequest, lease, retention time.Duration
 		seen[k] = i
 	}
 	return seen, nil
+}
+
+// validateIntake checks one request to take in: a payment's is a claim
+// request (ledger.ClaimRequest.Validate); an operation on a payment
+// (refund, capture, cancel), which the worker claims
+// elsewhere, has its key, its fingerprint, no currency and an amount that
+// may be 0 (the rest, the whole: migration 00030).
+func validateIntake(r ledger.ClaimRequest) error {
+	if r.Kind != payment.KindRefund && r.Kind != payment.KindCapture && r.Kind != payment.KindCancel {
+		return r.Validate()
+	}
+	if err := payment.ValidateMerchant(r.MerchantID); err != nil {
+		return err
+	}
+	if err := payment.ValidateKey(r.IdempotencyKey); err != nil {
+		return err
+	}
+	switch {
+	case len(r.RequestHash) != sha256.Size:
+		return &payment.ValidationError{Reason: payment.ReasonMalformedJSON, Field: "request_hash", Msg: "must be a SHA-256 digest"}
+	case r.Amount < 0:
+		return &payment.ValidationError{Reason: payment.ReasonInvalidAmount, Field: "amount", Msg: "must not be negative"}
+	case r.Currency != "":
+		return &payment.ValidationError{Reason: payment.ReasonInvalidCurrency, Field: "currency", Msg: "an operation's intake has none"}
+	}
+	return nil
 }
 
 // intakeArgs are the arguments of an acquisition of reqs (intakeRequests),

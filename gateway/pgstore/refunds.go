@@ -2,6 +2,9 @@ package pgstore
 
 import (
 	"context"
+	"errors"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,4 +75,28 @@ func (s *Store) RefundsOf(ctx context.Context, merchantID, paymentKey string) ([
 		return nil, interpretError("list refunds", err)
 	}
 	return out, nil
+}
+
+// RefusalOf returns the reason the worker refused the command it
+// consumed at stream sequence seq under (merchantID, key): the refused
+// outcome event it wrote when it dead-lettered the command (migration
+// 00026; a refund the ledger's rules refuse, over_refundable...). ok is
+// false while the outbox holds none (not refused, or purged after its
+// retention).
+func (s *Store) RefusalOf(ctx context.Context, merchantID, key string, seq uint64) (reason string, ok bool, err error) {
+	if seq == 0 || seq > math.MaxInt64 {
+		return "", false, nil
+	}
+	id := merchantID + ":" + key + ":refused:" + strconv.FormatUint(seq, 10)
+	err = s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `SELECT coalesce(reason, '') FROM outcome_events WHERE event_id = $1
+			AND merchant_id = $2 AND idempotency_key = $3 AND kind = 'refused'`, id, merchantID, key).Scan(&reason)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, interpretError("read refusal", err)
+	}
+	return reason, true, nil
 }

@@ -30,6 +30,9 @@ func TestGatewayRoleReadsRefunds(t *testing.T) {
 	if rs, err := gw.RefundsOf(ctx, "m_gw", "p1"); err != nil || len(rs) != 0 {
 		t.Fatalf("refunds of a payment as %s: %v %v, want none", gatewayRole, rs, err)
 	}
+	if _, ok, err := gw.RefusalOf(ctx, "m_gw", "r1", 7); err != nil || ok {
+		t.Fatalf("refusal of a command as %s: %v %v, want none", gatewayRole, ok, err)
+	}
 	_, err = gwPool.Exec(ctx, `INSERT INTO refunds (merchant_id, idempotency_key, payment_key, request_hash, provider_key, charge_id,
 		amount, currency, status, attempts, key_window_start, refund_id, response_status, response, created_at, updated_at, completed_at)
 		VALUES ('m_gw', 'r1', 'p1', '\x00', 'pdr_x', 'pi_x', 1, 'usd', 'succeeded', 1, now(), 're_x', 200, '{}', now(), now(), now())`)

@@ -222,6 +222,7 @@ var gatewayLayers = []string{
 	"batch.go",          // the batched intake
 	"gateway.go",        // the Gateway type
 	"payments.go",       // POST and GET /v1/payments
+	"operations.go",     // a payment's refunds, capture and cancel, and their GETs
 	"auth.go",           // API key authentication
 	"webhook.go",        // POST /v1/stripe/webhooks
 	"limits.go",         // the body limits
