@@ -153,6 +153,9 @@ func TestRefundOverRefundableRefusedWithReason(t *testing.T) {
 	if r.status != http.StatusUnprocessableEntity || r.problem(t).Reason != ledger.RefuseOverRefundable {
 		t.Fatalf("retry of a refused refund: %d %s", r.status, r.body)
 	}
+	if r := w.postOp("pay-o", "refunds", "ref-o", `{"amount":10}`); r.status != http.StatusUnprocessableEntity || r.problem(t).Type != gateway.ProblemKeyReused {
+		t.Fatalf("another refund under a refused refund's key: %d %s, want 422 key reused", r.status, r.body)
+	}
 	if n := len(w.sim.Refunds()); n != 0 {
 		t.Fatalf("%d refunds at the provider, want 0", n)
 	}
@@ -221,6 +224,9 @@ func TestRefundDoorReplaysFirstAnswer(t *testing.T) {
 	wantStatus(t, g, http.StatusOK)
 	if op := g.operation(t); op.Status != gateway.StateQueued || op.Amount != 100 {
 		t.Fatalf("GET queued refund %+v", op)
+	}
+	if r := w.postOp("ref-q", "refunds", "ref-qq", ``); r.status != http.StatusNotFound {
+		t.Fatalf("a refund of a refund: %d %s, want 404", r.status, r.body)
 	}
 	if r := w.do(http.MethodGet, "/v1/payments/ref-q", w.keyA, "", nil); r.status != http.StatusNotFound {
 		t.Fatalf("GET payment of a refund's key: %d %s, want 404", r.status, r.body)
