@@ -78,12 +78,15 @@ func WithObserver(observe func(Exchange)) Option { return func(c *Client) { c.ob
 // WithObserver sees it: a payment (Result), a gateway's refusal (Problem),
 // another HTTP answer (Status only: a proxy's page), or no answer (Err).
 type Exchange struct {
-	Method string // POST (Create) or GET (Get, Wait, and Create's look after a 409)
+	Method string // POST (Create, Refund, Capture, Cancel) or GET (Get, Wait, and a POST's look after a 409)
 	Key    string // the idempotency key asked about
+	Kind   string // the operation's (Refund, Capture, Cancel); "" for a payment
 	// Status is the answer's HTTP status; 0 when none came (Err).
 	Status int
 	// Result is the payment the answer holds, if it holds one.
 	Result *Result
+	// Operation is the refund, capture or cancel answered, if any.
+	Operation *OperationResult
 	// Problem is the gateway's problem the answer holds, if it holds one.
 	Problem *Problem
 	// Err is why no answer came: a timeout, a reset, a refused
@@ -135,7 +138,7 @@ func (c *Client) Create(ctx context.Context, key string, p Payment) (Result, err
 		return Result{}, err
 	}
 	res, err := c.retry(ctx, func() (Result, error) {
-		a, err := c.do(ctx, http.MethodPost, key, body, 0)
+		a, err := c.do(ctx, http.MethodPost, "/v1/payments", key, "", body, 0)
 		if err != nil {
 			mayBeAccepted = true
 			return Result{}, err
@@ -145,7 +148,7 @@ func (c *Client) Create(ctx context.Context, key string, p Payment) (Result, err
 			mayBeAccepted = true // accepted, even when its body cannot be read
 			return a.result()
 		case http.StatusConflict: // in flight: ask how it stands
-			g, gerr := c.do(ctx, http.MethodGet, key, nil, 0)
+			g, gerr := c.do(ctx, http.MethodGet, paymentPath(key), key, "", nil, 0)
 			if gerr == nil && g.status == http.StatusOK {
 				if r, err := g.result(); err == nil && r.Status != StatusPublishUnknown {
 					return r, nil
@@ -200,7 +203,8 @@ func (c *Client) Wait(ctx context.Context, key string) (Result, error) {
 		}
 		last = r
 		switch r.Status {
-		case StatusSucceeded, StatusDeclined, StatusAuthorized, StatusWaitingForOperator, StatusPublishUnknown:
+		case StatusSucceeded, StatusDeclined, StatusAuthorized, StatusWaitingForOperator, StatusPublishUnknown,
+			StatusRefunded, StatusPartiallyRefunded:
 			return r, nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -220,7 +224,7 @@ func (c *Client) get(ctx context.Context, key string, wait time.Duration) (Resul
 		return Result{}, err
 	}
 	res, err := c.retry(ctx, func() (Result, error) {
-		a, err := c.do(ctx, http.MethodGet, key, nil, wait)
+		a, err := c.do(ctx, http.MethodGet, paymentPath(key), key, "", nil, wait)
 		if err != nil {
 			return Result{}, err
 		}
@@ -269,18 +273,25 @@ func (c *Client) retry(ctx context.Context, op func() (Result, error)) (Result, 
 	return res, err
 }
 
-// do sends one request about key: a POST of body under it, or a GET of
-// its payment with a Prefer: wait. A transport failure (a timeout, a
+// do sends one request about key to path: a POST of body under it, or a
+// GET of its state with a Prefer: wait. kind is the operation's (Refund,
+// Capture, Cancel), "" for a payment. A transport failure (a timeout, a
 // reset, no answer) is returned as a retryable error. The observer, if
 // any, sees the answer first.
-func (c *Client) do(ctx context.Context, method, key string, body []byte, wait time.Duration) (answer, error) {
-	a, err := c.send(ctx, method, key, body, wait)
+func (c *Client) do(ctx context.Context, method, path, key, kind string, body []byte, wait time.Duration) (answer, error) {
+	a, err := c.send(ctx, method, path, key, body, wait)
 	if c.observe != nil && !isBuildError(err) {
-		x := Exchange{Method: method, Key: key, Status: a.status, Err: err}
+		x := Exchange{Method: method, Key: key, Kind: kind, Status: a.status, Err: err}
 		if err == nil {
 			x.Problem = a.problem()
-			if r, rerr := a.result(); x.Problem == nil && rerr == nil {
-				x.Result = &r
+			if x.Problem == nil && kind == "" {
+				if r, rerr := a.result(); rerr == nil {
+					x.Result = &r
+				}
+			} else if x.Problem == nil {
+				if r, rerr := a.operation(); rerr == nil {
+					x.Operation = &r
+				}
 			}
 		}
 		c.observe(x)
@@ -288,7 +299,6 @@ func (c *Client) do(ctx context.Context, method, key string, body []byte, wait t
 	if err == nil {
 		return a, nil
 	}
-	path := paymentsPath(method, key)
 	var be *buildError
 	switch {
 	case errors.As(err, &be):
@@ -301,14 +311,14 @@ func (c *Client) do(ctx context.Context, method, key string, body []byte, wait t
 
 // send sends one request and reads its answer whole; its error is the
 // transport's, or a *buildError when nothing was sent.
-func (c *Client) send(ctx context.Context, method, key string, body []byte, wait time.Duration) (answer, error) {
+func (c *Client) send(ctx context.Context, method, path, key string, body []byte, wait time.Duration) (answer, error) {
 	actx, cancel := context.WithTimeout(ctx, c.attempt+wait)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(actx, method, c.base.JoinPath(paymentsPath(method, key)).String(), rd)
+	req, err := http.NewRequestWithContext(actx, method, c.base.JoinPath(path).String(), rd)
 	if err != nil {
 		return answer{}, &buildError{err: err}
 	}
@@ -335,13 +345,8 @@ func (c *Client) send(ctx context.Context, method, key string, body []byte, wait
 	return answer{status: resp.StatusCode, header: resp.Header, body: raw}, nil
 }
 
-// paymentsPath is the path of a POST of a payment, or of a GET of key's.
-func paymentsPath(method, key string) string {
-	if method == http.MethodGet {
-		return "/v1/payments/" + url.PathEscape(key)
-	}
-	return "/v1/payments"
-}
+// paymentPath is the path of a GET of key's payment.
+func paymentPath(key string) string { return "/v1/payments/" + url.PathEscape(key) }
 
 // buildError is a request that could not be made: nothing was sent.
 type buildError struct{ err error }

@@ -66,6 +66,14 @@ type Result struct {
 	// AmountCapturable is how much of an authorized payment can still be
 	// captured; 0 in any other state.
 	AmountCapturable int64 `json:"amount_capturable,omitempty"`
+	// AmountReceived is what the payment moved: its amount once
+	// succeeded; 0 otherwise.
+	AmountReceived int64 `json:"amount_received,omitempty"`
+	// AmountRefunded is the sum of its succeeded refunds, and Refunds
+	// every refund of it (Get of a succeeded payment; its Status is then
+	// StatusRefunded or StatusPartiallyRefunded once refunds succeeded).
+	AmountRefunded int64           `json:"amount_refunded,omitempty"`
+	Refunds        []RefundSummary `json:"refunds,omitempty"`
 	// Outcome is the provider's stored answer, once completed.
 	Outcome *Outcome `json:"outcome,omitempty"`
 	// Reason is why a payment waits for an operator (provider_rejected,
@@ -82,10 +90,19 @@ type Result struct {
 	Replayed bool `json:"-"`
 }
 
-// Final reports whether the payment is done: succeeded, declined or
-// authorized. Anything else may still be charged; keep the key.
+// Final reports whether the payment is done: succeeded (refunded or
+// partially_refunded since), declined or authorized. Anything else may still be charged; keep the key.
 func (r Result) Final() bool {
-	return r.Status == StatusSucceeded || r.Status == StatusDeclined || r.Status == StatusAuthorized
+	return r.Status == StatusSucceeded || r.Status == StatusDeclined || r.Status == StatusAuthorized ||
+		r.Status == StatusRefunded || r.Status == StatusPartiallyRefunded
+}
+
+// RefundSummary is one refund of a payment, as Get lists them.
+type RefundSummary struct {
+	IdempotencyKey string `json:"idempotency_key"`
+	Amount         int64  `json:"amount"`
+	Status         Status `json:"status"`
+	Reason         string `json:"reason,omitempty"`
 }
 
 // Outcome is the provider's stored answer of a completed payment.
