@@ -30,9 +30,10 @@ import (
 
 // decodeOperation reads an operation's body: empty, or a JSON object
 // with at most "amount" (not for a cancel), a positive integer in minor
-// units within the limit. A field it does not know is refused as the
-// payment door refuses one (400 unknown_field); an amount that is not a
-// positive integer is 422, naming it. ok false: it answered.
+// units within lim (with its defaults). A field it does not know is
+// refused as the payment door refuses one (400 unknown_field); an amount
+// that is not a positive integer is 422, naming it. ok false: it
+// answered.
 func decodeOperation(w http.ResponseWriter, body []byte, kind string, lim payment.Limits) (amount int64, ok bool) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return 0, true
@@ -72,7 +73,7 @@ func decodeOperation(w http.ResponseWriter, body []byte, kind string, lim paymen
 			writeProblem(w, Problem{Type: ProblemInvalidRequest, Status: http.StatusUnprocessableEntity, Field: "amount",
 				Reason: string(payment.ReasonInvalidAmount), Detail: "must be a positive integer in minor units, or absent"})
 			return 0, false
-		case n > lim.MaxAmount && lim.MaxAmount > 0 || n > payment.DefaultMaxAmount && lim.MaxAmount <= 0:
+		case n > lim.MaxAmount: // Config.WithDefaults set it
 			writeProblem(w, Problem{Type: ProblemInvalidRequest, Status: http.StatusUnprocessableEntity, Field: "amount",
 				Reason: string(payment.ReasonAmountOverLimit), Detail: "exceeds the largest amount"})
 			return 0, false
