@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
+	"github.com/paydedup/paydedup/payment"
 )
 
 // TestGatewayRoleReadsRefunds: the gateway, as paydedup_gateway, reads a
@@ -38,5 +40,37 @@ func TestGatewayRoleReadsRefunds(t *testing.T) {
 		VALUES ('m_gw', 'r1', 'p1', '\x00', 'pdr_x', 'pi_x', 1, 'usd', 'succeeded', 1, now(), 're_x', 200, '{}', now(), now(), now())`)
 	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
 		t.Fatalf("insert a refund as %s: %v, want permission denied", gatewayRole, err)
+	}
+}
+
+// TestOperationIntakes: a refund's (capture's, cancel's) guard row has no
+// currency and may ask for amount 0 (the rest, the whole: migration
+// 00030); a payment's may not, and an operation's with a currency is
+// refused before any SQL, as is a negative amount.
+func TestOperationIntakes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := pgstore.New(testenv.Pool(t), pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refund := ledger.NewClaimRequest(&payment.Command{MerchantID: "m_1", IdempotencyKey: "ref-all", Kind: payment.KindRefund, PaymentKey: "pay-1"})
+	res, err := acquireOne(ctx, s, refund, time.Minute, time.Hour)
+	if err != nil || res.Outcome != ledger.IntakeAcquired || res.Intake.Amount != 0 || res.Intake.Currency != "" {
+		t.Fatalf("a refund of the rest: %+v %v, want acquired with amount 0 and no currency", res, err)
+	}
+	unreachable := unreachableStore(t)
+	for _, r := range []ledger.ClaimRequest{
+		{MerchantID: "m_1", IdempotencyKey: "pay-0", RequestHash: refund.RequestHash, Currency: "usd"},                             // a payment of 0
+		{MerchantID: "m_1", IdempotencyKey: "ref-usd", RequestHash: refund.RequestHash, Kind: payment.KindRefund, Currency: "usd"}, // an operation with a currency
+		{MerchantID: "m_1", IdempotencyKey: "ref-neg", RequestHash: refund.RequestHash, Kind: payment.KindRefund, Amount: -1},
+	} {
+		if _, err := acquireOne(ctx, unreachable, r, time.Minute, time.Hour); err == nil || errors.Is(err, ledger.ErrUnavailable) {
+			t.Errorf("%+v: %v, want refused before SQL", r, err)
+		}
+	}
+	if _, err := s.AcquireNewIntakes(ctx, []ledger.ClaimRequest{{MerchantID: "m_1", IdempotencyKey: "pay-0", RequestHash: refund.RequestHash,
+		Currency: "usd", Amount: 0}}, [][]byte{make([]byte, 32)}, time.Minute, time.Hour); err == nil {
+		t.Fatal("a payment of 0 taken in")
 	}
 }
