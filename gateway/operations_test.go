@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/paydedup/paydedup/consumer"
@@ -428,4 +429,104 @@ func (w *world) reqTo(base, method, path, body, key string) (response, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return response{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+// laterKinds is the publisher of a version whose worker takes captures
+// and cancels: it publishes them as the stream's command (the stream's
+// own check refuses them in this version) and leaves every other
+// command to the real publisher.
+type laterKinds struct {
+	gateway.Publisher
+	js  jetstream.JetStream
+	cfg stream.Config
+}
+
+func later(cmd *payment.Command) bool {
+	return cmd.Kind == payment.KindCapture || cmd.Kind == payment.KindCancel
+}
+
+func (p *laterKinds) Check(cmd *payment.Command, extra map[string]string) error {
+	if later(cmd) {
+		return nil
+	}
+	return p.Publisher.Check(cmd, extra)
+}
+
+func (p *laterKinds) Publish(ctx context.Context, cmd *payment.Command, extra map[string]string, republish int) (uint64, error) {
+	if !later(cmd) {
+		return p.Publisher.Publish(ctx, cmd, extra, republish)
+	}
+	data, err := stream.EncodeCommand(cmd)
+	if err != nil {
+		return 0, err
+	}
+	ack, err := p.js.PublishMsg(ctx, stream.CommandMsg(p.cfg, cmd.MerchantID, cmd.IdempotencyKey, data))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// TestCaptureAndCancelDoorsBindTheirKeys: the capture and cancel doors,
+// before any worker: each publishes its command once (kind, payment_key,
+// amount), a retry of the same key and body is 409 in flight, and its key
+// is bound to it: another amount, the other operation or a refund under
+// it is 422, and its GET shows it queued on its own route only.
+func TestCaptureAndCancelDoorsBindTheirKeys(t *testing.T) {
+	t.Parallel()
+	var lk *laterKinds
+	w := setupWith(t, gateway.Config{}, options{pub: func(p gateway.Publisher) gateway.Publisher {
+		lk = &laterKinds{Publisher: p}
+		return lk
+	}})
+	lk.js, lk.cfg = w.js, w.cfg.Stream
+	wantStatus(t, w.post("pay-a", `{"amount":800,"currency":"usd","payment_method":"pm_card_visa","capture_method":"manual"}`), http.StatusAccepted)
+
+	r := w.postOp("pay-a", "capture", "cap-1", `{"amount":500}`)
+	wantStatus(t, r, http.StatusAccepted)
+	if op := r.operation(t); op.Object != gateway.ObjectCapture || op.Status != gateway.StateQueued || op.Amount != 500 ||
+		r.header.Get("Location") != "/v1/captures/cap-1" {
+		t.Fatalf("capture: %+v, Location %q", op, r.header.Get("Location"))
+	}
+	r = w.postOp("pay-a", "cancel", "can-1", ``)
+	wantStatus(t, r, http.StatusAccepted)
+	if op := r.operation(t); op.Object != gateway.ObjectCancel || r.header.Get("Location") != "/v1/cancels/can-1" {
+		t.Fatalf("cancel: %+v, Location %q", op, r.header.Get("Location"))
+	}
+	wantStatus(t, w.postOp("pay-a", "capture", "cap-1", `{"amount":500}`), http.StatusConflict)
+	wantStatus(t, w.postOp("pay-a", "cancel", "can-1", `{}`), http.StatusConflict)
+	for _, c := range []struct{ op, key, body string }{
+		{"capture", "cap-1", `{"amount":501}`},
+		{"capture", "cap-1", ``},
+		{"cancel", "cap-1", ``},
+		{"refunds", "cap-1", `{"amount":500}`},
+		{"capture", "can-1", ``},
+	} {
+		if r := w.postOp("pay-a", c.op, c.key, c.body); r.status != http.StatusUnprocessableEntity || r.problem(t).Type != gateway.ProblemKeyReused {
+			t.Fatalf("%s %s %s: %d %s, want 422 key reused", c.op, c.key, c.body, r.status, r.body)
+		}
+	}
+	g := w.do(http.MethodGet, "/v1/captures/cap-1", w.keyA, "", nil)
+	wantStatus(t, g, http.StatusOK)
+	if op := g.operation(t); op.Status != gateway.StateQueued || op.Amount != 500 {
+		t.Fatalf("GET capture %+v", op)
+	}
+	wantStatus(t, w.do(http.MethodGet, "/v1/cancels/can-1", w.keyA, "", nil), http.StatusOK)
+	wantStatus(t, w.do(http.MethodGet, "/v1/payments/cap-1", w.keyA, "", nil), http.StatusNotFound)
+	for _, key := range []string{"cap-1", "can-1"} {
+		if n := w.keyMsgs(key); n != 1 {
+			t.Fatalf("%d copies of %s in the stream, want 1", n, key)
+		}
+	}
+	var got payment.Command
+	for _, m := range w.storedMsgs() {
+		if m.Header.Get(stream.HeaderIdempotencyKey) == "cap-1" {
+			if err := json.Unmarshal(m.Data, &got); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got.Kind != payment.KindCapture || got.PaymentKey != "pay-a" || got.Amount != 500 || got.MerchantID != "m_a" {
+		t.Fatalf("the capture's command %+v", got)
+	}
 }
