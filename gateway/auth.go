@@ -9,13 +9,29 @@ import (
 	"github.com/paydedup/paydedup/gateway/apikey"
 )
 
+// authMode is how a route authenticates its API key.
+type authMode int
+
+const (
+	// authLookup looks the key up on every request (a GET).
+	authLookup authMode = iota
+	// authCached takes a key seen before from the cache (POST
+	// /v1/payments: the batched intake re-checks it before anything is
+	// done), and keeps its hash for the batch.
+	authCached
+	// authHashed looks the key up on every request and keeps its hash for
+	// the batch (an operation's POST, which may answer from the worker's
+	// rows before any batch re-checks the key).
+	authHashed
+)
+
 // authenticate resolves the bearer API key to its merchant. A missing key
 // and a wrong key are both 401; nothing tells a revoked key from an unknown
-// one. With cached (POST: the batched intake) a key seen before is taken
-// from the cache: the batch re-checks it before anything is done. A source
-// address that failed too often is 429 before anything else, a cached key
-// included (else a guess that hit the cache would go unthrottled).
-func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
+// one. mode says whether a key seen before is taken from the cache. A
+// source address that failed too often is 429 before anything else, a
+// cached key included (else a guess that hit the cache would go
+// unthrottled).
+func (g *Gateway) authenticate(next http.Handler, mode authMode) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if g.throttled(w, r) {
 			return
@@ -28,7 +44,7 @@ func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 			return
 		}
 		ctx := r.Context()
-		if cached {
+		if mode != authLookup {
 			if !apikey.ValidShape(token) {
 				g.authFailed(r)
 				g.unauthenticated(w)
@@ -36,7 +52,7 @@ func (g *Gateway) authenticate(next http.Handler, cached bool) http.Handler {
 			}
 			hash := apikey.Hash(token)
 			ctx = context.WithValue(ctx, apiKeyHashKey{}, hash)
-			if merchant, ok := g.batch.keys.get(hash); ok {
+			if merchant, ok := g.batch.keys.get(hash); ok && mode == authCached {
 				next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, merchantKey{}, merchant)))
 				return
 			}

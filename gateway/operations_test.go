@@ -131,6 +131,18 @@ func TestRefundThroughTheDoor(t *testing.T) {
 	if n := w.keyMsgs("ref-1"); n != 1 {
 		t.Fatalf("%d copies of ref-1 in the stream, want 1", n)
 	}
+
+	// A replay answers from the worker's row, before any batch re-checks
+	// the API key: a key revoked since it was last used gets nothing.
+	key2 := w.apiKey("m_a")
+	replay := func() response {
+		return w.do(http.MethodPost, "/v1/payments/pay-1/refunds", key2, `{"amount":1200}`, map[string]string{"Idempotency-Key": "ref-1"})
+	}
+	wantStatus(t, replay(), http.StatusOK)
+	if _, err := w.gwStore.RevokeAPIKey(w.ctx, key2); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, replay(), http.StatusUnauthorized)
 }
 
 // TestRefundOverRefundableRefusedWithReason: the ledger's rule is the

@@ -70,8 +70,8 @@ func withClientTrace(next http.Handler, prop propagation.TextMapPropagator) http
 // its signature); anything else is a problem+json 404 or 405.
 func (g *Gateway) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/payments", g.instrument("post_payment", g.authenticate(http.HandlerFunc(g.postPayment), true)))
-	mux.Handle("GET /v1/payments/{key}", g.instrument("get_payment", g.authenticate(http.HandlerFunc(g.getPayment), false)))
+	mux.Handle("POST /v1/payments", g.instrument("post_payment", g.authenticate(http.HandlerFunc(g.postPayment), authCached)))
+	mux.Handle("GET /v1/payments/{key}", g.instrument("get_payment", g.authenticate(http.HandlerFunc(g.getPayment), authLookup)))
 	for _, op := range []struct{ kind, post, get string }{
 		{payment.KindRefund, "/v1/payments/{key}/refunds", "/v1/refunds/{key}"},
 		{payment.KindCapture, "/v1/payments/{key}/capture", "/v1/captures/{key}"},
@@ -79,8 +79,8 @@ func (g *Gateway) routes() http.Handler {
 	} {
 		// The routes' metrics are the payment's: a refund, capture or
 		// cancel is a POST on a payment, and its GET a payment's read.
-		mux.Handle("POST "+op.post, g.instrument("post_payment", g.authenticate(g.postOperation(op.kind), true)))
-		mux.Handle("GET "+op.get, g.instrument("get_payment", g.authenticate(g.getOperation(op.kind), false)))
+		mux.Handle("POST "+op.post, g.instrument("post_payment", g.authenticate(g.postOperation(op.kind), authHashed)))
+		mux.Handle("GET "+op.get, g.instrument("get_payment", g.authenticate(g.getOperation(op.kind), authLookup)))
 	}
 	mux.Handle("/v1/payments", g.instrument("other", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", http.MethodPost)
