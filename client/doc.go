@@ -39,6 +39,16 @@
 // the caller, and the gateway would refuse it too (422). It is a map of one
 // small entry per key; Forget drops a key whose payment is final.
 //
+// Refund, Capture and Cancel act on a payment (named by its key), each
+// under its own idempotency key, by Create's contract: the same retries
+// with the same key and body, ErrOutcomeUnknown when it gives up after an
+// answer that may have been accepted, and the key bound to the operation,
+// its payment and its amount (another is ErrKeyReused, before anything is
+// sent). Each returns an OperationResult (queued, processing, succeeded,
+// failed or refused with its Reason) or a *Problem: the ledger's refusal
+// (over_refundable...) is ErrRejected with Problem.Reason. GetOperation
+// reads one under its own key.
+//
 // A Publisher publishes payment commands straight on the payments stream
 // (payments.requests.<merchant_id>) as the workers expect them: the
 // Nats-Msg-Id <merchant_id>:<idempotency_key>, the PubAck awaited and
