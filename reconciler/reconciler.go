@@ -293,6 +293,9 @@ type Reconciler struct {
 	// processingCursor is where the next pass resumes its scan of
 	// processing payments.
 	processingCursor ledger.ProcessingCursor
+	// refundCursor is where the next pass resumes its scan of refunds
+	// the provider holds pending.
+	refundCursor ledger.ProcessingCursor
 	done             chan struct{}
 }
 
