@@ -296,7 +296,7 @@ type Reconciler struct {
 	// refundCursor is where the next pass resumes its scan of refunds
 	// the provider holds pending.
 	refundCursor ledger.ProcessingCursor
-	done             chan struct{}
+	done         chan struct{}
 }
 
 // New validates cfg and returns a Reconciler working on store with looker.
