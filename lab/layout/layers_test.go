@@ -223,6 +223,7 @@ var gatewayLayers = []string{
 	"gateway.go",        // the Gateway type
 	"payments.go",       // POST and GET /v1/payments
 	"auth.go",           // API key authentication
+	"webhookrefund.go",  // a refund event's settle
 	"webhook.go",        // POST /v1/stripe/webhooks
 	"limits.go",         // the body limits
 	"serve.go",          // New, the routes, Serve
