@@ -97,3 +97,43 @@ type idRow struct {
 }
 
 func (r idRow) Scan(dest ...any) error { return r.row.Scan(append([]any{r.id}, dest...)...) }
+
+// refundsOfSQL reads the refunds of a batch of payments (merchant,
+// payment key), by the claim's index.
+const refundsOfSQL = `SELECT ` + refundColumns + ` FROM refunds
+    WHERE (merchant_id, payment_key) IN (SELECT DISTINCT * FROM unnest(@merchants::text[], @keys::text[]))
+    ORDER BY merchant_id, payment_key, id`
+
+// RefundsOf returns every refund of the payments refs names (a KeyRef's
+// IdempotencyKey is the payment's key), in any status: the audit compares
+// them with the provider's refunds of those payments.
+func (s *Store) RefundsOf(ctx context.Context, payments []ledger.KeyRef) ([]ledger.Refund, error) {
+	var out []ledger.Refund
+	for start := 0; start < len(payments); start += lookupBatch {
+		merchants, keys := refColumns(payments[start:min(start+lookupBatch, len(payments))])
+		err := s.db.Retry(ctx, func(ctx context.Context) error {
+			rows, err := s.db.Pool.Query(ctx, refundsOfSQL, pgx.NamedArgs{"merchants": merchants, "keys": keys})
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			page := out
+			for rows.Next() {
+				r, err := scanRefund(rows)
+				if err != nil {
+					return err
+				}
+				page = append(page, r)
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			out = page
+			return nil
+		})
+		if err != nil {
+			return nil, interpretError("refunds of payments", err)
+		}
+	}
+	return out, nil
+}
