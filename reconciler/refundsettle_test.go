@@ -1,6 +1,8 @@
 package reconciler_test
 
 import (
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/paydedup/paydedup/lab/stripesim"
@@ -91,5 +93,59 @@ func TestReconcilerSettlesPendingRefundThatFails(t *testing.T) {
 	}
 	if got := b.claimRefund(t, "r-2", "pay", amount); got.Outcome != ledger.Claimed || got.Refundable != amount {
 		t.Fatalf("a refund of the failed refund's amount: %+v, want claimed", got)
+	}
+}
+
+// TestRefundSettleRaces: two reconcilers and the webhook's call settling
+// one failed refund at once settle it once, with one event.
+func TestRefundSettleRaces(t *testing.T) {
+	t.Parallel()
+	b := setup(t, stripesim.Config{ProcessingDelay: processingDelay, Faults: stripesim.Faults{RateRefundFail: 1}})
+	pay := b.chargedPayment(t, "pay")
+	re := b.pendingRefund(t, "r-1", "pay", pay.ChargeID)
+	b.clk.Advance(processingDelay)
+	found, err := b.stripe.LookupRefund(b.ctx, provider.RefundLookupRequest{ChargeID: pay.ChargeID, MerchantID: merchant,
+		IdempotencyKey: "r-1", Amount: amount})
+	if err != nil || !found.Found || found.Outcome.RefundID != re.RefundID || found.Outcome.Status != provider.RefundFailed {
+		t.Fatalf("lookup %+v %v, want the refund failed", found, err)
+	}
+	recs := []*reconciler.Reconciler{b.reconciler(t, b.stripe, reconciler.Config{}), b.reconciler(t, b.stripe, reconciler.Config{})}
+	var (
+		wg       sync.WaitGroup
+		settled  atomic.Int64
+		hookSaid atomic.Value
+	)
+	for _, r := range recs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := r.RunOnce(b.ctx)
+			if err != nil || res.Errors != 0 {
+				t.Errorf("pass: %+v %v", res, err)
+			}
+			settled.Add(int64(res.RefundsSettled))
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ok, status, err := b.store.SettleRefund(b.ctx, merchant, "r-1", ledger.RefundCompletionOf(found.Outcome))
+		if err != nil {
+			t.Errorf("webhook's settle: %v", err)
+		}
+		hookSaid.Store(status)
+		if ok {
+			settled.Add(1)
+		}
+	}()
+	wg.Wait()
+	if n := settled.Load(); n != 1 {
+		t.Fatalf("%d settles of one refund, want 1", n)
+	}
+	if st := hookSaid.Load(); st != ledger.RefundFailed {
+		t.Fatalf("the webhook's settle saw %v, want failed", st)
+	}
+	if n := b.count(t, `SELECT count(*) FROM outcome_events WHERE merchant_id = $1 AND idempotency_key = 'r-1'`, merchant); n != 1 {
+		t.Fatalf("%d events, want 1", n)
 	}
 }
