@@ -3,13 +3,17 @@ package gateway_test
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/paydedup/paydedup/gateway"
 	"github.com/paydedup/paydedup/lab/storetest"
+	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
+	"github.com/paydedup/paydedup/provider"
+	stripeadapter "github.com/paydedup/paydedup/provider/stripe"
 )
 
 // refundObject is a refund as Stripe renders it in an event (the fields
@@ -123,5 +127,65 @@ func TestWebhookSettlesPendingRefunds(t *testing.T) {
 		gateway.WebhookAgrees)
 	if n := events("r-1") + events("r-2"); n != 2 {
 		t.Fatalf("%d refund events after every delivery, want 2", n)
+	}
+}
+
+// A refund the provider answers pending and fails later settles through
+// the refund.updated the simulator posts, with no reconciler running: its
+// amount is free again, one refund_failed event is written, and the event
+// delivered again changes nothing.
+func TestWebhookSettlesRefundFailedAtTheProvider(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, options{webhookSecret: webhookSecret, processingDelay: 300 * time.Millisecond})
+	st, ok := w.gate.next.(*stripeadapter.Client)
+	if !ok {
+		t.Fatalf("the world's provider is a %T", w.gate.next)
+	}
+	c, err := w.store.Claim(w.ctx, "w", time.Minute, storetest.Req("m_a", "pay", 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := storetest.Command("m_a", "pay", 1000)
+	out, err := st.Charge(w.ctx, provider.ChargeRequest{ProviderKey: c.Lease.ProviderKey, MerchantID: "m_a", IdempotencyKey: "pay",
+		Amount: 1000, Currency: cmd.Currency, PaymentMethod: cmd.PaymentMethod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.store.Complete(w.ctx, *c.Lease, ledger.CompletionOf(out, ledger.ProviderBodyOnly)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.sim.SetFaults(stripesim.Faults{RateRefundFail: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := w.store.ClaimRefund(w.ctx, "w", time.Minute, ledger.NewRefundRequest(&payment.Command{MerchantID: "m_a",
+		IdempotencyKey: "r-1", PaymentKey: "pay", Amount: 1000, Kind: payment.KindRefund}))
+	if err != nil || rc.Outcome != ledger.Claimed {
+		t.Fatalf("claim refund: %+v %v", rc, err)
+	}
+	re, err := st.Refund(w.ctx, provider.RefundRequest{ProviderKey: rc.Lease.ProviderKey, ChargeID: out.ChargeID, Amount: 1000,
+		MerchantID: "m_a", IdempotencyKey: "r-1"})
+	if err != nil || re.Status != provider.RefundPending {
+		t.Fatalf("refund: %+v %v, want pending", re, err)
+	}
+	if err := w.store.CompleteRefund(w.ctx, *rc.Lease, ledger.RefundCompletionOf(re)); err != nil {
+		t.Fatal(err)
+	}
+	w.eventually("the webhook settles the refund failed", func() bool {
+		r, err := w.store.GetRefund(w.ctx, "m_a", "r-1")
+		return err == nil && r.Status == ledger.RefundFailed
+	})
+	got := w.hooks.deliveries()
+	if len(got) != 1 || got[0].status != http.StatusOK || !strings.Contains(string(got[0].body), `"refund.updated"`) {
+		t.Fatalf("deliveries %+v, want one refund.updated answered 200", got)
+	}
+	if code, res := w.webhook(got[0].body, got[0].signature); code != http.StatusOK || res != gateway.WebhookAgrees {
+		t.Fatalf("replay: %d %q, want 200 %q", code, res, gateway.WebhookAgrees)
+	}
+	if n := w.count(`SELECT count(*) FROM outcome_events WHERE merchant_id = 'm_a' AND idempotency_key = 'r-1' AND kind = 'refund_failed'`); n != 1 {
+		t.Fatalf("%d refund_failed events, want 1", n)
+	}
+	if again, err := w.store.ClaimRefund(w.ctx, "w", time.Minute, ledger.NewRefundRequest(&payment.Command{MerchantID: "m_a",
+		IdempotencyKey: "r-2", PaymentKey: "pay", Amount: 1000, Kind: payment.KindRefund})); err != nil || again.Outcome != ledger.Claimed {
+		t.Fatalf("a refund of the failed refund's amount: %+v %v, want claimed", again, err)
 	}
 }
