@@ -3,7 +3,10 @@
 // with the payments ledger by their metadata (merchant_id, idempotency_key),
 // and reports every disagreement: a key charged twice, an intent the ledger
 // does not know, a ledger row whose intent the provider does not have, and
-// amounts, currencies or outcomes that differ. It reads and never writes.
+// amounts, currencies or outcomes that differ; and the same of the
+// refunds of every charged payment (refund.go): a refund made twice, one
+// the ledger lacks, one the provider lacks, amounts or outcomes that
+// differ. It reads and never writes.
 // `paydedup audit` runs it; the demo and the chaos harness end with it.
 package audit
 
@@ -142,7 +145,8 @@ const (
 // Kinds lists every Kind, most serious first.
 var Kinds = []Kind{DoubleCharge, PossibleDoubleCharge, LostCharge, UnrecordedCharge, PossibleLostCharge, PossibleUnrecordedCharge,
 	MissingLedger, MissingIntent, SuccessNotCharged, SuccessUnsettled, AmountMismatch, CurrencyMismatch,
-	UnsettledCharge, UnsettledFailure, ExtraIntent}
+	UnsettledCharge, UnsettledFailure, ExtraIntent,
+	DoubleRefund, UnrecordedRefund, MissingRefund, RefundMismatch, UnsettledRefund}
 
 // Severity says how urgent a finding is.
 type Severity string
@@ -159,7 +163,7 @@ const (
 // Severity is the kind's severity.
 func (k Kind) Severity() Severity {
 	switch k {
-	case UnsettledCharge, UnsettledFailure, ExtraIntent:
+	case UnsettledCharge, UnsettledFailure, ExtraIntent, UnsettledRefund:
 		return Warning
 	}
 	return Critical
@@ -230,6 +234,10 @@ type Finding struct {
 	IntentIDs []string `json:"intent_ids,omitempty"`
 	// ChargeID is the ledger row's charge id, when there is a row.
 	ChargeID string `json:"charge_id,omitempty"`
+	// RefundIDs are the provider's refunds a refund finding is about; its
+	// IdempotencyKey is then the refund's key, ChargeID its payment's
+	// intent.
+	RefundIDs []string `json:"refund_ids,omitempty"`
 	// Detail says what disagrees, in words.
 	Detail string `json:"detail"`
 }
@@ -255,8 +263,13 @@ type Report struct {
 	Keys int `json:"keys"`
 	// Retrieved counts intents fetched by id (created outside the list's
 	// reach).
-	Retrieved int       `json:"retrieved"`
-	Findings  []Finding `json:"findings"`
+	Retrieved int `json:"retrieved"`
+	// Refunds counts the provider's refunds of the audited payments
+	// (those the ledger holds as succeeded), LedgerRefunds the ledger's;
+	// both 0 when the provider or the ledger cannot list refunds.
+	Refunds       int       `json:"refunds"`
+	LedgerRefunds int       `json:"ledger_refunds"`
+	Findings      []Finding `json:"findings"`
 }
 
 // Drift reports whether the audit found anything.
@@ -419,6 +432,15 @@ func Run(ctx context.Context, prov Provider, book Ledger, cfg Config) (*Report, 
 	rep.Keys = len(ordered)
 	for _, k := range ordered {
 		found, err := k.audit(ctx, r.getter(prov), states, rep)
+		if err != nil {
+			return nil, err
+		}
+		rep.Findings = append(rep.Findings, found...)
+	}
+	rp, ok := prov.(RefundProvider)
+	rl, ok2 := book.(RefundLedger)
+	if ok && ok2 {
+		found, err := auditRefunds(ctx, rp, rl, r, ordered, rep)
 		if err != nil {
 			return nil, err
 		}

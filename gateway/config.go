@@ -244,8 +244,12 @@ type EventVerifier interface {
 
 // Ledger is what the webhook reads and writes of the payments ledger
 // (*dedup.Store): a key's payment, and the one transition of a processing
-// payment to its outcome, the statement the reconciler settles with.
+// payment to its outcome, the statement the reconciler settles with; the
+// same of a refund the provider held pending (SettleRefund reports
+// whether this call settled it and the refund's status after it;
+// ledger.ErrNotFound when the ledger has no such refund).
 type Ledger interface {
 	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
 	SettlePayment(ctx context.Context, p ledger.Payment, status string, responseStatus int, response json.RawMessage) error
+	SettleRefund(ctx context.Context, merchantID, key string, c ledger.RefundCompletion) (settled bool, status string, err error)
 }

@@ -103,3 +103,18 @@ func (m *metrics) observe(route string, code int, d time.Duration) {
 	m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
 	m.duration.WithLabelValues(route).Observe(d.Seconds())
 }
+
+// What a webhook event did, the values of
+// paydedup_gateway_webhook_events_total{result}.
+const (
+	WebhookBadSignature    = "bad_signature"
+	WebhookIgnoredType     = "ignored_type"
+	WebhookNotOurs         = "not_ours"
+	WebhookNoPayment       = "no_payment"
+	WebhookForeignIntent   = "foreign_intent"
+	WebhookStillProcessing = "still_processing"
+	WebhookSettled         = "settled"
+	WebhookAgrees          = "agrees"
+	WebhookDisagrees       = "disagrees"
+	WebhookError           = "error"
+)

@@ -35,21 +35,6 @@ const ProblemBadSignature = problemTypePrefix + "webhook-signature"
 // one too loose lets anyone make the gateway read and hash it.
 const WebhookEnvelopeBytes = 64 << 10
 
-// What a webhook event did, the values of
-// paydedup_gateway_webhook_events_total{result}.
-const (
-	WebhookBadSignature    = "bad_signature"
-	WebhookIgnoredType     = "ignored_type"
-	WebhookNotOurs         = "not_ours"
-	WebhookNoPayment       = "no_payment"
-	WebhookForeignIntent   = "foreign_intent"
-	WebhookStillProcessing = "still_processing"
-	WebhookSettled         = "settled"
-	WebhookAgrees          = "agrees"
-	WebhookDisagrees       = "disagrees"
-	WebhookError           = "error"
-)
-
 // webhookReply is the body of a 200 to Stripe (it reads only the status).
 type webhookReply struct {
 	Received bool   `json:"received"`
@@ -124,8 +109,12 @@ func (g *Gateway) refuseEvent(w http.ResponseWriter, err error) {
 }
 
 // applyEvent settles the processing payment an event is about, or checks
-// that a final one agrees with it, and says which it did.
+// that a final one agrees with it, and says which it did. A refund event
+// settles its refunds (applyRefunds).
 func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, error) {
+	if ev.Refunds != nil {
+		return g.applyRefunds(ctx, ev)
+	}
 	if ev.Outcome == nil {
 		return WebhookIgnoredType, nil
 	}

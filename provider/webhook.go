@@ -18,6 +18,11 @@ type Event struct {
 	// classified as a retrieve by id is (charged, processing or declined);
 	// nil for an event type that says nothing about a payment's outcome.
 	Outcome *Outcome
+	// Refunds are the refunds the event is about, as its copy reads them
+	// (a refund.updated: its refund; a charge.refunded: the refunds its
+	// charge lists, if it lists them); nil for other types. A refund whose
+	// metadata names no merchant and key is not one paydedup made.
+	Refunds []*RefundOutcome
 }
 
 // ErrBadSignature is wrapped by an event verifier for a payload that is

@@ -44,6 +44,10 @@ type RunResult struct {
 	// that this pass found finished at the provider and settled in the
 	// ledger; StillProcessing those it found still moving.
 	SettledSucceeded, SettledFailed, StillProcessing int
+	// RefundsSettled counts the refunds the provider held pending
+	// (processing) that this pass found finished and settled, succeeded
+	// or failed; RefundsStillPending those it found still pending.
+	RefundsSettled, RefundsStillPending int
 	// Purged is how many expired finished rows were deleted.
 	Purged int
 	// RefundsResolved is how many stuck refunds (a lease run out, an
@@ -54,7 +58,8 @@ type RunResult struct {
 }
 
 func (res RunResult) changed() bool {
-	return res.Examined > 0 || res.Purged > 0 || res.Errors > 0 || res.SettledSucceeded > 0 || res.SettledFailed > 0
+	return res.Examined > 0 || res.Purged > 0 || res.Errors > 0 || res.SettledSucceeded > 0 || res.SettledFailed > 0 ||
+		res.RefundsResolved > 0 || res.RefundsSettled > 0
 }
 
 // fate is what happened to one leased row.
@@ -145,6 +150,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		r.settleProcessing(ctx, &res)
 	}
 	if !dbDown && ctx.Err() == nil {
+		r.settleRefunds(ctx, &res)
+	}
+	if !dbDown && ctx.Err() == nil {
 		r.purge(ctx, &res)
 	}
 	if res.changed() {
@@ -153,7 +161,8 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 			"failed", res.Failed, "left", res.Left, "lease_lost", res.LeaseLost,
 			"errors", res.Errors, "lookup_errors", res.LookupErrors, "foreign_intents", res.ForeignIntents,
 			"settled_succeeded", res.SettledSucceeded, "settled_failed", res.SettledFailed, "still_processing", res.StillProcessing,
-			"purged", res.Purged)
+			"refunds_resolved", res.RefundsResolved, "refunds_left", res.RefundsLeft, "refunds_settled", res.RefundsSettled,
+			"refunds_still_pending", res.RefundsStillPending, "purged", res.Purged)
 	}
 	return res, nil
 }

@@ -293,7 +293,10 @@ type Reconciler struct {
 	// processingCursor is where the next pass resumes its scan of
 	// processing payments.
 	processingCursor ledger.ProcessingCursor
-	done             chan struct{}
+	// refundCursor is where the next pass resumes its scan of refunds
+	// the provider holds pending.
+	refundCursor ledger.ProcessingCursor
+	done         chan struct{}
 }
 
 // New validates cfg and returns a Reconciler working on store with looker.

@@ -61,6 +61,15 @@ that may still move: it counts as a possible charge.
   unsettled_failure (warning) the ledger says processing, its intent ended without money
   extra_intent (warning)      a second intent for one payment that moved no money
 
+The refunds of every payment the ledger holds as succeeded are compared with
+the provider's refunds of its intent (keyed by the refund's own key):
+
+  double_refund               two or more provider refunds for one refund key
+  unrecorded_refund           a provider refund (pending or succeeded) the ledger lacks
+  missing_refund              a ledger refund the provider does not list
+  refund_mismatch             amounts, refund ids or outcomes that differ
+  unsettled_refund (warning)  the ledger says processing, the provider's refund ended
+
 The window is [--since, --until) by creation time: each a duration before now
 (24h) or an RFC 3339 time. --until defaults to 15m ago, so that payments in
 flight, or left pending by a crash the reconciler is about to resolve, have

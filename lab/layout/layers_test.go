@@ -224,6 +224,7 @@ var gatewayLayers = []string{
 	"payments.go",       // POST and GET /v1/payments
 	"operations.go",     // a payment's refunds, capture and cancel, and their GETs
 	"auth.go",           // API key authentication
+	"webhookrefund.go",  // a refund event's settle
 	"webhook.go",        // POST /v1/stripe/webhooks
 	"limits.go",         // the body limits
 	"serve.go",          // New, the routes, Serve

@@ -22,7 +22,8 @@ import (
 // the simulator cancels it. POST /v1/refunds refunds a succeeded intent,
 // several times, never more than it received minus what its refunds hold
 // (pending and succeeded ones); a refund may stay pending and fail later
-// (Faults.RateRefundFail), which puts its money back. GET /v1/refunds
+// (Faults.RateRefundFail), which puts its money back and, with a
+// WebhookURL, sends refund.updated. GET /v1/refunds
 // lists them, newest first. Captures and refunds run whole under the
 // simulator's lock, so no second request under their key ever finds the
 // first in flight (no 409 for them); their keys replay the first answer
@@ -262,6 +263,9 @@ func (s *Simulator) refundLocked(account, key string, p refundParams, now time.T
 	}
 	if f := s.faults.RateRefundFail; f > 0 && s.rng.Float64() < f {
 		ref.status, ref.failAt = provider.RefundPending, now.Add(s.processing)
+		if s.hooks != nil {
+			s.scheduleRefundWebhook(ref, s.processing)
+		}
 	}
 	s.refundN++
 	ref.seq = s.refundN

@@ -131,7 +131,8 @@ type Config struct {
 
 	// WebhookURL, when set, receives the events of intents that settle
 	// after processing (payment_intent.succeeded, payment_intent.
-	// payment_failed), signed with WebhookSecret as Stripe signs them
+	// payment_failed), and of refunds that fail after pending
+	// (refund.updated), signed with WebhookSecret as Stripe signs them
 	// (Stripe-Signature): a comma-separated list signs with each, as
 	// Stripe does while an endpoint's secret is rolled. Close stops them.
 	WebhookURL    string

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/paydedup/paydedup/provider"
 )
 
 // WebhookAPIVersion is the api_version of the events the simulator sends:
@@ -72,7 +74,18 @@ func SignWebhook(payload []byte, secret string, t time.Time) string {
 // scheduleWebhook sends the event of account's processing intent id once
 // it settles, after delay.
 func (s *Simulator) scheduleWebhook(account, id string, delay time.Duration) {
-	h := s.hooks
+	s.hooks.after(delay, func() { s.sendSettled(account, id) })
+}
+
+// scheduleRefundWebhook sends refund.updated for ref, a refund answered
+// pending, once it has ended, after delay. It may be called with s.mu held
+// (the order is s.mu, then h.mu; nothing takes them the other way).
+func (s *Simulator) scheduleRefundWebhook(ref *simRefund, delay time.Duration) {
+	s.hooks.after(delay, func() { s.sendRefundSettled(ref) })
+}
+
+// after runs fn after delay, unless the hooks are closed first.
+func (h *hooks) after(delay time.Duration, fn func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -85,7 +98,7 @@ func (s *Simulator) scheduleWebhook(account, id string, delay time.Duration) {
 		h.mu.Lock()
 		delete(h.timers, t)
 		h.mu.Unlock()
-		s.sendSettled(account, id)
+		fn()
 	})
 	h.timers[t] = struct{}{}
 }
@@ -111,6 +124,26 @@ func (s *Simulator) sendSettled(account, id string) {
 	b := fmt.Appendf(nil, `{"id":%q,"object":"event","api_version":%q,"created":%d,"livemode":false,"pending_webhooks":1,"type":%q,"data":{"object":`,
 		evID, WebhookAPIVersion, now.Unix(), typ)
 	b = appendIntentJSON(b, in)
+	b = append(b, "}}"...)
+	s.deliver(b, now)
+}
+
+// sendRefundSettled posts refund.updated for ref as it stands, if it is
+// no longer pending.
+func (s *Simulator) sendRefundSettled(ref *simRefund) {
+	now := s.now()
+	s.mu.Lock()
+	refundNowLocked(ref, now)
+	if ref.status == provider.RefundPending {
+		s.mu.Unlock()
+		return
+	}
+	obj := refundJSON(ref)
+	evID := "evt_" + s.randIDLocked(24)
+	s.mu.Unlock()
+	b := fmt.Appendf(nil, `{"id":%q,"object":"event","api_version":%q,"created":%d,"livemode":false,"pending_webhooks":1,"type":"refund.updated","data":{"object":`,
+		evID, WebhookAPIVersion, now.Unix())
+	b = append(b, obj...)
 	b = append(b, "}}"...)
 	s.deliver(b, now)
 }

@@ -110,22 +110,36 @@ func (s *Client) LookupRefund(ctx context.Context, req provider.RefundLookupRequ
 		return provider.RefundLookupResult{}, &provider.Error{Class: provider.ClassMismatch,
 			Message: "refund lookup needs the intent id, merchant id and idempotency key", Err: provider.ErrInvalidRequest}
 	}
+	found, err := s.ListRefunds(ctx, req.ChargeID)
+	if err != nil {
+		return provider.RefundLookupResult{}, err
+	}
+	return provider.RefundVerdict(req, found)
+}
+
+// ListRefunds lists, without refunding, every refund of the intent
+// chargeID (GET /v1/refunds?payment_intent=), newest first, whatever its
+// metadata: the audit compares them with the ledger's.
+func (s *Client) ListRefunds(ctx context.Context, chargeID string) ([]*provider.RefundOutcome, error) {
+	if chargeID == "" {
+		return nil, &provider.Error{Class: provider.ClassMismatch, Message: "refund list needs the intent id", Err: provider.ErrInvalidRequest}
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	params := &stripego.RefundListParams{PaymentIntent: stripego.String(req.ChargeID)}
+	params := &stripego.RefundListParams{PaymentIntent: stripego.String(chargeID)}
 	params.Limit = stripego.Int64(searchLimit)
 	var found []*provider.RefundOutcome
 	for re, err := range s.client.V1Refunds.List(ctx, params) {
 		if err != nil {
-			return provider.RefundLookupResult{}, fmt.Errorf("list refunds: %w", s.lookupError(err))
+			return nil, fmt.Errorf("list refunds: %w", s.lookupError(err))
 		}
-		out, err := refundState(re, req.ChargeID)
+		out, err := refundState(re, chargeID)
 		if err != nil {
-			return provider.RefundLookupResult{}, err
+			return nil, err
 		}
 		found = append(found, out)
 	}
-	return provider.RefundVerdict(req, found)
+	return found, nil
 }
 
 // checkOp refuses an operation that cannot be sent as it is.

@@ -32,6 +32,18 @@ const (
 	EventIntentCanceled      = "payment_intent.canceled"
 )
 
+// The event types that say how a refund stands: refund.updated (any
+// refund's status changed), refund.failed, charge.refund.updated (the
+// older name, for some payment methods) carry the refund;
+// charge.refunded carries the charge, with its refunds when the event's
+// API version lists them.
+const (
+	EventRefundUpdated       = "refund.updated"
+	EventRefundFailed        = "refund.failed"
+	EventChargeRefundUpdated = "charge.refund.updated"
+	EventChargeRefunded      = "charge.refunded"
+)
+
 // WebhookVerifier checks the Stripe-Signature of webhook events with the
 // endpoint's signing secrets (STRIPE_WEBHOOK_SECRET) and reads them.
 type WebhookVerifier struct {
@@ -119,6 +131,16 @@ func (v *WebhookVerifier) Verify(payload []byte, signature string) (provider.Eve
 	out := provider.Event{ID: ev.ID, Type: string(ev.Type)}
 	switch out.Type {
 	case EventIntentSucceeded, EventIntentPaymentFailed, EventIntentCanceled:
+	case EventRefundUpdated, EventRefundFailed, EventChargeRefundUpdated, EventChargeRefunded:
+		if ev.Data == nil || len(ev.Data.Raw) == 0 {
+			return provider.Event{}, fmt.Errorf("%w: event %s has no data.object", provider.ErrBadSignature, ev.ID)
+		}
+		refunds, err := eventRefunds(out.Type, ev.Data.Raw)
+		if err != nil {
+			return provider.Event{}, fmt.Errorf("%w: event %s: data.object: %w", provider.ErrBadSignature, ev.ID, err)
+		}
+		out.Refunds = refunds
+		return out, nil
 	default:
 		return out, nil
 	}
@@ -140,6 +162,49 @@ func (v *WebhookVerifier) Verify(payload []byte, signature string) (provider.Eve
 		return out, nil
 	}
 	out.Outcome = o
+	return out, nil
+}
+
+// eventRefunds reads the refunds of a refund event's data.object: the
+// refund itself, or a charge.refunded's charge's listed refunds. A refund
+// in a status the adapter does not know is left out: nothing is settled
+// from it (the reconciler's lookup meets it too, and reports it).
+func eventRefunds(typ string, raw json.RawMessage) ([]*provider.RefundOutcome, error) {
+	if typ != EventChargeRefunded {
+		var re stripego.Refund
+		if err := json.Unmarshal(raw, &re); err != nil {
+			return nil, err
+		}
+		if re.ID == "" || re.Object != "refund" {
+			return nil, errors.New("not a refund")
+		}
+		out, err := refundState(&re, "")
+		if err != nil {
+			return nil, nil
+		}
+		out.Response = raw
+		return []*provider.RefundOutcome{out}, nil
+	}
+	var ch stripego.Charge
+	if err := json.Unmarshal(raw, &ch); err != nil {
+		return nil, err
+	}
+	if ch.ID == "" {
+		return nil, errors.New("not a charge")
+	}
+	if ch.Refunds == nil {
+		return nil, nil // not listed: refund.updated, or the reconciler, settles them
+	}
+	intent := ""
+	if ch.PaymentIntent != nil {
+		intent = ch.PaymentIntent.ID
+	}
+	out := make([]*provider.RefundOutcome, 0, len(ch.Refunds.Data))
+	for _, re := range ch.Refunds.Data {
+		if o, err := refundState(re, intent); err == nil {
+			out = append(out, o)
+		}
+	}
 	return out, nil
 }
 

@@ -100,3 +100,53 @@ func TestWebhookCheckSignature(t *testing.T) {
 		}
 	}
 }
+
+// Refund events carry their refunds: refund.updated and
+// charge.refund.updated the refund (its own JSON kept as the response),
+// charge.refunded the refunds its charge lists, none when it lists none; a
+// refund in a status the adapter does not know is left out.
+func TestWebhookRefundEvents(t *testing.T) {
+	t.Parallel()
+	v, err := stripe.NewWebhookVerifier("whsec_a", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := func(id, status string) string {
+		return `{"id":"` + id + `","object":"refund","status":"` + status + `","amount":500,"payment_intent":"pi_1",` +
+			`"failure_reason":"lost_or_stolen_card","metadata":{"merchant_id":"m_1","idempotency_key":"r-` + id + `"}}`
+	}
+	event := func(typ, object string) []byte {
+		return []byte(`{"id":"evt_1","object":"event","api_version":"` + stripesim.WebhookAPIVersion + `","type":"` + typ +
+			`","data":{"object":` + object + `}}`)
+	}
+	verify := func(body []byte) provider.Event {
+		t.Helper()
+		ev, err := v.Verify(body, stripesim.SignWebhook(body, "whsec_a", time.Now()))
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		return ev
+	}
+	for _, typ := range []string{stripe.EventRefundUpdated, stripe.EventRefundFailed, stripe.EventChargeRefundUpdated} {
+		ev := verify(event(typ, re("re_1", "failed")))
+		if len(ev.Refunds) != 1 {
+			t.Fatalf("%s: %+v", typ, ev)
+		}
+		got := ev.Refunds[0]
+		if got.RefundID != "re_1" || got.ChargeID != "pi_1" || got.Status != provider.RefundFailed || got.Amount != 500 ||
+			got.FailureReason != "lost_or_stolen_card" || got.MerchantID != "m_1" || got.IdempotencyKey != "r-re_1" || len(got.Response) == 0 {
+			t.Fatalf("%s: refund %+v", typ, got)
+		}
+	}
+	ev := verify(event(stripe.EventChargeRefunded, `{"id":"ch_1","object":"charge","payment_intent":"pi_1","refunds":{"object":"list","data":[`+
+		re("re_1", "succeeded")+`,`+re("re_2", "pending")+`,`+re("re_3", "weird")+`]}}`))
+	if len(ev.Refunds) != 2 || ev.Refunds[0].Status != provider.RefundSucceeded || ev.Refunds[1].Status != provider.RefundPending {
+		t.Fatalf("charge.refunded: %+v", ev.Refunds)
+	}
+	if ev := verify(event(stripe.EventChargeRefunded, `{"id":"ch_1","object":"charge","payment_intent":"pi_1"}`)); ev.Refunds != nil {
+		t.Fatalf("charge.refunded without its refunds: %+v", ev.Refunds)
+	}
+	if ev := verify(event(stripe.EventRefundUpdated, re("re_1", "weird"))); ev.Refunds != nil {
+		t.Fatalf("a refund of an unknown status: %+v", ev.Refunds)
+	}
+}
