@@ -360,3 +360,39 @@ func TestReconcilerResolvesAbandonedCapture(t *testing.T) {
 		t.Fatalf("v-1 %+v", o)
 	}
 }
+
+// TestCaptureOutcomesOnTheStream: a capture's and a cancel's outcomes
+// reach the outcomes stream: captured and canceled events under their own
+// keys, and a refused event with its reason for ones the ledger's rules
+// refuse (never sent).
+func TestCaptureOutcomesOnTheStream(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	e.startWorker("w1", nil)
+	e.authorizedPay("m_1", "a1", 100)
+	e.authorizedPay("m_1", "a2", 100)
+	e.publish("m_1", opBody(payment.KindCapture, "m_1", "c-over", "a1", 101), "", nil)
+	e.publish("m_1", opBody(payment.KindCancel, "m_1", "v-none", "nope", 0), "", nil)
+	e.eventually("two dead letters", func() bool { return len(e.deadLetters()) == 2 })
+	e.publish("m_1", opBody(payment.KindCapture, "m_1", "c-1", "a1", 0), "", nil)
+	e.publish("m_1", opBody(payment.KindCancel, "m_1", "v-1", "a2", 0), "", nil)
+	e.opDone("m_1", "c-1")
+	e.opDone("m_1", "v-1")
+	e.quiescent()
+	evs, _ := e.relayedOutcomes()
+	for key, reason := range map[string]string{"c-over": ledger.RefuseOverCapturable, "v-none": ledger.RefuseNoPayment} {
+		if got := refused(evs, key); len(got) != 1 || got[0].Reason != reason {
+			t.Fatalf("%s: refused events %+v, want one with reason %s", key, got, reason)
+		}
+	}
+	want := map[string]string{"m_1:c-1:captured": ledger.OutcomeCaptured, "m_1:v-1:canceled": ledger.OutcomeCanceled}
+	for _, ev := range evs {
+		if k, ok := want[ev.EventID]; ok && ev.Kind == k && ev.Amount == 100 {
+			delete(want, ev.EventID)
+		}
+	}
+	if len(want) != 0 {
+		t.Fatalf("events not relayed: %v (relayed %+v)", want, evs)
+	}
+}
