@@ -144,3 +144,49 @@ func (p *Provider) LookupRefund(ctx context.Context, req provider.RefundLookupRe
 	}
 	return res, err
 }
+
+// intentMover is the part of an adapter that captures and cancels an
+// authorization, and retrieves an intent (provider/stripe's Client).
+type intentMover interface {
+	Capture(ctx context.Context, req provider.CaptureRequest) (*provider.IntentOutcome, error)
+	Cancel(ctx context.Context, req provider.CancelRequest) (*provider.IntentOutcome, error)
+	RetrieveIntent(ctx context.Context, req provider.RetrieveIntentRequest) (*provider.IntentOutcome, error)
+}
+
+// errNoIntentOps answers a capture, a cancel or a retrieve through a
+// provider that cannot make one: nothing was sent.
+var errNoIntentOps = &provider.Error{Class: provider.ClassRejected, Message: "the provider behind the budget does not capture or cancel"}
+
+// intentCall takes a token of the budget for merchant, as a charge does,
+// and makes call through next.
+func (p *Provider) intentCall(ctx context.Context, merchant string, call func(intentMover) (*provider.IntentOutcome, error)) (*provider.IntentOutcome, error) {
+	m, ok := p.next.(intentMover)
+	if !ok {
+		return nil, errNoIntentOps
+	}
+	if err := p.b.Wait(ctx, merchant); err != nil {
+		return nil, err
+	}
+	p.b.metrics.requests.Inc()
+	out, err := call(m)
+	if err != nil {
+		p.b.Observe(ctx, err)
+	}
+	return out, err
+}
+
+// Capture takes a token of the budget and asks next to capture.
+func (p *Provider) Capture(ctx context.Context, req provider.CaptureRequest) (*provider.IntentOutcome, error) {
+	return p.intentCall(ctx, req.MerchantID, func(m intentMover) (*provider.IntentOutcome, error) { return m.Capture(ctx, req) })
+}
+
+// Cancel takes a token of the budget and asks next to cancel.
+func (p *Provider) Cancel(ctx context.Context, req provider.CancelRequest) (*provider.IntentOutcome, error) {
+	return p.intentCall(ctx, req.MerchantID, func(m intentMover) (*provider.IntentOutcome, error) { return m.Cancel(ctx, req) })
+}
+
+// RetrieveIntent takes a token of the budget, as a lookup does, and asks
+// next for the intent.
+func (p *Provider) RetrieveIntent(ctx context.Context, req provider.RetrieveIntentRequest) (*provider.IntentOutcome, error) {
+	return p.intentCall(ctx, req.MerchantID, func(m intentMover) (*provider.IntentOutcome, error) { return m.RetrieveIntent(ctx, req) })
+}

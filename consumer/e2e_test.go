@@ -339,7 +339,7 @@ func TestBadInputDeadLettered(t *testing.T) {
 		{"oversize", "m_1", strings.Replace(good, `"pm_card_visa"`, `"pm_card_visa","description":"`+strings.Repeat("x", 70<<10)+`"`, 1), "body_too_large", nil},
 		{"subject merchant differs", "m_2", good, "merchant_mismatch", nil},
 		{"invalid utf-8", "m_1", strings.Replace(good, `"pm_card_visa"`, "\"pm_\xff\"", 1), "invalid_encoding", nil},
-		{"kind not handled yet", "m_1", strings.Replace(good, `"amount"`, `"kind":"capture","amount"`, 1), "invalid_kind", nil},
+		{"kind unknown", "m_1", strings.Replace(good, `"amount"`, `"kind":"payout","amount"`, 1), "invalid_kind", nil},
 		{"unknown kind", "m_1", strings.Replace(good, `"amount"`, `"kind":"payout","amount"`, 1), "invalid_kind", nil},
 	}
 	for i, c := range cases {

@@ -118,15 +118,15 @@ func (w *Worker) behindMerchant() bool {
 // the gateway answers "waiting for an operator" beside the idempotency
 // record, never "final, send it again under a new key".
 //
-// The gateway takes charges only: a refund's letter never marks an intake,
-// even one under the same key (refunds and charges keep their keys apart
-// in the ledger).
+// The gateway takes charges only: the letter of a refund, a capture or a
+// cancel never marks an intake, even one under the same key (they keep
+// their keys apart from charges' in the ledger).
 func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
 	var body []byte
 	if in.cmd == nil && in.msg != nil {
 		body = in.msg.Data()
 	}
-	if isRefund(in.cmd, body, w.cfg.Stream.Limits) {
+	if actsOnPayment(in.cmd, body, w.cfg.Stream.Limits) {
 		return
 	}
 	final := finalForClient(reason)

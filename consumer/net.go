@@ -304,7 +304,7 @@ func (n *maxDeliveriesNet) markIntake(ctx context.Context, raw *jetstream.RawStr
 		return
 	}
 	cmd, _ := stream.DecodeCommand(n.cfg.Stream, raw.Subject, raw.Header, raw.Data)
-	if isRefund(cmd, raw.Data, n.cfg.Stream.Limits) {
+	if actsOnPayment(cmd, raw.Data, n.cfg.Stream.Limits) {
 		return // the gateway takes charges only (deadLetteredIntake)
 	}
 	merchant, key := letterKey(n.cfg.Stream, cmd, raw.Subject, raw.Header)

@@ -100,15 +100,8 @@ func (p *Processor) refundUnderLease(ctx context.Context, cmd *payment.Command, 
 		}
 	}
 	c := ledger.RefundCompletionOf(out)
-	switch err := rs.CompleteRefund(sctx, l, c); {
-	case errors.Is(err, ledger.ErrLeaseLost):
-		log.Warn("refund's lease lost before its record; the next holder looks it up", "refund_id", out.RefundID)
-		return Result{Kind: Retry, Delay: time.Second, Err: err, Attempt: l.Attempt}
-	case err != nil:
-		// Made but not recorded: the row stays pending until its lease
-		// runs out, then the next delivery looks it up.
-		log.Error("could not record the refund; the next delivery looks it up", "refund_id", out.RefundID, "error", err)
-		return Result{Kind: Retry, Err: err, Attempt: l.Attempt, pause: p.gate.storeFailed(err)}
+	if res, ok := p.recordUnderLease(rs.CompleteRefund(sctx, l, c), l, "refund", log.With("refund_id", out.RefundID)); !ok {
+		return res
 	}
 	log.LogAttrs(ctx, slog.LevelInfo, "refund completed", slog.String("refund_id", out.RefundID), slog.String("status", c.Status),
 		slog.Int64("amount", r.Amount), slog.Bool("replayed", out.Replayed))
@@ -119,19 +112,45 @@ func (p *Processor) refundUnderLease(ctx context.Context, cmd *payment.Command, 
 // (the row becomes unknown: it holds its amount and is looked up before
 // any re-call) and returns the retry.
 func (p *Processor) refundUnknown(sctx context.Context, rs RefundStore, l ledger.Lease, err error, log *slog.Logger) Result {
-	log.Warn("refund's outcome unknown; looked up before any re-call", "error", err)
-	if rerr := rs.ReleaseRefund(sctx, l, err.Error()); rerr != nil && !errors.Is(rerr, ledger.ErrLeaseLost) {
-		log.Warn("could not release the refund's lease; it will expire", "error", rerr)
+	return p.leaseUnknown(sctx, func(ctx context.Context, reason string) error { return rs.ReleaseRefund(ctx, l, reason) }, l, err, log)
+}
+
+// leaseUnknown gives up, by release, the lease l of an operation on a
+// payment (a refund, a capture, a cancel) whose outcome is not known: its
+// row becomes unknown, still holding the payment, and is looked up before
+// any re-call. It returns the retry.
+func (p *Processor) leaseUnknown(sctx context.Context, release func(ctx context.Context, reason string) error, l ledger.Lease, err error, log *slog.Logger) Result {
+	log.Warn("outcome unknown; looked up before any re-call", "error", err)
+	if rerr := release(sctx, err.Error()); rerr != nil && !errors.Is(rerr, ledger.ErrLeaseLost) {
+		log.Warn("could not release the lease; it will expire", "error", rerr)
 	}
 	return Result{Kind: Retry, Err: err, Attempt: l.Attempt, unavailable: providerUnavailable(err)}
 }
 
-// isRefund reports whether a message is a refund command: its decoded
-// command's kind, else its body's as sent (a refund refused for bad input
-// still names its kind).
-func isRefund(cmd *payment.Command, body []byte, lim payment.Limits) bool {
+// recordUnderLease reads err, the record of what (a refund, a capture, a
+// cancel) under l: ok when it was recorded, else the retry (a lost lease:
+// the next holder looks it up; a store failure: made but not recorded,
+// the row stays pending until its lease runs out, then the next delivery
+// looks it up).
+func (p *Processor) recordUnderLease(err error, l ledger.Lease, what string, log *slog.Logger) (Result, bool) {
+	switch {
+	case errors.Is(err, ledger.ErrLeaseLost):
+		log.Warn(what + "'s lease lost before its record; the next holder looks it up")
+		return Result{Kind: Retry, Delay: time.Second, Err: err, Attempt: l.Attempt}, false
+	case err != nil:
+		log.Error("could not record the "+what+"; the next delivery looks it up", "error", err)
+		return Result{Kind: Retry, Err: err, Attempt: l.Attempt, pause: p.gate.storeFailed(err)}, false
+	}
+	return Result{}, true
+}
+
+// actsOnPayment reports whether a message is a command that acts on a
+// payment (a refund, a capture, a cancel: payment.Command.ActsOnPayment):
+// its decoded command's kind, else its body's as sent (one refused for bad
+// input still names its kind).
+func actsOnPayment(cmd *payment.Command, body []byte, lim payment.Limits) bool {
 	if cmd == nil {
 		cmd = payment.DecodeAsSent(body, lim)
 	}
-	return cmd != nil && cmd.Kind == payment.KindRefund
+	return cmd != nil && cmd.ActsOnPayment()
 }

@@ -15,7 +15,8 @@ import (
 
 // recordRefusal writes the outcome event of a message the worker refuses
 // (dead-lettered for bad input or a reused key: finalForClient; or a
-// refund the ledger's rules refuse: ledger.IsRefundRefusal), so a
+// refund, capture or cancel the ledger's rules refuse:
+// ledger.IsLedgerRefusal), so a
 // publisher on the stream learns it was refused. It runs once the dead
 // letter is filed and before the message is termed: it returns false when
 // the store did not take the event, and the message is then left for its
@@ -45,7 +46,7 @@ func (w *Worker) recordRefusal(ctx context.Context, in *inbound, reason string, 
 // holds what looks like a card number (redact.ContainsPAN): an event never
 // carries one.
 func (w *Worker) refusalOf(in *inbound, reason string, filedAt time.Time) (ledger.Refusal, bool) {
-	if !(finalForClient(reason) || ledger.IsRefundRefusal(reason)) || in.meta == nil || in.meta.Sequence.Stream == 0 {
+	if !(finalForClient(reason) || ledger.IsLedgerRefusal(reason)) || in.meta == nil || in.meta.Sequence.Stream == 0 {
 		return ledger.Refusal{}, false
 	}
 	r := ledger.Refusal{StreamSeq: in.meta.Sequence.Stream, Reason: reason, FiledAt: filedAt}

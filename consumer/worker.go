@@ -487,14 +487,15 @@ func (w *Worker) decodeBatch(ctx context.Context, b *batchStages, msgs []jetstre
 	return good
 }
 
-// refunds hands the batch's refund commands to the pool, each claimed on
-// its own (Processor.refund: its claim locks the refunded payment), and
-// returns the other messages, for the batch's one claim. The refunds stay
-// in place in good, which is not changed after.
+// refunds hands the batch's commands that act on a payment (refunds,
+// captures, cancels) to the pool, each claimed on its own
+// (Processor.actOnPayment: its claim locks the payment), and returns the
+// other messages, for the batch's one claim. Those stay in place in good,
+// which is not changed after.
 func (w *Worker) refunds(b *batchStages, good []inbound) []inbound {
 	n := 0
 	for i := range good {
-		if good[i].cmd.Kind == payment.KindRefund {
+		if good[i].cmd.ActsOnPayment() {
 			n++
 		}
 	}
@@ -504,14 +505,14 @@ func (w *Worker) refunds(b *batchStages, good []inbound) []inbound {
 	rest := make([]inbound, 0, len(good)-n)
 	for i := range good {
 		in := &good[i]
-		if in.cmd.Kind != payment.KindRefund {
+		if !in.cmd.ActsOnPayment() {
 			rest = append(rest, *in)
 			continue
 		}
 		in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
 		b.spawn(func() {
 			defer func() { <-b.slots }()
-			w.settle(b.refs, in, w.proc.refund(in.ctx, in.cmd, in.log.logger()))
+			w.settle(b.refs, in, w.proc.actOnPayment(in.ctx, in.cmd, in.log.logger()))
 		})
 	}
 	return rest

@@ -43,21 +43,26 @@ func scanRefund(row pgx.Row) (ledger.Refund, error) {
 
 // The statements of a refund's claim, run in one transaction (ClaimRefund).
 const (
-	// refundLockPayment locks the refunded payment for the transaction:
-	// every claim of a refund of it waits here for the one before to
-	// commit, so the sum below sees every refund claimed before it. A
+	// lockPayment locks the refunded (captured, canceled) payment for
+	// the transaction: every claim of a refund, a capture or a cancel of
+	// it waits here for the one before to commit, so the rules below see
+	// every operation claimed before it. A
 	// transaction advisory lock on the payment (per schema, merchant and
 	// key; no merchant id holds a ':'), not the ledger row's FOR UPDATE:
 	// the worker's role may not update the ledger (migration 00011), and
 	// FOR UPDATE needs that right. Everything that changes what a payment
 	// may refund takes this lock first.
-	refundLockPayment = `SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '/payment/' || @merchant || ':' || @payment_key, 0))`
-	// refundPayment reads the refunded payment's ledger row.
-	refundPayment = `SELECT status, amount, currency, coalesce(charge_id, ''), ` + dbNow + `
+	lockPayment = `SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '/payment/' || @merchant || ':' || @payment_key, 0))`
+	// refundPayment reads the refunded payment's ledger row: what it
+	// captured is what a capture received (00027), else its amount.
+	refundPayment = `SELECT status, coalesce(amount_received, amount), currency, coalesce(charge_id, ''), ` + dbNow + `
     FROM payments WHERE merchant_id = @merchant AND idempotency_key = @payment_key`
 	// refundExisting reads the refund's own row, if any.
 	refundExisting = `SELECT ` + refundColumns + ` FROM refunds
     WHERE merchant_id = @merchant AND idempotency_key = @key FOR UPDATE`
+	// refundKeyOfOp reports whether the refund's key is a capture's or a
+	// cancel's of the merchant (another operation: key_reused).
+	refundKeyOfOp = `SELECT EXISTS (SELECT 1 FROM payment_ops WHERE merchant_id = @merchant AND idempotency_key = @key)`
 	// refundHeld is what the payment's refunds may hold: every refund but
 	// a failed or refused one (ledger.RefundHolds).
 	refundHeld = `SELECT coalesce(sum(amount), 0) FROM refunds
@@ -78,7 +83,7 @@ const (
 
 // ClaimRefund claims one refund for holder, with a lease of the given
 // length, in one transaction that locks the refunded payment
-// (refundLockPayment). The payment must exist and be charged (succeeded), and the sum of
+// (lockPayment). The payment must exist and be charged (succeeded), and the sum of
 // its refunds that may hold money (ledger.RefundHolds) plus this one's
 // amount must not pass the amount captured; else the claim is Refused
 // with its reason, writes nothing, and the refund must not be sent. An
@@ -120,7 +125,7 @@ func claimRefundTx(ctx context.Context, tx pgx.Tx, req ledger.RefundRequest, arg
 		captured                      int64
 		now                           time.Time
 	)
-	if _, err := tx.Exec(ctx, refundLockPayment, args); err != nil {
+	if _, err := tx.Exec(ctx, lockPayment, args); err != nil {
 		return err
 	}
 	err := tx.QueryRow(ctx, refundPayment, args).Scan(&payStatus, &captured, &currency, &chargeID, &now)
@@ -137,6 +142,14 @@ func claimRefundTx(ctx context.Context, tx pgx.Tx, req ledger.RefundRequest, arg
 		return judgeRefund(ctx, tx, existing, req, args, now, res)
 	case !errors.Is(err, pgx.ErrNoRows):
 		return err
+	}
+	var other bool
+	if err := tx.QueryRow(ctx, refundKeyOfOp, args).Scan(&other); err != nil {
+		return err
+	}
+	if other {
+		res.Outcome = ledger.Mismatch
+		return nil
 	}
 	if payStatus != ledger.PaymentSucceeded {
 		res.Outcome, res.Reason = ledger.Refused, ledger.RefuseNotCharged

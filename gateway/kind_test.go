@@ -26,7 +26,9 @@ func TestCaptureMethodManualAuthorizes(t *testing.T) {
 		{strings.Replace(good, `{`, `{"capture_method":"manual","capture_method":"manual",`, 1), "duplicate_field"},
 		{strings.Replace(good, `{`, `{"capture_method":"manual","kind":"charge",`, 1), "invalid_kind"},
 		{strings.Replace(good, `{`, `{"capture_method":"manual","colour":"red",`, 1), "unknown_field"},
-		{`{"kind":"refund","payment_key":"k1"}`, "invalid_kind"}, // a refund is not taken at this door
+		{`{"kind":"refund","payment_key":"k1"}`, "invalid_kind"},  // a refund is not taken at this door
+		{`{"kind":"capture","payment_key":"k1"}`, "invalid_kind"}, // nor a capture
+		{`{"kind":"cancel","payment_key":"k1"}`, "invalid_kind"},  // nor a cancel
 	} {
 		r := w.post("bad-method", c.body)
 		wantStatus(t, r, http.StatusBadRequest)

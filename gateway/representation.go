@@ -233,9 +233,9 @@ func decodeCommand(body []byte, merchant, key string, lim payment.Limits) (*paym
 		return nil, &payment.ValidationError{Reason: payment.ReasonUnknownField, Field: "merchant_id",
 			Msg: "must not be sent: the merchant comes from the API key"}
 	}
-	if err == nil && cmd.Kind == payment.KindRefund {
+	if err == nil && cmd.ActsOnPayment() {
 		return nil, &payment.ValidationError{Reason: payment.ReasonInvalidKind, Field: "kind",
-			Msg: "a refund is not a payment: this door takes charges and authorizations"}
+			Msg: "a " + cmd.Kind + " is not a payment: this door takes charges and authorizations"}
 	}
 	if err != nil || method == "" {
 		return cmd, err

@@ -79,10 +79,10 @@ func (r ClaimRequest) Validate() error {
 	if err := payment.ValidateKind(r.Kind); err != nil {
 		return err
 	}
-	if r.Kind == payment.KindRefund {
-		// A refund is claimed in its own table (RefundRequest), never
-		// under a payment's key.
-		return &payment.ValidationError{Reason: payment.ReasonInvalidKind, Field: "kind", Msg: "a refund is not a payment's claim"}
+	if r.Kind == payment.KindRefund || r.Kind == payment.KindCapture || r.Kind == payment.KindCancel {
+		// A refund, a capture or a cancel is claimed in its own table
+		// (RefundRequest, PaymentOpRequest), never under a payment's key.
+		return &payment.ValidationError{Reason: payment.ReasonInvalidKind, Field: "kind", Msg: "a " + r.Kind + " is not a payment's claim"}
 	}
 	if len(r.RequestHash) != sha256.Size {
 		return &payment.ValidationError{Reason: payment.ReasonMalformedJSON, Field: "request_hash", Msg: "must be a SHA-256 digest"}

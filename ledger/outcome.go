@@ -14,6 +14,15 @@ const (
 	// refused by the provider (Status says which).
 	OutcomeRefunded     = "refunded"
 	OutcomeRefundFailed = "refund_failed"
+	// OutcomeCaptured, OutcomeCanceled, OutcomeCaptureFailed and
+	// OutcomeCancelFailed are a capture's or a cancel's final outcome
+	// (seq 3, under its own key): captured (status succeeded, the amount
+	// received), canceled (status canceled, the amount released), or
+	// refused by the provider (status refused).
+	OutcomeCaptured      = "captured"
+	OutcomeCanceled      = "canceled"
+	OutcomeCaptureFailed = "capture_failed"
+	OutcomeCancelFailed  = "cancel_failed"
 	// OutcomeRefused is a command the worker refused (dead-lettered for
 	// bad input or a reused key): final for that command, not for its
 	// key, which it never bound. Its status is StatusRefused, its Seq 0.

@@ -10,8 +10,8 @@ import (
 )
 
 // TestDecodeKinds: kind is optional (a charge), charge and authorize are
-// accepted, capture, cancel and refund are refused until handled, and any
-// other value, or a kind that is not a string, is invalid_kind.
+// accepted, capture and cancel (which name a payment, payment_key) too,
+// and any other value, or a kind that is not a string, is invalid_kind.
 func TestDecodeKinds(t *testing.T) {
 	t.Parallel()
 	with := func(kind string) []byte {
@@ -26,8 +26,8 @@ func TestDecodeKinds(t *testing.T) {
 		{"null", with(`null`), ""},
 		{"charge", with(`"charge"`), payment.KindCharge},
 		{"authorize", with(`"authorize"`), payment.KindAuthorize},
-		{"capture", with(`"capture"`), "!"},
-		{"cancel", with(`"cancel"`), "!"},
+		{"capture", []byte(`{"merchant_id":"m_1","idempotency_key":"c-1","kind":"capture","payment_key":"p","amount":50}`), payment.KindCapture},
+		{"cancel", []byte(`{"merchant_id":"m_1","idempotency_key":"v-1","kind":"cancel","payment_key":"p"}`), payment.KindCancel},
 		{"unknown", with(`"payout"`), "!"},
 		{"case", with(`"Authorize"`), "!"},
 		{"empty", with(`""`), ""},
@@ -58,6 +58,9 @@ func TestDecodeKinds(t *testing.T) {
 		{`{"merchant_id":"m_1","idempotency_key":"r-1","kind":"refund","payment_key":"p","payment_method":"pm_card_visa"}`, "payment_method"},
 		{`{"merchant_id":"m_1","idempotency_key":"r-1","kind":"refund","payment_key":"p","currency":"USD"}`, "currency"},
 		{strings.Replace(good, `"amount"`, `"payment_key":"p","amount"`, 1), "payment_key"},
+		{`{"merchant_id":"m_1","idempotency_key":"c-1","kind":"capture"}`, "payment_key"},
+		{`{"merchant_id":"m_1","idempotency_key":"c-1","kind":"capture","payment_key":"p","payment_method":"pm_card_visa"}`, "payment_method"},
+		{`{"merchant_id":"m_1","idempotency_key":"v-1","kind":"cancel","payment_key":"p","amount":10}`, "amount"},
 	} {
 		var ve *payment.ValidationError
 		if _, err := payment.Decode([]byte(c.body), payment.Envelope{}, payment.Limits{}); !errors.As(err, &ve) || ve.Field != c.field {

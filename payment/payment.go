@@ -47,15 +47,14 @@ type Command struct {
 	// default when empty, or KindAuthorize). A charge's kind is left out of
 	// its encoding, so its fingerprint is the one it had before kinds.
 	Kind string `json:"kind,omitempty"`
-	// PaymentKey names the payment a refund acts on: that payment's
-	// idempotency key, under the same merchant. Only a refund has one.
+	// PaymentKey names the payment a refund, a capture or a cancel acts
+	// on: that payment's idempotency key, under the same merchant. Only
+	// those kinds have one (ActsOnPayment).
 	PaymentKey string `json:"payment_key,omitempty"`
 }
 
 // The kinds of a command. KindRefund acts on a charged payment (named by
-// PaymentKey); KindCapture and KindCancel are reserved for the operations
-// on an authorization, and a command naming them is refused
-// (invalid_kind) until the worker handles them.
+// PaymentKey); KindCapture and KindCancel on an authorized one.
 const (
 	KindCharge    = "charge"
 	KindAuthorize = "authorize" // a charge with manual capture: the money is held, not moved
@@ -70,6 +69,14 @@ func (c *Command) KindOf() string {
 		return KindCharge
 	}
 	return c.Kind
+}
+
+// ActsOnPayment reports whether the command acts on a payment named by its
+// PaymentKey (a refund, a capture, a cancel) rather than being one: it is
+// claimed in its own table, under the payment's lock, never under a
+// payment's key.
+func (c *Command) ActsOnPayment() bool {
+	return c.Kind == KindRefund || c.Kind == KindCapture || c.Kind == KindCancel
 }
 
 // Reason names why a command was rejected. Reasons are stable strings: they
@@ -247,11 +254,11 @@ func (c *Command) Validate(lim Limits) error {
 	if err := ValidateKind(c.Kind); err != nil {
 		return err
 	}
-	if c.Kind == KindRefund {
+	if c.ActsOnPayment() {
 		return c.validateRefund(lim)
 	}
 	if c.PaymentKey != "" {
-		return invalid(ReasonInvalidKind, "payment_key", "only a refund names a payment")
+		return invalid(ReasonInvalidKind, "payment_key", "only a refund, a capture or a cancel names a payment")
 	}
 	switch {
 	case c.Amount <= 0:
@@ -299,26 +306,28 @@ func ValidateKey(key string) error {
 }
 
 // ValidateKind checks a command's kind: empty (a charge), charge,
-// authorize or refund. capture and cancel are known names the worker does
-// not handle yet; any other is unknown. Both are invalid_kind.
+// authorize, capture, cancel or refund; any other is invalid_kind.
 func ValidateKind(kind string) error {
 	switch kind {
-	case "", KindCharge, KindAuthorize, KindRefund:
+	case "", KindCharge, KindAuthorize, KindRefund, KindCapture, KindCancel:
 		return nil
-	case KindCapture, KindCancel:
-		return invalid(ReasonInvalidKind, "kind", "%q is not handled by this version; kinds handled: charge, authorize, refund", kind)
 	}
-	return invalid(ReasonInvalidKind, "kind", "%q is not a kind; kinds handled: charge, authorize, refund", clip(kind))
+	return invalid(ReasonInvalidKind, "kind", "%q is not a kind; kinds handled: charge, authorize, capture, cancel, refund", clip(kind))
 }
 
-// validateRefund checks a refund's fields: the payment it refunds
-// (payment_key, a key of the same merchant), an amount that is 0 (the
-// rest of the payment) or positive, a currency that, when given, is a
-// code (the claim checks it is the payment's), no payment method (the
-// refund goes back to the payment's), and metadata as a charge's.
+// validateRefund checks the fields of a command that acts on a payment (a
+// refund, a capture, a cancel): the payment (payment_key, a key of the
+// same merchant), an amount that is 0 (the rest of the payment) or
+// positive (a cancel has none), a currency that, when given, is a code
+// (the claim checks it is the payment's), no payment method (the money
+// goes back to, or is taken from, the payment's), and metadata as a
+// charge's.
 func (c *Command) validateRefund(lim Limits) error {
 	if err := ValidateKey(c.PaymentKey); err != nil {
-		return invalid(ReasonInvalidKey, "payment_key", "a refund names the payment it refunds by its idempotency key, 1..%d printable ASCII", MaxKeyLen)
+		return invalid(ReasonInvalidKey, "payment_key", "a %s names the payment it acts on by its idempotency key, 1..%d printable ASCII", c.Kind, MaxKeyLen)
+	}
+	if c.Kind == KindCancel && c.Amount != 0 {
+		return invalid(ReasonInvalidAmount, "amount", "a cancel voids the whole authorization: it names no amount, got %d", c.Amount)
 	}
 	switch {
 	case c.Amount < 0:
@@ -330,7 +339,7 @@ func (c *Command) validateRefund(lim Limits) error {
 		return invalid(ReasonInvalidCurrency, "currency", "%q is not a lower-case ISO 4217 code", clip(c.Currency))
 	}
 	if c.PaymentMethod != "" {
-		return invalid(ReasonInvalidMethod, "payment_method", "a refund goes back to the payment's method: it names none")
+		return invalid(ReasonInvalidMethod, "payment_method", "a %s acts on the payment's method: it names none", c.Kind)
 	}
 	c2 := *c
 	c2.Kind, c2.PaymentKey, c2.Amount, c2.Currency, c2.PaymentMethod = "", "", 1, "usd", "pm"

@@ -49,6 +49,9 @@ type CaptureRequest struct {
 	// is capturable. The rest of the authorization is released: a provider
 	// without multicapture (Stripe's default) captures once.
 	Amount int64
+	// MerchantID is the payment's merchant: not sent, it draws the call
+	// from the merchant's share of the fleet's budget.
+	MerchantID string
 }
 
 // CancelRequest voids an authorization (or an intent not yet finished).
@@ -60,6 +63,8 @@ type CancelRequest struct {
 	// Reason is Stripe's cancellation_reason (duplicate, fraudulent,
 	// requested_by_customer, abandoned); empty sends none.
 	Reason string
+	// MerchantID is the payment's merchant, for the budget (not sent).
+	MerchantID string
 }
 
 // IntentOutcome is an intent as a capture, a cancel or RetrieveIntent left
@@ -93,6 +98,8 @@ func (o *IntentOutcome) Captured() bool { return o.Status == StatusSucceeded }
 // cancel retrieves; it never acts.
 type RetrieveIntentRequest struct {
 	ChargeID string
+	// MerchantID is the payment's merchant, for the budget (not sent).
+	MerchantID string
 }
 
 // RefundRequest refunds all or part of a captured payment. Several partial

@@ -55,6 +55,12 @@ type RunResult struct {
 	// unknown (not found: the next delivery of their message sends them;
 	// or the lookup or the write failed).
 	RefundsResolved, RefundsLeft int
+	// PaymentOpsResolved is how many stuck captures and cancels a
+	// retrieve of their intent showed done (or never possible) and
+	// recorded; PaymentOpsLeft those it left unknown (the intent still
+	// requires_capture: the next delivery of their message sends them; or
+	// the retrieve or the write failed).
+	PaymentOpsResolved, PaymentOpsLeft int
 }
 
 func (res RunResult) changed() bool {
@@ -145,6 +151,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 	}
 	if !dbDown && ctx.Err() == nil {
 		r.resolveRefunds(ctx, &res)
+	}
+	if !dbDown && ctx.Err() == nil {
+		r.resolvePaymentOps(ctx, &res)
 	}
 	if !dbDown && ctx.Err() == nil {
 		r.settleProcessing(ctx, &res)
@@ -474,5 +483,82 @@ func (r *Reconciler) resolveRefunds(ctx context.Context, res *RunResult) {
 func (r *Reconciler) releaseRefund(ctx context.Context, rs RefundStore, l ledger.Lease, reason string, log *slog.Logger) {
 	if err := rs.ReleaseRefund(ctx, l, reason); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
 		log.Warn("could not release a stuck refund; its lease will run out", "error", err)
+	}
+}
+
+// PaymentOpStore is what resolving stuck captures and cancels needs of the
+// store; *dedup.Store is one. A store without it resolves none.
+type PaymentOpStore interface {
+	AcquireStuckPaymentOps(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]ledger.PaymentOp, error)
+	CompletePaymentOp(ctx context.Context, l ledger.Lease, c ledger.PaymentOpCompletion) error
+	ReleasePaymentOp(ctx context.Context, l ledger.Lease, reason string) error
+}
+
+// IntentRetriever is the provider's retrieve of an intent, which never
+// acts; *stripe.Client and the budget's Provider are ones.
+type IntentRetriever interface {
+	RetrieveIntent(ctx context.Context, req provider.RetrieveIntentRequest) (*provider.IntentOutcome, error)
+}
+
+// resolvePaymentOps leases up to BatchSize captures and cancels that may
+// have been made and that nobody resolves (AcquireStuckPaymentOps),
+// retrieves each one's intent, and records the ones it shows done, or
+// never possible (ledger.PaymentOpCompletionOf); one whose intent still
+// requires_capture is given back unknown, still holding its payment, for
+// its message's next delivery to send (after its own retrieve). It never
+// captures or cancels.
+func (r *Reconciler) resolvePaymentOps(ctx context.Context, res *RunResult) {
+	ps, ok := r.store.(PaymentOpStore)
+	ir, ok2 := r.looker.(IntentRetriever)
+	if !ok || !ok2 {
+		return
+	}
+	stuck, err := ps.AcquireStuckPaymentOps(ctx, r.cfg.Holder, r.acquireAfter, r.cfg.Lease, r.cfg.BatchSize)
+	if err != nil {
+		res.Errors++
+		r.log.Error("lease stuck captures and cancels", "error", err)
+		return
+	}
+	for _, o := range stuck {
+		l := o.Lease()
+		log := r.log.With("merchant_id", o.MerchantID, "idempotency_key", o.IdempotencyKey, "payment_key", o.PaymentKey, "kind", o.Kind)
+		release := func(ctx context.Context, reason string) {
+			if err := ps.ReleasePaymentOp(ctx, l, reason); err != nil && !errors.Is(err, ledger.ErrLeaseLost) {
+				log.Warn("could not release a stuck "+o.Kind+"; its lease will run out", "error", err)
+			}
+		}
+		lctx, cancel := context.WithTimeout(ctx, r.cfg.LookupTimeout)
+		got, err := ir.RetrieveIntent(lctx, provider.RetrieveIntentRequest{ChargeID: o.ChargeID, MerchantID: o.MerchantID})
+		cancel()
+		wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		var (
+			c    ledger.PaymentOpCompletion
+			done bool
+		)
+		if err == nil {
+			c, done = ledger.PaymentOpCompletionOf(o.Kind, got)
+		}
+		switch {
+		case err != nil:
+			res.Errors++
+			res.LookupErrors++
+			res.PaymentOpsLeft++
+			log.Warn("retrieve of a stuck "+o.Kind+"'s intent failed; left unknown", "error", err)
+			release(wctx, "reconciler: retrieve failed: "+err.Error())
+		case !done:
+			res.PaymentOpsLeft++
+			log.Info("stuck "+o.Kind+" not made at the provider; left unknown for its next delivery", "status", got.Status)
+			release(wctx, "reconciler: the intent is "+got.Status)
+		default:
+			if err := ps.CompletePaymentOp(wctx, l, c); err != nil {
+				res.Errors++
+				res.PaymentOpsLeft++
+				log.Error("could not record a stuck "+o.Kind+" found by retrieve", "error", err)
+			} else {
+				res.PaymentOpsResolved++
+				log.Info("stuck "+o.Kind+" resolved by retrieve", "status", c.Status, "amount_received", c.AmountReceived)
+			}
+		}
+		wcancel()
 	}
 }

@@ -346,7 +346,7 @@ func TestPublishKinds(t *testing.T) {
 	t.Parallel()
 	w := newCLIWorld(t, "", true)
 	auth := `{"merchant_id":"m_1","idempotency_key":"a-1","amount":1999,"currency":"usd","payment_method":"pm_card_visa","kind":"authorize"}`
-	refund := `{"merchant_id":"m_1","idempotency_key":"r-1","amount":1999,"currency":"usd","payment_method":"pm_card_visa","kind":"capture"}`
+	refund := `{"merchant_id":"m_1","idempotency_key":"r-1","amount":1999,"currency":"usd","payment_method":"pm_card_visa","kind":"payout"}`
 	out, errOut, err := w.run(auth+"\n"+refund+"\n", "publish")
 	if err == nil {
 		t.Fatal("publish with a kind not handled exited zero")

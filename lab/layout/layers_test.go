@@ -255,6 +255,7 @@ var consumerLayers = []string{
 	"commit.go",
 	"processor.go",
 	"refund.go",
+	"paymentop.go",
 	"ratelimit.go",
 	"runner.go",
 	"net.go",
