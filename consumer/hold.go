@@ -89,6 +89,50 @@ func (w *Worker) lastDelivery(ctx context.Context, in *inbound, res Result) Resu
 	return res
 }
 
+// holdRefusal holds a refused message whose outcome event r PostgreSQL's
+// outage kept from being written, as hold holds a claim cut short by it:
+// in hand and in progress until the gate opens or this message is the one
+// to probe; then it writes the event again. It returns true once the
+// event is written, and false when the worker stops or the write fails
+// for another cause (the message is then nakked, as such a failure is at
+// once).
+func (w *Worker) holdRefusal(ctx context.Context, in *inbound, r ledger.Refusal) bool {
+	g := w.proc.gate
+	g.hold(1)
+	defer g.hold(-1)
+	log := in.log.logger()
+	_ = in.msg.InProgress()
+	last := time.Now()
+	for {
+		ok, probing := w.await(in, &last)
+		if !ok {
+			return false
+		}
+		_ = in.msg.InProgress() // the write runs inside a fresh AckWait
+		last = time.Now()
+		wctx, cancel := context.WithTimeout(ctx, settleTimeout)
+		_, err := w.proc.store.RecordRefusal(wctx, r)
+		cancel()
+		cause := ""
+		if err == nil {
+			g.storeWorks()
+		} else {
+			cause = g.storeFailed(err)
+		}
+		if probing {
+			g.probed(cause != "")
+			log.Info("probe after a pause", "cause_after", cause, "result", "refusal_event", "error", errString(err))
+		}
+		switch {
+		case err == nil:
+			return true
+		case cause == "":
+			log.Error("refusal event not written; message nakked, its redelivery writes it", "reason", r.Reason, "error", err)
+			return false
+		}
+	}
+}
+
 // await waits while the gate is closed, keeping the message in progress,
 // until it opens or the message is the one to probe (probing). It returns
 // false when the worker stops.

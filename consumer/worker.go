@@ -188,7 +188,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() {
 		defer close(netDone)
 		op, _ := w.intake.(OperatorMarker)
-		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger, op)
+		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger, op, w.proc.store)
 	}()
 	defer func() { <-netDone }()
 	notesDone := make(chan struct{})
@@ -711,21 +711,33 @@ func (w *Worker) settle(b *batchRefs, in *inbound, res Result) {
 			_ = in.msg.NakWithDelay(w.cfg.RetryBase)
 			return
 		}
-		// A refusal's outcome event, before the term: a failed write
-		// leaves the message to be redelivered, as a failed letter does.
-		if !w.recordRefusal(sctx, in, act.Reason, d.FailedAt, log) {
-			_ = in.msg.NakWithDelay(w.cfg.RetryBase)
+		// A refusal's outcome event, before the term: a message whose
+		// event is not written is settled by recordRefusal (held through
+		// PostgreSQL's outage, or left to be redelivered).
+		if !w.recordRefusal(sctx, b, in, act, res, d, log) {
 			return
 		}
-		if err := in.msg.Term(); err != nil {
-			log.Warn("term failed after dead-lettering; a redelivery would be filed again and deduplicated", "error", err)
-		}
-		if act.Reason == string(payment.ReasonCardData) {
-			w.eraseCardData(sctx, in, log)
-		}
-		w.deadLetteredIntake(sctx, in, act.Reason, errForDLQ, log)
-		log.Warn("message dead-lettered", "reason", act.Reason, "error", errString(errForDLQ))
+		w.termLetter(sctx, in, act.Reason, errForDLQ, log)
 	}
+	w.settled(in, res, act)
+}
+
+// termLetter terms a message whose dead letter is filed, erases it from
+// its stream when it holds card data, and tells the gateway's intake.
+func (w *Worker) termLetter(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
+	if err := in.msg.Term(); err != nil {
+		log.Warn("term failed after dead-lettering; a redelivery would be filed again and deduplicated", "error", err)
+	}
+	if reason == string(payment.ReasonCardData) {
+		w.eraseCardData(ctx, in, log)
+	}
+	w.deadLetteredIntake(ctx, in, reason, cause, log)
+	log.Warn("message dead-lettered", "reason", reason, "error", errString(cause))
+}
+
+// settled reports a message settled by act to the observer and ends its
+// span.
+func (w *Worker) settled(in *inbound, res Result, act Action) {
 	w.observer.Settled(res.Kind, act)
 	if lo, ok := w.observer.(LatencyObserver); ok {
 		lo.SettledIn(res.Kind, time.Since(in.fetched))

@@ -255,6 +255,7 @@ var consumerLayers = []string{
 	"refund.go",
 	"ratelimit.go",
 	"runner.go",
+	"refusalevent.go",
 	"net.go",
 	"trim.go",
 	"worker.go",
