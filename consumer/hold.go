@@ -178,13 +178,17 @@ func (w *Worker) keep(in *inbound, last *time.Time, d time.Duration, opened <-ch
 }
 
 // rerun runs a held message again from its claim, under a call budget of
-// its own (its batch's deadline is long past).
+// its own (its batch's deadline is long past): its own claim for a kind
+// claimed alone (runAlone), the charges' claim for the others.
 func (w *Worker) rerun(workCtx context.Context, in *inbound) Result {
 	_ = in.msg.InProgress() // the claim's lease nests inside a fresh AckWait
 	ctx, cancel := context.WithTimeout(workCtx, w.proc.callBudget())
 	defer cancel()
 	if in.span != nil {
 		ctx = trace.ContextWithSpan(ctx, in.span)
+	}
+	if claimsAlone(in.cmd) {
+		return w.proc.runAlone(ctx, in.cmd, in.log.logger())
 	}
 	claims, err := w.proc.claim(ctx, []*payment.Command{in.cmd}, []string{in.traceID})
 	if err != nil {

@@ -487,14 +487,16 @@ func (w *Worker) decodeBatch(ctx context.Context, b *batchStages, msgs []jetstre
 	return good
 }
 
-// refunds hands the batch's refund commands to the pool, each claimed on
-// its own (Processor.refund: its claim locks the refunded payment), and
-// returns the other messages, for the batch's one claim. The refunds stay
-// in place in good, which is not changed after.
+// refunds hands the batch's refund commands (and any other kind claimed
+// on its own: claimsAlone) to the pool, each claimed on its own
+// (Processor.runAlone), probed on its last delivery and held through an
+// outage as a charge is (outlast), and returns the other messages, for the
+// batch's one claim. The refunds stay in place in good, which is not
+// changed after.
 func (w *Worker) refunds(b *batchStages, good []inbound) []inbound {
 	n := 0
 	for i := range good {
-		if good[i].cmd.Kind == payment.KindRefund {
+		if claimsAlone(good[i].cmd) {
 			n++
 		}
 	}
@@ -504,14 +506,15 @@ func (w *Worker) refunds(b *batchStages, good []inbound) []inbound {
 	rest := make([]inbound, 0, len(good)-n)
 	for i := range good {
 		in := &good[i]
-		if in.cmd.Kind != payment.KindRefund {
+		if !claimsAlone(in.cmd) {
 			rest = append(rest, *in)
 			continue
 		}
 		in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
 		b.spawn(func() {
 			defer func() { <-b.slots }()
-			w.settle(b.refs, in, w.proc.refund(in.ctx, in.cmd, in.log.logger()))
+			res := w.proc.runAlone(in.ctx, in.cmd, in.log.logger())
+			w.settle(b.refs, in, w.outlast(b.workCtx, in, res, b.onLane))
 		})
 	}
 	return rest
@@ -596,15 +599,25 @@ func (w *Worker) dispatch(b *batchStages, good []inbound, claims []ledger.ClaimR
 			// The message itself reports progress: no closure per payment.
 			res := w.proc.handle(in.ctx, in.cmd, *claim, in.msg, in.log.logger())
 			w.observer.InFlight(-1)
-			if !onLane {
-				res = w.lastDelivery(workCtx, in, res)
-				if res.held() {
-					res = w.hold(workCtx, in, res)
-				}
-			}
-			w.settle(refs, in, res)
+			w.settle(refs, in, w.outlast(workCtx, in, res, onLane))
 		})
 	}
+}
+
+// outlast is the path every kind's result takes to its settling: a last
+// delivery that ended unavailable is probed (lastDelivery), and a result
+// an outage cut short (its pause set) is held through the pause (hold)
+// instead of spending the message's deliveries. Never on a lane:
+// settleLane leaves those to the shared consumer.
+func (w *Worker) outlast(workCtx context.Context, in *inbound, res Result, onLane bool) Result {
+	if onLane {
+		return res
+	}
+	res = w.lastDelivery(workCtx, in, res)
+	if res.held() {
+		res = w.hold(workCtx, in, res)
+	}
+	return res
 }
 
 // startClaimSpan starts the span of a batch's one claim: a child of the
