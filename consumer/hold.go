@@ -89,7 +89,7 @@ func (w *Worker) lastDelivery(ctx context.Context, in *inbound, res Result) Resu
 	return res
 }
 
-// holdRefusal holds a refused message whose outcome event r PostgreSQL's
+// holdRefusal holds a dead-lettered message whose outcome event r PostgreSQL's
 // outage kept from being written, as hold holds a claim cut short by it:
 // in hand and in progress until the gate opens or this message is the one
 // to probe; then it writes the event again. It returns true once the
@@ -127,7 +127,7 @@ func (w *Worker) holdRefusal(ctx context.Context, in *inbound, r ledger.Refusal)
 		case err == nil:
 			return true
 		case cause == "":
-			log.Error("refusal event not written; message nakked, its redelivery writes it", "reason", r.Reason, "error", err)
+			log.Error("outcome event not written; message nakked, its redelivery writes it", "reason", r.Reason, "error", err)
 			return false
 		}
 	}

@@ -62,10 +62,11 @@ const maxDeliverRetry = 2 * time.Second
 // new copy's publish is refused, is the letter filed.
 //
 // A message that does not decode is bad input, whichever worker takes it:
-// it is filed at once with its own reason, never published again, and its
-// refused event is written through refusals (as the worker writes it)
-// before the advisory is acked; a failed write leaves the advisory to be
-// handled again.
+// it is filed at once with its own reason, never published again. The
+// outcome event of each letter filed (refused for bad input; waiting for
+// an operator for max_deliveries) is written through refusals, as the
+// worker writes it, before the advisory is acked; a failed write leaves
+// the advisory to be handled again.
 //
 // After a letter's PubAck the net records on the gateway's intake, through
 // intake, that the payment waits for an operator, as the worker does for
@@ -231,8 +232,9 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 	log.Warn("dead-lettered a message that ran out of deliveries", "reason", d.Reason)
 }
 
-// recordRefusal writes the refused event of raw, just filed as d, when d
-// is a refusal (refusalFor), and reports whether the advisory may be
+// recordRefusal writes the outcome event of raw, just filed as d
+// (refusalFor: refused for bad input, else waiting for an operator), and
+// reports whether the advisory may be
 // acked: false when the store did not take the event, and the advisory's
 // next handling files the letter again (the DLQ stores one) and writes
 // the event under the same id (the store keeps one).
@@ -245,7 +247,7 @@ func (n *maxDeliveriesNet) recordRefusal(ctx context.Context, raw *jetstream.Raw
 		return true
 	}
 	if _, err := n.refusals.RecordRefusal(ctx, r); err != nil {
-		log.Error("refusal event not written; the advisory is handled again", "reason", d.Reason, "error", err)
+		log.Error("outcome event not written; the advisory is handled again", "reason", d.Reason, "error", err)
 		return false
 	}
 	return true

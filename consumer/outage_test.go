@@ -24,6 +24,7 @@ import (
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -498,6 +499,72 @@ func TestProviderOutageHoldsARefund(t *testing.T) {
 	e.quiescent()
 	if got := e.refundsAt(charge); len(got) != 1 || got[0].Amount != 400 {
 		t.Fatalf("refunds at the provider %+v, want one of 400", got)
+	}
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+	if n := e.exhausted(); n != 0 {
+		t.Fatalf("%d messages ran out of deliveries, want 0", n)
+	}
+}
+
+// unprobed is the provider without its charge lookup (no Prober): a last
+// delivery that ended unavailable cannot be probed, so only the outage
+// rule holds it.
+type unprobed struct{ p *stripe.Client }
+
+func (u unprobed) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	return u.p.Charge(ctx, req)
+}
+
+func (u unprobed) Refund(ctx context.Context, req provider.RefundRequest) (*provider.RefundOutcome, error) {
+	return u.p.Refund(ctx, req)
+}
+
+func (u unprobed) LookupRefund(ctx context.Context, req provider.RefundLookupRequest) (provider.RefundLookupResult, error) {
+	return u.p.LookupRefund(ctx, req)
+}
+
+// TestRefundsCountTowardsTheOutageRule: three refunds, and the provider
+// answers every call 500 for longer than their delivery schedule. Their
+// failed calls count towards the outage rule (OutageAnswers calls of
+// OutageKeys keys) as charges' do: the worker pauses and holds them,
+// where a worker that cannot probe a last delivery would dead-letter them
+// max_deliveries. After the outage each is refunded once.
+func TestRefundsCountTowardsTheOutageRule(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	_, stop := e.runPausable("w1", e.store, e.stripe)
+	var charges []string
+	for i := range 3 {
+		charges = append(charges, e.charged("m_1", fmt.Sprintf("pay-%d", i), 1000))
+	}
+	stop()
+	if err := e.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		e.publish("m_1", refundBody("m_1", fmt.Sprintf("refund-%d", i), fmt.Sprintf("pay-%d", i), 400), "", nil)
+	}
+	proc, _ := e.runPausable("w2", e.store, unprobed{e.stripe})
+	e.eventually("readiness says the provider is unavailable", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable)
+	})
+	e.noDeadLetterWhile("the outage", 10*time.Duration(e.cfg.Stream.MaxDeliver)*e.cfg.RetryMax)
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if r := e.refundDone("m_1", fmt.Sprintf("refund-%d", i)); r.Status != ledger.RefundSucceeded {
+			t.Fatalf("refund %+v, want succeeded", r)
+		}
+	}
+	e.quiescent()
+	for _, c := range charges {
+		if got := e.refundsAt(c); len(got) != 1 || got[0].Amount != 400 {
+			t.Fatalf("refunds at the provider of %s: %+v, want one of 400", c, got)
+		}
 	}
 	if n := len(e.deadLetters()); n != 0 {
 		t.Fatalf("%d dead letters, want 0", n)

@@ -9,10 +9,11 @@ import (
 	"github.com/paydedup/paydedup/stream"
 )
 
-// recordRefusal writes the outcome event of a message the worker refuses
-// (dead-lettered for bad input or a reused key: finalForClient; or a
-// refund the ledger's rules refuse: ledger.IsRefundRefusal), so a
-// publisher on the stream learns it was refused. It runs once the dead
+// recordRefusal writes the outcome event of a message the worker
+// dead-letters: refused (bad input or a reused key: finalForClient; or a
+// refund the ledger's rules refuse: ledger.IsRefundRefusal), or waiting
+// for an operator (every other reason), so a publisher on the stream
+// learns why. It runs once the dead
 // letter d is filed and before the message is termed, and returns true
 // when the message is to be termed now: the event is written, or none can
 // be told (refusalOf). Otherwise it settles the message itself:
@@ -36,11 +37,11 @@ func (w *Worker) recordRefusal(ctx context.Context, b *batchRefs, in *inbound, a
 		return true
 	}
 	if w.proc.gate.storeFailed(err) == "" {
-		log.Error("refusal event not written; message nakked, its redelivery writes it", "reason", act.Reason, "error", err)
+		log.Error("outcome event not written; message nakked, its redelivery writes it", "reason", act.Reason, "error", err)
 		_ = in.msg.NakWithDelay(w.cfg.RetryBase)
 		return false
 	}
-	log.Error("refusal event not written: PostgreSQL unreachable; message held until it answers", "reason", act.Reason, "error", err)
+	log.Error("outcome event not written: PostgreSQL unreachable; message held until it answers", "reason", act.Reason, "error", err)
 	// A copy: in may be reused by its batch once this returns.
 	held := *in
 	held.log.init(w.logger, held.meta, held.traceID, held.cmd, res.Attempt)

@@ -7,14 +7,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/outbox"
+	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -433,5 +436,101 @@ func TestNetWritesTheRefusalOfBadInput(t *testing.T) {
 	if got := refused(evs, "net-bad"); len(got) != 1 || got[0].Reason != "invalid_currency" ||
 		got[0].EventID != fmt.Sprintf("m_1:net-bad:refused:%d", e.streamMsgs(cfg)[0].Sequence) {
 		t.Fatalf("events %+v, want one refused invalid_currency under the message's sequence", evs)
+	}
+}
+
+// failingFor refuses the connection for one key while on is set and passes
+// everything else on.
+type failingFor struct {
+	provider.Provider
+	key string
+	on  *atomic.Bool
+}
+
+func (f failingFor) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if req.IdempotencyKey == f.key && f.on.Load() {
+		return nil, refusedConnection()
+	}
+	return f.Provider.Charge(ctx, req)
+}
+
+// waiting returns the waiting_for_operator events of key.
+func waiting(evs []stream.OutcomeEvent, key string) []stream.OutcomeEvent {
+	var out []stream.OutcomeEvent
+	for _, ev := range evs {
+		if ev.Kind == ledger.OutcomeWaiting && ev.IdempotencyKey == key {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// TestWaitingForOperatorThenFinal: a payment whose every delivery fails
+// alone (the provider answers a lookup: its own failure) is filed
+// max_deliveries for an operator, and its publisher learns it: a
+// waiting_for_operator event with the reason, under the message's stream
+// sequence, written before the message is termed. The operator replays
+// the letter once the cause is gone; the payment is charged and its final
+// event follows. One waiting event, one final event.
+func TestWaitingForOperatorThenFinal(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	outageConfig(e)
+	on := new(atomic.Bool)
+	on.Store(true)
+	e.startWorker("w1", failingFor{Provider: e.stripe, key: "op", on: on})
+	e.publish("m_1", body("m_1", "op", 300), "", nil)
+	e.eventually("filed for an operator", func() bool { return len(e.deadLetters()) == 1 })
+	if p := e.deadLetterOf("op"); p.Reason != stream.ReasonMaxDeliveries {
+		t.Fatalf("dead letter %+v, want max_deliveries", p)
+	}
+	seq := e.letterSeq("op")
+	e.quiescent()
+	evs, _ := e.relayedOutcomes()
+	got := waiting(evs, "op")
+	if len(got) != 1 || got[0].Reason != stream.ReasonMaxDeliveries || got[0].Status != ledger.StatusWaiting || got[0].Seq != 0 ||
+		got[0].Amount != 300 || got[0].Currency != "usd" || got[0].EventID != fmt.Sprintf("m_1:op:waiting_for_operator:%d", seq) {
+		t.Fatalf("events %+v, want one waiting_for_operator max_deliveries under sequence %d", evs, seq)
+	}
+	on.Store(false)
+	if _, err := dlq.Replay(e.ctx, e.js, e.cfg.Stream, dlq.ReplayOptions{All: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("charged after the replay", func() bool { return e.charges("m_1", "op") == 1 })
+	e.quiescent()
+	evs, _ = e.relayedOutcomes()
+	var kinds []string
+	for _, ev := range evs {
+		if ev.IdempotencyKey == "op" {
+			kinds = append(kinds, ev.Kind)
+		}
+	}
+	if strings.Join(kinds, ",") != ledger.OutcomeWaiting+","+ledger.OutcomeCharged {
+		t.Fatalf("events of the payment %v, want waiting_for_operator then charged", kinds)
+	}
+}
+
+// TestNetTellsAPaymentWaitingForOperator: a payment the net files
+// max_deliveries (its workers died holding every copy) has its
+// waiting_for_operator event written before the advisory is acked.
+func TestNetTellsAPaymentWaitingForOperator(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	cfg, cons := requeueSetup(t, e, e.js, 0)
+	e.publish("m_1", body("m_1", "net-op", 700), "", nil)
+	stop := make(chan struct{})
+	_, dead := dyingWorker(t, cons, stop)
+	e.eventually("filed for an operator", func() bool { return len(e.deadLetters()) == 1 })
+	close(stop)
+	<-dead
+	e.eventually("event written", func() bool {
+		return e.count(`SELECT count(*) FROM outcome_events WHERE idempotency_key = 'net-op'`) == 1
+	})
+	evs, _ := e.relayedOutcomes()
+	if got := waiting(evs, "net-op"); len(got) != 1 || got[0].Reason != stream.ReasonMaxDeliveries ||
+		got[0].EventID != fmt.Sprintf("m_1:net-op:waiting_for_operator:%d", e.streamMsgs(cfg)[0].Sequence) {
+		t.Fatalf("events %+v, want one waiting_for_operator max_deliveries", evs)
 	}
 }

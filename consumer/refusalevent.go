@@ -42,22 +42,26 @@ func firstSeq(h nats.Header, seq uint64) uint64 {
 	return seq
 }
 
-// refusalFor is the refusal event of message seq (subject, header, data;
-// cmd its decoded command, nil when it did not decode) refused for
-// reason and filed at filedAt: under the first copy's sequence
+// refusalFor is the outcome event of message seq (subject, header, data;
+// cmd its decoded command, nil when it did not decode) dead-lettered for
+// reason and filed at filedAt: refused when the reason is a refusal
+// (finalForClient, or a refund the ledger's rules refuse), else waiting
+// for an operator (Waiting: every other reason waits for a person, as the
+// gateway's intake is marked); under the first copy's sequence
 // (firstSeq), its merchant (the decoded command's, else the subject's),
 // its key (the decoded command's, else the Idempotency-Key header, else
 // the body's), and its amount and currency as far as the body decodes (0
 // and "" when not, the amount only within the limit, the currency only
-// when it is a valid code). ok is false when the reason is not a refusal,
-// the message has no stream sequence, the merchant or the key cannot be
+// when it is a valid code). ok is false when the message has no stream
+// sequence, the merchant or the key cannot be
 // read as valid ones, or one of the values holds what looks like a card
 // number (redact.ContainsPAN): an event never carries one.
 func refusalFor(cfg stream.Config, cmd *payment.Command, subject string, header nats.Header, data []byte, seq uint64, reason string, filedAt time.Time) (ledger.Refusal, bool) {
-	if !(finalForClient(reason) || ledger.IsRefundRefusal(reason)) || seq == 0 {
+	if reason == "" || seq == 0 {
 		return ledger.Refusal{}, false
 	}
-	r := ledger.Refusal{StreamSeq: firstSeq(header, seq), Reason: reason, FiledAt: filedAt}
+	r := ledger.Refusal{StreamSeq: firstSeq(header, seq), Reason: reason, FiledAt: filedAt,
+		Waiting: !(finalForClient(reason) || ledger.IsRefundRefusal(reason))}
 	if cmd != nil {
 		r.MerchantID, r.IdempotencyKey, r.Amount, r.Currency = cmd.MerchantID, cmd.IdempotencyKey, cmd.Amount, cmd.Currency
 	} else {
