@@ -304,7 +304,7 @@ func runNet(t *testing.T, e *env, cfg consumer.Config, intake consumer.OperatorM
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, nil, intake) }()
+	go func() { done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, nil, intake, e.store) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -365,7 +365,7 @@ func TestMaxDeliveriesNetSurvivesRestart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, slog.New(slog.NewJSONHandler(&buf, nil)), nil)
+		done <- consumer.RunMaxDeliveriesNet(ctx, e.js, cfg, slog.New(slog.NewJSONHandler(&buf, nil)), nil, e.store)
 	}()
 	defer func() { cancel(); <-done }()
 	e.eventually("the net tried the refusing DLQ twice", func() bool {

@@ -89,6 +89,50 @@ func (w *Worker) lastDelivery(ctx context.Context, in *inbound, res Result) Resu
 	return res
 }
 
+// holdRefusal holds a dead-lettered message whose outcome event r PostgreSQL's
+// outage kept from being written, as hold holds a claim cut short by it:
+// in hand and in progress until the gate opens or this message is the one
+// to probe; then it writes the event again. It returns true once the
+// event is written, and false when the worker stops or the write fails
+// for another cause (the message is then nakked, as such a failure is at
+// once).
+func (w *Worker) holdRefusal(ctx context.Context, in *inbound, r ledger.Refusal) bool {
+	g := w.proc.gate
+	g.hold(1)
+	defer g.hold(-1)
+	log := in.log.logger()
+	_ = in.msg.InProgress()
+	last := time.Now()
+	for {
+		ok, probing := w.await(in, &last)
+		if !ok {
+			return false
+		}
+		_ = in.msg.InProgress() // the write runs inside a fresh AckWait
+		last = time.Now()
+		wctx, cancel := context.WithTimeout(ctx, settleTimeout)
+		_, err := w.proc.store.RecordRefusal(wctx, r)
+		cancel()
+		cause := ""
+		if err == nil {
+			g.storeWorks()
+		} else {
+			cause = g.storeFailed(err)
+		}
+		if probing {
+			g.probed(cause != "")
+			log.Info("probe after a pause", "cause_after", cause, "result", "refusal_event", "error", errString(err))
+		}
+		switch {
+		case err == nil:
+			return true
+		case cause == "":
+			log.Error("outcome event not written; message nakked, its redelivery writes it", "reason", r.Reason, "error", err)
+			return false
+		}
+	}
+}
+
 // await waits while the gate is closed, keeping the message in progress,
 // until it opens or the message is the one to probe (probing). It returns
 // false when the worker stops.
@@ -134,13 +178,17 @@ func (w *Worker) keep(in *inbound, last *time.Time, d time.Duration, opened <-ch
 }
 
 // rerun runs a held message again from its claim, under a call budget of
-// its own (its batch's deadline is long past).
+// its own (its batch's deadline is long past): its own claim for a kind
+// claimed alone (runAlone), the charges' claim for the others.
 func (w *Worker) rerun(workCtx context.Context, in *inbound) Result {
 	_ = in.msg.InProgress() // the claim's lease nests inside a fresh AckWait
 	ctx, cancel := context.WithTimeout(workCtx, w.proc.callBudget())
 	defer cancel()
 	if in.span != nil {
 		ctx = trace.ContextWithSpan(ctx, in.span)
+	}
+	if claimsAlone(in.cmd) {
+		return w.proc.runAlone(ctx, in.cmd, in.log.logger())
 	}
 	claims, err := w.proc.claim(ctx, []*payment.Command{in.cmd}, []string{in.traceID})
 	if err != nil {

@@ -166,12 +166,6 @@ func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason str
 	}
 }
 
-// finalForClient reports whether a dead letter's reason settles the payment
-// for its client: nothing was charged and a replay would not change that.
-func finalForClient(reason string) bool {
-	return reason == stream.ReasonKeyReused || payment.IsInputReason(reason)
-}
-
 // letterKey is the merchant and idempotency key of a dead-lettered
 // message: its decoded command's, else read from its subject and header
 // as the gateway publishes them. Both are "" when they are not valid.

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -60,15 +61,22 @@ const maxDeliverRetry = 2 * time.Second
 // message with deliveries of its own (requeue); only then, or when the
 // new copy's publish is refused, is the letter filed.
 //
+// A message that does not decode is bad input, whichever worker takes it:
+// it is filed at once with its own reason, never published again. The
+// outcome event of each letter filed (refused for bad input; waiting for
+// an operator for max_deliveries) is written through refusals, as the
+// worker writes it, before the advisory is acked; a failed write leaves
+// the advisory to be handled again.
+//
 // After a letter's PubAck the net records on the gateway's intake, through
 // intake, that the payment waits for an operator, as the worker does for
 // the letters it files (nil where no gateway publishes on the stream).
-func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger, intake OperatorMarker) error {
+func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger, intake OperatorMarker, refusals RefusalRecorder) error {
 	cfg = cfg.WithDefaults()
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	n := &maxDeliveriesNet{js: js, cfg: cfg, logger: logger, intake: intake}
+	n := &maxDeliveriesNet{js: js, cfg: cfg, logger: logger, intake: intake, refusals: refusals}
 	failures := 0
 	for ctx.Err() == nil {
 		if _, err := n.runOnce(ctx); err != nil && ctx.Err() == nil {
@@ -86,12 +94,19 @@ func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config
 	return nil
 }
 
+// RefusalRecorder writes the outcome event of a refused command
+// (Store.RecordRefusal).
+type RefusalRecorder interface {
+	RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error)
+}
+
 // maxDeliveriesNet is the state of RunMaxDeliveriesNet.
 type maxDeliveriesNet struct {
 	js       jetstream.JetStream
 	cfg      Config
 	logger   *slog.Logger
-	intake   OperatorMarker // nil: no gateway intake to tell
+	intake   OperatorMarker  // nil: no gateway intake to tell
+	refusals RefusalRecorder // nil: no refused events written
 	payments jetstream.Stream
 	cons     jetstream.Consumer
 }
@@ -157,14 +172,15 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 		_ = m.NakWithDelay(maxDeliverRetry)
 		return
 	}
-	// A message holding card data is filed card_data at once, its letter
-	// masked and the original erased, never published again: every copy
-	// would be refused, and each would store the number once more.
+	// A message that does not decode is filed at once with its own reason,
+	// never published again: every copy would be refused. One holding card
+	// data has its letter masked and the original erased: each copy would
+	// store the number once more.
 	_, decodeErr := stream.DecodeCommand(n.cfg.Stream, raw.Subject, raw.Header, raw.Data)
 	var ve *payment.ValidationError
 	cardData := errors.As(decodeErr, &ve) && ve.Reason == payment.ReasonCardData
 	requeues, ok := requeuesOf(raw.Header)
-	if ok && !cardData && requeues < n.cfg.NetRequeues {
+	if ok && decodeErr == nil && requeues < n.cfg.NetRequeues {
 		switch n.requeue(ctx, raw, requeues, log) {
 		case requeued:
 			if err := m.DoubleAck(ctx); err != nil {
@@ -188,11 +204,16 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 		OrigSubject: raw.Subject, OrigStream: n.cfg.Stream.Name, OrigSeq: adv.StreamSeq,
 		Deliveries: adv.Deliveries, Header: raw.Header, Data: raw.Data, FailedAt: n.cfg.Clock.Now(),
 	}
-	if cardData {
-		d.Reason, d.Err = string(payment.ReasonCardData), decodeErr
+	if decodeErr != nil {
+		d.Reason, d.Err = inputReason(decodeErr), decodeErr
 	}
 	if err := fileDeadLetter(ctx, n.js, n.cfg.Stream, d); err != nil {
 		log.Error("could not dead-letter a message that ran out of deliveries; retrying", "error", err)
+		res.Retried++
+		_ = m.NakWithDelay(maxDeliverRetry)
+		return
+	}
+	if !n.recordRefusal(ctx, raw, d, log) {
 		res.Retried++
 		_ = m.NakWithDelay(maxDeliverRetry)
 		return
@@ -201,14 +222,35 @@ func (n *maxDeliveriesNet) handle(ctx context.Context, m jetstream.Msg, res *net
 		if err := n.payments.SecureDeleteMsg(ctx, adv.StreamSeq); err != nil {
 			log.Warn("could not erase a message holding card data from its stream; it stays until the stream's MaxAge", "error", err)
 		}
-	} else {
+	} else if decodeErr == nil {
 		n.markIntake(ctx, raw, d.Err, log)
 	}
 	if err := m.DoubleAck(ctx); err != nil {
 		log.Warn("advisory ack not confirmed; its redelivery files nothing new", "error", err)
 	}
 	res.Filed++
-	log.Warn("dead-lettered a message that ran out of deliveries")
+	log.Warn("dead-lettered a message that ran out of deliveries", "reason", d.Reason)
+}
+
+// recordRefusal writes the outcome event of raw, just filed as d
+// (refusalFor: refused for bad input, else waiting for an operator), and
+// reports whether the advisory may be
+// acked: false when the store did not take the event, and the advisory's
+// next handling files the letter again (the DLQ stores one) and writes
+// the event under the same id (the store keeps one).
+func (n *maxDeliveriesNet) recordRefusal(ctx context.Context, raw *jetstream.RawStreamMsg, d stream.Letter, log *slog.Logger) bool {
+	if n.refusals == nil {
+		return true
+	}
+	r, ok := refusalFor(n.cfg.Stream, nil, raw.Subject, raw.Header, raw.Data, raw.Sequence, d.Reason, d.FailedAt)
+	if !ok {
+		return true
+	}
+	if _, err := n.refusals.RecordRefusal(ctx, r); err != nil {
+		log.Error("outcome event not written; the advisory is handled again", "reason", d.Reason, "error", err)
+		return false
+	}
+	return true
 }
 
 // requeuesOf reads a message's Paydedup-Requeues header: 0 when absent;
@@ -242,7 +284,8 @@ func (n *maxDeliveriesNet) requeue(ctx context.Context, raw *jetstream.RawStream
 // header, data), which ran out of deliveries, again as a new message with
 // deliveries of its own: the same subject, body and headers,
 // Paydedup-Requeues set to next (one more than the copies before, or as
-// many when an outage, no fault of the message, spent them), and Nats-Msg-Id
+// many when an outage, no fault of the message, spent them),
+// Paydedup-Requeue-Of the first copy's sequence (firstSeq), and Nats-Msg-Id
 // stream.RequeueMsgID(seq), so a retry after a lost PubAck (or the net
 // and the worker both handling the message) stores one copy. A duplicate
 // PubAck counts only once the stored copy is checked to be this command.
@@ -260,6 +303,7 @@ func publishAgain(ctx context.Context, js jetstream.JetStream, cfg Config, subje
 	id := stream.RequeueMsgID(cfg.Stream, seq)
 	m.Header.Set(nats.MsgIdHdr, id)
 	m.Header.Set(stream.HeaderRequeues, strconv.Itoa(next))
+	m.Header.Set(stream.HeaderRequeueOf, strconv.FormatUint(firstSeq(header, seq), 10))
 	pctx, cancel := context.WithTimeout(ctx, netTimeout)
 	defer cancel()
 	ack, err := js.PublishMsg(pctx, m)

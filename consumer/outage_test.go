@@ -22,7 +22,9 @@ import (
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/stripesim"
 	"github.com/paydedup/paydedup/lab/testenv"
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
+	"github.com/paydedup/paydedup/provider/stripe"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -462,6 +464,111 @@ func TestPostgresOutageAtClaimHoldsTheBatch(t *testing.T) {
 	})
 	e.quiescent()
 	e.chargedOnceEach(keys)
+	if n := e.exhausted(); n != 0 {
+		t.Fatalf("%d messages ran out of deliveries, want 0", n)
+	}
+}
+
+// TestProviderOutageHoldsARefund: the provider answers every call 500
+// for longer than a refund's whole delivery schedule. The refund goes
+// through the charges' pause gate and hold: on its last delivery the
+// worker asks the provider something that moves no money, that fails too,
+// and the refund is held instead of dead-lettered max_deliveries with its
+// row left unknown. When the provider answers again it is refunded once.
+func TestProviderOutageHoldsARefund(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	proc, _ := e.runPausable("w1", e.store, e.stripe)
+	charge := e.charged("m_1", "pay-out", 1000)
+	if err := e.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("m_1", refundBody("m_1", "refund-out", "pay-out", 400), "", nil)
+	// Ten times the delivery schedule.
+	e.noDeadLetterWhile("the outage", 10*time.Duration(e.cfg.Stream.MaxDeliver)*e.cfg.RetryMax)
+	if err := proc.Paused(e.ctx); !errors.Is(err, consumer.ErrProviderUnavailable) || proc.Held() != 1 {
+		t.Fatalf("readiness at the end of the outage = %v holding %d, want ErrProviderUnavailable holding 1", err, proc.Held())
+	}
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.refundDone("m_1", "refund-out"); r.Status != ledger.RefundSucceeded {
+		t.Fatalf("refund %+v, want succeeded", r)
+	}
+	e.quiescent()
+	if got := e.refundsAt(charge); len(got) != 1 || got[0].Amount != 400 {
+		t.Fatalf("refunds at the provider %+v, want one of 400", got)
+	}
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
+	if n := e.exhausted(); n != 0 {
+		t.Fatalf("%d messages ran out of deliveries, want 0", n)
+	}
+}
+
+// unprobed is the provider without its charge lookup (no Prober): a last
+// delivery that ended unavailable cannot be probed, so only the outage
+// rule holds it.
+type unprobed struct{ p *stripe.Client }
+
+func (u unprobed) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	return u.p.Charge(ctx, req)
+}
+
+func (u unprobed) Refund(ctx context.Context, req provider.RefundRequest) (*provider.RefundOutcome, error) {
+	return u.p.Refund(ctx, req)
+}
+
+func (u unprobed) LookupRefund(ctx context.Context, req provider.RefundLookupRequest) (provider.RefundLookupResult, error) {
+	return u.p.LookupRefund(ctx, req)
+}
+
+// TestRefundsCountTowardsTheOutageRule: three refunds, and the provider
+// answers every call 500 for longer than their delivery schedule. Their
+// failed calls count towards the outage rule (OutageAnswers calls of
+// OutageKeys keys) as charges' do: the worker pauses and holds them,
+// where a worker that cannot probe a last delivery would dead-letter them
+// max_deliveries. After the outage each is refunded once.
+func TestRefundsCountTowardsTheOutageRule(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outageConfig(e)
+	_, stop := e.runPausable("w1", e.store, e.stripe)
+	var charges []string
+	for i := range 3 {
+		charges = append(charges, e.charged("m_1", fmt.Sprintf("pay-%d", i), 1000))
+	}
+	stop()
+	if err := e.sim.SetFaults(stripesim.Faults{Rate5xx: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		e.publish("m_1", refundBody("m_1", fmt.Sprintf("refund-%d", i), fmt.Sprintf("pay-%d", i), 400), "", nil)
+	}
+	proc, _ := e.runPausable("w2", e.store, unprobed{e.stripe})
+	e.eventually("readiness says the provider is unavailable", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrProviderUnavailable)
+	})
+	e.noDeadLetterWhile("the outage", 10*time.Duration(e.cfg.Stream.MaxDeliver)*e.cfg.RetryMax)
+	if err := e.sim.SetFaults(stripesim.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if r := e.refundDone("m_1", fmt.Sprintf("refund-%d", i)); r.Status != ledger.RefundSucceeded {
+			t.Fatalf("refund %+v, want succeeded", r)
+		}
+	}
+	e.quiescent()
+	for _, c := range charges {
+		if got := e.refundsAt(c); len(got) != 1 || got[0].Amount != 400 {
+			t.Fatalf("refunds at the provider of %s: %+v, want one of 400", c, got)
+		}
+	}
+	if n := len(e.deadLetters()); n != 0 {
+		t.Fatalf("%d dead letters, want 0", n)
+	}
 	if n := e.exhausted(); n != 0 {
 		t.Fatalf("%d messages ran out of deliveries, want 0", n)
 	}

@@ -68,7 +68,7 @@ func (p *Processor) paymentOp(ctx context.Context, cmd *payment.Command, log *sl
 	case ledger.InFlight:
 		return Result{Kind: InFlight, Delay: claim.RetryIn, Err: fmt.Errorf("another worker holds the %s's lease", cmd.Kind)}
 	case ledger.Claimed, ledger.NeedsLookup:
-		return p.paymentOpUnderLease(ctx, claim, ps, im, log.With("attempt", claim.Lease.Attempt))
+		return p.paymentOpUnderLease(ctx, cmd, claim, ps, im, log.With("attempt", claim.Lease.Attempt))
 	}
 	return Result{Kind: Retry, Err: fmt.Errorf("unexpected %s claim outcome %v", cmd.Kind, claim.Outcome)}
 }
@@ -78,14 +78,14 @@ func (p *Processor) paymentOp(ctx context.Context, cmd *payment.Command, log *sl
 // never happen) is recorded, and only one still requires_capture is sent
 // (again, under the same provider key). The answer is recorded under the
 // lease.
-func (p *Processor) paymentOpUnderLease(ctx context.Context, claim ledger.PaymentOpClaim, ps PaymentOpStore, im IntentMover, log *slog.Logger) Result {
+func (p *Processor) paymentOpUnderLease(ctx context.Context, cmd *payment.Command, claim ledger.PaymentOpClaim, ps PaymentOpStore, im IntentMover, log *slog.Logger) Result {
 	l, o := *claim.Lease, claim.Op
 	callCtx, cancel := context.WithTimeout(ctx, p.callBudget())
 	defer cancel()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer scancel()
 	release := func(err error) Result {
-		return p.leaseUnknown(sctx, func(ctx context.Context, reason string) error { return ps.ReleasePaymentOp(ctx, l, reason) }, l, err, log)
+		return p.leaseUnknown(sctx, cmd, func(ctx context.Context, reason string) error { return ps.ReleasePaymentOp(ctx, l, reason) }, l, err, log)
 	}
 	var (
 		c     ledger.PaymentOpCompletion
@@ -96,6 +96,7 @@ func (p *Processor) paymentOpUnderLease(ctx context.Context, claim ledger.Paymen
 		if err != nil {
 			return release(fmt.Errorf("retrieve the intent: %w", err))
 		}
+		p.providerAnswered(cmd, nil)
 		if c, known = ledger.PaymentOpCompletionOf(o.Kind, got); known {
 			log.Info(o.Kind+" settled by lookup", "charge_id", o.ChargeID, "status", got.Status)
 		}
@@ -121,6 +122,7 @@ func (p *Processor) paymentOpUnderLease(ctx context.Context, claim ledger.Paymen
 			}
 			return res
 		}
+		p.providerAnswered(cmd, nil)
 		if c, known = ledger.PaymentOpCompletionOf(o.Kind, out); !known {
 			return release(fmt.Errorf("%s answered with the intent %s: not done; looked up before any re-call", o.Kind, out.Status))
 		}

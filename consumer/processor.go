@@ -307,27 +307,63 @@ func (p *Processor) observe(cmd *payment.Command, a *answer) {
 	// that ended unavailable counts towards an outage (see OutageAnswers).
 	a.down = providerUnavailable(err)
 	a.rl = provider.RateLimitOf(err)
-	switch {
-	case a.rl != nil:
+	if a.rl != nil {
 		// Still rate-limited: the wait ended without a call (a stop, a
 		// drain, a heartbeat that failed). A rate limit shows neither an
 		// outage nor a working provider; only the key works.
 		if a.rl.HTTPStatus != 0 {
 			p.gate.keyWorks()
 		}
+	} else {
+		a.outage = p.gateAnswer(cmd, err, a.down)
+	}
+	p.observer.ProviderCalled(time.Since(a.start), result)
+}
+
+// gateAnswer tells the pause gate what a provider call of cmd that ended
+// with err (nil: an answer; down: providerUnavailable(err)) and no rate
+// limit shows, and returns the pause it causes: provider_unavailable when
+// the call makes (or finds) an outage, "" otherwise.
+func (p *Processor) gateAnswer(cmd *payment.Command, err error, down bool) string {
+	switch {
 	case err == nil:
 		p.gate.answered()
-	case a.down:
+	case down:
 		if answeredNotRefused(err) {
 			p.gate.keyWorks()
 		}
 		if p.gate.unavailable(cmd.MerchantID+":"+cmd.IdempotencyKey, err) {
-			a.outage = PauseProviderUnavailable
+			return PauseProviderUnavailable
 		}
 	case answeredNotRefused(err):
 		p.gate.answered()
 	}
-	p.observer.ProviderCalled(time.Since(a.start), result)
+	return ""
+}
+
+// providerAnswered is the pause gate's path for a provider call of any
+// kind of command but the charge's (whose call observe and recordFailure
+// tell): it tells the gate what the call, ended with err (nil: an
+// answer), shows, and returns the Result's pause (provider_auth for a
+// refused API key, provider_unavailable for an outage) and unavailable
+// (the call ended as the outage rule counts, providerUnavailable). A
+// result carrying them is probed on its last delivery and held through
+// the pause as a charge's is (Worker.outlast), instead of spending its
+// deliveries.
+func (p *Processor) providerAnswered(cmd *payment.Command, err error) (pause string, unavailable bool) {
+	if rl := provider.RateLimitOf(err); rl != nil {
+		// The account's budget speaking: no outage, the key works.
+		if rl.HTTPStatus != 0 {
+			p.gate.keyWorks()
+		}
+		return "", false
+	}
+	if err != nil && provider.ClassOf(err) == provider.ClassUnauthorized {
+		p.gate.close(PauseProviderAuth, err)
+		return PauseProviderAuth, false
+	}
+	down := providerUnavailable(err)
+	return p.gateAnswer(cmd, err, down), down
 }
 
 // record writes the answer's outcome under the lease and returns the

@@ -77,8 +77,9 @@ func (p *Processor) refundUnderLease(ctx context.Context, cmd *payment.Command, 
 		found, err := rf.LookupRefund(callCtx, provider.RefundLookupRequest{ChargeID: r.ChargeID, MerchantID: r.MerchantID,
 			IdempotencyKey: r.IdempotencyKey, Amount: r.Amount})
 		if err != nil {
-			return p.refundUnknown(sctx, rs, l, fmt.Errorf("look up the refund: %w", err), log)
+			return p.refundUnknown(sctx, cmd, rs, l, fmt.Errorf("look up the refund: %w", err), log)
 		}
+		p.providerAnswered(cmd, nil)
 		if found.Found {
 			out = found.Outcome
 			log.Info("refund found by lookup", "refund_id", out.RefundID, "status", out.Status)
@@ -89,7 +90,7 @@ func (p *Processor) refundUnderLease(ctx context.Context, cmd *payment.Command, 
 		out, err = rf.Refund(callCtx, provider.RefundRequest{ProviderKey: l.ProviderKey, ChargeID: r.ChargeID, Amount: r.Amount,
 			MerchantID: r.MerchantID, IdempotencyKey: r.IdempotencyKey, Metadata: cmd.Metadata})
 		if err != nil {
-			res := p.refundUnknown(sctx, rs, l, fmt.Errorf("refund: %w", err), log)
+			res := p.refundUnknown(sctx, cmd, rs, l, fmt.Errorf("refund: %w", err), log)
 			switch provider.ClassOf(err) {
 			case provider.ClassRejected:
 				res.Kind, res.Reason = DeadLetter, stream.ReasonProviderRejected
@@ -98,6 +99,7 @@ func (p *Processor) refundUnderLease(ctx context.Context, cmd *payment.Command, 
 			}
 			return res
 		}
+		p.providerAnswered(cmd, nil)
 	}
 	c := ledger.RefundCompletionOf(out)
 	if res, ok := p.recordUnderLease(rs.CompleteRefund(sctx, l, c), l, "refund", log.With("refund_id", out.RefundID)); !ok {
@@ -111,20 +113,39 @@ func (p *Processor) refundUnderLease(ctx context.Context, cmd *payment.Command, 
 // refundUnknown gives up the lease of a refund whose outcome is not known
 // (the row becomes unknown: it holds its amount and is looked up before
 // any re-call) and returns the retry.
-func (p *Processor) refundUnknown(sctx context.Context, rs RefundStore, l ledger.Lease, err error, log *slog.Logger) Result {
-	return p.leaseUnknown(sctx, func(ctx context.Context, reason string) error { return rs.ReleaseRefund(ctx, l, reason) }, l, err, log)
+func (p *Processor) refundUnknown(sctx context.Context, cmd *payment.Command, rs RefundStore, l ledger.Lease, err error, log *slog.Logger) Result {
+	return p.leaseUnknown(sctx, cmd, func(ctx context.Context, reason string) error { return rs.ReleaseRefund(ctx, l, reason) }, l, err, log)
 }
 
 // leaseUnknown gives up, by release, the lease l of an operation on a
 // payment (a refund, a capture, a cancel) whose outcome is not known: its
 // row becomes unknown, still holding the payment, and is looked up before
-// any re-call. It returns the retry.
-func (p *Processor) leaseUnknown(sctx context.Context, release func(ctx context.Context, reason string) error, l ledger.Lease, err error, log *slog.Logger) Result {
+// any re-call. It returns the retry, with what the provider's error shows
+// to the pause gate (providerAnswered): an outage's retry is held, not
+// nakked.
+func (p *Processor) leaseUnknown(sctx context.Context, cmd *payment.Command, release func(ctx context.Context, reason string) error, l ledger.Lease, err error, log *slog.Logger) Result {
 	log.Warn("outcome unknown; looked up before any re-call", "error", err)
 	if rerr := release(sctx, err.Error()); rerr != nil && !errors.Is(rerr, ledger.ErrLeaseLost) {
 		log.Warn("could not release the lease; it will expire", "error", rerr)
 	}
-	return Result{Kind: Retry, Err: err, Attempt: l.Attempt, unavailable: providerUnavailable(err)}
+	pause, down := p.providerAnswered(cmd, err)
+	return Result{Kind: Retry, Err: err, Attempt: l.Attempt, pause: pause, unavailable: down}
+}
+
+// claimsAlone reports whether cmd is claimed on its own rather than in
+// its batch's one claim: a command that acts on a payment (a refund, a
+// capture, a cancel: its claim locks the payment). runAlone runs such a
+// command from its claim to its result, for its first run (Worker.refunds)
+// and for its runs after a hold (Worker.rerun); its result goes through
+// the pause gate's path (providerAnswered) as a charge's does.
+func claimsAlone(cmd *payment.Command) bool { return cmd.ActsOnPayment() }
+
+// runAlone runs a command that claimsAlone.
+func (p *Processor) runAlone(ctx context.Context, cmd *payment.Command, log *slog.Logger) Result {
+	if claimsAlone(cmd) {
+		return p.actOnPayment(ctx, cmd, log)
+	}
+	return Result{Kind: DeadLetter, Reason: string(payment.ReasonInvalidKind), Err: fmt.Errorf("%s is not claimed on its own", cmd.Kind)}
 }
 
 // recordUnderLease reads err, the record of what (a refund, a capture, a

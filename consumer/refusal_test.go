@@ -7,13 +7,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/paydedup/paydedup/consumer"
+	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/lab/storehook"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/outbox"
+	"github.com/paydedup/paydedup/provider"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -308,5 +312,225 @@ func TestRefusalEventAmountNeverACardNumber(t *testing.T) {
 	}
 	if got := refused(evs, "amount-pan"); len(got) != 1 || got[0].Amount != 0 || got[0].Reason != "amount_over_limit" {
 		t.Fatalf("refused events %+v, want one amount_over_limit with amount 0", got)
+	}
+}
+
+// TestRefusalEventWaitsOutPostgresOutage: a command refused for bad input
+// while PostgreSQL is unreachable has its letter filed but its refused
+// event not written. It is held like a claim in the outage, not nakked:
+// no delivery is spent however long the outage lasts, and when PostgreSQL
+// is back the event is written, once, under the message's sequence, and
+// the message is termed. Nakked, it ran out of deliveries and the net
+// filed it max_deliveries, and its publisher never learnt why.
+func TestRefusalEventWaitsOutPostgresOutage(t *testing.T) {
+	t.Parallel()
+	e, link, store := pgOutageEnv(t)
+	e.withOutcomes()
+	proc, _ := e.runPausable("w1", store, e.stripe)
+	link.down()
+	e.publish("m_1", []byte(`{"merchant_id":"m_1","idempotency_key":"pg-out","amount":-5,"currency":"usd","payment_method":"pm_card_visa"}`), "", nil)
+	e.eventually("readiness says PostgreSQL is unavailable", func() bool {
+		return errors.Is(proc.Paused(e.ctx), consumer.ErrStoreUnavailable)
+	})
+	// Four leases, and ten times the delivery schedule.
+	for end := time.Now().Add(max(4*e.cfg.Lease, 10*time.Duration(e.cfg.Stream.MaxDeliver)*e.cfg.RetryMax)); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if n := e.exhausted(); n != 0 {
+			t.Fatalf("%d message(s) ran out of deliveries during the outage", n)
+		}
+	}
+	if proc.Held() != 1 {
+		t.Fatalf("%d messages held at the end of the outage, want 1", proc.Held())
+	}
+	link.up(t)
+	e.eventually("event written", func() bool {
+		return e.count(`SELECT count(*) FROM outcome_events WHERE idempotency_key = 'pg-out'`) == 1
+	})
+	e.quiescent()
+	if n := e.exhausted(); n != 0 {
+		t.Fatalf("%d messages ran out of deliveries, want 0", n)
+	}
+	if dls := e.deadLetters(); len(dls) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dls))
+	}
+	if p := e.deadLetterOf("pg-out"); p.Reason != "invalid_amount" {
+		t.Fatalf("dead letter %+v, want invalid_amount", p)
+	}
+	evs, _ := e.relayedOutcomes()
+	if got := refused(evs, "pg-out"); len(got) != 1 || got[0].Reason != "invalid_amount" ||
+		got[0].EventID != fmt.Sprintf("m_1:pg-out:refused:%d", e.letterSeq("pg-out")) {
+		t.Fatalf("events %+v, want one refused invalid_amount under the message's sequence", evs)
+	}
+	if err := proc.Paused(e.ctx); err != nil {
+		t.Fatalf("readiness after the outage: %v", err)
+	}
+}
+
+// TestRequeuedCopyRefusedUnderTheFirstSequence: a command whose workers
+// died holding it is published again by the net; the new copy, refused
+// (key_reused), writes its refused event under the first copy's stream
+// sequence (Paydedup-Requeue-Of), so every copy of one command tells one
+// event id.
+func TestRequeuedCopyRefusedUnderTheFirstSequence(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	// The key is taken by another command: any copy is refused key_reused.
+	if _, err := e.store.Claim(e.ctx, "dead-worker", time.Second, ledger.ClaimRequest{
+		MerchantID: "m_1", IdempotencyKey: "requeued", RequestHash: make([]byte, 32), Amount: 900, Currency: "usd",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, cons := requeueSetup(t, e, e.js, 1)
+	e.publish("m_1", body("m_1", "requeued", 700), stream.MsgID("m_1", "requeued"), nil)
+	stop := make(chan struct{})
+	deliveries, dead := dyingWorker(t, cons, stop)
+	e.eventually("the first copy ran out of deliveries and was published again", func() bool {
+		return deliveries.Load() >= 2 && len(e.streamMsgs(cfg)) == 2
+	})
+	close(stop)
+	<-dead
+	msgs := e.streamMsgs(cfg)
+	first := msgs[0].Sequence
+	if got := msgs[1].Header.Get(stream.HeaderRequeueOf); got != strconv.FormatUint(first, 10) {
+		t.Fatalf("the new copy's %s is %q, want %d", stream.HeaderRequeueOf, got, first)
+	}
+	e.startWorker("alive", nil)
+	e.eventually("the copy refused", func() bool { return len(e.deadLetters()) == 1 })
+	e.quiescent()
+	evs, _ := e.relayedOutcomes()
+	if got := refused(evs, "requeued"); len(got) != 1 || got[0].Reason != stream.ReasonKeyReused ||
+		got[0].EventID != fmt.Sprintf("m_1:requeued:refused:%d", first) {
+		t.Fatalf("events %+v, want one refused key_reused under the first copy's sequence %d", evs, first)
+	}
+}
+
+// TestNetWritesTheRefusalOfBadInput: a command refused for bad input whose
+// deliveries ran out with no worker settling it (its workers died holding
+// it) is filed by the net with its own reason, never published again
+// (every copy would be refused), and its refused event is written before
+// the advisory is acked: filed max_deliveries with no event, its
+// publisher never learnt why.
+func TestNetWritesTheRefusalOfBadInput(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	cfg, cons := requeueSetup(t, e, e.js, 1)
+	e.publish("m_1", []byte(`{"merchant_id":"m_1","idempotency_key":"net-bad","amount":10,"currency":"xyz","payment_method":"pm_card_visa"}`), "", nil)
+	stop := make(chan struct{})
+	deliveries, dead := dyingWorker(t, cons, stop)
+	e.eventually("the message ran out of deliveries and was filed", func() bool {
+		return deliveries.Load() >= 2 && len(e.deadLetters()) > 0
+	})
+	close(stop)
+	<-dead
+	if n := len(e.streamMsgs(cfg)); n != 1 {
+		t.Fatalf("the stream holds %d messages: bad input was published again", n)
+	}
+	if p := e.deadLetterOf("net-bad"); p.Reason != "invalid_currency" {
+		t.Fatalf("dead letter %+v, want invalid_currency", p)
+	}
+	e.eventually("event written", func() bool {
+		return e.count(`SELECT count(*) FROM outcome_events WHERE idempotency_key = 'net-bad'`) == 1
+	})
+	evs, _ := e.relayedOutcomes()
+	if got := refused(evs, "net-bad"); len(got) != 1 || got[0].Reason != "invalid_currency" ||
+		got[0].EventID != fmt.Sprintf("m_1:net-bad:refused:%d", e.streamMsgs(cfg)[0].Sequence) {
+		t.Fatalf("events %+v, want one refused invalid_currency under the message's sequence", evs)
+	}
+}
+
+// failingFor refuses the connection for one key while on is set and passes
+// everything else on.
+type failingFor struct {
+	provider.Provider
+	key string
+	on  *atomic.Bool
+}
+
+func (f failingFor) Charge(ctx context.Context, req provider.ChargeRequest) (*provider.Outcome, error) {
+	if req.IdempotencyKey == f.key && f.on.Load() {
+		return nil, refusedConnection()
+	}
+	return f.Provider.Charge(ctx, req)
+}
+
+// waiting returns the waiting_for_operator events of key.
+func waiting(evs []stream.OutcomeEvent, key string) []stream.OutcomeEvent {
+	var out []stream.OutcomeEvent
+	for _, ev := range evs {
+		if ev.Kind == ledger.OutcomeWaiting && ev.IdempotencyKey == key {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// TestWaitingForOperatorThenFinal: a payment whose every delivery fails
+// alone (the provider answers a lookup: its own failure) is filed
+// max_deliveries for an operator, and its publisher learns it: a
+// waiting_for_operator event with the reason, under the message's stream
+// sequence, written before the message is termed. The operator replays
+// the letter once the cause is gone; the payment is charged and its final
+// event follows. One waiting event, one final event.
+func TestWaitingForOperatorThenFinal(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	outageConfig(e)
+	on := new(atomic.Bool)
+	on.Store(true)
+	e.startWorker("w1", failingFor{Provider: e.stripe, key: "op", on: on})
+	e.publish("m_1", body("m_1", "op", 300), "", nil)
+	e.eventually("filed for an operator", func() bool { return len(e.deadLetters()) == 1 })
+	if p := e.deadLetterOf("op"); p.Reason != stream.ReasonMaxDeliveries {
+		t.Fatalf("dead letter %+v, want max_deliveries", p)
+	}
+	seq := e.letterSeq("op")
+	e.quiescent()
+	evs, _ := e.relayedOutcomes()
+	got := waiting(evs, "op")
+	if len(got) != 1 || got[0].Reason != stream.ReasonMaxDeliveries || got[0].Status != ledger.StatusWaiting || got[0].Seq != 0 ||
+		got[0].Amount != 300 || got[0].Currency != "usd" || got[0].EventID != fmt.Sprintf("m_1:op:waiting_for_operator:%d", seq) {
+		t.Fatalf("events %+v, want one waiting_for_operator max_deliveries under sequence %d", evs, seq)
+	}
+	on.Store(false)
+	if _, err := dlq.Replay(e.ctx, e.js, e.cfg.Stream, dlq.ReplayOptions{All: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("charged after the replay", func() bool { return e.charges("m_1", "op") == 1 })
+	e.quiescent()
+	evs, _ = e.relayedOutcomes()
+	var kinds []string
+	for _, ev := range evs {
+		if ev.IdempotencyKey == "op" {
+			kinds = append(kinds, ev.Kind)
+		}
+	}
+	if strings.Join(kinds, ",") != ledger.OutcomeWaiting+","+ledger.OutcomeCharged {
+		t.Fatalf("events of the payment %v, want waiting_for_operator then charged", kinds)
+	}
+}
+
+// TestNetTellsAPaymentWaitingForOperator: a payment the net files
+// max_deliveries (its workers died holding every copy) has its
+// waiting_for_operator event written before the advisory is acked.
+func TestNetTellsAPaymentWaitingForOperator(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.withOutcomes()
+	cfg, cons := requeueSetup(t, e, e.js, 0)
+	e.publish("m_1", body("m_1", "net-op", 700), "", nil)
+	stop := make(chan struct{})
+	_, dead := dyingWorker(t, cons, stop)
+	e.eventually("filed for an operator", func() bool { return len(e.deadLetters()) == 1 })
+	close(stop)
+	<-dead
+	e.eventually("event written", func() bool {
+		return e.count(`SELECT count(*) FROM outcome_events WHERE idempotency_key = 'net-op'`) == 1
+	})
+	evs, _ := e.relayedOutcomes()
+	if got := waiting(evs, "net-op"); len(got) != 1 || got[0].Reason != stream.ReasonMaxDeliveries ||
+		got[0].EventID != fmt.Sprintf("m_1:net-op:waiting_for_operator:%d", e.streamMsgs(cfg)[0].Sequence) {
+		t.Fatalf("events %+v, want one waiting_for_operator max_deliveries", evs)
 	}
 }

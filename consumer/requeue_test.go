@@ -65,7 +65,7 @@ func requeueSetup(t *testing.T, e *env, js jetstream.JetStream, requeues int) (c
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- consumer.RunMaxDeliveriesNet(ctx, js, cfg, nil, nil) }()
+	go func() { done <- consumer.RunMaxDeliveriesNet(ctx, js, cfg, nil, nil, e.store) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return cfg, cons
 }

@@ -188,7 +188,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() {
 		defer close(netDone)
 		op, _ := w.intake.(OperatorMarker)
-		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger, op)
+		_ = RunMaxDeliveriesNet(ctx, w.js, w.cfg, w.logger, op, w.proc.store)
 	}()
 	defer func() { <-netDone }()
 	notesDone := make(chan struct{})
@@ -488,14 +488,15 @@ func (w *Worker) decodeBatch(ctx context.Context, b *batchStages, msgs []jetstre
 }
 
 // refunds hands the batch's commands that act on a payment (refunds,
-// captures, cancels) to the pool, each claimed on its own
-// (Processor.actOnPayment: its claim locks the payment), and returns the
-// other messages, for the batch's one claim. Those stay in place in good,
-// which is not changed after.
+// captures, cancels: claimsAlone) to the pool, each claimed on its own
+// (Processor.runAlone: its claim locks the payment), probed on its last
+// delivery and held through an outage as a charge is (outlast), and
+// returns the other messages, for the batch's one claim. Those stay in
+// place in good, which is not changed after.
 func (w *Worker) refunds(b *batchStages, good []inbound) []inbound {
 	n := 0
 	for i := range good {
-		if good[i].cmd.ActsOnPayment() {
+		if claimsAlone(good[i].cmd) {
 			n++
 		}
 	}
@@ -505,14 +506,15 @@ func (w *Worker) refunds(b *batchStages, good []inbound) []inbound {
 	rest := make([]inbound, 0, len(good)-n)
 	for i := range good {
 		in := &good[i]
-		if !in.cmd.ActsOnPayment() {
+		if !claimsAlone(in.cmd) {
 			rest = append(rest, *in)
 			continue
 		}
 		in.log.init(w.logger, in.meta, in.traceID, in.cmd, 0)
 		b.spawn(func() {
 			defer func() { <-b.slots }()
-			w.settle(b.refs, in, w.proc.actOnPayment(in.ctx, in.cmd, in.log.logger()))
+			res := w.proc.runAlone(in.ctx, in.cmd, in.log.logger())
+			w.settle(b.refs, in, w.outlast(b.workCtx, in, res, b.onLane))
 		})
 	}
 	return rest
@@ -597,15 +599,25 @@ func (w *Worker) dispatch(b *batchStages, good []inbound, claims []ledger.ClaimR
 			// The message itself reports progress: no closure per payment.
 			res := w.proc.handle(in.ctx, in.cmd, *claim, in.msg, in.log.logger())
 			w.observer.InFlight(-1)
-			if !onLane {
-				res = w.lastDelivery(workCtx, in, res)
-				if res.held() {
-					res = w.hold(workCtx, in, res)
-				}
-			}
-			w.settle(refs, in, res)
+			w.settle(refs, in, w.outlast(workCtx, in, res, onLane))
 		})
 	}
+}
+
+// outlast is the path every kind's result takes to its settling: a last
+// delivery that ended unavailable is probed (lastDelivery), and a result
+// an outage cut short (its pause set) is held through the pause (hold)
+// instead of spending the message's deliveries. Never on a lane:
+// settleLane leaves those to the shared consumer.
+func (w *Worker) outlast(workCtx context.Context, in *inbound, res Result, onLane bool) Result {
+	if onLane {
+		return res
+	}
+	res = w.lastDelivery(workCtx, in, res)
+	if res.held() {
+		res = w.hold(workCtx, in, res)
+	}
+	return res
 }
 
 // startClaimSpan starts the span of a batch's one claim: a child of the
@@ -712,21 +724,33 @@ func (w *Worker) settle(b *batchRefs, in *inbound, res Result) {
 			_ = in.msg.NakWithDelay(w.cfg.RetryBase)
 			return
 		}
-		// A refusal's outcome event, before the term: a failed write
-		// leaves the message to be redelivered, as a failed letter does.
-		if !w.recordRefusal(sctx, in, act.Reason, d.FailedAt, log) {
-			_ = in.msg.NakWithDelay(w.cfg.RetryBase)
+		// A refusal's outcome event, before the term: a message whose
+		// event is not written is settled by recordRefusal (held through
+		// PostgreSQL's outage, or left to be redelivered).
+		if !w.recordRefusal(sctx, b, in, act, res, d, log) {
 			return
 		}
-		if err := in.msg.Term(); err != nil {
-			log.Warn("term failed after dead-lettering; a redelivery would be filed again and deduplicated", "error", err)
-		}
-		if act.Reason == string(payment.ReasonCardData) {
-			w.eraseCardData(sctx, in, log)
-		}
-		w.deadLetteredIntake(sctx, in, act.Reason, errForDLQ, log)
-		log.Warn("message dead-lettered", "reason", act.Reason, "error", errString(errForDLQ))
+		w.termLetter(sctx, in, act.Reason, errForDLQ, log)
 	}
+	w.settled(in, res, act)
+}
+
+// termLetter terms a message whose dead letter is filed, erases it from
+// its stream when it holds card data, and tells the gateway's intake.
+func (w *Worker) termLetter(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
+	if err := in.msg.Term(); err != nil {
+		log.Warn("term failed after dead-lettering; a redelivery would be filed again and deduplicated", "error", err)
+	}
+	if reason == string(payment.ReasonCardData) {
+		w.eraseCardData(ctx, in, log)
+	}
+	w.deadLetteredIntake(ctx, in, reason, cause, log)
+	log.Warn("message dead-lettered", "reason", reason, "error", errString(cause))
+}
+
+// settled reports a message settled by act to the observer and ends its
+// span.
+func (w *Worker) settled(in *inbound, res Result, act Action) {
 	w.observer.Settled(res.Kind, act)
 	if lo, ok := w.observer.(LatencyObserver); ok {
 		lo.SettledIn(res.Kind, time.Since(in.fetched))

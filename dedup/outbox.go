@@ -125,11 +125,17 @@ func (s *Store) takeOutcomes(ctx context.Context, tx pgx.Tx, limit int) ([]ledge
 // 00026, which builds its id); it returns whether it wrote it.
 const recordRefusalSQL = `SELECT record_refusal(@merchant, @key, @seq, @reason, @amount, @currency, @occurred_at)`
 
+// recordWaitingSQL writes the event of a command filed for an operator
+// (migration 00029, which builds its id); it returns whether it wrote it.
+const recordWaitingSQL = `SELECT record_waiting(@merchant, @key, @seq, @reason, @amount, @currency, @occurred_at)`
+
 // RecordRefusal writes the outcome event of a refused command to the
 // outbox, under the id <merchant_id>:<idempotency_key>:refused:<StreamSeq>,
 // and reports whether it wrote it: false when that id is there already (a
 // redelivery of the same message). The relay publishes it like a payment's
-// events, outside their order.
+// events, outside their order. A Refusal that is Waiting writes a
+// waiting_for_operator event instead, under
+// <merchant_id>:<idempotency_key>:waiting_for_operator:<StreamSeq>.
 func (s *Store) RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error) {
 	if r.StreamSeq == 0 || r.StreamSeq > math.MaxInt64 {
 		return false, fmt.Errorf("record refusal: stream sequence %d out of range", r.StreamSeq)
@@ -138,8 +144,12 @@ func (s *Store) RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, erro
 		return false, errors.New("record refusal: needs the time its dead letter was filed")
 	}
 	var wrote bool
+	sql := recordRefusalSQL
+	if r.Waiting {
+		sql = recordWaitingSQL
+	}
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		return s.db.Pool.QueryRow(ctx, recordRefusalSQL, pgx.NamedArgs{
+		return s.db.Pool.QueryRow(ctx, sql, pgx.NamedArgs{
 			"merchant": r.MerchantID, "key": r.IdempotencyKey, "seq": int64(r.StreamSeq), "reason": r.Reason,
 			"amount": r.Amount, "currency": r.Currency, "occurred_at": r.FiledAt,
 		}).Scan(&wrote)

@@ -147,3 +147,54 @@ func TestRefusalEventsDownRefusesUnrelayed(t *testing.T) {
 		t.Fatalf("%d events after the down, want the payment's", n)
 	}
 }
+
+// TestRecordWaitingOnceOutsidePaymentOrder: a command filed for an
+// operator (a Waiting refusal) writes a waiting_for_operator event once
+// under <merchant>:<key>:waiting_for_operator:<stream sequence>, at seq
+// 0, beside the events of the payment its replay completes; migration
+// 00029's down refuses while one waits to be published, and proceeds once
+// it was, deleting it and keeping the payment's.
+func TestRecordWaitingOnceOutsidePaymentOrder(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	owner, m := migrator(t, url)
+	store, err := dedup.New(owner, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	filed := time.Now().UTC().Truncate(time.Microsecond)
+	w := ledger.Refusal{MerchantID: "m_1", IdempotencyKey: "op", StreamSeq: 9, Reason: "max_deliveries", Amount: 100, Currency: "usd", FiledAt: filed, Waiting: true}
+	if wrote, err := store.RecordRefusal(ctx, w); err != nil || !wrote {
+		t.Fatalf("record waiting: %v %v", wrote, err)
+	}
+	if wrote, err := store.RecordRefusal(ctx, w); err != nil || wrote {
+		t.Fatalf("record waiting again: %v %v, want nothing written", wrote, err)
+	}
+	cl, err := store.Claim(ctx, "h", lease, req("m_1", "op", 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Complete(ctx, *cl.Lease, charged("ch_op")); err != nil {
+		t.Fatal(err)
+	}
+	var id, kind, status, reason string
+	var seq int
+	if err := owner.QueryRow(ctx, `SELECT event_id, kind, status, seq, reason FROM outcome_events WHERE seq = 0`).Scan(&id, &kind, &status, &seq, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if id != "m_1:op:waiting_for_operator:9" || kind != ledger.OutcomeWaiting || status != ledger.StatusWaiting || seq != 0 || reason != "max_deliveries" {
+		t.Fatalf("waiting event %s %s %s %d %s", id, kind, status, seq, reason)
+	}
+	if n := count(t, owner, `SELECT count(*) FROM outcome_events`); n != 2 {
+		t.Fatalf("%d events, want the waiting one and the payment's", n)
+	}
+	refuses(t, m, "outcome_events", "1 row", "waiting events never published")
+	if _, err := owner.Exec(ctx, `UPDATE outcome_events SET relayed_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	downTo(t, m, 28)
+	if n := count(t, owner, `SELECT count(*) FROM outcome_events`); n != 1 {
+		t.Fatalf("%d events after the down, want the payment's", n)
+	}
+}

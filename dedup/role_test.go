@@ -190,6 +190,11 @@ func TestWorkerRoleRunsTheWorker(t *testing.T) {
 		Reason: "invalid_amount", FiledAt: time.Now()}); err != nil || !wrote {
 		t.Fatalf("record refusal as %s: %v %v", workerRole, wrote, err)
 	}
+	// A command filed for an operator, through record_waiting (00029).
+	if wrote, err := store.RecordRefusal(ctx, ledger.Refusal{MerchantID: "m_role", IdempotencyKey: "waiting", StreamSeq: 1,
+		Reason: "max_deliveries", FiledAt: time.Now(), Waiting: true}); err != nil || !wrote {
+		t.Fatalf("record waiting as %s: %v %v", workerRole, wrote, err)
+	}
 
 	// Keys the gateway took in: the group commit notifies them itself and
 	// a single Complete through the trigger, both reading gateway_intake.

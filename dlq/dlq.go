@@ -636,7 +636,7 @@ func replayOne(ctx context.Context, js jetstream.JetStream, dlqs jetstream.Strea
 	m := nats.NewMsg(d.OrigSubject)
 	m.Data = d.Data
 	for k, vs := range d.Header {
-		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") || k == stream.HeaderReplayOf || k == stream.HeaderRequeues {
+		if strings.HasPrefix(k, "Nats-") || strings.HasPrefix(k, "Dlq-") || k == stream.HeaderReplayOf || k == stream.HeaderRequeues || k == stream.HeaderRequeueOf {
 			continue
 		}
 		m.Header[k] = append([]string(nil), vs...)

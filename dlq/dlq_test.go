@@ -41,6 +41,8 @@ func fileDeadLetter(t *testing.T, js jetstream.JetStream, cfg stream.Config, rea
 	h.Set(stream.HeaderIdempotencyKey, key)
 	h.Set(nats.MsgIdHdr, merchant+":"+key)
 	h.Set("X-Custom", "kept")
+	h.Set(stream.HeaderRequeues, "1")
+	h.Set(stream.HeaderRequeueOf, "41")
 	d := stream.Letter{
 		Reason: reason, Err: errors.New("it failed"), OrigSubject: cfg.SubjectPrefix + "." + merchant, OrigStream: cfg.Name,
 		// OrigSeq is distinct: the dead letter's Nats-Msg-Id is built from it.
@@ -168,7 +170,7 @@ func TestReplayDeadLetters(t *testing.T) {
 	}
 	if string(m.Data) != string(body("m_1", "ok", 100)) || m.Header.Get("Idempotency-Key") != "ok" || m.Header.Get("X-Custom") != "kept" ||
 		m.Header.Get(nats.MsgIdHdr) != res.MsgID || m.Header.Get(stream.HeaderReplayOf) != fmt.Sprintf("%s:%d", cfg.DLQStream, ok) ||
-		m.Header.Get(stream.HeaderDLQReason) != "" {
+		m.Header.Get(stream.HeaderDLQReason) != "" || m.Header.Get(stream.HeaderRequeues) != "" || m.Header.Get(stream.HeaderRequeueOf) != "" {
 		t.Fatalf("republished message: %q %v", m.Data, m.Header)
 	}
 	if _, err := dlq.Get(ctx, js, cfg, ok); !errors.Is(err, dlq.ErrNotFound) {

@@ -27,11 +27,20 @@ const (
 	// bad input or a reused key): final for that command, not for its
 	// key, which it never bound. Its status is StatusRefused, its Seq 0.
 	OutcomeRefused = "refused"
+	// OutcomeWaiting is a command filed for an operator (dead-lettered
+	// for a reason that waits for a person: max_deliveries,
+	// provider_rejected, ...): not final, a replay that succeeds writes
+	// the payment's own final event. Its status is StatusWaiting, its Seq
+	// 0 (migration 00029).
+	OutcomeWaiting = "waiting_for_operator"
 )
 
 // StatusRefused is the status of an OutcomeRefused event: no ledger row
 // stands behind it.
 const StatusRefused = "refused"
+
+// StatusWaiting is the status of an OutcomeWaiting event.
+const StatusWaiting = "waiting_for_operator"
 
 // OutcomeEvent is one final outcome of a payment as the outbox holds it:
 // written with the ledger row (or its settlement) in the same transaction,
@@ -39,13 +48,14 @@ const StatusRefused = "refused"
 type OutcomeEvent struct {
 	ID int64 // the outbox's own order; the relay's cursor
 	// EventID is <merchant_id>:<idempotency_key>:<kind>, or for a refusal
-	// <merchant_id>:<idempotency_key>:refused:<stream sequence>: stable
+	// or a command waiting for an operator
+	// <merchant_id>:<idempotency_key>:<kind>:<stream sequence>: stable
 	// across retries.
 	EventID        string
 	MerchantID     string
 	IdempotencyKey string
-	Seq            int    // the event's place among its payment's events, from 1 (3 for a refund's); 0 for a refused command, outside that order
-	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing, OutcomeSettled, OutcomeAuthorized, OutcomeRefunded, OutcomeRefundFailed or OutcomeRefused
+	Seq            int    // the event's place among its payment's events, from 1 (3 for a refund's); 0 for a refused or waiting command, outside that order
+	Kind           string // OutcomeCharged, OutcomeDeclined, OutcomeProcessing, OutcomeSettled, OutcomeAuthorized, OutcomeRefunded, OutcomeRefundFailed, OutcomeRefused or OutcomeWaiting
 	Status         string // the ledger status the outcome left: PaymentSucceeded, ...; StatusRefused for a refused command or a refund the provider refused
 	Amount         int64
 	Currency       string
@@ -63,8 +73,8 @@ type OutboxBacklog struct {
 	Now time.Time
 }
 
-// Refusal is a command the worker refused, as its outcome event records it
-// (Store.RecordRefusal): written when its dead letter is filed, before the
+// Refusal is a command the worker refused, or filed for an operator
+// (Waiting), as its outcome event records it (Store.RecordRefusal): written when its dead letter is filed, before the
 // message is termed, under an id made of the merchant, the key and the
 // stream sequence of the refused message, so a redelivery of that message
 // writes no second event.
@@ -81,4 +91,8 @@ type Refusal struct {
 	Currency string
 	// FiledAt is when the dead letter was filed.
 	FiledAt time.Time
+	// Waiting: the command is not refused but filed for an operator (its
+	// Reason is no refusal); its event is OutcomeWaiting, under
+	// <merchant_id>:<idempotency_key>:waiting_for_operator:<StreamSeq>.
+	Waiting bool
 }

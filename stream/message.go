@@ -22,6 +22,13 @@ const HeaderReplayOf = "Paydedup-Replay-Of"
 // (see RequeueMsgID). A replay starts the count again.
 const HeaderRequeues = "Paydedup-Requeues"
 
+// HeaderRequeueOf names the stream sequence of the message a worker or the
+// max-deliveries net published again (see RequeueMsgID): the first
+// copy's, carried by every later copy, so that what is told of the
+// command under its sequence (a refused event's id) is one for all its
+// copies. A replay drops it: the replayed message is told as a new one.
+const HeaderRequeueOf = "Paydedup-Requeue-Of"
+
 // MsgID is the Nats-Msg-Id publishers set for a payment command, so the
 // stream's duplicate window drops quick double-publishes.
 //

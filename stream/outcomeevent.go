@@ -29,8 +29,9 @@ const OutcomeDuplicateWindow = 10 * time.Minute
 const OutcomeMaxAge = 7 * 24 * time.Hour
 
 // OutcomeEvent is the body of a message on the outcomes stream: one final
-// outcome of one payment, or a command the worker refused (kind refused,
-// seq 0; docs/message-contract.md, "Outcome events").
+// outcome of one payment, a command the worker refused (kind refused,
+// seq 0), or one filed for an operator (kind waiting_for_operator, seq 0,
+// not final; docs/message-contract.md, "Outcome events").
 type OutcomeEvent struct {
 	Schema         string    `json:"schema"`
 	EventID        string    `json:"event_id"`

@@ -206,6 +206,7 @@ func TestGatewayRoleRunsTheGateway(t *testing.T) {
 	// (record_refusal, migration 00026): the internet-facing role may not
 	// announce refusals.
 	testenv.Denied(t, gwPool, `SELECT record_refusal('m_gw', 'k1', 1, 'invalid_amount', 0, '', now())`)
+	testenv.Denied(t, gwPool, `SELECT record_waiting('m_gw', 'k1', 1, 'max_deliveries', 0, '', now())`)
 	for key, before := range answers {
 		rec, err := records.Get(ctx, merchant, key)
 		if err != nil || rec.ResponseStatus != before.ResponseStatus || string(rec.Response) != string(before.Response) || !rec.UpdatedAt.Equal(before.UpdatedAt) {

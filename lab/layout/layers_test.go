@@ -258,6 +258,7 @@ var consumerLayers = []string{
 	"paymentop.go",
 	"ratelimit.go",
 	"runner.go",
+	"refusalevent.go",
 	"net.go",
 	"trim.go",
 	"worker.go",

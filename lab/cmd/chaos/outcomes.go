@@ -40,8 +40,11 @@ import (
 // A refused event (a command the worker dead-lettered for bad input or a
 // reused key) is no payment's outcome: the refused command never bound
 // its key, and a later valid command under it may be charged. So refused
-// events are checked apart (checkRefused) and counted, and the ledger's
-// payments are judged on their own events alone.
+// events are checked apart (checkApart) and counted, and the ledger's
+// payments are judged on their own events alone. So are
+// waiting_for_operator events (a command filed for an operator, migration
+// 00029): not final, a payment may have one (one per stored copy of its
+// command) and then, replayed, its final event.
 
 // outcomeDrainTimeout bounds the wait, at the end, for the relay to
 // publish (and the reader to read) the events of every payment.
@@ -171,6 +174,7 @@ var eventShape = map[string]struct {
 type outcomeVerdict struct {
 	events, distinct, duplicates int // messages read, distinct event ids, repeats of an id
 	refused                      int // distinct refused events
+	waiting                      int // distinct waiting_for_operator events
 	payments, final              int // ledger rows, and those whose outcome is final
 	missing                      []string
 	broken                       []string
@@ -206,9 +210,13 @@ func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment) outcomeVer
 		}
 		first[e.EventID] = e
 		v.distinct++
-		if e.Kind == ledger.OutcomeRefused {
-			v.refused++
-			if why := checkRefused(s.msgID, e); why != "" {
+		if status, ok := apart[e.Kind]; ok {
+			if e.Kind == ledger.OutcomeRefused {
+				v.refused++
+			} else {
+				v.waiting++
+			}
+			if why := checkApart(s.msgID, e, status); why != "" {
 				broke("event %s: %s", e.EventID, why)
 			}
 			continue
@@ -281,23 +289,27 @@ func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment) outcomeVer
 	return v
 }
 
-// checkRefused says what is wrong with a refused event read under the
-// message id msgID ("" when nothing is): its id is
-// <merchant>:<key>:refused:<stream sequence> and the message's, its seq 0
-// (outside any payment's order), its status refused, with the dead
+// apart are the kinds of event checked apart from the payments' (by
+// checkApart), with the status each must carry.
+var apart = map[string]string{ledger.OutcomeRefused: ledger.StatusRefused, ledger.OutcomeWaiting: ledger.StatusWaiting}
+
+// checkApart says what is wrong with a refused or waiting_for_operator
+// event read under the message id msgID ("" when nothing is): its id is
+// <merchant>:<key>:<kind>:<stream sequence> and the message's, its seq 0
+// (outside any payment's order), its status status, with the dead
 // letter's reason and no charge.
-func checkRefused(msgID string, e stream.OutcomeEvent) string {
-	seq, ok := strings.CutPrefix(e.EventID, e.MerchantID+":"+e.IdempotencyKey+":refused:")
+func checkApart(msgID string, e stream.OutcomeEvent, status string) string {
+	seq, ok := strings.CutPrefix(e.EventID, e.MerchantID+":"+e.IdempotencyKey+":"+e.Kind+":")
 	n, err := strconv.ParseUint(seq, 10, 64)
 	switch {
 	case !ok || err != nil || n == 0 || strconv.FormatUint(n, 10) != seq:
-		return "want the id " + e.MerchantID + ":" + e.IdempotencyKey + ":refused:<stream sequence>"
+		return "want the id " + e.MerchantID + ":" + e.IdempotencyKey + ":" + e.Kind + ":<stream sequence>"
 	case msgID != e.EventID:
 		return fmt.Sprintf("published under Nats-Msg-Id %q", msgID)
-	case e.Seq != 0 || e.Status != ledger.StatusRefused:
-		return fmt.Sprintf("refused with seq %d and status %s", e.Seq, e.Status)
+	case e.Seq != 0 || e.Status != status:
+		return fmt.Sprintf("%s with seq %d and status %s", e.Kind, e.Seq, e.Status)
 	case e.Reason == "" || e.ChargeID != "":
-		return fmt.Sprintf("refused with reason %q and charge %q", e.Reason, e.ChargeID)
+		return fmt.Sprintf("%s with reason %q and charge %q", e.Kind, e.Reason, e.ChargeID)
 	}
 	return ""
 }
@@ -384,8 +396,8 @@ func (h *harness) reportOutcomes() bool {
 		}
 	}
 	_, _, resumes := h.outcomes.snapshot()
-	fmt.Fprintf(h.out, "chaos: outcome events: read=%d distinct=%d duplicates_by_id=%d payments=%d final=%d refused=%d missing=%d broken=%d reader_resumes=%d\n",
-		v.events, v.distinct, v.duplicates, v.payments, v.final, v.refused, len(v.missing), len(v.broken), resumes)
+	fmt.Fprintf(h.out, "chaos: outcome events: read=%d distinct=%d duplicates_by_id=%d payments=%d final=%d refused=%d missing=%d broken=%d reader_resumes=%d waiting_for_operator=%d\n",
+		v.events, v.distinct, v.duplicates, v.payments, v.final, v.refused, len(v.missing), len(v.broken), resumes, v.waiting)
 	return v.ok()
 }
 
@@ -394,5 +406,5 @@ func (h *harness) outcomeSummary() string {
 		return ""
 	}
 	v := h.outcomeVerdict
-	return fmt.Sprintf(" outcome_events=%d outcome_refused=%d outcome_duplicates=%d outcome_missing=%d outcome_broken=%d", v.distinct, v.refused, v.duplicates, len(v.missing), len(v.broken))
+	return fmt.Sprintf(" outcome_events=%d outcome_refused=%d outcome_duplicates=%d outcome_missing=%d outcome_broken=%d outcome_waiting=%d", v.distinct, v.refused, v.duplicates, len(v.missing), len(v.broken), v.waiting)
 }

@@ -37,6 +37,14 @@ func refusal(key string, seq int, reason string) seenOutcome {
 		IdempotencyKey: key, Kind: ledger.OutcomeRefused, Status: ledger.StatusRefused, Reason: reason, Amount: 5, Currency: "usd", OccurredAt: outcomeAt}}
 }
 
+// waitingEvent is the waiting_for_operator event of a command under
+// "m:<key>" at stream sequence seq, with reason.
+func waitingEvent(key string, seq int, reason string) seenOutcome {
+	id := "m:" + key + ":waiting_for_operator:" + strconv.Itoa(seq)
+	return seenOutcome{msgID: id, event: stream.OutcomeEvent{Schema: stream.OutcomeSchema, EventID: id, MerchantID: "m",
+		IdempotencyKey: key, Kind: ledger.OutcomeWaiting, Status: ledger.StatusWaiting, Reason: reason, Amount: 100, Currency: "usd", OccurredAt: outcomeAt}}
+}
+
 // TestCheckOutcomes plants each way the outcome events can break their
 // promise (a final event missing, two final events, one that does not
 // match the ledger, one for a payment the ledger lacks, out of order, an
@@ -61,6 +69,7 @@ func TestCheckOutcomes(t *testing.T) {
 		broken     string // a substring of one broken line
 		duplicates int
 		refused    int
+		waiting    int
 	}{
 		{name: "charged once", ledger: map[string]ledgerPayment{"m:a": succeeded}, seen: []seenOutcome{charged}},
 		{name: "declined once", ledger: map[string]ledgerPayment{"m:a": declined},
@@ -121,6 +130,17 @@ func TestCheckOutcomes(t *testing.T) {
 		}()}, broken: "refused with seq 1", refused: 1},
 		{name: "a refusal without a reason", ledger: map[string]ledgerPayment{}, seen: []seenOutcome{refusal("z", 4, "")},
 			broken: "refused with reason \"\"", refused: 1},
+		{name: "waiting for an operator, then charged after a replay", ledger: map[string]ledgerPayment{"m:a": succeeded},
+			seen: []seenOutcome{waitingEvent("a", 3, "max_deliveries"), charged}, waiting: 1},
+		{name: "waiting for an operator still", ledger: map[string]ledgerPayment{},
+			seen: []seenOutcome{waitingEvent("z", 3, "provider_rejected"), waitingEvent("z", 8, "max_deliveries")}, waiting: 2},
+		{name: "a waiting event is no final event", ledger: map[string]ledgerPayment{"m:a": succeeded},
+			seen: []seenOutcome{waitingEvent("a", 3, "max_deliveries")}, missing: "m:a: no charged event", waiting: 1},
+		{name: "a waiting event with another status", ledger: map[string]ledgerPayment{}, seen: []seenOutcome{func() seenOutcome {
+			w := waitingEvent("z", 4, "max_deliveries")
+			w.event.Status = ledger.StatusRefused
+			return w
+		}()}, broken: "waiting_for_operator with seq 0 and status refused", waiting: 1},
 		{name: "a refusal under another message id", ledger: map[string]ledgerPayment{}, seen: []seenOutcome{func() seenOutcome {
 			r := refusal("z", 4, "invalid_amount")
 			r.msgID = "m:z"
@@ -139,6 +159,8 @@ func TestCheckOutcomes(t *testing.T) {
 				t.Fatalf("%d duplicates by id, want %d", v.duplicates, tc.duplicates)
 			case v.refused != tc.refused:
 				t.Fatalf("%d refused events, want %d", v.refused, tc.refused)
+			case v.waiting != tc.waiting:
+				t.Fatalf("%d waiting events, want %d", v.waiting, tc.waiting)
 			case v.ok() != (tc.missing == "" && tc.broken == ""):
 				t.Fatalf("ok %v with missing %q and broken %q", v.ok(), v.missing, v.broken)
 			}
