@@ -38,6 +38,22 @@ func (p *Processor) actOnPayment(ctx context.Context, cmd *payment.Command, log 
 	return p.paymentOp(ctx, cmd, log)
 }
 
+// claimsAlone reports whether cmd is claimed on its own rather than in
+// its batch's one claim: a command that acts on a payment (a refund, a
+// capture, a cancel: its claim locks the payment). runAlone runs such a
+// command from its claim to its result, for its first run (Worker.refunds)
+// and for its runs after a hold (Worker.rerun); its result goes through
+// the pause gate's path (providerAnswered) as a charge's does.
+func claimsAlone(cmd *payment.Command) bool { return cmd.ActsOnPayment() }
+
+// runAlone runs a command that claimsAlone.
+func (p *Processor) runAlone(ctx context.Context, cmd *payment.Command, log *slog.Logger) Result {
+	if claimsAlone(cmd) {
+		return p.actOnPayment(ctx, cmd, log)
+	}
+	return Result{Kind: DeadLetter, Reason: string(payment.ReasonInvalidKind), Err: fmt.Errorf("%s is not claimed on its own", cmd.Kind)}
+}
+
 // paymentOp claims, sends and records one capture or cancel, by a refund's
 // rules (refund): the claim (PaymentOpStore.ClaimPaymentOp) before the
 // call, under its own provider key stored with it; the ledger's refusal

@@ -132,22 +132,6 @@ func (p *Processor) leaseUnknown(sctx context.Context, cmd *payment.Command, rel
 	return Result{Kind: Retry, Err: err, Attempt: l.Attempt, pause: pause, unavailable: down}
 }
 
-// claimsAlone reports whether cmd is claimed on its own rather than in
-// its batch's one claim: a command that acts on a payment (a refund, a
-// capture, a cancel: its claim locks the payment). runAlone runs such a
-// command from its claim to its result, for its first run (Worker.refunds)
-// and for its runs after a hold (Worker.rerun); its result goes through
-// the pause gate's path (providerAnswered) as a charge's does.
-func claimsAlone(cmd *payment.Command) bool { return cmd.ActsOnPayment() }
-
-// runAlone runs a command that claimsAlone.
-func (p *Processor) runAlone(ctx context.Context, cmd *payment.Command, log *slog.Logger) Result {
-	if claimsAlone(cmd) {
-		return p.actOnPayment(ctx, cmd, log)
-	}
-	return Result{Kind: DeadLetter, Reason: string(payment.ReasonInvalidKind), Err: fmt.Errorf("%s is not claimed on its own", cmd.Kind)}
-}
-
 // recordUnderLease reads err, the record of what (a refund, a capture, a
 // cancel) under l: ok when it was recorded, else the retry (a lost lease:
 // the next holder looks it up; a store failure: made but not recorded,

@@ -189,6 +189,7 @@ func TestRecordWaitingOnceOutsidePaymentOrder(t *testing.T) {
 	if n := count(t, owner, `SELECT count(*) FROM outcome_events`); n != 2 {
 		t.Fatalf("%d events, want the waiting one and the payment's", n)
 	}
+	downTo(t, m, 29)
 	refuses(t, m, "outcome_events", "1 row", "waiting events never published")
 	if _, err := owner.Exec(ctx, `UPDATE outcome_events SET relayed_at = now()`); err != nil {
 		t.Fatal(err)
