@@ -9,7 +9,7 @@
 // unmutated copy; a table that drifted from the code fails with the
 // mutant's name and file, so that fixing the table is quick.
 //
-//	go run ./lab/cmd/mutant [-table lab/cmd/mutant/mutants.txt] [-only REGEX] [-timeout 3m] [-workers 2]
+//	go run ./lab/cmd/mutant [-table lab/cmd/mutant/mutants.txt] [-only REGEX] [-timeout 3m] [-workers 2] [-check | -baseline]
 //
 // It compiles once, with -trimpath, what the tests import, so that the
 // runners (and later runs on the same machine) share the build cache; the
@@ -52,6 +52,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	workers := fl.Int("workers", 2, "mutants run at once, each in its own scratch copy")
 	keep := fl.Bool("keep", false, "keep the scratch copies")
 	checkOnly := fl.Bool("check", false, "only check that every mutant's original text occurs exactly once")
+	baselineOnly := fl.Bool("baseline", false, "stop after the baseline: the named tests pass on the unmutated tree and each run selects a test")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -139,6 +140,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "mutant: baseline: the named tests on the unmutated tree, %d packages at a time (%.0fs so far)\n", n, time.Since(start).Seconds())
 	if err := Baseline(ctx, runners, ms); err != nil {
 		return err
+	}
+	if *baselineOnly {
+		fmt.Fprintf(out, "mutant: baseline passed in %.0fs\n", time.Since(start).Seconds())
+		return nil
 	}
 	fmt.Fprintf(out, "mutant: baseline passed in %.0fs; %d mutants, %d at a time\n", time.Since(start).Seconds(), len(ms), n)
 
