@@ -9,10 +9,18 @@
 // unmutated copy; a table that drifted from the code fails with the
 // mutant's name and file, so that fixing the table is quick.
 //
-//	go run ./lab/cmd/mutant [-table lab/cmd/mutant/mutants.txt] [-only REGEX] [-timeout 3m] [-workers 2]
+//	go run ./lab/cmd/mutant [-table lab/cmd/mutant/mutants.txt] [-only REGEX] [-timeout 3m] [-workers 2] [-check | -baseline]
+//
+// It compiles once, with -trimpath, what the tests import, so that the
+// runners (and later runs on the same machine) share the build cache; the
+// baseline's packages are shared out among the runners. Each mutant's
+// tests run with -failfast and without go vet; it reports
+// each mutant's time (and of it, its tests' own run; the rest is building
+// the test binary) and, at the end, the slowest mutants.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -22,6 +30,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 )
@@ -43,6 +52,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	workers := fl.Int("workers", 2, "mutants run at once, each in its own scratch copy")
 	keep := fl.Bool("keep", false, "keep the scratch copies")
 	checkOnly := fl.Bool("check", false, "only check that every mutant's original text occurs exactly once")
+	baselineOnly := fl.Bool("baseline", false, "stop after the baseline: the named tests pass on the unmutated tree and each run selects a test")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -115,9 +125,25 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		runners[i] = Runner{Dir: dir, Timeout: *timeout, Go: gobin}
 	}
-	fmt.Fprintf(out, "mutant: baseline: the named tests on the unmutated tree\n")
-	if err := runners[0].Baseline(ctx, ms); err != nil {
+	var pkgs []string
+	for _, m := range ms {
+		for _, p := range m.Packages {
+			if !slices.Contains(pkgs, p) {
+				pkgs = append(pkgs, p)
+			}
+		}
+	}
+	fmt.Fprintf(out, "mutant: compiling what the tests of %d packages import\n", len(pkgs))
+	if err := runners[0].Prewarm(ctx, pkgs); err != nil {
 		return err
+	}
+	fmt.Fprintf(out, "mutant: baseline: the named tests on the unmutated tree, %d packages at a time (%.0fs so far)\n", n, time.Since(start).Seconds())
+	if err := Baseline(ctx, runners, ms); err != nil {
+		return err
+	}
+	if *baselineOnly {
+		fmt.Fprintf(out, "mutant: baseline passed in %.0fs\n", time.Since(start).Seconds())
+		return nil
 	}
 	fmt.Fprintf(out, "mutant: baseline passed in %.0fs; %d mutants, %d at a time\n", time.Since(start).Seconds(), len(ms), n)
 
@@ -162,6 +188,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			bad = append(bad, fmt.Errorf("mutant %s is broken: %s", res.Mutant.Name, res.Detail))
 		}
 	}
+	// The slowest mutants, where a narrower run would save most.
+	slow := slices.Clone(results)
+	slices.SortFunc(slow, func(a, b Result) int { return cmp.Compare(b.Elapsed, a.Elapsed) })
+	for _, res := range slow[:min(10, len(slow))] {
+		if res.Outcome != 0 {
+			fmt.Fprintf(out, "mutant: slow: %-28s %5.1fs (tests %4.1fs)  -run %s %v\n", res.Mutant.Name, res.Elapsed.Seconds(), res.Tests.Seconds(), res.Mutant.Run, res.Mutant.Packages)
+		}
+	}
 	fmt.Fprintf(out, "mutant: %d killed, %d survived, %d broken, of %d, in %.0fs\n",
 		counts[Killed], counts[Survived], counts[Broken], len(ms), time.Since(start).Seconds())
 	return errors.Join(bad...)
@@ -177,7 +211,7 @@ func report(out io.Writer, res Result) {
 	} else if res.Detail != "" && res.Outcome == Killed {
 		by = " (" + res.Detail + ")"
 	}
-	fmt.Fprintf(out, "mutant: %-8s %-28s %5.1fs  %s%s\n", res.Outcome, res.Mutant.Name, res.Elapsed.Seconds(), res.Mutant.File, by)
+	fmt.Fprintf(out, "mutant: %-8s %-28s %5.1fs (tests %4.1fs)  %s%s\n", res.Outcome, res.Mutant.Name, res.Elapsed.Seconds(), res.Tests.Seconds(), res.Mutant.File, by)
 }
 
 // moduleRoot is the nearest directory at or above the working directory

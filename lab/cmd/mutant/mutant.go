@@ -13,7 +13,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -135,8 +137,6 @@ func (m Mutant) validate() error {
 		return errors.New("needs pkg: the packages whose tests kill it")
 	case m.Run == "":
 		return errors.New("needs run: the -run regex of the tests that kill it")
-	case strings.Contains(m.Run, "/"):
-		return errors.New("run must name top-level tests (no '/')")
 	case m.Guards == "":
 		return errors.New("needs guards: the guarantee it breaks")
 	case m.Original == "":
@@ -149,10 +149,85 @@ func (m Mutant) validate() error {
 			return fmt.Errorf("package %q must be a ./ path", p)
 		}
 	}
-	if _, err := regexp.Compile(m.Run); err != nil {
-		return fmt.Errorf("run: %w", err)
+	for _, alt := range splitRun(m.Run) {
+		for _, el := range alt {
+			if _, err := regexp.Compile(el); err != nil {
+				return fmt.Errorf("run: %w", err)
+			}
+		}
 	}
 	return nil
+}
+
+// splitRun splits a -run regex as go test does: into alternatives at the
+// '|' outside brackets and parentheses, each a list of elements, one per
+// level of test name (split at the '/' outside them): "^TestA$/^sub$|^TestB$"
+// is [[^TestA$ ^sub$] [^TestB$]].
+func splitRun(run string) [][]string {
+	var (
+		alts     [][]string
+		elems    []string
+		brackets int
+		parens   int
+	)
+	for i := 0; i < len(run); i++ {
+		switch run[i] {
+		case '[':
+			brackets++
+		case ']':
+			brackets = max(brackets-1, 0)
+		case '(':
+			if brackets == 0 {
+				parens++
+			}
+		case ')':
+			if brackets == 0 {
+				parens--
+			}
+		case '\\':
+			i++
+		case '/', '|':
+			if brackets == 0 && parens == 0 {
+				elems = append(elems, run[:i])
+				if run[i] == '|' {
+					alts = append(alts, elems)
+					elems = nil
+				}
+				run = run[i+1:]
+				i = -1
+			}
+		}
+	}
+	return append(alts, append(elems, run))
+}
+
+// topLevel is the part of a -run regex that selects top-level tests: each
+// alternative's first element.
+func topLevel(run string) string {
+	var firsts []string
+	for _, alt := range splitRun(run) {
+		firsts = append(firsts, alt[0])
+	}
+	return strings.Join(firsts, "|")
+}
+
+// runMatches reports whether go test -run run selects the test (or
+// subtest) named name itself, to its full depth.
+func runMatches(run, name string) bool {
+	parts := strings.Split(name, "/")
+	for _, alt := range splitRun(run) {
+		if len(alt) != len(parts) {
+			continue
+		}
+		ok := true
+		for i, el := range alt {
+			ok = ok && regexp.MustCompile(el).MatchString(parts[i])
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Apply returns src with the mutant's edit, or an error naming the mutant
@@ -247,11 +322,17 @@ type Runner struct {
 }
 
 // goTest runs go test -json in the scratch copy and returns the test
-// events and the output.
-func (r Runner) goTest(ctx context.Context, pkgs []string, run string) (events []testEvent, out []byte, err error) {
+// events and the output. It runs without go vet: make lint vets the tree,
+// and a mutant is judged by its tests alone (vet is a sixth of a
+// package's build). It builds with -trimpath, so that what is compiled
+// does not depend on the scratch copy's path: every runner, and every
+// later run, reuses the build cache for each package the mutant leaves
+// as it is (see Prewarm). extra are more go test flags.
+func (r Runner) goTest(ctx context.Context, pkgs []string, run string, extra ...string) (events []testEvent, out []byte, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.Timeout+30*time.Second)
 	defer cancel()
-	args := append([]string{"test", "-count=1", "-json", "-timeout", r.Timeout.String(), "-run", run}, pkgs...)
+	args := append([]string{"test", "-count=1", "-json", "-vet=off", "-trimpath", "-timeout", r.Timeout.String(), "-run", run}, extra...)
+	args = append(args, pkgs...)
 	cmd := exec.CommandContext(ctx, r.Go, args...)
 	cmd.Dir = r.Dir
 	var buf bytes.Buffer
@@ -275,6 +356,7 @@ type testEvent struct {
 	Package string
 	Test    string
 	Output  string
+	Elapsed float64 // seconds, on a pass or fail
 }
 
 // failLine is a test's failure message: "file_test.go:123: ...".
@@ -288,6 +370,7 @@ type Result struct {
 	Detail  string   // why, for a broken mutant
 	Why     string   // the first failure line of a killing test
 	Elapsed time.Duration
+	Tests   time.Duration // of Elapsed, the test binaries' own run; the rest is the build
 }
 
 // RunMutant applies m in the scratch copy, runs its tests, and restores the
@@ -315,15 +398,19 @@ func (r Runner) RunMutant(ctx context.Context, m Mutant) Result {
 			panic(fmt.Sprintf("restore %s in the scratch copy: %v", m.File, err))
 		}
 	}()
-	events, out, err := r.goTest(ctx, m.Packages, m.Run)
+	// One failing test kills the mutant: -failfast starts no test after
+	// it.
+	events, out, err := r.goTest(ctx, m.Packages, m.Run, "-failfast")
 	res.Elapsed = time.Since(start)
 	ran := map[string]bool{}
 	for _, e := range events {
 		switch {
-		case e.Action == "run" && e.Test != "":
+		case e.Action == "run" && e.Test != "" && runMatches(m.Run, e.Test):
 			ran[e.Package] = true
 		case e.Action == "fail" && e.Test != "" && !strings.Contains(e.Test, "/"):
 			res.Failed = append(res.Failed, e.Test)
+		case (e.Action == "pass" || e.Action == "fail") && e.Test == "":
+			res.Tests += time.Duration(e.Elapsed * float64(time.Second))
 		case e.Action == "output" && res.Why == "" && failLine.MatchString(e.Output):
 			res.Why = strings.TrimSpace(e.Output)
 			if len(res.Why) > 240 {
@@ -363,10 +450,40 @@ func buildOutput(events []testEvent, out []byte) string {
 	return b.String()
 }
 
-// Baseline runs every mutant's tests on the unmutated copy, in one go test
-// per package: they must pass, and each mutant's -run must match a test in
-// each of its packages, or a kill would prove nothing.
-func (r Runner) Baseline(ctx context.Context, ms []Mutant) error {
+// Prewarm compiles, in one go command, every package the tests of pkgs
+// import, as goTest builds them (-trimpath), into the build cache: the
+// runners then only compile what a mutant changes, never the same
+// package twice at once, and no cold build eats into a test's timeout.
+// With a warm cache (an earlier run on this machine) it takes seconds.
+func (r Runner) Prewarm(ctx context.Context, pkgs []string) error {
+	args := append([]string{"list", "-trimpath", "-deps", "-test", "-f", "{{if not .ForTest}}{{.ImportPath}}{{end}}"}, pkgs...)
+	cmd := exec.CommandContext(ctx, r.Go, args...)
+	cmd.Dir = r.Dir
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("go list the tests' imports: %w", err)
+	}
+	var deps []string
+	for _, p := range strings.Fields(string(out)) {
+		if !strings.HasSuffix(p, ".test") {
+			deps = append(deps, p)
+		}
+	}
+	cmd = exec.CommandContext(ctx, r.Go, append([]string{"build", "-trimpath"}, deps...)...)
+	cmd.Dir = r.Dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build the tests' imports: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Baseline runs every mutant's tests on the unmutated copies, one go test
+// per package, the packages shared out among the runners (each in its own
+// copy, the packages with most mutants first): they must pass, and each
+// mutant's -run must select a test (or subtest) in each of its packages, or
+// a kill would prove nothing. A run naming subtests runs their whole
+// top-level test here.
+func Baseline(ctx context.Context, runners []Runner, ms []Mutant) error {
 	byPkg := map[string][]Mutant{}
 	var pkgs []string
 	for _, m := range ms {
@@ -377,32 +494,51 @@ func (r Runner) Baseline(ctx context.Context, ms []Mutant) error {
 			byPkg[p] = append(byPkg[p], m)
 		}
 	}
+	sort.SliceStable(pkgs, func(i, j int) bool { return len(byPkg[pkgs[i]]) > len(byPkg[pkgs[j]]) })
+	errs := make([]error, len(pkgs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for _, r := range runners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				errs[i] = r.baseline(ctx, pkgs[i], byPkg[pkgs[i]])
+			}
+		}()
+	}
+	for i := range pkgs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// baseline runs the tests of ms in the package p on the unmutated copy.
+func (r Runner) baseline(ctx context.Context, p string, ms []Mutant) error {
+	var res []string
+	for _, m := range ms {
+		res = append(res, topLevel(m.Run))
+	}
+	events, out, err := r.goTest(ctx, []string{p}, strings.Join(res, "|"))
+	if err != nil {
+		return fmt.Errorf("the tests of %s fail on the unmutated tree (%v):\n%s", p, err, tail(out, 40))
+	}
+	var ran []string
+	for _, e := range events {
+		if e.Action == "run" && e.Test != "" {
+			ran = append(ran, e.Test)
+		}
+	}
 	var errs []error
-	for _, p := range pkgs {
-		var res []string
-		for _, m := range byPkg[p] {
-			res = append(res, "(?:"+m.Run+")")
+	for _, m := range ms {
+		found := false
+		for _, t := range ran {
+			found = found || runMatches(m.Run, t)
 		}
-		events, out, err := r.goTest(ctx, []string{p}, strings.Join(res, "|"))
-		var ran []string
-		for _, e := range events {
-			if e.Action == "run" && e.Test != "" && !strings.Contains(e.Test, "/") {
-				ran = append(ran, e.Test)
-			}
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("the tests of %s fail on the unmutated tree (%v):\n%s", p, err, tail(out, 40)))
-			continue
-		}
-		for _, m := range byPkg[p] {
-			re := regexp.MustCompile(m.Run)
-			found := false
-			for _, t := range ran {
-				found = found || re.MatchString(t)
-			}
-			if !found {
-				errs = append(errs, fmt.Errorf("mutant %s (table line %d): no test in %s matches -run %s; the table names a test that does not exist", m.Name, m.Line, p, m.Run))
-			}
+		if !found {
+			errs = append(errs, fmt.Errorf("mutant %s (table line %d): no test in %s matches -run %s; the table names a test that does not exist", m.Name, m.Line, p, m.Run))
 		}
 	}
 	return errors.Join(errs...)

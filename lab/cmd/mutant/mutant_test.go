@@ -63,7 +63,7 @@ func TestParseTableRejects(t *testing.T) {
 		"unterminated":         "mutant a\nfile a.go\npkg ./a\nrun T\nguards g\n<<<\nx\n===\ny\n",
 		"no separator":         "mutant a\nfile a.go\npkg ./a\nrun T\nguards g\n<<<\nx\n",
 		"same text":            "mutant a\nfile a.go\npkg ./a\nrun T\nguards g\n<<<\nx\n===\nx\n>>>\n",
-		"subtest in run":       "mutant a\nfile a.go\npkg ./a\nrun T/sub\nguards g\n<<<\nx\n===\ny\n>>>\n",
+		"bad subtest regex":    "mutant a\nfile a.go\npkg ./a\nrun T/(\nguards g\n<<<\nx\n===\ny\n>>>\n",
 		"bad regex":            "mutant a\nfile a.go\npkg ./a\nrun (\nguards g\n<<<\nx\n===\ny\n>>>\n",
 		"package not relative": "mutant a\nfile a.go\npkg github.com/x\nrun T\nguards g\n<<<\nx\n===\ny\n>>>\n",
 		"file outside":         "mutant a\nfile ../a.go\npkg ./a\nrun T\nguards g\n<<<\nx\n===\ny\n>>>\n",
@@ -93,6 +93,31 @@ func TestApplyExactlyOnce(t *testing.T) {
 	}
 }
 
+// TestRunSubtests: a run splits as go test -run splits it, so that a
+// mutant can name the subtests that kill it.
+func TestRunSubtests(t *testing.T) {
+	run := `^TestStoreConformance$/^(Fencing|CompleteBatch)$|^TestB$`
+	if got := topLevel(run); got != `^TestStoreConformance$|^TestB$` {
+		t.Errorf("topLevel = %q", got)
+	}
+	for name, want := range map[string]bool{
+		"TestStoreConformance/Fencing":       true,
+		"TestStoreConformance/CompleteBatch": true,
+		"TestStoreConformance/ClaimNewKey":   false,
+		"TestStoreConformance":               false,
+		"TestB":                              true,
+		"TestB/sub":                          false,
+		"TestC":                              false,
+	} {
+		if got := runMatches(run, name); got != want {
+			t.Errorf("runMatches(%q) = %v, want %v", name, got, want)
+		}
+	}
+	if got := splitRun(`^T[/|]$/a\/b`); len(got) != 1 || len(got[0]) != 2 || got[0][0] != `^T[/|]$` {
+		t.Errorf("splitRun kept neither brackets nor escapes: %q", got)
+	}
+}
+
 // TestTableMatchesTree keeps the table honest in the ordinary test run:
 // every original text occurs exactly once in today's code, and every -run
 // regex names a test that exists in its packages.
@@ -118,7 +143,7 @@ func TestTableMatchesTree(t *testing.T) {
 	}
 	testFunc := regexp.MustCompile(`(?m)^func ((?:Test|Fuzz)\w+)\((?:t \*testing\.T|f \*testing\.F)\)`)
 	for _, m := range ms {
-		re := regexp.MustCompile(m.Run)
+		re := regexp.MustCompile(topLevel(m.Run))
 		for _, p := range m.Packages {
 			files, _ := filepath.Glob(filepath.Join(root, p, "*_test.go"))
 			found := false
@@ -150,7 +175,7 @@ func TestRunMutant(t *testing.T) {
 	}
 	write("go.mod", "module example.com/m\n\ngo 1.22\n")
 	write("m.go", "package m\n\n// Max returns the larger.\nfunc Max(a, b int) int {\n\tif a > b {\n\t\treturn a\n\t}\n\treturn b\n}\n")
-	write("m_test.go", "package m\n\nimport \"testing\"\n\nfunc TestMax(t *testing.T) {\n\tif Max(1, 2) != 2 || Max(3, 2) != 3 {\n\t\tt.Fatal(\"wrong\")\n\t}\n}\n")
+	write("m_test.go", "package m\n\nimport \"testing\"\n\nfunc TestMax(t *testing.T) {\n\tt.Run(\"pair\", func(t *testing.T) {\n\t\tif Max(1, 2) != 2 || Max(3, 2) != 3 {\n\t\t\tt.Fatal(\"wrong\")\n\t\t}\n\t})\n}\n")
 	scratch := t.TempDir()
 	if err := CopyTree(dir, scratch); err != nil {
 		t.Fatal(err)
@@ -165,6 +190,8 @@ func TestRunMutant(t *testing.T) {
 		{"survives", "a > b", "a >= b", "", Survived},
 		{"broken-build", "return b\n}", "return c\n}", "", Broken},
 		{"no-test", "a > b", "a < b", "^TestNothing$", Broken},
+		{"killed-by-subtest", "a > b", "a < b", "^TestMax$/^pair$", Killed},
+		{"no-subtest", "a > b", "a < b", "^TestMax$/^none$", Broken},
 	} {
 		m := base
 		m.Name, m.Original, m.Replacement = tc.name, tc.orig, tc.repl
@@ -188,12 +215,17 @@ func TestRunMutant(t *testing.T) {
 	if string(got) != string(want) {
 		t.Errorf("scratch copy not restored:\n%s", got)
 	}
-	if err := r.Baseline(context.Background(), []Mutant{base}); err != nil {
+	if err := Baseline(context.Background(), []Runner{r}, []Mutant{base}); err != nil {
 		t.Errorf("baseline: %v", err)
 	}
+	sub := base
+	sub.Name, sub.Run = "sub", "^TestMax$/^pair$"
+	if err := Baseline(context.Background(), []Runner{r, r}, []Mutant{base, sub}); err != nil {
+		t.Errorf("baseline of a subtest: %v", err)
+	}
 	missing := base
-	missing.Name, missing.Run = "missing", "^TestGone$"
-	if err := r.Baseline(context.Background(), []Mutant{missing}); err == nil || !strings.Contains(err.Error(), "mutant missing") {
+	missing.Name, missing.Run = "missing", "^TestMax$/^gone$"
+	if err := Baseline(context.Background(), []Runner{r}, []Mutant{missing}); err == nil || !strings.Contains(err.Error(), "mutant missing") {
 		t.Errorf("baseline with a missing test: %v, want an error naming the mutant", err)
 	}
 }
