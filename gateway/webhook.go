@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 
@@ -93,7 +94,11 @@ func (g *Gateway) postStripeWebhook(w http.ResponseWriter, r *http.Request) {
 	result, err := g.applyEvent(ctx, ev)
 	g.metrics.webhooks.WithLabelValues(result).Inc()
 	if err != nil {
-		g.log.Error("webhook event not applied; the provider will send it again", "event_id", ev.ID, "type", ev.Type, "error", err)
+		level := slog.LevelError
+		if errors.Is(err, errRefundNotRecorded) {
+			level = slog.LevelInfo
+		}
+		g.log.Log(ctx, level, "webhook event not applied; the provider will send it again", "event_id", ev.ID, "type", ev.Type, "error", err)
 		unavailable(w)
 		return
 	}

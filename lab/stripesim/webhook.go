@@ -128,6 +128,21 @@ func (s *Simulator) sendSettled(account, id string) {
 	s.deliver(b, now)
 }
 
+// sendRefundFailed posts refund.failed for ref, a refund failed after it
+// succeeded (Simulator.FailRefund).
+func (s *Simulator) sendRefundFailed(ref *simRefund) {
+	now := s.now()
+	s.mu.Lock()
+	obj := refundJSON(ref)
+	evID := "evt_" + s.randIDLocked(24)
+	s.mu.Unlock()
+	b := fmt.Appendf(nil, `{"id":%q,"object":"event","api_version":%q,"created":%d,"livemode":false,"pending_webhooks":1,"type":"refund.failed","data":{"object":`,
+		evID, WebhookAPIVersion, now.Unix())
+	b = append(b, obj...)
+	b = append(b, "}}"...)
+	s.deliver(b, now)
+}
+
 // sendRefundSettled posts refund.updated for ref as it stands, if it is
 // no longer pending.
 func (s *Simulator) sendRefundSettled(ref *simRefund) {
