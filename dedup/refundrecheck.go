@@ -96,3 +96,30 @@ func (s *Store) RecheckRefund(ctx context.Context, merchantID, key string, c led
 	}
 	return reversed, *st, nil
 }
+
+// cancelAuthorizedSQL moves an authorized payment the provider canceled
+// to canceled (cancel_authorized_payment, migration 00032).
+const cancelAuthorizedSQL = `SELECT canceled, status FROM cancel_authorized_payment(@merchant, @key, @charge_id, @reason, @now)`
+
+// CancelAuthorizedPayment records that the provider canceled the
+// authorized payment (merchantID, key) of intent chargeID (its capture
+// window ran out, or it was voided at the provider): the payment moves to
+// canceled with one canceled event, written in the same transaction.
+// canceled is false, and nothing changed, when the payment is not
+// authorized (told again, or canceled or captured first); status is the
+// payment's as it stands. ledger.ErrNotFound: no payment (merchantID,
+// key) of that intent.
+func (s *Store) CancelAuthorizedPayment(ctx context.Context, merchantID, key, chargeID, reason string) (canceled bool, status string, err error) {
+	var st *string
+	err = s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, cancelAuthorizedSQL, pgx.NamedArgs{"merchant": merchantID, "key": key,
+			"charge_id": chargeID, "reason": reason, "now": s.db.Now()}).Scan(&canceled, &st)
+	})
+	if err != nil {
+		return false, "", interpretError("cancel authorized payment", err)
+	}
+	if st == nil {
+		return false, "", fmt.Errorf("cancel authorized payment: %w", ledger.ErrNotFound)
+	}
+	return canceled, *st, nil
+}

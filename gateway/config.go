@@ -258,4 +258,7 @@ type Ledger interface {
 	// GetRefund is the refund (merchantID, key); ledger.ErrNotFound when
 	// none was claimed.
 	GetRefund(ctx context.Context, merchantID, key string) (ledger.Refund, error)
+	// CancelAuthorizedPayment moves an authorized payment the provider
+	// canceled to canceled, with its event, once.
+	CancelAuthorizedPayment(ctx context.Context, merchantID, key, chargeID, reason string) (canceled bool, status string, err error)
 }

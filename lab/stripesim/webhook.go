@@ -77,6 +77,18 @@ func (s *Simulator) scheduleWebhook(account, id string, delay time.Duration) {
 	s.hooks.after(delay, func() { s.sendSettled(account, id) })
 }
 
+// scheduleExpiryWebhook sends payment_intent.canceled for an
+// authorization at the end of its capture window, if the provider has
+// canceled it by then (as Stripe does when the window runs out); one
+// captured meanwhile sends nothing.
+func (s *Simulator) scheduleExpiryWebhook(account, id string, delay time.Duration) {
+	s.hooks.after(delay, func() {
+		if in := s.intent(account, id); in != nil && in.status == simCanceled {
+			s.sendSettled(account, id)
+		}
+	})
+}
+
 // scheduleRefundWebhook sends refund.updated for ref, a refund answered
 // pending, once it has ended, after delay. It may be called with s.mu held
 // (the order is s.mu, then h.mu; nothing takes them the other way).

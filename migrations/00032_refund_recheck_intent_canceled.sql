@@ -105,11 +105,82 @@ END
 $$;
 -- +goose StatementEnd
 
+-- An authorized payment (00023) the provider canceled itself (its capture
+-- window ran out, or someone voided it at the provider) moves to canceled
+-- through cancel_authorized_payment (merchant, key, its intent): the
+-- gateway's webhook calls it on payment_intent.canceled, and a capture
+-- recorded refused intent_canceled (its lookup found the intent canceled;
+-- the worker's or the reconciler's completion) calls it from the trigger
+-- payment_ops_intent_canceled, in the completion's transaction. The move
+-- is the one payments_only_settle (00027) lets an authorized row make, and
+-- it writes the payment's outcome event under its own key: seq 2 (after
+-- its authorized event), kind and status canceled, event id
+-- <merchant>:<key>:canceled, reason the why. It changes nothing when the
+-- payment is not authorized (a second delivery, a cancel recorded first),
+-- so one event is written: canceled false, status the payment's as it
+-- stands (NULL: no such payment with that intent). A cancel operation's
+-- own success (00027) still moves the payment itself, with its event
+-- under the operation's key.
+-- +goose StatementBegin
+DO $$
+DECLARE
+    s text := current_schema();
+BEGIN
+    EXECUTE format($f$
+CREATE FUNCTION %I.cancel_authorized_payment(p_merchant text, p_key text, p_charge_id text, p_reason text, p_now timestamptz,
+        OUT canceled boolean, OUT status text)
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = %I, pg_temp
+AS $body$
+DECLARE
+    p payments%%ROWTYPE;
+BEGIN
+    UPDATE payments x SET status = 'canceled', settled_at = coalesce(p_now, now())
+        WHERE x.merchant_id = p_merchant AND x.idempotency_key = p_key AND x.charge_id = p_charge_id AND x.status = 'authorized'
+        RETURNING x.* INTO p;
+    canceled := FOUND;
+    IF canceled THEN
+        INSERT INTO outcome_events (event_id, merchant_id, idempotency_key, seq, kind, status, amount, currency, charge_id, reason, occurred_at)
+        VALUES (p.merchant_id || ':' || p.idempotency_key || ':canceled', p.merchant_id, p.idempotency_key, 2, 'canceled', 'canceled',
+                p.amount, p.currency, p.charge_id, nullif(left(p_reason, 255), ''), p.settled_at);
+    END IF;
+    SELECT x.status INTO status FROM payments x
+        WHERE x.merchant_id = p_merchant AND x.idempotency_key = p_key AND x.charge_id = p_charge_id;
+END
+$body$
+$f$, s, s);
+    EXECUTE format($f$
+CREATE FUNCTION %I.payment_ops_intent_canceled() RETURNS trigger
+    LANGUAGE plpgsql
+    SECURITY DEFINER
+    SET search_path = %I, pg_temp
+AS $body$
+BEGIN
+    PERFORM cancel_authorized_payment(NEW.merchant_id, NEW.payment_key, NEW.charge_id, NEW.reason, NEW.completed_at);
+    RETURN NULL;
+END
+$body$
+$f$, s, s);
+    EXECUTE format('REVOKE ALL ON FUNCTION %I.cancel_authorized_payment(text, text, text, text, timestamptz) FROM PUBLIC', s);
+    EXECUTE format('REVOKE ALL ON FUNCTION %I.payment_ops_intent_canceled() FROM PUBLIC', s);
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'paydedup_gateway') THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %I.cancel_authorized_payment(text, text, text, text, timestamptz) TO paydedup_gateway', s);
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER payment_ops_intent_canceled AFTER UPDATE OF status ON payment_ops
+    FOR EACH ROW WHEN (OLD.status IN ('pending', 'unknown') AND NEW.status = 'refused' AND NEW.kind = 'capture'
+                       AND NEW.reason = 'intent_canceled')
+    EXECUTE FUNCTION payment_ops_intent_canceled();
+
 -- +goose Down
 -- A reversed refund stays failed (the older schema holds it as any failed
 -- refund); its seq 4 event is deleted once relayed, refused while not,
 -- unless paydedup.allow_data_loss = on. A pending recheck is dropped: the
--- provider's next event asks again.
+-- provider's next event asks again. A payment canceled by the provider
+-- stays canceled, with its event (00027's schema holds both).
 -- +goose StatementBegin
 DO $$
 BEGIN
@@ -120,6 +191,9 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
+DROP TRIGGER payment_ops_intent_canceled ON payment_ops;
+DROP FUNCTION payment_ops_intent_canceled();
+DROP FUNCTION cancel_authorized_payment(text, text, text, text, timestamptz);
 DROP FUNCTION recheck_refund(text, text, text, text, text, integer, bytea, timestamptz);
 DROP FUNCTION request_refund_recheck(text, text, text, timestamptz);
 DELETE FROM outcome_events WHERE seq = 4;
