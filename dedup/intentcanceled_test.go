@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/paydedup/paydedup/dedup"
+	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
@@ -51,5 +53,52 @@ func TestCaptureOfCanceledIntentCancelsPayment(t *testing.T) {
 	}
 	if pay, err := b.store.GetPayment(b.ctx, "m_1", "auth2"); err != nil || pay.Status != ledger.PaymentAuthorized {
 		t.Fatalf("payment after a refused capture: %+v %v, want authorized", pay, err)
+	}
+}
+
+// TestRolesRecheckAndCancel: the gateway's role stamps a refund for a
+// recheck and records an authorization canceled by the provider, through
+// their functions only; the worker's role (the reconciler) reverses a
+// stamped refund, and a stale succeeded answer never moves it back.
+func TestRolesRecheckAndCancel(t *testing.T) {
+	t.Parallel()
+	ownerURL := testenv.PostgresURL(t)
+	worker, err := dedup.New(asWorker(t, ownerURL), dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwPool := testenv.AsRole(t, ownerURL, "paydedup_gateway")
+	gateway, err := dedup.New(gwPool, dedup.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{store: worker, ctx: t.Context()}
+	b.chargedPayment(t, "m_1", "pay", 100)
+	b.processingRefund(t, "r-1", "pay", 60, "re_1")
+	if ok, _, err := worker.SettleRefund(b.ctx, "m_1", "r-1", refunded("re_1")); !ok || err != nil {
+		t.Fatalf("settle: %v %v", ok, err)
+	}
+	if ok, status, err := gateway.RequestRefundRecheck(b.ctx, "m_1", "r-1", "re_1"); !ok || status != ledger.RefundSucceeded || err != nil {
+		t.Fatalf("stamp as the gateway: %v %q %v", ok, status, err)
+	}
+	if _, _, err := gateway.RecheckRefund(b.ctx, "m_1", "r-1", refundFailed("re_1")); err == nil {
+		t.Fatal("the gateway reversed a refund itself")
+	}
+	if rs, err := worker.RefundsToRecheck(b.ctx, 10); err != nil || len(rs) != 1 {
+		t.Fatalf("refunds to recheck as the worker: %+v %v", rs, err)
+	}
+	if ok, status, err := worker.RecheckRefund(b.ctx, "m_1", "r-1", refundFailed("re_1")); !ok || status != ledger.RefundFailed || err != nil {
+		t.Fatalf("reverse as the worker: %v %q %v", ok, status, err)
+	}
+	if ok, status, err := worker.RecheckRefund(b.ctx, "m_1", "r-1", refunded("re_1")); ok || status != ledger.RefundFailed || err != nil {
+		t.Fatalf("a stale succeeded answer: %v %q %v, want the refund left failed", ok, status, err)
+	}
+
+	b.authorizedPayment(t, "m_1", "auth", 100)
+	if ok, status, err := gateway.CancelAuthorizedPayment(b.ctx, "m_1", "auth", "pi_auth", "canceled at the provider"); !ok || status != ledger.PaymentCanceled || err != nil {
+		t.Fatalf("cancel as the gateway: %v %q %v", ok, status, err)
+	}
+	if _, err := gwPool.Exec(b.ctx, `UPDATE refunds SET recheck_requested_at = now()`); err == nil {
+		t.Fatal("the gateway updated refunds itself")
 	}
 }
