@@ -107,7 +107,8 @@ var metrics = map[string]struct {
 	}},
 	"paydedup_gateway_auth_failures_total": {},
 	"paydedup_gateway_webhook_events_total": {labels: map[string][]string{
-		"result": {"bad_signature", "ignored_type", "not_ours", "no_payment", "foreign_intent", "still_processing", "settled", "agrees", "disagrees", "error"},
+		"result": {"bad_signature", "ignored_type", "not_ours", "no_payment", "foreign_intent", "still_processing", "settled", "agrees", "disagrees",
+			"recheck_requested", "not_recorded", "error"},
 	}},
 }
 

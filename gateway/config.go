@@ -252,4 +252,13 @@ type Ledger interface {
 	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
 	SettlePayment(ctx context.Context, p ledger.Payment, status string, responseStatus int, response json.RawMessage) error
 	SettleRefund(ctx context.Context, merchantID, key string, c ledger.RefundCompletion) (settled bool, status string, err error)
+	// RequestRefundRecheck stamps a succeeded refund for the reconciler
+	// to look up again (an event says the provider failed it).
+	RequestRefundRecheck(ctx context.Context, merchantID, key, refundID string) (requested bool, status string, err error)
+	// GetRefund is the refund (merchantID, key); ledger.ErrNotFound when
+	// none was claimed.
+	GetRefund(ctx context.Context, merchantID, key string) (ledger.Refund, error)
+	// CancelAuthorizedPayment moves an authorized payment the provider
+	// canceled to canceled, with its event, once.
+	CancelAuthorizedPayment(ctx context.Context, merchantID, key, chargeID, reason string) (canceled bool, status string, err error)
 }

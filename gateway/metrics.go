@@ -116,5 +116,12 @@ const (
 	WebhookSettled         = "settled"
 	WebhookAgrees          = "agrees"
 	WebhookDisagrees       = "disagrees"
-	WebhookError           = "error"
+	// WebhookRecheckRequested: a refund event says the provider failed a
+	// refund the ledger holds succeeded; the reconciler looks it up again.
+	WebhookRecheckRequested = "recheck_requested"
+	// WebhookNotRecorded: a refund event for a refund the ledger holds
+	// without the provider's refund id yet; answered 503, so the provider
+	// sends it again once the worker recorded it.
+	WebhookNotRecorded = "not_recorded"
+	WebhookError       = "error"
 )

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 
@@ -93,7 +94,11 @@ func (g *Gateway) postStripeWebhook(w http.ResponseWriter, r *http.Request) {
 	result, err := g.applyEvent(ctx, ev)
 	g.metrics.webhooks.WithLabelValues(result).Inc()
 	if err != nil {
-		g.log.Error("webhook event not applied; the provider will send it again", "event_id", ev.ID, "type", ev.Type, "error", err)
+		level := slog.LevelError
+		if errors.Is(err, errRefundNotRecorded) {
+			level = slog.LevelInfo
+		}
+		g.log.Log(ctx, level, "webhook event not applied; the provider will send it again", "event_id", ev.ID, "type", ev.Type, "error", err)
 		unavailable(w)
 		return
 	}
@@ -145,6 +150,9 @@ func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, er
 		return WebhookForeignIntent, nil
 	}
 	out := ev.Outcome
+	if p.Status == ledger.PaymentAuthorized || p.Status == ledger.PaymentCanceled {
+		return g.applyAuthorization(ctx, p, out, log)
+	}
 	if out.Processing {
 		return WebhookStillProcessing, nil
 	}
@@ -168,5 +176,37 @@ func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, er
 		return WebhookAgrees, nil
 	}
 	log.Error("webhook event disagrees with the ledger; the ledger is unchanged", "ledger_status", p.Status, "event_status", status)
+	return WebhookDisagrees, nil
+}
+
+// applyAuthorization applies an event about an authorize's payment, held
+// authorized or canceled. payment_intent.canceled (the provider canceled
+// the intent: its capture window ran out, or it was voided there) moves
+// an authorized payment to canceled with its canceled event, once; an
+// intent still requires_capture (payment_intent.amount_capturable_updated)
+// agrees with an authorized one. A capture or a cancel made through
+// paydedup moves the payment itself, with its operation's event.
+func (g *Gateway) applyAuthorization(ctx context.Context, p ledger.Payment, out *provider.Outcome, log *slog.Logger) (string, error) {
+	switch {
+	case out.Status == provider.StatusCanceled && p.Status == ledger.PaymentCanceled:
+		return WebhookAgrees, nil
+	case out.Status == provider.StatusCanceled:
+		canceled, status, err := g.cfg.Webhooks.Ledger.CancelAuthorizedPayment(ctx, p.MerchantID, p.IdempotencyKey, p.ChargeID,
+			"canceled at the provider")
+		switch {
+		case err != nil:
+			return WebhookError, fmt.Errorf("cancel authorized payment: %w", err)
+		case canceled:
+			log.Info("authorized payment canceled by the provider; recorded by webhook")
+			return WebhookSettled, nil
+		case status == ledger.PaymentCanceled:
+			return WebhookAgrees, nil
+		}
+		log.Error("webhook event disagrees with the ledger; the ledger is unchanged", "ledger_status", status, "event_status", out.Status)
+		return WebhookDisagrees, nil
+	case out.Authorized && p.Status == ledger.PaymentAuthorized:
+		return WebhookAgrees, nil
+	}
+	log.Error("webhook event disagrees with the ledger; the ledger is unchanged", "ledger_status", p.Status, "event_status", out.Status)
 	return WebhookDisagrees, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
@@ -16,22 +17,29 @@ import (
 // settled (by the reconciler, an earlier delivery) is checked, never
 // changed, so a redelivered event publishes nothing again. The event's
 // result is the most telling of its refunds': an error, then a
-// disagreement, then a settle.
+// disagreement, then a settle. Every refund is applied even when one
+// fails: the event's error (a 503, so it is sent again) is the first.
 func (g *Gateway) applyRefunds(ctx context.Context, ev provider.Event) (string, error) {
 	result := WebhookIgnoredType
 	rank := map[string]int{WebhookIgnoredType: 0, WebhookNotOurs: 1, WebhookNoPayment: 2, WebhookStillProcessing: 3,
-		WebhookAgrees: 4, WebhookSettled: 5, WebhookDisagrees: 6, WebhookError: 7}
+		WebhookAgrees: 4, WebhookSettled: 5, WebhookDisagrees: 6, WebhookRecheckRequested: 7, WebhookNotRecorded: 8, WebhookError: 9}
+	var first error
 	for _, re := range ev.Refunds {
 		got, err := g.applyRefund(ctx, ev, re)
-		if err != nil {
-			return WebhookError, err
+		if err != nil && first == nil {
+			first = err
 		}
 		if rank[got] > rank[result] {
 			result = got
 		}
 	}
-	return result, nil
+	return result, first
 }
+
+// errRefundNotRecorded is an event's refund the ledger holds without the
+// provider's refund id yet: the worker records its answer soon, and the
+// provider sends the event again after the 503 it gets.
+var errRefundNotRecorded = errors.New("the refund's provider id is not recorded yet")
 
 // applyRefund settles one refund of an event, or checks that the ledger's
 // final refund agrees with it, and says which it did.
@@ -48,11 +56,7 @@ func (g *Gateway) applyRefund(ctx context.Context, ev provider.Event, re *provid
 	settled, status, err := g.cfg.Webhooks.Ledger.SettleRefund(ctx, re.MerchantID, re.IdempotencyKey, c)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
-		// The worker has not recorded the provider's answer yet (or the
-		// refund is not the ledger's: the audit finds it). The worker's
-		// answer, or the reconciler, settles it.
-		log.Info("webhook event for a refund not in the ledger; ignored")
-		return WebhookNoPayment, nil
+		return g.refundNotFound(ctx, re, log)
 	case err != nil:
 		return WebhookError, fmt.Errorf("settle refund: %w", err)
 	case settled:
@@ -65,6 +69,48 @@ func (g *Gateway) applyRefund(ctx context.Context, ev provider.Event, re *provid
 		// records it (a lookup sees the same final refund).
 		return WebhookStillProcessing, nil
 	}
+	if status == ledger.RefundSucceeded && c.Status == ledger.RefundFailed {
+		return g.requestRecheck(ctx, re, log)
+	}
+	// A stale event (succeeded, for a refund the provider failed since)
+	// never moves a failed refund back.
 	log.Error("webhook event disagrees with the ledger's refund; the ledger is unchanged", "ledger_status", status, "event_status", c.Status)
+	return WebhookDisagrees, nil
+}
+
+// refundNotFound answers an event for a refund the ledger has not under
+// the event's provider id. Claimed and not answered yet (pending or
+// unknown, no refund id) is a 503: the worker records the provider's id
+// soon, and the provider sends the event again. Anything else (no such
+// refund: the audit finds one not the ledger's; another refund id) is
+// acknowledged and ignored.
+func (g *Gateway) refundNotFound(ctx context.Context, re *provider.RefundOutcome, log *slog.Logger) (string, error) {
+	rf, err := g.cfg.Webhooks.Ledger.GetRefund(ctx, re.MerchantID, re.IdempotencyKey)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+	case err != nil:
+		return WebhookError, fmt.Errorf("read refund: %w", err)
+	case rf.RefundID == "" && (rf.Status == ledger.RefundPending || rf.Status == ledger.RefundUnknown):
+		return WebhookNotRecorded, errRefundNotRecorded
+	}
+	log.Info("webhook event for a refund not in the ledger; ignored")
+	return WebhookNoPayment, nil
+}
+
+// requestRecheck answers an event that says the provider failed a refund
+// the ledger holds succeeded. The event is only a hint (the gateway has
+// no provider client to confirm it): the refund is stamped for the
+// reconciler, which looks it up and, if the provider confirms, moves it
+// to failed (dedup.Store.RecheckRefund).
+func (g *Gateway) requestRecheck(ctx context.Context, re *provider.RefundOutcome, log *slog.Logger) (string, error) {
+	requested, status, err := g.cfg.Webhooks.Ledger.RequestRefundRecheck(ctx, re.MerchantID, re.IdempotencyKey, re.RefundID)
+	switch {
+	case err != nil && !errors.Is(err, ledger.ErrNotFound):
+		return WebhookError, fmt.Errorf("request refund recheck: %w", err)
+	case requested:
+		log.Error("provider reports failed a refund the ledger holds succeeded; the reconciler looks it up again")
+		return WebhookRecheckRequested, nil
+	}
+	log.Error("webhook event disagrees with the ledger's refund; the ledger is unchanged", "ledger_status", status, "event_status", ledger.RefundFailed)
 	return WebhookDisagrees, nil
 }

@@ -109,8 +109,9 @@ func TestWebhookSettlesPendingRefunds(t *testing.T) {
 	if n := events("r-2"); n != 1 {
 		t.Fatalf("%d events of the succeeded refund, want 1", n)
 	}
-	// A contradicting event changes nothing.
-	post(event("evt_3", "refund.updated", refundObject("re_2", "pi_pay", "failed", 400, "r-2")), gateway.WebhookDisagrees)
+	// A contradicting event changes nothing: it asks the reconciler to
+	// look the refund up again.
+	post(event("evt_3", "refund.updated", refundObject("re_2", "pi_pay", "failed", 400, "r-2")), gateway.WebhookRecheckRequested)
 	if r := refund("r-2"); r.Status != ledger.RefundSucceeded {
 		t.Fatalf("a contradicting event changed the refund: %+v", r)
 	}
@@ -187,5 +188,77 @@ func TestWebhookSettlesRefundFailedAtTheProvider(t *testing.T) {
 	if again, err := w.store.ClaimRefund(w.ctx, "w", time.Minute, ledger.NewRefundRequest(&payment.Command{MerchantID: "m_a",
 		IdempotencyKey: "r-2", PaymentKey: "pay", Amount: 1000, Kind: payment.KindRefund})); err != nil || again.Outcome != ledger.Claimed {
 		t.Fatalf("a refund of the failed refund's amount: %+v %v, want claimed", again, err)
+	}
+}
+
+// A refund event that says the provider failed a refund the ledger holds
+// succeeded only stamps the refund for the reconciler's lookup: the
+// refund stays succeeded, no event is written, and delivered again it
+// asks again; an old succeeded event for a refund failed since changes
+// nothing.
+func TestWebhookAsksRecheckOfSucceededRefundReportedFailed(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, options{webhookSecret: webhookSecret})
+	c, err := w.store.Claim(w.ctx, "w", time.Minute, storetest.Req("m_a", "pay", 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.store.Complete(w.ctx, *c.Lease, storetest.Charged("pi_pay")); err != nil {
+		t.Fatal(err)
+	}
+	w.processingRefund("r-1", "pay", 600, "re_1")
+	w.processingRefund("r-2", "pay", 400, "re_2")
+	post := func(body []byte, want string) {
+		t.Helper()
+		if code, res := w.webhook(body, signHMAC(body, webhookSecret, time.Now())); code != http.StatusOK || res != want {
+			t.Fatalf("%s: %d %q, want 200 %q", body, code, res, want)
+		}
+	}
+	post(event("evt_1", "refund.updated", refundObject("re_1", "pi_pay", "succeeded", 600, "r-1")), gateway.WebhookSettled)
+	stamped := `SELECT count(*) FROM refunds WHERE idempotency_key = 'r-1' AND status = 'succeeded' AND recheck_requested_at IS NOT NULL`
+	for _, id := range []string{"evt_2", "evt_3"} {
+		post(event(id, "refund.failed", refundObject("re_1", "pi_pay", "failed", 600, "r-1")), gateway.WebhookRecheckRequested)
+		if n := w.count(stamped); n != 1 {
+			t.Fatalf("%d refunds stamped for a recheck, want r-1 succeeded and stamped", n)
+		}
+	}
+	if n := w.count(`SELECT count(*) FROM outcome_events WHERE idempotency_key = 'r-1'`); n != 1 {
+		t.Fatalf("%d events of r-1, want its refunded one only", n)
+	}
+	post(event("evt_4", "refund.updated", refundObject("re_2", "pi_pay", "failed", 400, "r-2")), gateway.WebhookSettled)
+	post(event("evt_5", "refund.updated", refundObject("re_2", "pi_pay", "succeeded", 400, "r-2")), gateway.WebhookDisagrees)
+	if r, err := w.store.GetRefund(w.ctx, "m_a", "r-2"); err != nil || r.Status != ledger.RefundFailed {
+		t.Fatalf("a stale succeeded event moved a failed refund: %+v %v", r, err)
+	}
+}
+
+// A refund event that arrives before the worker recorded the provider's
+// refund id is answered 503, so that the provider sends it again; once
+// recorded, the event settles it.
+func TestWebhookRetriesRefundNotRecordedYet(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, options{webhookSecret: webhookSecret})
+	c, err := w.store.Claim(w.ctx, "w", time.Minute, storetest.Req("m_a", "pay", 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.store.Complete(w.ctx, *c.Lease, storetest.Charged("pi_pay")); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := w.store.ClaimRefund(w.ctx, "w", time.Minute, ledger.NewRefundRequest(&payment.Command{MerchantID: "m_a",
+		IdempotencyKey: "r-1", PaymentKey: "pay", Amount: 600, Kind: payment.KindRefund}))
+	if err != nil || rc.Outcome != ledger.Claimed {
+		t.Fatalf("claim refund: %+v %v", rc, err)
+	}
+	body := event("evt_1", "refund.updated", refundObject("re_1", "pi_pay", "failed", 600, "r-1"))
+	if code, _ := w.webhook(body, signHMAC(body, webhookSecret, time.Now())); code != http.StatusServiceUnavailable {
+		t.Fatalf("event before the refund id is recorded: %d, want 503", code)
+	}
+	if err := w.store.CompleteRefund(w.ctx, *rc.Lease, ledger.RefundCompletion{Status: ledger.RefundProcessing, RefundID: "re_1",
+		ResponseStatus: 200, Response: json.RawMessage(`{"id":"re_1","status":"pending"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if code, res := w.webhook(body, signHMAC(body, webhookSecret, time.Now())); code != http.StatusOK || res != gateway.WebhookSettled {
+		t.Fatalf("event sent again: %d %q, want 200 %q", code, res, gateway.WebhookSettled)
 	}
 }

@@ -118,6 +118,8 @@ type options struct {
 	// ledger, when set, wraps the webhooks' ledger (to lose its answers).
 	ledger          func(gateway.Ledger) gateway.Ledger
 	processingDelay time.Duration
+	// captureWindow, when set, is the simulator's capture window.
+	captureWindow time.Duration
 	// roundTrips, when set, counts the round trips of the gateway's stores
 	// (a pool of their own on the world's schema; the world's pool, the
 	// listener and the worker are not counted).
@@ -176,7 +178,7 @@ func setupWith(t *testing.T, gcfg gateway.Config, opt options) *world {
 		t.Fatal(err)
 	}
 	base := "http://" + ln.Addr().String()
-	simCfg := stripesim.Config{Seed: 9, ProcessingDelay: opt.processingDelay}
+	simCfg := stripesim.Config{Seed: 9, ProcessingDelay: opt.processingDelay, CaptureWindow: opt.captureWindow}
 	hooks := &hookRecorder{target: base + gateway.PathStripeWebhooks}
 	if opt.webhookSecret != "" {
 		rec := httptest.NewServer(hooks)

@@ -48,6 +48,10 @@ type RunResult struct {
 	// (processing) that this pass found finished and settled, succeeded
 	// or failed; RefundsStillPending those it found still pending.
 	RefundsSettled, RefundsStillPending int
+	// RefundsReversed counts the refunds recorded succeeded, stamped for
+	// a recheck (an event said the provider failed them), that this
+	// pass's lookup found failed and moved to failed.
+	RefundsReversed int
 	// Purged is how many expired finished rows were deleted.
 	Purged int
 	// RefundsResolved is how many stuck refunds (a lease run out, an
@@ -65,7 +69,7 @@ type RunResult struct {
 
 func (res RunResult) changed() bool {
 	return res.Examined > 0 || res.Purged > 0 || res.Errors > 0 || res.SettledSucceeded > 0 || res.SettledFailed > 0 ||
-		res.RefundsResolved > 0 || res.RefundsSettled > 0
+		res.RefundsResolved > 0 || res.RefundsSettled > 0 || res.RefundsReversed > 0
 }
 
 // fate is what happened to one leased row.
@@ -162,6 +166,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		r.settleRefunds(ctx, &res)
 	}
 	if !dbDown && ctx.Err() == nil {
+		r.recheckRefunds(ctx, &res)
+	}
+	if !dbDown && ctx.Err() == nil {
 		r.purge(ctx, &res)
 	}
 	if res.changed() {
@@ -171,7 +178,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 			"errors", res.Errors, "lookup_errors", res.LookupErrors, "foreign_intents", res.ForeignIntents,
 			"settled_succeeded", res.SettledSucceeded, "settled_failed", res.SettledFailed, "still_processing", res.StillProcessing,
 			"refunds_resolved", res.RefundsResolved, "refunds_left", res.RefundsLeft, "refunds_settled", res.RefundsSettled,
-			"refunds_still_pending", res.RefundsStillPending, "purged", res.Purged)
+			"refunds_still_pending", res.RefundsStillPending, "refunds_reversed", res.RefundsReversed, "purged", res.Purged)
 	}
 	return res, nil
 }

@@ -296,7 +296,10 @@ type Reconciler struct {
 	// refundCursor is where the next pass resumes its scan of refunds
 	// the provider holds pending.
 	refundCursor ledger.ProcessingCursor
-	done         chan struct{}
+	// saidNoRefundLooker: the error that the looker cannot look refunds
+	// up is logged once.
+	saidNoRefundLooker bool
+	done               chan struct{}
 }
 
 // New validates cfg and returns a Reconciler working on store with looker.

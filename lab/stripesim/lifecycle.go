@@ -3,6 +3,7 @@ package stripesim
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -334,6 +335,30 @@ func (s *Simulator) refundsLocked() []Refund {
 		out = append(out, rf)
 	}
 	return out
+}
+
+// FailRefund fails the succeeded refund id, as Stripe may after a refund
+// succeeded (the card closed since): its money is back on the intent,
+// free to refund again, and, with a WebhookURL, refund.failed is sent at
+// once. A refund not succeeded is an error.
+func (s *Simulator) FailRefund(id string) error {
+	s.mu.Lock()
+	var ref *simRefund
+	for _, r := range s.allRefundsLocked() {
+		if r.id == id {
+			ref = r
+		}
+	}
+	if ref == nil || ref.status != provider.RefundSucceeded {
+		s.mu.Unlock()
+		return fmt.Errorf("stripesim: fail refund %s: no succeeded refund", id)
+	}
+	ref.status, ref.failureReason = provider.RefundFailed, refundFailureReason
+	if s.hooks != nil {
+		s.hooks.after(0, func() { s.sendRefundFailed(ref) })
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 // allRefundsLocked lists every refund, oldest first.

@@ -1116,6 +1116,9 @@ func (s *Simulator) process(account, key string, params [sha256.Size]byte, now t
 	if r.statusIs(simProcessing) && s.hooks != nil {
 		s.scheduleWebhook(account, id, s.processing)
 	}
+	if r.statusIs(simRequiresCapture) && s.hooks != nil {
+		s.scheduleExpiryWebhook(account, id, s.captureWin)
+	}
 	return r.view(tbl), ord
 }
 

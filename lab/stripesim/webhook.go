@@ -77,6 +77,18 @@ func (s *Simulator) scheduleWebhook(account, id string, delay time.Duration) {
 	s.hooks.after(delay, func() { s.sendSettled(account, id) })
 }
 
+// scheduleExpiryWebhook sends payment_intent.canceled for an
+// authorization at the end of its capture window, if the provider has
+// canceled it by then (as Stripe does when the window runs out); one
+// captured meanwhile sends nothing.
+func (s *Simulator) scheduleExpiryWebhook(account, id string, delay time.Duration) {
+	s.hooks.after(delay, func() {
+		if in := s.intent(account, id); in != nil && in.status == simCanceled {
+			s.sendSettled(account, id)
+		}
+	})
+}
+
 // scheduleRefundWebhook sends refund.updated for ref, a refund answered
 // pending, once it has ended, after delay. It may be called with s.mu held
 // (the order is s.mu, then h.mu; nothing takes them the other way).
@@ -124,6 +136,21 @@ func (s *Simulator) sendSettled(account, id string) {
 	b := fmt.Appendf(nil, `{"id":%q,"object":"event","api_version":%q,"created":%d,"livemode":false,"pending_webhooks":1,"type":%q,"data":{"object":`,
 		evID, WebhookAPIVersion, now.Unix(), typ)
 	b = appendIntentJSON(b, in)
+	b = append(b, "}}"...)
+	s.deliver(b, now)
+}
+
+// sendRefundFailed posts refund.failed for ref, a refund failed after it
+// succeeded (Simulator.FailRefund).
+func (s *Simulator) sendRefundFailed(ref *simRefund) {
+	now := s.now()
+	s.mu.Lock()
+	obj := refundJSON(ref)
+	evID := "evt_" + s.randIDLocked(24)
+	s.mu.Unlock()
+	b := fmt.Appendf(nil, `{"id":%q,"object":"event","api_version":%q,"created":%d,"livemode":false,"pending_webhooks":1,"type":"refund.failed","data":{"object":`,
+		evID, WebhookAPIVersion, now.Unix())
+	b = append(b, obj...)
 	b = append(b, "}}"...)
 	s.deliver(b, now)
 }

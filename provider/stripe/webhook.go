@@ -30,6 +30,9 @@ const (
 	EventIntentSucceeded     = "payment_intent.succeeded"
 	EventIntentPaymentFailed = "payment_intent.payment_failed"
 	EventIntentCanceled      = "payment_intent.canceled"
+	// EventIntentAmountCapturableUpdated: an intent is left
+	// requires_capture (an authorization), amount_capturable its hold.
+	EventIntentAmountCapturableUpdated = "payment_intent.amount_capturable_updated"
 )
 
 // The event types that say how a refund stands: refund.updated (any
@@ -130,7 +133,7 @@ func (v *WebhookVerifier) Verify(payload []byte, signature string) (provider.Eve
 	}
 	out := provider.Event{ID: ev.ID, Type: string(ev.Type)}
 	switch out.Type {
-	case EventIntentSucceeded, EventIntentPaymentFailed, EventIntentCanceled:
+	case EventIntentSucceeded, EventIntentPaymentFailed, EventIntentCanceled, EventIntentAmountCapturableUpdated:
 	case EventRefundUpdated, EventRefundFailed, EventChargeRefundUpdated, EventChargeRefunded:
 		if ev.Data == nil || len(ev.Data.Raw) == 0 {
 			return provider.Event{}, fmt.Errorf("%w: event %s has no data.object", provider.ErrBadSignature, ev.ID)
