@@ -412,8 +412,10 @@ func TestRelayProcessKilledHoldingEvents(t *testing.T) {
 	if res, err := survivor.RunOnce(ctx); err != nil || res.Relayed != 0 {
 		t.Fatalf("while the first relay holds the events: %+v %v, want nothing taken", res, err)
 	}
+	// The timeout makes pg_terminate_backend wait for the backend's exit:
+	// its row locks go with it, as a killed process's do.
 	var killed int
-	if err := w.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	if err := w.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 30000)) FROM pg_stat_activity
 		WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, victimApp).Scan(&killed); err != nil || killed != 1 {
 		t.Fatalf("terminate the first relay's session: %d %v", killed, err)
 	}
