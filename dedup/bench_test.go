@@ -11,6 +11,7 @@ import (
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/lab/testenv"
 	"github.com/paydedup/paydedup/ledger"
+	"github.com/paydedup/paydedup/payment"
 )
 
 // BenchmarkClaimComplete is the seeds' design: one claim and one complete
@@ -188,4 +189,49 @@ func BenchmarkRefundClaimComplete(b *testing.B) {
 		i++
 	}
 	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "refunds/s")
+}
+
+// BenchmarkCaptureClaimComplete is the capture path's store cost: one
+// claim under the payment's lock and one completion (which moves the
+// payment's ledger row and writes its event) per capture, each its own
+// round trip. A capture happens once per authorization, so each 1,000
+// iterations authorize 1,000 payments first, batched and off the clock.
+func BenchmarkCaptureClaimComplete(b *testing.B) {
+	bb := setup(b)
+	const chunk = 1000
+	authorize := func(from int) {
+		reqs := make([]ledger.ClaimRequest, chunk)
+		for j := range reqs {
+			reqs[j] = authorizeReq("m_1", fmt.Sprintf("auth-%d", from+j), 1000)
+		}
+		res, err := bb.store.ClaimBatch(bb.ctx, "bench", lease, reqs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		items := make([]ledger.CompleteItem, chunk)
+		for j, r := range res {
+			items[j] = ledger.CompleteItem{Lease: *r.Lease, Completion: authorized(fmt.Sprintf("pi_auth-%d", from+j), 1000)}
+		}
+		if _, err := bb.store.CompleteBatch(bb.ctx, items); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if i%chunk == 0 {
+			b.StopTimer()
+			authorize(i)
+			b.StartTimer()
+		}
+		c, err := bb.store.ClaimPaymentOp(bb.ctx, "bench", lease, opReq(payment.KindCapture, "m_1", fmt.Sprintf("cap-%d", i), fmt.Sprintf("auth-%d", i), 0))
+		if err != nil || c.Outcome != ledger.Claimed {
+			b.Fatalf("claim capture: %+v %v", c, err)
+		}
+		if err := bb.store.CompletePaymentOp(bb.ctx, *c.Lease, captured(1000)); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "captures/s")
 }
