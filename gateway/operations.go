@@ -153,7 +153,11 @@ func (g *Gateway) postOperation(kind string) http.HandlerFunc {
 				return
 			}
 		}
-		if reason, ok := g.refused(ctx, merchant, key, fp); ok {
+		if reason, ok, err := g.refused(ctx, merchant, key, fp); err != nil {
+			g.logRequestError(r, log, "read refusal", err)
+			unavailable(w)
+			return
+		} else if ok {
 			g.opRefused(w, reason)
 			return
 		}
@@ -177,15 +181,22 @@ func (g *Gateway) postOperation(kind string) http.HandlerFunc {
 // refused reports whether the worker refused the operation under key
 // with fingerprint fp that the door published, and why: the ledger's
 // rules refuse a refund (over_refundable...) with a refused outcome
-// event and no row of its own (Store.RefusalOf). An unreadable one
-// counts as none: the batch then decides.
-func (g *Gateway) refused(ctx context.Context, merchant, key string, fp []byte) (string, bool) {
+// event and no row of its own (Store.RefusalOf; the worker also marks
+// the door's intake dead-lettered, which the batch answers). A key with
+// no intake is none; an unreadable intake or event is an error, never
+// none: the batch could then publish the operation again, to be judged
+// again.
+func (g *Gateway) refused(ctx context.Context, merchant, key string, fp []byte) (string, bool, error) {
 	in, err := g.store.GetIntake(ctx, merchant, key)
-	if err != nil || !in.Published() || !bytes.Equal(in.RequestHash, fp) {
-		return "", false
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return "", false, nil
+	case err != nil:
+		return "", false, err
+	case !in.Published() || !bytes.Equal(in.RequestHash, fp):
+		return "", false, nil
 	}
-	reason, ok, err := g.store.RefusalOf(ctx, merchant, key, in.StreamSeq)
-	return reason, ok && err == nil
+	return g.store.RefusalOf(ctx, merchant, key, in.StreamSeq)
 }
 
 // opRefused answers an operation the worker refused: final for its key.
@@ -239,6 +250,12 @@ func (g *Gateway) writeOperation(w http.ResponseWriter, a answer, cmd *payment.C
 		op.Status, op.Reason, op.CreatedAt = StateWaitingForOperator, a.in.OperatorReason, a.in.CreatedAt.UTC()
 		w.Header().Set("Location", opLocation(cmd.Kind, cmd.IdempotencyKey))
 		writeJSON(w, http.StatusAccepted, op)
+	case ansDeadLetter:
+		if ledger.IsLedgerRefusal(a.in.DeadLetterReason) { // the worker refused it (operationLetter)
+			g.opRefused(w, a.in.DeadLetterReason)
+			return
+		}
+		g.write(w, a)
 	default:
 		g.write(w, a)
 	}

@@ -261,11 +261,36 @@ func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key stri
 	if seq == 0 || seq > math.MaxInt64 {
 		return false, nil
 	}
+	return s.markDeadLettered(ctx, merchantID, key, nil, seq, reason, errText)
+}
+
+// MarkOperationDeadLettered is MarkIntakeDeadLettered for a refund, a
+// capture or a cancel the worker refused (the ledger's rules, or its
+// input): it marks only the door's intake of that very operation, a row
+// with no currency and the command's fingerprint. An operation's key may
+// be a payment's too (published straight on the queue): a payment's
+// intake, or another operation's, is never marked by its letter.
+func (s *Store) MarkOperationDeadLettered(ctx context.Context, merchantID, key string, fingerprint []byte, seq uint64, reason, errText string) (bool, error) {
+	if len(fingerprint) == 0 {
+		return false, errors.New("mark operation's intake dead-lettered: no fingerprint")
+	}
+	if reason == "" {
+		return false, errors.New("mark operation's intake dead-lettered: empty reason")
+	}
+	if seq == 0 || seq > math.MaxInt64 {
+		return false, nil
+	}
+	return s.markDeadLettered(ctx, merchantID, key, fingerprint, seq, reason, errText)
+}
+
+// markDeadLettered runs markIntakeDeadLetteredSQL: fingerprint nil marks
+// a payment's intake, else the operation's of that fingerprint.
+func (s *Store) markDeadLettered(ctx context.Context, merchantID, key string, fingerprint []byte, seq uint64, reason, errText string) (bool, error) {
 	errText = clipErrText(errText)
 	var n int64
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		return s.db.Pool.QueryRow(ctx, markIntakeDeadLetteredSQL,
-			merchantID, key, int64(seq), reason, errText, s.db.Now()).Scan(&n)
+			merchantID, key, int64(seq), reason, errText, s.db.Now(), fingerprint).Scan(&n)
 	})
 	if err != nil {
 		return false, interpretError("mark intake dead-lettered", err)
@@ -273,15 +298,22 @@ func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key stri
 	return n > 0, nil
 }
 
+// intakeOfLetter matches the intake a letter may mark, its fingerprint
+// the SQL parameter fp: a payment's (fp NULL: a row with a currency), or
+// the operation's of that fingerprint (no currency: migration 00030).
+func intakeOfLetter(fp string) string {
+	return `(CASE WHEN ` + fp + `::bytea IS NULL THEN currency <> '' ELSE currency = '' AND request_hash = ` + fp + `::bytea END)`
+}
+
 // markIntakeDeadLetteredSQL marks the intake and, at commit, wakes the
 // gateway requests waiting on the key (Prefer: wait) with the completion
 // channel's payload: they re-read the key and answer the dead letter.
-const markIntakeDeadLetteredSQL = `
+var markIntakeDeadLetteredSQL = `
 WITH marked AS (
     UPDATE gateway_intake
     SET dead_letter_reason = $4, dead_letter_error = $5, dead_lettered_at = coalesce($6::timestamptz, now()), stream_seq = $3
     WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL
-      AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))
+      AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL)) AND ` + intakeOfLetter("$7") + `
     RETURNING merchant_id, idempotency_key
 ` + notifyMarkedSQL
 
@@ -299,10 +331,30 @@ func (s *Store) MarkIntakeForOperator(ctx context.Context, merchantID, key strin
 	if reason == "" {
 		return false, errors.New("mark intake waiting for an operator: empty reason")
 	}
+	return s.markForOperator(ctx, merchantID, key, nil, reason, errText)
+}
+
+// MarkOperationForOperator is MarkIntakeForOperator for a refund, a
+// capture or a cancel: only the door's intake of that very operation (no
+// currency, the command's fingerprint) is marked, never a payment's or
+// another operation's under the same key.
+func (s *Store) MarkOperationForOperator(ctx context.Context, merchantID, key string, fingerprint []byte, reason, errText string) (bool, error) {
+	if len(fingerprint) == 0 {
+		return false, errors.New("mark operation's intake waiting for an operator: no fingerprint")
+	}
+	if reason == "" {
+		return false, errors.New("mark operation's intake waiting for an operator: empty reason")
+	}
+	return s.markForOperator(ctx, merchantID, key, fingerprint, reason, errText)
+}
+
+// markForOperator runs markIntakeForOperatorSQL (fingerprint as
+// markDeadLettered's).
+func (s *Store) markForOperator(ctx context.Context, merchantID, key string, fingerprint []byte, reason, errText string) (bool, error) {
 	errText = clipErrText(errText)
 	var n int64
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		return s.db.Pool.QueryRow(ctx, markIntakeForOperatorSQL, merchantID, key, reason, errText, s.db.Now()).Scan(&n)
+		return s.db.Pool.QueryRow(ctx, markIntakeForOperatorSQL, merchantID, key, reason, errText, s.db.Now(), fingerprint).Scan(&n)
 	})
 	if err != nil {
 		return false, interpretError("mark intake waiting for an operator", err)
@@ -312,11 +364,12 @@ func (s *Store) MarkIntakeForOperator(ctx context.Context, merchantID, key strin
 
 // markIntakeForOperatorSQL is markIntakeDeadLetteredSQL for a letter that
 // waits for an operator.
-const markIntakeForOperatorSQL = `
+var markIntakeForOperatorSQL = `
 WITH marked AS (
     UPDATE gateway_intake
     SET operator_reason = $3, operator_error = $4, operator_at = coalesce($5::timestamptz, now())
     WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL AND expires_at > coalesce($5::timestamptz, now())
+      AND ` + intakeOfLetter("$6") + `
     RETURNING merchant_id, idempotency_key
 ` + notifyMarkedSQL
 
