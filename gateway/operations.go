@@ -153,6 +153,29 @@ func (g *Gateway) postOperation(kind string) http.HandlerFunc {
 				return
 			}
 		}
+		if kind != payment.KindRefund {
+			// A capture or a cancel the worker claimed answers from its
+			// row, as a refund does.
+			o, err := g.store.GetPaymentOp(ctx, merchant, key)
+			switch {
+			case err == nil && !bytes.Equal(o.RequestHash, fp):
+				g.keyReused(w)
+				return
+			case err == nil && !o.Final():
+				g.keyInUse(w, inFlightRetryAfter)
+				return
+			case err == nil:
+				g.metrics.idempotency.WithLabelValues("replayed").Inc()
+				w.Header().Set("Location", opLocation(kind, key))
+				w.Header().Set(HeaderIdempotentReplay, "true")
+				writeJSON(w, paymentOpAnswerStatus(o), operationOfPaymentOp(o))
+				return
+			case !errors.Is(err, ledger.ErrNotFound):
+				g.logRequestError(r, log, "read capture or cancel", err)
+				unavailable(w)
+				return
+			}
+		}
 		if reason, ok, err := g.refused(ctx, merchant, key, fp); err != nil {
 			g.logRequestError(r, log, "read refusal", err)
 			unavailable(w)
@@ -275,17 +298,33 @@ func (g *Gateway) getOperation(kind string) http.HandlerFunc {
 			return
 		}
 		ctx := r.Context()
-		if kind == payment.KindRefund {
-			ref, err := g.store.GetRefund(ctx, merchant, key)
-			if err == nil {
-				writeJSON(w, http.StatusOK, operationOfRefund(ref))
-				return
-			}
-			if !errors.Is(err, ledger.ErrNotFound) {
-				g.logRequestError(r, g.log, "read refund", err)
-				unavailable(w)
-				return
-			}
+		// The worker's row of the key, a refund's or a capture's or a
+		// cancel's: shown on its own kind's route only.
+		ref, err := g.store.GetRefund(ctx, merchant, key)
+		switch {
+		case err == nil && kind == payment.KindRefund:
+			writeJSON(w, http.StatusOK, operationOfRefund(ref))
+			return
+		case err == nil:
+			notFound(w)
+			return
+		case !errors.Is(err, ledger.ErrNotFound):
+			g.logRequestError(r, g.log, "read refund", err)
+			unavailable(w)
+			return
+		}
+		o, err := g.store.GetPaymentOp(ctx, merchant, key)
+		switch {
+		case err == nil && o.Kind == kind:
+			writeJSON(w, http.StatusOK, operationOfPaymentOp(o))
+			return
+		case err == nil:
+			notFound(w)
+			return
+		case !errors.Is(err, ledger.ErrNotFound):
+			g.logRequestError(r, g.log, "read capture or cancel", err)
+			unavailable(w)
+			return
 		}
 		rec, err := g.records.Get(ctx, merchant, key)
 		switch {

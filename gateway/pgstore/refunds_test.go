@@ -29,7 +29,7 @@ func TestGatewayRoleReadsRefunds(t *testing.T) {
 	if _, err := gw.GetRefund(ctx, "m_gw", "r1"); !errors.Is(err, ledger.ErrNotFound) {
 		t.Fatalf("get refund as %s: %v, want not found", gatewayRole, err)
 	}
-	if rs, err := gw.RefundsOf(ctx, "m_gw", "p1"); err != nil || len(rs) != 0 {
+	if rs, _, _, err := gw.RefundsOf(ctx, "m_gw", "p1"); err != nil || len(rs) != 0 {
 		t.Fatalf("refunds of a payment as %s: %v %v, want none", gatewayRole, rs, err)
 	}
 	if _, ok, err := gw.RefusalOf(ctx, "m_gw", "r1", 7); err != nil || ok {
