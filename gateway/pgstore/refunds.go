@@ -13,16 +13,17 @@ import (
 )
 
 // refundReadColumns are the columns of a refund the gateway shows or
-// decides a retried refund by (migration 00030 grants it SELECT on
-// refunds): never its lease or its provider key.
+// decides a retried refund by, the only ones migration 00030 grants it
+// (with id, its order): never its lease, its provider key or its stored
+// response.
 const refundReadColumns = `merchant_id, idempotency_key, payment_key, request_hash, amount, currency, status,
-	coalesce(refund_id, ''), coalesce(response_status, 0), response, coalesce(reason, ''), created_at, updated_at, completed_at`
+	coalesce(refund_id, ''), coalesce(reason, ''), created_at, updated_at, completed_at`
 
 func scanRefundRead(row pgx.Row) (ledger.Refund, error) {
 	var r ledger.Refund
 	var completed *time.Time
 	if err := row.Scan(&r.MerchantID, &r.IdempotencyKey, &r.PaymentKey, &r.RequestHash, &r.Amount, &r.Currency, &r.Status,
-		&r.RefundID, &r.ResponseStatus, &r.Response, &r.Reason, &r.CreatedAt, &r.UpdatedAt, &completed); err != nil {
+		&r.RefundID, &r.Reason, &r.CreatedAt, &r.UpdatedAt, &completed); err != nil {
 		return ledger.Refund{}, err
 	}
 	if completed != nil {
@@ -75,7 +76,7 @@ func (s *Store) RefundsOf(ctx context.Context, merchantID, paymentKey string) (r
 			var completed *time.Time
 			var n int64
 			if err := rows.Scan(&r.MerchantID, &r.IdempotencyKey, &r.PaymentKey, &r.RequestHash, &r.Amount, &r.Currency, &r.Status,
-				&r.RefundID, &r.ResponseStatus, &r.Response, &r.Reason, &r.CreatedAt, &r.UpdatedAt, &completed, &n, &refunded); err != nil {
+				&r.RefundID, &r.Reason, &r.CreatedAt, &r.UpdatedAt, &completed, &n, &refunded); err != nil {
 				return err
 			}
 			if completed != nil {

@@ -15,7 +15,8 @@ import (
 )
 
 // TestGatewayRoleReadsRefunds: the gateway, as paydedup_gateway, reads a
-// payment's refunds and a refund by its key (migration 00030), and may
+// payment's refunds and a refund by its key (migration 00030), a capture
+// or a cancel by its key (00031, the columns it shows only), and may
 // write none.
 func TestGatewayRoleReadsRefunds(t *testing.T) {
 	t.Parallel()
@@ -34,6 +35,18 @@ func TestGatewayRoleReadsRefunds(t *testing.T) {
 	}
 	if _, ok, err := gw.RefusalOf(ctx, "m_gw", "r1", 7); err != nil || ok {
 		t.Fatalf("refusal of a command as %s: %v %v, want none", gatewayRole, ok, err)
+	}
+	if _, err := gw.GetPaymentOp(ctx, "m_gw", "c1"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("get capture as %s: %v, want not found", gatewayRole, err)
+	}
+	if _, _, err := gw.PaymentLife(ctx, "m_gw", "p1"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("a payment's ledger row as %s: %v, want not found", gatewayRole, err)
+	}
+	// Only the columns it shows (migration 00031): never a provider key.
+	var pk string
+	err = gwPool.QueryRow(ctx, `SELECT provider_key FROM payment_ops LIMIT 1`).Scan(&pk)
+	if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("read a capture's provider key as %s: %v, want permission denied", gatewayRole, err)
 	}
 	_, err = gwPool.Exec(ctx, `INSERT INTO refunds (merchant_id, idempotency_key, payment_key, request_hash, provider_key, charge_id,
 		amount, currency, status, attempts, key_window_start, refund_id, response_status, response, created_at, updated_at, completed_at)
