@@ -87,3 +87,40 @@ func TestOperationIntakes(t *testing.T) {
 		t.Fatal("a payment of 0 taken in")
 	}
 }
+
+// TestRefundsOfSumsThemAll: a payment's refunds are listed up to
+// MaxRefundsShown, and counted and summed over all of them: the
+// succeeded ones and those the provider holds pending (processing), as
+// Stripe's amount_refunded; a failed one or one whose call is under way
+// is not refunded.
+func TestRefundsOfSumsThemAll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Pool(t)
+	s, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = pgstore.MaxRefundsShown + 1
+	if _, err := pool.Exec(ctx, `INSERT INTO refunds (merchant_id, idempotency_key, payment_key, request_hash, provider_key, charge_id,
+			amount, currency, status, attempts, key_window_start, refund_id, response_status, response, created_at, updated_at, completed_at)
+		SELECT 'm_1', 'r' || i, 'p1', '\x00', 'pdr_' || i, 'pi_1', 1, 'usd', 'succeeded', 1, now(), 're_' || i, 200, '{}', now(), now(), now()
+		FROM generate_series(1, $1) AS i`, n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO refunds (merchant_id, idempotency_key, payment_key, request_hash, provider_key, charge_id,
+			amount, currency, status, attempts, key_window_start, refund_id, response_status, response, created_at, updated_at, completed_at,
+			locked_by, locked_until)
+		VALUES ('m_1', 'held', 'p1', '\x00', 'pdr_held', 'pi_1', 5, 'usd', 'processing', 1, now(), 're_held', 200, '{}', now(), now(), now(), NULL, NULL),
+		       ('m_1', 'undone', 'p1', '\x00', 'pdr_undone', 'pi_1', 7, 'usd', 'failed', 1, now(), 're_undone', 200, '{}', now(), now(), now(), NULL, NULL),
+		       ('m_1', 'calling', 'p1', '\x00', 'pdr_calling', 'pi_1', 9, 'usd', 'pending', 1, now(), NULL, NULL, NULL, now(), now(), NULL, 'w1', now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	refunds, total, refunded, err := s.RefundsOf(ctx, "m_1", "p1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(refunds) != pgstore.MaxRefundsShown || total != n+3 || refunded != n+5 {
+		t.Fatalf("%d listed, %d in all, %d refunded; want %d, %d, %d", len(refunds), total, refunded, pgstore.MaxRefundsShown, n+3, n+5)
+	}
+}
