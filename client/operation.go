@@ -86,8 +86,10 @@ func (c *Client) Refund(ctx context.Context, paymentKey, key string, amount int6
 
 // Capture captures the authorized payment under paymentKey, amount in
 // minor units (0: all of it), under the capture's own key, as Refund
-// does. A gateway whose worker takes no captures refuses it
-// (ErrInvalidRequest, Problem.Reason invalid_kind).
+// does: the ledger's rules refuse a capture of a payment that is not an
+// authorization, or of more than it holds (ErrRejected,
+// payment_not_authorized, over_capturable...). A gateway whose worker
+// takes no captures refuses it (ErrInvalidRequest, invalid_kind).
 func (c *Client) Capture(ctx context.Context, paymentKey, key string, amount int64) (OperationResult, error) {
 	return c.operate(ctx, KindCapture, paymentKey, key, &operationBody{Amount: amount})
 }
