@@ -122,3 +122,23 @@ func TestCancelThroughTheDoor(t *testing.T) {
 		t.Fatalf("%d copies of can-1 in the stream, want 1", n)
 	}
 }
+
+// TestQueuedOperationShownOnItsOwnRouteOnly: before any worker claims it,
+// an operation is shown from the door's guard row, and on its own kind's
+// route only: a capture's key is 404 as a refund or a cancel.
+func TestQueuedOperationShownOnItsOwnRouteOnly(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, refunder()) // no worker runs
+	wantStatus(t, w.post("pay-q", `{"amount":800,"currency":"usd","payment_method":"pm_card_visa","capture_method":"manual"}`), http.StatusAccepted)
+	wantStatus(t, w.postOp("pay-q", "capture", "cap-q", `{"amount":500}`), http.StatusAccepted)
+	wantStatus(t, w.postOp("pay-q", "refunds", "ref-q", ``), http.StatusAccepted)
+	if op := w.do(http.MethodGet, "/v1/captures/cap-q", w.keyA, "", nil).operation(t); op.Status != gateway.StateQueued || op.Object != gateway.ObjectCapture {
+		t.Fatalf("GET capture %+v", op)
+	}
+	for _, path := range []string{"/v1/refunds/cap-q", "/v1/cancels/cap-q", "/v1/captures/ref-q", "/v1/cancels/ref-q"} {
+		if r := w.do(http.MethodGet, path, w.keyA, "", nil); r.status != http.StatusNotFound {
+			t.Errorf("GET %s: %d %s, want 404", path, r.status, r.body)
+		}
+	}
+	wantStatus(t, w.do(http.MethodGet, "/v1/refunds/ref-q", w.keyA, "", nil), http.StatusOK)
+}

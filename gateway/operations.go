@@ -341,6 +341,15 @@ func (g *Gateway) getOperation(kind string) http.HandlerFunc {
 		}
 		in, err := g.store.GetIntake(ctx, merchant, key)
 		if err == nil && in.Currency == "" {
+			// Another kind's guard row (a refund's key under
+			// /v1/captures/) is not this route's.
+			var of string
+			if of, err = g.store.IntakeKind(ctx, merchant, key); err == nil && of != "" && of != kind {
+				notFound(w)
+				return
+			}
+		}
+		if err == nil && in.Currency == "" {
 			in, _, err = g.settledIntake(ctx, in)
 		}
 		switch {

@@ -24,6 +24,9 @@ type Records interface {
 // authenticates, and the refunds it shows (read only).
 type Store interface {
 	GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error)
+	// IntakeKind is the kind of the operation whose guard row holds the
+	// key ("" for a payment's, or one taken in before migration 00031).
+	IntakeKind(ctx context.Context, merchantID, key string) (string, error)
 	AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error)
 	AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error)
 	ReadBatch(ctx context.Context, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error)

@@ -16,7 +16,21 @@ END
 $$;
 -- +goose StatementEnd
 
+-- The door's guard row of a refund, a capture or a cancel says which it
+-- is, so that each is shown on its own route only before the worker
+-- claims it (GET /v1/captures/{key} of a refund's key is 404). NULL for a
+-- payment's row, and for an operation's taken in before this migration
+-- (shown on any operation's route, as before). Nullable, no default, its
+-- rule NOT VALID (every row holds NULL, which passes it): the hot table's
+-- catalog changes, its rows are neither rewritten nor scanned.
+ALTER TABLE gateway_intake
+    ADD COLUMN kind text,
+    ADD CONSTRAINT gateway_intake_kind CHECK (kind IN ('refund', 'capture', 'cancel')) NOT VALID;
+
 -- +goose Down
+-- The kind only narrows which route shows a queued operation: dropping it
+-- loses no money's trace.
+ALTER TABLE gateway_intake DROP COLUMN kind;
 -- +goose StatementBegin
 DO $$
 BEGIN

@@ -88,9 +88,9 @@ func (s *intakeScanner) scan(row pgx.Row) (ledger.Intake, error) {
 // beside this one can deadlock with it: PostgreSQL breaks the deadlock and
 // the batch is retried, as any deadlock is).
 const acquireIntakesSQL = `
-INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
+INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, kind, attempt,
     locked_until, created_at, expires_at)
-SELECT i.merchant_id, i.idempotency_key, i.request_hash, i.amount, i.currency, 1,
+SELECT i.merchant_id, i.idempotency_key, i.request_hash, i.amount, i.currency, nullif(i.kind, ''), 1,
     ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + ` + @retention::interval
 FROM ` + intakeRequests + `
 ORDER BY i.merchant_id COLLATE "C", i.idempotency_key COLLATE "C"
@@ -98,8 +98,8 @@ ORDER BY i.merchant_id COLLATE "C", i.idempotency_key COLLATE "C"
 
 // intakeRequests is the batch of requests the acquisition takes in, as the
 // relation i.
-const intakeRequests = `unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[])
-    AS i(merchant_id, idempotency_key, request_hash, amount, currency)`
+const intakeRequests = `unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[], @kinds::text[])
+    AS i(merchant_id, idempotency_key, request_hash, amount, currency, kind)`
 
 // acquireOrReadIntakesSQL is acquireIntakesSQL followed by the rows of the
 // keys it did not take over, in one statement: each row with whether this
@@ -117,8 +117,9 @@ var acquireOrReadIntakesSQL = acquireOrRead("", acquireIntakesSQL,
 // of its API key, record and ledger row would have left to the
 // acquisition.
 var acquireNewIntakesSQL = acquireOrRead(`new AS MATERIALIZED (
-    SELECT i.* FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[], @api_keys::bytea[])
-        AS i(merchant_id, idempotency_key, request_hash, amount, currency, api_key)
+    SELECT i.* FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[], @kinds::text[],
+            @api_keys::bytea[])
+        AS i(merchant_id, idempotency_key, request_hash, amount, currency, kind, api_key)
     WHERE EXISTS (SELECT FROM api_keys a
             WHERE a.key_hash = i.api_key AND a.merchant_id = i.merchant_id AND a.revoked_at IS NULL)
       AND `+dedup.UnknownKeySQL("i")+`),
@@ -141,7 +142,7 @@ WHERE (merchant_id, idempotency_key) IN (
 // acquireIntakeConflict is the takeover rule both acquire statements share
 // (acquireIntakesSQL).
 const acquireIntakeConflict = `ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
-SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency,
+SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency, kind = excluded.kind,
     attempt = g.attempt + 1, locked_until = excluded.locked_until,
     published_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN NULL ELSE g.published_at END,
     stream_seq = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.stream_seq END,
@@ -156,6 +157,22 @@ SET request_hash = excluded.request_hash, amount = excluded.amount, currency = e
 WHERE g.expires_at <= ` + dbNow + `
    OR (g.locked_until <= ` + dbNow + ` AND g.dead_lettered_at IS NULL AND g.request_hash = excluded.request_hash)
 RETURNING ` + intakeColumns
+
+// IntakeKind returns the kind of the operation (a refund, a capture or a
+// cancel) whose guard row holds a key (migration 00031); "" for a
+// payment's, or for an operation's taken in before that migration.
+// ledger.ErrNotFound when the key has no guard row.
+func (s *Store) IntakeKind(ctx context.Context, merchantID, key string) (string, error) {
+	var kind string
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `SELECT coalesce(kind, '') FROM gateway_intake
+			WHERE merchant_id = $1 AND idempotency_key = $2`, merchantID, key).Scan(&kind)
+	})
+	if err != nil {
+		return "", interpretError("get intake's kind", err)
+	}
+	return kind, nil
+}
 
 // GetIntake returns the guard row for a key, or ledger.ErrNotFound.
 func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error) {
