@@ -4,14 +4,11 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/lab/testenv"
-	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/migrations/migrate"
-	"github.com/paydedup/paydedup/payment"
 )
 
 // TestOperationIntakesDownRefuses: migration 00030's down would delete
@@ -55,9 +52,11 @@ func TestOperationIntakesDownRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rest := ledger.NewClaimRequest(&payment.Command{MerchantID: "m_1", IdempotencyKey: "ref-rest", Kind: payment.KindRefund, PaymentKey: "pay-1"})
-	if res, err := acquireOne(ctx, s, rest, time.Minute, time.Hour); err != nil || res.Outcome != ledger.IntakeAcquired {
-		t.Fatalf("acquire: %+v %v", res, err)
+	// A refund of the rest's guard row, as the door of 00030 writes it.
+	if _, err := owner.Exec(ctx, `INSERT INTO gateway_intake (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
+			locked_until, created_at, expires_at)
+		VALUES ('m_1', 'ref-rest', sha256('r'), 0, '', 1, now() + interval '1 minute', now(), now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
 	}
 	_, err = m.Down(ctx)
 	if err == nil {
