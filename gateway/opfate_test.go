@@ -60,6 +60,10 @@ func TestRefusalUnreadableIsUnavailable(t *testing.T) {
 	w := setupWith(t, gateway.Config{}, refunder())
 	wantStatus(t, w.post("pay-u", payBody(1000, "pm_card_visa")), http.StatusAccepted) // no worker runs
 	wantStatus(t, w.postOp("pay-u", "refunds", "ref-u", `{"amount":10}`), http.StatusAccepted)
+	w.eventually("the refund's publish marked", func() bool { // marked after the 202
+		in, err := w.gwStore.GetIntake(w.ctx, "m_a", "ref-u")
+		return err == nil && in.Published()
+	})
 	if _, err := w.pool.Exec(w.ctx, `ALTER TABLE outcome_events RENAME TO outcome_events_away`); err != nil {
 		t.Fatal(err)
 	}
