@@ -139,3 +139,35 @@ func TestKeyCheckedBeforeSending(t *testing.T) {
 		t.Fatalf("%d requests sent, want none", len(s.got))
 	}
 }
+
+// TestOperationInFlightAsksOnlyAboutItself: a refund's POST answered 409
+// (in flight) asks how the key stands; an answer about another operation
+// under the key (another payment, another amount, another kind) is never
+// reported as this refund's outcome: the POST is retried, and its own
+// answer returned.
+func TestOperationInFlightAsksOnlyAboutItself(t *testing.T) {
+	t.Parallel()
+	inFlight := scriptedAnswer{409, problemJSON, `{"type":"urn:paydedup:problem:idempotency-key-in-use","title":"Conflict","status":409}`}
+	queued := scriptedAnswer{202, paymentJSON, `{"object":"refund","idempotency_key":"r","payment_key":"pay-1","status":"queued","amount":500}`}
+	for name, other := range map[string]string{
+		"another payment's":     `{"object":"refund","idempotency_key":"r","payment_key":"pay-2","status":"succeeded","amount":500}`,
+		"another amount, asked": `{"object":"refund","idempotency_key":"r","status":"queued","amount":700}`,
+		"another amount, done":  `{"object":"refund","idempotency_key":"r","payment_key":"pay-1","status":"succeeded","amount":700}`,
+		"another kind":          `{"object":"capture","idempotency_key":"r","payment_key":"pay-1","status":"succeeded","amount":500}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := &scripted{answers: []scriptedAnswer{inFlight, {200, paymentJSON, other}, queued}}
+			srv := httptest.NewServer(s)
+			defer srv.Close()
+			c, err := client.New(srv.URL, "pd_test", client.WithRetryFor(5*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := c.Refund(context.Background(), "pay-1", "r", 500)
+			if err != nil || r.Status != client.StatusQueued || r.PaymentKey != "pay-1" || r.Amount != 500 {
+				t.Fatalf("%+v, %v; want this refund queued", r, err)
+			}
+		})
+	}
+}

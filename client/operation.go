@@ -86,8 +86,10 @@ func (c *Client) Refund(ctx context.Context, paymentKey, key string, amount int6
 
 // Capture captures the authorized payment under paymentKey, amount in
 // minor units (0: all of it), under the capture's own key, as Refund
-// does. A gateway whose worker takes no captures refuses it
-// (ErrInvalidRequest, Problem.Reason invalid_kind).
+// does: the ledger's rules refuse a capture of a payment that is not an
+// authorization, or of more than it holds (ErrRejected,
+// payment_not_authorized, over_capturable...). A gateway whose worker
+// takes no captures refuses it (ErrInvalidRequest, invalid_kind).
 func (c *Client) Capture(ctx context.Context, paymentKey, key string, amount int64) (OperationResult, error) {
 	return c.operate(ctx, KindCapture, paymentKey, key, &operationBody{Amount: amount})
 }
@@ -174,11 +176,13 @@ func (c *Client) operate(ctx context.Context, kind, paymentKey, key string, b *o
 		case http.StatusConflict: // in flight: ask how it stands
 			g, gerr := c.do(ctx, http.MethodGet, operationPath(kind, key), key, kind, nil, 0)
 			if gerr == nil && g.status == http.StatusOK {
-				if r, err := g.operation(); err == nil && r.Status != StatusPublishUnknown {
+				if r, err := g.operation(); err == nil && r.Status != StatusPublishUnknown && r.isOf(kind, paymentKey, b) {
 					out = r
 					return Result{}, nil
 				}
 			}
+			// Not known, or about another operation under the key: ask
+			// again later, never report another's outcome as this one's.
 			mayBeAccepted = true
 			return Result{}, a.retryLater()
 		}
@@ -197,6 +201,28 @@ func (c *Client) operate(ctx context.Context, kind, paymentKey, key string, b *o
 		err = outcomeUnknown(err)
 	}
 	return out, err
+}
+
+// isOf reports whether r may be the operation of kind on the payment
+// under paymentKey with body b, as far as an answer shows it: its kind;
+// its payment, when it names one (the worker's row does); its amount when
+// b asked one, or when r shows what was asked (no payment named yet: the
+// door's intake). A refund of the rest or a capture of the whole the
+// worker fixed cannot be told from its amount.
+func (r OperationResult) isOf(kind, paymentKey string, b *operationBody) bool {
+	var asked int64
+	if b != nil {
+		asked = b.Amount
+	}
+	switch {
+	case r.Object != kind:
+		return false
+	case r.PaymentKey == "":
+		return r.Amount == asked
+	case r.PaymentKey != paymentKey:
+		return false
+	}
+	return asked == 0 || r.Amount == asked
 }
 
 // operation decodes an operation's answer.

@@ -151,8 +151,8 @@ func TestRefundPublishOutcomeUnknownRetried(t *testing.T) {
 // is ErrRejected with its reason; a key used for one operation is
 // ErrKeyReused for another amount or operation, by the client itself
 // (nothing sent) and by the gateway (another client); an unknown payment
-// is ErrNotFound; a capture this version's worker does not take is
-// ErrInvalidRequest (invalid_kind).
+// is ErrNotFound; a capture of a payment charged at once is taken in and
+// refused by the ledger's rules (payment_not_authorized).
 func TestOperationRefusalsAreTyped(t *testing.T) {
 	t.Parallel()
 	w := setup(t)
@@ -191,12 +191,18 @@ func TestOperationRefusalsAreTyped(t *testing.T) {
 	if _, err := c.Refund(ctx, "no-such-payment", "ref-none", 10); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("refund of an unknown payment: %v, want ErrNotFound", err)
 	}
-	_, err = c.Capture(ctx, "pay-typed", "cap-1", 0)
-	if !errors.Is(err, client.ErrInvalidRequest) || !errors.As(err, &p) || p.Reason != "invalid_kind" {
-		t.Fatalf("capture: %v, want ErrInvalidRequest invalid_kind from this version", err)
+	// A capture of a payment charged at once: taken in, and refused by
+	// the ledger's rules, with its reason.
+	if r, err := c.Capture(ctx, "pay-typed", "cap-1", 0); err != nil || r.Status != client.StatusQueued {
+		t.Fatalf("capture: %+v %v, want queued", r, err)
 	}
-	if _, err := c.Cancel(ctx, "pay-typed", "cancel-1"); !errors.Is(err, client.ErrInvalidRequest) {
-		t.Fatalf("cancel: %v, want ErrInvalidRequest from this version", err)
+	w.eventually("the capture refused", func() bool {
+		r, err := c.GetOperation(ctx, client.KindCapture, "cap-1")
+		return err == nil && r.Status == client.StatusRefused && r.Reason == "payment_not_authorized"
+	})
+	_, err = c.Capture(ctx, "pay-typed", "cap-1", 0)
+	if !errors.Is(err, client.ErrRejected) || !errors.As(err, &p) || p.Reason != "payment_not_authorized" {
+		t.Fatalf("retry of a refused capture: %v, want ErrRejected payment_not_authorized", err)
 	}
 	if n := len(w.sim.Refunds()); n != 0 {
 		t.Fatalf("%d refunds at the provider, want 0", n)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -27,6 +28,18 @@ type IntakeMarker interface {
 // until a worker claims the key again.
 type OperatorMarker interface {
 	MarkIntakeForOperator(ctx context.Context, merchantID, key, reason, errText string) (bool, error)
+}
+
+// OperationMarker is the optional part of an IntakeMarker that records
+// the dead letter of a refund, a capture or a cancel on the gateway's
+// intake of that very operation (the gateway's store implements it): the
+// row of (merchant, key) whose fingerprint is the command's and which has
+// no currency, as the door stores an operation's (a payment's intake
+// under the same key is never marked). ForOperator is the letter that
+// waits for an operator, as OperatorMarker's.
+type OperationMarker interface {
+	MarkOperationDeadLettered(ctx context.Context, merchantID, key string, fingerprint []byte, seq uint64, reason, errText string) (bool, error)
+	MarkOperationForOperator(ctx context.Context, merchantID, key string, fingerprint []byte, reason, errText string) (bool, error)
 }
 
 // PauseNoter is the optional part of an IntakeMarker that records the
@@ -118,15 +131,16 @@ func (w *Worker) behindMerchant() bool {
 // the gateway answers "waiting for an operator" beside the idempotency
 // record, never "final, send it again under a new key".
 //
-// The gateway takes charges only: the letter of a refund, a capture or a
-// cancel never marks an intake, even one under the same key (they keep
-// their keys apart from charges' in the ledger).
+// The letter of a refund, a capture or a cancel marks only the door's
+// intake of that very operation (operationLetter): its key may be a
+// payment's too, published straight on the queue.
 func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
 	var body []byte
 	if in.cmd == nil && in.msg != nil {
 		body = in.msg.Data()
 	}
 	if actsOnPayment(in.cmd, body, w.cfg.Stream.Limits) {
+		w.operationLetter(ctx, in, reason, cause, log)
 		return
 	}
 	final := finalForClient(reason)
@@ -163,6 +177,43 @@ func (w *Worker) deadLetteredIntake(ctx context.Context, in *inbound, reason str
 		log.Warn("could not record the dead letter on the gateway's intake; the gateway shows the payment queued", "reason", reason, "error", err)
 	case marked:
 		log.Info("gateway intake marked dead-lettered", "reason", reason)
+	}
+}
+
+// operationLetter tells the door's intake of a refund, a capture or a
+// cancel (OperationMarker) that the worker dead-lettered it: final when
+// the ledger's rules refused it (over_refundable, payment_not_charged...)
+// or its input was bad, so a retry of the same operation is answered the
+// refusal for as long as the intake lives and is never published and
+// judged again; else waiting for an operator. A command that did not
+// decode has no fingerprint to match and marks nothing (the door
+// publishes only commands that decode).
+func (w *Worker) operationLetter(ctx context.Context, in *inbound, reason string, cause error, log *slog.Logger) {
+	om, ok := w.intake.(OperationMarker)
+	if !ok || in.cmd == nil || in.meta == nil || in.meta.Sequence.Stream == 0 || in.meta.Sequence.Stream > math.MaxInt64 {
+		return
+	}
+	merchant, key := letterKey(w.cfg.Stream, in.cmd, "", nil)
+	if merchant == "" {
+		return
+	}
+	fp, errText := ledger.Fingerprint(in.cmd), stream.SanitizeHeader(errString(cause))
+	if !finalForClient(reason) && !ledger.IsLedgerRefusal(reason) {
+		marked, err := om.MarkOperationForOperator(ctx, merchant, key, fp, reason, errText)
+		switch {
+		case err != nil:
+			log.Warn("could not record on the gateway's intake that the operation waits for an operator", "reason", reason, "error", err)
+		case marked:
+			log.Info("gateway intake of the operation marked waiting for an operator", "reason", reason)
+		}
+		return
+	}
+	marked, err := om.MarkOperationDeadLettered(ctx, merchant, key, fp, in.meta.Sequence.Stream, reason, errText)
+	switch {
+	case err != nil:
+		log.Warn("could not record the operation's refusal on the gateway's intake; the gateway reads its refused event", "reason", reason, "error", err)
+	case marked:
+		log.Info("gateway intake of the operation marked dead-lettered", "reason", reason)
 	}
 }
 

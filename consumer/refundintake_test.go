@@ -16,12 +16,18 @@ import (
 // false: the command may be in the stream and may be charged).
 func (e *env) gatewayCharge(key string, published bool) *pgstore.Store {
 	e.t.Helper()
+	return e.gatewayIntake(&payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}, published)
+}
+
+// gatewayIntake is gatewayCharge for any command the door takes (a
+// charge, or a refund, capture or cancel).
+func (e *env) gatewayIntake(cmd *payment.Command, published bool) *pgstore.Store {
+	e.t.Helper()
 	intake, err := pgstore.New(e.pool, pgstore.Config{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	charge := &payment.Command{MerchantID: "m_1", IdempotencyKey: key, Amount: 100, Currency: "usd", PaymentMethod: "pm_card_visa"}
-	acqs, err := intake.AcquireIntakes(e.ctx, []ledger.ClaimRequest{ledger.NewClaimRequest(charge)}, 30*time.Second, time.Hour)
+	acqs, err := intake.AcquireIntakes(e.ctx, []ledger.ClaimRequest{ledger.NewClaimRequest(cmd)}, 30*time.Second, time.Hour)
 	if err != nil || acqs[0].Outcome != ledger.IntakeAcquired {
 		e.t.Fatalf("acquire intake: %+v %v", acqs, err)
 	}
@@ -78,6 +84,39 @@ func TestRefundLetterLeavesTheGatewaysChargeAlone(t *testing.T) {
 		time.Sleep(time.Second) // the intake is marked after the term
 		if in, err := intake.GetIntake(e.ctx, "m_1", "order-43"); err != nil || in.DeadLettered() || in.OperatorReason != "" {
 			t.Fatalf("the gateway's charge (publish unknown) made final by a refund's letter: dead_letter=%q operator=%q (%v)", in.DeadLetterReason, in.OperatorReason, err)
+		}
+	})
+}
+
+// TestOperationLetterMarksOnlyItsOwnIntake: the letter of a refund the
+// ledger's rules refuse marks the door's intake of that very refund
+// (final: a retry is answered the refusal, never judged again), and no
+// other: not a refund's of another amount under the key (the door took
+// that one; a refund published straight on the queue reused its key).
+func TestOperationLetterMarksOnlyItsOwnIntake(t *testing.T) {
+	t.Parallel()
+	t.Run("its own", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		intake := e.gatewayIntake(&payment.Command{MerchantID: "m_1", IdempotencyKey: "ref-1", Kind: payment.KindRefund, PaymentKey: "no-such-payment", Amount: 10}, false)
+		e.publish("m_1", refundBody("m_1", "ref-1", "no-such-payment", 10), "", nil)
+		e.eventually("the refund's intake marked", func() bool {
+			in, err := intake.GetIntake(e.ctx, "m_1", "ref-1")
+			return err == nil && in.DeadLetterReason == ledger.RefuseNoPayment
+		})
+	})
+	t.Run("another refund's", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		intake := e.gatewayIntake(&payment.Command{MerchantID: "m_1", IdempotencyKey: "ref-2", Kind: payment.KindRefund, PaymentKey: "no-such-payment", Amount: 10}, false)
+		e.publish("m_1", refundBody("m_1", "ref-2", "no-such-payment", 20), "", nil)
+		if d := e.deadLetterOf("ref-2"); d.Reason != ledger.RefuseNoPayment {
+			t.Fatalf("refund letter %+v", d)
+		}
+		e.quiescent()
+		time.Sleep(time.Second) // the intake is marked after the term
+		if in, err := intake.GetIntake(e.ctx, "m_1", "ref-2"); err != nil || in.DeadLettered() || in.OperatorReason != "" {
+			t.Fatalf("the door's refund marked by another refund's letter: dead_letter=%q operator=%q (%v)", in.DeadLetterReason, in.OperatorReason, err)
 		}
 	})
 }

@@ -186,9 +186,12 @@ func TestGatewayAnswersMatchOpenAPI(t *testing.T) {
 	wantStatus(t, op(false, "", "k-queued", "refunds", "r-bad", `{"amount":5}`), http.StatusUnauthorized)
 	wantStatus(t, op(true, w.keyA, "k-unknown", "refunds", "r-bad", `{"amount":5}`), http.StatusNotFound)
 	for _, what := range []string{"capture", "cancel"} {
-		wantStatus(t, op(true, w.keyA, "k-queued", what, "o-"+what, ``), http.StatusBadRequest) // this worker takes none
+		wantStatus(t, op(true, w.keyA, "k-queued", what, "o-"+what, ``), http.StatusAccepted)
+		wantStatus(t, op(true, w.keyA, "k-queued", what, "o-"+what, ``), http.StatusConflict)
+		wantStatus(t, op(false, w.keyA, "k-queued", what, "o-bad", `{"x":1}`), http.StatusBadRequest)
 		wantStatus(t, op(true, "", "k-queued", what, "o-"+what, ``), http.StatusUnauthorized)
-		wantStatus(t, c.exchange(false, http.MethodGet, "/v1/"+what+"s/o-"+what, w.keyA, "", nil), http.StatusNotFound)
+		wantStatus(t, c.exchange(false, http.MethodGet, "/v1/"+what+"s/o-"+what, w.keyA, "", nil), http.StatusOK)
+		wantStatus(t, c.exchange(false, http.MethodGet, "/v1/"+what+"s/o-none", w.keyA, "", nil), http.StatusNotFound)
 		wantStatus(t, c.exchange(false, http.MethodGet, "/v1/"+what+"s/o-"+what, "", "", nil), http.StatusUnauthorized)
 	}
 	wantStatus(t, c.exchange(false, http.MethodGet, "/v1/refunds/r-queued", w.keyA, "", nil), http.StatusOK)
@@ -229,9 +232,9 @@ func TestGatewayAnswersMatchOpenAPI(t *testing.T) {
 		"GET /v1/payments/{key} 409": true, "GET /v1/payments/{key} 429": true,
 		"GET /v1/payments/{key} 413": true, "GET /v1/payments/{key} 422": true, "GET /v1/payments/{key} 503": true}
 	// A payment's operations: the faults and overloads as above; a refund
-	// the provider refuses (402) only a provider's refusal gives; and this
-	// version's worker takes no capture or cancel, which the door then
-	// refuses (400 invalid_kind) before anything else can be answered.
+	// the provider refuses (402) only a provider's refusal gives; a
+	// capture's and a cancel's other answers are a refund's
+	// (TestCaptureThroughTheDoor, TestCancelThroughTheDoor).
 	for _, code := range []string{"402", "429", "503"} {
 		unseen["POST /v1/payments/{key}/refunds "+code] = true
 	}
@@ -239,10 +242,10 @@ func TestGatewayAnswersMatchOpenAPI(t *testing.T) {
 		unseen["GET /v1/refunds/{key} "+code] = true
 	}
 	for _, what := range []string{"capture", "cancel"} {
-		for _, code := range []string{"200", "202", "402", "404", "409", "413", "415", "422", "429", "503"} {
+		for _, code := range []string{"200", "402", "404", "413", "415", "422", "429", "503"} {
 			unseen["POST /v1/payments/{key}/"+what+" "+code] = true
 		}
-		for _, code := range []string{"200", "409", "429", "503"} {
+		for _, code := range []string{"409", "429", "503"} {
 			unseen["GET /v1/"+what+"s/{key} "+code] = true
 		}
 	}

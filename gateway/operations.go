@@ -153,7 +153,34 @@ func (g *Gateway) postOperation(kind string) http.HandlerFunc {
 				return
 			}
 		}
-		if reason, ok := g.refused(ctx, merchant, key, fp); ok {
+		if kind != payment.KindRefund {
+			// A capture or a cancel the worker claimed answers from its
+			// row, as a refund does.
+			o, err := g.store.GetPaymentOp(ctx, merchant, key)
+			switch {
+			case err == nil && !bytes.Equal(o.RequestHash, fp):
+				g.keyReused(w)
+				return
+			case err == nil && !o.Final():
+				g.keyInUse(w, inFlightRetryAfter)
+				return
+			case err == nil:
+				g.metrics.idempotency.WithLabelValues("replayed").Inc()
+				w.Header().Set("Location", opLocation(kind, key))
+				w.Header().Set(HeaderIdempotentReplay, "true")
+				writeJSON(w, paymentOpAnswerStatus(o), operationOfPaymentOp(o))
+				return
+			case !errors.Is(err, ledger.ErrNotFound):
+				g.logRequestError(r, log, "read capture or cancel", err)
+				unavailable(w)
+				return
+			}
+		}
+		if reason, ok, err := g.refused(ctx, merchant, key, fp); err != nil {
+			g.logRequestError(r, log, "read refusal", err)
+			unavailable(w)
+			return
+		} else if ok {
 			g.opRefused(w, reason)
 			return
 		}
@@ -177,15 +204,22 @@ func (g *Gateway) postOperation(kind string) http.HandlerFunc {
 // refused reports whether the worker refused the operation under key
 // with fingerprint fp that the door published, and why: the ledger's
 // rules refuse a refund (over_refundable...) with a refused outcome
-// event and no row of its own (Store.RefusalOf). An unreadable one
-// counts as none: the batch then decides.
-func (g *Gateway) refused(ctx context.Context, merchant, key string, fp []byte) (string, bool) {
+// event and no row of its own (Store.RefusalOf; the worker also marks
+// the door's intake dead-lettered, which the batch answers). A key with
+// no intake is none; an unreadable intake or event is an error, never
+// none: the batch could then publish the operation again, to be judged
+// again.
+func (g *Gateway) refused(ctx context.Context, merchant, key string, fp []byte) (string, bool, error) {
 	in, err := g.store.GetIntake(ctx, merchant, key)
-	if err != nil || !in.Published() || !bytes.Equal(in.RequestHash, fp) {
-		return "", false
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return "", false, nil
+	case err != nil:
+		return "", false, err
+	case !in.Published() || !bytes.Equal(in.RequestHash, fp):
+		return "", false, nil
 	}
-	reason, ok, err := g.store.RefusalOf(ctx, merchant, key, in.StreamSeq)
-	return reason, ok && err == nil
+	return g.store.RefusalOf(ctx, merchant, key, in.StreamSeq)
 }
 
 // opRefused answers an operation the worker refused: final for its key.
@@ -239,6 +273,12 @@ func (g *Gateway) writeOperation(w http.ResponseWriter, a answer, cmd *payment.C
 		op.Status, op.Reason, op.CreatedAt = StateWaitingForOperator, a.in.OperatorReason, a.in.CreatedAt.UTC()
 		w.Header().Set("Location", opLocation(cmd.Kind, cmd.IdempotencyKey))
 		writeJSON(w, http.StatusAccepted, op)
+	case ansDeadLetter:
+		if ledger.IsLedgerRefusal(a.in.DeadLetterReason) { // the worker refused it (operationLetter)
+			g.opRefused(w, a.in.DeadLetterReason)
+			return
+		}
+		g.write(w, a)
 	default:
 		g.write(w, a)
 	}
@@ -258,17 +298,33 @@ func (g *Gateway) getOperation(kind string) http.HandlerFunc {
 			return
 		}
 		ctx := r.Context()
-		if kind == payment.KindRefund {
-			ref, err := g.store.GetRefund(ctx, merchant, key)
-			if err == nil {
-				writeJSON(w, http.StatusOK, operationOfRefund(ref))
-				return
-			}
-			if !errors.Is(err, ledger.ErrNotFound) {
-				g.logRequestError(r, g.log, "read refund", err)
-				unavailable(w)
-				return
-			}
+		// The worker's row of the key, a refund's or a capture's or a
+		// cancel's: shown on its own kind's route only.
+		ref, err := g.store.GetRefund(ctx, merchant, key)
+		switch {
+		case err == nil && kind == payment.KindRefund:
+			writeJSON(w, http.StatusOK, operationOfRefund(ref))
+			return
+		case err == nil:
+			notFound(w)
+			return
+		case !errors.Is(err, ledger.ErrNotFound):
+			g.logRequestError(r, g.log, "read refund", err)
+			unavailable(w)
+			return
+		}
+		o, err := g.store.GetPaymentOp(ctx, merchant, key)
+		switch {
+		case err == nil && o.Kind == kind:
+			writeJSON(w, http.StatusOK, operationOfPaymentOp(o))
+			return
+		case err == nil:
+			notFound(w)
+			return
+		case !errors.Is(err, ledger.ErrNotFound):
+			g.logRequestError(r, g.log, "read capture or cancel", err)
+			unavailable(w)
+			return
 		}
 		rec, err := g.records.Get(ctx, merchant, key)
 		switch {
@@ -284,6 +340,15 @@ func (g *Gateway) getOperation(kind string) http.HandlerFunc {
 			return
 		}
 		in, err := g.store.GetIntake(ctx, merchant, key)
+		if err == nil && in.Currency == "" {
+			// Another kind's guard row (a refund's key under
+			// /v1/captures/) is not this route's.
+			var of string
+			if of, err = g.store.IntakeKind(ctx, merchant, key); err == nil && of != "" && of != kind {
+				notFound(w)
+				return
+			}
+		}
 		if err == nil && in.Currency == "" {
 			in, _, err = g.settledIntake(ctx, in)
 		}

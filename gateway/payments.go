@@ -453,14 +453,25 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	if st.WaitsForWorker() {
 		p.Delay = g.pauses.get(ctx, g.store, g.log)
 	}
-	if st.Status == ledger.StateSucceeded {
-		refunds, err := g.store.RefundsOf(ctx, merchant, key)
+	if st.Status == ledger.StateAuthorized {
+		// A capture or a cancel moves the ledger row, not the
+		// authorize's record.
+		status, received, err := g.store.PaymentLife(ctx, merchant, key)
+		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			g.logRequestError(r, g.log, "read payment's ledger row", err)
+			unavailable(w)
+			return
+		}
+		withLife(&p, status, received)
+	}
+	if p.Status == StateSucceeded {
+		refunds, total, refunded, err := g.store.RefundsOf(ctx, merchant, key)
 		if err != nil {
 			g.logRequestError(r, g.log, "read refunds", err)
 			unavailable(w)
 			return
 		}
-		withRefunds(&p, refunds)
+		withRefunds(&p, refunds, total, refunded)
 	}
 	writeJSON(w, http.StatusOK, p)
 }

@@ -27,6 +27,9 @@ const (
 	// once refunds of it succeeded: all of its amount, or part of it.
 	StateRefunded          = "refunded"
 	StatePartiallyRefunded = "partially_refunded"
+	// StateCanceled is an authorized payment whose authorization was
+	// canceled: nothing moved (Stripe's canceled).
+	StateCanceled = ledger.PaymentCanceled
 )
 
 // Payment is the gateway's representation of a payment. For a completed
@@ -48,12 +51,17 @@ type Payment struct {
 	// amount_received): its amount once succeeded, 0 while authorized;
 	// absent in any other state.
 	AmountReceived *int64 `json:"amount_received,omitempty"`
-	// AmountRefunded is the sum of its succeeded refunds, and Refunds
-	// lists every refund of it (its own key, amount and state), oldest
-	// first: a GET shows them for a succeeded payment (which then reads
-	// refunded or partially_refunded once refunds of it succeeded).
+	// AmountRefunded is the sum of its succeeded refunds and of those
+	// the provider holds pending (as Stripe's amount_refunded), over all
+	// of them, and Refunds lists its refunds (its own key, amount and
+	// state), oldest first, the first pgstore.MaxRefundsShown: a GET shows
+	// them for a succeeded payment (which then reads refunded or
+	// partially_refunded).
 	AmountRefunded *int64          `json:"amount_refunded,omitempty"`
 	Refunds        []RefundSummary `json:"refunds,omitempty"`
+	// RefundsHasMore says Refunds lists the first refunds only (Stripe's
+	// has_more): AmountRefunded still counts them all.
+	RefundsHasMore bool `json:"refunds_has_more,omitempty"`
 	// Outcome is the provider's stored answer, once completed.
 	Outcome *Outcome `json:"outcome,omitempty"`
 	// Reason is the dead letter's reason of a payment waiting for an
@@ -114,25 +122,41 @@ func paymentOf(st ledger.PaymentState) Payment {
 }
 
 // withRefunds adds a succeeded payment's refunds (Store.RefundsOf) to p:
-// the sum of those that succeeded, each refund's summary, and its status
-// refunded (all of it) or partially_refunded.
-func withRefunds(p *Payment, refunds []ledger.Refund) {
+// the amount refunded (succeeded, or pending at the provider, as
+// Stripe's amount_refunded), the first refunds' summaries (more: not all
+// are listed), and its status refunded (all of it) or
+// partially_refunded.
+func withRefunds(p *Payment, refunds []ledger.Refund, total int, refunded int64) {
 	if p.Status != StateSucceeded {
 		return
 	}
-	var sum int64
 	for _, r := range refunds {
-		if r.Status == ledger.RefundSucceeded {
-			sum += r.Amount
-		}
 		p.Refunds = append(p.Refunds, RefundSummary{IdempotencyKey: r.IdempotencyKey, Amount: r.Amount, Status: refundStatus(r.Status), Reason: r.Reason})
 	}
-	p.AmountRefunded = &sum
+	p.RefundsHasMore = total > len(refunds)
+	p.AmountRefunded = &refunded
+	received := p.Amount
+	if p.AmountReceived != nil {
+		received = *p.AmountReceived
+	}
 	switch {
-	case sum > 0 && sum >= p.Amount:
+	case refunded > 0 && refunded >= received:
 		p.Status = StateRefunded
-	case sum > 0:
+	case refunded > 0:
 		p.Status = StatePartiallyRefunded
+	}
+}
+
+// withLife moves an authorized payment p to where its ledger row stands
+// (Store.PaymentLife): succeeded once captured, with what the capture
+// received; canceled once its authorization was canceled.
+func withLife(p *Payment, status string, received int64) {
+	zero := int64(0)
+	switch status {
+	case ledger.PaymentSucceeded:
+		p.Status, p.AmountCapturable, p.AmountReceived = StateSucceeded, nil, &received
+	case ledger.PaymentCanceled:
+		p.Status, p.AmountCapturable, p.AmountReceived = StateCanceled, nil, &zero
 	}
 }
 
@@ -434,6 +458,43 @@ func operationOfRecord(kind, paymentKey string, rec ledger.Record) Operation {
 		op.CompletedAt = &at
 	}
 	return op
+}
+
+// paymentOpStatus is the state a client is shown of a capture's or a
+// cancel's row: one claimed or whose outcome was lost is processing.
+func paymentOpStatus(status string) string {
+	switch status {
+	case ledger.OpSucceeded:
+		return OpSucceeded
+	case ledger.OpRefused:
+		return OpRefused
+	}
+	return StateProcessing
+}
+
+// operationOfPaymentOp is a capture's or a cancel's row (payment_ops) as
+// its client is shown it: a succeeded capture's amount is what it
+// received.
+func operationOfPaymentOp(o ledger.PaymentOp) Operation {
+	op := Operation{Object: objectOf(o.Kind), IdempotencyKey: o.IdempotencyKey, PaymentKey: o.PaymentKey, Status: paymentOpStatus(o.Status),
+		Amount: o.Amount, Currency: o.Currency, Reason: o.Reason, CreatedAt: o.CreatedAt.UTC()}
+	if o.AmountReceived > 0 {
+		op.Amount = o.AmountReceived
+	}
+	if !o.CompletedAt.IsZero() {
+		at := o.CompletedAt.UTC()
+		op.CompletedAt = &at
+	}
+	return op
+}
+
+// paymentOpAnswerStatus is the HTTP status of a capture or cancel its
+// row settles: 200 done, 402 refused.
+func paymentOpAnswerStatus(o ledger.PaymentOp) int {
+	if o.Status == ledger.OpRefused {
+		return http.StatusPaymentRequired
+	}
+	return http.StatusOK
 }
 
 // refundAnswerStatus is the HTTP status of a refund its row settles: 200

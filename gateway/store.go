@@ -24,6 +24,9 @@ type Records interface {
 // authenticates, and the refunds it shows (read only).
 type Store interface {
 	GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error)
+	// IntakeKind is the kind of the operation whose guard row holds the
+	// key ("" for a payment's, or one taken in before migration 00031).
+	IntakeKind(ctx context.Context, merchantID, key string) (string, error)
 	AcquireNewIntakes(ctx context.Context, reqs []ledger.ClaimRequest, apiKeys [][]byte, lease, retention time.Duration) ([]ledger.IntakeResult, error)
 	AcquireIntakes(ctx context.Context, reqs []ledger.ClaimRequest, lease, retention time.Duration) ([]ledger.IntakeResult, error)
 	ReadBatch(ctx context.Context, hashes [][]byte, refs []ledger.KeyRef) (ledger.BatchReads, error)
@@ -36,9 +39,18 @@ type Store interface {
 	// GetRefund is the worker's row of the refund (merchantID, key), the
 	// refund's own key; ledger.ErrNotFound when none was claimed.
 	GetRefund(ctx context.Context, merchantID, key string) (ledger.Refund, error)
+	// GetPaymentOp is the worker's row of the capture or cancel
+	// (merchantID, key), the operation's own key; ledger.ErrNotFound when
+	// none was claimed.
+	GetPaymentOp(ctx context.Context, merchantID, key string) (ledger.PaymentOp, error)
+	// PaymentLife is the status of the payment's ledger row (moved by a
+	// capture or a cancel) and what a capture received.
+	PaymentLife(ctx context.Context, merchantID, key string) (status string, received int64, err error)
 	// RefundsOf lists the refunds of the payment (merchantID, paymentKey),
-	// oldest first.
-	RefundsOf(ctx context.Context, merchantID, paymentKey string) ([]ledger.Refund, error)
+	// oldest first, the first pgstore.MaxRefundsShown; with how many there
+	// are and the amount refunded (succeeded, or pending at the provider),
+	// over all of them.
+	RefundsOf(ctx context.Context, merchantID, paymentKey string) (refunds []ledger.Refund, total int, refunded int64, err error)
 	// RefusalOf is the reason the worker refused the command it consumed
 	// at stream sequence seq under (merchantID, key), from its refused
 	// outcome event; ok false when there is none.

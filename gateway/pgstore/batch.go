@@ -170,12 +170,15 @@ func validateIntake(r ledger.ClaimRequest) error {
 func intakeArgs(reqs []ledger.ClaimRequest, lease, retention time.Duration) pgx.NamedArgs {
 	n := len(reqs)
 	merchants, keys := make([]string, n), make([]string, n)
-	hashes, amounts, currencies := make([][]byte, n), make([]int64, n), make([]string, n)
+	hashes, amounts, currencies, kinds := make([][]byte, n), make([]int64, n), make([]string, n), make([]string, n)
 	for i, r := range reqs {
 		merchants[i], keys[i], hashes[i], amounts[i], currencies[i] = r.MerchantID, r.IdempotencyKey, r.RequestHash, r.Amount, r.Currency
+		if r.Kind == payment.KindRefund || r.Kind == payment.KindCapture || r.Kind == payment.KindCancel {
+			kinds[i] = r.Kind // an operation's, shown on its own route only
+		}
 	}
 	return pgx.NamedArgs{"merchants": merchants, "keys": keys, "hashes": hashes, "amounts": amounts,
-		"currencies": currencies, "lease": lease, "retention": retention}
+		"currencies": currencies, "kinds": kinds, "lease": lease, "retention": retention}
 }
 
 // acquireOrRead runs an acquireOrRead statement under pinPlans, in one

@@ -88,9 +88,9 @@ func (s *intakeScanner) scan(row pgx.Row) (ledger.Intake, error) {
 // beside this one can deadlock with it: PostgreSQL breaks the deadlock and
 // the batch is retried, as any deadlock is).
 const acquireIntakesSQL = `
-INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, attempt,
+INSERT INTO gateway_intake AS g (merchant_id, idempotency_key, request_hash, amount, currency, kind, attempt,
     locked_until, created_at, expires_at)
-SELECT i.merchant_id, i.idempotency_key, i.request_hash, i.amount, i.currency, 1,
+SELECT i.merchant_id, i.idempotency_key, i.request_hash, i.amount, i.currency, nullif(i.kind, ''), 1,
     ` + dbNow + ` + @lease::interval, ` + dbNow + `, ` + dbNow + ` + @retention::interval
 FROM ` + intakeRequests + `
 ORDER BY i.merchant_id COLLATE "C", i.idempotency_key COLLATE "C"
@@ -98,8 +98,8 @@ ORDER BY i.merchant_id COLLATE "C", i.idempotency_key COLLATE "C"
 
 // intakeRequests is the batch of requests the acquisition takes in, as the
 // relation i.
-const intakeRequests = `unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[])
-    AS i(merchant_id, idempotency_key, request_hash, amount, currency)`
+const intakeRequests = `unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[], @kinds::text[])
+    AS i(merchant_id, idempotency_key, request_hash, amount, currency, kind)`
 
 // acquireOrReadIntakesSQL is acquireIntakesSQL followed by the rows of the
 // keys it did not take over, in one statement: each row with whether this
@@ -117,8 +117,9 @@ var acquireOrReadIntakesSQL = acquireOrRead("", acquireIntakesSQL,
 // of its API key, record and ledger row would have left to the
 // acquisition.
 var acquireNewIntakesSQL = acquireOrRead(`new AS MATERIALIZED (
-    SELECT i.* FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[], @api_keys::bytea[])
-        AS i(merchant_id, idempotency_key, request_hash, amount, currency, api_key)
+    SELECT i.* FROM unnest(@merchants::text[], @keys::text[], @hashes::bytea[], @amounts::bigint[], @currencies::text[], @kinds::text[],
+            @api_keys::bytea[])
+        AS i(merchant_id, idempotency_key, request_hash, amount, currency, kind, api_key)
     WHERE EXISTS (SELECT FROM api_keys a
             WHERE a.key_hash = i.api_key AND a.merchant_id = i.merchant_id AND a.revoked_at IS NULL)
       AND `+dedup.UnknownKeySQL("i")+`),
@@ -141,7 +142,7 @@ WHERE (merchant_id, idempotency_key) IN (
 // acquireIntakeConflict is the takeover rule both acquire statements share
 // (acquireIntakesSQL).
 const acquireIntakeConflict = `ON CONFLICT (merchant_id, idempotency_key) DO UPDATE
-SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency,
+SET request_hash = excluded.request_hash, amount = excluded.amount, currency = excluded.currency, kind = excluded.kind,
     attempt = g.attempt + 1, locked_until = excluded.locked_until,
     published_at = CASE WHEN g.expires_at <= ` + dbNow + ` THEN NULL ELSE g.published_at END,
     stream_seq = CASE WHEN g.expires_at <= ` + dbNow + ` OR g.published_at IS NULL THEN NULL ELSE g.stream_seq END,
@@ -156,6 +157,22 @@ SET request_hash = excluded.request_hash, amount = excluded.amount, currency = e
 WHERE g.expires_at <= ` + dbNow + `
    OR (g.locked_until <= ` + dbNow + ` AND g.dead_lettered_at IS NULL AND g.request_hash = excluded.request_hash)
 RETURNING ` + intakeColumns
+
+// IntakeKind returns the kind of the operation (a refund, a capture or a
+// cancel) whose guard row holds a key (migration 00031); "" for a
+// payment's, or for an operation's taken in before that migration.
+// ledger.ErrNotFound when the key has no guard row.
+func (s *Store) IntakeKind(ctx context.Context, merchantID, key string) (string, error) {
+	var kind string
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		return s.db.Pool.QueryRow(ctx, `SELECT coalesce(kind, '') FROM gateway_intake
+			WHERE merchant_id = $1 AND idempotency_key = $2`, merchantID, key).Scan(&kind)
+	})
+	if err != nil {
+		return "", interpretError("get intake's kind", err)
+	}
+	return kind, nil
+}
 
 // GetIntake returns the guard row for a key, or ledger.ErrNotFound.
 func (s *Store) GetIntake(ctx context.Context, merchantID, key string) (ledger.Intake, error) {
@@ -261,11 +278,36 @@ func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key stri
 	if seq == 0 || seq > math.MaxInt64 {
 		return false, nil
 	}
+	return s.markDeadLettered(ctx, merchantID, key, nil, seq, reason, errText)
+}
+
+// MarkOperationDeadLettered is MarkIntakeDeadLettered for a refund, a
+// capture or a cancel the worker refused (the ledger's rules, or its
+// input): it marks only the door's intake of that very operation, a row
+// with no currency and the command's fingerprint. An operation's key may
+// be a payment's too (published straight on the queue): a payment's
+// intake, or another operation's, is never marked by its letter.
+func (s *Store) MarkOperationDeadLettered(ctx context.Context, merchantID, key string, fingerprint []byte, seq uint64, reason, errText string) (bool, error) {
+	if len(fingerprint) == 0 {
+		return false, errors.New("mark operation's intake dead-lettered: no fingerprint")
+	}
+	if reason == "" {
+		return false, errors.New("mark operation's intake dead-lettered: empty reason")
+	}
+	if seq == 0 || seq > math.MaxInt64 {
+		return false, nil
+	}
+	return s.markDeadLettered(ctx, merchantID, key, fingerprint, seq, reason, errText)
+}
+
+// markDeadLettered runs markIntakeDeadLetteredSQL: fingerprint nil marks
+// a payment's intake, else the operation's of that fingerprint.
+func (s *Store) markDeadLettered(ctx context.Context, merchantID, key string, fingerprint []byte, seq uint64, reason, errText string) (bool, error) {
 	errText = clipErrText(errText)
 	var n int64
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
 		return s.db.Pool.QueryRow(ctx, markIntakeDeadLetteredSQL,
-			merchantID, key, int64(seq), reason, errText, s.db.Now()).Scan(&n)
+			merchantID, key, int64(seq), reason, errText, s.db.Now(), fingerprint).Scan(&n)
 	})
 	if err != nil {
 		return false, interpretError("mark intake dead-lettered", err)
@@ -273,15 +315,22 @@ func (s *Store) MarkIntakeDeadLettered(ctx context.Context, merchantID, key stri
 	return n > 0, nil
 }
 
+// intakeOfLetter matches the intake a letter may mark, its fingerprint
+// the SQL parameter fp: a payment's (fp NULL: a row with a currency), or
+// the operation's of that fingerprint (no currency: migration 00030).
+func intakeOfLetter(fp string) string {
+	return `(CASE WHEN ` + fp + `::bytea IS NULL THEN currency <> '' ELSE currency = '' AND request_hash = ` + fp + `::bytea END)`
+}
+
 // markIntakeDeadLetteredSQL marks the intake and, at commit, wakes the
 // gateway requests waiting on the key (Prefer: wait) with the completion
 // channel's payload: they re-read the key and answer the dead letter.
-const markIntakeDeadLetteredSQL = `
+var markIntakeDeadLetteredSQL = `
 WITH marked AS (
     UPDATE gateway_intake
     SET dead_letter_reason = $4, dead_letter_error = $5, dead_lettered_at = coalesce($6::timestamptz, now()), stream_seq = $3
     WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL
-      AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL))
+      AND (stream_seq = $3 OR (stream_seq IS NULL AND published_at IS NULL)) AND ` + intakeOfLetter("$7") + `
     RETURNING merchant_id, idempotency_key
 ` + notifyMarkedSQL
 
@@ -299,10 +348,30 @@ func (s *Store) MarkIntakeForOperator(ctx context.Context, merchantID, key strin
 	if reason == "" {
 		return false, errors.New("mark intake waiting for an operator: empty reason")
 	}
+	return s.markForOperator(ctx, merchantID, key, nil, reason, errText)
+}
+
+// MarkOperationForOperator is MarkIntakeForOperator for a refund, a
+// capture or a cancel: only the door's intake of that very operation (no
+// currency, the command's fingerprint) is marked, never a payment's or
+// another operation's under the same key.
+func (s *Store) MarkOperationForOperator(ctx context.Context, merchantID, key string, fingerprint []byte, reason, errText string) (bool, error) {
+	if len(fingerprint) == 0 {
+		return false, errors.New("mark operation's intake waiting for an operator: no fingerprint")
+	}
+	if reason == "" {
+		return false, errors.New("mark operation's intake waiting for an operator: empty reason")
+	}
+	return s.markForOperator(ctx, merchantID, key, fingerprint, reason, errText)
+}
+
+// markForOperator runs markIntakeForOperatorSQL (fingerprint as
+// markDeadLettered's).
+func (s *Store) markForOperator(ctx context.Context, merchantID, key string, fingerprint []byte, reason, errText string) (bool, error) {
 	errText = clipErrText(errText)
 	var n int64
 	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		return s.db.Pool.QueryRow(ctx, markIntakeForOperatorSQL, merchantID, key, reason, errText, s.db.Now()).Scan(&n)
+		return s.db.Pool.QueryRow(ctx, markIntakeForOperatorSQL, merchantID, key, reason, errText, s.db.Now(), fingerprint).Scan(&n)
 	})
 	if err != nil {
 		return false, interpretError("mark intake waiting for an operator", err)
@@ -312,11 +381,12 @@ func (s *Store) MarkIntakeForOperator(ctx context.Context, merchantID, key strin
 
 // markIntakeForOperatorSQL is markIntakeDeadLetteredSQL for a letter that
 // waits for an operator.
-const markIntakeForOperatorSQL = `
+var markIntakeForOperatorSQL = `
 WITH marked AS (
     UPDATE gateway_intake
     SET operator_reason = $3, operator_error = $4, operator_at = coalesce($5::timestamptz, now())
     WHERE merchant_id = $1 AND idempotency_key = $2 AND dead_letter_reason IS NULL AND expires_at > coalesce($5::timestamptz, now())
+      AND ` + intakeOfLetter("$6") + `
     RETURNING merchant_id, idempotency_key
 ` + notifyMarkedSQL
 

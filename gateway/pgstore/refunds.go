@@ -13,16 +13,17 @@ import (
 )
 
 // refundReadColumns are the columns of a refund the gateway shows or
-// decides a retried refund by (migration 00030 grants it SELECT on
-// refunds): never its lease or its provider key.
+// decides a retried refund by, the only ones migration 00030 grants it
+// (with id, its order): never its lease, its provider key or its stored
+// response.
 const refundReadColumns = `merchant_id, idempotency_key, payment_key, request_hash, amount, currency, status,
-	coalesce(refund_id, ''), coalesce(response_status, 0), response, coalesce(reason, ''), created_at, updated_at, completed_at`
+	coalesce(refund_id, ''), coalesce(reason, ''), created_at, updated_at, completed_at`
 
 func scanRefundRead(row pgx.Row) (ledger.Refund, error) {
 	var r ledger.Refund
 	var completed *time.Time
 	if err := row.Scan(&r.MerchantID, &r.IdempotencyKey, &r.PaymentKey, &r.RequestHash, &r.Amount, &r.Currency, &r.Status,
-		&r.RefundID, &r.ResponseStatus, &r.Response, &r.Reason, &r.CreatedAt, &r.UpdatedAt, &completed); err != nil {
+		&r.RefundID, &r.Reason, &r.CreatedAt, &r.UpdatedAt, &completed); err != nil {
 		return ledger.Refund{}, err
 	}
 	if completed != nil {
@@ -47,34 +48,49 @@ func (s *Store) GetRefund(ctx context.Context, merchantID, key string) (ledger.R
 	return r, nil
 }
 
-// maxRefundsShown bounds the refunds of one payment a read returns.
-const maxRefundsShown = 100
+// MaxRefundsShown bounds the refunds of one payment a read lists; the
+// sums count them all (RefundsOf).
+const MaxRefundsShown = 100
 
 // RefundsOf returns the refunds of the payment (merchantID, paymentKey),
-// oldest first, at most 100.
-func (s *Store) RefundsOf(ctx context.Context, merchantID, paymentKey string) ([]ledger.Refund, error) {
-	var out []ledger.Refund
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		out = out[:0]
-		rows, err := s.db.Pool.Query(ctx, `SELECT `+refundReadColumns+` FROM refunds
-			WHERE merchant_id = $1 AND payment_key = $2 ORDER BY id LIMIT $3`, merchantID, paymentKey, maxRefundsShown)
+// oldest first, the first MaxRefundsShown of them; and, over all of them
+// (summed in the statement, never cut), how many there are and the amount
+// refunded: the succeeded refunds' and those the provider holds pending
+// (ledger.RefundProcessing), as Stripe's amount_refunded counts its
+// pending refunds. A refund claimed whose call is under way or unknown is
+// not counted: the provider may not have it.
+func (s *Store) RefundsOf(ctx context.Context, merchantID, paymentKey string) (refunds []ledger.Refund, total int, refunded int64, err error) {
+	err = s.db.Retry(ctx, func(ctx context.Context) error {
+		refunds, total, refunded = refunds[:0], 0, 0
+		// The window sums run over every refund of the payment, before
+		// the LIMIT: one statement, one snapshot.
+		rows, err := s.db.Pool.Query(ctx, `SELECT `+refundReadColumns+`, count(*) OVER (),
+				coalesce(sum(amount) FILTER (WHERE status IN ('succeeded', 'processing')) OVER (), 0)
+			FROM refunds WHERE merchant_id = $1 AND payment_key = $2 ORDER BY id LIMIT $3`, merchantID, paymentKey, MaxRefundsShown)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			r, err := scanRefundRead(rows)
-			if err != nil {
+			var r ledger.Refund
+			var completed *time.Time
+			var n int64
+			if err := rows.Scan(&r.MerchantID, &r.IdempotencyKey, &r.PaymentKey, &r.RequestHash, &r.Amount, &r.Currency, &r.Status,
+				&r.RefundID, &r.Reason, &r.CreatedAt, &r.UpdatedAt, &completed, &n, &refunded); err != nil {
 				return err
 			}
-			out = append(out, r)
+			if completed != nil {
+				r.CompletedAt = *completed
+			}
+			total = int(n)
+			refunds = append(refunds, r)
 		}
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, interpretError("list refunds", err)
+		return nil, 0, 0, interpretError("list refunds", err)
 	}
-	return out, nil
+	return refunds, total, refunded, nil
 }
 
 // RefusalOf returns the reason the worker refused the command it
