@@ -87,9 +87,11 @@ func TestWebhookCancelsExpiredAuthorization(t *testing.T) {
 	if err := w.store.Complete(w.ctx, *c.Lease, ledger.CompletionFor(payment.KindAuthorize, out, ledger.ProviderBodyOnly)); err != nil {
 		t.Fatal(err)
 	}
+	// The simulator notes a delivery once its answer is back, after the
+	// gateway's write: wait for both.
 	w.eventually("the webhook records the authorization canceled", func() bool {
 		p, err := w.store.GetPayment(w.ctx, "m_a", "auth")
-		return err == nil && p.Status == ledger.PaymentCanceled
+		return err == nil && p.Status == ledger.PaymentCanceled && len(w.hooks.deliveries()) > 0
 	})
 	got := w.hooks.deliveries()
 	if len(got) != 1 || got[0].status != http.StatusOK || !strings.Contains(string(got[0].body), `"payment_intent.canceled"`) {
