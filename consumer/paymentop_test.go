@@ -425,8 +425,9 @@ func TestRejectedCaptureFreesThePayment(t *testing.T) {
 	if d := e.deadLetterOf("c-1"); d.Reason != stream.ReasonProviderRejected {
 		t.Fatalf("rejected capture: dead letter %+v", d)
 	}
-	if o := e.opDone("m_1", "c-1"); o.Status != ledger.OpRefused || o.Reason != "parameter_invalid_integer" {
-		t.Fatalf("rejected capture %+v, want refused parameter_invalid_integer", o)
+	// Recorded before its dead letter is published.
+	if o, err := e.store.GetPaymentOp(e.ctx, "m_1", "c-1"); err != nil || o.Status != ledger.OpRefused || o.Reason != "parameter_invalid_integer" {
+		t.Fatalf("rejected capture %+v %v, want refused parameter_invalid_integer", o, err)
 	}
 	e.publish("m_1", opBody(payment.KindCapture, "m_1", "c-2", "auth", 0), "", nil)
 	if o := e.opDone("m_1", "c-2"); o.Status != ledger.OpSucceeded {
