@@ -60,7 +60,13 @@ AS $body$
 DECLARE
     p payments%%ROWTYPE;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(current_schema() || '/payment/' || p_merchant || ':' || p_key, 0));
+    -- Not from payment_ops_intent_canceled: that completion holds its
+    -- operation's row, which a claim of the same key locks under the
+    -- payment's lock (a deadlock); its operation, pending until this
+    -- commit, already keeps every other claim out.
+    IF pg_trigger_depth() = 0 THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(current_schema() || '/payment/' || p_merchant || ':' || p_key, 0));
+    END IF;
     canceled := false;
     IF NOT EXISTS (SELECT 1 FROM payment_ops o
                    WHERE o.merchant_id = p_merchant AND o.payment_key = p_key AND o.status IN ('pending', 'unknown', 'succeeded')) THEN
