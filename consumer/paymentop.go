@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -129,14 +131,7 @@ func (p *Processor) paymentOpUnderLease(ctx context.Context, cmd *payment.Comman
 			out, err = im.Cancel(callCtx, provider.CancelRequest{ProviderKey: l.ProviderKey, ChargeID: o.ChargeID, MerchantID: o.MerchantID})
 		}
 		if err != nil {
-			res := release(fmt.Errorf("%s: %w", o.Kind, err))
-			switch provider.ClassOf(err) {
-			case provider.ClassRejected:
-				res.Kind, res.Reason = DeadLetter, stream.ReasonProviderRejected
-			case provider.ClassMismatch:
-				res.Kind, res.Reason = DeadLetter, stream.ReasonProviderMismatch
-			}
-			return res
+			return p.opFailed(sctx, cmd, ps, l, o.Kind, err, release, log)
 		}
 		p.providerAnswered(cmd, nil)
 		if c, known = ledger.PaymentOpCompletionOf(o.Kind, out); !known {
@@ -149,4 +144,63 @@ func (p *Processor) paymentOpUnderLease(ctx context.Context, cmd *payment.Comman
 	log.LogAttrs(ctx, slog.LevelInfo, o.Kind+" completed", slog.String("charge_id", o.ChargeID), slog.String("status", c.Status),
 		slog.Int64("amount", o.Amount), slog.Int64("amount_received", c.AmountReceived), slog.String("reason", c.Reason))
 	return Result{Kind: Completed, Attempt: l.Attempt}
+}
+
+// opFailed answers a capture's or a cancel's call that ended in err. A
+// definitive no of a request the provider wrote nothing for (rejected, or
+// one never sent) is recorded refused with the provider's reason, so it
+// no longer holds the payment (payment_ops_once): another capture or
+// cancel may be claimed, and nothing is looked up again; it is
+// dead-lettered for a person. An idempotency_error (the provider key
+// holds a request with other parameters, which may have moved the
+// intent) and any other failure are released unknown, looked up before
+// any re-call; the definitive ones are dead-lettered too.
+func (p *Processor) opFailed(sctx context.Context, cmd *payment.Command, ps PaymentOpStore, l ledger.Lease, kind string, err error,
+	release func(error) Result, log *slog.Logger) Result {
+	err = fmt.Errorf("%s: %w", kind, err)
+	class := provider.ClassOf(err)
+	if c, ok := refusedOp(class, err); ok {
+		if res, ok := p.recordUnderLease(ps.CompletePaymentOp(sctx, l, c), l, kind, log); !ok {
+			return res
+		}
+		p.providerAnswered(cmd, nil)
+		log.Error(kind+" refused by the provider; recorded refused and dead-lettered for a person", "reason", c.Reason, "error", err)
+		res := Result{Kind: DeadLetter, Reason: stream.ReasonProviderRejected, Err: err, Attempt: l.Attempt}
+		if class == provider.ClassMismatch {
+			res.Reason = stream.ReasonProviderMismatch
+		}
+		return res
+	}
+	res := release(err)
+	switch class {
+	case provider.ClassRejected:
+		res.Kind, res.Reason = DeadLetter, stream.ReasonProviderRejected
+	case provider.ClassMismatch:
+		res.Kind, res.Reason = DeadLetter, stream.ReasonProviderMismatch
+	}
+	return res
+}
+
+// refusedOp is the refused record of a capture's or a cancel's call the
+// provider wrote nothing for: rejected (a 400 invalid_request_error, a
+// 404), or a request that could not be sent as it is. Its reason is the
+// provider's error code (else the class), its response the provider's
+// error fields.
+func refusedOp(class provider.Class, err error) (ledger.PaymentOpCompletion, bool) {
+	if class != provider.ClassRejected && (class != provider.ClassMismatch || !errors.Is(err, provider.ErrInvalidRequest)) {
+		return ledger.PaymentOpCompletion{}, false
+	}
+	var pe *provider.Error
+	if !errors.As(err, &pe) {
+		return ledger.PaymentOpCompletion{}, false
+	}
+	reason := pe.Code
+	if reason == "" {
+		reason = class.String()
+	}
+	body, jerr := json.Marshal(map[string]any{"error": map[string]string{"type": pe.Type, "code": pe.Code, "message": pe.Message}})
+	if jerr != nil {
+		return ledger.PaymentOpCompletion{}, false
+	}
+	return ledger.PaymentOpCompletion{Status: ledger.OpRefused, Reason: reason, ResponseStatus: pe.HTTPStatus, Response: body}, true
 }

@@ -396,3 +396,44 @@ func TestCaptureOutcomesOnTheStream(t *testing.T) {
 		t.Fatalf("events not relayed: %v (relayed %+v)", want, evs)
 	}
 }
+
+// rejectingProvider rejects the first capture, as the provider does a
+// request it refuses definitively, before anything is written.
+type rejectingProvider struct {
+	*stripe.Client
+	rejected atomic.Bool
+}
+
+func (m *rejectingProvider) Capture(ctx context.Context, req provider.CaptureRequest) (*provider.IntentOutcome, error) {
+	if m.rejected.CompareAndSwap(false, true) {
+		return nil, &provider.Error{Class: provider.ClassRejected, HTTPStatus: 400, Type: "invalid_request_error",
+			Code: "parameter_invalid_integer", Message: "Invalid integer"}
+	}
+	return m.Client.Capture(ctx, req)
+}
+
+// TestRejectedCaptureFreesThePayment: a capture the provider rejects
+// definitively (nothing written) is recorded refused with the provider's
+// reason and dead-lettered: it no longer holds the payment, so a new
+// capture of it is claimed and succeeds.
+func TestRejectedCaptureFreesThePayment(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.startWorker("w1", &rejectingProvider{Client: e.stripe})
+	e.authorizedPay("m_1", "auth", 100)
+	e.publish("m_1", opBody(payment.KindCapture, "m_1", "c-1", "auth", 0), "", nil)
+	if d := e.deadLetterOf("c-1"); d.Reason != stream.ReasonProviderRejected {
+		t.Fatalf("rejected capture: dead letter %+v", d)
+	}
+	// Recorded before its dead letter is published.
+	if o, err := e.store.GetPaymentOp(e.ctx, "m_1", "c-1"); err != nil || o.Status != ledger.OpRefused || o.Reason != "parameter_invalid_integer" {
+		t.Fatalf("rejected capture %+v %v, want refused parameter_invalid_integer", o, err)
+	}
+	e.publish("m_1", opBody(payment.KindCapture, "m_1", "c-2", "auth", 0), "", nil)
+	if o := e.opDone("m_1", "c-2"); o.Status != ledger.OpSucceeded {
+		t.Fatalf("capture after a rejected one %+v, want succeeded", o)
+	}
+	if pay, err := e.store.GetPayment(e.ctx, "m_1", "auth"); err != nil || pay.Status != ledger.PaymentSucceeded {
+		t.Fatalf("payment %+v %v, want succeeded", pay, err)
+	}
+}

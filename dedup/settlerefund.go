@@ -32,6 +32,12 @@ func (s *Store) SettleRefund(ctx context.Context, merchantID, key string, c ledg
 	if c.Status != ledger.RefundSucceeded && c.Status != ledger.RefundFailed {
 		return false, "", fmt.Errorf("settle refund: status %q is neither %s nor %s", c.Status, ledger.RefundSucceeded, ledger.RefundFailed)
 	}
+	return s.settleRefund(ctx, settleRefundSQL, merchantID, key, c)
+}
+
+// settleRefund runs one of the settle statements (settleRefundSQL,
+// settleRefundSucceededSQL) for c.
+func (s *Store) settleRefund(ctx context.Context, sql, merchantID, key string, c ledger.RefundCompletion) (settled bool, status string, err error) {
 	if c.RefundID == "" || len(c.Response) == 0 || !json.Valid(c.Response) || c.ResponseStatus < 100 || c.ResponseStatus > 599 {
 		return false, "", errors.New("settle refund: needs the refund id, a JSON response and its HTTP status")
 	}
@@ -39,7 +45,7 @@ func (s *Store) SettleRefund(ctx context.Context, merchantID, key string, c ledg
 		"response_status": int32(c.ResponseStatus), "response": []byte(c.Response), "now": s.db.Now()}
 	var st *string
 	err = s.db.Retry(ctx, func(ctx context.Context) error {
-		return s.db.Pool.QueryRow(ctx, settleRefundSQL, args).Scan(&settled, &st)
+		return s.db.Pool.QueryRow(ctx, sql, args).Scan(&settled, &st)
 	})
 	if err != nil {
 		return false, "", interpretError("settle refund", err)
@@ -48,6 +54,23 @@ func (s *Store) SettleRefund(ctx context.Context, merchantID, key string, c ledg
 		return false, "", fmt.Errorf("settle refund: %w", ledger.ErrNotFound)
 	}
 	return settled, *st, nil
+}
+
+// settleRefundSucceededSQL moves one processing refund to succeeded only:
+// settle_refund_succeeded (migration 00033), the gateway's one way to
+// settle a refund. It can never free a refund's amount.
+const settleRefundSucceededSQL = `SELECT settled, status FROM settle_refund_succeeded(@merchant, @key, @refund_id, @reason,
+    @response_status, @response, @now)`
+
+// SettleRefundSucceeded is SettleRefund for a refund the provider reports
+// succeeded, the webhook's (the gateway's role may not fail a refund: an
+// event is only a hint, and a failed refund's amount is free to refund
+// again). c.Status must be RefundSucceeded.
+func (s *Store) SettleRefundSucceeded(ctx context.Context, merchantID, key string, c ledger.RefundCompletion) (settled bool, status string, err error) {
+	if c.Status != ledger.RefundSucceeded {
+		return false, "", fmt.Errorf("settle refund succeeded: status %q is not %s", c.Status, ledger.RefundSucceeded)
+	}
+	return s.settleRefund(ctx, settleRefundSucceededSQL, merchantID, key, c)
 }
 
 // ProcessingRefunds returns up to limit refunds the provider holds

@@ -100,9 +100,10 @@ func TestSettleRefundOnceUnderRace(t *testing.T) {
 	}
 }
 
-// TestRolesSettleRefunds: the worker (the reconciler) and the gateway (the
-// webhook) settle a pending refund through settle_refund, the gateway
-// with no right to write the refunds table itself.
+// TestRolesSettleRefunds: the worker (the reconciler) settles a pending
+// refund through settle_refund, the gateway (the webhook) to succeeded
+// only through settle_refund_succeeded, with no right to write the
+// refunds table itself.
 func TestRolesSettleRefunds(t *testing.T) {
 	t.Parallel()
 	ownerURL := testenv.PostgresURL(t)
@@ -119,10 +120,10 @@ func TestRolesSettleRefunds(t *testing.T) {
 	b.chargedPayment(t, "m_1", "pay", 100)
 	b.processingRefund(t, "r-1", "pay", 60, "re_1")
 	b.processingRefund(t, "r-2", "pay", 40, "re_2")
-	if ok, status, err := gateway.SettleRefund(b.ctx, "m_1", "r-1", refundFailed("re_1")); !ok || status != ledger.RefundFailed || err != nil {
+	if ok, status, err := gateway.SettleRefundSucceeded(b.ctx, "m_1", "r-1", refunded("re_1")); !ok || status != ledger.RefundSucceeded || err != nil {
 		t.Fatalf("settle as the gateway: %v %s %v", ok, status, err)
 	}
-	if ok, status, err := worker.SettleRefund(b.ctx, "m_1", "r-2", refunded("re_2")); !ok || status != ledger.RefundSucceeded || err != nil {
+	if ok, status, err := worker.SettleRefund(b.ctx, "m_1", "r-2", refundFailed("re_2")); !ok || status != ledger.RefundFailed || err != nil {
 		t.Fatalf("settle as the worker: %v %s %v", ok, status, err)
 	}
 	if _, err := gwPool.Exec(b.ctx, `UPDATE refunds SET status = 'failed' WHERE refund_id = 're_2'`); err == nil {

@@ -244,14 +244,16 @@ type EventVerifier interface {
 
 // Ledger is what the webhook reads and writes of the payments ledger
 // (*dedup.Store): a key's payment, and the one transition of a processing
-// payment to its outcome, the statement the reconciler settles with; the
-// same of a refund the provider held pending (SettleRefund reports
-// whether this call settled it and the refund's status after it;
-// ledger.ErrNotFound when the ledger has no such refund).
+// payment to its outcome, the statement the reconciler settles with; a
+// refund the provider held pending settled to succeeded only
+// (SettleRefundSucceeded reports whether this call settled it and the
+// refund's status after it; ledger.ErrNotFound when the ledger has no
+// such refund): an event is a hint, and only the reconciler's lookup may
+// fail a refund and free its amount.
 type Ledger interface {
 	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
 	SettlePayment(ctx context.Context, p ledger.Payment, status string, responseStatus int, response json.RawMessage) error
-	SettleRefund(ctx context.Context, merchantID, key string, c ledger.RefundCompletion) (settled bool, status string, err error)
+	SettleRefundSucceeded(ctx context.Context, merchantID, key string, c ledger.RefundCompletion) (settled bool, status string, err error)
 	// RequestRefundRecheck stamps a succeeded refund for the reconciler
 	// to look up again (an event says the provider failed it).
 	RequestRefundRecheck(ctx context.Context, merchantID, key, refundID string) (requested bool, status string, err error)

@@ -185,7 +185,12 @@ func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, er
 // an authorized payment to canceled with its canceled event, once; an
 // intent still requires_capture (payment_intent.amount_capturable_updated)
 // agrees with an authorized one. A capture or a cancel made through
-// paydedup moves the payment itself, with its operation's event.
+// paydedup moves the payment itself, with its operation's event; while
+// one holds (claimed, its answer lost, or done) the provider's cancel
+// changes nothing (cancel_authorized_payment, migration 00033, under the
+// payment's lock) and is answered disagrees: the operation's own outcome
+// decides (a capture the provider refuses as canceled cancels the
+// payment), so Stripe need not send the event again.
 func (g *Gateway) applyAuthorization(ctx context.Context, p ledger.Payment, out *provider.Outcome, log *slog.Logger) (string, error) {
 	switch {
 	case out.Status == provider.StatusCanceled && p.Status == ledger.PaymentCanceled:
@@ -201,6 +206,9 @@ func (g *Gateway) applyAuthorization(ctx context.Context, p ledger.Payment, out 
 			return WebhookSettled, nil
 		case status == ledger.PaymentCanceled:
 			return WebhookAgrees, nil
+		case status == ledger.PaymentAuthorized:
+			log.Error("provider reports canceled an authorized payment a capture or cancel of which holds; the operation's outcome decides")
+			return WebhookDisagrees, nil
 		}
 		log.Error("webhook event disagrees with the ledger; the ledger is unchanged", "ledger_status", status, "event_status", out.Status)
 		return WebhookDisagrees, nil

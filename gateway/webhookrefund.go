@@ -10,15 +10,19 @@ import (
 	"github.com/paydedup/paydedup/provider"
 )
 
-// applyRefunds settles the refunds a refund event carries that the ledger
-// holds as processing (the provider answered them pending), through the
-// statement the reconciler settles them with: a failed one frees its
-// amount, and each writes its outcome event once. A refund already
-// settled (by the reconciler, an earlier delivery) is checked, never
-// changed, so a redelivered event publishes nothing again. The event's
-// result is the most telling of its refunds': an error, then a
-// disagreement, then a settle. Every refund is applied even when one
-// fails: the event's error (a 503, so it is sent again) is the first.
+// applyRefunds applies the refunds a refund event carries. A succeeded
+// one the ledger holds processing (the provider answered it pending) is
+// settled, with its outcome event, once; a failed or canceled one is only
+// a hint, since the event may be forged or stale and the refund may still
+// be paid out: the ledger never frees a refund's amount on an event's
+// word. The reconciler looks every processing refund up each pass, and
+// one a succeeded refund's failure is reported of is stamped for its
+// lookup (requestRecheck). A refund already settled (by the reconciler,
+// an earlier delivery) is checked, never changed, so a redelivered event
+// publishes nothing again. The event's result is the most telling of its
+// refunds': an error, then a recheck, then a disagreement, then a settle.
+// Every refund is applied even when one fails: the event's error (a 503,
+// so it is sent again) is the first.
 func (g *Gateway) applyRefunds(ctx context.Context, ev provider.Event) (string, error) {
 	result := WebhookIgnoredType
 	rank := map[string]int{WebhookIgnoredType: 0, WebhookNotOurs: 1, WebhookNoPayment: 2, WebhookStillProcessing: 3,
@@ -50,10 +54,14 @@ func (g *Gateway) applyRefund(ctx context.Context, ev provider.Event, re *provid
 	log := g.log.With("event_id", ev.ID, "type", ev.Type, "merchant_id", re.MerchantID,
 		"idempotency_key", re.IdempotencyKey, "refund_id", re.RefundID)
 	c := ledger.RefundCompletionOf(re)
-	if c.Status != ledger.RefundSucceeded && c.Status != ledger.RefundFailed {
+	switch c.Status {
+	case ledger.RefundSucceeded:
+	case ledger.RefundFailed:
+		return g.reportedFailed(ctx, re, log)
+	default:
 		return WebhookStillProcessing, nil
 	}
-	settled, status, err := g.cfg.Webhooks.Ledger.SettleRefund(ctx, re.MerchantID, re.IdempotencyKey, c)
+	settled, status, err := g.cfg.Webhooks.Ledger.SettleRefundSucceeded(ctx, re.MerchantID, re.IdempotencyKey, c)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		return g.refundNotFound(ctx, re, log)
@@ -68,9 +76,6 @@ func (g *Gateway) applyRefund(ctx context.Context, ev provider.Event, re *provid
 		// Its answer is not recorded yet; the worker or the reconciler
 		// records it (a lookup sees the same final refund).
 		return WebhookStillProcessing, nil
-	}
-	if status == ledger.RefundSucceeded && c.Status == ledger.RefundFailed {
-		return g.requestRecheck(ctx, re, log)
 	}
 	// A stale event (succeeded, for a refund the provider failed since)
 	// never moves a failed refund back.
@@ -95,6 +100,36 @@ func (g *Gateway) refundNotFound(ctx context.Context, re *provider.RefundOutcome
 	}
 	log.Info("webhook event for a refund not in the ledger; ignored")
 	return WebhookNoPayment, nil
+}
+
+// reportedFailed answers an event that says the provider failed (or
+// canceled) a refund. Nothing is moved on its word: a refund the ledger
+// holds processing stays so, holding its amount, and the reconciler's
+// settle pass, which looks every processing refund up each pass, fails
+// it once the provider confirms; a succeeded one is stamped for a
+// recheck (requestRecheck). Both answer recheck_requested. A refund
+// failed already agrees; one not answered yet is the worker's.
+func (g *Gateway) reportedFailed(ctx context.Context, re *provider.RefundOutcome, log *slog.Logger) (string, error) {
+	rf, err := g.cfg.Webhooks.Ledger.GetRefund(ctx, re.MerchantID, re.IdempotencyKey)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound) || (err == nil && rf.RefundID != re.RefundID):
+		return g.refundNotFound(ctx, re, log)
+	case err != nil:
+		return WebhookError, fmt.Errorf("read refund: %w", err)
+	}
+	switch rf.Status {
+	case ledger.RefundProcessing:
+		log.Warn("provider reports failed a refund the ledger holds pending; the reconciler's lookup settles it")
+		return WebhookRecheckRequested, nil
+	case ledger.RefundSucceeded:
+		return g.requestRecheck(ctx, re, log)
+	case ledger.RefundFailed:
+		return WebhookAgrees, nil
+	case ledger.RefundPending, ledger.RefundUnknown:
+		return WebhookStillProcessing, nil
+	}
+	log.Error("webhook event disagrees with the ledger's refund; the ledger is unchanged", "ledger_status", rf.Status, "event_status", ledger.RefundFailed)
+	return WebhookDisagrees, nil
 }
 
 // requestRecheck answers an event that says the provider failed a refund

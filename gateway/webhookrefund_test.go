@@ -50,11 +50,12 @@ func (w *world) processingRefund(key, pay string, amount int64, id string) {
 	}
 }
 
-// Refunds the provider held pending settle through refund.updated,
-// charge.refund.updated and charge.refunded: a failed one frees its
-// amount; each writes one event however often its event is delivered, or
-// when the reconciler settled it first; a contradicting event changes
-// nothing.
+// Refunds the provider held pending settle succeeded through
+// refund.updated, charge.refund.updated and charge.refunded; a failed
+// report is only a hint, the reconciler's lookup fails the refund and
+// frees its amount; each writes one event however often its event is
+// delivered, or when the reconciler settled it first; a contradicting
+// event changes nothing.
 func TestWebhookSettlesPendingRefunds(t *testing.T) {
 	t.Parallel()
 	w := setupWith(t, gateway.Config{}, options{webhookSecret: webhookSecret})
@@ -86,7 +87,15 @@ func TestWebhookSettlesPendingRefunds(t *testing.T) {
 	}
 
 	failed := event("evt_1", "refund.updated", refundObject("re_1", "pi_pay", "failed", 600, "r-1"))
-	post(failed, gateway.WebhookSettled)
+	post(failed, gateway.WebhookRecheckRequested)
+	if r := refund("r-1"); r.Status != ledger.RefundProcessing {
+		t.Fatalf("refund after a failed report: %+v, want processing", r)
+	}
+	// The reconciler's lookup confirms it.
+	if ok, _, err := w.store.SettleRefund(w.ctx, "m_a", "r-1", ledger.RefundCompletion{Status: ledger.RefundFailed, RefundID: "re_1",
+		Reason: "expired_or_canceled_card", ResponseStatus: 200, Response: json.RawMessage(`{"id":"re_1","status":"failed"}`)}); !ok || err != nil {
+		t.Fatalf("settle by lookup: %v %v", ok, err)
+	}
 	if r := refund("r-1"); r.Status != ledger.RefundFailed || r.Reason != "expired_or_canceled_card" {
 		t.Fatalf("refund after its failure: %+v", r)
 	}
@@ -131,10 +140,11 @@ func TestWebhookSettlesPendingRefunds(t *testing.T) {
 	}
 }
 
-// A refund the provider answers pending and fails later settles through
-// the refund.updated the simulator posts, with no reconciler running: its
-// amount is free again, one refund_failed event is written, and the event
-// delivered again changes nothing.
+// A refund the provider answers pending and fails later is reported by
+// the refund.updated the simulator posts: a hint only, the refund stays
+// processing until a lookup (the reconciler's) confirms; then its amount
+// is free again, one refund_failed event is written, and the event
+// delivered again agrees.
 func TestWebhookSettlesRefundFailedAtTheProvider(t *testing.T) {
 	t.Parallel()
 	w := setupWith(t, gateway.Config{}, options{webhookSecret: webhookSecret, processingDelay: 300 * time.Millisecond})
@@ -171,13 +181,21 @@ func TestWebhookSettlesRefundFailedAtTheProvider(t *testing.T) {
 	if err := w.store.CompleteRefund(w.ctx, *rc.Lease, ledger.RefundCompletionOf(re)); err != nil {
 		t.Fatal(err)
 	}
-	w.eventually("the webhook settles the refund failed", func() bool {
-		r, err := w.store.GetRefund(w.ctx, "m_a", "r-1")
-		return err == nil && r.Status == ledger.RefundFailed
-	})
+	w.eventually("the provider reports the refund failed", func() bool { return len(w.hooks.deliveries()) > 0 })
 	got := w.hooks.deliveries()
 	if len(got) != 1 || got[0].status != http.StatusOK || !strings.Contains(string(got[0].body), `"refund.updated"`) {
 		t.Fatalf("deliveries %+v, want one refund.updated answered 200", got)
+	}
+	if r, err := w.store.GetRefund(w.ctx, "m_a", "r-1"); err != nil || r.Status != ledger.RefundProcessing {
+		t.Fatalf("refund after the provider's report: %+v %v, want processing", r, err)
+	}
+	found, err := st.LookupRefund(w.ctx, provider.RefundLookupRequest{ChargeID: out.ChargeID, MerchantID: "m_a",
+		IdempotencyKey: "r-1", Amount: 1000})
+	if err != nil || !found.Found {
+		t.Fatalf("lookup: %+v %v", found, err)
+	}
+	if ok, _, err := w.store.SettleRefund(w.ctx, "m_a", "r-1", ledger.RefundCompletionOf(found.Outcome)); !ok || err != nil {
+		t.Fatalf("settle by lookup: %v %v", ok, err)
 	}
 	if code, res := w.webhook(got[0].body, got[0].signature); code != http.StatusOK || res != gateway.WebhookAgrees {
 		t.Fatalf("replay: %d %q, want 200 %q", code, res, gateway.WebhookAgrees)
@@ -225,7 +243,11 @@ func TestWebhookAsksRecheckOfSucceededRefundReportedFailed(t *testing.T) {
 	if n := w.count(`SELECT count(*) FROM outcome_events WHERE idempotency_key = 'r-1'`); n != 1 {
 		t.Fatalf("%d events of r-1, want its refunded one only", n)
 	}
-	post(event("evt_4", "refund.updated", refundObject("re_2", "pi_pay", "failed", 400, "r-2")), gateway.WebhookSettled)
+	post(event("evt_4", "refund.updated", refundObject("re_2", "pi_pay", "failed", 400, "r-2")), gateway.WebhookRecheckRequested)
+	if ok, _, err := w.store.SettleRefund(w.ctx, "m_a", "r-2", ledger.RefundCompletion{Status: ledger.RefundFailed, RefundID: "re_2",
+		ResponseStatus: 200, Response: json.RawMessage(`{"id":"re_2","status":"failed"}`)}); !ok || err != nil {
+		t.Fatalf("settle by lookup: %v %v", ok, err)
+	}
 	post(event("evt_5", "refund.updated", refundObject("re_2", "pi_pay", "succeeded", 400, "r-2")), gateway.WebhookDisagrees)
 	if r, err := w.store.GetRefund(w.ctx, "m_a", "r-2"); err != nil || r.Status != ledger.RefundFailed {
 		t.Fatalf("a stale succeeded event moved a failed refund: %+v %v", r, err)
@@ -250,7 +272,7 @@ func TestWebhookRetriesRefundNotRecordedYet(t *testing.T) {
 	if err != nil || rc.Outcome != ledger.Claimed {
 		t.Fatalf("claim refund: %+v %v", rc, err)
 	}
-	body := event("evt_1", "refund.updated", refundObject("re_1", "pi_pay", "failed", 600, "r-1"))
+	body := event("evt_1", "refund.updated", refundObject("re_1", "pi_pay", "succeeded", 600, "r-1"))
 	if code, _ := w.webhook(body, signHMAC(body, webhookSecret, time.Now())); code != http.StatusServiceUnavailable {
 		t.Fatalf("event before the refund id is recorded: %d, want 503", code)
 	}
@@ -260,5 +282,55 @@ func TestWebhookRetriesRefundNotRecordedYet(t *testing.T) {
 	}
 	if code, res := w.webhook(body, signHMAC(body, webhookSecret, time.Now())); code != http.StatusOK || res != gateway.WebhookSettled {
 		t.Fatalf("event sent again: %d %q, want 200 %q", code, res, gateway.WebhookSettled)
+	}
+}
+
+// A refund event that says the provider failed (or canceled) a refund the
+// ledger holds processing never frees its amount: the event may be forged
+// or stale, and the refund may still succeed at the provider. The refund
+// stays processing, so a second refund of its amount is refused
+// over_refundable, until the reconciler's lookup settles it failed.
+func TestWebhookFailedReportOfPendingRefundIsOnlyAHint(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, options{webhookSecret: webhookSecret})
+	c, err := w.store.Claim(w.ctx, "w", time.Minute, storetest.Req("m_a", "pay", 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.store.Complete(w.ctx, *c.Lease, storetest.Charged("pi_pay")); err != nil {
+		t.Fatal(err)
+	}
+	w.processingRefund("r-1", "pay", 600, "re_1")
+	for _, id := range []string{"evt_1", "evt_2"} {
+		body := event(id, "refund.updated", refundObject("re_1", "pi_pay", "failed", 600, "r-1"))
+		if code, res := w.webhook(body, signHMAC(body, webhookSecret, time.Now())); code != http.StatusOK || res != gateway.WebhookRecheckRequested {
+			t.Fatalf("failed report of a pending refund: %d %q, want 200 %q", code, res, gateway.WebhookRecheckRequested)
+		}
+	}
+	if r, err := w.store.GetRefund(w.ctx, "m_a", "r-1"); err != nil || r.Status != ledger.RefundProcessing {
+		t.Fatalf("refund after a failed report: %+v %v, want processing", r, err)
+	}
+	if n := w.count(`SELECT count(*) FROM outcome_events WHERE idempotency_key = 'r-1'`); n != 0 {
+		t.Fatalf("%d events of r-1, want none", n)
+	}
+	again := func(key string) ledger.RefundClaim {
+		t.Helper()
+		got, err := w.store.ClaimRefund(w.ctx, "w", time.Minute, ledger.NewRefundRequest(&payment.Command{MerchantID: "m_a",
+			IdempotencyKey: key, PaymentKey: "pay", Amount: 600, Kind: payment.KindRefund}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := again("r-2"); got.Outcome != ledger.Refused || got.Reason != ledger.RefuseOverRefundable {
+		t.Fatalf("a second refund of the reported amount: %+v, want refused %s", got, ledger.RefuseOverRefundable)
+	}
+	// The reconciler's lookup confirms: the refund fails, its amount is free.
+	if ok, _, err := w.store.SettleRefund(w.ctx, "m_a", "r-1", ledger.RefundCompletion{Status: ledger.RefundFailed, RefundID: "re_1",
+		ResponseStatus: 200, Response: json.RawMessage(`{"id":"re_1","status":"failed"}`)}); !ok || err != nil {
+		t.Fatalf("settle by lookup: %v %v", ok, err)
+	}
+	if got := again("r-3"); got.Outcome != ledger.Claimed {
+		t.Fatalf("a refund after the lookup confirmed the failure: %+v, want claimed", got)
 	}
 }
