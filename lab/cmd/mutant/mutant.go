@@ -515,12 +515,18 @@ func Baseline(ctx context.Context, runners []Runner, ms []Mutant) error {
 	return errors.Join(errs...)
 }
 
+// baselineTimeouts is how many mutants' timeouts the baseline of one
+// package may take: it runs the tests of every mutant of the package at
+// once (a hundred in consumer), where a mutant runs its own.
+const baselineTimeouts = 4
+
 // baseline runs the tests of ms in the package p on the unmutated copy.
 func (r Runner) baseline(ctx context.Context, p string, ms []Mutant) error {
 	var res []string
 	for _, m := range ms {
 		res = append(res, topLevel(m.Run))
 	}
+	r.Timeout *= baselineTimeouts
 	events, out, err := r.goTest(ctx, []string{p}, strings.Join(res, "|"))
 	if err != nil {
 		return fmt.Errorf("the tests of %s fail on the unmutated tree (%v):\n%s", p, err, tail(out, 40))
