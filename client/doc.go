@@ -54,5 +54,8 @@
 // Nats-Msg-Id <merchant_id>:<idempotency_key>, the PubAck awaited and
 // checked, a lost PubAck retried with the same message id, and a publish
 // the stream's duplicate window dropped as a copy of the same command
-// reported as Published.Duplicate.
+// reported as Published.Duplicate. FollowOutcomes follows a merchant's
+// outcome events (payments.outcomes.<merchant_id>) in the stream's order,
+// from the oldest kept or after a stored stream sequence; handle each
+// event_id once.
 package client
