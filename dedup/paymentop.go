@@ -250,29 +250,11 @@ func (s *Store) CompletePaymentOp(ctx context.Context, l ledger.Lease, c ledger.
 	args := pgx.NamedArgs{"merchant": l.MerchantID, "key": l.IdempotencyKey, "holder": l.Holder, "attempt": int32(l.Attempt),
 		"status": c.Status, "received": c.AmountReceived, "reason": c.Reason, "response_status": int32(c.ResponseStatus),
 		"response": []byte(c.Response), "now": s.db.Now()}
-	var n int
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		n = 0
-		err := s.db.Pool.QueryRow(ctx, completePaymentOpSQL, args).Scan(&n)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
-		return interpretError("complete payment op", err)
-	}
-	if n == 1 {
-		return nil
-	}
-	o, err := s.GetPaymentOp(ctx, l.MerchantID, l.IdempotencyKey)
-	if err != nil {
-		return fmt.Errorf("complete payment op: %w", err)
-	}
-	if o.Status == c.Status && o.LockedBy == l.Holder && o.Attempts == l.Attempt {
-		return nil // already completed by this very lease
-	}
-	return fmt.Errorf("complete payment op: %w", ledger.ErrLeaseLost)
+	return s.completeOpUnderLease(ctx, "complete payment op", completePaymentOpSQL, args, l, c.Status,
+		func() (string, string, int, error) {
+			o, err := s.GetPaymentOp(ctx, l.MerchantID, l.IdempotencyKey)
+			return o.Status, o.LockedBy, o.Attempts, err
+		})
 }
 
 // ReleasePaymentOp gives up the lease of an operation whose call's outcome
@@ -280,62 +262,18 @@ func (s *Store) CompletePaymentOp(ctx context.Context, l ledger.Lease, c ledger.
 // capture or cancel of it may be claimed), and is looked up before any
 // re-call. With a lost lease it is ledger.ErrLeaseLost.
 func (s *Store) ReleasePaymentOp(ctx context.Context, l ledger.Lease, reason string) error {
-	var n int
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		n = 0
-		err := s.db.Pool.QueryRow(ctx, `UPDATE payment_ops
-            SET status = 'unknown', locked_until = NULL, last_error = @reason, updated_at = `+dbNow+`
-            WHERE merchant_id = @merchant AND idempotency_key = @key AND status = 'pending'
-              AND locked_by = @holder AND attempts = @attempt
-            RETURNING 1`, pgx.NamedArgs{"merchant": l.MerchantID, "key": l.IdempotencyKey, "holder": l.Holder,
-			"attempt": int32(l.Attempt), "reason": clipError(reason), "now": s.db.Now()}).Scan(&n)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
-		return interpretError("release payment op", err)
-	}
-	if n != 1 {
-		return fmt.Errorf("release payment op: %w", ledger.ErrLeaseLost)
-	}
-	return nil
+	return s.releaseOpLease(ctx, "release payment op", paymentOpsTable, l, reason)
 }
 
 // GetPaymentOp returns the capture or cancel (merchantID, key);
 // ledger.ErrNotFound when there is none.
 func (s *Store) GetPaymentOp(ctx context.Context, merchantID, key string) (ledger.PaymentOp, error) {
-	var o ledger.PaymentOp
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		var err error
-		o, err = scanPaymentOp(s.db.Pool.QueryRow(ctx, `SELECT `+paymentOpColumns+` FROM payment_ops
-            WHERE merchant_id = $1 AND idempotency_key = $2`, merchantID, key))
-		return err
-	})
-	if err != nil {
-		return ledger.PaymentOp{}, interpretError("get payment op", err)
-	}
-	return o, nil
+	return getOp(ctx, s, "get payment op", paymentOpsTable, paymentOpColumns, scanPaymentOp, merchantID, key)
 }
 
-// acquireStuckPaymentOpsSQL leases up to @limit captures and cancels that
-// may have been made and that no one resolves, as acquireStuckRefundsSQL
-// does refunds.
-var acquireStuckPaymentOpsSQL = `
-WITH stuck AS (
-    SELECT id FROM payment_ops
-    WHERE status IN ('pending', 'unknown') AND updated_at <= ` + dbNow + ` - @grace::interval
-      AND (status = 'unknown' OR locked_until <= ` + dbNow + ` - @grace::interval)
-    ORDER BY updated_at
-    LIMIT @limit
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE payment_ops AS o
-SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + ` + @lease::interval, attempts = o.attempts + 1,
-    updated_at = ` + dbNow + `
-FROM stuck WHERE o.id = stuck.id
-RETURNING ` + paymentOpColumnsOf("o")
+// acquireStuckPaymentOpsSQL leases the captures and cancels that may
+// have been made and that no one resolves (acquireStuckOpsSQL).
+var acquireStuckPaymentOpsSQL = acquireStuckOpsSQL(paymentOpsTable, "o", paymentOpColumnsOf("o"))
 
 // AcquireStuckPaymentOps leases, for holder, up to limit captures and
 // cancels that may have been made and that neither a redelivery nor
@@ -343,29 +281,5 @@ RETURNING ` + paymentOpColumnsOf("o")
 // re-called, and recorded under its lease (CompletePaymentOp) or given
 // back unknown (ReleasePaymentOp).
 func (s *Store) AcquireStuckPaymentOps(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]ledger.PaymentOp, error) {
-	if holder == "" || lease <= 0 || limit <= 0 {
-		return nil, errors.New("acquire stuck payment ops: needs a holder, a positive lease and a positive limit")
-	}
-	args := pgx.NamedArgs{"holder": holder, "grace": grace, "lease": lease, "limit": int32(limit), "now": s.db.Now()}
-	var out []ledger.PaymentOp
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		out = out[:0]
-		rows, err := s.db.Pool.Query(ctx, acquireStuckPaymentOpsSQL, args)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			o, err := scanPaymentOp(rows)
-			if err != nil {
-				return err
-			}
-			out = append(out, o)
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, interpretError("acquire stuck payment ops", err)
-	}
-	return out, nil
+	return acquireStuckOps(ctx, s, "acquire stuck payment ops", acquireStuckPaymentOpsSQL, scanPaymentOp, holder, grace, lease, limit)
 }

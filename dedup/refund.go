@@ -231,29 +231,11 @@ func (s *Store) CompleteRefund(ctx context.Context, l ledger.Lease, c ledger.Ref
 	args := pgx.NamedArgs{"merchant": l.MerchantID, "key": l.IdempotencyKey, "holder": l.Holder, "attempt": int32(l.Attempt),
 		"status": c.Status, "refund_id": c.RefundID, "reason": c.Reason, "response_status": int32(c.ResponseStatus),
 		"response": []byte(c.Response), "now": s.db.Now()}
-	var n int
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		n = 0
-		err := s.db.Pool.QueryRow(ctx, completeRefundSQL, args).Scan(&n)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
-		return interpretError("complete refund", err)
-	}
-	if n == 1 {
-		return nil
-	}
-	r, err := s.GetRefund(ctx, l.MerchantID, l.IdempotencyKey)
-	if err != nil {
-		return fmt.Errorf("complete refund: %w", err)
-	}
-	if r.Status == c.Status && r.LockedBy == l.Holder && r.Attempts == l.Attempt {
-		return nil // already completed by this very lease
-	}
-	return fmt.Errorf("complete refund: %w", ledger.ErrLeaseLost)
+	return s.completeOpUnderLease(ctx, "complete refund", completeRefundSQL, args, l, c.Status,
+		func() (string, string, int, error) {
+			r, err := s.GetRefund(ctx, l.MerchantID, l.IdempotencyKey)
+			return r.Status, r.LockedBy, r.Attempts, err
+		})
 }
 
 // ReleaseRefund gives up the lease of a refund whose call's outcome is
@@ -261,63 +243,18 @@ func (s *Store) CompleteRefund(ctx context.Context, l ledger.Lease, c ledger.Ref
 // counted against what is left to refund, and is looked up before any
 // re-call. With a lost lease it is ledger.ErrLeaseLost.
 func (s *Store) ReleaseRefund(ctx context.Context, l ledger.Lease, reason string) error {
-	var n int
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		n = 0
-		err := s.db.Pool.QueryRow(ctx, `UPDATE refunds
-            SET status = 'unknown', locked_until = NULL, last_error = @reason, updated_at = `+dbNow+`
-            WHERE merchant_id = @merchant AND idempotency_key = @key AND status = 'pending'
-              AND locked_by = @holder AND attempts = @attempt
-            RETURNING 1`, pgx.NamedArgs{"merchant": l.MerchantID, "key": l.IdempotencyKey, "holder": l.Holder,
-			"attempt": int32(l.Attempt), "reason": clipError(reason), "now": s.db.Now()}).Scan(&n)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		return err
-	})
-	if err != nil {
-		return interpretError("release refund", err)
-	}
-	if n != 1 {
-		return fmt.Errorf("release refund: %w", ledger.ErrLeaseLost)
-	}
-	return nil
+	return s.releaseOpLease(ctx, "release refund", refundsTable, l, reason)
 }
 
 // GetRefund returns the refund (merchantID, key); ledger.ErrNotFound when
 // there is none.
 func (s *Store) GetRefund(ctx context.Context, merchantID, key string) (ledger.Refund, error) {
-	var r ledger.Refund
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		var err error
-		r, err = scanRefund(s.db.Pool.QueryRow(ctx, `SELECT `+refundColumns+` FROM refunds
-            WHERE merchant_id = $1 AND idempotency_key = $2`, merchantID, key))
-		return err
-	})
-	if err != nil {
-		return ledger.Refund{}, interpretError("get refund", err)
-	}
-	return r, nil
+	return getOp(ctx, s, "get refund", refundsTable, refundColumns, scanRefund, merchantID, key)
 }
 
-// acquireStuckRefundsSQL leases up to @limit refunds that may have been
-// made and that no one resolves: pending with a lease run out more than
-// @grace ago, or unknown (an answer lost) for more than @grace. Several
-// reconcilers skip each other's rows; attempts+1 fences out the old holder.
-var acquireStuckRefundsSQL = `
-WITH stuck AS (
-    SELECT id FROM refunds
-    WHERE status IN ('pending', 'unknown') AND updated_at <= ` + dbNow + ` - @grace::interval
-      AND (status = 'unknown' OR locked_until <= ` + dbNow + ` - @grace::interval)
-    ORDER BY updated_at
-    LIMIT @limit
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE refunds AS r
-SET status = 'pending', locked_by = @holder, locked_until = ` + dbNow + ` + @lease::interval, attempts = r.attempts + 1,
-    updated_at = ` + dbNow + `
-FROM stuck WHERE r.id = stuck.id
-RETURNING ` + refundColumnsOf("r")
+// acquireStuckRefundsSQL leases the refunds that may have been made and
+// that no one resolves (acquireStuckOpsSQL).
+var acquireStuckRefundsSQL = acquireStuckOpsSQL(refundsTable, "r", refundColumnsOf("r"))
 
 // refundColumnsOf is refundColumns of the table aliased a.
 func refundColumnsOf(a string) string {
@@ -334,29 +271,5 @@ func refundColumnsOf(a string) string {
 // re-called, and recorded under its lease (CompleteRefund) or given back
 // unknown (ReleaseRefund).
 func (s *Store) AcquireStuckRefunds(ctx context.Context, holder string, grace, lease time.Duration, limit int) ([]ledger.Refund, error) {
-	if holder == "" || lease <= 0 || limit <= 0 {
-		return nil, errors.New("acquire stuck refunds: needs a holder, a positive lease and a positive limit")
-	}
-	args := pgx.NamedArgs{"holder": holder, "grace": grace, "lease": lease, "limit": int32(limit), "now": s.db.Now()}
-	var out []ledger.Refund
-	err := s.db.Retry(ctx, func(ctx context.Context) error {
-		out = out[:0]
-		rows, err := s.db.Pool.Query(ctx, acquireStuckRefundsSQL, args)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			r, err := scanRefund(rows)
-			if err != nil {
-				return err
-			}
-			out = append(out, r)
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, interpretError("acquire stuck refunds", err)
-	}
-	return out, nil
+	return acquireStuckOps(ctx, s, "acquire stuck refunds", acquireStuckRefundsSQL, scanRefund, holder, grace, lease, limit)
 }

@@ -130,51 +130,30 @@ func (g *Gateway) postOperation(kind string) http.HandlerFunc {
 		}
 		fp := ledger.Fingerprint(cmd)
 		ctx := r.Context()
-		if kind == payment.KindRefund {
-			// A refund the worker claimed answers from its row: the same
-			// request is replayed, another is 422.
-			ref, err := g.store.GetRefund(ctx, merchant, key)
-			switch {
-			case err == nil && !bytes.Equal(ref.RequestHash, fp):
-				g.keyReused(w)
-				return
-			case err == nil && (ref.Status == ledger.RefundPending || ref.Status == ledger.RefundUnknown):
-				g.keyInUse(w, inFlightRetryAfter)
-				return
-			case err == nil:
-				g.metrics.idempotency.WithLabelValues("replayed").Inc()
-				w.Header().Set("Location", opLocation(kind, key))
-				w.Header().Set(HeaderIdempotentReplay, "true")
-				writeJSON(w, refundAnswerStatus(ref), operationOfRefund(ref))
-				return
-			case !errors.Is(err, ledger.ErrNotFound):
-				g.logRequestError(r, log, "read refund", err)
-				unavailable(w)
-				return
-			}
-		}
+		// A refund, capture or cancel the worker claimed answers from its
+		// row: the same request is replayed, another is 422.
+		read := g.refundOp
 		if kind != payment.KindRefund {
-			// A capture or a cancel the worker claimed answers from its
-			// row, as a refund does.
-			o, err := g.store.GetPaymentOp(ctx, merchant, key)
-			switch {
-			case err == nil && !bytes.Equal(o.RequestHash, fp):
-				g.keyReused(w)
-				return
-			case err == nil && !o.Final():
-				g.keyInUse(w, inFlightRetryAfter)
-				return
-			case err == nil:
-				g.metrics.idempotency.WithLabelValues("replayed").Inc()
-				w.Header().Set("Location", opLocation(kind, key))
-				w.Header().Set(HeaderIdempotentReplay, "true")
-				writeJSON(w, paymentOpAnswerStatus(o), operationOfPaymentOp(o))
-				return
-			case !errors.Is(err, ledger.ErrNotFound):
-				g.logRequestError(r, log, "read capture or cancel", err)
-				unavailable(w)
-				return
-			}
+			read = g.paymentOp
+		}
+		o, what, err := read(ctx, merchant, key)
+		switch {
+		case err == nil && !bytes.Equal(o.hash, fp):
+			g.keyReused(w)
+			return
+		case err == nil && o.inFlight:
+			g.keyInUse(w, inFlightRetryAfter)
+			return
+		case err == nil:
+			g.metrics.idempotency.WithLabelValues("replayed").Inc()
+			w.Header().Set("Location", opLocation(kind, key))
+			w.Header().Set(HeaderIdempotentReplay, "true")
+			writeJSON(w, o.status, o.op)
+			return
+		case !errors.Is(err, ledger.ErrNotFound):
+			g.logRequestError(r, log, what, err)
+			unavailable(w)
+			return
 		}
 		if reason, ok, err := g.refused(ctx, merchant, key, fp); err != nil {
 			g.logRequestError(r, log, "read refusal", err)
@@ -199,6 +178,39 @@ func (g *Gateway) postOperation(kind string) http.HandlerFunc {
 		}
 		g.writeOperation(w, <-it.done, cmd)
 	}
+}
+
+// workerOp is the worker's row of an operation's key (a refund's, a
+// capture's or a cancel's) as the door answers from it.
+type workerOp struct {
+	kind     string
+	hash     []byte    // the request's fingerprint
+	inFlight bool      // claimed, or its outcome lost: the key is in use
+	status   int       // the HTTP status of the answer it settles
+	op       Operation // what the client is shown
+}
+
+// refundOp reads the refund the worker claimed under key, naming the read
+// for the log; ledger.ErrNotFound when there is none.
+func (g *Gateway) refundOp(ctx context.Context, merchant, key string) (workerOp, string, error) {
+	ref, err := g.store.GetRefund(ctx, merchant, key)
+	if err != nil {
+		return workerOp{}, "read refund", err
+	}
+	inFlight := ref.Status == ledger.RefundPending || ref.Status == ledger.RefundUnknown
+	return workerOp{kind: payment.KindRefund, hash: ref.RequestHash, inFlight: inFlight,
+		status: refundAnswerStatus(ref), op: operationOfRefund(ref)}, "read refund", nil
+}
+
+// paymentOp reads the capture or cancel the worker claimed under key, as
+// refundOp reads a refund.
+func (g *Gateway) paymentOp(ctx context.Context, merchant, key string) (workerOp, string, error) {
+	o, err := g.store.GetPaymentOp(ctx, merchant, key)
+	if err != nil {
+		return workerOp{}, "read capture or cancel", err
+	}
+	return workerOp{kind: o.Kind, hash: o.RequestHash, inFlight: !o.Final(),
+		status: paymentOpAnswerStatus(o), op: operationOfPaymentOp(o)}, "read capture or cancel", nil
 }
 
 // refused reports whether the worker refused the operation under key
@@ -300,31 +312,20 @@ func (g *Gateway) getOperation(kind string) http.HandlerFunc {
 		ctx := r.Context()
 		// The worker's row of the key, a refund's or a capture's or a
 		// cancel's: shown on its own kind's route only.
-		ref, err := g.store.GetRefund(ctx, merchant, key)
-		switch {
-		case err == nil && kind == payment.KindRefund:
-			writeJSON(w, http.StatusOK, operationOfRefund(ref))
-			return
-		case err == nil:
-			notFound(w)
-			return
-		case !errors.Is(err, ledger.ErrNotFound):
-			g.logRequestError(r, g.log, "read refund", err)
-			unavailable(w)
-			return
-		}
-		o, err := g.store.GetPaymentOp(ctx, merchant, key)
-		switch {
-		case err == nil && o.Kind == kind:
-			writeJSON(w, http.StatusOK, operationOfPaymentOp(o))
-			return
-		case err == nil:
-			notFound(w)
-			return
-		case !errors.Is(err, ledger.ErrNotFound):
-			g.logRequestError(r, g.log, "read capture or cancel", err)
-			unavailable(w)
-			return
+		for _, read := range []func(context.Context, string, string) (workerOp, string, error){g.refundOp, g.paymentOp} {
+			o, what, err := read(ctx, merchant, key)
+			switch {
+			case err == nil && o.kind == kind:
+				writeJSON(w, http.StatusOK, o.op)
+				return
+			case err == nil:
+				notFound(w)
+				return
+			case !errors.Is(err, ledger.ErrNotFound):
+				g.logRequestError(r, g.log, what, err)
+				unavailable(w)
+				return
+			}
 		}
 		rec, err := g.records.Get(ctx, merchant, key)
 		switch {
