@@ -30,18 +30,6 @@ type OperatorMarker interface {
 	MarkIntakeForOperator(ctx context.Context, merchantID, key, reason, errText string) (bool, error)
 }
 
-// OperationMarker is the optional part of an IntakeMarker that records
-// the dead letter of a refund, a capture or a cancel on the gateway's
-// intake of that very operation (the gateway's store implements it): the
-// row of (merchant, key) whose fingerprint is the command's and which has
-// no currency, as the door stores an operation's (a payment's intake
-// under the same key is never marked). ForOperator is the letter that
-// waits for an operator, as OperatorMarker's.
-type OperationMarker interface {
-	MarkOperationDeadLettered(ctx context.Context, merchantID, key string, fingerprint []byte, seq uint64, reason, errText string) (bool, error)
-	MarkOperationForOperator(ctx context.Context, merchantID, key string, fingerprint []byte, reason, errText string) (bool, error)
-}
-
 // PauseNoter is the optional part of an IntakeMarker that records the
 // worker's pauses where the gateway reads them (the gateway's store
 // implements it), so a client asking about a payment that waits is told

@@ -70,7 +70,9 @@ const maxDeliverRetry = 2 * time.Second
 //
 // After a letter's PubAck the net records on the gateway's intake, through
 // intake, that the payment waits for an operator, as the worker does for
-// the letters it files (nil where no gateway publishes on the stream).
+// the letters it files (nil where no gateway publishes on the stream); for
+// a refund, a capture or a cancel, the door's intake of that operation
+// when intake is an OperationMarker too.
 func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config, logger *slog.Logger, intake OperatorMarker, refusals RefusalRecorder) error {
 	cfg = cfg.WithDefaults()
 	if logger == nil {
@@ -98,6 +100,18 @@ func RunMaxDeliveriesNet(ctx context.Context, js jetstream.JetStream, cfg Config
 // (Store.RecordRefusal).
 type RefusalRecorder interface {
 	RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error)
+}
+
+// OperationMarker is the optional part of an IntakeMarker that records
+// the dead letter of a refund, a capture or a cancel on the gateway's
+// intake of that very operation (the gateway's store implements it): the
+// row of (merchant, key) whose fingerprint is the command's and which has
+// no currency, as the door stores an operation's (a payment's intake
+// under the same key is never marked). ForOperator is the letter that
+// waits for an operator, as OperatorMarker's.
+type OperationMarker interface {
+	MarkOperationDeadLettered(ctx context.Context, merchantID, key string, fingerprint []byte, seq uint64, reason, errText string) (bool, error)
+	MarkOperationForOperator(ctx context.Context, merchantID, key string, fingerprint []byte, reason, errText string) (bool, error)
 }
 
 // maxDeliveriesNet is the state of RunMaxDeliveriesNet.
@@ -342,24 +356,48 @@ func publishAgain(ctx context.Context, js jetstream.JetStream, cfg Config, subje
 // dead-lettered max_deliveries, waits for an operator; the gateway would
 // otherwise answer "queued" for a payment no worker will process. The
 // letter is filed already: a failure here is logged and changes nothing.
-// A command published straight on the queue has no intake row.
+// A command published straight on the queue has no intake row. A refund,
+// a capture or a cancel marks its operation's intake (markOperation).
 func (n *maxDeliveriesNet) markIntake(ctx context.Context, raw *jetstream.RawStreamMsg, cause error, log *slog.Logger) {
 	if n.intake == nil {
 		return
 	}
 	cmd, _ := stream.DecodeCommand(n.cfg.Stream, raw.Subject, raw.Header, raw.Data)
-	if actsOnPayment(cmd, raw.Data, n.cfg.Stream.Limits) {
-		return // the gateway takes charges only (deadLetteredIntake)
-	}
 	merchant, key := letterKey(n.cfg.Stream, cmd, raw.Subject, raw.Header)
 	if merchant == "" {
 		return
 	}
-	marked, err := n.intake.MarkIntakeForOperator(ctx, merchant, key, stream.ReasonMaxDeliveries, stream.SanitizeHeader(errString(cause)))
+	errText := stream.SanitizeHeader(errString(cause))
+	if actsOnPayment(cmd, raw.Data, n.cfg.Stream.Limits) {
+		n.markOperation(ctx, cmd, merchant, key, errText, log)
+		return
+	}
+	marked, err := n.intake.MarkIntakeForOperator(ctx, merchant, key, stream.ReasonMaxDeliveries, errText)
 	switch {
 	case err != nil:
 		log.Warn("could not record on the gateway's intake that the payment waits for an operator; the gateway shows the record's state", "error", err)
 	case marked:
 		log.Info("gateway intake marked waiting for an operator", "reason", stream.ReasonMaxDeliveries)
+	}
+}
+
+// markOperation is markIntake for a refund, a capture or a cancel
+// (cmd, decoded): only the door's intake of that very operation (its
+// fingerprint, no currency: OperationMarker) is marked waiting for an
+// operator, as the worker's operationLetter marks one, so GET
+// /v1/refunds/{key} (captures, cancels) answers waiting_for_operator
+// with the reason instead of "queued" for an operation no worker will
+// process. Never a payment's intake under the same key.
+func (n *maxDeliveriesNet) markOperation(ctx context.Context, cmd *payment.Command, merchant, key, errText string, log *slog.Logger) {
+	om, ok := n.intake.(OperationMarker)
+	if !ok || cmd == nil {
+		return
+	}
+	marked, err := om.MarkOperationForOperator(ctx, merchant, key, ledger.Fingerprint(cmd), stream.ReasonMaxDeliveries, errText)
+	switch {
+	case err != nil:
+		log.Warn("could not record on the gateway's intake that the operation waits for an operator", "error", err)
+	case marked:
+		log.Info("gateway intake of the operation marked waiting for an operator", "reason", stream.ReasonMaxDeliveries)
 	}
 }

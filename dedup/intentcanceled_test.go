@@ -56,10 +56,12 @@ func TestCaptureOfCanceledIntentCancelsPayment(t *testing.T) {
 	}
 }
 
-// TestRolesRecheckAndCancel: the gateway's role stamps a refund for a
-// recheck and records an authorization canceled by the provider, through
-// their functions only; the worker's role (the reconciler) reverses a
-// stamped refund, and a stale succeeded answer never moves it back.
+// TestRolesRecheckAndCancel: the gateway's role stamps a refund, or an
+// authorization an event said the provider canceled, for a recheck,
+// through their functions only, and never cancels the authorization
+// itself (00034); the worker's role (the reconciler, after its lookup)
+// reverses a stamped refund, a stale succeeded answer never moving it
+// back, and records the stamped authorization canceled.
 func TestRolesRecheckAndCancel(t *testing.T) {
 	t.Parallel()
 	ownerURL := testenv.PostgresURL(t)
@@ -95,8 +97,23 @@ func TestRolesRecheckAndCancel(t *testing.T) {
 	}
 
 	b.authorizedPayment(t, "m_1", "auth", 100)
-	if ok, status, err := gateway.CancelAuthorizedPayment(b.ctx, "m_1", "auth", "pi_auth", "canceled at the provider"); !ok || status != ledger.PaymentCanceled || err != nil {
-		t.Fatalf("cancel as the gateway: %v %q %v", ok, status, err)
+	if _, _, err := gateway.CancelAuthorizedPayment(b.ctx, "m_1", "auth", "pi_auth", "canceled at the provider"); err == nil {
+		t.Fatal("the gateway canceled an authorization on an event's word")
+	}
+	if ok, status, err := gateway.RequestCancelRecheck(b.ctx, "m_1", "auth", "pi_auth"); !ok || status != ledger.PaymentAuthorized || err != nil {
+		t.Fatalf("stamp a cancel as the gateway: %v %q %v", ok, status, err)
+	}
+	if _, _, err := gateway.RecheckCancel(b.ctx, "m_1", "auth", "pi_auth", "canceled", "canceled at the provider"); err == nil {
+		t.Fatal("the gateway recorded a cancel's recheck itself")
+	}
+	if ps, err := worker.CancelsToRecheck(b.ctx, 10); err != nil || len(ps) != 1 || ps[0].ChargeID != "pi_auth" {
+		t.Fatalf("cancels to recheck as the worker: %+v %v", ps, err)
+	}
+	if ok, status, err := worker.RecheckCancel(b.ctx, "m_1", "auth", "pi_auth", "canceled", "canceled at the provider"); !ok || status != ledger.PaymentCanceled || err != nil {
+		t.Fatalf("cancel as the worker after its lookup: %v %q %v", ok, status, err)
+	}
+	if _, err := gwPool.Exec(b.ctx, `INSERT INTO payment_cancel_rechecks VALUES ('m_1', 'x', 'pi_x', now())`); err == nil {
+		t.Fatal("the gateway wrote a cancel recheck itself")
 	}
 	if _, err := gwPool.Exec(b.ctx, `UPDATE refunds SET recheck_requested_at = now()`); err == nil {
 		t.Fatal("the gateway updated refunds itself")

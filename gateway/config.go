@@ -260,7 +260,8 @@ type Ledger interface {
 	// GetRefund is the refund (merchantID, key); ledger.ErrNotFound when
 	// none was claimed.
 	GetRefund(ctx context.Context, merchantID, key string) (ledger.Refund, error)
-	// CancelAuthorizedPayment moves an authorized payment the provider
-	// canceled to canceled, with its event, once.
-	CancelAuthorizedPayment(ctx context.Context, merchantID, key, chargeID, reason string) (canceled bool, status string, err error)
+	// RequestCancelRecheck stamps an authorized payment for the
+	// reconciler to retrieve its intent (an event says the provider
+	// canceled it): only the reconciler's lookup may record it canceled.
+	RequestCancelRecheck(ctx context.Context, merchantID, key, chargeID string) (requested bool, status string, err error)
 }

@@ -181,34 +181,31 @@ func (g *Gateway) applyEvent(ctx context.Context, ev provider.Event) (string, er
 
 // applyAuthorization applies an event about an authorize's payment, held
 // authorized or canceled. payment_intent.canceled (the provider canceled
-// the intent: its capture window ran out, or it was voided there) moves
-// an authorized payment to canceled with its canceled event, once; an
+// the intent: its capture window ran out, or it was voided there) is a
+// hint, as a refund's failure is: the event may be forged (a leaked
+// signing secret) or stale (replayed), and the gateway cannot ask the
+// provider. An authorized payment is stamped for the reconciler
+// (RequestCancelRecheck, migration 00034), which retrieves the intent
+// (a lookup that never acts) and records the payment canceled, with its
+// canceled event, once, only if the provider says so; a capture or cancel
+// of the payment that holds still decides (cancel_authorized_payment,
+// 00033). Answered recheck_requested: Stripe need not send it again. An
 // intent still requires_capture (payment_intent.amount_capturable_updated)
-// agrees with an authorized one. A capture or a cancel made through
-// paydedup moves the payment itself, with its operation's event; while
-// one holds (claimed, its answer lost, or done) the provider's cancel
-// changes nothing (cancel_authorized_payment, migration 00033, under the
-// payment's lock) and is answered disagrees: the operation's own outcome
-// decides (a capture the provider refuses as canceled cancels the
-// payment), so Stripe need not send the event again.
+// agrees with an authorized payment; canceled agrees with a canceled one.
 func (g *Gateway) applyAuthorization(ctx context.Context, p ledger.Payment, out *provider.Outcome, log *slog.Logger) (string, error) {
 	switch {
 	case out.Status == provider.StatusCanceled && p.Status == ledger.PaymentCanceled:
 		return WebhookAgrees, nil
 	case out.Status == provider.StatusCanceled:
-		canceled, status, err := g.cfg.Webhooks.Ledger.CancelAuthorizedPayment(ctx, p.MerchantID, p.IdempotencyKey, p.ChargeID,
-			"canceled at the provider")
+		requested, status, err := g.cfg.Webhooks.Ledger.RequestCancelRecheck(ctx, p.MerchantID, p.IdempotencyKey, p.ChargeID)
 		switch {
-		case err != nil:
-			return WebhookError, fmt.Errorf("cancel authorized payment: %w", err)
-		case canceled:
-			log.Info("authorized payment canceled by the provider; recorded by webhook")
-			return WebhookSettled, nil
+		case err != nil && !errors.Is(err, ledger.ErrNotFound):
+			return WebhookError, fmt.Errorf("request cancel recheck: %w", err)
+		case requested:
+			log.Warn("provider reports canceled an authorized payment; the reconciler looks its intent up before the ledger records it")
+			return WebhookRecheckRequested, nil
 		case status == ledger.PaymentCanceled:
 			return WebhookAgrees, nil
-		case status == ledger.PaymentAuthorized:
-			log.Error("provider reports canceled an authorized payment a capture or cancel of which holds; the operation's outcome decides")
-			return WebhookDisagrees, nil
 		}
 		log.Error("webhook event disagrees with the ledger; the ledger is unchanged", "ledger_status", status, "event_status", out.Status)
 		return WebhookDisagrees, nil

@@ -52,6 +52,10 @@ type RunResult struct {
 	// a recheck (an event said the provider failed them), that this
 	// pass's lookup found failed and moved to failed.
 	RefundsReversed int
+	// CancelsConfirmed counts the authorized payments an event said the
+	// provider canceled (stamped by the webhook) that this pass's
+	// retrieve of their intent found canceled and recorded canceled.
+	CancelsConfirmed int
 	// Purged is how many expired finished rows were deleted.
 	Purged int
 	// RefundsResolved is how many stuck refunds (a lease run out, an
@@ -69,7 +73,7 @@ type RunResult struct {
 
 func (res RunResult) changed() bool {
 	return res.Examined > 0 || res.Purged > 0 || res.Errors > 0 || res.SettledSucceeded > 0 || res.SettledFailed > 0 ||
-		res.RefundsResolved > 0 || res.RefundsSettled > 0 || res.RefundsReversed > 0
+		res.RefundsResolved > 0 || res.RefundsSettled > 0 || res.RefundsReversed > 0 || res.CancelsConfirmed > 0
 }
 
 // fate is what happened to one leased row.
@@ -169,6 +173,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 		r.recheckRefunds(ctx, &res)
 	}
 	if !dbDown && ctx.Err() == nil {
+		r.recheckCancels(ctx, &res)
+	}
+	if !dbDown && ctx.Err() == nil {
 		r.purge(ctx, &res)
 	}
 	if res.changed() {
@@ -178,7 +185,7 @@ func (r *Reconciler) RunOnce(ctx context.Context) (res RunResult, err error) {
 			"errors", res.Errors, "lookup_errors", res.LookupErrors, "foreign_intents", res.ForeignIntents,
 			"settled_succeeded", res.SettledSucceeded, "settled_failed", res.SettledFailed, "still_processing", res.StillProcessing,
 			"refunds_resolved", res.RefundsResolved, "refunds_left", res.RefundsLeft, "refunds_settled", res.RefundsSettled,
-			"refunds_still_pending", res.RefundsStillPending, "refunds_reversed", res.RefundsReversed, "purged", res.Purged)
+			"refunds_still_pending", res.RefundsStillPending, "refunds_reversed", res.RefundsReversed, "cancels_confirmed", res.CancelsConfirmed, "purged", res.Purged)
 	}
 	return res, nil
 }
