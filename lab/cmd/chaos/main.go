@@ -442,6 +442,9 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 		if err := h.askFinal(ctx); err != nil {
 			return workload.Verdict{}, fmt.Errorf("gateway clients: %w", err)
 		}
+		if err := h.askOpsFinal(ctx); err != nil {
+			return workload.Verdict{}, fmt.Errorf("gateway clients: %w", err)
+		}
 	}
 	ev, err := h.collect(ctx)
 	if err != nil {
@@ -453,6 +456,9 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	}
 	if h.gw != nil {
 		h.takeGateway(&ev)
+		if err := h.checkOps(ctx); err != nil {
+			return workload.Verdict{}, fmt.Errorf("operations: %w", err)
+		}
 	}
 	v := workload.Verify(w, ev)
 	findings, err := h.audit(ctx)
