@@ -108,6 +108,9 @@ func (o *opLog) told() string {
 	if o.err != "" {
 		s += "; error: " + o.err
 	}
+	if o.gaveUp {
+		s += "; the client gave up"
+	}
 	return s
 }
 
