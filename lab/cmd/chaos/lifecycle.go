@@ -171,6 +171,7 @@ func (l *opsLog) observeOp(x client.Exchange, a answer) bool {
 // (succeeded, refunded in part or whole, authorized, declined), or the
 // deadline passes.
 func settledPayment(ctx context.Context, c *client.Client, key string, deadline time.Time) (client.Result, bool) {
+	pause := newPollPause()
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		gctx, cancel := context.WithDeadline(ctx, deadline)
 		r, err := c.Get(gctx, key)
@@ -178,12 +179,23 @@ func settledPayment(ctx context.Context, c *client.Client, key string, deadline 
 		if err == nil && r.Final() {
 			return r, true
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(300 * time.Millisecond):
-		}
+		pause(ctx)
 	}
 	return client.Result{}, false
+}
+
+// newPollPause returns a pause between polls: 300 ms, growing by half
+// each time up to 2 s, so a payment or an operation long queued (an
+// outage, a rate-limited provider) is not asked for more than it moves.
+func newPollPause() func(context.Context) {
+	d := 300 * time.Millisecond
+	return func(ctx context.Context) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+		d = min(d*3/2, 2*time.Second)
+	}
 }
 
 // operate sends the operation o, then polls it (GET) until it is final or
@@ -208,11 +220,9 @@ func operate(ctx context.Context, c *client.Client, o *opLog, deadline time.Time
 		}
 		return r, false
 	}
+	pause := newPollPause()
 	for !r.Final() && time.Now().Before(deadline) && ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(300 * time.Millisecond):
-		}
+		pause(ctx)
 		gctx, cancel := context.WithDeadline(ctx, deadline)
 		g, err := c.GetOperation(gctx, o.kind, o.key)
 		cancel()
