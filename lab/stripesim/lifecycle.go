@@ -66,6 +66,44 @@ type simRefund struct {
 	seq                                                   int // creation order
 }
 
+// IntentOp is one capture or cancel the simulator executed, in its
+// ledger's report.
+type IntentOp struct {
+	// PaymentIntent is the intent captured or canceled.
+	PaymentIntent string `json:"payment_intent"`
+	// ProviderKey is the Idempotency-Key it was executed under, "" if none.
+	ProviderKey string `json:"provider_key"`
+	// MerchantID and IdempotencyKey are the intent's metadata: the
+	// payment's, not the operation's.
+	MerchantID     string `json:"merchant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	// Amount is what a capture took, what a cancel released.
+	Amount  int64     `json:"amount"`
+	Created time.Time `json:"created"`
+}
+
+// simOpRec is a capture or a cancel as the simulator logs it.
+type simOpRec struct {
+	ord    int32
+	key    string
+	amount int64
+	at     time.Time
+}
+
+// opRecsLocked renders a log of captures or cancels.
+func (s *Simulator) opRecsLocked(log []simOpRec) []IntentOp {
+	if len(log) == 0 {
+		return nil
+	}
+	out := make([]IntentOp, len(log))
+	for i, o := range log {
+		c := s.recs.at(o.ord).charge(s.strTable)
+		out[i] = IntentOp{PaymentIntent: c.ID, ProviderKey: o.key, MerchantID: c.MerchantID, IdempotencyKey: c.IdempotencyKey,
+			Amount: o.amount, Created: o.at}
+	}
+	return out
+}
+
 // simOpKey is a capture's or a refund's idempotency key: the digest of its
 // first request, when it came, and the answer it replays.
 type simOpKey struct {
@@ -146,8 +184,9 @@ func unexpectedState(e string) *simError {
 	return &simError{Type: "invalid_request_error", Code: "payment_intent_unexpected_state", Message: e}
 }
 
-// captureLocked captures amount (all when 0) of account's intent id.
-func (s *Simulator) captureLocked(account, id string, amount int64, now time.Time) (int, []byte) {
+// captureLocked captures amount (all when 0) of account's intent id
+// under key, and logs the capture it executes.
+func (s *Simulator) captureLocked(account, key, id string, amount int64, now time.Time) (int, []byte) {
 	ord, ok := s.findLocked(account, id)
 	if !ok {
 		r := missingIntentReply(id)
@@ -168,6 +207,7 @@ func (s *Simulator) captureLocked(account, id string, amount int64, now time.Tim
 	r.status = statusIndex(simSucceeded)
 	s.publishLocked(ord, r)
 	s.captured[ord] = amount
+	s.captureLog = append(s.captureLog, simOpRec{ord: ord, key: strings.Clone(key), amount: amount, at: now})
 	in := s.viewLocked(ord, &r)
 	return http.StatusOK, renderSim(func(b []byte) []byte { return appendIntentJSON(b, in) })
 }
@@ -397,7 +437,7 @@ func (s *Simulator) captureIntent(w http.ResponseWriter, r *http.Request, accoun
 	}
 	key, params := opKey(w, r, "capture "+id)
 	status, body, replayed := s.op(account, key, params, func(now time.Time) (int, []byte) {
-		return s.captureLocked(account, id, amount, now)
+		return s.captureLocked(account, key, id, amount, now)
 	})
 	s.answerOp(w, r, fate, status, body, replayed)
 }

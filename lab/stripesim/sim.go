@@ -211,6 +211,12 @@ type Ledger struct {
 	Declines int `json:"declines"`
 	// Refunds lists every refund made, in creation order, as it stands.
 	Refunds []Refund `json:"refunds,omitempty"`
+	// Captures and Cancels list every capture and every cancel the
+	// simulator executed, in order: a replay under the same key is not
+	// one, a refused request is not one. Two for one intent, or two
+	// under one provider key, would be an operation executed twice.
+	Captures []IntentOp `json:"captures,omitempty"`
+	Cancels  []IntentOp `json:"cancels,omitempty"`
 }
 
 // Simulator is an http.Handler speaking the subset of Stripe's v1 wire format
@@ -268,6 +274,10 @@ type Simulator struct {
 	refunds  map[int32][]*simRefund
 	refundN  int
 	opKeys   map[simKeyID]*simOpKey
+	// captureLog and cancelLog are every capture and cancel the
+	// simulator executed (never a replay, never a refusal), in order: a
+	// record for the ledger's report (lifecycle.go), read by no answer.
+	captureLog, cancelLog []simOpRec
 }
 
 // Intent statuses the simulator produces.
@@ -631,6 +641,8 @@ func (s *Simulator) Ledger() Ledger {
 		ChargesByKey: chargesByKey(charges),
 		Declines:     s.declines,
 		Refunds:      s.refundsLocked(),
+		Captures:     s.opRecsLocked(s.captureLog),
+		Cancels:      s.opRecsLocked(s.cancelLog),
 	}
 }
 
@@ -1245,6 +1257,7 @@ func (s *Simulator) cancel(account, key, id string, params [sha256.Size]byte) (*
 	}
 	r.status, r.decline, r.pending = statusIndex(simCanceled), 0, nil
 	s.publishLocked(ord, r)
+	s.cancelLog = append(s.cancelLog, simOpRec{ord: ord, key: strings.Clone(key), amount: r.amount, at: now})
 	in := s.viewLocked(ord, &r)
 	if key != "" {
 		kid := simKeyID{strings.Clone(key), s.accountLocked(account)}

@@ -489,3 +489,47 @@ func TestSimLifecycleInvalidRequestNotSaved(t *testing.T) {
 		t.Fatalf("empty list: %d %s", r.status, r.body)
 	}
 }
+
+// TestSimLedgerListsCapturesAndCancels: the ledger's report lists each
+// capture and each cancel the simulator executed, once: a replay under
+// the same key is not another, a refused one is none.
+func TestSimLedgerListsCapturesAndCancels(t *testing.T) {
+	t.Parallel()
+	sim, srv := simServer(t, stripesim.Config{})
+	authorize := func(key, payKey string) string {
+		form := intentForm("100")
+		form.Set("capture_method", "manual")
+		form.Set("metadata[idempotency_key]", payKey)
+		r := post(t, srv, "/v1/payment_intents", "sk_test", key, form)
+		var pi struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal(r.body, &pi); err != nil || r.status != 200 {
+			t.Fatalf("authorize: %d %s", r.status, r.body)
+		}
+		return pi.ID
+	}
+	a, b := authorize("key-a", "pay-a"), authorize("key-b", "pay-b")
+	for range 2 { // the second is the first's replay
+		if r := post(t, srv, "/v1/payment_intents/"+a+"/capture", "sk_test", "cap-a", url.Values{"amount_to_capture": {"60"}}); r.status != 200 {
+			t.Fatalf("capture: %d %s", r.status, r.body)
+		}
+		if r := post(t, srv, "/v1/payment_intents/"+b+"/cancel", "sk_test", "can-b", nil); r.status != 200 {
+			t.Fatalf("cancel: %d %s", r.status, r.body)
+		}
+	}
+	if r := post(t, srv, "/v1/payment_intents/"+a+"/capture", "sk_test", "cap-a2", nil); r.status != 400 {
+		t.Fatalf("a second capture: %d %s", r.status, r.body)
+	}
+	l := sim.Ledger()
+	if len(l.Captures) != 1 || len(l.Cancels) != 1 {
+		t.Fatalf("captures %+v, cancels %+v: want one each", l.Captures, l.Cancels)
+	}
+	c, x := l.Captures[0], l.Cancels[0]
+	if c.PaymentIntent != a || c.ProviderKey != "cap-a" || c.Amount != 60 || c.MerchantID != "m_1" || c.IdempotencyKey != "pay-a" {
+		t.Errorf("capture %+v", c)
+	}
+	if x.PaymentIntent != b || x.ProviderKey != "can-b" || x.Amount != 100 || x.IdempotencyKey != "pay-b" {
+		t.Errorf("cancel %+v", x)
+	}
+}

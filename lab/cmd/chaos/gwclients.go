@@ -67,6 +67,9 @@ type gatewayRun struct {
 	verdict promiseVerdict
 	checked bool
 
+	ops        opsLog // the lifecycle's operations (lifecycle.go)
+	opsVerdict opsVerdict
+
 	pubAckLosses atomic.Int64
 	kills        atomic.Int64
 	holding      atomic.Bool // a PubAck loss is on (a kill waits it out)
@@ -174,6 +177,7 @@ type gwOrder struct {
 	payment  client.Payment
 	declines bool
 	invalid  bool
+	plan     lifePlan // what follows the payment (lifecycle.go)
 }
 
 func (h *harness) newOrder(n int) gwOrder {
@@ -189,6 +193,12 @@ func (h *harness) newOrder(n int) gwOrder {
 	}
 	o.payment = client.Payment{Amount: amount, Currency: "usd", PaymentMethod: pm,
 		Description: "chaos gateway client", Metadata: map[string]string{"order_id": strconv.Itoa(n)}}
+	if !o.declines && !o.invalid {
+		o.plan = drawPlan(rng)
+	}
+	if o.plan == planAuthCapture || o.plan == planAuthCancel {
+		o.payment.CaptureMethod = "manual"
+	}
 	return o
 }
 
@@ -237,10 +247,11 @@ func (h *harness) runClients(ctx context.Context, spread time.Duration) error {
 	}
 	close(orders)
 	wg.Wait()
+	g.ops.wg.Wait()
 	g.mu.Lock()
 	n := len(g.keys)
 	g.mu.Unlock()
-	h.logf("gateway clients done: %d payments under %d keys", h.cfg.gatewayPayments, n)
+	h.logf("gateway clients done: %d payments under %d keys, %d operations on them", h.cfg.gatewayPayments, n, len(g.ops.all))
 	return nil
 }
 
@@ -250,12 +261,18 @@ func (h *harness) pay(ctx context.Context, c *client.Client, o gwOrder) {
 	g := h.gw
 	deadline := time.Now().Add(h.cfg.clientGiveUp)
 	for attempt := 0; ; attempt++ {
-		k := &keyLog{order: o.n, key: fmt.Sprintf("%s-o%d-k%d", g.run, o.n, attempt), declines: o.declines, invalid: o.invalid}
+		k := &keyLog{order: o.n, key: fmt.Sprintf("%s-o%d-k%d", g.run, o.n, attempt), declines: o.declines, invalid: o.invalid,
+			authorize: o.payment.CaptureMethod == "manual"}
 		g.mu.Lock()
 		g.keys = append(g.keys, k)
 		g.byKey[k.key] = k
 		g.mu.Unlock()
-		if h.payKey(ctx, c, k, o.payment, deadline) != toldNotAccepted || attempt == 4 || time.Now().After(deadline) {
+		t := h.payKey(ctx, c, k, o.payment, deadline)
+		if (t == toldCharged || t == toldAccepted) && o.plan != planNone {
+			g.ops.wg.Add(1)
+			go func() { defer g.ops.wg.Done(); h.lifecycle(ctx, c, o, k.key) }()
+		}
+		if t != toldNotAccepted || attempt == 4 || time.Now().After(deadline) {
 			return
 		}
 		c.Forget(k.key)
@@ -294,15 +311,26 @@ func (h *harness) payKey(ctx context.Context, c *client.Client, k *keyLog, p cli
 // observe records one answer the clients were given, as the client saw
 // it, on its key's log.
 func (g *gatewayRun) observe(x client.Exchange) {
+	a := answer{method: x.Method, status: x.Status, err: x.Err}
+	if x.Problem != nil {
+		a.problem = x.Problem.Type[strings.LastIndex(x.Problem.Type, ":")+1:]
+	}
+	if x.Kind != "" {
+		if x.Operation != nil {
+			a.state = string(x.Operation.Status)
+		}
+		if g.ops.observeOp(x, a) {
+			g.mu.Lock()
+			g.counts[x.Kind+" "+a.label()]++
+			g.mu.Unlock()
+		}
+		return
+	}
 	g.mu.Lock()
 	k := g.byKey[x.Key]
 	g.mu.Unlock()
 	if k == nil {
 		return // not a key of the run's clients
-	}
-	a := answer{method: x.Method, status: x.Status, err: x.Err}
-	if x.Problem != nil {
-		a.problem = x.Problem.Type[strings.LastIndex(x.Problem.Type, ":")+1:]
 	}
 	if x.Result != nil {
 		a.state = string(x.Result.Status)
@@ -345,7 +373,7 @@ func (h *harness) askFinal(ctx context.Context) error {
 	}
 	for _, k := range g.keys {
 		k.slip = nil
-		if accepted, charged, refused, notAccepted := k.what(); accepted && !charged && !refused && !notAccepted {
+		if accepted, charged, refused, notAccepted := k.what(); accepted && !charged && !refused && !notAccepted && !k.authorized() {
 			keys <- k
 		}
 	}
@@ -421,7 +449,8 @@ func (h *harness) reportGateway() bool {
 	fmt.Fprintf(h.out, "chaos: gateway answers: %s\n", strings.Join(parts, " "))
 	fmt.Fprintf(h.out, "chaos: gateway promises: payments=%d keys=%d accepted=%d told_charged=%d refused=%d not_accepted=%d unknown=%d charged_once=%d broken=%d\n",
 		v.orders, v.keys, v.accepted, v.charged, v.refused, v.notAccept, v.unknown, v.chargedOnce, len(v.broken))
-	return v.ok()
+	opsOK := h.reportOps()
+	return v.ok() && opsOK
 }
 
 // gatewayKillLoop kills the gateway (-9) -gateway-kills times, spread
@@ -464,5 +493,5 @@ func (h *harness) gatewaySummary() string {
 	if h.gw == nil {
 		return ""
 	}
-	return fmt.Sprintf(" gateway_keys=%d promises_broken=%d", h.gw.verdict.keys, len(h.gw.verdict.broken)) + h.pubAckSummary()
+	return fmt.Sprintf(" gateway_keys=%d promises_broken=%d", h.gw.verdict.keys, len(h.gw.verdict.broken)) + h.gw.opsVerdict.summary() + h.pubAckSummary()
 }

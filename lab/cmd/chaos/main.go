@@ -34,6 +34,16 @@
 // max_deliveries dead letters where they are, so a run shows whether a
 // fault dead-lettered a good payment.
 //
+// In the gateway mode about 12 % of the clients' payments also go through
+// the money lifecycle (lifecycle.go): authorized then captured (all or
+// part) then refunded, authorized then canceled, or charged then
+// refunded, each operation under its own key through the HTTP door, sent
+// once its payment is settled, retried by the client like a payment. At
+// the end the operations are checked against the provider's own ledger
+// (checkOperations): no refund, capture or cancel executed twice, no
+// payment refunded past what it received, every accepted operation ended
+// as told.
+//
 // -provider-rate-limit, -provider-concurrency-limit,
 // -provider-latency-median and -provider-latency-p99 make the simulator the
 // provider as it really is: slow, and limiting the account, answering 429
@@ -442,6 +452,9 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 		if err := h.askFinal(ctx); err != nil {
 			return workload.Verdict{}, fmt.Errorf("gateway clients: %w", err)
 		}
+		if err := h.askOpsFinal(ctx); err != nil {
+			return workload.Verdict{}, fmt.Errorf("gateway clients: %w", err)
+		}
 	}
 	ev, err := h.collect(ctx)
 	if err != nil {
@@ -453,6 +466,9 @@ func (h *harness) execute(ctx context.Context) (workload.Verdict, error) {
 	}
 	if h.gw != nil {
 		h.takeGateway(&ev)
+		if err := h.checkOps(ctx); err != nil {
+			return workload.Verdict{}, fmt.Errorf("operations: %w", err)
+		}
 	}
 	v := workload.Verify(w, ev)
 	findings, err := h.audit(ctx)

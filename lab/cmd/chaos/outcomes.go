@@ -137,11 +137,17 @@ type ledgerPayment struct {
 	currency string
 	chargeID string
 	settled  bool // a processing payment settled later (settled_at set)
+	// authorized: an authorization (capture_method manual), as it stands
+	// (authorized), or moved since by its capture or cancel; its one
+	// event is its authorized one, the capture's or cancel's its own.
+	authorized bool
 }
 
 // expectedKinds are the events a ledger row must have, in order.
 func (p ledgerPayment) expectedKinds() []string {
 	switch {
+	case p.authorized:
+		return []string{ledger.OutcomeAuthorized}
 	case p.settled:
 		return []string{ledger.OutcomeProcessing, ledger.OutcomeSettled}
 	case p.status == ledger.PaymentSucceeded:
@@ -156,7 +162,7 @@ func (p ledgerPayment) expectedKinds() []string {
 
 // finalKind reports whether an event of kind is a payment's final one.
 func finalKind(kind string) bool {
-	return kind == ledger.OutcomeCharged || kind == ledger.OutcomeDeclined || kind == ledger.OutcomeSettled
+	return kind == ledger.OutcomeCharged || kind == ledger.OutcomeDeclined || kind == ledger.OutcomeSettled || kind == ledger.OutcomeAuthorized
 }
 
 // eventShape is the seq and statuses each kind of event may carry.
@@ -168,7 +174,39 @@ var eventShape = map[string]struct {
 	ledger.OutcomeDeclined:   {1, []string{ledger.PaymentDeclined}},
 	ledger.OutcomeProcessing: {1, []string{ledger.PaymentProcessing}},
 	ledger.OutcomeSettled:    {2, []string{ledger.PaymentSucceeded, ledger.PaymentFailed}},
+	ledger.OutcomeAuthorized: {1, []string{ledger.PaymentAuthorized}},
 }
+
+// ledgerOp is a refund's, a capture's or a cancel's row (refunds,
+// payment_ops) as the outcome check needs it.
+type ledgerOp struct {
+	kind     string // refund, capture, cancel
+	status   string // the row's
+	amount   int64  // its amount; a succeeded capture's what it received
+	currency string
+}
+
+// expectedKind is the final event an operation's row calls for, with its
+// status; "" while it is not final.
+func (o ledgerOp) expectedKind() (kind, status string) {
+	switch {
+	case o.kind == "refund" && o.status == "succeeded":
+		return ledger.OutcomeRefunded, "succeeded"
+	case o.kind == "refund" && (o.status == "failed" || o.status == "refused"):
+		return ledger.OutcomeRefundFailed, o.status
+	case o.kind == "capture" && o.status == "succeeded":
+		return ledger.OutcomeCaptured, "succeeded"
+	case o.kind == "cancel" && o.status == "succeeded":
+		return ledger.OutcomeCanceled, "canceled"
+	case o.status == "refused":
+		return o.kind + "_failed", "refused"
+	}
+	return "", ""
+}
+
+// opKinds are the events of operations, seq 3, under their own keys.
+var opKinds = []string{ledger.OutcomeRefunded, ledger.OutcomeRefundFailed, ledger.OutcomeCaptured, ledger.OutcomeCanceled,
+	ledger.OutcomeCaptureFailed, ledger.OutcomeCancelFailed}
 
 // outcomeVerdict is the outcome check of a run.
 type outcomeVerdict struct {
@@ -176,6 +214,7 @@ type outcomeVerdict struct {
 	refused                      int // distinct refused events
 	waiting                      int // distinct waiting_for_operator events
 	payments, final              int // ledger rows, and those whose outcome is final
+	operations, opEvents         int // final operation rows, and their distinct events
 	missing                      []string
 	broken                       []string
 }
@@ -186,12 +225,16 @@ func (v outcomeVerdict) ok() bool { return len(v.missing) == 0 && len(v.broken) 
 // ledger (by "merchant:key"): every ledger row has the events its state
 // calls for, once each (a repeat under the same event_id aside), with its
 // status, amount and currency, in order; no payment has two final events;
-// no event names a payment the ledger lacks.
-func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment) outcomeVerdict {
+// no event names a payment the ledger lacks. So with the operations
+// (ops, by their own "merchant:key"): each final one has its one event
+// (seq 3), of its kind, status, amount and currency; none has two; no
+// operation's event names one the ledger lacks or that is not final.
+func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment, ops map[string]ledgerOp) outcomeVerdict {
 	var v outcomeVerdict
 	broke := func(format string, args ...any) { v.broken = append(v.broken, fmt.Sprintf(format, args...)) }
 	first := map[string]stream.OutcomeEvent{}   // by event id
 	kinds := map[string][]stream.OutcomeEvent{} // by payment, distinct, in stream order
+	opEvents := map[string][]string{}           // by operation, distinct kinds
 	for _, s := range seen {
 		v.events++
 		if s.bad != "" {
@@ -225,6 +268,24 @@ func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment) outcomeVer
 		if want := payment + ":" + e.Kind; e.EventID != want || s.msgID != e.EventID {
 			broke("event %s (Nats-Msg-Id %q): want the id %s", e.EventID, s.msgID, want)
 		}
+		if slices.Contains(opKinds, e.Kind) {
+			v.opEvents++
+			opEvents[payment] = append(opEvents[payment], e.Kind)
+			op, ok := ops[payment]
+			kind, status := op.expectedKind()
+			switch {
+			case !ok:
+				broke("event %s: an operation the ledger lacks", e.EventID)
+			case e.Seq != 3:
+				broke("event %s: seq %d, want 3", e.EventID, e.Seq)
+			case kind == "":
+				broke("event %s: the ledger's %s is %s, not final", e.EventID, op.kind, op.status)
+			case e.Kind != kind || e.Status != status || e.Amount != op.amount || e.Currency != op.currency:
+				broke("event %s: %s %s %d %s, the ledger's %s %s %d %s (want %s)", e.EventID, e.Kind, e.Status, e.Amount, e.Currency,
+					op.kind, op.status, op.amount, op.currency, kind)
+			}
+			continue
+		}
 		shape, ok := eventShape[e.Kind]
 		switch {
 		case !ok:
@@ -242,8 +303,11 @@ func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment) outcomeVer
 			continue
 		}
 		status := row.status
-		if e.Kind == ledger.OutcomeProcessing {
+		switch e.Kind {
+		case ledger.OutcomeProcessing:
 			status = ledger.PaymentProcessing // what it left then; a settlement moved it on
+		case ledger.OutcomeAuthorized:
+			status = ledger.PaymentAuthorized // what it left then; a capture or a cancel moved it on
 		}
 		if e.Status != status || e.Amount != row.amount || e.Currency != row.currency {
 			broke("event %s: %s %d %s, the ledger %s %d %s", e.EventID, e.Status, e.Amount, e.Currency, row.status, row.amount, row.currency)
@@ -285,6 +349,21 @@ func checkOutcomes(seen []seenOutcome, rows map[string]ledgerPayment) outcomeVer
 				payment, strings.Join(lacking, " or "), row.status, row.amount, row.currency, row.settled, or(strings.Join(got, ", "), "none")))
 		}
 	}
+	for _, key := range slices.Sorted(maps.Keys(ops)) {
+		op := ops[key]
+		kind, _ := op.expectedKind()
+		if kind == "" {
+			continue
+		}
+		v.operations++
+		got := opEvents[key]
+		switch {
+		case len(got) > 1:
+			broke("operation %s: %d final events (%s)", key, len(got), strings.Join(got, ", "))
+		case len(got) == 0:
+			v.missing = append(v.missing, fmt.Sprintf("%s: no %s event (its %s %s %d %s)", key, kind, op.kind, op.status, op.amount, op.currency))
+		}
+	}
 	slices.Sort(v.broken)
 	return v
 }
@@ -323,7 +402,10 @@ func (h *harness) checkOutcomeEvents(ctx context.Context) error {
 	}
 	defer pool.Close()
 	readLedger := func() (map[string]ledgerPayment, error) {
-		rows, err := pool.Query(ctx, `SELECT merchant_id, idempotency_key, status, amount, currency, coalesce(charge_id, ''), settled_at IS NOT NULL FROM payments`)
+		rows, err := pool.Query(ctx, `SELECT merchant_id, idempotency_key, status, amount, currency, coalesce(charge_id, ''), settled_at IS NOT NULL,
+				status IN ('authorized', 'canceled') OR EXISTS (SELECT 1 FROM payment_ops o WHERE o.merchant_id = p.merchant_id
+					AND o.payment_key = p.idempotency_key AND o.kind = 'capture' AND o.status = 'succeeded')
+			FROM payments p`)
 		if err != nil {
 			return nil, fmt.Errorf("read the ledger: %w", err)
 		}
@@ -332,10 +414,28 @@ func (h *harness) checkOutcomeEvents(ctx context.Context) error {
 		for rows.Next() {
 			var merchant, key string
 			var p ledgerPayment
-			if err := rows.Scan(&merchant, &key, &p.status, &p.amount, &p.currency, &p.chargeID, &p.settled); err != nil {
+			if err := rows.Scan(&merchant, &key, &p.status, &p.amount, &p.currency, &p.chargeID, &p.settled, &p.authorized); err != nil {
 				return nil, err
 			}
 			out[merchant+":"+key] = p
+		}
+		return out, rows.Err()
+	}
+	readOps := func() (map[string]ledgerOp, error) {
+		rows, err := pool.Query(ctx, `SELECT merchant_id, idempotency_key, 'refund', status, amount, currency FROM refunds
+			UNION ALL SELECT merchant_id, idempotency_key, kind, status, CASE WHEN kind = 'capture' AND status = 'succeeded' THEN amount_received ELSE amount END, currency FROM payment_ops`)
+		if err != nil {
+			return nil, fmt.Errorf("read the operations: %w", err)
+		}
+		defer rows.Close()
+		out := map[string]ledgerOp{}
+		for rows.Next() {
+			var merchant, key string
+			var o ledgerOp
+			if err := rows.Scan(&merchant, &key, &o.kind, &o.status, &o.amount, &o.currency); err != nil {
+				return nil, err
+			}
+			out[merchant+":"+key] = o
 		}
 		return out, rows.Err()
 	}
@@ -346,8 +446,12 @@ func (h *harness) checkOutcomeEvents(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		ops, err := readOps()
+		if err != nil {
+			return err
+		}
 		seen, _, _ := h.outcomes.snapshot()
-		v = checkOutcomes(seen, rows)
+		v = checkOutcomes(seen, rows, ops)
 		if len(v.missing) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
 			break
 		}
@@ -396,8 +500,8 @@ func (h *harness) reportOutcomes() bool {
 		}
 	}
 	_, _, resumes := h.outcomes.snapshot()
-	fmt.Fprintf(h.out, "chaos: outcome events: read=%d distinct=%d duplicates_by_id=%d payments=%d final=%d refused=%d missing=%d broken=%d reader_resumes=%d waiting_for_operator=%d\n",
-		v.events, v.distinct, v.duplicates, v.payments, v.final, v.refused, len(v.missing), len(v.broken), resumes, v.waiting)
+	fmt.Fprintf(h.out, "chaos: outcome events: read=%d distinct=%d duplicates_by_id=%d payments=%d final=%d refused=%d missing=%d broken=%d reader_resumes=%d waiting_for_operator=%d operations=%d operation_events=%d\n",
+		v.events, v.distinct, v.duplicates, v.payments, v.final, v.refused, len(v.missing), len(v.broken), resumes, v.waiting, v.operations, v.opEvents)
 	return v.ok()
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -148,7 +149,7 @@ func TestCheckOutcomes(t *testing.T) {
 		}()}, broken: "published under Nats-Msg-Id \"m:z\"", refused: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := checkOutcomes(tc.seen, tc.ledger)
+			v := checkOutcomes(tc.seen, tc.ledger, nil)
 			missing, broken := strings.Join(v.missing, "\n"), strings.Join(v.broken, "\n")
 			switch {
 			case tc.missing == "" && len(v.missing) > 0, tc.missing != "" && !strings.Contains(missing, tc.missing):
@@ -275,8 +276,82 @@ func TestOutcomeReaderSurvivesRestarts(t *testing.T) {
 	for _, k := range got {
 		rows["m:"+k] = ledgerPayment{status: ledger.PaymentSucceeded, amount: 100, currency: "usd"}
 	}
-	if v := checkOutcomes(seen, rows); !v.ok() || v.distinct != 4 {
+	if v := checkOutcomes(seen, rows, nil); !v.ok() || v.distinct != 4 {
 		t.Fatalf("check: %+v", v)
 	}
 	t.Logf("reader resumed %d times", resumes)
+}
+
+// opEvent is the final event of the operation "m:<key>" of kind, seq 3.
+func opEvent(key, kind, status string, amount int64) seenOutcome {
+	o := outcome(key, kind, status, amount)
+	o.event.Seq = 3
+	return o
+}
+
+// TestCheckOutcomesOfTheLifecycle: an authorization's one event is its
+// authorized one, whether it still holds or a capture or cancel moved it
+// on; each final refund, capture and cancel has its one event of its
+// kind under its own key. A final operation without its event is
+// missing; two final events of one, an event of one not final, of one
+// the ledger lacks, or of another amount, are broken.
+func TestCheckOutcomesOfTheLifecycle(t *testing.T) {
+	captured := ledgerPayment{status: ledger.PaymentSucceeded, amount: 100, currency: "usd", settled: true, authorized: true}
+	canceled := ledgerPayment{status: "canceled", amount: 50, currency: "usd", settled: true, authorized: true}
+	rows := map[string]ledgerPayment{"m:a": captured, "m:b": canceled}
+	ops := func() map[string]ledgerOp {
+		return map[string]ledgerOp{
+			"m:a-cap": {kind: "capture", status: "succeeded", amount: 80, currency: "usd"},
+			"m:a-r0":  {kind: "refund", status: "succeeded", amount: 30, currency: "usd"},
+			"m:a-r1":  {kind: "refund", status: "refused", amount: 80, currency: "usd"},
+			"m:b-can": {kind: "cancel", status: "succeeded", amount: 50, currency: "usd"},
+			"m:a-r2":  {kind: "refund", status: "unknown", amount: 10, currency: "usd"},
+		}
+	}
+	clean := func() []seenOutcome {
+		return []seenOutcome{
+			outcome("a", ledger.OutcomeAuthorized, ledger.PaymentAuthorized, 100), outcome("b", ledger.OutcomeAuthorized, ledger.PaymentAuthorized, 50),
+			opEvent("a-cap", ledger.OutcomeCaptured, "succeeded", 80), opEvent("a-r0", ledger.OutcomeRefunded, "succeeded", 30),
+			opEvent("a-r1", ledger.OutcomeRefundFailed, "refused", 80), opEvent("b-can", ledger.OutcomeCanceled, "canceled", 50),
+		}
+	}
+	for _, tc := range []struct {
+		name            string
+		seen            func([]seenOutcome) []seenOutcome
+		missing, broken string
+	}{
+		{name: "clean"},
+		{name: "a refund's event missing", seen: func(s []seenOutcome) []seenOutcome { return slices.Delete(s, 3, 4) }, missing: "m:a-r0: no refunded event"},
+		{name: "two final events of a refund", seen: func(s []seenOutcome) []seenOutcome {
+			return append(s, opEvent("a-r0", ledger.OutcomeRefundFailed, "failed", 30))
+		}, broken: "operation m:a-r0: 2 final events"},
+		{name: "an event of an operation not final", seen: func(s []seenOutcome) []seenOutcome {
+			return append(s, opEvent("a-r2", ledger.OutcomeRefunded, "succeeded", 10))
+		}, broken: "the ledger's refund is unknown, not final"},
+		{name: "an event of an operation the ledger lacks", seen: func(s []seenOutcome) []seenOutcome {
+			return append(s, opEvent("z-r0", ledger.OutcomeRefunded, "succeeded", 10))
+		}, broken: "an operation the ledger lacks"},
+		{name: "a capture's event of another amount", seen: func(s []seenOutcome) []seenOutcome {
+			s[2] = opEvent("a-cap", ledger.OutcomeCaptured, "succeeded", 100)
+			return s
+		}, broken: "the ledger's capture succeeded 80 usd"},
+		{name: "an authorization charged", seen: func(s []seenOutcome) []seenOutcome {
+			return append(s, outcome("a", ledger.OutcomeCharged, ledger.PaymentSucceeded, 100))
+		}, broken: "payment m:a: 2 final events"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seen := clean()
+			if tc.seen != nil {
+				seen = tc.seen(seen)
+			}
+			v := checkOutcomes(seen, rows, ops())
+			missing, broken := strings.Join(v.missing, "\n"), strings.Join(v.broken, "\n")
+			switch {
+			case tc.missing == "" && len(v.missing) > 0, tc.missing != "" && !strings.Contains(missing, tc.missing):
+				t.Fatalf("missing %q, want %q", v.missing, tc.missing)
+			case tc.broken == "" && len(v.broken) > 0, tc.broken != "" && !strings.Contains(broken, tc.broken):
+				t.Fatalf("broken %q, want %q", v.broken, tc.broken)
+			}
+		})
+	}
 }

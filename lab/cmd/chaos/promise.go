@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/paydedup/paydedup/client"
+	"github.com/paydedup/paydedup/lab/stripesim"
 )
 
 // The client's side of the gateway mode (-gateway-clients): what each
@@ -26,6 +30,7 @@ const (
 	toldRefused                 // 402, a GET of a declined payment, a 4xx with a reason: final, never charged
 	toldNotAccepted             // a problem type ending not-accepted, or 500 internal: never charged, a new key is safe
 	toldNothing                 // 404 not-found of a GET: the gateway has no such payment (yet)
+	toldAuthorized              // 201 or a GET of an authorized payment (capture_method manual), or of one canceled since: held, never moved
 )
 
 // problem types the client reads, by their documented endings, and the
@@ -85,6 +90,8 @@ func classify(a answer) told {
 		return toldNotAccepted
 	case a.status == 500 && a.problem == problemInternal:
 		return toldNotAccepted
+	case (a.status == 200 || a.status == 201) && (a.state == "authorized" || a.state == "canceled"):
+		return toldAuthorized
 	case a.status == 201:
 		return toldCharged
 	case a.status == 202:
@@ -93,7 +100,7 @@ func classify(a answer) told {
 		return toldRefused
 	case a.status == 200:
 		switch a.state {
-		case "succeeded":
+		case "succeeded", "partially_refunded", "refunded":
 			return toldCharged
 		case "declined":
 			return toldRefused
@@ -117,8 +124,11 @@ type keyLog struct {
 	key      string
 	declines bool // the card the simulator declines
 	invalid  bool // a body the gateway must refuse (400)
-	answers  []answer
-	gaveUp   bool // the client stopped retrying without a final answer
+	// authorize: a capture_method manual payment, whose money is held,
+	// not moved, until a capture (lifecycle.go).
+	authorize bool
+	answers   []answer
+	gaveUp    bool // the client stopped retrying without a final answer
 
 	// The negative control (-clients-new-key-on-503): slip stops the
 	// key's payment at its first 503, and slipped says it did.
@@ -143,6 +153,13 @@ func (k *keyLog) what() (accepted, charged, refused, notAccepted bool) {
 		}
 	}
 	return
+}
+
+// authorized reports whether an answer told the key's payment was
+// authorized (or canceled since): its money held, not moved, so no
+// charge is owed until a capture.
+func (k *keyLog) authorized() bool {
+	return slices.ContainsFunc(k.answers, func(a answer) bool { return classify(a) == toldAuthorized })
 }
 
 // nothingAccepted reports whether every answer to the key said, as
@@ -212,7 +229,8 @@ func checkPromises(merchant string, keys []*keyLog, charges map[string]int, rowS
 		v.charged += b2i(charged)
 		v.refused += b2i(refused)
 		v.notAccept += b2i(notAccepted)
-		v.unknown += b2i(!accepted && !charged && !refused && !notAccepted)
+		authorized := k.authorized()
+		v.unknown += b2i(!accepted && !charged && !refused && !notAccepted && !authorized)
 		if n > 1 {
 			broke(k, "charged %d times", n)
 		}
@@ -234,10 +252,13 @@ func checkPromises(merchant string, keys []*keyLog, charges map[string]int, rowS
 		if charged && n == 0 {
 			broke(k, "told charged, but the provider has no charge")
 		}
-		if (accepted || charged) && !refused && n == 0 {
+		if (accepted || charged) && !refused && !authorized && n == 0 {
 			broke(k, "accepted, never charged, and no refusal told (row %s)", or(rowStatus[merchant+":"+k.key], "missing"))
 		}
-		if k.invalid && (accepted || charged) {
+		if authorized && !k.authorize {
+			broke(k, "a charge told authorized")
+		}
+		if k.invalid && (accepted || charged || authorized) {
 			broke(k, "an invalid payment accepted")
 		}
 		if k.declines && charged {
@@ -255,6 +276,187 @@ func checkPromises(merchant string, keys []*keyLog, charges map[string]int, rowS
 				each = append(each, k.key+" ("+k.told()+")")
 			}
 			v.broken = append(v.broken, fmt.Sprintf("payment %d charged under %d keys: %s", order, len(ks), strings.Join(each, "; ")))
+		}
+	}
+	slices.Sort(v.broken)
+	return v
+}
+
+// opsVerdict is the check of the lifecycle's operations (lifecycle.go)
+// against the provider's ledger.
+type opsVerdict struct {
+	captures, refunds, cancels int // operations sent, by kind
+	succeeded                  int // operations that ended succeeded
+	rejected                   int // refused by the ledger's rules (422), never sent
+	double                     int // operations the provider executed twice
+	overRefunded               int // payments refunded past what they received
+	unended                    int // accepted operations never shown final
+	broken                     []string
+}
+
+func (v opsVerdict) ok() bool { return len(v.broken) == 0 }
+
+// checkOperations judges the operations against the provider's ledger
+// (l), which it reads as a whole first: no refund executed twice (two
+// provider refunds under one paydedup refund key, or one provider key),
+// no capture or cancel executed twice (two of one intent, or under one
+// provider key), no intent both captured and canceled, and no intent
+// whose refunds that hold money (pending, succeeded) sum past what it
+// received. Then each operation: one answered 202 (or shown in flight)
+// ends shown final (succeeded, failed, refused); one shown succeeded is
+// the provider's (one refund under its key, of its amount, succeeded; the
+// payment's one capture, of its amount; its one cancel); one refused,
+// by the provider or by the ledger's rules (422), was never executed;
+// one asking more than is left, shown final, is refused over_refundable.
+func checkOperations(merchant string, ops []*opLog, l stripesim.Ledger) opsVerdict {
+	var v opsVerdict
+	broke := func(format string, args ...any) { v.broken = append(v.broken, fmt.Sprintf(format, args...)) }
+
+	// The provider's ledger as a whole.
+	received := map[string]int64{} // by intent
+	payment := map[string]string{} // intent → merchant:key
+	for _, c := range l.Charges {
+		received[c.ID] = c.Amount
+		payment[c.ID] = c.MerchantID + ":" + c.IdempotencyKey
+	}
+	refundsByKey, refundsByPK := map[string][]stripesim.Refund{}, map[string][]stripesim.Refund{}
+	held := map[string]int64{}
+	var intents []string
+	for _, r := range l.Refunds {
+		if r.IdempotencyKey != "" {
+			refundsByKey[r.MerchantID+":"+r.IdempotencyKey] = append(refundsByKey[r.MerchantID+":"+r.IdempotencyKey], r)
+		}
+		if r.ProviderKey != "" {
+			refundsByPK[r.ProviderKey] = append(refundsByPK[r.ProviderKey], r)
+		}
+		if r.Status == "pending" || r.Status == "succeeded" || r.Status == "requires_action" {
+			if _, ok := held[r.PaymentIntent]; !ok {
+				intents = append(intents, r.PaymentIntent)
+			}
+			held[r.PaymentIntent] += r.Amount
+		}
+	}
+	ids := func(rs []stripesim.Refund) string {
+		s := make([]string, len(rs))
+		for i, r := range rs {
+			s[i] = fmt.Sprintf("%s %d %s", r.ID, r.Amount, r.Status)
+		}
+		return strings.Join(s, ", ")
+	}
+	for _, k := range slices.Sorted(maps.Keys(refundsByKey)) {
+		if rs := refundsByKey[k]; len(rs) > 1 {
+			v.double++
+			broke("refund %s executed %d times at the provider (%s)", k, len(rs), ids(rs))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(refundsByPK)) {
+		if rs := refundsByPK[k]; len(rs) > 1 {
+			v.double++
+			broke("provider key %s: %d refunds (%s)", k, len(rs), ids(rs))
+		}
+	}
+	for _, in := range intents {
+		if held[in] > received[in] {
+			v.overRefunded++
+			broke("intent %s (%s) refunded %d, more than it received (%d)", in, or(payment[in], merchant+":?"), held[in], received[in])
+		}
+	}
+	capturesOf, cancelsOf := map[string][]stripesim.IntentOp{}, map[string][]stripesim.IntentOp{}
+	for _, list := range []struct {
+		what string
+		ops  []stripesim.IntentOp
+		of   map[string][]stripesim.IntentOp
+	}{{"capture", l.Captures, capturesOf}, {"cancel", l.Cancels, cancelsOf}} {
+		byIntent, byPK := map[string]int{}, map[string]int{}
+		for _, o := range list.ops {
+			byIntent[o.PaymentIntent]++
+			if o.ProviderKey != "" {
+				byPK[o.ProviderKey]++
+			}
+			list.of[o.MerchantID+":"+o.IdempotencyKey] = append(list.of[o.MerchantID+":"+o.IdempotencyKey], o)
+		}
+		for _, in := range slices.Sorted(maps.Keys(byIntent)) {
+			if n := byIntent[in]; n > 1 {
+				v.double++
+				broke("intent %s (%s) %sd %d times at the provider", in, or(payment[in], "?"), list.what, n)
+			}
+		}
+		for _, pk := range slices.Sorted(maps.Keys(byPK)) {
+			if n := byPK[pk]; n > 1 {
+				v.double++
+				broke("provider key %s: %d %ss", pk, n, list.what)
+			}
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(capturesOf)) {
+		if len(cancelsOf[p]) > 0 {
+			broke("payment %s both captured and canceled at the provider", p)
+		}
+	}
+
+	// Each operation.
+	for _, o := range ops {
+		switch o.kind {
+		case client.KindCapture:
+			v.captures++
+		case client.KindCancel:
+			v.cancels++
+		default:
+			v.refunds++
+		}
+		accepted, rejected := o.opTold()
+		final := o.final()
+		v.rejected += b2i(rejected)
+		v.succeeded += b2i(final == client.StatusSucceeded)
+		obroke := func(format string, args ...any) {
+			broke("%s %s: %s (payment %s; %s)", o.kind, o.key, fmt.Sprintf(format, args...), o.payKey, o.told())
+		}
+		last := "none"
+		if o.last != nil {
+			last = string(o.last.Status)
+		}
+		if accepted && !rejected && final == "" {
+			v.unended++
+			obroke("accepted (202), never shown final (last %s)", last)
+		}
+		if o.expect != "" && !rejected && final != "" && final != client.StatusRefused {
+			obroke("asked more than is left, want %s; shown %s", o.expect, last)
+		}
+		if rejected && final != "" && final != client.StatusRefused {
+			obroke("refused by the ledger's rules (422), then shown %s", final)
+		}
+		refused := rejected || final == client.StatusRefused
+		var amount int64
+		if o.last != nil {
+			amount = o.last.Amount
+		}
+		switch o.kind {
+		case client.KindRefund:
+			rs := refundsByKey[merchant+":"+o.key]
+			switch {
+			case refused && len(rs) > 0:
+				obroke("refused by the ledger's rules, yet the provider has %d refunds under its key (%s)", len(rs), ids(rs))
+			case final == client.StatusSucceeded && (len(rs) != 1 || rs[0].Status != "succeeded" || rs[0].Amount != amount):
+				obroke("refund succeeded (%d), the provider has %d refunds under its key (%s)", amount, len(rs), ids(rs))
+			case final == client.StatusFailed && (len(rs) != 1 || rs[0].Status != "failed" && rs[0].Status != "canceled"):
+				obroke("refund failed, the provider has %d refunds under its key (%s)", len(rs), ids(rs))
+			}
+		case client.KindCapture, client.KindCancel:
+			of := capturesOf
+			if o.kind == client.KindCancel {
+				of = cancelsOf
+			}
+			done := of[merchant+":"+o.payKey]
+			amounts := make([]string, len(done))
+			for i, d := range done {
+				amounts[i] = fmt.Sprint(d.Amount)
+			}
+			switch {
+			case refused && len(done) > 0:
+				obroke("refused, yet the provider %sd the payment %d times", o.kind, len(done))
+			case final == client.StatusSucceeded && (len(done) != 1 || o.kind == client.KindCapture && done[0].Amount != amount):
+				obroke("%s succeeded (%d), the provider %sd %d times (%s)", o.kind, amount, o.kind, len(done), strings.Join(amounts, ", "))
+			}
 		}
 	}
 	slices.Sort(v.broken)

@@ -8,11 +8,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/paydedup/paydedup/client"
+	"github.com/paydedup/paydedup/lab/stripesim"
 )
 
 func TestClassify(t *testing.T) {
@@ -40,6 +44,10 @@ func TestClassify(t *testing.T) {
 		{answer{method: "GET", status: 200, state: "succeeded"}, toldCharged},
 		{answer{method: "GET", status: 200, state: "declined"}, toldRefused},
 		{answer{method: "GET", status: 401, problem: "unauthenticated"}, toldUnknown},
+		{answer{method: "POST", status: 201, state: "authorized"}, toldAuthorized},
+		{answer{method: "GET", status: 200, state: "canceled"}, toldAuthorized},
+		{answer{method: "GET", status: 200, state: "partially_refunded"}, toldCharged},
+		{answer{method: "GET", status: 200, state: "refunded"}, toldCharged},
 	} {
 		if got := classify(tc.a); got != tc.want {
 			t.Errorf("classify(%s) = %d, want %d", tc.a.label(), got, tc.want)
@@ -72,6 +80,13 @@ func TestCheckPromises(t *testing.T) {
 		{name: "accepted, declined and told", keys: []*keyLog{{key: "a", declines: true, answers: []answer{post(202, ""), get(200, "declined")}}}},
 		{name: "accepted, never charged, nothing told", keys: []*keyLog{{key: "a", answers: []answer{post(202, ""), get(200, "retrying")}}},
 			rows: map[string]string{"m:a": "failed"}, broken: "accepted, never charged, and no refusal told (row failed)"},
+		{name: "authorized, canceled, never charged", keys: []*keyLog{{key: "a", authorize: true, answers: []answer{post(202, ""), get(200, "authorized"), get(200, "canceled")}}}},
+		{name: "authorized, captured once", keys: []*keyLog{{key: "a", authorize: true, answers: []answer{post(202, ""), get(200, "authorized"), get(200, "succeeded")}}},
+			charges: map[string]int{"m:a": 1}},
+		{name: "authorized, captured twice", keys: []*keyLog{{key: "a", authorize: true, answers: []answer{get(200, "authorized")}}},
+			charges: map[string]int{"m:a": 2}, broken: "charged 2 times"},
+		{name: "a charge told authorized", keys: []*keyLog{{key: "a", answers: []answer{{method: "POST", status: 201, state: "authorized"}}}},
+			broken: "a charge told authorized"},
 		{name: "charged twice", keys: []*keyLog{{key: "a", answers: []answer{post(201, "")}}}, charges: map[string]int{"m:a": 2}, broken: "charged 2 times"},
 		{name: "not accepted, new key charged", keys: []*keyLog{
 			{order: 1, key: "a", answers: []answer{post(503, "unavailable"), notAccepted}},
@@ -242,6 +257,110 @@ func TestClientsRecordWhatTheyAreTold(t *testing.T) {
 			}
 			if strings.Join(told, "; ") != tc.told {
 				t.Fatalf("told %q, want %q", strings.Join(told, "; "), tc.told)
+			}
+		})
+	}
+}
+
+// TestCheckOperations: the lifecycle's check against the provider's own
+// ledger finds a refund or a capture executed twice, a payment refunded
+// past what it received, a 202 that never ended, and an operation told
+// one thing while the provider did another; a clean lifecycle passes.
+func TestCheckOperations(t *testing.T) {
+	const m = "m"
+	pi, pi2 := "pi_1", "pi_2"
+	charge := func(id, key string, amount int64) stripesim.Charge {
+		return stripesim.Charge{ID: id, MerchantID: m, IdempotencyKey: key, Amount: amount, Status: "succeeded"}
+	}
+	refund := func(id, intent, key, pkey string, amount int64, status string) stripesim.Refund {
+		return stripesim.Refund{ID: id, PaymentIntent: intent, MerchantID: m, IdempotencyKey: key, ProviderKey: pkey, Amount: amount, Status: status}
+	}
+	capture := func(intent, payKey, pkey string, amount int64) stripesim.IntentOp {
+		return stripesim.IntentOp{PaymentIntent: intent, MerchantID: m, IdempotencyKey: payKey, ProviderKey: pkey, Amount: amount}
+	}
+	opResult := func(kind string, status client.Status, amount int64) *client.OperationResult {
+		return &client.OperationResult{Object: kind, Status: status, Amount: amount}
+	}
+	accepted := []answer{{method: "POST", status: 202, state: "queued"}}
+	refundOp := func(key string, status client.Status, amount int64) *opLog {
+		return &opLog{kind: client.KindRefund, key: key, payKey: "p", answers: accepted, last: opResult(client.KindRefund, status, amount)}
+	}
+	captureOp := func(status client.Status, amount int64) *opLog {
+		return &opLog{kind: client.KindCapture, key: "p-capture0", payKey: "p", answers: accepted, last: opResult(client.KindCapture, status, amount)}
+	}
+	clean := func() stripesim.Ledger {
+		return stripesim.Ledger{
+			Charges:  []stripesim.Charge{charge(pi, "p", 600)},
+			Captures: []stripesim.IntentOp{capture(pi, "p", "pk-cap", 600)},
+			Refunds:  []stripesim.Refund{refund("re_1", pi, "p-refund0", "pk-r0", 200, "succeeded"), refund("re_2", pi, "p-refund1", "pk-r1", 400, "succeeded")},
+		}
+	}
+	cleanOps := func() []*opLog {
+		return []*opLog{captureOp(client.StatusSucceeded, 600), refundOp("p-refund0", client.StatusSucceeded, 200), refundOp("p-refund1", client.StatusSucceeded, 400)}
+	}
+	for _, tc := range []struct {
+		name   string
+		ops    []*opLog
+		ledger func(*stripesim.Ledger)
+		broken string // a substring of a broken promise; "" for none
+		double int
+		over   int
+	}{
+		{name: "clean"},
+		{name: "a double refund", ledger: func(l *stripesim.Ledger) {
+			l.Refunds = append(l.Refunds, refund("re_3", pi, "p-refund0", "pk-r0", 200, "succeeded"))
+		}, broken: "refund m:p-refund0 executed 2 times", double: 2, over: 1},
+		{name: "an over-refund", ledger: func(l *stripesim.Ledger) {
+			l.Refunds[1].Amount = 500
+		}, broken: "refunded 700, more than it received (600)", over: 1},
+		{name: "a refund of a payment never charged", ledger: func(l *stripesim.Ledger) {
+			l.Refunds = append(l.Refunds, refund("re_9", pi2, "q-refund0", "pk-q", 100, "pending"))
+		}, broken: "pi_2 (m:?) refunded 100, more than it received (0)", over: 1},
+		{name: "a double capture", ledger: func(l *stripesim.Ledger) {
+			l.Captures = append(l.Captures, capture(pi, "p", "pk-cap2", 600))
+		}, broken: "captured 2 times", double: 1},
+		{name: "a capture under one provider key twice", ledger: func(l *stripesim.Ledger) {
+			l.Charges = append(l.Charges, charge(pi2, "q", 100))
+			l.Captures = append(l.Captures, capture(pi2, "q", "pk-cap", 100))
+		}, broken: "provider key pk-cap: 2 captures", double: 1},
+		{name: "a 202 never ended", ops: []*opLog{captureOp(client.StatusSucceeded, 600), refundOp("p-refund0", client.StatusSucceeded, 200),
+			refundOp("p-refund1", client.StatusProcessing, 400)}, broken: "accepted (202), never shown final (last processing)"},
+		{name: "told succeeded, the provider has none", ledger: func(l *stripesim.Ledger) {
+			l.Refunds = l.Refunds[:1]
+		}, broken: "p-refund1: refund succeeded (400), the provider has 0 refunds under its key"},
+		{name: "told refused, the provider refunded", ops: []*opLog{captureOp(client.StatusSucceeded, 600), refundOp("p-refund0", client.StatusSucceeded, 200),
+			{kind: client.KindRefund, key: "p-refund1", payKey: "p", asked: 600, expect: "over_refundable",
+				answers: []answer{{method: "POST", status: 422, problem: "payment-rejected"}}}},
+			broken: "p-refund1: refused by the ledger's rules, yet the provider has 1 refunds under its key"},
+		{name: "an over-refund not refused", ops: []*opLog{captureOp(client.StatusSucceeded, 600), refundOp("p-refund0", client.StatusSucceeded, 200),
+			{kind: client.KindRefund, key: "p-refund1", payKey: "p", asked: 600, expect: "over_refundable", answers: accepted,
+				last: opResult(client.KindRefund, client.StatusSucceeded, 400)}},
+			broken: "p-refund1: asked more than is left, want over_refundable"},
+		{name: "an over-refund the client gave up on", ops: []*opLog{captureOp(client.StatusSucceeded, 600), refundOp("p-refund0", client.StatusSucceeded, 200),
+			refundOp("p-refund1", client.StatusSucceeded, 400),
+			{kind: client.KindRefund, key: "p-refund2", payKey: "p", asked: 600, expect: "over_refundable", gaveUp: true,
+				answers: []answer{{method: "POST", status: 503, problem: "unavailable"}}}}},
+		{name: "a capture told succeeded for another amount", ops: []*opLog{captureOp(client.StatusSucceeded, 500),
+			refundOp("p-refund0", client.StatusSucceeded, 200), refundOp("p-refund1", client.StatusSucceeded, 400)},
+			broken: "p-capture0: capture succeeded (500), the provider captured 1 times (600)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := clean()
+			if tc.ledger != nil {
+				tc.ledger(&l)
+			}
+			ops := tc.ops
+			if ops == nil {
+				ops = cleanOps()
+			}
+			v := checkOperations(m, ops, l)
+			switch {
+			case tc.broken == "" && !v.ok():
+				t.Fatalf("broken: %q", v.broken)
+			case tc.broken != "" && !slices.ContainsFunc(v.broken, func(b string) bool { return strings.Contains(b, tc.broken) }):
+				t.Fatalf("broken %q, want one with %q", v.broken, tc.broken)
+			case v.double != tc.double || v.overRefunded != tc.over:
+				t.Fatalf("double=%d over_refunded=%d, want %d and %d (%q)", v.double, v.overRefunded, tc.double, tc.over, v.broken)
 			}
 		})
 	}
