@@ -24,7 +24,7 @@ func TestDemoSmall(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	last := lines[len(lines)-1]
-	m := regexp.MustCompile(`^demo: 300 payments, (\d+) duplicates, (\d+) charged once, (\d+) declined, (\d+) canceled, 0 double charges, 0 double refunds, 0 lost, (\d+) dead letters, \d+\.\d s$`).FindStringSubmatch(last)
+	m := regexp.MustCompile(`^demo: 300 payments, (\d+) duplicates, (\d+) charged once, (\d+) declined, (\d+) canceled, 0 double charges, 0 lost, 0 double refunds, (\d+) dead letters, \d+\.\d s$`).FindStringSubmatch(last)
 	if m == nil {
 		t.Fatalf("last line %q\nstdout:\n%s", last, out)
 	}

@@ -1114,8 +1114,8 @@ func (rep *demoReport) print(out io.Writer, elapsed time.Duration) {
 	for _, l := range rep.audit {
 		say("%s", l)
 	}
-	fmt.Fprintf(out, "demo: %d payments, %d duplicates, %d charged once, %d declined, %d canceled, %d double charges, %d double refunds, %d lost, %d dead letters, %.1f s\n",
-		rep.payments, rep.duplicates, rep.chargedOnce, rep.declined, rep.canceled, rep.double, len(rep.life.DoubleRefunds), rep.lost, rep.deadLetters, elapsed.Seconds())
+	fmt.Fprintf(out, "demo: %d payments, %d duplicates, %d charged once, %d declined, %d canceled, %d double charges, %d lost, %d double refunds, %d dead letters, %.1f s\n",
+		rep.payments, rep.duplicates, rep.chargedOnce, rep.declined, rep.canceled, rep.double, rep.lost, len(rep.life.DoubleRefunds), rep.deadLetters, elapsed.Seconds())
 }
 
 // printLifecycle prints the lifecycle's section: the operations by kind

@@ -87,7 +87,7 @@ func TestDemoRunsTheLifecycle(t *testing.T) {
 			"audit of 4 provider refunds against 4 ledger refunds: 0 double_refund, 0 unrecorded_refund, 0 missing_refund, 0 refund_mismatch",
 		"over_refundable 2",
 		"120 intents, 120 ledger rows: no drift",
-		" 1 canceled, 0 double charges, 0 double refunds, 0 lost,",
+		" 1 canceled, 0 double charges, 0 lost, 0 double refunds,",
 	} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the report does not say %q:\n%s", want, report)
