@@ -203,14 +203,29 @@ func (d *demoCmd) run(ctx context.Context) error {
 	}
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer rcancel()
-	rep, err := run.report(rctx, dlqStart)
+	rep, err := run.report(rctx, dlqStart, prov)
 	if err != nil {
 		return err
 	}
-	auditErr := rep.runAudit(rctx, prov, store, start)
+	// The audit reads the provider's refunds once per charged payment:
+	// with the calls' latency that alone took past the report's 30 s at
+	// 3000 payments (the audit could not run). The workers are stopped, so
+	// the latency is dropped (the 5xx stay: the audit asks again) and the
+	// audit has its own budget.
+	f := sim.Faults()
+	f.Latency, f.Jitter = 0, 0
+	if err := sim.SetFaults(f); err != nil {
+		return err
+	}
+	actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
+	defer acancel()
+	auditErr := rep.runAudit(actx, prov, store, start)
 	rep.print(d.Out, time.Since(start))
 	return errors.Join(rep.verdict(settled, d.Timeout), auditErr)
 }
+
+// auditTimeout is the final audit's budget.
+const auditTimeout = 2 * time.Minute
 
 // audit is the demo's final verdict beside its own ledger check: `paydedup
 // audit` over the run, the provider's own records against the ledger. The
@@ -227,8 +242,18 @@ func (rep *demoReport) runAudit(ctx context.Context, prov *stripe.Client, store 
 		rep.audit = append(rep.audit, fmt.Sprintf("AUDIT %s %s:%s: %s", f.Kind, f.MerchantID, f.IdempotencyKey, f.Detail))
 	}
 	rep.audit = append(rep.audit, fmt.Sprintf("audited against the provider's own records (paydedup audit): %d intents, %d ledger rows: %s", a.Intents, a.LedgerRows, a.Summary()))
+	counts := a.Counts()
+	rep.auditRefunds = map[audit.Kind]int{}
+	for _, k := range auditRefundKinds {
+		rep.auditRefunds[k] = counts[k]
+	}
+	rep.providerRefunds, rep.bookRefunds = a.Refunds, a.LedgerRefunds
 	return a.DriftError()
 }
+
+// auditRefundKinds are the audit's refund findings the lifecycle section
+// prints, each of which fails the run (DriftError).
+var auditRefundKinds = []audit.Kind{audit.DoubleRefund, audit.UnrecordedRefund, audit.MissingRefund, audit.RefundMismatch}
 
 // workerConfig is the consumer configuration of the demo's workers.
 func (d *demoCmd) workerConfig() consumer.Config {
@@ -363,8 +388,10 @@ type demoRun struct {
 
 	plan      workload.Phased
 	payments  []demoPayment
+	flows     []workload.Flow // the lifecycle's, rooted in payments
 	published struct {
 		early, late, windowed, reuse, malformed int
+		ops, opCopies                           int // the lifecycle's operations, and their duplicates
 	}
 	killedAt time.Duration
 	killedIn int64
@@ -374,6 +401,9 @@ type demoRun struct {
 type demoPayment struct {
 	ref ledger.KeyRef
 	cmd payment.Command
+	// canceled: its flow cancels its authorization, so it is never
+	// charged; the lifecycle's proof judges it.
+	canceled bool
 }
 
 // demoWorker is one in-process worker with its own NATS connection.
@@ -406,7 +436,8 @@ func (r *demoRun) startWorkers(ctx context.Context, prov *stripe.Client) error {
 		cfg := r.cfg
 		cfg.Holder = w.name
 		log := r.quietLogger(&w.muted).With("worker", w.name)
-		worker, err := consumer.NewWorker(nc, consumer.NewProcessor(w.store, prov, cfg, log), cfg, log, w.obs, nil)
+		store := &demoStore{Wrapper: w.store, ops: r.store, killed: &w.killed}
+		worker, err := consumer.NewWorker(nc, consumer.NewProcessor(store, prov, cfg, log), cfg, log, w.obs, nil)
 		if err != nil {
 			nc.Close()
 			return err
@@ -454,6 +485,71 @@ func (r *demoRun) kill(w *demoWorker) {
 // errKilled is what a killed worker's store calls return.
 var errKilled = errors.New("worker killed")
 
+// demoStore is a worker's store: the charges' calls through the
+// killable wrapper, and the refunds', captures' and cancels' (which the
+// wrapper does not have: without them the worker refuses those commands)
+// to the store, failing once the worker is killed as the wrapper's do.
+type demoStore struct {
+	*storehook.Wrapper
+	ops    *dedup.Store
+	killed *atomic.Bool
+}
+
+var (
+	_ consumer.RefundStore    = (*demoStore)(nil)
+	_ consumer.PaymentOpStore = (*demoStore)(nil)
+)
+
+// alive fails once the worker is killed.
+func (s *demoStore) alive() error {
+	if s.killed.Load() {
+		return errKilled
+	}
+	return nil
+}
+
+func (s *demoStore) ClaimRefund(ctx context.Context, holder string, lease time.Duration, req ledger.RefundRequest) (ledger.RefundClaim, error) {
+	if err := s.alive(); err != nil {
+		return ledger.RefundClaim{}, err
+	}
+	return s.ops.ClaimRefund(ctx, holder, lease, req)
+}
+
+func (s *demoStore) CompleteRefund(ctx context.Context, l ledger.Lease, c ledger.RefundCompletion) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	return s.ops.CompleteRefund(ctx, l, c)
+}
+
+func (s *demoStore) ReleaseRefund(ctx context.Context, l ledger.Lease, reason string) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	return s.ops.ReleaseRefund(ctx, l, reason)
+}
+
+func (s *demoStore) ClaimPaymentOp(ctx context.Context, holder string, lease time.Duration, req ledger.PaymentOpRequest) (ledger.PaymentOpClaim, error) {
+	if err := s.alive(); err != nil {
+		return ledger.PaymentOpClaim{}, err
+	}
+	return s.ops.ClaimPaymentOp(ctx, holder, lease, req)
+}
+
+func (s *demoStore) CompletePaymentOp(ctx context.Context, l ledger.Lease, c ledger.PaymentOpCompletion) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	return s.ops.CompletePaymentOp(ctx, l, c)
+}
+
+func (s *demoStore) ReleasePaymentOp(ctx context.Context, l ledger.Lease, reason string) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	return s.ops.ReleasePaymentOp(ctx, l, reason)
+}
+
 // demoObserver counts one worker's settled messages.
 type demoObserver struct {
 	consumer.NopObserver
@@ -499,9 +595,13 @@ func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
 	r.plan = workload.PlanPhased(r.rng, workload.PhasedConfig{
 		Payments: r.Payments, Duplicates: r.Duplicates, Declines: r.Declines, Prefix: "demo-" + r.runID,
 	})
+	r.flows = workload.PlanLifecycle(r.rng, &r.plan, lifecycleSets(r.demoCmd.Payments))
 	r.payments = make([]demoPayment, len(r.plan.Payments))
 	for i, g := range r.plan.Payments {
 		r.payments[i] = demoPayment{ref: ledger.KeyRef{MerchantID: g.Cmd.MerchantID, IdempotencyKey: g.Cmd.IdempotencyKey}, cmd: g.Cmd}
+	}
+	for _, f := range r.flows {
+		r.payments[f.Root].canceled = f.Canceled()
 	}
 	early, late := r.plan.Early, r.plan.Late
 	pub, err := stream.NewPublisher(r.js.Conn(), stream.PublisherConfig{})
@@ -550,6 +650,9 @@ func (r *demoRun) drive(ctx context.Context) (settled bool, err error) {
 		r.count(m)
 	}
 	if err := r.publishLate(ctx, late); err != nil {
+		return false, err
+	}
+	if err := r.publishLifecycle(ctx); err != nil {
 		return false, err
 	}
 	select {
@@ -618,6 +721,118 @@ func (r *demoRun) publishLate(ctx context.Context, late []workload.Planned) erro
 	return nil
 }
 
+// lifecycleSets is how many sets of the lifecycle's flows a run of n
+// payments plans: a few, one more per thousand payments.
+func lifecycleSets(n int) int { return 1 + n/1000 }
+
+// publishLifecycle publishes each flow's operations in turn, each once
+// what it acts on has settled (the payment authorized or charged, the
+// operation before it stored with a final outcome), each with a
+// duplicate under another Nats-Msg-Id (it reaches the workers, which
+// must not act twice), every other one also with its own id again (the
+// stream drops it), and a late copy of the operation before it.
+func (r *demoRun) publishLifecycle(ctx context.Context) error {
+	next := make([]int, len(r.flows))
+	refs := make([]ledger.KeyRef, len(r.flows))
+	for i, f := range r.flows {
+		refs[i] = f.Ref()
+	}
+	publish := func(op workload.LifeOp, copies ...string) error {
+		for _, c := range copies {
+			if err := r.pub.Publish(ctx, workload.OpMessage(r.cfg.Stream, op, c)); err != nil {
+				return fmt.Errorf("publish: %w", err)
+			}
+		}
+		r.published.opCopies += len(copies) - 1
+		return nil
+	}
+	for {
+		left := 0
+		settled, err := r.lifeSettled(ctx, refs, next)
+		if err != nil {
+			return err
+		}
+		for i, f := range r.flows {
+			if next[i] == len(f.Ops) {
+				continue
+			}
+			left++
+			if !settled[i] {
+				continue
+			}
+			op := f.Ops[next[i]]
+			copies := []string{"", "retry"}
+			if r.published.ops%2 == 0 {
+				copies = append(copies, "")
+			}
+			if err := publish(op, copies...); err != nil {
+				return err
+			}
+			if next[i] > 0 {
+				if err := publish(f.Ops[next[i]-1], "late"); err != nil {
+					return err
+				}
+				r.published.opCopies++
+			}
+			r.published.ops++
+			next[i]++
+		}
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d flows of the lifecycle never found what they act on settled: %w", left, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// lifeSettled reports, for each flow, whether what its next operation
+// acts on has settled: its payment authorized or charged, or the
+// operation before it stored with a final outcome.
+func (r *demoRun) lifeSettled(ctx context.Context, roots []ledger.KeyRef, next []int) ([]bool, error) {
+	pays, err := r.store.PaymentsFor(ctx, roots)
+	if err != nil {
+		return nil, err
+	}
+	refunds, err := r.store.RefundsOf(ctx, roots)
+	if err != nil {
+		return nil, err
+	}
+	status := map[string]string{}
+	for _, p := range pays {
+		status[p.MerchantID+":"+p.IdempotencyKey] = p.Status
+	}
+	for _, rf := range refunds {
+		status[rf.MerchantID+":"+rf.IdempotencyKey] = rf.Status
+	}
+	out := make([]bool, len(r.flows))
+	for i, f := range r.flows {
+		switch {
+		case next[i] == len(f.Ops):
+		case next[i] == 0:
+			out[i] = status[f.RootKey()] == ledger.PaymentAuthorized || status[f.RootKey()] == ledger.PaymentSucceeded
+		default:
+			prev := f.Ops[next[i]-1]
+			if prev.Cmd.Kind == payment.KindRefund {
+				st := status[prev.Key()]
+				out[i] = st != "" && st != ledger.RefundPending && st != ledger.RefundUnknown
+				continue
+			}
+			op, err := r.store.GetPaymentOp(ctx, prev.Cmd.MerchantID, prev.Cmd.IdempotencyKey)
+			switch {
+			case errors.Is(err, ledger.ErrNotFound):
+			case err != nil:
+				return nil, err
+			default:
+				out[i] = op.Final()
+			}
+		}
+	}
+	return out, nil
+}
+
 // waitQuiescent waits until the consumer has nothing pending or unacked and
 // no payment of the run is pending in Postgres.
 func (r *demoRun) waitQuiescent(ctx context.Context) (bool, error) {
@@ -668,15 +883,25 @@ type demoReport struct {
 	killedAt                                               time.Duration
 	killedIn                                               int64
 	lostKeys, doubleKeys, disagreeKeys                     []string
+	canceled                                               int // authorizations canceled, by their flow
+
+	// life is the judgement of the lifecycle's flows; opCopies counts the
+	// duplicates of their operations published.
+	life     workload.LifeTally
+	opCopies int
+	// auditRefunds counts the audit's refund findings by kind, beside
+	// the provider's refunds and the ledger's it compared.
+	auditRefunds                 map[audit.Kind]int
+	providerRefunds, bookRefunds int
 }
 
 // report checks Postgres and the dead letters against the simulator's
 // ledger.
-func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, error) {
+func (r *demoRun) report(ctx context.Context, dlqStart uint64, prov *stripe.Client) (*demoReport, error) {
 	rep := &demoReport{
 		payments: len(r.payments), duplicates: r.published.early + r.published.late, late: r.published.late, windowed: r.published.windowed,
 		reuse: r.published.reuse, malformed: r.published.malformed, byReason: map[string]int{},
-		killedAt: r.killedAt, killedIn: r.killedIn,
+		killedAt: r.killedAt, killedIn: r.killedIn, opCopies: r.published.opCopies,
 	}
 	charges := r.sim.ChargesByKey()
 	refs := make([]ledger.KeyRef, len(r.payments))
@@ -696,16 +921,100 @@ func (r *demoRun) report(ctx context.Context, dlqStart uint64) (*demoReport, err
 		return nil, fmt.Errorf("demo report: %w", err)
 	}
 	lettered := map[ledger.KeyRef]string{}
+	byKey := map[string][]string{}
 	for _, l := range letters {
 		if l.Seq <= dlqStart {
 			continue
 		}
 		rep.deadLetters++
 		rep.byReason[l.Reason]++
-		lettered[ledger.KeyRef{MerchantID: l.MerchantID, IdempotencyKey: l.IdempotencyKey}] = l.Reason
+		ref := ledger.KeyRef{MerchantID: l.MerchantID, IdempotencyKey: l.IdempotencyKey}
+		lettered[ref] = l.Reason
+		byKey[workload.RowKey(ref)] = append(byKey[workload.RowKey(ref)], l.Reason)
 	}
 	rep.judge(r.payments, charges, byRef, lettered)
+	ev, err := r.lifeEvidence(ctx, prov, byKey)
+	if err != nil {
+		return nil, fmt.Errorf("demo report: %w", err)
+	}
+	rep.judgeLifecycle(r.flows, ev)
 	return rep, nil
+}
+
+// lifeEvidence reads what the run left of its flows: the payments' and
+// the operations' rows, the provider's refunds and what each payment's
+// intent received (the simulator's ledger) and its status (asked of the
+// provider, whose faults still apply: a failed read is asked again).
+func (r *demoRun) lifeEvidence(ctx context.Context, prov *stripe.Client, letters map[string][]string) (workload.LifeEvidence, error) {
+	ev := workload.LifeEvidence{Roots: map[string]workload.LifeRoot{}, Ops: map[string]workload.LifeRow{}, Letters: letters}
+	refs := make([]ledger.KeyRef, len(r.flows))
+	for i, f := range r.flows {
+		refs[i] = f.Ref()
+	}
+	pays, err := r.store.PaymentsFor(ctx, refs)
+	if err != nil {
+		return ev, err
+	}
+	received := map[string]int64{}
+	for _, c := range r.sim.Charges() {
+		received[c.ID] = c.Amount
+	}
+	for _, p := range pays {
+		root := workload.LifeRoot{Status: p.Status, ChargeID: p.ChargeID, Received: received[p.ChargeID]}
+		if p.ChargeID != "" {
+			in, err := getIntent(ctx, prov, p.ChargeID)
+			if err != nil {
+				return ev, err
+			}
+			root.Intent = in.Status
+		}
+		ev.Roots[p.MerchantID+":"+p.IdempotencyKey] = root
+	}
+	refunds, err := r.store.RefundsOf(ctx, refs)
+	if err != nil {
+		return ev, err
+	}
+	for _, rf := range refunds {
+		ev.Ops[rf.MerchantID+":"+rf.IdempotencyKey] = workload.LifeRow{Found: true, Status: rf.Status, Amount: rf.Amount, RefundID: rf.RefundID}
+	}
+	for _, f := range r.flows {
+		for _, op := range f.Ops {
+			if op.Cmd.Kind == payment.KindRefund {
+				continue
+			}
+			o, err := r.store.GetPaymentOp(ctx, op.Cmd.MerchantID, op.Cmd.IdempotencyKey)
+			switch {
+			case errors.Is(err, ledger.ErrNotFound):
+			case err != nil:
+				return ev, err
+			default:
+				ev.Ops[op.Key()] = workload.LifeRow{Found: true, Status: o.Status, Amount: o.AmountReceived}
+			}
+		}
+	}
+	for _, rf := range r.sim.Refunds() {
+		ev.Refunds = append(ev.Refunds, workload.ProviderRefund{ID: rf.ID, Intent: rf.PaymentIntent, Key: rf.MerchantID + ":" + rf.IdempotencyKey,
+			Amount: rf.Amount, Status: rf.Status})
+	}
+	return ev, nil
+}
+
+// getIntent reads intent id, asking again while the simulator's faults
+// fail the read.
+func getIntent(ctx context.Context, prov *stripe.Client, id string) (provider.Intent, error) {
+	var err error
+	for range 10 {
+		var in provider.Intent
+		if in, err = prov.GetIntent(ctx, id); err == nil {
+			return in, nil
+		}
+		select {
+		case <-ctx.Done():
+			return provider.Intent{}, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return provider.Intent{}, fmt.Errorf("get intent %s: %w", id, err)
 }
 
 // judge checks each payment's record and dead letters against the
@@ -717,9 +1026,13 @@ func (rep *demoReport) judge(payments []demoPayment, charges map[string]int, byR
 	for ref, rec := range byRef {
 		rows[workload.RowKey(ref)] = workload.RowOf(rec)
 	}
-	expected := make([]workload.Expected, len(payments))
-	for i, p := range payments {
-		expected[i] = workload.Expected{Key: workload.RowKey(p.ref), Declines: p.cmd.PaymentMethod == "pm_card_chargeDeclined"}
+	var expected []workload.Expected
+	for _, p := range payments {
+		if p.canceled {
+			rep.canceled++
+			continue
+		}
+		expected = append(expected, workload.Expected{Key: workload.RowKey(p.ref), Declines: p.cmd.PaymentMethod == "pm_card_chargeDeclined"})
 	}
 	t := workload.Check(expected, rows, charges)
 	rep.keysCharged, rep.doubleKeys, rep.double = t.KeysCharged, t.Double, len(t.Double)
@@ -743,12 +1056,22 @@ func (rep *demoReport) judge(payments []demoPayment, charges map[string]int, byR
 	}
 }
 
+// judgeLifecycle checks the flows' payments and operations against the
+// provider's ledger (workload.CheckLifecycle).
+func (rep *demoReport) judgeLifecycle(flows []workload.Flow, ev workload.LifeEvidence) {
+	rep.life = workload.CheckLifecycle(flows, ev)
+}
+
 // verdict fails a run that charged a key twice, lost a payment, disagrees
-// with the provider, or did not settle.
+// with the provider, refunded a refund twice or past what was captured,
+// ended an operation otherwise than planned, or did not settle.
 func (rep *demoReport) verdict(settled bool, timeout time.Duration) error {
 	switch {
 	case rep.double > 0 || rep.lost > 0 || rep.disagree > 0:
 		return fmt.Errorf("demo: %d double charges, %d lost payments, %d outcomes disagreeing with the provider", rep.double, rep.lost, rep.disagree)
+	case !rep.life.OK():
+		return fmt.Errorf("demo: %d refunds made twice, %d payments refunded past what was captured, %d operations not as planned or disagreeing with the provider",
+			len(rep.life.DoubleRefunds), len(rep.life.OverRefunded), len(rep.life.Wrong))
 	case !settled:
 		return fmt.Errorf("demo: the messages did not settle within --timeout %v", timeout)
 	}
@@ -787,11 +1110,60 @@ func (rep *demoReport) print(out io.Writer, elapsed time.Duration) {
 		say("DISAGREES WITH THE PROVIDER: %s", k)
 	}
 	say("checked against the provider's ledger: %d keys charged, %d of them more than once", rep.keysCharged, rep.double)
+	rep.printLifecycle(say)
 	for _, l := range rep.audit {
 		say("%s", l)
 	}
-	fmt.Fprintf(out, "demo: %d payments, %d duplicates, %d charged once, %d declined, %d double charges, %d lost, %d dead letters, %.1f s\n",
-		rep.payments, rep.duplicates, rep.chargedOnce, rep.declined, rep.double, rep.lost, rep.deadLetters, elapsed.Seconds())
+	fmt.Fprintf(out, "demo: %d payments, %d duplicates, %d charged once, %d declined, %d canceled, %d double charges, %d lost, %d double refunds, %d dead letters, %.1f s\n",
+		rep.payments, rep.duplicates, rep.chargedOnce, rep.declined, rep.canceled, rep.double, rep.lost, len(rep.life.DoubleRefunds), rep.deadLetters, elapsed.Seconds())
+}
+
+// printLifecycle prints the lifecycle's section: the operations by kind
+// and outcome, and their proof against the provider's ledger and the
+// audit's refund findings.
+func (rep *demoReport) printLifecycle(say func(string, ...any)) {
+	l := rep.life
+	if l.Flows == 0 {
+		return
+	}
+	var kinds []string
+	for _, kind := range []string{payment.KindAuthorize, payment.KindCapture, payment.KindCancel, payment.KindRefund} {
+		outs := l.Outcomes[kind]
+		names := make([]string, 0, len(outs))
+		for o := range outs {
+			names = append(names, o)
+		}
+		slices.Sort(names)
+		var parts []string
+		for _, o := range names {
+			parts = append(parts, fmt.Sprintf("%d %s", outs[o], o))
+		}
+		if len(parts) > 0 {
+			kinds = append(kinds, kind+" "+strings.Join(parts, ", "))
+		}
+	}
+	say("lifecycle: %d flows (%s), %d operations published after what they act on settled, %d duplicates of them",
+		l.Flows, strings.Join(workload.Flows, "; "), l.Ops, rep.opCopies)
+	say("lifecycle outcomes (authorize: where its payment ended): %s", strings.Join(kinds, "; "))
+	for _, k := range head(l.DoubleRefunds) {
+		say("REFUNDED TWICE: %s", k)
+	}
+	for _, k := range head(l.OverRefunded) {
+		say("REFUNDED PAST WHAT WAS CAPTURED: %s", k)
+	}
+	for _, k := range head(l.Wrong) {
+		say("LIFECYCLE: %s", k)
+	}
+	audited := "the audit did not run"
+	if rep.auditRefunds != nil {
+		var found []string
+		for _, k := range auditRefundKinds {
+			found = append(found, fmt.Sprintf("%d %s", rep.auditRefunds[k], k))
+		}
+		audited = fmt.Sprintf("audit of %d provider refunds against %d ledger refunds: %s", rep.providerRefunds, rep.bookRefunds, strings.Join(found, ", "))
+	}
+	say("lifecycle checked against the provider's ledger: %d refunds made twice, %d payments refunded past what was captured, %d operations not as planned or disagreeing with the provider; %s",
+		len(l.DoubleRefunds), len(l.OverRefunded), len(l.Wrong), audited)
 }
 
 func head[T any](s []T) []T { return s[:min(len(s), 10)] }
