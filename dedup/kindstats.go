@@ -89,3 +89,42 @@ func (s *Store) KindStats(ctx context.Context, grace time.Duration) (ledger.Kind
 	}
 	return st, nil
 }
+
+// unsettledOpsSQL counts the operations pending past their lease and those
+// unknown, by kind: each count walks only the rows of the partial indexes
+// refunds_unsettled and payment_ops_unsettled (status pending or unknown).
+const unsettledOpsSQL = `
+SELECT 'refund', count(*) FILTER (WHERE status = 'pending' AND locked_until < ` + dbNow + `), count(*) FILTER (WHERE status = 'unknown')
+  FROM refunds WHERE status IN ('pending', 'unknown')
+UNION ALL
+SELECT k.kind, count(o.*) FILTER (WHERE o.status = 'pending' AND o.locked_until < ` + dbNow + `), count(o.*) FILTER (WHERE o.status = 'unknown')
+  FROM (VALUES ('capture'), ('cancel')) AS k(kind)
+  LEFT JOIN payment_ops o ON o.kind = k.kind AND o.status IN ('pending', 'unknown')
+ GROUP BY k.kind`
+
+// CountUnsettledOps reads ledger.UnsettledOps of every kind of operation
+// (refund, capture, cancel) as of the store's time, in one statement.
+func (s *Store) CountUnsettledOps(ctx context.Context) (map[string]ledger.UnsettledOps, error) {
+	out := map[string]ledger.UnsettledOps{}
+	err := s.db.Retry(ctx, func(ctx context.Context) error {
+		clear(out)
+		rows, err := s.db.Pool.Query(ctx, unsettledOpsSQL, pgx.NamedArgs{"now": s.db.Now()})
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var kind string
+			var c ledger.UnsettledOps
+			if err := rows.Scan(&kind, &c.Stuck, &c.Unknown); err != nil {
+				return err
+			}
+			out[kind] = c
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, interpretError("count unsettled operations", err)
+	}
+	return out, nil
+}

@@ -97,3 +97,12 @@ type KindStats struct {
 	Kinds      map[string]KindCounts
 	Authorized map[string]int64
 }
+
+// UnsettledOps are one kind's operations (refunds, captures or cancels)
+// an operator alerts on, cheap enough to read on every metrics scrape:
+// Stuck, pending past its lease (its holder is gone), and Unknown, a
+// call's answer lost (looked up before any re-call). Both resolve when
+// the reconciler's lookup answers: staying above 0 means it does not.
+type UnsettledOps struct {
+	Stuck, Unknown int64
+}
