@@ -2,8 +2,8 @@ package ops_test
 
 import (
 	"context"
-	"math"
 	"errors"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
