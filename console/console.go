@@ -41,6 +41,7 @@ import (
 	"github.com/paydedup/paydedup/dlq"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/ledger"
+	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/stream"
 )
 
@@ -65,8 +66,15 @@ const (
 // Store is what the console reads of the idempotency store (*dedup.Store).
 type Store interface {
 	Stats(ctx context.Context, grace time.Duration) (ledger.Stats, error)
+	KindStats(ctx context.Context, grace time.Duration) (ledger.KindStats, error)
 	Get(ctx context.Context, merchantID, key string) (ledger.Record, error)
 	GetPayment(ctx context.Context, merchantID, key string) (ledger.Payment, error)
+}
+
+// Lifecycles reads what moved a payment after its own outcome, the read
+// the gateway's GET shows a payment by (*pgstore.Store).
+type Lifecycles interface {
+	Lifecycle(ctx context.Context, merchantID, key string) (ledger.Lifecycle, error)
 }
 
 // Config configures a Console.
@@ -74,6 +82,9 @@ type Config struct {
 	// Stream is the topology, with the DLQ key that verifies dead letters
 	// (and that replay needs).
 	Stream stream.Config
+	// Lifecycles reads a payment's captures, cancels and refunds for its
+	// page; nil leaves them out.
+	Lifecycles Lifecycles
 	// Token is the operator token replay needs (PAYDEDUP_CONSOLE_TOKEN);
 	// empty serves the console read-only. At least MinTokenLen bytes.
 	Token string
@@ -266,6 +277,7 @@ type overviewData struct {
 	Now       time.Time
 	Grace     time.Duration
 	Stats     *ledger.Stats
+	Kinds     []kindRow
 	Consumer  *stream.ConsumerStats
 	Lag       uint64
 	Counts    []reasonCount
@@ -275,6 +287,43 @@ type overviewData struct {
 	Limit     int
 	Truncated bool
 	Stream    stream.Config
+	// Kind keeps only the letters of this kind (?kind=); LetterKinds
+	// counts the letters read by kind.
+	Kind        string
+	LetterKinds []reasonCount
+}
+
+// kindRow is one kind's rows on the overview: by status in the order the
+// row moves, and its stuck ones.
+type kindRow struct {
+	Kind     string
+	Statuses []reasonCount
+	Stuck    int64
+}
+
+// kinds are the kinds of command, in the order the overview lists them.
+var kinds = []string{payment.KindCharge, payment.KindAuthorize, payment.KindCapture, payment.KindCancel, payment.KindRefund}
+
+// statusOrder is the order a kind's statuses are listed in: as its rows
+// move.
+var statusOrder = []string{"pending", "unknown", "processing", "completed", "succeeded", "failed", "refused"}
+
+func viewKinds(ks ledger.KindStats) []kindRow {
+	var out []kindRow
+	for _, k := range kinds {
+		kc, ok := ks.Kinds[k]
+		if !ok {
+			continue
+		}
+		row := kindRow{Kind: k, Stuck: kc.Stuck}
+		for _, st := range statusOrder {
+			if n, ok := kc.ByStatus[st]; ok {
+				row.Statuses = append(row.Statuses, reasonCount{st, uint64(max(n, 0))})
+			}
+		}
+		out = append(out, row)
+	}
+	return out
 }
 
 type reasonCount struct {
@@ -294,20 +343,24 @@ type letterView struct {
 	Reason         string
 	MerchantID     string
 	IdempotencyKey string
-	Deliveries     uint64
-	FailedAt       time.Time
-	Stored         time.Time
-	Error          string
-	OrigSubject    string
-	Verified       bool
-	Unverified     string
-	KeyID          string // the DLQ key that verified it (Dlq-Key-Id)
-	PreviousKey    bool   // that key is one of PAYDEDUP_DLQ_PREVIOUS_KEYS
-	Invalid        string
-	Truncated      bool
-	Headers        []headerView
-	Body           string
-	BodyLen        int
+	// Kind is the command's kind its body names; PaymentKey the payment
+	// a refund, a capture or a cancel acts on.
+	Kind        string
+	PaymentKey  string
+	Deliveries  uint64
+	FailedAt    time.Time
+	Stored      time.Time
+	Error       string
+	OrigSubject string
+	Verified    bool
+	Unverified  string
+	KeyID       string // the DLQ key that verified it (Dlq-Key-Id)
+	PreviousKey bool   // that key is one of PAYDEDUP_DLQ_PREVIOUS_KEYS
+	Invalid     string
+	Truncated   bool
+	Headers     []headerView
+	Body        string
+	BodyLen     int
 }
 
 type headerView struct{ Name, Value string }
@@ -317,6 +370,7 @@ type headerView struct{ Name, Value string }
 // straight to the DLQ's subjects its reason and Dlq-* headers too.
 func viewLetter(d dlq.Info) letterView {
 	v := letterView{Seq: d.Seq, Reason: shown(d.Reason), MerchantID: shown(d.MerchantID), IdempotencyKey: shown(d.IdempotencyKey),
+		Kind: shown(d.Kind), PaymentKey: shown(d.PaymentKey),
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt, Stored: d.Stored, Error: shown(d.Error), OrigSubject: shown(d.OrigSubject),
 		Verified: d.Verified, Unverified: shown(d.Unverified), KeyID: d.KeyID, PreviousKey: d.PreviousKey, Invalid: shown(d.Invalid), Truncated: d.Truncated,
 		Body: redact.ShownBody(d.Data), BodyLen: len(d.Data)}
@@ -331,12 +385,21 @@ func viewLetter(d dlq.Info) letterView {
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
 	defer cancel()
-	d := overviewData{Now: time.Now(), Grace: c.cfg.Grace, Limit: c.cfg.LetterLimit, Stream: c.cfg.Stream}
+	d := overviewData{Now: time.Now(), Grace: c.cfg.Grace, Limit: c.cfg.LetterLimit, Stream: c.cfg.Stream, Kind: r.URL.Query().Get("kind")}
+	if d.Kind != "" && !slices.Contains(kinds, d.Kind) {
+		c.refuse(w, r, http.StatusBadRequest, "kind is one of "+strings.Join(kinds, ", "))
+		return
+	}
 	p := c.page(r, "paydedup console", nil)
 	if st, err := c.store.Stats(ctx, c.cfg.Grace); err != nil {
 		p.Errors = append(p.Errors, "idempotency store: "+err.Error())
 	} else {
 		d.Stats, d.Now = &st, st.Now
+	}
+	if ks, err := c.store.KindStats(ctx, c.cfg.Grace); err != nil {
+		p.Errors = append(p.Errors, "rows by kind: "+err.Error())
+	} else {
+		d.Kinds = viewKinds(ks)
 	}
 	if cs, err := stream.ConsumerState(ctx, c.js, c.cfg.Stream); err != nil {
 		p.Errors = append(p.Errors, "consumer: "+err.Error())
@@ -360,7 +423,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		d.Shown, d.Truncated = len(letters), len(letters) == c.cfg.LetterLimit && d.Total > uint64(len(letters))
 		byReason := map[string]*letterGroup{}
+		byKind := map[string]uint64{}
 		for _, l := range letters {
+			byKind[l.Kind]++
+			if d.Kind != "" && l.Kind != d.Kind {
+				continue
+			}
 			g := byReason[l.Reason]
 			if g == nil {
 				g = &letterGroup{Reason: shown(l.Reason), Replayable: stream.ReplayableReason(l.Reason) && l.Reason != stream.ReasonKeyReused}
@@ -370,6 +438,9 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		for _, g := range byReason {
 			d.Groups = append(d.Groups, *g)
+		}
+		for _, k := range slices.Sorted(maps.Keys(byKind)) {
+			d.LetterKinds = append(d.LetterKinds, reasonCount{shown(cmp.Or(k, "unreadable")), byKind[k]})
 		}
 		slices.SortFunc(d.Groups, func(a, b letterGroup) int { return strings.Compare(a.Reason, b.Reason) })
 	}
@@ -411,6 +482,43 @@ type paymentData struct {
 	// State says in words what the ledger row means for a payment whose
 	// row was purged (with a row, recordView.State says it).
 	State string
+	// Life is the payment's lifecycle: its amounts, captures, cancels and
+	// refunds; nil when not read.
+	Life *lifeView
+}
+
+// lifeView is a payment's lifecycle as its page shows it: the status and
+// amounts the HTTP API shows (ledger.LifeOf), and its captures, cancels
+// and refunds with their own keys, amounts and statuses, redacted.
+type lifeView struct {
+	Status                                     string
+	AmountCapturable, AmountReceived, Refunded *int64
+	Ops                                        []opView
+	Refunds                                    []opView
+	RefundsTotal                               int
+}
+
+// opView is a capture, a cancel or a refund on its payment's page.
+type opView struct {
+	Kind, IdempotencyKey, Status, Reason string
+	Amount, AmountReceived               int64
+	Currency                             string
+	CreatedAt, CompletedAt               time.Time
+}
+
+func viewLife(st ledger.PaymentState, l ledger.Lifecycle) *lifeView {
+	life := ledger.LifeOf(st, l)
+	v := &lifeView{Status: shown(life.Status), AmountCapturable: life.AmountCapturable, AmountReceived: life.AmountReceived,
+		Refunded: life.AmountRefunded, RefundsTotal: l.RefundsTotal}
+	for _, o := range l.Ops {
+		v.Ops = append(v.Ops, opView{Kind: shown(o.Kind), IdempotencyKey: shown(o.IdempotencyKey), Status: shown(o.Status), Reason: shown(o.Reason),
+			Amount: o.Amount, AmountReceived: o.AmountReceived, Currency: shown(o.Currency), CreatedAt: o.CreatedAt, CompletedAt: o.CompletedAt})
+	}
+	for _, r := range l.Refunds {
+		v.Refunds = append(v.Refunds, opView{Kind: payment.KindRefund, IdempotencyKey: shown(r.IdempotencyKey), Status: shown(r.Status),
+			Reason: shown(r.Reason), Amount: r.Amount, Currency: shown(r.Currency), CreatedAt: r.CreatedAt, CompletedAt: r.CompletedAt})
+	}
+	return v
 }
 
 // recordView is an idempotency row as the page shows it: no request hash,
@@ -484,6 +592,8 @@ func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
 		d.Searched = true
 		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
 		defer cancel()
+		var recp *ledger.Record
+		var payp *ledger.Payment
 		rec, err := c.store.Get(ctx, d.MerchantID, d.IdempotencyKey)
 		switch {
 		case errors.Is(err, ledger.ErrNotFound):
@@ -491,7 +601,7 @@ func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			p.Errors = append(p.Errors, "idempotency row: "+err.Error())
 		default:
-			d.Record = viewRecord(rec)
+			d.Record, recp = viewRecord(rec), &rec
 		}
 		pay, err := c.store.GetPayment(ctx, d.MerchantID, d.IdempotencyKey)
 		switch {
@@ -500,9 +610,16 @@ func (c *Console) payment(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			p.Errors = append(p.Errors, "ledger row: "+err.Error())
 		default:
-			d.Ledger = viewPayment(pay)
+			d.Ledger, payp = viewPayment(pay), &pay
 			if d.NoRecord {
 				d.State = stateWords(ledger.StateOf(nil, nil, &pay), false)
+			}
+		}
+		if c.cfg.Lifecycles != nil && (recp != nil || payp != nil) {
+			if l, err := c.cfg.Lifecycles.Lifecycle(ctx, d.MerchantID, d.IdempotencyKey); err != nil {
+				p.Errors = append(p.Errors, "captures, cancels and refunds: "+err.Error())
+			} else {
+				d.Life = viewLife(ledger.StateOf(nil, recp, payp), l)
 			}
 		}
 	}

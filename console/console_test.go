@@ -22,6 +22,7 @@ import (
 	"github.com/paydedup/paydedup/console"
 	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/internal/redact"
 	"github.com/paydedup/paydedup/lab/testenv"
@@ -52,9 +53,15 @@ type world struct {
 func setup(t *testing.T, ccfg console.Config) *world {
 	t.Helper()
 	ctx := context.Background()
-	store, err := dedup.New(testenv.Pool(t), dedup.Config{})
+	pool := testenv.Pool(t)
+	store, err := dedup.New(pool, dedup.Config{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if ccfg.Lifecycles == nil {
+		if ccfg.Lifecycles, err = pgstore.New(pool, pgstore.Config{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	nc := testenv.NATSConn(t)
 	js, err := jetstream.New(nc)

@@ -107,6 +107,25 @@ func TestAlertsFire(t *testing.T) {
 			want: []string{`{namespace="pay", stream="PAYMENTS"}`},
 		},
 		{
+			name: "a refund unknown and a capture stuck for 20m", alert: "PaydedupStuckOperations",
+			series: `load 1m
+				paydedup_stuck_operations{namespace="pay",kind="refund",pod="w1"} 0x30
+				paydedup_unknown_operations{namespace="pay",kind="refund",pod="w1"} 1x30
+				paydedup_stuck_operations{namespace="pay",kind="capture",pod="w1"} 0x5 2x25
+				paydedup_unknown_operations{namespace="pay",kind="capture",pod="w1"} 0x30
+				paydedup_stuck_operations{namespace="pay",kind="cancel",pod="w1"} 0x30
+				paydedup_unknown_operations{namespace="pay",kind="cancel",pod="w1"} 0x30`,
+			at:   25 * time.Minute,
+			want: []string{`{kind="capture"}`, `{kind="refund"}`},
+		},
+		{
+			name: "an operation unknown for 10m only", alert: "PaydedupStuckOperations",
+			series: `load 1m
+				paydedup_stuck_operations{namespace="pay",kind="refund",pod="w1"} 0x30
+				paydedup_unknown_operations{namespace="pay",kind="refund",pod="w1"} 0x15 1x15`,
+			at: 25 * time.Minute,
+		},
+		{
 			name: "payments stream with room, and one without a bound", alert: "PaydedupPaymentsStreamFilling",
 			series: `load 1m
 				paydedup_stream_bytes{namespace="pay",stream="PAYMENTS",consumer="paydedup-worker",pod="w1"} 1000x30

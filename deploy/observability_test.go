@@ -51,6 +51,9 @@ var metrics = map[string]struct {
 	"paydedup_reconciler_last_pass_timestamp_seconds": {},
 	"paydedup_build_info":                             {labels: map[string][]string{"version": nil}},
 	"paydedup_pending_rows":                           {},
+	// Refunds, captures and cancels stuck or unknown (ops.WatchOperations).
+	"paydedup_stuck_operations":   {labels: map[string][]string{"kind": {"refund", "capture", "cancel"}}},
+	"paydedup_unknown_operations": {labels: map[string][]string{"kind": {"refund", "capture", "cancel"}}},
 	// The outbox of outcome events (cmd/paydedup/outcomes.go).
 	"paydedup_outcome_events_unrelayed":  {},
 	"paydedup_outcome_relay_lag_seconds": {},

@@ -77,6 +77,12 @@ type Info struct {
 	// message does not say (it may be malformed: that may be why it is here).
 	MerchantID     string `json:"merchant_id"`
 	IdempotencyKey string `json:"idempotency_key"`
+	// Kind is the command's kind read, best effort, from the body
+	// (payment.KindCharge when it names none, empty when the body is not
+	// a JSON object); PaymentKey the payment a refund, a capture or a
+	// cancel acts on.
+	Kind       string `json:"kind,omitempty"`
+	PaymentKey string `json:"payment_key,omitempty"`
 	// Invalid says why the Dlq-* headers could not be read; such a message
 	// is listed but never replayed.
 	Invalid string `json:"invalid,omitempty"`
@@ -247,21 +253,27 @@ func deadLetterInfo(cfg stream.Config, seq uint64, subject string, stored time.T
 	} else {
 		d.Verified, d.KeyID, d.PreviousKey = true, v.KeyID, v.Previous
 	}
-	d.MerchantID, d.IdempotencyKey = identify(h, data, p.OrigSubject)
+	d.MerchantID, d.IdempotencyKey, d.Kind, d.PaymentKey = identify(h, data, p.OrigSubject)
 	return d
 }
 
 // identify reads merchant and key from whatever the message offers, without
 // validating it: the body's fields, else the Idempotency-Key header and the
-// subject's last token.
-func identify(h nats.Header, data []byte, origSubject string) (merchant, key string) {
+// subject's last token; and the command's kind and the payment it acts on
+// from the body only.
+func identify(h nats.Header, data []byte, origSubject string) (merchant, key, kind, paymentKey string) {
 	var body struct {
 		MerchantID     any `json:"merchant_id"`
 		IdempotencyKey any `json:"idempotency_key"`
+		Kind           any `json:"kind"`
+		PaymentKey     any `json:"payment_key"`
 	}
 	if json.Unmarshal(data, &body) == nil {
 		merchant, _ = body.MerchantID.(string)
 		key, _ = body.IdempotencyKey.(string)
+		kind, _ = body.Kind.(string)
+		kind = cmp.Or(kind, payment.KindCharge)
+		paymentKey, _ = body.PaymentKey.(string)
 	}
 	key = cmp.Or(key, h.Get(stream.HeaderIdempotencyKey))
 	if merchant == "" {
@@ -269,7 +281,7 @@ func identify(h nats.Header, data []byte, origSubject string) (merchant, key str
 			merchant = origSubject[i+1:]
 		}
 	}
-	return clipField(merchant), clipField(key)
+	return clipField(merchant), clipField(key), clipField(kind), clipField(paymentKey)
 }
 
 // clipField bounds a field read best effort from a letter, card numbers

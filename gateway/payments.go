@@ -453,6 +453,7 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 	if st.WaitsForWorker() {
 		p.Delay = g.pauses.get(ctx, g.store, g.log)
 	}
+	var life ledger.Lifecycle
 	if st.Status == ledger.StateAuthorized {
 		// A capture or a cancel moves the ledger row, not the
 		// authorize's record.
@@ -462,16 +463,17 @@ func (g *Gateway) getPayment(w http.ResponseWriter, r *http.Request) {
 			unavailable(w)
 			return
 		}
-		withLife(&p, status, received)
+		life.LedgerStatus, life.AmountReceived = status, received
 	}
-	if p.Status == StateSucceeded {
-		refunds, total, refunded, err := g.store.RefundsOf(ctx, merchant, key)
+	if ledger.LifeOf(st, life).Status == StateSucceeded {
+		var err error
+		life.Refunds, life.RefundsTotal, life.AmountRefunded, err = g.store.RefundsOf(ctx, merchant, key)
 		if err != nil {
 			g.logRequestError(r, g.log, "read refunds", err)
 			unavailable(w)
 			return
 		}
-		withRefunds(&p, refunds, total, refunded)
 	}
+	withLifecycle(&p, st, life)
 	writeJSON(w, http.StatusOK, p)
 }

@@ -25,8 +25,8 @@ const (
 	StateAuthorized         = string(ledger.StateAuthorized)
 	// StateRefunded and StatePartiallyRefunded are a succeeded payment's
 	// once refunds of it succeeded: all of its amount, or part of it.
-	StateRefunded          = "refunded"
-	StatePartiallyRefunded = "partially_refunded"
+	StateRefunded          = ledger.StatusRefunded
+	StatePartiallyRefunded = ledger.StatusPartiallyRefunded
 	// StateCanceled is an authorized payment whose authorization was
 	// canceled: nothing moved (Stripe's canceled).
 	StateCanceled = ledger.PaymentCanceled
@@ -121,43 +121,25 @@ func paymentOf(st ledger.PaymentState) Payment {
 	return p
 }
 
-// withRefunds adds a succeeded payment's refunds (Store.RefundsOf) to p:
-// the amount refunded (succeeded, or pending at the provider, as
-// Stripe's amount_refunded), the first refunds' summaries (more: not all
-// are listed), and its status refunded (all of it) or
-// partially_refunded.
-func withRefunds(p *Payment, refunds []ledger.Refund, total int, refunded int64) {
-	if p.Status != StateSucceeded {
+// withLifecycle moves p, the payment in state st, to where its lifecycle
+// l stands (ledger.LifeOf, the rules the console shows it by too): an
+// authorized payment to succeeded once captured (with what the capture
+// received: Store.PaymentLife) or canceled; and a succeeded one counts
+// its refunds (Store.RefundsOf): the amount refunded (succeeded, or
+// pending at the provider, as Stripe's amount_refunded), the first
+// refunds' summaries (more: not all are listed), and its status refunded
+// (all of it) or partially_refunded.
+func withLifecycle(p *Payment, st ledger.PaymentState, l ledger.Lifecycle) {
+	life := ledger.LifeOf(st, l)
+	p.Status, p.AmountCapturable, p.AmountReceived = life.Status, life.AmountCapturable, life.AmountReceived
+	if life.AmountRefunded == nil {
 		return
 	}
-	for _, r := range refunds {
+	for _, r := range l.Refunds {
 		p.Refunds = append(p.Refunds, RefundSummary{IdempotencyKey: r.IdempotencyKey, Amount: r.Amount, Status: refundStatus(r.Status), Reason: r.Reason})
 	}
-	p.RefundsHasMore = total > len(refunds)
-	p.AmountRefunded = &refunded
-	received := p.Amount
-	if p.AmountReceived != nil {
-		received = *p.AmountReceived
-	}
-	switch {
-	case refunded > 0 && refunded >= received:
-		p.Status = StateRefunded
-	case refunded > 0:
-		p.Status = StatePartiallyRefunded
-	}
-}
-
-// withLife moves an authorized payment p to where its ledger row stands
-// (Store.PaymentLife): succeeded once captured, with what the capture
-// received; canceled once its authorization was canceled.
-func withLife(p *Payment, status string, received int64) {
-	zero := int64(0)
-	switch status {
-	case ledger.PaymentSucceeded:
-		p.Status, p.AmountCapturable, p.AmountReceived = StateSucceeded, nil, &received
-	case ledger.PaymentCanceled:
-		p.Status, p.AmountCapturable, p.AmountReceived = StateCanceled, nil, &zero
-	}
+	p.RefundsHasMore = l.RefundsTotal > len(l.Refunds)
+	p.AmountRefunded = life.AmountRefunded
 }
 
 // paymentFromRecord is the payment a key's record shows.

@@ -50,6 +50,55 @@ func (c *pendingCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, sv)
 }
 
+// OpKinds are the kinds of operation on a payment WatchOperations labels
+// its gauges with.
+var OpKinds = []string{"refund", "capture", "cancel"}
+
+// OpCounts are one kind's operations an operator alerts on: Stuck,
+// pending past its lease; Unknown, a call's answer lost.
+type OpCounts struct{ Stuck, Unknown int64 }
+
+// opsCollector exports OpCounts by kind from one query per scrape.
+type opsCollector struct {
+	count          func(ctx context.Context) (map[string]OpCounts, error)
+	stuck, unknown *prometheus.Desc
+}
+
+// WatchOperations registers gauges of the refunds, captures and cancels
+// that are stuck (pending past their lease) and unknown (a call's answer
+// lost), labelled by kind, read from count once per scrape (count must
+// be cheap: dedup.Store.CountUnsettledOps is). As the charges' stuck rows
+// (WatchPending), both resolve when the reconciler's lookup answers; when
+// count fails every kind reads NaN.
+func WatchOperations(reg prometheus.Registerer, count func(ctx context.Context) (map[string]OpCounts, error)) {
+	reg.MustRegister(&opsCollector{
+		count: count,
+		stuck: prometheus.NewDesc("paydedup_stuck_operations",
+			"Refunds, captures and cancels pending past their lease (their holder is gone), by kind: the reconciler looks them up; alert when it stays above 0.", []string{"kind"}, nil),
+		unknown: prometheus.NewDesc("paydedup_unknown_operations",
+			"Refunds, captures and cancels whose call's answer was lost, by kind: looked up before any re-call; alert when it stays above 0.", []string{"kind"}, nil),
+	})
+}
+
+func (c *opsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.stuck
+	ch <- c.unknown
+}
+
+func (c *opsCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	counts, err := c.count(ctx)
+	for _, kind := range OpKinds {
+		sv, uv := float64(counts[kind].Stuck), float64(counts[kind].Unknown)
+		if err != nil {
+			sv, uv = math.NaN(), math.NaN()
+		}
+		ch <- prometheus.MustNewConstMetric(c.stuck, prometheus.GaugeValue, sv, kind)
+		ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.GaugeValue, uv, kind)
+	}
+}
+
 // ConsumerLag is what the JetStream server reports of the durable consumer
 // the workers share (jetstream.ConsumerInfo's counts).
 type ConsumerLag struct {

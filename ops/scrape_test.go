@@ -3,6 +3,7 @@ package ops_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -147,6 +148,53 @@ func TestMetricsLint(t *testing.T) {
 	for _, p := range problems {
 		if strings.HasPrefix(p.Metric, "paydedup_") {
 			t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+		}
+	}
+}
+
+// TestOperationGauges: the refunds, captures and cancels stuck or
+// unknown, by kind, from one query per scrape; every kind is exported,
+// 0 when none; NaN on every kind when the query fails.
+func TestOperationGauges(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	var calls atomic.Int32
+	var fail atomic.Bool
+	ops.WatchOperations(reg, func(context.Context) (map[string]ops.OpCounts, error) {
+		calls.Add(1)
+		if fail.Load() {
+			return nil, errors.New("postgres: down")
+		}
+		return map[string]ops.OpCounts{"refund": {Stuck: 2, Unknown: 1}, "capture": {Unknown: 3}}, nil
+	})
+	want := `
+# HELP paydedup_stuck_operations Refunds, captures and cancels pending past their lease (their holder is gone), by kind: the reconciler looks them up; alert when it stays above 0.
+# TYPE paydedup_stuck_operations gauge
+paydedup_stuck_operations{kind="cancel"} 0
+paydedup_stuck_operations{kind="capture"} 0
+paydedup_stuck_operations{kind="refund"} 2
+# HELP paydedup_unknown_operations Refunds, captures and cancels whose call's answer was lost, by kind: looked up before any re-call; alert when it stays above 0.
+# TYPE paydedup_unknown_operations gauge
+paydedup_unknown_operations{kind="cancel"} 0
+paydedup_unknown_operations{kind="capture"} 3
+paydedup_unknown_operations{kind="refund"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "paydedup_stuck_operations", "paydedup_unknown_operations"); err != nil {
+		t.Error(err)
+	}
+	if got := calls.Load(); got != 1 {
+		t.Errorf("one scrape made %d queries", got)
+	}
+	fail.Store(true)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if v := m.GetGauge().GetValue(); !math.IsNaN(v) {
+				t.Errorf("%s %v = %v while the query fails, want NaN", mf.GetName(), m.GetLabel(), v)
+			}
 		}
 	}
 }

@@ -12,7 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/paydedup/paydedup/console"
+	"github.com/paydedup/paydedup/dedup"
 	"github.com/paydedup/paydedup/dlq"
+	"github.com/paydedup/paydedup/gateway/pgstore"
+	"github.com/paydedup/paydedup/internal/pg"
 	"github.com/paydedup/paydedup/reconciler"
 )
 
@@ -172,11 +175,21 @@ func (c *consoleCmd) Run(ctx context.Context) error {
 	if cfg.DLQPreviousKeys, err = c.app.dlqPreviousKeys(); err != nil {
 		return err
 	}
-	store, closeDB, err := openStore(ctx, c.db.url, 0)
+	pool, err := pg.Connect(ctx, c.db.url)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer pool.Close()
+	store, err := dedup.New(pool, dedup.Config{})
+	if err != nil {
+		return err
+	}
+	// A payment's captures, cancels and refunds: the gateway store's
+	// reads, which its GET shows a payment by.
+	lives, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		return err
+	}
 	nc, err := c.nats.connect("paydedup-console")
 	if err != nil {
 		return err
@@ -186,7 +199,7 @@ func (c *consoleCmd) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	con, err := console.New(js, store, console.Config{Stream: cfg, Token: token, ReadNeedsLogin: !console.Loopback(c.addr),
+	con, err := console.New(js, store, console.Config{Stream: cfg, Token: token, ReadNeedsLogin: !console.Loopback(c.addr), Lifecycles: lives,
 		Grace: c.grace, KeyRetention: c.retention, SessionTTL: c.sessionTTL, Hosts: hosts, SecureCookie: secure, Logger: c.app.logger})
 	if err != nil {
 		return fmt.Errorf("%s: %w", consoleTokenEnv, err)

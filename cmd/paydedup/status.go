@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/paydedup/paydedup/gateway/pgstore"
 	"github.com/paydedup/paydedup/intake"
 	"github.com/paydedup/paydedup/internal/pg"
+	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/reconciler"
 	"github.com/paydedup/paydedup/stream"
 )
@@ -48,7 +51,14 @@ func newStatusCmd(a *app) *cobra.Command {
   - the outboxes the workers relay: payment commands publishers committed
     to the intake and not yet published (waiting, the oldest's age, and the
     rows refused as invalid commands), and outcome events not yet published;
-  - dead letters by reason;
+  - rows by kind: charges' and authorizations' keys by status, refunds',
+    captures' and cancels' rows by status (pending, unknown: an answer
+    lost, looked up before any re-call; processing; succeeded; failed;
+    refused), how many of each kind are stuck (a key pending for more than
+    --grace, an operation pending past its lease) and how many of each
+    kind's commands are dead letters (waiting for an operator, or
+    refused); and the ledger's authorizations: held, captured, canceled;
+  - dead letters by reason and by kind;
   - why the workers' payments wait, as the workers note it for GET's delay:
     a pause's cause, rate_limited (the provider's rate limit or the fleet's
     budget), or behind_another_merchant (payments of several merchants wait
@@ -90,10 +100,15 @@ type statusReport struct {
 		LastHour         int64 `json:"last_hour"`
 		DeclinedLastHour int64 `json:"declined_last_hour"`
 	} `json:"completed"`
-	Intake      *intakeCounts         `json:"intake"`
-	Outcomes    *outcomeCounts        `json:"outcome_events"`
-	DeadLetters *deadLetterCounts     `json:"dead_letters"`
-	Consumer    *stream.ConsumerStats `json:"consumer"`
+	// Kinds counts each kind's rows by status (charge, authorize, refund,
+	// capture, cancel), its stuck ones and its dead letters;
+	// Authorizations what the ledger holds of authorizations.
+	Kinds          map[string]*kindCounts `json:"kinds"`
+	Authorizations map[string]int64       `json:"authorizations"`
+	Intake         *intakeCounts          `json:"intake"`
+	Outcomes       *outcomeCounts         `json:"outcome_events"`
+	DeadLetters    *deadLetterCounts      `json:"dead_letters"`
+	Consumer       *stream.ConsumerStats  `json:"consumer"`
 	// Waiting is why the workers' payments wait, as the workers note it
 	// for the gateway's GET (its delay): a pause's cause, rate_limited or
 	// behind_another_merchant; absent while none waits.
@@ -133,7 +148,29 @@ type deadLetterCounts struct {
 	Stream   string            `json:"stream"`
 	Total    uint64            `json:"total"`
 	ByReason map[string]uint64 `json:"by_reason"`
+	// ByKind counts the letters by the kind their body names, over the
+	// first KindsRead letters (at most statusLetterLimit; less than Total
+	// when more are filed).
+	ByKind    map[string]uint64 `json:"by_kind"`
+	KindsRead uint64            `json:"by_kind_read"`
 }
+
+// kindCounts is one kind's rows: by status, stuck (a payment's key
+// pending for longer than --grace; a refund, capture or cancel pending
+// past its lease), and its dead letters (filed for an operator or
+// refused), absent when the DLQ could not be read.
+type kindCounts struct {
+	ByStatus     map[string]int64 `json:"by_status"`
+	Stuck        int64            `json:"stuck"`
+	DeadLettered *uint64          `json:"dead_lettered,omitempty"`
+}
+
+// kindOrder is the order the kinds are printed in.
+var kindOrder = []string{payment.KindCharge, payment.KindAuthorize, payment.KindCapture, payment.KindCancel, payment.KindRefund}
+
+// statusLetterLimit bounds the dead letters status reads to count them by
+// kind.
+const statusLetterLimit = 10000
 
 func (s *statusCmd) validate() error {
 	errs := []error{s.db.validate(), s.nats.validate(), s.streams.validate()}
@@ -173,6 +210,14 @@ func (s *statusCmd) Run(ctx context.Context) error {
 	rep.Pending.Stuck, rep.Pending.GraceSeconds, rep.Pending.MaybeCharged = st.Stuck, s.grace.Seconds(), st.MaybeCharged
 	rep.Pending.LookupBackedOff = st.LookupBackedOff
 	rep.Completed.LastMinute, rep.Completed.LastHour, rep.Completed.DeclinedLastHour = st.CompletedLastMinute, st.CompletedLastHour, st.DeclinedLastHour
+	if ks, err := store.KindStats(ctx, s.grace); err != nil {
+		rep.Errors = append(rep.Errors, "rows by kind: "+err.Error())
+	} else {
+		rep.Kinds, rep.Authorizations = map[string]*kindCounts{}, ks.Authorized
+		for kind, kc := range ks.Kinds {
+			rep.Kinds[kind] = &kindCounts{ByStatus: kc.ByStatus, Stuck: kc.Stuck}
+		}
+	}
 	if ib, err := s.intakeBacklog(ctx); err != nil {
 		rep.Errors = append(rep.Errors, "intake: "+err.Error())
 	} else {
@@ -219,6 +264,13 @@ func (s *statusCmd) Run(ctx context.Context) error {
 				dl.ByReason[termSafe(reason, false)] += n // a subject token anyone on the DLQ's subjects chose
 				dl.Total += n
 			}
+			if dl.Total > 0 {
+				s.lettersByKind(ctx, js, dl, &rep)
+			}
+			for kind, kc := range rep.Kinds {
+				n := dl.ByKind[kind]
+				kc.DeadLettered = &n
+			}
 			rep.DeadLetters = dl
 		}
 		if cs, err := stream.ConsumerState(ctx, js, s.streams.cfg); err != nil {
@@ -241,6 +293,21 @@ func (s *statusCmd) Run(ctx context.Context) error {
 		return fmt.Errorf("status: incomplete: %d part(s) could not be read", len(rep.Errors))
 	}
 	return nil
+}
+
+// lettersByKind counts the dead letters by the kind their body names,
+// over the first statusLetterLimit.
+func (s *statusCmd) lettersByKind(ctx context.Context, js jetstream.JetStream, dl *deadLetterCounts, rep *statusReport) {
+	letters, err := dlq.List(ctx, js, s.streams.cfg, dlq.Filter{Limit: statusLetterLimit})
+	if err != nil {
+		rep.Errors = append(rep.Errors, "dead letters by kind: "+err.Error())
+		return
+	}
+	dl.ByKind = map[string]uint64{}
+	for _, l := range letters {
+		dl.ByKind[termSafe(cmp.Or(l.Kind, "unreadable"), false)]++
+	}
+	dl.KindsRead = uint64(len(letters))
 }
 
 // intakeBacklog reads the intake's backlog on a connection of its own.
@@ -277,6 +344,10 @@ func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 	fmt.Fprintf(w, "lookups backed off\t%d\t(the provider's lookups failed; retried with back-off)\n", rep.Pending.LookupBackedOff)
 	fmt.Fprintf(w, "maybe charged\t%d\t(outcome unknown; a redelivery or the reconciler resolves them)\n\n", rep.Pending.MaybeCharged)
 
+	if len(rep.Kinds) > 0 {
+		printKinds(w, rep)
+	}
+
 	fmt.Fprintln(w, "COMPLETED\tOUTCOMES")
 	fmt.Fprintf(w, "last minute\t%d\n", rep.Completed.LastMinute)
 	fmt.Fprintf(w, "last hour\t%d\t(%d declined)\n\n", rep.Completed.LastHour, rep.Completed.DeclinedLastHour)
@@ -305,7 +376,15 @@ func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 		for _, r := range reasons {
 			fmt.Fprintf(w, "%s\t%d\n", r, dl.ByReason[r])
 		}
-		fmt.Fprintf(w, "total\t%d\n\n", dl.Total)
+		fmt.Fprintf(w, "total\t%d\n", dl.Total)
+		if len(dl.ByKind) > 0 {
+			read := ""
+			if dl.KindsRead < dl.Total {
+				read = fmt.Sprintf(" (of the first %d)", dl.KindsRead)
+			}
+			fmt.Fprintf(w, "by kind%s\t%s\n", read, counts(dl.ByKind, nil))
+		}
+		fmt.Fprintln(w)
 	}
 	if p := rep.Waiting; p != nil {
 		retry := ""
@@ -332,6 +411,56 @@ func (s *statusCmd) print(out io.Writer, rep statusReport) error {
 		fmt.Fprintf(w, "\nerror: %s\n", e)
 	}
 	return w.Flush()
+}
+
+// printKinds prints each kind's rows by status, its stuck rows and its
+// dead letters, and the ledger's authorizations.
+func printKinds(w io.Writer, rep statusReport) {
+	fmt.Fprintln(w, "BY KIND\tROWS BY STATUS\tSTUCK\tDEAD LETTERS")
+	for _, kind := range kindOrder {
+		kc := rep.Kinds[kind]
+		if kc == nil {
+			continue
+		}
+		dead := "-"
+		if kc.DeadLettered != nil {
+			dead = strconv.FormatUint(*kc.DeadLettered, 10)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\n", kind, counts(kc.ByStatus, kindStatusOrder[kind]), kc.Stuck, dead)
+	}
+	fmt.Fprintf(w, "authorizations\t%s\t\t(the ledger's: held, captured, released)\n", counts(rep.Authorizations, []string{"authorized", "captured", "canceled"}))
+	fmt.Fprintf(w, "\t(stuck: a payment's key pending for more than --grace; a refund, capture or cancel pending past its lease.\n")
+	fmt.Fprintf(w, "\t unknown: a call's answer lost, looked up by the reconciler before any re-call)\n\n")
+}
+
+// kindStatusOrder is the order a kind's statuses are printed in: as the
+// row moves.
+var kindStatusOrder = map[string][]string{
+	payment.KindCharge:    {"pending", "completed", "failed"},
+	payment.KindAuthorize: {"pending", "completed", "failed"},
+	payment.KindCapture:   {"pending", "unknown", "succeeded", "refused"},
+	payment.KindCancel:    {"pending", "unknown", "succeeded", "refused"},
+	payment.KindRefund:    {"pending", "unknown", "processing", "succeeded", "failed", "refused"},
+}
+
+// counts prints "name n" pairs in order, then the names order leaves out,
+// sorted.
+func counts[N int64 | uint64](m map[string]N, order []string) string {
+	var parts []string
+	for _, k := range order {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	rest := make([]string, 0, len(m))
+	for k := range m {
+		if !slices.Contains(order, k) {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	for _, k := range rest {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // bound prints a stream bound: "no bound" for -1.

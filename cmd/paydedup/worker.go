@@ -175,6 +175,14 @@ func (w *workerCmd) Run(ctx context.Context) error {
 		c, err := store.CountPending(ctx, w.rec.grace)
 		return c.Pending, c.Stuck, err
 	})
+	ops.WatchOperations(reg, func(ctx context.Context) (map[string]ops.OpCounts, error) {
+		counts, err := store.CountUnsettledOps(ctx)
+		out := make(map[string]ops.OpCounts, len(counts))
+		for kind, c := range counts {
+			out[kind] = ops.OpCounts{Stuck: c.Stuck, Unknown: c.Unknown}
+		}
+		return out, err
+	})
 	if err := watchConsumerLag(reg, nc, cfg.Stream.Name, cfg.Stream.Durable); err != nil {
 		return err
 	}
