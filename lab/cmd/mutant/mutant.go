@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -483,7 +485,11 @@ func (r Runner) Prewarm(ctx context.Context, pkgs []string) error {
 // mutant's -run must select a test (or subtest) in each of its packages, or
 // a kill would prove nothing. A run naming subtests runs their whole
 // top-level test here.
-func Baseline(ctx context.Context, runners []Runner, ms []Mutant) error {
+//
+// It returns each top-level test's time in the baseline, slowest first,
+// with the mutants that run it: where a narrower run, or a test that
+// waits less, saves most.
+func Baseline(ctx context.Context, runners []Runner, ms []Mutant) ([]TestTime, error) {
 	byPkg := map[string][]Mutant{}
 	var pkgs []string
 	for _, m := range ms {
@@ -496,6 +502,7 @@ func Baseline(ctx context.Context, runners []Runner, ms []Mutant) error {
 	}
 	sort.SliceStable(pkgs, func(i, j int) bool { return len(byPkg[pkgs[i]]) > len(byPkg[pkgs[j]]) })
 	errs := make([]error, len(pkgs))
+	times := make([][]TestTime, len(pkgs))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for _, r := range runners {
@@ -503,7 +510,7 @@ func Baseline(ctx context.Context, runners []Runner, ms []Mutant) error {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				errs[i] = r.baseline(ctx, pkgs[i], byPkg[pkgs[i]])
+				times[i], errs[i] = r.baseline(ctx, pkgs[i], byPkg[pkgs[i]])
 			}
 		}()
 	}
@@ -512,7 +519,17 @@ func Baseline(ctx context.Context, runners []Runner, ms []Mutant) error {
 	}
 	close(next)
 	wg.Wait()
-	return errors.Join(errs...)
+	all := slices.Concat(times...)
+	slices.SortStableFunc(all, func(a, b TestTime) int { return cmp.Compare(b.Elapsed, a.Elapsed) })
+	return all, errors.Join(errs...)
+}
+
+// TestTime is a top-level test's time in the baseline, and the mutants
+// whose run selects it.
+type TestTime struct {
+	Package, Test string
+	Elapsed       time.Duration
+	Mutants       int
 }
 
 // baselineTimeouts is how many mutants' timeouts the baseline of one
@@ -521,7 +538,7 @@ func Baseline(ctx context.Context, runners []Runner, ms []Mutant) error {
 const baselineTimeouts = 4
 
 // baseline runs the tests of ms in the package p on the unmutated copy.
-func (r Runner) baseline(ctx context.Context, p string, ms []Mutant) error {
+func (r Runner) baseline(ctx context.Context, p string, ms []Mutant) ([]TestTime, error) {
 	var res []string
 	for _, m := range ms {
 		res = append(res, topLevel(m.Run))
@@ -529,12 +546,22 @@ func (r Runner) baseline(ctx context.Context, p string, ms []Mutant) error {
 	r.Timeout *= baselineTimeouts
 	events, out, err := r.goTest(ctx, []string{p}, strings.Join(res, "|"))
 	if err != nil {
-		return fmt.Errorf("the tests of %s fail on the unmutated tree (%v):\n%s", p, err, tail(out, 40))
+		return nil, fmt.Errorf("the tests of %s fail on the unmutated tree (%v):\n%s", p, err, tail(out, 40))
 	}
 	var ran []string
+	var times []TestTime
 	for _, e := range events {
 		if e.Action == "run" && e.Test != "" {
 			ran = append(ran, e.Test)
+		}
+		if e.Action == "pass" && e.Test != "" && !strings.Contains(e.Test, "/") {
+			tt := TestTime{Package: p, Test: e.Test, Elapsed: time.Duration(e.Elapsed * float64(time.Second))}
+			for _, m := range ms {
+				if runMatches(topLevel(m.Run), e.Test) {
+					tt.Mutants++
+				}
+			}
+			times = append(times, tt)
 		}
 	}
 	var errs []error
@@ -547,7 +574,7 @@ func (r Runner) baseline(ctx context.Context, p string, ms []Mutant) error {
 			errs = append(errs, fmt.Errorf("mutant %s (table line %d): no test in %s matches -run %s; the table names a test that does not exist", m.Name, m.Line, p, m.Run))
 		}
 	}
-	return errors.Join(errs...)
+	return times, errors.Join(errs...)
 }
 
 // tail returns the last n lines of go test -json output as plain text.
