@@ -550,19 +550,28 @@ func (r Runner) baseline(ctx context.Context, p string, ms []Mutant) ([]TestTime
 	}
 	var ran []string
 	var times []TestTime
+	at := map[string]int{} // a top-level test's index in times
 	for _, e := range events {
 		if e.Action == "run" && e.Test != "" {
 			ran = append(ran, e.Test)
 		}
-		if e.Action == "pass" && e.Test != "" && !strings.Contains(e.Test, "/") {
-			tt := TestTime{Package: p, Test: e.Test, Elapsed: time.Duration(e.Elapsed * float64(time.Second))}
+		if e.Action != "pass" || e.Test == "" {
+			continue
+		}
+		// A test whose subtests run in parallel ends before them: its
+		// time is its longest subtest's.
+		top, _, _ := strings.Cut(e.Test, "/")
+		i, ok := at[top]
+		if !ok {
+			i, at[top] = len(times), len(times)
+			times = append(times, TestTime{Package: p, Test: top})
 			for _, m := range ms {
-				if runMatches(topLevel(m.Run), e.Test) {
-					tt.Mutants++
+				if runMatches(topLevel(m.Run), top) {
+					times[i].Mutants++
 				}
 			}
-			times = append(times, tt)
 		}
+		times[i].Elapsed = max(times[i].Elapsed, time.Duration(e.Elapsed*float64(time.Second)))
 	}
 	var errs []error
 	for _, m := range ms {
