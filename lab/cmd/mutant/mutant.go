@@ -329,11 +329,15 @@ type Runner struct {
 // package's build). It builds with -trimpath, so that what is compiled
 // does not depend on the scratch copy's path: every runner, and every
 // later run, reuses the build cache for each package the mutant leaves
-// as it is (see Prewarm). extra are more go test flags.
+// as it is (see Prewarm). It links without DWARF (-ldflags=-w): nothing
+// debugs a mutant's test binary (a panic's trace comes from the pclntab,
+// not DWARF), and a test binary that carries NATS, PostgreSQL's driver and
+// the lab links in half the time (consumer.test: 9.5 s -> 4.9 s on 2
+// loaded cores), once per mutant. extra are more go test flags.
 func (r Runner) goTest(ctx context.Context, pkgs []string, run string, extra ...string) (events []testEvent, out []byte, err error) {
 	ctx, cancel := context.WithTimeout(ctx, r.Timeout+30*time.Second)
 	defer cancel()
-	args := append([]string{"test", "-count=1", "-json", "-vet=off", "-trimpath", "-timeout", r.Timeout.String(), "-run", run}, extra...)
+	args := append([]string{"test", "-count=1", "-json", "-vet=off", "-trimpath", "-ldflags=-w", "-timeout", r.Timeout.String(), "-run", run}, extra...)
 	args = append(args, pkgs...)
 	cmd := exec.CommandContext(ctx, r.Go, args...)
 	cmd.Dir = r.Dir
