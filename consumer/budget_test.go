@@ -83,6 +83,9 @@ func TestTwoWorkersBehindTheFleetBudget(t *testing.T) {
 						t.Fatalf("worker paused: %v", err)
 					}
 				}
+				if spent := store.spentDelivery(); spent != "" {
+					t.Fatalf("%s: a payment waiting for the budget spent a delivery", spent)
+				}
 				return e.count(`SELECT count(*) FROM idempotency_keys WHERE status = 'completed'`) == len(keys)
 			})
 			took := time.Since(start)

@@ -155,11 +155,14 @@ type Config struct {
 	Holder string // lease holder id; default host name + random suffix
 
 	// Clock is the worker's clock: the time a dead letter records as its
-	// Dlq-Failed-At, the pause gate's pauses and probes, and the longest
-	// wait under one claim (MaxWaitUnderLease); clock.System when nil.
-	// Durations the worker measures (latencies, the call limit's windows)
-	// and the deadlines of its contexts and timers (AckWait, settling) use
-	// the monotonic clock, and lease times are the database's.
+	// Dlq-Failed-At, the pause gate's pauses and probes and the waits for
+	// them (the fetch loop's, a held message's: clock.NewTimer), the
+	// longest wait under one claim (MaxWaitUnderLease) and the lanes' idle
+	// times; clock.System when nil. Durations the worker measures
+	// (latencies, the call limit's windows) and the deadlines of its
+	// contexts and timers tied to the server or the database (AckWait and
+	// the in-progress beat that restarts it, settling) use the monotonic
+	// clock, and lease times are the database's.
 	Clock clock.Clock
 }
 

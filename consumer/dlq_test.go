@@ -48,7 +48,15 @@ func TestDLQRefusesWritesNaks(t *testing.T) {
 
 	e.publish("m_1", []byte(`{"merchant_id": "m_1", not json`), "", nil)
 	e.eventually("the message redelivered after failed dead-letter publishes", func() bool {
-		return strings.Count(buf.String(), "dead-letter publish failed") >= 3
+		if strings.Count(buf.String(), "dead-letter publish failed") >= 3 {
+			return true
+		}
+		// Settled while its letter is refused: terminated or acked, lost.
+		// Said at once, not when the wait times out.
+		if e.settled() {
+			t.Fatal("the message settled while the dead-letter stream refused its letter: lost")
+		}
+		return false
 	})
 	if n := len(e.deadLetters()); n != 1 {
 		t.Fatalf("%d messages in the full DLQ, want only the filler", n)

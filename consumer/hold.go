@@ -6,6 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 )
@@ -151,25 +152,36 @@ func (w *Worker) await(in *inbound, last *time.Time) (ok, probing bool) {
 // keep waits d, or until opened is closed, and tells the server the
 // message is in progress every third of the lease. It returns false when
 // the worker stops.
+//
+// d (the rest of a pause, or a lease's Retry-After) is on the worker's
+// clock (Config.Clock), as the gate's pauses are: a test moves it. The
+// in-progress beat is on the monotonic clock, as the server's AckWait it
+// restarts is.
 func (w *Worker) keep(in *inbound, last *time.Time, d time.Duration, opened <-chan struct{}) bool {
 	every := w.cfg.Lease / 3
-	end := time.Now().Add(d)
+	var end clock.Timer
 	for {
 		now := time.Now()
 		if now.Sub(*last) >= every {
 			_ = in.msg.InProgress()
 			*last = now
 		}
-		left := end.Sub(now)
-		if left <= 0 {
+		if d <= 0 {
 			return true
 		}
-		t := time.NewTimer(min(left, every-now.Sub(*last)))
+		if end == nil {
+			end = clock.NewTimer(w.cfg.Clock, d)
+			defer end.Stop()
+		}
+		t := time.NewTimer(every - now.Sub(*last))
 		select {
 		case <-w.stop:
 			t.Stop()
 			return false
 		case <-opened:
+			t.Stop()
+			return true
+		case <-end.C():
 			t.Stop()
 			return true
 		case <-t.C:

@@ -136,7 +136,11 @@ type laneManager struct {
 }
 
 func newLaneManager(js jetstream.JetStream, cfg Config, logger *slog.Logger) *laneManager {
-	return &laneManager{js: js, cfg: cfg, logger: logger, now: time.Now,
+	now := time.Now
+	if cfg.Clock != nil {
+		now = cfg.Clock.Now
+	}
+	return &laneManager{js: js, cfg: cfg, logger: logger, now: now,
 		idleSince: map[string]time.Time{}, probed: map[string]uint64{}, passed: map[string]uint64{}}
 }
 

@@ -1,10 +1,14 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/ledger"
@@ -130,5 +134,91 @@ func TestGateProbes(t *testing.T) {
 			t.Fatalf("streak %d, want %d", streak, i+1)
 		}
 		g.probed(true)
+	}
+}
+
+// progressMsg is a held message: it counts the in-progress beats.
+type progressMsg struct {
+	jetstream.Msg
+	beats atomic.Int32
+}
+
+func (m *progressMsg) InProgress() error { m.beats.Add(1); return nil }
+
+// A held message waits out the pause on the worker's clock (Config.Clock),
+// the gate's own: a test moves a fake one instead of sleeping. It probes
+// when the pause ends, not before; a second held message waits while the
+// first probes and runs again when the gate opens; a stop lets it go.
+func TestHeldMessageWaitsThePauseOnTheClock(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	stop := make(chan struct{})
+	g := newGate(time.Minute, 4*time.Minute, clk.Now)
+	// A lease of an hour: no in-progress beat (monotonic, as the server's
+	// AckWait is) falls inside the test.
+	w := &Worker{cfg: Config{Lease: time.Hour, Clock: clk}, proc: &Processor{gate: g}, stop: stop}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type waited struct{ ok, probing bool }
+	await := func() (*progressMsg, <-chan waited) {
+		msg, done := &progressMsg{}, make(chan waited, 1)
+		go func() {
+			last := time.Now()
+			ok, probing := w.await(&inbound{msg: msg}, &last)
+			done <- waited{ok, probing}
+		}()
+		return msg, done
+	}
+	returned := func(done <-chan waited) (waited, bool) {
+		select {
+		case r := <-done:
+			return r, true
+		default:
+			return waited{}, false
+		}
+	}
+
+	g.close(PauseProviderUnavailable, errors.New("503"))
+	first, done1 := await()
+	if err := clk.BlockUntil(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute - time.Nanosecond)
+	if r, ok := returned(done1); ok {
+		t.Fatalf("the held message stopped waiting (%+v) before the pause ended", r)
+	}
+	clk.Advance(time.Nanosecond)
+	if r := <-done1; !r.ok || !r.probing {
+		t.Fatalf("at the pause's end: %+v, want the held message to probe", r)
+	}
+
+	// While it probes, another held message waits (a pause's first length
+	// at most) and runs again when the probe opens the gate.
+	_, done2 := await()
+	if err := clk.BlockUntil(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := returned(done2); ok {
+		t.Fatalf("a second message stopped waiting (%+v) while the first probes", r)
+	}
+	g.answered()
+	if r := <-done2; !r.ok || r.probing {
+		t.Fatalf("when the gate opened: %+v, want it to run again, not probe", r)
+	}
+
+	// A stop during a pause lets a held message go.
+	g.close(PauseStoreUnavailable, errors.New("connection refused"))
+	_, done3 := await()
+	if err := clk.BlockUntil(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	if r := <-done3; r.ok {
+		t.Fatalf("after a stop: %+v, want the message let go", r)
+	}
+	if n := first.beats.Load(); n != 0 {
+		t.Fatalf("%d in-progress beats inside a lease of an hour, want 0", n)
+	}
+	if n := clk.Waiting(); n != 0 {
+		t.Fatalf("%d timers left waiting on the clock", n)
 	}
 }

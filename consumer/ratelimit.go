@@ -112,7 +112,7 @@ func (p *Processor) slotUnderLease(ctx context.Context, lease *ledger.Lease, mer
 		return err
 	}
 	for {
-		left := time.Until(until)
+		left := until.Sub(p.cfg.Clock.Now()) // until is on the worker's clock
 		if left <= 0 {
 			return errWaitBounded
 		}

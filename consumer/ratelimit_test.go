@@ -122,6 +122,24 @@ func (s *watchedStore) noFailsNorReleases(t *testing.T) {
 	}
 }
 
+// spentDelivery describes the first sign that a payment spent a delivery
+// instead of waiting under its lease (a row failed or released, a key
+// claimed twice), or is "": checked while the payments run, it ends a
+// broken run at once instead of when its wait for completion times out.
+func (s *watchedStore) spentDelivery() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.fails) > 0 || len(s.releases) > 0 {
+		return fmt.Sprintf("rows failed %q, released %q", s.fails, s.releases)
+	}
+	for k, n := range s.claims {
+		if n > 1 {
+			return fmt.Sprintf("%s claimed %d times", k, n)
+		}
+	}
+	return ""
+}
+
 // TestRateLimitWaitsUnderTheLease: the provider answers every call 429
 // rate_limit for longer than the lease and the AckWait, then charges. The
 // payments wait under their leases: each is charged once on its first

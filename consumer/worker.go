@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/paydedup/paydedup/internal/clock"
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/payment"
 	"github.com/paydedup/paydedup/provider"
@@ -239,11 +240,12 @@ func (w *Worker) Run(ctx context.Context) error {
 				pausedFor = cause
 				w.logger.Warn("worker paused; not fetching", "cause", cause, "error", errString(err), "held", held, "retry_in", wait.String())
 			}
-			t := time.NewTimer(wait)
+			// The pause is on the worker's clock, as the gate's are.
+			t := clock.NewTimer(w.cfg.Clock, wait)
 			select {
 			case <-ctx.Done():
 			case <-opened:
-			case <-t.C:
+			case <-t.C():
 			}
 			t.Stop()
 			continue

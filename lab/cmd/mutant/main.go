@@ -138,8 +138,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "mutant: baseline: the named tests on the unmutated tree, %d packages at a time (%.0fs so far)\n", n, time.Since(start).Seconds())
-	if err := Baseline(ctx, runners, ms); err != nil {
+	times, err := Baseline(ctx, runners, ms)
+	if err != nil {
 		return err
+	}
+	// The slowest tests the mutants run: each mutant that runs one pays
+	// for it (unless it fails early), on top of its build.
+	for _, tt := range times[:min(10, len(times))] {
+		fmt.Fprintf(out, "mutant: slow test: %-48s %5.1fs  run by %d mutant(s)  %s\n", tt.Test, tt.Elapsed.Seconds(), tt.Mutants, tt.Package)
 	}
 	if *baselineOnly {
 		fmt.Fprintf(out, "mutant: baseline passed in %.0fs\n", time.Since(start).Seconds())

@@ -215,17 +215,17 @@ func TestRunMutant(t *testing.T) {
 	if string(got) != string(want) {
 		t.Errorf("scratch copy not restored:\n%s", got)
 	}
-	if err := Baseline(context.Background(), []Runner{r}, []Mutant{base}); err != nil {
+	if _, err := Baseline(context.Background(), []Runner{r}, []Mutant{base}); err != nil {
 		t.Errorf("baseline: %v", err)
 	}
 	sub := base
 	sub.Name, sub.Run = "sub", "^TestMax$/^pair$"
-	if err := Baseline(context.Background(), []Runner{r, r}, []Mutant{base, sub}); err != nil {
+	if _, err := Baseline(context.Background(), []Runner{r, r}, []Mutant{base, sub}); err != nil {
 		t.Errorf("baseline of a subtest: %v", err)
 	}
 	missing := base
 	missing.Name, missing.Run = "missing", "^TestMax$/^gone$"
-	if err := Baseline(context.Background(), []Runner{r}, []Mutant{missing}); err == nil || !strings.Contains(err.Error(), "mutant missing") {
+	if _, err := Baseline(context.Background(), []Runner{r}, []Mutant{missing}); err == nil || !strings.Contains(err.Error(), "mutant missing") {
 		t.Errorf("baseline with a missing test: %v, want an error naming the mutant", err)
 	}
 }
