@@ -267,6 +267,48 @@ func TestCaptureMadeThenWorkerDiedLookedUp(t *testing.T) {
 	}
 }
 
+// TestCancelMadeThenWorkerDiedLookedUp: a worker claims a cancel, the
+// provider voids the authorization, and the worker dies before its commit;
+// the redelivery's worker retrieves the intent, records the one cancel and
+// never asks for another; the payment ends canceled with one event.
+func TestCancelMadeThenWorkerDiedLookedUp(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	stop := e.startWorker("w1", nil)
+	pi := e.authorizedPay("m_1", "auth", 100)
+	stop()
+	cmd := &payment.Command{MerchantID: "m_1", IdempotencyKey: "v-1", Kind: payment.KindCancel, PaymentKey: "auth"}
+	claim, err := e.store.ClaimPaymentOp(e.ctx, "dead-worker", time.Second, ledger.NewPaymentOpRequest(cmd))
+	if err != nil || claim.Outcome != ledger.Claimed {
+		t.Fatalf("claim %+v %v", claim, err)
+	}
+	made, err := e.stripe.Cancel(e.ctx, provider.CancelRequest{ProviderKey: claim.Lease.ProviderKey, ChargeID: pi})
+	if err != nil || made.Status != provider.StatusCanceled {
+		t.Fatalf("cancel %+v %v", made, err)
+	}
+	// Died here. Its message is redelivered to a healthy worker.
+	mp := &movingProvider{Client: e.stripe}
+	e.startWorker("healthy", mp)
+	e.publish("m_1", opBody(payment.KindCancel, "m_1", "v-1", "auth", 0), "", nil)
+	o := e.opDone("m_1", "v-1")
+	if o.Status != ledger.OpSucceeded || o.LockedBy != "healthy" || o.Attempts != 2 {
+		t.Fatalf("cancel %+v, want the dead worker's cancel recorded by the healthy one", o)
+	}
+	e.quiescent()
+	if calls := mp.cancels.Load(); calls != 0 {
+		t.Fatalf("the healthy worker asked for %d cancels, want none: it looks up, it never re-calls", calls)
+	}
+	if _, cancels := e.simOps(); cancels != 1 {
+		t.Fatalf("provider saw %d cancels, want one", cancels)
+	}
+	if pay, err := e.store.GetPayment(e.ctx, "m_1", "auth"); err != nil || pay.Status != ledger.PaymentCanceled {
+		t.Fatalf("payment %+v %v, want canceled", pay, err)
+	}
+	if n := e.count(`SELECT count(*) FROM outcome_events WHERE idempotency_key = 'v-1' AND kind = 'canceled'`); n != 1 {
+		t.Fatalf("%d canceled events, want 1", n)
+	}
+}
+
 // TestCaptureAnswerLostAfterProviderActed: the provider captures and the
 // connection drops before its answer: the capture's row is unknown, and
 // still holds the payment (a cancel is refused); the redelivery retrieves
