@@ -348,6 +348,9 @@ type keyAudit struct {
 	ref     ledger.KeyRef
 	intents []provider.Intent
 	row     *ledger.Payment
+	// named is the intent the row names, as the provider has it (nil
+	// when it has none): its refunds were created after it.
+	named *provider.Intent
 }
 
 // Run audits cfg's window. An error means the audit could not read
@@ -464,10 +467,11 @@ func Run(ctx context.Context, prov Provider, book Ledger, cfg Config) (*Report, 
 		}
 		rep.Findings = append(rep.Findings, found...)
 	}
-	rp, ok := prov.(RefundProvider)
-	rl, ok2 := book.(RefundLedger)
-	if ok && ok2 {
-		found, err := auditRefunds(ctx, rp, rl, r, ordered, rep)
+	_, each := prov.(RefundProvider)
+	_, paged := prov.(AccountRefundProvider)
+	rl, ok := book.(RefundLedger)
+	if (each || paged) && ok {
+		found, err := auditRefunds(ctx, prov, rl, r, cfg.Since.Add(-margin), ordered, rep)
 		if err != nil {
 			return nil, err
 		}
@@ -534,6 +538,7 @@ func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, st
 			case err != nil:
 				return nil, fmt.Errorf("audit: %w", err)
 			case in.MerchantID != k.ref.MerchantID || in.IdempotencyKey != k.ref.IdempotencyKey:
+				k.named = &in
 				add(MissingIntent, []string{in.ID}, "the ledger row names %s, which the provider holds for merchant %q key %q", in.ID, in.MerchantID, in.IdempotencyKey)
 			default:
 				mine = &in
@@ -541,6 +546,7 @@ func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, st
 		}
 	}
 	if mine != nil {
+		k.named = mine
 		if mine.Amount != row.Amount {
 			add(AmountMismatch, []string{mine.ID}, "the ledger has %d %s, the intent %d %s", row.Amount, row.Currency, mine.Amount, mine.Currency)
 		}
@@ -600,17 +606,31 @@ func (r retrier) backoff(ctx context.Context) backoff.BackOffContext {
 // lists again from the last intent received, up to r.tries failures in a
 // row.
 func (r retrier) list(ctx context.Context, prov Provider, req provider.ListRequest) ([]provider.Intent, error) {
-	var out []provider.Intent
+	return pages(ctx, r, func(after string) iter.Seq2[provider.Intent, error] {
+		if after != "" {
+			req.StartingAfter = after
+		}
+		return prov.ListIntents(ctx, req)
+	}, func(in provider.Intent) string { return in.ID })
+}
+
+// pages returns every item of a paged list, in its order: list(after)
+// lists from the start ("") or after the item whose id is after, so that
+// after a failed page it lists again from the last item received, up to
+// r.tries failures in a row.
+func pages[T any](ctx context.Context, r retrier, list func(after string) iter.Seq2[T, error], id func(T) string) ([]T, error) {
+	var out []T
+	after := ""
 	b := r.backoff(ctx)
 	for fails := 0; ; {
 		var failed error
-		for in, err := range prov.ListIntents(ctx, req) {
+		for it, err := range list(after) {
 			if err != nil {
 				failed = err
 				break
 			}
-			out = append(out, in)
-			req.StartingAfter = in.ID
+			out = append(out, it)
+			after = id(it)
 			fails = 0
 			b.Reset()
 		}
