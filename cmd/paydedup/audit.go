@@ -68,7 +68,9 @@ that may still move: it counts as a possible charge.
   extra_intent (warning)      a second intent for one payment that moved no money
 
 The refunds of every payment the ledger holds as succeeded are compared with
-the provider's refunds of its intent (keyed by the refund's own key):
+the provider's refunds of its intent (keyed by the refund's own key; the
+account's refunds are listed once, 100 a page, from the earliest audited
+intent, not once per payment):
 
   double_refund               two or more provider refunds for one refund key
   unrecorded_refund           a provider refund (pending or succeeded) the ledger lacks
