@@ -140,12 +140,29 @@ const (
 	// row names another: a second provider request for one payment, which
 	// one provider key per payment should make impossible.
 	ExtraIntent Kind = "extra_intent"
+	// UnrecordedCapture: the ledger says authorized (money held, not
+	// moved), and its intent was captured (succeeded), or may have been
+	// (processing): money moved that the ledger holds as only authorized.
+	// A capture made through paydedup moves the row to succeeded; one
+	// made elsewhere (the dashboard) never does.
+	UnrecordedCapture Kind = "unrecorded_capture"
+	// UnsettledCancel: the ledger still says authorized, and its intent
+	// holds no money: the authorization was voided at the provider, or
+	// its capture window ran out. The webhook's recheck (the reconciler's
+	// retrieve) has yet to record it canceled; no money moved.
+	UnsettledCancel Kind = "unsettled_cancel"
+	// CanceledButCharged: the ledger says canceled (the authorization
+	// voided), and its intent was captured, still holds the money for
+	// capture, or is processing: money moved, or may still move, that the
+	// ledger says was released.
+	CanceledButCharged Kind = "canceled_but_charged"
 )
 
 // Kinds lists every Kind, most serious first.
 var Kinds = []Kind{DoubleCharge, PossibleDoubleCharge, LostCharge, UnrecordedCharge, PossibleLostCharge, PossibleUnrecordedCharge,
 	MissingLedger, MissingIntent, SuccessNotCharged, SuccessUnsettled, AmountMismatch, CurrencyMismatch,
-	UnsettledCharge, UnsettledFailure, ExtraIntent,
+	UnrecordedCapture, CanceledButCharged,
+	UnsettledCharge, UnsettledFailure, UnsettledCancel, ExtraIntent,
 	DoubleRefund, UnrecordedRefund, MissingRefund, RefundMismatch, UnsettledRefund}
 
 // Severity says how urgent a finding is.
@@ -163,7 +180,7 @@ const (
 // Severity is the kind's severity.
 func (k Kind) Severity() Severity {
 	switch k {
-	case UnsettledCharge, UnsettledFailure, ExtraIntent, UnsettledRefund:
+	case UnsettledCharge, UnsettledFailure, UnsettledCancel, ExtraIntent, UnsettledRefund:
 		return Warning
 	}
 	return Critical
@@ -195,6 +212,11 @@ var intentMoney = map[string]money{
 // ledgerStatus and whose own intent's is intentStatus (statusMatrix); the
 // empty Kind where they agree.
 func StatusFinding(ledgerStatus, intentStatus string) Kind {
+	if ledgerStatus == ledger.PaymentAuthorized && intentStatus == "requires_capture" {
+		// The one cell where moved money is not enough: an authorization
+		// is held for capture, not captured (an unrecorded capture).
+		return ""
+	}
 	return statusMatrix[ledgerStatus][moneyOf(provider.Intent{Status: intentStatus})]
 }
 
@@ -209,19 +231,24 @@ func moneyOf(in provider.Intent) money {
 // statusMatrix is what a ledger row's status and its own intent's money
 // find: the empty Kind where they agree. Every ledger status the schema
 // allows is a row; with intentMoney it compares every ledger status with
-// every intent status.
+// every intent status. An authorized row agrees with an intent held for
+// capture (requires_capture), and finds a captured one (StatusFinding).
 //
 //	ledger \ intent  noMoney              mayMove (processing)  moved (succeeded, requires_capture)
 //	succeeded        success_not_charged  success_unsettled     -
 //	declined         -                    possible_lost_charge  lost_charge
 //	failed           -                    possible_lost_charge  lost_charge
 //	processing       unsettled_failure    -                     unsettled_charge
+//	authorized       unsettled_cancel     unrecorded_capture    unrecorded_capture (succeeded), - (requires_capture)
+//	canceled         -                    canceled_but_charged  canceled_but_charged
 var statusMatrix = map[string][3]Kind{
 	//                     noMoney            mayMove             moved
 	ledger.PaymentSucceeded:  {SuccessNotCharged, SuccessUnsettled, ""},
 	ledger.PaymentDeclined:   {"", PossibleLostCharge, LostCharge},
 	ledger.PaymentFailed:     {"", PossibleLostCharge, LostCharge},
 	ledger.PaymentProcessing: {UnsettledFailure, "", UnsettledCharge},
+	ledger.PaymentAuthorized: {UnsettledCancel, UnrecordedCapture, UnrecordedCapture},
+	ledger.PaymentCanceled:   {"", CanceledButCharged, CanceledButCharged},
 }
 
 // Finding is one disagreement, about one key.
@@ -321,6 +348,9 @@ type keyAudit struct {
 	ref     ledger.KeyRef
 	intents []provider.Intent
 	row     *ledger.Payment
+	// named is the intent the row names, as the provider has it (nil
+	// when it has none): its refunds were created after it.
+	named *provider.Intent
 }
 
 // Run audits cfg's window. An error means the audit could not read
@@ -437,10 +467,11 @@ func Run(ctx context.Context, prov Provider, book Ledger, cfg Config) (*Report, 
 		}
 		rep.Findings = append(rep.Findings, found...)
 	}
-	rp, ok := prov.(RefundProvider)
-	rl, ok2 := book.(RefundLedger)
-	if ok && ok2 {
-		found, err := auditRefunds(ctx, rp, rl, r, ordered, rep)
+	_, each := prov.(RefundProvider)
+	_, paged := prov.(AccountRefundProvider)
+	rl, ok := book.(RefundLedger)
+	if (each || paged) && ok {
+		found, err := auditRefunds(ctx, prov, rl, r, cfg.Since.Add(-margin), ordered, rep)
 		if err != nil {
 			return nil, err
 		}
@@ -507,6 +538,7 @@ func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, st
 			case err != nil:
 				return nil, fmt.Errorf("audit: %w", err)
 			case in.MerchantID != k.ref.MerchantID || in.IdempotencyKey != k.ref.IdempotencyKey:
+				k.named = &in
 				add(MissingIntent, []string{in.ID}, "the ledger row names %s, which the provider holds for merchant %q key %q", in.ID, in.MerchantID, in.IdempotencyKey)
 			default:
 				mine = &in
@@ -514,6 +546,7 @@ func (k *keyAudit) audit(ctx context.Context, getIntent func(context.Context, st
 		}
 	}
 	if mine != nil {
+		k.named = mine
 		if mine.Amount != row.Amount {
 			add(AmountMismatch, []string{mine.ID}, "the ledger has %d %s, the intent %d %s", row.Amount, row.Currency, mine.Amount, mine.Currency)
 		}
@@ -573,17 +606,31 @@ func (r retrier) backoff(ctx context.Context) backoff.BackOffContext {
 // lists again from the last intent received, up to r.tries failures in a
 // row.
 func (r retrier) list(ctx context.Context, prov Provider, req provider.ListRequest) ([]provider.Intent, error) {
-	var out []provider.Intent
+	return pages(ctx, r, func(after string) iter.Seq2[provider.Intent, error] {
+		if after != "" {
+			req.StartingAfter = after
+		}
+		return prov.ListIntents(ctx, req)
+	}, func(in provider.Intent) string { return in.ID })
+}
+
+// pages returns every item of a paged list, in its order: list(after)
+// lists from the start ("") or after the item whose id is after, so that
+// after a failed page it lists again from the last item received, up to
+// r.tries failures in a row.
+func pages[T any](ctx context.Context, r retrier, list func(after string) iter.Seq2[T, error], id func(T) string) ([]T, error) {
+	var out []T
+	after := ""
 	b := r.backoff(ctx)
 	for fails := 0; ; {
 		var failed error
-		for in, err := range prov.ListIntents(ctx, req) {
+		for it, err := range list(after) {
 			if err != nil {
 				failed = err
 				break
 			}
-			out = append(out, in)
-			req.StartingAfter = in.ID
+			out = append(out, it)
+			after = id(it)
 			fails = 0
 			b.Reset()
 		}

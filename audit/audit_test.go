@@ -531,6 +531,10 @@ func TestStatusFindingMatrix(t *testing.T) {
 			"", "", "", audit.PossibleLostCharge},
 		ledger.PaymentProcessing: {audit.UnsettledCharge, audit.UnsettledCharge, "", audit.UnsettledFailure,
 			audit.UnsettledFailure, audit.UnsettledFailure, audit.UnsettledFailure, ""},
+		ledger.PaymentAuthorized: {audit.UnrecordedCapture, "", audit.UnrecordedCapture, audit.UnsettledCancel,
+			audit.UnsettledCancel, audit.UnsettledCancel, audit.UnsettledCancel, audit.UnrecordedCapture},
+		ledger.PaymentCanceled: {audit.CanceledButCharged, audit.CanceledButCharged, audit.CanceledButCharged, "",
+			"", "", "", audit.CanceledButCharged},
 	}
 	for ledger, row := range want {
 		for i, st := range statuses {
@@ -589,6 +593,89 @@ func TestAuditPossibleCharges(t *testing.T) {
 		slices.Sort(got)
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%s: findings %v, want %v", c.key, got, c.want)
+		}
+	}
+}
+
+// TestAuditAuthorizations: the ledger's authorized and canceled payments
+// (manual capture) are checked against their intents, planted at the
+// simulator: an authorization the provider still holds, and one voided
+// there and in the ledger, agree; a capture the ledger lacks (its row
+// still authorized) and money charged or held for a payment the ledger
+// says was canceled are critical; an authorization voided at the provider
+// (its capture window ran out) while the ledger still says authorized is
+// the ledger lagging, a warning.
+func TestAuditAuthorizations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	authorize := func(key string) string {
+		t.Helper()
+		req := chargeRequest(command(merchant, key, 1000, "pm_card_visa"), "pdk-"+key)
+		req.ManualCapture = true
+		out, err := b.stripe.Charge(b.ctx, req)
+		if err != nil || !out.Authorized {
+			t.Fatalf("authorize %s: %+v %v", key, out, err)
+		}
+		return out.ChargeID
+	}
+	capture := func(key, id string) {
+		t.Helper()
+		out, err := b.stripe.Capture(b.ctx, provider.CaptureRequest{ProviderKey: "pdc-" + key, ChargeID: id})
+		if err != nil || out.Refused || out.Status != "succeeded" {
+			t.Fatalf("capture %s: %+v %v", key, out, err)
+		}
+	}
+	void := func(key, id string) {
+		t.Helper()
+		out, err := b.stripe.Cancel(b.ctx, provider.CancelRequest{ProviderKey: "pdv-" + key, ChargeID: id})
+		if err != nil || out.Refused || out.Status != "canceled" {
+			t.Fatalf("cancel %s: %+v %v", key, out, err)
+		}
+	}
+	for _, c := range []struct {
+		key, ledger string
+		// act is what happened at the provider after the authorization.
+		act  func(key, id string)
+		want string // the finding; "" where they agree
+	}{
+		{"auth-held", ledger.PaymentAuthorized, nil, ""},
+		{"auth-captured", ledger.PaymentAuthorized, capture, "unrecorded_capture"},
+		{"auth-voided", ledger.PaymentAuthorized, void, "unsettled_cancel"},
+		{"cancel-voided", ledger.PaymentCanceled, void, ""},
+		{"cancel-captured", ledger.PaymentCanceled, capture, "canceled_but_charged"},
+		{"cancel-held", ledger.PaymentCanceled, nil, "canceled_but_charged"},
+	} {
+		id := authorize(c.key)
+		if c.act != nil {
+			c.act(c.key, id)
+		}
+		b.ledgerRow(t, c.key, c.ledger, id)
+	}
+	// A payment charged at once (automatic capture) whose row says
+	// authorized: a capture the ledger lacks too.
+	b.ledgerRow(t, "auth-charged", ledger.PaymentAuthorized, b.intentWith(t, "auth-charged", "pm_card_visa", "pdk-auth-charged", false, "succeeded"))
+
+	rep := b.run(t, audit.Config{})
+	want := []string{
+		"canceled_but_charged m_audit:cancel-captured",
+		"canceled_but_charged m_audit:cancel-held",
+		"unrecorded_capture m_audit:auth-captured",
+		"unrecorded_capture m_audit:auth-charged",
+		"unsettled_cancel m_audit:auth-voided",
+	}
+	if got := kinds(rep); !slices.Equal(got, want) {
+		t.Fatalf("findings:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+	if rep.Keys != 7 || rep.LedgerRows != 7 {
+		t.Errorf("report %+v, want 7 keys and ledger rows", rep)
+	}
+	for _, f := range rep.Findings {
+		want := audit.Critical
+		if f.Kind == "unsettled_cancel" {
+			want = audit.Warning
+		}
+		if f.Severity != want || len(f.IntentIDs) != 1 || !strings.Contains(f.Detail, f.IntentIDs[0]) {
+			t.Errorf("%s %s: severity %q, intents %v, detail %q; want %q, naming its intent", f.Kind, f.IdempotencyKey, f.Severity, f.IntentIDs, f.Detail, want)
 		}
 	}
 }

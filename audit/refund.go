@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/paydedup/paydedup/ledger"
 	"github.com/paydedup/paydedup/provider"
@@ -32,11 +34,24 @@ const (
 	UnsettledRefund Kind = "unsettled_refund"
 )
 
-// RefundProvider is what the refunds' audit reads of the provider: every
-// refund of one intent; *stripe.Client is one. A provider without it is
-// audited without its refunds.
+// RefundProvider is what the refunds' audit reads of the provider when it
+// cannot list the account's refunds (AccountRefundProvider): every refund
+// of one intent, one list per payment. *stripe.Client is one. A provider
+// with neither is audited without its refunds.
 type RefundProvider interface {
 	ListRefunds(ctx context.Context, chargeID string) ([]*provider.RefundOutcome, error)
+}
+
+// AccountRefundProvider is what the refunds' audit reads of a provider
+// that lists the account's refunds by creation time, newest first, a page
+// at a time: those created at or after from, after the refund
+// startingAfter when set (resuming after a failed page). *stripe.Client is
+// one. A refund is created after its payment's intent, so the audit lists
+// those created since the earliest intent of its payments and keeps theirs:
+// a few calls per hundred refunds, where RefundProvider costs one per
+// payment of the shared rate budget.
+type AccountRefundProvider interface {
+	ListRefundsSince(ctx context.Context, from time.Time, startingAfter string) iter.Seq2[*provider.RefundOutcome, error]
 }
 
 // RefundLedger is what the refunds' audit reads of the ledger: every
@@ -51,20 +66,23 @@ func refundMoneyBack(status string) bool { return ledger.RefundHolds(status) }
 
 // auditRefunds compares, for every audited payment the ledger holds as
 // succeeded, the provider's refunds of its intent with the ledger's
-// refunds of it, and returns the findings.
-func auditRefunds(ctx context.Context, prov RefundProvider, book RefundLedger, r retrier, ordered []*keyAudit, rep *Report) ([]Finding, error) {
-	var pays []ledger.KeyRef
-	charge := map[ledger.KeyRef]string{}
+// refunds of it, and returns the findings. reach is where the list of
+// intents started.
+func auditRefunds(ctx context.Context, prov any, book RefundLedger, r retrier, reach time.Time, ordered []*keyAudit, rep *Report) ([]Finding, error) {
+	var pays []*keyAudit
 	for _, k := range ordered {
 		if k.row != nil && k.row.Status == ledger.PaymentSucceeded && k.row.ChargeID != "" {
-			pays = append(pays, k.ref)
-			charge[k.ref] = k.row.ChargeID
+			pays = append(pays, k)
 		}
 	}
 	if len(pays) == 0 {
 		return nil, nil
 	}
-	booked, err := book.RefundsOf(ctx, pays)
+	refs := make([]ledger.KeyRef, len(pays))
+	for i, k := range pays {
+		refs[i] = k.ref
+	}
+	booked, err := book.RefundsOf(ctx, refs)
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
@@ -74,14 +92,66 @@ func auditRefunds(ctx context.Context, prov RefundProvider, book RefundLedger, r
 		ref := ledger.KeyRef{MerchantID: rf.MerchantID, IdempotencyKey: rf.PaymentKey}
 		mine[ref] = append(mine[ref], rf)
 	}
+	listed, err := r.refundsOf(ctx, prov, reach, pays)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
+	}
 	var out []Finding
-	for _, pay := range pays {
-		listed, err := r.refunds(ctx, prov, charge[pay])
-		if err != nil {
-			return nil, fmt.Errorf("audit: %w", err)
+	for _, k := range pays {
+		charge := k.row.ChargeID
+		rep.Refunds += len(listed[charge])
+		out = append(out, refundFindings(k.ref, charge, listed[charge], mine[k.ref])...)
+	}
+	return out, nil
+}
+
+// refundsOf returns the provider's refunds of the payments' intents, by
+// intent id, newest first. An AccountRefundProvider lists the account's
+// refunds created since the earliest of the payments' intents, a page of
+// 100 at a time, and the payments' are kept (a refund is created after its
+// intent, in the provider's clock); a payment whose intent was created
+// before reach (a row the reconciler wrote late) has its refunds listed by
+// itself instead, when the provider can, so that one old payment does not
+// make the audit read every refund since. A payment whose intent the
+// provider does not have has no refunds there. Without an
+// AccountRefundProvider, one list per payment.
+func (r retrier) refundsOf(ctx context.Context, prov any, reach time.Time, pays []*keyAudit) (map[string][]*provider.RefundOutcome, error) {
+	out := map[string][]*provider.RefundOutcome{}
+	paged, _ := prov.(AccountRefundProvider)
+	each, _ := prov.(RefundProvider)
+	var alone []string
+	var from time.Time
+	ours := map[string]bool{}
+	for _, k := range pays {
+		switch named := k.named; {
+		case paged == nil, each != nil && named != nil && named.Created.Before(reach):
+			alone = append(alone, k.row.ChargeID)
+		default:
+			ours[k.row.ChargeID] = true
+			if named != nil && (from.IsZero() || named.Created.Before(from)) {
+				from = named.Created
+			}
 		}
-		rep.Refunds += len(listed)
-		out = append(out, refundFindings(pay, charge[pay], listed, mine[pay])...)
+	}
+	if !from.IsZero() {
+		all, err := pages(ctx, r, func(after string) iter.Seq2[*provider.RefundOutcome, error] {
+			return paged.ListRefundsSince(ctx, from, after)
+		}, func(re *provider.RefundOutcome) string { return re.RefundID })
+		if err != nil {
+			return nil, err
+		}
+		for _, re := range all {
+			if ours[re.ChargeID] {
+				out[re.ChargeID] = append(out[re.ChargeID], re)
+			}
+		}
+	}
+	for _, charge := range alone {
+		listed, err := r.refunds(ctx, each, charge)
+		if err != nil {
+			return nil, err
+		}
+		out[charge] = listed
 	}
 	return out, nil
 }

@@ -57,12 +57,20 @@ that may still move: it counts as a possible charge.
   success_not_charged         the ledger says succeeded, its intent moved no money
   success_unsettled           the ledger says succeeded, its intent is still processing
   amount_mismatch, currency_mismatch
+  unrecorded_capture          the ledger says authorized, its intent was captured
+                              (succeeded) or is processing
+  canceled_but_charged        the ledger says canceled, its intent was captured, still
+                              holds the money for capture, or is processing
   unsettled_charge (warning)  the ledger says processing, its intent succeeded
   unsettled_failure (warning) the ledger says processing, its intent ended without money
+  unsettled_cancel (warning)  the ledger says authorized, its intent holds no money
+                              (voided at the provider, or its capture window ran out)
   extra_intent (warning)      a second intent for one payment that moved no money
 
 The refunds of every payment the ledger holds as succeeded are compared with
-the provider's refunds of its intent (keyed by the refund's own key):
+the provider's refunds of its intent (keyed by the refund's own key; the
+account's refunds are listed once, 100 a page, from the earliest audited
+intent, not once per payment):
 
   double_refund               two or more provider refunds for one refund key
   unrecorded_refund           a provider refund (pending or succeeded) the ledger lacks

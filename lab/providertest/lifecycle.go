@@ -3,6 +3,7 @@ package providertest
 import (
 	"context"
 	"errors"
+	"iter"
 	"net/http"
 	"sync"
 	"testing"
@@ -21,6 +22,7 @@ type Lifecycle interface {
 	RetrieveIntent(context.Context, provider.RetrieveIntentRequest) (*provider.IntentOutcome, error)
 	Refund(context.Context, provider.RefundRequest) (*provider.RefundOutcome, error)
 	LookupRefund(context.Context, provider.RefundLookupRequest) (provider.RefundLookupResult, error)
+	ListRefundsSince(ctx context.Context, from time.Time, startingAfter string) iter.Seq2[*provider.RefundOutcome, error]
 }
 
 // LifecycleTarget is one provider under the lifecycle suite and what the
@@ -74,6 +76,7 @@ func RunLifecycleSuite(t *testing.T, newTarget NewLifecycleTarget, caps Lifecycl
 		{name: "CaptureThenRetrieve", fn: testCaptureThenRetrieve},
 		{name: "Cancel", fn: testCancel},
 		{name: "RefundThenLookup", fn: testRefundThenLookup},
+		{name: "RefundsSince", fn: testRefundsSince},
 	}
 	if caps.Stateful {
 		tests = append(tests,
@@ -292,6 +295,40 @@ func testRefundThenLookup(t *testing.T, e *lifeEnv) {
 		t.Fatalf("lookup of another key = %+v", res.Outcome)
 	}
 	e.wantSent(t, Sent{http.MethodGet, "/v1/refunds", ""})
+}
+
+// testRefundsSince: the account's refunds listed by creation time (the
+// audit's read) are one GET /v1/refunds, and decode with their metadata;
+// at the simulator, a refund created before from is left out.
+func testRefundsSince(t *testing.T, e *lifeEnv) {
+	req := ChargeReq("k-refunds-since")
+	e.shape(intentAs(req, provider.StatusSucceeded, 0, req.Amount))
+	out := MustCharge(t, e.P, req)
+	from := time.Now()
+	if e.Sim != nil {
+		e.refund(t, "rs-before", out.ChargeID, 200)
+		e.Advance(10 * time.Second)
+		from = e.Sim.Refunds()[0].Created.Add(10 * time.Second)
+	}
+	rreq := RefundReq("rs1", out.ChargeID, 300)
+	e.shape(refundAs(rreq, provider.RefundSucceeded))
+	e.refund(t, "rs1", out.ChargeID, 300)
+	e.Sent()
+	var got []*provider.RefundOutcome
+	for re, err := range e.P.ListRefundsSince(context.Background(), from, "") {
+		if err != nil {
+			t.Fatalf("list refunds since: %v", err)
+		}
+		got = append(got, re)
+	}
+	e.wantSent(t, Sent{http.MethodGet, "/v1/refunds", ""})
+	if len(got) == 0 || got[0].IdempotencyKey != "rs1" || got[0].MerchantID != "m_123" || got[0].Amount != 300 ||
+		got[0].Status != provider.RefundSucceeded || got[0].RefundID == "" {
+		t.Fatalf("refunds since = %+v", got)
+	}
+	if e.Sim != nil && (len(got) != 1 || got[0].ChargeID != out.ChargeID) {
+		t.Fatalf("refunds since %s = %d (first %+v), want rs1 of %s only", from, len(got), got[0], out.ChargeID)
+	}
 }
 
 // The scenarios that need the provider's state.

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -483,13 +484,39 @@ func (s *Simulator) answerOp(w http.ResponseWriter, r *http.Request, fate roll, 
 }
 
 // listRefunds serves GET /v1/refunds: account's refunds, of one intent
-// when payment_intent is given, newest first, after starting_after.
+// when payment_intent is given, created in the range that created (an
+// exact second) and created[gte], [gt], [lte], [lt] give (Unix seconds, as
+// Stripe's), newest first, after starting_after.
 func (s *Simulator) listRefunds(w http.ResponseWriter, r *http.Request, account string, _ roll) {
 	if e := unknownParam(r.Form, func(k string) bool {
-		return k == "payment_intent" || k == "limit" || k == "starting_after"
+		return k == "payment_intent" || k == "limit" || k == "starting_after" || refundCreatedParam(k)
 	}); e != nil {
 		writeSimError(w, http.StatusBadRequest, e)
 		return
+	}
+	created := listFilter{from: math.MinInt64, to: math.MaxInt64}
+	for name := range r.Form {
+		if !refundCreatedParam(name) {
+			continue
+		}
+		v := r.Form.Get(name)
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			writeSimError(w, http.StatusBadRequest, invalidParam(name, "parameter_invalid_integer", "Invalid integer: "+v))
+			return
+		}
+		switch name {
+		case "created":
+			created.from, created.to = max(created.from, n), min(created.to, n)
+		case "created[gte]":
+			created.from = max(created.from, n)
+		case "created[gt]":
+			created.from = max(created.from, n+1)
+		case "created[lte]":
+			created.to = min(created.to, n)
+		case "created[lt]":
+			created.to = min(created.to, n-1)
+		}
 	}
 	limit := defaultListLimit
 	if l := r.Form.Get("limit"); l != "" {
@@ -528,7 +555,13 @@ func (s *Simulator) listRefunds(w http.ResponseWriter, r *http.Request, account 
 		HasMore bool           `json:"has_more"`
 		URL     string         `json:"url"`
 	}{Object: "list", Data: []refundObject{}, URL: simPathRefunds}
+	// The cursor is found among every refund, the range applied after it
+	// (as Stripe's starting_after names an object, not a position in the
+	// filtered list).
 	for _, ref := range all[start:] {
+		if !created.match(ref.created) {
+			continue
+		}
 		if len(page.Data) == limit {
 			page.HasMore = true
 			break
@@ -541,4 +574,14 @@ func (s *Simulator) listRefunds(w http.ResponseWriter, r *http.Request, account 
 		panic("stripesim: encode refunds: " + err.Error())
 	}
 	writeSimRaw(w, http.StatusOK, body)
+}
+
+// refundCreatedParam reports whether name is one of the refund list's
+// filters on created.
+func refundCreatedParam(name string) bool {
+	switch name {
+	case "created", "created[gte]", "created[gt]", "created[lte]", "created[lt]":
+		return true
+	}
+	return false
 }

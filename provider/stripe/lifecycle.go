@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"net/http"
 	"net/http/httptrace"
+	"time"
 
 	stripego "github.com/stripe/stripe-go/v82"
 
@@ -140,6 +142,39 @@ func (s *Client) ListRefunds(ctx context.Context, chargeID string) ([]*provider.
 		found = append(found, out)
 	}
 	return found, nil
+}
+
+// ListRefundsSince yields, without refunding, the account's refunds
+// created at or after from (GET /v1/refunds with created[gte], limit 100
+// and starting_after), newest first, whatever their intent or metadata:
+// the audit reads a window's refunds a page at a time rather than one list
+// per payment (ListRefunds), which spent the account's shared rate budget
+// at one call per payment. Stripe filters on whole seconds, so from is
+// rounded down; a zero from lists every refund. startingAfter, when set,
+// resumes after that refund (after a failed page). Like ListIntents the
+// iteration is bounded by ctx alone, and a failed page ends it with an
+// error.
+func (s *Client) ListRefundsSince(ctx context.Context, from time.Time, startingAfter string) iter.Seq2[*provider.RefundOutcome, error] {
+	return func(yield func(*provider.RefundOutcome, error) bool) {
+		params := &stripego.RefundListParams{}
+		if !from.IsZero() {
+			params.CreatedRange = &stripego.RangeQueryParams{GreaterThanOrEqual: from.Unix()}
+		}
+		params.Limit = stripego.Int64(listLimit)
+		if startingAfter != "" {
+			params.StartingAfter = stripego.String(startingAfter)
+		}
+		for re, err := range s.client.V1Refunds.List(ctx, params) {
+			if err != nil {
+				yield(nil, fmt.Errorf("list refunds: %w", s.lookupError(err)))
+				return
+			}
+			out, err := refundState(re, "")
+			if !yield(out, err) || err != nil {
+				return
+			}
+		}
+	}
 }
 
 // checkOp refuses an operation that cannot be sent as it is.
