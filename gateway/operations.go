@@ -363,16 +363,22 @@ func (g *Gateway) getOperation(kind string) http.HandlerFunc {
 			return
 		}
 		op := Operation{Object: objectOf(kind), IdempotencyKey: key, Amount: in.Amount, CreatedAt: in.CreatedAt.UTC()}
+		// A recorded refusal is final and read before the operator's mark,
+		// as a retried POST reads it (g.refused) before anything else.
+		var refusal string
+		refused := false
+		if !in.DeadLettered() && in.Published() {
+			if reason, ok, err := g.store.RefusalOf(ctx, merchant, key, in.StreamSeq); err == nil && ok {
+				refusal, refused = reason, true
+			}
+		}
 		switch st := ledger.StateOf(&in, nil, nil); {
 		case in.DeadLettered():
 			op.Status, op.Reason = OpRefused, in.DeadLetterReason
+		case refused:
+			op.Status, op.Reason = OpRefused, refusal
 		case in.WaitsForOperator(nil):
 			op.Status, op.Reason = StateWaitingForOperator, in.OperatorReason
-		case in.Published():
-			op.Status = string(st.Status)
-			if reason, ok, err := g.store.RefusalOf(ctx, merchant, key, in.StreamSeq); err == nil && ok {
-				op.Status, op.Reason = OpRefused, reason
-			}
 		default:
 			op.Status = string(st.Status)
 		}

@@ -75,3 +75,29 @@ func TestRefusalUnreadableIsUnavailable(t *testing.T) {
 		t.Fatalf("%d copies of ref-u in the stream, want 1", n)
 	}
 }
+
+// TestRefusedOperationMarkedForOperatorReadsRefused: a refusal the worker
+// recorded is final; an operator's mark the net made on the intake after
+// it (its dead-letter mark not written) does not hide it: GET answers
+// refused with the reason, as a retried POST does (422).
+func TestRefusedOperationMarkedForOperatorReadsRefused(t *testing.T) {
+	t.Parallel()
+	w := setupWith(t, gateway.Config{}, refunder())
+	w.startWorker()
+	w.charged("pay-g", 1000)
+	wantStatus(t, w.postOp("pay-g", "refunds", "ref-g", `{"amount":1001}`), http.StatusAccepted)
+	w.eventually("the refund's intake marked dead-lettered", func() bool {
+		got, err := w.gwStore.GetIntake(w.ctx, "m_a", "ref-g")
+		return err == nil && got.DeadLettered()
+	})
+	if _, err := w.pool.Exec(w.ctx, `UPDATE gateway_intake SET dead_letter_reason = NULL, dead_letter_error = NULL, dead_lettered_at = NULL,
+		operator_reason = 'max_deliveries', operator_at = now() WHERE idempotency_key = 'ref-g'`); err != nil {
+		t.Fatal(err)
+	}
+	if op := w.do(http.MethodGet, "/v1/refunds/ref-g", w.keyA, "", nil).operation(t); op.Status != gateway.OpRefused || op.Reason != ledger.RefuseOverRefundable {
+		t.Fatalf("GET of a refused refund marked for an operator: %+v, want refused %s", op, ledger.RefuseOverRefundable)
+	}
+	if r := w.postOp("pay-g", "refunds", "ref-g", `{"amount":1001}`); r.status != http.StatusUnprocessableEntity || r.problem(t).Reason != ledger.RefuseOverRefundable {
+		t.Fatalf("retry: %d %s, want 422 %s", r.status, r.body, ledger.RefuseOverRefundable)
+	}
+}

@@ -130,3 +130,15 @@ type ProcessingCursor struct {
 	CreatedAt time.Time
 	ID        int64
 }
+
+// CancelRecheck is a payment stamped for a recheck of its cancel (an
+// event, or an operation refused payment_intent_unexpected_state, said
+// the provider may have canceled its authorization): RequestedAt is the
+// latest stamp's time (a recheck clears only stamps up to it), Attempts
+// the passes that found no answer yet (a failed retrieve, an operation
+// in flight), each pushing the stamp back.
+type CancelRecheck struct {
+	Payment
+	RequestedAt time.Time
+	Attempts    int
+}
