@@ -410,7 +410,7 @@ type demoPayment struct {
 type demoWorker struct {
 	name   string
 	nc     *nats.Conn
-	store  *storehook.Wrapper
+	store  storehook.Wrapper
 	obs    *demoObserver
 	muted  atomic.Bool
 	cancel context.CancelFunc
@@ -490,7 +490,7 @@ var errKilled = errors.New("worker killed")
 // wrapper does not have: without them the worker refuses those commands)
 // to the store, failing once the worker is killed as the wrapper's do.
 type demoStore struct {
-	*storehook.Wrapper
+	storehook.Wrapper
 	ops    *dedup.Store
 	killed *atomic.Bool
 }
