@@ -79,7 +79,7 @@ func (p limited) Lookup(ctx context.Context, req provider.LookupRequest) (provid
 // watchedStore is the worker's store, recording what the worker writes
 // about each key besides its completion: claims, fails and releases.
 type watchedStore struct {
-	*storehook.Wrapper
+	storehook.Wrapper
 	mu       sync.Mutex
 	claims   map[string]int
 	fails    []string

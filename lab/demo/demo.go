@@ -410,7 +410,7 @@ type demoPayment struct {
 type demoWorker struct {
 	name   string
 	nc     *nats.Conn
-	store  *storehook.Wrapper
+	store  storehook.Wrapper
 	obs    *demoObserver
 	muted  atomic.Bool
 	cancel context.CancelFunc
@@ -426,7 +426,9 @@ func (r *demoRun) startWorkers(ctx context.Context, prov *stripe.Client) error {
 			return fmt.Errorf("demo: connect worker to NATS: %w", err)
 		}
 		w.nc = nc
-		// Once killed, every store call fails before reaching Postgres.
+		// Once killed, every store call fails before reaching Postgres,
+		// the refunds', captures' and cancels' too (the wrapper has them
+		// as the store has).
 		w.store = storehook.Wrap(r.store).Before(storehook.Any, func(context.Context, *storehook.Call) error {
 			if w.killed.Load() {
 				return errKilled
@@ -436,8 +438,7 @@ func (r *demoRun) startWorkers(ctx context.Context, prov *stripe.Client) error {
 		cfg := r.cfg
 		cfg.Holder = w.name
 		log := r.quietLogger(&w.muted).With("worker", w.name)
-		store := &demoStore{Wrapper: w.store, ops: r.store, killed: &w.killed}
-		worker, err := consumer.NewWorker(nc, consumer.NewProcessor(store, prov, cfg, log), cfg, log, w.obs, nil)
+		worker, err := consumer.NewWorker(nc, consumer.NewProcessor(w.store, prov, cfg, log), cfg, log, w.obs, nil)
 		if err != nil {
 			nc.Close()
 			return err
@@ -484,71 +485,6 @@ func (r *demoRun) kill(w *demoWorker) {
 
 // errKilled is what a killed worker's store calls return.
 var errKilled = errors.New("worker killed")
-
-// demoStore is a worker's store: the charges' calls through the
-// killable wrapper, and the refunds', captures' and cancels' (which the
-// wrapper does not have: without them the worker refuses those commands)
-// to the store, failing once the worker is killed as the wrapper's do.
-type demoStore struct {
-	*storehook.Wrapper
-	ops    *dedup.Store
-	killed *atomic.Bool
-}
-
-var (
-	_ consumer.RefundStore    = (*demoStore)(nil)
-	_ consumer.PaymentOpStore = (*demoStore)(nil)
-)
-
-// alive fails once the worker is killed.
-func (s *demoStore) alive() error {
-	if s.killed.Load() {
-		return errKilled
-	}
-	return nil
-}
-
-func (s *demoStore) ClaimRefund(ctx context.Context, holder string, lease time.Duration, req ledger.RefundRequest) (ledger.RefundClaim, error) {
-	if err := s.alive(); err != nil {
-		return ledger.RefundClaim{}, err
-	}
-	return s.ops.ClaimRefund(ctx, holder, lease, req)
-}
-
-func (s *demoStore) CompleteRefund(ctx context.Context, l ledger.Lease, c ledger.RefundCompletion) error {
-	if err := s.alive(); err != nil {
-		return err
-	}
-	return s.ops.CompleteRefund(ctx, l, c)
-}
-
-func (s *demoStore) ReleaseRefund(ctx context.Context, l ledger.Lease, reason string) error {
-	if err := s.alive(); err != nil {
-		return err
-	}
-	return s.ops.ReleaseRefund(ctx, l, reason)
-}
-
-func (s *demoStore) ClaimPaymentOp(ctx context.Context, holder string, lease time.Duration, req ledger.PaymentOpRequest) (ledger.PaymentOpClaim, error) {
-	if err := s.alive(); err != nil {
-		return ledger.PaymentOpClaim{}, err
-	}
-	return s.ops.ClaimPaymentOp(ctx, holder, lease, req)
-}
-
-func (s *demoStore) CompletePaymentOp(ctx context.Context, l ledger.Lease, c ledger.PaymentOpCompletion) error {
-	if err := s.alive(); err != nil {
-		return err
-	}
-	return s.ops.CompletePaymentOp(ctx, l, c)
-}
-
-func (s *demoStore) ReleasePaymentOp(ctx context.Context, l ledger.Lease, reason string) error {
-	if err := s.alive(); err != nil {
-		return err
-	}
-	return s.ops.ReleasePaymentOp(ctx, l, reason)
-}
 
 // demoObserver counts one worker's settled messages.
 type demoObserver struct {

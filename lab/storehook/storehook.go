@@ -6,6 +6,15 @@
 // replaces the hand-written forwarding wrappers the tests each kept.
 // (River's testsignal plays a like part.)
 //
+// The worker finds a store's refunds and payment operations (captures and
+// cancels) by a type assertion (consumer.RefundStore,
+// consumer.PaymentOpStore) and dead-letters those commands when its store
+// has none. A wrapper keeps that true: Wrap returns a wrapper whose
+// dynamic type has the refunds' methods exactly when the store inside has
+// them, and the payment operations' likewise (one of four types, behind
+// the Wrapper interface), so a wrapped store takes the commands the store
+// takes, no more and no fewer.
+//
 // It is lab code, for tests only; nothing that ships imports it.
 package storehook
 
@@ -30,6 +39,22 @@ type Store interface {
 	ProviderKeyWindow() time.Duration
 }
 
+// RefundStore is consumer.RefundStore, restated: the optional part of a
+// store that takes refunds.
+type RefundStore interface {
+	ClaimRefund(ctx context.Context, holder string, lease time.Duration, req ledger.RefundRequest) (ledger.RefundClaim, error)
+	CompleteRefund(ctx context.Context, l ledger.Lease, c ledger.RefundCompletion) error
+	ReleaseRefund(ctx context.Context, l ledger.Lease, reason string) error
+}
+
+// PaymentOpStore is consumer.PaymentOpStore, restated: the optional part
+// of a store that takes captures and cancels.
+type PaymentOpStore interface {
+	ClaimPaymentOp(ctx context.Context, holder string, lease time.Duration, req ledger.PaymentOpRequest) (ledger.PaymentOpClaim, error)
+	CompletePaymentOp(ctx context.Context, l ledger.Lease, c ledger.PaymentOpCompletion) error
+	ReleasePaymentOp(ctx context.Context, l ledger.Lease, reason string) error
+}
+
 // Method names a method of Store that can be hooked.
 type Method string
 
@@ -42,7 +67,15 @@ const (
 	Fail          Method = "Fail"
 	Release       Method = "Release"
 	RecordRefusal Method = "RecordRefusal"
-	Any           Method = "*"
+
+	ClaimRefund       Method = "ClaimRefund"
+	CompleteRefund    Method = "CompleteRefund"
+	ReleaseRefund     Method = "ReleaseRefund"
+	ClaimPaymentOp    Method = "ClaimPaymentOp"
+	CompletePaymentOp Method = "CompletePaymentOp"
+	ReleasePaymentOp  Method = "ReleasePaymentOp"
+
+	Any Method = "*"
 )
 
 // Call is one call of the store as its hooks see it: the arguments, which
@@ -52,24 +85,35 @@ type Call struct {
 	// N counts the calls of this method, from 1.
 	N int
 
-	Holder string                // ClaimBatch
-	Lease  ledger.Lease          // Heartbeat, Complete, Fail, Release
-	Reqs   []ledger.ClaimRequest // ClaimBatch
-	Items  []ledger.CompleteItem // CompleteBatch
-	// Reason is Fail's and Release's reason.
-	Reason     string
-	Completion ledger.Completion // Complete
-	Refusal    ledger.Refusal    // RecordRefusal
+	// Holder is ClaimBatch's, ClaimRefund's and ClaimPaymentOp's.
+	Holder string
+	// Lease is the lease of Heartbeat, Complete, Fail, Release and of the
+	// refunds' and payment operations' completes and releases.
+	Lease ledger.Lease
+	Reqs  []ledger.ClaimRequest // ClaimBatch
+	Items []ledger.CompleteItem // CompleteBatch
+	// Reason is the reason of Fail, Release, ReleaseRefund and
+	// ReleasePaymentOp.
+	Reason              string
+	Completion          ledger.Completion          // Complete
+	Refusal             ledger.Refusal             // RecordRefusal
+	RefundReq           ledger.RefundRequest       // ClaimRefund
+	RefundCompletion    ledger.RefundCompletion    // CompleteRefund
+	PaymentOpReq        ledger.PaymentOpRequest    // ClaimPaymentOp
+	PaymentOpCompletion ledger.PaymentOpCompletion // CompletePaymentOp
 
 	// The answer, set when an after hook runs: Err is the call's error,
 	// Results ClaimBatch's, Errs CompleteBatch's, Status Fail's, Renewed
-	// Heartbeat's lease, and Wrote RecordRefusal's.
-	Err     error
-	Results []ledger.ClaimResult
-	Errs    []error
-	Status  ledger.Status
-	Renewed ledger.Lease
-	Wrote   bool
+	// Heartbeat's lease, Wrote RecordRefusal's, RefundClaim ClaimRefund's
+	// and PaymentOpClaim ClaimPaymentOp's.
+	Err            error
+	Results        []ledger.ClaimResult
+	Errs           []error
+	Status         ledger.Status
+	Renewed        ledger.Lease
+	Wrote          bool
+	RefundClaim    ledger.RefundClaim
+	PaymentOpClaim ledger.PaymentOpClaim
 }
 
 // Hook runs around a call. A before hook's error is the call's answer and
@@ -79,10 +123,29 @@ type Call struct {
 type Hook func(ctx context.Context, c *Call) error
 
 // Wrapper is a Store that forwards to the one inside through its hooks.
+// Its dynamic type is also a RefundStore when the store inside is one,
+// and a PaymentOpStore likewise, never when the store is not (an
+// interface, since one static type either has a method or has not: a
+// wrapper with every method would take refunds for a store without them).
 // It is safe for concurrent use; hooks run on the caller's goroutine, so a
 // hook that shares state must guard it.
-type Wrapper struct {
+type Wrapper interface {
+	Store
+	// Before adds a hook run before each call of m (or of every method,
+	// Any), and returns the wrapper.
+	Before(m Method, h Hook) Wrapper
+	// After adds a hook run after each call of m that reached the store,
+	// and returns the wrapper.
+	After(m Method, h Hook) Wrapper
+	// Calls reports how many calls of m (of every method, Any) were made,
+	// including those a before hook answered.
+	Calls(m Method) int
+}
+
+// hooks is a wrapper's hooks and counts, and its charges' methods.
+type hooks struct {
 	inner Store
+	self  Wrapper // the wrapper hooks is part of, which Before and After return
 
 	mu     sync.Mutex
 	calls  map[Method]int
@@ -90,30 +153,74 @@ type Wrapper struct {
 	after  map[Method][]Hook
 }
 
-// Wrap returns a wrapper of s with no hooks: it forwards every call.
-func Wrap(s Store) *Wrapper {
-	return &Wrapper{inner: s, calls: map[Method]int{}, before: map[Method][]Hook{}, after: map[Method][]Hook{}}
+// refunds forwards the refunds' methods to rs through h's hooks.
+type refunds struct {
+	h  *hooks
+	rs RefundStore
+}
+
+// paymentOps forwards the captures' and cancels' methods to ps through
+// h's hooks.
+type paymentOps struct {
+	h  *hooks
+	ps PaymentOpStore
+}
+
+// The wrappers, one per set of the store's optional parts.
+type (
+	withRefunds struct {
+		*hooks
+		refunds
+	}
+	withPaymentOps struct {
+		*hooks
+		paymentOps
+	}
+	withBoth struct {
+		*hooks
+		refunds
+		paymentOps
+	}
+)
+
+// Wrap returns a wrapper of s with no hooks: it forwards every call. It
+// has s's refunds and payment operations if s has them.
+func Wrap(s Store) Wrapper {
+	h := &hooks{inner: s, calls: map[Method]int{}, before: map[Method][]Hook{}, after: map[Method][]Hook{}}
+	rs, hasRefunds := s.(RefundStore)
+	ps, hasOps := s.(PaymentOpStore)
+	switch {
+	case hasRefunds && hasOps:
+		h.self = &withBoth{h, refunds{h, rs}, paymentOps{h, ps}}
+	case hasRefunds:
+		h.self = &withRefunds{h, refunds{h, rs}}
+	case hasOps:
+		h.self = &withPaymentOps{h, paymentOps{h, ps}}
+	default:
+		h.self = h
+	}
+	return h.self
 }
 
 // Before adds a hook run before each call of m (or of every method, Any).
-func (w *Wrapper) Before(m Method, h Hook) *Wrapper {
+func (w *hooks) Before(m Method, h Hook) Wrapper {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.before[m] = append(w.before[m], h)
-	return w
+	return w.self
 }
 
 // After adds a hook run after each call of m that reached the store.
-func (w *Wrapper) After(m Method, h Hook) *Wrapper {
+func (w *hooks) After(m Method, h Hook) Wrapper {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.after[m] = append(w.after[m], h)
-	return w
+	return w.self
 }
 
 // Calls reports how many calls of m (of every method, Any) were made,
 // including those a before hook answered.
-func (w *Wrapper) Calls(m Method) int {
+func (w *hooks) Calls(m Method) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if m == Any {
@@ -127,7 +234,7 @@ func (w *Wrapper) Calls(m Method) int {
 }
 
 // start counts the call and returns it with the hooks to run around it.
-func (w *Wrapper) start(c *Call) (before, after []Hook) {
+func (w *hooks) start(c *Call) (before, after []Hook) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls[c.Method]++
@@ -140,7 +247,7 @@ func (w *Wrapper) start(c *Call) (before, after []Hook) {
 // call runs c's hooks around do, which calls the store and fills in c's
 // answer. It reports whether the answer is the store's (false: a hook's
 // error replaced it).
-func (w *Wrapper) call(ctx context.Context, c *Call, do func()) bool {
+func (w *hooks) call(ctx context.Context, c *Call, do func()) bool {
 	before, after := w.start(c)
 	for _, h := range before {
 		if err := h(ctx, c); err != nil {
@@ -159,7 +266,7 @@ func (w *Wrapper) call(ctx context.Context, c *Call, do func()) bool {
 }
 
 // ClaimBatch forwards to the store's ClaimBatch.
-func (w *Wrapper) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
+func (w *hooks) ClaimBatch(ctx context.Context, holder string, lease time.Duration, reqs []ledger.ClaimRequest) ([]ledger.ClaimResult, error) {
 	c := &Call{Method: ClaimBatch, Holder: holder, Reqs: reqs}
 	if !w.call(ctx, c, func() { c.Results, c.Err = w.inner.ClaimBatch(ctx, holder, lease, reqs) }) {
 		return nil, c.Err
@@ -168,7 +275,7 @@ func (w *Wrapper) ClaimBatch(ctx context.Context, holder string, lease time.Dura
 }
 
 // Heartbeat forwards to the store's Heartbeat.
-func (w *Wrapper) Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error) {
+func (w *hooks) Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration) (ledger.Lease, error) {
 	c := &Call{Method: Heartbeat, Lease: l}
 	if !w.call(ctx, c, func() { c.Renewed, c.Err = w.inner.Heartbeat(ctx, l, d) }) {
 		return l, c.Err
@@ -177,14 +284,14 @@ func (w *Wrapper) Heartbeat(ctx context.Context, l ledger.Lease, d time.Duration
 }
 
 // Complete forwards to the store's Complete.
-func (w *Wrapper) Complete(ctx context.Context, l ledger.Lease, comp ledger.Completion) error {
+func (w *hooks) Complete(ctx context.Context, l ledger.Lease, comp ledger.Completion) error {
 	c := &Call{Method: Complete, Lease: l, Completion: comp}
 	w.call(ctx, c, func() { c.Err = w.inner.Complete(ctx, l, comp) })
 	return c.Err
 }
 
 // CompleteBatch forwards to the store's CompleteBatch.
-func (w *Wrapper) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
+func (w *hooks) CompleteBatch(ctx context.Context, items []ledger.CompleteItem) ([]error, error) {
 	c := &Call{Method: CompleteBatch, Items: items}
 	if !w.call(ctx, c, func() { c.Errs, c.Err = w.inner.CompleteBatch(ctx, items) }) {
 		return nil, c.Err
@@ -193,7 +300,7 @@ func (w *Wrapper) CompleteBatch(ctx context.Context, items []ledger.CompleteItem
 }
 
 // Fail forwards to the store's Fail.
-func (w *Wrapper) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
+func (w *hooks) Fail(ctx context.Context, l ledger.Lease, reason string) (ledger.Status, error) {
 	c := &Call{Method: Fail, Lease: l, Reason: reason}
 	if !w.call(ctx, c, func() { c.Status, c.Err = w.inner.Fail(ctx, l, reason) }) {
 		return "", c.Err
@@ -202,14 +309,14 @@ func (w *Wrapper) Fail(ctx context.Context, l ledger.Lease, reason string) (ledg
 }
 
 // Release forwards to the store's Release.
-func (w *Wrapper) Release(ctx context.Context, l ledger.Lease, reason string) error {
+func (w *hooks) Release(ctx context.Context, l ledger.Lease, reason string) error {
 	c := &Call{Method: Release, Lease: l, Reason: reason}
 	w.call(ctx, c, func() { c.Err = w.inner.Release(ctx, l, reason) })
 	return c.Err
 }
 
 // RecordRefusal forwards to the store's RecordRefusal.
-func (w *Wrapper) RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error) {
+func (w *hooks) RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, error) {
 	c := &Call{Method: RecordRefusal, Refusal: r}
 	if !w.call(ctx, c, func() { c.Wrote, c.Err = w.inner.RecordRefusal(ctx, r) }) {
 		return false, c.Err
@@ -218,7 +325,53 @@ func (w *Wrapper) RecordRefusal(ctx context.Context, r ledger.Refusal) (bool, er
 }
 
 // ProviderKeyWindow forwards to the store's; it is not hooked.
-func (w *Wrapper) ProviderKeyWindow() time.Duration { return w.inner.ProviderKeyWindow() }
+func (w *hooks) ProviderKeyWindow() time.Duration { return w.inner.ProviderKeyWindow() }
+
+// ClaimRefund forwards to the store's ClaimRefund.
+func (r refunds) ClaimRefund(ctx context.Context, holder string, lease time.Duration, req ledger.RefundRequest) (ledger.RefundClaim, error) {
+	c := &Call{Method: ClaimRefund, Holder: holder, RefundReq: req}
+	if !r.h.call(ctx, c, func() { c.RefundClaim, c.Err = r.rs.ClaimRefund(ctx, holder, lease, req) }) {
+		return ledger.RefundClaim{}, c.Err
+	}
+	return c.RefundClaim, c.Err
+}
+
+// CompleteRefund forwards to the store's CompleteRefund.
+func (r refunds) CompleteRefund(ctx context.Context, l ledger.Lease, comp ledger.RefundCompletion) error {
+	c := &Call{Method: CompleteRefund, Lease: l, RefundCompletion: comp}
+	r.h.call(ctx, c, func() { c.Err = r.rs.CompleteRefund(ctx, l, comp) })
+	return c.Err
+}
+
+// ReleaseRefund forwards to the store's ReleaseRefund.
+func (r refunds) ReleaseRefund(ctx context.Context, l ledger.Lease, reason string) error {
+	c := &Call{Method: ReleaseRefund, Lease: l, Reason: reason}
+	r.h.call(ctx, c, func() { c.Err = r.rs.ReleaseRefund(ctx, l, reason) })
+	return c.Err
+}
+
+// ClaimPaymentOp forwards to the store's ClaimPaymentOp.
+func (o paymentOps) ClaimPaymentOp(ctx context.Context, holder string, lease time.Duration, req ledger.PaymentOpRequest) (ledger.PaymentOpClaim, error) {
+	c := &Call{Method: ClaimPaymentOp, Holder: holder, PaymentOpReq: req}
+	if !o.h.call(ctx, c, func() { c.PaymentOpClaim, c.Err = o.ps.ClaimPaymentOp(ctx, holder, lease, req) }) {
+		return ledger.PaymentOpClaim{}, c.Err
+	}
+	return c.PaymentOpClaim, c.Err
+}
+
+// CompletePaymentOp forwards to the store's CompletePaymentOp.
+func (o paymentOps) CompletePaymentOp(ctx context.Context, l ledger.Lease, comp ledger.PaymentOpCompletion) error {
+	c := &Call{Method: CompletePaymentOp, Lease: l, PaymentOpCompletion: comp}
+	o.h.call(ctx, c, func() { c.Err = o.ps.CompletePaymentOp(ctx, l, comp) })
+	return c.Err
+}
+
+// ReleasePaymentOp forwards to the store's ReleasePaymentOp.
+func (o paymentOps) ReleasePaymentOp(ctx context.Context, l ledger.Lease, reason string) error {
+	c := &Call{Method: ReleasePaymentOp, Lease: l, Reason: reason}
+	o.h.call(ctx, c, func() { c.Err = o.ps.ReleasePaymentOp(ctx, l, reason) })
+	return c.Err
+}
 
 // FailNth returns a before hook that answers the nth call of the hooked
 // method (Call.N) with err, and lets every other call through.
