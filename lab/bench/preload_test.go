@@ -159,3 +159,25 @@ func TestObserverMarksWindows(t *testing.T) {
 		t.Errorf("paid %d, acked %d: want 7 and 14", o.paid.Load(), o.acked.Load())
 	}
 }
+
+// TestWindowsMarkedOutOfOrder: two workers' goroutines reach their
+// multiples in one order and record them in the other (the second is
+// scheduled first): the windows still come out in order of settled, one
+// per multiple, never a window that settled fewer than the one before.
+func TestWindowsMarkedOutOfOrder(t *testing.T) {
+	t.Parallel()
+	start := time.Unix(1000, 0)
+	w := &windows{size: 100}
+	w.mark(100, start.Add(1*time.Second))
+	w.mark(300, start.Add(3*time.Second))
+	w.mark(200, start.Add(2*time.Second))
+	got := w.rates(start, start.Add(3*time.Second), 300)
+	if len(got) != 3 || got[0].Settled != 100 || got[1].Settled != 200 || got[2].Settled != 300 {
+		t.Fatalf("windows %+v, want 100, 200, 300", got)
+	}
+	for i, x := range got {
+		if x.PaymentsPerSec != 100 {
+			t.Errorf("window %d: %.1f/s, want 100", i, x.PaymentsPerSec)
+		}
+	}
+}

@@ -1,7 +1,9 @@
 package bench
 
 import (
+	"cmp"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +49,9 @@ func (w *windows) rates(start, end time.Time, total int64) []Window {
 	w.mu.Lock()
 	marks := append([]windowMark(nil), w.marks...)
 	w.mu.Unlock()
+	// Two goroutines can reach their multiples in one order and record
+	// them in the other.
+	slices.SortFunc(marks, func(a, b windowMark) int { return cmp.Compare(a.settled, b.settled) })
 	if n := len(marks); total > 0 && (n == 0 || marks[n-1].settled < total) {
 		marks = append(marks, windowMark{settled: total, at: end, rssMB: currentRSSMB()})
 	}
