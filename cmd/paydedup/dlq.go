@@ -135,18 +135,22 @@ not have them.`,
 
 // dlqEntry is the JSON shape of one listed dead letter.
 type dlqEntry struct {
-	Seq            uint64    `json:"seq"`
-	Reason         string    `json:"reason"`
-	MerchantID     string    `json:"merchant_id"`
-	IdempotencyKey string    `json:"idempotency_key"`
-	Deliveries     uint64    `json:"deliveries"`
-	FailedAt       time.Time `json:"failed_at"`
-	Error          string    `json:"error"`
-	OrigSubject    string    `json:"orig_subject"`
-	OrigSeq        uint64    `json:"orig_seq"`
-	Invalid        string    `json:"invalid,omitempty"`
-	Verified       bool      `json:"verified"`
-	Unverified     string    `json:"unverified,omitempty"`
+	Seq            uint64 `json:"seq"`
+	Reason         string `json:"reason"`
+	MerchantID     string `json:"merchant_id"`
+	IdempotencyKey string `json:"idempotency_key"`
+	// Kind is the command's kind (charge when its body names none);
+	// PaymentKey the payment a refund, a capture or a cancel acts on.
+	Kind        string    `json:"kind,omitempty"`
+	PaymentKey  string    `json:"payment_key,omitempty"`
+	Deliveries  uint64    `json:"deliveries"`
+	FailedAt    time.Time `json:"failed_at"`
+	Error       string    `json:"error"`
+	OrigSubject string    `json:"orig_subject"`
+	OrigSeq     uint64    `json:"orig_seq"`
+	Invalid     string    `json:"invalid,omitempty"`
+	Verified    bool      `json:"verified"`
+	Unverified  string    `json:"unverified,omitempty"`
 	// KeyID names the DLQ key that verified it (Dlq-Key-Id); PreviousKey:
 	// one of PAYDEDUP_DLQ_PREVIOUS_KEYS (dlq resign before dropping it).
 	KeyID       string `json:"key_id,omitempty"`
@@ -159,6 +163,7 @@ type dlqEntry struct {
 func entry(d dlq.Info) dlqEntry {
 	return dlqEntry{
 		Seq: d.Seq, Reason: redact.PANs(d.Reason), MerchantID: redact.PANs(d.MerchantID), IdempotencyKey: redact.PANs(d.IdempotencyKey),
+		Kind: redact.PANs(d.Kind), PaymentKey: redact.PANs(d.PaymentKey),
 		Deliveries: d.Deliveries, FailedAt: d.FailedAt.UTC(), Error: redact.PANs(d.Error),
 		OrigSubject: redact.PANs(d.OrigSubject), OrigSeq: d.OrigSeq, Invalid: redact.PANs(d.Invalid),
 		Verified: d.Verified, Unverified: redact.PANs(d.Unverified), KeyID: d.KeyID, PreviousKey: d.PreviousKey,

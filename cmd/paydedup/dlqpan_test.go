@@ -74,6 +74,16 @@ func TestDLQOutputMasksEveryScriptEscapeAndCut(t *testing.T) {
 	}
 }
 
+// list --json names a letter's kind and the payment it acts on, each with
+// its card numbers masked like every text a publisher wrote.
+func TestDLQEntryShowsKindAndPaymentMasked(t *testing.T) {
+	t.Parallel()
+	e := entry(dlq.Info{Seq: 1, MerchantID: "m_1", IdempotencyKey: "r-1", Kind: "refund", PaymentKey: "pay-4111111111111111"})
+	if e.Kind != "refund" || e.PaymentKey != "pay-"+redact.PANMask {
+		t.Fatalf("entry kind %q payment %q, want refund and pay-%s", e.Kind, e.PaymentKey, redact.PANMask)
+	}
+}
+
 // Two columns side by side can show a card number that neither field
 // holds alone ("4111 1111" then "1111 1111"): whoever reads the table reads
 // them as one, so the table is masked as a whole too.
