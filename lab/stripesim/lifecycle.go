@@ -4,7 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"math"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -488,46 +488,16 @@ func (s *Simulator) answerOp(w http.ResponseWriter, r *http.Request, fate roll, 
 // exact second) and created[gte], [gt], [lte], [lt] give (Unix seconds, as
 // Stripe's), newest first, after starting_after.
 func (s *Simulator) listRefunds(w http.ResponseWriter, r *http.Request, account string, _ roll) {
-	if e := unknownParam(r.Form, func(k string) bool {
-		return k == "payment_intent" || k == "limit" || k == "starting_after" || refundCreatedParam(k)
-	}); e != nil {
+	// The intents' list parameters (created, limit, starting_after), and
+	// payment_intent.
+	form := maps.Clone(r.Form)
+	delete(form, "payment_intent")
+	created, after, limit, e := parseList(form)
+	if e != nil {
 		writeSimError(w, http.StatusBadRequest, e)
 		return
 	}
-	created := listFilter{from: math.MinInt64, to: math.MaxInt64}
-	for name := range r.Form {
-		if !refundCreatedParam(name) {
-			continue
-		}
-		v := r.Form.Get(name)
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			writeSimError(w, http.StatusBadRequest, invalidParam(name, "parameter_invalid_integer", "Invalid integer: "+v))
-			return
-		}
-		switch name {
-		case "created":
-			created.from, created.to = max(created.from, n), min(created.to, n)
-		case "created[gte]":
-			created.from = max(created.from, n)
-		case "created[gt]":
-			created.from = max(created.from, n+1)
-		case "created[lte]":
-			created.to = min(created.to, n)
-		case "created[lt]":
-			created.to = min(created.to, n-1)
-		}
-	}
-	limit := defaultListLimit
-	if l := r.Form.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > maxSearchLimit {
-			writeSimError(w, http.StatusBadRequest, invalidParam("limit", "parameter_invalid_integer", "limit must be an integer between 1 and 100."))
-			return
-		}
-		limit = n
-	}
-	intentID, after := r.Form.Get("payment_intent"), r.Form.Get("starting_after")
+	intentID := r.Form.Get("payment_intent")
 	now := s.now()
 	s.mu.Lock()
 	var all []*simRefund
@@ -574,14 +544,4 @@ func (s *Simulator) listRefunds(w http.ResponseWriter, r *http.Request, account 
 		panic("stripesim: encode refunds: " + err.Error())
 	}
 	writeSimRaw(w, http.StatusOK, body)
-}
-
-// refundCreatedParam reports whether name is one of the refund list's
-// filters on created.
-func refundCreatedParam(name string) bool {
-	switch name {
-	case "created", "created[gte]", "created[gt]", "created[lte]", "created[lt]":
-		return true
-	}
-	return false
 }
